@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs the whole test suite from a fresh clone: creates .venv, installs the pinned
+# packages, installs Azurite (npm, pinned by package-lock.json) and Checkov (its own
+# virtual environment, so it cannot disturb the app's requirements), then runs pytest.
+# Extra arguments go to pytest, e.g. scripts/test.sh -k poison
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+
+if [ -f package.json ]; then
+  if command -v npm >/dev/null 2>&1; then
+    if [ ! -x node_modules/.bin/azurite-queue ]; then
+      npm ci --silent --no-audit --no-fund
+    fi
+  else
+    echo "note: npm not found; Azurite tests will be skipped (CI=true makes them fail)" >&2
+  fi
+fi
+
+if [ -f requirements-checkov.txt ]; then
+  if [ ! -x .checkov-venv/bin/checkov ]; then
+    "$PYTHON" -m venv .checkov-venv
+  fi
+  .checkov-venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-checkov.txt
+fi
+
+exec .venv/bin/python -m pytest "$@"
