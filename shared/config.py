@@ -1,0 +1,429 @@
+"""App settings → typed settings, with validation that names the setting, the value and
+what is expected.
+
+Settings come from the process environment (Azure app settings) and, for local runs, from
+the ``Values`` object of a ``local.settings.json`` file; environment variables win, as in
+the Functions Core Tools. Per-job settings use the double underscore as hierarchy
+separator, as Azure app settings do: ``JOB__<name>__<SUFFIX>``.
+
+An invalid engine-wide setting raises :class:`ConfigError` (the agent cannot run at all).
+An invalid job setting never raises: the job is reported in ``Settings.invalid_jobs`` and
+every other job keeps running (invariant 7).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from .errors import ConfigError
+
+JOB_SETTING_PREFIX = "JOB__"
+JOB_SETTING_SUFFIXES = (
+    "SCHEDULE",
+    "COMMAND",
+    "TIMEZONE",
+    "ENABLED",
+    "MAX_ATTEMPTS",
+    "TIMEOUT_SECONDS",
+    "LEASE_SECONDS",
+    "MISFIRE",
+    "GRACE_SECONDS",
+    "OVERLAP",
+    "DATABASE",
+)
+JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+DATABASE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_\-]{1,128}$")
+MISFIRE_POLICIES = ("run-once", "skip")
+OVERLAP_POLICIES = ("skip", "queue", "allow")
+QUEUE_ENCODINGS = ("base64", "none")
+DEFAULT_TICK_SCHEDULE = "0 */1 * * * *"
+
+
+@dataclass(frozen=True)
+class SettingSpec:
+    """One engine-wide app setting. ``azure`` says what the Bicep deployment does with it:
+    "required" (it must set it), "optional" (it may), "local" (local runs only; never set
+    in Azure)."""
+
+    name: str
+    default: str | None
+    description: str
+    azure: str = "optional"
+
+
+ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
+    SettingSpec("AGENT_DB", "sqlite:///agent.db",
+                "Control database: `sqlite:///PATH` (embedded default) or an ODBC connection "
+                "string (PostgreSQL, or SQL Server with SQL authentication). Ignored when "
+                "AGENT_SQL_SERVER is set.", "optional"),
+    SettingSpec("AGENT_SQL_SERVER", None,
+                "Azure SQL logical server (`name` or `name.database.windows.net`); with "
+                "AGENT_SQL_DATABASE, connects with an Entra ID token.", "required"),
+    SettingSpec("AGENT_SQL_DATABASE", None, "Azure SQL database holding the control schema.",
+                "required"),
+    SettingSpec("AGENT_SQL_CLIENT_ID", None,
+                "Client id of a user-assigned managed identity for the SQL token "
+                "(system-assigned identity or developer credentials when unset).", "optional"),
+    SettingSpec("AGENT_QUEUE_NAME", "agent-tasks",
+                "Storage queue the timer dispatches to and the queue trigger reads.", "required"),
+    SettingSpec("AGENT_QUEUE_ENCODING", "base64",
+                "`base64` or `none`; must equal host.json extensions.queues.messageEncoding.",
+                "optional"),
+    SettingSpec("AGENT_TICK_SCHEDULE", DEFAULT_TICK_SCHEDULE,
+                "Six-field NCRONTAB of the timer trigger (and of the local runner's tick).",
+                "required"),
+    SettingSpec("AGENT_MAX_DEQUEUE_COUNT", "5",
+                "Deliveries after which the app moves a message to the poison table; keep it "
+                "at or below host.json maxDequeueCount.", "optional"),
+    SettingSpec("AGENT_MAX_CONCURRENCY", "8",
+                "Most runs in flight (queued or running) at once; the dispatcher holds the rest.",
+                "optional"),
+    SettingSpec("AGENT_DISPATCH_LEASE_SECONDS", "300",
+                "How long a dispatched run may wait on the queue before a tick presumes the "
+                "message lost and dispatches it again (with a new token).", "optional"),
+    SettingSpec("AGENT_MISFIRE_THRESHOLD_SECONDS", "120",
+                "A slot claimed later than this after its time counts as a misfire.", "optional"),
+    SettingSpec("AGENT_RETRY_BACKOFF_SECONDS", "30",
+                "First retry delay after a failed attempt; doubles per attempt, capped at 1 h.",
+                "optional"),
+    SettingSpec("AzureWebJobsStorage", None,
+                "Storage connection string (locally `UseDevelopmentStorage=true` for Azurite). "
+                "Unset with no queueServiceUri: the local queue in the control database.", "local"),
+    SettingSpec("AzureWebJobsStorage__queueServiceUri", None,
+                "Identity-based queue endpoint `https://<account>.queue.core.windows.net`.",
+                "required"),
+    SettingSpec("AzureWebJobsStorage__credential", None,
+                "`managedidentity` for identity-based connections.", "required"),
+    SettingSpec("AzureWebJobsStorage__clientId", None,
+                "Client id of a user-assigned identity for the storage connection.", "optional"),
+    SettingSpec("APPLICATIONINSIGHTS_CONNECTION_STRING", None,
+                "Application Insights connection string; telemetry is off when unset.", "required"),
+)
+
+# Per-job defaults, used by the README table and by parsing.
+JOB_DEFAULTS: Mapping[str, str] = {
+    "TIMEZONE": "UTC",
+    "ENABLED": "true",
+    "MAX_ATTEMPTS": "3",
+    "TIMEOUT_SECONDS": "1800",
+    "LEASE_SECONDS": "60",
+    "MISFIRE": "run-once",
+    "GRACE_SECONDS": "86400",
+    "OVERLAP": "skip",
+}
+
+
+def app_setting_names() -> tuple[str, ...]:
+    return tuple(spec.name for spec in ENGINE_SETTINGS)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    db: str
+    sql_server: str | None
+    sql_database: str | None
+    sql_client_id: str | None
+    queue_name: str
+    queue_encoding: str
+    tick_schedule: str
+    max_dequeue_count: int
+    max_concurrency: int
+    dispatch_lease_seconds: int
+    misfire_threshold_seconds: int
+    retry_backoff_seconds: int
+    storage_connection: str | None
+    storage_queue_service_uri: str | None
+    storage_client_id: str | None
+    appinsights_connection_string: str | None
+    worker_id: str
+
+    @property
+    def uses_azure_queue(self) -> bool:
+        return bool(self.storage_connection or self.storage_queue_service_uri)
+
+
+@dataclass(frozen=True)
+class JobDefinition:
+    name: str
+    schedule: str
+    command: str
+    timezone: str = "UTC"
+    enabled: bool = True
+    max_attempts: int = 3
+    timeout_seconds: int = 1800
+    lease_seconds: int = 60
+    misfire: str = "run-once"
+    grace_seconds: int = 86400
+    overlap: str = "skip"
+    database: str | None = None
+
+    def schedule_object(self):
+        from .schedules import parse_schedule
+
+        return parse_schedule(self.schedule, self.timezone)
+
+
+@dataclass(frozen=True)
+class InvalidJob:
+    """A job whose settings do not parse. It is recorded (jobs output, history) and skipped;
+    the other jobs run."""
+
+    name: str
+    errors: tuple[str, ...]
+
+    @property
+    def message(self) -> str:
+        return "; ".join(self.errors)
+
+
+@dataclass(frozen=True)
+class Settings:
+    agent: AgentSettings
+    jobs: tuple[JobDefinition, ...] = ()
+    invalid_jobs: tuple[InvalidJob, ...] = ()
+    config_hash: str = field(default="")
+
+    def job(self, name: str) -> JobDefinition | None:
+        return next((job for job in self.jobs if job.name == name), None)
+
+
+# ---------------------------------------------------------------- loading
+
+
+def read_local_settings(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The ``Values`` object of a local.settings.json file, as strings."""
+    file = Path(path)
+    try:
+        document = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("--settings", str(path), "an existing local.settings.json file") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError("--settings", str(path), f"a readable JSON file ({exc})") from None
+    values = document.get("Values") if isinstance(document, dict) else None
+    if not isinstance(values, dict):
+        raise ConfigError("--settings", str(path), 'a JSON object with a "Values" object')
+    result: dict[str, str] = {}
+    for key, value in values.items():
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        if not isinstance(value, (str, int, float)):
+            raise ConfigError(f"{path}: Values.{key}", value, "a string, number or boolean")
+        result[str(key)] = str(value)
+    return result
+
+
+def merged_environment(settings_file: str | None = None,
+                       environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if environ is None else environ)
+    if settings_file:
+        values = read_local_settings(settings_file)
+        values.update(env)  # environment variables win, as with the Core Tools
+        env = values
+    return env
+
+
+def load_settings(environ: Mapping[str, str] | None = None, *,
+                  settings_file: str | None = None) -> Settings:
+    env = merged_environment(settings_file, environ)
+    agent = _parse_agent(env)
+    jobs, invalid = parse_jobs(env)
+    return Settings(agent=agent, jobs=jobs, invalid_jobs=invalid,
+                    config_hash=_config_hash(jobs, invalid))
+
+
+def _get(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        spec = next((s for s in ENGINE_SETTINGS if s.name == name), None)
+        return spec.default if spec else None
+    return value.strip()
+
+
+def _int_setting(env: Mapping[str, str], name: str, low: int, high: int) -> int:
+    raw = _get(env, name)
+    return parse_int(name, raw, low, high)
+
+
+def parse_int(setting: str, raw: str | None, low: int, high: int) -> int:
+    try:
+        value = int(str(raw).strip())
+    except (TypeError, ValueError):
+        raise ConfigError(setting, raw, f"a whole number from {low} to {high}") from None
+    if not low <= value <= high:
+        raise ConfigError(setting, raw, f"a whole number from {low} to {high}")
+    return value
+
+
+def parse_bool(setting: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(setting, raw, "true or false")
+
+
+def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
+    from .schedules import parse_ncrontab
+
+    tick = _get(env, "AGENT_TICK_SCHEDULE") or DEFAULT_TICK_SCHEDULE
+    try:
+        parse_ncrontab(tick)
+    except ValueError as exc:
+        raise ConfigError("AGENT_TICK_SCHEDULE", tick, f"a six-field NCRONTAB expression ({exc})") from None
+    encoding = (_get(env, "AGENT_QUEUE_ENCODING") or "base64").lower()
+    if encoding not in QUEUE_ENCODINGS:
+        raise ConfigError("AGENT_QUEUE_ENCODING", encoding, "base64 or none (as host.json messageEncoding)")
+    queue_name = _get(env, "AGENT_QUEUE_NAME") or "agent-tasks"
+    # Azure Storage queue names: 3-63 chars, lowercase letters, digits and single hyphens.
+    if not re.fullmatch(r"[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}", queue_name):
+        raise ConfigError("AGENT_QUEUE_NAME", queue_name,
+                          "3-63 lowercase letters, digits and single hyphens (an Azure Storage queue name)")
+    sql_server = _get(env, "AGENT_SQL_SERVER")
+    sql_database = _get(env, "AGENT_SQL_DATABASE")
+    if bool(sql_server) != bool(sql_database):
+        missing = "AGENT_SQL_DATABASE" if sql_server else "AGENT_SQL_SERVER"
+        raise ConfigError(missing, None, "set together with "
+                          + ("AGENT_SQL_SERVER" if sql_server else "AGENT_SQL_DATABASE"))
+    db = _get(env, "AGENT_DB") or "sqlite:///agent.db"
+    worker = env.get("AGENT_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
+    return AgentSettings(
+        db=db,
+        sql_server=sql_server,
+        sql_database=sql_database,
+        sql_client_id=_get(env, "AGENT_SQL_CLIENT_ID"),
+        queue_name=queue_name,
+        queue_encoding=encoding,
+        tick_schedule=tick,
+        max_dequeue_count=_int_setting(env, "AGENT_MAX_DEQUEUE_COUNT", 1, 100),
+        max_concurrency=_int_setting(env, "AGENT_MAX_CONCURRENCY", 1, 10000),
+        dispatch_lease_seconds=_int_setting(env, "AGENT_DISPATCH_LEASE_SECONDS", 10, 86400),
+        misfire_threshold_seconds=_int_setting(env, "AGENT_MISFIRE_THRESHOLD_SECONDS", 1, 86400),
+        retry_backoff_seconds=_int_setting(env, "AGENT_RETRY_BACKOFF_SECONDS", 0, 86400),
+        storage_connection=_get(env, "AzureWebJobsStorage"),
+        storage_queue_service_uri=_get(env, "AzureWebJobsStorage__queueServiceUri"),
+        storage_client_id=_get(env, "AzureWebJobsStorage__clientId"),
+        appinsights_connection_string=_get(env, "APPLICATIONINSIGHTS_CONNECTION_STRING"),
+        worker_id=worker,
+    )
+
+
+def parse_jobs(env: Mapping[str, str]) -> tuple[tuple[JobDefinition, ...], tuple[InvalidJob, ...]]:
+    """Group ``JOB__<name>__<SUFFIX>`` settings by job and validate each job on its own."""
+    raw: dict[str, dict[str, tuple[str, str]]] = {}
+    stray: dict[str, list[str]] = {}
+    for key, value in env.items():
+        if not key.upper().startswith(JOB_SETTING_PREFIX):
+            continue
+        rest = key[len(JOB_SETTING_PREFIX):]
+        name, sep, suffix = rest.rpartition("__")
+        if not sep or not name:
+            stray.setdefault(rest or key, []).append(
+                f"{key}: expected JOB__<name>__<SETTING> with SETTING one of {', '.join(JOB_SETTING_SUFFIXES)}")
+            continue
+        raw.setdefault(name, {})[suffix.upper()] = (key, value)
+    valid: list[JobDefinition] = []
+    invalid: list[InvalidJob] = []
+    for name in sorted(set(raw) | set(stray)):
+        errors = list(stray.get(name, []))
+        job = _parse_job(name, raw.get(name, {}), errors)
+        if errors or job is None:
+            invalid.append(InvalidJob(name=name, errors=tuple(errors)))
+        else:
+            valid.append(job)
+    return tuple(valid), tuple(invalid)
+
+
+def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str]) -> JobDefinition | None:
+    from .schedules import parse_schedule, validate_timezone
+
+    def setting(suffix: str) -> str:
+        return values.get(suffix, (f"{JOB_SETTING_PREFIX}{name}__{suffix}", ""))[0]
+
+    def value(suffix: str) -> str | None:
+        entry = values.get(suffix)
+        if entry is None or entry[1].strip() == "":
+            return JOB_DEFAULTS.get(suffix)
+        return entry[1].strip()
+
+    def fail(suffix: str, raw: object, expected: str) -> None:
+        errors.append(str(ConfigError(setting(suffix), raw, expected)))
+
+    if not JOB_NAME_PATTERN.match(name):
+        errors.append(f"{JOB_SETTING_PREFIX}{name}__*: job name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
+    for suffix, (key, _) in values.items():
+        if suffix not in JOB_SETTING_SUFFIXES:
+            errors.append(f"{key}: unknown job setting {suffix!r}; expected one of {', '.join(JOB_SETTING_SUFFIXES)}")
+
+    timezone = value("TIMEZONE") or "UTC"
+    try:
+        validate_timezone(timezone)
+    except ValueError:
+        fail("TIMEZONE", timezone, "an IANA time zone name such as UTC or Europe/Paris")
+        timezone = "UTC"
+
+    schedule = value("SCHEDULE")
+    if not schedule:
+        fail("SCHEDULE", None, "a six-field NCRONTAB expression (seconds first) or '@once <ISO-8601 datetime>'")
+    else:
+        try:
+            parse_schedule(schedule, timezone)
+        except ValueError as exc:
+            fail("SCHEDULE", schedule,
+                 f"a six-field NCRONTAB expression (seconds first) or '@once <ISO-8601 datetime>' ({exc})")
+
+    command = values.get("COMMAND", ("", ""))[1]
+    if not command.strip():
+        fail("COMMAND", None if "COMMAND" not in values else command, "the SQL to run (non-empty)")
+
+    def int_value(suffix: str, low: int, high: int) -> int:
+        raw = value(suffix)
+        try:
+            return parse_int(setting(suffix), raw, low, high)
+        except ConfigError as exc:
+            errors.append(str(exc))
+            return 0
+
+    def choice(suffix: str, options: tuple[str, ...]) -> str:
+        raw = (value(suffix) or "").lower()
+        if raw not in options:
+            fail(suffix, value(suffix), " or ".join(options))
+        return raw
+
+    enabled = True
+    try:
+        enabled = parse_bool(setting("ENABLED"), value("ENABLED") or "true")
+    except ConfigError as exc:
+        errors.append(str(exc))
+    max_attempts = int_value("MAX_ATTEMPTS", 1, 100)
+    timeout_seconds = int_value("TIMEOUT_SECONDS", 1, 7 * 86400)
+    lease_seconds = int_value("LEASE_SECONDS", 6, 3600)
+    misfire = choice("MISFIRE", MISFIRE_POLICIES)
+    grace_seconds = int_value("GRACE_SECONDS", 0, 366 * 86400)
+    overlap = choice("OVERLAP", OVERLAP_POLICIES)
+    database = value("DATABASE")
+    if database is not None and not DATABASE_NAME_PATTERN.match(database):
+        fail("DATABASE", database, "a database name of letters, digits, '_' or '-'")
+    if errors:
+        return None
+    return JobDefinition(
+        name=name, schedule=schedule or "", command=command.strip(), timezone=timezone,
+        enabled=enabled, max_attempts=max_attempts, timeout_seconds=timeout_seconds,
+        lease_seconds=lease_seconds, misfire=misfire, grace_seconds=grace_seconds,
+        overlap=overlap, database=database,
+    )
+
+
+def _config_hash(jobs: tuple[JobDefinition, ...], invalid: tuple[InvalidJob, ...]) -> str:
+    document = {
+        "jobs": [job.__dict__ for job in jobs],
+        "invalid": [[bad.name, list(bad.errors)] for bad in invalid],
+    }
+    return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()

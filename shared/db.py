@@ -1,0 +1,175 @@
+"""Which control database, and how to open a connection to it.
+
+* ``sqlite:///PATH`` — the embedded default (standard library sqlite3, no services).
+* an ODBC connection string — PostgreSQL (``Driver={PostgreSQL Unicode};...``) or SQL
+  Server / Azure SQL with SQL authentication (``Driver={ODBC Driver 18 for SQL Server};...``).
+* ``AGENT_SQL_SERVER`` + ``AGENT_SQL_DATABASE`` — Azure SQL Database with an Entra ID token.
+
+pyodbc is imported only when an ODBC database is used, so the embedded default needs no
+unixODBC on the machine.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .config import AgentSettings
+from .errors import AgentError, ConfigError
+
+SQLITE_PREFIX = "sqlite:///"
+
+
+@dataclass(frozen=True)
+class DatabaseTarget:
+    dialect: str            # "sqlite" | "postgres" | "mssql"
+    location: str           # sqlite file path, or ODBC connection string
+    display: str            # for messages: never contains a password
+    sql_server: str | None = None
+    sql_database: str | None = None
+    sql_client_id: str | None = None
+
+    @property
+    def uses_token(self) -> bool:
+        return self.sql_server is not None
+
+
+def resolve_database(agent: AgentSettings, override: str | None = None) -> DatabaseTarget:
+    """The control database from ``--db`` (override), AGENT_SQL_SERVER/DATABASE or AGENT_DB."""
+    if override is None and agent.sql_server and agent.sql_database:
+        return DatabaseTarget(
+            dialect="mssql", location="", display=f"Azure SQL {agent.sql_server}/{agent.sql_database} (Entra ID token)",
+            sql_server=agent.sql_server, sql_database=agent.sql_database,
+            sql_client_id=agent.sql_client_id)
+    setting = "--db" if override is not None else "AGENT_DB"
+    return parse_database_url(override if override is not None else agent.db, setting=setting)
+
+
+def parse_database_url(value: str, *, setting: str = "AGENT_DB") -> DatabaseTarget:
+    value = value.strip()
+    if value.lower().startswith("sqlite:"):
+        if not value.startswith(SQLITE_PREFIX) or len(value) == len(SQLITE_PREFIX):
+            raise ConfigError(setting, value, "sqlite:///PATH (relative) or sqlite:////absolute/PATH")
+        path = value[len(SQLITE_PREFIX):]
+        return DatabaseTarget(dialect="sqlite", location=path, display=f"SQLite {path}")
+    pairs = odbc_pairs(value)
+    driver = pairs.get("driver", "")
+    if not driver:
+        raise ConfigError(setting, _redact(value),
+                          "sqlite:///PATH or an ODBC connection string with Driver={...}")
+    lowered = driver.lower()
+    if "postgres" in lowered:
+        dialect = "postgres"
+    elif "sql server" in lowered:
+        dialect = "mssql"
+    else:
+        raise ConfigError(setting, _redact(value),
+                          "an ODBC driver for PostgreSQL ('PostgreSQL Unicode') or SQL Server "
+                          "('ODBC Driver 18 for SQL Server')")
+    return DatabaseTarget(dialect=dialect, location=value, display=_redact(value))
+
+
+def odbc_pairs(connection_string: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for match in re.finditer(r"\s*([^=;]+?)\s*=\s*(\{(?:[^}]|\}\})*\}|[^;]*)\s*(?:;|$)", connection_string):
+        key, val = match.group(1).strip().lower(), match.group(2).strip()
+        if val.startswith("{") and val.endswith("}"):
+            val = val[1:-1].replace("}}", "}")
+        pairs[key] = val
+    return pairs
+
+
+def with_database(connection_string: str, database: str) -> str:
+    """The same ODBC connection string pointing at another database on the same server."""
+    parts = [p for p in connection_string.split(";") if p.strip()
+             and p.split("=", 1)[0].strip().lower() not in ("database", "initial catalog")]
+    parts.append(f"Database={database}")
+    return ";".join(parts) + ";"
+
+
+def _redact(connection_string: str) -> str:
+    return re.sub(r"(?i)((?:pwd|password)\s*=\s*)(\{(?:[^}]|\}\})*\}|[^;]*)", r"\1***", connection_string)
+
+
+def sqlite_connect(path: str) -> sqlite3.Connection:
+    if path != ":memory:":
+        parent = Path(path).expanduser().resolve().parent
+        if not parent.is_dir():
+            raise ConfigError("AGENT_DB", f"{SQLITE_PREFIX}{path}", f"a path in an existing folder ({parent} does not exist)")
+    # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so writers queue on the
+    # database lock instead of failing to upgrade a read lock (SQLITE_BUSY).
+    connection = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+    connection.execute("PRAGMA busy_timeout = 30000")
+    connection.execute("PRAGMA journal_mode = WAL")
+    connection.execute("PRAGMA synchronous = NORMAL")
+    # agent_sleep(seconds): lets embedded-default jobs (demos, tests of long work) take time.
+    connection.create_function("agent_sleep", 1, _sqlite_sleep)
+    return connection
+
+
+def _sqlite_sleep(seconds: Any) -> int:
+    deadline = time.monotonic() + float(seconds or 0)
+    # Short slices so Connection.interrupt() (timeout, lost lease) stops it promptly.
+    while time.monotonic() < deadline:
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+    return 0
+
+
+def import_pyodbc():
+    try:
+        import pyodbc
+    except ImportError as exc:
+        text = str(exc)
+        if "libodbc" in text:
+            raise AgentError(
+                "pyodbc cannot load unixODBC (libodbc.so.2): install it, e.g. `apt-get install unixodbc`"
+                " (PostgreSQL also needs `odbc-postgresql`; SQL Server needs Microsoft ODBC Driver 18)") from None
+        raise AgentError(f"pyodbc is not installed ({text}): pip install -r requirements.txt") from None
+    return pyodbc
+
+
+def odbc_connect(connection_string: str, *, display: str) -> Any:
+    pyodbc = import_pyodbc()
+    driver = odbc_pairs(connection_string).get("driver", "")
+    if driver and driver not in pyodbc.drivers():
+        installed = ", ".join(pyodbc.drivers()) or "none"
+        hint = ("`apt-get install odbc-postgresql`" if "postgres" in driver.lower()
+                else "Microsoft ODBC Driver 18 for SQL Server (msodbcsql18)")
+        raise AgentError(f"ODBC driver {driver!r} is not installed (installed: {installed}); install {hint}")
+    try:
+        return pyodbc.connect(connection_string, autocommit=False, timeout=30)
+    except pyodbc.Error as exc:
+        from .sqlerrors import classify
+
+        info = classify(exc)
+        raise ConnectError(f"cannot connect to {display}: {info.message}", exc) from exc
+
+
+class ConnectError(AgentError):
+    """Connecting to a database failed; ``cause`` is the driver's exception (for the classifier)."""
+
+    def __init__(self, message: str, cause: BaseException) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+def connector(target: DatabaseTarget, database: str | None = None) -> Callable[[], Any]:
+    """A function opening a new raw connection to the control database (or, with
+    ``database``, to another database on the same server)."""
+    if target.dialect == "sqlite":
+        if database:
+            raise AgentError("JOB__<name>__DATABASE is not supported on the embedded SQLite database")
+        return lambda: sqlite_connect(target.location)
+    if target.uses_token:
+        from . import azure_sql
+
+        provider = azure_sql.shared_token_provider(target.sql_client_id)
+        name = database or target.sql_database or ""
+        return lambda: azure_sql.connect_azure_sql(target.sql_server or "", name, token_provider=provider)
+    location = with_database(target.location, database) if database else target.location
+    display = target.display if not database else f"{target.display} (database {database})"
+    return lambda: odbc_connect(location, display=display)

@@ -1,0 +1,48 @@
+"""Every exception the engine raises on purpose, in one place."""
+
+from __future__ import annotations
+
+
+class AgentError(Exception):
+    """Base class: an error the agent explains in one line (the CLI prints it, no traceback)."""
+
+
+class ConfigError(AgentError):
+    """A setting or command argument is invalid. The message names the setting, the value and
+    what is expected."""
+
+    def __init__(self, setting: str, value: object, expected: str) -> None:
+        self.setting = setting
+        self.value = value
+        self.expected = expected
+        shown = "<missing>" if value is None else repr(value)
+        super().__init__(f"{setting}={shown}: expected {expected}")
+
+
+class UsageError(AgentError):
+    """A command was called with arguments that do not fit (exit code 2)."""
+
+
+class SchemaError(AgentError):
+    """The control database has no schema, or one newer than this code knows."""
+
+
+class QueueError(AgentError):
+    """The queue service could not be reached or refused an operation."""
+
+
+class MessageError(AgentError):
+    """A queue message is malformed: it goes to the poison table at once, never retried."""
+
+
+class TransientJobError(AgentError):
+    """A job failed with a transient error. Raised out of the queue trigger so the queue
+    redelivers the message (after the host's visibility timeout)."""
+
+    def __init__(self, run_id: int, message: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id}: transient error, the queue will redeliver: {message}")
+
+
+class NotFoundError(AgentError):
+    """A job, run or poison message named on the command line does not exist."""

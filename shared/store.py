@@ -1,0 +1,308 @@
+"""The store: runs named queries of one dialect on one connection, and migrates the schema.
+
+A Store owns one connection and is used by one thread at a time (the executor's
+heartbeat opens its own). Outside ``transaction()`` each named query commits on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from .db import DatabaseTarget, connector
+from .errors import AgentError, SchemaError
+from .queries import Query, load_migrations, load_queries
+
+UTC = timezone.utc
+_TIME_SUFFIXES = ("_at", "_for", "_until")
+
+
+@dataclass
+class Result:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    rowcount: int = 0
+
+    def one(self) -> dict[str, Any] | None:
+        return self.rows[0] if self.rows else None
+
+    def scalar(self) -> Any:
+        return next(iter(self.rows[0].values())) if self.rows else None
+
+
+class Store:
+    def __init__(self, target: DatabaseTarget, connect: Callable[[], Any] | None = None) -> None:
+        self.target = target
+        self.dialect = target.dialect
+        self.queries: dict[str, Query] = load_queries(self.dialect)
+        self._connect = connect or connector(target)
+        self._connection: Any = None
+        self._active_cursor: Any = None
+        self._in_transaction = False
+        self._lock = threading.Lock()
+        self.statements_executed = 0
+
+    # ------------------------------------------------------------ connection
+
+    @property
+    def connection(self) -> Any:
+        if self._connection is None:
+            self._connection = self._connect()
+        return self._connection
+
+    def close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _discard_connection(self) -> None:
+        """After a failure the connection may be broken; reconnect on next use."""
+        self.close()
+
+    # ------------------------------------------------------------ time values
+
+    def db_time(self, value: datetime | None) -> Any:
+        if value is None:
+            return None
+        value = value.astimezone(UTC) if value.tzinfo else value
+        naive = value.replace(tzinfo=None)
+        if self.dialect == "sqlite":
+            return naive.strftime("%Y-%m-%d %H:%M:%S.") + f"{naive.microsecond // 1000:03d}"
+        return naive
+
+    def json_time(self, value: datetime | None) -> str | None:
+        """A timestamp inside a JSON parameter (text the SQL casts back)."""
+        if value is None:
+            return None
+        converted = self.db_time(value)
+        if isinstance(converted, str):
+            return converted
+        return converted.isoformat(sep=" ", timespec="microseconds")
+
+    def _convert_param(self, value: Any) -> Any:
+        if isinstance(value, datetime):
+            return self.db_time(value)
+        if isinstance(value, bool):
+            return int(value)
+        if isinstance(value, (list, dict)):
+            return json.dumps(value, default=str)
+        return value
+
+    def _convert_row(self, names: Sequence[str], values: Sequence[Any]) -> dict[str, Any]:
+        row: dict[str, Any] = {}
+        for name, value in zip(names, values):
+            if isinstance(value, datetime):
+                value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+            elif isinstance(value, str) and self.dialect == "sqlite" and name.endswith(_TIME_SUFFIXES):
+                value = datetime.fromisoformat(value).replace(tzinfo=UTC)
+            row[name] = value
+        return row
+
+    # ------------------------------------------------------------ execution
+
+    def execute(self, name: str, **params: Any) -> Result:
+        query = self.queries.get(name)
+        if query is None:
+            raise AgentError(f"no query named {name!r} for {self.dialect}")
+        missing = query.parameters - params.keys()
+        if missing:
+            raise TypeError(f"query {name!r} needs parameters {sorted(missing)}")
+        if self._in_transaction or len(query.statements) == 1:
+            return self._run(query, params, commit=not self._in_transaction)
+        with self.transaction():
+            return self._run(query, params, commit=False)
+
+    def _run(self, query: Query, params: Mapping[str, Any], *, commit: bool) -> Result:
+        result = Result()
+        try:
+            for statement in query.statements:
+                values = [self._convert_param(params[p]) for p in statement.params]
+                part = self._execute_statement(statement.sql, values)
+                if part.rows or not result.rows:
+                    result.rows = part.rows or result.rows
+                result.rowcount = part.rowcount
+            if commit:
+                self._commit()
+        except BaseException:
+            self._after_failure()
+            raise
+        return result
+
+    def _execute_statement(self, sql: str, values: Sequence[Any]) -> Result:
+        connection = self.connection
+        cursor = connection.cursor()
+        self._active_cursor = cursor
+        try:
+            cursor.execute(sql, values) if values else cursor.execute(sql)
+            self.statements_executed += 1
+            rows: list[dict[str, Any]] = []
+            if cursor.description:
+                names = [column[0].lower() for column in cursor.description]
+                rows = [self._convert_row(names, row) for row in cursor.fetchall()]
+            rowcount = len(rows) if rows else max(cursor.rowcount, 0)
+            return Result(rows=rows, rowcount=rowcount)
+        finally:
+            self._active_cursor = None
+            with contextlib.suppress(Exception):
+                cursor.close()
+
+    def _commit(self) -> None:
+        if self.dialect != "sqlite":
+            self.connection.commit()
+
+    def _after_failure(self) -> None:
+        if self._in_transaction:
+            return  # the transaction block rolls back
+        try:
+            if self._connection is not None:
+                if self.dialect == "sqlite":
+                    if self._connection.in_transaction:
+                        self._connection.execute("ROLLBACK")
+                else:
+                    self._connection.rollback()
+        except Exception:
+            self._discard_connection()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator["Store"]:
+        """All named queries inside commit together, or not at all."""
+        if self._in_transaction:
+            raise AgentError("nested transactions are not supported")
+        connection = self.connection
+        if self.dialect == "sqlite":
+            connection.execute("BEGIN IMMEDIATE")
+        self._in_transaction = True
+        try:
+            yield self
+        except BaseException:
+            self._in_transaction = False
+            try:
+                if self.dialect == "sqlite":
+                    if connection.in_transaction:
+                        connection.execute("ROLLBACK")
+                else:
+                    connection.rollback()
+            except Exception:
+                self._discard_connection()
+            raise
+        self._in_transaction = False
+        try:
+            if self.dialect == "sqlite":
+                connection.execute("COMMIT")
+            else:
+                connection.commit()
+        except BaseException:
+            self._after_failure()
+            raise
+
+    # ------------------------------------------------------------ user SQL
+
+    def run_script(self, sql: str) -> None:
+        """Run a job's SQL inside the current transaction (no commit here). Every result set
+        is drained so that an error in a later statement of a batch surfaces."""
+        if not self._in_transaction:
+            raise AgentError("run_script must run inside a transaction")
+        connection = self.connection
+        if self.dialect == "sqlite":
+            for statement in _sqlite_statements(sql):
+                cursor = connection.cursor()
+                self._active_cursor = cursor
+                try:
+                    cursor.execute(statement)
+                    cursor.fetchall()
+                finally:
+                    self._active_cursor = None
+                    cursor.close()
+            return
+        cursor = connection.cursor()
+        self._active_cursor = cursor
+        try:
+            cursor.execute(sql)
+            while True:
+                with contextlib.suppress(Exception):
+                    if cursor.description:
+                        cursor.fetchall()
+                if not cursor.nextset():
+                    break
+        finally:
+            self._active_cursor = None
+            with contextlib.suppress(Exception):
+                cursor.close()
+
+    def cancel(self) -> None:
+        """Stop the statement running on this store's connection (called from another thread)."""
+        connection, cursor = self._connection, self._active_cursor
+        with contextlib.suppress(Exception):
+            if self.dialect == "sqlite" and connection is not None:
+                connection.interrupt()
+            elif cursor is not None:
+                cursor.cancel()
+
+    # ------------------------------------------------------------ schema
+
+    def schema_version(self) -> int:
+        if not self.execute("schema_exists").rows:
+            return 0
+        return int(self.execute("get_schema_version").scalar() or 0)
+
+    def latest_version(self) -> int:
+        migrations = load_migrations(self.dialect)
+        return migrations[-1].version if migrations else 0
+
+    def migrate(self, now: datetime) -> tuple[int, int]:
+        """Apply the migrations this database lacks (idempotent; concurrent calls queue on a lock)."""
+        migrations = load_migrations(self.dialect)
+        with self.transaction():
+            self.execute("bootstrap_schema")
+        with self.transaction():
+            self.execute("lock_migrations")
+            before = int(self.execute("get_schema_version").scalar() or 0)
+            latest = self.latest_version()
+            if before > latest:
+                raise SchemaError(
+                    f"the control database has schema version {before}, newer than this code knows ({latest}); upgrade the agent")
+            for migration in migrations:
+                if migration.version <= before:
+                    continue
+                for statement in migration.statements():
+                    self._execute_statement(statement, [])
+                self.execute("record_migration", version=migration.version,
+                             description=migration.description, now=now)
+        return before, latest
+
+    def require_schema(self) -> None:
+        version = self.schema_version()
+        latest = self.latest_version()
+        if version == 0:
+            raise SchemaError(f"{self.target.display} has no agent schema: run `python -m shared.cli init-db` first")
+        if version < latest:
+            raise SchemaError(f"{self.target.display} has schema version {version}, this code needs {latest}: run `init-db` to upgrade")
+        if version > latest:
+            raise SchemaError(f"{self.target.display} has schema version {version}, newer than this code ({latest}): upgrade the agent")
+
+
+def _sqlite_statements(sql: str) -> list[str]:
+    """Split a script into statements at the semicolons SQLite itself sees as ends."""
+    statements: list[str] = []
+    start = 0
+    for index, char in enumerate(sql):
+        if char == ";" and sqlite3.complete_statement(sql[start:index + 1]):
+            statement = sql[start:index + 1].strip()
+            if statement.rstrip(";").strip():
+                statements.append(statement)
+            start = index + 1
+    tail = sql[start:].strip()
+    if tail:
+        statements.append(tail)
+    return statements
