@@ -293,7 +293,8 @@ def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
         raise ConfigError(missing, None, "set together with "
                           + ("AGENT_SQL_SERVER" if sql_server else "AGENT_SQL_DATABASE"))
     db = _get(env, "AGENT_DB") or "sqlite:///agent.db"
-    worker = env.get("AGENT_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
+    # Recorded on runs and attempts: which instance and process held the lease.
+    worker = f"{socket.gethostname()}:{os.getpid()}"
     return AgentSettings(
         db=db,
         sql_server=sql_server,
@@ -358,9 +359,10 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
 
     if not JOB_NAME_PATTERN.match(name):
         errors.append(f"{JOB_SETTING_PREFIX}{name}__*: job name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
-    for suffix, (key, _) in values.items():
+    for suffix, (key, raw) in values.items():
         if suffix not in JOB_SETTING_SUFFIXES:
-            errors.append(f"{key}: unknown job setting {suffix!r}; expected one of {', '.join(JOB_SETTING_SUFFIXES)}")
+            errors.append(f"{key}={raw!r}: unknown job setting {suffix!r}; expected one of "
+                          f"{', '.join(JOB_SETTING_SUFFIXES)}")
 
     timezone = value("TIMEZONE") or "UTC"
     try:

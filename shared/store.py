@@ -175,13 +175,17 @@ class Store:
             self._discard_connection()
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator["Store"]:
-        """All named queries inside commit together, or not at all."""
+    def transaction(self, *, immediate: bool = True) -> Iterator["Store"]:
+        """All named queries inside commit together, or not at all.
+
+        On SQLite ``immediate`` takes the write lock up front (the agent's own writes:
+        no lock-upgrade failures). A job's work uses ``immediate=False`` so a job that
+        mostly reads does not hold every other writer off for its whole duration."""
         if self._in_transaction:
             raise AgentError("nested transactions are not supported")
         connection = self.connection
         if self.dialect == "sqlite":
-            connection.execute("BEGIN IMMEDIATE")
+            connection.execute("BEGIN IMMEDIATE" if immediate else "BEGIN DEFERRED")
         self._in_transaction = True
         try:
             yield self

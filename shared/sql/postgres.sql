@@ -194,6 +194,12 @@ WHERE r.run_id IN (
     FOR UPDATE SKIP LOCKED)
 RETURNING r.run_id, r.token, r.job_name, r.kind, r.operation_id, r.scheduled_for, r.attempt;
 
+-- release_dispatch --
+-- Put back runs whose queue message could not be sent (a JSON array of {run_id, token}); a later tick dispatches them again.
+UPDATE agent.runs AS r SET status = 'pending', lease_expires_at = NULL
+FROM json_to_recordset(CAST(:runs AS json)) AS x(run_id BIGINT, token BIGINT)
+WHERE r.run_id = x.run_id AND r.token = x.token AND r.status = 'queued';
+
 -- start_run --
 -- Fenced start: only the holder of the current token starts a queued run; returns what the worker needs.
 UPDATE agent.runs SET

@@ -193,6 +193,13 @@ WHERE run_id IN (
     LIMIT max(0, :max_in_flight - (SELECT COUNT(*) FROM agent_runs f WHERE f.status IN ('queued', 'running'))))
 RETURNING run_id, token, job_name, kind, operation_id, scheduled_for, attempt;
 
+-- release_dispatch --
+-- Put back runs whose queue message could not be sent (a JSON array of {run_id, token}); a later tick dispatches them again.
+UPDATE agent_runs SET status = 'pending', lease_expires_at = NULL
+FROM (SELECT json_extract(x.value, '$.run_id') AS run_id, json_extract(x.value, '$.token') AS token
+      FROM json_each(:runs) AS x) AS r
+WHERE agent_runs.run_id = r.run_id AND agent_runs.token = r.token AND agent_runs.status = 'queued';
+
 -- start_run --
 -- Fenced start: only the holder of the current token starts a queued run; returns what the worker needs.
 UPDATE agent_runs SET

@@ -1,0 +1,164 @@
+"""The engine wired from settings: stores, queue, telemetry, scheduler and executor.
+
+One Agent per process. Stores are per thread (the Functions Python worker runs sync
+functions on a thread pool, and the local runner has worker threads).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from .config import Settings, load_settings
+from .db import DatabaseTarget, connector, resolve_database
+from .store import Store
+
+log = logging.getLogger("shared.agent")
+UTC = timezone.utc
+
+
+class Agent:
+    def __init__(self, settings: Settings, *, db: str | None = None, queue: Any = None, telemetry: Any = None,
+                 clock: Callable[[], datetime] | None = None) -> None:
+        self.settings = settings
+        self.target: DatabaseTarget = resolve_database(settings.agent, db)
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self._queue = queue
+        self._telemetry = telemetry
+        self._local = threading.local()
+        self._stores: list[Store] = []
+        self._lock = threading.Lock()
+        self._connect = connector(self.target)
+
+    # ------------------------------------------------------------ resources
+
+    def store(self) -> Store:
+        """This thread's store (one connection per thread)."""
+        store = getattr(self._local, "store", None)
+        if store is None:
+            store = Store(self.target, self._connect)
+            self._local.store = store
+            with self._lock:
+                self._stores.append(store)
+        return store
+
+    def new_store(self) -> Store:
+        """A store with a connection of its own (the heartbeat's)."""
+        return Store(self.target, self._connect)
+
+    def target_store(self, database: str) -> Store:
+        return Store(self.target, connector(self.target, database))
+
+    @property
+    def queue(self) -> Any:
+        if self._queue is None:
+            with self._lock:
+                if self._queue is None:
+                    self._queue = self._make_queue()
+        return self._queue
+
+    def _make_queue(self) -> Any:
+        agent = self.settings.agent
+        if agent.uses_azure_queue:
+            from .azure_queue import AzureStorageQueue
+
+            return AzureStorageQueue.from_settings(
+                connection_string=agent.storage_connection, queue_service_uri=agent.storage_queue_service_uri,
+                client_id=agent.storage_client_id, queue_name=agent.queue_name, encoding=agent.queue_encoding)
+        from .queues import DatabaseQueue
+
+        return DatabaseQueue(self.store, agent.queue_name)
+
+    @property
+    def telemetry(self) -> Any:
+        if self._telemetry is None:
+            from .telemetry import create_telemetry
+
+            self._telemetry = create_telemetry(self.settings.agent.appinsights_connection_string)
+        return self._telemetry
+
+    def scheduler(self):
+        from .scheduler import Scheduler
+
+        return Scheduler(self.store(), self.queue, self.settings, self.telemetry, clock=self.clock)
+
+    def executor(self):
+        from .executor import Executor
+
+        return Executor(settings=self.settings, store=self.store, new_store=self.new_store,
+                        target_store=self.target_store, telemetry=self.telemetry, clock=self.clock)
+
+    # ------------------------------------------------------------ operations
+
+    def init(self) -> tuple[int, int]:
+        """Create or upgrade the control schema, and the queue if it is missing."""
+        before, after = self.store().migrate(self.clock())
+        self.queue.ensure_exists()
+        return before, after
+
+    def tick(self, now: datetime | None = None):
+        self.store().require_schema()
+        return self.scheduler().tick(now)
+
+    def handle_message(self, body: str | bytes, dequeue_count: int, message_id: str | None = None):
+        return self.executor().handle(body, dequeue_count, message_id)
+
+    def close(self) -> None:
+        with self._lock:
+            stores, self._stores = self._stores, []
+        for store in stores:
+            store.close()
+        if self._telemetry is not None:
+            self._telemetry.flush()
+
+
+_default: Agent | None = None
+_default_lock = threading.Lock()
+
+
+def default_agent() -> Agent:
+    """The process-wide agent built from the environment (the Functions app settings).
+    App settings changes restart the app, so building it once per process is enough."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                logging.getLogger("shared").setLevel(logging.INFO)
+                _default = Agent(load_settings())
+    return _default
+
+
+def reset_default_agent() -> None:
+    global _default
+    with _default_lock:
+        if _default is not None:
+            _default.close()
+        _default = None
+
+
+def run_timer_tick(past_due: bool = False) -> None:
+    """What the timer trigger does. Raises when a step failed, so the invocation shows as
+    failed in Application Insights; whatever the tick did commit stays done."""
+    from .errors import AgentError
+
+    agent = default_agent()
+    try:
+        report = agent.tick()
+        summary = report.summary()
+        log.info("tick%s: %s", " (past due)" if past_due else "", summary)
+        if report.errors:
+            raise AgentError("tick finished with errors: " + "; ".join(report.errors))
+    finally:
+        agent.telemetry.flush()
+
+
+def run_queue_message(body: bytes | str, dequeue_count: int, message_id: str | None = None) -> None:
+    """What the queue trigger does: returns to delete the message, raises to have it redelivered."""
+    agent = default_agent()
+    try:
+        result = agent.handle_message(body, dequeue_count, message_id)
+        log.info("message %s: %s (run %s)", message_id, result.outcome, result.run_id)
+    finally:
+        agent.telemetry.flush()

@@ -1,0 +1,416 @@
+"""Operator commands and the local runner.
+
+    python -m shared.cli [--db DB] [--settings FILE] COMMAND ...
+
+Exit codes: 0 success, 2 usage or configuration error, 1 runtime failure. Errors are one
+line on stderr, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+from .errors import AgentError, ConfigError, NotFoundError, UsageError
+
+UTC = timezone.utc
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m shared.cli", description="SQL Agent for Azure SQL: operator commands.")
+    parser.add_argument("--db", help="control database: sqlite:///PATH or an ODBC connection string (default: AGENT_DB)")
+    parser.add_argument("--settings", metavar="FILE", help="a local.settings.json whose Values are used as app settings")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    commands.add_parser("init-db", help="create or upgrade the control schema (idempotent) and the queue")
+
+    tick = commands.add_parser("tick", help="one scheduler tick: expire leases, claim due runs, dispatch")
+    tick.add_argument("--now", type=_iso_datetime, help="ISO-8601 time to tick at (default: now)")
+    tick.add_argument("--json", action="store_true")
+
+    work = commands.add_parser("work", help="work the queue as the queue trigger would")
+    mode = work.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--once", action="store_true", help="one batch of up to --concurrency messages")
+    mode.add_argument("--until-idle", action="store_true", help="until the queue holds no message")
+    work.add_argument("--concurrency", type=_positive_int, help="messages in parallel (default AGENT_MAX_CONCURRENCY)")
+    work.add_argument("--visibility-timeout", type=_non_negative_float, metavar="SECONDS",
+                      help="redelivery delay after a failure (default: host.json visibilityTimeout)")
+    work.add_argument("--max-seconds", type=_non_negative_float, help="with --until-idle: stop after this long")
+
+    run = commands.add_parser("run", help="run the agent locally: tick on schedule and work the queue (Ctrl-C stops)")
+    run.add_argument("--concurrency", type=_positive_int, help="worker threads (default AGENT_MAX_CONCURRENCY)")
+
+    jobs = commands.add_parser("jobs", help="configured jobs, their state, next slot and last run")
+    jobs.add_argument("--json", action="store_true")
+
+    history = commands.add_parser("history", help="runs, newest first, with attempts and job events")
+    history.add_argument("--job", help="only this job")
+    history.add_argument("--limit", type=_positive_int, default=50)
+    history.add_argument("--json", action="store_true")
+
+    stuck = commands.add_parser("stuck", help="reconciliation: runs past their lease or waiting too long")
+    stuck.add_argument("--older-than", type=_positive_int, default=600, metavar="SECONDS",
+                       help="pending runs runnable for longer than this count as stuck (default 600)")
+    stuck.add_argument("--json", action="store_true")
+
+    poison = commands.add_parser("poison", help="poison messages")
+    poison_commands = poison.add_subparsers(dest="poison_command", metavar="ACTION", required=True)
+    poison_list = poison_commands.add_parser("list", help="poison messages, newest first")
+    poison_list.add_argument("--limit", type=_positive_int, default=50)
+    poison_list.add_argument("--json", action="store_true")
+    requeue = poison_commands.add_parser("requeue", help="give the poisoned run one more attempt")
+    requeue.add_argument("poison_id", type=_positive_int, metavar="ID")
+
+    run_now = commands.add_parser("run-now", help="run a job now (its overlap policy applies)")
+    run_now.add_argument("name")
+
+    submit = commands.add_parser("submit", help="queue ad-hoc SQL to run asynchronously")
+    submit.add_argument("--sql", required=True, help="the SQL to run")
+    submit.add_argument("--order", type=_non_negative_int, help="starts only after every task with a lower order finished")
+    submit.add_argument("--max-attempts", type=_positive_int, default=1)
+    submit.add_argument("--timeout-seconds", type=_positive_int, default=1800)
+
+    cancel = commands.add_parser("cancel", help="cancel a run that has not finished (a running one is stopped)")
+    cancel.add_argument("run_id", type=_positive_int, metavar="RUN_ID")
+    return parser
+
+
+# ---------------------------------------------------------------- argument types
+
+
+def _iso_datetime(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO-8601 date and time (e.g. 2026-01-31T02:00:00Z)")
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 1 or more")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 0 or more")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 0 or more")
+    return value
+
+
+# ---------------------------------------------------------------- commands
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose or args.command in ("run", "work") else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    agent = None
+    try:
+        from .agent import Agent
+        from .config import load_settings
+
+        settings = load_settings(settings_file=args.settings)
+        agent = Agent(settings, db=args.db)
+        handler = COMMANDS[args.command]
+        return handler(agent, args)
+    except (ConfigError, UsageError, NotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except AgentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_FAILURE
+    except Exception as exc:  # driver errors and the like: one line, classified
+        from .sqlerrors import classify
+
+        info = classify(exc)
+        code = f" [{info.number or info.sqlstate}]" if (info.number or info.sqlstate) else ""
+        print(f"error: {type(exc).__name__}{code}: {info.message}", file=sys.stderr)
+        return EXIT_FAILURE
+    finally:
+        if agent is not None:
+            agent.close()
+
+
+def cmd_init_db(agent, args) -> int:
+    before, after = agent.init()
+    if before == after:
+        print(f"{agent.target.display}: schema is at version {after}, nothing to do")
+    else:
+        print(f"{agent.target.display}: schema upgraded from version {before} to {after}")
+    return EXIT_OK
+
+
+def cmd_tick(agent, args) -> int:
+    report = agent.tick(args.now)
+    summary = report.summary()
+    if args.json:
+        _print_json(summary)
+    else:
+        print(f"tick at {summary['now']}: {summary['jobs_due']} due, {summary['runs_claimed']} claimed, "
+              f"{summary['runs_skipped']} skipped, {summary['runs_dispatched']} dispatched, "
+              f"{summary['leases_expired']} leases expired ({summary['statements']} statements, "
+              f"{summary['duration_ms']} ms)")
+        for error in report.errors:
+            print(f"error: {error}", file=sys.stderr)
+    return EXIT_FAILURE if report.errors else EXIT_OK
+
+
+def cmd_work(agent, args) -> int:
+    from .runner import LocalRunner
+
+    agent.store().require_schema()
+    runner = LocalRunner(agent, concurrency=args.concurrency, visibility_timeout=args.visibility_timeout)
+    count = runner.work_once() if args.once else runner.work_until_idle(args.max_seconds)
+    print(f"processed {count} message(s)")
+    return EXIT_OK
+
+
+def cmd_run(agent, args) -> int:
+    from .runner import LocalRunner
+
+    before, after = agent.init()
+    runner = LocalRunner(agent, concurrency=args.concurrency)
+    signal.signal(signal.SIGTERM, lambda *_: runner.stop())
+    jobs = ", ".join(job.name for job in agent.settings.jobs) or "none"
+    print(f"agent running on {agent.target.display} (schema v{after}); queue {agent.queue.name}; "
+          f"jobs: {jobs}; Ctrl-C stops", file=sys.stderr)
+    for bad in agent.settings.invalid_jobs:
+        print(f"warning: job {bad.name} is invalid and will not run: {bad.message}", file=sys.stderr)
+    try:
+        runner.run()
+    except KeyboardInterrupt:
+        runner.stop()
+    print("agent stopped", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_jobs(agent, args) -> int:
+    from .scheduler import TickReport
+
+    store = agent.store()
+    store.require_schema()
+    scheduler = agent.scheduler()
+    now = agent.clock()
+    scheduler.sync_jobs(now, TickReport(now=now))  # show the settings as they are now
+    rows = store.execute("list_jobs").rows
+    if args.json:
+        _print_json(rows)
+        return EXIT_OK
+    table = []
+    for row in rows:
+        state = ("invalid" if not row["valid"] else "removed" if not row["configured"]
+                 else "enabled" if row["enabled"] else "disabled")
+        last = f"{row['last_status']} #{row['last_run_id']}" if row["last_run_id"] else "-"
+        table.append([row["job_name"], state, row["schedule"] or "-", row["timezone"],
+                      _time(row["next_due_at"]), last, row["config_error"] or ""])
+    _print_table(["JOB", "STATE", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "LAST RUN", "ERROR"], table)
+    return EXIT_OK
+
+
+def cmd_history(agent, args) -> int:
+    store = agent.store()
+    store.require_schema()
+    runs = store.execute("list_history", job_name=args.job, limit=args.limit).rows
+    attempts = store.execute("list_attempts", run_ids=[r["run_id"] for r in runs]).rows if runs else []
+    events = store.execute("list_job_events", job_name=args.job, limit=args.limit).rows
+    by_run: dict[int, list[dict[str, Any]]] = {}
+    for attempt in attempts:
+        by_run.setdefault(attempt["run_id"], []).append(attempt)
+    if args.json:
+        _print_json({"runs": [{**run, "attempts": by_run.get(run["run_id"], [])} for run in runs],
+                     "job_events": events})
+        return EXIT_OK
+    table = []
+    for run in runs:
+        error = run["last_error"] or run["note"] or ""
+        table.append([run["run_id"], run["job_name"] or "(task)", run["kind"], _time(run["scheduled_for"]),
+                      run["status"], f"{run['attempt']}/{run['max_attempts']}", _time(run["finished_at"]),
+                      error[:120]])
+    _print_table(["RUN", "JOB", "KIND", "SCHEDULED (UTC)", "STATUS", "ATTEMPTS", "FINISHED", "ERROR / NOTE"], table)
+    if events:
+        print()
+        _print_table(["EVENT", "JOB", "AT (UTC)", "KIND", "DETAIL"],
+                     [[e["event_id"], e["job_name"], _time(e["event_at"]), e["kind"], (e["detail"] or "")[:160]]
+                      for e in events])
+    return EXIT_OK
+
+
+def cmd_stuck(agent, args) -> int:
+    from datetime import timedelta
+
+    store = agent.store()
+    store.require_schema()
+    now = agent.clock()
+    rows = store.execute("list_stuck_runs", now=now, stale_before=now - timedelta(seconds=args.older_than)).rows
+    if args.json:
+        _print_json(rows)
+    elif rows:
+        _print_table(["RUN", "JOB", "STATUS", "SCHEDULED (UTC)", "LEASE EXPIRED", "TOKEN"],
+                     [[r["run_id"], r["job_name"] or "(task)", r["status"], _time(r["scheduled_for"]),
+                       _time(r["lease_expires_at"]), r["token"]] for r in rows])
+    else:
+        print("no stuck runs")
+    return EXIT_OK
+
+
+def cmd_poison(agent, args) -> int:
+    store = agent.store()
+    store.require_schema()
+    if args.poison_command == "list":
+        rows = store.execute("list_poison", limit=args.limit).rows
+        for row in rows:
+            row["errors"] = json.loads(row["errors"]) if row["errors"] else []
+        if args.json:
+            _print_json(rows)
+        elif rows:
+            _print_table(["ID", "RUN", "DEQUEUES", "POISONED (UTC)", "REQUEUED", "REASON"],
+                         [[r["poison_id"], r["run_id"] or "-", r["dequeue_count"], _time(r["poisoned_at"]),
+                           _time(r["requeued_at"]), r["reason"][:140]] for r in rows])
+        else:
+            print("no poison messages")
+        return EXIT_OK
+    poison = store.execute("get_poison", poison_id=args.poison_id).one()
+    if poison is None:
+        raise NotFoundError(f"no poison message with id {args.poison_id}")
+    if poison["run_id"] is None:
+        raise UsageError(f"poison message {args.poison_id} belongs to no run (it was malformed: {poison['reason']}); "
+                         "nothing to requeue")
+    now = agent.clock()
+    with store.transaction():
+        changed = store.execute("requeue_run", run_id=poison["run_id"], now=now).rowcount
+        if changed:
+            store.execute("mark_poison_requeued", poison_id=args.poison_id, now=now)
+    if not changed:
+        run = store.execute("get_run", run_id=poison["run_id"]).one()
+        status = run["status"] if run else "gone"
+        raise UsageError(f"run {poison['run_id']} is {status}; only a poisoned or failed run can be requeued")
+    dispatched = _dispatch_now(agent)
+    print(f"run {poison['run_id']} requeued (one more attempt); {dispatched} run(s) dispatched")
+    return EXIT_OK
+
+
+def cmd_run_now(agent, args) -> int:
+    from .scheduler import TickReport
+    from .telemetry import new_operation_id
+
+    store = agent.store()
+    store.require_schema()
+    now = agent.clock()
+    agent.scheduler().sync_jobs(now, TickReport(now=now))
+    row = store.execute("insert_manual_run", job_name=args.name, now=now, operation_id=new_operation_id()).one()
+    if row is None:
+        bad = next((b for b in agent.settings.invalid_jobs if b.name == args.name), None)
+        if bad is not None:
+            raise ConfigError(f"JOB__{args.name}__*", args.name, f"a valid job; it is invalid: {bad.message}")
+        known = ", ".join(job.name for job in agent.settings.jobs) or "none"
+        raise NotFoundError(f"no job named {args.name!r} (configured jobs: {known})")
+    if row["status"] == "skipped":
+        print(f"run {row['run_id']} of {args.name} skipped: {row['note']}")
+        return EXIT_OK
+    dispatched = _dispatch_now(agent)
+    print(f"run {row['run_id']} of {args.name} created; {dispatched} run(s) dispatched")
+    return EXIT_OK
+
+
+def cmd_submit(agent, args) -> int:
+    from .telemetry import new_operation_id
+
+    if not args.sql.strip():
+        raise UsageError("--sql: expected the SQL to run (non-empty)")
+    store = agent.store()
+    store.require_schema()
+    row = store.execute("insert_task", command=args.sql, target_database=None, task_order=args.order,
+                        max_attempts=args.max_attempts, timeout_seconds=args.timeout_seconds, lease_seconds=60,
+                        now=agent.clock(), operation_id=new_operation_id()).one()
+    dispatched = _dispatch_now(agent)
+    order = f" (order {args.order})" if args.order is not None else ""
+    print(f"task run {row['run_id']} submitted{order}; {dispatched} run(s) dispatched")
+    return EXIT_OK
+
+
+def cmd_cancel(agent, args) -> int:
+    store = agent.store()
+    store.require_schema()
+    if not store.execute("cancel_run", run_id=args.run_id, now=agent.clock()).rowcount:
+        run = store.execute("get_run", run_id=args.run_id).one()
+        if run is None:
+            raise NotFoundError(f"no run with id {args.run_id}")
+        raise UsageError(f"run {args.run_id} is already {run['status']}")
+    print(f"run {args.run_id} cancelled")
+    return EXIT_OK
+
+
+def _dispatch_now(agent) -> int:
+    from .scheduler import dispatch
+
+    return len(dispatch(agent.store(), agent.queue, agent.settings, agent.clock(), agent.telemetry))
+
+
+COMMANDS = {
+    "init-db": cmd_init_db,
+    "tick": cmd_tick,
+    "work": cmd_work,
+    "run": cmd_run,
+    "jobs": cmd_jobs,
+    "history": cmd_history,
+    "stuck": cmd_stuck,
+    "poison": cmd_poison,
+    "run-now": cmd_run_now,
+    "submit": cmd_submit,
+    "cancel": cmd_cancel,
+}
+
+
+# ---------------------------------------------------------------- output
+
+
+def _time(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return "-" if value is None else str(value)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v)))
+
+
+def _print_table(headers: list[str], rows: list[list[Any]]) -> None:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Shared fixtures: every store scenario runs on SQLite and on PostgreSQL (through pyodbc,
+as production reaches Azure SQL). Each PostgreSQL test gets a database of its own.
+
+PostgreSQL location: AGENT_TEST_PG (an ODBC connection string without Database), default
+``Driver={PostgreSQL Unicode};Server=127.0.0.1;Port=5432;Uid=root;``. With CI=true a
+missing PostgreSQL fails the tests; elsewhere they are skipped with a message.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PG_BASE = os.environ.get("AGENT_TEST_PG", "Driver={PostgreSQL Unicode};Server=127.0.0.1;Port=5432;Uid=root;")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+UTC = timezone.utc
+
+
+def service_missing(what: str, how: str) -> None:
+    """Fail in CI (a skipped test is a missing test), skip on a developer machine."""
+    if IN_CI:
+        pytest.fail(f"{what} is not available in CI: {how}", pytrace=False)
+    pytest.skip(f"{what} is not available: {how}")
+
+
+def pg_admin_connection():
+    try:
+        import pyodbc
+    except ImportError as exc:
+        service_missing("pyodbc/unixODBC", f"install unixodbc and odbc-postgresql ({exc})")
+    try:
+        return pyodbc.connect(PG_BASE + "Database=postgres;", autocommit=True, timeout=5)
+    except pyodbc.Error as exc:
+        service_missing("PostgreSQL", f"start it or set AGENT_TEST_PG ({exc.args[-1] if exc.args else exc})")
+
+
+def create_pg_database() -> tuple[str, str]:
+    name = f"agent_test_{uuid.uuid4().hex[:12]}"
+    admin = pg_admin_connection()
+    try:
+        admin.cursor().execute(f"CREATE DATABASE {name}")
+    finally:
+        admin.close()
+    return name, f"{PG_BASE}Database={name};"
+
+
+def drop_pg_database(name: str) -> None:
+    admin = pg_admin_connection()
+    try:
+        admin.cursor().execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        admin.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request, tmp_path) -> Iterator[str]:
+    """A fresh, empty control database URL of each dialect."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'agent.db'}"
+        return
+    name, url = create_pg_database()
+    try:
+        yield url
+    finally:
+        drop_pg_database(name)
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    name, url = create_pg_database()
+    try:
+        yield url
+    finally:
+        drop_pg_database(name)
+
+
+def job_env(jobs: dict[str, dict[str, str]], **agent: str) -> dict[str, str]:
+    """App settings for jobs given as {name: {SUFFIX: value}} plus engine settings."""
+    env = {f"JOB__{name}__{key}": value for name, settings in jobs.items() for key, value in settings.items()}
+    env.update(agent)
+    return env
+
+
+def make_agent(db: str, jobs: dict[str, dict[str, str]] | None = None, **agent_settings: str):
+    from shared.agent import Agent
+    from shared.config import load_settings
+
+    settings = load_settings(environ=job_env(jobs or {}, **agent_settings))
+    agent = Agent(settings, db=db)
+    agent.init()
+    return agent
+
+
+@pytest.fixture
+def agent_factory(db_url):
+    """Build agents on the test's database; closes them afterwards."""
+    agents = []
+
+    def build(jobs=None, **agent_settings):
+        agent = make_agent(db_url, jobs, **agent_settings)
+        agents.append(agent)
+        return agent
+
+    yield build
+    for agent in agents:
+        agent.close()
+
+
+def at(text: str) -> datetime:
+    """An aware UTC datetime from 'YYYY-MM-DDTHH:MM:SS'."""
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def sql_for(db: str, sqlite: str, postgres: str) -> str:
+    return sqlite if db.startswith("sqlite") else postgres
+
+
+def query(agent, sql: str) -> list[tuple]:
+    """Read test tables directly (the agent's own queries are all named; tests may peek)."""
+    store = agent.new_store()
+    try:
+        cursor = store.connection.cursor()
+        cursor.execute(sql)
+        rows = [tuple(r) for r in cursor.fetchall()]
+        if store.dialect != "sqlite":
+            store.connection.commit()
+        return rows
+    finally:
+        store.close()
+
+
+def runs_table(agent) -> str:
+    return "agent_runs" if agent.target.dialect == "sqlite" else "agent.runs"
+
+
+def attempts_table(agent) -> str:
+    return "agent_attempts" if agent.target.dialect == "sqlite" else "agent.attempts"
