@@ -1,0 +1,250 @@
+// SQL Agent for Azure SQL, as Azure Functions: everything it runs on, in one resource group.
+//
+//   monitoring.bicep   Log Analytics workspace + workspace-based Application Insights
+//   storage.bicep      storage account (Entra ID only), task queue + poison queue, deployment container
+//   sql.bicep          Azure SQL logical server (Entra-only auth) + serverless control database
+//   functionapp.bicep  Flex Consumption plan + function app, app settings, the app's role assignments
+//   alerts.bicep       optional: dead-man's switch and poison alerts on the engine's custom events
+//
+// Deploy:  az deployment group create -g <rg> -f infra/main.bicep -p @infra/main.parameters.json
+// After the deployment, create the app's database user (deployment guide), then publish the code
+// with `func azure functionapp publish <functionAppName>`.
+
+@description('Azure region of every resource (one that offers the Flex Consumption plan).')
+param location string = resourceGroup().location
+
+@description('Short prefix of every resource name: 3-12 lowercase letters, digits or hyphens.')
+@minLength(3)
+@maxLength(12)
+param namePrefix string = 'sqlagent'
+
+@description('Function app name; empty derives a globally unique one from namePrefix. It is also the database user name of the app.')
+param functionAppName string = ''
+
+@description('Tags applied to every resource.')
+param tags object = {}
+
+@description('Display name of the Entra ID administrator of the SQL server (user, group or service principal).')
+param sqlAdminLogin string
+
+@description('Object id of the Entra ID administrator of the SQL server.')
+param sqlAdminObjectId string
+
+@description('Kind of principal the SQL administrator is.')
+@allowed([
+  'User'
+  'Group'
+  'Application'
+])
+param sqlAdminPrincipalType string = 'Group'
+
+@description('Control database name (AGENT_SQL_DATABASE).')
+param databaseName string = 'sqlagent'
+
+@description('Most vCores the serverless database scales up to.')
+@allowed([
+  1
+  2
+  4
+  6
+  8
+  10
+  12
+  14
+  16
+])
+param sqlMaxVCores int = 1
+
+@description('Fewest vCores while the database is online, as a decimal string.')
+@allowed([
+  '0.5'
+  '0.75'
+  '1'
+  '1.25'
+  '1.5'
+  '1.75'
+  '2'
+])
+param sqlMinVCores string = '0.5'
+
+@description('Minutes without activity before the serverless database pauses; -1 never pauses, otherwise at least 15. The engine ticks every minute by default, which keeps the database online: pausing saves money only with a sparse AGENT_TICK_SCHEDULE.')
+@minValue(-1)
+@maxValue(10080)
+param sqlAutoPauseDelayMinutes int = 60
+
+@description('Largest size of the control database, in GB.')
+@minValue(1)
+@maxValue(1024)
+param sqlMaxSizeGB int = 32
+
+@description('Where database backups are stored.')
+@allowed([
+  'Local'
+  'Zone'
+  'Geo'
+])
+param sqlBackupStorageRedundancy string = 'Local'
+
+@description('Replication of the storage account (queues and the app package).')
+@allowed([
+  'Standard_LRS'
+  'Standard_ZRS'
+  'Standard_GRS'
+  'Standard_GZRS'
+])
+param storageSkuName string = 'Standard_LRS'
+
+@description('Task queue name (AGENT_QUEUE_NAME); the poison queue is <queueName>-poison.')
+@minLength(3)
+@maxLength(56)
+param queueName string = 'agent-tasks'
+
+@description('Six-field NCRONTAB of the engine tick (AGENT_TICK_SCHEDULE): seconds first, UTC.')
+param tickSchedule string = '0 */1 * * * *'
+
+@description('Deliveries after which the engine poisons a message (AGENT_MAX_DEQUEUE_COUNT); at or below host.json maxDequeueCount.')
+@minValue(1)
+@maxValue(100)
+param maxDequeueCount int = 5
+
+@description('Jobs, turned into JOB__<name>__<SETTING> app settings: [{ name, schedule, command, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database? }]. Names: letters, digits and underscores (app setting names allow no hyphens).')
+param jobs array = []
+
+@description('Most instances the function app scales out to.')
+@minValue(1)
+@maxValue(1000)
+param maximumInstanceCount int = 40
+
+@description('Memory of each function app instance, in MB.')
+@allowed([
+  512
+  2048
+  4096
+])
+param instanceMemoryMB int = 2048
+
+@description('Days the Log Analytics workspace keeps telemetry and logs.')
+@minValue(30)
+@maxValue(730)
+param logRetentionInDays int = 30
+
+@description('Create the alert rules of alerts.bicep (dead-man\'s switch and poison).')
+param enableAlerts bool = false
+
+@description('Jobs watched by the dead-man\'s switch: each must have a RunSucceeded event every alertMaxHoursWithoutSuccess hours.')
+param alertJobs array = []
+
+@description('Hours a watched job may go without a successful run before the dead-man\'s switch fires.')
+@minValue(1)
+@maxValue(48)
+param alertMaxHoursWithoutSuccess int = 26
+
+@description('Existing action groups the alerts notify (resource ids).')
+param alertActionGroupIds array = []
+
+@description('E-mail address the alerts notify through a new action group; empty creates none.')
+param alertEmail string = ''
+
+@description('Severity of the alerts: 0 critical to 4 verbose.')
+@minValue(0)
+@maxValue(4)
+param alertSeverity int = 2
+
+var suffix = uniqueString(resourceGroup().id, namePrefix)
+var shortSuffix = take(suffix, 8)
+var appName = empty(functionAppName) ? '${namePrefix}-func-${shortSuffix}' : functionAppName
+var storageAccountName = toLower(take('st${replace(namePrefix, '-', '')}${suffix}', 24))
+var deploymentContainerName = 'app-package'
+
+module monitoring 'monitoring.bicep' = {
+  name: 'monitoring'
+  params: {
+    location: location
+    tags: tags
+    workspaceName: '${namePrefix}-logs-${shortSuffix}'
+    appInsightsName: '${namePrefix}-appi-${shortSuffix}'
+    retentionInDays: logRetentionInDays
+  }
+}
+
+module storage 'storage.bicep' = {
+  name: 'storage'
+  params: {
+    location: location
+    tags: tags
+    storageAccountName: storageAccountName
+    skuName: storageSkuName
+    queueName: queueName
+    deploymentContainerName: deploymentContainerName
+    workspaceId: monitoring.outputs.workspaceId
+  }
+}
+
+module sql 'sql.bicep' = {
+  name: 'sql'
+  params: {
+    location: location
+    tags: tags
+    sqlServerName: '${namePrefix}-sql-${shortSuffix}'
+    databaseName: databaseName
+    adminLogin: sqlAdminLogin
+    adminObjectId: sqlAdminObjectId
+    adminPrincipalType: sqlAdminPrincipalType
+    maxVCores: sqlMaxVCores
+    minVCores: sqlMinVCores
+    autoPauseDelayMinutes: sqlAutoPauseDelayMinutes
+    maxSizeGB: sqlMaxSizeGB
+    backupStorageRedundancy: sqlBackupStorageRedundancy
+    workspaceId: monitoring.outputs.workspaceId
+  }
+}
+
+module functionApp 'functionapp.bicep' = {
+  name: 'functionapp'
+  params: {
+    location: location
+    tags: tags
+    functionAppName: appName
+    planName: '${namePrefix}-plan-${shortSuffix}'
+    storageAccountName: storage.outputs.storageAccountName
+    deploymentContainerName: storage.outputs.deploymentContainerName
+    queueName: storage.outputs.queueName
+    poisonQueueName: storage.outputs.poisonQueueName
+    appInsightsName: monitoring.outputs.appInsightsName
+    sqlServerFqdn: sql.outputs.sqlServerFqdn
+    sqlDatabaseName: sql.outputs.databaseName
+    tickSchedule: tickSchedule
+    maxDequeueCount: maxDequeueCount
+    jobs: jobs
+    maximumInstanceCount: maximumInstanceCount
+    instanceMemoryMB: instanceMemoryMB
+  }
+}
+
+module alerts 'alerts.bicep' = if (enableAlerts) {
+  name: 'alerts'
+  params: {
+    location: location
+    tags: tags
+    namePrefix: namePrefix
+    appInsightsName: monitoring.outputs.appInsightsName
+    deadMansSwitchJobs: alertJobs
+    maxHoursWithoutSuccess: alertMaxHoursWithoutSuccess
+    actionGroupIds: alertActionGroupIds
+    alertEmail: alertEmail
+    severity: alertSeverity
+  }
+}
+
+output functionAppName string = functionApp.outputs.functionAppName
+output functionAppPrincipalId string = functionApp.outputs.principalId
+output sqlServerFqdn string = sql.outputs.sqlServerFqdn
+output sqlDatabaseName string = sql.outputs.databaseName
+output storageAccountName string = storage.outputs.storageAccountName
+output queueName string = storage.outputs.queueName
+output poisonQueueName string = storage.outputs.poisonQueueName
+output appInsightsName string = monitoring.outputs.appInsightsName
+@description('App setting that carries the Application Insights connection string.')
+output appInsightsConnectionStringSettingName string = 'APPLICATIONINSIGHTS_CONNECTION_STRING'
+@description('Prints the T-SQL that makes the app a database user (run it as the Entra ID administrator).')
+output grantSqlCommand string = 'python -m shared.cli grant-sql --app-name ${functionApp.outputs.functionAppName}'

@@ -1,0 +1,55 @@
+// Monitoring: a Log Analytics workspace and a workspace-based Application Insights component.
+// The engine and the Functions host send telemetry (traces, and the RunSucceeded / RunFailed /
+// RunPoisoned custom events) to Application Insights; its data lands in the workspace.
+
+@description('Azure region of the resources.')
+param location string
+
+@description('Tags applied to every resource.')
+param tags object
+
+@description('Name of the Log Analytics workspace.')
+param workspaceName string
+
+@description('Name of the Application Insights component.')
+param appInsightsName string
+
+@description('Days the workspace keeps data (30 to 730). Run history lives in the database; this is telemetry.')
+@minValue(30)
+@maxValue(730)
+param retentionInDays int = 30
+
+resource workspace 'Microsoft.OperationalInsights/workspaces@2023-09-01' = {
+  name: workspaceName
+  location: location
+  tags: tags
+  properties: {
+    sku: {
+      name: 'PerGB2018'
+    }
+    retentionInDays: retentionInDays
+    features: {
+      enableLogAccessUsingOnlyResourcePermissions: true
+    }
+  }
+}
+
+resource appInsights 'Microsoft.Insights/components@2020-02-02' = {
+  name: appInsightsName
+  location: location
+  tags: tags
+  kind: 'web'
+  properties: {
+    Application_Type: 'web'
+    WorkspaceResourceId: workspace.id
+    IngestionMode: 'LogAnalytics'
+    // Local (instrumentation key) auth stays on: the engine's exporter (opencensus-ext-azure)
+    // authenticates with the connection string only.
+    DisableLocalAuth: false
+  }
+}
+
+output workspaceId string = workspace.id
+output workspaceName string = workspace.name
+output appInsightsId string = appInsights.id
+output appInsightsName string = appInsights.name
