@@ -174,6 +174,20 @@ def _key_names(connection_string: str) -> str:
     return ", ".join(shown) or "nothing"
 
 
+def _validated(name: str, encoding: str) -> tuple[str, str]:
+    """The queue name and encoding, checked (ConfigError names the setting)."""
+    encoding = (encoding or "").strip().lower()
+    if encoding not in ENCODINGS:
+        raise ConfigError(ENCODING_SETTING, encoding, "base64 or none (as host.json messageEncoding)")
+    if not _QUEUE_NAME.fullmatch(name or ""):
+        raise ConfigError(
+            QUEUE_NAME_SETTING, name,
+            "3-56 lowercase letters, digits and single hyphens, starting and ending with a letter "
+            "or digit (an Azure Storage queue name that still fits '-poison' appended)",
+        )
+    return name, encoding
+
+
 class AzureStorageQueue:
     """One Azure Storage queue (and its "<name>-poison" companion) behind the queue port."""
 
@@ -187,17 +201,7 @@ class AzureStorageQueue:
         credential: Any = None,
     ) -> None:
         """Wrap a QueueServiceClient; use `from_settings` to build one from app settings."""
-        encoding = (encoding or "").strip().lower()
-        if encoding not in ENCODINGS:
-            raise ConfigError(ENCODING_SETTING, encoding, "base64 or none (as host.json messageEncoding)")
-        if not _QUEUE_NAME.fullmatch(name or ""):
-            raise ConfigError(
-                QUEUE_NAME_SETTING, name,
-                "3-56 lowercase letters, digits and single hyphens, starting and ending with a letter "
-                "or digit (an Azure Storage queue name that still fits '-poison' appended)",
-            )
-        self.name = name
-        self.encoding = encoding
+        self.name, self.encoding = _validated(name, encoding)
         self.endpoint = endpoint
         self._service = service
         self._credential = credential
@@ -226,6 +230,7 @@ class AzureStorageQueue:
         """
         from azure.storage.queue import QueueServiceClient
 
+        queue_name, encoding = _validated(queue_name, encoding)
         connection_string = (connection_string or "").strip() or None
         queue_service_uri = (queue_service_uri or "").strip() or None
         client_id = (client_id or "").strip() or None
@@ -260,14 +265,14 @@ class AzureStorageQueue:
                     f"found {_key_names(connection_string)}); expected "
                     "'UseDevelopmentStorage=true' or "
                     "'DefaultEndpointsProtocol=https;AccountName=<account>;AccountKey=<key>;EndpointSuffix=core.windows.net'"
-                ) from None
+                ) from error
             return cls(service, queue_name, encoding, endpoint=service.url.rstrip("/"))
 
         if queue_service_uri:
             parts = urlsplit(queue_service_uri)
             if parts.scheme != "https" or not parts.netloc or parts.query:
                 raise QueueError(
-                    f"{SERVICE_URI_SETTING}={queue_service_uri!r}: expected "
+                    f"{SERVICE_URI_SETTING}={_redact(queue_service_uri)!r}: expected "
                     "https://<account>.queue.core.windows.net (identity tokens are only sent over HTTPS; "
                     "no query string)"
                 )
@@ -392,7 +397,7 @@ class AzureStorageQueue:
         except ResourceExistsError:
             pass  # 409 QueueAlreadyExists (e.g. created with other metadata): it exists, fine
         except AzureError as error:
-            raise self._error(error, "create") from None
+            raise self._error(error, "create") from error
 
     def send_many(self, bodies: Sequence[str]) -> None:
         from azure.core.exceptions import AzureError
@@ -403,7 +408,7 @@ class AzureStorageQueue:
             except AzureError as error:
                 failure = self._error(error, "send to")
                 done = f" ({index} of {len(bodies)} messages were sent)" if index else ""
-                raise QueueError(f"{failure}{done}") from None
+                raise QueueError(f"{failure}{done}") from error
 
     # -- consumer side --------------------------------------------------------------------------
 
@@ -437,7 +442,7 @@ class AzureStorageQueue:
                     )
                 )
         except AzureError as error:
-            raise self._error(error, "receive from") from None
+            raise self._error(error, "receive from") from error
         return received
 
     def delete(self, message: ReceivedMessage) -> None:
@@ -450,7 +455,7 @@ class AzureStorageQueue:
                 log.info("queue %r: message %s was already deleted or re-received elsewhere (%s)",
                          self.name, message.id, _error_code(error))
                 return
-            raise self._error(error, "delete a message from") from None
+            raise self._error(error, "delete a message from") from error
 
     def release(self, message: ReceivedMessage, visibility_timeout: float) -> None:
         from azure.core.exceptions import AzureError
@@ -464,7 +469,7 @@ class AzureStorageQueue:
                 log.info("queue %r: message %s is no longer held by this consumer (%s)",
                          self.name, message.id, _error_code(error))
                 return
-            raise self._error(error, "release a message on") from None
+            raise self._error(error, "release a message on") from error
 
     def move_to_poison(self, message: ReceivedMessage) -> None:
         """Copy the body to "<name>-poison" (created on first use), then delete the original:
@@ -479,5 +484,5 @@ class AzureStorageQueue:
                 poison.create_queue()
                 poison.send_message(message.body)
         except AzureError as error:
-            raise self._error(error, "send to", queue=self.poison_name) from None
+            raise self._error(error, "send to", queue=self.poison_name) from error
         self.delete(message)

@@ -50,7 +50,7 @@ class AzuriteUnavailable(Exception):
     """Azurite could not be started; the message says why."""
 
 
-def _free_loopback_port() -> int:
+def free_loopback_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -210,7 +210,7 @@ def launched_azurite(cert_path: Path | None = None, key_path: Path | None = None
     """Start an Azurite of our own (free port, temporary data folder) for a fixture; stop and
     remove it afterwards. Skips (developer machine) or fails (CI) when it cannot start."""
     workdir = Path(tempfile.mkdtemp(prefix="azurite-"))
-    server = Azurite(port=_free_loopback_port(), location=workdir / "data",
+    server = Azurite(port=free_loopback_port(), location=workdir / "data",
                      log_path=workdir / "azurite.log", cert_path=cert_path, key_path=key_path)
     try:
         try:

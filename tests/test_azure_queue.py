@@ -29,7 +29,7 @@ from tests.azurite import (  # noqa: F401  (azurite, azurite_server: pytest fixt
     ACCOUNT_KEY,
     REPO,
     Azurite,
-    _free_loopback_port,
+    free_loopback_port,
     azurite,
     azurite_server,
     launched_azurite,
@@ -180,18 +180,19 @@ def test_a_raw_message_on_a_base64_queue_arrives_with_its_raw_text(
 ) -> None:
     queue = azurite.queue(encoding="base64")
     writer = azurite.queue(queue.name, encoding="none", create=False)
-    # Not base64 at all; JSON that Python's lenient b64decode would turn into garbage; valid
-    # base64 that is not UTF-8; and one correct base64 message in the same batch.
-    raws = ["not base64 at all!", DOORBELL, "gA=="]
+    # Not base64 at all; a doorbell sent without encoding; text that Python's lenient b64decode
+    # would quietly read as "ABC" (it drops the brackets; .NET's decoder, like ours, rejects
+    # them); valid base64 that is not UTF-8; and one correct base64 message in the same batch.
+    raws = ["not base64 at all!", DOORBELL, "[QUJD]", "gA=="]
     writer.send_many(raws)
     queue.send_many(["good one"])
 
     with caplog.at_level(logging.WARNING, logger="shared.azure_queue"):
-        received = drain(queue, 4)
+        received = drain(queue, 5)
     assert sorted(m.body for m in received) == sorted(raws + ["good one"])
     assert all(m.dequeue_count == 1 for m in received)
     warned = " ".join(r.getMessage() for r in caplog.records)
-    assert warned.count("is not valid base64") == 3
+    assert warned.count("is not valid base64") == 4
 
 
 # -- queue lifecycle and errors ------------------------------------------------------------------
@@ -231,7 +232,7 @@ def test_wrong_account_key_is_an_authentication_failure(azurite: Azurite) -> Non
 
 
 def test_unreachable_service_fails_within_seconds_with_a_clear_message() -> None:
-    port = _free_loopback_port()  # nothing listens there
+    port = free_loopback_port()  # nothing listens there
     connection = (
         f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={ACCOUNT_KEY};"
         f"QueueEndpoint=http://127.0.0.1:{port}/devstoreaccount1;"
