@@ -410,6 +410,17 @@ class AzureStorageQueue:
                 done = f" ({index} of {len(bodies)} messages were sent)" if index else ""
                 raise QueueError(f"{failure}{done}") from error
 
+    def depth(self) -> int:
+        """Messages in the queue, visible or not (the service's approximate count, as the
+        Functions scale controller sees it)."""
+        from azure.core.exceptions import AzureError
+
+        try:
+            properties = self._client.get_queue_properties()
+        except AzureError as error:
+            raise self._error(error, "count the messages of") from error
+        return int(properties.approximate_message_count or 0)
+
     # -- consumer side --------------------------------------------------------------------------
 
     def receive(self, max_messages: int, visibility_timeout: float) -> list[ReceivedMessage]:

@@ -79,6 +79,19 @@ def test_receive_more_than_one_service_call_returns(azurite: Azurite) -> None:
     assert queue.receive(0, 30) == []
 
 
+def test_depth_counts_visible_and_invisible_messages(azurite: Azurite) -> None:
+    queue = azurite.queue()
+    assert queue.depth() == 0
+    queue.send_many(["a", "b", "c"])
+    assert queue.depth() == 3
+    [message] = queue.receive(1, 60)
+    assert queue.depth() == 3  # invisible, still in the queue
+    queue.delete(message)
+    assert queue.depth() == 2
+    with pytest.raises(QueueError, match="does not exist"):
+        azurite.queue(create=False).depth()
+
+
 def test_dequeue_count_increments_on_each_receive_after_visibility_expiry(azurite: Azurite) -> None:
     queue = azurite.queue()
     queue.send_many([DOORBELL])
