@@ -212,15 +212,6 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
   }
 }
 
-// No FTP: code is published with `func azure functionapp publish` (Entra ID).
-resource ftpPublishing 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
-  parent: functionApp
-  name: 'ftp'
-  properties: {
-    allow: false
-  }
-}
-
 // ---------------------------------------------------------------- access for the app's identity
 
 resource storageAccount 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {

@@ -123,10 +123,10 @@ param maximumInstanceCount int = 40
 ])
 param instanceMemoryMB int = 2048
 
-@description('Days the Log Analytics workspace keeps telemetry and logs.')
+@description('Days the Log Analytics workspace keeps telemetry and logs, the SQL audit log included.')
 @minValue(30)
 @maxValue(730)
-param logRetentionInDays int = 30
+param logRetentionInDays int = 90
 
 @description('Create the alert rules of alerts.bicep (dead-man\'s switch and poison).')
 param enableAlerts bool = false
@@ -150,10 +150,13 @@ param alertEmail string = ''
 @maxValue(4)
 param alertSeverity int = 2
 
-var suffix = uniqueString(resourceGroup().id, namePrefix)
+// Resource names: the lowercase prefix, the kind of resource and 8 characters of a hash of the
+// resource group and prefix (globally unique names: function app, storage account, SQL server).
+var prefix = toLower(namePrefix)
+var suffix = uniqueString(resourceGroup().id, prefix)
 var shortSuffix = take(suffix, 8)
-var appName = empty(functionAppName) ? '${namePrefix}-func-${shortSuffix}' : functionAppName
-var storageAccountName = toLower(take('st${replace(namePrefix, '-', '')}${suffix}', 24))
+var appName = empty(functionAppName) ? '${prefix}-func-${shortSuffix}' : functionAppName
+var storageAccountName = take('st${replace(prefix, '-', '')}${suffix}', 24)
 var deploymentContainerName = 'app-package'
 
 module monitoring 'monitoring.bicep' = {
@@ -161,8 +164,8 @@ module monitoring 'monitoring.bicep' = {
   params: {
     location: location
     tags: tags
-    workspaceName: '${namePrefix}-logs-${shortSuffix}'
-    appInsightsName: '${namePrefix}-appi-${shortSuffix}'
+    workspaceName: '${prefix}-logs-${shortSuffix}'
+    appInsightsName: '${prefix}-appi-${shortSuffix}'
     retentionInDays: logRetentionInDays
   }
 }
@@ -185,7 +188,7 @@ module sql 'sql.bicep' = {
   params: {
     location: location
     tags: tags
-    sqlServerName: '${namePrefix}-sql-${shortSuffix}'
+    sqlServerName: '${prefix}-sql-${shortSuffix}'
     databaseName: databaseName
     adminLogin: sqlAdminLogin
     adminObjectId: sqlAdminObjectId
@@ -205,7 +208,7 @@ module functionApp 'functionapp.bicep' = {
     location: location
     tags: tags
     functionAppName: appName
-    planName: '${namePrefix}-plan-${shortSuffix}'
+    planName: '${prefix}-plan-${shortSuffix}'
     storageAccountName: storage.outputs.storageAccountName
     deploymentContainerName: storage.outputs.deploymentContainerName
     queueName: storage.outputs.queueName
@@ -226,7 +229,7 @@ module alerts 'alerts.bicep' = if (enableAlerts) {
   params: {
     location: location
     tags: tags
-    namePrefix: namePrefix
+    namePrefix: prefix
     appInsightsName: monitoring.outputs.appInsightsName
     deadMansSwitchJobs: alertJobs
     maxHoursWithoutSuccess: alertMaxHoursWithoutSuccess

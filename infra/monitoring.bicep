@@ -14,10 +14,10 @@ param workspaceName string
 @description('Name of the Application Insights component.')
 param appInsightsName string
 
-@description('Days the workspace keeps data (30 to 730). Run history lives in the database; this is telemetry.')
+@description('Days the workspace keeps data (30 to 730): telemetry, storage access logs and the SQL audit log. Run history lives in the database.')
 @minValue(30)
 @maxValue(730)
-param retentionInDays int = 30
+param retentionInDays int
 
 resource workspace 'Microsoft.OperationalInsights/workspaces@2023-09-01' = {
   name: workspaceName

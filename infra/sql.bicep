@@ -78,11 +78,9 @@ param backupStorageRedundancy string
 @description('Resource id of the Log Analytics workspace that receives the SQL audit log.')
 param workspaceId string
 
-@description('Days the audit log is kept when it is also written to storage; 0 keeps it for as long as the workspace does.')
-param auditRetentionDays int = 0
-
 resource sqlServer 'Microsoft.Sql/servers@2023-08-01' = {
   // checkov:skip=CKV_AZURE_113:Flex Consumption without VNet integration reaches SQL over the public endpoint; logins are Entra ID only and the firewall admits Azure services only.
+  // checkov:skip=CKV_AZURE_24:The audit goes to Log Analytics and is kept for the workspace retention (logRetentionInDays, default 90); retentionDays applies to a storage target only.
   // checkov:skip=CKV_AZURE_25:Microsoft Defender for SQL (threat detection) is a paid plan that belongs to the subscription's Defender for Cloud settings, not to this template.
   name: sqlServerName
   location: location
@@ -147,7 +145,6 @@ resource auditing 'Microsoft.Sql/servers/auditingSettings@2023-08-01' = {
   properties: {
     state: 'Enabled'
     isAzureMonitorTargetEnabled: true
-    retentionDays: auditRetentionDays
   }
 }
 

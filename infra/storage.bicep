@@ -65,20 +65,6 @@ resource storageAccount 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     encryption: {
       keySource: 'Microsoft.Storage'
       requireInfrastructureEncryption: true
-      services: {
-        blob: {
-          enabled: true
-          keyType: 'Account'
-        }
-        queue: {
-          enabled: true
-          keyType: 'Account'
-        }
-        table: {
-          enabled: true
-          keyType: 'Account'
-        }
-      }
     }
   }
 }

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -111,7 +110,6 @@ class AppSettings:
         self.literal: dict[str, Any] = {}  # name -> value expression
         self.job_fields: dict[str, str] = {}  # suffix -> key of the jobs entry
         self.job_prefixes: set[str] = set()
-        self.job_loop_variables: list[str] = []
         _, site = _site(functionapp)
         self._collect(body(site)["properties"]["siteConfig"]["appSettings"], via="appSettings")
 
@@ -168,7 +166,6 @@ class AppSettings:
             raise AssertionError(f"job setting suffix {suffix} is generated twice ({variable})")
         self.job_fields[suffix] = path[1]
         self.job_prefixes.add(match.group("prefix"))
-        self.job_loop_variables.append(variable)
 
 
 @pytest.fixture(scope="module")
