@@ -19,9 +19,11 @@ OpenTelemetry distro changes this file only.
 - Exporting never raises and never blocks for long: one POST has ``timeout_seconds``; after a
   failed POST the rest of the flush goes to local storage (or stays buffered) and the
   network is left alone for ``retry_interval_seconds``.
-- Arguments are checked (unknown event or metric name, malformed operation id, a property
-  value of an unsupported type): those are programming errors and raise ``ValueError`` /
-  ``TypeError`` in both modes.
+- Arguments that come from code are checked (unknown event or metric name, a property value
+  of an unsupported type): those are programming errors and raise ``ValueError`` /
+  ``TypeError`` in both modes. Operation ids come from data (the runs table, a queue
+  message), so they are normalised instead (a GUID or uppercase hex becomes 32 lowercase
+  hex) and a malformed one is left off the item with a warning, never raised.
 
 Why not the library's handlers: ``AzureEventHandler``, ``AzureExporter`` and the metrics
 exporter each own a background thread with its own queue and interval, and each starts
@@ -65,8 +67,9 @@ METRIC_NAMES = ("TickDurationMs", "RunsDue", "RunsClaimed", "RunsDispatched", "S
                 "RunDurationMs", "DequeueCount")
 # The dimension (customDimensions key) names the engine uses, so the README's KQL and the
 # engine agree. Not enforced: an event may carry other keys too.
-STANDARD_DIMENSIONS = ("job", "run_id", "attempt", "scheduled_for", "token", "outcome",
-                       "error_number", "error_message", "dequeue_count", "worker")
+STANDARD_DIMENSIONS = ("job", "run_id", "attempt", "scheduled_for", "token", "kind", "outcome",
+                       "error_number", "error_message", "duration_ms", "retry_at", "dequeue_count",
+                       "poison_id")
 
 # Application Insights limits (data model): longer values are truncated by ingestion anyway;
 # truncating here keeps the POST small and the cut predictable.
@@ -119,13 +122,13 @@ class Telemetry:
     def event(self, name: str, properties: Mapping[str, object] | None = None, *,
               operation_id: str | None = None) -> None:
         _check_event_name(name)
-        _check_operation_id(operation_id)
+        operation_id = _operation_id(operation_id)
         _dimensions(properties)
 
     def metric(self, name: str, value: float, properties: Mapping[str, object] | None = None, *,
                operation_id: str | None = None) -> None:
         _check_metric(name, value)
-        _check_operation_id(operation_id)
+        operation_id = _operation_id(operation_id)
         _dimensions(properties)
 
     def dependency(self, name: str, *, target: str, duration_ms: float, success: bool,
@@ -133,7 +136,7 @@ class Telemetry:
                    dependency_type: str = "SQL", properties: Mapping[str, object] | None = None,
                    result_code: str | None = None) -> None:
         _check_dependency(name, target, duration_ms, success, dependency_type)
-        _check_operation_id(operation_id)
+        operation_id = _operation_id(operation_id)
         _dimensions(properties)
 
     @contextlib.contextmanager
@@ -143,7 +146,7 @@ class Telemetry:
         success=False (result code: ``call.result_code`` or the exception's class name) and
         re-raise."""
         _check_dependency(name, target, 0.0, True, "SQL")
-        _check_operation_id(operation_id)
+        operation_id = _operation_id(operation_id)
         call = DependencyCall()
         if not self.enabled:
             yield call
@@ -372,7 +375,7 @@ class AppInsightsTelemetry(Telemetry):
     def event(self, name: str, properties: Mapping[str, object] | None = None, *,
               operation_id: str | None = None) -> None:
         _check_event_name(name)
-        _check_operation_id(operation_id)
+        operation_id = _operation_id(operation_id)
         dims = _dimensions(properties)
         lib = self._lib
         data = lib.Event(name=name, properties=dims, measurements={})
@@ -382,7 +385,7 @@ class AppInsightsTelemetry(Telemetry):
     def metric(self, name: str, value: float, properties: Mapping[str, object] | None = None, *,
                operation_id: str | None = None) -> None:
         _check_metric(name, value)
-        _check_operation_id(operation_id)
+        operation_id = _operation_id(operation_id)
         dims = _dimensions(properties)
         lib = self._lib
         point = lib.DataPoint(ns="SqlAgent", name=name, value=float(value))
@@ -395,7 +398,7 @@ class AppInsightsTelemetry(Telemetry):
                    dependency_type: str = "SQL", properties: Mapping[str, object] | None = None,
                    result_code: str | None = None) -> None:
         _check_dependency(name, target, duration_ms, success, dependency_type)
-        _check_operation_id(operation_id)
+        operation_id = _operation_id(operation_id)
         started_at = _utc_now() - _dt.timedelta(milliseconds=duration_ms)
         self._record_dependency(name, target=target, duration_ms=duration_ms, success=success,
                                 operation_id=operation_id, data=data,
@@ -631,10 +634,20 @@ def _check_metric(name: object, value: object) -> None:
         raise ValueError(f"telemetry metric {name} value {value!r}: expected a finite number")
 
 
-def _check_operation_id(operation_id: object) -> None:
-    if operation_id is not None and not is_valid_operation_id(operation_id):
-        raise ValueError(f"telemetry operation_id {operation_id!r}: expected 32 lowercase hex "
-                         "characters, not all zeros (see new_operation_id())")
+def _operation_id(operation_id: object) -> str | None:
+    """The operation id as 32 lowercase hex characters, or None (with a warning) when it is
+    malformed: an id read from the database or a message must not fail the job."""
+    if operation_id is None:
+        return None
+    if isinstance(operation_id, str):
+        candidate = operation_id.strip().lower()
+        if _GUID.match(candidate):
+            candidate = candidate.replace("-", "")
+        if is_valid_operation_id(candidate):
+            return candidate
+    log.warning("telemetry: operation id %.80r is not 32 hex characters (a W3C trace id); "
+                "sending the item without it", operation_id)
+    return None
 
 
 def _check_dependency(name: object, target: object, duration_ms: object, success: object,

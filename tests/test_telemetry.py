@@ -540,10 +540,26 @@ def test_metric_value_must_be_a_finite_number(any_telemetry, value):
         any_telemetry.metric("RunsDue", value)
 
 
-@pytest.mark.parametrize("op", ["", "ABCDEF0123456789ABCDEF0123456789", "0" * 32, "abc", 12345])
-def test_malformed_operation_id_raises(any_telemetry, op):
-    with pytest.raises(ValueError, match="operation_id"):
-        any_telemetry.event("RunStarted", operation_id=op)
+@pytest.mark.parametrize("op", ["", "0" * 32, "abc", "g" * 32, 12345])
+def test_malformed_operation_id_is_dropped_with_a_warning_never_raised(any_telemetry, op, caplog):
+    """Operation ids are data (runs table, queue message): a bad one must not fail the job."""
+    any_telemetry.event("RunStarted", {"job": "j"}, operation_id=op)
+    with any_telemetry.sql_call("x", target="db", operation_id=op):
+        pass
+    any_telemetry.flush()
+    assert "is not 32 hex characters" in caplog.text
+
+
+def test_operation_id_forms_are_normalised_and_malformed_ones_left_off(appinsights_endpoint):
+    telemetry = appinsights_endpoint.telemetry()
+    guid = uuid.uuid4()
+    telemetry.event("RunStarted", {"n": 1}, operation_id=str(guid).upper())   # e.g. T-SQL NEWID()
+    telemetry.event("RunStarted", {"n": 2}, operation_id=guid.hex.upper())
+    telemetry.event("RunStarted", {"n": 3}, operation_id="not-an-id")
+    telemetry.flush()
+    tags = [e["tags"] for e in appinsights_endpoint.events()]
+    assert tags[0]["ai.operation.id"] == tags[1]["ai.operation.id"] == guid.hex
+    assert "ai.operation.id" not in tags[2] and "ai.operation.parentId" not in tags[2]
 
 
 def test_bad_properties_raise(any_telemetry):
