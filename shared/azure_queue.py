@@ -266,7 +266,9 @@ class AzureStorageQueue:
                     "'UseDevelopmentStorage=true' or "
                     "'DefaultEndpointsProtocol=https;AccountName=<account>;AccountKey=<key>;EndpointSuffix=core.windows.net'"
                 ) from error
-            return cls(service, queue_name, encoding, endpoint=service.url.rstrip("/"))
+            # service.url carries the SAS token when there is one: never show it in messages.
+            endpoint = urlsplit(service.url)._replace(query="", fragment="").geturl().rstrip("/")
+            return cls(service, queue_name, encoding, endpoint=endpoint)
 
         if queue_service_uri:
             parts = urlsplit(queue_service_uri)

@@ -305,6 +305,19 @@ def test_invalid_connection_string_names_the_setting(connection_string: str, exp
     assert "c2VjcmV0LWtleS12YWx1ZQ" not in message  # never echo a key
 
 
+def test_a_sas_token_never_appears_in_errors() -> None:
+    port = free_loopback_port()
+    sas = "sv=2024-08-04&ss=q&srt=sco&sp=rwdlacup&se=2030-01-01T00:00:00Z&sig=c2VjcmV0c2lnbmF0dXJl"
+    connection = f"QueueEndpoint=http://127.0.0.1:{port}/devstoreaccount1;SharedAccessSignature={sas}"
+    queue = AzureStorageQueue.from_settings(connection, None, None, "agent-tasks", "base64")
+    assert queue.endpoint == f"http://127.0.0.1:{port}/devstoreaccount1"
+    with pytest.raises(QueueError) as error:
+        queue.send_many([DOORBELL])
+    assert "unreachable" in str(error.value)
+    assert "c2VjcmV0c2lnbmF0dXJl" not in str(error.value)
+    queue.close()
+
+
 @pytest.mark.parametrize("spelling", ["UseDevelopmentStorage=true", "UseDevelopmentStorage=True;"])
 def test_use_development_storage_means_azurite_on_its_default_port(spelling: str) -> None:
     queue = AzureStorageQueue.from_settings(spelling, None, None, "agent-tasks", "none")
