@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,19 @@ def _redact(connection_string: str) -> str:
     return re.sub(r"(?i)((?:pwd|password)\s*=\s*)(\{(?:[^}]|\}\})*\}|[^;]*)", r"\1***", connection_string)
 
 
+class SqliteConnection(sqlite3.Connection):
+    """sqlite3 connection that knows when its statement was cancelled: interrupt() stops
+    SQLite's own work, and ``cancelled`` stops our long-running functions (agent_sleep)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        self.interrupt()
+
+
 def sqlite_connect(path: str) -> sqlite3.Connection:
     if path != ":memory:":
         parent = Path(path).expanduser().resolve().parent
@@ -102,21 +116,25 @@ def sqlite_connect(path: str) -> sqlite3.Connection:
             raise ConfigError("AGENT_DB", f"{SQLITE_PREFIX}{path}", f"a path in an existing folder ({parent} does not exist)")
     # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so writers queue on the
     # database lock instead of failing to upgrade a read lock (SQLITE_BUSY).
-    connection = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+    connection = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False,
+                                 factory=SqliteConnection)
     connection.execute("PRAGMA busy_timeout = 30000")
     connection.execute("PRAGMA journal_mode = WAL")
     connection.execute("PRAGMA synchronous = NORMAL")
     # agent_sleep(seconds): lets embedded-default jobs (demos, tests of long work) take time.
-    connection.create_function("agent_sleep", 1, _sqlite_sleep)
+    cancelled = connection.cancelled
+
+    def agent_sleep(seconds: Any) -> int:
+        deadline = time.monotonic() + float(seconds or 0)
+        # Short slices so a cancel (timeout, lost lease) stops it promptly.
+        while time.monotonic() < deadline:
+            if cancelled.is_set():
+                raise sqlite3.OperationalError("interrupted")
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        return 0
+
+    connection.create_function("agent_sleep", 1, agent_sleep)
     return connection
-
-
-def _sqlite_sleep(seconds: Any) -> int:
-    deadline = time.monotonic() + float(seconds or 0)
-    # Short slices so Connection.interrupt() (timeout, lost lease) stops it promptly.
-    while time.monotonic() < deadline:
-        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-    return 0
 
 
 def import_pyodbc():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Any
@@ -80,19 +81,15 @@ class LocalRunner:
             self.agent.store().close()
 
     def work_until_idle(self, max_seconds: float | None = None) -> int:
-        """Work the queue until it holds no message at all (visible or waiting for redelivery)."""
-        deadline = None if max_seconds is None else (datetime.now(UTC).timestamp() + max_seconds)
+        """Work the queue until a receive finds no visible message. A message waiting for
+        redelivery (failed, hidden for the visibility timeout) is not waited for."""
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
         total = 0
         while not self.stop_event.is_set():
             count = self.work_once()
             total += count
-            if count:
-                continue
-            if self.agent.queue.depth() == 0:
+            if count == 0 or (deadline is not None and time.monotonic() > deadline):
                 break
-            if deadline is not None and datetime.now(UTC).timestamp() > deadline:
-                break
-            self.stop_event.wait(self.poll_interval)
         return total
 
     # ------------------------------------------------------------ forever

@@ -149,27 +149,28 @@ class Scheduler:
     def claim_due_runs(self, now: datetime, report: TickReport) -> None:
         store = self.store
         late_cutoff = now - timedelta(seconds=self.settings.agent.misfire_threshold_seconds)
-        claimed = store.execute("claim_due_runs", now=now, late_cutoff=late_cutoff).rows
+        # Claim and advance commit together: a crash in between cannot leave a job
+        # claimed but not moved on (its next slot would otherwise wait for a later tick).
+        with store.transaction():
+            claimed = store.execute("claim_due_runs", now=now, late_cutoff=late_cutoff).rows
+            # Every due job moves to its next slot, including jobs whose run a concurrent
+            # tick inserted: the claim is idempotent, this makes progress. The next slot
+            # depends only on (schedule, time zone, now): computed once per schedule.
+            schedules = store.execute("select_due_schedules", now=now).rows
+            advances = []
+            for row in schedules:
+                try:
+                    following = parse_schedule(row["schedule"], row["timezone"]).next_after(now)
+                except (ValueError, OverflowError) as exc:
+                    # Settings were validated before sync; a row edited by hand must not stop the others.
+                    log.error("schedule %r (%s): cannot compute the next slot (%s); its jobs stop until fixed",
+                              row["schedule"], row["timezone"], exc)
+                    following = None
+                advances.append({"schedule": row["schedule"], "timezone": row["timezone"],
+                                 "next_due_at": store.json_time(following)})
+            if advances:
+                report.due_jobs = store.execute("advance_due_jobs", advances=advances, now=now).rowcount
         report.claimed = claimed
-        # Every due job moves to its next slot, including jobs whose run a concurrent (or
-        # crashed) tick inserted: the claim above is idempotent, this makes progress.
-        due = store.execute("select_due_jobs", now=now).rows
-        report.due_jobs = len(due)
-        advances = []
-        for job in due:
-            try:
-                schedule = parse_schedule(job["schedule"], job["timezone"])
-                following = schedule.next_after(now)
-            except (ValueError, OverflowError) as exc:
-                # Settings were validated before sync; a row edited by hand must not stop the others.
-                log.error("job %s: cannot compute its next slot (%s); it will not run again until fixed",
-                          job["job_name"], exc)
-                following = None
-            advances.append({"job_name": job["job_name"],
-                             "previous_due_at": store.json_time(job["next_due_at"]),
-                             "next_due_at": store.json_time(following)})
-        if advances:
-            store.execute("advance_due_jobs", advances=advances)
         for run in claimed:
             properties = _run_properties(run, outcome=run["status"])
             note = run.get("note") or ""

@@ -134,8 +134,8 @@ class Store:
                 result.rowcount = part.rowcount
             if commit:
                 self._commit()
-        except BaseException:
-            self._after_failure()
+        except BaseException as exc:
+            self._after_failure(exc)
             raise
         return result
 
@@ -161,7 +161,10 @@ class Store:
         if self.dialect != "sqlite":
             self.connection.commit()
 
-    def _after_failure(self) -> None:
+    def _after_failure(self, exc: BaseException | None = None) -> None:
+        if exc is not None and _connection_lost(exc):
+            self._discard_connection()
+            return
         if self._in_transaction:
             return  # the transaction block rolls back
         try:
@@ -189,8 +192,11 @@ class Store:
         self._in_transaction = True
         try:
             yield self
-        except BaseException:
+        except BaseException as exc:
             self._in_transaction = False
+            if _connection_lost(exc):
+                self._discard_connection()
+                raise
             try:
                 if self.dialect == "sqlite":
                     if connection.in_transaction:
@@ -206,8 +212,8 @@ class Store:
                 connection.execute("COMMIT")
             else:
                 connection.commit()
-        except BaseException:
-            self._after_failure()
+        except BaseException as exc:
+            self._after_failure(exc)
             raise
 
     # ------------------------------------------------------------ user SQL
@@ -219,6 +225,8 @@ class Store:
             raise AgentError("run_script must run inside a transaction")
         connection = self.connection
         if self.dialect == "sqlite":
+            if hasattr(connection, "cancelled"):
+                connection.cancelled.clear()
             for statement in _sqlite_statements(sql):
                 cursor = connection.cursor()
                 self._active_cursor = cursor
@@ -249,7 +257,7 @@ class Store:
         connection, cursor = self._connection, self._active_cursor
         with contextlib.suppress(Exception):
             if self.dialect == "sqlite" and connection is not None:
-                connection.interrupt()
+                (connection.cancel if hasattr(connection, "cancel") else connection.interrupt)()
             elif cursor is not None:
                 cursor.cancel()
 
@@ -294,6 +302,14 @@ class Store:
             raise SchemaError(f"{self.target.display} has schema version {version}, this code needs {latest}: run `init-db` to upgrade")
         if version > latest:
             raise SchemaError(f"{self.target.display} has schema version {version}, newer than this code ({latest}): upgrade the agent")
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """A driver error after which this connection is no use (reconnect on next use)."""
+    from .sqlerrors import classify
+
+    info = classify(exc)
+    return bool(info.sqlstate and info.sqlstate.startswith("08")) or info.connection_lost
 
 
 def _sqlite_statements(sql: str) -> list[str]:

@@ -91,12 +91,28 @@ def job_env(jobs: dict[str, dict[str, str]], **agent: str) -> dict[str, str]:
     return env
 
 
-def make_agent(db: str, jobs: dict[str, dict[str, str]] | None = None, **agent_settings: str):
+class Clock:
+    """A settable clock for the engine (the queue keeps real time)."""
+
+    def __init__(self, start: datetime) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> datetime:
+        from datetime import timedelta
+
+        self.now = self.now + timedelta(seconds=seconds)
+        return self.now
+
+
+def make_agent(db: str, jobs: dict[str, dict[str, str]] | None = None, *, clock=None, **agent_settings: str):
     from shared.agent import Agent
     from shared.config import load_settings
 
     settings = load_settings(environ=job_env(jobs or {}, **agent_settings))
-    agent = Agent(settings, db=db)
+    agent = Agent(settings, db=db, clock=clock)
     agent.init()
     return agent
 
@@ -106,8 +122,8 @@ def agent_factory(db_url):
     """Build agents on the test's database; closes them afterwards."""
     agents = []
 
-    def build(jobs=None, **agent_settings):
-        agent = make_agent(db_url, jobs, **agent_settings)
+    def build(jobs=None, *, clock=None, **agent_settings):
+        agent = make_agent(db_url, jobs, clock=clock, **agent_settings)
         agents.append(agent)
         return agent
 
@@ -145,3 +161,23 @@ def runs_table(agent) -> str:
 
 def attempts_table(agent) -> str:
     return "agent_attempts" if agent.target.dialect == "sqlite" else "agent.attempts"
+
+
+def execute(agent, sql: str) -> None:
+    """Set up test tables directly."""
+    store = agent.new_store()
+    try:
+        cursor = store.connection.cursor()
+        cursor.execute(sql)
+        if store.dialect != "sqlite":
+            store.connection.commit()
+    finally:
+        store.close()
+
+
+def work(agent, *, concurrency: int = 4, max_seconds: float = 60, visibility_timeout: float = 0):
+    """Work the queue until it is empty, as the Functions host would."""
+    from shared.runner import LocalRunner
+
+    runner = LocalRunner(agent, concurrency=concurrency, visibility_timeout=visibility_timeout, poll_interval=0.05)
+    return runner.work_until_idle(max_seconds=max_seconds)

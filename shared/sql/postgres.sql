@@ -154,20 +154,18 @@ ORDER BY d.job_name
 ON CONFLICT (job_name, scheduled_for) DO NOTHING
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
 
--- select_due_jobs --
--- Jobs whose next slot has come (claimed by this tick or an earlier one): their next slot is computed in Python.
-SELECT job_name, schedule, timezone, next_due_at
+-- select_due_schedules --
+-- The distinct schedules of jobs whose next slot has come (claimed by this tick or an earlier one): their next slot is computed in Python, once per schedule.
+SELECT DISTINCT schedule, timezone
 FROM agent.jobs
-WHERE next_due_at <= CAST(:now AS timestamp) AND enabled = 1 AND valid = 1 AND configured = 1
-ORDER BY job_name;
+WHERE next_due_at <= CAST(:now AS timestamp) AND enabled = 1 AND valid = 1 AND configured = 1;
 
 -- advance_due_jobs --
--- Move each due job to its next slot, only if no concurrent tick did already (conditional on the old slot).
+-- Move every due job to the next slot of its schedule; a job a concurrent tick already moved is no longer due and stays as it is.
 UPDATE agent.jobs AS j SET next_due_at = CAST(a.next_due_at AS timestamp)
-FROM (SELECT * FROM json_to_recordset(CAST(:advances AS json))
-      AS x(job_name VARCHAR, previous_due_at VARCHAR, next_due_at VARCHAR)
-      ORDER BY x.job_name) AS a
-WHERE j.job_name = a.job_name AND j.next_due_at = CAST(a.previous_due_at AS timestamp);
+FROM json_to_recordset(CAST(:advances AS json)) AS a(schedule VARCHAR, timezone VARCHAR, next_due_at VARCHAR)
+WHERE j.schedule = a.schedule AND j.timezone = a.timezone
+  AND j.next_due_at <= CAST(:now AS timestamp) AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1;
 
 -- dispatch_runs --
 -- Hand runnable runs to the queue: each gets a new, larger token and a dispatch lease; overlap 'queue', task order and the concurrency cap are honoured.

@@ -154,21 +154,22 @@ ORDER BY d.job_name
 ON CONFLICT (job_name, scheduled_for) DO NOTHING
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
 
--- select_due_jobs --
--- Jobs whose next slot has come (claimed by this tick or an earlier one): their next slot is computed in Python.
-SELECT job_name, schedule, timezone, next_due_at
+-- select_due_schedules --
+-- The distinct schedules of jobs whose next slot has come (claimed by this tick or an earlier one): their next slot is computed in Python, once per schedule.
+SELECT DISTINCT schedule, timezone
 FROM agent_jobs
-WHERE next_due_at <= :now AND enabled = 1 AND valid = 1 AND configured = 1
-ORDER BY job_name;
+WHERE next_due_at <= :now AND enabled = 1 AND valid = 1 AND configured = 1;
 
 -- advance_due_jobs --
--- Move each due job to its next slot, only if no concurrent tick did already (conditional on the old slot).
+-- Move every due job to the next slot of its schedule; a job a concurrent tick already moved is no longer due and stays as it is.
 UPDATE agent_jobs SET next_due_at = a.next_due_at
-FROM (SELECT json_extract(x.value, '$.job_name') AS job_name,
-             json_extract(x.value, '$.previous_due_at') AS previous_due_at,
+FROM (SELECT json_extract(x.value, '$.schedule') AS schedule,
+             json_extract(x.value, '$.timezone') AS timezone,
              json_extract(x.value, '$.next_due_at') AS next_due_at
       FROM json_each(:advances) AS x) AS a
-WHERE agent_jobs.job_name = a.job_name AND agent_jobs.next_due_at = a.previous_due_at;
+WHERE agent_jobs.schedule = a.schedule AND agent_jobs.timezone = a.timezone
+  AND agent_jobs.next_due_at <= :now AND agent_jobs.enabled = 1 AND agent_jobs.valid = 1
+  AND agent_jobs.configured = 1;
 
 -- dispatch_runs --
 -- Hand runnable runs to the queue: each gets a new, larger token and a dispatch lease; overlap 'queue', task order and the concurrency cap are honoured.
