@@ -20,17 +20,19 @@ When it cannot start, the tests skip on a developer machine and fail in CI (env 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest
 
@@ -48,6 +50,25 @@ STOP_TIMEOUT_SECONDS = 10.0
 
 class AzuriteUnavailable(Exception):
     """Azurite could not be started; the message says why."""
+
+
+def _load_prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()  # resolved in the parent: the child only makes one plain call
+_PR_SET_PDEATHSIG = 1
+
+
+def _terminate_with_parent() -> None:
+    """Runs in the child between fork and exec: ask Linux for SIGTERM when pytest exits."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_loopback_port() -> int:
@@ -148,7 +169,9 @@ class Azurite:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=str(self.location),
-                start_new_session=True,  # a Ctrl-C in the terminal reaches pytest, which stops us
+                # Same process group as pytest (a Ctrl-C or `timeout` reaches Azurite too), and on
+                # Linux a SIGTERM when pytest dies without teardown: no orphaned emulators.
+                preexec_fn=_terminate_with_parent,
             )
         except OSError as error:
             raise AzuriteUnavailable(f"cannot run {AZURITE_QUEUE_BIN.name}: {error}") from error
