@@ -38,7 +38,7 @@ class Agent:
         """This thread's store (one connection per thread)."""
         store = getattr(self._local, "store", None)
         if store is None:
-            store = Store(self.target, self._connect)
+            store = self._observed(Store(self.target, self._connect))
             self._local.store = store
             with self._lock:
                 self._stores.append(store)
@@ -46,10 +46,22 @@ class Agent:
 
     def new_store(self) -> Store:
         """A store with a connection of its own (the heartbeat's)."""
-        return Store(self.target, self._connect)
+        return self._observed(Store(self.target, self._connect))
 
     def target_store(self, database: str) -> Store:
         return Store(self.target, connector(self.target, database))
+
+    def _observed(self, store: Store) -> Store:
+        """With Application Insights configured, every named query is a SQL dependency."""
+        if self.settings.agent.appinsights_connection_string:
+            target = self.target.display
+
+            def observe(name: str, duration_ms: float, success: bool, operation_id: str | None) -> None:
+                self.telemetry.dependency(name, target=target, duration_ms=duration_ms, success=success,
+                                          operation_id=operation_id)
+
+            store.observer = observe
+        return store
 
     @property
     def queue(self) -> Any:
@@ -111,7 +123,7 @@ class Agent:
         for store in stores:
             store.close()
         if self._telemetry is not None:
-            self._telemetry.flush()
+            self._telemetry.close()
 
 
 _default: Agent | None = None

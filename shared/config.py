@@ -283,9 +283,9 @@ def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
         raise ConfigError("AGENT_QUEUE_ENCODING", encoding, "base64 or none (as host.json messageEncoding)")
     queue_name = _get(env, "AGENT_QUEUE_NAME") or "agent-tasks"
     # Azure Storage queue names: 3-63 chars, lowercase letters, digits and single hyphens.
-    if not re.fullmatch(r"[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}", queue_name):
+    if not re.fullmatch(r"[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,55}", queue_name):
         raise ConfigError("AGENT_QUEUE_NAME", queue_name,
-                          "3-63 lowercase letters, digits and single hyphens (an Azure Storage queue name)")
+                          "3-56 lowercase letters, digits and single hyphens (an Azure Storage queue name; 56 leaves room for the -poison queue)")
     sql_server = _get(env, "AGENT_SQL_SERVER")
     sql_database = _get(env, "AGENT_SQL_DATABASE")
     if bool(sql_server) != bool(sql_database):

@@ -92,7 +92,7 @@ class Executor:
                                 reason=f"unknown run {message.run_id}")
         if message.token > run["token"]:
             return self._poison(run_id=message.run_id, token=None, body=text, dequeue_count=dequeue_count,
-                                message_id=message_id, operation_id=message.operation_id,
+                                message_id=message_id, operation_id=message.operation_id, job=run["job_name"],
                                 reason=f"token {message.token} was never issued (run {message.run_id} is at token {run['token']})")
         kind = "stale" if message.token < run["token"] else "duplicate"
         detail = (f"run {message.run_id}: message token {message.token}, run token {run['token']}, "
@@ -127,6 +127,7 @@ class Executor:
         started = time.perf_counter()
         heartbeat.start()
         watchdog.start()
+        store.operation_id = operation_id
         try:
             with work_store.transaction(immediate=False):
                 with self.telemetry.sql_call(properties["job"], target=work_store.target.display,
@@ -151,6 +152,7 @@ class Executor:
                 error = (info.kind, info.number, info.sqlstate, info.message)
             return self._failed(run, body, dequeue_count, message_id, error, properties, operation_id)
         finally:
+            store.operation_id = None
             watchdog.cancel()
             heartbeat.stop()
             if not same_database:
@@ -202,7 +204,7 @@ class Executor:
                                     message_id=message_id, operation_id=operation_id,
                                     reason=f"transient error on delivery {dequeue_count} of "
                                            f"AGENT_MAX_DEQUEUE_COUNT={self.settings.agent.max_dequeue_count}: {message}",
-                                    attempt_error=error)
+                                    attempt_error=error, job=properties["job"])
             lease_until = now + timedelta(seconds=self.settings.agent.dispatch_lease_seconds)
             with store.transaction():
                 store.execute("finish_attempt", run_id=run_id, token=token, now=now, outcome="transient",
@@ -241,7 +243,8 @@ class Executor:
 
     def _poison(self, *, run_id: int | None, token: int | None, body: str, dequeue_count: int,
                 message_id: str | None, reason: str, operation_id: str | None,
-                attempt_error: tuple[str, int | None, str | None, str] | None = None) -> ExecutionResult:
+                attempt_error: tuple[str, int | None, str | None, str] | None = None,
+                job: str | None = None) -> ExecutionResult:
         """Take the message out of circulation: keep its body and every error, mark the run
         (only when this message holds its current token) and return normally, so the host
         deletes the message instead of retrying it."""
@@ -265,7 +268,8 @@ class Executor:
             if token is not None and run_id is not None:
                 marked = store.execute("poison_run", run_id=run_id, token=token, now=now, reason=reason).rowcount
         log.error("message %s poisoned (poison id %s, run %s): %s", message_id or "-", poison_id, run_id, reason)
-        self.telemetry.event("RunPoisoned", {"run_id": run_id, "token": token, "dequeue_count": dequeue_count,
+        self.telemetry.event("RunPoisoned", {"job": job, "run_id": run_id, "token": token,
+                                             "dequeue_count": dequeue_count,
                                              "outcome": "poisoned" if marked else "message_poisoned",
                                              "error_message": reason, "poison_id": poison_id},
                              operation_id=operation_id)

@@ -10,6 +10,7 @@ import contextlib
 import json
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -45,6 +46,10 @@ class Store:
         self._in_transaction = False
         self._lock = threading.Lock()
         self.statements_executed = 0
+        # Telemetry hook: called with (query name, duration ms, success, operation id) after
+        # every named query; the executor sets operation_id while it works on a run.
+        self.observer: Callable[[str, float, bool, str | None], None] | None = None
+        self.operation_id: str | None = None
 
     # ------------------------------------------------------------ connection
 
@@ -118,10 +123,20 @@ class Store:
         missing = query.parameters - params.keys()
         if missing:
             raise TypeError(f"query {name!r} needs parameters {sorted(missing)}")
-        if self._in_transaction or len(query.statements) == 1:
-            return self._run(query, params, commit=not self._in_transaction)
-        with self.transaction():
-            return self._run(query, params, commit=False)
+        started = time.perf_counter()
+        success = False
+        try:
+            if self._in_transaction or len(query.statements) == 1:
+                result = self._run(query, params, commit=not self._in_transaction)
+            else:
+                with self.transaction():
+                    result = self._run(query, params, commit=False)
+            success = True
+            return result
+        finally:
+            if self.observer is not None:
+                with contextlib.suppress(Exception):  # telemetry never breaks the work
+                    self.observer(name, (time.perf_counter() - started) * 1000, success, self.operation_id)
 
     def _run(self, query: Query, params: Mapping[str, Any], *, commit: bool) -> Result:
         result = Result()

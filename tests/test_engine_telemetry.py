@@ -1,0 +1,92 @@
+"""The engine's telemetry, asserted from what the real exporter posted to a loopback
+ingestion endpoint: a tick and a run, a failure and a poison; one operation id from the
+timer through the queue message to the SQL."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from tests.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
+from tests.conftest import make_agent, work
+
+UTC = timezone.utc
+
+
+def _props(envelope):
+    return envelope["data"]["baseData"].get("properties", {})
+
+
+def _op(envelope):
+    return envelope["tags"].get("ai.operation.id")
+
+
+def _named(envelopes, name):
+    return [e for e in envelopes if e["data"]["baseData"].get("name") == name]
+
+
+def test_tick_run_failure_and_poison_are_reported(db_url, appinsights_endpoint):
+    now = "@once " + datetime.now(UTC).isoformat()
+    agent = make_agent(db_url, {"good": {"SCHEDULE": now, "COMMAND": "SELECT 1"},
+                                "broken": {"SCHEDULE": now, "COMMAND": "SELECT * FROM missing_table",
+                                           "MAX_ATTEMPTS": "1"},
+                                "invalid": {"SCHEDULE": "whenever", "COMMAND": "SELECT 1"}},
+                       APPLICATIONINSIGHTS_CONNECTION_STRING=appinsights_endpoint.connection_string)
+    try:
+        report = agent.tick()
+        agent.telemetry.flush()
+        runs = {r["job_name"]: r for r in report.claimed}
+        assert set(runs) == {"good", "broken"}
+
+        events = appinsights_endpoint.events
+        claimed = _named(events(), "RunClaimed")
+        assert {_props(e)["job"] for e in claimed} == {"good", "broken"}
+        for envelope in claimed + _named(events(), "RunDispatched"):
+            run = runs[_props(envelope)["job"]]
+            assert _op(envelope) == run["operation_id"]
+            assert _props(envelope)["run_id"] == str(run["run_id"])
+        (invalid,) = _named(events(), "JobConfigInvalid")
+        assert _props(invalid)["job"] == "invalid" and "JOB__invalid__SCHEDULE" in _props(invalid)["error_message"]
+        metric_names = {m["data"]["baseData"]["metrics"][0]["name"] for m in appinsights_endpoint.metrics()}
+        assert {"TickDurationMs", "RunsDue", "RunsClaimed", "RunsDispatched"} <= metric_names
+
+        agent.queue.send_many(["not a run message"])
+        appinsights_endpoint.clear()
+        work(agent)
+        agent.telemetry.flush()
+        good_op, broken_op = runs["good"]["operation_id"], runs["broken"]["operation_id"]
+
+        (succeeded,) = _named(events(), "RunSucceeded")
+        assert _op(succeeded) == good_op and _props(succeeded)["job"] == "good"
+        assert _props(succeeded)["scheduled_for"].startswith(runs["good"]["scheduled_for"].strftime("%Y-%m-%dT"))
+        (failed,) = _named(events(), "RunFailed")
+        assert _op(failed) == broken_op and "missing_table" in _props(failed)["error_message"]
+        (poisoned,) = _named(events(), "RunPoisoned")
+        assert "malformed" in _props(poisoned)["error_message"]
+        started = _named(events(), "RunStarted")
+        assert {_op(e) for e in started} == {good_op, broken_op}
+
+        # The job's SQL and the executor's own statements are dependencies of the run's operation.
+        dependencies = appinsights_endpoint.dependencies()
+        good_sql = [d for d in dependencies if d["data"]["baseData"]["name"] == "good"]
+        broken_sql = [d for d in dependencies if d["data"]["baseData"]["name"] == "broken"]
+        assert good_sql and good_sql[0]["data"]["baseData"]["success"] is True and _op(good_sql[0]) == good_op
+        assert broken_sql and broken_sql[0]["data"]["baseData"]["success"] is False
+        named_queries = {d["data"]["baseData"]["name"] for d in dependencies if _op(d) == good_op}
+        assert "complete_run" in named_queries
+        lag = [m for m in appinsights_endpoint.metrics() if m["data"]["baseData"]["metrics"][0]["name"]
+               == "ScheduleLagSeconds"]
+        assert lag and {_op(m) for m in lag} == {good_op, broken_op}
+    finally:
+        agent.close()
+
+
+def test_without_connection_string_nothing_is_sent(db_url, appinsights_endpoint):
+    agent = make_agent(db_url, {"good": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "COMMAND": "SELECT 1"}})
+    try:
+        agent.tick()
+        work(agent)
+        agent.telemetry.flush()
+        assert agent.telemetry.enabled is False
+        assert appinsights_endpoint.envelopes == []
+    finally:
+        agent.close()
