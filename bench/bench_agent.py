@@ -31,10 +31,12 @@ UTC = timezone.utc
 DEFAULT_PG = "Driver={PostgreSQL Unicode};Server=127.0.0.1;Port=5432;Uid=root;"
 
 
-def agent_for(db: str, jobs: int, **settings: str) -> Agent:
+def agent_for(db: str, jobs: int, *, spread: bool = False, **settings: str) -> Agent:
+    """``jobs`` hourly jobs: all at minute 0 (every job due in the same tick), or spread over
+    the 60 minutes of the hour (a typical tick claims a sixtieth of them)."""
     env = {"AGENT_MAX_CONCURRENCY": "10000", "AGENT_DISPATCH_LEASE_SECONDS": "86400", **settings}
     for i in range(jobs):
-        env[f"JOB__job{i:05d}__SCHEDULE"] = "0 0 * * * *" if i % 2 else "0 */30 * * * *"
+        env[f"JOB__job{i:05d}__SCHEDULE"] = f"0 {i % 60 if spread else 0} * * * *"
         env[f"JOB__job{i:05d}__COMMAND"] = "SELECT 1"
     agent = Agent(load_settings(environ=env), db=db)
     agent.init()
@@ -71,18 +73,26 @@ class Databases:
 
 
 def bench_ticks(dbs: Databases, dialect: str, sizes: list[int]) -> None:
-    print(f"\n== tick, {dialect} (every job due at once: claim + advance + dispatch + enqueue)")
-    print(f"{'jobs':>7} {'due tick ms':>12} {'statements':>11} {'idle tick ms':>13} {'idle stmts':>11}")
+    print(f"\n== tick, {dialect}: jobs configured; 'all due' = every job due in the same tick (claim + advance +"
+          f" dispatch + enqueue of each); 'typical' = hourly jobs spread over the hour (1/60 due per tick);"
+          f" 'idle' = nothing due")
+    print(f"{'jobs':>7} {'all due ms':>11} {'stmts':>6} {'typical ms':>11} {'stmts':>6} {'idle ms':>8} {'stmts':>6}")
+    base = datetime(2030, 1, 1, 12, 40, tzinfo=UTC)
     for size in sizes:
         agent = agent_for(dbs.new(dialect), size)
-        base = datetime(2030, 1, 1, 12, 40, tzinfo=UTC)
         agent.tick(base)                                           # sync settings (once per change)
         due = agent.tick(base + timedelta(minutes=20, seconds=5))   # 13:00:05: every job due
         assert len(due.claimed) == size, (len(due.claimed), due.errors)
         idle = [agent.tick(base + timedelta(minutes=20, seconds=10 + i)) for i in range(5)]
-        print(f"{size:>7} {due.duration_ms:>12.1f} {due.statements:>11} "
-              f"{statistics.median(r.duration_ms for r in idle):>13.1f} {idle[0].statements:>11}")
         agent.close()
+        spread = agent_for(dbs.new(dialect), size, spread=True)
+        spread.tick(base)
+        typical = [spread.tick(base + timedelta(minutes=m, seconds=5)) for m in range(1, 11)]
+        assert sum(len(r.claimed) for r in typical) > 0
+        spread.close()
+        print(f"{size:>7} {due.duration_ms:>11.1f} {due.statements:>6} "
+              f"{statistics.median(r.duration_ms for r in typical):>11.1f} {typical[0].statements:>6} "
+              f"{statistics.median(r.duration_ms for r in idle):>8.1f} {idle[0].statements:>6}")
 
 
 def bench_throughput(dbs: Databases, dialect: str, tasks: int, concurrency: int) -> None:

@@ -171,6 +171,8 @@ class Scheduler:
             if advances:
                 report.due_jobs = store.execute("advance_due_jobs", advances=advances, now=now).rowcount
         report.claimed = claimed
+        if not self.telemetry.enabled:
+            return  # per-run events cost Python time even as no-ops; skip the loop
         for run in claimed:
             properties = _run_properties(run, outcome=run["status"])
             note = run.get("note") or ""
@@ -219,7 +221,7 @@ def dispatch(store: Store, queue: Any, settings: Settings, now: datetime, teleme
         for run in runs[:sent]:
             _dispatched_event(telemetry, run)
         raise QueueError(f"{exc} ({len(unsent)} run(s) left pending for the next tick)") from exc
-    for run in runs:
+    for run in runs if telemetry.enabled else ():
         _dispatched_event(telemetry, run)
     return runs
 
