@@ -67,7 +67,17 @@ _LOST_MESSAGE_CODES = frozenset({"MessageNotFound", "PopReceiptMismatch"})
 
 
 class _UndecodableText(str):
-    """The raw text of a message that is not valid for the configured encoding."""
+    """The raw text of a message that is not valid base64 on a base64 queue."""
+
+
+class QueueSendError(QueueError):
+    """Sending a batch stopped part way. Bodies go out one by one in order, so exactly the
+    first `sent` of `total` are on the queue; the dispatcher puts the rest back to pending."""
+
+    def __init__(self, message: str, *, sent: int, total: int) -> None:
+        super().__init__(message)
+        self.sent = sent
+        self.total = total
 
 
 def _strict_base64_text(content: str) -> str:
@@ -75,11 +85,11 @@ def _strict_base64_text(content: str) -> str:
 
     Python's default `b64decode` silently drops characters outside the alphabet, so a plain JSON
     text such as '{"run_id": 1}' could "decode" into garbage instead of failing. .NET only skips
-    whitespace and rejects anything else; we do the same.
+    whitespace and rejects anything else; we do the same. Bytes that are not UTF-8 become U+FFFD.
     """
     compact = "".join(content.split())
     raw = base64.b64decode(compact.encode("ascii"), validate=True)
-    return raw.decode("utf-8")
+    return raw.decode("utf-8", errors="replace")
 
 
 def _make_decode_policy(encoding: str) -> Any:
@@ -88,16 +98,20 @@ def _make_decode_policy(encoding: str) -> Any:
     What the Functions host does (Storage queues extension 5.x, in extension bundle v4): a message
     that is not valid base64 while messageEncoding is base64 is not handed to the function at all;
     the extension moves it to "<queue>-poison" at once, without retries (azure-sdk-for-net PR
-    #18326 "Badly encoded handler in Webjobs"; PR #21475 added a log line because users saw only
-    "Message has reached MaxDequeueCount of 5. Moving message to queue '...-poison'"). Older
-    extensions failed the invocation with "The input is not a valid Base-64 string" on every
-    delivery until maxDequeueCount.
+    #18326 "Badly encoded handler in Webjobs"; issues #21449 and #28799: users saw only "Message has
+    reached MaxDequeueCount of 5. Moving message to queue '...-poison'"). Older extensions failed
+    the invocation with "The input is not a valid Base-64 string" on every delivery until
+    maxDequeueCount.
 
-    We mimic the outcome (poisoned at once, never retried) but keep the evidence: the message is
-    delivered with its raw text as the body; that text is not a valid doorbell, so the executor
-    poisons it as malformed on the first delivery, recording the body in the poison table. Raising
-    from the SDK's TextBase64DecodePolicy instead would fail the whole `receive` batch and leave
-    every message in it invisible until its visibility timeout.
+    `receive` does the same with what this policy marks as `_UndecodableText`: such a message is
+    never delivered (its raw text could even be a valid doorbell, written by a sender with the
+    wrong encoding: running it locally would hide a mismatch that poisons every message in Azure).
+    Raising from the SDK's TextBase64DecodePolicy instead would fail the whole `receive` batch and
+    leave every message in it invisible until its visibility timeout.
+
+    Valid base64 that is not UTF-8 does reach the function in Azure (as bytes the executor rejects
+    as "not UTF-8"); here it is delivered with U+FFFD for the bad bytes, which is never a valid
+    doorbell either, so the executor poisons it as malformed on the first delivery.
     """
     from azure.storage.queue import TextBase64DecodePolicy
 
@@ -108,7 +122,7 @@ def _make_decode_policy(encoding: str) -> Any:
         def decode(self, content: Any, response: Any) -> str:
             try:
                 return _strict_base64_text(content)
-            except ValueError:  # binascii.Error, UnicodeDecodeError and UnicodeEncodeError included
+            except (ValueError, UnicodeEncodeError):  # not base64 (binascii.Error) or not ASCII
                 return _UndecodableText(content)
 
     return HostLikeBase64DecodePolicy()
@@ -402,6 +416,8 @@ class AzureStorageQueue:
             raise self._error(error, "create") from error
 
     def send_many(self, bodies: Sequence[str]) -> None:
+        """Send in order, one message per call (the service has no batch send). On a failure
+        raise QueueSendError whose `sent` counts the bodies already on the queue."""
         from azure.core.exceptions import AzureError
 
         for index, body in enumerate(bodies):
@@ -410,7 +426,7 @@ class AzureStorageQueue:
             except AzureError as error:
                 failure = self._error(error, "send to")
                 done = f" ({index} of {len(bodies)} messages were sent)" if index else ""
-                raise QueueError(f"{failure}{done}") from error
+                raise QueueSendError(f"{failure}{done}", sent=index, total=len(bodies)) from error
 
     def depth(self) -> int:
         """Messages in the queue, visible or not (the service's approximate count, as the
@@ -426,12 +442,28 @@ class AzureStorageQueue:
     # -- consumer side --------------------------------------------------------------------------
 
     def receive(self, max_messages: int, visibility_timeout: float) -> list[ReceivedMessage]:
-        from azure.core.exceptions import AzureError
-
+        """Up to `max_messages` messages, hidden for `visibility_timeout` seconds. A message
+        that is not valid base64 on a base64 queue is moved to "<name>-poison" at once instead,
+        as the Functions host does; an empty list still means no message was visible."""
         if max_messages < 1:
             return []
         seconds = _seconds(visibility_timeout, minimum=1)
         received: list[ReceivedMessage] = []
+        while len(received) < max_messages:
+            deliverable, undecodable = self._receive_batch(max_messages - len(received), seconds)
+            received += deliverable
+            for message in undecodable:
+                self._poison_undecodable(message)
+            if not undecodable:
+                break  # else ask again: the moved ones must not make a busy queue look empty
+        return received
+
+    def _receive_batch(self, max_messages: int,
+                       seconds: int) -> tuple[list[ReceivedMessage], list[ReceivedMessage]]:
+        from azure.core.exceptions import AzureError
+
+        deliverable: list[ReceivedMessage] = []
+        undecodable: list[ReceivedMessage] = []
         try:
             pages = self._client.receive_messages(
                 messages_per_page=min(max_messages, MAX_MESSAGES_PER_CALL),
@@ -440,23 +472,30 @@ class AzureStorageQueue:
             )
             for message in pages:
                 body = message.content if message.content is not None else ""
-                if isinstance(body, _UndecodableText):
-                    log.warning(
-                        "queue %r: message %s is not valid %s; delivering its raw text (it will be "
-                        "poisoned as malformed)", self.name, message.id, self.encoding,
-                    )
-                received.append(
-                    ReceivedMessage(
-                        id=message.id,
-                        body=str(body),
-                        dequeue_count=int(message.dequeue_count or 0),
-                        pop_receipt=message.pop_receipt,
-                        inserted_at=message.inserted_on,
-                    )
+                received = ReceivedMessage(
+                    id=message.id,
+                    body=str(body),
+                    dequeue_count=int(message.dequeue_count or 0),
+                    pop_receipt=message.pop_receipt,
+                    inserted_at=message.inserted_on,
                 )
+                (undecodable if isinstance(body, _UndecodableText) else deliverable).append(received)
         except AzureError as error:
             raise self._error(error, "receive from") from error
-        return received
+        return deliverable, undecodable
+
+    def _poison_undecodable(self, message: ReceivedMessage) -> None:
+        log.warning(
+            "queue %r: message %s is not valid %s (AGENT_QUEUE_ENCODING / host.json messageEncoding); "
+            "moved to %r at once without running it, as the Functions host does", self.name, message.id,
+            self.encoding, self.poison_name,
+        )
+        try:
+            self.move_to_poison(message)
+        except QueueError as error:
+            # It stays hidden for this receive's visibility timeout, then the next receive retries.
+            log.error("queue %r: could not move message %s to %r: %s", self.name, message.id,
+                      self.poison_name, error)
 
     def delete(self, message: ReceivedMessage) -> None:
         from azure.core.exceptions import AzureError

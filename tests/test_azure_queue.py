@@ -188,24 +188,54 @@ def test_encodings_round_trip_and_store_what_the_host_expects(azurite: Azurite, 
     assert stored == expected
 
 
-def test_a_raw_message_on_a_base64_queue_arrives_with_its_raw_text(
+def test_a_raw_message_on_a_base64_queue_goes_to_the_poison_queue_at_once(
     azurite: Azurite, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """What the Functions host (queues extension 5.x) does: never delivered, moved at once."""
     queue = azurite.queue(encoding="base64")
     writer = azurite.queue(queue.name, encoding="none", create=False)
-    # Not base64 at all; a doorbell sent without encoding; text that Python's lenient b64decode
-    # would quietly read as "ABC" (it drops the brackets; .NET's decoder, like ours, rejects
-    # them); valid base64 that is not UTF-8; and one correct base64 message in the same batch.
-    raws = ["not base64 at all!", DOORBELL, "[QUJD]", "gA=="]
+    # Not base64 at all; a doorbell sent without encoding (valid JSON, yet it must not run); and
+    # text that Python's lenient b64decode would quietly read as "ABC" (it drops the brackets;
+    # .NET's decoder, like ours, rejects them). One correct base64 message in the same batch.
+    raws = ["not base64 at all!", DOORBELL, "[QUJD]"]
     writer.send_many(raws)
     queue.send_many(["good one"])
 
     with caplog.at_level(logging.WARNING, logger="shared.azure_queue"):
-        received = drain(queue, 5)
-    assert sorted(m.body for m in received) == sorted(raws + ["good one"])
-    assert all(m.dequeue_count == 1 for m in received)
+        received = drain(queue, 1)
+    assert [(m.body, m.dequeue_count) for m in received] == [("good one", 1)]
     warned = " ".join(r.getMessage() for r in caplog.records)
-    assert warned.count("is not valid base64") == 4
+    assert warned.count("is not valid base64") == 3 and queue.poison_name in warned
+
+    poison = azurite.queue(queue.poison_name, encoding="base64", create=False)
+    assert sorted(m.body for m in drain(poison, 3)) == sorted(raws)  # intact, as the host copies them
+    queue.delete(received[0])
+    assert queue.depth() == 0
+
+
+def test_a_batch_of_only_raw_messages_does_not_look_like_an_empty_queue(azurite: Azurite) -> None:
+    """The local runner stops on an empty receive: moved messages must not end a batch early."""
+    queue = azurite.queue(encoding="base64")
+    azurite.queue(queue.name, encoding="none", create=False).send_many(["raw-1", "raw-2"])
+    queue.send_many(["good one"])
+    # A receive of one message may first get a raw one: it asks again until it has a good one.
+    assert [m.body for m in queue.receive(1, 30)] == ["good one"]
+    poison = azurite.queue(queue.poison_name, encoding="base64", create=False)
+    assert sorted(m.body for m in drain(poison, 2)) == ["raw-1", "raw-2"]
+
+
+def test_base64_that_is_not_utf8_is_delivered_and_can_never_be_a_doorbell(azurite: Azurite) -> None:
+    """Valid base64 reaches the function in Azure too; bad bytes arrive as U+FFFD (malformed)."""
+    from shared.errors import MessageError
+    from shared.messages import parse_message
+
+    queue = azurite.queue(encoding="base64")
+    raw = b'{"v":1,"run_id":1,"token":1,"op":"\xff"}'
+    azurite.queue(queue.name, encoding="none", create=False).send_many([base64.b64encode(raw).decode()])
+    [message] = drain(queue, 1)
+    assert message.body == raw.decode("utf-8", errors="replace") and "\ufffd" in message.body
+    with pytest.raises(MessageError):
+        parse_message(message.body)
 
 
 # -- queue lifecycle and errors ------------------------------------------------------------------
@@ -217,6 +247,34 @@ def test_ensure_exists_is_idempotent(azurite: Azurite) -> None:
     queue.send_many([DOORBELL])
     queue.ensure_exists()  # exists, with a message: no error, nothing lost
     assert [m.body for m in queue.receive(1, 30)] == [DOORBELL]
+
+
+def test_a_send_that_fails_part_way_says_how_many_were_sent(azurite: Azurite) -> None:
+    """The dispatcher puts back exactly the unsent runs: `sent` counts the bodies on the queue."""
+    from shared.azure_queue import QueueSendError
+
+    queue = azurite.queue()
+    too_large = "x" * 70_000  # over the service's 64 KiB message limit: 413, not retried
+    with pytest.raises(QueueSendError) as error:
+        queue.send_many(["first", "second", too_large, "fourth"])
+    assert (error.value.sent, error.value.total) == (2, 4)
+    assert isinstance(error.value, QueueError)
+    assert "413" in str(error.value) and "(2 of 4 messages were sent)" in str(error.value)
+    assert sorted(m.body for m in drain(queue, 2)) == ["first", "second"]
+    assert queue.depth() == 2  # nothing after the failure went out
+
+
+def test_a_send_to_a_stopped_service_sent_nothing(azurite: Azurite) -> None:
+    from shared.azure_queue import QueueSendError
+
+    queue = azurite.queue()
+    azurite.stop()
+    with pytest.raises(QueueSendError) as error:
+        queue.send_many([DOORBELL, DOORBELL])
+    assert (error.value.sent, error.value.total) == (0, 2)
+    assert "unreachable" in str(error.value) and "were sent" not in str(error.value)
+    azurite.start()
+    assert queue.depth() == 0
 
 
 def test_sending_to_a_missing_queue_says_how_to_create_it(azurite: Azurite) -> None:
