@@ -60,8 +60,9 @@ def parse_message(body: str | bytes) -> RunMessage:
     run_id = _positive_int(document, "run_id")
     token = _positive_int(document, "token")
     operation_id = document.get("op")
-    if operation_id is not None and (not isinstance(operation_id, str) or not _OPERATION_ID.match(operation_id)):
-        raise MessageError(f"field op={operation_id!r}: expected 32 lowercase hex characters")
+    if operation_id is not None and (not isinstance(operation_id, str) or not _OPERATION_ID.match(operation_id)
+                                     or operation_id == "0" * 32):
+        raise MessageError(f"field op={operation_id!r}: expected 32 lowercase hex characters, not all zeros")
     return RunMessage(run_id=run_id, token=token, operation_id=operation_id)
 
 
