@@ -201,6 +201,10 @@ def test_crash_between_claim_and_enqueue_is_redispatched_after_the_dispatch_leas
     store.execute("dispatch_runs", now=now, lease_until=now + timedelta(seconds=60), max_in_flight=10)
     # ...the process died here: the run is queued, no message was sent.
     assert agent.queue.depth() == 0
+    # The reconciliation query shows it once its dispatch lease has lapsed.
+    stuck = store.execute("list_stuck_runs", now=at("2026-01-01T13:01:10"),
+                          stale_before=at("2026-01-01T12:00:00")).rows
+    assert [(r["status"], r["job_name"]) for r in stuck] == [("queued", "hourly")]
     assert agent.tick(at("2026-01-01T13:00:30")).dispatched == []   # lease still running
     report = agent.tick(at("2026-01-01T13:01:10"))                   # lease expired
     (run,) = report.dispatched
