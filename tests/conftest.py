@@ -4,10 +4,18 @@ as production reaches Azure SQL). Each PostgreSQL test gets a database of its ow
 PostgreSQL location: AGENT_TEST_PG (an ODBC connection string without Database), default
 ``Driver={PostgreSQL Unicode};Server=127.0.0.1;Port=5432;Uid=root;``. With CI=true a
 missing PostgreSQL fails the tests; elsewhere they are skipped with a message.
+
+SQL Server / Azure SQL (the conformance run): AGENT_TEST_MSSQL holds an ODBC connection string
+(``Driver={ODBC Driver 18 for SQL Server};Server=...;Uid=...;Pwd=...;Encrypt=yes;...``). Each
+test gets a scratch database (CREATE DATABASE, READ_COMMITTED_SNAPSHOT ON as in Azure SQL), or,
+with AGENT_TEST_MSSQL_DATABASE, the named existing database with its agent schema and the
+tables the test created dropped. Unset, the "mssql" variants are skipped: SQL Server cannot run
+on our machines (not even in CI).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import uuid
@@ -23,6 +31,8 @@ if str(ROOT) not in sys.path:
 
 PG_BASE = os.environ.get("AGENT_TEST_PG", "Driver={PostgreSQL Unicode};Server=127.0.0.1;Port=5432;Uid=root;")
 IN_CI = os.environ.get("CI", "").lower() == "true"
+MSSQL_BASE = os.environ.get("AGENT_TEST_MSSQL", "").strip()
+MSSQL_DATABASE = os.environ.get("AGENT_TEST_MSSQL_DATABASE", "").strip()
 UTC = timezone.utc
 
 
@@ -62,11 +72,84 @@ def drop_pg_database(name: str) -> None:
         admin.close()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+def mssql_connection(database: str):
+    """An autocommit connection to ``database`` on the AGENT_TEST_MSSQL server."""
+    from shared.db import with_database
+
+    try:
+        import pyodbc
+    except ImportError as exc:
+        pytest.fail(f"AGENT_TEST_MSSQL is set but pyodbc cannot load ({exc}): install unixODBC", pytrace=False)
+    try:
+        return pyodbc.connect(with_database(MSSQL_BASE, database), autocommit=True, timeout=30)
+    except pyodbc.Error as exc:
+        pytest.fail(f"AGENT_TEST_MSSQL is set but SQL Server cannot be reached: {exc}", pytrace=False)
+
+
+def _mssql_user_tables(cursor) -> set[str]:
+    cursor.execute("SELECT QUOTENAME(s.name) + '.' + QUOTENAME(t.name) FROM sys.tables AS t "
+                   "JOIN sys.schemas AS s ON s.schema_id = t.schema_id WHERE s.name <> N'agent'")
+    return {row[0] for row in cursor.fetchall()}
+
+
+def _mssql_drop_agent_schema(cursor) -> None:
+    cursor.execute("SELECT QUOTENAME(OBJECT_NAME(parent_object_id)), QUOTENAME(name) FROM sys.foreign_keys "
+                   "WHERE OBJECT_SCHEMA_NAME(parent_object_id) = N'agent'")
+    for table, constraint in cursor.fetchall():
+        cursor.execute(f"ALTER TABLE [agent].{table} DROP CONSTRAINT {constraint}")
+    cursor.execute("SELECT QUOTENAME(name) FROM sys.tables WHERE schema_id = SCHEMA_ID(N'agent')")
+    for (table,) in cursor.fetchall():
+        cursor.execute(f"DROP TABLE [agent].{table}")
+    cursor.execute("IF SCHEMA_ID(N'agent') IS NOT NULL EXEC (N'DROP SCHEMA [agent]')")
+
+
+@contextlib.contextmanager
+def mssql_database() -> Iterator[str]:
+    """A control database URL on SQL Server / Azure SQL for one test (see the module docstring)."""
+    if not MSSQL_BASE:
+        pytest.skip("SQL Server cannot run on this machine: set AGENT_TEST_MSSQL to an ODBC connection "
+                    "string (and AGENT_TEST_MSSQL_DATABASE for an existing Azure SQL database) to run "
+                    "the conformance suite against SQL Server or Azure SQL")
+    from shared.db import with_database
+
+    if MSSQL_DATABASE:
+        # Azure SQL: CREATE DATABASE is slow and billed; reuse an empty database instead.
+        connection = mssql_connection(MSSQL_DATABASE)
+        cursor = connection.cursor()
+        _mssql_drop_agent_schema(cursor)
+        before = _mssql_user_tables(cursor)
+        try:
+            yield with_database(MSSQL_BASE, MSSQL_DATABASE)
+        finally:
+            _mssql_drop_agent_schema(cursor)
+            for table in sorted(_mssql_user_tables(cursor) - before):
+                cursor.execute(f"DROP TABLE {table}")
+            connection.close()
+        return
+    name = f"agent_test_{uuid.uuid4().hex[:12]}"
+    admin = mssql_connection("master")
+    try:
+        cursor = admin.cursor()
+        cursor.execute(f"CREATE DATABASE [{name}]")
+        # What every Azure SQL database runs (and what the T-SQL dialect is written for).
+        cursor.execute(f"ALTER DATABASE [{name}] SET READ_COMMITTED_SNAPSHOT ON")
+        yield with_database(MSSQL_BASE, name)
+    finally:
+        cursor = admin.cursor()
+        cursor.execute(f"IF DB_ID(N'{name}') IS NOT NULL ALTER DATABASE [{name}] SET SINGLE_USER WITH ROLLBACK IMMEDIATE")
+        cursor.execute(f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
+        admin.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres", "mssql"])
 def db_url(request, tmp_path) -> Iterator[str]:
     """A fresh, empty control database URL of each dialect."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'agent.db'}"
+        return
+    if request.param == "mssql":
+        with mssql_database() as url:
+            yield url
         return
     name, url = create_pg_database()
     try:
@@ -137,8 +220,25 @@ def at(text: str) -> datetime:
     return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
-def sql_for(db: str, sqlite: str, postgres: str) -> str:
-    return sqlite if db.startswith("sqlite") else postgres
+def db_dialect(db: str) -> str:
+    from shared.db import parse_database_url
+
+    return parse_database_url(db).dialect
+
+
+def sql_for(db: str, sqlite: str, postgres: str, mssql: str | None = None) -> str:
+    """The test SQL for the dialect of ``db``. A test run on SQL Server must say its T-SQL."""
+    dialect = db_dialect(db)
+    if dialect == "mssql":
+        if mssql is None:
+            raise AssertionError("this test has no T-SQL variant: pass mssql=... to sql_for()")
+        return mssql
+    return sqlite if dialect == "sqlite" else postgres
+
+
+def tsql_delay(seconds: int) -> str:
+    """WAITFOR DELAY for a whole number of seconds (T-SQL's sleep)."""
+    return f"WAITFOR DELAY '{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}'"
 
 
 def query(agent, sql: str) -> list[tuple]:

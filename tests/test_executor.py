@@ -13,7 +13,7 @@ import pytest
 from shared.cli import main as cli
 from shared.errors import TransientJobError
 from shared.messages import RunMessage
-from tests.conftest import Clock, at, execute, query, runs_table, sql_for, work
+from tests.conftest import Clock, at, execute, query, runs_table, sql_for, tsql_delay, work
 
 UTC = timezone.utc
 
@@ -270,7 +270,7 @@ def test_ordered_tasks_wait_for_lower_orders(agent_factory, db_url):
 
 
 def _slow_sql(db_url: str, seconds: int) -> str:
-    return sql_for(db_url, f"SELECT agent_sleep({seconds})", f"SELECT pg_sleep({seconds})")
+    return sql_for(db_url, f"SELECT agent_sleep({seconds})", f"SELECT pg_sleep({seconds})", tsql_delay(seconds))
 
 
 def test_timeout_cancels_runaway_work(agent_factory, db_url):

@@ -20,7 +20,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from tests.conftest import ROOT, at, execute, job_env, make_agent, query, sql_for, work
+from tests.conftest import ROOT, at, execute, job_env, make_agent, query, sql_for, tsql_delay, work
 
 UTC = timezone.utc
 JOBS = 500
@@ -118,7 +118,9 @@ def test_worker_killed_mid_job_is_redispatched_and_completes(db_url):
         "SELECT agent_sleep(CASE WHEN (SELECT MAX(attempt) FROM agent_runs WHERE job_name = 'crashy') = 1 "
         "THEN 60 ELSE 0 END); INSERT INTO marker (job) VALUES ('crashy');",
         "SELECT pg_sleep(CASE WHEN (SELECT MAX(attempt) FROM agent.runs WHERE job_name = 'crashy') = 1 "
-        "THEN 60 ELSE 0 END); INSERT INTO marker (job) VALUES ('crashy');")
+        "THEN 60 ELSE 0 END); INSERT INTO marker (job) VALUES ('crashy');",
+        "IF (SELECT MAX(attempt) FROM agent.runs WHERE job_name = 'crashy') = 1 "
+        f"{tsql_delay(60)}; INSERT INTO marker (job) VALUES ('crashy');")
     jobs = {"crashy": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "COMMAND": sleep_first_attempt,
                        "LEASE_SECONDS": "6"}}
     agent = make_agent(db_url, jobs)
@@ -153,7 +155,8 @@ def test_zombie_cannot_complete_and_its_control_database_work_rolls_back(db_url)
     # takeover committed, so its write transaction cannot even begin on a stale snapshot.
     command = sql_for(db_url,
                       "SELECT agent_sleep(4); INSERT INTO marker (job) VALUES ('zombie');",
-                      "INSERT INTO marker (job) VALUES ('zombie'); SELECT pg_sleep(4);")
+                      "INSERT INTO marker (job) VALUES ('zombie'); SELECT pg_sleep(4);",
+                      f"INSERT INTO marker (job) VALUES ('zombie'); {tsql_delay(4)};")
     jobs = {"zombie": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "COMMAND": command,
                        "LEASE_SECONDS": "3600"}}
     agent = make_agent(db_url, jobs)
@@ -183,7 +186,8 @@ def test_zombie_cannot_complete_and_its_control_database_work_rolls_back(db_url)
 def test_zombie_is_stopped_by_its_heartbeat(db_url):
     """With a normal lease the heartbeat finds the token moved on and cancels the work."""
     command = sql_for(db_url, "SELECT agent_sleep(30); INSERT INTO marker (job) VALUES ('hb');",
-                      "INSERT INTO marker (job) VALUES ('hb'); SELECT pg_sleep(30);")
+                      "INSERT INTO marker (job) VALUES ('hb'); SELECT pg_sleep(30);",
+                      f"INSERT INTO marker (job) VALUES ('hb'); {tsql_delay(30)};")
     jobs = {"hb": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "COMMAND": command,
                    "LEASE_SECONDS": "6"}}
     agent = make_agent(db_url, jobs)
