@@ -79,6 +79,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     cancel = commands.add_parser("cancel", help="cancel a run that has not finished (a running one is stopped)")
     cancel.add_argument("run_id", type=_positive_int, metavar="RUN_ID")
+
+    commands.add_parser("doctor", help="check driver, connectivity, authentication, schema, permissions and queue")
+
+    grant = commands.add_parser("grant-sql", help="T-SQL creating the function app's database user with least "
+                                                  "privilege (printed; --apply runs it, as an Entra admin)")
+    grant.add_argument("--app-name", required=True, metavar="NAME",
+                       help="the function app's name (system-assigned identity) or its user-assigned identity's name")
+    grant.add_argument("--job-database", action="append", default=None, metavar="DB",
+                       help="a JOB__<name>__DATABASE target that needs the user too (repeatable; "
+                            "default: every database the job settings name)")
+    grant.add_argument("--execute-schema", action="append", default=[], metavar="SCHEMA",
+                       help="grant EXECUTE on this schema to the user, for jobs that call procedures (repeatable)")
+    grant.add_argument("--apply", action="store_true",
+                       help="run it on the control database (and on each job database) instead of printing it")
     return parser
 
 
@@ -370,6 +384,46 @@ def cmd_cancel(agent, args) -> int:
     return EXIT_OK
 
 
+def cmd_doctor(agent, args) -> int:
+    from .doctor import run_doctor
+
+    report = run_doctor(agent)
+    print(report.render())
+    return EXIT_OK if report.ok else EXIT_FAILURE
+
+
+def cmd_grant_sql(agent, args) -> int:
+    from .grants import grant_scripts, render
+
+    databases = args.job_database
+    if databases is None:
+        databases = sorted({job.database for job in agent.settings.jobs if job.database})
+    scripts = grant_scripts(args.app_name, job_databases=databases, execute_schemas=args.execute_schema)
+    if not args.apply:
+        print(render(scripts), end="")
+        return EXIT_OK
+    target = agent.target
+    if target.dialect != "mssql":
+        raise UsageError(f"grant-sql --apply needs an Azure SQL / SQL Server control database "
+                         f"(AGENT_SQL_SERVER and AGENT_SQL_DATABASE, or --db with a SQL Server ODBC driver); "
+                         f"the control database is {target.display}")
+    from .db import connector
+    from .queries import split_statements
+
+    for script in scripts:
+        where = "the control database" if script.database is None else f"database {script.database!r}"
+        connection = connector(target, script.database)()
+        try:
+            cursor = connection.cursor()
+            for statement in split_statements("\n".join(script.statements)):
+                cursor.execute(statement)
+            connection.commit()
+        finally:
+            connection.close()
+        print(f"applied to {where}: " + " ".join(script.statements))
+    return EXIT_OK
+
+
 def _dispatch_now(agent) -> int:
     from .scheduler import dispatch
 
@@ -388,6 +442,8 @@ COMMANDS = {
     "run-now": cmd_run_now,
     "submit": cmd_submit,
     "cancel": cmd_cancel,
+    "doctor": cmd_doctor,
+    "grant-sql": cmd_grant_sql,
 }
 
 

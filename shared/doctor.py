@@ -1,0 +1,354 @@
+"""``doctor``: is this agent able to run here? One check after the other, stopping at the first
+failure with what to fix:
+
+1. driver          unixODBC loads and the ODBC driver is installed (ODBC databases)
+2. connectivity    the database server (or the SQLite file's folder) can be reached
+3. authentication  an Entra ID token is issued and accepted / the login is accepted
+4. schema          the control schema is at the version this code needs
+5. permissions     a scratch run goes through the real named queries (insert, update, read,
+                   delete) and is removed again, in one transaction
+6. queue           the queue exists (or is created) and answers
+
+Works on all three dialects; nothing is left behind (a missing SQLite file is not created).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import AgentError
+
+__all__ = ["Check", "DoctorReport", "run_doctor", "CHECKS"]
+
+CHECKS = ("driver", "connectivity", "authentication", "schema", "permissions", "queue")
+INIT_DB = "python -m shared.cli init-db"
+GRANT_SQL = "python -m shared.cli grant-sql --app-name <function app name> --apply"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool | None          # None: not run (an earlier check failed)
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class DoctorReport:
+    target: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(check.ok for check in self.checks)
+
+    @property
+    def failed(self) -> Check | None:
+        return next((check for check in self.checks if check.ok is False), None)
+
+    def render(self) -> str:
+        lines = [f"agent doctor: {self.target}"]
+        width = max(len(name) for name in CHECKS)
+        for check in self.checks:
+            mark = {True: "[ OK ]", False: "[FAIL]", None: "[ -- ]"}[check.ok]
+            lines.append(f"{mark} {check.name.ljust(width)}  {check.detail}")
+            if check.fix:
+                lines.append(f"{' ' * 7}{' ' * width}  fix: {check.fix}")
+        failed = self.failed
+        lines.append("all checks passed" if self.ok else f"doctor found a problem: {failed.name if failed else '?'}")
+        return "\n".join(lines)
+
+
+class _Failed(Exception):
+    def __init__(self, detail: str, fix: str = "") -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.fix = fix
+
+
+class _Doctor:
+    def __init__(self, agent: Any, tcp_timeout: float) -> None:
+        self.agent = agent
+        self.target = agent.target
+        self.tcp_timeout = tcp_timeout
+        self.sqlite_missing = False       # the SQLite file does not exist (yet)
+        self.connect_error: BaseException | None = None
+
+    # ------------------------------------------------------------ 1. driver
+
+    def driver(self) -> str:
+        target = self.target
+        if target.dialect == "sqlite":
+            return f"sqlite3 {sqlite3.sqlite_version} (Python standard library; no ODBC driver needed)"
+        from .db import odbc_pairs
+
+        if target.uses_token:
+            from .azure_sql import DEFAULT_DRIVER
+
+            driver = DEFAULT_DRIVER
+        else:
+            driver = odbc_pairs(target.location).get("driver", "")
+        try:
+            if target.dialect == "mssql":
+                from .azure_sql import check_odbc_environment
+
+                check_odbc_environment(driver)
+            from .db import import_pyodbc
+
+            pyodbc = import_pyodbc()
+        except AgentError as exc:
+            raise _Failed(str(exc)) from None
+        installed = list(pyodbc.drivers())
+        if driver not in installed:
+            listed = ", ".join(repr(name) for name in installed) or "none"
+            raise _Failed(f"ODBC driver {driver!r} is not installed (installed: {listed})",
+                          "install it: `apt-get install odbc-postgresql` (PostgreSQL Unicode), or name an "
+                          "installed driver in the connection string")
+        return f"pyodbc {pyodbc.version}, unixODBC, driver {driver!r}"
+
+    # ------------------------------------------------------------ 2. connectivity, 3. authentication
+
+    def connectivity(self) -> str:
+        target = self.target
+        if target.dialect == "sqlite":
+            return self._sqlite_file()
+        if target.uses_token:
+            return self._tcp_probe()
+        # One login attempt answers both: a server that refuses the login was reached.
+        try:
+            self.agent.store().connection
+        except Exception as exc:
+            if _is_login_error(exc):
+                self.connect_error = exc
+                return f"{target.display}: the server answered (it refused the login, see authentication)"
+            raise _Failed(self._connect_message(exc), self._connect_fix()) from None
+        return f"connected to {target.display}"
+
+    def authentication(self) -> str:
+        target = self.target
+        if target.dialect == "sqlite":
+            return "not needed (SQLite: file permissions only)"
+        if target.uses_token:
+            return self._entra_login()
+        if self.connect_error is not None:
+            raise _Failed(self._connect_message(self.connect_error),
+                          "check Uid/Pwd (or the role) in the connection string (--db / AGENT_DB)")
+        return "login accepted"
+
+    def _sqlite_file(self) -> str:
+        path = self.target.location
+        if path == ":memory:":
+            return "in-memory SQLite database"
+        file = Path(path).expanduser()
+        folder = file.resolve().parent
+        if not folder.is_dir():
+            raise _Failed(f"folder {folder} does not exist",
+                          "create it, or point AGENT_DB / --db at sqlite:///PATH in an existing folder")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise _Failed(f"folder {folder} is not writable (SQLite needs it for its journal)",
+                          "make it writable for this user, or put the database elsewhere")
+        if not file.exists():
+            self.sqlite_missing = True
+            return f"{file} does not exist yet (init-db creates it); folder {folder} is writable"
+        if not os.access(file, os.R_OK | os.W_OK):
+            raise _Failed(f"{file} is not readable and writable for this user",
+                          "fix the file's permissions (the agent writes to it)")
+        return f"{file} is readable and writable"
+
+    def _tcp_probe(self) -> str:
+        from .azure_sql import DEFAULT_PORT, build_connection_string
+        from .db import odbc_pairs
+
+        target = self.target
+        try:
+            server = odbc_pairs(build_connection_string(target.sql_server or "", target.sql_database or ""))["server"]
+        except AgentError as exc:
+            raise _Failed(str(exc)) from None
+        host, _, port = server.removeprefix("tcp:").partition(",")
+        port_number = int(port or DEFAULT_PORT)
+        try:
+            with socket.create_connection((host, port_number), timeout=self.tcp_timeout):
+                pass
+        except OSError as exc:
+            raise _Failed(
+                f"cannot reach {host} on TCP port {port_number}: {exc}",
+                f"check AGENT_SQL_SERVER={target.sql_server!r}, that outbound TCP {port_number} is allowed, and "
+                "the server's firewall / network settings (public access, private endpoint)") from None
+        return f"{host}:{port_number} accepts TCP connections"
+
+    def _entra_login(self) -> str:
+        from datetime import datetime, timezone
+
+        from .azure_sql import SQL_SCOPE, explain_connect_error, shared_token_provider
+
+        target = self.target
+        server, database = target.sql_server or "", target.sql_database or ""
+        provider = shared_token_provider(target.sql_client_id)
+        try:
+            provider.get_token()
+        except Exception as exc:
+            raise _Failed(explain_connect_error(exc, server, database)) from None
+        expires = datetime.fromtimestamp(provider.expires_on, timezone.utc).strftime("%H:%M:%S UTC")
+        try:
+            self.agent.store().connection
+        except Exception as exc:
+            raise _Failed(explain_connect_error(_unwrap(exc), server, database)) from None
+        who = f"user-assigned identity {target.sql_client_id}" if target.sql_client_id else "the default credential"
+        return f"Entra ID token for {SQL_SCOPE} from {who} (valid until {expires}); logged in to {database!r}"
+
+    def _connect_message(self, exc: BaseException) -> str:
+        target = self.target
+        if target.dialect == "mssql":
+            from .azure_sql import explain_connect_error
+            from .db import odbc_pairs
+
+            pairs = odbc_pairs(target.location)
+            return explain_connect_error(_unwrap(exc), pairs.get("server", "?"), pairs.get("database", "?"))
+        return str(exc)
+
+    def _connect_fix(self) -> str:
+        if self.target.dialect == "postgres":
+            return ("check that PostgreSQL runs and listens where Server= and Port= say "
+                    "(--db / AGENT_DB), and that the database in Database= exists")
+        return "check Server= in the connection string (--db / AGENT_DB) and the network path to it"
+
+    # ------------------------------------------------------------ 4. schema
+
+    def schema(self) -> str:
+        latest = self.agent.store().latest_version()
+        if self.sqlite_missing:
+            raise _Failed(f"no agent schema: {self.target.location} does not exist (this code needs version {latest})",
+                          f"run `{INIT_DB}` (it creates the file and the schema)")
+        store = self.agent.store()
+        try:
+            version = store.schema_version()
+        except Exception as exc:
+            raise _Failed(f"cannot read the schema version: {_one_line(exc)}", self._grant_fix()) from None
+        if version == 0:
+            raise _Failed(f"no agent schema in {self.target.display} (this code needs version {latest})",
+                          f"run `{INIT_DB}` as a user allowed to create tables"
+                          + (" (e.g. the server's Entra admin)" if self.target.dialect == "mssql" else ""))
+        if version < latest:
+            raise _Failed(f"schema version {version}, this code needs {latest}", f"run `{INIT_DB}` to upgrade it")
+        if version > latest:
+            raise _Failed(f"schema version {version} is newer than this code ({latest})",
+                          "deploy the agent version that matches the database")
+        return f"version {version} (latest)"
+
+    # ------------------------------------------------------------ 5. permissions
+
+    def permissions(self) -> str:
+        from .telemetry import new_operation_id
+
+        store = self.agent.store()
+        now = self.agent.clock()
+        worker = f"doctor@{self.agent.settings.agent.worker_id}"[:200]
+        try:
+            # One transaction: no tick can see (and dispatch) the scratch run, and a failure
+            # half-way leaves nothing behind.
+            with store.transaction():
+                row = store.execute("insert_task", command="SELECT 1", target_database=None, task_order=None,
+                                    max_attempts=1, timeout_seconds=1, lease_seconds=1, now=now,
+                                    operation_id=new_operation_id()).one()
+                if row is None:
+                    raise _Failed("insert_task returned no row", "report this: the named query is broken")
+                run_id = row["run_id"]
+                store.execute("insert_attempt", run_id=run_id, attempt=1, token=0, worker=worker,
+                              dequeue_count=0, now=now)
+                if store.execute("cancel_run", run_id=run_id, now=now).rowcount != 1:
+                    raise _Failed(f"the scratch run {run_id} could not be completed (cancel_run changed no row)")
+                store.execute("finish_attempt", run_id=run_id, token=0, now=now, outcome="cancelled",
+                              error_number=None, error_sqlstate=None, error_message="agent doctor scratch run")
+                run = store.execute("get_run", run_id=run_id).one()
+                if run is None or run["status"] != "cancelled":
+                    raise _Failed(f"the scratch run {run_id} reads back as {run and run['status']!r}")
+                store.execute("delete_run", run_id=run_id)
+                if store.execute("get_run", run_id=run_id).one() is not None:
+                    raise _Failed(f"delete_run left the scratch run {run_id} behind")
+        except _Failed:
+            raise
+        except Exception as exc:
+            raise _Failed(f"the agent's own queries fail: {_one_line(exc)}", self._grant_fix()) from None
+        return "a scratch run was inserted, completed, read back and deleted (runs, attempts)"
+
+    def _grant_fix(self) -> str:
+        dialect = self.target.dialect
+        if dialect == "mssql":
+            return (f"grant the app's database user DML on schema agent: `{GRANT_SQL}` "
+                    "(run it as a Microsoft Entra admin of the server)")
+        if dialect == "postgres":
+            return ("GRANT USAGE ON SCHEMA agent, SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA agent "
+                    "and USAGE ON ALL SEQUENCES IN SCHEMA agent to the login's role")
+        return "make the SQLite file and its folder writable for this user"
+
+    # ------------------------------------------------------------ 6. queue
+
+    def queue(self) -> str:
+        from .queues import DatabaseQueue
+
+        try:
+            queue = self.agent.queue
+            queue.ensure_exists()
+            depth = queue.depth()
+        except Exception as exc:
+            raise _Failed(f"queue {self.agent.settings.agent.queue_name!r}: {_one_line(exc)}",
+                          "check AzureWebJobsStorage (a connection string) or AzureWebJobsStorage__queueServiceUri "
+                          "and the app's Storage Queue Data Contributor role on the account") from None
+        where = ("the local queue in the control database" if isinstance(queue, DatabaseQueue)
+                 else repr(queue))
+        return f"{queue.name!r}: {where}, reachable, {depth} message(s) waiting"
+
+
+def run_doctor(agent: Any, *, tcp_timeout: float = 10.0) -> DoctorReport:
+    """Run the checks in order on ``agent`` (a shared.agent.Agent); stop at the first failure."""
+    doctor = _Doctor(agent, tcp_timeout)
+    report = DoctorReport(target=agent.target.display)
+    steps: list[tuple[str, Callable[[], str]]] = [(name, getattr(doctor, name)) for name in CHECKS]
+    for index, (name, step) in enumerate(steps):
+        try:
+            detail = step()
+        except _Failed as failure:
+            report.checks.append(Check(name, False, failure.detail, failure.fix))
+            report.checks.extend(Check(rest, None, "not checked (fix the failure above first)")
+                                 for rest, _ in steps[index + 1:])
+            break
+        except Exception as exc:  # a check that crashed is a failed check, never a traceback
+            report.checks.append(Check(name, False, f"{type(exc).__name__}: {_one_line(exc)}"))
+            report.checks.extend(Check(rest, None, "not checked (fix the failure above first)")
+                                 for rest, _ in steps[index + 1:])
+            break
+        report.checks.append(Check(name, True, detail))
+    return report
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The driver error inside the engine's ConnectError, for explain_connect_error."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+def _one_line(exc: BaseException) -> str:
+    from .sqlerrors import classify
+
+    info = classify(exc)
+    code = f" [{info.number or info.sqlstate}]" if (info.number or info.sqlstate) else ""
+    return f"{info.message}{code}"
+
+
+def _is_login_error(exc: BaseException) -> bool:
+    """The server was reached and refused the credentials (wrong user, password, role)."""
+    from .sqlerrors import diagnostic_records
+
+    records = diagnostic_records(exc)
+    if any(r.sqlstate in ("28000", "28P01") or (r.trusted and r.native == 18456) for r in records):
+        return True
+    text = " ".join(r.text for r in records) or str(exc)
+    lowered = text.lower()
+    return any(marker in lowered for marker in (
+        "password authentication failed", "login failed", "no pg_hba.conf entry",
+        "authentication failed")) or ("role \"" in lowered and "does not exist" in lowered)

@@ -1,0 +1,127 @@
+"""T-SQL that gives the function app's managed identity least-privilege access.
+
+The app needs to read and write the rows of the control schema, nothing more: SELECT, INSERT,
+UPDATE and DELETE on schema ``agent`` (every table the migrations create there, now and later).
+It never creates or alters tables: ``init-db`` is run by a deployer. Azure SQL Database knows
+an Entra identity only once a database user exists for it, created from the identity's name
+(the function app's name for its system-assigned identity, the identity resource's name for a
+user-assigned one) with ``CREATE USER [name] FROM EXTERNAL PROVIDER``, which only a Microsoft
+Entra principal (the server's Entra admin) may run.
+
+Job commands run as this same user. A job in the control database (the default target) can do
+what these grants allow and nothing else; give it what it needs (EXECUTE on a schema of stored
+procedures via ``execute_schemas``, or a role such as db_ddladmin for index maintenance). A job
+with ``JOB__<name>__DATABASE`` runs in that database, where the identity needs a user of its own:
+each such database gets its own script (Azure SQL Database has no USE: connect to it).
+
+Names are quoted with SQL Server's QUOTENAME rules (in brackets, ``]`` doubled) and string
+literals as N'...' with ``'`` doubled, so no name can end the identifier and inject SQL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .errors import ConfigError
+
+__all__ = ["GrantScript", "grant_scripts", "grant_sql", "render", "quote_name", "quote_string"]
+
+SYSNAME_MAX = 128       # sysname: nvarchar(128); QUOTENAME returns NULL beyond it
+AGENT_DML = ("SELECT", "INSERT", "UPDATE", "DELETE")
+
+
+@dataclass(frozen=True)
+class GrantScript:
+    """The statements to run in one database; ``database`` None means the control database."""
+
+    database: str | None
+    statements: tuple[str, ...]
+    comment: str
+
+    @property
+    def sql(self) -> str:
+        return self.comment + "\n" + "\n".join(self.statements) + "\n"
+
+
+def _check_name(value: object, setting: str, what: str) -> str:
+    expected = (f"{what}: 1 to {SYSNAME_MAX} characters, no control characters "
+                "and no leading or trailing spaces")
+    if not isinstance(value, str) or not value or len(value) > SYSNAME_MAX:
+        raise ConfigError(setting, value, expected)
+    if value != value.strip() or any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise ConfigError(setting, value, expected)
+    return value
+
+
+def quote_name(name: str) -> str:
+    """``name`` as a T-SQL delimited identifier, as QUOTENAME(name) does: [name] with ] doubled."""
+    return "[" + name.replace("]", "]]") + "]"
+
+
+def quote_string(text: str) -> str:
+    """``text`` as a T-SQL Unicode string literal: N'text' with ' doubled."""
+    return "N'" + text.replace("'", "''") + "'"
+
+
+def _create_user(app: str) -> str:
+    # Idempotent: re-running the script after adding a job database changes nothing else.
+    return (f"IF DATABASE_PRINCIPAL_ID({quote_string(app)}) IS NULL "
+            f"CREATE USER {quote_name(app)} FROM EXTERNAL PROVIDER;")
+
+
+def grant_scripts(app_name: str, *, schema: str = "agent", job_databases: Iterable[str] = (),
+                  execute_schemas: Sequence[str] = ()) -> list[GrantScript]:
+    """One script for the control database, then one per job database (sorted, no duplicates)."""
+    app = _check_name(app_name, "--app-name",
+                      "the function app's name (its system-assigned managed identity) or the name of "
+                      "its user-assigned identity")
+    schema = _check_name(schema, "schema", "the control schema name")
+    executes = [_check_name(s, "--execute-schema", "a schema whose procedures jobs execute")
+                for s in execute_schemas]
+    databases = sorted({_check_name(d, "--job-database", "a database named by JOB__<name>__DATABASE")
+                        for d in job_databases})
+    user = quote_name(app)
+    execute_grants = tuple(f"GRANT EXECUTE ON SCHEMA::{quote_name(s)} TO {user};" for s in executes)
+
+    control = GrantScript(
+        database=None,
+        statements=(
+            _create_user(app),
+            f"GRANT {', '.join(AGENT_DML)} ON SCHEMA::{quote_name(schema)} TO {user};",
+            *execute_grants,
+        ),
+        comment=(
+            "-- In the CONTROL database (not master), as a Microsoft Entra admin of the server.\n"
+            f"-- The app reads and writes the rows of schema {quote_name(schema)}; init-db (run by a deployer)\n"
+            "-- owns the tables. Job commands run as this user: a job in the control database can do\n"
+            "-- only what is granted here. Grant what your jobs need, e.g.\n"
+            f"--   GRANT EXECUTE ON SCHEMA::[dbo] TO {user};   (stored procedures; or --execute-schema dbo)\n"
+            f"--   ALTER ROLE db_ddladmin ADD MEMBER {user};    (index and statistics maintenance)"
+        ),
+    )
+    scripts = [control]
+    for database in databases:
+        scripts.append(GrantScript(
+            database=database,
+            statements=(_create_user(app), *execute_grants),
+            comment=(
+                f"-- In database {quote_name(database)} (a JOB__<name>__DATABASE target; connect to it:\n"
+                "-- Azure SQL Database has no USE). The agent itself needs nothing here; its jobs run as\n"
+                "-- this user and need the rights their commands use (work here is at-least-once)."
+            ),
+        ))
+    return scripts
+
+
+def grant_sql(app_name: str, *, schema: str = "agent", job_databases: Iterable[str] = (),
+              execute_schemas: Sequence[str] = ()) -> str:
+    """The T-SQL creating the app's managed-identity user with least privilege, for every database
+    it touches, as one printable script (a GO line between databases)."""
+    return render(grant_scripts(app_name, schema=schema, job_databases=job_databases,
+                                execute_schemas=execute_schemas))
+
+
+def render(scripts: Sequence[GrantScript]) -> str:
+    """Scripts as one printable text, a GO line between databases."""
+    return "GO\n".join(script.sql for script in scripts)
