@@ -1,0 +1,200 @@
+"""doctor: one line per check, stops at the first failure with what to fix, exits non-zero.
+
+Happy path and "no schema" on every dialect of ``db_url`` (SQLite, PostgreSQL, and SQL Server in
+the conformance run); the failure paths against the real stand-ins: a closed port, an unknown
+PostgreSQL role, a role that may only read, a driver that is not installed, a storage queue
+nobody answers for.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from shared.agent import Agent
+from shared.cli import main as cli
+from shared.config import load_settings
+from shared.db import odbc_pairs
+from shared.doctor import CHECKS, run_doctor
+from tests.azurite import ACCOUNT, ACCOUNT_KEY, azurite, azurite_server, free_loopback_port  # noqa: F401
+from tests.conftest import PG_BASE, attempts_table, execute, make_agent, pg_admin_connection, query, service_missing
+
+LINE = re.compile(r"^\[(?P<mark> OK |FAIL| -- )\] (?P<name>[a-z]+)\s+(?P<detail>.*)$")
+
+
+def doctor(capsys, db: str) -> tuple[int, dict[str, tuple[str, str]], str]:
+    """Run `doctor` through the CLI: exit code, {check: (mark, detail)}, the whole output."""
+    code = cli(["--db", db, "doctor"])
+    out = capsys.readouterr().out
+    checks = {}
+    for line in out.splitlines():
+        match = LINE.match(line)
+        if match:
+            checks[match["name"]] = (match["mark"].strip(), match["detail"])
+    assert list(checks) == list(CHECKS), out
+    return code, checks, out
+
+
+def _pg_driver_installed() -> None:
+    try:
+        import pyodbc
+    except ImportError as exc:
+        service_missing("pyodbc/unixODBC", f"install unixodbc and odbc-postgresql ({exc})")
+    if "PostgreSQL Unicode" not in pyodbc.drivers():
+        service_missing("the PostgreSQL ODBC driver", "install odbc-postgresql")
+
+
+def _with_user(connection_string: str, user: str) -> str:
+    parts = [p for p in connection_string.split(";") if p.strip() and p.split("=", 1)[0].strip().lower() not in ("uid", "user id", "username")]
+    return ";".join(parts + [f"Uid={user}"]) + ";"
+
+
+def test_happy_path_leaves_nothing_behind(db_url, capsys):
+    agent = make_agent(db_url)
+    try:
+        for _ in range(2):                         # twice: the scratch run is really gone
+            code, checks, out = doctor(capsys, db_url)
+            assert code == 0, out
+            assert all(mark == "OK" for mark, _ in checks.values()), out
+            assert "version 1 (latest)" in checks["schema"][1]
+            assert "inserted, completed, read back and deleted" in checks["permissions"][1]
+            assert "'agent-tasks'" in checks["queue"][1] and "0 message(s)" in checks["queue"][1]
+            assert out.rstrip().endswith("all checks passed")
+        assert agent.store().execute("count_runs_by_status").rows == []
+        assert query(agent, f"SELECT COUNT(*) FROM {attempts_table(agent)}") == [(0,)]
+    finally:
+        agent.close()
+
+
+def test_no_schema_fails_naming_init_db(db_url, capsys, tmp_path):
+    code, checks, out = doctor(capsys, db_url)
+    assert code == 1
+    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "FAIL", "--", "--"], out
+    assert "no agent schema" in checks["schema"][1]
+    assert "fix: run `python -m shared.cli init-db`" in out
+    assert "not checked (fix the failure above first)" in checks["permissions"][1]
+    if db_url.startswith("sqlite"):
+        assert not (tmp_path / "agent.db").exists()    # the doctor does not create the file
+
+
+def test_a_newer_schema_is_reported(db_url, capsys):
+    agent = make_agent(db_url)
+    table = "agent_schema_version" if agent.target.dialect == "sqlite" else "agent.schema_version"
+    execute(agent, f"INSERT INTO {table} (version, description, applied_at) "
+                   "VALUES (99, 'from the future', '2030-01-01 00:00:00')")
+    agent.close()
+    code, checks, out = doctor(capsys, db_url)
+    assert code == 1 and checks["schema"][0] == "FAIL"
+    assert "schema version 99 is newer than this code (1)" in checks["schema"][1], out
+
+
+def test_unreachable_postgres_is_a_connectivity_failure(capsys):
+    _pg_driver_installed()
+    port = free_loopback_port()                   # nothing listens there
+    db = f"Driver={{PostgreSQL Unicode}};Server=127.0.0.1;Port={port};Uid=root;Database=postgres;"
+    code, checks, out = doctor(capsys, db)
+    assert code == 1
+    assert [checks[name][0] for name in CHECKS] == ["OK", "FAIL", "--", "--", "--", "--"], out
+    assert f"port {port} failed" in checks["connectivity"][1] and "Connection refused" in checks["connectivity"][1]
+    assert "fix: check that PostgreSQL runs and listens where Server= and Port= say" in out
+
+
+def test_unknown_postgres_role_is_an_authentication_failure(capsys):
+    pg_admin_connection().close()                 # PostgreSQL must run (skip/fail as the other PG tests)
+    db = _with_user(PG_BASE + "Database=postgres;", "no_such_role_for_doctor")
+    code, checks, out = doctor(capsys, db)
+    assert code == 1
+    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "FAIL", "--", "--", "--"], out
+    assert "the server answered" in checks["connectivity"][1]
+    assert 'role "no_such_role_for_doctor" does not exist' in checks["authentication"][1]
+
+
+def test_a_role_that_may_only_read_fails_the_permissions_check(pg_url, capsys):
+    agent = make_agent(pg_url)
+    agent.close()
+    role = "doctor_reader_" + re.sub(r"\W", "", pg_url.split("Database=")[1])[-12:]
+    import pyodbc
+
+    admin = pyodbc.connect(pg_url, autocommit=True, timeout=5)
+    cursor = admin.cursor()
+    cursor.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        cursor.execute(f"GRANT USAGE ON SCHEMA agent TO {role}")
+        cursor.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA agent TO {role}")
+        code, checks, out = doctor(capsys, _with_user(pg_url, role))
+        assert code == 1
+        assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "OK", "FAIL", "--"], out
+        assert "permission denied for table runs" in checks["permissions"][1]
+        assert "GRANT USAGE ON SCHEMA agent, SELECT, INSERT, UPDATE, DELETE" in out
+    finally:
+        cursor.execute(f"DROP OWNED BY {role}")
+        cursor.execute(f"DROP ROLE {role}")
+        admin.close()
+    # The failed attempt rolled back: no scratch run stayed behind.
+    agent = make_agent(pg_url)
+    assert agent.store().execute("count_runs_by_status").rows == []
+    agent.close()
+
+
+def test_a_driver_that_is_not_installed_is_named(capsys):
+    _pg_driver_installed()
+    code, checks, out = doctor(capsys, "Driver={PostgreSQL Nonexistent};Server=127.0.0.1;Uid=root;")
+    assert code == 1
+    assert [checks[name][0] for name in CHECKS] == ["FAIL", "--", "--", "--", "--", "--"], out
+    assert "ODBC driver 'PostgreSQL Nonexistent' is not installed" in checks["driver"][1]
+    assert "'PostgreSQL Unicode'" in checks["driver"][1] and "apt-get install odbc-postgresql" in out
+
+
+def test_entra_target_without_odbc_driver_18_says_how_to_install_it(capsys, monkeypatch, tmp_path):
+    try:
+        import pyodbc
+    except ImportError as exc:
+        service_missing("pyodbc/unixODBC", f"install unixodbc ({exc})")
+    if "ODBC Driver 18 for SQL Server" in pyodbc.drivers():
+        pytest.skip("ODBC Driver 18 is installed here: the Entra ID path needs an Azure SQL server "
+                    "(exercised against a real server by the conformance run)")
+    monkeypatch.setenv("AGENT_SQL_SERVER", "myserver")
+    monkeypatch.setenv("AGENT_SQL_DATABASE", "agentdb")
+    agent = Agent(load_settings(environ={"AGENT_SQL_SERVER": "myserver", "AGENT_SQL_DATABASE": "agentdb"}))
+    report = run_doctor(agent)
+    agent.close()
+    assert [c.ok for c in report.checks] == [False, None, None, None, None, None]
+    assert report.target == "Azure SQL myserver/agentdb (Entra ID token)"
+    assert "ODBC Driver 18 for SQL Server" in report.checks[0].detail and "msodbcsql18" in report.checks[0].detail
+    assert cli(["doctor"]) == 1                    # the same through the CLI (from the environment)
+    assert "[FAIL] driver" in capsys.readouterr().out
+
+
+def test_azure_storage_queue_is_checked(tmp_path, capsys, monkeypatch, azurite):
+    db = f"sqlite:///{tmp_path / 'agent.db'}"
+    make_agent(db).close()
+    name = azurite.unique_name("doctor")
+    for key, value in azurite.settings().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AGENT_QUEUE_NAME", name)
+    code, checks, out = doctor(capsys, db)
+    assert code == 0, out
+    assert f"AzureStorageQueue('{name}'" in checks["queue"][1] and "0 message(s)" in checks["queue"][1]
+    assert azurite.queue(name).depth() == 0        # the doctor created it
+
+
+def test_unreachable_storage_queue_is_a_queue_failure(tmp_path, capsys, monkeypatch):
+    db = f"sqlite:///{tmp_path / 'agent.db'}"
+    make_agent(db).close()
+    port = free_loopback_port()
+    monkeypatch.setenv("AzureWebJobsStorage",
+                       f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+                       f"QueueEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
+    code, checks, out = doctor(capsys, db)
+    assert code == 1
+    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "OK", "OK", "FAIL"], out
+    assert "queue 'agent-tasks'" in checks["queue"][1] and f"127.0.0.1:{port}" in checks["queue"][1]
+    assert "AzureWebJobsStorage" in out
+    assert ACCOUNT_KEY not in out
+
+
+def test_odbc_pairs_of_the_role_swap_helper():
+    """The helper the role tests use keeps everything but the user."""
+    pairs = odbc_pairs(_with_user("Driver={PostgreSQL Unicode};Server=h;Uid=root;Database=d;", "other"))
+    assert pairs == {"driver": "PostgreSQL Unicode", "server": "h", "database": "d", "uid": "other"}
