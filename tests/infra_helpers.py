@@ -218,14 +218,19 @@ class CheckovResult:
     command: list[str]
 
 
-def run_checkov() -> CheckovResult:
+def run_checkov(*, with_repo_config: bool = False) -> CheckovResult:
     """`checkov -d infra --framework bicep` with JSON output. --skip-download keeps it offline
-    (no Prisma Cloud guideline download; the checks are the same)."""
+    (no Prisma Cloud guideline download; the checks are the same). Run from the repository
+    root it reads `.checkov.yaml` (the graph-check skips Checkov cannot take inline); without
+    ``with_repo_config`` it runs from elsewhere, so every skip must be an inline one."""
     require_checkov_venv()
-    command = [str(CHECKOV_BIN), "-d", "infra", "--framework", "bicep",
+    import tempfile
+
+    command = [str(CHECKOV_BIN), "-d", str(REPO / "infra"), "--framework", "bicep",
                "--output", "json", "--compact", "--skip-download"]
-    completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
-                               check=False)
+    with tempfile.TemporaryDirectory() as elsewhere:
+        completed = subprocess.run(command, cwd=REPO if with_repo_config else elsewhere, capture_output=True,
+                                   text=True, timeout=600, check=False)
     try:
         document = json.loads(completed.stdout)
     except json.JSONDecodeError:
