@@ -107,34 +107,24 @@ def _iso_datetime(text: str) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected 1 or more")
-    return value
+def _number_at_least(kind: type, minimum: int, what: str):
+    """An argparse type: a whole number (int) or a number (float) no smaller than minimum."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {minimum} or more")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected 0 or more")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected 0 or more")
-    return value
+_positive_int = _number_at_least(int, 1, "a whole number")
+_non_negative_int = _number_at_least(int, 0, "a whole number")
+_non_negative_float = _number_at_least(float, 0, "a number")
 
 
 # ---------------------------------------------------------------- commands
