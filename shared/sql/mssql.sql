@@ -23,7 +23,8 @@
 --   tick waits for the first one's commit and then finds its row (no duplicate, no error);
 --   should a duplicate ever get through, the index refuses it (2601 = lost the race);
 -- * the dispatcher and the local queue pick rows WITH (UPDLOCK, READPAST, ROWLOCK), the
---   T-SQL form of FOR UPDATE SKIP LOCKED, and re-check the row state in the UPDATE itself;
+--   T-SQL form of FOR UPDATE SKIP LOCKED, and update them through that CTE (a locking read of
+--   the current rows, touching no row another worker holds);
 -- * upserts are MERGE ... WITH (HOLDLOCK) (serializable on the key: no duplicate insert).
 -- No SET NOCOUNT ON anywhere: the engine reads the affected row counts.
 --
@@ -217,20 +218,13 @@ WHERE j.next_due_at <= CAST(:now AS DATETIME2(6)) AND j.enabled = 1 AND j.valid 
 
 -- dispatch_runs --
 -- Hand runnable runs to the queue: each gets a new, larger token and a dispatch lease; overlap 'queue', task order and the concurrency cap are honoured.
-UPDATE r SET
-    status = N'queued',
-    token = r.token + 1,
-    lease_expires_at = CAST(:lease_until AS DATETIME2(6)),
-    dispatched_at = CAST(:now AS DATETIME2(6))
-OUTPUT inserted.run_id, inserted.token, inserted.job_name, inserted.kind, inserted.operation_id,
-       inserted.scheduled_for, inserted.attempt
-FROM agent.runs AS r
-WHERE r.status = N'pending'
-  AND r.run_id IN (
+-- The picked rows are updated through the CTE itself, so this statement locks only the rows it
+-- picked (UPDLOCK) and steps over the ones another dispatcher holds (READPAST).
+WITH picked AS (
     SELECT TOP ((SELECT CASE WHEN cap.free > 0 THEN cap.free ELSE 0 END
                  FROM (SELECT CAST(:max_in_flight AS INT) - COUNT(*) AS free
                        FROM agent.runs AS f WHERE f.status IN (N'queued', N'running')) AS cap))
-           c.run_id
+           c.*
     FROM agent.runs AS c WITH (UPDLOCK, READPAST, ROWLOCK)
     WHERE c.status = N'pending' AND c.runnable_at <= CAST(:now AS DATETIME2(6))
       AND (c.overlap <> N'queue' OR c.job_name IS NULL OR NOT EXISTS (
@@ -242,7 +236,15 @@ WHERE r.status = N'pending'
             SELECT 1 FROM agent.runs AS t
             WHERE t.kind = N'task' AND t.task_order < c.task_order
               AND t.status IN (N'pending', N'queued', N'running')))
-    ORDER BY c.runnable_at, c.run_id);
+    ORDER BY c.runnable_at, c.run_id
+)
+UPDATE picked SET
+    status = N'queued',
+    token = token + 1,
+    lease_expires_at = CAST(:lease_until AS DATETIME2(6)),
+    dispatched_at = CAST(:now AS DATETIME2(6))
+OUTPUT inserted.run_id, inserted.token, inserted.job_name, inserted.kind, inserted.operation_id,
+       inserted.scheduled_for, inserted.attempt;
 
 -- release_dispatch --
 -- Put back runs whose queue message could not be sent (a JSON array of {run_id, token}); a later tick dispatches them again.
@@ -442,17 +444,17 @@ ORDER BY CAST(b.[key] AS INT);
 
 -- queue_receive --
 -- Local queue: take up to :limit visible messages, hide them for the visibility timeout and count the delivery.
-UPDATE m SET
-    dequeue_count = m.dequeue_count + 1,
+WITH picked AS (
+    SELECT TOP (:limit) m.*
+    FROM agent.queue_messages AS m WITH (UPDLOCK, READPAST, ROWLOCK)
+    WHERE m.queue_name = :queue_name AND m.visible_at <= CAST(:now AS DATETIME2(6))
+    ORDER BY m.message_id
+)
+UPDATE picked SET
+    dequeue_count = dequeue_count + 1,
     visible_at = CAST(:invisible_until AS DATETIME2(6)),
     pop_receipt = :pop_receipt
-OUTPUT inserted.message_id, inserted.body, inserted.dequeue_count, inserted.pop_receipt, inserted.inserted_at
-FROM agent.queue_messages AS m
-WHERE m.visible_at <= CAST(:now AS DATETIME2(6))
-  AND m.message_id IN (
-    SELECT TOP (:limit) c.message_id FROM agent.queue_messages AS c WITH (UPDLOCK, READPAST, ROWLOCK)
-    WHERE c.queue_name = :queue_name AND c.visible_at <= CAST(:now AS DATETIME2(6))
-    ORDER BY c.message_id);
+OUTPUT inserted.message_id, inserted.body, inserted.dequeue_count, inserted.pop_receipt, inserted.inserted_at;
 
 -- queue_delete --
 -- Local queue: delete a message, only with the receipt of its latest delivery.
