@@ -15,7 +15,6 @@ import pytest
 from shared.agent import Agent
 from shared.cli import main as cli
 from shared.config import load_settings
-from shared.db import odbc_pairs
 from shared.doctor import CHECKS, run_doctor
 from tests.azurite import ACCOUNT, ACCOUNT_KEY, azurite, azurite_server, free_loopback_port  # noqa: F401
 from tests.conftest import PG_BASE, attempts_table, execute, make_agent, pg_admin_connection, query, service_missing
@@ -193,8 +192,3 @@ def test_unreachable_storage_queue_is_a_queue_failure(tmp_path, capsys, monkeypa
     assert "AzureWebJobsStorage" in out
     assert ACCOUNT_KEY not in out
 
-
-def test_odbc_pairs_of_the_role_swap_helper():
-    """The helper the role tests use keeps everything but the user."""
-    pairs = odbc_pairs(_with_user("Driver={PostgreSQL Unicode};Server=h;Uid=root;Database=d;", "other"))
-    assert pairs == {"driver": "PostgreSQL Unicode", "server": "h", "database": "d", "uid": "other"}

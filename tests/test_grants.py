@@ -15,7 +15,6 @@ import pytest
 import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.tsql import TSQL
-from sqlglot.tokens import TokenType
 
 from shared.cli import main as cli
 from shared.errors import ConfigError
