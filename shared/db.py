@@ -187,7 +187,23 @@ def connector(target: DatabaseTarget, database: str | None = None) -> Callable[[
 
         provider = azure_sql.shared_token_provider(target.sql_client_id)
         name = database or target.sql_database or ""
-        return lambda: azure_sql.connect_azure_sql(target.sql_server or "", name, token_provider=provider)
+        return _sql_server_session(lambda: azure_sql.connect_azure_sql(target.sql_server or "", name,
+                                                                       token_provider=provider))
     location = with_database(target.location, database) if database else target.location
     display = target.display if not database else f"{target.display} (database {database})"
-    return lambda: odbc_connect(location, display=display)
+    opener = lambda: odbc_connect(location, display=display)  # noqa: E731
+    return _sql_server_session(opener) if target.dialect == "mssql" else opener
+
+
+def _sql_server_session(opener: Callable[[], Any]) -> Callable[[], Any]:
+    """SQL Server sessions run with XACT_ABORT ON: any error aborts the whole transaction, so
+    a failed batch can never leave half its work to be committed by a later statement."""
+
+    def open_session() -> Any:
+        connection = opener()
+        cursor = connection.cursor()
+        cursor.execute("SET XACT_ABORT ON")
+        cursor.close()
+        return connection
+
+    return open_session

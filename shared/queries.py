@@ -80,12 +80,12 @@ def split_statements(text: str) -> list[str]:
             continue
         current.append(line)
         if line.rstrip().endswith(";") and not line.lstrip().startswith("--"):
-            chunk = "\n".join(current).strip()
-            statements.append(chunk[:-1].rstrip() if chunk.endswith(";") else chunk)
+            # The ";" stays: every dialect accepts it, and T-SQL requires it after MERGE.
+            statements.append("\n".join(current).strip())
             current = []
     tail = "\n".join(current).strip()
     if tail and not all(l.strip().startswith("--") or not l.strip() for l in tail.splitlines()):
-        statements.append(tail.rstrip(";"))
+        statements.append(tail)
     return statements
 
 

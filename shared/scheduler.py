@@ -186,8 +186,11 @@ class Scheduler:
     # ------------------------------------------------------------ 4. dispatch
 
     def dispatch_runs(self, now: datetime, report: TickReport) -> None:
-        dispatched = dispatch(self.store, self.queue, self.settings, now, self.telemetry)
-        report.dispatched = dispatched
+        try:
+            report.dispatched = dispatch(self.store, self.queue, self.settings, now, self.telemetry)
+        except PartialDispatchError as exc:
+            report.dispatched = exc.dispatched  # those messages did go out
+            raise
 
     def _report_metrics(self, report: TickReport) -> None:
         telemetry = self.telemetry
@@ -195,6 +198,14 @@ class Scheduler:
         telemetry.metric("RunsDue", report.due_jobs)
         telemetry.metric("RunsClaimed", len([r for r in report.claimed if r["status"] != "skipped"]))
         telemetry.metric("RunsDispatched", len(report.dispatched))
+
+
+class PartialDispatchError(QueueError):
+    """The queue refused some of a dispatch: ``dispatched`` holds the runs whose messages went out."""
+
+    def __init__(self, message: str, dispatched: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.dispatched = dispatched
 
 
 def dispatch(store: Store, queue: Any, settings: Settings, now: datetime, telemetry: Any) -> list[dict[str, Any]]:
@@ -218,9 +229,10 @@ def dispatch(store: Store, queue: Any, settings: Settings, now: datetime, teleme
             store.execute("release_dispatch", runs=[{"run_id": r["run_id"], "token": r["token"]} for r in unsent])
         except Exception as release_error:  # the dispatch lease covers this case
             log.error("could not put back %d undispatched runs (their lease will): %s", len(unsent), release_error)
-        for run in runs[:sent]:
+        for run in runs[:sent] if telemetry.enabled else ():
             _dispatched_event(telemetry, run)
-        raise QueueError(f"{exc} ({len(unsent)} run(s) left pending for the next tick)") from exc
+        raise PartialDispatchError(f"{exc} ({len(unsent)} run(s) left pending for the next tick)",
+                                   runs[:sent]) from exc
     for run in runs if telemetry.enabled else ():
         _dispatched_event(telemetry, run)
     return runs

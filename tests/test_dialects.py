@@ -30,11 +30,7 @@ SQLGLOT_DIALECT = {"sqlite": "sqlite", "postgres": "postgres", "mssql": "tsql"}
 
 # Known drift of postgres.sql's result columns, each a strict xfail: once the file is fixed the
 # test passes, which fails the run until the entry is removed here.
-POSTGRES_COLUMN_DRIFT = {
-    "lock_migrations": (
-        "postgres.sql's lock_migrations returns an unnamed pg_advisory_xact_lock column; "
-        "SQLite and T-SQL call it 'locked' (needs `AS locked`; the engine ignores the value)"),
-}
+POSTGRES_COLUMN_DRIFT: dict[str, str] = {}
 
 # Reserved keywords of Transact-SQL (learn.microsoft.com, "Reserved keywords (Transact-SQL)").
 # Used unquoted as a table, column or alias name they are a syntax error on the server.

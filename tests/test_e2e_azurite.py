@@ -508,10 +508,6 @@ def test_a_dispatch_that_fails_part_way_puts_back_exactly_the_unsent_runs(app: A
     assert app.queue().depth() == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug (shared/scheduler.py): when send_many fails part way, dispatch() raises before "
-    "returning, so TickReport.dispatched, summary()['runs_dispatched'] and the RunsDispatched metric "
-    "count 0 although the first runs' messages were sent (their RunDispatched events are emitted)"))
 def test_a_dispatch_that_fails_part_way_reports_the_runs_it_did_send(app: App, proxy: FaultyStorageProxy) -> None:
     agent, report = _dispatch_part_way(app, proxy)
     first = runs_of(agent)[0]

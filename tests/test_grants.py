@@ -93,7 +93,7 @@ def statements_of(sql: str) -> list[str]:
     for chunk in split_statements(sql):
         code = "\n".join(line for line in chunk.splitlines() if not line.lstrip().startswith("--")).strip()
         if code:
-            out.append(code + ";")
+            out.append(code if code.endswith(";") else code + ";")
     return out
 
 

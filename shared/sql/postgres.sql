@@ -14,7 +14,7 @@ CREATE TABLE IF NOT EXISTS agent.schema_version (
 
 -- lock_migrations --
 -- Serialise concurrent init-db calls for the rest of the transaction.
-SELECT pg_advisory_xact_lock(7428001);
+SELECT pg_advisory_xact_lock(7428001) AS locked;
 
 -- get_schema_version --
 -- Highest applied migration (0 when none).
