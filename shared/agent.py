@@ -22,8 +22,13 @@ UTC = timezone.utc
 class Agent:
     def __init__(self, settings: Settings, *, db: str | None = None, queue: Any = None, telemetry: Any = None,
                  clock: Callable[[], datetime] | None = None) -> None:
+        """``queue``: a queue port to dispatch to (queue mode); by default the Azure Storage queue
+        when one is configured, else none (direct mode: the runs table is the queue).
+        ``clock``: the agent's notion of time; by default the system clock, checked against the
+        database's at every tick."""
         self.settings = settings
         self.target: DatabaseTarget = resolve_database(settings.agent, db)
+        self.system_clock = clock is None
         self.clock = clock or (lambda: datetime.now(UTC))
         self._queue = queue
         self._telemetry = telemetry
@@ -31,6 +36,7 @@ class Agent:
         self._stores: list[Store] = []
         self._lock = threading.Lock()
         self._connect = connector(self.target)
+        self._supervisor = None
 
     # ------------------------------------------------------------ resources
 
@@ -64,24 +70,45 @@ class Agent:
         return store
 
     @property
+    def queue_mode(self) -> bool:
+        """True when runs are dispatched to a queue (Azure Storage, or one given to the agent);
+        False when the local runner's workers claim straight from agent.runs."""
+        return self._queue is not None or self.settings.agent.uses_azure_queue
+
+    @property
     def queue(self) -> Any:
-        if self._queue is None:
+        """The queue port in queue mode, None in direct mode."""
+        if self._queue is None and self.settings.agent.uses_azure_queue:
             with self._lock:
                 if self._queue is None:
-                    self._queue = self._make_queue()
+                    from .azure_queue import AzureStorageQueue
+
+                    agent = self.settings.agent
+                    self._queue = AzureStorageQueue.from_settings(
+                        connection_string=agent.storage_connection, queue_service_uri=agent.storage_queue_service_uri,
+                        client_id=agent.storage_client_id, queue_name=agent.queue_name, encoding=agent.queue_encoding)
         return self._queue
 
-    def _make_queue(self) -> Any:
-        agent = self.settings.agent
-        if agent.uses_azure_queue:
-            from .azure_queue import AzureStorageQueue
+    @property
+    def supervisor(self):
+        """The process's one lease-renewal and timeout thread (started on first use)."""
+        if self._supervisor is None:
+            with self._lock:
+                if self._supervisor is None:
+                    from .supervisor import Supervisor
 
-            return AzureStorageQueue.from_settings(
-                connection_string=agent.storage_connection, queue_service_uri=agent.storage_queue_service_uri,
-                client_id=agent.storage_client_id, queue_name=agent.queue_name, encoding=agent.queue_encoding)
-        from .queues import DatabaseQueue
+                    self._supervisor = Supervisor(self.new_store, self.clock)
+        return self._supervisor
 
-        return DatabaseQueue(self.store, agent.queue_name)
+    def reference_clock(self) -> datetime:
+        """What a tick's time is checked against: the database server's clock when the agent
+        runs on the system clock (one clock all instances share), else the agent's own."""
+        if not self.system_clock:
+            return self.clock()
+        value = self.store().execute("database_time").scalar()
+        if isinstance(value, str):  # SQLite answers text
+            value = datetime.fromisoformat(value)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
     @property
     def telemetry(self) -> Any:
@@ -94,20 +121,34 @@ class Agent:
     def scheduler(self):
         from .scheduler import Scheduler
 
-        return Scheduler(self.store(), self.queue, self.settings, self.telemetry, clock=self.clock)
+        return Scheduler(self.store(), self.queue, self.settings, self.telemetry, clock=self.clock,
+                         reference_clock=self.reference_clock)
 
-    def executor(self):
+    def executor(self, transient_delay_seconds: float | None = None):
+        """The executor (one per agent, shared by threads). ``transient_delay_seconds``: how
+        long a direct-mode run waits after a transient error (default: host.json's
+        visibilityTimeout, the delay the queue would redeliver after)."""
         from .executor import Executor
 
-        return Executor(settings=self.settings, store=self.store, new_store=self.new_store,
-                        target_store=self.target_store, telemetry=self.telemetry, clock=self.clock)
+        if transient_delay_seconds is None:
+            cached = getattr(self, "_executor", None)
+            if cached is not None:
+                return cached
+            from .queues import host_queue_options
+
+            self._executor = self.executor(host_queue_options().visibility_timeout_seconds)
+            return self._executor
+        return Executor(settings=self.settings, store=self.store, target_store=self.target_store,
+                        telemetry=self.telemetry, supervisor=self.supervisor, queue=self.queue, clock=self.clock,
+                        transient_delay_seconds=transient_delay_seconds)
 
     # ------------------------------------------------------------ operations
 
     def init(self) -> tuple[int, int]:
         """Create or upgrade the control schema, and the queue if it is missing."""
         before, after = self.store().migrate(self.clock())
-        self.queue.ensure_exists()
+        if self.queue is not None:
+            self.queue.ensure_exists()
         return before, after
 
     def tick(self, now: datetime | None = None):
@@ -118,6 +159,8 @@ class Agent:
         return self.executor().handle(body, dequeue_count, message_id)
 
     def close(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.stop()
         with self._lock:
             stores, self._stores = self._stores, []
         for store in stores:

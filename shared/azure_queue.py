@@ -47,6 +47,8 @@ AZURITE_CONNECTION_STRING = (
 # Storage limits: a visibility timeout is whole seconds, 0..7 days (receive needs at least 1);
 # one Get Messages call returns at most 32 messages.
 MAX_VISIBILITY_SECONDS = 7 * 24 * 3600
+# A delayed message must become visible before the service's 7-day limit.
+MAX_VISIBILITY_DELAY = MAX_VISIBILITY_SECONDS - 1
 MAX_MESSAGES_PER_CALL = 32
 # Queue names: 3-63 lowercase letters, digits and single hyphens, starting and ending with a
 # letter or digit. The poison queue appends "-poison", so the name itself may have at most 56.
@@ -415,14 +417,23 @@ class AzureStorageQueue:
         except AzureError as error:
             raise self._error(error, "create") from error
 
-    def send_many(self, bodies: Sequence[str]) -> None:
-        """Send in order, one message per call (the service has no batch send). On a failure
-        raise QueueSendError whose `sent` counts the bodies already on the queue."""
+    def send_many(self, bodies: Sequence[str], *, delays: Sequence[float] | None = None,
+                  time_to_live: float | None = None) -> None:
+        """Send in order, one message per call (the service has no batch send); ``delays[i]``
+        seconds keeps message i invisible until then (a run's slot; at most 7 days), and
+        ``time_to_live`` seconds bounds the life of each (default: the service's 7 days). On a
+        failure raise QueueSendError whose `sent` counts the bodies already on the queue."""
         from azure.core.exceptions import AzureError
 
+        if delays is not None and len(delays) != len(bodies):
+            raise ValueError(f"send_many: {len(bodies)} bodies but {len(delays)} delays")
+        ttl = None if time_to_live is None else max(1, int(math.ceil(time_to_live)))
         for index, body in enumerate(bodies):
+            delay = 0 if delays is None else min(MAX_VISIBILITY_DELAY, max(0, int(math.ceil(delays[index]))))
+            if ttl is not None and delay >= ttl:
+                delay = ttl - 1
             try:
-                self._client.send_message(body)
+                self._client.send_message(body, visibility_timeout=delay or None, time_to_live=ttl)
             except AzureError as error:
                 failure = self._error(error, "send to")
                 done = f" ({index} of {len(bodies)} messages were sent)" if index else ""

@@ -35,11 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
     tick.add_argument("--now", type=_iso_datetime, help="ISO-8601 time to tick at (default: now)")
     tick.add_argument("--json", action="store_true")
 
-    work = commands.add_parser("work", help="work the queue as the queue trigger would")
+    work = commands.add_parser("work", help="execute what is runnable now (from the runs table, or from the storage "
+                                            "queue as the queue trigger would), then stop")
     mode = work.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--once", action="store_true", help="one batch of up to --concurrency messages")
-    mode.add_argument("--until-idle", action="store_true", help="until the queue holds no message")
-    work.add_argument("--concurrency", type=_positive_int, help="messages in parallel (default AGENT_MAX_CONCURRENCY)")
+    mode.add_argument("--once", action="store_true", help="one run (or message) on each of --concurrency workers")
+    mode.add_argument("--until-idle", action="store_true", help="until nothing is runnable now")
+    work.add_argument("--concurrency", type=_positive_int, help="workers in parallel (default AGENT_MAX_CONCURRENCY)")
     work.add_argument("--visibility-timeout", type=_non_negative_float, metavar="SECONDS",
                       help="redelivery delay after a failure (default: host.json visibilityTimeout)")
     work.add_argument("--max-seconds", type=_non_negative_float, help="with --until-idle: stop after this long")
@@ -184,6 +185,8 @@ def cmd_tick(agent, args) -> int:
               f"{summary['runs_skipped']} skipped, {summary['runs_dispatched']} dispatched, "
               f"{summary['leases_expired']} leases expired ({summary['statements']} statements, "
               f"{summary['duration_ms']} ms)")
+        for warning in report.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         for error in report.errors:
             print(f"error: {error}", file=sys.stderr)
     return EXIT_FAILURE if report.errors else EXIT_OK
@@ -195,7 +198,7 @@ def cmd_work(agent, args) -> int:
     agent.store().require_schema()
     runner = LocalRunner(agent, concurrency=args.concurrency, visibility_timeout=args.visibility_timeout)
     count = runner.work_once() if args.once else runner.work_until_idle(args.max_seconds)
-    print(f"processed {count} message(s)")
+    print(f"processed {count} {'message(s)' if agent.queue_mode else 'run(s)'}")
     return EXIT_OK
 
 
@@ -206,7 +209,9 @@ def cmd_run(agent, args) -> int:
     runner = LocalRunner(agent, concurrency=args.concurrency)
     signal.signal(signal.SIGTERM, lambda *_: runner.stop())
     jobs = ", ".join(job.name for job in agent.settings.jobs) or "none"
-    print(f"agent running on {agent.target.display} (schema v{after}); queue {agent.queue.name}; "
+    where = (f"queue {agent.queue.name}" if agent.queue_mode
+             else f"workers claim from the runs table, {runner.concurrency} at most at once")
+    print(f"agent running on {agent.target.display} (schema v{after}); {where}; "
           f"jobs: {jobs}; Ctrl-C stops", file=sys.stderr)
     for bad in agent.settings.invalid_jobs:
         print(f"warning: job {bad.name} is invalid and will not run: {bad.message}", file=sys.stderr)
@@ -311,15 +316,14 @@ def cmd_poison(agent, args) -> int:
                          "nothing to requeue")
     now = agent.clock()
     with store.transaction():
-        changed = store.execute("requeue_run", run_id=poison["run_id"], now=now).rowcount
+        changed = bool(store.execute("requeue_run", run_id=poison["run_id"], now=now).rows)
         if changed:
             store.execute("mark_poison_requeued", poison_id=args.poison_id, now=now)
     if not changed:
         run = store.execute("get_run", run_id=poison["run_id"]).one()
         status = run["status"] if run else "gone"
         raise UsageError(f"run {poison['run_id']} is {status}; only a poisoned or failed run can be requeued")
-    dispatched = _dispatch_now(agent)
-    print(f"run {poison['run_id']} requeued (one more attempt); {dispatched} run(s) dispatched")
+    print(f"run {poison['run_id']} requeued (one more attempt){_dispatch_now(agent)}")
     return EXIT_OK
 
 
@@ -341,8 +345,7 @@ def cmd_run_now(agent, args) -> int:
     if row["status"] == "skipped":
         print(f"run {row['run_id']} of {args.name} skipped: {row['note']}")
         return EXIT_OK
-    dispatched = _dispatch_now(agent)
-    print(f"run {row['run_id']} of {args.name} created; {dispatched} run(s) dispatched")
+    print(f"run {row['run_id']} of {args.name} created{_dispatch_now(agent)}")
     return EXIT_OK
 
 
@@ -356,16 +359,15 @@ def cmd_submit(agent, args) -> int:
     row = store.execute("insert_task", command=args.sql, target_database=None, task_order=args.order,
                         max_attempts=args.max_attempts, timeout_seconds=args.timeout_seconds, lease_seconds=60,
                         now=agent.clock(), operation_id=new_operation_id()).one()
-    dispatched = _dispatch_now(agent)
     order = f" (order {args.order})" if args.order is not None else ""
-    print(f"task run {row['run_id']} submitted{order}; {dispatched} run(s) dispatched")
+    print(f"task run {row['run_id']} submitted{order}{_dispatch_now(agent)}")
     return EXIT_OK
 
 
 def cmd_cancel(agent, args) -> int:
     store = agent.store()
     store.require_schema()
-    if not store.execute("cancel_run", run_id=args.run_id, now=agent.clock()).rowcount:
+    if not store.execute("cancel_run", run_id=args.run_id, now=agent.clock()).rows:
         run = store.execute("get_run", run_id=args.run_id).one()
         if run is None:
             raise NotFoundError(f"no run with id {args.run_id}")
@@ -414,10 +416,15 @@ def cmd_grant_sql(agent, args) -> int:
     return EXIT_OK
 
 
-def _dispatch_now(agent) -> int:
-    from .scheduler import dispatch
+def _dispatch_now(agent) -> str:
+    """Queue mode: dispatch at once (the new run need not wait for a doorbell or the tick).
+    Direct mode: the local runner's workers pick it up themselves (within AGENT_POLL_SECONDS)."""
+    if not agent.queue_mode:
+        return "; the local runner starts it"
+    from .dispatch import dispatch
 
-    return len(dispatch(agent.store(), agent.queue, agent.settings, agent.clock(), agent.telemetry))
+    outcome = dispatch(agent.store(), agent.queue, agent.settings, agent.clock(), agent.telemetry)
+    return f"; {len(outcome.queued)} run(s) dispatched"
 
 
 COMMANDS = {

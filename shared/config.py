@@ -40,6 +40,10 @@ JOB_SETTING_SUFFIXES = (
 )
 JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 DATABASE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_\-]{1,128}$")
+# Column sizes of agent.jobs (every dialect): a longer value is refused at validation.
+MAX_SCHEDULE_LENGTH = 400
+# A schedule must have a slot within this many years of now, or it never runs (e.g. 30 February).
+SCHEDULE_HORIZON_YEARS = 50
 MISFIRE_POLICIES = ("run-once", "skip")
 OVERLAP_POLICIES = ("skip", "queue", "allow")
 QUEUE_ENCODINGS = ("base64", "none")
@@ -83,7 +87,23 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
                 "Deliveries after which the app moves a message to the poison table; keep it "
                 "at or below host.json maxDequeueCount.", "optional"),
     SettingSpec("AGENT_MAX_CONCURRENCY", "8",
-                "Most runs in flight (queued or running) at once; the dispatcher holds the rest.",
+                "Most runs executing at once, whoever starts them (ticks, completions, "
+                "submissions, several instances); the rest wait, held, and start as places free.",
+                "optional"),
+    SettingSpec("AGENT_POLL_SECONDS", "10",
+                "Work inserted behind the agent's back (another process, the T-SQL procedures) "
+                "starts within this many seconds: the local runner's idle workers look this "
+                "often; in Azure each tick leaves a chain of delayed doorbell messages this far "
+                "apart.", "optional"),
+    SettingSpec("AGENT_LOOKAHEAD_MARGIN_SECONDS", "30",
+                "Each tick claims every slot up to the next tick plus this margin, and sends "
+                "each one's message delayed until its slot.", "optional"),
+    SettingSpec("AGENT_MAX_LAPSES", "3",
+                "Lease lapses a run survives (its worker died or lost the database); they do not "
+                "spend MAX_ATTEMPTS. One more lapse ends the run failed.", "optional"),
+    SettingSpec("AGENT_MAX_CLOCK_SKEW_SECONDS", "300",
+                "A tick whose clock is further ahead of the database's clock refuses to claim; "
+                "slots a clock that far ahead claimed are undone by the next sane tick.",
                 "optional"),
     SettingSpec("AGENT_DISPATCH_LEASE_SECONDS", "300",
                 "How long a dispatched run may wait on the queue before a tick presumes the "
@@ -135,6 +155,10 @@ class AgentSettings:
     tick_schedule: str
     max_dequeue_count: int
     max_concurrency: int
+    poll_seconds: int
+    lookahead_margin_seconds: int
+    max_lapses: int
+    max_clock_skew_seconds: int
     dispatch_lease_seconds: int
     misfire_threshold_seconds: int
     retry_backoff_seconds: int
@@ -173,10 +197,12 @@ class JobDefinition:
 @dataclass(frozen=True)
 class InvalidJob:
     """A job whose settings do not parse. It is recorded (jobs output, history) and skipped;
-    the other jobs run."""
+    the other jobs run. ``key`` is the name it is recorded under: its own name when the
+    database can hold it, else a unique, storable stand-in (the error names the real one)."""
 
     name: str
     errors: tuple[str, ...]
+    key: str = ""
 
     @property
     def message(self) -> str:
@@ -305,6 +331,10 @@ def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
         tick_schedule=tick,
         max_dequeue_count=_int_setting(env, "AGENT_MAX_DEQUEUE_COUNT", 1, 100),
         max_concurrency=_int_setting(env, "AGENT_MAX_CONCURRENCY", 1, 10000),
+        poll_seconds=_int_setting(env, "AGENT_POLL_SECONDS", 1, 300),
+        lookahead_margin_seconds=_int_setting(env, "AGENT_LOOKAHEAD_MARGIN_SECONDS", 0, 3600),
+        max_lapses=_int_setting(env, "AGENT_MAX_LAPSES", 1, 100),
+        max_clock_skew_seconds=_int_setting(env, "AGENT_MAX_CLOCK_SKEW_SECONDS", 5, 86400),
         dispatch_lease_seconds=_int_setting(env, "AGENT_DISPATCH_LEASE_SECONDS", 10, 86400),
         misfire_threshold_seconds=_int_setting(env, "AGENT_MISFIRE_THRESHOLD_SECONDS", 1, 86400),
         retry_backoff_seconds=_int_setting(env, "AGENT_RETRY_BACKOFF_SECONDS", 0, 86400),
@@ -330,16 +360,60 @@ def parse_jobs(env: Mapping[str, str]) -> tuple[tuple[JobDefinition, ...], tuple
                 f"{key}: expected JOB__<name>__<SETTING> with SETTING one of {', '.join(JOB_SETTING_SUFFIXES)}")
             continue
         raw.setdefault(name, {})[suffix.upper()] = (key, value)
-    valid: list[JobDefinition] = []
-    invalid: list[InvalidJob] = []
+    parsed: list[tuple[str, JobDefinition | None, list[str]]] = []
     for name in sorted(set(raw) | set(stray)):
         errors = list(stray.get(name, []))
         job = _parse_job(name, raw.get(name, {}), errors)
+        parsed.append((name, job, errors))
+    # Azure SQL compares names case-insensitively (its default collation): 'Backup' and 'backup'
+    # would be one key there. Such names are refused on every dialect, so all behave alike.
+    by_fold: dict[str, list[str]] = {}
+    for name, _, _ in parsed:
+        by_fold.setdefault(name.casefold(), []).append(name)
+    valid: list[JobDefinition] = []
+    invalid: list[InvalidJob] = []
+    taken: set[str] = set()
+    for name, job, errors in parsed:
+        twins = [other for other in by_fold[name.casefold()] if other != name]
+        if twins:
+            errors.append(f"{JOB_SETTING_PREFIX}{_printable(name)}__*: job name {_printable(name)!r} differs only by "
+                          f"case from {', '.join(repr(_printable(t)) for t in twins)}; job names are compared "
+                          "case-insensitively (as Azure SQL does): rename one of them")
         if errors or job is None:
-            invalid.append(InvalidJob(name=name, errors=tuple(errors)))
+            invalid.append(InvalidJob(name=name, errors=tuple(errors), key=_storage_key(name, taken)))
         else:
+            taken.add(name.casefold())
             valid.append(job)
     return tuple(valid), tuple(invalid)
+
+
+def _storage_key(name: str, taken: set[str]) -> str:
+    """The name an invalid job is recorded under: unique (case-insensitively) and storable."""
+    key = name
+    if not JOB_NAME_PATTERN.match(name) or name.casefold() in taken:
+        digest = hashlib.sha1(name.encode("utf-8", errors="surrogatepass")).hexdigest()[:12]
+        key = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:40] or 'job'}~{digest}"
+    taken.add(key.casefold())
+    return key
+
+
+def _printable(text: str, limit: int = 80) -> str:
+    """A value as it can be shown in a message: NULs and unencodable characters escaped, cut."""
+    shown = text.encode("utf-8", errors="backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
+
+
+def storable_problem(value: str) -> str | None:
+    """Why the database would refuse this text, or None: a NUL character (PostgreSQL refuses
+    it, SQLite cuts the value there) or a character that is not valid UTF-8 text (a byte that
+    is not UTF-8 in an environment variable arrives as a lone surrogate)."""
+    if "\x00" in value:
+        return f"a NUL character at position {value.index(chr(0))}"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"a byte that is not UTF-8 text at position {exc.start}"
+    return None
 
 
 def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str]) -> JobDefinition | None:
@@ -358,11 +432,21 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
         errors.append(str(ConfigError(setting(suffix), raw, expected)))
 
     if not JOB_NAME_PATTERN.match(name):
-        errors.append(f"{JOB_SETTING_PREFIX}{name}__*: job name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
+        errors.append(f"{JOB_SETTING_PREFIX}{_printable(name)}__*: job name {_printable(name)!r} must be 1-64 "
+                      "letters, digits, '_', '.' or '-'")
+    unstorable: set[str] = set()
     for suffix, (key, raw) in values.items():
         if suffix not in JOB_SETTING_SUFFIXES:
-            errors.append(f"{key}={raw!r}: unknown job setting {suffix!r}; expected one of "
-                          f"{', '.join(JOB_SETTING_SUFFIXES)}")
+            errors.append(f"{_printable(key)}={_printable(raw)!r}: unknown job setting {_printable(suffix)!r}; "
+                          f"expected one of {', '.join(JOB_SETTING_SUFFIXES)}")
+            continue
+        problem = storable_problem(raw)
+        if problem:
+            unstorable.add(suffix)
+            errors.append(str(ConfigError(_printable(key), _printable(raw),
+                                          f"text the database can store (found {problem})")))
+    if unstorable:
+        return None
 
     timezone = value("TIMEZONE") or "UTC"
     try:
@@ -374,12 +458,17 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
     schedule = value("SCHEDULE")
     if not schedule:
         fail("SCHEDULE", None, "a six-field NCRONTAB expression (seconds first) or '@once <ISO-8601 datetime>'")
+    elif len(schedule) > MAX_SCHEDULE_LENGTH:
+        fail("SCHEDULE", _printable(schedule), f"at most {MAX_SCHEDULE_LENGTH} characters (it has {len(schedule)})")
     else:
         try:
-            parse_schedule(schedule, timezone)
-        except ValueError as exc:
+            problem = schedule_problem(parse_schedule(schedule, timezone))
+        except (ValueError, OverflowError) as exc:
             fail("SCHEDULE", schedule,
                  f"a six-field NCRONTAB expression (seconds first) or '@once <ISO-8601 datetime>' ({exc})")
+        else:
+            if problem:
+                fail("SCHEDULE", schedule, problem)
 
     command = values.get("COMMAND", ("", ""))[1]
     if not command.strip():
@@ -421,6 +510,24 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
         lease_seconds=lease_seconds, misfire=misfire, grace_seconds=grace_seconds,
         overlap=overlap, database=database,
     )
+
+
+def schedule_problem(schedule) -> str | None:
+    """Why a parsed schedule can never run, or None. A cron expression croniter accepts may
+    still have no slot at all (day 30 of February) or none for decades: the scheduler would
+    find no next slot, so it is refused here, for this job alone."""
+    from datetime import datetime, timedelta, timezone
+
+    if getattr(schedule, "is_once", False):
+        return None
+    now = datetime.now(timezone.utc)
+    try:
+        first = schedule.next_after(now)
+    except Exception as exc:  # croniter's "failed to find next date" and friends
+        return f"a schedule with a slot within {SCHEDULE_HORIZON_YEARS} years (none found: {exc})"
+    if first is None or first > now + timedelta(days=366 * SCHEDULE_HORIZON_YEARS):
+        return f"a schedule with a slot within {SCHEDULE_HORIZON_YEARS} years (this one has none)"
+    return None
 
 
 def _config_hash(jobs: tuple[JobDefinition, ...], invalid: tuple[InvalidJob, ...]) -> str:

@@ -191,18 +191,53 @@ def connector(target: DatabaseTarget, database: str | None = None) -> Callable[[
                                                                        token_provider=provider))
     location = with_database(target.location, database) if database else target.location
     display = target.display if not database else f"{target.display} (database {database})"
+    if target.dialect == "postgres":
+        location = with_postgres_defaults(location)
     opener = lambda: odbc_connect(location, display=display)  # noqa: E731
-    return _sql_server_session(opener) if target.dialect == "mssql" else opener
+    return _sql_server_session(opener) if target.dialect == "mssql" else _postgres_session(opener)
+
+
+# psqlODBC's defaults cost 4-5 round trips per statement (a server-side prepare on every new
+# cursor, then a DEALLOCATE inside a savepoint; a savepoint around every statement; BEGIN as a
+# message of its own). With these, a statement is one simple-protocol message, BEGIN rides on
+# the first one, and a batch of statements is one round trip. The Store already rolls back the
+# whole transaction on any error, so statement-level rollback buys nothing. A connection
+# string that sets either option keeps its own value.
+POSTGRES_DEFAULTS = (("UseServerSidePrepare", "0"), ("Protocol", "7.4-1"))
+# Agent statements wait this long for a lock, then fail (transient: retried); job SQL does not.
+LOCK_TIMEOUT_SECONDS = 30
+
+
+def with_postgres_defaults(connection_string: str) -> str:
+    present = odbc_pairs(connection_string)
+    extra = [f"{key}={value}" for key, value in POSTGRES_DEFAULTS if key.lower() not in present]
+    if not extra:
+        return connection_string
+    base = connection_string if connection_string.rstrip().endswith(";") else connection_string.rstrip() + ";"
+    return base + ";".join(extra) + ";"
+
+
+def _postgres_session(opener: Callable[[], Any]) -> Callable[[], Any]:
+    def open_session() -> Any:
+        connection = opener()
+        cursor = connection.cursor()
+        cursor.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_SECONDS}s'")
+        cursor.close()
+        connection.commit()  # a SET in a transaction that rolls back would be undone
+        return connection
+
+    return open_session
 
 
 def _sql_server_session(opener: Callable[[], Any]) -> Callable[[], Any]:
-    """SQL Server sessions run with XACT_ABORT ON: any error aborts the whole transaction, so
-    a failed batch can never leave half its work to be committed by a later statement."""
+    """SQL Server sessions run with XACT_ABORT ON (any error aborts the whole transaction, so a
+    failed batch can never leave half its work to be committed by a later statement), NOCOUNT
+    ON (the agent counts rows through OUTPUT, never through row counts) and a lock timeout."""
 
     def open_session() -> Any:
         connection = opener()
         cursor = connection.cursor()
-        cursor.execute("SET XACT_ABORT ON")
+        cursor.execute(f"SET XACT_ABORT ON; SET NOCOUNT ON; SET LOCK_TIMEOUT {LOCK_TIMEOUT_SECONDS * 1000};")
         cursor.close()
         return connection
 

@@ -258,12 +258,12 @@ class _Doctor:
                 if row is None:
                     raise _Failed("insert_task returned no row", "report this: the named query is broken")
                 run_id = row["run_id"]
-                store.execute("insert_attempt", run_id=run_id, attempt=1, token=0, worker=worker,
-                              dequeue_count=0, now=now)
-                if store.execute("cancel_run", run_id=run_id, now=now).rowcount != 1:
+                # The start statement takes the start lock (its rights) and, with no token
+                # issued, starts nothing.
+                store.execute("start_run", run_id=run_id, token=0, now=now, worker=worker, dequeue_count=1,
+                              max_concurrency=1, late_cutoff=now)
+                if len(store.execute("cancel_run", run_id=run_id, now=now).rows) != 1:
                     raise _Failed(f"the scratch run {run_id} could not be completed (cancel_run changed no row)")
-                store.execute("finish_attempt", run_id=run_id, token=0, now=now, outcome="cancelled",
-                              error_number=None, error_sqlstate=None, error_message="agent doctor scratch run")
                 run = store.execute("get_run", run_id=run_id).one()
                 if run is None or run["status"] != "cancelled":
                     raise _Failed(f"the scratch run {run_id} reads back as {run and run['status']!r}")
@@ -289,8 +289,9 @@ class _Doctor:
     # ------------------------------------------------------------ 6. queue
 
     def queue(self) -> str:
-        from .queues import DatabaseQueue
-
+        if not self.agent.queue_mode:
+            return ("none configured: the local runner's workers claim straight from the runs table "
+                    "(set AzureWebJobsStorage for a storage queue)")
         try:
             queue = self.agent.queue
             queue.ensure_exists()
@@ -299,9 +300,7 @@ class _Doctor:
             raise _Failed(f"queue {self.agent.settings.agent.queue_name!r}: {_one_line(exc)}",
                           "check AzureWebJobsStorage (a connection string) or AzureWebJobsStorage__queueServiceUri "
                           "and the app's Storage Queue Data Contributor role on the account") from None
-        where = ("the local queue in the control database" if isinstance(queue, DatabaseQueue)
-                 else repr(queue))
-        return f"{queue.name!r}: {where}, reachable, {depth} message(s) waiting"
+        return f"{queue.name!r}: {queue!r}, reachable, {depth} message(s) waiting"
 
 
 def run_doctor(agent: Any, *, tcp_timeout: float = 10.0) -> DoctorReport:

@@ -1,30 +1,39 @@
-"""The executor: one queue message in, one fenced attempt of one run out.
+"""The executor: one run in, one fenced attempt out.
 
-1. validate the message (malformed, unknown run, forged token → poison at once)
-2. start the run only if the message's token is still current (else: stale/duplicate, ack)
-3. a heartbeat on its own connection renews the lease; if the lease was taken over (or the
-   run cancelled) it cancels the work
-4. the job's SQL runs in a transaction bounded by the job's timeout
-5. completion is conditional on the token; for work in the control database it commits in
-   the same transaction as the work, so a fenced-off worker's work rolls back
-6. failures are classified: transient → re-raise so the queue redelivers (poison at the
-   dequeue-count threshold); permanent → retry with backoff (new token) or fail
+Two ways in, one way through:
+
+* **queue mode** (the Functions queue trigger, or the local runner on a storage queue):
+  ``handle(body, dequeue_count)`` validates the message (malformed, unknown run, forged token →
+  poison at once; a doorbell → dispatch only), then starts the run it names under the start lock
+  only if the message's token is still current: a message early for its slot is re-sent for the
+  rest of the wait; a run that may not start yet is held (back to pending; a completion hands it
+  on) or skipped (overlap skip, misfire);
+* **direct mode** (the local runner without a storage queue): ``work_once()`` claims runnable
+  runs straight from agent.runs, the same rules deciding, in one statement.
+
+Then: the process's supervisor renews the lease and enforces the timeout; the job's SQL runs
+in a transaction; completion is conditional on the token and, for work in the control database,
+commits in the same transaction as the work (a fenced-off worker's work rolls back), together
+with the hand-on dispatch of what became runnable (queue mode). Failures are classified:
+transient errors and lapses spend no attempt (queue mode: the queue redelivers, poison at the
+dequeue-count threshold; direct mode: the run waits and retries, poison at the same threshold);
+errors in the job's SQL and timeouts spend one of MAX_ATTEMPTS, retried after a backoff.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from .config import Settings
-from .errors import MessageError, TransientJobError
-from .messages import decode_body, parse_message
-from .store import Store
+from .dispatch import delay_until, dispatch, dispatch_params, send_dispatched
+from .errors import MessageError, QueueError, TransientJobError
+from .messages import DoorbellMessage, RunMessage, decode_body, parse_message
+from .store import Result, Store
 
 log = logging.getLogger("shared.executor")
 UTC = timezone.utc
@@ -37,24 +46,31 @@ class LeaseLost(Exception):
 
 @dataclass(frozen=True)
 class ExecutionResult:
-    outcome: str          # succeeded | retry_scheduled | failed | poisoned | stale | duplicate | lease_lost
+    # succeeded | retry_scheduled | failed | poisoned | transient | stale | duplicate | lease_lost
+    # | early | held | skipped | doorbell
+    outcome: str
     run_id: int | None = None
     detail: str = ""
 
 
 class Executor:
-    def __init__(self, *, settings: Settings, store: Callable[[], Store], new_store: Callable[[], Store],
-                 target_store: Callable[[str], Store], telemetry: Any,
-                 clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(self, *, settings: Settings, store: Callable[[], Store], target_store: Callable[[str], Store],
+                 telemetry: Any, supervisor: Any, queue: Any = None,
+                 clock: Callable[[], datetime] | None = None, transient_delay_seconds: float = 30.0) -> None:
+        """``queue`` is the queue port in queue mode (re-sends, hand-on dispatch), None in
+        direct mode. ``transient_delay_seconds``: how long a direct-mode run waits after a
+        transient error (the queue's redelivery delay, host.json visibilityTimeout)."""
         self.settings = settings
         self._store = store
-        self._new_store = new_store
         self._target_store = target_store
         self.telemetry = telemetry
+        self.supervisor = supervisor
+        self.queue = queue
         self.clock = clock or (lambda: datetime.now(UTC))
         self.worker = settings.agent.worker_id
+        self.transient_delay_seconds = transient_delay_seconds
 
-    # ------------------------------------------------------------ entry point
+    # ------------------------------------------------------------ queue mode
 
     def handle(self, body: str | bytes, dequeue_count: int, message_id: str | None = None) -> ExecutionResult:
         """Process one delivery. Returns normally when the message should be deleted;
@@ -67,24 +83,55 @@ class Executor:
             shown = body if isinstance(body, str) else body.decode("utf-8", errors="replace")
             return self._poison(run_id=None, token=None, body=shown, dequeue_count=dequeue_count,
                                 message_id=message_id, reason=f"malformed message: {exc}", operation_id=None)
-        store = self._store()
+        if isinstance(message, DoorbellMessage):
+            return self._doorbell()
         if dequeue_count > max_dequeue:
             # Deliveries that never reached a verdict (e.g. a worker crash loop) still end here.
             return self._poison(run_id=message.run_id, token=message.token, body=text, dequeue_count=dequeue_count,
                                 message_id=message_id, operation_id=message.operation_id,
                                 reason=f"dequeue count {dequeue_count} is above AGENT_MAX_DEQUEUE_COUNT={max_dequeue}")
+        store = self._store()
         now = self.clock()
-        with store.transaction():
-            started = store.execute("start_run", run_id=message.run_id, token=message.token, now=now,
-                                    worker=self.worker, dequeue_count=dequeue_count).one()
-            if started:
-                store.execute("insert_attempt", run_id=message.run_id, attempt=started["attempt"],
-                              token=message.token, worker=self.worker, dequeue_count=dequeue_count, now=now)
-        if not started:
+        rows = store.execute("start_run", run_id=message.run_id, token=message.token, now=now, worker=self.worker,
+                             dequeue_count=dequeue_count, max_concurrency=self.settings.agent.max_concurrency,
+                             late_cutoff=self._late_cutoff(now)).rows
+        if not rows:
             return self._not_started(message, text, dequeue_count, message_id)
-        return self._execute(started, text, dequeue_count, message_id)
+        run = rows[0]
+        decision = run["decision"]
+        if decision == "early":
+            return self._resend_early(run, text, now)
+        if decision.startswith("skip-"):
+            self._skipped_event(run)
+            return ExecutionResult("skipped", run["run_id"], run["note"] or "")
+        if decision.startswith("held-"):
+            log.info("run %s held: %s", run["run_id"], run["note"])
+            return ExecutionResult("held", run["run_id"], run["note"] or "")
+        return self._execute(run, body=text, dequeue_count=dequeue_count, message_id=message_id)
 
-    def _not_started(self, message, text: str, dequeue_count: int, message_id: str | None) -> ExecutionResult:
+    def _doorbell(self) -> ExecutionResult:
+        """A doorbell only dispatches; it never fails (the tick is the safety net) and is never
+        poisoned."""
+        try:
+            outcome = dispatch(self._store(), self.queue, self.settings, self.clock(), self.telemetry)
+            return ExecutionResult("doorbell", None, f"{len(outcome.queued)} run(s) dispatched")
+        except Exception as exc:  # noqa: BLE001
+            from .sqlerrors import classify
+
+            log.warning("doorbell: dispatch failed (the next doorbell or tick tries again): %s", classify(exc).message)
+            return ExecutionResult("doorbell", None, "dispatch failed")
+
+    def _resend_early(self, run: dict[str, Any], text: str, now: datetime) -> ExecutionResult:
+        """The message came before the run's slot: send it again for the rest of the wait (a
+        new message, so this early delivery is not counted) and acknowledge this one."""
+        delay = max(1, delay_until(run["runnable_at"], now))
+        self.queue.send_many([text], delays=[delay])
+        detail = f"run {run['run_id']}: message arrived {delay} s before its slot; re-sent delayed"
+        log.info(detail)
+        return ExecutionResult("early", run["run_id"], detail)
+
+    def _not_started(self, message: RunMessage, text: str, dequeue_count: int,
+                     message_id: str | None) -> ExecutionResult:
         run = self._store().execute("get_run", run_id=message.run_id).one()
         if run is None:
             return self._poison(run_id=message.run_id, token=None, body=text, dequeue_count=dequeue_count,
@@ -104,9 +151,29 @@ class Executor:
                              operation_id=message.operation_id or run["operation_id"])
         return ExecutionResult(kind, message.run_id, detail)
 
+    # ------------------------------------------------------------ direct mode
+
+    def work_once(self, batch: int = 1) -> list[ExecutionResult]:
+        """Claim up to ``batch`` runnable runs from agent.runs and execute them; an empty list
+        means nothing may start now."""
+        store = self._store()
+        now = self.clock()
+        rows = store.execute("claim_runs", now=now, late_cutoff=self._late_cutoff(now), worker=self.worker,
+                             max_concurrency=self.settings.agent.max_concurrency, batch=batch).rows
+        results = []
+        for run in rows:
+            if run["decision"] == "skipped":
+                self._skipped_event(run)
+                results.append(ExecutionResult("skipped", run["run_id"], run["note"] or ""))
+        for run in rows:
+            if run["decision"] == "start":
+                results.append(self._execute(run, body=None, dequeue_count=None, message_id=None))
+        return results
+
     # ------------------------------------------------------------ the attempt
 
-    def _execute(self, run: dict[str, Any], body: str, dequeue_count: int, message_id: str | None) -> ExecutionResult:
+    def _execute(self, run: dict[str, Any], *, body: str | None, dequeue_count: int | None,
+                 message_id: str | None) -> ExecutionResult:
         from .sqlerrors import classify
 
         store = self._store()
@@ -114,130 +181,192 @@ class Executor:
         operation_id = run["operation_id"]
         properties = {"job": run["job_name"] or "(task)", "run_id": run_id, "attempt": attempt, "token": token,
                       "scheduled_for": run["scheduled_for"], "kind": run["kind"]}
-        lag = (run["started_at"] - run["scheduled_for"]).total_seconds()
-        self.telemetry.event("RunStarted", {**properties, "outcome": "running"}, operation_id=operation_id)
-        self.telemetry.metric("ScheduleLagSeconds", max(0.0, lag), {"job": properties["job"]}, operation_id=operation_id)
+        if self.telemetry.enabled:
+            lag = (run["started_at"] - run["scheduled_for"]).total_seconds()
+            self.telemetry.event("RunStarted", {**properties, "outcome": "running"}, operation_id=operation_id)
+            self.telemetry.metric("ScheduleLagSeconds", max(0.0, lag), {"job": properties["job"]},
+                                  operation_id=operation_id)
 
         same_database = not run["target_database"]
         work_store = store if same_database else self._target_store(run["target_database"])
-        guard = _Guard(work_store)
-        heartbeat = _Heartbeat(self._new_store, run_id, token, run["lease_seconds"], self.clock, guard)
-        watchdog = threading.Timer(run["timeout_seconds"], guard.trip, args=("timeout",))
-        watchdog.daemon = True
+        held = self.supervisor.hold(run_id, token, lease_seconds=run["lease_seconds"],
+                                    timeout_seconds=run["timeout_seconds"], cancel=work_store.cancel)
         started = time.perf_counter()
-        heartbeat.start()
-        watchdog.start()
         store.operation_id = operation_id
+        handed_on: list[dict[str, Any]] = []
         try:
             with work_store.transaction(immediate=False):
                 with self.telemetry.sql_call(properties["job"], target=work_store.target.display,
                                              operation_id=operation_id, data=run["command"][:1000]):
                     work_store.run_script(run["command"])
                 if same_database:
-                    self._complete(store, run_id, token)
+                    handed_on = self._finish(store, run, reset=True)
             if not same_database:
                 # Work in another database has committed: at-least-once from here on.
                 from .sqlerrors import retry_transient
 
-                retry_transient(lambda: self._complete_alone(run_id, token), what=f"completing run {run_id}")
+                handed_on = retry_transient(lambda: self._finish_alone(run), what=f"completing run {run_id}")
         except LeaseLost:
-            return self._fenced(run, properties, operation_id, "completion refused: the run's token moved on")
+            return self._fenced(run, properties, operation_id, "completion refused: the run's token moved on",
+                                same_database)
         except Exception as exc:
-            if guard.reason == "lease":
-                return self._fenced(run, properties, operation_id, "work cancelled: the lease was taken over")
+            if held.reason == "lease":
+                return self._fenced(run, properties, operation_id,
+                                    "work stopped: the lease was taken over or the run cancelled", same_database)
             info = classify(exc)
-            if guard.reason == "timeout":
+            if held.reason == "timeout":
                 error = ("timeout", None, None, f"timed out after {run['timeout_seconds']} s (JOB TIMEOUT_SECONDS)")
             else:
                 error = (info.kind, info.number, info.sqlstate, info.message)
-            return self._failed(run, body, dequeue_count, message_id, error, properties, operation_id)
+            return self._failed(run, body, dequeue_count, message_id, error, properties, operation_id, same_database)
         finally:
             store.operation_id = None
-            watchdog.cancel()
-            heartbeat.stop()
+            self.supervisor.release(held)
             if not same_database:
                 work_store.close()
+        self._send_handed_on(handed_on)
         duration_ms = (time.perf_counter() - started) * 1000
-        log.info("run %s (%s) attempt %s succeeded in %.0f ms", run_id, properties["job"], attempt, duration_ms)
-        self.telemetry.event("RunSucceeded", {**properties, "outcome": "succeeded", "duration_ms": round(duration_ms)},
-                             operation_id=operation_id)
-        self.telemetry.metric("RunDurationMs", duration_ms, {"job": properties["job"]}, operation_id=operation_id)
-        self.telemetry.metric("DequeueCount", dequeue_count, {"job": properties["job"]}, operation_id=operation_id)
+        log.debug("run %s (%s) attempt %s succeeded in %.0f ms", run_id, properties["job"], attempt, duration_ms)
+        if self.telemetry.enabled:
+            self.telemetry.event("RunSucceeded", {**properties, "outcome": "succeeded",
+                                                  "duration_ms": round(duration_ms)}, operation_id=operation_id)
+            self.telemetry.metric("RunDurationMs", duration_ms, {"job": properties["job"]}, operation_id=operation_id)
+            if dequeue_count is not None:
+                self.telemetry.metric("DequeueCount", dequeue_count, {"job": properties["job"]},
+                                      operation_id=operation_id)
         return ExecutionResult("succeeded", run_id)
 
-    def _complete(self, store: Store, run_id: int, token: int) -> None:
+    def _finish(self, store: Store, run: dict[str, Any], *, reset: bool) -> list[dict[str, Any]]:
+        """Inside the open transaction: (reset the session the job used,) complete the run
+        fenced by its token, and in queue mode dispatch what its end made runnable — one round
+        trip on PostgreSQL. Raises LeaseLost (the caller rolls back) when the token moved on."""
         now = self.clock()
-        if store.execute("complete_run", run_id=run_id, token=token, now=now).rowcount != 1:
+        calls: list[tuple[str, dict[str, Any]]] = []
+        if reset:
+            calls.append(("reset_session", {}))
+        calls.append(("finish_run", {"run_id": run["run_id"], "token": run["token"], "now": now}))
+        results = self._chain_with_hand_on(store, calls, now)
+        if not results[len(calls) - 1].rows:
             raise LeaseLost()
-        store.execute("finish_attempt", run_id=run_id, token=token, now=now, outcome="succeeded",
-                      error_number=None, error_sqlstate=None, error_message=None)
+        return results[-1].rows if self.queue is not None else []
 
-    def _complete_alone(self, run_id: int, token: int) -> None:
+    def _finish_alone(self, run: dict[str, Any]) -> list[dict[str, Any]]:
         store = self._store()
         with store.transaction():
-            self._complete(store, run_id, token)
+            return self._finish(store, run, reset=False)
 
-    def _fenced(self, run: dict[str, Any], properties: dict[str, Any], operation_id: str, why: str) -> ExecutionResult:
-        store = self._store()
+    def _chain_with_hand_on(self, store: Store, calls: list[tuple[str, dict[str, Any]]], now: datetime) -> list[Result]:
+        if self.queue is not None:
+            calls = calls + [("dispatch_runs", dispatch_params(self.settings, now))]
+        return store.chain(*calls)
+
+    def _send_handed_on(self, rows: list[dict[str, Any]]) -> None:
+        """After the commit: the messages of the runs the finished one handed on."""
+        if not rows or self.queue is None:
+            return
         try:
-            store.execute("finish_attempt", run_id=run["run_id"], token=run["token"], now=self.clock(),
-                          outcome="lease_lost", error_number=None, error_sqlstate=None, error_message=why)
+            send_dispatched(rows, self._store(), self.queue, self.clock(), self.telemetry)
+        except QueueError as exc:  # the runs are back to pending, or their dispatch lease covers them
+            log.error("hand-on dispatch: %s", exc)
+
+    def _fenced(self, run: dict[str, Any], properties: dict[str, Any], operation_id: str, why: str,
+                same_database: bool) -> ExecutionResult:
+        store = self._store()
+        handed_on: list[dict[str, Any]] = []
+        try:
+            calls = [("reset_session", {})] if same_database else []
+            calls.append(("close_fenced_attempt", {"run_id": run["run_id"], "token": run["token"],
+                                                   "now": self.clock(), "error_message": why}))
+            with store.transaction():
+                results = self._chain_with_hand_on(store, calls, self.clock())
+            handed_on = results[-1].rows if self.queue is not None else []
         except Exception as exc:  # history only; the run itself is already someone else's
-            log.warning("run %s: could not record the fenced attempt: %s", run["run_id"], exc)
+            from .sqlerrors import classify
+
+            log.warning("run %s: could not record the fenced attempt: %s", run["run_id"], classify(exc).message)
+        self._send_handed_on(handed_on)
         log.warning("run %s attempt %s (token %s): %s; its work was rolled back", run["run_id"], run["attempt"],
                     run["token"], why)
         self.telemetry.event("RunFailed", {**properties, "outcome": "lease_lost", "error_message": why},
                              operation_id=operation_id)
         return ExecutionResult("lease_lost", run["run_id"], why)
 
-    def _failed(self, run: dict[str, Any], body: str, dequeue_count: int, message_id: str | None,
+    def _failed(self, run: dict[str, Any], body: str | None, dequeue_count: int | None, message_id: str | None,
                 error: tuple[str, int | None, str | None, str], properties: dict[str, Any],
-                operation_id: str) -> ExecutionResult:
+                operation_id: str, same_database: bool) -> ExecutionResult:
         kind, number, sqlstate, message = error
         store = self._store()
         run_id, token, attempt = run["run_id"], run["token"], run["attempt"]
         now = self.clock()
         failure = {**properties, "error_number": number, "error_message": message}
+        max_dequeue = self.settings.agent.max_dequeue_count
+        reset = [("reset_session", {})] if same_database else []
+        errors = {"error_number": number, "error_sqlstate": sqlstate, "error_message": message}
         if kind == "transient":
-            if dequeue_count >= self.settings.agent.max_dequeue_count:
-                return self._poison(run_id=run_id, token=token, body=body, dequeue_count=dequeue_count,
-                                    message_id=message_id, operation_id=operation_id,
-                                    reason=f"transient error on delivery {dequeue_count} of "
-                                           f"AGENT_MAX_DEQUEUE_COUNT={self.settings.agent.max_dequeue_count}: {message}",
-                                    attempt_error=error, job=properties["job"])
-            lease_until = now + timedelta(seconds=self.settings.agent.dispatch_lease_seconds)
+            deliveries = dequeue_count if dequeue_count is not None else run["transient_errors"] + 1
+            if deliveries >= max_dequeue:
+                where = "delivery" if dequeue_count is not None else "transient error"
+                return self._poison(run_id=run_id, token=token, dequeue_count=deliveries, message_id=message_id,
+                                    body=body or RunMessage(run_id, token, operation_id).to_json(),
+                                    operation_id=operation_id, attempt_error=error, job=properties["job"],
+                                    reason=f"transient error on {where} {deliveries} of "
+                                           f"AGENT_MAX_DEQUEUE_COUNT={max_dequeue}: {message}")
+            if dequeue_count is not None:
+                lease_until = now + timedelta(seconds=self.settings.agent.dispatch_lease_seconds)
+                call = ("requeue_transient", {"run_id": run_id, "token": token, "now": now,
+                                              "lease_until": lease_until, **errors})
+            else:
+                retry_at = now + timedelta(seconds=self.transient_delay_seconds)
+                call = ("retry_transient", {"run_id": run_id, "token": token, "now": now, "retry_at": retry_at,
+                                            **errors})
             with store.transaction():
-                store.execute("finish_attempt", run_id=run_id, token=token, now=now, outcome="transient",
-                              error_number=number, error_sqlstate=sqlstate, error_message=message)
-                requeued = store.execute("requeue_transient", run_id=run_id, token=token, lease_until=lease_until,
-                                         error_number=number, error_message=message).rowcount
-            if not requeued:
-                return self._fenced(run, properties, operation_id, f"transient error after the lease moved on: {message}")
-            log.warning("run %s attempt %s: transient error, the queue will redeliver: %s", run_id, attempt, message)
+                results = self._chain_with_hand_on(store, reset + [call], now)
+            if not results[len(reset)].rows:
+                return self._fenced(run, properties, operation_id, f"transient error after the lease moved on: {message}",
+                                    same_database)
+            self._send_handed_on(results[-1].rows if self.queue is not None else [])
+            log.warning("run %s attempt %s: transient error (no attempt spent), %s: %s", run_id, attempt,
+                        "the queue will redeliver" if dequeue_count is not None else "retried later", message)
             self.telemetry.event("RunRetried", {**failure, "outcome": "redeliver"}, operation_id=operation_id)
-            raise TransientJobError(run_id, message)
-        retry_at = now + timedelta(seconds=self.backoff_seconds(attempt))
+            if dequeue_count is not None:
+                raise TransientJobError(run_id, message)
+            return ExecutionResult("transient", run_id, message)
+        retry_at = now + timedelta(seconds=self.backoff_seconds(run["failures"] + 1))
         outcome = "timeout" if kind == "timeout" else "failed"
         with store.transaction():
-            store.execute("finish_attempt", run_id=run_id, token=token, now=now, outcome=outcome,
-                          error_number=number, error_sqlstate=sqlstate, error_message=message)
-            row = store.execute("fail_run", run_id=run_id, token=token, now=now, retry_at=retry_at,
-                                error_number=number, error_message=message).one()
+            results = self._chain_with_hand_on(store, reset + [("fail_run", {
+                "run_id": run_id, "token": token, "now": now, "retry_at": retry_at, "outcome": outcome, **errors})],
+                now)
+        row = results[len(reset)].one()
         if row is None:
-            return self._fenced(run, properties, operation_id, f"failed after the lease moved on: {message}")
+            return self._fenced(run, properties, operation_id, f"failed after the lease moved on: {message}",
+                                same_database)
+        self._send_handed_on(results[-1].rows if self.queue is not None else [])
         if row["status"] == "pending":
-            log.warning("run %s attempt %s/%s failed (%s); retry at %s", run_id, attempt, row["max_attempts"],
-                        message, retry_at.isoformat())
+            log.warning("run %s attempt %s failed (%s of MAX_ATTEMPTS=%s spent): %s; retry at %s", run_id, attempt,
+                        row["failures"], row["max_attempts"], message, retry_at.isoformat())
             self.telemetry.event("RunRetried", {**failure, "outcome": "retry_scheduled",
                                                 "retry_at": retry_at}, operation_id=operation_id)
             return ExecutionResult("retry_scheduled", run_id, message)
-        log.error("run %s failed after %s attempt(s): %s", run_id, attempt, message)
+        log.error("run %s failed after %s attempt(s): %s", run_id, row["failures"], message)
         self.telemetry.event("RunFailed", {**failure, "outcome": "failed"}, operation_id=operation_id)
         return ExecutionResult("failed", run_id, message)
 
-    def backoff_seconds(self, attempt: int) -> float:
+    def backoff_seconds(self, failures: int) -> float:
         base = self.settings.agent.retry_backoff_seconds
-        return float(min(MAX_BACKOFF_SECONDS, base * (2 ** max(0, attempt - 1))))
+        return float(min(MAX_BACKOFF_SECONDS, base * (2 ** max(0, failures - 1))))
+
+    def _late_cutoff(self, now: datetime) -> datetime:
+        return now - timedelta(seconds=self.settings.agent.misfire_threshold_seconds)
+
+    def _skipped_event(self, run: dict[str, Any]) -> None:
+        note = run.get("note") or ""
+        log.info("run %s (%s) slot %s skipped: %s", run["run_id"], run["job_name"], run["scheduled_for"], note)
+        if self.telemetry.enabled:
+            name = "OverlapSkipped" if note.startswith("overlap") else "MisfireSkipped"
+            self.telemetry.event(name, {"job": run["job_name"] or "(task)", "run_id": run["run_id"],
+                                        "scheduled_for": run["scheduled_for"], "outcome": "skipped",
+                                        "error_message": note}, operation_id=run["operation_id"])
 
     # ------------------------------------------------------------ poison
 
@@ -245,28 +374,30 @@ class Executor:
                 message_id: str | None, reason: str, operation_id: str | None,
                 attempt_error: tuple[str, int | None, str | None, str] | None = None,
                 job: str | None = None) -> ExecutionResult:
-        """Take the message out of circulation: keep its body and every error, mark the run
-        (only when this message holds its current token) and return normally, so the host
-        deletes the message instead of retrying it."""
+        """Take the message (or, in direct mode, the run) out of circulation: keep the body and
+        every error, mark the run (only when this message holds its current token) and return
+        normally, so the host deletes the message instead of retrying it."""
         store = self._store()
         now = self.clock()
+        _, number, sqlstate, message = attempt_error or (None, None, None, None)
         with store.transaction():
-            if attempt_error is not None and token is not None:
-                kind, number, sqlstate, message = attempt_error
-                store.execute("finish_attempt", run_id=run_id, token=token, now=now, outcome="poisoned",
-                              error_number=number, error_sqlstate=sqlstate, error_message=message)
             errors: list[dict[str, Any]] = []
             if run_id is not None:
                 for row in store.execute("list_run_errors", run_id=run_id).rows:
                     errors.append({key: (value.isoformat() if isinstance(value, datetime) else value)
                                    for key, value in row.items()})
+            if attempt_error is not None:
+                errors.append({"outcome": "poisoned", "error_number": number, "error_sqlstate": sqlstate,
+                               "error_message": message, "at": now.isoformat()})
             errors.append({"outcome": "poisoned", "error_message": reason, "at": now.isoformat()})
+            marked = False
+            if token is not None and run_id is not None:
+                marked = bool(store.execute("poison_run", run_id=run_id, token=token, now=now, reason=reason,
+                                            error_number=number, error_sqlstate=sqlstate,
+                                            error_message=message).rows)
             poison_id = store.execute("insert_poison", run_id=run_id, message_id=message_id, body=body,
                                       dequeue_count=dequeue_count, reason=reason,
-                                      errors=json.dumps(errors), now=now).scalar()
-            marked = 0
-            if token is not None and run_id is not None:
-                marked = store.execute("poison_run", run_id=run_id, token=token, now=now, reason=reason).rowcount
+                                      errors=json.dumps(errors, default=str), now=now).scalar()
         log.error("message %s poisoned (poison id %s, run %s): %s", message_id or "-", poison_id, run_id, reason)
         self.telemetry.event("RunPoisoned", {"job": job, "run_id": run_id, "token": token,
                                              "dequeue_count": dequeue_count,
@@ -274,67 +405,3 @@ class Executor:
                                              "error_message": reason, "poison_id": poison_id},
                              operation_id=operation_id)
         return ExecutionResult("poisoned", run_id, reason)
-
-
-class _Guard:
-    """Cancels the running statement once, and remembers why (timeout or lost lease)."""
-
-    def __init__(self, work_store: Store) -> None:
-        self._store = work_store
-        self._lock = threading.Lock()
-        self.reason: str | None = None
-
-    def trip(self, reason: str) -> None:
-        with self._lock:
-            if self.reason is not None:
-                return
-            self.reason = reason
-        self._store.cancel()
-
-
-class _Heartbeat:
-    """Renews the lease every lease/3 seconds on its own connection. Zero rows renewed means
-    the token moved on: the work is cancelled. A failed renewal (database unreachable) is
-    retried at the next beat; the tick, not this thread, decides that a lease expired."""
-
-    def __init__(self, new_store: Callable[[], Store], run_id: int, token: int, lease_seconds: int,
-                 clock: Callable[[], datetime], guard: _Guard) -> None:
-        self._new_store = new_store
-        self._run_id = run_id
-        self._token = token
-        self._interval = max(1.0, lease_seconds / 3.0)
-        self._clock = clock
-        self._guard = guard
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{run_id}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _loop(self) -> None:
-        store: Store | None = None
-        try:
-            while not self._stop.wait(self._interval):
-                try:
-                    if store is None:
-                        store = self._new_store()
-                    renewed = store.execute("heartbeat_run", run_id=self._run_id, token=self._token,
-                                            now=self._clock()).rowcount
-                except Exception as exc:
-                    log.warning("run %s: heartbeat failed (will retry): %s", self._run_id, exc)
-                    if store is not None:
-                        store.close()
-                        store = None
-                    continue
-                if renewed == 0 and not self._stop.is_set():
-                    log.warning("run %s: lease taken over (token %s is no longer current); cancelling the work",
-                                self._run_id, self._token)
-                    self._guard.trip("lease")
-                    return
-        finally:
-            if store is not None:
-                store.close()

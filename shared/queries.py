@@ -9,7 +9,9 @@ File format (as procrastinate does it)::
 Parameters are written ``:name`` and turned into qmark (``?``) placeholders, the style both
 sqlite3 and pyodbc take, with the parameter order recorded. A query may hold several
 statements separated by a ``;`` at the end of a line; they run in order, in one
-transaction, and the rows of the last one that returns rows are the result.
+transaction, and the rows of every statement that returns rows, in order, are the result.
+On PostgreSQL and SQL Server the statements of a query go to the server as one batch (one
+round trip); SQLite runs them one by one inside the same transaction.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ class Query:
     @property
     def parameters(self) -> frozenset[str]:
         return frozenset(p for statement in self.statements for p in statement.params)
+
+    @property
+    def batch(self) -> Statement:
+        """Every statement as one batch (one round trip on PostgreSQL and SQL Server)."""
+        return Statement(sql="\n".join(s.sql for s in self.statements),
+                         params=tuple(p for s in self.statements for p in s.params))
 
 
 def to_qmark(sql: str) -> Statement:

@@ -1,11 +1,10 @@
-"""The queue port: where the scheduler rings the doorbell and the executor answers it.
+"""The queue port: where dispatch rings the doorbell and the queue trigger answers it.
 
-Two implementations share the contract (and the delivery semantics of Azure Storage
-queues: a received message is hidden for a visibility timeout, its dequeue count grows on
-every receive, and it stays until deleted with the receipt of its latest delivery):
-
-* :class:`DatabaseQueue` — a table in the control database; the embedded default.
-* ``shared.azure_queue.AzureStorageQueue`` — Azure Storage (Azurite locally).
+The contract is Azure Storage queues' (``shared.azure_queue.AzureStorageQueue``; Azurite
+locally): a message may be sent invisible for a delay (up to 7 days) and with a time to live;
+a received message is hidden for a visibility timeout, its dequeue count grows on every
+receive, and it stays until deleted with the receipt of its latest delivery. Without a storage
+queue the local runner needs none: its workers claim straight from agent.runs.
 
 ``host.json`` is read by :func:`host_queue_options` so that the local runner treats a
 failed message as the Functions host would (same visibility timeout, same
@@ -16,16 +15,12 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
-from .errors import ConfigError, QueueError
-
-if TYPE_CHECKING:
-    from .store import Store
+from .errors import ConfigError
 
 UTC = timezone.utc
 HOST_JSON = Path(__file__).resolve().parent.parent / "host.json"
@@ -45,7 +40,8 @@ class QueuePort(Protocol):
 
     def ensure_exists(self) -> None: ...
 
-    def send_many(self, bodies: Sequence[str]) -> None: ...
+    def send_many(self, bodies: Sequence[str], *, delays: Sequence[float] | None = None,
+                  time_to_live: float | None = None) -> None: ...
 
     def receive(self, max_messages: int, visibility_timeout: float) -> list[ReceivedMessage]: ...
 
@@ -56,54 +52,6 @@ class QueuePort(Protocol):
     def move_to_poison(self, message: ReceivedMessage) -> None: ...
 
     def depth(self) -> int: ...
-
-
-class DatabaseQueue:
-    """A queue in the control database (table ``queue_messages``)."""
-
-    def __init__(self, store_provider: Callable[[], "Store"], name: str,
-                 clock: Callable[[], datetime] | None = None) -> None:
-        self._store = store_provider
-        self.name = name
-        self._clock = clock or (lambda: datetime.now(UTC))
-
-    def ensure_exists(self) -> None:
-        return None  # the table is created by the migrations
-
-    def send_many(self, bodies: Sequence[str]) -> None:
-        if not bodies:
-            return
-        try:
-            self._store().execute("queue_send", queue_name=self.name, bodies=list(bodies), now=self._clock())
-        except Exception as exc:
-            raise QueueError(f"local queue {self.name!r}: cannot enqueue: {exc}") from exc
-
-    def receive(self, max_messages: int, visibility_timeout: float) -> list[ReceivedMessage]:
-        now = self._clock()
-        rows = self._store().execute(
-            "queue_receive", queue_name=self.name, now=now, limit=max(1, int(max_messages)),
-            invisible_until=now + timedelta(seconds=visibility_timeout),
-            pop_receipt=str(uuid.uuid4())).rows
-        return [ReceivedMessage(id=str(r["message_id"]), body=r["body"], dequeue_count=int(r["dequeue_count"]),
-                                pop_receipt=r["pop_receipt"], inserted_at=r["inserted_at"])
-                for r in sorted(rows, key=lambda r: r["message_id"])]
-
-    def delete(self, message: ReceivedMessage) -> None:
-        self._store().execute("queue_delete", message_id=int(message.id), pop_receipt=message.pop_receipt)
-
-    def release(self, message: ReceivedMessage, visibility_timeout: float) -> None:
-        self._store().execute("queue_release", message_id=int(message.id), pop_receipt=message.pop_receipt,
-                              visible_at=self._clock() + timedelta(seconds=visibility_timeout))
-
-    def move_to_poison(self, message: ReceivedMessage) -> None:
-        store = self._store()
-        with store.transaction():
-            store.execute("queue_send", queue_name=f"{self.name}-poison", bodies=[message.body], now=self._clock())
-            store.execute("queue_delete", message_id=int(message.id), pop_receipt=message.pop_receipt)
-
-    def depth(self) -> int:
-        row = self._store().execute("queue_depth", queue_name=self.name, now=self._clock()).one()
-        return int(row["total"]) if row else 0
 
 
 @dataclass(frozen=True)

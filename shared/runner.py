@@ -1,10 +1,18 @@
-"""The local runner: the Functions host's two triggers, played on one machine.
+"""The local runner: the agent on one machine, without the Functions host.
 
-* the tick runs on AGENT_TICK_SCHEDULE (and once at start, for convenience);
-* worker threads receive from the queue and call the executor exactly as the queue
-  trigger does, applying the host's delivery rules from host.json: success deletes the
-  message, an exception makes it visible again after ``visibilityTimeout``, and after
-  ``maxDequeueCount`` deliveries the host moves it to ``<queue>-poison``.
+* the tick runs on AGENT_TICK_SCHEDULE (and once at start) — the safety net, as in Azure;
+* long-lived worker threads, each with one connection for its life, do the work:
+  - **direct mode** (no storage queue configured): the runs table is the queue. A worker
+    claims a runnable run straight from agent.runs (``FOR UPDATE SKIP LOCKED`` /
+    ``UPDLOCK, READPAST`` / SQLite's single writer), runs it, and claims the next. An idle
+    worker sleeps until the next pending run's slot, at most AGENT_POLL_SECONDS (so rows
+    inserted by another process start within that), and wakes at once when a sibling ends a run
+    (a place freed, an order level done) or a tick claimed something;
+  - **queue mode** (AzureWebJobsStorage set, e.g. Azurite): the workers receive from the
+    storage queue and call the executor exactly as the queue trigger does, applying the host's
+    delivery rules from host.json: success deletes the message, an exception makes it visible
+    again after ``visibilityTimeout``, and after ``maxDequeueCount`` deliveries the host moves
+    it to ``<queue>-poison``.
 """
 
 from __future__ import annotations
@@ -12,9 +20,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
-from typing import Any
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
 
 from .queues import HostQueueOptions, ReceivedMessage, host_queue_options
 from .schedules import CronSchedule
@@ -27,24 +34,58 @@ PROCESSING_VISIBILITY_SECONDS = 600
 
 
 class LocalRunner:
-    def __init__(self, agent: Any, *, concurrency: int | None = None, poll_interval: float = 0.5,
+    def __init__(self, agent: Any, *, concurrency: int | None = None, poll_interval: float | None = None,
                  visibility_timeout: float | None = None, host_options: HostQueueOptions | None = None) -> None:
         self.agent = agent
         self.concurrency = max(1, concurrency or agent.settings.agent.max_concurrency)
-        self.poll_interval = poll_interval
+        self.poll_interval = float(agent.settings.agent.poll_seconds if poll_interval is None else poll_interval)
         self.host = host_options or host_queue_options()
         self.visibility_timeout = (self.host.visibility_timeout_seconds if visibility_timeout is None
                                    else visibility_timeout)
+        self.executor = agent.executor(self.visibility_timeout)
         self.stop_event = threading.Event()
         self.processed = 0
-        self._count_lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._generation = 0
+        self._busy = 0
 
-    # ------------------------------------------------------------ one message
+    # ------------------------------------------------------------ signalling
+
+    def notify(self) -> None:
+        """Something changed (a run ended, a tick claimed): idle workers look again now."""
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
+
+    def _wait(self, seen: int, seconds: float) -> None:
+        with self._changed:
+            if self._generation == seen and not self.stop_event.is_set():
+                self._changed.wait(max(0.0, seconds))
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.notify()
+
+    # ------------------------------------------------------------ one unit of work
+
+    def work_one(self) -> int:
+        """Direct mode: claim one runnable run and execute it. Queue mode: receive one message
+        and process it as the host would. Returns how many runs/messages were handled."""
+        if self.agent.queue_mode:
+            messages = self.agent.queue.receive(1, PROCESSING_VISIBILITY_SECONDS)
+            for message in messages:
+                self.process(message)
+            return len(messages)
+        results = self.executor.work_once(batch=1)
+        with self._changed:
+            self.processed += len(results)
+        return len(results)
 
     def process(self, message: ReceivedMessage) -> str:
+        """What the Functions host does with one delivery."""
         queue = self.agent.queue
         try:
-            result = self.agent.handle_message(message.body, message.dequeue_count, message.id)
+            result = self.executor.handle(message.body, message.dequeue_count, message.id)
         except Exception as exc:  # what the host does when the function raises
             if message.dequeue_count >= self.host.max_dequeue_count:
                 log.error("message %s failed on delivery %s of maxDequeueCount=%s: moved to %s-poison (%s)",
@@ -56,46 +97,87 @@ class LocalRunner:
             queue.release(message, self.visibility_timeout)
             return "redeliver"
         queue.delete(message)
-        with self._count_lock:
+        with self._changed:
             self.processed += 1
         return result.outcome
 
-    # ------------------------------------------------------------ batches
+    def _next_wait(self) -> float:
+        """Direct mode: seconds until the next pending run's slot, at most the poll interval."""
+        if self.agent.queue_mode:
+            return self.poll_interval
+        try:
+            now = self.agent.clock()
+            next_at = self.agent.store().execute("next_runnable_at", now=now).scalar()
+        except Exception as exc:  # noqa: BLE001 - the database may be away; poll again later
+            from .sqlerrors import classify
+
+            log.warning("looking for the next runnable run failed: %s", classify(exc).message)
+            return self.poll_interval
+        if next_at is None:
+            return self.poll_interval
+        next_at = next_at.replace(tzinfo=UTC) if next_at.tzinfo is None else next_at
+        return min(self.poll_interval, max(0.0, (next_at - now).total_seconds()) + 0.01)
+
+    # ------------------------------------------------------------ until idle (work command, tests)
 
     def work_once(self) -> int:
-        """Receive up to ``concurrency`` messages and process them in parallel."""
-        messages = self.agent.queue.receive(self.concurrency, PROCESSING_VISIBILITY_SECONDS)
-        if not messages:
-            return 0
-        if len(messages) == 1:
-            self.process(messages[0])
-            return 1
-        with ThreadPoolExecutor(max_workers=len(messages), thread_name_prefix="agent-work") as pool:
-            list(pool.map(self._process_in_thread, messages))
-        return len(messages)
-
-    def _process_in_thread(self, message: ReceivedMessage) -> str:
-        try:
-            return self.process(message)
-        finally:
-            self.agent.store().close()
+        """One unit of work on each of up to ``concurrency`` threads, in parallel."""
+        counts: list[int] = []
+        threads = [threading.Thread(target=lambda: counts.append(self._safe_work_one()), name=f"agent-work-{i}")
+                   for i in range(self.concurrency)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return sum(counts)
 
     def work_until_idle(self, max_seconds: float | None = None) -> int:
-        """Work the queue until a receive finds no visible message. A message waiting for
-        redelivery (failed, hidden for the visibility timeout) is not waited for."""
+        """Work until nothing is runnable now and no worker is busy (a run waiting for a later
+        slot, a retry backoff or a redelivery is not waited for)."""
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
-        total = 0
-        while not self.stop_event.is_set():
-            count = self.work_once()
-            total += count
-            if count == 0 or (deadline is not None and time.monotonic() > deadline):
-                break
-        return total
+        before = self.processed
+
+        def loop() -> None:
+            try:
+                while not self.stop_event.is_set() and (deadline is None or time.monotonic() < deadline):
+                    with self._changed:
+                        seen = self._generation
+                        self._busy += 1
+                    try:
+                        count = self._safe_work_one()
+                    finally:
+                        with self._changed:
+                            self._busy -= 1
+                    if count:
+                        self.notify()
+                        continue
+                    with self._changed:
+                        if self._busy == 0 and self._generation == seen:
+                            self._generation += 1  # tell the others: idle everywhere
+                            self._changed.notify_all()
+                            return
+                        if self._busy == 0:
+                            continue  # a sibling finished something since: look again
+                        self._changed.wait(0.5)
+            finally:
+                self._release_thread_store()
+
+        self._run_threads(loop)
+        return self.processed - before
+
+    def _safe_work_one(self) -> int:
+        try:
+            return self.work_one()
+        except Exception as exc:  # noqa: BLE001 - a worker survives a failed receive/claim
+            from .sqlerrors import classify
+
+            log.error("worker: %s", classify(exc).message)
+            return 0
 
     # ------------------------------------------------------------ forever
 
     def run(self) -> None:
-        """Tick on schedule and work the queue until stop() (Ctrl-C)."""
+        """Tick on schedule and work until stop() (Ctrl-C)."""
         threads = [threading.Thread(target=self._tick_loop, name="agent-tick", daemon=True)]
         threads += [threading.Thread(target=self._worker_loop, name=f"agent-worker-{i}", daemon=True)
                     for i in range(self.concurrency)]
@@ -105,49 +187,60 @@ class LocalRunner:
             while not self.stop_event.wait(0.5):
                 pass
         finally:
-            self.stop_event.set()
+            self.stop()
             for thread in threads:
                 thread.join(timeout=30)
 
-    def stop(self) -> None:
-        self.stop_event.set()
+    def _run_threads(self, target: Callable[[], None]) -> None:
+        threads = [threading.Thread(target=target, name=f"agent-worker-{i}", daemon=True)
+                   for i in range(self.concurrency)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
     def _tick_loop(self) -> None:
         schedule = CronSchedule(self.agent.settings.agent.tick_schedule, "UTC")
         next_tick = datetime.now(UTC)
-        while not self.stop_event.is_set():
-            delay = (next_tick - datetime.now(UTC)).total_seconds()
-            if delay > 0 and self.stop_event.wait(delay):
-                break
-            try:
-                report = self.agent.tick()
-                summary = report.summary()
-                log.info("tick: %s claimed, %s skipped, %s dispatched, %s leases expired%s",
-                         summary["runs_claimed"], summary["runs_skipped"], summary["runs_dispatched"],
-                         summary["leases_expired"], f"; errors: {report.errors}" if report.errors else "")
-            except Exception as exc:
-                log.error("tick failed: %s", exc)
-            finally:
-                self.agent.telemetry.flush()
-            next_tick = schedule.next_after(datetime.now(UTC)) or datetime.now(UTC)
+        try:
+            while not self.stop_event.is_set():
+                delay = (next_tick - datetime.now(UTC)).total_seconds()
+                if delay > 0 and self.stop_event.wait(delay):
+                    break
+                try:
+                    report = self.agent.tick()
+                    summary = report.summary()
+                    log.info("tick: %s claimed, %s skipped, %s dispatched, %s leases expired%s",
+                             summary["runs_claimed"], summary["runs_skipped"], summary["runs_dispatched"],
+                             summary["leases_expired"], f"; errors: {report.errors}" if report.errors else "")
+                except Exception as exc:  # noqa: BLE001
+                    from .sqlerrors import classify
+
+                    log.error("tick failed: %s", classify(exc).message)
+                finally:
+                    self.agent.telemetry.flush()
+                self.notify()
+                next_tick = schedule.next_after(datetime.now(UTC)) or datetime.now(UTC) + timedelta(minutes=1)
+        finally:
+            self._release_thread_store()
 
     def _worker_loop(self) -> None:
         try:
             while not self.stop_event.is_set():
-                try:
-                    messages = self.agent.queue.receive(1, PROCESSING_VISIBILITY_SECONDS)
-                except Exception as exc:
-                    log.error("receive failed: %s", exc)
-                    self.stop_event.wait(max(self.poll_interval, 2.0))
+                with self._changed:
+                    seen = self._generation
+                count = self._safe_work_one()
+                if count:
+                    self.notify()
+                    self.agent.telemetry.flush()
                     continue
-                if not messages:
-                    self.stop_event.wait(self.poll_interval)
-                    continue
-                for message in messages:
-                    try:
-                        self.process(message)
-                    except Exception as exc:
-                        log.error("message %s: %s", message.id, exc)
-                self.agent.telemetry.flush()
+                self._wait(seen, self._next_wait())
         finally:
-            self.agent.store().close()
+            self._release_thread_store()
+
+    def _release_thread_store(self) -> None:
+        """A worker thread ends: close its connection (threads, not runs, own connections)."""
+        store = getattr(self.agent._local, "store", None)
+        if store is not None:
+            store.close()
+            self.agent._local.store = None

@@ -1,8 +1,20 @@
-"""The tick: sync job settings, expire stale leases, claim due occurrences, dispatch.
+"""The tick — the safety net, not what makes work prompt.
 
-Every step is a small constant number of set-based statements, whatever the number of
-jobs: the claim is one INSERT … SELECT over the jobs that are due, and Python computes the
-next slot only for the jobs that just came due, written back in one statement.
+Every minute (AGENT_TICK_SCHEDULE) a tick:
+
+1. checks its own clock against the database's (a clock far ahead would claim slots that have
+   not come and push jobs out of reach: it refuses), and undoes what such a clock did before;
+2. syncs the job settings (a job whose schedule changed or that was disabled gets its slots
+   claimed ahead recorded skipped);
+3. expires leases whose holder stopped renewing them (a lapse, not a failure);
+4. claims every slot up to the next tick plus AGENT_LOOKAHEAD_MARGIN_SECONDS, one run per
+   (job, slot): each becomes runnable at its slot, never before; slots missed while the agent
+   was down are recorded (skipped, or caught up once, per the job's misfire policy);
+5. in queue mode, dispatches (due runs up to the cap, and every run due within the lookahead
+   as a message delayed until its slot) and leaves a chain of doorbells until the next tick.
+
+Every step is a small constant number of set-based statements, whatever the number of jobs;
+Python computes slots only for the jobs that have one before the horizon.
 """
 
 from __future__ import annotations
@@ -14,14 +26,26 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from .config import Settings
+from .dispatch import PartialDispatchError, claim_horizon, dispatch, ring_doorbells, run_properties
 from .errors import AgentError, QueueError
-from .messages import RunMessage
-from .schedules import parse_schedule
+from .schedules import CronSchedule, parse_schedule
 from .store import Store
 
 log = logging.getLogger("shared.scheduler")
 UTC = timezone.utc
 CONFIG_HASH_KEY = "job_config_hash"
+# Slots a job may claim per tick: a per-second job claims ~90 per minute tick; the rest of a
+# larger window waits for the next tick (the job's next slot stays where it stopped).
+MAX_SLOTS_PER_JOB = 1000
+# Missed slots (the agent was down) recorded one by one per job and tick; beyond this the
+# last recorded one says how many more were missed, and the scan stops after MAX_MISSED_SCAN.
+MAX_MISSED_RECORDED = 100
+MAX_MISSED_SCAN = 100_000
+
+NOTE_MISFIRE_SKIP = "misfire: slot missed by more than AGENT_MISFIRE_THRESHOLD_SECONDS; policy skip"
+NOTE_MISFIRE_GRACE = "misfire: slot older than the job's GRACE_SECONDS; skipped"
+NOTE_MISFIRE_SUPERSEDED = "misfire: slot missed while the agent was down; caught up once, with the latest missed slot"
+NOTE_CATCH_UP = "misfire: caught up late, once"
 
 
 @dataclass
@@ -32,7 +56,11 @@ class TickReport:
     due_jobs: int = 0
     claimed: list[dict[str, Any]] = field(default_factory=list)
     dispatched: list[dict[str, Any]] = field(default_factory=list)
+    skipped_at_start: list[dict[str, Any]] = field(default_factory=list)
+    recovered: list[dict[str, Any]] = field(default_factory=list)
+    doorbells: int = 0
     errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     statements: int = 0
     duration_ms: float = 0.0
 
@@ -47,32 +75,50 @@ class TickReport:
             "leases_expired": len(self.expired),
             "jobs_due": self.due_jobs,
             "runs_claimed": len([r for r in self.claimed if r["status"] != "skipped"]),
-            "runs_skipped": len(self.skipped),
+            "runs_skipped": len(self.skipped) + len(self.skipped_at_start),
             "runs_dispatched": len(self.dispatched),
+            "doorbells": self.doorbells,
+            "clock_recovered": len(self.recovered),
             "statements": self.statements,
             "duration_ms": round(self.duration_ms, 1),
             "errors": self.errors,
+            "warnings": self.warnings,
         }
+
+
+class ClockSkewError(AgentError):
+    """The tick's clock is further ahead of the reference clock than AGENT_MAX_CLOCK_SKEW_SECONDS."""
 
 
 class Scheduler:
     def __init__(self, store: Store, queue: Any, settings: Settings, telemetry: Any,
-                 clock: Callable[[], datetime] | None = None) -> None:
+                 clock: Callable[[], datetime] | None = None,
+                 reference_clock: Callable[[], datetime] | None = None) -> None:
+        """``queue`` is None in the local runner's direct mode (workers claim from agent.runs);
+        ``reference_clock`` is what the tick's time is checked against (the agent's own clock;
+        the database's when the agent runs on the system clock)."""
         self.store = store
         self.queue = queue
         self.settings = settings
         self.telemetry = telemetry
         self.clock = clock or (lambda: datetime.now(UTC))
+        self.reference_clock = reference_clock or self.clock
 
     def tick(self, now: datetime | None = None) -> TickReport:
         now = (now or self.clock()).astimezone(UTC)
         report = TickReport(now=now)
         started = time.perf_counter()
         statements_before = self.store.statements_executed
-        steps = (self.sync_jobs, self.expire_leases, self.claim_due_runs, self.dispatch_runs)
+        steps = [self.check_clock, self.sync_jobs, self.expire_leases, self.recover_clock_jumps, self.claim_slots]
+        if self.queue is not None:
+            steps += [self.dispatch_runs, self.ring_doorbells]
         for step in steps:
             try:
                 step(now, report)
+            except ClockSkewError as exc:
+                report.errors.append(str(exc))
+                log.error("tick refused: %s", exc)
+                break
             except QueueError as exc:
                 report.errors.append(str(exc))
                 log.error("tick %s: %s", step.__name__, exc)
@@ -84,12 +130,71 @@ class Scheduler:
                 message = f"{step.__name__}: {info.message}"
                 report.errors.append(message)
                 log.error("tick %s", message)
-                if step is self.sync_jobs and isinstance(exc, AgentError):
+                if step == self.sync_jobs and isinstance(exc, AgentError):
                     raise
         report.duration_ms = (time.perf_counter() - started) * 1000
         report.statements = self.store.statements_executed - statements_before
         self._report_metrics(report)
         return report
+
+    # ------------------------------------------------------------ 0. the clock
+
+    def check_clock(self, now: datetime, report: TickReport) -> None:
+        """A tick far ahead of the reference would claim slots that have not come and move
+        jobs' next slots out of reach: refuse it, saying why. A tick behind it is only late."""
+        skew = self.settings.agent.max_clock_skew_seconds
+        reference = self.reference_clock().astimezone(UTC)
+        ahead = (now - reference).total_seconds()
+        if ahead > skew:
+            self.telemetry.event("ClockSkewDetected", {"outcome": "refused", "error_message":
+                                                       f"tick at {now.isoformat()} is {ahead:.0f} s ahead"})
+            raise ClockSkewError(
+                f"this tick's time {now.isoformat()} is {_span(ahead)} ahead of the reference clock "
+                f"({reference.isoformat()}); a tick more than AGENT_MAX_CLOCK_SKEW_SECONDS={skew} ahead claims "
+                "nothing: fix this instance's clock (or give --now a time near the present)")
+        if -ahead > skew:
+            report.warnings.append(f"this tick's time {now.isoformat()} is {_span(-ahead)} behind the reference "
+                                   f"clock ({reference.isoformat()}); slots will run late")
+
+    def recover_clock_jumps(self, now: datetime, report: TickReport) -> None:
+        """Undo what a tick whose clock ran far ahead did: jobs it moved past their next real
+        slot start again from now; the slots it claimed that have not come are removed (they
+        are claimed again when their time comes); leases it set far ahead are shortened."""
+        store = self.store
+        agent = self.settings.agent
+        far = now + timedelta(seconds=agent.max_clock_skew_seconds)
+        far_lease = far + timedelta(seconds=max(3600, agent.dispatch_lease_seconds) + self._lookahead_span(now))
+        with store.transaction():
+            jobs = store.execute("select_runaway_jobs", far=far).rows
+            advances, events = [], []
+            for job in jobs:
+                try:
+                    following = parse_schedule(job["schedule"], job["timezone"]).initial_due(now)
+                except (ValueError, OverflowError):
+                    following = None
+                advances.append({"job_name": job["job_name"], "from_due": store.json_time(job["next_due_at"]),
+                                 "next_due_at": store.json_time(following)})
+                events.append({"job_name": job["job_name"], "kind": "clock_recovered",
+                               "detail": f"a tick at {_iso(job['advanced_at'])} (ahead of this one at {now.isoformat()} "
+                                         f"by more than AGENT_MAX_CLOCK_SKEW_SECONDS) had moved the next slot to "
+                                         f"{_iso(job['next_due_at'])}; it starts again from {_iso(following)}"})
+            if advances:
+                store.execute("advance_jobs", advances=advances, now=now)
+            runs = store.execute("recover_runaway_runs", far=far, far_lease=far_lease, now=now).rows
+            for run in runs:
+                if run["job_name"]:
+                    events.append({"job_name": run["job_name"], "kind": "clock_recovered",
+                                   "detail": f"run {run['run_id']} for slot {_iso(run['scheduled_for'])}, created by a "
+                                             f"tick whose clock ran ahead: {run['action']}"})
+            if events:
+                store.execute("insert_job_events", events=events, now=now)
+        report.recovered = jobs + runs
+        if report.recovered:
+            message = (f"clock recovery: {len(jobs)} job(s) whose next slot a clock far ahead had moved, "
+                       f"{len(runs)} run(s) it had created or leased")
+            report.warnings.append(message)
+            log.warning(message)
+            self.telemetry.event("ClockSkewDetected", {"outcome": "recovered", "error_message": message})
 
     # ------------------------------------------------------------ 1. settings → jobs
 
@@ -100,7 +205,6 @@ class Scheduler:
             return
         rows: list[dict[str, Any]] = []
         for job in self.settings.jobs:
-            schedule = parse_schedule(job.schedule, job.timezone)
             rows.append({
                 "job_name": job.name, "schedule": job.schedule, "timezone": job.timezone,
                 "command": job.command, "target_database": job.database,
@@ -108,89 +212,134 @@ class Scheduler:
                 "max_attempts": job.max_attempts, "timeout_seconds": job.timeout_seconds,
                 "lease_seconds": job.lease_seconds, "misfire": job.misfire,
                 "grace_seconds": job.grace_seconds, "overlap": job.overlap,
-                "next_due_at": store.json_time(schedule.initial_due(now)) if job.enabled else None,
+                "next_due_at": store.json_time(_initial_due(job.schedule, job.timezone, now)) if job.enabled else None,
             })
         for bad in self.settings.invalid_jobs:
-            rows.append({
-                "job_name": bad.name[:64], "schedule": "", "timezone": "UTC", "command": "",
-                "target_database": None, "enabled": 0, "valid": 0, "config_error": bad.message,
-                "max_attempts": 1, "timeout_seconds": 1, "lease_seconds": 60, "misfire": "skip",
-                "grace_seconds": 0, "overlap": "skip", "next_due_at": None,
-            })
+            rows.append(_invalid_row(bad.key or bad.name, bad.message))
+        try:
+            self._write_jobs(rows, now)
+        except Exception as exc:
+            from .sqlerrors import classify
+
+            info = classify(exc)
+            if info.kind == "transient" or info.connection_lost:
+                raise
+            # A value the validation did not foresee: find the job(s) the database refuses and
+            # record them invalid with its own words, so every other job still syncs.
+            log.error("settings sync: the database refused the jobs as a whole (%s); syncing them one by one",
+                      info.message)
+            rows = self._isolate_refused_jobs(rows, now)
+            self._write_jobs(rows, now)
+        report.synced = True
+        for bad in self.settings.invalid_jobs:
+            log.error("job %s is invalid and will not run: %s", bad.key or bad.name, bad.message)
+            self.telemetry.event("JobConfigInvalid", {"job": bad.key or bad.name, "outcome": "invalid",
+                                                      "error_message": bad.message})
+
+    def _write_jobs(self, rows: list[dict[str, Any]], now: datetime) -> None:
+        store = self.store
         with store.transaction():
             store.execute("record_config_events", jobs=rows, now=now)
+            store.execute("skip_runs_of_changed_jobs", jobs=rows, now=now)
             store.execute("upsert_jobs", jobs=rows, now=now)
             store.execute("unconfigure_missing_jobs", jobs=rows, now=now)
             store.execute("set_state", state_key=CONFIG_HASH_KEY, state_value=self.settings.config_hash, now=now)
-        report.synced = True
-        for bad in self.settings.invalid_jobs:
-            log.error("job %s is invalid and will not run: %s", bad.name, bad.message)
-            self.telemetry.event("JobConfigInvalid", {"job": bad.name, "outcome": "invalid",
-                                                      "error_message": bad.message})
+
+    def _isolate_refused_jobs(self, rows: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
+        """Only after the bulk write failed: try each job alone (rolled back) and turn those the
+        database refuses into invalid jobs carrying the database's message."""
+        from .sqlerrors import classify
+
+        store = self.store
+        result = []
+        for row in rows:
+            try:
+                with store.transaction():
+                    store.execute("upsert_jobs", jobs=[row], now=now)
+                    raise _Probe()
+            except _Probe:
+                result.append(row)
+            except Exception as exc:
+                info = classify(exc)
+                if info.kind == "transient" or info.connection_lost:
+                    raise
+                message = f"JOB__{row['job_name']}__*: the database refused this job's settings: {info.message}"
+                log.error("%s", message)
+                result.append(_invalid_row(row["job_name"][:64], message))
+        return result
 
     # ------------------------------------------------------------ 2. leases
 
     def expire_leases(self, now: datetime, report: TickReport) -> None:
         store = self.store
         with store.transaction():
-            expired = store.execute("expire_leases", now=now).rows
+            expired = store.execute("expire_leases", now=now, max_lapses=self.settings.agent.max_lapses).rows
             if expired:
                 store.execute("close_dead_attempts", now=now)
         report.expired = expired
         for run in expired:
             if not run.get("was_running"):
                 continue
-            log.warning("run %s (%s): lease expired; now %s", run["run_id"], run["job_name"] or "task", run["status"])
-            self.telemetry.event("LeaseExpired", _run_properties(run, outcome=run["status"]),
+            log.warning("run %s (%s): lease lapsed (%s of AGENT_MAX_LAPSES=%s); now %s", run["run_id"],
+                        run["job_name"] or "task", run["lapses"], self.settings.agent.max_lapses, run["status"])
+            self.telemetry.event("LeaseExpired", run_properties(run, outcome=run["status"]),
                                  operation_id=run.get("operation_id"))
 
     # ------------------------------------------------------------ 3. claims
 
-    def claim_due_runs(self, now: datetime, report: TickReport) -> None:
+    def _lookahead_span(self, now: datetime) -> float:
+        return (claim_horizon(self.settings, now) - now).total_seconds()
+
+    def claim_slots(self, now: datetime, report: TickReport) -> None:
         store = self.store
-        late_cutoff = now - timedelta(seconds=self.settings.agent.misfire_threshold_seconds)
-        # Claim and advance commit together: a crash in between cannot leave a job
-        # claimed but not moved on (its next slot would otherwise wait for a later tick).
+        agent = self.settings.agent
+        horizon = claim_horizon(self.settings, now)
+        late_cutoff = now - timedelta(seconds=agent.misfire_threshold_seconds)
+        # Claim and advance commit together: a crash in between cannot leave a job claimed
+        # but not moved on. The claim is idempotent (the unique key), so a concurrent tick
+        # computing the same slots inserts nothing twice.
         with store.transaction():
-            claimed = store.execute("claim_due_runs", now=now, late_cutoff=late_cutoff).rows
-            # Every due job moves to its next slot, including jobs whose run a concurrent
-            # tick inserted: the claim is idempotent, this makes progress. The next slot
-            # depends only on (schedule, time zone, now): computed once per schedule.
-            schedules = store.execute("select_due_schedules", now=now).rows
-            advances = []
-            for row in schedules:
-                try:
-                    following = parse_schedule(row["schedule"], row["timezone"]).next_after(now)
-                except (ValueError, OverflowError) as exc:
-                    # Settings were validated before sync; a row edited by hand must not stop the others.
-                    log.error("schedule %r (%s): cannot compute the next slot (%s); its jobs stop until fixed",
-                              row["schedule"], row["timezone"], exc)
-                    following = None
-                advances.append({"schedule": row["schedule"], "timezone": row["timezone"],
+            jobs = store.execute("select_due_jobs", horizon=horizon).rows
+            if not jobs:
+                return
+            plans: dict[tuple, tuple[list[tuple[datetime, str, str | None]], datetime | None]] = {}
+            slots, advances = [], []
+            for job in jobs:
+                key = (job["schedule"], job["timezone"], job["next_due_at"], job["misfire"], job["grace_seconds"])
+                if key not in plans:
+                    plans[key] = _plan_slots(job, now, horizon, late_cutoff)
+                planned, following = plans[key]
+                slots += [{"job_name": job["job_name"], "scheduled_for": store.json_time(slot),
+                           "status": status, "note": note} for slot, status, note in planned]
+                advances.append({"job_name": job["job_name"], "from_due": store.json_time(job["next_due_at"]),
                                  "next_due_at": store.json_time(following)})
-            if advances:
-                report.due_jobs = store.execute("advance_due_jobs", advances=advances, now=now).rowcount
+            claimed = store.execute("claim_slots", slots=slots, now=now).rows if slots else []
+            store.execute("advance_jobs", advances=advances, now=now)
+        report.due_jobs = len(jobs)
         report.claimed = claimed
         if not self.telemetry.enabled:
             return  # per-run events cost Python time even as no-ops; skip the loop
         for run in claimed:
-            properties = _run_properties(run, outcome=run["status"])
-            note = run.get("note") or ""
+            properties = run_properties(run, outcome=run["status"])
             if run["status"] == "skipped":
-                name = "OverlapSkipped" if note.startswith("overlap") else "MisfireSkipped"
-                log.info("job %s slot %s skipped: %s", run["job_name"], run["scheduled_for"], note)
-                self.telemetry.event(name, properties, operation_id=run.get("operation_id"))
+                log.info("job %s slot %s skipped: %s", run["job_name"], run["scheduled_for"], run.get("note"))
+                self.telemetry.event("MisfireSkipped", properties, operation_id=run.get("operation_id"))
             else:
                 self.telemetry.event("RunClaimed", properties, operation_id=run.get("operation_id"))
 
-    # ------------------------------------------------------------ 4. dispatch
+    # ------------------------------------------------------------ 4. queue mode
 
     def dispatch_runs(self, now: datetime, report: TickReport) -> None:
         try:
-            report.dispatched = dispatch(self.store, self.queue, self.settings, now, self.telemetry)
+            outcome = dispatch(self.store, self.queue, self.settings, now, self.telemetry)
         except PartialDispatchError as exc:
             report.dispatched = exc.dispatched  # those messages did go out
             raise
+        report.dispatched = outcome.queued
+        report.skipped_at_start = outcome.skipped
+
+    def ring_doorbells(self, now: datetime, report: TickReport) -> None:
+        report.doorbells = ring_doorbells(self.store, self.queue, self.settings, now)
 
     def _report_metrics(self, report: TickReport) -> None:
         telemetry = self.telemetry
@@ -200,56 +349,99 @@ class Scheduler:
         telemetry.metric("RunsDispatched", len(report.dispatched))
 
 
-class PartialDispatchError(QueueError):
-    """The queue refused some of a dispatch: ``dispatched`` holds the runs whose messages went out."""
-
-    def __init__(self, message: str, dispatched: list[dict[str, Any]]) -> None:
-        super().__init__(message)
-        self.dispatched = dispatched
+class _Probe(Exception):
+    """Rolls back a trial write that succeeded."""
 
 
-def dispatch(store: Store, queue: Any, settings: Settings, now: datetime, telemetry: Any) -> list[dict[str, Any]]:
-    """Mark runnable runs queued (new token each) and send their messages. A message that
-    cannot be sent puts its run back to pending; if even that fails, the dispatch lease
-    expires and a later tick dispatches it again. Nothing is lost either way."""
-    lease_until = now + timedelta(seconds=settings.agent.dispatch_lease_seconds)
-    runs = store.execute("dispatch_runs", now=now, lease_until=lease_until,
-                         max_in_flight=settings.agent.max_concurrency).rows
-    if not runs:
-        return []
-    runs.sort(key=lambda r: r["run_id"])
-    bodies = [RunMessage(run_id=r["run_id"], token=r["token"], operation_id=r["operation_id"]).to_json()
-              for r in runs]
-    try:
-        queue.send_many(bodies)
-    except QueueError as exc:
-        sent = max(0, int(getattr(exc, "sent", 0) or 0))
-        unsent = runs[sent:]
-        try:
-            store.execute("release_dispatch", runs=[{"run_id": r["run_id"], "token": r["token"]} for r in unsent])
-        except Exception as release_error:  # the dispatch lease covers this case
-            log.error("could not put back %d undispatched runs (their lease will): %s", len(unsent), release_error)
-        for run in runs[:sent] if telemetry.enabled else ():
-            _dispatched_event(telemetry, run)
-        raise PartialDispatchError(f"{exc} ({len(unsent)} run(s) left pending for the next tick)",
-                                   runs[:sent]) from exc
-    for run in runs if telemetry.enabled else ():
-        _dispatched_event(telemetry, run)
-    return runs
-
-
-def _dispatched_event(telemetry: Any, run: dict[str, Any]) -> None:
-    telemetry.event("RunDispatched", _run_properties(run, outcome="queued"), operation_id=run.get("operation_id"))
-
-
-def _run_properties(run: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    properties = {
-        "job": run.get("job_name") or "(task)",
-        "run_id": run.get("run_id"),
-        "attempt": run.get("attempt"),
-        "scheduled_for": run.get("scheduled_for"),
-        "token": run.get("token"),
-        "kind": run.get("kind"),
+def _invalid_row(key: str, message: str) -> dict[str, Any]:
+    return {
+        "job_name": key, "schedule": "", "timezone": "UTC", "command": "",
+        "target_database": None, "enabled": 0, "valid": 0, "config_error": message,
+        "max_attempts": 1, "timeout_seconds": 1, "lease_seconds": 60, "misfire": "skip",
+        "grace_seconds": 0, "overlap": "skip", "next_due_at": None,
     }
-    properties.update(extra)
-    return properties
+
+
+def _initial_due(schedule: str, timezone_name: str, now: datetime) -> datetime | None:
+    try:
+        return parse_schedule(schedule, timezone_name).initial_due(now)
+    except (ValueError, OverflowError):
+        return None
+
+
+def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
+                late_cutoff: datetime) -> tuple[list[tuple[datetime, str, str | None]], datetime | None]:
+    """The slots of one job from its next_due_at up to the horizon, each with its decision:
+    missed slots (older than the misfire threshold) are skipped, or — misfire run-once — the
+    latest one within the grace period is caught up once; the rest are pending, each runnable at
+    its own slot. Returns them and the job's next slot after them."""
+    try:
+        schedule = parse_schedule(job["schedule"], job["timezone"])
+    except (ValueError, OverflowError) as exc:
+        log.error("job %s: schedule %r (%s) cannot be read (%s); it stops until fixed",
+                  job["job_name"], job["schedule"], job["timezone"], exc)
+        return [], None
+
+    def following(slot: datetime) -> datetime | None:
+        try:
+            return schedule.next_after(slot)
+        except Exception as exc:  # noqa: BLE001 - a schedule that ran out of slots
+            log.error("job %s: no slot after %s (%s); it stops until its schedule is changed", job["job_name"],
+                      slot.isoformat(), exc)
+            return None
+
+    slot: datetime | None = job["next_due_at"]
+    planned: list[tuple[datetime, str, str | None]] = []
+    missed: list[datetime] = []
+    scanned = 0
+    latest_missed: datetime | None = None
+    while slot is not None and slot < late_cutoff and scanned < MAX_MISSED_SCAN:
+        scanned += 1
+        latest_missed = slot
+        if len(missed) < MAX_MISSED_RECORDED - 1:
+            missed.append(slot)
+        slot = following(slot)
+    if slot is not None and slot < late_cutoff:  # more missed than worth scanning
+        slot = following(late_cutoff - timedelta(microseconds=1))
+    if latest_missed is not None:
+        if latest_missed not in missed:
+            missed.append(latest_missed)
+        unrecorded = scanned - len(missed)
+        grace = timedelta(seconds=int(job["grace_seconds"]))
+        for index, moment in enumerate(missed):
+            last = index == len(missed) - 1
+            if job["misfire"] == "skip":
+                status, note = "skipped", NOTE_MISFIRE_SKIP
+            elif not last:
+                status, note = "skipped", NOTE_MISFIRE_SUPERSEDED
+            elif moment + grace < now:
+                status, note = "skipped", NOTE_MISFIRE_GRACE
+            else:
+                status, note = "pending", NOTE_CATCH_UP
+            if last and unrecorded > 0:
+                note += f" ({unrecorded} earlier missed slot(s) since {_iso(job['next_due_at'])} not recorded one by one)"
+            planned.append((moment, status, note))
+    ahead = 0
+    while slot is not None and slot <= horizon and ahead < MAX_SLOTS_PER_JOB:
+        planned.append((slot, "pending", None))
+        ahead += 1
+        slot = following(slot)
+    return planned, slot
+
+
+def _iso(value: Any) -> str:
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} days"
+
+
+def tick_schedule(settings: Settings) -> CronSchedule:
+    return CronSchedule(settings.agent.tick_schedule, "UTC")

@@ -27,6 +27,7 @@ _TIME_SUFFIXES = ("_at", "_for", "_until")
 class Result:
     rows: list[dict[str, Any]] = field(default_factory=list)
     rowcount: int = 0
+    returns_rows: bool = False
 
     def one(self) -> dict[str, Any] | None:
         return self.rows[0] if self.rows else None
@@ -45,7 +46,9 @@ class Store:
         self._active_cursor: Any = None
         self._in_transaction = False
         self._lock = threading.Lock()
+        # Round trips sent (one per statement batch) and commits: the benchmark's counters.
         self.statements_executed = 0
+        self.commits = 0
         # Telemetry hook: called with (query name, duration ms, success, operation id) after
         # every named query; the executor sets operation_id while it works on a run.
         self.observer: Callable[[str, float, bool, str | None], None] | None = None
@@ -117,64 +120,105 @@ class Store:
     # ------------------------------------------------------------ execution
 
     def execute(self, name: str, **params: Any) -> Result:
+        """Run one named query. Outside ``transaction()`` it commits on its own; a query of
+        several statements is one transaction (and, on PostgreSQL and SQL Server, one batch)."""
+        return self.chain((name, params))[0]
+
+    def chain(self, *calls: tuple[str, Mapping[str, Any]]) -> list[Result]:
+        """Run several named queries in order, in one transaction, and return one Result each.
+
+        On PostgreSQL they go to the server as a single batch (one round trip: the server
+        answers one result per statement, so each query's rows are found by counting its
+        statements). SQL Server answers only the statements that return rows, so there, as on
+        SQLite, the queries run one after another in the same transaction."""
+        queries = [(self._query(name, params), params) for name, params in calls]
+        started = time.perf_counter()
+        success = False
+        try:
+            single = len(queries) == 1 and len(queries[0][0].statements) == 1
+            if self._in_transaction or single:
+                results = self._run(queries, commit=not self._in_transaction)
+            else:
+                with self.transaction():
+                    results = self._run(queries, commit=False)
+            success = True
+            return results
+        finally:
+            if self.observer is not None:
+                elapsed = (time.perf_counter() - started) * 1000
+                for query, _ in queries:
+                    with contextlib.suppress(Exception):  # telemetry never breaks the work
+                        self.observer(query.name, elapsed / len(queries), success, self.operation_id)
+
+    def _query(self, name: str, params: Mapping[str, Any]) -> Query:
         query = self.queries.get(name)
         if query is None:
             raise AgentError(f"no query named {name!r} for {self.dialect}")
         missing = query.parameters - params.keys()
         if missing:
             raise TypeError(f"query {name!r} needs parameters {sorted(missing)}")
-        started = time.perf_counter()
-        success = False
-        try:
-            if self._in_transaction or len(query.statements) == 1:
-                result = self._run(query, params, commit=not self._in_transaction)
-            else:
-                with self.transaction():
-                    result = self._run(query, params, commit=False)
-            success = True
-            return result
-        finally:
-            if self.observer is not None:
-                with contextlib.suppress(Exception):  # telemetry never breaks the work
-                    self.observer(name, (time.perf_counter() - started) * 1000, success, self.operation_id)
+        return query
 
-    def _run(self, query: Query, params: Mapping[str, Any], *, commit: bool) -> Result:
-        result = Result()
+    def _run(self, queries: Sequence[tuple[Query, Mapping[str, Any]]], *, commit: bool) -> list[Result]:
         try:
-            for statement in query.statements:
-                values = [self._convert_param(params[p]) for p in statement.params]
-                part = self._execute_statement(statement.sql, values)
-                if part.rows or not result.rows:
-                    result.rows = part.rows or result.rows
-                result.rowcount = part.rowcount
+            if self.dialect == "postgres":
+                sql = "\n".join(query.batch.sql for query, _ in queries)
+                values = [self._convert_param(params[p]) for query, params in queries for p in query.batch.params]
+                parts = self._execute_statement(sql, values)
+                results, position = [], 0
+                for query, _ in queries:
+                    count = len(query.statements)
+                    results.append(_merge(parts[position:position + count]))
+                    position += count
+            elif self.dialect == "mssql":
+                results = []
+                for query, params in queries:
+                    values = [self._convert_param(params[p]) for p in query.batch.params]
+                    results.append(_merge(self._execute_statement(query.batch.sql, values)))
+            else:
+                results = []
+                for query, params in queries:
+                    parts: list[Result] = []
+                    for statement in query.statements:
+                        values = [self._convert_param(params[p]) for p in statement.params]
+                        parts += self._execute_statement(statement.sql, values)
+                    results.append(_merge(parts))
             if commit:
                 self._commit()
         except BaseException as exc:
             self._after_failure(exc)
             raise
-        return result
+        return results
 
-    def _execute_statement(self, sql: str, values: Sequence[Any]) -> Result:
+    def _execute_statement(self, sql: str, values: Sequence[Any]) -> list[Result]:
+        """One round trip; one Result per result the server sent (every result set is read,
+        so an error in a later statement of a batch is raised here, not lost)."""
         connection = self.connection
         cursor = connection.cursor()
         self._active_cursor = cursor
         try:
             cursor.execute(sql, values) if values else cursor.execute(sql)
             self.statements_executed += 1
-            rows: list[dict[str, Any]] = []
-            if cursor.description:
-                names = [column[0].lower() for column in cursor.description]
-                rows = [self._convert_row(names, row) for row in cursor.fetchall()]
-            rowcount = len(rows) if rows else max(cursor.rowcount, 0)
-            return Result(rows=rows, rowcount=rowcount)
+            parts = [self._read_result(cursor)]
+            if self.dialect != "sqlite":
+                while cursor.nextset():
+                    parts.append(self._read_result(cursor))
+            return parts
         finally:
             self._active_cursor = None
             with contextlib.suppress(Exception):
                 cursor.close()
 
+    def _read_result(self, cursor: Any) -> Result:
+        if cursor.description:
+            names = [column[0].lower() for column in cursor.description]
+            return Result(rows=[self._convert_row(names, row) for row in cursor.fetchall()], returns_rows=True)
+        return Result(rowcount=max(cursor.rowcount, 0))
+
     def _commit(self) -> None:
         if self.dialect != "sqlite":
             self.connection.commit()
+            self.commits += 1
 
     def _after_failure(self, exc: BaseException | None = None) -> None:
         if exc is not None and _connection_lost(exc):
@@ -227,18 +271,29 @@ class Store:
                 connection.execute("COMMIT")
             else:
                 connection.commit()
+                self.commits += 1
         except BaseException as exc:
             self._after_failure(exc)
             raise
 
     # ------------------------------------------------------------ user SQL
 
-    def run_script(self, sql: str) -> None:
-        """Run a job's SQL inside the current transaction (no commit here). Every result set
-        is drained so that an error in a later statement of a batch surfaces."""
+    def run_script(self, sql: str) -> list[str]:
+        """Run a job's SQL inside the current transaction (no commit here) and return what the
+        server said while it ran: its messages (PRINT, RAISERROR below 11, notices) and the
+        rows each statement affected, one line each.
+
+        Every result set is read to the end, and an error raised while reading one (a
+        conversion or a division by zero in the middle of a result set) is raised, never
+        swallowed: the job failed. The job's own session changes do not outlive it: on SQL
+        Server it runs through sp_executesql, whose scope restores SET options and drops its
+        temporary tables; on PostgreSQL the agent resets the session before its own
+        statements (``reset_session``); agent statements time out waiting for locks after
+        30 s, the job's do not."""
         if not self._in_transaction:
             raise AgentError("run_script must run inside a transaction")
         connection = self.connection
+        output: list[str] = []
         if self.dialect == "sqlite":
             if hasattr(connection, "cancelled"):
                 connection.cancelled.clear()
@@ -248,24 +303,38 @@ class Store:
                 try:
                     cursor.execute(statement)
                     cursor.fetchall()
+                    if cursor.rowcount >= 0 and not cursor.description:
+                        output.append(f"({cursor.rowcount} row(s) affected)")
                 finally:
                     self._active_cursor = None
                     cursor.close()
-            return
+            return output
         cursor = connection.cursor()
         self._active_cursor = cursor
         try:
-            cursor.execute(sql)
+            if self.dialect == "mssql":
+                cursor.execute("SET LOCK_TIMEOUT -1;\nEXEC sp_executesql ?;\nSET LOCK_TIMEOUT 30000;", sql)
+            else:
+                # Agent statements wait 30 s for a lock at most; the job's own SQL waits as long
+                # as its timeout allows (SET LOCAL ends with the transaction).
+                cursor.execute("SET LOCAL lock_timeout = 0;\n" + sql)
+                more = cursor.nextset()  # past the agent's own SET LOCAL
+                if not more:
+                    return output
             while True:
-                with contextlib.suppress(Exception):
-                    if cursor.description:
-                        cursor.fetchall()
+                output += _messages(cursor)
+                if cursor.description:
+                    cursor.fetchall()
+                elif cursor.rowcount >= 0:
+                    output.append(f"({cursor.rowcount} row(s) affected)")
                 if not cursor.nextset():
                     break
+            output += _messages(cursor)
         finally:
             self._active_cursor = None
             with contextlib.suppress(Exception):
                 cursor.close()
+        return output
 
     def cancel(self) -> None:
         """Stop the statement running on this store's connection (called from another thread)."""
@@ -317,6 +386,26 @@ class Store:
             raise SchemaError(f"{self.target.display} has schema version {version}, this code needs {latest}: run `init-db` to upgrade")
         if version > latest:
             raise SchemaError(f"{self.target.display} has schema version {version}, newer than this code ({latest}): upgrade the agent")
+
+
+def _messages(cursor: Any) -> list[str]:
+    """The informational messages pyodbc collected for the current result (PRINT, notices)."""
+    lines = []
+    for _, text in getattr(cursor, "messages", None) or ():
+        text = str(text)
+        for prefix in ("[Microsoft][ODBC Driver 18 for SQL Server][SQL Server]", "[Microsoft][ODBC Driver 17 for SQL Server][SQL Server]"):
+            text = text.replace(prefix, "")
+        lines.append(text.strip())
+    return lines
+
+
+def _merge(parts: Sequence[Result]) -> Result:
+    """The Result of one query: the rows of every statement that returns rows, in order (the
+    rowcount of the last statement when none does)."""
+    rows = [row for part in parts if part.returns_rows for row in part.rows]
+    if any(part.returns_rows for part in parts):
+        return Result(rows=rows, rowcount=len(rows), returns_rows=True)
+    return Result(rowcount=parts[-1].rowcount if parts else 0)
 
 
 def _connection_lost(exc: BaseException) -> bool:

@@ -40,6 +40,18 @@ INSERT INTO agent.state (state_key, state_value, updated_at)
 VALUES (:state_key, :state_value, CAST(:now AS timestamp))
 ON CONFLICT (state_key) DO UPDATE SET state_value = EXCLUDED.state_value, updated_at = EXCLUDED.updated_at;
 
+-- claim_state --
+-- Set one engine state value only if it is new or larger than the stored one (text order); a row back means this caller won (e.g. the one doorbell chain of a tick period).
+INSERT INTO agent.state (state_key, state_value, updated_at)
+VALUES (:state_key, :state_value, CAST(:now AS timestamp))
+ON CONFLICT (state_key) DO UPDATE SET state_value = EXCLUDED.state_value, updated_at = EXCLUDED.updated_at
+WHERE agent.state.state_value < EXCLUDED.state_value
+RETURNING state_key;
+
+-- database_time --
+-- The database server's clock (UTC), the reference a tick's own clock is checked against.
+SELECT CAST(now() AT TIME ZONE 'UTC' AS timestamp) AS server_now;
+
 -- record_config_events --
 -- Record each job whose configuration became invalid (or changed its error) since the last sync.
 INSERT INTO agent.job_events (job_name, event_at, kind, detail)
@@ -50,14 +62,31 @@ WHERE j.valid = 0
                   WHERE c.job_name = j.job_name AND c.valid = 0 AND c.configured = 1
                     AND c.config_error = j.config_error);
 
+-- skip_runs_of_changed_jobs --
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run.
+UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
+    note = CASE WHEN j.job_name IS NULL THEN 'skipped: the job was removed from the settings after this slot was claimed'
+                WHEN j.valid = 0 THEN 'skipped: the job''s settings became invalid after this slot was claimed'
+                WHEN j.enabled = 0 THEN 'skipped: the job was disabled after this slot was claimed'
+                ELSE 'skipped: the job''s schedule or time zone changed after this slot was claimed' END
+FROM agent.jobs AS c
+LEFT JOIN json_to_recordset(CAST(:jobs AS json)) AS j(job_name VARCHAR, schedule VARCHAR, timezone VARCHAR,
+                                                      enabled INT, valid INT)
+       ON j.job_name = c.job_name
+WHERE r.job_name = c.job_name AND r.kind = 'scheduled' AND r.status IN ('pending', 'queued')
+  AND c.configured = 1
+  AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule OR j.timezone <> c.timezone)
+RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id;
+
 -- upsert_jobs --
 -- Write every configured job in one statement; a new job, a changed schedule or time zone, or a job re-enabled starts from its new next_due_at.
 INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, enabled, valid,
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
-                        grace_seconds, overlap, next_due_at, configured, updated_at)
+                        grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at)
 SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid,
        j.config_error, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire,
-       j.grace_seconds, j.overlap, CAST(j.next_due_at AS timestamp), 1, CAST(:now AS timestamp)
+       j.grace_seconds, j.overlap, CAST(j.next_due_at AS timestamp), CAST(:now AS timestamp), 1,
+       CAST(:now AS timestamp)
 FROM json_to_recordset(CAST(:jobs AS json)) AS j(
     job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, command TEXT, target_database VARCHAR,
     enabled INT, valid INT, config_error TEXT, max_attempts INT, timeout_seconds INT,
@@ -71,6 +100,13 @@ ON CONFLICT (job_name) DO UPDATE SET
           OR agent.jobs.valid <> EXCLUDED.valid
           OR agent.jobs.configured = 0
         THEN EXCLUDED.next_due_at ELSE agent.jobs.next_due_at END,
+    advanced_at = CASE
+        WHEN agent.jobs.schedule <> EXCLUDED.schedule
+          OR agent.jobs.timezone <> EXCLUDED.timezone
+          OR agent.jobs.enabled <> EXCLUDED.enabled
+          OR agent.jobs.valid <> EXCLUDED.valid
+          OR agent.jobs.configured = 0
+        THEN EXCLUDED.advanced_at ELSE agent.jobs.advanced_at END,
     schedule = EXCLUDED.schedule,
     timezone = EXCLUDED.timezone,
     command = EXCLUDED.command,
@@ -93,179 +129,402 @@ UPDATE agent.jobs SET configured = 0, next_due_at = NULL, updated_at = CAST(:now
 WHERE configured = 1
   AND job_name NOT IN (SELECT j.job_name FROM json_to_recordset(CAST(:jobs AS json)) AS j(job_name VARCHAR));
 
+-- insert_job_events --
+-- Record things that happened to jobs outside any run (a JSON array of {job_name, kind, detail}).
+INSERT INTO agent.job_events (job_name, event_at, kind, detail)
+SELECT e.job_name, CAST(:now AS timestamp), e.kind, e.detail
+FROM json_to_recordset(CAST(:events AS json)) AS e(job_name VARCHAR, kind VARCHAR, detail TEXT);
+
 -- expire_leases --
--- Take back every run whose holder stopped heartbeating (or whose message was lost), fencing it with a new token.
+-- Take back every run whose holder stopped renewing its lease (a lapse: the worker died or lost the database; counted apart from attempts, failed after AGENT_MAX_LAPSES) or whose message was lost, fencing it with a new token.
 UPDATE agent.runs SET
-    status = CASE WHEN status = 'queued' OR attempt < max_attempts THEN 'pending' ELSE 'failed' END,
+    status = CASE WHEN status = 'running' AND lapses + 1 > CAST(:max_lapses AS INT) THEN 'failed' ELSE 'pending' END,
+    lapses = CASE WHEN status = 'running' THEN lapses + 1 ELSE lapses END,
     token = token + 1,
     lease_expires_at = NULL,
-    runnable_at = CAST(:now AS timestamp),
-    finished_at = CASE WHEN status = 'running' AND attempt >= max_attempts
+    runnable_at = CASE WHEN status = 'running' THEN CAST(:now AS timestamp) ELSE runnable_at END,
+    finished_at = CASE WHEN status = 'running' AND lapses + 1 > CAST(:max_lapses AS INT)
                        THEN CAST(:now AS timestamp) ELSE NULL END,
     last_error = CASE WHEN status = 'running'
-                      THEN 'lease expired: worker ' || COALESCE(worker, '?') || ' stopped renewing its lease'
+                      THEN 'lease lapsed: worker ' || COALESCE(worker, '?') || ' stopped renewing its lease (lapse '
+                           || CAST(lapses + 1 AS VARCHAR) || ' of AGENT_MAX_LAPSES='
+                           || CAST(CAST(:max_lapses AS INT) AS VARCHAR) || ')'
                       ELSE 'dispatch lease expired: the message was not picked up in time; dispatching again' END
 WHERE status IN ('queued', 'running') AND lease_expires_at < CAST(:now AS timestamp)
-RETURNING run_id, job_name, kind, status, attempt, token, operation_id, scheduled_for,
-          CASE WHEN last_error LIKE 'lease expired:%' THEN 1 ELSE 0 END AS was_running;
+RETURNING run_id, job_name, kind, status, attempt, lapses, token, operation_id, scheduled_for,
+          CASE WHEN last_error LIKE 'lease lapsed:%' THEN 1 ELSE 0 END AS was_running;
 
 -- close_dead_attempts --
 -- Mark attempts still 'running' whose run has moved on to a newer token: their worker died or was fenced.
 UPDATE agent.attempts SET outcome = 'lease_expired', finished_at = CAST(:now AS timestamp),
-    error_message = 'lease expired: the worker stopped renewing its lease (killed, hung or cut off)'
+    error_message = 'lease lapsed: the worker stopped renewing its lease (killed, hung or cut off from the database)'
 WHERE outcome = 'running'
   AND token < (SELECT r.token FROM agent.runs r WHERE r.run_id = agent.attempts.run_id);
 
--- claim_due_runs --
--- Claim one run per due job in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks; misfire and overlap decided here.
+-- select_runaway_jobs --
+-- Jobs whose next slot was moved by a tick whose clock ran ahead of this one by more than AGENT_MAX_CLOCK_SKEW_SECONDS.
+SELECT job_name, schedule, timezone, next_due_at, advanced_at
+FROM agent.jobs
+WHERE advanced_at > CAST(:far AS timestamp) AND configured = 1
+ORDER BY job_name;
+
+-- recover_runaway_runs --
+-- Undo what a clock far ahead created: its never-started slots go (they are claimed again when their time comes), other never-started runs become runnable now, and leases set far ahead come back within reach.
+DELETE FROM agent.runs
+WHERE kind = 'scheduled' AND status IN ('pending', 'queued') AND attempt = 0
+  AND created_at > CAST(:far AS timestamp)
+RETURNING 'removed' AS action, run_id, job_name, scheduled_for;
+UPDATE agent.runs SET runnable_at = CAST(:now AS timestamp), created_at = CAST(:now AS timestamp),
+    status = 'pending', lease_expires_at = NULL
+WHERE kind <> 'scheduled' AND status IN ('pending', 'queued') AND created_at > CAST(:far AS timestamp)
+RETURNING 'made runnable' AS action, run_id, job_name, scheduled_for;
+UPDATE agent.runs SET lease_expires_at = CAST(:now AS timestamp) + lease_seconds * INTERVAL '1 second'
+WHERE status IN ('queued', 'running') AND lease_expires_at > CAST(:far_lease AS timestamp)
+RETURNING 'lease shortened' AS action, run_id, job_name, scheduled_for;
+
+-- select_due_jobs --
+-- Jobs with a slot at or before the claim horizon (the next tick plus a margin); their slots are computed in Python, for these jobs only.
+SELECT job_name, schedule, timezone, next_due_at, misfire, grace_seconds
+FROM agent.jobs
+WHERE next_due_at <= CAST(:horizon AS timestamp) AND enabled = 1 AND valid = 1 AND configured = 1
+ORDER BY job_name;
+
+-- claim_slots --
+-- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot, never before.
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note)
-SELECT d.job_name, 'scheduled', d.next_due_at, d.decision, d.command, d.target_database, d.overlap,
-       d.max_attempts, d.timeout_seconds, d.lease_seconds, CAST(:now AS timestamp),
-       CAST(:now AS timestamp),
-       CASE WHEN d.decision = 'skipped' THEN CAST(:now AS timestamp) END,
-       md5(random()::text || clock_timestamp()::text || d.job_name),
-       CASE d.reason
-           WHEN 'misfire-skip' THEN 'misfire: slot missed by more than the misfire threshold; policy skip'
-           WHEN 'misfire-grace' THEN 'misfire: slot older than its grace period; skipped'
-           WHEN 'misfire-catch-up' THEN 'misfire: caught up late, once'
-           WHEN 'overlap' THEN 'overlap: the previous run of this job was still in flight; policy skip'
-       END
-FROM (
-    SELECT r.*, CASE WHEN r.reason IN ('misfire-skip', 'misfire-grace', 'overlap') THEN 'skipped'
-                     ELSE 'pending' END AS decision
-    FROM (
-        SELECT j.*,
-               CASE WHEN j.next_due_at < CAST(:late_cutoff AS timestamp) AND j.misfire = 'skip' THEN 'misfire-skip'
-                    WHEN j.next_due_at < CAST(:late_cutoff AS timestamp)
-                         AND j.next_due_at + j.grace_seconds * INTERVAL '1 second' < CAST(:now AS timestamp)
-                    THEN 'misfire-grace'
-                    WHEN j.overlap = 'skip' AND EXISTS (
-                         SELECT 1 FROM agent.runs a
-                         WHERE a.job_name = j.job_name AND a.status IN ('pending', 'queued', 'running')) THEN 'overlap'
-                    WHEN j.next_due_at < CAST(:late_cutoff AS timestamp) THEN 'misfire-catch-up'
-                    ELSE 'on-time' END AS reason
-        FROM agent.jobs j
-        WHERE j.next_due_at <= CAST(:now AS timestamp) AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
-    ) AS r
-) AS d
-ORDER BY d.job_name
+SELECT j.job_name, 'scheduled', CAST(s.scheduled_for AS timestamp), s.status, j.command, j.target_database,
+       j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, CAST(s.scheduled_for AS timestamp),
+       CAST(:now AS timestamp), CASE WHEN s.status = 'skipped' THEN CAST(:now AS timestamp) END,
+       md5(random()::text || clock_timestamp()::text || j.job_name || s.scheduled_for), s.note
+FROM json_to_recordset(CAST(:slots AS json)) AS s(job_name VARCHAR, scheduled_for VARCHAR, status VARCHAR, note TEXT)
+JOIN agent.jobs AS j ON j.job_name = s.job_name AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
+ORDER BY j.job_name, s.scheduled_for
 ON CONFLICT (job_name, scheduled_for) DO NOTHING
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
 
--- select_due_schedules --
--- The distinct schedules of jobs whose next slot has come (claimed by this tick or an earlier one): their next slot is computed in Python, once per schedule.
-SELECT DISTINCT schedule, timezone
-FROM agent.jobs
-WHERE next_due_at <= CAST(:now AS timestamp) AND enabled = 1 AND valid = 1 AND configured = 1;
-
--- advance_due_jobs --
--- Move every due job to the next slot of its schedule; a job a concurrent tick already moved is no longer due and stays as it is.
-UPDATE agent.jobs AS j SET next_due_at = CAST(a.next_due_at AS timestamp)
-FROM json_to_recordset(CAST(:advances AS json)) AS a(schedule VARCHAR, timezone VARCHAR, next_due_at VARCHAR)
-WHERE j.schedule = a.schedule AND j.timezone = a.timezone
-  AND j.next_due_at <= CAST(:now AS timestamp) AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1;
+-- advance_jobs --
+-- Move jobs to their next slot (a JSON array of {job_name, from_due, next_due_at}); a job another tick already moved is left as it is.
+UPDATE agent.jobs AS j SET next_due_at = CAST(a.next_due_at AS timestamp), advanced_at = CAST(:now AS timestamp)
+FROM json_to_recordset(CAST(:advances AS json)) AS a(job_name VARCHAR, from_due VARCHAR, next_due_at VARCHAR)
+WHERE j.job_name = a.job_name AND j.next_due_at = CAST(a.from_due AS timestamp)
+RETURNING j.job_name;
 
 -- dispatch_runs --
--- Hand runnable runs to the queue: each gets a new, larger token and a dispatch lease; overlap 'queue', task order and the concurrency cap are honoured.
+-- Queue mode: under the start lock, skip the slots that may not run, then hand the queue every due run that may start (task order, overlap 'queue', the cap counting runs executing or due on the queue) and every run due within the lookahead (a delayed message; it holds no place). Each gets a new token and a dispatch lease.
+LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;
+UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
+    note = CASE
+        WHEN r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
+             SELECT 1 FROM agent.runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = 'running')
+        THEN 'overlap: the previous run of this job was still running; policy skip'
+        WHEN EXISTS (
+             SELECT 1 FROM agent.runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
+               AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS timestamp)
+               AND n.status NOT IN ('skipped', 'cancelled'))
+        THEN 'misfire: a later slot of this job is due too; caught up once, with the latest'
+        WHEN EXISTS (SELECT 1 FROM agent.jobs j WHERE j.job_name = r.job_name AND j.misfire = 'skip')
+        THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
+        ELSE 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
+WHERE r.status = 'pending' AND r.runnable_at <= CAST(:now AS timestamp)
+  AND ((r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
+            SELECT 1 FROM agent.runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = 'running'))
+       OR (r.kind = 'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS timestamp) AND (
+            EXISTS (SELECT 1 FROM agent.runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
+                      AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS timestamp)
+                      AND n.status NOT IN ('skipped', 'cancelled'))
+            OR EXISTS (SELECT 1 FROM agent.jobs j WHERE j.job_name = r.job_name
+                         AND (j.misfire = 'skip'
+                              OR r.scheduled_for + j.grace_seconds * INTERVAL '1 second' < CAST(:now AS timestamp))))))
+RETURNING 'skipped' AS decision, r.run_id, r.token, r.job_name, r.kind, r.operation_id, r.scheduled_for,
+          r.attempt, r.runnable_at, r.note;
+WITH due AS (
+    SELECT c.run_id FROM agent.runs c
+    WHERE c.status = 'pending' AND c.runnable_at <= CAST(:now AS timestamp)
+      AND NOT (c.task_order IS NOT NULL AND EXISTS (
+            SELECT 1 FROM agent.runs t
+            WHERE t.kind = 'task' AND t.task_order < c.task_order AND t.status IN ('pending', 'queued', 'running')))
+      AND NOT (c.job_name IS NOT NULL AND c.overlap <> 'allow' AND EXISTS (
+            SELECT 1 FROM agent.runs o
+            WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
+              AND ((c.overlap = 'queue' AND o.status = 'running')
+                   OR (o.status IN ('pending', 'queued')
+                       AND (c.overlap = 'queue' OR o.runnable_at <= CAST(:now AS timestamp))
+                       AND (o.scheduled_for < c.scheduled_for
+                            OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
+    ORDER BY c.runnable_at, c.run_id
+    LIMIT GREATEST(0, CAST(:max_concurrency AS INT) - (
+        SELECT COUNT(*) FROM agent.runs f
+        WHERE f.status = 'running' OR (f.status = 'queued' AND f.runnable_at <= CAST(:now AS timestamp))))
+    FOR UPDATE OF c SKIP LOCKED),
+ahead AS (
+    SELECT c.run_id FROM agent.runs c
+    WHERE c.status = 'pending' AND c.runnable_at > CAST(:now AS timestamp)
+      AND c.runnable_at <= CAST(:lookahead_until AS timestamp)
+    ORDER BY c.runnable_at, c.run_id
+    LIMIT CAST(:ahead_limit AS INT)
+    FOR UPDATE OF c SKIP LOCKED)
 UPDATE agent.runs AS r SET
     status = 'queued',
     token = r.token + 1,
-    lease_expires_at = CAST(:lease_until AS timestamp),
+    lease_expires_at = GREATEST(r.runnable_at, CAST(:now AS timestamp))
+                       + CAST(:dispatch_lease_seconds AS INT) * INTERVAL '1 second',
     dispatched_at = CAST(:now AS timestamp)
-WHERE r.run_id IN (
-    SELECT c.run_id FROM agent.runs c
-    WHERE c.status = 'pending' AND c.runnable_at <= CAST(:now AS timestamp)
-      AND (c.overlap <> 'queue' OR c.job_name IS NULL OR NOT EXISTS (
-            SELECT 1 FROM agent.runs o
-            WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-              AND (o.status IN ('queued', 'running')
-                   OR (o.status = 'pending' AND o.scheduled_for < c.scheduled_for))))
-      AND (c.task_order IS NULL OR NOT EXISTS (
-            SELECT 1 FROM agent.runs t
-            WHERE t.kind = 'task' AND t.task_order < c.task_order
-              AND t.status IN ('pending', 'queued', 'running')))
-    ORDER BY c.runnable_at, c.run_id
-    LIMIT GREATEST(0, CAST(:max_in_flight AS INT)
-                      - (SELECT COUNT(*) FROM agent.runs f WHERE f.status IN ('queued', 'running')))
-    FOR UPDATE SKIP LOCKED)
-RETURNING r.run_id, r.token, r.job_name, r.kind, r.operation_id, r.scheduled_for, r.attempt;
+WHERE r.run_id IN (SELECT run_id FROM due UNION ALL SELECT run_id FROM ahead)
+RETURNING 'queued' AS decision, r.run_id, r.token, r.job_name, r.kind, r.operation_id, r.scheduled_for,
+          r.attempt, r.runnable_at, r.note;
 
 -- release_dispatch --
--- Put back runs whose queue message could not be sent (a JSON array of {run_id, token}); a later tick dispatches them again.
+-- Put back runs whose queue message could not be sent (a JSON array of {run_id, token}); a later dispatch sends them again.
 UPDATE agent.runs AS r SET status = 'pending', lease_expires_at = NULL
 FROM json_to_recordset(CAST(:runs AS json)) AS x(run_id BIGINT, token BIGINT)
-WHERE r.run_id = x.run_id AND r.token = x.token AND r.status = 'queued';
+WHERE r.run_id = x.run_id AND r.token = x.token AND r.status = 'queued'
+RETURNING r.run_id;
 
 -- start_run --
--- Fenced start: only the holder of the current token starts a queued run; returns what the worker needs.
-UPDATE agent.runs SET
-    status = 'running',
-    attempt = attempt + 1,
-    started_at = CAST(:now AS timestamp),
-    heartbeat_at = CAST(:now AS timestamp),
-    lease_expires_at = CAST(:now AS timestamp) + lease_seconds * INTERVAL '1 second',
-    worker = :worker,
-    dequeue_count = :dequeue_count
-WHERE run_id = :run_id AND token = :token AND status = 'queued'
-RETURNING run_id, job_name, kind, command, target_database, attempt, max_attempts, token,
-          timeout_seconds, lease_seconds, operation_id, scheduled_for, started_at;
+-- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened.
+LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;
+WITH c AS (
+    SELECT r.run_id,
+           CASE WHEN r.runnable_at > CAST(:now AS timestamp) THEN 'early'
+                WHEN r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
+                     SELECT 1 FROM agent.runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
+                       AND o.status = 'running') THEN 'skip-overlap'
+                WHEN r.kind = 'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS timestamp) AND EXISTS (
+                     SELECT 1 FROM agent.runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
+                       AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS timestamp)
+                       AND n.status NOT IN ('skipped', 'cancelled')) THEN 'skip-superseded'
+                WHEN r.kind = 'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS timestamp) AND EXISTS (
+                     SELECT 1 FROM agent.jobs j WHERE j.job_name = r.job_name AND j.misfire = 'skip') THEN 'skip-misfire'
+                WHEN r.kind = 'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS timestamp) AND EXISTS (
+                     SELECT 1 FROM agent.jobs j WHERE j.job_name = r.job_name
+                       AND r.scheduled_for + j.grace_seconds * INTERVAL '1 second' < CAST(:now AS timestamp)) THEN 'skip-grace'
+                WHEN r.task_order IS NOT NULL AND EXISTS (
+                     SELECT 1 FROM agent.runs t WHERE t.kind = 'task' AND t.task_order < r.task_order
+                       AND t.status IN ('pending', 'queued', 'running')) THEN 'held-order'
+                WHEN r.job_name IS NOT NULL AND r.overlap = 'queue' AND EXISTS (
+                     SELECT 1 FROM agent.runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
+                       AND (o.status = 'running'
+                            OR (o.status IN ('pending', 'queued')
+                                AND (o.scheduled_for < r.scheduled_for
+                                     OR (o.scheduled_for = r.scheduled_for AND o.run_id < r.run_id))))) THEN 'held-overlap'
+                WHEN (SELECT COUNT(*) FROM agent.runs f WHERE f.status = 'running')
+                     >= CAST(:max_concurrency AS INT) THEN 'held-cap'
+                ELSE 'start' END AS decision
+    FROM agent.runs AS r
+    WHERE r.run_id = :run_id AND r.token = :token AND r.status = 'queued'
+    FOR UPDATE),
+s AS (
+    UPDATE agent.runs AS r SET
+        status = CASE WHEN c.decision = 'start' THEN 'running' WHEN c.decision LIKE 'skip-%' THEN 'skipped'
+                      WHEN c.decision LIKE 'held-%' THEN 'pending' ELSE r.status END,
+        attempt = CASE WHEN c.decision = 'start' THEN r.attempt + 1 ELSE r.attempt END,
+        started_at = CASE WHEN c.decision = 'start' THEN CAST(:now AS timestamp) ELSE r.started_at END,
+        heartbeat_at = CASE WHEN c.decision = 'start' THEN CAST(:now AS timestamp) ELSE r.heartbeat_at END,
+        lease_expires_at = CASE WHEN c.decision = 'start' THEN CAST(:now AS timestamp) + r.lease_seconds * INTERVAL '1 second'
+                                WHEN c.decision = 'early' THEN r.lease_expires_at END,
+        worker = CASE WHEN c.decision = 'start' THEN CAST(:worker AS VARCHAR) ELSE r.worker END,
+        dequeue_count = CASE WHEN c.decision = 'start' THEN CAST(:dequeue_count AS INT) ELSE r.dequeue_count END,
+        finished_at = CASE WHEN c.decision LIKE 'skip-%' THEN CAST(:now AS timestamp) ELSE r.finished_at END,
+        note = CASE c.decision
+            WHEN 'skip-overlap' THEN 'overlap: the previous run of this job was still running; policy skip'
+            WHEN 'skip-superseded' THEN 'misfire: a later slot of this job is due too; caught up once, with the latest'
+            WHEN 'skip-misfire' THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
+            WHEN 'skip-grace' THEN 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped'
+            WHEN 'held-order' THEN 'held: waits for the tasks of a lower order to finish'
+            WHEN 'held-overlap' THEN 'held: waits for the previous run of this job (overlap queue)'
+            WHEN 'held-cap' THEN 'held: AGENT_MAX_CONCURRENCY runs are executing'
+            ELSE r.note END
+    FROM c WHERE r.run_id = c.run_id
+    RETURNING c.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
+              r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
+              r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note),
+a AS (
+    INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
+    SELECT s.run_id, s.attempt, s.token, CAST(:worker AS VARCHAR), CAST(:dequeue_count AS INT),
+           CAST(:now AS timestamp), 'running'
+    FROM s WHERE s.decision = 'start')
+SELECT * FROM s;
 
--- insert_attempt --
--- Open the history row of an attempt just started.
-INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
-VALUES (:run_id, :attempt, :token, :worker, :dequeue_count, CAST(:now AS timestamp), 'running');
+-- claim_runs --
+-- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened.
+LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;
+UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
+    note = CASE
+        WHEN r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
+             SELECT 1 FROM agent.runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = 'running')
+        THEN 'overlap: the previous run of this job was still running; policy skip'
+        WHEN EXISTS (
+             SELECT 1 FROM agent.runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
+               AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS timestamp)
+               AND n.status NOT IN ('skipped', 'cancelled'))
+        THEN 'misfire: a later slot of this job is due too; caught up once, with the latest'
+        WHEN EXISTS (SELECT 1 FROM agent.jobs j WHERE j.job_name = r.job_name AND j.misfire = 'skip')
+        THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
+        ELSE 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
+WHERE r.status = 'pending' AND r.runnable_at <= CAST(:now AS timestamp)
+  AND ((r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
+            SELECT 1 FROM agent.runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = 'running'))
+       OR (r.kind = 'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS timestamp) AND (
+            EXISTS (SELECT 1 FROM agent.runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
+                      AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS timestamp)
+                      AND n.status NOT IN ('skipped', 'cancelled'))
+            OR EXISTS (SELECT 1 FROM agent.jobs j WHERE j.job_name = r.job_name
+                         AND (j.misfire = 'skip'
+                              OR r.scheduled_for + j.grace_seconds * INTERVAL '1 second' < CAST(:now AS timestamp))))))
+RETURNING 'skipped' AS decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
+          r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
+          r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note;
+WITH picked AS (
+    SELECT c.run_id FROM agent.runs c
+    WHERE c.status = 'pending' AND c.runnable_at <= CAST(:now AS timestamp)
+      AND NOT (c.task_order IS NOT NULL AND EXISTS (
+            SELECT 1 FROM agent.runs t
+            WHERE t.kind = 'task' AND t.task_order < c.task_order AND t.status IN ('pending', 'queued', 'running')))
+      AND NOT (c.job_name IS NOT NULL AND c.overlap <> 'allow' AND EXISTS (
+            SELECT 1 FROM agent.runs o
+            WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
+              AND ((c.overlap = 'queue' AND o.status = 'running')
+                   OR (o.status IN ('pending', 'queued')
+                       AND (c.overlap = 'queue' OR o.runnable_at <= CAST(:now AS timestamp))
+                       AND (o.scheduled_for < c.scheduled_for
+                            OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
+    ORDER BY c.runnable_at, c.run_id
+    LIMIT LEAST(CAST(:batch AS INT), GREATEST(0, CAST(:max_concurrency AS INT) - (
+        SELECT COUNT(*) FROM agent.runs f
+        WHERE f.status = 'running' OR (f.status = 'queued' AND f.runnable_at <= CAST(:now AS timestamp)))))
+    FOR UPDATE OF c SKIP LOCKED),
+s AS (
+    UPDATE agent.runs AS r SET
+        status = 'running',
+        token = r.token + 1,
+        attempt = r.attempt + 1,
+        dispatched_at = CAST(:now AS timestamp),
+        started_at = CAST(:now AS timestamp),
+        heartbeat_at = CAST(:now AS timestamp),
+        lease_expires_at = CAST(:now AS timestamp) + r.lease_seconds * INTERVAL '1 second',
+        worker = CAST(:worker AS VARCHAR),
+        dequeue_count = NULL
+    FROM picked WHERE r.run_id = picked.run_id
+    RETURNING 'start' AS decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
+              r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
+              r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note),
+a AS (
+    INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
+    SELECT s.run_id, s.attempt, s.token, CAST(:worker AS VARCHAR), NULL, CAST(:now AS timestamp), 'running' FROM s)
+SELECT * FROM s ORDER BY runnable_at, run_id;
+
+-- next_runnable_at --
+-- When the next pending run becomes runnable (the local runner's idle workers sleep until then, or the poll interval).
+SELECT MIN(runnable_at) AS next_at FROM agent.runs
+WHERE status = 'pending' AND runnable_at > CAST(:now AS timestamp);
+
+-- renew_leases --
+-- One statement renews the lease of every run a process holds (a JSON array of {run_id, token}); a run missing from the result was taken over or cancelled.
+UPDATE agent.runs AS r SET heartbeat_at = CAST(:now AS timestamp),
+    lease_expires_at = CAST(:now AS timestamp) + r.lease_seconds * INTERVAL '1 second'
+FROM json_to_recordset(CAST(:held AS json)) AS h(run_id BIGINT, token BIGINT)
+WHERE r.run_id = h.run_id AND r.token = h.token AND r.status = 'running'
+RETURNING r.run_id;
+
+-- reset_session --
+-- Undo what a job's SQL may have changed in the session (settings, role, temporary tables, cursors, listeners, advisory locks) before the agent's own statements; the job's transaction is still open.
+CLOSE ALL;
+RESET SESSION AUTHORIZATION;
+RESET ROLE;
+RESET ALL;
+UNLISTEN *;
+SELECT pg_advisory_unlock_all() AS unlocked;
+DISCARD PLANS;
+DISCARD SEQUENCES;
+DISCARD TEMP;
+SET lock_timeout = '30s';
+
+-- finish_run --
+-- Fenced completion in the job's transaction: the run and its open attempt succeed together, only for the current token (no row back: the lease was taken over; roll back).
+WITH done AS (
+    UPDATE agent.runs SET status = 'succeeded', finished_at = CAST(:now AS timestamp),
+        lease_expires_at = NULL, last_error = NULL, last_error_number = NULL
+    WHERE run_id = :run_id AND token = :token AND status = 'running'
+    RETURNING run_id, token),
+closed AS (
+    UPDATE agent.attempts AS a SET outcome = 'succeeded', finished_at = CAST(:now AS timestamp)
+    FROM done WHERE a.run_id = done.run_id AND a.token = done.token AND a.outcome = 'running')
+SELECT run_id FROM done;
+
+-- fail_run --
+-- Fenced failure (an error in the job's SQL, or its timeout): spends one of max_attempts; back to pending at :retry_at while attempts remain, else failed; the attempt closes with the error.
+WITH f AS (
+    UPDATE agent.runs SET
+        failures = failures + 1,
+        status = CASE WHEN failures + 1 < max_attempts THEN 'pending' ELSE 'failed' END,
+        runnable_at = CAST(:retry_at AS timestamp),
+        finished_at = CASE WHEN failures + 1 < max_attempts THEN NULL ELSE CAST(:now AS timestamp) END,
+        lease_expires_at = NULL,
+        last_error_number = :error_number,
+        last_error = :error_message
+    WHERE run_id = :run_id AND token = :token AND status = 'running'
+    RETURNING run_id, token, status, attempt, failures, max_attempts),
+closed AS (
+    UPDATE agent.attempts AS a SET outcome = :outcome, finished_at = CAST(:now AS timestamp),
+        error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message
+    FROM f WHERE a.run_id = f.run_id AND a.token = f.token AND a.outcome = 'running')
+SELECT status, attempt, failures, max_attempts FROM f;
+
+-- retry_transient --
+-- Local runner, fenced: a transient error spends no attempt; the run goes back to pending at :retry_at and counts the transient error; the attempt closes with it.
+WITH t AS (
+    UPDATE agent.runs SET status = 'pending', transient_errors = transient_errors + 1,
+        runnable_at = CAST(:retry_at AS timestamp), lease_expires_at = NULL,
+        last_error_number = :error_number, last_error = :error_message
+    WHERE run_id = :run_id AND token = :token AND status = 'running'
+    RETURNING run_id, token, status, transient_errors),
+closed AS (
+    UPDATE agent.attempts AS a SET outcome = 'transient', finished_at = CAST(:now AS timestamp),
+        error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message
+    FROM t WHERE a.run_id = t.run_id AND a.token = t.token AND a.outcome = 'running')
+SELECT status, transient_errors FROM t;
+
+-- requeue_transient --
+-- Queue mode, fenced: a transient error spends no attempt; the run goes back to the queue's redelivery (same token) with a dispatch lease in case the message is lost; the attempt closes with the error.
+WITH t AS (
+    UPDATE agent.runs SET status = 'queued', lease_expires_at = CAST(:lease_until AS timestamp),
+        last_error_number = :error_number, last_error = :error_message
+    WHERE run_id = :run_id AND token = :token AND status = 'running'
+    RETURNING run_id, token, status),
+closed AS (
+    UPDATE agent.attempts AS a SET outcome = 'transient', finished_at = CAST(:now AS timestamp),
+        error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message
+    FROM t WHERE a.run_id = t.run_id AND a.token = t.token AND a.outcome = 'running')
+SELECT status FROM t;
+
+-- poison_run --
+-- Fenced: the run's current message (or, in the local runner, the run) is poisoned; the run ends poisoned and its open attempt closes with the last error.
+WITH p AS (
+    UPDATE agent.runs SET status = 'poisoned', finished_at = CAST(:now AS timestamp),
+        lease_expires_at = NULL, last_error = :reason
+    WHERE run_id = :run_id AND token = :token AND status IN ('pending', 'queued', 'running')
+    RETURNING run_id, token),
+closed AS (
+    UPDATE agent.attempts AS a SET outcome = 'poisoned', finished_at = CAST(:now AS timestamp),
+        error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message
+    FROM p WHERE a.run_id = p.run_id AND a.token = p.token AND a.outcome = 'running')
+SELECT run_id FROM p;
+
+-- close_fenced_attempt --
+-- Close the attempt of a worker whose lease was taken over (its run belongs to someone else now).
+UPDATE agent.attempts SET outcome = 'lease_lost', finished_at = CAST(:now AS timestamp), error_message = :error_message
+WHERE run_id = :run_id AND token = :token AND outcome = 'running'
+RETURNING run_id;
 
 -- get_run --
 -- One run, for the executor's explanation of a message it will not run, and for the CLI.
 SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, task_order,
-       attempt, max_attempts, token, lease_expires_at, heartbeat_at, runnable_at, created_at,
-       dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
+       attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
+       runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
        last_error_number, last_error, note
 FROM agent.runs WHERE run_id = :run_id;
-
--- heartbeat_run --
--- Renew the lease of a running run; zero rows means the lease was taken over (or the run cancelled).
-UPDATE agent.runs SET heartbeat_at = CAST(:now AS timestamp),
-    lease_expires_at = CAST(:now AS timestamp) + lease_seconds * INTERVAL '1 second'
-WHERE run_id = :run_id AND token = :token AND status = 'running';
-
--- complete_run --
--- Fenced completion: succeeds only for the current token; run in the same transaction as control-database work.
-UPDATE agent.runs SET status = 'succeeded', finished_at = CAST(:now AS timestamp),
-    lease_expires_at = NULL, last_error = NULL, last_error_number = NULL
-WHERE run_id = :run_id AND token = :token AND status = 'running';
-
--- finish_attempt --
--- Close the history row of an attempt with its outcome and error.
-UPDATE agent.attempts SET outcome = :outcome, finished_at = CAST(:now AS timestamp),
-    error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message
-WHERE run_id = :run_id AND token = :token AND outcome = 'running';
-
--- fail_run --
--- Fenced failure: back to pending after a backoff while attempts remain, else failed.
-UPDATE agent.runs SET
-    status = CASE WHEN attempt < max_attempts THEN 'pending' ELSE 'failed' END,
-    runnable_at = CAST(:retry_at AS timestamp),
-    finished_at = CASE WHEN attempt < max_attempts THEN NULL ELSE CAST(:now AS timestamp) END,
-    lease_expires_at = NULL,
-    last_error_number = :error_number,
-    last_error = :error_message
-WHERE run_id = :run_id AND token = :token AND status = 'running'
-RETURNING status, attempt, max_attempts;
-
--- requeue_transient --
--- Fenced: a transient failure hands the run back to the queue's redelivery (same token), with a dispatch lease in case the message is lost.
-UPDATE agent.runs SET status = 'queued', lease_expires_at = CAST(:lease_until AS timestamp),
-    last_error_number = :error_number, last_error = :error_message
-WHERE run_id = :run_id AND token = :token AND status = 'running';
-
--- poison_run --
--- Fenced: the current message of this run was poisoned; the run ends poisoned.
-UPDATE agent.runs SET status = 'poisoned', finished_at = CAST(:now AS timestamp),
-    lease_expires_at = NULL, last_error = :reason
-WHERE run_id = :run_id AND token = :token AND status IN ('queued', 'running');
 
 -- list_run_errors --
 -- Every error seen by a run's attempts, oldest first (kept with a poison message).
@@ -290,18 +549,20 @@ SELECT poison_id, run_id, message_id, body, dequeue_count, reason, errors, poiso
 FROM agent.poison_messages WHERE poison_id = :poison_id;
 
 -- requeue_run --
--- Give a poisoned or failed run one more attempt: back to pending; the next dispatch gives it a new token.
+-- Give a poisoned or failed run one more attempt (and fresh lapse and transient budgets): back to pending, runnable now; the next start gives it a new token.
 UPDATE agent.runs SET status = 'pending', runnable_at = CAST(:now AS timestamp), finished_at = NULL,
-    lease_expires_at = NULL, max_attempts = attempt + 1,
+    lease_expires_at = NULL, max_attempts = failures + 1, lapses = 0, transient_errors = 0,
     note = 'requeued by operator'
-WHERE run_id = :run_id AND status IN ('poisoned', 'failed');
+WHERE run_id = :run_id AND status IN ('poisoned', 'failed')
+RETURNING run_id;
 
 -- mark_poison_requeued --
 -- Remember when a poison message was requeued.
 UPDATE agent.poison_messages SET requeued_at = CAST(:now AS timestamp) WHERE poison_id = :poison_id;
 
 -- insert_manual_run --
--- run-now: a run of a job right away, keyed by the request time; the job's overlap policy applies.
+-- run-now: a run of a job right away, keyed by the request time; the job's overlap policy applies, decided under the start lock.
+LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note)
@@ -316,13 +577,15 @@ FROM agent.jobs j
 CROSS JOIN LATERAL (
     SELECT CASE WHEN j.overlap = 'skip' AND EXISTS (
                 SELECT 1 FROM agent.runs a
-                WHERE a.job_name = j.job_name AND a.status IN ('pending', 'queued', 'running'))
+                WHERE a.job_name = j.job_name
+                  AND (a.status = 'running'
+                       OR (a.status IN ('pending', 'queued') AND a.runnable_at <= CAST(:now AS timestamp))))
            THEN 'skipped' ELSE 'pending' END AS decision) AS d
 WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
 RETURNING run_id, job_name, status, note, operation_id;
 
 -- insert_task --
--- submit: an ad-hoc task; runs after every task with a lower order has finished.
+-- submit: an ad-hoc task; it starts once every task of a lower order submitted before it has finished.
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, task_order,
                         overlap, max_attempts, timeout_seconds, lease_seconds, runnable_at,
                         created_at, operation_id, note)
@@ -332,10 +595,11 @@ VALUES (NULL, 'task', CAST(:now AS timestamp), 'pending', :command, :target_data
 RETURNING run_id, status, operation_id;
 
 -- cancel_run --
--- Cancel a run not yet finished; the token bump fences a worker still running it (its heartbeat stops the work).
+-- Cancel a run not yet finished; the token bump fences a worker still running it (the lease renewal finds it gone and stops the work).
 UPDATE agent.runs SET status = 'cancelled', token = token + 1, finished_at = CAST(:now AS timestamp),
     lease_expires_at = NULL, note = 'cancelled by operator'
-WHERE run_id = :run_id AND status IN ('pending', 'queued', 'running');
+WHERE run_id = :run_id AND status IN ('pending', 'queued', 'running')
+RETURNING run_id;
 
 -- list_jobs --
 -- Every known job with its configuration state, next slot and latest run.
@@ -346,13 +610,14 @@ SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j
 FROM agent.jobs j
 LEFT JOIN LATERAL (
     SELECT r.run_id, r.status, r.scheduled_for, r.finished_at FROM agent.runs r
-    WHERE r.job_name = j.job_name ORDER BY r.scheduled_for DESC, r.run_id DESC LIMIT 1) AS l ON TRUE
+    WHERE r.job_name = j.job_name AND r.status NOT IN ('pending', 'queued')
+    ORDER BY r.scheduled_for DESC, r.run_id DESC LIMIT 1) AS l ON TRUE
 ORDER BY j.job_name;
 
 -- list_history --
 -- Runs, newest first, optionally of one job.
-SELECT run_id, job_name, kind, scheduled_for, status, attempt, max_attempts, token, created_at,
-       started_at, finished_at, worker, last_error_number, last_error, note, operation_id
+SELECT run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
+       created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id
 FROM agent.runs
 WHERE (CAST(:job_name AS VARCHAR) IS NULL OR job_name = CAST(:job_name AS VARCHAR))
 ORDER BY run_id DESC LIMIT :limit;
@@ -366,57 +631,21 @@ WHERE a.run_id IN (SELECT CAST(x.value AS BIGINT) FROM json_array_elements_text(
 ORDER BY a.run_id, a.attempt_id;
 
 -- list_job_events --
--- Job events (invalid configuration, ...), newest first, optionally of one job.
+-- Job events (invalid configuration, clock recovery, ...), newest first, optionally of one job.
 SELECT event_id, job_name, event_at, kind, detail FROM agent.job_events
 WHERE (CAST(:job_name AS VARCHAR) IS NULL OR job_name = CAST(:job_name AS VARCHAR))
 ORDER BY event_id DESC LIMIT :limit;
 
 -- list_stuck_runs --
--- Reconciliation: runs in flight past their lease, or runnable but not dispatched for longer than the given age.
+-- Reconciliation: runs in flight past their lease, or runnable but not started for longer than the given age.
 SELECT run_id, job_name, kind, status, scheduled_for, runnable_at, lease_expires_at, token, attempt
 FROM agent.runs
 WHERE (status IN ('queued', 'running') AND lease_expires_at < CAST(:now AS timestamp))
    OR (status = 'pending' AND runnable_at < CAST(:stale_before AS timestamp))
 ORDER BY run_id;
 
--- queue_send --
--- Local queue: enqueue message bodies (a JSON array of strings), visible at once.
-INSERT INTO agent.queue_messages (queue_name, body, dequeue_count, inserted_at, visible_at)
-SELECT :queue_name, b.value, 0, CAST(:now AS timestamp), CAST(:now AS timestamp)
-FROM json_array_elements_text(CAST(:bodies AS json)) WITH ORDINALITY AS b(value, position)
-ORDER BY b.position;
-
--- queue_receive --
--- Local queue: take up to :limit visible messages, hide them for the visibility timeout and count the delivery.
-UPDATE agent.queue_messages AS m SET
-    dequeue_count = m.dequeue_count + 1,
-    visible_at = CAST(:invisible_until AS timestamp),
-    pop_receipt = :pop_receipt
-WHERE m.message_id IN (
-    SELECT c.message_id FROM agent.queue_messages c
-    WHERE c.queue_name = :queue_name AND c.visible_at <= CAST(:now AS timestamp)
-    ORDER BY c.message_id
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED)
-RETURNING m.message_id, m.body, m.dequeue_count, m.pop_receipt, m.inserted_at;
-
--- queue_delete --
--- Local queue: delete a message, only with the receipt of its latest delivery.
-DELETE FROM agent.queue_messages WHERE message_id = :message_id AND pop_receipt = :pop_receipt;
-
--- queue_release --
--- Local queue: make a message visible again after a failed delivery.
-UPDATE agent.queue_messages SET visible_at = CAST(:visible_at AS timestamp)
-WHERE message_id = :message_id AND pop_receipt = :pop_receipt;
-
--- queue_depth --
--- Local queue: messages in a queue, and how many are visible now.
-SELECT COUNT(*) AS total,
-       COALESCE(SUM(CASE WHEN visible_at <= CAST(:now AS timestamp) THEN 1 ELSE 0 END), 0) AS visible
-FROM agent.queue_messages WHERE queue_name = :queue_name;
-
 -- count_runs_by_status --
--- Runs per status (the local runner's idle check and the doctor).
+-- Runs per status (the doctor and the tests' reconciliation).
 SELECT status, COUNT(*) AS runs FROM agent.runs GROUP BY status;
 
 -- delete_run --

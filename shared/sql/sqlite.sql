@@ -40,6 +40,18 @@ INSERT INTO agent_state (state_key, state_value, updated_at)
 VALUES (:state_key, :state_value, :now)
 ON CONFLICT (state_key) DO UPDATE SET state_value = excluded.state_value, updated_at = excluded.updated_at;
 
+-- claim_state --
+-- Set one engine state value only if it is new or larger than the stored one (text order); a row back means this caller won (e.g. the one doorbell chain of a tick period).
+INSERT INTO agent_state (state_key, state_value, updated_at)
+VALUES (:state_key, :state_value, :now)
+ON CONFLICT (state_key) DO UPDATE SET state_value = excluded.state_value, updated_at = excluded.updated_at
+WHERE agent_state.state_value < excluded.state_value
+RETURNING state_key;
+
+-- database_time --
+-- The database's clock (UTC); for the embedded SQLite file, this machine's.
+SELECT strftime('%Y-%m-%d %H:%M:%f', 'now') AS server_now;
+
 -- record_config_events --
 -- Record each job whose configuration became invalid (or changed its error) since the last sync.
 INSERT INTO agent_job_events (job_name, event_at, kind, detail)
@@ -50,11 +62,30 @@ WHERE json_extract(j.value, '$.valid') = 0
                   WHERE c.job_name = json_extract(j.value, '$.job_name') AND c.valid = 0
                     AND c.configured = 1 AND c.config_error = json_extract(j.value, '$.config_error'));
 
+-- skip_runs_of_changed_jobs --
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run.
+UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL,
+    note = CASE WHEN x.new_name IS NULL THEN 'skipped: the job was removed from the settings after this slot was claimed'
+                WHEN x.new_valid = 0 THEN 'skipped: the job''s settings became invalid after this slot was claimed'
+                WHEN x.new_enabled = 0 THEN 'skipped: the job was disabled after this slot was claimed'
+                ELSE 'skipped: the job''s schedule or time zone changed after this slot was claimed' END
+FROM (SELECT c.job_name, json_extract(j.value, '$.job_name') AS new_name,
+             json_extract(j.value, '$.valid') AS new_valid, json_extract(j.value, '$.enabled') AS new_enabled,
+             json_extract(j.value, '$.schedule') AS new_schedule, json_extract(j.value, '$.timezone') AS new_timezone,
+             c.schedule, c.timezone
+      FROM agent_jobs c
+      LEFT JOIN json_each(:jobs) AS j ON json_extract(j.value, '$.job_name') = c.job_name
+      WHERE c.configured = 1) AS x
+WHERE agent_runs.job_name = x.job_name AND agent_runs.kind = 'scheduled' AND agent_runs.status IN ('pending', 'queued')
+  AND (x.new_name IS NULL OR x.new_valid = 0 OR x.new_enabled = 0 OR x.new_schedule <> x.schedule
+       OR x.new_timezone <> x.timezone)
+RETURNING run_id, job_name, scheduled_for, status, note, operation_id;
+
 -- upsert_jobs --
 -- Write every configured job in one statement; a new job, a changed schedule or time zone, or a job re-enabled starts from its new next_due_at.
 INSERT INTO agent_jobs (job_name, schedule, timezone, command, target_database, enabled, valid,
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
-                        grace_seconds, overlap, next_due_at, configured, updated_at)
+                        grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at)
 SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.timezone'), json_extract(j.value, '$.command'),
        json_extract(j.value, '$.target_database'), json_extract(j.value, '$.enabled'),
@@ -62,7 +93,7 @@ SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.max_attempts'), json_extract(j.value, '$.timeout_seconds'),
        json_extract(j.value, '$.lease_seconds'), json_extract(j.value, '$.misfire'),
        json_extract(j.value, '$.grace_seconds'), json_extract(j.value, '$.overlap'),
-       json_extract(j.value, '$.next_due_at'), 1, :now
+       json_extract(j.value, '$.next_due_at'), :now, 1, :now
 FROM json_each(:jobs) AS j
 WHERE TRUE
 ON CONFLICT (job_name) DO UPDATE SET
@@ -73,6 +104,13 @@ ON CONFLICT (job_name) DO UPDATE SET
           OR agent_jobs.valid <> excluded.valid
           OR agent_jobs.configured = 0
         THEN excluded.next_due_at ELSE agent_jobs.next_due_at END,
+    advanced_at = CASE
+        WHEN agent_jobs.schedule <> excluded.schedule
+          OR agent_jobs.timezone <> excluded.timezone
+          OR agent_jobs.enabled <> excluded.enabled
+          OR agent_jobs.valid <> excluded.valid
+          OR agent_jobs.configured = 0
+        THEN excluded.advanced_at ELSE agent_jobs.advanced_at END,
     schedule = excluded.schedule,
     timezone = excluded.timezone,
     command = excluded.command,
@@ -95,180 +133,380 @@ UPDATE agent_jobs SET configured = 0, next_due_at = NULL, updated_at = :now
 WHERE configured = 1
   AND job_name NOT IN (SELECT json_extract(j.value, '$.job_name') FROM json_each(:jobs) AS j);
 
+-- insert_job_events --
+-- Record things that happened to jobs outside any run (a JSON array of {job_name, kind, detail}).
+INSERT INTO agent_job_events (job_name, event_at, kind, detail)
+SELECT json_extract(e.value, '$.job_name'), :now, json_extract(e.value, '$.kind'), json_extract(e.value, '$.detail')
+FROM json_each(:events) AS e;
+
 -- expire_leases --
--- Take back every run whose holder stopped heartbeating (or whose message was lost), fencing it with a new token.
+-- Take back every run whose holder stopped renewing its lease (a lapse: the worker died or lost the database; counted apart from attempts, failed after AGENT_MAX_LAPSES) or whose message was lost, fencing it with a new token.
 UPDATE agent_runs SET
-    status = CASE WHEN status = 'queued' OR attempt < max_attempts THEN 'pending' ELSE 'failed' END,
+    status = CASE WHEN status = 'running' AND lapses + 1 > :max_lapses THEN 'failed' ELSE 'pending' END,
+    lapses = CASE WHEN status = 'running' THEN lapses + 1 ELSE lapses END,
     token = token + 1,
     lease_expires_at = NULL,
-    runnable_at = :now,
-    finished_at = CASE WHEN status = 'running' AND attempt >= max_attempts THEN :now ELSE NULL END,
+    runnable_at = CASE WHEN status = 'running' THEN :now ELSE runnable_at END,
+    finished_at = CASE WHEN status = 'running' AND lapses + 1 > :max_lapses THEN :now ELSE NULL END,
     last_error = CASE WHEN status = 'running'
-                      THEN 'lease expired: worker ' || COALESCE(worker, '?') || ' stopped renewing its lease'
+                      THEN 'lease lapsed: worker ' || COALESCE(worker, '?') || ' stopped renewing its lease (lapse '
+                           || CAST(lapses + 1 AS TEXT) || ' of AGENT_MAX_LAPSES=' || CAST(:max_lapses AS TEXT) || ')'
                       ELSE 'dispatch lease expired: the message was not picked up in time; dispatching again' END
 WHERE status IN ('queued', 'running') AND lease_expires_at < :now
-RETURNING run_id, job_name, kind, status, attempt, token, operation_id, scheduled_for,
-          CASE WHEN last_error LIKE 'lease expired:%' THEN 1 ELSE 0 END AS was_running;
+RETURNING run_id, job_name, kind, status, attempt, lapses, token, operation_id, scheduled_for,
+          CASE WHEN last_error LIKE 'lease lapsed:%' THEN 1 ELSE 0 END AS was_running;
 
 -- close_dead_attempts --
 -- Mark attempts still 'running' whose run has moved on to a newer token: their worker died or was fenced.
 UPDATE agent_attempts SET outcome = 'lease_expired', finished_at = :now,
-    error_message = 'lease expired: the worker stopped renewing its lease (killed, hung or cut off)'
+    error_message = 'lease lapsed: the worker stopped renewing its lease (killed, hung or cut off from the database)'
 WHERE outcome = 'running'
   AND token < (SELECT r.token FROM agent_runs r WHERE r.run_id = agent_attempts.run_id);
 
--- claim_due_runs --
--- Claim one run per due job in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks; misfire and overlap decided here.
+-- select_runaway_jobs --
+-- Jobs whose next slot was moved by a tick whose clock ran ahead of this one by more than AGENT_MAX_CLOCK_SKEW_SECONDS.
+SELECT job_name, schedule, timezone, next_due_at, advanced_at
+FROM agent_jobs
+WHERE advanced_at > :far AND configured = 1
+ORDER BY job_name;
+
+-- recover_runaway_runs --
+-- Undo what a clock far ahead created: its never-started slots go (they are claimed again when their time comes), other never-started runs become runnable now, and leases set far ahead come back within reach.
+DELETE FROM agent_runs
+WHERE kind = 'scheduled' AND status IN ('pending', 'queued') AND attempt = 0 AND created_at > :far
+RETURNING 'removed' AS action, run_id, job_name, scheduled_for;
+UPDATE agent_runs SET runnable_at = :now, created_at = :now, status = 'pending', lease_expires_at = NULL
+WHERE kind <> 'scheduled' AND status IN ('pending', 'queued') AND created_at > :far
+RETURNING 'made runnable' AS action, run_id, job_name, scheduled_for;
+UPDATE agent_runs SET lease_expires_at = strftime('%Y-%m-%d %H:%M:%f', julianday(:now) + lease_seconds / 86400.0)
+WHERE status IN ('queued', 'running') AND lease_expires_at > :far_lease
+RETURNING 'lease shortened' AS action, run_id, job_name, scheduled_for;
+
+-- select_due_jobs --
+-- Jobs with a slot at or before the claim horizon (the next tick plus a margin); their slots are computed in Python, for these jobs only.
+SELECT job_name, schedule, timezone, next_due_at, misfire, grace_seconds
+FROM agent_jobs
+WHERE next_due_at <= :horizon AND enabled = 1 AND valid = 1 AND configured = 1
+ORDER BY job_name;
+
+-- claim_slots --
+-- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot, never before.
 INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note)
-SELECT d.job_name, 'scheduled', d.next_due_at, d.decision, d.command, d.target_database, d.overlap,
-       d.max_attempts, d.timeout_seconds, d.lease_seconds, :now, :now,
-       CASE WHEN d.decision = 'skipped' THEN :now END,
-       lower(hex(randomblob(16))),
-       CASE d.reason
-           WHEN 'misfire-skip' THEN 'misfire: slot missed by more than the misfire threshold; policy skip'
-           WHEN 'misfire-grace' THEN 'misfire: slot older than its grace period; skipped'
-           WHEN 'misfire-catch-up' THEN 'misfire: caught up late, once'
-           WHEN 'overlap' THEN 'overlap: the previous run of this job was still in flight; policy skip'
-       END
-FROM (
-    SELECT r.*, CASE WHEN r.reason IN ('misfire-skip', 'misfire-grace', 'overlap') THEN 'skipped'
-                     ELSE 'pending' END AS decision
-    FROM (
-        SELECT j.*,
-               CASE WHEN j.next_due_at < :late_cutoff AND j.misfire = 'skip' THEN 'misfire-skip'
-                    WHEN j.next_due_at < :late_cutoff
-                         AND julianday(j.next_due_at) + j.grace_seconds / 86400.0 < julianday(:now) THEN 'misfire-grace'
-                    WHEN j.overlap = 'skip' AND EXISTS (
-                         SELECT 1 FROM agent_runs a
-                         WHERE a.job_name = j.job_name AND a.status IN ('pending', 'queued', 'running')) THEN 'overlap'
-                    WHEN j.next_due_at < :late_cutoff THEN 'misfire-catch-up'
-                    ELSE 'on-time' END AS reason
-        FROM agent_jobs j
-        WHERE j.next_due_at <= :now AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
-    ) AS r
-) AS d
-WHERE TRUE
-ORDER BY d.job_name
+SELECT j.job_name, 'scheduled', json_extract(s.value, '$.scheduled_for'), json_extract(s.value, '$.status'),
+       j.command, j.target_database, j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds,
+       json_extract(s.value, '$.scheduled_for'), :now,
+       CASE WHEN json_extract(s.value, '$.status') = 'skipped' THEN :now END,
+       lower(hex(randomblob(16))), json_extract(s.value, '$.note')
+FROM json_each(:slots) AS s
+JOIN agent_jobs AS j ON j.job_name = json_extract(s.value, '$.job_name')
+WHERE j.enabled = 1 AND j.valid = 1 AND j.configured = 1
+ORDER BY j.job_name, json_extract(s.value, '$.scheduled_for')
 ON CONFLICT (job_name, scheduled_for) DO NOTHING
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
 
--- select_due_schedules --
--- The distinct schedules of jobs whose next slot has come (claimed by this tick or an earlier one): their next slot is computed in Python, once per schedule.
-SELECT DISTINCT schedule, timezone
-FROM agent_jobs
-WHERE next_due_at <= :now AND enabled = 1 AND valid = 1 AND configured = 1;
-
--- advance_due_jobs --
--- Move every due job to the next slot of its schedule; a job a concurrent tick already moved is no longer due and stays as it is.
-UPDATE agent_jobs SET next_due_at = a.next_due_at
-FROM (SELECT json_extract(x.value, '$.schedule') AS schedule,
-             json_extract(x.value, '$.timezone') AS timezone,
+-- advance_jobs --
+-- Move jobs to their next slot (a JSON array of {job_name, from_due, next_due_at}); a job another tick already moved is left as it is.
+UPDATE agent_jobs SET next_due_at = a.next_due_at, advanced_at = :now
+FROM (SELECT json_extract(x.value, '$.job_name') AS job_name, json_extract(x.value, '$.from_due') AS from_due,
              json_extract(x.value, '$.next_due_at') AS next_due_at
       FROM json_each(:advances) AS x) AS a
-WHERE agent_jobs.schedule = a.schedule AND agent_jobs.timezone = a.timezone
-  AND agent_jobs.next_due_at <= :now AND agent_jobs.enabled = 1 AND agent_jobs.valid = 1
-  AND agent_jobs.configured = 1;
+WHERE agent_jobs.job_name = a.job_name AND agent_jobs.next_due_at = a.from_due
+RETURNING agent_jobs.job_name;
 
 -- dispatch_runs --
--- Hand runnable runs to the queue: each gets a new, larger token and a dispatch lease; overlap 'queue', task order and the concurrency cap are honoured.
+-- Queue mode: under SQLite's write lock, skip the slots that may not run, then hand the queue every due run that may start (task order, overlap 'queue', the cap counting runs executing or due on the queue) and every run due within the lookahead (a delayed message; it holds no place). Each gets a new token and a dispatch lease.
+UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL,
+    note = CASE
+        WHEN agent_runs.job_name IS NOT NULL AND agent_runs.overlap = 'skip' AND EXISTS (
+             SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
+               AND o.status = 'running')
+        THEN 'overlap: the previous run of this job was still running; policy skip'
+        WHEN EXISTS (
+             SELECT 1 FROM agent_runs n WHERE n.job_name = agent_runs.job_name AND n.kind = 'scheduled'
+               AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= :now
+               AND n.status NOT IN ('skipped', 'cancelled'))
+        THEN 'misfire: a later slot of this job is due too; caught up once, with the latest'
+        WHEN EXISTS (SELECT 1 FROM agent_jobs j WHERE j.job_name = agent_runs.job_name AND j.misfire = 'skip')
+        THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
+        ELSE 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
+WHERE status = 'pending' AND runnable_at <= :now
+  AND ((job_name IS NOT NULL AND overlap = 'skip' AND EXISTS (
+            SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
+              AND o.status = 'running'))
+       OR (kind = 'scheduled' AND scheduled_for < :late_cutoff AND (
+            EXISTS (SELECT 1 FROM agent_runs n WHERE n.job_name = agent_runs.job_name AND n.kind = 'scheduled'
+                      AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= :now
+                      AND n.status NOT IN ('skipped', 'cancelled'))
+            OR EXISTS (SELECT 1 FROM agent_jobs j WHERE j.job_name = agent_runs.job_name
+                         AND (j.misfire = 'skip'
+                              OR julianday(agent_runs.scheduled_for) + j.grace_seconds / 86400.0 < julianday(:now))))))
+RETURNING 'skipped' AS decision, run_id, token, job_name, kind, operation_id, scheduled_for, attempt, runnable_at, note;
 UPDATE agent_runs SET
     status = 'queued',
     token = token + 1,
-    lease_expires_at = :lease_until,
+    lease_expires_at = strftime('%Y-%m-%d %H:%M:%f', julianday(max(runnable_at, :now)) + :dispatch_lease_seconds / 86400.0),
     dispatched_at = :now
 WHERE run_id IN (
-    SELECT c.run_id FROM agent_runs c
-    WHERE c.status = 'pending' AND c.runnable_at <= :now
-      AND (c.overlap <> 'queue' OR c.job_name IS NULL OR NOT EXISTS (
-            SELECT 1 FROM agent_runs o
-            WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-              AND (o.status IN ('queued', 'running')
-                   OR (o.status = 'pending' AND o.scheduled_for < c.scheduled_for))))
-      AND (c.task_order IS NULL OR NOT EXISTS (
-            SELECT 1 FROM agent_runs t
-            WHERE t.kind = 'task' AND t.task_order < c.task_order
-              AND t.status IN ('pending', 'queued', 'running')))
-    ORDER BY c.runnable_at, c.run_id
-    LIMIT max(0, :max_in_flight - (SELECT COUNT(*) FROM agent_runs f WHERE f.status IN ('queued', 'running'))))
-RETURNING run_id, token, job_name, kind, operation_id, scheduled_for, attempt;
+    SELECT run_id FROM (
+        SELECT c.run_id FROM agent_runs c
+        WHERE c.status = 'pending' AND c.runnable_at <= :now
+          AND NOT (c.task_order IS NOT NULL AND EXISTS (
+                SELECT 1 FROM agent_runs t
+                WHERE t.kind = 'task' AND t.task_order < c.task_order AND t.status IN ('pending', 'queued', 'running')))
+          AND NOT (c.job_name IS NOT NULL AND c.overlap <> 'allow' AND EXISTS (
+                SELECT 1 FROM agent_runs o
+                WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
+                  AND ((c.overlap = 'queue' AND o.status = 'running')
+                       OR (o.status IN ('pending', 'queued')
+                           AND (c.overlap = 'queue' OR o.runnable_at <= :now)
+                           AND (o.scheduled_for < c.scheduled_for
+                                OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
+        ORDER BY c.runnable_at, c.run_id
+        LIMIT max(0, :max_concurrency - (
+            SELECT COUNT(*) FROM agent_runs f
+            WHERE f.status = 'running' OR (f.status = 'queued' AND f.runnable_at <= :now))))
+    UNION ALL
+    SELECT run_id FROM (
+        SELECT c.run_id FROM agent_runs c
+        WHERE c.status = 'pending' AND c.runnable_at > :now AND c.runnable_at <= :lookahead_until
+        ORDER BY c.runnable_at, c.run_id
+        LIMIT :ahead_limit))
+RETURNING 'queued' AS decision, run_id, token, job_name, kind, operation_id, scheduled_for, attempt, runnable_at, note;
 
 -- release_dispatch --
--- Put back runs whose queue message could not be sent (a JSON array of {run_id, token}); a later tick dispatches them again.
+-- Put back runs whose queue message could not be sent (a JSON array of {run_id, token}); a later dispatch sends them again.
 UPDATE agent_runs SET status = 'pending', lease_expires_at = NULL
 FROM (SELECT json_extract(x.value, '$.run_id') AS run_id, json_extract(x.value, '$.token') AS token
       FROM json_each(:runs) AS x) AS r
-WHERE agent_runs.run_id = r.run_id AND agent_runs.token = r.token AND agent_runs.status = 'queued';
+WHERE agent_runs.run_id = r.run_id AND agent_runs.token = r.token AND agent_runs.status = 'queued'
+RETURNING agent_runs.run_id;
 
 -- start_run --
--- Fenced start: only the holder of the current token starts a queued run; returns what the worker needs.
+-- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under SQLite's write lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened.
+CREATE TEMP TABLE IF NOT EXISTS agent_decisions (run_id INTEGER PRIMARY KEY, decision TEXT NOT NULL);
+DELETE FROM temp.agent_decisions;
+INSERT INTO temp.agent_decisions (run_id, decision)
+SELECT r.run_id,
+       CASE WHEN r.runnable_at > :now THEN 'early'
+            WHEN r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
+                 SELECT 1 FROM agent_runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
+                   AND o.status = 'running') THEN 'skip-overlap'
+            WHEN r.kind = 'scheduled' AND r.scheduled_for < :late_cutoff AND EXISTS (
+                 SELECT 1 FROM agent_runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
+                   AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= :now
+                   AND n.status NOT IN ('skipped', 'cancelled')) THEN 'skip-superseded'
+            WHEN r.kind = 'scheduled' AND r.scheduled_for < :late_cutoff AND EXISTS (
+                 SELECT 1 FROM agent_jobs j WHERE j.job_name = r.job_name AND j.misfire = 'skip') THEN 'skip-misfire'
+            WHEN r.kind = 'scheduled' AND r.scheduled_for < :late_cutoff AND EXISTS (
+                 SELECT 1 FROM agent_jobs j WHERE j.job_name = r.job_name
+                   AND julianday(r.scheduled_for) + j.grace_seconds / 86400.0 < julianday(:now)) THEN 'skip-grace'
+            WHEN r.task_order IS NOT NULL AND EXISTS (
+                 SELECT 1 FROM agent_runs t WHERE t.kind = 'task' AND t.task_order < r.task_order
+                   AND t.status IN ('pending', 'queued', 'running')) THEN 'held-order'
+            WHEN r.job_name IS NOT NULL AND r.overlap = 'queue' AND EXISTS (
+                 SELECT 1 FROM agent_runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
+                   AND (o.status = 'running'
+                        OR (o.status IN ('pending', 'queued')
+                            AND (o.scheduled_for < r.scheduled_for
+                                 OR (o.scheduled_for = r.scheduled_for AND o.run_id < r.run_id))))) THEN 'held-overlap'
+            WHEN (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'running') >= :max_concurrency THEN 'held-cap'
+            ELSE 'start' END
+FROM agent_runs AS r
+WHERE r.run_id = :run_id AND r.token = :token AND r.status = 'queued';
+UPDATE agent_runs SET
+    status = CASE WHEN d.decision = 'start' THEN 'running' WHEN d.decision LIKE 'skip-%' THEN 'skipped'
+                  WHEN d.decision LIKE 'held-%' THEN 'pending' ELSE agent_runs.status END,
+    attempt = CASE WHEN d.decision = 'start' THEN agent_runs.attempt + 1 ELSE agent_runs.attempt END,
+    started_at = CASE WHEN d.decision = 'start' THEN :now ELSE agent_runs.started_at END,
+    heartbeat_at = CASE WHEN d.decision = 'start' THEN :now ELSE agent_runs.heartbeat_at END,
+    lease_expires_at = CASE WHEN d.decision = 'start'
+                            THEN strftime('%Y-%m-%d %H:%M:%f', julianday(:now) + agent_runs.lease_seconds / 86400.0)
+                            WHEN d.decision = 'early' THEN agent_runs.lease_expires_at END,
+    worker = CASE WHEN d.decision = 'start' THEN :worker ELSE agent_runs.worker END,
+    dequeue_count = CASE WHEN d.decision = 'start' THEN :dequeue_count ELSE agent_runs.dequeue_count END,
+    finished_at = CASE WHEN d.decision LIKE 'skip-%' THEN :now ELSE agent_runs.finished_at END,
+    note = CASE d.decision
+        WHEN 'skip-overlap' THEN 'overlap: the previous run of this job was still running; policy skip'
+        WHEN 'skip-superseded' THEN 'misfire: a later slot of this job is due too; caught up once, with the latest'
+        WHEN 'skip-misfire' THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
+        WHEN 'skip-grace' THEN 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped'
+        WHEN 'held-order' THEN 'held: waits for the tasks of a lower order to finish'
+        WHEN 'held-overlap' THEN 'held: waits for the previous run of this job (overlap queue)'
+        WHEN 'held-cap' THEN 'held: AGENT_MAX_CONCURRENCY runs are executing'
+        ELSE agent_runs.note END
+FROM temp.agent_decisions AS d
+WHERE agent_runs.run_id = d.run_id;
+INSERT INTO agent_attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
+SELECT r.run_id, r.attempt, r.token, :worker, :dequeue_count, :now, 'running'
+FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id
+WHERE d.decision = 'start';
+SELECT d.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
+       r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
+       r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note
+FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id;
+
+-- claim_runs --
+-- Local runner: under SQLite's write lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent_runs (task order, overlap, the cap), each with a new token and its attempt opened.
+CREATE TEMP TABLE IF NOT EXISTS agent_decisions (run_id INTEGER PRIMARY KEY, decision TEXT NOT NULL);
+DELETE FROM temp.agent_decisions;
+UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL,
+    note = CASE
+        WHEN agent_runs.job_name IS NOT NULL AND agent_runs.overlap = 'skip' AND EXISTS (
+             SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
+               AND o.status = 'running')
+        THEN 'overlap: the previous run of this job was still running; policy skip'
+        WHEN EXISTS (
+             SELECT 1 FROM agent_runs n WHERE n.job_name = agent_runs.job_name AND n.kind = 'scheduled'
+               AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= :now
+               AND n.status NOT IN ('skipped', 'cancelled'))
+        THEN 'misfire: a later slot of this job is due too; caught up once, with the latest'
+        WHEN EXISTS (SELECT 1 FROM agent_jobs j WHERE j.job_name = agent_runs.job_name AND j.misfire = 'skip')
+        THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
+        ELSE 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
+WHERE status = 'pending' AND runnable_at <= :now
+  AND ((job_name IS NOT NULL AND overlap = 'skip' AND EXISTS (
+            SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
+              AND o.status = 'running'))
+       OR (kind = 'scheduled' AND scheduled_for < :late_cutoff AND (
+            EXISTS (SELECT 1 FROM agent_runs n WHERE n.job_name = agent_runs.job_name AND n.kind = 'scheduled'
+                      AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= :now
+                      AND n.status NOT IN ('skipped', 'cancelled'))
+            OR EXISTS (SELECT 1 FROM agent_jobs j WHERE j.job_name = agent_runs.job_name
+                         AND (j.misfire = 'skip'
+                              OR julianday(agent_runs.scheduled_for) + j.grace_seconds / 86400.0 < julianday(:now))))))
+RETURNING 'skipped' AS decision, run_id, job_name, kind, command, target_database, attempt, failures,
+          max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds,
+          operation_id, scheduled_for, runnable_at, started_at, note;
+INSERT INTO temp.agent_decisions (run_id, decision)
+SELECT run_id, 'start' FROM (
+    SELECT c.run_id FROM agent_runs c
+    WHERE c.status = 'pending' AND c.runnable_at <= :now
+      AND NOT (c.task_order IS NOT NULL AND EXISTS (
+            SELECT 1 FROM agent_runs t
+            WHERE t.kind = 'task' AND t.task_order < c.task_order AND t.status IN ('pending', 'queued', 'running')))
+      AND NOT (c.job_name IS NOT NULL AND c.overlap <> 'allow' AND EXISTS (
+            SELECT 1 FROM agent_runs o
+            WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
+              AND ((c.overlap = 'queue' AND o.status = 'running')
+                   OR (o.status IN ('pending', 'queued')
+                       AND (c.overlap = 'queue' OR o.runnable_at <= :now)
+                       AND (o.scheduled_for < c.scheduled_for
+                            OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
+    ORDER BY c.runnable_at, c.run_id
+    LIMIT min(:batch, max(0, :max_concurrency - (
+        SELECT COUNT(*) FROM agent_runs f
+        WHERE f.status = 'running' OR (f.status = 'queued' AND f.runnable_at <= :now)))));
 UPDATE agent_runs SET
     status = 'running',
+    token = token + 1,
     attempt = attempt + 1,
+    dispatched_at = :now,
     started_at = :now,
     heartbeat_at = :now,
     lease_expires_at = strftime('%Y-%m-%d %H:%M:%f', julianday(:now) + lease_seconds / 86400.0),
     worker = :worker,
-    dequeue_count = :dequeue_count
-WHERE run_id = :run_id AND token = :token AND status = 'queued'
-RETURNING run_id, job_name, kind, command, target_database, attempt, max_attempts, token,
-          timeout_seconds, lease_seconds, operation_id, scheduled_for, started_at;
-
--- insert_attempt --
--- Open the history row of an attempt just started.
+    dequeue_count = NULL
+WHERE run_id IN (SELECT run_id FROM temp.agent_decisions WHERE decision = 'start');
 INSERT INTO agent_attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
-VALUES (:run_id, :attempt, :token, :worker, :dequeue_count, :now, 'running');
+SELECT r.run_id, r.attempt, r.token, :worker, NULL, :now, 'running'
+FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id;
+SELECT d.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
+       r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
+       r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note
+FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id
+ORDER BY r.runnable_at, r.run_id;
 
--- get_run --
--- One run, for the executor's explanation of a message it will not run, and for the CLI.
-SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, task_order,
-       attempt, max_attempts, token, lease_expires_at, heartbeat_at, runnable_at, created_at,
-       dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
-       last_error_number, last_error, note
-FROM agent_runs WHERE run_id = :run_id;
+-- next_runnable_at --
+-- When the next pending run becomes runnable (the local runner's idle workers sleep until then, or the poll interval).
+SELECT MIN(runnable_at) AS next_at FROM agent_runs WHERE status = 'pending' AND runnable_at > :now;
 
--- heartbeat_run --
--- Renew the lease of a running run; zero rows means the lease was taken over (or the run cancelled).
+-- renew_leases --
+-- One statement renews the lease of every run a process holds (a JSON array of {run_id, token}); a run missing from the result was taken over or cancelled.
 UPDATE agent_runs SET heartbeat_at = :now,
     lease_expires_at = strftime('%Y-%m-%d %H:%M:%f', julianday(:now) + lease_seconds / 86400.0)
-WHERE run_id = :run_id AND token = :token AND status = 'running';
+FROM (SELECT json_extract(x.value, '$.run_id') AS run_id, json_extract(x.value, '$.token') AS token
+      FROM json_each(:held) AS x) AS h
+WHERE agent_runs.run_id = h.run_id AND agent_runs.token = h.token AND agent_runs.status = 'running'
+RETURNING agent_runs.run_id;
 
--- complete_run --
--- Fenced completion: succeeds only for the current token; run in the same transaction as control-database work.
-UPDATE agent_runs SET status = 'succeeded', finished_at = :now,
-    lease_expires_at = NULL, last_error = NULL, last_error_number = NULL
-WHERE run_id = :run_id AND token = :token AND status = 'running';
+-- reset_session --
+-- SQLite: a job's connection state (PRAGMAs, temporary tables) is the embedded default's own; nothing to undo for the agent's statements.
+SELECT 1 AS unlocked WHERE 0;
 
--- finish_attempt --
--- Close the history row of an attempt with its outcome and error.
-UPDATE agent_attempts SET outcome = :outcome, finished_at = :now,
-    error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message
-WHERE run_id = :run_id AND token = :token AND outcome = 'running';
+-- finish_run --
+-- Fenced completion in the job's transaction: the run and its open attempt succeed together, only for the current token (no row back: the lease was taken over; roll back).
+UPDATE agent_runs SET status = 'succeeded', finished_at = :now, lease_expires_at = NULL,
+    last_error = NULL, last_error_number = NULL
+WHERE run_id = :run_id AND token = :token AND status = 'running'
+RETURNING run_id;
+UPDATE agent_attempts SET outcome = 'succeeded', finished_at = :now
+WHERE run_id = :run_id AND token = :token AND outcome = 'running'
+  AND EXISTS (SELECT 1 FROM agent_runs r WHERE r.run_id = :run_id AND r.token = :token AND r.status = 'succeeded');
 
 -- fail_run --
--- Fenced failure: back to pending after a backoff while attempts remain, else failed.
+-- Fenced failure (an error in the job's SQL, or its timeout): spends one of max_attempts; back to pending at :retry_at while attempts remain, else failed; the attempt closes with the error.
 UPDATE agent_runs SET
-    status = CASE WHEN attempt < max_attempts THEN 'pending' ELSE 'failed' END,
+    failures = failures + 1,
+    status = CASE WHEN failures + 1 < max_attempts THEN 'pending' ELSE 'failed' END,
     runnable_at = :retry_at,
-    finished_at = CASE WHEN attempt < max_attempts THEN NULL ELSE :now END,
+    finished_at = CASE WHEN failures + 1 < max_attempts THEN NULL ELSE :now END,
     lease_expires_at = NULL,
     last_error_number = :error_number,
     last_error = :error_message
 WHERE run_id = :run_id AND token = :token AND status = 'running'
-RETURNING status, attempt, max_attempts;
+RETURNING status, attempt, failures, max_attempts;
+UPDATE agent_attempts SET outcome = :outcome, finished_at = :now,
+    error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message
+WHERE run_id = :run_id AND token = :token AND outcome = 'running'
+  AND EXISTS (SELECT 1 FROM agent_runs r WHERE r.run_id = :run_id AND r.token = :token AND r.status IN ('pending', 'failed'));
+
+-- retry_transient --
+-- Local runner, fenced: a transient error spends no attempt; the run goes back to pending at :retry_at and counts the transient error; the attempt closes with it.
+UPDATE agent_runs SET status = 'pending', transient_errors = transient_errors + 1, runnable_at = :retry_at,
+    lease_expires_at = NULL, last_error_number = :error_number, last_error = :error_message
+WHERE run_id = :run_id AND token = :token AND status = 'running'
+RETURNING status, transient_errors;
+UPDATE agent_attempts SET outcome = 'transient', finished_at = :now,
+    error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message
+WHERE run_id = :run_id AND token = :token AND outcome = 'running'
+  AND EXISTS (SELECT 1 FROM agent_runs r WHERE r.run_id = :run_id AND r.token = :token AND r.status = 'pending');
 
 -- requeue_transient --
--- Fenced: a transient failure hands the run back to the queue's redelivery (same token), with a dispatch lease in case the message is lost.
+-- Queue mode, fenced: a transient error spends no attempt; the run goes back to the queue's redelivery (same token) with a dispatch lease in case the message is lost; the attempt closes with the error.
 UPDATE agent_runs SET status = 'queued', lease_expires_at = :lease_until,
     last_error_number = :error_number, last_error = :error_message
-WHERE run_id = :run_id AND token = :token AND status = 'running';
+WHERE run_id = :run_id AND token = :token AND status = 'running'
+RETURNING status;
+UPDATE agent_attempts SET outcome = 'transient', finished_at = :now,
+    error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message
+WHERE run_id = :run_id AND token = :token AND outcome = 'running'
+  AND EXISTS (SELECT 1 FROM agent_runs r WHERE r.run_id = :run_id AND r.token = :token AND r.status = 'queued');
 
 -- poison_run --
--- Fenced: the current message of this run was poisoned; the run ends poisoned.
-UPDATE agent_runs SET status = 'poisoned', finished_at = :now,
-    lease_expires_at = NULL, last_error = :reason
-WHERE run_id = :run_id AND token = :token AND status IN ('queued', 'running');
+-- Fenced: the run's current message (or, in the local runner, the run) is poisoned; the run ends poisoned and its open attempt closes with the last error.
+UPDATE agent_runs SET status = 'poisoned', finished_at = :now, lease_expires_at = NULL, last_error = :reason
+WHERE run_id = :run_id AND token = :token AND status IN ('pending', 'queued', 'running')
+RETURNING run_id;
+UPDATE agent_attempts SET outcome = 'poisoned', finished_at = :now,
+    error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message
+WHERE run_id = :run_id AND token = :token AND outcome = 'running'
+  AND EXISTS (SELECT 1 FROM agent_runs r WHERE r.run_id = :run_id AND r.token = :token AND r.status = 'poisoned');
+
+-- close_fenced_attempt --
+-- Close the attempt of a worker whose lease was taken over (its run belongs to someone else now).
+UPDATE agent_attempts SET outcome = 'lease_lost', finished_at = :now, error_message = :error_message
+WHERE run_id = :run_id AND token = :token AND outcome = 'running'
+RETURNING run_id;
+
+-- get_run --
+-- One run, for the executor's explanation of a message it will not run, and for the CLI.
+SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, task_order,
+       attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
+       runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
+       last_error_number, last_error, note
+FROM agent_runs WHERE run_id = :run_id;
 
 -- list_run_errors --
 -- Every error seen by a run's attempts, oldest first (kept with a poison message).
@@ -293,18 +531,19 @@ SELECT poison_id, run_id, message_id, body, dequeue_count, reason, errors, poiso
 FROM agent_poison_messages WHERE poison_id = :poison_id;
 
 -- requeue_run --
--- Give a poisoned or failed run one more attempt: back to pending; the next dispatch gives it a new token.
+-- Give a poisoned or failed run one more attempt (and fresh lapse and transient budgets): back to pending, runnable now; the next start gives it a new token.
 UPDATE agent_runs SET status = 'pending', runnable_at = :now, finished_at = NULL,
-    lease_expires_at = NULL, max_attempts = attempt + 1,
+    lease_expires_at = NULL, max_attempts = failures + 1, lapses = 0, transient_errors = 0,
     note = 'requeued by operator'
-WHERE run_id = :run_id AND status IN ('poisoned', 'failed');
+WHERE run_id = :run_id AND status IN ('poisoned', 'failed')
+RETURNING run_id;
 
 -- mark_poison_requeued --
 -- Remember when a poison message was requeued.
 UPDATE agent_poison_messages SET requeued_at = :now WHERE poison_id = :poison_id;
 
 -- insert_manual_run --
--- run-now: a run of a job right away, keyed by the request time; the job's overlap policy applies.
+-- run-now: a run of a job right away, keyed by the request time; the job's overlap policy applies (SQLite's single writer decides it).
 INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note)
@@ -318,7 +557,8 @@ SELECT d.job_name, 'manual', :now, d.decision, d.command, d.target_database, d.o
 FROM (
     SELECT j.*, CASE WHEN j.overlap = 'skip' AND EXISTS (
                     SELECT 1 FROM agent_runs a
-                    WHERE a.job_name = j.job_name AND a.status IN ('pending', 'queued', 'running'))
+                    WHERE a.job_name = j.job_name
+                      AND (a.status = 'running' OR (a.status IN ('pending', 'queued') AND a.runnable_at <= :now)))
                THEN 'skipped' ELSE 'pending' END AS decision
     FROM agent_jobs j
     WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
@@ -326,7 +566,7 @@ FROM (
 RETURNING run_id, job_name, status, note, operation_id;
 
 -- insert_task --
--- submit: an ad-hoc task; runs after every task with a lower order has finished.
+-- submit: an ad-hoc task; it starts once every task of a lower order submitted before it has finished.
 INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, task_order,
                         overlap, max_attempts, timeout_seconds, lease_seconds, runnable_at,
                         created_at, operation_id, note)
@@ -336,10 +576,11 @@ VALUES (NULL, 'task', :now, 'pending', :command, :target_database, :task_order,
 RETURNING run_id, status, operation_id;
 
 -- cancel_run --
--- Cancel a run not yet finished; the token bump fences a worker still running it (its heartbeat stops the work).
+-- Cancel a run not yet finished; the token bump fences a worker still running it (the lease renewal finds it gone and stops the work).
 UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = :now,
     lease_expires_at = NULL, note = 'cancelled by operator'
-WHERE run_id = :run_id AND status IN ('pending', 'queued', 'running');
+WHERE run_id = :run_id AND status IN ('pending', 'queued', 'running')
+RETURNING run_id;
 
 -- list_jobs --
 -- Every known job with its configuration state, next slot and latest run.
@@ -350,13 +591,14 @@ SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j
 FROM agent_jobs j
 LEFT JOIN agent_runs l ON l.run_id = (
     SELECT r.run_id FROM agent_runs r
-    WHERE r.job_name = j.job_name ORDER BY r.scheduled_for DESC, r.run_id DESC LIMIT 1)
+    WHERE r.job_name = j.job_name AND r.status NOT IN ('pending', 'queued')
+    ORDER BY r.scheduled_for DESC, r.run_id DESC LIMIT 1)
 ORDER BY j.job_name;
 
 -- list_history --
 -- Runs, newest first, optionally of one job.
-SELECT run_id, job_name, kind, scheduled_for, status, attempt, max_attempts, token, created_at,
-       started_at, finished_at, worker, last_error_number, last_error, note, operation_id
+SELECT run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
+       created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id
 FROM agent_runs
 WHERE (:job_name IS NULL OR job_name = :job_name)
 ORDER BY run_id DESC LIMIT :limit;
@@ -370,54 +612,21 @@ WHERE a.run_id IN (SELECT CAST(x.value AS INTEGER) FROM json_each(:run_ids) AS x
 ORDER BY a.run_id, a.attempt_id;
 
 -- list_job_events --
--- Job events (invalid configuration, ...), newest first, optionally of one job.
+-- Job events (invalid configuration, clock recovery, ...), newest first, optionally of one job.
 SELECT event_id, job_name, event_at, kind, detail FROM agent_job_events
 WHERE (:job_name IS NULL OR job_name = :job_name)
 ORDER BY event_id DESC LIMIT :limit;
 
 -- list_stuck_runs --
--- Reconciliation: runs in flight past their lease, or runnable but not dispatched for longer than the given age.
+-- Reconciliation: runs in flight past their lease, or runnable but not started for longer than the given age.
 SELECT run_id, job_name, kind, status, scheduled_for, runnable_at, lease_expires_at, token, attempt
 FROM agent_runs
 WHERE (status IN ('queued', 'running') AND lease_expires_at < :now)
    OR (status = 'pending' AND runnable_at < :stale_before)
 ORDER BY run_id;
 
--- queue_send --
--- Local queue: enqueue message bodies (a JSON array of strings), visible at once.
-INSERT INTO agent_queue_messages (queue_name, body, dequeue_count, inserted_at, visible_at)
-SELECT :queue_name, b.value, 0, :now, :now FROM json_each(:bodies) AS b ORDER BY b.key;
-
--- queue_receive --
--- Local queue: take up to :limit visible messages, hide them for the visibility timeout and count the delivery.
-UPDATE agent_queue_messages SET
-    dequeue_count = dequeue_count + 1,
-    visible_at = :invisible_until,
-    pop_receipt = :pop_receipt
-WHERE message_id IN (
-    SELECT c.message_id FROM agent_queue_messages c
-    WHERE c.queue_name = :queue_name AND c.visible_at <= :now
-    ORDER BY c.message_id
-    LIMIT :limit)
-RETURNING message_id, body, dequeue_count, pop_receipt, inserted_at;
-
--- queue_delete --
--- Local queue: delete a message, only with the receipt of its latest delivery.
-DELETE FROM agent_queue_messages WHERE message_id = :message_id AND pop_receipt = :pop_receipt;
-
--- queue_release --
--- Local queue: make a message visible again after a failed delivery.
-UPDATE agent_queue_messages SET visible_at = :visible_at
-WHERE message_id = :message_id AND pop_receipt = :pop_receipt;
-
--- queue_depth --
--- Local queue: messages in a queue, and how many are visible now.
-SELECT COUNT(*) AS total,
-       COALESCE(SUM(CASE WHEN visible_at <= :now THEN 1 ELSE 0 END), 0) AS visible
-FROM agent_queue_messages WHERE queue_name = :queue_name;
-
 -- count_runs_by_status --
--- Runs per status (the local runner's idle check and the doctor).
+-- Runs per status (the doctor and the tests' reconciliation).
 SELECT status, COUNT(*) AS runs FROM agent_runs GROUP BY status;
 
 -- delete_run --
