@@ -381,20 +381,18 @@ class Executor:
         now = self.clock()
         _, number, sqlstate, message = attempt_error or (None, None, None, None)
         with store.transaction():
+            marked = False
+            if token is not None and run_id is not None:
+                # The run first (and its open attempt, closed with the last error), then the record.
+                marked = bool(store.execute("poison_run", run_id=run_id, token=token, now=now, reason=reason,
+                                            error_number=number, error_sqlstate=sqlstate,
+                                            error_message=message).rows)
             errors: list[dict[str, Any]] = []
             if run_id is not None:
                 for row in store.execute("list_run_errors", run_id=run_id).rows:
                     errors.append({key: (value.isoformat() if isinstance(value, datetime) else value)
                                    for key, value in row.items()})
-            if attempt_error is not None:
-                errors.append({"outcome": "poisoned", "error_number": number, "error_sqlstate": sqlstate,
-                               "error_message": message, "at": now.isoformat()})
             errors.append({"outcome": "poisoned", "error_message": reason, "at": now.isoformat()})
-            marked = False
-            if token is not None and run_id is not None:
-                marked = bool(store.execute("poison_run", run_id=run_id, token=token, now=now, reason=reason,
-                                            error_number=number, error_sqlstate=sqlstate,
-                                            error_message=message).rows)
             poison_id = store.execute("insert_poison", run_id=run_id, message_id=message_id, body=body,
                                       dequeue_count=dequeue_count, reason=reason,
                                       errors=json.dumps(errors, default=str), now=now).scalar()

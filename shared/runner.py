@@ -75,11 +75,12 @@ class LocalRunner:
             messages = self.agent.queue.receive(1, PROCESSING_VISIBILITY_SECONDS)
             for message in messages:
                 self.process(message)
-            return len(messages)
-        results = self.executor.work_once(batch=1)
+            count = len(messages)
+        else:
+            count = len(self.executor.work_once(batch=1))
         with self._changed:
-            self.processed += len(results)
-        return len(results)
+            self.processed += count
+        return count
 
     def process(self, message: ReceivedMessage) -> str:
         """What the Functions host does with one delivery."""
@@ -97,8 +98,6 @@ class LocalRunner:
             queue.release(message, self.visibility_timeout)
             return "redeliver"
         queue.delete(message)
-        with self._changed:
-            self.processed += 1
         return result.outcome
 
     def _next_wait(self) -> float:

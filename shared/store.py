@@ -45,6 +45,7 @@ class Store:
         self._connection: Any = None
         self._active_cursor: Any = None
         self._in_transaction = False
+        # Guards _active_cursor: cancel() (another thread) never touches a cursor being closed.
         self._lock = threading.Lock()
         # Round trips sent (one per statement batch) and commits: the benchmark's counters.
         self.statements_executed = 0
@@ -63,10 +64,12 @@ class Store:
         return self._connection
 
     def close(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                connection.close()
+        with self._lock:
+            connection, self._connection = self._connection, None
+            self._active_cursor = None
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    connection.close()
 
     def __enter__(self) -> "Store":
         return self
@@ -195,7 +198,7 @@ class Store:
         so an error in a later statement of a batch is raised here, not lost)."""
         connection = self.connection
         cursor = connection.cursor()
-        self._active_cursor = cursor
+        self._set_active(cursor)
         try:
             cursor.execute(sql, values) if values else cursor.execute(sql)
             self.statements_executed += 1
@@ -205,7 +208,7 @@ class Store:
                     parts.append(self._read_result(cursor))
             return parts
         finally:
-            self._active_cursor = None
+            self._set_active(None)
             with contextlib.suppress(Exception):
                 cursor.close()
 
@@ -299,18 +302,18 @@ class Store:
                 connection.cancelled.clear()
             for statement in _sqlite_statements(sql):
                 cursor = connection.cursor()
-                self._active_cursor = cursor
+                self._set_active(cursor)
                 try:
                     cursor.execute(statement)
                     cursor.fetchall()
                     if cursor.rowcount >= 0 and not cursor.description:
                         output.append(f"({cursor.rowcount} row(s) affected)")
                 finally:
-                    self._active_cursor = None
+                    self._set_active(None)
                     cursor.close()
             return output
         cursor = connection.cursor()
-        self._active_cursor = cursor
+        self._set_active(cursor)
         try:
             if self.dialect == "mssql":
                 cursor.execute("SET LOCK_TIMEOUT -1;\nEXEC sp_executesql ?;\nSET LOCK_TIMEOUT 30000;", sql)
@@ -331,19 +334,25 @@ class Store:
                     break
             output += _messages(cursor)
         finally:
-            self._active_cursor = None
+            self._set_active(None)
             with contextlib.suppress(Exception):
                 cursor.close()
         return output
 
+    def _set_active(self, cursor: Any) -> None:
+        with self._lock:
+            self._active_cursor = cursor
+
     def cancel(self) -> None:
-        """Stop the statement running on this store's connection (called from another thread)."""
-        connection, cursor = self._connection, self._active_cursor
-        with contextlib.suppress(Exception):
-            if self.dialect == "sqlite" and connection is not None:
-                (connection.cancel if hasattr(connection, "cancel") else connection.interrupt)()
-            elif cursor is not None:
-                cursor.cancel()
+        """Stop the statement running on this store's connection (called from another thread).
+        The cursor cannot be closed while the cancel is in flight (the lock)."""
+        with self._lock:
+            connection, cursor = self._connection, self._active_cursor
+            with contextlib.suppress(Exception):
+                if self.dialect == "sqlite" and connection is not None:
+                    (connection.cancel if hasattr(connection, "cancel") else connection.interrupt)()
+                elif cursor is not None:
+                    cursor.cancel()
 
     # ------------------------------------------------------------ schema
 

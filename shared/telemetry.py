@@ -62,7 +62,7 @@ AUTHENTICATION_STRING_SETTING = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"
 
 EVENT_NAMES = ("RunClaimed", "RunDispatched", "RunStarted", "RunSucceeded", "RunFailed", "RunRetried",
                "LeaseExpired", "RunPoisoned", "MisfireSkipped", "OverlapSkipped", "JobConfigInvalid",
-               "StaleMessage")
+               "StaleMessage", "ClockSkewDetected")
 METRIC_NAMES = ("TickDurationMs", "RunsDue", "RunsClaimed", "RunsDispatched", "ScheduleLagSeconds",
                 "RunDurationMs", "DequeueCount")
 # The dimension (customDimensions key) names the engine uses, so the README's KQL and the

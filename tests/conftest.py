@@ -195,12 +195,15 @@ class Clock:
         return self.now
 
 
-def make_agent(db: str, jobs: dict[str, dict[str, str]] | None = None, *, clock=None, **agent_settings: str):
+def make_agent(db: str, jobs: dict[str, dict[str, str]] | None = None, *, clock=None, queue=None,
+               **agent_settings: str):
+    """An agent on ``db`` with the schema applied. ``queue``: a queue port (queue mode, as the
+    Functions app runs), or None for direct mode (the local runner claims from the runs table)."""
     from shared.agent import Agent
     from shared.config import load_settings
 
     settings = load_settings(environ=job_env(jobs or {}, **agent_settings))
-    agent = Agent(settings, db=db, clock=clock)
+    agent = Agent(settings, db=db, clock=clock, queue=queue)
     agent.init()
     return agent
 
@@ -210,8 +213,8 @@ def agent_factory(db_url):
     """Build agents on the test's database; closes them afterwards."""
     agents = []
 
-    def build(jobs=None, *, clock=None, **agent_settings):
-        agent = make_agent(db_url, jobs, clock=clock, **agent_settings)
+    def build(jobs=None, *, clock=None, queue=None, **agent_settings):
+        agent = make_agent(db_url, jobs, clock=clock, queue=queue, **agent_settings)
         agents.append(agent)
         return agent
 
@@ -281,7 +284,8 @@ def execute(agent, sql: str) -> None:
 
 
 def work(agent, *, concurrency: int = 4, max_seconds: float = 60, visibility_timeout: float = 0):
-    """Work the queue until it is empty, as the Functions host would."""
+    """Work until nothing is runnable now: the queue as the Functions host would (queue mode),
+    or the runs table as the local runner does (direct mode)."""
     from shared.runner import LocalRunner
 
     runner = LocalRunner(agent, concurrency=concurrency, visibility_timeout=visibility_timeout, poll_interval=0.05)

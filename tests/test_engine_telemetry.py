@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from tests.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
+from tests.memory_queue import MemoryQueue
 from tests.conftest import make_agent, work
 
 UTC = timezone.utc
@@ -30,7 +31,7 @@ def test_tick_run_failure_and_poison_are_reported(db_url, appinsights_endpoint):
                                 "broken": {"SCHEDULE": now, "COMMAND": "SELECT * FROM missing_table",
                                            "MAX_ATTEMPTS": "1"},
                                 "invalid": {"SCHEDULE": "whenever", "COMMAND": "SELECT 1"}},
-                       APPLICATIONINSIGHTS_CONNECTION_STRING=appinsights_endpoint.connection_string)
+                       queue=MemoryQueue(), APPLICATIONINSIGHTS_CONNECTION_STRING=appinsights_endpoint.connection_string)
     try:
         report = agent.tick()
         agent.telemetry.flush()
@@ -72,7 +73,7 @@ def test_tick_run_failure_and_poison_are_reported(db_url, appinsights_endpoint):
         assert good_sql and good_sql[0]["data"]["baseData"]["success"] is True and _op(good_sql[0]) == good_op
         assert broken_sql and broken_sql[0]["data"]["baseData"]["success"] is False
         named_queries = {d["data"]["baseData"]["name"] for d in dependencies if _op(d) == good_op}
-        assert "complete_run" in named_queries
+        assert "finish_run" in named_queries
         lag = [m for m in appinsights_endpoint.metrics() if m["data"]["baseData"]["metrics"][0]["name"]
                == "ScheduleLagSeconds"]
         assert lag and {_op(m) for m in lag} == {good_op, broken_op}

@@ -13,9 +13,21 @@ import pytest
 from shared.cli import main as cli
 from shared.errors import TransientJobError
 from shared.messages import RunMessage
+from tests.memory_queue import MemoryQueue
 from tests.conftest import Clock, at, execute, query, runs_table, sql_for, tsql_delay, work
 
 UTC = timezone.utc
+
+
+@pytest.fixture
+def agent_factory(agent_factory):
+    """These tests follow the queue trigger's path: a queue (with Azure Storage semantics)
+    carries each run's message, as in the function app."""
+    def build(jobs=None, **kwargs):
+        kwargs.setdefault("queue", MemoryQueue())
+        return agent_factory(jobs, **kwargs)
+
+    return build
 
 
 def runs_of(agent, job=None):
@@ -54,25 +66,27 @@ def test_run_succeeds_and_its_work_commits_with_the_completion(agent_factory, db
     (attempt,) = attempts_of(agent, run["run_id"])
     assert attempt["outcome"] == "succeeded" and attempt["dequeue_count"] == 1
     assert query(agent, "SELECT job FROM marker") == [("ins",)]
-    assert agent.queue.depth() == 0
+    assert agent.queue.run_messages() == 0
 
 
 def test_permanent_error_is_retried_with_backoff_then_fails(agent_factory):
-    agent = agent_factory({"broken": every_second("SELECT * FROM no_such_table", MAX_ATTEMPTS="2")},
-                          AGENT_RETRY_BACKOFF_SECONDS="30")
-    prime(agent)
+    """An error in the job's SQL spends an attempt; the retry goes out at once as a message
+    delayed by the backoff (not at the next tick), and is not run before it."""
+    jobs = {"broken": every_second("SELECT * FROM no_such_table", MAX_ATTEMPTS="2")}
+    clock = Clock(datetime.now(UTC))
+    queue = MemoryQueue(clock=lambda: clock.now.timestamp())
+    agent = agent_factory(jobs, clock=clock, queue=queue, AGENT_RETRY_BACKOFF_SECONDS="30")
+    agent.tick()
     work(agent)
     (run,) = runs_of(agent, "broken")
-    assert run["status"] == "pending" and run["attempt"] == 1
+    assert run["status"] == "queued" and run["attempt"] == 1 and run["failures"] == 1
     assert "no_such_table" in run["last_error"]
-    assert agent.queue.depth() == 0                  # acknowledged: no pointless redelivery
-    assert tick_now(agent).dispatched == []          # backoff: not yet
-    report = tick_now(agent, 31)                     # after the backoff: dispatched with a new token
-    assert [r["run_id"] for r in report.dispatched] == [run["run_id"]]
-    assert report.dispatched[0]["token"] == 2
+    assert queue.run_messages() == 1 and queue.visible() == 0   # the retry waits on the queue
+    assert work(agent) == 0
+    clock.advance(31)
     work(agent)
     (run,) = runs_of(agent, "broken")
-    assert run["status"] == "failed" and run["attempt"] == 2
+    assert run["status"] == "failed" and run["attempt"] == 2 and run["token"] == 2
     attempts = attempts_of(agent, run["run_id"])
     assert [a["outcome"] for a in attempts] == ["failed", "failed"]
     assert all("no_such_table" in a["error_message"] for a in attempts)
@@ -107,7 +121,7 @@ def test_transient_error_is_redelivered_and_succeeds(pg_url):
 
     flaky = ("SELECT CASE WHEN (SELECT MAX(attempt) FROM agent.runs WHERE job_name = 'flaky') < 3 "
              "THEN pg_terminate_backend(pg_backend_pid()) END")
-    agent = make_agent(pg_url, {"flaky": every_second(flaky, MAX_ATTEMPTS="1")})
+    agent = make_agent(pg_url, {"flaky": every_second(flaky, MAX_ATTEMPTS="1")}, queue=MemoryQueue())
     try:
         prime(agent)
         work(agent)
@@ -125,7 +139,7 @@ def test_always_transient_job_is_poisoned_at_the_threshold(pg_url):
     from tests.conftest import make_agent
 
     agent = make_agent(pg_url, {"doomed": every_second("SELECT pg_terminate_backend(pg_backend_pid())")},
-                       AGENT_MAX_DEQUEUE_COUNT="4")
+                       queue=MemoryQueue(), AGENT_MAX_DEQUEUE_COUNT="4")
     try:
         prime(agent)
         work(agent)
@@ -137,16 +151,10 @@ def test_always_transient_job_is_poisoned_at_the_threshold(pg_url):
         assert body["run_id"] == run["run_id"] and body["token"] == run["token"]
         errors = json.loads(poison["errors"])
         assert [e["outcome"] for e in errors] == ["transient", "transient", "transient", "poisoned", "poisoned"]
-        assert agent.queue.depth() == 0
-        assert _host_poison_depth(agent) == 0   # the app handled it; the host never had to
+        assert agent.queue.run_messages() == 0
+        assert agent.queue.poisoned == []   # the app handled it; the host never had to
     finally:
         agent.close()
-
-
-def _host_poison_depth(agent) -> int:
-    from shared.queues import DatabaseQueue
-
-    return DatabaseQueue(agent.store, f"{agent.queue.name}-poison").depth()
 
 
 @pytest.mark.parametrize("body,reason", [
@@ -166,14 +174,17 @@ def test_malformed_messages_are_poisoned_at_once_with_body_kept(agent_factory, b
 
 
 def test_unknown_run_and_forged_token_are_poisoned_stale_token_is_acknowledged(agent_factory):
-    agent = agent_factory({"ok": every_second("SELECT 1")})
+    jobs = {"ok": every_second("SELECT 1")}
+    clock = Clock(datetime.now(UTC))
+    agent = agent_factory(jobs, clock=clock)
     unknown = RunMessage(run_id=999999, token=1).to_json()
     assert agent.handle_message(unknown, 1).outcome == "poisoned"
-    prime(agent)
+    agent.tick()
     (run,) = runs_of(agent, "ok")
     forged = RunMessage(run_id=run["run_id"], token=run["token"] + 5).to_json()
     assert agent.handle_message(forged, 1).outcome == "poisoned"
-    tick_now(agent, 400)    # dispatch lease lapsed: expired (token 2) and dispatched again (token 3)
+    clock.advance(400)
+    agent.tick()            # dispatch lease lapsed: expired (token 2) and dispatched again (token 3)
     stale = RunMessage(run_id=run["run_id"], token=1).to_json()
     assert agent.handle_message(stale, 1).outcome == "stale"
     reasons = [p["reason"] for p in poison_rows(agent)]
@@ -190,7 +201,7 @@ def test_poison_does_not_stop_other_work(agent_factory):
     work(agent)
     assert [r["status"] for r in runs_of(agent, "good")] == ["succeeded"]
     assert len(poison_rows(agent)) == 2
-    assert agent.queue.depth() == 0
+    assert agent.queue.run_messages() == 0
 
 
 def test_the_same_message_delivered_twice_runs_the_job_once(agent_factory):
@@ -225,48 +236,12 @@ def test_poison_requeue_gives_the_run_another_attempt(agent_factory, db_url):
     (poison,) = poison_rows(agent)
     execute(agent, "CREATE TABLE missing_for_now (x INT)")
     assert cli(["--db", db_url, "poison", "requeue", str(poison["poison_id"])]) == 0
+    agent.tick()       # the command line has no queue here; the agent's dispatch sends it
     work(agent)
     run = runs_of(agent, "doomed")[0]
     assert run["status"] == "succeeded"
     assert poison_rows(agent)[0]["requeued_at"] is not None
     assert cli(["--db", db_url, "poison", "requeue", "424242"]) == 2
-
-
-def test_run_now_and_overlap(agent_factory, db_url, capsys):
-    agent = agent_factory({"adhoc": {"SCHEDULE": "0 0 0 1 1 *", "COMMAND": "SELECT 1"}})
-    env_db = ["--db", db_url]
-    import os
-
-    os.environ["JOB__adhoc__SCHEDULE"] = "0 0 0 1 1 *"
-    os.environ["JOB__adhoc__COMMAND"] = "SELECT 1"
-    try:
-        assert cli(env_db + ["run-now", "adhoc"]) == 0
-        assert cli(env_db + ["run-now", "adhoc"]) == 0      # first still queued: overlap skip
-        assert cli(env_db + ["run-now", "nope"]) == 2
-    finally:
-        del os.environ["JOB__adhoc__SCHEDULE"], os.environ["JOB__adhoc__COMMAND"]
-    first, second = runs_of(agent, "adhoc")
-    assert first["kind"] == "manual" and first["status"] == "queued"
-    assert second["status"] == "skipped" and second["note"].startswith("overlap")
-    work(agent)
-    assert runs_of(agent, "adhoc")[0]["status"] == "succeeded"
-    assert "no job named 'nope'" in capsys.readouterr().err
-
-
-def test_ordered_tasks_wait_for_lower_orders(agent_factory, db_url):
-    agent = agent_factory({})
-    execute(agent, "CREATE TABLE seen (label VARCHAR(20))")
-    for label, order in (("first-a", "1"), ("first-b", "1"), ("second", "2"), ("free", None)):
-        args = ["--db", db_url, "submit", "--sql", f"INSERT INTO seen (label) VALUES ('{label}')"]
-        assert cli(args + (["--order", order] if order else [])) == 0
-    queued = {r["run_id"]: r["status"] for r in runs_of(agent)}
-    assert sorted(queued.values()) == ["pending", "queued", "queued", "queued"]  # order 2 waits
-    work(agent)
-    assert sorted(r[0] for r in query(agent, "SELECT label FROM seen")) == ["first-a", "first-b", "free"]
-    tick_now(agent)                                                          # order 1 finished
-    work(agent)
-    assert sorted(r[0] for r in query(agent, "SELECT label FROM seen")) == ["first-a", "first-b", "free", "second"]
-    assert all(r["status"] == "succeeded" for r in runs_of(agent))
 
 
 def _slow_sql(db_url: str, seconds: int) -> str:
@@ -314,7 +289,8 @@ def test_transient_job_error_propagates_out_of_the_executor(pg_url):
     """The executor raises so that the queue (host) redelivers; it does not swallow it."""
     from tests.conftest import make_agent
 
-    agent = make_agent(pg_url, {"t": every_second("SELECT pg_terminate_backend(pg_backend_pid())")})
+    agent = make_agent(pg_url, {"t": every_second("SELECT pg_terminate_backend(pg_backend_pid())")},
+                       queue=MemoryQueue())
     try:
         prime(agent)
         (message,) = agent.queue.receive(1, 0)

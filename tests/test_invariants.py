@@ -35,24 +35,24 @@ def _tick_in_process(db_url: str, env: dict, barrier, now_iso: str, results) -> 
     agent.store().require_schema()
     barrier.wait(timeout=60)
     report = agent.tick(datetime.fromisoformat(now_iso))
-    results.put((len(report.claimed), len(report.dispatched), report.errors))
+    results.put((len(report.claimed), report.errors))
     agent.close()
 
 
 def test_eight_processes_tick_500_due_jobs_each_run_executes_once(db_url):
     jobs = {f"j{i:03d}": {"SCHEDULE": "0 0 * * * *", "COMMAND": f"INSERT INTO marker (job) VALUES ('j{i:03d}')"}
             for i in range(JOBS)}
-    env = job_env(jobs, AGENT_MAX_CONCURRENCY="10000", AGENT_DISPATCH_LEASE_SECONDS="3600")
-    agent = make_agent(db_url, jobs, AGENT_MAX_CONCURRENCY="10000", AGENT_DISPATCH_LEASE_SECONDS="3600")
+    env = job_env(jobs)
+    agent = make_agent(db_url, jobs)
     execute(agent, "CREATE TABLE marker (job VARCHAR(64))")
-    # Slots come due at 13:00 of today + 1 day: real time for the workers stays before
-    # the dispatch lease ends, so no re-dispatch muddies the count.
-    day = datetime.now(UTC).date() + timedelta(days=1)
-    agent.tick(datetime(day.year, day.month, day.day, 12, 30, tzinfo=UTC))
+    # The hour's slot, just past: the tickers claim it on time, the workers start it at once
+    # (late by the minutes since the hour, within the default grace: caught up, not skipped).
+    slot = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    agent.tick(slot - timedelta(minutes=30))
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(TICKERS)
     results = context.Queue()
-    now_iso = datetime(day.year, day.month, day.day, 13, 0, 5, tzinfo=UTC).isoformat()
+    now_iso = (slot + timedelta(seconds=5)).isoformat()
     processes = [context.Process(target=_tick_in_process, args=(db_url, env, barrier, now_iso, results))
                  for _ in range(TICKERS)]
     for process in processes:
@@ -61,16 +61,14 @@ def test_eight_processes_tick_500_due_jobs_each_run_executes_once(db_url):
     for process in processes:
         process.join(timeout=60)
         assert process.exitcode == 0
-    assert all(errors == [] for _, _, errors in outcomes), outcomes
-    assert sum(claimed for claimed, _, _ in outcomes) == JOBS
-    assert sum(dispatched for _, dispatched, _ in outcomes) == JOBS
+    assert all(errors == [] for _, errors in outcomes), outcomes
+    assert sum(claimed for claimed, _ in outcomes) == JOBS
     runs = query(agent, f"SELECT job_name, scheduled_for FROM {_runs(agent)}")
     assert len(runs) == JOBS and len({job for job, _ in runs}) == JOBS
-    assert agent.queue.depth() == JOBS
 
-    # Four worker processes drain the queue at once.
+    # Four worker processes claim straight from the runs table at once.
     workers = [subprocess.Popen([sys.executable, "-m", "shared.cli", "--db", db_url, "work", "--until-idle",
-                                 "--concurrency", "4", "--visibility-timeout", "1"],
+                                 "--concurrency", "4"],
                                 cwd=ROOT, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                for _ in range(4)]
     for worker in workers:
@@ -87,6 +85,13 @@ def work_once(agent) -> int:
     from shared.runner import LocalRunner
 
     return LocalRunner(agent, concurrency=1, visibility_timeout=0).work_once()
+
+
+def _at_clock(offset: timedelta):
+    """Another instance whose clock is ``offset`` ahead (an injected clock, as a lease that ran out)."""
+    from tests.conftest import Clock
+
+    return Clock(datetime.now(UTC) + offset)
 
 
 def _runs(agent) -> str:
@@ -112,7 +117,9 @@ def _wait_for(agent, sql: str, expected, timeout: float = 30):
     raise AssertionError(f"{sql} did not return {expected} within {timeout} s: {query(agent, sql)}")
 
 
-def test_worker_killed_mid_job_is_redispatched_and_completes(db_url):
+def test_worker_killed_mid_job_is_taken_back_and_completes_without_spending_an_attempt(db_url):
+    """MAX_ATTEMPTS=1, and the worker is killed with SIGKILL mid-job: the lapse is not a
+    failure (invariant 10); the run is taken back and completes."""
     sleep_first_attempt = sql_for(
         db_url,
         "SELECT agent_sleep(CASE WHEN (SELECT MAX(attempt) FROM agent_runs WHERE job_name = 'crashy') = 1 "
@@ -122,7 +129,7 @@ def test_worker_killed_mid_job_is_redispatched_and_completes(db_url):
         "IF (SELECT MAX(attempt) FROM agent.runs WHERE job_name = 'crashy') = 1 "
         f"{tsql_delay(60)}; INSERT INTO marker (job) VALUES ('crashy');")
     jobs = {"crashy": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "COMMAND": sleep_first_attempt,
-                       "LEASE_SECONDS": "6"}}
+                       "LEASE_SECONDS": "6", "MAX_ATTEMPTS": "1"}}
     agent = make_agent(db_url, jobs)
     execute(agent, "CREATE TABLE marker (job VARCHAR(64))")
     agent.tick()
@@ -133,15 +140,19 @@ def test_worker_killed_mid_job_is_redispatched_and_completes(db_url):
     worker.send_signal(signal.SIGKILL)
     worker.wait(timeout=10)
     # Nothing renews the lease any more; a tick after it lapses takes the run back.
-    time.sleep(0.5)
-    report = agent.tick(datetime.now(UTC) + timedelta(seconds=7))
+    time.sleep(6.5)
+    report = agent.tick()
     assert [r["run_id"] for r in report.expired] and report.expired[0]["was_running"] == 1
-    assert len(report.dispatched) == 1 and report.dispatched[0]["token"] == 3
-    work(agent)   # the killed worker's old message (token 1) is stale; the new one runs
     (run,) = agent.store().execute("list_history", job_name="crashy", limit=5).rows
-    assert run["status"] == "succeeded" and run["attempt"] == 2
-    outcomes = query(agent, f"SELECT attempt, outcome FROM {_attempts(agent)} ORDER BY attempt")
-    assert outcomes == [(1, "lease_expired"), (2, "succeeded")]
+    assert run["status"] == "pending" and run["token"] == 2 and run["lapses"] == 1 and run["failures"] == 0
+    work(agent)   # claimed again with a new token, and run
+    (run,) = agent.store().execute("list_history", job_name="crashy", limit=5).rows
+    assert run["status"] == "succeeded" and run["failures"] == 0
+    outcomes = [o for _, o in query(agent, f"SELECT attempt, outcome FROM {_attempts(agent)} ORDER BY attempt")]
+    # SQLite only: a job that reads, then writes, may meet the lease renewal's write and get
+    # "database is locked" (transient: retried, no attempt spent).
+    assert outcomes[0] == "lease_expired" and outcomes[-1] == "succeeded", outcomes
+    assert set(outcomes[1:-1]) <= ({"transient"} if agent.target.dialect == "sqlite" else set()), outcomes
     assert query(agent, "SELECT COUNT(*) FROM marker") == [(1,)]
     agent.close()
 
@@ -167,16 +178,16 @@ def test_zombie_cannot_complete_and_its_control_database_work_rolls_back(db_url)
     zombie.start()
     _wait_for(agent, f"SELECT status FROM {_runs(agent)}", [("running",)])
     time.sleep(1)
-    other = make_agent(db_url, jobs)
-    takeover = other.tick(datetime.now(UTC) + timedelta(hours=2))   # the lease "expired"
+    other = make_agent(db_url, jobs, clock=_at_clock(timedelta(hours=2)))
+    takeover = other.tick()                                              # the lease "expired"
     assert takeover.expired and takeover.expired[0]["status"] == "pending"
     zombie.join(timeout=60)
     assert query(agent, "SELECT COUNT(*) FROM marker") == [(0,)]          # the zombie's work rolled back
     run = other.store().execute("list_history", job_name="zombie", limit=5).rows[0]
-    assert run["status"] == "queued" and run["token"] == 3              # re-dispatched, not "succeeded"
+    assert run["status"] == "pending" and run["token"] == 2              # taken back, not "succeeded"
     outcomes = query(agent, f"SELECT attempt, outcome FROM {_attempts(agent)} ORDER BY attempt")
     assert outcomes[0][1] in ("lease_expired", "lease_lost")
-    # The new holder runs it (the queue redelivers nothing stale: token 3 is current).
+    # The new holder runs it.
     work(other)
     assert query(agent, "SELECT COUNT(*) FROM marker") == [(1,)]
     other.close()
@@ -184,7 +195,7 @@ def test_zombie_cannot_complete_and_its_control_database_work_rolls_back(db_url)
 
 
 def test_zombie_is_stopped_by_its_heartbeat(db_url):
-    """With a normal lease the heartbeat finds the token moved on and cancels the work."""
+    """With a normal lease the process's lease renewal finds the token moved on and stops the work."""
     command = sql_for(db_url, "SELECT agent_sleep(30); INSERT INTO marker (job) VALUES ('hb');",
                       "INSERT INTO marker (job) VALUES ('hb'); SELECT pg_sleep(30);",
                       f"INSERT INTO marker (job) VALUES ('hb'); {tsql_delay(30)};")
@@ -197,8 +208,8 @@ def test_zombie_is_stopped_by_its_heartbeat(db_url):
     zombie = threading.Thread(target=work_once, args=(agent,))
     zombie.start()
     _wait_for(agent, f"SELECT status FROM {_runs(agent)}", [("running",)])
-    other = make_agent(db_url, jobs)
-    other.tick(datetime.now(UTC) + timedelta(hours=1))
+    other = make_agent(db_url, jobs, clock=_at_clock(timedelta(hours=1)))
+    other.tick()
     zombie.join(timeout=40)
     assert time.monotonic() - started < 20                       # cancelled, not run to its end
     assert query(agent, "SELECT COUNT(*) FROM marker") == [(0,)]

@@ -9,10 +9,29 @@ from datetime import timedelta
 import pytest
 
 from shared.errors import QueueError
-from shared.queues import DatabaseQueue
 from tests.conftest import at, make_agent, query, runs_table
+from tests.memory_queue import MemoryQueue
 
 HOURLY = {"SCHEDULE": "0 0 * * * *", "COMMAND": "SELECT 1"}
+
+
+@pytest.fixture
+def agent_factory(agent_factory):
+    """Queue mode, as the function app runs: the tick dispatches to a queue."""
+    def build(jobs=None, **kwargs):
+        kwargs.setdefault("queue", MemoryQueue())
+        return agent_factory(jobs, **kwargs)
+
+    return build
+
+
+def start(agent, run_id):
+    """A worker picks up the run's message and starts it (its SQL not run: it stays running)."""
+    run = agent.store().execute("get_run", run_id=run_id).one()
+    now = run["runnable_at"]
+    (row,) = agent.store().execute("start_run", run_id=run_id, token=run["token"], now=now, worker="w",
+                                   dequeue_count=1, max_concurrency=100, late_cutoff=now - timedelta(seconds=120)).rows
+    assert row["decision"] == "start", row
 
 
 def runs_of(agent, job=None):
@@ -30,7 +49,7 @@ def test_claim_once_per_occurrence_even_when_ticked_twice(agent_factory, db_url)
     assert job_row(agent, "hourly")["next_due_at"] == at("2026-01-01T13:00:00")
     first = agent.tick(at("2026-01-01T13:00:05"))
     second = agent.tick(at("2026-01-01T13:00:06"))            # the timer firing twice
-    other = make_agent(db_url, {"hourly": HOURLY})             # another instance
+    other = make_agent(db_url, {"hourly": HOURLY}, queue=MemoryQueue())   # another instance
     third = other.tick(at("2026-01-01T13:00:07"))
     other.close()
     assert len(first.claimed) == 1 and second.claimed == [] and third.claimed == []
@@ -45,32 +64,35 @@ def test_a_lost_advance_is_repaired_by_the_next_tick(agent_factory):
     agent = agent_factory({"hourly": HOURLY})
     agent.tick(at("2026-01-01T12:30:00"))
     store = agent.store()
-    now = at("2026-01-01T13:00:05")
-    store.execute("claim_due_runs", now=now, late_cutoff=now - timedelta(seconds=120))  # ...then "crash"
+    store.execute("claim_slots", now=at("2026-01-01T13:00:05"), slots=[
+        {"job_name": "hourly", "scheduled_for": store.json_time(at("2026-01-01T13:00:00")), "status": "pending",
+         "note": None}])                                                       # ...then "crash"
     report = agent.tick(at("2026-01-01T13:00:30"))
     assert report.claimed == [] and report.due_jobs == 1
     assert len(runs_of(agent, "hourly")) == 1
     assert job_row(agent, "hourly")["next_due_at"] == at("2026-01-01T14:00:00")
 
 
-def test_misfire_run_once_catches_up_once_within_grace(agent_factory):
+def test_misfire_run_once_catches_up_once_with_the_latest_missed_slot(agent_factory):
     agent = agent_factory({"hourly": HOURLY})
     agent.tick(at("2026-01-01T12:30:00"))
     report = agent.tick(at("2026-01-01T15:10:00"))            # down at 13:00, 14:00 and 15:00
-    (run,) = runs_of(agent, "hourly")                          # one run, not three
-    assert run["status"] == "queued"
-    assert run["scheduled_for"] == at("2026-01-01T13:00:00")
-    assert "caught up" in run["note"]
-    assert len(report.dispatched) == 1
+    missed13, missed14, caught_up = runs_of(agent, "hourly")   # every slot recorded, one run
+    assert [missed13["scheduled_for"], missed14["scheduled_for"], caught_up["scheduled_for"]] == [
+        at("2026-01-01T13:00:00"), at("2026-01-01T14:00:00"), at("2026-01-01T15:00:00")]
+    assert missed13["status"] == missed14["status"] == "skipped"
+    assert "caught up once, with the latest" in missed13["note"]
+    assert caught_up["status"] == "queued" and "caught up late, once" in caught_up["note"]
+    assert [r["run_id"] for r in report.dispatched] == [caught_up["run_id"]]
     assert job_row(agent, "hourly")["next_due_at"] == at("2026-01-01T16:00:00")
 
 
 def test_misfire_beyond_grace_is_recorded_skipped(agent_factory):
-    agent = agent_factory({"hourly": {**HOURLY, "GRACE_SECONDS": "3600"}})
+    agent = agent_factory({"hourly": {**HOURLY, "GRACE_SECONDS": "1800"}})
     agent.tick(at("2026-01-01T12:30:00"))
-    agent.tick(at("2026-01-01T15:10:00"))
+    agent.tick(at("2026-01-01T13:50:00"))                     # 50 min late, grace 30 min
     (run,) = runs_of(agent, "hourly")
-    assert run["status"] == "skipped" and "grace" in run["note"]
+    assert run["status"] == "skipped" and "GRACE_SECONDS" in run["note"]
     assert run["finished_at"] is not None
 
 
@@ -96,30 +118,34 @@ def test_one_time_job_runs_once(agent_factory):
 
 def test_overlap_skip_records_the_skipped_slot(agent_factory):
     agent = agent_factory({"m": {"SCHEDULE": "0 * * * * *", "COMMAND": "SELECT 1"}})
-    agent.tick(at("2026-01-01T12:00:30"))
-    agent.tick(at("2026-01-01T12:01:00"))                     # claimed and queued, never worked
-    agent.tick(at("2026-01-01T12:02:00"))                     # previous still in flight
-    first, second = runs_of(agent, "m")
-    assert first["status"] == "queued"
+    agent.tick(at("2026-01-01T12:00:30"))                     # claims 12:01 (ahead, a delayed message)
+    (first,) = runs_of(agent, "m")
+    start(agent, first["run_id"])                             # 12:01 is running...
+    report = agent.tick(at("2026-01-01T12:02:00"))            # ...when 12:02 comes
+    first, second = runs_of(agent, "m")[:2]
+    assert first["status"] == "running"
     assert second["status"] == "skipped" and second["note"].startswith("overlap")
+    assert [r["run_id"] for r in report.skipped_at_start] == [second["run_id"]]
 
 
 def test_overlap_queue_waits_for_the_previous_run(agent_factory):
     agent = agent_factory({"m": {"SCHEDULE": "0 * * * * *", "COMMAND": "SELECT 1", "OVERLAP": "queue"}})
     agent.tick(at("2026-01-01T12:00:30"))
-    agent.tick(at("2026-01-01T12:01:00"))
+    (first,) = runs_of(agent, "m")
+    start(agent, first["run_id"])
     report = agent.tick(at("2026-01-01T12:02:00"))
-    first, second = runs_of(agent, "m")
-    assert first["status"] == "queued" and second["status"] == "pending"
-    assert report.dispatched == []
+    first, second = runs_of(agent, "m")[:2]
+    assert first["status"] == "running" and second["status"] == "pending"
+    assert second["run_id"] not in [r["run_id"] for r in report.dispatched]
 
 
 def test_overlap_allow_dispatches_both(agent_factory):
     agent = agent_factory({"m": {"SCHEDULE": "0 * * * * *", "COMMAND": "SELECT 1", "OVERLAP": "allow"}})
     agent.tick(at("2026-01-01T12:00:30"))
-    agent.tick(at("2026-01-01T12:01:00"))
+    (first,) = runs_of(agent, "m")
+    start(agent, first["run_id"])
     agent.tick(at("2026-01-01T12:02:00"))
-    assert [r["status"] for r in runs_of(agent, "m")] == ["queued", "queued"]
+    assert [r["status"] for r in runs_of(agent, "m")][:2] == ["running", "queued"]
 
 
 def test_bad_setting_for_one_job_does_not_stop_the_good_one(agent_factory):
@@ -142,13 +168,13 @@ def test_bad_setting_for_one_job_does_not_stop_the_good_one(agent_factory):
 def test_disable_remove_and_reenable(agent_factory, db_url):
     agent = agent_factory({"a": HOURLY, "b": HOURLY})
     agent.tick(at("2026-01-01T12:30:00"))
-    changed = make_agent(db_url, {"a": {**HOURLY, "ENABLED": "false"}})   # b removed, a disabled
+    changed = make_agent(db_url, {"a": {**HOURLY, "ENABLED": "false"}}, queue=MemoryQueue())   # b removed, a disabled
     changed.tick(at("2026-01-01T13:00:05"))
     assert runs_of(changed) == []
     jobs = {r["job_name"]: r for r in changed.store().execute("list_jobs").rows}
     assert jobs["b"]["configured"] == 0 and jobs["a"]["enabled"] == 0
     changed.close()
-    back = make_agent(db_url, {"a": HOURLY})
+    back = make_agent(db_url, {"a": HOURLY}, queue=MemoryQueue())
     back.tick(at("2026-01-01T15:30:00"))                       # re-enabled: starts at its next slot
     assert job_row(back, "a")["next_due_at"] == at("2026-01-01T16:00:00")
     assert runs_of(back) == []
@@ -161,7 +187,8 @@ def test_statements_per_tick_do_not_grow_with_jobs(tmp_path, db_url):
         # Same database, new job set (a fresh sync); a long dispatch lease keeps the first
         # round's runs from expiring during the second, so only the job count differs.
         jobs = {f"r{n}-job{i:03d}": HOURLY for i in range(n)}
-        agent = make_agent(db_url, jobs, AGENT_MAX_CONCURRENCY="1000", AGENT_DISPATCH_LEASE_SECONDS="86400")
+        agent = make_agent(db_url, jobs, queue=MemoryQueue(), AGENT_MAX_CONCURRENCY="1000",
+                           AGENT_DISPATCH_LEASE_SECONDS="86400")
         agent.tick(at(f"2026-01-0{1 if n == 5 else 2}T12:30:00"))
         report = agent.tick(at(f"2026-01-0{1 if n == 5 else 2}T13:00:05"))
         assert len(report.claimed) == n and len(report.dispatched) == n
@@ -170,18 +197,17 @@ def test_statements_per_tick_do_not_grow_with_jobs(tmp_path, db_url):
     assert counts[0] == counts[1], counts
 
 
-class _FailingQueue(DatabaseQueue):
+class _FailingQueue(MemoryQueue):
     """The port failing to send (storage unreachable): fault injection at the port."""
 
-    def send_many(self, bodies):
+    def send_many(self, bodies, **_):
         raise QueueError("queue unreachable (injected)")
 
 
 def test_queue_failure_leaves_runs_pending_for_the_next_tick(agent_factory, db_url):
     agent = agent_factory({"hourly": HOURLY})
     agent.tick(at("2026-01-01T12:30:00"))
-    broken = make_agent(db_url, {"hourly": HOURLY})
-    broken._queue = _FailingQueue(broken.store, "agent-tasks")
+    broken = make_agent(db_url, {"hourly": HOURLY}, queue=_FailingQueue())
     report = broken.tick(at("2026-01-01T13:00:05"))
     broken.close()
     assert report.errors and "unreachable" in report.errors[0]
@@ -189,7 +215,7 @@ def test_queue_failure_leaves_runs_pending_for_the_next_tick(agent_factory, db_u
     assert run["status"] == "pending"                          # claimed, not lost
     again = agent.tick(at("2026-01-01T13:01:00"))
     assert [r["run_id"] for r in again.dispatched] == [run["run_id"]]
-    assert agent.queue.depth() == 1
+    assert agent.queue.run_messages() == 1
 
 
 def test_crash_between_claim_and_enqueue_is_redispatched_after_the_dispatch_lease(agent_factory):
@@ -197,20 +223,23 @@ def test_crash_between_claim_and_enqueue_is_redispatched_after_the_dispatch_leas
     agent.tick(at("2026-01-01T12:30:00"))
     store = agent.store()
     now = at("2026-01-01T13:00:05")
-    store.execute("claim_due_runs", now=now, late_cutoff=now - timedelta(seconds=120))
-    store.execute("dispatch_runs", now=now, lease_until=now + timedelta(seconds=60), max_in_flight=10)
+    store.execute("claim_slots", now=now, slots=[
+        {"job_name": "hourly", "scheduled_for": store.json_time(at("2026-01-01T13:00:00")), "status": "pending",
+         "note": None}])
+    store.execute("dispatch_runs", now=now, late_cutoff=now - timedelta(seconds=120), max_concurrency=10,
+                  lookahead_until=now, ahead_limit=10, dispatch_lease_seconds=60)
     # ...the process died here: the run is queued, no message was sent.
-    assert agent.queue.depth() == 0
+    assert agent.queue.run_messages() == 0
     # The reconciliation query shows it once its dispatch lease has lapsed.
     stuck = store.execute("list_stuck_runs", now=at("2026-01-01T13:01:10"),
                           stale_before=at("2026-01-01T12:00:00")).rows
     assert [(r["status"], r["job_name"]) for r in stuck] == [("queued", "hourly")]
     assert agent.tick(at("2026-01-01T13:00:30")).dispatched == []   # lease still running
     report = agent.tick(at("2026-01-01T13:01:10"))                   # lease expired
-    (run,) = report.dispatched
+    (run,) = [r for r in report.dispatched if r["scheduled_for"] == at("2026-01-01T13:00:00")]
     assert run["token"] == 3                                         # dispatch 1, expiry 2, dispatch 3
-    (message,) = agent.queue.receive(1, 30)
-    assert json.loads(message.body)["token"] == 3
+    bodies = [json.loads(m.body) for m in agent.queue.receive(10, 30)]
+    assert [b["token"] for b in bodies if b.get("run_id") == run["run_id"]] == [3]
 
 
 def test_concurrency_cap_holds_runs_back(agent_factory):

@@ -14,6 +14,7 @@ from azure.functions.timer import TimerRequest
 
 from shared.agent import reset_default_agent
 from shared.messages import RunMessage
+from tests.azurite import azurite, azurite_server  # noqa: F401  (pytest fixtures)
 from tests.conftest import ROOT, execute, make_agent, query
 
 UTC = timezone.utc
@@ -52,10 +53,18 @@ def test_function_app_registers_both_triggers_with_app_setting_bindings():
     assert queue_binding["queueName"] == "%AGENT_QUEUE_NAME%" and queue_binding["connection"] == "AzureWebJobsStorage"
 
 
-def test_timer_then_queue_trigger_run_a_job(app_settings):
+def test_timer_then_queue_trigger_run_a_job(app_settings, azurite, monkeypatch):
+    """The function app's path: the timer dispatches to the storage queue (Azurite), the queue
+    trigger runs the job from the message."""
     from functions import queue_trigger, timer_trigger
 
-    agent = make_agent(app_settings)
+    name = azurite.unique_name()
+    for key, value in azurite.settings().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AGENT_QUEUE_NAME", name)
+    reset_default_agent()
+    azurite.queue(name).ensure_exists()
+    agent = make_agent(app_settings, queue=azurite.queue(name))
     execute(agent, "CREATE TABLE marker (job VARCHAR(64))")
     tick, _ = _user_function(timer_trigger, "agent_tick")
     tick(TimerRequest(past_due=False))

@@ -26,7 +26,12 @@
 --   T-SQL form of FOR UPDATE SKIP LOCKED, and update them through that CTE (a locking read of
 --   the current rows, touching no row another worker holds);
 -- * upserts are MERGE ... WITH (HOLDLOCK) (serializable on the key: no duplicate insert).
--- No SET NOCOUNT ON anywhere: the engine reads the affected row counts.
+-- * starts (claim_runs, start_run, dispatch_runs, insert_manual_run) take agent.start_lock's table
+--   lock first, for the rest of their transaction: the concurrency cap, task order and overlap
+--   are decided by one starter at a time, each statement reading what the others committed.
+-- Sessions run with SET NOCOUNT ON: every statement whose effect the engine checks returns its
+-- rows (OUTPUT ... INTO a table variable, then SELECT: an agent table may carry a DBA's
+-- trigger, and OUTPUT without INTO is refused on such a table, error 334).
 --
 -- T-SQL requires a MERGE to end with a semicolon (error 10713). The loader strips a ';' at the
 -- end of a line (it separates statements), so each MERGE keeps its ';' by ending on a comment;
@@ -75,6 +80,22 @@ ON t.state_key = s.state_key
 WHEN MATCHED THEN UPDATE SET state_value = s.state_value, updated_at = s.updated_at
 WHEN NOT MATCHED THEN INSERT (state_key, state_value, updated_at) VALUES (s.state_key, s.state_value, s.updated_at); -- MERGE ends with a semicolon
 
+-- claim_state --
+-- Set one engine state value only if it is new or larger than the stored one (text order); a row back means this caller won (e.g. the one doorbell chain of a tick period).
+DECLARE @won TABLE (state_key NVARCHAR(64));
+MERGE agent.state WITH (HOLDLOCK) AS t
+USING (SELECT CAST(:state_key AS NVARCHAR(64)) AS state_key, CAST(:state_value AS NVARCHAR(MAX)) AS state_value,
+              CAST(:now AS DATETIME2(6)) AS updated_at) AS s
+ON t.state_key = s.state_key
+WHEN MATCHED AND t.state_value < s.state_value THEN UPDATE SET state_value = s.state_value, updated_at = s.updated_at
+WHEN NOT MATCHED THEN INSERT (state_key, state_value, updated_at) VALUES (s.state_key, s.state_value, s.updated_at)
+OUTPUT inserted.state_key INTO @won; -- MERGE ends with a semicolon
+SELECT state_key FROM @won;
+
+-- database_time --
+-- The database server's clock (UTC), the reference a tick's own clock is checked against.
+SELECT SYSUTCDATETIME() AS server_now;
+
 -- record_config_events --
 -- Record each job whose configuration became invalid (or changed its error) since the last sync.
 INSERT INTO agent.job_events (job_name, event_at, kind, detail)
@@ -85,13 +106,33 @@ WHERE j.valid = 0
                   WHERE c.job_name = j.job_name AND c.valid = 0 AND c.configured = 1
                     AND c.config_error = j.config_error);
 
+-- skip_runs_of_changed_jobs --
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run.
+DECLARE @skipped TABLE (run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6), status NVARCHAR(16),
+                        note NVARCHAR(MAX), operation_id NVARCHAR(32));
+UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
+    note = CASE WHEN j.job_name IS NULL THEN N'skipped: the job was removed from the settings after this slot was claimed'
+                WHEN j.valid = 0 THEN N'skipped: the job''s settings became invalid after this slot was claimed'
+                WHEN j.enabled = 0 THEN N'skipped: the job was disabled after this slot was claimed'
+                ELSE N'skipped: the job''s schedule or time zone changed after this slot was claimed' END
+OUTPUT inserted.run_id, inserted.job_name, inserted.scheduled_for, inserted.status, inserted.note,
+       inserted.operation_id INTO @skipped
+FROM agent.runs AS r
+JOIN agent.jobs AS c ON c.job_name = r.job_name
+LEFT JOIN OPENJSON(:jobs) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64),
+                                enabled INT, valid INT) AS j ON j.job_name = c.job_name
+WHERE r.kind = N'scheduled' AND r.status IN (N'pending', N'queued') AND c.configured = 1
+  AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule OR j.timezone <> c.timezone);
+SELECT run_id, job_name, scheduled_for, status, note, operation_id FROM @skipped;
+
 -- upsert_jobs --
 -- Write every configured job in one statement; a new job, a changed schedule or time zone, or a job re-enabled starts from its new next_due_at.
 MERGE agent.jobs WITH (HOLDLOCK) AS t
 USING (
     SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid,
            j.config_error, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire,
-           j.grace_seconds, j.overlap, CONVERT(DATETIME2(6), j.next_due_at, 121) AS next_due_at
+           j.grace_seconds, j.overlap, CONVERT(DATETIME2(6), j.next_due_at, 121) AS next_due_at,
+           CAST(:now AS DATETIME2(6)) AS advanced_at
     FROM OPENJSON(:jobs) WITH (
         job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), command NVARCHAR(MAX),
         target_database NVARCHAR(128), enabled SMALLINT, valid SMALLINT, config_error NVARCHAR(MAX),
@@ -107,6 +148,13 @@ WHEN MATCHED THEN UPDATE SET
           OR t.valid <> s.valid
           OR t.configured = 0
         THEN s.next_due_at ELSE t.next_due_at END,
+    advanced_at = CASE
+        WHEN t.schedule <> s.schedule
+          OR t.timezone <> s.timezone
+          OR t.enabled <> s.enabled
+          OR t.valid <> s.valid
+          OR t.configured = 0
+        THEN s.advanced_at ELSE t.advanced_at END,
     schedule = s.schedule,
     timezone = s.timezone,
     command = s.command,
@@ -125,10 +173,10 @@ WHEN MATCHED THEN UPDATE SET
 WHEN NOT MATCHED THEN
     INSERT (job_name, schedule, timezone, command, target_database, enabled, valid, config_error,
             max_attempts, timeout_seconds, lease_seconds, misfire, grace_seconds, overlap,
-            next_due_at, configured, updated_at)
+            next_due_at, advanced_at, configured, updated_at)
     VALUES (s.job_name, s.schedule, s.timezone, s.command, s.target_database, s.enabled, s.valid,
             s.config_error, s.max_attempts, s.timeout_seconds, s.lease_seconds, s.misfire,
-            s.grace_seconds, s.overlap, s.next_due_at, 1, CAST(:now AS DATETIME2(6))); -- MERGE ends with a semicolon
+            s.grace_seconds, s.overlap, s.next_due_at, s.advanced_at, 1, CAST(:now AS DATETIME2(6))); -- MERGE ends with a semicolon
 
 -- unconfigure_missing_jobs --
 -- Jobs no longer in the settings stop being scheduled; their history stays.
@@ -136,192 +184,468 @@ UPDATE agent.jobs SET configured = 0, next_due_at = NULL, updated_at = CAST(:now
 WHERE configured = 1
   AND job_name NOT IN (SELECT j.job_name FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64)) AS j);
 
+-- insert_job_events --
+-- Record things that happened to jobs outside any run (a JSON array of {job_name, kind, detail}).
+INSERT INTO agent.job_events (job_name, event_at, kind, detail)
+SELECT e.job_name, CAST(:now AS DATETIME2(6)), e.kind, e.detail
+FROM OPENJSON(:events) WITH (job_name NVARCHAR(64), kind NVARCHAR(32), detail NVARCHAR(MAX)) AS e;
+
 -- expire_leases --
--- Take back every run whose holder stopped heartbeating (or whose message was lost), fencing it with a new token.
+-- Take back every run whose holder stopped renewing its lease (a lapse: the worker died or lost the database; counted apart from attempts, failed after AGENT_MAX_LAPSES) or whose message was lost, fencing it with a new token.
+DECLARE @expired TABLE (run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16), status NVARCHAR(16), attempt INT,
+                        lapses INT, token BIGINT, operation_id NVARCHAR(32), scheduled_for DATETIME2(6), was_running INT);
 UPDATE agent.runs SET
-    status = CASE WHEN status = N'queued' OR attempt < max_attempts THEN N'pending' ELSE N'failed' END,
+    status = CASE WHEN status = N'running' AND lapses + 1 > CAST(:max_lapses AS INT) THEN N'failed' ELSE N'pending' END,
+    lapses = CASE WHEN status = N'running' THEN lapses + 1 ELSE lapses END,
     token = token + 1,
     lease_expires_at = NULL,
-    runnable_at = CAST(:now AS DATETIME2(6)),
-    finished_at = CASE WHEN status = N'running' AND attempt >= max_attempts
+    runnable_at = CASE WHEN status = N'running' THEN CAST(:now AS DATETIME2(6)) ELSE runnable_at END,
+    finished_at = CASE WHEN status = N'running' AND lapses + 1 > CAST(:max_lapses AS INT)
                        THEN CAST(:now AS DATETIME2(6)) ELSE NULL END,
     last_error = CASE WHEN status = N'running'
-                      THEN N'lease expired: worker ' + COALESCE(worker, N'?') + N' stopped renewing its lease'
+                      THEN N'lease lapsed: worker ' + COALESCE(worker, N'?') + N' stopped renewing its lease (lapse '
+                           + CAST(lapses + 1 AS NVARCHAR(12)) + N' of AGENT_MAX_LAPSES='
+                           + CAST(CAST(:max_lapses AS INT) AS NVARCHAR(12)) + N')'
                       ELSE N'dispatch lease expired: the message was not picked up in time; dispatching again' END
-OUTPUT inserted.run_id, inserted.job_name, inserted.kind, inserted.status, inserted.attempt, inserted.token,
-       inserted.operation_id, inserted.scheduled_for,
-       CASE WHEN deleted.status = N'running' THEN 1 ELSE 0 END AS was_running
+OUTPUT inserted.run_id, inserted.job_name, inserted.kind, inserted.status, inserted.attempt, inserted.lapses,
+       inserted.token, inserted.operation_id, inserted.scheduled_for,
+       CASE WHEN deleted.status = N'running' THEN 1 ELSE 0 END INTO @expired
 WHERE status IN (N'queued', N'running') AND lease_expires_at < CAST(:now AS DATETIME2(6));
+SELECT run_id, job_name, kind, status, attempt, lapses, token, operation_id, scheduled_for, was_running FROM @expired;
 
 -- close_dead_attempts --
 -- Mark attempts still 'running' whose run has moved on to a newer token: their worker died or was fenced.
 UPDATE a SET outcome = N'lease_expired', finished_at = CAST(:now AS DATETIME2(6)),
-    error_message = N'lease expired: the worker stopped renewing its lease (killed, hung or cut off)'
+    error_message = N'lease lapsed: the worker stopped renewing its lease (killed, hung or cut off from the database)'
 FROM agent.attempts AS a
 JOIN agent.runs AS r ON r.run_id = a.run_id
 WHERE a.outcome = N'running' AND a.token < r.token;
 
--- claim_due_runs --
--- Claim one run per due job in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks; misfire and overlap decided here.
+-- select_runaway_jobs --
+-- Jobs whose next slot was moved by a tick whose clock ran ahead of this one by more than AGENT_MAX_CLOCK_SKEW_SECONDS.
+SELECT job_name, schedule, timezone, next_due_at, advanced_at
+FROM agent.jobs
+WHERE advanced_at > CAST(:far AS DATETIME2(6)) AND configured = 1
+ORDER BY job_name;
+
+-- recover_runaway_runs --
+-- Undo what a clock far ahead created: its never-started slots go (they are claimed again when their time comes), other never-started runs become runnable now, and leases set far ahead come back within reach.
+DECLARE @recovered TABLE (action NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6));
+DELETE r
+OUTPUT N'removed', deleted.run_id, deleted.job_name, deleted.scheduled_for INTO @recovered
+FROM agent.runs AS r
+WHERE r.kind = N'scheduled' AND r.status IN (N'pending', N'queued') AND r.attempt = 0
+  AND r.created_at > CAST(:far AS DATETIME2(6));
+UPDATE agent.runs SET runnable_at = CAST(:now AS DATETIME2(6)), created_at = CAST(:now AS DATETIME2(6)),
+    status = N'pending', lease_expires_at = NULL
+OUTPUT N'made runnable', inserted.run_id, inserted.job_name, inserted.scheduled_for INTO @recovered
+WHERE kind <> N'scheduled' AND status IN (N'pending', N'queued') AND created_at > CAST(:far AS DATETIME2(6));
+UPDATE agent.runs SET lease_expires_at = DATEADD(second, lease_seconds, CAST(:now AS DATETIME2(6)))
+OUTPUT N'lease shortened', inserted.run_id, inserted.job_name, inserted.scheduled_for INTO @recovered
+WHERE status IN (N'queued', N'running') AND lease_expires_at > CAST(:far_lease AS DATETIME2(6));
+SELECT action, run_id, job_name, scheduled_for FROM @recovered;
+
+-- select_due_jobs --
+-- Jobs with a slot at or before the claim horizon (the next tick plus a margin); their slots are computed in Python, for these jobs only.
+SELECT job_name, schedule, timezone, next_due_at, misfire, grace_seconds
+FROM agent.jobs
+WHERE next_due_at <= CAST(:horizon AS DATETIME2(6)) AND enabled = 1 AND valid = 1 AND configured = 1
+ORDER BY job_name;
+
+-- claim_slots --
+-- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one statement; the duplicate probe holds key-range locks on the unique (job_name, scheduled_for) index it is forced to seek, so concurrent ticks insert nothing twice. A run becomes runnable at its slot, never before.
+DECLARE @claimed TABLE (run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6), status NVARCHAR(16),
+                        note NVARCHAR(MAX), operation_id NVARCHAR(32), token BIGINT);
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note)
 OUTPUT inserted.run_id, inserted.job_name, inserted.scheduled_for, inserted.status, inserted.note,
-       inserted.operation_id, inserted.token
-SELECT d.job_name, N'scheduled', d.next_due_at, d.decision, d.command, d.target_database, d.overlap,
-       d.max_attempts, d.timeout_seconds, d.lease_seconds, CAST(:now AS DATETIME2(6)),
-       CAST(:now AS DATETIME2(6)),
-       CASE WHEN d.decision = N'skipped' THEN CAST(:now AS DATETIME2(6)) END,
-       LOWER(REPLACE(CONVERT(VARCHAR(36), NEWID()), '-', '')),
-       CASE d.reason
-           WHEN N'misfire-skip' THEN N'misfire: slot missed by more than the misfire threshold; policy skip'
-           WHEN N'misfire-grace' THEN N'misfire: slot older than its grace period; skipped'
-           WHEN N'misfire-catch-up' THEN N'misfire: caught up late, once'
-           WHEN N'overlap' THEN N'overlap: the previous run of this job was still in flight; policy skip'
-       END
-FROM (
-    SELECT r.*, CASE WHEN r.reason IN (N'misfire-skip', N'misfire-grace', N'overlap') THEN N'skipped'
-                     ELSE N'pending' END AS decision
-    FROM (
-        SELECT j.*,
-               CASE WHEN j.next_due_at < CAST(:late_cutoff AS DATETIME2(6)) AND j.misfire = N'skip' THEN N'misfire-skip'
-                    WHEN j.next_due_at < CAST(:late_cutoff AS DATETIME2(6))
-                         AND DATEADD(second, j.grace_seconds, j.next_due_at) < CAST(:now AS DATETIME2(6))
-                    THEN N'misfire-grace'
-                    WHEN j.overlap = N'skip' AND EXISTS (
-                         SELECT 1 FROM agent.runs AS a
-                         WHERE a.job_name = j.job_name AND a.status IN (N'pending', N'queued', N'running')) THEN N'overlap'
-                    WHEN j.next_due_at < CAST(:late_cutoff AS DATETIME2(6)) THEN N'misfire-catch-up'
-                    ELSE N'on-time' END AS reason
-        FROM agent.jobs AS j
-        WHERE j.next_due_at <= CAST(:now AS DATETIME2(6)) AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
-    ) AS r
-) AS d
+       inserted.operation_id, inserted.token INTO @claimed
+SELECT j.job_name, N'scheduled', s.scheduled_for, s.status, j.command, j.target_database, j.overlap,
+       j.max_attempts, j.timeout_seconds, j.lease_seconds, s.scheduled_for, CAST(:now AS DATETIME2(6)),
+       CASE WHEN s.status = N'skipped' THEN CAST(:now AS DATETIME2(6)) END,
+       LOWER(REPLACE(CONVERT(VARCHAR(36), NEWID()), '-', '')), s.note
+FROM (SELECT x.job_name, CONVERT(DATETIME2(6), x.scheduled_for, 121) AS scheduled_for, x.status, x.note
+      FROM OPENJSON(:slots) WITH (job_name NVARCHAR(64), scheduled_for NVARCHAR(40), status NVARCHAR(16),
+                                  note NVARCHAR(MAX)) AS x) AS s
+JOIN agent.jobs AS j ON j.job_name = s.job_name AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
 WHERE NOT EXISTS (
-    SELECT 1 FROM agent.runs AS x WITH (UPDLOCK, HOLDLOCK)
-    WHERE x.job_name IS NOT NULL AND x.job_name = d.job_name AND x.scheduled_for = d.next_due_at)
-ORDER BY d.job_name;
+    SELECT 1 FROM agent.runs AS e WITH (UPDLOCK, HOLDLOCK, FORCESEEK(runs_job_slot(job_name, scheduled_for)))
+    WHERE e.job_name IS NOT NULL AND e.job_name = s.job_name AND e.scheduled_for = s.scheduled_for)
+ORDER BY j.job_name, s.scheduled_for;
+SELECT run_id, job_name, scheduled_for, status, note, operation_id, token FROM @claimed;
 
--- select_due_schedules --
--- The distinct schedules of jobs whose next slot has come (claimed by this tick or an earlier one): their next slot is computed in Python, once per schedule.
-SELECT DISTINCT schedule, timezone
-FROM agent.jobs
-WHERE next_due_at <= CAST(:now AS DATETIME2(6)) AND enabled = 1 AND valid = 1 AND configured = 1;
-
--- advance_due_jobs --
--- Move every due job to the next slot of its schedule; a job a concurrent tick already moved is no longer due and stays as it is.
-UPDATE j SET next_due_at = CONVERT(DATETIME2(6), a.next_due_at, 121)
+-- advance_jobs --
+-- Move jobs to their next slot (a JSON array of {job_name, from_due, next_due_at}); a job another tick already moved is left as it is.
+DECLARE @advanced TABLE (job_name NVARCHAR(64));
+UPDATE j SET next_due_at = CONVERT(DATETIME2(6), a.next_due_at, 121), advanced_at = CAST(:now AS DATETIME2(6))
+OUTPUT inserted.job_name INTO @advanced
 FROM agent.jobs AS j
-JOIN OPENJSON(:advances) WITH (schedule NVARCHAR(400), timezone NVARCHAR(64), next_due_at NVARCHAR(40)) AS a
-  ON j.schedule = a.schedule AND j.timezone = a.timezone
-WHERE j.next_due_at <= CAST(:now AS DATETIME2(6)) AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1;
+JOIN OPENJSON(:advances) WITH (job_name NVARCHAR(64), from_due NVARCHAR(40), next_due_at NVARCHAR(40)) AS a
+  ON j.job_name = a.job_name
+WHERE j.next_due_at = CONVERT(DATETIME2(6), a.from_due, 121);
+SELECT job_name FROM @advanced;
 
 -- dispatch_runs --
--- Hand runnable runs to the queue: each gets a new, larger token and a dispatch lease; overlap 'queue', task order and the concurrency cap are honoured.
--- The picked rows are updated through the CTE itself, so this statement locks only the rows it
--- picked (UPDLOCK) and steps over the ones another dispatcher holds (READPAST).
-WITH picked AS (
+-- Queue mode: under the start lock, skip the slots that may not run, then hand the queue every due run that may start (task order, overlap 'queue', the cap counting runs executing or due on the queue) and every run due within the lookahead (a delayed message; it holds no place). Each gets a new token and a dispatch lease.
+DECLARE @locked INT;
+SELECT @locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+DECLARE @out TABLE (decision NVARCHAR(20), run_id BIGINT, token BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
+                    operation_id NVARCHAR(32), scheduled_for DATETIME2(6), attempt INT, runnable_at DATETIME2(6),
+                    note NVARCHAR(MAX));
+UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
+    note = CASE
+        WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
+             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running')
+        THEN N'overlap: the previous run of this job was still running; policy skip'
+        WHEN EXISTS (
+             SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
+               AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
+               AND n.status NOT IN (N'skipped', N'cancelled'))
+        THEN N'misfire: a later slot of this job is due too; caught up once, with the latest'
+        WHEN EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name AND j.misfire = N'skip')
+        THEN N'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
+        ELSE N'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
+OUTPUT N'skipped', inserted.run_id, inserted.token, inserted.job_name, inserted.kind, inserted.operation_id,
+       inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out
+FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
+WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6))
+  AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
+            SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running'))
+       OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND (
+            EXISTS (SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
+                      AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
+                      AND n.status NOT IN (N'skipped', N'cancelled'))
+            OR EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
+                         AND (j.misfire = N'skip'
+                              OR DATEADD(second, j.grace_seconds, r.scheduled_for) < CAST(:now AS DATETIME2(6)))))));
+WITH due AS (
     SELECT TOP ((SELECT CASE WHEN cap.free > 0 THEN cap.free ELSE 0 END
-                 FROM (SELECT CAST(:max_in_flight AS INT) - COUNT(*) AS free
-                       FROM agent.runs AS f WHERE f.status IN (N'queued', N'running')) AS cap))
+                 FROM (SELECT CAST(:max_concurrency AS INT) - COUNT(*) AS free FROM agent.runs AS f
+                       WHERE f.status = N'running'
+                          OR (f.status = N'queued' AND f.runnable_at <= CAST(:now AS DATETIME2(6)))) AS cap))
            c.*
     FROM agent.runs AS c WITH (UPDLOCK, READPAST, ROWLOCK)
     WHERE c.status = N'pending' AND c.runnable_at <= CAST(:now AS DATETIME2(6))
-      AND (c.overlap <> N'queue' OR c.job_name IS NULL OR NOT EXISTS (
+      AND NOT (c.task_order IS NOT NULL AND EXISTS (
+            SELECT 1 FROM agent.runs AS t
+            WHERE t.kind = N'task' AND t.task_order < c.task_order AND t.status IN (N'pending', N'queued', N'running')))
+      AND NOT (c.job_name IS NOT NULL AND c.overlap <> N'allow' AND EXISTS (
             SELECT 1 FROM agent.runs AS o
             WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-              AND (o.status IN (N'queued', N'running')
-                   OR (o.status = N'pending' AND o.scheduled_for < c.scheduled_for))))
-      AND (c.task_order IS NULL OR NOT EXISTS (
-            SELECT 1 FROM agent.runs AS t
-            WHERE t.kind = N'task' AND t.task_order < c.task_order
-              AND t.status IN (N'pending', N'queued', N'running')))
+              AND ((c.overlap = N'queue' AND o.status = N'running')
+                   OR (o.status IN (N'pending', N'queued')
+                       AND (c.overlap = N'queue' OR o.runnable_at <= CAST(:now AS DATETIME2(6)))
+                       AND (o.scheduled_for < c.scheduled_for
+                            OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
     ORDER BY c.runnable_at, c.run_id
 )
-UPDATE picked SET
+UPDATE due SET
     status = N'queued',
     token = token + 1,
-    lease_expires_at = CAST(:lease_until AS DATETIME2(6)),
+    lease_expires_at = DATEADD(second, CAST(:dispatch_lease_seconds AS INT), CAST(:now AS DATETIME2(6))),
     dispatched_at = CAST(:now AS DATETIME2(6))
-OUTPUT inserted.run_id, inserted.token, inserted.job_name, inserted.kind, inserted.operation_id,
-       inserted.scheduled_for, inserted.attempt;
+OUTPUT N'queued', inserted.run_id, inserted.token, inserted.job_name, inserted.kind, inserted.operation_id,
+       inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out;
+WITH ahead AS (
+    SELECT TOP (CAST(:ahead_limit AS INT)) c.*
+    FROM agent.runs AS c WITH (UPDLOCK, READPAST, ROWLOCK)
+    WHERE c.status = N'pending' AND c.runnable_at > CAST(:now AS DATETIME2(6))
+      AND c.runnable_at <= CAST(:lookahead_until AS DATETIME2(6))
+    ORDER BY c.runnable_at, c.run_id
+)
+UPDATE ahead SET
+    status = N'queued',
+    token = token + 1,
+    lease_expires_at = DATEADD(second, CAST(:dispatch_lease_seconds AS INT), runnable_at),
+    dispatched_at = CAST(:now AS DATETIME2(6))
+OUTPUT N'queued', inserted.run_id, inserted.token, inserted.job_name, inserted.kind, inserted.operation_id,
+       inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out;
+SELECT decision, run_id, token, job_name, kind, operation_id, scheduled_for, attempt, runnable_at, note FROM @out;
 
 -- release_dispatch --
--- Put back runs whose queue message could not be sent (a JSON array of {run_id, token}); a later tick dispatches them again.
+-- Put back runs whose queue message could not be sent (a JSON array of {run_id, token}); a later dispatch sends them again.
+DECLARE @released TABLE (run_id BIGINT);
 UPDATE r SET status = N'pending', lease_expires_at = NULL
+OUTPUT inserted.run_id INTO @released
 FROM agent.runs AS r
 JOIN OPENJSON(:runs) WITH (run_id BIGINT, token BIGINT) AS x ON r.run_id = x.run_id AND r.token = x.token
 WHERE r.status = N'queued';
+SELECT run_id FROM @released;
 
 -- start_run --
--- Fenced start: only the holder of the current token starts a queued run; returns what the worker needs.
+-- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened.
+DECLARE @locked INT;
+SELECT @locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+DECLARE @decision NVARCHAR(20);
+SELECT @decision = CASE
+        WHEN r.runnable_at > CAST(:now AS DATETIME2(6)) THEN N'early'
+        WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
+             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
+               AND o.status = N'running') THEN N'skip-overlap'
+        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND EXISTS (
+             SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
+               AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
+               AND n.status NOT IN (N'skipped', N'cancelled')) THEN N'skip-superseded'
+        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND EXISTS (
+             SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name AND j.misfire = N'skip') THEN N'skip-misfire'
+        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND EXISTS (
+             SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
+               AND DATEADD(second, j.grace_seconds, r.scheduled_for) < CAST(:now AS DATETIME2(6))) THEN N'skip-grace'
+        WHEN r.task_order IS NOT NULL AND EXISTS (
+             SELECT 1 FROM agent.runs AS t WHERE t.kind = N'task' AND t.task_order < r.task_order
+               AND t.status IN (N'pending', N'queued', N'running')) THEN N'held-order'
+        WHEN r.job_name IS NOT NULL AND r.overlap = N'queue' AND EXISTS (
+             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
+               AND (o.status = N'running'
+                    OR (o.status IN (N'pending', N'queued')
+                        AND (o.scheduled_for < r.scheduled_for
+                             OR (o.scheduled_for = r.scheduled_for AND o.run_id < r.run_id))))) THEN N'held-overlap'
+        WHEN (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running')
+             >= CAST(:max_concurrency AS INT) THEN N'held-cap'
+        ELSE N'start' END
+FROM agent.runs AS r WITH (UPDLOCK)
+WHERE r.run_id = :run_id AND r.token = :token AND r.status = N'queued';
+DECLARE @started TABLE (decision NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
+                        command NVARCHAR(MAX), target_database NVARCHAR(128), attempt INT, failures INT,
+                        max_attempts INT, lapses INT, transient_errors INT, token BIGINT, timeout_seconds INT,
+                        lease_seconds INT, operation_id NVARCHAR(32), scheduled_for DATETIME2(6),
+                        runnable_at DATETIME2(6), started_at DATETIME2(6), note NVARCHAR(MAX));
 UPDATE agent.runs SET
+    status = CASE WHEN @decision = N'start' THEN N'running' WHEN @decision LIKE N'skip-%' THEN N'skipped'
+                  WHEN @decision LIKE N'held-%' THEN N'pending' ELSE status END,
+    attempt = CASE WHEN @decision = N'start' THEN attempt + 1 ELSE attempt END,
+    started_at = CASE WHEN @decision = N'start' THEN CAST(:now AS DATETIME2(6)) ELSE started_at END,
+    heartbeat_at = CASE WHEN @decision = N'start' THEN CAST(:now AS DATETIME2(6)) ELSE heartbeat_at END,
+    lease_expires_at = CASE WHEN @decision = N'start' THEN DATEADD(second, lease_seconds, CAST(:now AS DATETIME2(6)))
+                            WHEN @decision = N'early' THEN lease_expires_at END,
+    worker = CASE WHEN @decision = N'start' THEN CAST(:worker AS NVARCHAR(200)) ELSE worker END,
+    dequeue_count = CASE WHEN @decision = N'start' THEN CAST(:dequeue_count AS INT) ELSE dequeue_count END,
+    finished_at = CASE WHEN @decision LIKE N'skip-%' THEN CAST(:now AS DATETIME2(6)) ELSE finished_at END,
+    note = CASE @decision
+        WHEN N'skip-overlap' THEN N'overlap: the previous run of this job was still running; policy skip'
+        WHEN N'skip-superseded' THEN N'misfire: a later slot of this job is due too; caught up once, with the latest'
+        WHEN N'skip-misfire' THEN N'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
+        WHEN N'skip-grace' THEN N'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped'
+        WHEN N'held-order' THEN N'held: waits for the tasks of a lower order to finish'
+        WHEN N'held-overlap' THEN N'held: waits for the previous run of this job (overlap queue)'
+        WHEN N'held-cap' THEN N'held: AGENT_MAX_CONCURRENCY runs are executing'
+        ELSE note END
+OUTPUT @decision, inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
+       inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
+       inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
+       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note INTO @started
+WHERE run_id = :run_id AND token = :token AND status = N'queued' AND @decision IS NOT NULL;
+INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
+SELECT s.run_id, s.attempt, s.token, CAST(:worker AS NVARCHAR(200)), CAST(:dequeue_count AS INT),
+       CAST(:now AS DATETIME2(6)), N'running'
+FROM @started AS s WHERE s.decision = N'start';
+SELECT decision, run_id, job_name, kind, command, target_database, attempt, failures, max_attempts, lapses,
+       transient_errors, token, timeout_seconds, lease_seconds, operation_id, scheduled_for, runnable_at,
+       started_at, note
+FROM @started;
+
+-- claim_runs --
+-- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened.
+DECLARE @locked INT;
+SELECT @locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+DECLARE @claimed TABLE (decision NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
+                        command NVARCHAR(MAX), target_database NVARCHAR(128), attempt INT, failures INT,
+                        max_attempts INT, lapses INT, transient_errors INT, token BIGINT, timeout_seconds INT,
+                        lease_seconds INT, operation_id NVARCHAR(32), scheduled_for DATETIME2(6),
+                        runnable_at DATETIME2(6), started_at DATETIME2(6), note NVARCHAR(MAX));
+UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
+    note = CASE
+        WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
+             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running')
+        THEN N'overlap: the previous run of this job was still running; policy skip'
+        WHEN EXISTS (
+             SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
+               AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
+               AND n.status NOT IN (N'skipped', N'cancelled'))
+        THEN N'misfire: a later slot of this job is due too; caught up once, with the latest'
+        WHEN EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name AND j.misfire = N'skip')
+        THEN N'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
+        ELSE N'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
+OUTPUT N'skipped', inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
+       inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
+       inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
+       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note INTO @claimed
+FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
+WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6))
+  AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
+            SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running'))
+       OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND (
+            EXISTS (SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
+                      AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
+                      AND n.status NOT IN (N'skipped', N'cancelled'))
+            OR EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
+                         AND (j.misfire = N'skip'
+                              OR DATEADD(second, j.grace_seconds, r.scheduled_for) < CAST(:now AS DATETIME2(6)))))));
+WITH picked AS (
+    SELECT TOP ((SELECT CASE WHEN cap.free > CAST(:batch AS INT) THEN CAST(:batch AS INT)
+                             WHEN cap.free > 0 THEN cap.free ELSE 0 END
+                 FROM (SELECT CAST(:max_concurrency AS INT) - COUNT(*) AS free FROM agent.runs AS f
+                       WHERE f.status = N'running'
+                          OR (f.status = N'queued' AND f.runnable_at <= CAST(:now AS DATETIME2(6)))) AS cap))
+           c.*
+    FROM agent.runs AS c WITH (UPDLOCK, READPAST, ROWLOCK)
+    WHERE c.status = N'pending' AND c.runnable_at <= CAST(:now AS DATETIME2(6))
+      AND NOT (c.task_order IS NOT NULL AND EXISTS (
+            SELECT 1 FROM agent.runs AS t
+            WHERE t.kind = N'task' AND t.task_order < c.task_order AND t.status IN (N'pending', N'queued', N'running')))
+      AND NOT (c.job_name IS NOT NULL AND c.overlap <> N'allow' AND EXISTS (
+            SELECT 1 FROM agent.runs AS o
+            WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
+              AND ((c.overlap = N'queue' AND o.status = N'running')
+                   OR (o.status IN (N'pending', N'queued')
+                       AND (c.overlap = N'queue' OR o.runnable_at <= CAST(:now AS DATETIME2(6)))
+                       AND (o.scheduled_for < c.scheduled_for
+                            OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
+    ORDER BY c.runnable_at, c.run_id
+)
+UPDATE picked SET
     status = N'running',
+    token = token + 1,
     attempt = attempt + 1,
+    dispatched_at = CAST(:now AS DATETIME2(6)),
     started_at = CAST(:now AS DATETIME2(6)),
     heartbeat_at = CAST(:now AS DATETIME2(6)),
     lease_expires_at = DATEADD(second, lease_seconds, CAST(:now AS DATETIME2(6))),
-    worker = :worker,
-    dequeue_count = :dequeue_count
-OUTPUT inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
-       inserted.attempt, inserted.max_attempts, inserted.token, inserted.timeout_seconds,
-       inserted.lease_seconds, inserted.operation_id, inserted.scheduled_for, inserted.started_at
-WHERE run_id = :run_id AND token = :token AND status = N'queued';
-
--- insert_attempt --
--- Open the history row of an attempt just started.
+    worker = CAST(:worker AS NVARCHAR(200)),
+    dequeue_count = NULL
+OUTPUT N'start', inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
+       inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
+       inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
+       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note INTO @claimed;
 INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
-VALUES (:run_id, :attempt, :token, :worker, :dequeue_count, CAST(:now AS DATETIME2(6)), N'running');
+SELECT s.run_id, s.attempt, s.token, CAST(:worker AS NVARCHAR(200)), NULL, CAST(:now AS DATETIME2(6)), N'running'
+FROM @claimed AS s WHERE s.decision = N'start';
+SELECT decision, run_id, job_name, kind, command, target_database, attempt, failures, max_attempts, lapses,
+       transient_errors, token, timeout_seconds, lease_seconds, operation_id, scheduled_for, runnable_at,
+       started_at, note
+FROM @claimed ORDER BY runnable_at, run_id;
+
+-- next_runnable_at --
+-- When the next pending run becomes runnable (the local runner's idle workers sleep until then, or the poll interval).
+SELECT MIN(runnable_at) AS next_at FROM agent.runs
+WHERE status = N'pending' AND runnable_at > CAST(:now AS DATETIME2(6));
+
+-- renew_leases --
+-- One statement renews the lease of every run a process holds (a JSON array of {run_id, token}); a run missing from the result was taken over or cancelled.
+DECLARE @renewed TABLE (run_id BIGINT);
+UPDATE r SET heartbeat_at = CAST(:now AS DATETIME2(6)),
+    lease_expires_at = DATEADD(second, r.lease_seconds, CAST(:now AS DATETIME2(6)))
+OUTPUT inserted.run_id INTO @renewed
+FROM agent.runs AS r
+JOIN OPENJSON(:held) WITH (run_id BIGINT, token BIGINT) AS h ON r.run_id = h.run_id AND r.token = h.token
+WHERE r.status = N'running';
+SELECT run_id FROM @renewed;
+
+-- reset_session --
+-- The job ran inside sp_executesql, whose scope restored its SET options and dropped its temporary tables; these make sure of what the agent's own statements need.
+SET LOCK_TIMEOUT 30000;
+SET NOCOUNT ON;
+SET XACT_ABORT ON;
+SET ANSI_NULLS ON;
+SET QUOTED_IDENTIFIER ON;
+SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+SELECT 1 AS unlocked WHERE 1 = 0;
+
+-- finish_run --
+-- Fenced completion in the job's transaction: the run and its open attempt succeed together, only for the current token (no row back: the lease was taken over; roll back). A transaction the job's SQL ended or doomed is never recorded as succeeded.
+IF XACT_STATE() <> 1 THROW 50001, N'the job''s transaction is no longer active (its SQL committed, rolled back or doomed it): the run is not recorded as succeeded', 1;
+DECLARE @done TABLE (run_id BIGINT, token BIGINT);
+UPDATE agent.runs SET status = N'succeeded', finished_at = CAST(:now AS DATETIME2(6)),
+    lease_expires_at = NULL, last_error = NULL, last_error_number = NULL
+OUTPUT inserted.run_id, inserted.token INTO @done
+WHERE run_id = :run_id AND token = :token AND status = N'running';
+UPDATE a SET outcome = N'succeeded', finished_at = CAST(:now AS DATETIME2(6))
+FROM agent.attempts AS a
+JOIN @done AS d ON a.run_id = d.run_id AND a.token = d.token
+WHERE a.outcome = N'running';
+SELECT run_id FROM @done;
+
+-- fail_run --
+-- Fenced failure (an error in the job's SQL, or its timeout): spends one of max_attempts; back to pending at :retry_at while attempts remain, else failed; the attempt closes with the error.
+DECLARE @failed TABLE (run_id BIGINT, token BIGINT, status NVARCHAR(16), attempt INT, failures INT, max_attempts INT);
+UPDATE agent.runs SET
+    failures = failures + 1,
+    status = CASE WHEN failures + 1 < max_attempts THEN N'pending' ELSE N'failed' END,
+    runnable_at = CAST(:retry_at AS DATETIME2(6)),
+    finished_at = CASE WHEN failures + 1 < max_attempts THEN NULL ELSE CAST(:now AS DATETIME2(6)) END,
+    lease_expires_at = NULL,
+    last_error_number = :error_number,
+    last_error = :error_message
+OUTPUT inserted.run_id, inserted.token, inserted.status, inserted.attempt, inserted.failures, inserted.max_attempts
+  INTO @failed
+WHERE run_id = :run_id AND token = :token AND status = N'running';
+UPDATE a SET outcome = :outcome, finished_at = CAST(:now AS DATETIME2(6)),
+    error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message
+FROM agent.attempts AS a
+JOIN @failed AS f ON a.run_id = f.run_id AND a.token = f.token
+WHERE a.outcome = N'running';
+SELECT status, attempt, failures, max_attempts FROM @failed;
+
+-- retry_transient --
+-- Local runner, fenced: a transient error spends no attempt; the run goes back to pending at :retry_at and counts the transient error; the attempt closes with it.
+DECLARE @retried TABLE (run_id BIGINT, token BIGINT, status NVARCHAR(16), transient_errors INT);
+UPDATE agent.runs SET status = N'pending', transient_errors = transient_errors + 1,
+    runnable_at = CAST(:retry_at AS DATETIME2(6)), lease_expires_at = NULL,
+    last_error_number = :error_number, last_error = :error_message
+OUTPUT inserted.run_id, inserted.token, inserted.status, inserted.transient_errors INTO @retried
+WHERE run_id = :run_id AND token = :token AND status = N'running';
+UPDATE a SET outcome = N'transient', finished_at = CAST(:now AS DATETIME2(6)),
+    error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message
+FROM agent.attempts AS a
+JOIN @retried AS t ON a.run_id = t.run_id AND a.token = t.token
+WHERE a.outcome = N'running';
+SELECT status, transient_errors FROM @retried;
+
+-- requeue_transient --
+-- Queue mode, fenced: a transient error spends no attempt; the run goes back to the queue's redelivery (same token) with a dispatch lease in case the message is lost; the attempt closes with the error.
+DECLARE @requeued TABLE (run_id BIGINT, token BIGINT, status NVARCHAR(16));
+UPDATE agent.runs SET status = N'queued', lease_expires_at = CAST(:lease_until AS DATETIME2(6)),
+    last_error_number = :error_number, last_error = :error_message
+OUTPUT inserted.run_id, inserted.token, inserted.status INTO @requeued
+WHERE run_id = :run_id AND token = :token AND status = N'running';
+UPDATE a SET outcome = N'transient', finished_at = CAST(:now AS DATETIME2(6)),
+    error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message
+FROM agent.attempts AS a
+JOIN @requeued AS t ON a.run_id = t.run_id AND a.token = t.token
+WHERE a.outcome = N'running';
+SELECT status FROM @requeued;
+
+-- poison_run --
+-- Fenced: the run's current message (or, in the local runner, the run) is poisoned; the run ends poisoned and its open attempt closes with the last error.
+DECLARE @poisoned TABLE (run_id BIGINT, token BIGINT);
+UPDATE agent.runs SET status = N'poisoned', finished_at = CAST(:now AS DATETIME2(6)),
+    lease_expires_at = NULL, last_error = :reason
+OUTPUT inserted.run_id, inserted.token INTO @poisoned
+WHERE run_id = :run_id AND token = :token AND status IN (N'pending', N'queued', N'running');
+UPDATE a SET outcome = N'poisoned', finished_at = CAST(:now AS DATETIME2(6)),
+    error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message
+FROM agent.attempts AS a
+JOIN @poisoned AS p ON a.run_id = p.run_id AND a.token = p.token
+WHERE a.outcome = N'running';
+SELECT run_id FROM @poisoned;
+
+-- close_fenced_attempt --
+-- Close the attempt of a worker whose lease was taken over (its run belongs to someone else now).
+DECLARE @closed TABLE (run_id BIGINT);
+UPDATE agent.attempts SET outcome = N'lease_lost', finished_at = CAST(:now AS DATETIME2(6)),
+    error_message = :error_message
+OUTPUT inserted.run_id INTO @closed
+WHERE run_id = :run_id AND token = :token AND outcome = N'running';
+SELECT run_id FROM @closed;
 
 -- get_run --
 -- One run, for the executor's explanation of a message it will not run, and for the CLI.
 SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, task_order,
-       attempt, max_attempts, token, lease_expires_at, heartbeat_at, runnable_at, created_at,
-       dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
+       attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
+       runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
        last_error_number, last_error, note
 FROM agent.runs WHERE run_id = :run_id;
-
--- heartbeat_run --
--- Renew the lease of a running run; zero rows means the lease was taken over (or the run cancelled).
-UPDATE agent.runs SET heartbeat_at = CAST(:now AS DATETIME2(6)),
-    lease_expires_at = DATEADD(second, lease_seconds, CAST(:now AS DATETIME2(6)))
-WHERE run_id = :run_id AND token = :token AND status = N'running';
-
--- complete_run --
--- Fenced completion: succeeds only for the current token; run in the same transaction as control-database work.
-UPDATE agent.runs SET status = N'succeeded', finished_at = CAST(:now AS DATETIME2(6)),
-    lease_expires_at = NULL, last_error = NULL, last_error_number = NULL
-WHERE run_id = :run_id AND token = :token AND status = N'running';
-
--- finish_attempt --
--- Close the history row of an attempt with its outcome and error.
-UPDATE agent.attempts SET outcome = :outcome, finished_at = CAST(:now AS DATETIME2(6)),
-    error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message
-WHERE run_id = :run_id AND token = :token AND outcome = N'running';
-
--- fail_run --
--- Fenced failure: back to pending after a backoff while attempts remain, else failed.
-UPDATE agent.runs SET
-    status = CASE WHEN attempt < max_attempts THEN N'pending' ELSE N'failed' END,
-    runnable_at = CAST(:retry_at AS DATETIME2(6)),
-    finished_at = CASE WHEN attempt < max_attempts THEN NULL ELSE CAST(:now AS DATETIME2(6)) END,
-    lease_expires_at = NULL,
-    last_error_number = :error_number,
-    last_error = :error_message
-OUTPUT inserted.status, inserted.attempt, inserted.max_attempts
-WHERE run_id = :run_id AND token = :token AND status = N'running';
-
--- requeue_transient --
--- Fenced: a transient failure hands the run back to the queue's redelivery (same token), with a dispatch lease in case the message is lost.
-UPDATE agent.runs SET status = N'queued', lease_expires_at = CAST(:lease_until AS DATETIME2(6)),
-    last_error_number = :error_number, last_error = :error_message
-WHERE run_id = :run_id AND token = :token AND status = N'running';
-
--- poison_run --
--- Fenced: the current message of this run was poisoned; the run ends poisoned.
-UPDATE agent.runs SET status = N'poisoned', finished_at = CAST(:now AS DATETIME2(6)),
-    lease_expires_at = NULL, last_error = :reason
-WHERE run_id = :run_id AND token = :token AND status IN (N'queued', N'running');
 
 -- list_run_errors --
 -- Every error seen by a run's attempts, oldest first (kept with a poison message).
@@ -331,9 +655,11 @@ FROM agent.attempts WHERE run_id = :run_id ORDER BY attempt_id;
 
 -- insert_poison --
 -- Keep a poisoned message: body as received, dequeue count, every error, the run.
+DECLARE @poison TABLE (poison_id BIGINT);
 INSERT INTO agent.poison_messages (run_id, message_id, body, dequeue_count, reason, errors, poisoned_at)
-OUTPUT inserted.poison_id
+OUTPUT inserted.poison_id INTO @poison
 VALUES (:run_id, :message_id, :body, :dequeue_count, :reason, :errors, CAST(:now AS DATETIME2(6)));
+SELECT poison_id FROM @poison;
 
 -- list_poison --
 -- Poison messages, newest first.
@@ -346,22 +672,29 @@ SELECT poison_id, run_id, message_id, body, dequeue_count, reason, errors, poiso
 FROM agent.poison_messages WHERE poison_id = :poison_id;
 
 -- requeue_run --
--- Give a poisoned or failed run one more attempt: back to pending; the next dispatch gives it a new token.
+-- Give a poisoned or failed run one more attempt (and fresh lapse and transient budgets): back to pending, runnable now; the next start gives it a new token.
+DECLARE @requeued TABLE (run_id BIGINT);
 UPDATE agent.runs SET status = N'pending', runnable_at = CAST(:now AS DATETIME2(6)), finished_at = NULL,
-    lease_expires_at = NULL, max_attempts = attempt + 1,
+    lease_expires_at = NULL, max_attempts = failures + 1, lapses = 0, transient_errors = 0,
     note = N'requeued by operator'
+OUTPUT inserted.run_id INTO @requeued
 WHERE run_id = :run_id AND status IN (N'poisoned', N'failed');
+SELECT run_id FROM @requeued;
 
 -- mark_poison_requeued --
 -- Remember when a poison message was requeued.
 UPDATE agent.poison_messages SET requeued_at = CAST(:now AS DATETIME2(6)) WHERE poison_id = :poison_id;
 
 -- insert_manual_run --
--- run-now: a run of a job right away, keyed by the request time; the job's overlap policy applies.
+-- run-now: a run of a job right away, keyed by the request time; the job's overlap policy applies, decided under the start lock.
+DECLARE @locked INT;
+SELECT @locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+DECLARE @manual TABLE (run_id BIGINT, job_name NVARCHAR(64), status NVARCHAR(16), note NVARCHAR(MAX),
+                       operation_id NVARCHAR(32));
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note)
-OUTPUT inserted.run_id, inserted.job_name, inserted.status, inserted.note, inserted.operation_id
+OUTPUT inserted.run_id, inserted.job_name, inserted.status, inserted.note, inserted.operation_id INTO @manual
 SELECT j.job_name, N'manual', CAST(:now AS DATETIME2(6)), d.decision, j.command, j.target_database,
        j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, CAST(:now AS DATETIME2(6)),
        CAST(:now AS DATETIME2(6)), CASE WHEN d.decision = N'skipped' THEN CAST(:now AS DATETIME2(6)) END,
@@ -373,25 +706,33 @@ FROM agent.jobs AS j
 CROSS APPLY (
     SELECT CASE WHEN j.overlap = N'skip' AND EXISTS (
                 SELECT 1 FROM agent.runs AS a
-                WHERE a.job_name = j.job_name AND a.status IN (N'pending', N'queued', N'running'))
+                WHERE a.job_name = j.job_name
+                  AND (a.status = N'running'
+                       OR (a.status IN (N'pending', N'queued') AND a.runnable_at <= CAST(:now AS DATETIME2(6)))))
            THEN N'skipped' ELSE N'pending' END AS decision) AS d
 WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1;
+SELECT run_id, job_name, status, note, operation_id FROM @manual;
 
 -- insert_task --
--- submit: an ad-hoc task; runs after every task with a lower order has finished.
+-- submit: an ad-hoc task; it starts once every task of a lower order submitted before it has finished.
+DECLARE @task TABLE (run_id BIGINT, status NVARCHAR(16), operation_id NVARCHAR(32));
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, task_order,
                         overlap, max_attempts, timeout_seconds, lease_seconds, runnable_at,
                         created_at, operation_id, note)
-OUTPUT inserted.run_id, inserted.status, inserted.operation_id
+OUTPUT inserted.run_id, inserted.status, inserted.operation_id INTO @task
 VALUES (NULL, N'task', CAST(:now AS DATETIME2(6)), N'pending', :command, :target_database, :task_order,
         N'allow', :max_attempts, :timeout_seconds, :lease_seconds, CAST(:now AS DATETIME2(6)),
         CAST(:now AS DATETIME2(6)), :operation_id, N'submitted');
+SELECT run_id, status, operation_id FROM @task;
 
 -- cancel_run --
--- Cancel a run not yet finished; the token bump fences a worker still running it (its heartbeat stops the work).
+-- Cancel a run not yet finished; the token bump fences a worker still running it (the lease renewal finds it gone and stops the work).
+DECLARE @cancelled TABLE (run_id BIGINT);
 UPDATE agent.runs SET status = N'cancelled', token = token + 1, finished_at = CAST(:now AS DATETIME2(6)),
     lease_expires_at = NULL, note = N'cancelled by operator'
+OUTPUT inserted.run_id INTO @cancelled
 WHERE run_id = :run_id AND status IN (N'pending', N'queued', N'running');
+SELECT run_id FROM @cancelled;
 
 -- list_jobs --
 -- Every known job with its configuration state, next slot and latest run.
@@ -402,16 +743,18 @@ SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j
 FROM agent.jobs AS j
 OUTER APPLY (
     SELECT TOP (1) r.run_id, r.status, r.scheduled_for, r.finished_at FROM agent.runs AS r
-    WHERE r.job_name = j.job_name ORDER BY r.scheduled_for DESC, r.run_id DESC) AS l
+    WHERE r.job_name IS NOT NULL AND r.job_name = j.job_name AND r.status NOT IN (N'pending', N'queued')
+    ORDER BY r.scheduled_for DESC, r.run_id DESC) AS l
 ORDER BY j.job_name;
 
 -- list_history --
 -- Runs, newest first, optionally of one job.
-SELECT TOP (:limit) run_id, job_name, kind, scheduled_for, status, attempt, max_attempts, token, created_at,
-       started_at, finished_at, worker, last_error_number, last_error, note, operation_id
+SELECT TOP (:limit) run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
+       created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id
 FROM agent.runs
 WHERE (CAST(:job_name AS NVARCHAR(64)) IS NULL OR job_name = CAST(:job_name AS NVARCHAR(64)))
-ORDER BY run_id DESC;
+ORDER BY run_id DESC
+OPTION (RECOMPILE);
 
 -- list_attempts --
 -- Attempts of the runs in a JSON array of run ids.
@@ -422,57 +765,22 @@ WHERE a.run_id IN (SELECT CAST(x.value AS BIGINT) FROM OPENJSON(:run_ids) AS x)
 ORDER BY a.run_id, a.attempt_id;
 
 -- list_job_events --
--- Job events (invalid configuration, ...), newest first, optionally of one job.
+-- Job events (invalid configuration, clock recovery, ...), newest first, optionally of one job.
 SELECT TOP (:limit) event_id, job_name, event_at, kind, detail FROM agent.job_events
 WHERE (CAST(:job_name AS NVARCHAR(64)) IS NULL OR job_name = CAST(:job_name AS NVARCHAR(64)))
-ORDER BY event_id DESC;
+ORDER BY event_id DESC
+OPTION (RECOMPILE);
 
 -- list_stuck_runs --
--- Reconciliation: runs in flight past their lease, or runnable but not dispatched for longer than the given age.
+-- Reconciliation: runs in flight past their lease, or runnable but not started for longer than the given age.
 SELECT run_id, job_name, kind, status, scheduled_for, runnable_at, lease_expires_at, token, attempt
 FROM agent.runs
 WHERE (status IN (N'queued', N'running') AND lease_expires_at < CAST(:now AS DATETIME2(6)))
    OR (status = N'pending' AND runnable_at < CAST(:stale_before AS DATETIME2(6)))
 ORDER BY run_id;
 
--- queue_send --
--- Local queue: enqueue message bodies (a JSON array of strings), visible at once.
-INSERT INTO agent.queue_messages (queue_name, body, dequeue_count, inserted_at, visible_at)
-SELECT :queue_name, b.value, 0, CAST(:now AS DATETIME2(6)), CAST(:now AS DATETIME2(6))
-FROM OPENJSON(:bodies) AS b
-ORDER BY CAST(b.[key] AS INT);
-
--- queue_receive --
--- Local queue: take up to :limit visible messages, hide them for the visibility timeout and count the delivery.
-WITH picked AS (
-    SELECT TOP (:limit) m.*
-    FROM agent.queue_messages AS m WITH (UPDLOCK, READPAST, ROWLOCK)
-    WHERE m.queue_name = :queue_name AND m.visible_at <= CAST(:now AS DATETIME2(6))
-    ORDER BY m.message_id
-)
-UPDATE picked SET
-    dequeue_count = dequeue_count + 1,
-    visible_at = CAST(:invisible_until AS DATETIME2(6)),
-    pop_receipt = :pop_receipt
-OUTPUT inserted.message_id, inserted.body, inserted.dequeue_count, inserted.pop_receipt, inserted.inserted_at;
-
--- queue_delete --
--- Local queue: delete a message, only with the receipt of its latest delivery.
-DELETE FROM agent.queue_messages WHERE message_id = :message_id AND pop_receipt = :pop_receipt;
-
--- queue_release --
--- Local queue: make a message visible again after a failed delivery.
-UPDATE agent.queue_messages SET visible_at = CAST(:visible_at AS DATETIME2(6))
-WHERE message_id = :message_id AND pop_receipt = :pop_receipt;
-
--- queue_depth --
--- Local queue: messages in a queue, and how many are visible now.
-SELECT COUNT(*) AS total,
-       COALESCE(SUM(CASE WHEN visible_at <= CAST(:now AS DATETIME2(6)) THEN 1 ELSE 0 END), 0) AS visible
-FROM agent.queue_messages WHERE queue_name = :queue_name;
-
 -- count_runs_by_status --
--- Runs per status (the local runner's idle check and the doctor).
+-- Runs per status (the doctor and the tests' reconciliation).
 SELECT status, COUNT(*) AS runs FROM agent.runs GROUP BY status;
 
 -- delete_run --

@@ -345,7 +345,10 @@ a AS (
     SELECT s.run_id, s.attempt, s.token, CAST(:worker AS VARCHAR), CAST(:dequeue_count AS INT),
            CAST(:now AS timestamp), 'running'
     FROM s WHERE s.decision = 'start')
-SELECT * FROM s;
+SELECT decision, run_id, job_name, kind, command, target_database, attempt, failures, max_attempts, lapses,
+       transient_errors, token, timeout_seconds, lease_seconds, operation_id, scheduled_for, runnable_at,
+       started_at, note
+FROM s;
 
 -- claim_runs --
 -- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened.
@@ -413,7 +416,10 @@ s AS (
 a AS (
     INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
     SELECT s.run_id, s.attempt, s.token, CAST(:worker AS VARCHAR), NULL, CAST(:now AS timestamp), 'running' FROM s)
-SELECT * FROM s ORDER BY runnable_at, run_id;
+SELECT decision, run_id, job_name, kind, command, target_database, attempt, failures, max_attempts, lapses,
+       transient_errors, token, timeout_seconds, lease_seconds, operation_id, scheduled_for, runnable_at,
+       started_at, note
+FROM s ORDER BY runnable_at, run_id;
 
 -- next_runnable_at --
 -- When the next pending run becomes runnable (the local runner's idle workers sleep until then, or the poll interval).
