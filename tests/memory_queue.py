@@ -66,7 +66,7 @@ class MemoryQueue:
                 if message.visible_at > now:
                     continue
                 message.dequeue_count += 1
-                message.visible_at = now + visibility_timeout
+                message.visible_at = now + max(1.0, visibility_timeout)   # the service's minimum: 1 s
                 message.pop_receipt = uuid.uuid4().hex
                 out.append(ReceivedMessage(id=message.id, body=message.body, dequeue_count=message.dequeue_count,
                                            pop_receipt=message.pop_receipt))
