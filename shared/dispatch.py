@@ -22,6 +22,7 @@ from .errors import QueueError
 from .messages import DoorbellMessage, RunMessage
 from .schedules import CronSchedule
 from .store import Store
+from .sqlerrors import describe
 
 log = logging.getLogger("shared.dispatch")
 UTC = timezone.utc
@@ -85,10 +86,8 @@ def send_dispatched(rows: Sequence[dict[str, Any]], store: Store, queue: Any, no
         try:
             store.execute("release_dispatch", runs=[{"run_id": r["run_id"], "token": r["token"]} for r in unsent])
         except Exception as release_error:  # the dispatch lease covers this case
-            from .sqlerrors import classify
-
             log.error("could not put back %d undispatched runs (their dispatch lease will): %s", len(unsent),
-                      classify(release_error).message)
+                      describe(release_error))
         for run in runs[:sent] if telemetry.enabled else ():
             _dispatched_event(telemetry, run)
         raise PartialDispatchError(f"{exc} ({len(unsent)} run(s) left pending for the next dispatch)",

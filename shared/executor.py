@@ -34,6 +34,7 @@ from .dispatch import delay_until, dispatch, dispatch_params, send_dispatched
 from .errors import MessageError, QueueError, TransientJobError
 from .messages import DoorbellMessage, RunMessage, decode_body, parse_message
 from .store import Result, Store
+from .sqlerrors import classify, describe
 
 log = logging.getLogger("shared.executor")
 UTC = timezone.utc
@@ -116,9 +117,7 @@ class Executor:
             outcome = dispatch(self._store(), self.queue, self.settings, self.clock(), self.telemetry)
             return ExecutionResult("doorbell", None, f"{len(outcome.queued)} run(s) dispatched")
         except Exception as exc:  # noqa: BLE001
-            from .sqlerrors import classify
-
-            log.warning("doorbell: dispatch failed (the next doorbell or tick tries again): %s", classify(exc).message)
+            log.warning("doorbell: dispatch failed (the next doorbell or tick tries again): %s", describe(exc))
             return ExecutionResult("doorbell", None, "dispatch failed")
 
     def _resend_early(self, run: dict[str, Any], text: str, now: datetime) -> ExecutionResult:
@@ -174,8 +173,6 @@ class Executor:
 
     def _execute(self, run: dict[str, Any], *, body: str | None, dequeue_count: int | None,
                  message_id: str | None) -> ExecutionResult:
-        from .sqlerrors import classify
-
         store = self._store()
         run_id, token, attempt = run["run_id"], run["token"], run["attempt"]
         operation_id = run["operation_id"]
@@ -267,7 +264,7 @@ class Executor:
         try:
             send_dispatched(rows, self._store(), self.queue, self.clock(), self.telemetry)
         except QueueError as exc:  # the runs are back to pending, or their dispatch lease covers them
-            log.error("hand-on dispatch: %s", exc)
+            log.error("hand-on dispatch: %s", describe(exc))
 
     def _fenced(self, run: dict[str, Any], properties: dict[str, Any], operation_id: str, why: str,
                 same_database: bool) -> ExecutionResult:
@@ -281,9 +278,7 @@ class Executor:
                 results = self._chain_with_hand_on(store, calls, self.clock())
             handed_on = results[-1].rows if self.queue is not None else []
         except Exception as exc:  # history only; the run itself is already someone else's
-            from .sqlerrors import classify
-
-            log.warning("run %s: could not record the fenced attempt: %s", run["run_id"], classify(exc).message)
+            log.warning("run %s: could not record the fenced attempt: %s", run["run_id"], describe(exc))
         self._send_handed_on(handed_on)
         log.warning("run %s attempt %s (token %s): %s; its work was rolled back", run["run_id"], run["attempt"],
                     run["token"], why)

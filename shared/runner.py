@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from .queues import HostQueueOptions, ReceivedMessage, host_queue_options
 from .schedules import CronSchedule
+from .sqlerrors import describe
 
 log = logging.getLogger("shared.runner")
 UTC = timezone.utc
@@ -90,11 +91,11 @@ class LocalRunner:
         except Exception as exc:  # what the host does when the function raises
             if message.dequeue_count >= self.host.max_dequeue_count:
                 log.error("message %s failed on delivery %s of maxDequeueCount=%s: moved to %s-poison (%s)",
-                          message.id, message.dequeue_count, self.host.max_dequeue_count, queue.name, exc)
+                          message.id, message.dequeue_count, self.host.max_dequeue_count, queue.name, describe(exc))
                 queue.move_to_poison(message)
                 return "host-poison"
             log.warning("message %s failed on delivery %s; visible again in %.0f s: %s",
-                        message.id, message.dequeue_count, self.visibility_timeout, exc)
+                        message.id, message.dequeue_count, self.visibility_timeout, describe(exc))
             queue.release(message, self.visibility_timeout)
             return "redeliver"
         queue.delete(message)
@@ -108,9 +109,7 @@ class LocalRunner:
             now = self.agent.clock()
             next_at = self.agent.store().execute("next_runnable_at", now=now).scalar()
         except Exception as exc:  # noqa: BLE001 - the database may be away; poll again later
-            from .sqlerrors import classify
-
-            log.warning("looking for the next runnable run failed: %s", classify(exc).message)
+            log.warning("looking for the next runnable run failed: %s", describe(exc))
             return self.poll_interval
         if next_at is None:
             return self.poll_interval
@@ -168,9 +167,7 @@ class LocalRunner:
         try:
             return self.work_one()
         except Exception as exc:  # noqa: BLE001 - a worker survives a failed receive/claim
-            from .sqlerrors import classify
-
-            log.error("worker: %s", classify(exc).message)
+            log.error("worker: claiming or receiving failed: %s", describe(exc))
             return 0
 
     # ------------------------------------------------------------ forever
@@ -213,9 +210,7 @@ class LocalRunner:
                              summary["runs_claimed"], summary["runs_skipped"], summary["runs_dispatched"],
                              summary["leases_expired"], f"; errors: {report.errors}" if report.errors else "")
                 except Exception as exc:  # noqa: BLE001
-                    from .sqlerrors import classify
-
-                    log.error("tick failed: %s", classify(exc).message)
+                    log.error("tick failed: %s", describe(exc))
                 finally:
                     self.agent.telemetry.flush()
                 self.notify()

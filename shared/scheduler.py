@@ -30,6 +30,7 @@ from .dispatch import PartialDispatchError, claim_horizon, dispatch, ring_doorbe
 from .errors import AgentError, QueueError
 from .schedules import CronSchedule, parse_schedule
 from .store import Store
+from .sqlerrors import classify, describe
 
 log = logging.getLogger("shared.scheduler")
 UTC = timezone.utc
@@ -121,13 +122,10 @@ class Scheduler:
                 break
             except QueueError as exc:
                 report.errors.append(str(exc))
-                log.error("tick %s: %s", step.__name__, exc)
+                log.error("tick %s: %s", step.__name__, describe(exc))
             except Exception as exc:
                 # A failed step must not hide the others' work; the caller sees the errors.
-                from .sqlerrors import classify
-
-                info = classify(exc)
-                message = f"{step.__name__}: {info.message}"
+                message = f"{step.__name__}: {describe(exc)}"
                 report.errors.append(message)
                 log.error("tick %s", message)
                 if step == self.sync_jobs and isinstance(exc, AgentError):
@@ -219,15 +217,13 @@ class Scheduler:
         try:
             self._write_jobs(rows, now)
         except Exception as exc:
-            from .sqlerrors import classify
-
             info = classify(exc)
             if info.kind == "transient" or info.connection_lost:
                 raise
             # A value the validation did not foresee: find the job(s) the database refuses and
             # record them invalid with its own words, so every other job still syncs.
             log.error("settings sync: the database refused the jobs as a whole (%s); syncing them one by one",
-                      info.message)
+                      describe(exc))
             rows = self._isolate_refused_jobs(rows, now)
             self._write_jobs(rows, now)
         report.synced = True
@@ -248,8 +244,6 @@ class Scheduler:
     def _isolate_refused_jobs(self, rows: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
         """Only after the bulk write failed: try each job alone (rolled back) and turn those the
         database refuses into invalid jobs carrying the database's message."""
-        from .sqlerrors import classify
-
         store = self.store
         result = []
         for row in rows:
@@ -263,7 +257,7 @@ class Scheduler:
                 info = classify(exc)
                 if info.kind == "transient" or info.connection_lost:
                     raise
-                message = f"JOB__{row['job_name']}__*: the database refused this job's settings: {info.message}"
+                message = f"JOB__{row['job_name']}__*: the database refused this job's settings: {describe(exc)}"
                 log.error("%s", message)
                 result.append(_invalid_row(row["job_name"][:64], message))
         return result
@@ -379,7 +373,7 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
         schedule = parse_schedule(job["schedule"], job["timezone"])
     except (ValueError, OverflowError) as exc:
         log.error("job %s: schedule %r (%s) cannot be read (%s); it stops until fixed",
-                  job["job_name"], job["schedule"], job["timezone"], exc)
+                  job["job_name"], job["schedule"], job["timezone"], describe(exc))
         return [], None
 
     def following(slot: datetime) -> datetime | None:
@@ -387,7 +381,7 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
             return schedule.next_after(slot)
         except Exception as exc:  # noqa: BLE001 - a schedule that ran out of slots
             log.error("job %s: no slot after %s (%s); it stops until its schedule is changed", job["job_name"],
-                      slot.isoformat(), exc)
+                      slot.isoformat(), describe(exc))
             return None
 
     slot: datetime | None = job["next_due_at"]

@@ -34,6 +34,7 @@ from typing import Callable, TypeVar
 
 __all__ = [
     "SqlErrorInfo",
+    "describe",
     "OdbcRecord",
     "classify",
     "diagnostic_records",
@@ -189,6 +190,19 @@ def diagnostic_records(exc: BaseException) -> list[OdbcRecord]:
         inner = getattr(current, "cause", None)
         current = inner if isinstance(inner, BaseException) else current.__cause__
     return []
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a log or an error report: the driver's message in words, with its SQLSTATE
+    and error number when there are any; never pyodbc's raw ``('08001', '[08001] ...')`` tuple."""
+    info = classify(exc)
+    codes = ", ".join(part for part in (f"SQLSTATE {info.sqlstate}" if info.sqlstate else "",
+                                        f"error {info.number}" if info.number is not None else "") if part)
+    message = info.message or type(exc).__name__
+    if not codes and not _odbc_args(exc) and type(exc).__name__ not in message and not isinstance(exc, sqlite3.Error):
+        if not any(cls.__name__.endswith("Error") and cls.__module__.startswith("shared") for cls in type(exc).__mro__):
+            message = f"{type(exc).__name__}: {message}"
+    return f"{message} ({codes})" if codes else message
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable
 
+from .sqlerrors import describe
+
 log = logging.getLogger("shared.supervisor")
 # How often deadlines are checked: a run's timeout is enforced within this much.
 CHECK_SECONDS = 0.25
@@ -39,7 +41,7 @@ class HeldRun:
         try:
             self.cancel()
         except Exception as exc:  # noqa: BLE001 - cancelling is best effort; the fence still holds
-            log.warning("run %s: could not cancel its statement (%s)", self.run_id, exc)
+            log.warning("run %s: could not cancel its statement (%s)", self.run_id, describe(exc))
         return True
 
 
@@ -118,10 +120,8 @@ class Supervisor:
                                  now=self._clock()).rows
             self.renewals += 1
         except Exception as exc:  # noqa: BLE001 - retried at the next beat
-            from .sqlerrors import classify
-
             log.warning("lease renewal of %d run(s) failed (retried in %.0f s): %s", len(held), interval,
-                        classify(exc).message)
+                        describe(exc))
             if store is not None:
                 store.close()
             with self._lock:
