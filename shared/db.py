@@ -224,6 +224,10 @@ def _postgres_session(opener: Callable[[], Any]) -> Callable[[], Any]:
         cursor.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_SECONDS}s'")
         cursor.close()
         connection.commit()  # a SET in a transaction that rolls back would be undone
+        # Outside Store.transaction() each batch is one implicit transaction the server commits
+        # itself: a statement costs one round trip, not two (the Store turns this off for a
+        # transaction of its own).
+        connection.autocommit = True
         return connection
 
     return open_session

@@ -76,9 +76,10 @@ def _replace_params(fragment: str, names: list[str]) -> str:
 
 def split_statements(text: str) -> list[str]:
     """Split on ``;`` at the end of a line (our own SQL keeps to that rule), or on a line
-    holding only ``GO`` (T-SQL batch separator)."""
+    holding only ``GO`` (T-SQL batch separator); never inside a ``$$``-quoted body."""
     statements: list[str] = []
     current: list[str] = []
+    in_body = False   # inside a $$-quoted function body (PostgreSQL): its ';' end no statement
     for line in text.splitlines():
         if line.strip().upper() == "GO":
             chunk = "\n".join(current).strip()
@@ -87,6 +88,10 @@ def split_statements(text: str) -> list[str]:
             current = []
             continue
         current.append(line)
+        if line.split("--", 1)[0].count("$$") % 2:
+            in_body = not in_body
+        if in_body:
+            continue
         if line.rstrip().endswith(";") and not line.lstrip().startswith("--"):
             # The ";" stays: every dialect accepts it, and T-SQL requires it after MERGE.
             statements.append("\n".join(current).strip())

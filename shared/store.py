@@ -219,7 +219,9 @@ class Store:
         return Result(rowcount=max(cursor.rowcount, 0))
 
     def _commit(self) -> None:
-        if self.dialect != "sqlite":
+        # PostgreSQL outside transaction(): the connection is in autocommit mode, and the server
+        # ran the batch as one implicit transaction, committed as it ended (no COMMIT round trip).
+        if self.dialect == "mssql":
             self.connection.commit()
             self.commits += 1
 
@@ -234,8 +236,9 @@ class Store:
                 if self.dialect == "sqlite":
                     if self._connection.in_transaction:
                         self._connection.execute("ROLLBACK")
-                else:
+                elif self.dialect == "mssql":
                     self._connection.rollback()
+                # PostgreSQL in autocommit: the failed batch's implicit transaction is gone already
         except Exception:
             self._discard_connection()
 
@@ -251,6 +254,8 @@ class Store:
         connection = self.connection
         if self.dialect == "sqlite":
             connection.execute("BEGIN IMMEDIATE" if immediate else "BEGIN DEFERRED")
+        elif self.dialect == "postgres":
+            connection.autocommit = False   # client side: BEGIN rides on the first statement
         self._in_transaction = True
         try:
             yield self
@@ -265,6 +270,8 @@ class Store:
                         connection.execute("ROLLBACK")
                 else:
                     connection.rollback()
+                    if self.dialect == "postgres":
+                        connection.autocommit = True
             except Exception:
                 self._discard_connection()
             raise
@@ -275,6 +282,8 @@ class Store:
             else:
                 connection.commit()
                 self.commits += 1
+                if self.dialect == "postgres":
+                    connection.autocommit = True
         except BaseException as exc:
             self._after_failure(exc)
             raise

@@ -68,10 +68,10 @@ def all_query_names() -> list[str]:
     return sorted(names)
 
 
-# PostgreSQL session commands sqlglot has no grammar for (it falls back to Command, or worse,
+# PostgreSQL session commands and PL/pgSQL functions sqlglot has no grammar for (it falls back to Command, or worse,
 # misreads them). They run against the real PostgreSQL in every test that resets a session or
 # takes the start lock, which is the check that counts; T-SQL has no such exemption.
-POSTGRES_SESSION_COMMANDS = ("LOCK ", "CLOSE ALL", "RESET ", "UNLISTEN ", "DISCARD ")
+POSTGRES_SESSION_COMMANDS = ("LOCK ", "CLOSE ALL", "RESET ", "UNLISTEN ", "DISCARD ", "CREATE FUNCTION ")
 # T-SQL statements sqlglot has no grammar for: parsed by sqlfluff alone (which parses every T-SQL
 # statement as well, see test_tsql_statements_parse_with_sqlfluff).
 TSQL_SQLFLUFF_ONLY = ("THROW ", "IF XACT_STATE() <> 1 THROW ")

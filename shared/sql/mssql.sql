@@ -309,7 +309,7 @@ UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), leas
 OUTPUT N'skipped', inserted.run_id, inserted.token, inserted.job_name, inserted.kind, inserted.operation_id,
        inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out
 FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
-WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6))
+WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6)) AND r.job_name IS NOT NULL
   AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running'))
        OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND (
@@ -321,9 +321,10 @@ WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6))
                               OR DATEADD(second, j.grace_seconds, r.scheduled_for) < CAST(:now AS DATETIME2(6)))))));
 WITH due AS (
     SELECT TOP ((SELECT CASE WHEN cap.free > 0 THEN cap.free ELSE 0 END
-                 FROM (SELECT CAST(:max_concurrency AS INT) - COUNT(*) AS free FROM agent.runs AS f
-                       WHERE f.status = N'running'
-                          OR (f.status = N'queued' AND f.runnable_at <= CAST(:now AS DATETIME2(6)))) AS cap))
+                 FROM (SELECT CAST(:max_concurrency AS INT)
+                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running')
+                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'queued'
+                                   AND f.runnable_at <= CAST(:now AS DATETIME2(6))) AS free) AS cap))
            c.*
     FROM agent.runs AS c WITH (UPDLOCK, READPAST, ROWLOCK)
     WHERE c.status = N'pending' AND c.runnable_at <= CAST(:now AS DATETIME2(6))
@@ -472,7 +473,7 @@ OUTPUT N'skipped', inserted.run_id, inserted.job_name, inserted.kind, inserted.c
        inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
        inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note INTO @claimed
 FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
-WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6))
+WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6)) AND r.job_name IS NOT NULL
   AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running'))
        OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND (
@@ -485,9 +486,10 @@ WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6))
 WITH picked AS (
     SELECT TOP ((SELECT CASE WHEN cap.free > CAST(:batch AS INT) THEN CAST(:batch AS INT)
                              WHEN cap.free > 0 THEN cap.free ELSE 0 END
-                 FROM (SELECT CAST(:max_concurrency AS INT) - COUNT(*) AS free FROM agent.runs AS f
-                       WHERE f.status = N'running'
-                          OR (f.status = N'queued' AND f.runnable_at <= CAST(:now AS DATETIME2(6)))) AS cap))
+                 FROM (SELECT CAST(:max_concurrency AS INT)
+                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running')
+                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'queued'
+                                   AND f.runnable_at <= CAST(:now AS DATETIME2(6))) AS free) AS cap))
            c.*
     FROM agent.runs AS c WITH (UPDLOCK, READPAST, ROWLOCK)
     WHERE c.status = N'pending' AND c.runnable_at <= CAST(:now AS DATETIME2(6))

@@ -212,68 +212,9 @@ WHERE j.job_name = a.job_name AND j.next_due_at = CAST(a.from_due AS timestamp)
 RETURNING j.job_name;
 
 -- dispatch_runs --
--- Queue mode: under the start lock, skip the slots that may not run, then hand the queue every due run that may start (task order, overlap 'queue', the cap counting runs executing or due on the queue) and every run due within the lookahead (a delayed message; it holds no place). Each gets a new token and a dispatch lease.
-LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;
-UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
-    note = CASE
-        WHEN r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
-             SELECT 1 FROM agent.runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = 'running')
-        THEN 'overlap: the previous run of this job was still running; policy skip'
-        WHEN EXISTS (
-             SELECT 1 FROM agent.runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
-               AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS timestamp)
-               AND n.status NOT IN ('skipped', 'cancelled'))
-        THEN 'misfire: a later slot of this job is due too; caught up once, with the latest'
-        WHEN EXISTS (SELECT 1 FROM agent.jobs j WHERE j.job_name = r.job_name AND j.misfire = 'skip')
-        THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
-        ELSE 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
-WHERE r.status = 'pending' AND r.runnable_at <= CAST(:now AS timestamp)
-  AND ((r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
-            SELECT 1 FROM agent.runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = 'running'))
-       OR (r.kind = 'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS timestamp) AND (
-            EXISTS (SELECT 1 FROM agent.runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
-                      AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS timestamp)
-                      AND n.status NOT IN ('skipped', 'cancelled'))
-            OR EXISTS (SELECT 1 FROM agent.jobs j WHERE j.job_name = r.job_name
-                         AND (j.misfire = 'skip'
-                              OR r.scheduled_for + j.grace_seconds * INTERVAL '1 second' < CAST(:now AS timestamp))))))
-RETURNING 'skipped' AS decision, r.run_id, r.token, r.job_name, r.kind, r.operation_id, r.scheduled_for,
-          r.attempt, r.runnable_at, r.note;
-WITH due AS (
-    SELECT c.run_id FROM agent.runs c
-    WHERE c.status = 'pending' AND c.runnable_at <= CAST(:now AS timestamp)
-      AND NOT (c.task_order IS NOT NULL AND EXISTS (
-            SELECT 1 FROM agent.runs t
-            WHERE t.kind = 'task' AND t.task_order < c.task_order AND t.status IN ('pending', 'queued', 'running')))
-      AND NOT (c.job_name IS NOT NULL AND c.overlap <> 'allow' AND EXISTS (
-            SELECT 1 FROM agent.runs o
-            WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-              AND ((c.overlap = 'queue' AND o.status = 'running')
-                   OR (o.status IN ('pending', 'queued')
-                       AND (c.overlap = 'queue' OR o.runnable_at <= CAST(:now AS timestamp))
-                       AND (o.scheduled_for < c.scheduled_for
-                            OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
-    ORDER BY c.runnable_at, c.run_id
-    LIMIT GREATEST(0, CAST(:max_concurrency AS INT) - (
-        SELECT COUNT(*) FROM agent.runs f
-        WHERE f.status = 'running' OR (f.status = 'queued' AND f.runnable_at <= CAST(:now AS timestamp))))
-    FOR UPDATE OF c SKIP LOCKED),
-ahead AS (
-    SELECT c.run_id FROM agent.runs c
-    WHERE c.status = 'pending' AND c.runnable_at > CAST(:now AS timestamp)
-      AND c.runnable_at <= CAST(:lookahead_until AS timestamp)
-    ORDER BY c.runnable_at, c.run_id
-    LIMIT CAST(:ahead_limit AS INT)
-    FOR UPDATE OF c SKIP LOCKED)
-UPDATE agent.runs AS r SET
-    status = 'queued',
-    token = r.token + 1,
-    lease_expires_at = GREATEST(r.runnable_at, CAST(:now AS timestamp))
-                       + CAST(:dispatch_lease_seconds AS INT) * INTERVAL '1 second',
-    dispatched_at = CAST(:now AS timestamp)
-WHERE r.run_id IN (SELECT run_id FROM due UNION ALL SELECT run_id FROM ahead)
-RETURNING 'queued' AS decision, r.run_id, r.token, r.job_name, r.kind, r.operation_id, r.scheduled_for,
-          r.attempt, r.runnable_at, r.note;
+-- Queue mode: under the start lock, skip the slots that may not run, then hand the queue every due run that may start (task order, overlap 'queue', the cap counting runs executing or due on the queue) and every run due within the lookahead (a delayed message; it holds no place). Each gets a new token and a dispatch lease. (agent.dispatch_runs, a function of migration 0002: planned once per session.)
+SELECT decision, run_id, token, job_name, kind, operation_id, scheduled_for, attempt, runnable_at, note
+FROM agent.dispatch_runs(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:max_concurrency AS INT), CAST(:lookahead_until AS TIMESTAMP), CAST(:ahead_limit AS INT), CAST(:dispatch_lease_seconds AS INT));
 
 -- release_dispatch --
 -- Put back runs whose queue message could not be sent (a JSON array of {run_id, token}); a later dispatch sends them again.
@@ -283,143 +224,14 @@ WHERE r.run_id = x.run_id AND r.token = x.token AND r.status = 'queued'
 RETURNING r.run_id;
 
 -- start_run --
--- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened.
-LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;
-WITH c AS (
-    SELECT r.run_id,
-           CASE WHEN r.runnable_at > CAST(:now AS timestamp) THEN 'early'
-                WHEN r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
-                     SELECT 1 FROM agent.runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
-                       AND o.status = 'running') THEN 'skip-overlap'
-                WHEN r.kind = 'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS timestamp) AND EXISTS (
-                     SELECT 1 FROM agent.runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
-                       AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS timestamp)
-                       AND n.status NOT IN ('skipped', 'cancelled')) THEN 'skip-superseded'
-                WHEN r.kind = 'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS timestamp) AND EXISTS (
-                     SELECT 1 FROM agent.jobs j WHERE j.job_name = r.job_name AND j.misfire = 'skip') THEN 'skip-misfire'
-                WHEN r.kind = 'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS timestamp) AND EXISTS (
-                     SELECT 1 FROM agent.jobs j WHERE j.job_name = r.job_name
-                       AND r.scheduled_for + j.grace_seconds * INTERVAL '1 second' < CAST(:now AS timestamp)) THEN 'skip-grace'
-                WHEN r.task_order IS NOT NULL AND EXISTS (
-                     SELECT 1 FROM agent.runs t WHERE t.kind = 'task' AND t.task_order < r.task_order
-                       AND t.status IN ('pending', 'queued', 'running')) THEN 'held-order'
-                WHEN r.job_name IS NOT NULL AND r.overlap = 'queue' AND EXISTS (
-                     SELECT 1 FROM agent.runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
-                       AND (o.status = 'running'
-                            OR (o.status IN ('pending', 'queued')
-                                AND (o.scheduled_for < r.scheduled_for
-                                     OR (o.scheduled_for = r.scheduled_for AND o.run_id < r.run_id))))) THEN 'held-overlap'
-                WHEN (SELECT COUNT(*) FROM agent.runs f WHERE f.status = 'running')
-                     >= CAST(:max_concurrency AS INT) THEN 'held-cap'
-                ELSE 'start' END AS decision
-    FROM agent.runs AS r
-    WHERE r.run_id = :run_id AND r.token = :token AND r.status = 'queued'
-    FOR UPDATE),
-s AS (
-    UPDATE agent.runs AS r SET
-        status = CASE WHEN c.decision = 'start' THEN 'running' WHEN c.decision LIKE 'skip-%' THEN 'skipped'
-                      WHEN c.decision LIKE 'held-%' THEN 'pending' ELSE r.status END,
-        attempt = CASE WHEN c.decision = 'start' THEN r.attempt + 1 ELSE r.attempt END,
-        started_at = CASE WHEN c.decision = 'start' THEN CAST(:now AS timestamp) ELSE r.started_at END,
-        heartbeat_at = CASE WHEN c.decision = 'start' THEN CAST(:now AS timestamp) ELSE r.heartbeat_at END,
-        lease_expires_at = CASE WHEN c.decision = 'start' THEN CAST(:now AS timestamp) + r.lease_seconds * INTERVAL '1 second'
-                                WHEN c.decision = 'early' THEN r.lease_expires_at END,
-        worker = CASE WHEN c.decision = 'start' THEN CAST(:worker AS VARCHAR) ELSE r.worker END,
-        dequeue_count = CASE WHEN c.decision = 'start' THEN CAST(:dequeue_count AS INT) ELSE r.dequeue_count END,
-        finished_at = CASE WHEN c.decision LIKE 'skip-%' THEN CAST(:now AS timestamp) ELSE r.finished_at END,
-        note = CASE c.decision
-            WHEN 'skip-overlap' THEN 'overlap: the previous run of this job was still running; policy skip'
-            WHEN 'skip-superseded' THEN 'misfire: a later slot of this job is due too; caught up once, with the latest'
-            WHEN 'skip-misfire' THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
-            WHEN 'skip-grace' THEN 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped'
-            WHEN 'held-order' THEN 'held: waits for the tasks of a lower order to finish'
-            WHEN 'held-overlap' THEN 'held: waits for the previous run of this job (overlap queue)'
-            WHEN 'held-cap' THEN 'held: AGENT_MAX_CONCURRENCY runs are executing'
-            ELSE r.note END
-    FROM c WHERE r.run_id = c.run_id
-    RETURNING c.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
-              r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
-              r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note),
-a AS (
-    INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
-    SELECT s.run_id, s.attempt, s.token, CAST(:worker AS VARCHAR), CAST(:dequeue_count AS INT),
-           CAST(:now AS timestamp), 'running'
-    FROM s WHERE s.decision = 'start')
-SELECT decision, run_id, job_name, kind, command, target_database, attempt, failures, max_attempts, lapses,
-       transient_errors, token, timeout_seconds, lease_seconds, operation_id, scheduled_for, runnable_at,
-       started_at, note
-FROM s;
+-- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened. (agent.start_run, a function of migration 0002: planned once per session.)
+SELECT decision, run_id, job_name, kind, command, target_database, attempt, failures, max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds, operation_id, scheduled_for, runnable_at, started_at, note
+FROM agent.start_run(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:max_concurrency AS INT), CAST(:run_id AS BIGINT), CAST(:token AS BIGINT), CAST(:worker AS VARCHAR), CAST(:dequeue_count AS INT));
 
 -- claim_runs --
--- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened.
-LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;
-UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
-    note = CASE
-        WHEN r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
-             SELECT 1 FROM agent.runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = 'running')
-        THEN 'overlap: the previous run of this job was still running; policy skip'
-        WHEN EXISTS (
-             SELECT 1 FROM agent.runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
-               AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS timestamp)
-               AND n.status NOT IN ('skipped', 'cancelled'))
-        THEN 'misfire: a later slot of this job is due too; caught up once, with the latest'
-        WHEN EXISTS (SELECT 1 FROM agent.jobs j WHERE j.job_name = r.job_name AND j.misfire = 'skip')
-        THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
-        ELSE 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
-WHERE r.status = 'pending' AND r.runnable_at <= CAST(:now AS timestamp)
-  AND ((r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
-            SELECT 1 FROM agent.runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = 'running'))
-       OR (r.kind = 'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS timestamp) AND (
-            EXISTS (SELECT 1 FROM agent.runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
-                      AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS timestamp)
-                      AND n.status NOT IN ('skipped', 'cancelled'))
-            OR EXISTS (SELECT 1 FROM agent.jobs j WHERE j.job_name = r.job_name
-                         AND (j.misfire = 'skip'
-                              OR r.scheduled_for + j.grace_seconds * INTERVAL '1 second' < CAST(:now AS timestamp))))))
-RETURNING 'skipped' AS decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
-          r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
-          r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note;
-WITH picked AS (
-    SELECT c.run_id FROM agent.runs c
-    WHERE c.status = 'pending' AND c.runnable_at <= CAST(:now AS timestamp)
-      AND NOT (c.task_order IS NOT NULL AND EXISTS (
-            SELECT 1 FROM agent.runs t
-            WHERE t.kind = 'task' AND t.task_order < c.task_order AND t.status IN ('pending', 'queued', 'running')))
-      AND NOT (c.job_name IS NOT NULL AND c.overlap <> 'allow' AND EXISTS (
-            SELECT 1 FROM agent.runs o
-            WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-              AND ((c.overlap = 'queue' AND o.status = 'running')
-                   OR (o.status IN ('pending', 'queued')
-                       AND (c.overlap = 'queue' OR o.runnable_at <= CAST(:now AS timestamp))
-                       AND (o.scheduled_for < c.scheduled_for
-                            OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
-    ORDER BY c.runnable_at, c.run_id
-    LIMIT LEAST(CAST(:batch AS INT), GREATEST(0, CAST(:max_concurrency AS INT) - (
-        SELECT COUNT(*) FROM agent.runs f
-        WHERE f.status = 'running' OR (f.status = 'queued' AND f.runnable_at <= CAST(:now AS timestamp)))))
-    FOR UPDATE OF c SKIP LOCKED),
-s AS (
-    UPDATE agent.runs AS r SET
-        status = 'running',
-        token = r.token + 1,
-        attempt = r.attempt + 1,
-        dispatched_at = CAST(:now AS timestamp),
-        started_at = CAST(:now AS timestamp),
-        heartbeat_at = CAST(:now AS timestamp),
-        lease_expires_at = CAST(:now AS timestamp) + r.lease_seconds * INTERVAL '1 second',
-        worker = CAST(:worker AS VARCHAR),
-        dequeue_count = NULL
-    FROM picked WHERE r.run_id = picked.run_id
-    RETURNING 'start' AS decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
-              r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
-              r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note),
-a AS (
-    INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
-    SELECT s.run_id, s.attempt, s.token, CAST(:worker AS VARCHAR), NULL, CAST(:now AS timestamp), 'running' FROM s)
-SELECT decision, run_id, job_name, kind, command, target_database, attempt, failures, max_attempts, lapses,
-       transient_errors, token, timeout_seconds, lease_seconds, operation_id, scheduled_for, runnable_at,
-       started_at, note
-FROM s ORDER BY runnable_at, run_id;
+-- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. (agent.claim_runs, a function of migration 0002: planned once per session.)
+SELECT decision, run_id, job_name, kind, command, target_database, attempt, failures, max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds, operation_id, scheduled_for, runnable_at, started_at, note
+FROM agent.claim_runs(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:batch AS INT), CAST(:max_concurrency AS INT), CAST(:worker AS VARCHAR));
 
 -- next_runnable_at --
 -- When the next pending run becomes runnable (the local runner's idle workers sleep until then, or the poll interval).
@@ -435,29 +247,20 @@ WHERE r.run_id = h.run_id AND r.token = h.token AND r.status = 'running'
 RETURNING r.run_id;
 
 -- reset_session --
--- Undo what a job's SQL may have changed in the session (settings, role, temporary tables, cursors, listeners, advisory locks) before the agent's own statements; the job's transaction is still open.
+-- Undo what a job's SQL may have changed in the session (settings, role, temporary tables, cursors, listeners, advisory locks) before the agent's own statements; the job's transaction is still open. (Not DISCARD PLANS: the agent's functions keep their plans.)
 CLOSE ALL;
 RESET SESSION AUTHORIZATION;
 RESET ROLE;
 RESET ALL;
 UNLISTEN *;
 SELECT pg_advisory_unlock_all() AS unlocked;
-DISCARD PLANS;
 DISCARD SEQUENCES;
 DISCARD TEMP;
 SET lock_timeout = '30s';
 
 -- finish_run --
--- Fenced completion in the job's transaction: the run and its open attempt succeed together, only for the current token (no row back: the lease was taken over; roll back).
-WITH done AS (
-    UPDATE agent.runs SET status = 'succeeded', finished_at = CAST(:now AS timestamp),
-        lease_expires_at = NULL, last_error = NULL, last_error_number = NULL
-    WHERE run_id = :run_id AND token = :token AND status = 'running'
-    RETURNING run_id, token),
-closed AS (
-    UPDATE agent.attempts AS a SET outcome = 'succeeded', finished_at = CAST(:now AS timestamp)
-    FROM done WHERE a.run_id = done.run_id AND a.token = done.token AND a.outcome = 'running')
-SELECT run_id FROM done;
+-- Fenced completion in the job's transaction: the run and its open attempt succeed together, only for the current token (no row back: the lease was taken over; roll back). (agent.finish_run, a function of migration 0002: planned once per session.)
+SELECT run_id FROM agent.finish_run(CAST(:run_id AS BIGINT), CAST(:token AS BIGINT), CAST(:now AS TIMESTAMP));
 
 -- fail_run --
 -- Fenced failure (an error in the job's SQL, or its timeout): spends one of max_attempts; back to pending at :retry_at while attempts remain, else failed; the attempt closes with the error.

@@ -231,7 +231,7 @@ UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at =
         WHEN EXISTS (SELECT 1 FROM agent_jobs j WHERE j.job_name = agent_runs.job_name AND j.misfire = 'skip')
         THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
         ELSE 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
-WHERE status = 'pending' AND runnable_at <= :now
+WHERE status = 'pending' AND runnable_at <= :now AND job_name IS NOT NULL
   AND ((job_name IS NOT NULL AND overlap = 'skip' AND EXISTS (
             SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
               AND o.status = 'running'))
@@ -265,8 +265,8 @@ WHERE run_id IN (
                                 OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
         ORDER BY c.runnable_at, c.run_id
         LIMIT max(0, :max_concurrency - (
-            SELECT COUNT(*) FROM agent_runs f
-            WHERE f.status = 'running' OR (f.status = 'queued' AND f.runnable_at <= :now))))
+            (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'running')
+            + (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'queued' AND f.runnable_at <= :now))))
     UNION ALL
     SELECT run_id FROM (
         SELECT c.run_id FROM agent_runs c
@@ -365,7 +365,7 @@ UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at =
         WHEN EXISTS (SELECT 1 FROM agent_jobs j WHERE j.job_name = agent_runs.job_name AND j.misfire = 'skip')
         THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
         ELSE 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
-WHERE status = 'pending' AND runnable_at <= :now
+WHERE status = 'pending' AND runnable_at <= :now AND job_name IS NOT NULL
   AND ((job_name IS NOT NULL AND overlap = 'skip' AND EXISTS (
             SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
               AND o.status = 'running'))
@@ -396,8 +396,8 @@ SELECT run_id, 'start' FROM (
                             OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
     ORDER BY c.runnable_at, c.run_id
     LIMIT min(:batch, max(0, :max_concurrency - (
-        SELECT COUNT(*) FROM agent_runs f
-        WHERE f.status = 'running' OR (f.status = 'queued' AND f.runnable_at <= :now)))));
+        (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'running')
+        + (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'queued' AND f.runnable_at <= :now)))));
 UPDATE agent_runs SET
     status = 'running',
     token = token + 1,

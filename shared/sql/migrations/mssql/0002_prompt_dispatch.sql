@@ -32,6 +32,10 @@ ALTER TABLE agent.jobs ADD advanced_at DATETIME2(6) NULL;
 -- What a starter looks for: pending runs in the order they became runnable.
 CREATE INDEX runs_pending ON agent.runs (runnable_at, run_id) WHERE status = N'pending';
 
+-- Slots that may have to be skipped (overlap, misfire) are job runs: a backlog of tasks costs
+-- the skip pass nothing.
+CREATE INDEX runs_pending_jobs ON agent.runs (runnable_at) WHERE status = N'pending' AND job_name IS NOT NULL;
+
 -- Task order is checked at every start: the unfinished tasks, by order.
 CREATE INDEX runs_open_tasks ON agent.runs (task_order)
     WHERE kind = N'task' AND status IN (N'pending', N'queued', N'running');

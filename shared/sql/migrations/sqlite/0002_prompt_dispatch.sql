@@ -24,6 +24,10 @@ ALTER TABLE agent_jobs ADD COLUMN advanced_at TEXT NULL;
 -- What a starter looks for: pending runs in the order they became runnable.
 CREATE INDEX runs_pending ON agent_runs (runnable_at, run_id) WHERE status = 'pending';
 
+-- Slots that may have to be skipped (overlap, misfire) are job runs: a backlog of tasks costs
+-- the skip pass nothing.
+CREATE INDEX runs_pending_jobs ON agent_runs (runnable_at) WHERE status = 'pending' AND job_name IS NOT NULL;
+
 -- Task order is checked at every start: the unfinished tasks, by order.
 CREATE INDEX runs_open_tasks ON agent_runs (task_order)
     WHERE kind = 'task' AND status IN ('pending', 'queued', 'running');
