@@ -252,7 +252,7 @@ def test_the_roles_the_bicep_grants_are_the_ones_docs_and_doctor_name():
     granted = {role for role, _, _ in EXPECTED_GRANTS}
     assert set(STORAGE_ROLES) == granted, f"shared/doctor.py STORAGE_ROLES {sorted(STORAGE_ROLES)} != {sorted(granted)}"
     guide = (REPO / "docs" / "deploying.md").read_text(encoding="utf-8")
-    section = guide.split("### The app's storage roles", 1)[1].split("\n#", 1)[0]
+    section = guide.split("## The app's storage roles", 1)[1].split("\n#", 1)[0]
     named = set(re.findall(r"\*\*(Storage [A-Za-z ]+?)\*\*", section))
     assert named == granted, f"docs/deploying.md names {sorted(named)}, the Bicep grants {sorted(granted)}"
     every_doc = "\n".join(path.read_text(encoding="utf-8") for path in [REPO / "README.md", *(REPO / "docs").glob("*.md")])
