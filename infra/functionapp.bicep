@@ -3,8 +3,10 @@
 // schedules are app settings (JOB__<name>__<SETTING>) built from the `jobs` parameter, so a
 // schedule can change later with `az functionapp config appsettings set` and no code deploy.
 //
-// The identity's role assignments are at the end of this file, each next to an `existing`
-// reference to the resource it grants, with the narrowest built-in role that works.
+// The identity's role assignments are at the end of this file, next to an `existing` reference
+// to the storage account they grant: what identity-based AzureWebJobsStorage needs for this app
+// (host storage, the queue trigger, dispatch, the host's poison queue, diagnostic events), and
+// nothing more. docs/deploying.md and `doctor` name the same three roles.
 
 @description('Azure region of the resources.')
 param location string
@@ -27,9 +29,6 @@ param deploymentContainerName string
 @description('Queue the timer dispatches to and the queue trigger reads (created by storage.bicep).')
 param queueName string
 
-@description('Poison queue the host moves messages to after maxDequeueCount deliveries.')
-param poisonQueueName string
-
 @description('Application Insights component (created by monitoring.bicep).')
 param appInsightsName string
 
@@ -42,9 +41,11 @@ param sqlDatabaseName string
 @description('Six-field NCRONTAB of the engine tick (seconds first, UTC).')
 param tickSchedule string
 
-@description('Deliveries after which the engine poisons a message; at or below host.json maxDequeueCount.')
+// At most host.json extensions.queues.maxDequeueCount (5): the host's own move to <queue>-poison
+// must not come before the engine's threshold. tests/test_infra.py keeps the two equal.
+@description('Deliveries after which the engine poisons a message (AGENT_MAX_DEQUEUE_COUNT): 1 to host.json maxDequeueCount (5).')
 @minValue(1)
-@maxValue(100)
+@maxValue(5)
 param maxDequeueCount int
 
 @description('Jobs: [{ name, schedule, command, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database? }].')
@@ -65,12 +66,12 @@ param instanceMemoryMB int
 
 // Built-in role definition ids (the same in every tenant).
 var storageBlobDataOwnerRoleId = 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
-var storageQueueDataReaderRoleId = '19e7f393-937e-4f77-808e-94535e297925'
-var storageQueueDataMessageProcessorRoleId = '8a0f0c08-91a1-4084-bc3d-661d67233fed'
-var storageQueueDataMessageSenderRoleId = 'c6a89b2d-59bc-44d0-9896-0f6e12d7b80a'
+var storageQueueDataContributorRoleId = '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
+var storageTableDataContributorRoleId = '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
 
 var blobServiceUri = 'https://${storageAccountName}.blob.${environment().suffixes.storage}'
 var queueServiceUri = 'https://${storageAccountName}.queue.${environment().suffixes.storage}'
+var tableServiceUri = 'https://${storageAccountName}.table.${environment().suffixes.storage}'
 
 resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
   name: appInsightsName
@@ -115,12 +116,19 @@ var engineAppSettings = [
   }
 ]
 
-// Settings only the Functions host reads (on the allow-list in tests/test_infra.py).
+// Settings only the Functions host reads (on the allow-list in tests/test_infra.py). With
+// AzureWebJobsStorage__queueServiceUri and __credential above, they make the host's storage
+// connection identity-based for all three services it uses.
 var hostAppSettings = [
   {
-    // Host storage over the identity: singleton locks and timer schedule status are blobs.
+    // Host storage over the identity: singleton locks, timer schedule status and keys are blobs.
     name: 'AzureWebJobsStorage__blobServiceUri'
     value: blobServiceUri
+  }
+  {
+    // The host persists its diagnostic events in a table of this account.
+    name: 'AzureWebJobsStorage__tableServiceUri'
+    value: tableServiceUri
   }
 ]
 
@@ -213,14 +221,18 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
 }
 
 // ---------------------------------------------------------------- access for the app's identity
+//
+// Identity-based AzureWebJobsStorage, as the Functions docs describe it ("Connecting to host
+// storage with an identity"), for what this app does with the account. All three are scoped to
+// the storage account, which storage.bicep creates for this app alone.
 
 resource storageAccount 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
   name: storageAccountName
 }
 
-// Host storage and deployment: the host takes singleton and timer locks as blob leases and
-// creates its own containers; Flex Consumption reads the package from the deployment
-// container. Storage Blob Data Owner is the role the Functions docs require for AzureWebJobsStorage.
+// Blobs: the host's own storage (singleton and timer-trigger locks as blob leases, timer schedule
+// status, keys; it creates its containers) and the Flex Consumption deployment container the app
+// reads its package from. Storage Blob Data Owner is the role the Functions docs require here.
 resource blobDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(storageAccount.id, functionApp.id, storageBlobDataOwnerRoleId)
   scope: storageAccount
@@ -228,70 +240,33 @@ resource blobDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageBlobDataOwnerRoleId)
     principalId: functionApp.identity.principalId
     principalType: 'ServicePrincipal'
-    description: 'Functions host storage (locks, timer status) and Flex Consumption deployment package.'
+    description: 'Functions host storage (locks, timer status, keys) and the Flex Consumption deployment package.'
   }
 }
 
-resource queueService 'Microsoft.Storage/storageAccounts/queueServices@2023-05-01' existing = {
-  parent: storageAccount
-  name: 'default'
-}
-
-resource tasksQueue 'Microsoft.Storage/storageAccounts/queueServices/queues@2023-05-01' existing = {
-  parent: queueService
-  name: queueName
-}
-
-// Dispatch: the timer tick sends {run_id, token} messages to the task queue.
-resource tasksQueueSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(tasksQueue.id, functionApp.id, storageQueueDataMessageSenderRoleId)
-  scope: tasksQueue
+// Queues: the queue trigger receives, hides and deletes task messages; the timer tick sends them;
+// the host adds a message to <queue>-poison when it gives up on it, creating that queue if it is
+// missing. Sending, receiving and creating a queue together need Storage Queue Data Contributor.
+resource queueDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storageAccount.id, functionApp.id, storageQueueDataContributorRoleId)
+  scope: storageAccount
   properties: {
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageQueueDataMessageSenderRoleId)
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageQueueDataContributorRoleId)
     principalId: functionApp.identity.principalId
     principalType: 'ServicePrincipal'
-    description: 'Timer tick dispatches runs to the task queue.'
+    description: 'Queue trigger, dispatch by the timer tick, and the poison queue the host writes to.'
   }
 }
 
-// Trigger: the queue trigger receives and deletes messages (Message Processor) and reads the
-// queue's properties (Reader); these two are the roles the Functions docs list for a queue trigger.
-resource tasksQueueProcessor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(tasksQueue.id, functionApp.id, storageQueueDataMessageProcessorRoleId)
-  scope: tasksQueue
+// Tables: the host writes its diagnostic events to a table (AzureWebJobsStorage__tableServiceUri).
+resource tableDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storageAccount.id, functionApp.id, storageTableDataContributorRoleId)
+  scope: storageAccount
   properties: {
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageQueueDataMessageProcessorRoleId)
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageTableDataContributorRoleId)
     principalId: functionApp.identity.principalId
     principalType: 'ServicePrincipal'
-    description: 'Queue trigger receives and deletes task messages.'
-  }
-}
-
-resource tasksQueueReader 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(tasksQueue.id, functionApp.id, storageQueueDataReaderRoleId)
-  scope: tasksQueue
-  properties: {
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageQueueDataReaderRoleId)
-    principalId: functionApp.identity.principalId
-    principalType: 'ServicePrincipal'
-    description: 'Queue trigger reads the task queue properties (length, existence).'
-  }
-}
-
-resource poisonQueue 'Microsoft.Storage/storageAccounts/queueServices/queues@2023-05-01' existing = {
-  parent: queueService
-  name: poisonQueueName
-}
-
-// Poison: after maxDequeueCount deliveries the host adds the message to the poison queue.
-resource poisonQueueSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(poisonQueue.id, functionApp.id, storageQueueDataMessageSenderRoleId)
-  scope: poisonQueue
-  properties: {
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageQueueDataMessageSenderRoleId)
-    principalId: functionApp.identity.principalId
-    principalType: 'ServicePrincipal'
-    description: 'Functions host moves messages that exhausted maxDequeueCount to the poison queue.'
+    description: 'Functions host diagnostic events (a table).'
   }
 }
 

@@ -3,8 +3,8 @@
 //   - the task queue the timer dispatches to and the queue trigger reads, and its poison queue;
 //   - the blob container the Flex Consumption plan deploys the app package from;
 //   - the host's own blobs (singleton locks, timer schedule status), created by the host.
-// The app's role assignments on these resources are declared in functionapp.bicep, next to
-// `existing` references to each resource they grant.
+// The app's role assignments on this account are declared in functionapp.bicep, next to an
+// `existing` reference to it.
 
 @description('Azure region of the resources.')
 param location string
@@ -102,9 +102,11 @@ resource tasksQueue 'Microsoft.Storage/storageAccounts/queueServices/queues@2023
   name: queueName
 }
 
-// The Functions host moves a message here after host.json maxDequeueCount failed deliveries.
-// The engine normally poisons first (AGENT_MAX_DEQUEUE_COUNT) and records why in the database;
-// this queue catches what the engine could not record.
+// The Functions host moves a message here when it gives up on it: a body that is not valid
+// base64, a delivery that failed (the function raised, timed out or its worker crashed) at
+// host.json maxDequeueCount, or a delivery whose dequeue count is already above it. The engine
+// records its own poison in the database first whenever it can; docs/queue.md lists exactly which
+// messages end here instead.
 resource poisonQueue 'Microsoft.Storage/storageAccounts/queueServices/queues@2023-05-01' = {
   parent: queueService
   name: '${queueName}-poison'

@@ -4,12 +4,15 @@
 # packages on first use. Ctrl-C stops it. Extra arguments go to `run`, e.g. --concurrency 2.
 #   AGENT_DB=...             another control database (e.g. PostgreSQL ODBC string)
 #   SETTINGS=path.json       another settings file (default local.settings.example.json)
+#   PYTHON=/path/to/python3.11  the Python that creates .venv (3.10-3.12; python3.11 preferred)
 set -euo pipefail
+script=$0
 cd "$(dirname "$0")/.."
+. scripts/python-env.sh
 
-PYTHON=${PYTHON:-python3.11}
-command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+require_venv_python "$script" .venv
 if [ ! -x .venv/bin/python ]; then
+  require_python "$script"
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt

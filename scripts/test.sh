@@ -3,12 +3,15 @@
 # packages, installs Azurite (npm, pinned by package-lock.json) and Checkov (its own
 # virtual environment, so it cannot disturb the app's requirements), then runs pytest.
 # Extra arguments go to pytest, e.g. scripts/test.sh -k poison
+# Needs Python 3.10-3.12 (python3.11 preferred); PYTHON=/path/to/python3.11 picks another one.
 set -euo pipefail
+script=$0
 cd "$(dirname "$0")/.."
+. scripts/python-env.sh
 
-PYTHON=${PYTHON:-python3.11}
-command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+require_venv_python "$script" .venv
 if [ ! -x .venv/bin/python ]; then
+  require_python "$script"
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
@@ -25,6 +28,7 @@ fi
 
 if [ -f requirements-checkov.txt ]; then
   if [ ! -x .checkov-venv/bin/checkov ]; then
+    require_python "$script"
     "$PYTHON" -m venv .checkov-venv
   fi
   .checkov-venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-checkov.txt

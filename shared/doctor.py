@@ -28,6 +28,12 @@ __all__ = ["Check", "DoctorReport", "run_doctor", "CHECKS"]
 CHECKS = ("driver", "connectivity", "authentication", "schema", "permissions", "queue")
 INIT_DB = "python -m shared.cli init-db"
 GRANT_SQL = "python -m shared.cli grant-sql --app-name <function app name> --apply"
+# The roles on the storage account that identity-based AzureWebJobsStorage needs for this app,
+# exactly what infra/functionapp.bicep grants and docs/deploying.md lists (tests/test_infra.py
+# checks all three agree): host storage, the queue (trigger, dispatch, the host's poison queue)
+# and the host's diagnostic events.
+STORAGE_ROLES = ("Storage Blob Data Owner", "Storage Queue Data Contributor", "Storage Table Data Contributor")
+QUEUE_ROLE = "Storage Queue Data Contributor"
 
 
 @dataclass(frozen=True)
@@ -298,8 +304,9 @@ class _Doctor:
             depth = queue.depth()
         except Exception as exc:
             raise _Failed(f"queue {self.agent.settings.agent.queue_name!r}: {_one_line(exc)}",
-                          "check AzureWebJobsStorage (a connection string) or AzureWebJobsStorage__queueServiceUri "
-                          "and the app's Storage Queue Data Contributor role on the account") from None
+                          "check AzureWebJobsStorage (a connection string) or AzureWebJobsStorage__queueServiceUri, "
+                          f"and that the identity in use has {QUEUE_ROLE} on the storage account (the function "
+                          f"app's identity needs {', '.join(STORAGE_ROLES)})") from None
         return f"{queue.name!r}: {queue!r}, reachable, {depth} message(s) waiting"
 
 

@@ -194,4 +194,7 @@ def test_unreachable_storage_queue_is_a_queue_failure(tmp_path, capsys, monkeypa
     assert "queue 'agent-tasks'" in checks["queue"][1] and f"127.0.0.1:{port}" in checks["queue"][1]
     assert "AzureWebJobsStorage" in out
     assert ACCOUNT_KEY not in out
+    # The same roles the Bicep grants and docs/deploying.md lists (tests/test_infra.py checks those agree).
+    assert "Storage Queue Data Contributor on the storage account" in out
+    assert "Storage Blob Data Owner, Storage Queue Data Contributor, Storage Table Data Contributor" in out
 

@@ -53,6 +53,26 @@ def test_host_max_dequeue_count_leaves_poison_to_the_app(queues: dict) -> None:
     assert queues["maxDequeueCount"] >= int(engine_default("AGENT_MAX_DEQUEUE_COUNT"))
 
 
+def test_the_bicep_cannot_set_an_engine_threshold_above_the_hosts(queues: dict) -> None:
+    """One poison threshold: the Bicep's maxDequeueCount parameter (AGENT_MAX_DEQUEUE_COUNT in Azure)
+    is capped at host.json's maxDequeueCount, in every file that declares it. Read from the source
+    text, so this holds without Checkov's parser (tests/test_infra.py checks the parsed Bicep too)."""
+    import re
+
+    declarations = {}
+    for path in sorted((ROOT / "infra").glob("*.bicep")):
+        text = path.read_text(encoding="utf-8")
+        for match in re.finditer(r"((?:^@\w+\(.*\)\s*\n|^//.*\n)*)^param maxDequeueCount int\b", text, re.MULTILINE):
+            caps = re.findall(r"^@maxValue\((\d+)\)", match.group(1), re.MULTILINE)
+            declarations[path.name] = [int(cap) for cap in caps]
+    assert {"main.bicep", "functionapp.bicep"} <= set(declarations), declarations
+    for name, caps in declarations.items():
+        assert caps == [queues["maxDequeueCount"]], (
+            f"infra/{name}: maxDequeueCount is capped at {caps}, host.json maxDequeueCount is "
+            f"{queues['maxDequeueCount']}: with a larger AGENT_MAX_DEQUEUE_COUNT the host moves messages to "
+            "<queue>-poison before the engine poisons them")
+
+
 def test_host_message_encoding_is_the_engine_default(queues: dict) -> None:
     assert queues["messageEncoding"] == engine_default("AGENT_QUEUE_ENCODING") == "base64"
 

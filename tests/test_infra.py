@@ -50,11 +50,13 @@ PLATFORM_APP_SETTINGS = {
     # Functions host: identity-based host storage. It keeps singleton and timer-trigger locks
     # and the timer's schedule status as blobs (the engine only uses the queue endpoint).
     "AzureWebJobsStorage__blobServiceUri": "Azure Functions host",
+    # Functions host: its diagnostic events are persisted in a table of the same account.
+    "AzureWebJobsStorage__tableServiceUri": "Azure Functions host",
 }
 
-# Built-in role definition ids (identical in every tenant). The first six are the ones listed
-# in the team's Azure notes; Storage Queue Data Reader is added because the Functions docs list
-# it, with Message Processor, as the roles a queue trigger needs.
+# Built-in role definition ids (identical in every tenant): the ones listed in the team's Azure
+# notes, and Storage Queue Data Reader (the Functions docs' queue-trigger role, with Message
+# Processor), so that a grant of any of them is recognised by name.
 KNOWN_BUILT_IN_ROLES = {
     "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": "Storage Blob Data Owner",
     "974c5e8b-45b9-4653-ba55-5f855dd0fb88": "Storage Queue Data Contributor",
@@ -69,18 +71,19 @@ QUEUES = "Microsoft.Storage/storageAccounts/queueServices/queues"
 ACCOUNTS = "Microsoft.Storage/storageAccounts"
 
 # The intended grants: (role, type of the resource it is scoped to, name of that resource as
-# written in the Bicep). Widening one (a broader role, or the account instead of a queue)
-# has to change this list, on purpose.
+# written in the Bicep). What identity-based AzureWebJobsStorage needs for this app, per the
+# Functions docs ("Connecting to host storage with an identity"); widening or narrowing one has
+# to change this list, on purpose (and docs/deploying.md and shared/doctor.py STORAGE_ROLES,
+# which test_the_roles_the_bicep_grants_are_the_ones_docs_and_doctor_name checks).
 EXPECTED_GRANTS = {
-    # Host storage (blob leases for locks, timer status) and the Flex deployment container.
+    # Host storage (blob leases for singleton/timer locks, timer status, keys) and the Flex
+    # Consumption deployment container.
     ("Storage Blob Data Owner", ACCOUNTS, "storageAccountName"),
-    # The timer dispatches runs to the task queue.
-    ("Storage Queue Data Message Sender", QUEUES, "queueName"),
-    # The queue trigger receives and deletes task messages and reads the queue's properties.
-    ("Storage Queue Data Message Processor", QUEUES, "queueName"),
-    ("Storage Queue Data Reader", QUEUES, "queueName"),
-    # The host moves a message that exhausted maxDequeueCount to the poison queue.
-    ("Storage Queue Data Message Sender", QUEUES, "poisonQueueName"),
+    # The queue trigger (receive, hide, delete), the tick's dispatch (send) and the host's move to
+    # <queue>-poison (send, and create that queue if it is missing).
+    ("Storage Queue Data Contributor", ACCOUNTS, "storageAccountName"),
+    # The host's diagnostic events (AzureWebJobsStorage__tableServiceUri).
+    ("Storage Table Data Contributor", ACCOUNTS, "storageAccountName"),
 }
 
 GUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -225,6 +228,39 @@ def test_identity_based_storage_settings(app_settings: AppSettings):
     assert not any("__accountKey" in name or name.endswith("ConnectionString") for name in app_settings.literal)
 
 
+def test_host_storage_has_a_service_uri_for_each_service_it_is_granted(functionapp: BicepFile,
+                                                                       app_settings: AppSettings):
+    """Blob, queue and table are each granted (EXPECTED_GRANTS) and each has its
+    AzureWebJobsStorage__<service>ServiceUri, pointing at that service of the same account over
+    HTTPS: a role without its URI (or a URI without its role) is a half-configured connection."""
+    granted = {role.split()[1].lower() for role, _, _ in EXPECTED_GRANTS}   # 'Storage Blob Data Owner' -> 'blob'
+    assert granted == {"blob", "queue", "table"}
+    uris = {name.split("__")[1][:-len("ServiceUri")]: value for name, value in app_settings.literal.items()
+            if name.startswith("AzureWebJobsStorage__") and name.endswith("ServiceUri")}
+    assert set(uris) == granted, f"service URIs {sorted(uris)} != granted services {sorted(granted)}"
+    for service, value in uris.items():
+        expected = f"https://${{storageAccountName}}.{service}.${{environment().suffixes.storage}}"
+        assert functionapp.resolve(value) == expected, f"AzureWebJobsStorage__{service}ServiceUri: {value!r}"
+    assert "AzureWebJobsStorage__accountName" not in app_settings.literal   # one way: the service URIs
+
+
+def test_the_roles_the_bicep_grants_are_the_ones_docs_and_doctor_name():
+    """One story for the storage roles: the Bicep's grants, `doctor`'s advice and the deployment
+    guide's list are the same set of roles."""
+    from shared.doctor import STORAGE_ROLES
+
+    granted = {role for role, _, _ in EXPECTED_GRANTS}
+    assert set(STORAGE_ROLES) == granted, f"shared/doctor.py STORAGE_ROLES {sorted(STORAGE_ROLES)} != {sorted(granted)}"
+    guide = (REPO / "docs" / "deploying.md").read_text(encoding="utf-8")
+    section = guide.split("## The app's storage roles", 1)[1].split("\n#", 1)[0]
+    named = set(re.findall(r"\*\*(Storage [A-Za-z ]+?)\*\*", section))
+    assert named == granted, f"docs/deploying.md names {sorted(named)}, the Bicep grants {sorted(granted)}"
+    every_doc = "\n".join(path.read_text(encoding="utf-8") for path in [REPO / "README.md", *(REPO / "docs").glob("*.md")])
+    other_roles = set(KNOWN_BUILT_IN_ROLES.values()) - granted - {"Monitoring Metrics Publisher"}
+    for role in other_roles:      # no page tells users the app needs a role it is not given
+        assert role not in every_doc, f"the docs still name {role!r}, which the app is not granted"
+
+
 def test_job_settings_generated_from_jobs_parameter_match_engine_suffixes(app_settings: AppSettings):
     assert app_settings.job_prefixes == {config.JOB_SETTING_PREFIX}
     generated = set(app_settings.job_fields)
@@ -261,16 +297,30 @@ def test_bicep_defaults_match_engine_defaults():
     assert str(main.parameter_default("maxDequeueCount")) == defaults["AGENT_MAX_DEQUEUE_COUNT"]
 
 
-def test_max_dequeue_count_is_at_or_below_host_json():
-    # Design invariant 5: the engine poisons at or below host.json maxDequeueCount, or the host
-    # moves the message before the engine can record why.
+def test_max_dequeue_count_is_capped_at_host_json():
+    """Design invariant 5: the engine poisons at or below host.json maxDequeueCount, or the host
+    moves the message to <queue>-poison before the engine can record why. The Bicep cannot even
+    be deployed with a larger AGENT_MAX_DEQUEUE_COUNT: every maxDequeueCount parameter's
+    @maxValue is host.json's value (one number; raise host.json's first, then the caps)."""
     host = json.loads((REPO / "host.json").read_text(encoding="utf-8"))
     host_max = host.get("extensions", {}).get("queues", {}).get("maxDequeueCount", 5)
+    for name in ("main.bicep", "functionapp.bicep"):
+        rules = bicep(name).decorators("maxDequeueCount")
+        assert rules.get("max_value") == host_max, (
+            f"infra/{name}: @maxValue({rules.get('max_value')}) on maxDequeueCount, but host.json "
+            f"extensions.queues.maxDequeueCount is {host_max}: make them equal")
+        assert rules.get("min_value") == 1, f"infra/{name}: maxDequeueCount needs @minValue(1)"
     main = bicep("main.bicep")
-    assert main.parameter_default("maxDequeueCount") <= host_max
+    assert 1 <= main.parameter_default("maxDequeueCount") <= host_max
+    # main.bicep hands its parameter to the app setting the engine reads, unchanged.
+    assert _module_params(main, "functionApp")["maxDequeueCount"] == "maxDequeueCount"
+    value = AppSettings(bicep("functionapp.bicep")).literal["AGENT_MAX_DEQUEUE_COUNT"]
+    assert function_call(value, "string") == {"value_to_convert": "maxDequeueCount"}, value
     parameters = _parameters_file()
     if "maxDequeueCount" in parameters:
         assert parameters["maxDequeueCount"] <= host_max
+    # The host's value is host.json's alone: no app setting overrides it behind the file's back.
+    assert not any(name.lower().startswith("azurefunctionsjobhost__") for name in AppSettings(bicep("functionapp.bicep")).literal)
 
 
 def _parameters_file() -> dict[str, Any]:
@@ -391,13 +441,13 @@ def test_role_assignments_use_known_built_in_roles_and_target_the_app_identity()
     )
 
 
-def test_queue_scopes_are_the_queues_the_storage_module_creates():
-    # functionapp.bicep grants on `existing` queues named by its queueName / poisonQueueName
-    # parameters; main.bicep must feed them from the storage module's outputs.
+def test_the_app_is_wired_to_the_account_and_queues_the_storage_module_creates():
+    # functionapp.bicep grants on an `existing` account named by its storageAccountName parameter
+    # and sets AGENT_QUEUE_NAME from queueName; main.bicep must feed both from the storage
+    # module's outputs, and the poison queue storage.bicep creates is the one the host uses.
     main = bicep("main.bicep")
     params = _module_params(main, "functionApp")
     assert accessor_path(params["queueName"]) == ["storage", "outputs", "queueName"]
-    assert accessor_path(params["poisonQueueName"]) == ["storage", "outputs", "poisonQueueName"]
     assert accessor_path(params["storageAccountName"]) == ["storage", "outputs", "storageAccountName"]
     storage = bicep("storage.bicep")
     assert accessor_path(storage.outputs["queueName"]["value"]) == ["tasksQueue", "name"]

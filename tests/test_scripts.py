@@ -1,0 +1,130 @@
+"""The two quick-start commands on a machine without a suitable Python.
+
+azure-functions==1.26.0 installs on Python 3.10-3.12 only. scripts/test.sh and
+scripts/run-local.sh must then stop in one line saying which Python is needed and how to point
+them at one (PYTHON=...), before creating a virtual environment or running pip.
+
+Hermetic: each test copies scripts/ into a temporary project, and runs it with a PATH holding only
+fake interpreters (shell scripts that report a version and log every call) and `dirname`. The
+real interpreters of this machine are out of sight, and nothing is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BASH = shutil.which("bash") or "/bin/bash"
+SCRIPTS = ["scripts/test.sh", "scripts/run-local.sh"]
+
+
+class Machine:
+    """A temporary project (a copy of scripts/ and the requirement files) and a PATH of fakes."""
+
+    def __init__(self, root: Path) -> None:
+        self.project = root / "project"
+        self.bin = root / "bin"
+        self.log = root / "calls.log"
+        shutil.copytree(REPO / "scripts", self.project / "scripts")
+        for name in ("requirements.txt", "requirements-dev.txt", "requirements-checkov.txt", "local.settings.example.json"):
+            shutil.copy(REPO / name, self.project / name)
+        self.bin.mkdir()
+        for tool in ("dirname",):                      # the only external command before the check
+            os.symlink(shutil.which(tool), self.bin / tool)
+        self.log.touch()
+
+    def fake_python(self, path: Path, version: str) -> Path:
+        """An interpreter that answers the version query with `version` and fails anything else
+        (so a script that got past the check stops at once, and the log shows what it tried)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#!/bin/sh\n"
+                        f'echo "$0 $*" >> "{self.log}"\n'
+                        'case "$*" in *sys.version_info*) '
+                        f'echo "{version}"; exit 0;; esac\n'
+                        "exit 97\n")
+        path.chmod(0o755)
+        return path
+
+    def run(self, script: str, **environment: str) -> subprocess.CompletedProcess:
+        env = {"PATH": str(self.bin), "HOME": str(self.project), **environment}
+        return subprocess.run([BASH, script], cwd=self.project, env=env,    # as typed in the README
+                              capture_output=True, text=True, timeout=30)
+
+    def calls(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> Machine:
+    return Machine(tmp_path)
+
+
+def assert_one_line_naming_the_fix(result: subprocess.CompletedProcess, script: str) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    (line,) = lines
+    assert "3.10, 3.11 or 3.12" in line and f"PYTHON=/path/to/python3.11 {script}" in line, line
+    return line
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_only_python_313_on_the_path_is_one_line_before_any_venv_or_pip(machine: Machine, script: str):
+    machine.fake_python(machine.bin / "python3", "3.13")
+    result = machine.run(script)
+    line = assert_one_line_naming_the_fix(result, script)
+    assert line.startswith(f"{script}: needs Python") and "python3 is 3.13" in line
+    assert not (machine.project / ".venv").exists()
+    assert all("sys.version_info" in call for call in machine.calls()), machine.calls()   # no venv, no pip
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_no_python_at_all_is_the_same_one_line(machine: Machine, script: str):
+    result = machine.run(script)
+    line = assert_one_line_naming_the_fix(result, script)
+    assert "no python3 is on the PATH" in line
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_python_named_by_PYTHON_outside_the_range_is_refused(machine: Machine, script: str):
+    machine.fake_python(machine.bin / "python3.11", "3.11")        # a good one the user did not pick
+    chosen = machine.fake_python(machine.project / "py" / "python3.9", "3.9")
+    result = machine.run(script, PYTHON=str(chosen))
+    line = assert_one_line_naming_the_fix(result, script)
+    assert f"PYTHON={chosen} is 3.9" in line
+    assert not (machine.project / ".venv").exists()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_first_supported_python_on_the_path_creates_the_venv(machine: Machine, script: str):
+    machine.fake_python(machine.bin / "python3", "3.13")
+    machine.fake_python(machine.bin / "python3.12", "3.12")
+    machine.fake_python(machine.bin / "python3.11", "3.11")
+    result = machine.run(script)
+    assert result.returncode == 97                                 # the fake refused to create it
+    created = [call for call in machine.calls() if "-m venv" in call]
+    assert created == [f"{machine.bin / 'python3.11'} -m venv .venv"], machine.calls()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_PYTHON_in_the_range_is_used(machine: Machine, script: str):
+    chosen = machine.fake_python(machine.project / "py" / "python3.10", "3.10")
+    result = machine.run(script, PYTHON=str(chosen))
+    assert result.returncode == 97
+    assert [call for call in machine.calls() if "-m venv" in call] == [f"{chosen} -m venv .venv"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_venv_made_with_an_unsupported_python_is_named(machine: Machine, script: str):
+    machine.fake_python(machine.project / ".venv" / "bin" / "python", "3.13")
+    machine.fake_python(machine.bin / "python3.11", "3.11")
+    result = machine.run(script)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert ".venv was made with Python 3.13" in line and "rm -rf .venv" in line and "3.10, 3.11 or 3.12" in line
+    assert not [call for call in machine.calls() if "pip" in call or "-m venv" in call]
