@@ -537,14 +537,17 @@ class AzureStorageQueue:
     def move_to_poison(self, message: ReceivedMessage) -> None:
         """Copy the body to "<name>-poison" (created on first use), then delete the original:
         what the host does after maxDequeueCount failed deliveries."""
-        from azure.core.exceptions import AzureError, ResourceNotFoundError
+        from azure.core.exceptions import AzureError, ResourceExistsError, ResourceNotFoundError
 
         poison = self._poison()
         try:
             try:
                 poison.send_message(message.body)
             except ResourceNotFoundError:
-                poison.create_queue()
+                try:
+                    poison.create_queue()
+                except ResourceExistsError:
+                    pass  # another worker created it a moment ago
                 poison.send_message(message.body)
         except AzureError as error:
             raise self._error(error, "send to", queue=self.poison_name) from error

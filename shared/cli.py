@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the agent locally: tick on schedule and work the queue (Ctrl-C stops)")
     run.add_argument("--concurrency", type=_positive_int, help="worker threads (default AGENT_MAX_CONCURRENCY)")
 
-    jobs = commands.add_parser("jobs", help="configured jobs, their state, next slot and last run")
+    jobs = commands.add_parser("jobs", help="the jobs as the agent last synced them: state, next slot and last run")
     jobs.add_argument("--json", action="store_true")
 
     history = commands.add_parser("history", help="runs, newest first, with attempts and job events")
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     requeue = poison_commands.add_parser("requeue", help="give the poisoned run one more attempt")
     requeue.add_argument("poison_id", type=_positive_int, metavar="ID")
 
-    run_now = commands.add_parser("run-now", help="run a job now (its overlap policy applies)")
+    run_now = commands.add_parser("run-now", help="run a job now, as the agent last synced it (its overlap policy applies)")
     run_now.add_argument("name")
 
     submit = commands.add_parser("submit", help="queue ad-hoc SQL to run asynchronously")
@@ -224,13 +224,11 @@ def cmd_run(agent, args) -> int:
 
 
 def cmd_jobs(agent, args) -> int:
-    from .scheduler import TickReport
 
     store = agent.store()
     store.require_schema()
-    scheduler = agent.scheduler()
-    now = agent.clock()
-    scheduler.sync_jobs(now, TickReport(now=now))  # show the settings as they are now
+    # What the agent last synced (its tick syncs the settings): never this machine's settings,
+    # which would mark the production jobs removed when run from an operator's laptop.
     rows = store.execute("list_jobs").rows
     if args.json:
         _print_json(rows)
@@ -328,20 +326,23 @@ def cmd_poison(agent, args) -> int:
 
 
 def cmd_run_now(agent, args) -> int:
-    from .scheduler import TickReport
     from .telemetry import new_operation_id
 
     store = agent.store()
     store.require_schema()
     now = agent.clock()
-    agent.scheduler().sync_jobs(now, TickReport(now=now))
+    # The job as the agent last synced it (see cmd_jobs): this machine's settings are not read.
     row = store.execute("insert_manual_run", job_name=args.name, now=now, operation_id=new_operation_id()).one()
     if row is None:
-        bad = next((b for b in agent.settings.invalid_jobs if b.name == args.name), None)
-        if bad is not None:
-            raise ConfigError(f"JOB__{args.name}__*", args.name, f"a valid job; it is invalid: {bad.message}")
-        known = ", ".join(job.name for job in agent.settings.jobs) or "none"
-        raise NotFoundError(f"no job named {args.name!r} (configured jobs: {known})")
+        jobs = {r["job_name"]: r for r in store.execute("list_jobs").rows}
+        job = jobs.get(args.name)
+        if job is not None and not job["valid"]:
+            raise ConfigError(f"JOB__{args.name}__*", args.name, f"a valid job; it is invalid: {job['config_error']}")
+        if job is not None:
+            raise UsageError(f"job {args.name!r} was removed from the settings; it cannot run")
+        known = ", ".join(name for name, r in jobs.items() if r["valid"] and r["configured"]) or "none"
+        raise NotFoundError(f"no job named {args.name!r} (jobs the agent knows: {known}; a job added to the "
+                            "settings is known after the agent's next tick)")
     if row["status"] == "skipped":
         print(f"run {row['run_id']} of {args.name} skipped: {row['note']}")
         return EXIT_OK

@@ -26,8 +26,8 @@ from .errors import AgentError
 __all__ = ["Check", "DoctorReport", "run_doctor", "CHECKS"]
 
 CHECKS = ("driver", "connectivity", "authentication", "schema", "permissions", "queue")
-INIT_DB = "python -m shared.cli init-db"
-GRANT_SQL = "python -m shared.cli grant-sql --app-name <function app name> --apply"
+INIT_DB = ".venv/bin/python -m shared.cli init-db"
+GRANT_SQL = ".venv/bin/python -m shared.cli grant-sql --app-name <function app name> --apply"
 # The roles on the storage account that identity-based AzureWebJobsStorage needs for this app,
 # exactly what infra/functionapp.bicep grants and docs/deploying.md lists (tests/test_infra.py
 # checks all three agree): host storage, the queue (trigger, dispatch, the host's poison queue)

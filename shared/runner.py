@@ -86,6 +86,13 @@ class LocalRunner:
     def process(self, message: ReceivedMessage) -> str:
         """What the Functions host does with one delivery."""
         queue = self.agent.queue
+        if message.dequeue_count > self.host.max_dequeue_count:
+            # The host moves such a message before the function runs (a worker that crashed on
+            # every delivery never let the function return).
+            log.error("message %s arrived on delivery %s, above maxDequeueCount=%s: moved to %s-poison unrun",
+                      message.id, message.dequeue_count, self.host.max_dequeue_count, queue.name)
+            queue.move_to_poison(message)
+            return "host-poison"
         try:
             result = self.executor.handle(message.body, message.dequeue_count, message.id)
         except Exception as exc:  # what the host does when the function raises
