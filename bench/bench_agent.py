@@ -1,11 +1,16 @@
-"""Benchmarks (figures, not pass/fail): tick time and statements per tick for 100, 1,000
-and 10,000 jobs on SQLite and PostgreSQL; no-op task throughput of the local runner; cold
-import of function_app.
+"""Benchmarks (figures, not pass/fail) on SQLite and PostgreSQL:
+
+* tick time and statements per tick for 100, 1,000 and 10,000 jobs;
+* slot-to-start lateness of second-level schedules under the local runner (p50, p99);
+* drain time of 1,000 runs due at once under caps of 8 and 32, after a single tick;
+* a 10-level chain of ordered tasks, with no tick at all;
+* cold import of function_app.
 
     .venv/bin/python bench/bench_agent.py [--pg ODBC-STRING-WITHOUT-DATABASE] [--sizes 100,1000,10000]
 
-Targets on a 2-core machine: statements per tick constant in the job count; a 10,000-job
-tick under 250 ms on PostgreSQL; cold import under 300 ms.
+Throughput against procrastinate is bench/bench_vs_procrastinate.py. Targets on a 2-core
+machine: statements per tick constant in the job count; a 10,000-job tick under 250 ms on
+PostgreSQL; slots started within 2 s (p99); cold import under 300 ms.
 """
 
 from __future__ import annotations
@@ -31,14 +36,24 @@ UTC = timezone.utc
 DEFAULT_PG = "Driver={PostgreSQL Unicode};Server=127.0.0.1;Port=5432;Uid=root;"
 
 
-def agent_for(db: str, jobs: int, *, spread: bool = False, **settings: str) -> Agent:
+class Clock:
+    """The bench's own clock: the agent and its ticks follow it (a simulated hour)."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def agent_for(db: str, jobs: int, *, spread: bool = False, clock=None, queue=None, **settings: str) -> Agent:
     """``jobs`` hourly jobs: all at minute 0 (every job due in the same tick), or spread over
     the 60 minutes of the hour (a typical tick claims a sixtieth of them)."""
     env = {"AGENT_MAX_CONCURRENCY": "10000", "AGENT_DISPATCH_LEASE_SECONDS": "86400", **settings}
     for i in range(jobs):
         env[f"JOB__job{i:05d}__SCHEDULE"] = f"0 {i % 60 if spread else 0} * * * *"
         env[f"JOB__job{i:05d}__COMMAND"] = "SELECT 1"
-    agent = Agent(load_settings(environ=env), db=db)
+    agent = Agent(load_settings(environ=env), db=db, clock=clock, queue=queue)
     agent.init()
     return agent
 
@@ -73,21 +88,33 @@ class Databases:
 
 
 def bench_ticks(dbs: Databases, dialect: str, sizes: list[int]) -> None:
-    print(f"\n== tick, {dialect}: jobs configured; 'all due' = every job due in the same tick (claim + advance +"
-          f" dispatch + enqueue of each); 'typical' = hourly jobs spread over the hour (1/60 due per tick);"
-          f" 'idle' = nothing due")
+    from tests.memory_queue import MemoryQueue
+
+    print(f"\n== tick, {dialect} (queue mode: the tick dispatches): jobs configured; 'all due' = every job due in "
+          f"the same tick (claim + advance + dispatch + send of each); 'typical' = hourly jobs spread over the hour "
+          f"(1/60 due per tick); 'idle' = nothing due")
     print(f"{'jobs':>7} {'all due ms':>11} {'stmts':>6} {'typical ms':>11} {'stmts':>6} {'idle ms':>8} {'stmts':>6}")
     base = datetime(2030, 1, 1, 12, 40, tzinfo=UTC)
     for size in sizes:
-        agent = agent_for(dbs.new(dialect), size)
-        agent.tick(base)                                           # sync settings (once per change)
-        due = agent.tick(base + timedelta(minutes=20, seconds=5))   # 13:00:05: every job due
+        clock = Clock(base)
+        agent = agent_for(dbs.new(dialect), size, clock=clock, queue=MemoryQueue(), AGENT_POLL_SECONDS="300")
+        agent.tick()                                               # sync settings (once per change)
+        clock.now = base + timedelta(minutes=20, seconds=5)        # 13:00:05: every job due
+        due = agent.tick()
         assert len(due.claimed) == size, (len(due.claimed), due.errors)
-        idle = [agent.tick(base + timedelta(minutes=20, seconds=10 + i)) for i in range(5)]
+        idle = []
+        for i in range(5):
+            clock.now = base + timedelta(minutes=20, seconds=10 + i)
+            idle.append(agent.tick())
         agent.close()
-        spread = agent_for(dbs.new(dialect), size, spread=True)
-        spread.tick(base)
-        typical = [spread.tick(base + timedelta(minutes=m, seconds=5)) for m in range(1, 11)]
+        clock = Clock(base)
+        spread = agent_for(dbs.new(dialect), size, spread=True, clock=clock, queue=MemoryQueue(),
+                           AGENT_POLL_SECONDS="300")
+        spread.tick()
+        typical = []
+        for minute in range(1, 11):
+            clock.now = base + timedelta(minutes=minute, seconds=5)
+            typical.append(spread.tick())
         assert sum(len(r.claimed) for r in typical) > 0
         spread.close()
         print(f"{size:>7} {due.duration_ms:>11.1f} {due.statements:>6} "
@@ -95,22 +122,70 @@ def bench_ticks(dbs: Databases, dialect: str, sizes: list[int]) -> None:
               f"{statistics.median(r.duration_ms for r in idle):>8.1f} {idle[0].statements:>6}")
 
 
-def bench_throughput(dbs: Databases, dialect: str, tasks: int, concurrency: int) -> None:
-    agent = agent_for(dbs.new(dialect), 0)
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def bench_lateness(dbs: Databases, dialect: str, seconds: int = 40) -> None:
+    """Ten jobs on `* * * * * *` and `*/5` schedules under the local runner, the tick at its
+    default minute: how late each slot starts."""
+    import threading
+
+    env = {f"JOB__every{i}__SCHEDULE": "* * * * * *" if i < 5 else "*/5 * * * * *" for i in range(10)}
+    env.update({f"JOB__every{i}__COMMAND": "SELECT 1" for i in range(10)})
+    env.update({f"JOB__every{i}__OVERLAP": "allow" for i in range(10)})
+    agent = Agent(load_settings(environ={"AGENT_MAX_CONCURRENCY": "8", **env}), db=dbs.new(dialect))
+    agent.init()
+    runner = LocalRunner(agent, concurrency=4)
+    thread = threading.Thread(target=runner.run, daemon=True)
+    started = datetime.now(UTC)
+    thread.start()
+    time.sleep(seconds)
+    runner.stop()
+    thread.join(timeout=30)
+    rows = agent.store().execute("list_history", job_name=None, limit=100000).rows
+    lateness = [(r["started_at"] - r["scheduled_for"]).total_seconds() for r in rows
+                if r["started_at"] is not None and r["scheduled_for"] > started + timedelta(seconds=2)]
+    skipped = sum(1 for r in rows if r["status"] == "skipped")
+    print(f"\n== slot-to-start lateness, {dialect}, local runner (4 workers), 5 jobs every second + 5 every 5 s, "
+          f"{seconds} s: {len(lateness)} runs; p50 {_percentile(lateness, 0.5) * 1000:.0f} ms, "
+          f"p99 {_percentile(lateness, 0.99) * 1000:.0f} ms, max {max(lateness) * 1000:.0f} ms; "
+          f"never early: {min(lateness) >= 0}; {skipped} skipped")
+    agent.close()
+
+
+def bench_drain(dbs: Databases, dialect: str, runs: int = 1000) -> None:
+    for cap in (8, 32):
+        clock = Clock(datetime(2030, 1, 1, 12, 30, tzinfo=UTC))
+        agent = agent_for(dbs.new(dialect), runs, clock=clock, AGENT_MAX_CONCURRENCY=str(cap))
+        agent.tick()
+        clock.now = datetime(2030, 1, 1, 13, 0, 1, tzinfo=UTC)
+        agent.tick()                                               # the only tick: claims every run
+        runner = LocalRunner(agent, concurrency=cap)
+        started = time.perf_counter()
+        done = runner.work_until_idle()
+        elapsed = time.perf_counter() - started
+        print(f"\n== drain, {dialect}: {runs} runs due at once, AGENT_MAX_CONCURRENCY={cap} ({cap} workers), one tick: "
+              f"{done} done in {elapsed:.2f} s ({done / elapsed:.0f} runs/s)")
+        agent.close()
+
+
+def bench_order_chain(dbs: Databases, dialect: str, levels: int = 10) -> None:
+    agent = agent_for(dbs.new(dialect), 0, AGENT_MAX_CONCURRENCY="8")
     store = agent.store()
     now = datetime.now(UTC)
-    for _ in range(tasks):
-        store.execute("insert_task", command="SELECT 1", target_database=None, task_order=None, max_attempts=1,
+    for level in range(levels, 0, -1):
+        store.execute("insert_task", command="SELECT 1", target_database=None, task_order=level, max_attempts=1,
                       timeout_seconds=60, lease_seconds=60, now=now, operation_id=uuid.uuid4().hex)
-    runner = LocalRunner(agent, concurrency=concurrency, visibility_timeout=0)
+    runner = LocalRunner(agent, concurrency=4)
     started = time.perf_counter()
-    done = 0
-    while done < tasks:
-        agent.tick()
-        done += runner.work_until_idle()
+    done = runner.work_until_idle()
     elapsed = time.perf_counter() - started
-    print(f"\n== local runner, {dialect}: {tasks} no-op tasks, concurrency {concurrency}: "
-          f"{elapsed:.2f} s, {tasks / elapsed:.0f} tasks/s")
+    rows = sorted(store.execute("list_history", job_name=None, limit=100).rows, key=lambda r: r["started_at"])
+    print(f"\n== order chain, {dialect}: {levels} levels, no tick: {done} tasks in {elapsed * 1000:.0f} ms "
+          f"({elapsed * 1000 / levels:.1f} ms per level); in order: "
+          f"{[r['run_id'] for r in rows] == sorted(r['run_id'] for r in rows)[::-1]}")
     agent.close()
 
 
@@ -126,8 +201,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pg", default=DEFAULT_PG, help="PostgreSQL ODBC string without Database; '' to skip")
     parser.add_argument("--sizes", default="100,1000,10000")
-    parser.add_argument("--tasks", type=int, default=1000)
-    parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     dbs = Databases(args.pg or None)
@@ -136,7 +209,9 @@ def main() -> None:
         for dialect in dialects:
             bench_ticks(dbs, dialect, sizes)
         for dialect in dialects:
-            bench_throughput(dbs, dialect, args.tasks, args.concurrency)
+            bench_lateness(dbs, dialect)
+            bench_drain(dbs, dialect)
+            bench_order_chain(dbs, dialect)
         bench_cold_import()
     finally:
         dbs.close()

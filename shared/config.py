@@ -109,13 +109,13 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
                 "How long a dispatched run may wait on the queue before a tick presumes the "
                 "message lost and dispatches it again (with a new token).", "optional"),
     SettingSpec("AGENT_MISFIRE_THRESHOLD_SECONDS", "120",
-                "A slot claimed later than this after its time counts as a misfire.", "optional"),
+                "A slot that has not started this long after its time counts as a misfire.", "optional"),
     SettingSpec("AGENT_RETRY_BACKOFF_SECONDS", "30",
                 "First retry delay after a failed attempt; doubles per attempt, capped at 1 h.",
                 "optional"),
     SettingSpec("AzureWebJobsStorage", None,
                 "Storage connection string (locally `UseDevelopmentStorage=true` for Azurite). "
-                "Unset with no queueServiceUri: the local queue in the control database.", "local"),
+                "Unset with no queueServiceUri: no queue; the local runner's workers claim straight from the runs table.", "local"),
     SettingSpec("AzureWebJobsStorage__queueServiceUri", None,
                 "Identity-based queue endpoint `https://<account>.queue.core.windows.net`.",
                 "required"),

@@ -170,7 +170,8 @@ class Scheduler:
                     following = parse_schedule(job["schedule"], job["timezone"]).initial_due(now)
                 except (ValueError, OverflowError):
                     following = None
-                advances.append({"job_name": job["job_name"], "from_due": store.json_time(job["next_due_at"]),
+                advances.append({"schedule": job["schedule"], "timezone": job["timezone"],
+                                 "from_due": store.json_time(job["next_due_at"]),
                                  "next_due_at": store.json_time(following)})
                 events.append({"job_name": job["job_name"], "kind": "clock_recovered",
                                "detail": f"a tick at {_iso(job['advanced_at'])} (ahead of this one at {now.isoformat()} "
@@ -296,8 +297,11 @@ class Scheduler:
             jobs = store.execute("select_due_jobs", horizon=horizon).rows
             if not jobs:
                 return
+            # Slots depend only on (schedule, time zone, next slot, misfire policy, grace): computed
+            # once per distinct one, then listed for each job.
             plans: dict[tuple, tuple[list[tuple[datetime, str, str | None]], datetime | None]] = {}
-            slots, advances = [], []
+            slots = []
+            advances: dict[tuple, dict[str, Any]] = {}
             for job in jobs:
                 key = (job["schedule"], job["timezone"], job["next_due_at"], job["misfire"], job["grace_seconds"])
                 if key not in plans:
@@ -305,10 +309,11 @@ class Scheduler:
                 planned, following = plans[key]
                 slots += [{"job_name": job["job_name"], "scheduled_for": store.json_time(slot),
                            "status": status, "note": note} for slot, status, note in planned]
-                advances.append({"job_name": job["job_name"], "from_due": store.json_time(job["next_due_at"]),
-                                 "next_due_at": store.json_time(following)})
+                advances[key[:3]] = {"schedule": job["schedule"], "timezone": job["timezone"],
+                                     "from_due": store.json_time(job["next_due_at"]),
+                                     "next_due_at": store.json_time(following)}
             claimed = store.execute("claim_slots", slots=slots, now=now).rows if slots else []
-            store.execute("advance_jobs", advances=advances, now=now)
+            store.execute("advance_jobs", advances=list(advances.values()), now=now)
         report.due_jobs = len(jobs)
         report.claimed = claimed
         if not self.telemetry.enabled:

@@ -276,14 +276,14 @@ ORDER BY j.job_name, s.scheduled_for;
 SELECT run_id, job_name, scheduled_for, status, note, operation_id, token FROM @claimed;
 
 -- advance_jobs --
--- Move jobs to their next slot (a JSON array of {job_name, from_due, next_due_at}); a job another tick already moved is left as it is.
+-- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at}); a job another tick already moved is left as it is.
 DECLARE @advanced TABLE (job_name NVARCHAR(64));
 UPDATE j SET next_due_at = CONVERT(DATETIME2(6), a.next_due_at, 121), advanced_at = CAST(:now AS DATETIME2(6))
 OUTPUT inserted.job_name INTO @advanced
 FROM agent.jobs AS j
-JOIN OPENJSON(:advances) WITH (job_name NVARCHAR(64), from_due NVARCHAR(40), next_due_at NVARCHAR(40)) AS a
-  ON j.job_name = a.job_name
-WHERE j.next_due_at = CONVERT(DATETIME2(6), a.from_due, 121);
+JOIN OPENJSON(:advances) WITH (schedule NVARCHAR(400), timezone NVARCHAR(64), from_due NVARCHAR(40),
+                               next_due_at NVARCHAR(40)) AS a
+  ON j.next_due_at = CONVERT(DATETIME2(6), a.from_due, 121) AND j.schedule = a.schedule AND j.timezone = a.timezone;
 SELECT job_name FROM @advanced;
 
 -- dispatch_runs --

@@ -199,16 +199,21 @@ SELECT j.job_name, 'scheduled', CAST(s.scheduled_for AS timestamp), s.status, j.
        CAST(:now AS timestamp), CASE WHEN s.status = 'skipped' THEN CAST(:now AS timestamp) END,
        md5(random()::text || clock_timestamp()::text || j.job_name || s.scheduled_for), s.note
 FROM json_to_recordset(CAST(:slots AS json)) AS s(job_name VARCHAR, scheduled_for VARCHAR, status VARCHAR, note TEXT)
-JOIN agent.jobs AS j ON j.job_name = s.job_name AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
+-- LATERAL with OFFSET 0 (kept as is, not flattened): one primary-key lookup per slot. The
+-- planner cannot size a JSON argument, and a scan of agent.jobs per slot would cost slots x jobs.
+CROSS JOIN LATERAL (
+    SELECT * FROM agent.jobs AS x
+    WHERE x.job_name = s.job_name AND x.enabled = 1 AND x.valid = 1 AND x.configured = 1 OFFSET 0) AS j
 ORDER BY j.job_name, s.scheduled_for
 ON CONFLICT (job_name, scheduled_for) DO NOTHING
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
 
 -- advance_jobs --
--- Move jobs to their next slot (a JSON array of {job_name, from_due, next_due_at}); a job another tick already moved is left as it is.
+-- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at}); a job another tick already moved is left as it is.
 UPDATE agent.jobs AS j SET next_due_at = CAST(a.next_due_at AS timestamp), advanced_at = CAST(:now AS timestamp)
-FROM json_to_recordset(CAST(:advances AS json)) AS a(job_name VARCHAR, from_due VARCHAR, next_due_at VARCHAR)
-WHERE j.job_name = a.job_name AND j.next_due_at = CAST(a.from_due AS timestamp)
+FROM json_to_recordset(CAST(:advances AS json)) AS a(schedule VARCHAR, timezone VARCHAR, from_due VARCHAR,
+                                                     next_due_at VARCHAR)
+WHERE j.next_due_at = CAST(a.from_due AS timestamp) AND j.schedule = a.schedule AND j.timezone = a.timezone
 RETURNING j.job_name;
 
 -- dispatch_runs --

@@ -207,12 +207,12 @@ ON CONFLICT (job_name, scheduled_for) DO NOTHING
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
 
 -- advance_jobs --
--- Move jobs to their next slot (a JSON array of {job_name, from_due, next_due_at}); a job another tick already moved is left as it is.
+-- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at}); a job another tick already moved is left as it is.
 UPDATE agent_jobs SET next_due_at = a.next_due_at, advanced_at = :now
-FROM (SELECT json_extract(x.value, '$.job_name') AS job_name, json_extract(x.value, '$.from_due') AS from_due,
-             json_extract(x.value, '$.next_due_at') AS next_due_at
+FROM (SELECT json_extract(x.value, '$.schedule') AS schedule, json_extract(x.value, '$.timezone') AS timezone,
+             json_extract(x.value, '$.from_due') AS from_due, json_extract(x.value, '$.next_due_at') AS next_due_at
       FROM json_each(:advances) AS x) AS a
-WHERE agent_jobs.job_name = a.job_name AND agent_jobs.next_due_at = a.from_due
+WHERE agent_jobs.next_due_at = a.from_due AND agent_jobs.schedule = a.schedule AND agent_jobs.timezone = a.timezone
 RETURNING agent_jobs.job_name;
 
 -- dispatch_runs --
