@@ -174,18 +174,24 @@ def bench_drain(dbs: Databases, dialect: str, runs: int = 1000) -> None:
 def bench_order_chain(dbs: Databases, dialect: str, levels: int = 10) -> None:
     agent = agent_for(dbs.new(dialect), 0, AGENT_MAX_CONCURRENCY="8")
     store = agent.store()
+    clock_sql = "strftime('%Y-%m-%d %H:%M:%f', 'now')" if dialect == "sqlite" else "CAST(clock_timestamp() AS VARCHAR)"
+    with store.transaction():
+        store.run_script("CREATE TABLE chain (level INT, at VARCHAR(40))")
     now = datetime.now(UTC)
     for level in range(levels, 0, -1):
-        store.execute("insert_task", command="SELECT 1", target_database=None, task_order=level, max_attempts=1,
-                      timeout_seconds=60, lease_seconds=60, now=now, operation_id=uuid.uuid4().hex)
+        store.execute("insert_task", command=f"INSERT INTO chain (level, at) VALUES ({level}, {clock_sql})",
+                      target_database=None, task_order=level, max_attempts=1, timeout_seconds=60, lease_seconds=60,
+                      now=now, operation_id=uuid.uuid4().hex)
     runner = LocalRunner(agent, concurrency=4)
     started = time.perf_counter()
     done = runner.work_until_idle()
     elapsed = time.perf_counter() - started
-    rows = sorted(store.execute("list_history", job_name=None, limit=100).rows, key=lambda r: r["started_at"])
+    cursor = store.connection.cursor()
+    cursor.execute("SELECT level FROM chain ORDER BY at")
+    order = [row[0] for row in cursor.fetchall()]
     print(f"\n== order chain, {dialect}: {levels} levels, no tick: {done} tasks in {elapsed * 1000:.0f} ms "
-          f"({elapsed * 1000 / levels:.1f} ms per level); in order: "
-          f"{[r['run_id'] for r in rows] == sorted(r['run_id'] for r in rows)[::-1]}")
+          f"({elapsed * 1000 / levels:.1f} ms per level); in order (as the tasks recorded it): "
+          f"{order == list(range(1, levels + 1))}")
     agent.close()
 
 
