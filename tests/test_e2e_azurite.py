@@ -92,6 +92,8 @@ class App:
         # A poll interval longer than the tick period: no doorbell chain, so the queue holds only
         # run messages (the doorbell tests set it themselves).
         agent_settings.setdefault("AGENT_POLL_SECONDS", "300")
+        # Some tests jump their tick past a dispatch lease (300 s): allow that much clock skew.
+        agent_settings.setdefault("AGENT_MAX_CLOCK_SKEW_SECONDS", "3600")
         return job_env(jobs, AGENT_DB=self.db, AGENT_QUEUE_NAME=self.queue_name,
                        AzureWebJobsStorage=storage or self.azurite.connection_string, **agent_settings)
 
@@ -308,8 +310,7 @@ def test_wrong_encoding_and_garbage_go_to_poison_on_the_first_delivery(app: App,
     garbage reaches the executor, which poisons it at once and keeps the body. The run whose
     doorbell was sent with the wrong encoding is not lost: its dispatch lease expires and a
     later tick dispatches it again."""
-    # The test jumps its tick past the dispatch lease: allow that much clock skew.
-    agent = app.configure({"real": due_now(marker_insert("real"))}, AGENT_MAX_CLOCK_SKEW_SECONDS="3600")
+    agent = app.configure({"real": due_now(marker_insert("real"))})
     execute(agent, MARKER)
     agent.tick()
     (run,) = runs_of(agent, "real")
