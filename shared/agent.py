@@ -44,18 +44,18 @@ class Agent:
         """This thread's store (one connection per thread)."""
         store = getattr(self._local, "store", None)
         if store is None:
-            store = self._observed(Store(self.target, self._connect))
+            store = self._observed(Store(self.target, self._connect, job_principal=self.settings.agent.job_principal))
             self._local.store = store
             with self._lock:
                 self._stores.append(store)
         return store
 
     def new_store(self) -> Store:
-        """A store with a connection of its own (the heartbeat's)."""
-        return self._observed(Store(self.target, self._connect))
+        """A store with a connection of its own (the lease renewal's)."""
+        return self._observed(Store(self.target, self._connect, job_principal=self.settings.agent.job_principal))
 
     def target_store(self, database: str) -> Store:
-        return Store(self.target, connector(self.target, database))
+        return Store(self.target, connector(self.target, database), job_principal=self.settings.agent.job_principal)
 
     def _observed(self, store: Store) -> Store:
         """With Application Insights configured, every named query is a SQL dependency."""

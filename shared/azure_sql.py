@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from .errors import ConfigError
-from .sqlerrors import SqlErrorInfo, classify, diagnostic_records, retry_transient
+from .sqlerrors import SqlErrorInfo, classify, diagnostic_records, retry_connect
 
 __all__ = [
     "SQL_COPT_SS_ACCESS_TOKEN",
@@ -229,15 +229,19 @@ def connect_azure_sql(
     autocommit: bool = False,
     timeout: int = 30,
     driver: str = DEFAULT_DRIVER,
-    attempts: int = 5,
+    retry_seconds: float = 90.0,
+    control_database: bool = True,
     sleep: Callable[[float], None] = time.sleep,
-    on_retry: Callable[[int, SqlErrorInfo, float], None] | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> Any:
     """A pyodbc connection to ``database`` on ``server``, authenticated with an Entra ID token.
 
     Transient failures (a serverless database resuming answers 40613 or a login timeout, a
-    failover 40197, throttling 40501, dropped sockets) are retried with backoff; each attempt
-    asks the provider for the token, so a retry after expiry gets a fresh one. Environment
+    failover 40197, throttling 40501, dropped sockets) are retried for up to ``retry_seconds``
+    (AGENT_CONNECT_RETRY_SECONDS), each wait at least as long as the error asks for (10 s after
+    40613, 40501, 10928, 10929); each attempt asks the provider for the token, so a retry after
+    expiry gets a fresh one. "Cannot open database" (4060) is retried for the control database
+    only (``control_database``): for a job's DATABASE it is most often a wrong name. Environment
     problems (no unixODBC, no driver) raise ConfigError before any token is requested. Other
     errors are the driver's own exception; :func:`explain_connect_error` turns them into a
     one-line fix.
@@ -256,9 +260,15 @@ def connect_azure_sql(
             timeout=timeout,  # login timeout
         )
 
-    return retry_transient(
+    def judge(exc: BaseException) -> SqlErrorInfo:
+        info = classify(exc)
+        if info.number == 4060 and not control_database:
+            return SqlErrorInfo("permanent", info.number, info.sqlstate, info.message, info.connection_lost)
+        return info
+
+    return retry_connect(
         attempt, what=f"connecting to Azure SQL database {database!r} on {host}",
-        attempts=attempts, sleep=sleep, on_retry=on_retry,
+        budget_seconds=retry_seconds, classify_error=judge, sleep=sleep, monotonic=monotonic,
     )
 
 

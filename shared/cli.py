@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "default: every database the job settings name)")
     grant.add_argument("--execute-schema", action="append", default=[], metavar="SCHEMA",
                        help="grant EXECUTE on this schema to the user, for jobs that call procedures (repeatable)")
+    grant.add_argument("--job-principal", metavar="USER",
+                       help="the user jobs run as, without rights on schema agent (default: AGENT_JOB_PRINCIPAL; "
+                            "unset: jobs run as the app)")
     grant.add_argument("--apply", action="store_true",
                        help="run it on the control database (and on each job database) instead of printing it")
     return parser
@@ -391,7 +394,9 @@ def cmd_grant_sql(agent, args) -> int:
     databases = args.job_database
     if databases is None:
         databases = sorted({job.database for job in agent.settings.jobs if job.database})
-    scripts = grant_scripts(args.app_name, job_databases=databases, execute_schemas=args.execute_schema)
+    principal = args.job_principal or agent.settings.agent.job_principal
+    scripts = grant_scripts(args.app_name, job_databases=databases, execute_schemas=args.execute_schema,
+                            job_principal=principal)
     if not args.apply:
         print(render(scripts), end="")
         return EXIT_OK

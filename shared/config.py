@@ -101,6 +101,15 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("AGENT_MAX_LAPSES", "3",
                 "Lease lapses a run survives (its worker died or lost the database); they do not "
                 "spend MAX_ATTEMPTS. One more lapse ends the run failed.", "optional"),
+    SettingSpec("AGENT_JOB_PRINCIPAL", None,
+                "The database principal jobs run as (SQL Server: a user the app impersonates with "
+                "EXECUTE AS USER; PostgreSQL: a role it SETs): one without rights on schema agent, "
+                "so a job cannot rewrite the agent's bookkeeping. grant-sql creates it. Unset: jobs "
+                "run as the agent itself.", "optional"),
+    SettingSpec("AGENT_CONNECT_RETRY_SECONDS", "90",
+                "How long connecting to a database keeps retrying transient errors (a paused "
+                "serverless database takes up to a minute to resume), each wait at least as long "
+                "as the error asks for.", "optional"),
     SettingSpec("AGENT_MAX_CLOCK_SKEW_SECONDS", "300",
                 "A tick whose clock is further ahead of the database's clock refuses to claim; "
                 "slots a clock that far ahead claimed are undone by the next sane tick.",
@@ -159,6 +168,8 @@ class AgentSettings:
     lookahead_margin_seconds: int
     max_lapses: int
     max_clock_skew_seconds: int
+    connect_retry_seconds: int
+    job_principal: str | None
     dispatch_lease_seconds: int
     misfire_threshold_seconds: int
     retry_backoff_seconds: int
@@ -335,6 +346,8 @@ def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
         lookahead_margin_seconds=_int_setting(env, "AGENT_LOOKAHEAD_MARGIN_SECONDS", 0, 3600),
         max_lapses=_int_setting(env, "AGENT_MAX_LAPSES", 1, 100),
         max_clock_skew_seconds=_int_setting(env, "AGENT_MAX_CLOCK_SKEW_SECONDS", 5, 86400),
+        connect_retry_seconds=_int_setting(env, "AGENT_CONNECT_RETRY_SECONDS", 0, 3600),
+        job_principal=_principal_setting(env),
         dispatch_lease_seconds=_int_setting(env, "AGENT_DISPATCH_LEASE_SECONDS", 10, 86400),
         misfire_threshold_seconds=_int_setting(env, "AGENT_MISFIRE_THRESHOLD_SECONDS", 1, 86400),
         retry_backoff_seconds=_int_setting(env, "AGENT_RETRY_BACKOFF_SECONDS", 0, 86400),
@@ -344,6 +357,17 @@ def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
         appinsights_connection_string=_get(env, "APPLICATIONINSIGHTS_CONNECTION_STRING"),
         worker_id=worker,
     )
+
+
+PRINCIPAL_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
+
+
+def _principal_setting(env: Mapping[str, str]) -> str | None:
+    value = _get(env, "AGENT_JOB_PRINCIPAL")
+    if value is not None and not PRINCIPAL_PATTERN.match(value):
+        raise ConfigError("AGENT_JOB_PRINCIPAL", value, "a database user or role name: a letter or '_', then up to "
+                          "127 letters, digits, '_', '.' or '-'")
+    return value
 
 
 def parse_jobs(env: Mapping[str, str]) -> tuple[tuple[JobDefinition, ...], tuple[InvalidJob, ...]]:

@@ -33,6 +33,7 @@ class DatabaseTarget:
     sql_server: str | None = None
     sql_database: str | None = None
     sql_client_id: str | None = None
+    connect_retry_seconds: float = 90.0   # AGENT_CONNECT_RETRY_SECONDS
 
     @property
     def uses_token(self) -> bool:
@@ -41,13 +42,16 @@ class DatabaseTarget:
 
 def resolve_database(agent: AgentSettings, override: str | None = None) -> DatabaseTarget:
     """The control database from ``--db`` (override), AGENT_SQL_SERVER/DATABASE or AGENT_DB."""
+    from dataclasses import replace
+
     if override is None and agent.sql_server and agent.sql_database:
         return DatabaseTarget(
             dialect="mssql", location="", display=f"Azure SQL {agent.sql_server}/{agent.sql_database} (Entra ID token)",
             sql_server=agent.sql_server, sql_database=agent.sql_database,
-            sql_client_id=agent.sql_client_id)
+            sql_client_id=agent.sql_client_id, connect_retry_seconds=agent.connect_retry_seconds)
     setting = "--db" if override is not None else "AGENT_DB"
-    return parse_database_url(override if override is not None else agent.db, setting=setting)
+    target = parse_database_url(override if override is not None else agent.db, setting=setting)
+    return replace(target, connect_retry_seconds=agent.connect_retry_seconds)
 
 
 def parse_database_url(value: str, *, setting: str = "AGENT_DB") -> DatabaseTarget:
@@ -150,7 +154,11 @@ def import_pyodbc():
     return pyodbc
 
 
-def odbc_connect(connection_string: str, *, display: str) -> Any:
+def odbc_connect(connection_string: str, *, display: str, retry_seconds: float = 90.0,
+                 control_database: bool = True) -> Any:
+    """A pyodbc connection (SQL authentication or PostgreSQL), retried on transient errors for
+    up to ``retry_seconds`` (AGENT_CONNECT_RETRY_SECONDS), each wait at least as long as the
+    error asks for."""
     pyodbc = import_pyodbc()
     driver = odbc_pairs(connection_string).get("driver", "")
     if driver and driver not in pyodbc.drivers():
@@ -158,21 +166,27 @@ def odbc_connect(connection_string: str, *, display: str) -> Any:
         hint = ("`apt-get install odbc-postgresql`" if "postgres" in driver.lower()
                 else "Microsoft ODBC Driver 18 for SQL Server (msodbcsql18)")
         raise AgentError(f"ODBC driver {driver!r} is not installed (installed: {installed}); install {hint}")
-    try:
-        return pyodbc.connect(connection_string, autocommit=False, timeout=30)
-    except pyodbc.Error as exc:
-        from .sqlerrors import classify
+    from .sqlerrors import describe, retry_connect
 
-        info = classify(exc)
-        raise ConnectError(f"cannot connect to {display}: {info.message}", exc) from exc
+    def attempt() -> Any:
+        try:
+            return pyodbc.connect(connection_string, autocommit=False, timeout=30)
+        except pyodbc.Error as exc:
+            raise ConnectError(f"cannot connect to {display}: {describe(exc)}", exc,
+                               control_database=control_database) from exc
+
+    return retry_connect(attempt, what=f"connecting to {display}", budget_seconds=retry_seconds)
 
 
 class ConnectError(AgentError):
-    """Connecting to a database failed; ``cause`` is the driver's exception (for the classifier)."""
+    """Connecting to a database failed; ``cause`` is the driver's exception (for the classifier).
+    ``control_database`` is False for a job's own DATABASE (where "cannot open database" is a
+    configuration error, not a transient one)."""
 
-    def __init__(self, message: str, cause: BaseException) -> None:
+    def __init__(self, message: str, cause: BaseException, *, control_database: bool = True) -> None:
         super().__init__(message)
         self.cause = cause
+        self.control_database = control_database
 
 
 def connector(target: DatabaseTarget, database: str | None = None) -> Callable[[], Any]:
@@ -182,18 +196,21 @@ def connector(target: DatabaseTarget, database: str | None = None) -> Callable[[
         if database:
             raise AgentError("JOB__<name>__DATABASE is not supported on the embedded SQLite database")
         return lambda: sqlite_connect(target.location)
+    control = database is None
     if target.uses_token:
         from . import azure_sql
 
         provider = azure_sql.shared_token_provider(target.sql_client_id)
         name = database or target.sql_database or ""
-        return _sql_server_session(lambda: azure_sql.connect_azure_sql(target.sql_server or "", name,
-                                                                       token_provider=provider))
+        return _sql_server_session(lambda: azure_sql.connect_azure_sql(
+            target.sql_server or "", name, token_provider=provider, retry_seconds=target.connect_retry_seconds,
+            control_database=control))
     location = with_database(target.location, database) if database else target.location
     display = target.display if not database else f"{target.display} (database {database})"
     if target.dialect == "postgres":
         location = with_postgres_defaults(location)
-    opener = lambda: odbc_connect(location, display=display)  # noqa: E731
+    opener = lambda: odbc_connect(location, display=display, retry_seconds=target.connect_retry_seconds,  # noqa: E731
+                                  control_database=control)
     return _sql_server_session(opener) if target.dialect == "mssql" else _postgres_session(opener)
 
 

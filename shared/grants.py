@@ -70,9 +70,23 @@ def _create_user(app: str) -> str:
             f"CREATE USER {quote_name(app)} FROM EXTERNAL PROVIDER;")
 
 
+def _job_principal(app: str, principal: str, schema: str | None) -> tuple[str, ...]:
+    """The user jobs run as (AGENT_JOB_PRINCIPAL): no login, impersonated by the app with
+    EXECUTE AS USER; in the control database denied every right on the agent's schema."""
+    user = quote_name(principal)
+    statements = [f"IF DATABASE_PRINCIPAL_ID({quote_string(principal)}) IS NULL CREATE USER {user} WITHOUT LOGIN;"]
+    if schema is not None:
+        statements.append(f"DENY SELECT, INSERT, UPDATE, DELETE, EXECUTE, ALTER, REFERENCES, VIEW DEFINITION "
+                          f"ON SCHEMA::{quote_name(schema)} TO {user};")
+    statements.append(f"GRANT IMPERSONATE ON USER::{user} TO {quote_name(app)};")
+    return tuple(statements)
+
+
 def grant_scripts(app_name: str, *, schema: str = "agent", job_databases: Iterable[str] = (),
-                  execute_schemas: Sequence[str] = ()) -> list[GrantScript]:
-    """One script for the control database, then one per job database (sorted, no duplicates)."""
+                  execute_schemas: Sequence[str] = (), job_principal: str | None = None) -> list[GrantScript]:
+    """One script for the control database, then one per job database (sorted, no duplicates).
+    With ``job_principal`` (AGENT_JOB_PRINCIPAL) jobs run as that user, and the grants for the
+    jobs' own work go to it instead of the app."""
     app = _check_name(app_name, "--app-name",
                       "the function app's name (its system-assigned managed identity) or the name of "
                       "its user-assigned identity")
@@ -81,30 +95,40 @@ def grant_scripts(app_name: str, *, schema: str = "agent", job_databases: Iterab
                 for s in execute_schemas]
     databases = sorted({_check_name(d, "--job-database", "a database named by JOB__<name>__DATABASE")
                         for d in job_databases})
+    principal = (_check_name(job_principal, "AGENT_JOB_PRINCIPAL", "the database user jobs run as")
+                 if job_principal else None)
     user = quote_name(app)
-    execute_grants = tuple(f"GRANT EXECUTE ON SCHEMA::{quote_name(s)} TO {user};" for s in executes)
+    runs_jobs = quote_name(principal) if principal else user
+    execute_grants = tuple(f"GRANT EXECUTE ON SCHEMA::{quote_name(s)} TO {runs_jobs};" for s in executes)
 
     control = GrantScript(
         database=None,
         statements=(
             _create_user(app),
             f"GRANT {', '.join(AGENT_DML)} ON SCHEMA::{quote_name(schema)} TO {user};",
+            *(_job_principal(app, principal, schema) if principal else ()),
             *execute_grants,
         ),
         comment=(
             "-- In the CONTROL database (not master), as a Microsoft Entra admin of the server.\n"
             f"-- The app reads and writes the rows of schema {quote_name(schema)}; init-db (run by a deployer)\n"
-            "-- owns the tables. Job commands run as this user: a job in the control database can do\n"
-            "-- only what is granted here. Grant what your jobs need, e.g.\n"
-            f"--   GRANT EXECUTE ON SCHEMA::[dbo] TO {user};   (stored procedures; or --execute-schema dbo)\n"
-            f"--   ALTER ROLE db_ddladmin ADD MEMBER {user};    (index and statistics maintenance)"
+            + (f"-- owns the tables. Job commands run as {runs_jobs} (AGENT_JOB_PRINCIPAL), which the app\n"
+               "-- impersonates and which has no right on the agent's schema: a job cannot rewrite the\n"
+               "-- agent's bookkeeping. Grant it what your jobs need, e.g.\n"
+               if principal else
+               "-- owns the tables. Job commands run as this user: a job in the control database can do\n"
+               "-- only what is granted here (set AGENT_JOB_PRINCIPAL and --job-principal to keep jobs away\n"
+               "-- from the agent's own tables). Grant what your jobs need, e.g.\n")
+            + f"--   GRANT EXECUTE ON SCHEMA::[dbo] TO {runs_jobs};   (stored procedures; or --execute-schema dbo)\n"
+            f"--   ALTER ROLE db_ddladmin ADD MEMBER {runs_jobs};    (index and statistics maintenance)"
         ),
     )
     scripts = [control]
     for database in databases:
         scripts.append(GrantScript(
             database=database,
-            statements=(_create_user(app), *execute_grants),
+            statements=(_create_user(app), *(_job_principal(app, principal, None) if principal else ()),
+                        *execute_grants),
             comment=(
                 f"-- In database {quote_name(database)} (a JOB__<name>__DATABASE target; connect to it:\n"
                 "-- Azure SQL Database has no USE). The agent itself needs nothing here; its jobs run as\n"
@@ -115,11 +139,11 @@ def grant_scripts(app_name: str, *, schema: str = "agent", job_databases: Iterab
 
 
 def grant_sql(app_name: str, *, schema: str = "agent", job_databases: Iterable[str] = (),
-              execute_schemas: Sequence[str] = ()) -> str:
+              execute_schemas: Sequence[str] = (), job_principal: str | None = None) -> str:
     """The T-SQL creating the app's managed-identity user with least privilege, for every database
     it touches, as one printable script (a GO line between databases)."""
     return render(grant_scripts(app_name, schema=schema, job_databases=job_databases,
-                                execute_schemas=execute_schemas))
+                                execute_schemas=execute_schemas, job_principal=job_principal))
 
 
 def render(scripts: Sequence[GrantScript]) -> str:

@@ -35,6 +35,8 @@ from typing import Callable, TypeVar
 __all__ = [
     "SqlErrorInfo",
     "describe",
+    "retry_connect",
+    "MIN_RETRY_DELAY_SECONDS",
     "OdbcRecord",
     "classify",
     "diagnostic_records",
@@ -71,9 +73,10 @@ PERMANENT_SQLSERVER_NUMBERS: frozenset[int] = frozenset({
 # SQLSTATEs that are transient whatever the server: HYT00/HYT01 timeouts (a login timeout is
 # what a paused serverless database gives while it resumes), 40001 serialization failure /
 # SQL Server deadlock victim, and PostgreSQL's 40P01 deadlock, 57P01 admin shutdown,
-# 57P02 crash shutdown, 57P03 cannot connect now. Classes 08 (connection) and 53
+# 57P02 crash shutdown, 57P03 cannot connect now, 55P03 lock not available (lock_timeout, like
+# SQL Server's 1222). Classes 08 (connection) and 53
 # (insufficient resources) are matched by prefix below.
-_TRANSIENT_SQLSTATES = frozenset({"HYT00", "HYT01", "40001", "40P01", "57P01", "57P02", "57P03"})
+_TRANSIENT_SQLSTATES = frozenset({"HYT00", "HYT01", "40001", "40P01", "55P03", "57P01", "57P02", "57P03"})
 _TRANSIENT_SQLSTATE_CLASSES = ("08", "53")
 
 # psqlodbc reports every failed connection as 08001, including ones that retrying cannot fix.
@@ -156,6 +159,17 @@ def classify(exc: BaseException) -> SqlErrorInfo:
 
 
 def _classify(exc: BaseException, depth: int) -> SqlErrorInfo:
+    if getattr(exc, "control_database", True) is False:
+        # 4060 "cannot open database" is transient for the control database (Azure SQL answers
+        # it during a move) but, for a job's DATABASE, most often a mistyped name: permanent,
+        # so it does not burn the queue's redeliveries.
+        inner = getattr(exc, "cause", None)
+        if isinstance(inner, BaseException):
+            wrapped = _classify(inner, depth + 1)
+            text = _SPACES_RE.sub(" ", str(exc)).strip() or wrapped.message
+            if wrapped.number == 4060:
+                return SqlErrorInfo(PERMANENT, wrapped.number, wrapped.sqlstate, text, wrapped.connection_lost)
+            return SqlErrorInfo(wrapped.kind, wrapped.number, wrapped.sqlstate, text, wrapped.connection_lost)
     if isinstance(exc, sqlite3.Error):
         return _classify_sqlite(exc)
     odbc = _odbc_args(exc)
@@ -190,6 +204,56 @@ def diagnostic_records(exc: BaseException) -> list[OdbcRecord]:
         inner = getattr(current, "cause", None)
         current = inner if isinstance(inner, BaseException) else current.__cause__
     return []
+
+
+# Errors that ask for a longer wait than a backoff's first steps: a paused serverless database
+# resuming answers 40613 for up to about a minute; throttling (40501, 10928, 10929) asks for
+# 10 s or more; a failover (40197) takes seconds. Every retry after one of these waits at least
+# this long (Microsoft's retry guidance for Azure SQL Database).
+MIN_RETRY_DELAY_SECONDS: dict[int, float] = {40613: 10.0, 40501: 10.0, 10928: 10.0, 10929: 10.0, 40197: 5.0,
+                                             40540: 5.0, 40143: 5.0, 49918: 10.0, 49919: 10.0, 49920: 10.0}
+# How long connecting keeps trying by default (AGENT_CONNECT_RETRY_SECONDS): longer than a
+# serverless database takes to resume.
+DEFAULT_CONNECT_BUDGET_SECONDS = 90.0
+
+
+def retry_connect(
+    operation: Callable[[], T],
+    *,
+    what: str,
+    budget_seconds: float = DEFAULT_CONNECT_BUDGET_SECONDS,
+    classify_error: Callable[[BaseException], SqlErrorInfo] | None = None,
+    base_delay: float = 0.5,
+    max_delay: float = 15.0,
+    sleep: Callable[[float], None] = time.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+) -> T:
+    """Connect with retries for as long as ``budget_seconds``: a transient error waits (full
+    jitter backoff, but never less than the error asks for, see MIN_RETRY_DELAY_SECONDS) and
+    tries again; a permanent error, or the budget spent, raises the last error unchanged."""
+    judge = classify_error or classify
+    draw = (rng or random).uniform
+    deadline = monotonic() + max(0.0, budget_seconds)
+    attempt = 1
+    while True:
+        try:
+            return operation()
+        except Exception as exc:
+            info = judge(exc)
+            remaining = deadline - monotonic()
+            if info.kind != TRANSIENT or remaining <= 0:
+                if info.kind == TRANSIENT:
+                    _log.warning("%s: giving up after %d attempts and %.0f s: %s", what, attempt,
+                                 budget_seconds, describe(exc))
+                raise
+            floor = MIN_RETRY_DELAY_SECONDS.get(info.number or 0, 0.0)
+            delay = max(floor, draw(0.0, min(max_delay, base_delay * (2 ** (attempt - 1)))))
+            delay = min(delay, remaining)
+            _log.warning("%s: transient error (attempt %d), retrying in %.1f s (%.0f s left): %s",
+                         what, attempt, delay, remaining, describe(exc))
+            sleep(delay)
+            attempt += 1
 
 
 def describe(exc: BaseException) -> str:

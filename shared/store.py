@@ -37,8 +37,12 @@ class Result:
 
 
 class Store:
-    def __init__(self, target: DatabaseTarget, connect: Callable[[], Any] | None = None) -> None:
+    def __init__(self, target: DatabaseTarget, connect: Callable[[], Any] | None = None, *,
+                 job_principal: str | None = None) -> None:
         self.target = target
+        # AGENT_JOB_PRINCIPAL: the principal a job's SQL runs as (no rights on schema agent).
+        self.job_principal = job_principal
+        self._discard_after_rollback = False
         self.dialect = target.dialect
         self.queries: dict[str, Query] = load_queries(self.dialect)
         self._connect = connect or connector(target)
@@ -274,6 +278,9 @@ class Store:
                         connection.autocommit = True
             except Exception:
                 self._discard_connection()
+            if self._discard_after_rollback:   # a job's impersonation may still be in force
+                self._discard_after_rollback = False
+                self._discard_connection()
             raise
         self._in_transaction = False
         try:
@@ -325,23 +332,31 @@ class Store:
         self._set_active(cursor)
         try:
             if self.dialect == "mssql":
+                if self.job_principal:
+                    # With the cookie, only this batch can revert: the job's SQL cannot. A job
+                    # that fails leaves the batch before its REVERT, so the connection is
+                    # discarded after the rollback (_discard_after_rollback).
+                    self._discard_after_rollback = True
+                    cursor.execute(
+                        "SET LOCK_TIMEOUT -1;\nDECLARE @agent_cookie VARBINARY(8000);\n"
+                        f"EXECUTE AS USER = N'{self.job_principal}' WITH COOKIE INTO @agent_cookie;\n"
+                        "EXEC sp_executesql ?;\nREVERT WITH COOKIE = @agent_cookie;\nSET LOCK_TIMEOUT 30000;", sql)
+                    output += drain_results(cursor)
+                    self._discard_after_rollback = False
+                    return output
                 cursor.execute("SET LOCK_TIMEOUT -1;\nEXEC sp_executesql ?;\nSET LOCK_TIMEOUT 30000;", sql)
             else:
                 # Agent statements wait 30 s for a lock at most; the job's own SQL waits as long
-                # as its timeout allows (SET LOCAL ends with the transaction).
-                cursor.execute("SET LOCAL lock_timeout = 0;\n" + sql)
-                more = cursor.nextset()  # past the agent's own SET LOCAL
-                if not more:
-                    return output
-            while True:
-                output += _messages(cursor)
-                if cursor.description:
-                    cursor.fetchall()
-                elif cursor.rowcount >= 0:
-                    output.append(f"({cursor.rowcount} row(s) affected)")
-                if not cursor.nextset():
-                    break
-            output += _messages(cursor)
+                # as its timeout allows; both SET LOCALs end with the transaction (and
+                # reset_session resets the role before the agent's own statements).
+                prefix = "SET LOCAL lock_timeout = 0;\n"
+                if self.job_principal:
+                    prefix = f'SET LOCAL ROLE "{self.job_principal}";\n' + prefix
+                cursor.execute(prefix + sql)
+                for _ in range(prefix.count(";")):   # past the agent's own SET LOCALs
+                    if not cursor.nextset():
+                        return output
+            output += drain_results(cursor)
         finally:
             self._set_active(None)
             with contextlib.suppress(Exception):
@@ -377,22 +392,28 @@ class Store:
     def migrate(self, now: datetime) -> tuple[int, int]:
         """Apply the migrations this database lacks (idempotent; concurrent calls queue on a lock)."""
         migrations = load_migrations(self.dialect)
+        # bootstrap_schema takes a session-level migration lock (PostgreSQL advisory lock, SQL
+        # Server applock) before it creates anything; it is held until the migrations committed.
         with self.transaction():
             self.execute("bootstrap_schema")
-        with self.transaction():
-            self.execute("lock_migrations")
-            before = int(self.execute("get_schema_version").scalar() or 0)
-            latest = self.latest_version()
-            if before > latest:
-                raise SchemaError(
-                    f"the control database has schema version {before}, newer than this code knows ({latest}); upgrade the agent")
-            for migration in migrations:
-                if migration.version <= before:
-                    continue
-                for statement in migration.statements():
-                    self._execute_statement(statement, [])
-                self.execute("record_migration", version=migration.version,
-                             description=migration.description, now=now)
+        try:
+            with self.transaction():
+                self.execute("lock_migrations")
+                before = int(self.execute("get_schema_version").scalar() or 0)
+                latest = self.latest_version()
+                if before > latest:
+                    raise SchemaError(f"the control database has schema version {before}, newer than this code "
+                                      f"knows ({latest}); upgrade the agent")
+                for migration in migrations:
+                    if migration.version <= before:
+                        continue
+                    for statement in migration.statements():
+                        self._execute_statement(statement, [])
+                    self.execute("record_migration", version=migration.version,
+                                 description=migration.description, now=now)
+        finally:
+            with contextlib.suppress(Exception):   # a lost connection released it already
+                self.execute("release_migration_lock")
         return before, latest
 
     def require_schema(self) -> None:
@@ -404,6 +425,23 @@ class Store:
             raise SchemaError(f"{self.target.display} has schema version {version}, this code needs {latest}: run `init-db` to upgrade")
         if version > latest:
             raise SchemaError(f"{self.target.display} has schema version {version}, newer than this code ({latest}): upgrade the agent")
+
+
+def drain_results(cursor: Any) -> list[str]:
+    """Read every result set of a job's batch to the end and return the server's messages and
+    row counts. An error the server raises while a result set is being read (a conversion or a
+    division by zero in its middle, with a driver that fetches incrementally) propagates: the job
+    failed, and must never be recorded as succeeded."""
+    output: list[str] = []
+    while True:
+        output += _messages(cursor)
+        if cursor.description:
+            cursor.fetchall()
+        elif cursor.rowcount >= 0:
+            output.append(f"({cursor.rowcount} row(s) affected)")
+        if not cursor.nextset():
+            break
+    return output + _messages(cursor)
 
 
 def _messages(cursor: Any) -> list[str]:

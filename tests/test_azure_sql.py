@@ -293,9 +293,15 @@ def test_connect_without_driver_18_fails_clearly_before_asking_for_a_token():
     sleeps: list[float] = []
     if DRIVER_18_INSTALLED:
         # With the driver present: a real login attempt against a closed local port, retried.
+        clock = [0.0]
+
+        def sleep(seconds: float) -> None:
+            sleeps.append(seconds)
+            clock[0] += seconds
+
         error = raised(lambda: connect_azure_sql(f"127.0.0.1,{closed_port()}", "agentdb", token_provider=provider,
-                                                 timeout=3, attempts=2, sleep=sleeps.append))
-        assert isinstance(error, pyodbc.OperationalError) and len(sleeps) == 1
+                                                 timeout=3, retry_seconds=2, sleep=sleep, monotonic=lambda: clock[0]))
+        assert isinstance(error, pyodbc.OperationalError) and sleeps and sum(sleeps) <= 2
         assert "cannot reach server" in explain_connect_error(error, "127.0.0.1", "agentdb")
         return
     error = raised(lambda: connect_azure_sql("myserver", "agentdb", token_provider=provider, sleep=sleeps.append))

@@ -657,3 +657,81 @@ def test_retry_a_real_connect_to_a_closed_port():
         retry_transient(connect, what="connect", attempts=3, sleep=sleeps.append)
     assert len(calls) == 3 and len(sleeps) == 2
     assert caught.value.args[0] == "08001"
+
+
+# ---------------------------------------------------------------- connecting as long as Azure needs
+
+
+class _FakeTime:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def _odbc_error(number: int, text: str, sqlstate: str = "HY000"):
+    import pyodbc
+
+    return pyodbc.OperationalError(sqlstate, f"[{sqlstate}] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]"
+                                             f"{text} ({number}) (SQLDriverConnect)")
+
+
+def test_a_resuming_serverless_database_is_waited_for_with_ten_second_floors():
+    from shared.sqlerrors import retry_connect
+
+    fake = _FakeTime()
+    failures = iter([_odbc_error(40613, "Database 'db' on server 's' is not currently available.")] * 5)
+
+    def connect():
+        error = next(failures, None)
+        if error is not None:
+            raise error
+        return "connected"
+
+    assert retry_connect(connect, what="t", budget_seconds=90, sleep=fake.sleep, monotonic=fake.monotonic) == "connected"
+    assert len(fake.sleeps) == 5 and all(delay >= 10 for delay in fake.sleeps)   # 40613 asks for >= 10 s
+
+
+def test_the_connect_budget_is_kept_then_the_last_error_is_raised():
+    import pyodbc
+
+    from shared.sqlerrors import retry_connect
+
+    fake = _FakeTime()
+
+    def connect():
+        raise _odbc_error(40501, "The service is currently busy.")
+
+    with pytest.raises(pyodbc.OperationalError, match="40501"):
+        retry_connect(connect, what="t", budget_seconds=90, sleep=fake.sleep, monotonic=fake.monotonic)
+    assert 80 <= sum(fake.sleeps) <= 90 and all(delay >= 10 or sum(fake.sleeps) >= 89 for delay in fake.sleeps[:-1])
+
+
+def test_a_permanent_connect_error_is_raised_at_once():
+    import pyodbc
+
+    from shared.sqlerrors import retry_connect
+
+    fake = _FakeTime()
+
+    def connect():
+        raise _odbc_error(18456, "Login failed for user 'x'.", "28000")
+
+    with pytest.raises(pyodbc.Error):
+        retry_connect(connect, what="t", budget_seconds=90, sleep=fake.sleep, monotonic=fake.monotonic)
+    assert fake.sleeps == []
+
+
+def test_cannot_open_database_is_transient_for_the_control_database_only():
+    from shared.db import ConnectError
+    from shared.sqlerrors import classify
+
+    cause = _odbc_error(4060, 'Cannot open database "tenant_x" requested by the login. The login failed.', "42000")
+    assert classify(ConnectError("cannot connect to the control database", cause)).kind == "transient"
+    assert classify(ConnectError("cannot connect to database tenant_x", cause, control_database=False)).kind == "permanent"

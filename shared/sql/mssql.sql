@@ -38,8 +38,10 @@
 -- tests/test_dialects.py checks that the loaded MERGE statements still end with ';'.
 
 -- bootstrap_schema --
--- Create the agent schema and the schema version table if missing (serialised, so two first init-db runs cannot both create them).
-EXEC sp_getapplock @Resource = N'agent.migrations', @LockMode = N'Exclusive', @LockOwner = N'Transaction';
+-- Take the migration lock for the session (released by release_migration_lock after the migrations), checking that it was granted, then create the agent schema and the schema version table if missing: two first init-db runs cannot both create them. (An owner 'Transaction' lock taken by EXEC, which opens no implicit transaction, would not be taken at all: -999.)
+DECLARE @lock_result INT;
+EXEC @lock_result = sp_getapplock @Resource = N'agent.migrations', @LockMode = N'Exclusive', @LockOwner = N'Session', @LockTimeout = 120000;
+IF @lock_result < 0 THROW 50001, N'init-db: the migration lock (sp_getapplock agent.migrations) was not granted within 120 s: another init-db is still running, or was refused', 1;
 -- CREATE SCHEMA must be the only statement of its batch, hence sp_executesql.
 DECLARE @create_schema NVARCHAR(100) = CASE WHEN SCHEMA_ID(N'agent') IS NULL THEN N'CREATE SCHEMA agent' ELSE N'' END; EXEC sp_executesql @create_schema;
 IF OBJECT_ID(N'agent.schema_version', N'U') IS NULL
@@ -48,6 +50,13 @@ CREATE TABLE agent.schema_version (
     description NVARCHAR(200) NOT NULL,
     applied_at  DATETIME2(6) NOT NULL
 );
+SELECT @lock_result AS locked;
+
+-- release_migration_lock --
+-- Release the session's migration lock taken by bootstrap_schema.
+DECLARE @release_result INT;
+EXEC @release_result = sp_releaseapplock @Resource = N'agent.migrations', @LockOwner = N'Session';
+SELECT @release_result AS released;
 
 -- lock_migrations --
 -- Serialise concurrent init-db calls for the rest of the transaction (writers wait; snapshot readers do not).
@@ -789,3 +798,29 @@ SELECT status, COUNT(*) AS runs FROM agent.runs GROUP BY status;
 -- Remove a run and its attempts (the doctor's scratch run only).
 DELETE FROM agent.attempts WHERE run_id = :run_id;
 DELETE FROM agent.runs WHERE run_id = :run_id;
+
+-- purge_history --
+-- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job always stays — and poison messages older than AGENT_POISON_RETENTION_DAYS. The runs are locked first (UPDLOCK), then their attempts and they go.
+DECLARE @old TABLE (run_id BIGINT PRIMARY KEY);
+INSERT INTO @old (run_id)
+SELECT TOP (CAST(:batch AS INT)) r.run_id FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
+WHERE r.finished_at < CAST(:history_before AS DATETIME2(6))
+  AND r.status IN (N'succeeded', N'failed', N'poisoned', N'skipped', N'cancelled')
+  AND (r.job_name IS NULL OR EXISTS (
+        SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.scheduled_for > r.scheduled_for))
+ORDER BY r.finished_at;
+DELETE a FROM agent.attempts AS a JOIN @old AS o ON a.run_id = o.run_id;
+DELETE r FROM agent.runs AS r JOIN @old AS o ON r.run_id = o.run_id;
+DECLARE @events INT;
+DELETE FROM agent.job_events WHERE event_id IN (
+    SELECT TOP (CAST(:batch AS INT)) event_id FROM agent.job_events
+    WHERE event_at < CAST(:history_before AS DATETIME2(6)) ORDER BY event_id);
+SET @events = @@ROWCOUNT;
+DECLARE @poison INT;
+DELETE FROM agent.poison_messages WHERE poison_id IN (
+    SELECT TOP (CAST(:batch AS INT)) poison_id FROM agent.poison_messages
+    WHERE poisoned_at < CAST(:poison_before AS DATETIME2(6)) ORDER BY poison_id);
+SET @poison = @@ROWCOUNT;
+SELECT N'runs' AS purged, COUNT(*) AS rows_purged FROM @old
+UNION ALL SELECT N'job_events', @events
+UNION ALL SELECT N'poison_messages', @poison;

