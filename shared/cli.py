@@ -14,12 +14,15 @@ import logging
 import signal
 import sys
 from datetime import datetime, timezone
+from dataclasses import replace
 from typing import Any, Sequence
 
 from .errors import AgentError, ConfigError, NotFoundError, UsageError
 
 UTC = timezone.utc
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+# doctor waits at most this long for a connection (a paused serverless database may need a rerun).
+DOCTOR_CONNECT_RETRY_SECONDS = 10
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,6 +148,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .config import load_settings
 
         settings = load_settings(settings_file=args.settings)
+        if args.command == "doctor":
+            # A diagnosis answers within seconds: it waits out a short outage, and says what it
+            # saw when the database stays away (the agent itself waits AGENT_CONNECT_RETRY_SECONDS).
+            settings = replace(settings, agent=replace(
+                settings.agent, connect_retry_seconds=min(settings.agent.connect_retry_seconds,
+                                                          DOCTOR_CONNECT_RETRY_SECONDS)))
         agent = Agent(settings, db=args.db)
         handler = COMMANDS[args.command]
         return handler(agent, args)

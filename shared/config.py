@@ -114,6 +114,14 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
                 "A tick whose clock is further ahead of the database's clock refuses to claim; "
                 "slots a clock that far ahead claimed are undone by the next sane tick.",
                 "optional"),
+    SettingSpec("AGENT_HISTORY_RETENTION_DAYS", "45",
+                "Finished runs (with their attempts) and job events older than this many days are "
+                "purged by the ticks, a bounded batch per tick (the latest run of each job always "
+                "stays); 0 keeps them forever. Elastic Jobs keeps 45 days.", "optional"),
+    SettingSpec("AGENT_POISON_RETENTION_DAYS", "180",
+                "Poison messages older than this many days are purged by the ticks; a run with a "
+                "poison message not yet requeued is kept as long as the message. 0 keeps them "
+                "forever.", "optional"),
     SettingSpec("AGENT_DISPATCH_LEASE_SECONDS", "300",
                 "How long a dispatched run may wait on the queue before a tick presumes the "
                 "message lost and dispatches it again (with a new token).", "optional"),
@@ -170,6 +178,8 @@ class AgentSettings:
     max_clock_skew_seconds: int
     connect_retry_seconds: int
     job_principal: str | None
+    history_retention_days: int
+    poison_retention_days: int
     dispatch_lease_seconds: int
     misfire_threshold_seconds: int
     retry_backoff_seconds: int
@@ -348,6 +358,8 @@ def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
         max_clock_skew_seconds=_int_setting(env, "AGENT_MAX_CLOCK_SKEW_SECONDS", 5, 86400),
         connect_retry_seconds=_int_setting(env, "AGENT_CONNECT_RETRY_SECONDS", 0, 3600),
         job_principal=_principal_setting(env),
+        history_retention_days=_int_setting(env, "AGENT_HISTORY_RETENTION_DAYS", 0, 36500),
+        poison_retention_days=_int_setting(env, "AGENT_POISON_RETENTION_DAYS", 0, 36500),
         dispatch_lease_seconds=_int_setting(env, "AGENT_DISPATCH_LEASE_SECONDS", 10, 86400),
         misfire_threshold_seconds=_int_setting(env, "AGENT_MISFIRE_THRESHOLD_SECONDS", 1, 86400),
         retry_backoff_seconds=_int_setting(env, "AGENT_RETRY_BACKOFF_SECONDS", 0, 86400),

@@ -25,7 +25,7 @@ from .errors import AgentError
 
 __all__ = ["Check", "DoctorReport", "run_doctor", "CHECKS"]
 
-CHECKS = ("driver", "connectivity", "authentication", "schema", "permissions", "queue")
+CHECKS = ("driver", "connectivity", "authentication", "schema", "session", "permissions", "queue")
 INIT_DB = ".venv/bin/python -m shared.cli init-db"
 GRANT_SQL = ".venv/bin/python -m shared.cli grant-sql --app-name <function app name> --apply"
 # The roles on the storage account that identity-based AzureWebJobsStorage needs for this app,
@@ -246,7 +246,35 @@ class _Doctor:
                           "deploy the agent version that matches the database")
         return f"version {version} (latest)"
 
-    # ------------------------------------------------------------ 5. permissions
+    # ------------------------------------------------------------ 5. session
+
+    def session(self) -> str:
+        """The options the agent's own session runs with (the ones its correctness rests on:
+        lock timeout, XACT_ABORT, QUOTED_IDENTIFIER and ANSI_NULLS for the filtered indexes) and
+        the triggers on agent tables. AFTER triggers are fine (every T-SQL statement that returns
+        rows uses OUTPUT ... INTO, error 334 cannot happen); an INSTEAD OF trigger replaces the
+        agent's fenced writes, so the check fails on one."""
+        store = self.agent.store()
+        try:
+            row = store.execute("doctor_session").one()
+        except Exception as exc:
+            raise _Failed(f"cannot read the session's options: {_one_line(exc)}", self._grant_fix()) from None
+        assert row is not None
+        triggers = row["triggers"] or "none"
+        if int(row["instead_of_triggers"] or 0):
+            raise _Failed(f"INSTEAD OF trigger(s) on agent tables: {triggers}",
+                          "drop them: an INSTEAD OF trigger replaces the agent's fenced writes (an audit "
+                          "trigger must be an AFTER trigger)")
+        options = row["session_options"]
+        if self.target.dialect == "mssql":
+            off = [name for name in ("XACT_ABORT", "QUOTED_IDENTIFIER", "ANSI_NULLS") if f"{name} OFF" in options]
+            if off:
+                raise _Failed(f"{', '.join(off)} OFF in the agent's session ({options})",
+                              "the agent sets them when it connects: report this")
+        return (f"lock timeout {row['lock_timeout']}, isolation {row['isolation']}, {options}; "
+                f"triggers on agent tables: {triggers}")
+
+    # ------------------------------------------------------------ 6. permissions
 
     def permissions(self) -> str:
         from .telemetry import new_operation_id
@@ -292,7 +320,7 @@ class _Doctor:
                     "and USAGE ON ALL SEQUENCES IN SCHEMA agent to the login's role")
         return "make the SQLite file and its folder writable for this user"
 
-    # ------------------------------------------------------------ 6. queue
+    # ------------------------------------------------------------ 7. queue
 
     def queue(self) -> str:
         if not self.agent.queue_mode:

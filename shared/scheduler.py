@@ -42,6 +42,10 @@ MAX_SLOTS_PER_JOB = 1000
 # last recorded one says how many more were missed, and the scan stops after MAX_MISSED_SCAN.
 MAX_MISSED_RECORDED = 100
 MAX_MISSED_SCAN = 100_000
+# Retention: rows of each kind (runs with their attempts, job events, poison messages) one tick
+# purges at most, so a backlog (retention shortened, or a first upgrade) is worked off over many
+# ticks at a bounded cost each: 1,440 ticks a day purge far more than a minutely job adds.
+PURGE_BATCH = 1000
 
 NOTE_MISFIRE_SKIP = "misfire: slot missed by more than AGENT_MISFIRE_THRESHOLD_SECONDS; policy skip"
 NOTE_MISFIRE_GRACE = "misfire: slot older than the job's GRACE_SECONDS; skipped"
@@ -60,6 +64,7 @@ class TickReport:
     skipped_at_start: list[dict[str, Any]] = field(default_factory=list)
     recovered: list[dict[str, Any]] = field(default_factory=list)
     doorbells: int = 0
+    purged: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     statements: int = 0
@@ -80,6 +85,7 @@ class TickReport:
             "runs_dispatched": len(self.dispatched),
             "doorbells": self.doorbells,
             "clock_recovered": len(self.recovered),
+            "history_purged": sum(self.purged.values()),
             "statements": self.statements,
             "duration_ms": round(self.duration_ms, 1),
             "errors": self.errors,
@@ -113,6 +119,7 @@ class Scheduler:
         steps = [self.check_clock, self.sync_jobs, self.expire_leases, self.recover_clock_jumps, self.claim_slots]
         if self.queue is not None:
             steps += [self.dispatch_runs, self.ring_doorbells]
+        steps.append(self.purge_history)
         for step in steps:
             try:
                 step(now, report)
@@ -279,6 +286,29 @@ class Scheduler:
                         run["job_name"] or "task", run["lapses"], self.settings.agent.max_lapses, run["status"])
             self.telemetry.event("LeaseExpired", run_properties(run, outcome=run["status"]),
                                  operation_id=run.get("operation_id"))
+
+    # ------------------------------------------------------------ retention
+
+    def purge_history(self, now: datetime, report: TickReport) -> None:
+        """Purge history older than AGENT_HISTORY_RETENTION_DAYS (poison older than
+        AGENT_POISON_RETENTION_DAYS), at most PURGE_BATCH rows of each kind per tick, in one
+        statement batch. 0 days keeps that kind forever."""
+        agent = self.settings.agent
+        if not agent.history_retention_days and not agent.poison_retention_days:
+            return
+        # A retention of 0 is "forever": a cut-off no row can be older than.
+        forever = datetime(1900, 1, 1, tzinfo=UTC)
+        history_before = now - timedelta(days=agent.history_retention_days) if agent.history_retention_days else forever
+        poison_before = now - timedelta(days=agent.poison_retention_days) if agent.poison_retention_days else forever
+        with self.store.transaction():
+            rows = self.store.execute("purge_history", history_before=history_before,
+                                      poison_before=poison_before, batch=PURGE_BATCH).rows
+        purged: dict[str, int] = {}
+        for row in rows:
+            purged[row["purged"]] = purged.get(row["purged"], 0) + int(row["rows_purged"])
+        report.purged = {kind: count for kind, count in purged.items() if count}
+        if report.purged:
+            log.info("retention: purged %s", ", ".join(f"{count} {kind}" for kind, count in report.purged.items()))
 
     # ------------------------------------------------------------ 3. claims
 

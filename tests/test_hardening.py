@@ -22,7 +22,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.conftest import ROOT, Clock, at, create_pg_database, drop_pg_database, execute, make_agent, query, sql_for, work
+from tests.conftest import (ROOT, Clock, at, attempts_table, create_pg_database, drop_pg_database, execute, make_agent, query,
+                            runs_table, sql_for, work)
 
 UTC = timezone.utc
 
@@ -233,3 +234,95 @@ def test_agent_job_principal_is_validated():
 
     with pytest.raises(ConfigError, match="AGENT_JOB_PRINCIPAL='x\"; DROP': expected a database user or role name"):
         load_settings(environ={"AGENT_JOB_PRINCIPAL": 'x"; DROP'})
+
+
+# ---------------------------------------------------------------- retention
+
+
+def run_now(agent, name: str):
+    from shared.telemetry import new_operation_id
+
+    with agent.store().transaction():
+        return agent.store().execute("insert_manual_run", job_name=name, now=agent.clock(),
+                                     operation_id=new_operation_id()).one()
+
+
+def _poison(agent, sql: str) -> tuple[int, int]:
+    """A run that ended poisoned with its poison message, as the executor leaves them."""
+    store = agent.store()
+    run_id = submit(agent, sql)
+    with store.transaction():
+        store.execute("poison_run", run_id=run_id, token=0, now=agent.clock(), reason="test: poisoned",
+                      error_number=None, error_sqlstate=None, error_message=None)
+        poison_id = store.execute("insert_poison", run_id=run_id, message_id="m", body="{}", dequeue_count=6,
+                                  reason="test", errors="[]", now=agent.clock()).one()["poison_id"]
+    return run_id, poison_id
+
+
+def _ids(agent, sql: str) -> set[int]:
+    return {row[0] for row in query(agent, sql)}
+
+
+def test_the_tick_purges_history_past_its_retention_and_keeps_what_is_still_needed(agent_factory, db_url):
+    """AGENT_HISTORY_RETENTION_DAYS=1, AGENT_POISON_RETENTION_DAYS=2: a tick a day later purges
+    finished runs, their attempts and job events older than a day, but keeps the latest run of
+    each job, runs in flight, and a poisoned run whose message has not been requeued (until the
+    message itself is purged, a day later)."""
+    clock = Clock(at("2026-01-01T00:00:00"))
+    agent = agent_factory({"yearly": {"SCHEDULE": "0 0 0 1 6 *", "COMMAND": "SELECT 1"},
+                           "broken": {"SCHEDULE": "not a schedule", "COMMAND": "SELECT 1"}},
+                          clock=clock, AGENT_HISTORY_RETENTION_DAYS="1", AGENT_POISON_RETENTION_DAYS="2")
+    runs, attempts = runs_table(agent), attempts_table(agent)
+    events = "agent_job_events" if agent.target.dialect == "sqlite" else "agent.job_events"
+    poison = "agent_poison_messages" if agent.target.dialect == "sqlite" else "agent.poison_messages"
+    agent.tick()                                           # records the invalid job's event
+    old_manual = run_now(agent, "yearly")["run_id"]
+    clock.advance(1)
+    latest_manual = run_now(agent, "yearly")["run_id"]
+    tasks = [submit(agent, "SELECT 1") for _ in range(3)]
+    work(agent, concurrency=1)
+    poisoned_run, poison_id = _poison(agent, "SELECT 2")
+    requeued_run, requeued_poison = _poison(agent, "SELECT 3")
+    with agent.store().transaction():
+        agent.store().execute("mark_poison_requeued", poison_id=requeued_poison, now=agent.clock())
+    assert _ids(agent, f"SELECT COUNT(*) FROM {events}") != {0}
+    clock.advance(3600)
+    in_flight = submit(agent, "SELECT 1")                  # pending: never purged
+    assert len(query(agent, f"SELECT run_id FROM {attempts} WHERE run_id IN ({', '.join(map(str, tasks))})")) == 3
+
+    clock.advance(86400)                                    # a day and an hour later
+    report = agent.tick()
+    assert not report.errors, report.errors
+    left = _ids(agent, f"SELECT run_id FROM {runs}")
+    assert old_manual not in left and not set(tasks) & left and requeued_run not in left
+    assert {latest_manual, poisoned_run, in_flight} <= left
+    assert _ids(agent, f"SELECT run_id FROM {attempts}") <= left
+    # The invalid job's event from the first tick is gone; this tick recorded none (nothing changed).
+    assert query(agent, f"SELECT COUNT(*) FROM {events} WHERE event_at < '2026-01-01 12:00:00'") == [(0,)]
+    assert report.purged["runs"] == 2 + 3 and report.summary()["history_purged"] >= 5
+    assert _ids(agent, f"SELECT poison_id FROM {poison}") == {poison_id, requeued_poison}
+
+    clock.advance(86400)                                    # the poison message's two days are over
+    agent.tick()
+    agent.tick()
+    left = _ids(agent, f"SELECT run_id FROM {runs}")
+    assert _ids(agent, f"SELECT poison_id FROM {poison}") == set()
+    assert poisoned_run not in left and latest_manual in left and in_flight in left
+
+
+def test_a_tick_purges_a_bounded_batch_and_zero_days_keeps_everything(agent_factory, monkeypatch):
+    from shared import scheduler
+
+    clock = Clock(at("2026-01-01T00:00:00"))
+    keep = agent_factory(clock=clock, AGENT_HISTORY_RETENTION_DAYS="0", AGENT_POISON_RETENTION_DAYS="0")
+    tasks = [submit(keep, "SELECT 1") for _ in range(7)]
+    work(keep, concurrency=1)
+    clock.advance(400 * 86400)
+    assert keep.tick().purged == {}
+    assert _ids(keep, f"SELECT run_id FROM {runs_table(keep)}") == set(tasks)
+
+    monkeypatch.setattr(scheduler, "PURGE_BATCH", 3)
+    purge = agent_factory(clock=clock, AGENT_HISTORY_RETENTION_DAYS="1")
+    counts = [purge.tick().purged.get("runs", 0) for _ in range(4)]
+    assert counts == [3, 3, 1, 0]
+    assert _ids(purge, f"SELECT run_id FROM {runs_table(purge)}") == set()

@@ -800,7 +800,7 @@ DELETE FROM agent.attempts WHERE run_id = :run_id;
 DELETE FROM agent.runs WHERE run_id = :run_id;
 
 -- purge_history --
--- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job always stays — and poison messages older than AGENT_POISON_RETENTION_DAYS. The runs are locked first (UPDLOCK), then their attempts and they go.
+-- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job, and a run with a poison message not yet requeued, always stay — and poison messages older than AGENT_POISON_RETENTION_DAYS. The runs are locked first (UPDLOCK), then their attempts and they go.
 DECLARE @old TABLE (run_id BIGINT PRIMARY KEY);
 INSERT INTO @old (run_id)
 SELECT TOP (CAST(:batch AS INT)) r.run_id FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
@@ -808,6 +808,7 @@ WHERE r.finished_at < CAST(:history_before AS DATETIME2(6))
   AND r.status IN (N'succeeded', N'failed', N'poisoned', N'skipped', N'cancelled')
   AND (r.job_name IS NULL OR EXISTS (
         SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.scheduled_for > r.scheduled_for))
+  AND NOT EXISTS (SELECT 1 FROM agent.poison_messages AS p WHERE p.run_id = r.run_id AND p.requeued_at IS NULL)
 ORDER BY r.finished_at;
 DELETE a FROM agent.attempts AS a JOIN @old AS o ON a.run_id = o.run_id;
 DELETE r FROM agent.runs AS r JOIN @old AS o ON r.run_id = o.run_id;
@@ -824,3 +825,23 @@ SET @poison = @@ROWCOUNT;
 SELECT N'runs' AS purged, COUNT(*) AS rows_purged FROM @old
 UNION ALL SELECT N'job_events', @events
 UNION ALL SELECT N'poison_messages', @poison;
+
+-- doctor_session --
+-- The doctor's view of the agent's session (lock timeout, isolation, XACT_ABORT, QUOTED_IDENTIFIER, ANSI_NULLS, NOCOUNT, the database's read committed snapshot) and of the triggers a DBA put on agent tables (INSTEAD OF triggers replace the agent's fenced writes: refused).
+SELECT CAST(@@LOCK_TIMEOUT AS NVARCHAR(20)) + N' ms' AS lock_timeout,
+       (SELECT CASE s.transaction_isolation_level WHEN 1 THEN N'read uncommitted' WHEN 2 THEN N'read committed'
+                    WHEN 3 THEN N'repeatable read' WHEN 4 THEN N'serializable' WHEN 5 THEN N'snapshot'
+                    ELSE N'unspecified' END
+        FROM sys.dm_exec_sessions AS s WHERE s.session_id = @@SPID)
+       + CASE WHEN (SELECT d.is_read_committed_snapshot_on FROM sys.databases AS d WHERE d.database_id = DB_ID()) = 1
+              THEN N' (read committed snapshot on)' ELSE N'' END AS isolation,
+       CONCAT(N'XACT_ABORT ', CASE WHEN (@@OPTIONS & 16384) <> 0 THEN N'ON' ELSE N'OFF' END,
+              N', NOCOUNT ', CASE WHEN (@@OPTIONS & 512) <> 0 THEN N'ON' ELSE N'OFF' END,
+              N', QUOTED_IDENTIFIER ', CASE WHEN SESSIONPROPERTY(N'QUOTED_IDENTIFIER') = 1 THEN N'ON' ELSE N'OFF' END,
+              N', ANSI_NULLS ', CASE WHEN SESSIONPROPERTY(N'ANSI_NULLS') = 1 THEN N'ON' ELSE N'OFF' END) AS session_options,
+       (SELECT STRING_AGG(CAST(t.name + N' on ' + o.name + N' ('
+                               + CASE WHEN t.is_instead_of_trigger = 1 THEN N'instead of' ELSE N'after' END + N')' AS NVARCHAR(MAX)), N', ')
+        FROM sys.triggers AS t JOIN sys.tables AS o ON o.object_id = t.parent_id
+        WHERE o.schema_id = SCHEMA_ID(N'agent')) AS triggers,
+       (SELECT COUNT(*) FROM sys.triggers AS t JOIN sys.tables AS o ON o.object_id = t.parent_id
+        WHERE o.schema_id = SCHEMA_ID(N'agent') AND t.is_instead_of_trigger = 1) AS instead_of_triggers;

@@ -473,13 +473,14 @@ DELETE FROM agent.attempts WHERE run_id = :run_id;
 DELETE FROM agent.runs WHERE run_id = :run_id;
 
 -- purge_history --
--- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job always stays — and poison messages older than AGENT_POISON_RETENTION_DAYS.
+-- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job, and a run with a poison message not yet requeued, always stay — and poison messages older than AGENT_POISON_RETENTION_DAYS.
 WITH old AS (
     SELECT r.run_id FROM agent.runs AS r
     WHERE r.finished_at < CAST(:history_before AS timestamp)
       AND r.status IN ('succeeded', 'failed', 'poisoned', 'skipped', 'cancelled')
       AND (r.job_name IS NULL OR EXISTS (
             SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.scheduled_for > r.scheduled_for))
+  AND NOT EXISTS (SELECT 1 FROM agent.poison_messages AS p WHERE p.run_id = r.run_id AND p.requeued_at IS NULL)
     ORDER BY r.finished_at
     LIMIT CAST(:batch AS INT)
     FOR UPDATE OF r SKIP LOCKED),
@@ -500,3 +501,17 @@ WITH old AS (
 gone AS (
     DELETE FROM agent.poison_messages AS p USING old WHERE p.poison_id = old.poison_id RETURNING p.poison_id)
 SELECT 'poison_messages' AS purged, COUNT(*) AS rows_purged FROM gone;
+
+-- doctor_session --
+-- The doctor's view of the agent's session (lock timeout, isolation, statement timeout) and of the triggers a DBA put on agent tables.
+SELECT current_setting('lock_timeout') AS lock_timeout,
+       current_setting('transaction_isolation') AS isolation,
+       'statement_timeout ' || current_setting('statement_timeout') || ', search_path ' || current_setting('search_path') AS session_options,
+       (SELECT string_agg(t.tgname || ' on ' || c.relname || ' ('
+                          || CASE WHEN (t.tgtype & 64) <> 0 THEN 'instead of'
+                                  WHEN (t.tgtype & 2) <> 0 THEN 'before' ELSE 'after' END || ')', ', '
+                          ORDER BY c.relname, t.tgname)
+        FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'agent' AND NOT t.tgisinternal) AS triggers,
+       (SELECT COUNT(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'agent' AND NOT t.tgisinternal AND (t.tgtype & 64) <> 0) AS instead_of_triggers;

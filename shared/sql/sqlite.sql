@@ -640,7 +640,7 @@ DELETE FROM agent_attempts WHERE run_id = :run_id;
 DELETE FROM agent_runs WHERE run_id = :run_id;
 
 -- purge_history --
--- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job always stays — and poison messages older than AGENT_POISON_RETENTION_DAYS.
+-- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job, and a run with a poison message not yet requeued, always stay — and poison messages older than AGENT_POISON_RETENTION_DAYS.
 CREATE TEMP TABLE IF NOT EXISTS agent_purge (run_id INTEGER PRIMARY KEY);
 DELETE FROM temp.agent_purge;
 INSERT INTO temp.agent_purge (run_id)
@@ -649,6 +649,7 @@ WHERE r.finished_at < :history_before
   AND r.status IN ('succeeded', 'failed', 'poisoned', 'skipped', 'cancelled')
   AND (r.job_name IS NULL OR EXISTS (
         SELECT 1 FROM agent_runs AS n WHERE n.job_name = r.job_name AND n.scheduled_for > r.scheduled_for))
+  AND NOT EXISTS (SELECT 1 FROM agent_poison_messages AS p WHERE p.run_id = r.run_id AND p.requeued_at IS NULL)
 ORDER BY r.finished_at
 LIMIT :batch;
 DELETE FROM agent_attempts WHERE run_id IN (SELECT run_id FROM temp.agent_purge);
@@ -660,3 +661,12 @@ RETURNING 'job_events' AS purged, 1 AS rows_purged;
 DELETE FROM agent_poison_messages WHERE poison_id IN (
     SELECT poison_id FROM agent_poison_messages WHERE poisoned_at < :poison_before ORDER BY poison_id LIMIT :batch)
 RETURNING 'poison_messages' AS purged, 1 AS rows_purged;
+
+-- doctor_session --
+-- The doctor's view of the agent's connection (busy timeout, journal mode) and of the triggers a DBA put on agent tables.
+SELECT (SELECT timeout FROM pragma_busy_timeout) || ' ms' AS lock_timeout,
+       'serializable' AS isolation,
+       'journal_mode ' || (SELECT journal_mode FROM pragma_journal_mode) AS session_options,
+       (SELECT group_concat(name || ' on ' || tbl_name, ', ') FROM sqlite_master
+        WHERE type = 'trigger' AND tbl_name LIKE 'agent\_%' ESCAPE '\') AS triggers,
+       (SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name LIKE 'agent\_%' ESCAPE '\' AND sql LIKE '%INSTEAD OF%') AS instead_of_triggers;

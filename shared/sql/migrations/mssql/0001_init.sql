@@ -9,6 +9,9 @@
 
 -- A failed statement dooms the whole transaction, not just itself.
 SET XACT_ABORT ON;
+-- Filtered indexes need these when the file is run by hand (sqlcmd defaults QUOTED_IDENTIFIER to OFF).
+SET QUOTED_IDENTIFIER ON;
+SET ANSI_NULLS ON;
 
 CREATE TABLE agent.state (
     state_key   NVARCHAR(64) NOT NULL CONSTRAINT state_pk PRIMARY KEY,

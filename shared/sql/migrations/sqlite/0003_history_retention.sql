@@ -1,0 +1,15 @@
+-- 0003 history retention: indexes the tick's purge (AGENT_HISTORY_RETENTION_DAYS,
+-- AGENT_POISON_RETENTION_DAYS) and the history listings seek, so both stay fast at
+-- 10 million runs (bench/bench_history.py).
+
+-- The purge takes the oldest finished runs first.
+CREATE INDEX runs_finished ON agent_runs (finished_at) WHERE finished_at IS NOT NULL;
+-- history --job NAME: one job's runs, newest first.
+CREATE INDEX runs_job_run ON agent_runs (job_name, run_id);
+-- Job events of one job, newest first; and the oldest events for the purge.
+CREATE INDEX job_events_job_event ON agent_job_events (job_name, event_id);
+CREATE INDEX job_events_at ON agent_job_events (event_at);
+-- Poison messages: the oldest for the purge; a run's poison messages (a run with a poison
+-- message not yet requeued is kept, so that `poison requeue` still finds it).
+CREATE INDEX poison_messages_at ON agent_poison_messages (poisoned_at);
+CREATE INDEX poison_messages_run ON agent_poison_messages (run_id);
