@@ -326,3 +326,183 @@ def test_a_tick_purges_a_bounded_batch_and_zero_days_keeps_everything(agent_fact
     counts = [purge.tick().purged.get("runs", 0) for _ in range(4)]
     assert counts == [3, 3, 1, 0]
     assert _ids(purge, f"SELECT run_id FROM {runs_table(purge)}") == set()
+
+
+# ---------------------------------------------------------------- triggers, constraints, locks
+
+
+AUDIT_TRIGGERS = """
+CREATE TABLE public.agent_audit (tbl TEXT, op TEXT, at TIMESTAMPTZ DEFAULT clock_timestamp());
+CREATE FUNCTION public.agent_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.agent_audit (tbl, op) VALUES (TG_TABLE_NAME, TG_OP);
+    RETURN COALESCE(NEW, OLD);
+END $$;
+CREATE TRIGGER audit_runs AFTER INSERT OR UPDATE OR DELETE ON agent.runs FOR EACH ROW EXECUTE FUNCTION public.agent_audit_row();
+CREATE TRIGGER audit_attempts AFTER INSERT OR UPDATE OR DELETE ON agent.attempts FOR EACH ROW EXECUTE FUNCTION public.agent_audit_row();
+CREATE TRIGGER stamp_jobs BEFORE INSERT OR UPDATE ON agent.jobs FOR EACH ROW EXECUTE FUNCTION public.agent_audit_row();
+CREATE TRIGGER audit_events AFTER INSERT ON agent.job_events FOR EACH STATEMENT EXECUTE FUNCTION public.agent_audit_row();
+"""
+
+
+def test_audit_triggers_on_agent_tables_change_nothing_and_doctor_lists_them(pg_url, capsys):
+    """A DBA's row and statement triggers (AFTER on runs, attempts and events, BEFORE on jobs)
+    on every table the agent writes: ticks, claims, successes, failures with retries, cancels,
+    run-now and the purge all behave as without them, and `doctor` names them. (On SQL Server
+    the same holds because every statement that returns rows uses OUTPUT ... INTO, which
+    test_every_tsql_output_goes_into_a_table_variable checks.)"""
+    from shared.cli import main as cli
+
+    clock = Clock(at("2026-03-01T09:59:50"))
+    setup = make_agent(pg_url)
+    execute(setup, AUDIT_TRIGGERS)
+    setup.close()
+    agent = make_agent(pg_url, {"every_minute": {"SCHEDULE": "0 * * * * *", "COMMAND": "SELECT 1"},
+                                "bad": {"SCHEDULE": "0 0 * * * *", "COMMAND": "SELECT 1/0", "MAX_ATTEMPTS": "2"}},
+                       clock=clock, AGENT_RETRY_BACKOFF_SECONDS="0", AGENT_HISTORY_RETENTION_DAYS="1")
+    try:
+        assert not agent.tick().errors
+        clock.advance(11)                                   # 10:00:01: both slots are due
+        work(agent, concurrency=2)
+        statuses = dict(query(agent, "SELECT job_name, status FROM agent.runs WHERE job_name IS NOT NULL "
+                                     "AND scheduled_for = '2026-03-01 10:00:00'"))
+        assert statuses == {"every_minute": "succeeded", "bad": "failed"}
+        assert query(agent, "SELECT COUNT(*) FROM agent.attempts a JOIN agent.runs r ON r.run_id = a.run_id "
+                            "WHERE r.job_name = 'bad'") == [(2,)]
+        cancelled = submit(agent, "SELECT 1")
+        with agent.store().transaction():
+            assert len(agent.store().execute("cancel_run", run_id=cancelled, now=clock()).rows) == 1
+        assert run_now(agent, "every_minute")["status"] == "pending"
+        work(agent, concurrency=1)
+        clock.advance(2 * 86400)
+        report = agent.tick()
+        assert not report.errors and report.purged.get("runs", 0) >= 2
+        audited = dict(query(agent, "SELECT tbl, COUNT(*) FROM public.agent_audit GROUP BY tbl"))
+        assert audited["runs"] > 5 and audited["attempts"] >= 3 and audited["jobs"] >= 2
+        code = cli(["--db", pg_url, "doctor"])
+        out = capsys.readouterr().out
+        session = next(line for line in out.splitlines() if "] session" in line)
+        assert "[ OK ]" in session and "lock timeout 30s" in session
+        for trigger in ("audit_attempts on attempts (after)", "audit_runs on runs (after)", "stamp_jobs on jobs (before)"):
+            assert trigger in session, session
+        assert code == 0, out
+    finally:
+        agent.close()
+
+
+def _tsql_statements():
+    from shared.queries import load_migrations, load_queries
+
+    for query_ in load_queries("mssql").values():
+        for statement in query_.statements:
+            yield query_.name, statement.sql
+    for migration in load_migrations("mssql"):
+        for statement in migration.statements():
+            yield f"migration {migration.version}", statement
+
+
+def test_every_tsql_output_goes_into_a_table_variable():
+    """SQL Server refuses OUTPUT without INTO on a table with an enabled trigger (error 334): a
+    DBA's audit trigger on an agent table would break every statement that uses it."""
+    import re
+
+    clause = re.compile(r"\bOUTPUT\s+(?:inserted|deleted|N'|@\w+\s*,|\$action)(.*)", re.IGNORECASE | re.DOTALL)
+    checked = 0
+    for name, sql in _tsql_statements():
+        code = "\n".join(line.split("--")[0] for line in sql.splitlines())
+        for match in clause.finditer(code):
+            head = re.split(r"\b(FROM|WHERE|VALUES|SELECT|SET)\b", match.group(1), maxsplit=1, flags=re.IGNORECASE)[0]
+            assert re.search(r"\bINTO\s+@\w+", head, re.IGNORECASE), f"{name}: OUTPUT without INTO:\n{sql}"
+            checked += 1
+    assert checked >= 10
+
+
+def test_the_database_refuses_an_unknown_run_status(pg_url):
+    import pyodbc
+
+    agent = make_agent(pg_url)
+    try:
+        run_id = submit(agent, "SELECT 1")
+        with pytest.raises(pyodbc.Error, match="runs_status_check"):
+            execute(agent, f"UPDATE agent.runs SET status = 'done' WHERE run_id = {run_id}")
+        with pytest.raises(pyodbc.Error, match="runs_kind_check"):
+            execute(agent, f"UPDATE agent.runs SET kind = 'adhoc' WHERE run_id = {run_id}")
+    finally:
+        agent.close()
+
+
+def test_concurrent_run_now_requests_make_one_run_and_skip_the_others(db_url):
+    """Eight run-now requests for an overlap=skip job at the same moment, from eight
+    connections: the overlap check is decided under the start lock, so exactly one run is
+    pending and seven are skipped (without the lock, several saw no run in flight)."""
+    agents = [make_agent(db_url, {"nightly": {"SCHEDULE": "0 0 3 * * *", "COMMAND": "SELECT 1"}})
+              for _ in range(8)]
+    try:
+        agents[0].tick()
+        for agent in agents:
+            agent.store().connection                          # connected before the race
+        barrier = threading.Barrier(len(agents))
+        results, errors = [], []
+
+        def request(agent):
+            try:
+                barrier.wait(timeout=30)
+                results.append(run_now(agent, "nightly")["status"])
+            except Exception as exc:  # noqa: BLE001 - the assertion shows it
+                errors.append(exc)
+
+        threads = [threading.Thread(target=request, args=(agent,)) for agent in agents]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not errors, errors
+        assert sorted(results) == ["pending"] + ["skipped"] * 7
+    finally:
+        for agent in agents:
+            agent.close()
+
+
+def test_a_lease_expiring_while_its_worker_records_a_failure_does_not_deadlock(pg_url):
+    """The tick (expire_leases, then close_dead_attempts) and a worker's fenced failure both
+    lock the run before its attempt. The tick holds the run; the worker's failure waits on the
+    run (not holding the attempt); the tick closes the attempt and commits; the failure then
+    finds the run taken over. In the other order (attempt first) this is a deadlock (40P01)."""
+    clock = Clock(at("2026-03-01T10:00:00"))
+    ticker, worker = make_agent(pg_url, clock=clock), make_agent(pg_url, clock=clock)
+    try:
+        run_id = submit(ticker, "SELECT 1", lease_seconds=1)
+        with worker.store().transaction():
+            started = worker.store().execute("claim_runs", now=clock(), late_cutoff=clock(), batch=1,
+                                             max_concurrency=8, worker="w").rows
+        assert [r["run_id"] for r in started] == [run_id]
+        token = started[0]["token"]
+        clock.advance(120)
+        failure: dict = {}
+
+        def record_failure():
+            try:
+                with worker.store().transaction():
+                    failure["rows"] = worker.store().execute(
+                        "fail_run", run_id=run_id, token=token, now=clock(), retry_at=clock(), outcome="failed",
+                        error_number=None, error_sqlstate=None, error_message="boom").rows
+            except Exception as exc:  # noqa: BLE001
+                failure["error"] = exc
+
+        store = ticker.store()
+        with store.transaction():
+            assert len(store.execute("expire_leases", now=clock(), max_lapses=3).rows) == 1
+            thread = threading.Thread(target=record_failure)
+            thread.start()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not query(
+                    ticker, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"):
+                time.sleep(0.05)
+            store.execute("close_dead_attempts", now=clock())
+        thread.join(timeout=30)
+        assert "error" not in failure, failure
+        assert failure["rows"] == []                          # the lease was taken over: fenced out
+        assert query(ticker, f"SELECT outcome FROM agent.attempts WHERE run_id = {run_id}") == [("lease_expired",)]
+    finally:
+        ticker.close()
+        worker.close()
