@@ -21,8 +21,10 @@ from .errors import AgentError, ConfigError, NotFoundError, UsageError
 
 UTC = timezone.utc
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-# doctor waits at most this long for a connection (a paused serverless database may need a rerun).
-DOCTOR_CONNECT_RETRY_SECONDS = 10
+# Operator commands (doctor, jobs, history, ...) wait at most this long for a connection; the
+# commands that run the agent or install it wait the whole AGENT_CONNECT_RETRY_SECONDS.
+COMMAND_CONNECT_RETRY_SECONDS = 10
+WAITING_COMMANDS = ("run", "work", "tick", "init-db")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = commands.add_parser("cancel", help="cancel a run that has not finished (a running one is stopped)")
     cancel.add_argument("run_id", type=_positive_int, metavar="RUN_ID")
 
-    commands.add_parser("doctor", help="check driver, connectivity, authentication, schema, permissions and queue")
+    commands.add_parser("doctor", help="check driver, connectivity, authentication, schema, session, permissions and queue")
 
     grant = commands.add_parser("grant-sql", help="T-SQL creating the function app's database user with least "
                                                   "privilege (printed; --apply runs it, as an Entra admin)")
@@ -148,12 +150,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .config import load_settings
 
         settings = load_settings(settings_file=args.settings)
-        if args.command == "doctor":
-            # A diagnosis answers within seconds: it waits out a short outage, and says what it
-            # saw when the database stays away (the agent itself waits AGENT_CONNECT_RETRY_SECONDS).
+        if args.command not in WAITING_COMMANDS:
+            # An operator's command answers within seconds: it waits out a short outage and says
+            # what it saw when the database stays away (the agent itself, and init-db, wait
+            # AGENT_CONNECT_RETRY_SECONDS, as long as a paused serverless database takes).
             settings = replace(settings, agent=replace(
                 settings.agent, connect_retry_seconds=min(settings.agent.connect_retry_seconds,
-                                                          DOCTOR_CONNECT_RETRY_SECONDS)))
+                                                          COMMAND_CONNECT_RETRY_SECONDS)))
         agent = Agent(settings, db=args.db)
         handler = COMMANDS[args.command]
         return handler(agent, args)
