@@ -193,8 +193,11 @@ def test_concurrent_ticks_workers_and_submitters_keep_the_cap_and_the_order(pg_u
         running += step
         peak = max(peak, running)
     assert peak <= 2, f"{peak} tasks executed at once with AGENT_MAX_CONCURRENCY=2"
+    # The promise: a task starts once every lower-order task submitted before it (a lower run
+    # id: inserted earlier) has finished. A lower-order task submitted after it was claimed
+    # may still be running when its SQL starts (under load the two are apart), and is no breach.
     violations = [(a[5], b[5]) for a in tasks for b in tasks
-                  if a[1] < b[1] and a[2] < b[3] and a[4] > b[3]]
+                  if a[1] < b[1] and a[0] < b[0] and a[4] > b[3]]
     assert not violations, f"started before a lower order submitted earlier finished: {violations}"
     agent.close()
 
