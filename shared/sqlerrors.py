@@ -384,9 +384,14 @@ def _parse_odbc(sqlstate: str | None, message: str) -> list[OdbcRecord]:
         body = _PREFIX_RE.sub("", raw)
         postgres = bool(_POSTGRES_MARKERS.search(body)) or (state is not None and "P" in state)
         trusted = microsoft or not (postgres or driver_manager)
-        text = _PSQLODBC_NOISE_RE.sub("", body)
+        # psqlODBC appends ";\nError while executing the query" (or a bare ";"): remove that one
+        # separator, never a ';' that ends the server's own message.
+        noise = _PSQLODBC_NOISE_RE.search(body)
+        text = body[: noise.start()] if noise else body
         text = _SEVERITY_RE.sub("", text.strip())
-        text = _SPACES_RE.sub(" ", text).strip().rstrip(";").strip()
+        text = _SPACES_RE.sub(" ", text).strip()
+        if not noise and text.endswith(";"):
+            text = text[:-1].strip()
         records.append(OdbcRecord(state, native, text, trusted))
     return records
 
