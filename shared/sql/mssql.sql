@@ -824,3 +824,35 @@ SET @poison = @@ROWCOUNT;
 SELECT N'runs' AS purged, COUNT(*) AS rows_purged FROM @old
 UNION ALL SELECT N'job_events', @events
 UNION ALL SELECT N'poison_messages', @poison;
+
+-- list_job_activity --
+-- The monitor's status now: each job's unfinished runs grouped by status and by whether they are retries (a few rows per job, never one per run), optionally of one job.
+SELECT job_name, status, CASE WHEN attempt > 0 THEN 1 ELSE 0 END AS retry, COUNT(*) AS runs,
+       MIN(scheduled_for) AS first_scheduled_for, MIN(started_at) AS first_started_at,
+       MIN(runnable_at) AS first_runnable_at, MAX(runnable_at) AS last_runnable_at, MIN(worker) AS worker
+FROM agent.runs
+WHERE status IN (N'pending', N'queued', N'running') AND job_name IS NOT NULL
+  AND (CAST(:job_name AS NVARCHAR(64)) IS NULL OR job_name = CAST(:job_name AS NVARCHAR(64)))
+GROUP BY job_name, status, CASE WHEN attempt > 0 THEN 1 ELSE 0 END
+ORDER BY job_name, status
+OPTION (RECOMPILE);
+
+-- list_job_timeline --
+-- The monitor's timeline: a job's runs whose slot is at or after :since, newest first, at most :limit (the unique (job_name, scheduled_for) index serves it).
+SELECT TOP (:limit) run_id, kind, scheduled_for, status, attempt, max_attempts, started_at, finished_at, last_error, note
+FROM agent.runs
+WHERE job_name = CAST(:job_name AS NVARCHAR(64)) AND scheduled_for >= CAST(:since AS DATETIME2(6))
+ORDER BY scheduled_for DESC, run_id DESC;
+
+-- list_run_poison --
+-- The poison messages of one run, newest first.
+SELECT TOP (:limit) poison_id, run_id, message_id, body, dequeue_count, reason, errors, poisoned_at, requeued_at
+FROM agent.poison_messages WHERE run_id = :run_id ORDER BY poison_id DESC;
+
+-- list_stuck_runs_page --
+-- Reconciliation as list_stuck_runs, at most :limit runs (the stuck command and page).
+SELECT TOP (:limit) run_id, job_name, kind, status, scheduled_for, runnable_at, lease_expires_at, token, attempt
+FROM agent.runs
+WHERE (status IN (N'queued', N'running') AND lease_expires_at < CAST(:now AS DATETIME2(6)))
+   OR (status = N'pending' AND runnable_at < CAST(:stale_before AS DATETIME2(6)))
+ORDER BY run_id;

@@ -500,3 +500,34 @@ WITH old AS (
 gone AS (
     DELETE FROM agent.poison_messages AS p USING old WHERE p.poison_id = old.poison_id RETURNING p.poison_id)
 SELECT 'poison_messages' AS purged, COUNT(*) AS rows_purged FROM gone;
+
+-- list_job_activity --
+-- The monitor's status now: each job's unfinished runs grouped by status and by whether they are retries (a few rows per job, never one per run), optionally of one job.
+SELECT job_name, status, CASE WHEN attempt > 0 THEN 1 ELSE 0 END AS retry, COUNT(*) AS runs,
+       MIN(scheduled_for) AS first_scheduled_for, MIN(started_at) AS first_started_at,
+       MIN(runnable_at) AS first_runnable_at, MAX(runnable_at) AS last_runnable_at, MIN(worker) AS worker
+FROM agent.runs
+WHERE status IN ('pending', 'queued', 'running') AND job_name IS NOT NULL
+  AND (CAST(:job_name AS VARCHAR) IS NULL OR job_name = CAST(:job_name AS VARCHAR))
+GROUP BY job_name, status, CASE WHEN attempt > 0 THEN 1 ELSE 0 END
+ORDER BY job_name, status;
+
+-- list_job_timeline --
+-- The monitor's timeline: a job's runs whose slot is at or after :since, newest first, at most :limit (the unique (job_name, scheduled_for) index serves it).
+SELECT run_id, kind, scheduled_for, status, attempt, max_attempts, started_at, finished_at, last_error, note
+FROM agent.runs
+WHERE job_name = CAST(:job_name AS VARCHAR) AND scheduled_for >= CAST(:since AS timestamp)
+ORDER BY scheduled_for DESC, run_id DESC LIMIT :limit;
+
+-- list_run_poison --
+-- The poison messages of one run, newest first.
+SELECT poison_id, run_id, message_id, body, dequeue_count, reason, errors, poisoned_at, requeued_at
+FROM agent.poison_messages WHERE run_id = :run_id ORDER BY poison_id DESC LIMIT :limit;
+
+-- list_stuck_runs_page --
+-- Reconciliation as list_stuck_runs, at most :limit runs (the stuck command and page).
+SELECT run_id, job_name, kind, status, scheduled_for, runnable_at, lease_expires_at, token, attempt
+FROM agent.runs
+WHERE (status IN ('queued', 'running') AND lease_expires_at < CAST(:now AS timestamp))
+   OR (status = 'pending' AND runnable_at < CAST(:stale_before AS timestamp))
+ORDER BY run_id LIMIT :limit;
