@@ -37,6 +37,19 @@ JOBS = {
 }
 
 
+class SteppingClock(Clock):
+    """The scenario's clock: while ``step`` is set, each reading moves it on by that many seconds,
+    so a run the executor claims at one reading and finishes at a later one took that long."""
+
+    step = 0.0
+
+    def __call__(self) -> datetime:
+        now = self.now
+        if self.step:
+            self.now = now + timedelta(seconds=self.step)
+        return now
+
+
 @dataclass
 class Scenario:
     db: str
@@ -53,7 +66,7 @@ def build(db: str, extra_jobs: int = 0) -> Scenario:
     """The scenario on ``db`` (an empty control database). ``extra_jobs``: that many more idle
     jobs (the constant-queries test)."""
     real_now = datetime.now(UTC).replace(microsecond=0)
-    clock = Clock(real_now)
+    clock = SteppingClock(real_now)
     jobs = dict(JOBS)
     for index in range(extra_jobs):
         jobs[f"extra_{index:03d}"] = {"SCHEDULE": "0 0 1 * * *", "COMMAND": "SELECT 1"}
@@ -73,10 +86,12 @@ def build(db: str, extra_jobs: int = 0) -> Scenario:
         return row["run_id"]
 
     executor = agent.executor(0)
-    # Succeeded runs spread over the day.
-    for hours_ago in (20, 16, 12, 8, 4):
+    # Succeeded runs spread over the day, each a few minutes long.
+    for hours_ago, minutes in ((20, 9), (16, 14), (12, 6), (8, 22), (4, 11)):
         run_now("nightly_ok", real_now - timedelta(hours=hours_ago))
+        clock.step = minutes * 60 / 4
         assert [r.outcome for r in executor.work_once()] == ["succeeded"]
+        clock.step = 0
     # A run that failed for good, with a hostile error message.
     run_now("flaky_fail", real_now - timedelta(hours=3))
     assert [r.outcome for r in executor.work_once()] == ["failed"]
