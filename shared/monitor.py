@@ -122,7 +122,9 @@ def _e(value: Any) -> str:
 
 def _t(value: Any) -> str:
     if isinstance(value, datetime):
-        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        if value.utcoffset():          # the store gives UTC already; anything else is converted
+            value = value.astimezone(UTC)
+        return value.isoformat(" ", "seconds")[:19]
     return "-" if value is None else _e(value)
 
 
@@ -220,7 +222,7 @@ class Monitor:
                 data = views.stuck_view(store, now, older, limit)
                 title, body = "Stuck runs", self._stuck_page(data, older, limit)
         if wants_json:
-            return Response(200, (views.to_json(data) + "\n").encode(), "application/json; charset=utf-8")
+            return Response(200, (views.to_json(data, compact=True) + "\n").encode(), "application/json; charset=utf-8")
         return Response(200, self._document(title, body, path, params, user, refresh, now).encode(),
                         "text/html; charset=utf-8")
 

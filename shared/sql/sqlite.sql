@@ -691,3 +691,16 @@ FROM agent_runs
 WHERE (status IN ('queued', 'running') AND lease_expires_at < :now)
    OR (status = 'pending' AND runnable_at < :stale_before)
 ORDER BY run_id LIMIT :limit;
+
+-- get_job --
+-- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
+SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
+       l.finished_at AS last_finished_at
+FROM agent_jobs j
+LEFT JOIN agent_runs l ON l.run_id = (
+    SELECT r.run_id FROM agent_runs r
+    WHERE r.job_name = j.job_name AND r.status NOT IN ('pending', 'queued')
+    ORDER BY r.scheduled_for DESC, r.run_id DESC LIMIT 1)
+WHERE j.job_name = :job_name;
