@@ -26,6 +26,7 @@ import binascii
 import contextlib
 import html
 import json
+import logging
 import os
 import queue
 import sys
@@ -39,6 +40,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from . import views
 from .errors import ConfigError
 
+log = logging.getLogger("shared.monitor")
 UTC = timezone.utc
 STYLESHEET = Path(__file__).with_name("monitor.css")
 ALLOWED_METHODS = ("GET", "HEAD")
@@ -149,7 +151,7 @@ class Monitor:
         """``path``: below the base path ("/", "/jobs/nightly", ...)."""
         method = method.upper()
         if method not in ALLOWED_METHODS:
-            response = self._error(405, f"the monitor is read-only: {method} is not allowed (GET or HEAD)", False, None, 0)
+            response = self.error_response(405, f"the monitor is read-only: {method} is not allowed (GET or HEAD)", False, None, 0)
             response.headers["Allow"] = ", ".join(ALLOWED_METHODS)
             return response
         params = {key: values[-1] for key, values in parse_qs(query, keep_blank_values=True).items()}
@@ -161,15 +163,19 @@ class Monitor:
             refresh = settings.refresh_seconds
             response = self._route(path or "/", params, wants_json, user, refresh)
         except PageError as exc:
-            response = self._error(exc.status, exc.message, wants_json, user, refresh)
+            response = self.error_response(exc.status, exc.message, wants_json, user, refresh)
         except ConfigError as exc:
-            response = self._error(500, f"the monitor's settings are invalid: {exc}", wants_json, user, 0)
-        except Exception as exc:  # the database: one line, classified, never a traceback in a page
-            from .sqlerrors import classify
+            response = self.error_response(500, f"the monitor's settings are invalid: {exc}", wants_json, user, 0)
+        except Exception as exc:  # one line, never a traceback in a page
+            if _is_database_error(exc):
+                from .sqlerrors import classify
 
-            info = classify(exc)
-            response = self._error(503, f"the control database could not be read: {type(exc).__name__}: {info.message}",
-                                   wants_json, user, refresh)
+                message = f"the control database could not be read: {type(exc).__name__}: {classify(exc).message}"
+                response = self.error_response(503, message, wants_json, user, refresh)
+            else:
+                log.exception("monitor: %s %s failed", method, path)
+                response = self.error_response(500, f"internal error ({type(exc).__name__}); the log has the details",
+                                               wants_json, user, refresh)
         if method == "HEAD":
             response.headers["Content-Length"] = str(len(response.body))
             response.body = b""
@@ -226,7 +232,7 @@ class Monitor:
         return Response(200, self._document(title, body, path, params, user, refresh, now).encode(),
                         "text/html; charset=utf-8")
 
-    def _error(self, status: int, message: str, wants_json: bool, user: str | None, refresh: int) -> Response:
+    def error_response(self, status: int, message: str, wants_json: bool, user: str | None, refresh: int) -> Response:
         if wants_json:
             return Response(status, (json.dumps({"error": message}) + "\n").encode(), "application/json; charset=utf-8")
         body = f'<h1>{status}</h1>\n<p class="error">{_e(message)}</p>\n'
@@ -543,6 +549,17 @@ def _duration(delta: timedelta) -> str:
     return f"{hours} h {minutes} min" if hours else f"{minutes} min {secs} s"
 
 
+def _is_database_error(exc: BaseException) -> bool:
+    """What the driver or the store raised (unreachable server, missing schema, ...), as opposed
+    to a bug of the monitor's own."""
+    import sqlite3
+
+    from .errors import AgentError
+
+    pyodbc = sys.modules.get("pyodbc")
+    return isinstance(exc, (sqlite3.Error, AgentError)) or (pyodbc is not None and isinstance(exc, pyodbc.Error))
+
+
 def _wants_json(params: dict[str, str], accept: str) -> bool:
     wanted = params.get("format")
     if wanted is not None:
@@ -638,7 +655,7 @@ def handle_azure_request(method: str, url: str, headers: Mapping[str, str]) -> R
 
 
 def _refused(monitor: Monitor, method: str, status: int, message: str) -> Response:
-    response = monitor._error(status, message, False, None, 0)
+    response = monitor.error_response(status, message, False, None, 0)
     if method.upper() == "HEAD":
         response.headers["Content-Length"] = str(len(response.body))
         response.body = b""
@@ -700,7 +717,7 @@ def make_server(agent, port: int, environ: Mapping[str, str] | None = None):
             if host not in allowed:
                 # DNS rebinding: a page of another site whose name now points here would reach
                 # the monitor with its own name as Host. Only the loopback names are served.
-                response = monitor._error(421, f"Host {host!r} is not served: open http://127.0.0.1:{port_now}/",
+                response = monitor.error_response(421, f"Host {host!r} is not served: open http://127.0.0.1:{port_now}/",
                                           False, None, 0)
                 if self.command == "HEAD":
                     response.headers["Content-Length"] = str(len(response.body))

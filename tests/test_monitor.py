@@ -425,3 +425,19 @@ def test_invalid_monitor_setting_is_one_line_and_exit_2(scenario):
                             env={"PATH": "/usr/bin:/bin", "AGENT_MONITOR_REFRESH_SECONDS": "-1"})
     assert result.returncode == 2
     assert result.stderr.strip() == "error: AGENT_MONITOR_REFRESH_SECONDS='-1': expected a whole number from 0 to 86400"
+
+
+def test_a_database_it_cannot_read_is_one_line_503(tmp_path):
+    """No schema (or no server): the page says so in one line, with the security headers."""
+    from shared.store import Store
+    from shared.db import parse_database_url
+
+    store = Store(parse_database_url(f"sqlite:///{tmp_path / 'empty.db'}"))
+    monitor = Monitor(lambda: contextlib.nullcontext(store), clock=lambda: datetime.now(UTC),
+                      settings=lambda: MonitorSettings())
+    for query in ("", "format=json"):
+        response = monitor.handle("GET", "/", query)
+        assert response.status == 503
+        assert b"the control database could not be read: OperationalError: no such table" in response.body
+        assert response.all_headers()["Content-Security-Policy"] == SECURITY_HEADERS["Content-Security-Policy"]
+    store.close()
