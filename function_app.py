@@ -6,9 +6,11 @@ azure-identity, azure-storage-queue, opencensus) loads at a trigger's first call
 
 import azure.functions as func
 
+from functions.monitor_trigger import bp as monitor_blueprint
 from functions.queue_trigger import bp as queue_blueprint
 from functions.timer_trigger import bp as timer_blueprint
 
 app = func.FunctionApp()
 app.register_functions(timer_blueprint)
 app.register_functions(queue_blueprint)
+app.register_functions(monitor_blueprint)

@@ -64,6 +64,17 @@ param maximumInstanceCount int
 ])
 param instanceMemoryMB int
 
+// The Job Activity Monitor (docs/monitor.md): App Service Authentication signs people in with
+// Entra ID through this app registration and admits only this group. Empty: nobody gets in.
+@description('Application (client) id of the Entra app registration people sign in to the monitor with; empty keeps the app closed (every request gets 401).')
+param monitorEntraClientId string
+
+@description('Object id of the Entra group whose members may open the monitor (AGENT_MONITOR_ALLOWED_GROUP); empty keeps the app closed.')
+param monitorAllowedGroupObjectId string
+
+@description('Name of an app setting holding the app registration\'s client secret (set it yourself after deploying); empty signs in with ID tokens alone.')
+param monitorClientSecretSettingName string
+
 // Built-in role definition ids (the same in every tenant).
 var storageBlobDataOwnerRoleId = 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
 var storageQueueDataContributorRoleId = '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
@@ -113,6 +124,12 @@ var engineAppSettings = [
   {
     name: 'APPLICATIONINSIGHTS_CONNECTION_STRING'
     value: appInsights.properties.ConnectionString
+  }
+  {
+    // The monitor checks the group again from the principal the platform passes, and refuses
+    // everyone while this is empty.
+    name: 'AGENT_MONITOR_ALLOWED_GROUP'
+    value: monitorAllowedGroupObjectId
   }
 ]
 
@@ -176,10 +193,10 @@ resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
 }
 
 resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
-  // checkov:skip=CKV_AZURE_222:The app has no HTTP triggers; the public endpoint serves `func azure functionapp publish` and the platform's host endpoints, which need keys or Entra ID.
-  // checkov:skip=CKV_AZURE_17:No HTTP triggers, so no client to present certificates; the host admin endpoints are protected by keys.
+  // checkov:skip=CKV_AZURE_222:The one HTTP trigger is the read-only monitor, for people in a browser; every request to the app must sign in with Entra ID first (authsettingsV2 below), and the host endpoints need keys.
+  // checkov:skip=CKV_AZURE_17:People open the monitor in a browser, signed in with Entra ID (authsettingsV2 below); client certificates would lock them out. The host admin endpoints are protected by keys.
   // checkov:skip=CKV_AZURE_212:Serverless by design: the timer and the queue trigger scale from zero; always-ready instances would bill while idle.
-  // checkov:skip=CKV_AZURE_213:No HTTP endpoint to probe; liveness is watched by the dead-man's switch alert on RunSucceeded events (alerts.bicep).
+  // checkov:skip=CKV_AZURE_213:The only HTTP endpoint is the monitor behind Entra sign-in, which a health probe could not pass; liveness is watched by the dead-man's switch alert on RunSucceeded events (alerts.bicep).
   name: functionAppName
   location: location
   tags: tags
@@ -215,6 +232,87 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
       scaleAndConcurrency: {
         maximumInstanceCount: maximumInstanceCount
         instanceMemoryMB: instanceMemoryMB
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- sign-in for the monitor
+//
+// App Service Authentication in front of the whole app: every HTTP request must carry an Entra ID
+// sign-in (browsers are redirected to it), Entra ID is the only provider, and only members of
+// monitorAllowedGroupObjectId are admitted (the token's `groups` claim: the app registration
+// needs groupMembershipClaims "ApplicationGroup" and the group assigned; docs/monitor.md). Until
+// both the client id and the group are given, no provider is enabled and every request gets 401.
+// The timer and queue triggers are not HTTP and are not affected.
+
+var monitorConfigured = !empty(monitorEntraClientId) && !empty(monitorAllowedGroupObjectId)
+
+resource authSettings 'Microsoft.Web/sites/config@2024-04-01' = {
+  // Checkov runs its site-config checks on every Microsoft.Web/sites/config resource; this one is
+  // the sign-in configuration (authsettingsV2), which has none of those properties:
+  // checkov:skip=CKV_AZURE_13:This resource is App Service Authentication itself (platform.enabled, requireAuthentication, Entra ID only); the check looks for the older siteAuthEnabled flag.
+  // checkov:skip=CKV_AZURE_63:authsettingsV2 has no logging properties; the Functions host logs every HTTP request to Application Insights.
+  // checkov:skip=CKV_AZURE_65:authsettingsV2 has no error-page properties; detailed error pages are an IIS (Windows) feature and this is a Linux app.
+  // checkov:skip=CKV_AZURE_66:authsettingsV2 has no tracing properties; failed request tracing is an IIS (Windows) feature, and the requests are traced in Application Insights.
+  // checkov:skip=CKV_AZURE_80:authsettingsV2 has no runtime properties, and the app runs Python 3.11, not .NET.
+  // checkov:skip=CKV_AZURE_88:authsettingsV2 has no storage properties; the app mounts no Azure Files share (Flex Consumption deploys from a blob container).
+  // checkov:skip=CKV_AZURE_222:authsettingsV2 has no network properties; the monitor is opened by people in a browser, so the app stays public, behind Entra ID sign-in for every request.
+  parent: functionApp
+  name: 'authsettingsV2'
+  properties: {
+    platform: {
+      enabled: true
+    }
+    globalValidation: {
+      requireAuthentication: true
+      unauthenticatedClientAction: monitorConfigured ? 'RedirectToLoginPage' : 'Return401'
+      redirectToProvider: 'azureactivedirectory'
+    }
+    httpSettings: {
+      requireHttps: true
+    }
+    identityProviders: {
+      azureActiveDirectory: {
+        enabled: monitorConfigured
+        registration: {
+          openIdIssuer: '${environment().authentication.loginEndpoint}${tenant().tenantId}/v2.0'
+          clientId: monitorEntraClientId
+          clientSecretSettingName: empty(monitorClientSecretSettingName) ? null : monitorClientSecretSettingName
+        }
+        validation: {
+          allowedAudiences: [
+            'api://${monitorEntraClientId}'
+            monitorEntraClientId
+          ]
+          defaultAuthorizationPolicy: {
+            allowedPrincipals: {
+              groups: [
+                monitorAllowedGroupObjectId
+              ]
+            }
+          }
+        }
+      }
+      apple: {
+        enabled: false
+      }
+      facebook: {
+        enabled: false
+      }
+      gitHub: {
+        enabled: false
+      }
+      google: {
+        enabled: false
+      }
+      twitter: {
+        enabled: false
+      }
+    }
+    login: {
+      tokenStore: {
+        enabled: false
       }
     }
   }
@@ -274,3 +372,4 @@ output functionAppName string = functionApp.name
 output functionAppId string = functionApp.id
 output principalId string = functionApp.identity.principalId
 output defaultHostName string = functionApp.properties.defaultHostName
+output monitorUrl string = 'https://${functionApp.properties.defaultHostName}/api/monitor/'

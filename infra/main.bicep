@@ -163,6 +163,15 @@ var appName = empty(functionAppName) ? '${prefix}-func-${shortSuffix}' : functio
 var storageAccountName = take('st${replace(prefix, '-', '')}${suffix}', 24)
 var deploymentContainerName = 'app-package'
 
+@description('Job Activity Monitor: application (client) id of the Entra app registration people sign in with (docs/monitor.md); empty keeps the monitor closed (401).')
+param monitorEntraClientId string = ''
+
+@description('Job Activity Monitor: object id of the Entra group whose members may open it; empty keeps it closed.')
+param monitorAllowedGroupObjectId string = ''
+
+@description('Job Activity Monitor: name of an app setting holding the app registration\'s client secret, set after deploying; empty signs in with ID tokens alone.')
+param monitorClientSecretSettingName string = ''
+
 module monitoring 'monitoring.bicep' = {
   name: 'monitoring'
   params: {
@@ -224,6 +233,9 @@ module functionApp 'functionapp.bicep' = {
     jobs: jobs
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
+    monitorEntraClientId: monitorEntraClientId
+    monitorAllowedGroupObjectId: monitorAllowedGroupObjectId
+    monitorClientSecretSettingName: monitorClientSecretSettingName
   }
 }
 
@@ -244,6 +256,8 @@ module alerts 'alerts.bicep' = if (enableAlerts) {
 
 output functionAppName string = functionApp.outputs.functionAppName
 output functionAppPrincipalId string = functionApp.outputs.principalId
+@description('The Job Activity Monitor (Entra sign-in, members of monitorAllowedGroupObjectId only).')
+output monitorUrl string = functionApp.outputs.monitorUrl
 output sqlServerFqdn string = sql.outputs.sqlServerFqdn
 output sqlDatabaseName string = sql.outputs.databaseName
 output storageAccountName string = storage.outputs.storageAccountName

@@ -9,7 +9,6 @@ line on stderr, without a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import sys
@@ -64,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     stuck = commands.add_parser("stuck", help="reconciliation: runs past their lease or waiting too long")
     stuck.add_argument("--older-than", type=_positive_int, default=600, metavar="SECONDS",
                        help="pending runs runnable for longer than this count as stuck (default 600)")
+    stuck.add_argument("--limit", type=_positive_int, default=500, help="at most this many runs (default 500)")
     stuck.add_argument("--json", action="store_true")
 
     poison = commands.add_parser("poison", help="poison messages")
@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     cancel = commands.add_parser("cancel", help="cancel a run that has not finished (a running one is stopped)")
     cancel.add_argument("run_id", type=_positive_int, metavar="RUN_ID")
+
+    monitor = commands.add_parser("monitor", help="serve the read-only Job Activity Monitor on 127.0.0.1 "
+                                                  "(Ctrl-C stops); see docs/monitor.md")
+    monitor.add_argument("--port", type=_non_negative_int, default=8080,
+                         help="TCP port on 127.0.0.1 (default 8080; 0 picks a free one)")
 
     commands.add_parser("doctor", help="check driver, connectivity, authentication, schema, session, permissions and queue")
 
@@ -239,38 +244,34 @@ def cmd_run(agent, args) -> int:
 
 
 def cmd_jobs(agent, args) -> int:
+    from .views import jobs_view
 
     store = agent.store()
     store.require_schema()
     # What the agent last synced (its tick syncs the settings): never this machine's settings,
     # which would mark the production jobs removed when run from an operator's laptop.
-    rows = store.execute("list_jobs").rows
+    rows = jobs_view(store, agent.clock())
     if args.json:
         _print_json(rows)
         return EXIT_OK
     table = []
     for row in rows:
-        state = ("invalid" if not row["valid"] else "removed" if not row["configured"]
-                 else "enabled" if row["enabled"] else "disabled")
         last = f"{row['last_status']} #{row['last_run_id']}" if row["last_run_id"] else "-"
-        table.append([row["job_name"], state, row["schedule"] or "-", row["timezone"],
-                      _time(row["next_due_at"]), last, row["config_error"] or ""])
-    _print_table(["JOB", "STATE", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "LAST RUN", "ERROR"], table)
+        table.append([row["job_name"], row["state"], row["schedule"] or "-", row["timezone"],
+                      _time(row["next_due_at"]), row["status"], last, row["config_error"] or ""])
+    _print_table(["JOB", "STATE", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN", "ERROR"], table)
     return EXIT_OK
 
 
 def cmd_history(agent, args) -> int:
+    from .views import history_view
+
     store = agent.store()
     store.require_schema()
-    runs = store.execute("list_history", job_name=args.job, limit=args.limit).rows
-    attempts = store.execute("list_attempts", run_ids=[r["run_id"] for r in runs]).rows if runs else []
-    events = store.execute("list_job_events", job_name=args.job, limit=args.limit).rows
-    by_run: dict[int, list[dict[str, Any]]] = {}
-    for attempt in attempts:
-        by_run.setdefault(attempt["run_id"], []).append(attempt)
+    view = history_view(store, args.job, args.limit)
+    runs, events = view["runs"], view["job_events"]
     if args.json:
-        _print_json({"runs": [{**run, "attempts": by_run.get(run["run_id"], [])} for run in runs],
-                     "job_events": events})
+        _print_json(view)
         return EXIT_OK
     table = []
     for run in runs:
@@ -288,30 +289,31 @@ def cmd_history(agent, args) -> int:
 
 
 def cmd_stuck(agent, args) -> int:
-    from datetime import timedelta
+    from .views import stuck_view
 
     store = agent.store()
     store.require_schema()
-    now = agent.clock()
-    rows = store.execute("list_stuck_runs", now=now, stale_before=now - timedelta(seconds=args.older_than)).rows
+    rows = stuck_view(store, agent.clock(), args.older_than, args.limit)
     if args.json:
         _print_json(rows)
     elif rows:
         _print_table(["RUN", "JOB", "STATUS", "SCHEDULED (UTC)", "LEASE EXPIRED", "TOKEN"],
                      [[r["run_id"], r["job_name"] or "(task)", r["status"], _time(r["scheduled_for"]),
                        _time(r["lease_expires_at"]), r["token"]] for r in rows])
+        if len(rows) == args.limit:
+            print(f"(the first {args.limit}; --limit shows more)", file=sys.stderr)
     else:
         print("no stuck runs")
     return EXIT_OK
 
 
 def cmd_poison(agent, args) -> int:
+    from .views import poison_view
+
     store = agent.store()
     store.require_schema()
     if args.poison_command == "list":
-        rows = store.execute("list_poison", limit=args.limit).rows
-        for row in rows:
-            row["errors"] = json.loads(row["errors"]) if row["errors"] else []
+        rows = poison_view(store, args.limit)
         if args.json:
             _print_json(rows)
         elif rows:
@@ -391,6 +393,31 @@ def cmd_cancel(agent, args) -> int:
     return EXIT_OK
 
 
+def cmd_monitor(agent, args) -> int:
+    from .config import merged_environment
+    from .monitor import make_server, monitor_settings
+
+    environ = merged_environment(args.settings)
+    monitor_settings(environ)            # a bad AGENT_MONITOR_* value: one line, exit 2
+    agent.store().require_schema()
+    try:
+        server = make_server(agent, args.port, environ)
+    except OSError as exc:
+        raise UsageError(f"--port {args.port}: cannot listen on 127.0.0.1:{args.port} ({exc.strerror or exc}); "
+                         "pick another port, or 0 for any free one")
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    host, port = server.server_address[:2]
+    print(f"monitor: http://{host}:{port}/ (read-only; Ctrl-C stops)", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    print("monitor stopped", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_doctor(agent, args) -> int:
     from .doctor import run_doctor
 
@@ -456,6 +483,7 @@ COMMANDS = {
     "run-now": cmd_run_now,
     "submit": cmd_submit,
     "cancel": cmd_cancel,
+    "monitor": cmd_monitor,
     "doctor": cmd_doctor,
     "grant-sql": cmd_grant_sql,
 }
@@ -471,7 +499,9 @@ def _time(value: Any) -> str:
 
 
 def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v)))
+    from .views import to_json
+
+    print(to_json(value))
 
 
 def _print_table(headers: list[str], rows: list[list[Any]]) -> None:

@@ -130,6 +130,15 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("AGENT_RETRY_BACKOFF_SECONDS", "30",
                 "First retry delay after a failed attempt; doubles per attempt, capped at 1 h.",
                 "optional"),
+    # The monitor's (issue 17): read by shared/monitor.py alone, at each request, so a bad value
+    # breaks the monitor's pages (naming the setting), never the scheduler or the executor.
+    SettingSpec("AGENT_MONITOR_REFRESH_SECONDS", "30",
+                "The Job Activity Monitor's pages reload themselves this often (a meta refresh); "
+                "`0`: never.", "optional"),
+    SettingSpec("AGENT_MONITOR_ALLOWED_GROUP", None,
+                "Object id of the Entra group whose members may open the monitor in Azure (the "
+                "Bicep's monitorAllowedGroupObjectId); empty: the monitor refuses everyone.",
+                "required"),
     SettingSpec("AzureWebJobsStorage", None,
                 "Storage connection string (locally `UseDevelopmentStorage=true` for Azurite). "
                 "Unset with no queueServiceUri: no queue; the local runner's workers claim straight from the runs table.", "local"),

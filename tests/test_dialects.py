@@ -252,6 +252,8 @@ DUMMY_VALUES = {
     "queue_name": "q", "pop_receipt": "p", "outcome": "o", "error_message": "e",
     "error_sqlstate": "HY000", "message_id": "m", "job_name": "j",
 }
+# The monitor's queries (issue 17).
+DUMMY_VALUES.update({"since": _T})
 
 
 def test_result_columns_match_the_real_database(db_url, tmp_path):

@@ -626,3 +626,43 @@ def test_checkov_config_skips_only_checks_skipped_inline_with_a_reason():
     for check_id in ids:
         reasons = re.findall(rf"//\s*checkov:skip={check_id}:(\S.*)", bicep)
         assert reasons, f"{check_id} is skipped in .checkov.yaml but not inline in infra/*.bicep"
+
+
+def test_monitor_sign_in_is_entra_id_for_one_parameterised_group(functionapp: BicepFile, app_settings: AppSettings):
+    """The monitor (issue 17): App Service Authentication in front of the whole app, Entra ID the
+    only provider, admitting the group of one parameter, which the engine reads too; closed (401)
+    until the client id and the group are given; browsers redirected to sign in."""
+    name, resource = functionapp.only_resource("Microsoft.Web/sites/config")
+    declaration = body(resource)
+    assert declaration["name"] == "authsettingsV2" and declaration["parent"] == _site(functionapp)[0]
+    properties = declaration["properties"]
+    assert properties["platform"]["enabled"] is True
+    validation = properties["globalValidation"]
+    assert validation["requireAuthentication"] is True
+    assert validation["redirectToProvider"] == "azureactivedirectory"
+    action = validation["unauthenticatedClientAction"]["operator"]["operands"]
+    assert (action["true_value"], action["false_value"]) == ("RedirectToLoginPage", "Return401")
+    configured = functionapp.variables["monitorConfigured"]
+    assert "monitorEntraClientId" in json.dumps(configured) and "monitorAllowedGroupObjectId" in json.dumps(configured)
+    assert action["condition"] == "monitorConfigured"
+    providers = properties["identityProviders"]
+    entra = providers.pop("azureActiveDirectory")
+    assert entra["enabled"] == "monitorConfigured"
+    assert all(provider == {"enabled": False} for provider in providers.values()), providers
+    assert entra["registration"]["clientId"] == "monitorEntraClientId"
+    assert entra["validation"]["defaultAuthorizationPolicy"]["allowedPrincipals"] == {
+        "groups": ["monitorAllowedGroupObjectId"]}
+    assert app_settings.literal["AGENT_MONITOR_ALLOWED_GROUP"] == "monitorAllowedGroupObjectId"
+    main = bicep("main.bicep")
+    for parameter in ("monitorEntraClientId", "monitorAllowedGroupObjectId", "monitorClientSecretSettingName"):
+        assert parameter in functionapp.parameters and main.parameters[parameter].get("default") == ""
+    assert "monitorUrl" in main.outputs and "/api/monitor/" in json.dumps(functionapp.outputs["monitorUrl"])
+
+
+def test_the_monitor_trigger_is_anonymous_to_the_host_behind_app_service_authentication():
+    """No function key (people use a browser): the sign-in above is what guards it."""
+    from functions import monitor_trigger
+
+    binding = monitor_trigger.agent_monitor.build().get_bindings()[0].get_dict_repr()
+    assert binding["type"] == "httpTrigger" and binding["route"] == "monitor/{*path}"
+    assert getattr(binding["authLevel"], "value", binding["authLevel"]) == "anonymous"

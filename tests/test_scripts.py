@@ -128,3 +128,50 @@ def test_a_venv_made_with_an_unsupported_python_is_named(machine: Machine, scrip
     (line,) = result.stderr.strip().splitlines()
     assert ".venv was made with Python 3.13" in line and "rm -rf .venv" in line and "3.10, 3.11 or 3.12" in line
     assert not [call for call in machine.calls() if "pip" in call or "-m venv" in call]
+
+
+def test_run_local_starts_the_monitor_beside_the_runner_and_ctrl_c_stops_both(tmp_path: Path):
+    """The real script with this repository's .venv: it prints the monitor's URL, the monitor
+    answers while the runner runs, and Ctrl-C (SIGINT to the terminal's process group) stops
+    both, the monitor included (nothing listens on its port afterwards)."""
+    import re
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    if not (REPO / ".venv" / "bin" / "python").exists():
+        pytest.skip("needs the project's .venv (scripts/test.sh creates it)")
+    env = {**os.environ, "MONITOR_PORT": "0", "AGENT_DB": f"sqlite:///{tmp_path / 'agent.db'}"}
+    process = subprocess.Popen([BASH, "scripts/run-local.sh"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        lines = []
+        while url is None and time.monotonic() < deadline:
+            line = process.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            match = re.search(r"monitor: (http://127\.0\.0\.1:\d+/)", line)
+            url = match.group(1) if match else None
+        assert url, "".join(lines)
+        for _ in range(100):                   # the runner's first tick syncs the sample jobs
+            with urllib.request.urlopen(url + "?format=json", timeout=10) as response:
+                jobs = {row["job_name"] for row in __import__("json").loads(response.read())}
+            if "heartbeat" in jobs:
+                break
+            time.sleep(0.2)
+        assert "heartbeat" in jobs
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+        rest = process.stderr.read()
+        assert "agent stopped" in rest and "monitor stopped" in rest, rest
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -42,11 +42,11 @@ def _user_function(blueprint_module, name):
     return built.get_user_function(), built
 
 
-def test_function_app_registers_both_triggers_with_app_setting_bindings():
+def test_function_app_registers_the_triggers_with_app_setting_bindings():
     import function_app
 
     functions = {f.get_function_name(): f for f in function_app.app.get_functions()}
-    assert set(functions) == {"agent_tick", "agent_execute"}
+    assert set(functions) == {"agent_tick", "agent_execute", "agent_monitor"}
     tick_binding = functions["agent_tick"].get_bindings()[0].get_dict_repr()
     assert tick_binding["schedule"] == "%AGENT_TICK_SCHEDULE%" and tick_binding["runOnStartup"] is False
     queue_binding = functions["agent_execute"].get_bindings()[0].get_dict_repr()

@@ -845,3 +845,48 @@ SELECT CAST(@@LOCK_TIMEOUT AS NVARCHAR(20)) + N' ms' AS lock_timeout,
         WHERE o.schema_id = SCHEMA_ID(N'agent')) AS triggers,
        (SELECT COUNT(*) FROM sys.triggers AS t JOIN sys.tables AS o ON o.object_id = t.parent_id
         WHERE o.schema_id = SCHEMA_ID(N'agent') AND t.is_instead_of_trigger = 1) AS instead_of_triggers;
+
+-- list_job_activity --
+-- The monitor's status now: each job's unfinished runs grouped by status and by whether they are retries (a few rows per job, never one per run), optionally of one job.
+SELECT job_name, status, CASE WHEN attempt > 0 THEN 1 ELSE 0 END AS retry, COUNT(*) AS runs,
+       MIN(scheduled_for) AS first_scheduled_for, MIN(started_at) AS first_started_at,
+       MIN(runnable_at) AS first_runnable_at, MAX(runnable_at) AS last_runnable_at, MIN(worker) AS worker
+FROM agent.runs
+WHERE status IN (N'pending', N'queued', N'running') AND job_name IS NOT NULL
+  AND (CAST(:job_name AS NVARCHAR(64)) IS NULL OR job_name = CAST(:job_name AS NVARCHAR(64)))
+GROUP BY job_name, status, CASE WHEN attempt > 0 THEN 1 ELSE 0 END
+ORDER BY job_name, status
+OPTION (RECOMPILE);
+
+-- list_job_timeline --
+-- The monitor's timeline: a job's runs whose slot is at or after :since, newest first, at most :limit (the unique (job_name, scheduled_for) index serves it).
+SELECT TOP (:limit) run_id, kind, scheduled_for, status, attempt, max_attempts, started_at, finished_at, last_error, note
+FROM agent.runs
+WHERE job_name = CAST(:job_name AS NVARCHAR(64)) AND scheduled_for >= CAST(:since AS DATETIME2(6))
+ORDER BY scheduled_for DESC, run_id DESC;
+
+-- list_run_poison --
+-- The poison messages of one run, newest first.
+SELECT TOP (:limit) poison_id, run_id, message_id, body, dequeue_count, reason, errors, poisoned_at, requeued_at
+FROM agent.poison_messages WHERE run_id = :run_id ORDER BY poison_id DESC;
+
+-- list_stuck_runs_page --
+-- Reconciliation as list_stuck_runs, at most :limit runs (the stuck command and page).
+SELECT TOP (:limit) run_id, job_name, kind, status, scheduled_for, runnable_at, lease_expires_at, token, attempt
+FROM agent.runs
+WHERE (status IN (N'queued', N'running') AND lease_expires_at < CAST(:now AS DATETIME2(6)))
+   OR (status = N'pending' AND runnable_at < CAST(:stale_before AS DATETIME2(6)))
+ORDER BY run_id;
+
+-- get_job --
+-- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
+SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
+       l.finished_at AS last_finished_at
+FROM agent.jobs AS j
+OUTER APPLY (
+    SELECT TOP (1) r.run_id, r.status, r.scheduled_for, r.finished_at FROM agent.runs AS r
+    WHERE r.job_name IS NOT NULL AND r.job_name = j.job_name AND r.status NOT IN (N'pending', N'queued')
+    ORDER BY r.scheduled_for DESC, r.run_id DESC) AS l
+WHERE j.job_name = CAST(:job_name AS NVARCHAR(64));

@@ -670,3 +670,47 @@ SELECT (SELECT timeout FROM pragma_busy_timeout) || ' ms' AS lock_timeout,
        (SELECT group_concat(name || ' on ' || tbl_name, ', ') FROM sqlite_master
         WHERE type = 'trigger' AND tbl_name LIKE 'agent\_%' ESCAPE '\') AS triggers,
        (SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name LIKE 'agent\_%' ESCAPE '\' AND sql LIKE '%INSTEAD OF%') AS instead_of_triggers;
+
+-- list_job_activity --
+-- The monitor's status now: each job's unfinished runs grouped by status and by whether they are retries (a few rows per job, never one per run), optionally of one job.
+SELECT job_name, status, CASE WHEN attempt > 0 THEN 1 ELSE 0 END AS retry, COUNT(*) AS runs,
+       MIN(scheduled_for) AS first_scheduled_for, MIN(started_at) AS first_started_at,
+       MIN(runnable_at) AS first_runnable_at, MAX(runnable_at) AS last_runnable_at, MIN(worker) AS worker
+FROM agent_runs
+WHERE status IN ('pending', 'queued', 'running') AND job_name IS NOT NULL
+  AND (:job_name IS NULL OR job_name = :job_name)
+GROUP BY job_name, status, CASE WHEN attempt > 0 THEN 1 ELSE 0 END
+ORDER BY job_name, status;
+
+-- list_job_timeline --
+-- The monitor's timeline: a job's runs whose slot is at or after :since, newest first, at most :limit (the unique (job_name, scheduled_for) index serves it).
+SELECT run_id, kind, scheduled_for, status, attempt, max_attempts, started_at, finished_at, last_error, note
+FROM agent_runs
+WHERE job_name = :job_name AND scheduled_for >= :since
+ORDER BY scheduled_for DESC, run_id DESC LIMIT :limit;
+
+-- list_run_poison --
+-- The poison messages of one run, newest first.
+SELECT poison_id, run_id, message_id, body, dequeue_count, reason, errors, poisoned_at, requeued_at
+FROM agent_poison_messages WHERE run_id = :run_id ORDER BY poison_id DESC LIMIT :limit;
+
+-- list_stuck_runs_page --
+-- Reconciliation as list_stuck_runs, at most :limit runs (the stuck command and page).
+SELECT run_id, job_name, kind, status, scheduled_for, runnable_at, lease_expires_at, token, attempt
+FROM agent_runs
+WHERE (status IN ('queued', 'running') AND lease_expires_at < :now)
+   OR (status = 'pending' AND runnable_at < :stale_before)
+ORDER BY run_id LIMIT :limit;
+
+-- get_job --
+-- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
+SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
+       l.finished_at AS last_finished_at
+FROM agent_jobs j
+LEFT JOIN agent_runs l ON l.run_id = (
+    SELECT r.run_id FROM agent_runs r
+    WHERE r.job_name = j.job_name AND r.status NOT IN ('pending', 'queued')
+    ORDER BY r.scheduled_for DESC, r.run_id DESC LIMIT 1)
+WHERE j.job_name = :job_name;

@@ -1,0 +1,181 @@
+"""What the operator sees, gathered once: the data behind the monitor's pages and the CLI's
+`jobs`, `history`, `stuck` and `poison list` (their --json is exactly what these return, so a
+page's JSON twin and the command agree by construction).
+
+Every function runs a fixed number of named queries, whatever the number of jobs or runs (the
+jobs page: list_jobs and list_job_activity; never a query per job or per run), and only
+SELECTs: nothing here changes the database.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from .describe import describe_schedule
+
+UTC = timezone.utc
+
+# Where a job is defined. Today every job comes from the app settings (JOB__<name>__*); when
+# list_jobs returns a `source` column (the T-SQL interface), its value shows through.
+DEFAULT_JOB_SOURCE = "settings"
+TIMELINE_WINDOWS = {"24h": timedelta(hours=24), "7d": timedelta(days=7)}
+DEFAULT_WINDOW = "24h"
+# The most runs one timeline draws (the page says so when a window holds more).
+TIMELINE_LIMIT = 1500
+DEFAULT_HISTORY_LIMIT = 50
+DEFAULT_POISON_LIMIT = 50
+DEFAULT_STUCK_LIMIT = 500
+DEFAULT_STUCK_AGE_SECONDS = 600
+RUN_POISON_LIMIT = 50
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def job_state(row: dict[str, Any]) -> str:
+    return ("invalid" if not row["valid"] else "removed" if not row["configured"]
+            else "enabled" if row["enabled"] else "disabled")
+
+
+def jobs_view(store, now: datetime) -> list[dict[str, Any]]:
+    """One row per job: list_jobs' columns (the keys `jobs --json` always had) and what the
+    monitor adds: source, state, schedule in words, next slot in the job's time zone, and the
+    status now (idle, running since when on which worker, queued, retrying at, waiting)."""
+    jobs = store.execute("list_jobs").rows
+    activity = store.execute("list_job_activity", job_name=None).rows
+    return _with_activity(jobs, activity, now)
+
+
+def _with_activity(jobs: list[dict[str, Any]], activity: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
+    by_job: dict[str, list[dict[str, Any]]] = {}
+    for group in activity:
+        by_job.setdefault(group["job_name"], []).append(group)
+    return [{**row, **_job_extras(row), **status_now(by_job.get(row["job_name"], []), now)} for row in jobs]
+
+
+def _job_extras(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "source": row.get("source") or DEFAULT_JOB_SOURCE,
+        "state": job_state(row),
+        "schedule_words": describe_schedule(row.get("schedule")),
+        "next_due_local": local_time(row.get("next_due_at"), row.get("timezone")),
+    }
+
+
+def status_now(groups: list[dict[str, Any]], now: datetime) -> dict[str, Any]:
+    """A job's status from its list_job_activity groups: the most active state wins (running,
+    then queued, then retrying, then waiting, then due), with the number of runs in flight."""
+    in_flight = sum(int(g["runs"]) for g in groups)
+    running = [g for g in groups if g["status"] == "running"]
+    queued = [g for g in groups if g["status"] == "queued"]
+    pending = [g for g in groups if g["status"] == "pending"]
+    retrying = [g for g in pending if g["retry"] and g["first_runnable_at"] and g["first_runnable_at"] > now]
+    waiting = [g for g in pending if g["first_runnable_at"] and g["first_runnable_at"] <= now]
+    status: dict[str, Any] = {"status": "idle", "status_since": None, "status_worker": None,
+                              "retry_at": None, "runs_in_flight": in_flight}
+    if running:
+        starts = [g["first_started_at"] for g in running if g["first_started_at"]]
+        workers = [g["worker"] for g in running if g["worker"]]
+        status.update(status="running", status_since=min(starts, default=None), status_worker=min(workers, default=None))
+    elif queued:
+        status.update(status="queued", status_since=min(g["first_scheduled_for"] for g in queued))
+    elif retrying:
+        status.update(status="retrying", retry_at=min(g["first_runnable_at"] for g in retrying))
+    elif waiting:
+        status.update(status="waiting", status_since=min(g["first_scheduled_for"] for g in waiting))
+    elif pending:
+        status.update(status="due", status_since=min(g["first_scheduled_for"] for g in pending))
+    return status
+
+
+def local_time(value: datetime | None, zone: str | None) -> str | None:
+    """An instant in the job's time zone (ISO-8601 with its offset); None when there is none or
+    the zone is unknown (an invalid job's zone may be anything)."""
+    if value is None:
+        return None
+    try:
+        from zoneinfo import ZoneInfo
+
+        return value.astimezone(ZoneInfo(zone or "UTC")).isoformat()
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------- one job
+
+
+def history_view(store, job_name: str | None, limit: int) -> dict[str, Any]:
+    """`history --json`: runs newest first, each with its attempts, and the job events."""
+    runs = store.execute("list_history", job_name=job_name, limit=limit).rows
+    attempts = store.execute("list_attempts", run_ids=[r["run_id"] for r in runs]).rows if runs else []
+    events = store.execute("list_job_events", job_name=job_name, limit=limit).rows
+    by_run: dict[int, list[dict[str, Any]]] = {}
+    for attempt in attempts:
+        by_run.setdefault(attempt["run_id"], []).append(attempt)
+    return {"runs": [{**run, "attempts": by_run.get(run["run_id"], [])} for run in runs], "job_events": events}
+
+
+def job_view(store, name: str, now: datetime, window: str = DEFAULT_WINDOW,
+             history_limit: int = DEFAULT_HISTORY_LIMIT) -> dict[str, Any] | None:
+    """A job page: the job's row (as on the jobs page), its timeline over the window, then its
+    history (as `history --job NAME --json`). None when no job has that name."""
+    job = store.execute("get_job", job_name=name).one()
+    if job is None:
+        return None
+    activity = store.execute("list_job_activity", job_name=name).rows
+    (job,) = _with_activity([job], activity, now)
+    since = now - TIMELINE_WINDOWS[window]
+    timeline = store.execute("list_job_timeline", job_name=name, since=since, limit=TIMELINE_LIMIT + 1).rows
+    cut = len(timeline) > TIMELINE_LIMIT
+    history = history_view(store, name, history_limit)
+    return {"job": job, "window": window, "window_start": since, "window_end": now,
+            "timeline": {"runs": timeline[:TIMELINE_LIMIT], "limit": TIMELINE_LIMIT, "cut": cut},
+            **history}
+
+
+# ---------------------------------------------------------------- one run, poison, stuck
+
+
+def run_view(store, run_id: int) -> dict[str, Any] | None:
+    run = store.execute("get_run", run_id=run_id).one()
+    if run is None:
+        return None
+    attempts = store.execute("list_attempts", run_ids=[run_id]).rows
+    poison = _decoded(store.execute("list_run_poison", run_id=run_id, limit=RUN_POISON_LIMIT).rows)
+    return {"run": run, "attempts": attempts, "poison": poison}
+
+
+def poison_view(store, limit: int = DEFAULT_POISON_LIMIT) -> list[dict[str, Any]]:
+    """`poison list --json`: poison messages newest first, errors decoded."""
+    return _decoded(store.execute("list_poison", limit=limit).rows)
+
+
+def stuck_view(store, now: datetime, older_than: int = DEFAULT_STUCK_AGE_SECONDS,
+               limit: int = DEFAULT_STUCK_LIMIT) -> list[dict[str, Any]]:
+    """`stuck --json`: runs past their lease, or runnable but not started for ``older_than`` s."""
+    return store.execute("list_stuck_runs_page", now=now, stale_before=now - timedelta(seconds=older_than),
+                         limit=limit).rows
+
+
+def _decoded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for row in rows:
+        try:
+            row["errors"] = json.loads(row["errors"]) if row["errors"] else []
+        except ValueError:      # shown as stored rather than breaking the page
+            row["errors"] = [row["errors"]]
+    return rows
+
+
+def _json_default(value: Any) -> str:
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def to_json(value: Any, *, compact: bool = False) -> str:
+    """The JSON the CLI prints (`--json`, indented) and the pages' twins answer (``compact``: the
+    same values, without the indentation, which json only writes in pure Python: 1,000 jobs
+    took 5 times longer indented)."""
+    if compact:
+        return json.dumps(value, default=_json_default, separators=(",", ":"))
+    return json.dumps(value, indent=2, default=_json_default)
