@@ -113,6 +113,21 @@ class SqliteConnection(sqlite3.Connection):
         self.interrupt()
 
 
+def _set_wal(connection: sqlite3.Connection, wait_seconds: float = 30.0) -> None:
+    """Switch a database to WAL. The switch needs the database to itself, and SQLite answers
+    "database is locked" at once (the busy timeout does not apply) when processes opening a new
+    file together race for it, as concurrent first init-db runs do: wait for the winner."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            connection.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def sqlite_connect(path: str) -> sqlite3.Connection:
     if path != ":memory:":
         parent = Path(path).expanduser().resolve().parent
@@ -123,7 +138,7 @@ def sqlite_connect(path: str) -> sqlite3.Connection:
     connection = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False,
                                  factory=SqliteConnection)
     connection.execute("PRAGMA busy_timeout = 30000")
-    connection.execute("PRAGMA journal_mode = WAL")
+    _set_wal(connection)
     connection.execute("PRAGMA synchronous = NORMAL")
     # agent_sleep(seconds): lets embedded-default jobs (demos, tests of long work) take time.
     cancelled = connection.cancelled
