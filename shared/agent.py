@@ -155,6 +155,10 @@ class Agent:
         self.store().require_schema()
         return self.scheduler().tick(now)
 
+    def poll(self, now: datetime | None = None):
+        """Between ticks: plan the jobs the T-SQL procedures defined and claim their slots."""
+        return self.scheduler().poll(now)
+
     def handle_message(self, body: str | bytes, dequeue_count: int, message_id: str | None = None):
         return self.executor().handle(body, dequeue_count, message_id)
 

@@ -114,7 +114,12 @@ class Executor:
         """A doorbell only dispatches; it never fails (the tick is the safety net) and is never
         poisoned."""
         try:
-            outcome = dispatch(self._store(), self.queue, self.settings, self.clock(), self.telemetry)
+            # Jobs the T-SQL procedures defined since the last look get their slots first.
+            from .scheduler import Scheduler
+
+            now = self.clock()
+            Scheduler(self._store(), self.queue, self.settings, self.telemetry, clock=self.clock).poll(now)
+            outcome = dispatch(self._store(), self.queue, self.settings, now, self.telemetry)
             return ExecutionResult("doorbell", None, f"{len(outcome.queued)} run(s) dispatched")
         except Exception as exc:  # noqa: BLE001
             log.warning("doorbell: dispatch failed (the next doorbell or tick tries again): %s", describe(exc))
