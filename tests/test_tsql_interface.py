@@ -702,3 +702,216 @@ def _drop_login_roles():
             admin.cursor().execute(f'DROP ROLE IF EXISTS "{role}"')
     finally:
         admin.close()
+
+
+# ---------------------------------------------------------------- no database: the two dialects agree
+
+
+def _migration_text(dialect: str) -> str:
+    from shared.queries import load_migrations
+
+    (migration,) = [m for m in load_migrations(dialect) if m.path.name.endswith("_tsql_interface.sql")]
+    return migration.path.read_text(encoding="utf-8")
+
+
+def _normal_default(text: str | None) -> str | None:
+    if text is None:
+        return None
+    text = text.strip()
+    if text.upper() == "NULL":
+        return "NULL"
+    if text.upper().startswith("N'"):
+        text = text[1:]
+    return text.strip("'")
+
+
+def postgres_functions() -> dict[str, dict]:
+    """{name: {"parameters": [(name, default)], "columns": [...]}} of the migration's functions."""
+    import re
+
+    found = {}
+    pattern = re.compile(r"CREATE FUNCTION agent\.(\w+)\((.*?)\)\s*RETURNS TABLE \((.*?)\)", re.S)
+    for name, params, columns in pattern.findall(_migration_text("postgres")):
+        parameters = []
+        for param in [p.strip() for p in params.split(",") if p.strip()]:
+            head, _, default = param.partition(" DEFAULT ")
+            parameters.append((head.split()[0].strip('"'), _normal_default(default) if default else None))
+        found[name] = {"parameters": parameters, "columns": [c.split()[0] for c in columns.split(",")]}
+    return found
+
+
+def tsql_procedures() -> dict[str, dict]:
+    import re
+
+    from shared.queries import split_statements
+
+    found = {}
+    for statement in split_statements(_migration_text("mssql")):
+        match = re.search(r"CREATE OR ALTER PROCEDURE agent\.(\w+)\s*(.*?)\nAS\nBEGIN\n(.*)\nEND$", statement, re.S)
+        if not match:
+            continue
+        name, params, body = match.groups()
+        parameters = []
+        for param in [p.strip() for p in params.split(",\n") if p.strip()]:
+            if param.endswith(" OUTPUT"):
+                continue                      # @run_id OUTPUT: SQL Server only (documented)
+            head, _, default = param.partition(" = ")
+            parameters.append((head.split()[0].lstrip("@"), _normal_default(default) if default else None))
+        last_select = body.rsplit("\n    SELECT ", 1)[1].split(";")[0].split(" FROM ")[0]
+        columns = [item.split(" AS ")[-1].split(".")[-1].strip() for item in last_select.split(",")]
+        found[name] = {"parameters": parameters, "columns": columns}
+    return found
+
+
+PROCEDURES = {"exec_async", "add_scheduled_job", "remove_scheduled_job", "enable_job", "start_job", "stop_job",
+              "cancel_run", "requeue_poison"}
+VIEWS = {"job_activity", "job_history", "poison_list", "stuck_runs"}
+
+
+def test_procedures_have_the_same_names_parameters_defaults_and_results_in_both_dialects():
+    postgres, tsql = postgres_functions(), tsql_procedures()
+    assert set(postgres) == set(tsql) == PROCEDURES
+    for name in PROCEDURES:
+        assert postgres[name] == tsql[name], name
+    assert postgres["exec_async"]["parameters"][:4] == [("sql", None), ("execution_order", "0"),
+                                                        ("database", "NULL"), ("run_at", "NULL")]
+
+
+def _view_columns(dialect: str) -> dict[str, list[str]]:
+    import sqlglot
+    from sqlglot import exp
+
+    from shared.queries import split_statements
+
+    read = {"postgres": "postgres", "mssql": "tsql"}[dialect]
+    views = {}
+    for statement in split_statements(_migration_text(dialect)):
+        code = "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
+        if "VIEW agent." not in code:
+            continue
+        tree = sqlglot.parse_one(code, read=read)
+        assert isinstance(tree, exp.Create) and tree.kind == "VIEW", code
+        select = tree.expression
+        while isinstance(select, exp.Union):
+            select = select.this
+        views[tree.this.name] = [column.alias_or_name.lower() for column in select.selects]
+    return views
+
+
+def test_views_have_the_same_columns_in_both_dialects():
+    postgres, tsql = _view_columns("postgres"), _view_columns("mssql")
+    assert set(postgres) == VIEWS
+    assert postgres == tsql
+    assert {"job_name", "defined_in", "state", "next_run_at", "running_since", "running_worker", "last_outcome",
+            "last_finished_at"} <= set(postgres["job_activity"])
+    assert {"run_id", "attempt", "job_name", "scheduled_for", "started_at", "finished_at", "duration_ms", "outcome",
+            "error_number", "error_message"} <= set(postgres["job_history"])
+
+
+def test_the_operator_role_gets_execute_on_every_procedure_select_on_every_view_and_nothing_else():
+    import re
+
+    for dialect in ("postgres", "mssql"):
+        text = _migration_text(dialect)
+        grants = re.findall(r"^GRANT (.+) TO agent_operator;$", text, re.M)
+        executes = {re.search(r"agent\.(\w+)", g).group(1) for g in grants if g.startswith("EXECUTE")}
+        selects = {re.search(r"agent\.(\w+)", g).group(1) for g in grants if g.startswith("SELECT")}
+        others = [g for g in grants if not g.startswith(("EXECUTE", "SELECT"))]
+        assert executes == PROCEDURES and selects == VIEWS, dialect
+        assert others == (["USAGE ON SCHEMA agent"] if dialect == "postgres" else []), (dialect, others)
+        assert not re.search(r"ALTER ROLE|GRANT .* ON SCHEMA::|INSERT|db_owner", "\n".join(grants))
+    postgres = _migration_text("postgres")
+    revoked = set(re.findall(r"^REVOKE ALL ON FUNCTION agent\.(\w+)\(.*\) FROM PUBLIC;$", postgres, re.M))
+    assert revoked == PROCEDURES
+    # Every function runs as its owner with a pinned search_path; none builds SQL from text.
+    definitions = re.findall(r"CREATE FUNCTION agent\.\w+\(.*?\n\$\$;", postgres, re.S)
+    assert len(definitions) == len(PROCEDURES)
+    for definition in definitions:
+        assert "SECURITY DEFINER SET search_path = pg_catalog, pg_temp" in definition
+        assert "EXECUTE " not in definition.upper().replace("GRANT EXECUTE", "")
+    tsql = _migration_text("mssql")
+    assert "sp_executesql" not in tsql and "EXEC (" not in tsql and "EXEC(" not in tsql
+
+
+def test_tsql_modules_are_whole_batches_and_sqlfluff_catches_a_broken_one():
+    from sqlfluff.core import FluffConfig, Linter
+
+    from shared.queries import split_statements
+
+    modules = [s for s in split_statements(_migration_text("mssql")) if "CREATE OR ALTER" in s]
+    assert len(modules) == len(PROCEDURES) + len(VIEWS)
+    linter = Linter(config=FluffConfig(overrides={"dialect": "tsql", "large_file_skip_byte_limit": 0}))
+
+    def parses(sql: str) -> bool:
+        parsed = linter.parse_string(sql)
+        return not parsed.violations and parsed.tree is not None and "unparsable" not in parsed.tree.stringify()
+
+    procedure = next(m for m in modules if "PROCEDURE agent.add_scheduled_job" in m)
+    assert procedure.rstrip().endswith("END") and procedure.count("THROW 514") >= 15
+    assert parses(procedure)
+    assert not parses(procedure.replace("IF @enabled IS NULL OR", "IF @enabled IS NULL OR OR", 1))
+    assert not parses(procedure.replace("    COMMIT TRANSACTION;", "    COMMIT TRANSACTION;\n    END;", 1))
+
+
+def test_the_splitter_keeps_a_tsql_module_whole_until_go():
+    from shared.queries import split_statements
+
+    text = ("-- a comment\nCREATE OR ALTER PROCEDURE agent.p @a INT = 0\nAS\nBEGIN\n    SELECT 1;\n    SELECT 2;\nEND\n"
+            "GO\n-- only a comment\nGO\nCREATE OR ALTER VIEW agent.v AS\nSELECT 1 AS one\nGO\n"
+            "SELECT 3;\nCREATE VIEW agent.w AS SELECT 4 AS four;\nSELECT 5;\n")
+    statements = split_statements(text)
+    assert statements == [
+        "-- a comment\nCREATE OR ALTER PROCEDURE agent.p @a INT = 0\nAS\nBEGIN\n    SELECT 1;\n    SELECT 2;\nEND",
+        "CREATE OR ALTER VIEW agent.v AS\nSELECT 1 AS one",
+        "SELECT 3;", "CREATE VIEW agent.w AS SELECT 4 AS four;", "SELECT 5;"]
+    # PostgreSQL's $$ bodies are untouched by the rule.
+    assert len(split_statements("CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $$\nSELECT 1;\n$$;\nSELECT 2;")) == 2
+
+
+def test_sqlite_gets_the_same_migration_and_no_procedures():
+    from shared.queries import load_migrations
+
+    numbers = {d: [m.version for m in load_migrations(d) if m.path.name.endswith("_tsql_interface.sql")]
+               for d in ("sqlite", "postgres", "mssql")}
+    assert numbers["sqlite"] == numbers["postgres"] == numbers["mssql"] and len(numbers["sqlite"]) == 1
+    text = _migration_text("sqlite").upper()
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+    assert "PROCEDURE" not in code and "FUNCTION" not in code and "VIEW" not in code and "ROLE" not in code
+
+
+TRICKY_PRINCIPALS = ["ops-team", 'a"b; DROP ROLE x; --', "c]; DROP USER y; --", "it's", "Ünïcode 名前", "z" * 128]
+
+
+@pytest.mark.parametrize("principal", TRICKY_PRINCIPALS)
+def test_grant_sql_operator_quotes_every_name(principal):
+    from sqlglot.dialects.postgres import Postgres
+    from sqlglot.dialects.tsql import TSQL
+
+    from shared.grants import operator_sql
+
+    code = [line for line in operator_sql(principal, dialect="postgres").splitlines() if not line.startswith("--")]
+    assert len(code) == 1
+    tokens = [(t.token_type.name, t.text) for t in Postgres().tokenize(code[0])]
+    assert [t[1].upper() for t in tokens[:3]] == ["GRANT", "AGENT_OPERATOR", "TO"]
+    assert tokens[3:] == [("IDENTIFIER", principal), ("SEMICOLON", ";")]
+    code = [line for line in operator_sql(principal, dialect="mssql").splitlines() if not line.startswith("--")]
+    assert len(code) == 2
+    tokens = [(t.token_type.name, t.text) for t in TSQL().tokenize(code[1])]
+    assert [t[1].upper() for t in tokens[:5]] == ["ALTER", "ROLE", "AGENT_OPERATOR", "ADD", "MEMBER"]
+    assert tokens[5:] == [("IDENTIFIER", principal), ("SEMICOLON", ";")]
+    tokens = [(t.token_type.name, t.text) for t in TSQL().tokenize(code[0])]
+    assert [t for t in tokens if t[0] in ("IDENTIFIER", "NATIONAL_STRING")] == [
+        ("NATIONAL_STRING", principal), ("IDENTIFIER", principal)]
+    assert [t[1].upper() for t in tokens[-4:]] == ["FROM", "EXTERNAL", "PROVIDER", ";"]
+
+
+def test_grant_sql_operator_prints_the_warning_and_refuses_to_apply_to_sqlite(tmp_path, capsys):
+    from shared.grants import OPERATOR_WARNING
+
+    code = cli(["--db", f"sqlite:///{tmp_path / 'a.db'}", "grant-sql", "--operator", "ops"])
+    captured = capsys.readouterr()
+    assert code == 0 and "ALTER ROLE [agent_operator] ADD MEMBER [ops];" in captured.out
+    assert OPERATOR_WARNING in captured.err and "AGENT_JOB_PRINCIPAL" in captured.err
+    code = cli(["--db", f"sqlite:///{tmp_path / 'a.db'}", "grant-sql", "--operator", "ops", "--apply"])
+    captured = capsys.readouterr()
+    assert code != 0 and "SQLite has no roles or procedures" in captured.err
