@@ -242,11 +242,11 @@ def cmd_jobs(agent, args) -> int:
     table = []
     for row in rows:
         state = ("invalid" if not row["valid"] else "removed" if not row["configured"]
-                 else "enabled" if row["enabled"] else "disabled")
+                 else "disabled" if not row["enabled"] else "planning" if row["needs_planning"] else "enabled")
         last = f"{row['last_status']} #{row['last_run_id']}" if row["last_run_id"] else "-"
-        table.append([row["job_name"], state, row["schedule"] or "-", row["timezone"],
+        table.append([row["job_name"], state, row["source"], row["schedule"] or "-", row["timezone"],
                       _time(row["next_due_at"]), last, row["config_error"] or ""])
-    _print_table(["JOB", "STATE", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "LAST RUN", "ERROR"], table)
+    _print_table(["JOB", "STATE", "DEFINED IN", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "LAST RUN", "ERROR"], table)
     return EXIT_OK
 
 

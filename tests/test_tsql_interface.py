@@ -251,10 +251,12 @@ def test_database_jobs_are_planned_by_the_engine_and_an_invalid_one_hurts_only_i
     call(connection, "add_scheduled_job", name="mars", sql="SELECT 1", schedule="0 0 * * * *", timezone="Mars/Olympus")
     call(connection, "add_scheduled_job", name="nocron", sql="SELECT 1", schedule="0 0 25 * * *")
     call(connection, "add_scheduled_job", name="feb30", sql="SELECT 1", schedule="0 0 0 30 2 *")
+    call(connection, "add_scheduled_job", name="off", sql="SELECT 1", schedule="0 0 * * * *", enabled=0,
+         timezone="Mars/Olympus")                           # checked though disabled
     activity = {r["job_name"]: r for r in select(connection, "SELECT * FROM agent.job_activity")}
     assert {activity[n]["state"] for n in ("good", "mars", "nocron", "feb30")} == {"planning"}
     report = agent.tick()
-    assert not report.errors and len(report.planned) == 4
+    assert not report.errors and len(report.planned) == 5
     jobs = {r["job_name"]: r for r in agent.store().execute("list_jobs").rows}
     good = jobs["good"]
     assert good["valid"] == 1 and good["source"] == "database" and good["needs_planning"] == 0
@@ -267,7 +269,8 @@ def test_database_jobs_are_planned_by_the_engine_and_an_invalid_one_hurts_only_i
                                                      "six-field NCRONTAB")
     assert "agent.add_scheduled_job @schedule='0 0 0 30 2 *': expected a schedule with a slot within 50 years" in \
         jobs["feb30"]["config_error"]
-    for name in ("mars", "nocron", "feb30"):
+    assert jobs["off"]["config_error"] == jobs["mars"]["config_error"]
+    for name in ("mars", "nocron", "feb30", "off"):
         assert jobs[name]["valid"] == 0 and jobs[name]["next_due_at"] is None
         events = agent.store().execute("list_job_events", job_name=name, limit=10).rows
         assert [(e["kind"], e["detail"]) for e in events] == [("config_invalid", jobs[name]["config_error"])]
@@ -278,7 +281,7 @@ def test_database_jobs_are_planned_by_the_engine_and_an_invalid_one_hurts_only_i
     code = cli(["--db", url, "doctor"])
     out = capsys.readouterr().out
     warnings = [line for line in out.splitlines() if line.startswith("[WARN]")]
-    assert len(warnings) == 3 and any("'mars' (defined in the database)" in w and "Mars/Olympus" in w for w in warnings)
+    assert len(warnings) == 4 and any("'mars' (defined in the database)" in w and "Mars/Olympus" in w for w in warnings)
     assert code == 0
     # A second tick plans nothing again.
     assert agent.tick().planned == []
@@ -397,6 +400,81 @@ def test_enable_job_and_redefinition_record_the_slots_claimed_ahead_skipped(syst
     assert job_row(agent, "often")["configured"] == 0
     assert agent.store().execute("list_history", job_name="often", limit=1000).rows
     assert {r["state"] for r in select(connection, "SELECT state FROM agent.job_activity WHERE job_name = 'often'")} == {"removed"}
+
+
+def test_concurrent_definitions_of_one_name_leave_one_job(system):
+    """Eight sessions define the same job at once, in three spellings: the job-definitions lock
+    lets one spelling win; the others are refused (case-insensitive names), none half-done."""
+    build, connection, url = system
+    build()
+    spellings = ["race", "Race", "RACE", "race", "rAce", "race", "Race", "RACE"]
+    barrier = threading.Barrier(len(spellings))
+    outcomes: list[str] = []
+
+    def define(name: str) -> None:
+        own = connect(url)
+        try:
+            barrier.wait()
+            call(own, "add_scheduled_job", name=name, sql=f"SELECT '{name}'", schedule="0 0 1 * * *")
+            outcomes.append("ok:" + name)
+        except CallError as exc:
+            outcomes.append(f"refused:{exc.code}:{exc.message}")
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=define, args=(name,)) for name in spellings]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    rows = [r for r in select(connection, "SELECT job_name, command FROM agent.jobs") if r["job_name"].lower() == "race"]
+    assert len(rows) == 1, rows
+    (winner,) = rows
+    accepted = [o for o in outcomes if o.startswith("ok:")]
+    assert accepted and {o[3:] for o in accepted} == {winner["job_name"]}
+    refused = [o for o in outcomes if o.startswith("refused:")]
+    assert len(accepted) + len(refused) == len(spellings)
+    assert all(f"differs only by case from job '{winner['job_name']}'" in o for o in refused), refused
+
+
+def test_a_settings_sync_racing_a_procedure_for_one_name_leaves_one_owner(system):
+    build, connection, url = system
+    build()
+    for round_ in range(4):
+        name = f"dup{round_}"
+        agent = build({name: {"SCHEDULE": "0 0 1 * * *", "COMMAND": "SELECT 'settings'"}})
+        barrier = threading.Barrier(2)
+        procedure: list[str] = []
+
+        def define() -> None:
+            own = connect(url)
+            try:
+                barrier.wait()
+                call(own, "add_scheduled_job", name=name, sql="SELECT 'database'", schedule="0 0 2 * * *")
+                procedure.append("ok")
+            except CallError as exc:
+                procedure.append(exc.message)
+            finally:
+                own.close()
+
+        thread = threading.Thread(target=define)
+        thread.start()
+        barrier.wait()
+        report = agent.tick()
+        thread.join(timeout=60)
+        assert not report.errors, report.errors
+        rows = {r["job_name"]: r for r in agent.store().execute("list_jobs").rows
+                if r["job_name"].lower().startswith(name) and r["configured"]}
+        owners = [r for r in rows.values() if r["valid"]]
+        assert len(owners) == 1, rows
+        (owner,) = owners
+        if procedure == ["ok"]:
+            assert owner["source"] == "database" and owner["schedule"] == "0 0 2 * * *"
+            (stand_in,) = [r for n, r in rows.items() if n.startswith(f"{name}~")]
+            assert "is taken by job" in stand_in["config_error"]
+        else:
+            assert owner["source"] == "settings" and "JOB__" in procedure[0], procedure
+            assert list(rows) == [name]
 
 
 # ---------------------------------------------------------------- 3. SQL Server Agent's verbs

@@ -150,7 +150,8 @@ USING (
         grace_seconds INT, overlap NVARCHAR(16), next_due_at NVARCHAR(40)) AS j
 ) AS s
 ON t.job_name = s.job_name
-WHEN MATCHED THEN UPDATE SET
+-- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
+WHEN MATCHED AND (t.defined_in_database = 0 OR t.configured = 0) THEN UPDATE SET
     next_due_at = CASE
         WHEN t.schedule <> s.schedule
           OR t.timezone <> s.timezone

@@ -132,7 +132,9 @@ ON CONFLICT (job_name) DO UPDATE SET
     configured = 1,
     defined_in_database = 0,
     needs_planning = 0,
-    updated_at = excluded.updated_at;
+    updated_at = excluded.updated_at
+-- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
+WHERE agent_jobs.defined_in_database = 0 OR agent_jobs.configured = 0;
 
 -- unconfigure_missing_jobs --
 -- Jobs no longer in the settings stop being scheduled; their history stays.

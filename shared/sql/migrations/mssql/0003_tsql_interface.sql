@@ -224,7 +224,7 @@ BEGIN
             max_attempts = @max_attempts, timeout_seconds = @timeout_seconds, lease_seconds = @lease_seconds,
             misfire = LOWER(@misfire), grace_seconds = @grace_seconds, overlap = LOWER(@overlap),
             next_due_at = NULL, advanced_at = NULL, configured = 1, updated_at = @now,
-            defined_in_database = 1, needs_planning = @enabled
+            defined_in_database = 1, needs_planning = 1
         WHERE job_name = @name;
     ELSE
         INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, enabled, valid,
@@ -233,7 +233,7 @@ BEGIN
                                 defined_in_database, needs_planning)
         VALUES (@name, @stored_schedule, @timezone, @sql, @database, @enabled, 1, NULL, @max_attempts,
                 @timeout_seconds, @lease_seconds, LOWER(@misfire), @grace_seconds, LOWER(@overlap), NULL, NULL, 1,
-                @now, 1, @enabled);
+                @now, 1, 1);
     COMMIT TRANSACTION;
     SELECT @name AS job_name, @action AS action;
 END
