@@ -395,6 +395,9 @@ def cmd_grant_sql(agent, args) -> int:
     from .grants import grant_scripts, render
 
     if args.operator is not None:
+        if args.app_name or args.job_database or args.execute_schema or args.job_principal:
+            raise UsageError("grant-sql --operator PRINCIPAL takes no --app-name, --job-database, --execute-schema or "
+                             "--job-principal: run the app's grants and the operator's membership as two commands")
         return _grant_operator(agent, args)
     if not args.app_name:
         raise UsageError("grant-sql: --app-name NAME is required (or --operator PRINCIPAL for the T-SQL interface's role)")

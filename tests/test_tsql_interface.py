@@ -993,3 +993,6 @@ def test_grant_sql_operator_prints_the_warning_and_refuses_to_apply_to_sqlite(tm
     code = cli(["--db", f"sqlite:///{tmp_path / 'a.db'}", "grant-sql", "--operator", "ops", "--apply"])
     captured = capsys.readouterr()
     assert code != 0 and "SQLite has no roles or procedures" in captured.err
+    code = cli(["--db", f"sqlite:///{tmp_path / 'a.db'}", "grant-sql", "--operator", "ops", "--app-name", "app"])
+    captured = capsys.readouterr()
+    assert code == 2 and "takes no --app-name" in captured.err and not captured.out
