@@ -6,7 +6,8 @@
 -- before they change anything (one message: the procedure, the parameter, the value, what is
 -- expected) and never build dynamic SQL: the SQL they queue is stored as given and run later by
 -- the engine, as the app's database user (or AGENT_JOB_PRINCIPAL), like a SQL Server Agent job
--- owned by the agent. THROW 51401 (bad argument), 51404 (no such job, run or poison message),
+-- owned by the agent. Names are checked under a binary collation (in the database's, a range such
+-- as A-Z also holds accented letters the engine refuses). THROW 51401 (bad argument), 51404 (no such job, run or poison message),
 -- 51409 (the object is not in a state that allows it). Each module is a batch of its own (it
 -- runs to the next GO line; shared/queries.py keeps it whole). agent_operator executes the
 -- procedures and reads the views through ownership chaining, without any right on the tables.
@@ -52,7 +53,7 @@ BEGIN
             + N': expected NULL (no order) or a whole number from 0 (it starts once every task of a lower order has finished)';
         THROW 51401, @message, 1;
     END;
-    IF @database IS NOT NULL AND (@database = N'' OR LEN(@database) > 128 OR @database LIKE N'%[^A-Za-z0-9_-]%')
+    IF @database IS NOT NULL AND (@database = N'' OR LEN(@database) > 128 OR @database COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9_-]%')
     BEGIN
         SET @message = N'agent.exec_async: @database = ''' + REPLACE(@database, N'''', N'''''')
             + N''': expected NULL (the control database) or a database name of 1 to 128 letters, digits, ''_'' or ''-''';
@@ -107,7 +108,7 @@ BEGIN
     DECLARE @now DATETIME2(6) = SYSUTCDATETIME();
     DECLARE @message NVARCHAR(2048);
     DECLARE @p NVARCHAR(40) = N'agent.add_scheduled_job: ';
-    IF @name IS NULL OR @name = N'' OR LEN(@name) > 64 OR @name LIKE N'%[^A-Za-z0-9_.-]%'
+    IF @name IS NULL OR @name = N'' OR LEN(@name) > 64 OR @name COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9_.-]%'
     BEGIN
         SET @message = @p + N'@name = ' + COALESCE(N'''' + REPLACE(@name, N'''', N'''''') + N'''', N'NULL')
             + N': expected a job name of 1 to 64 letters, digits, ''_'', ''.'' or ''-''';
@@ -133,7 +134,7 @@ BEGIN
             + N''': expected a six-field NCRONTAB expression (seconds first) of at most 400 characters';
         THROW 51401, @message, 1;
     END;
-    IF @timezone IS NULL OR @timezone = N'' OR LEN(@timezone) > 64 OR @timezone LIKE N'%[^A-Za-z0-9_+/-]%'
+    IF @timezone IS NULL OR @timezone = N'' OR LEN(@timezone) > 64 OR @timezone COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9_+/-]%'
     BEGIN
         SET @message = @p + N'@timezone = ' + COALESCE(N'''' + REPLACE(@timezone, N'''', N'''''') + N'''', N'NULL')
             + N': expected an IANA time zone name such as UTC or Europe/Paris';
@@ -163,7 +164,7 @@ BEGIN
             + N': expected skip, queue or allow';
         THROW 51401, @message, 1;
     END;
-    IF @database IS NOT NULL AND (@database = N'' OR LEN(@database) > 128 OR @database LIKE N'%[^A-Za-z0-9_-]%')
+    IF @database IS NOT NULL AND (@database = N'' OR LEN(@database) > 128 OR @database COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9_-]%')
     BEGIN
         SET @message = @p + N'@database = ''' + REPLACE(@database, N'''', N'''''')
             + N''': expected NULL (the control database) or a database name of 1 to 128 letters, digits, ''_'' or ''-''';
