@@ -178,6 +178,10 @@ class Agent:
                     raise
         return None
 
+    def poll(self, now: datetime | None = None):
+        """Between ticks: plan the jobs the T-SQL procedures defined and claim their slots."""
+        return self.scheduler().poll(now)
+
     def handle_message(self, body: str | bytes, dequeue_count: int, message_id: str | None = None):
         return self.executor().handle(body, dequeue_count, message_id)
 

@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     grant = commands.add_parser("grant-sql", help="T-SQL creating the function app's database user with least "
                                                   "privilege (printed; --apply runs it, as an Entra admin)")
-    grant.add_argument("--app-name", required=True, metavar="NAME",
+    grant.add_argument("--app-name", metavar="NAME",
                        help="the function app's name (system-assigned identity) or its user-assigned identity's name")
     grant.add_argument("--job-database", action="append", default=None, metavar="DB",
                        help="a JOB__<name>__DATABASE target that needs the user too (repeatable; "
@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     grant.add_argument("--job-principal", metavar="USER",
                        help="the user jobs run as, without rights on schema agent (default: AGENT_JOB_PRINCIPAL; "
                             "unset: jobs run as the app)")
+    grant.add_argument("--operator", metavar="PRINCIPAL",
+                       help="instead: make PRINCIPAL a member of agent_operator (EXECUTE on the T-SQL interface's "
+                            "procedures, SELECT on its views, nothing on the tables)")
     grant.add_argument("--apply", action="store_true",
                        help="run it on the control database (and on each job database) instead of printing it")
     return parser
@@ -257,9 +260,10 @@ def cmd_jobs(agent, args) -> int:
     table = []
     for row in rows:
         last = f"{row['last_status']} #{row['last_run_id']}" if row["last_run_id"] else "-"
-        table.append([row["job_name"], row["state"], row["schedule"] or "-", row["timezone"],
+        table.append([row["job_name"], row["state"], row["source"], row["schedule"] or "-", row["timezone"],
                       _time(row["next_due_at"]), row["status"], last, row["config_error"] or ""])
-    _print_table(["JOB", "STATE", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN", "ERROR"], table)
+    _print_table(["JOB", "STATE", "DEFINED IN", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN", "ERROR"],
+                 table)
     return EXIT_OK
 
 
@@ -429,6 +433,14 @@ def cmd_doctor(agent, args) -> int:
 def cmd_grant_sql(agent, args) -> int:
     from .grants import grant_scripts, render
 
+    if args.operator is not None:
+        if args.app_name or args.job_database or args.execute_schema or args.job_principal:
+            raise UsageError("grant-sql --operator PRINCIPAL takes no --app-name, --job-database, --execute-schema or "
+                             "--job-principal: run the app's grants and the operator's membership as two commands")
+        return _grant_operator(agent, args)
+    if not args.app_name:
+        raise UsageError("grant-sql: --app-name NAME is required (or --operator PRINCIPAL for the T-SQL interface's role)")
+
     databases = args.job_database
     if databases is None:
         databases = sorted({job.database for job in agent.settings.jobs if job.database})
@@ -457,6 +469,37 @@ def cmd_grant_sql(agent, args) -> int:
         finally:
             connection.close()
         print(f"applied to {where}: " + " ".join(script.statements))
+    return EXIT_OK
+
+
+def _grant_operator(agent, args) -> int:
+    """grant-sql --operator: the membership in agent_operator, printed (T-SQL, or PostgreSQL's GRANT
+    when the control database is PostgreSQL) or, with --apply, run on the control database."""
+    from .grants import OPERATOR_WARNING, operator_sql
+
+    target = agent.target
+    if target.dialect == "sqlite" and args.apply:
+        raise UsageError(f"grant-sql --operator --apply: the control database is {target.display}; SQLite has no "
+                         "roles or procedures (the command line is its way in). Apply it to an Azure SQL / SQL Server "
+                         "or PostgreSQL control database (AGENT_SQL_SERVER, or --db with an ODBC connection string)")
+    # Printed for SQLite too: the T-SQL to run once the control database is Azure SQL.
+    script = operator_sql(args.operator, dialect=target.dialect)
+    print(f"warning: {OPERATOR_WARNING}", file=sys.stderr)
+    if not args.apply:
+        print(script, end="")
+        return EXIT_OK
+    from .db import connector
+    from .queries import split_statements
+
+    connection = connector(target)()
+    try:
+        cursor = connection.cursor()
+        for statement in split_statements(script):
+            cursor.execute(statement)
+        connection.commit()
+    finally:
+        connection.close()
+    print(f"applied to the control database: {args.operator} is a member of agent_operator")
     return EXIT_OK
 
 

@@ -5,9 +5,10 @@ failure with what to fix:
 2. connectivity    the database server (or the SQLite file's folder) can be reached
 3. authentication  an Entra ID token is issued and accepted / the login is accepted
 4. schema          the control schema is at the version this code needs
-5. permissions     a scratch run goes through the real named queries (insert, update, read,
+5. session         the agent session's options and the triggers on agent tables
+6. permissions     a scratch run goes through the real named queries (insert, update, read,
                    delete) and is removed again, in one transaction
-6. queue           the queue exists (or is created) and answers
+7. queue           the queue exists (or is created) and answers
 
 Works on all three dialects; nothing is left behind (a missing SQLite file is not created).
 """
@@ -48,6 +49,9 @@ class Check:
 class DoctorReport:
     target: str
     checks: list[Check] = field(default_factory=list)
+    # Invalid jobs (settings or agent.add_scheduled_job): each hurts only itself, so a warning
+    # line, not a failed check.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -65,6 +69,8 @@ class DoctorReport:
             lines.append(f"{mark} {check.name.ljust(width)}  {check.detail}")
             if check.fix:
                 lines.append(f"{' ' * 7}{' ' * width}  fix: {check.fix}")
+        for warning in self.warnings:
+            lines.append(f"[WARN] {warning}")
         failed = self.failed
         lines.append("all checks passed" if self.ok else f"doctor found a problem: {failed.name if failed else '?'}")
         return "\n".join(lines)
@@ -274,6 +280,17 @@ class _Doctor:
         return (f"lock timeout {row['lock_timeout']}, isolation {row['isolation']}, {options}; "
                 f"triggers on agent tables: {triggers}")
 
+    def invalid_jobs(self) -> list[str]:
+        """One line per invalid job, where it is defined and why (never a failure: the other
+        jobs run)."""
+        try:
+            rows = self.agent.store().execute("list_jobs").rows
+        except Exception as exc:  # noqa: BLE001 - the permissions check reports the cause
+            return [f"jobs could not be listed: {_one_line(exc)}"]
+        return [f"job {row['job_name']!r} ({'defined in the database' if row['source'] == 'database' else 'app settings'}) "
+                f"is invalid and does not run: {row['config_error']}"
+                for row in rows if row["configured"] and not row["valid"]]
+
     # ------------------------------------------------------------ 6. permissions
 
     def permissions(self) -> str:
@@ -357,6 +374,8 @@ def run_doctor(agent: Any, *, tcp_timeout: float = 10.0) -> DoctorReport:
                                  for rest, _ in steps[index + 1:])
             break
         report.checks.append(Check(name, True, detail))
+        if name == "schema":
+            report.warnings = doctor.invalid_jobs()
     return report
 
 

@@ -111,10 +111,18 @@ class Executor:
         return self._execute(run, body=text, dequeue_count=dequeue_count, message_id=message_id)
 
     def _doorbell(self) -> ExecutionResult:
-        """A doorbell only dispatches; it never fails (the tick is the safety net) and is never
-        poisoned."""
+        """A doorbell plans the jobs the T-SQL procedures defined (claiming their slots) and
+        dispatches; it never fails (the tick is the safety net) and is never poisoned."""
+        from .scheduler import Scheduler
+
+        now = self.clock()
         try:
-            outcome = dispatch(self._store(), self.queue, self.settings, self.clock(), self.telemetry)
+            # Jobs the T-SQL procedures defined since the last look get their slots first.
+            Scheduler(self._store(), self.queue, self.settings, self.telemetry, clock=self.clock).poll(now)
+        except Exception as exc:  # noqa: BLE001 - the dispatch below still runs; the tick plans too
+            log.warning("doorbell: planning the jobs defined in the database failed: %s", describe(exc))
+        try:
+            outcome = dispatch(self._store(), self.queue, self.settings, now, self.telemetry)
             return ExecutionResult("doorbell", None, f"{len(outcome.queued)} run(s) dispatched")
         except Exception as exc:  # noqa: BLE001
             log.warning("doorbell: dispatch failed (the next doorbell or tick tries again): %s", describe(exc))

@@ -149,3 +149,42 @@ def grant_sql(app_name: str, *, schema: str = "agent", job_databases: Iterable[s
 def render(scripts: Sequence[GrantScript]) -> str:
     """Scripts as one printable text, a GO line between databases."""
     return "GO\n".join(script.sql for script in scripts)
+
+
+# ---------------------------------------------------------------- the T-SQL interface's operators
+
+OPERATOR_ROLE = "agent_operator"
+OPERATOR_WARNING = (
+    "SQL queued through agent.exec_async and agent.add_scheduled_job runs as the app's database user (or "
+    "AGENT_JOB_PRINCIPAL when set), as a SQL Server Agent job runs as its owner: a member of agent_operator "
+    "can have the agent run any SQL that user may run. Grant the role only to principals you would trust "
+    "with that user's rights.")
+
+
+def quote_pg_name(name: str) -> str:
+    """``name`` as a PostgreSQL quoted identifier: "name" with " doubled."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def operator_sql(principal: str, *, dialect: str) -> str:
+    """The membership in agent_operator for ``principal``: T-SQL for Azure SQL / SQL Server (the
+    database user is created from the Entra principal's name when missing), or the PostgreSQL
+    GRANT (the login role must exist). The role itself, with EXECUTE on the procedures and SELECT
+    on the views, is created by init-db (migration tsql_interface)."""
+    who = _check_name(principal, "--operator", "a database user or role (an Entra user, group or app name on "
+                      "Azure SQL; a login role on PostgreSQL)")
+    warning = "".join(f"-- {line}\n" for line in _wrap(OPERATOR_WARNING))
+    if dialect == "postgres":
+        return (f"-- On the PostgreSQL control database: {who!r} calls the agent's functions and reads its views.\n"
+                + warning + f"GRANT {OPERATOR_ROLE} TO {quote_pg_name(who)};\n")
+    return ("-- In the CONTROL database (not master), as a Microsoft Entra admin of the server:\n"
+            f"-- {quote_name(who)} executes the procedures and reads the views of schema [agent], nothing else.\n"
+            + warning
+            + f"IF DATABASE_PRINCIPAL_ID({quote_string(who)}) IS NULL CREATE USER {quote_name(who)} FROM EXTERNAL PROVIDER;\n"
+            + f"ALTER ROLE {quote_name(OPERATOR_ROLE)} ADD MEMBER {quote_name(who)};\n")
+
+
+def _wrap(text: str, width: int = 96) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width)

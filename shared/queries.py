@@ -74,20 +74,37 @@ def _replace_params(fragment: str, names: list[str]) -> str:
     return _PARAM.sub(repl, fragment)
 
 
+# A T-SQL module (procedure, function, view, trigger) must be the whole of its batch: from its
+# CREATE OR ALTER (T-SQL only; PostgreSQL says CREATE OR REPLACE) it runs to the next GO line.
+_TSQL_MODULE = re.compile(r"^\s*CREATE\s+OR\s+ALTER\s+(PROCEDURE|PROC|FUNCTION|VIEW|TRIGGER)\b", re.IGNORECASE)
+
+
+def _only_comments(chunk: str) -> bool:
+    return all(not line.strip() or line.strip().startswith("--") for line in chunk.splitlines())
+
+
 def split_statements(text: str) -> list[str]:
     """Split on ``;`` at the end of a line (our own SQL keeps to that rule), or on a line
-    holding only ``GO`` (T-SQL batch separator); never inside a ``$$``-quoted body."""
+    holding only ``GO`` (T-SQL batch separator); never inside a ``$$``-quoted body, and never
+    inside a T-SQL module (``CREATE OR ALTER PROCEDURE ...`` runs to the next ``GO``). A chunk
+    of nothing but comments is no statement."""
     statements: list[str] = []
     current: list[str] = []
     in_body = False   # inside a $$-quoted function body (PostgreSQL): its ';' end no statement
+    in_module = False  # inside a T-SQL module: only GO ends it
     for line in text.splitlines():
         if line.strip().upper() == "GO":
             chunk = "\n".join(current).strip()
-            if chunk:
+            if chunk and not _only_comments(chunk):
                 statements.append(chunk)
             current = []
+            in_module = False
             continue
+        if not in_module and _only_comments("\n".join(current)) and _TSQL_MODULE.match(line):
+            in_module = True
         current.append(line)
+        if in_module:
+            continue
         if line.split("--", 1)[0].count("$$") % 2:
             in_body = not in_body
         if in_body:
@@ -97,7 +114,7 @@ def split_statements(text: str) -> list[str]:
             statements.append("\n".join(current).strip())
             current = []
     tail = "\n".join(current).strip()
-    if tail and not all(l.strip().startswith("--") or not l.strip() for l in tail.splitlines()):
+    if tail and not _only_comments(tail):
         statements.append(tail)
     return statements
 

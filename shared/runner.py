@@ -203,11 +203,19 @@ class LocalRunner:
             thread.join()
 
     def _tick_loop(self) -> None:
+        """Tick on schedule; between ticks, every poll interval, plan the jobs the T-SQL
+        procedures defined (one statement when there is none) so they start without waiting for
+        the next tick."""
         schedule = CronSchedule(self.agent.settings.agent.tick_schedule, "UTC")
         next_tick = datetime.now(UTC)
         try:
             while not self.stop_event.is_set():
                 delay = (next_tick - datetime.now(UTC)).total_seconds()
+                if delay > self.poll_interval:
+                    if self.stop_event.wait(self.poll_interval):
+                        break
+                    self._poll()
+                    continue
                 if delay > 0 and self.stop_event.wait(delay):
                     break
                 try:
@@ -224,6 +232,16 @@ class LocalRunner:
                 next_tick = schedule.next_after(datetime.now(UTC)) or datetime.now(UTC) + timedelta(minutes=1)
         finally:
             self._release_thread_store()
+
+    def _poll(self) -> None:
+        try:
+            report = self.agent.poll()
+            if report.planned:
+                log.info("poll: %s database job(s) planned, %s run(s) claimed", len(report.planned),
+                         len(report.claimed))
+                self.notify()
+        except Exception as exc:  # noqa: BLE001 - the next poll or tick tries again
+            log.error("poll failed: %s", describe(exc))
 
     def _worker_loop(self) -> None:
         try:

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from .config import Settings
+from .database_jobs import plan_database_jobs, refused_settings_job_error, stand_in_name
 from .dispatch import PartialDispatchError, claim_horizon, dispatch, ring_doorbells, run_properties
 from .errors import AgentError, QueueError
 from .schedules import CronSchedule, parse_schedule
@@ -63,6 +64,7 @@ class TickReport:
     dispatched: list[dict[str, Any]] = field(default_factory=list)
     skipped_at_start: list[dict[str, Any]] = field(default_factory=list)
     recovered: list[dict[str, Any]] = field(default_factory=list)
+    planned: list[dict[str, Any]] = field(default_factory=list)
     doorbells: int = 0
     purged: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -86,6 +88,7 @@ class TickReport:
             "doorbells": self.doorbells,
             "clock_recovered": len(self.recovered),
             "history_purged": sum(self.purged.values()),
+            "database_jobs_planned": len(self.planned),
             "statements": self.statements,
             "duration_ms": round(self.duration_ms, 1),
             "errors": self.errors,
@@ -116,7 +119,8 @@ class Scheduler:
         report = TickReport(now=now)
         started = time.perf_counter()
         statements_before = self.store.statements_executed
-        steps = [self.check_clock, self.sync_jobs, self.expire_leases, self.recover_clock_jumps, self.claim_slots]
+        steps = [self.check_clock, self.sync_jobs, self.plan_database_jobs, self.expire_leases,
+                 self.recover_clock_jumps, self.claim_slots]
         if self.queue is not None:
             steps += [self.dispatch_runs, self.ring_doorbells]
         steps.append(self.purge_history)
@@ -243,11 +247,26 @@ class Scheduler:
     def _write_jobs(self, rows: list[dict[str, Any]], now: datetime) -> None:
         store = self.store
         with store.transaction():
+            # Under the job-definitions lock the procedures take too: a name is held by one source.
+            store.execute("lock_job_definitions")
+            held = {row["job_name"].casefold(): row["job_name"]
+                    for row in store.execute("list_database_job_names").rows}
+            refused = []
+            if held:
+                for index, row in enumerate(rows):
+                    holder = held.get(row["job_name"].casefold())
+                    if holder is not None:
+                        message = refused_settings_job_error(row["job_name"], holder)
+                        rows[index] = _invalid_row(stand_in_name(row["job_name"]), message)
+                        refused.append((row["job_name"], message))
             store.execute("record_config_events", jobs=rows, now=now)
             store.execute("skip_runs_of_changed_jobs", jobs=rows, now=now)
             store.execute("upsert_jobs", jobs=rows, now=now)
             store.execute("unconfigure_missing_jobs", jobs=rows, now=now)
             store.execute("set_state", state_key=CONFIG_HASH_KEY, state_value=self.settings.config_hash, now=now)
+        for name, message in refused:
+            log.error("job %s is invalid and will not run: %s", name, message)
+            self.telemetry.event("JobConfigInvalid", {"job": name, "outcome": "invalid", "error_message": message})
 
     def _isolate_refused_jobs(self, rows: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
         """Only after the bulk write failed: try each job alone (rolled back) and turn those the
@@ -269,6 +288,24 @@ class Scheduler:
                 log.error("%s", message)
                 result.append(_invalid_row(row["job_name"][:64], message))
         return result
+
+    # ------------------------------------------------------------ 1b. jobs defined in the database
+
+    def plan_database_jobs(self, now: datetime, report: TickReport) -> None:
+        report.planned = plan_database_jobs(self.store, now, self.telemetry).planned
+
+    def poll(self, now: datetime | None = None) -> TickReport:
+        """Between ticks (each doorbell, each local-runner poll): plan the jobs the procedures
+        defined, and claim their slots up to the next tick, so a job defined a few seconds before
+        its slot does not wait for the minute timer. One statement when nothing waits."""
+        now = (now or self.clock()).astimezone(UTC)
+        report = TickReport(now=now)
+        statements_before = self.store.statements_executed
+        self.plan_database_jobs(now, report)
+        if any(job["valid"] and job["next_due_at"] is not None for job in report.planned):
+            self.claim_slots(now, report)
+        report.statements = self.store.statements_executed - statements_before
+        return report
 
     # ------------------------------------------------------------ 2. leases
 

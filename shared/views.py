@@ -17,8 +17,8 @@ from .describe import describe_schedule
 
 UTC = timezone.utc
 
-# Where a job is defined. Today every job comes from the app settings (JOB__<name>__*); when
-# list_jobs returns a `source` column (the T-SQL interface), its value shows through.
+# Where a job is defined: list_jobs' `source` column, `settings` (JOB__<name>__*) or `database`
+# (agent.add_scheduled_job); a row without one is a settings job.
 DEFAULT_JOB_SOURCE = "settings"
 TIMELINE_WINDOWS = {"24h": timedelta(hours=24), "7d": timedelta(days=7)}
 DEFAULT_WINDOW = "24h"
@@ -35,8 +35,9 @@ RUN_POISON_LIMIT = 50
 
 
 def job_state(row: dict[str, Any]) -> str:
+    # planning: defined by a T-SQL procedure, not yet checked and planned by the engine.
     return ("invalid" if not row["valid"] else "removed" if not row["configured"]
-            else "enabled" if row["enabled"] else "disabled")
+            else "disabled" if not row["enabled"] else "planning" if row.get("needs_planning") else "enabled")
 
 
 def jobs_view(store, now: datetime) -> list[dict[str, Any]]:

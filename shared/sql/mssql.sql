@@ -131,6 +131,7 @@ JOIN agent.jobs AS c ON c.job_name = r.job_name
 LEFT JOIN OPENJSON(:jobs) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64),
                                 enabled INT, valid INT) AS j ON j.job_name = c.job_name
 WHERE r.kind = N'scheduled' AND r.status IN (N'pending', N'queued') AND c.configured = 1
+  AND c.defined_in_database = 0
   AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule OR j.timezone <> c.timezone);
 SELECT run_id, job_name, scheduled_for, status, note, operation_id FROM @skipped;
 
@@ -149,7 +150,8 @@ USING (
         grace_seconds INT, overlap NVARCHAR(16), next_due_at NVARCHAR(40)) AS j
 ) AS s
 ON t.job_name = s.job_name
-WHEN MATCHED THEN UPDATE SET
+-- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
+WHEN MATCHED AND (t.defined_in_database = 0 OR t.configured = 0) THEN UPDATE SET
     next_due_at = CASE
         WHEN t.schedule <> s.schedule
           OR t.timezone <> s.timezone
@@ -178,6 +180,8 @@ WHEN MATCHED THEN UPDATE SET
     grace_seconds = s.grace_seconds,
     overlap = s.overlap,
     configured = 1,
+    defined_in_database = 0,
+    needs_planning = 0,
     updated_at = CAST(:now AS DATETIME2(6))
 WHEN NOT MATCHED THEN
     INSERT (job_name, schedule, timezone, command, target_database, enabled, valid, config_error,
@@ -190,7 +194,7 @@ WHEN NOT MATCHED THEN
 -- unconfigure_missing_jobs --
 -- Jobs no longer in the settings stop being scheduled; their history stays.
 UPDATE agent.jobs SET configured = 0, next_due_at = NULL, updated_at = CAST(:now AS DATETIME2(6))
-WHERE configured = 1
+WHERE configured = 1 AND defined_in_database = 0
   AND job_name NOT IN (SELECT j.job_name FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64)) AS j);
 
 -- insert_job_events --
@@ -749,6 +753,7 @@ SELECT run_id FROM @cancelled;
 -- Every known job with its configuration state, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       CASE WHEN j.defined_in_database = 1 THEN N'database' ELSE N'settings' END AS source, j.needs_planning,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at
 FROM agent.jobs AS j
@@ -890,3 +895,35 @@ OUTER APPLY (
     WHERE r.job_name IS NOT NULL AND r.job_name = j.job_name AND r.status NOT IN (N'pending', N'queued')
     ORDER BY r.scheduled_for DESC, r.run_id DESC) AS l
 WHERE j.job_name = CAST(:job_name AS NVARCHAR(64));
+
+-- lock_job_definitions --
+-- The job-definitions lock for the rest of the transaction: the settings sync and the T-SQL interface's procedures (agent.add_scheduled_job, ...) decide job names one at a time. A table is read first: an owner 'Transaction' applock needs an open transaction, and EXEC opens none.
+DECLARE @definitions_read INT;
+SELECT @definitions_read = COUNT(*) FROM agent.start_lock;
+DECLARE @lock_result INT;
+EXEC @lock_result = sp_getapplock @Resource = N'agent.job_definitions', @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 30000;
+IF @lock_result < 0 THROW 50001, N'the job-definitions lock (sp_getapplock agent.job_definitions) was not granted within 30 s', 1;
+SELECT @lock_result AS locked;
+
+-- list_database_job_names --
+-- Jobs defined in the database (agent.add_scheduled_job) and not removed: a settings job of the same name is refused.
+SELECT job_name FROM agent.jobs WHERE defined_in_database = 1 AND configured = 1 ORDER BY job_name;
+
+-- select_unplanned_jobs --
+-- Jobs defined or changed in the database that wait for the engine to check their schedule and plan their first slot (the jobs_needs_planning index).
+SELECT job_name, schedule, timezone, enabled, updated_at
+FROM agent.jobs WHERE needs_planning = 1 ORDER BY job_name;
+
+-- plan_jobs --
+-- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at}) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
+DECLARE @planned TABLE (job_name NVARCHAR(64), valid SMALLINT, config_error NVARCHAR(MAX), next_due_at DATETIME2(6));
+UPDATE j SET needs_planning = 0, valid = p.valid, config_error = p.config_error,
+    next_due_at = CONVERT(DATETIME2(6), p.next_due_at, 121), advanced_at = CAST(:now AS DATETIME2(6))
+OUTPUT inserted.job_name, inserted.valid, inserted.config_error, inserted.next_due_at INTO @planned
+FROM agent.jobs AS j
+JOIN OPENJSON(:plans) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), enabled SMALLINT,
+                            updated_at NVARCHAR(40), valid SMALLINT, config_error NVARCHAR(MAX),
+                            next_due_at NVARCHAR(40)) AS p
+  ON j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = CONVERT(DATETIME2(6), p.updated_at, 121)
+ AND j.schedule = p.schedule AND j.timezone = p.timezone AND j.enabled = p.enabled;
+SELECT job_name, valid, config_error, next_due_at FROM @planned;

@@ -79,7 +79,7 @@ LEFT JOIN json_to_recordset(CAST(:jobs AS json)) AS j(job_name VARCHAR, schedule
                                                       enabled INT, valid INT)
        ON j.job_name = c.job_name
 WHERE r.job_name = c.job_name AND r.kind = 'scheduled' AND r.status IN ('pending', 'queued')
-  AND c.configured = 1
+  AND c.configured = 1 AND c.defined_in_database = 0
   AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule OR j.timezone <> c.timezone)
 RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id;
 
@@ -126,12 +126,16 @@ ON CONFLICT (job_name) DO UPDATE SET
     grace_seconds = EXCLUDED.grace_seconds,
     overlap = EXCLUDED.overlap,
     configured = 1,
-    updated_at = EXCLUDED.updated_at;
+    defined_in_database = 0,
+    needs_planning = 0,
+    updated_at = EXCLUDED.updated_at
+-- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
+WHERE agent.jobs.defined_in_database = 0 OR agent.jobs.configured = 0;
 
 -- unconfigure_missing_jobs --
 -- Jobs no longer in the settings stop being scheduled; their history stays.
 UPDATE agent.jobs SET configured = 0, next_due_at = NULL, updated_at = CAST(:now AS timestamp)
-WHERE configured = 1
+WHERE configured = 1 AND defined_in_database = 0
   AND job_name NOT IN (SELECT j.job_name FROM json_to_recordset(CAST(:jobs AS json)) AS j(job_name VARCHAR));
 
 -- insert_job_events --
@@ -424,6 +428,7 @@ RETURNING run_id;
 -- Every known job with its configuration state, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source, j.needs_planning,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at
 FROM agent.jobs j
@@ -559,3 +564,26 @@ LEFT JOIN LATERAL (
     WHERE r.job_name = j.job_name AND r.status NOT IN ('pending', 'queued')
     ORDER BY r.scheduled_for DESC, r.run_id DESC LIMIT 1) AS l ON TRUE
 WHERE j.job_name = CAST(:job_name AS VARCHAR);
+
+-- lock_job_definitions --
+-- The job-definitions lock for the rest of the transaction: the settings sync and the T-SQL interface's functions (agent.add_scheduled_job, ...) decide job names one at a time.
+SELECT pg_advisory_xact_lock(7428014) AS locked;
+
+-- list_database_job_names --
+-- Jobs defined in the database (agent.add_scheduled_job) and not removed: a settings job of the same name is refused.
+SELECT job_name FROM agent.jobs WHERE defined_in_database = 1 AND configured = 1 ORDER BY job_name;
+
+-- select_unplanned_jobs --
+-- Jobs defined or changed in the database that wait for the engine to check their schedule and plan their first slot (the jobs_needs_planning index).
+SELECT job_name, schedule, timezone, enabled, updated_at
+FROM agent.jobs WHERE needs_planning = 1 ORDER BY job_name;
+
+-- plan_jobs --
+-- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at}) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
+UPDATE agent.jobs AS j SET needs_planning = 0, valid = p.valid, config_error = p.config_error,
+    next_due_at = CAST(p.next_due_at AS timestamp), advanced_at = CAST(:now AS timestamp)
+FROM json_to_recordset(CAST(:plans AS json)) AS p(job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, enabled INT,
+                                                  updated_at VARCHAR, valid INT, config_error TEXT, next_due_at VARCHAR)
+WHERE j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = CAST(p.updated_at AS timestamp)
+  AND j.schedule = p.schedule AND j.timezone = p.timezone AND j.enabled = p.enabled
+RETURNING j.job_name, j.valid, j.config_error, j.next_due_at;

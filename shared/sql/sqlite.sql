@@ -80,7 +80,7 @@ FROM (SELECT c.job_name, json_extract(j.value, '$.job_name') AS new_name,
              c.schedule, c.timezone
       FROM agent_jobs c
       LEFT JOIN json_each(:jobs) AS j ON json_extract(j.value, '$.job_name') = c.job_name
-      WHERE c.configured = 1) AS x
+      WHERE c.configured = 1 AND c.defined_in_database = 0) AS x
 WHERE agent_runs.job_name = x.job_name AND agent_runs.kind = 'scheduled' AND agent_runs.status IN ('pending', 'queued')
   AND (x.new_name IS NULL OR x.new_valid = 0 OR x.new_enabled = 0 OR x.new_schedule <> x.schedule
        OR x.new_timezone <> x.timezone)
@@ -130,12 +130,16 @@ ON CONFLICT (job_name) DO UPDATE SET
     grace_seconds = excluded.grace_seconds,
     overlap = excluded.overlap,
     configured = 1,
-    updated_at = excluded.updated_at;
+    defined_in_database = 0,
+    needs_planning = 0,
+    updated_at = excluded.updated_at
+-- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
+WHERE agent_jobs.defined_in_database = 0 OR agent_jobs.configured = 0;
 
 -- unconfigure_missing_jobs --
 -- Jobs no longer in the settings stop being scheduled; their history stays.
 UPDATE agent_jobs SET configured = 0, next_due_at = NULL, updated_at = :now
-WHERE configured = 1
+WHERE configured = 1 AND defined_in_database = 0
   AND job_name NOT IN (SELECT json_extract(j.value, '$.job_name') FROM json_each(:jobs) AS j);
 
 -- insert_job_events --
@@ -591,6 +595,7 @@ RETURNING run_id;
 -- Every known job with its configuration state, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source, j.needs_planning,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at
 FROM agent_jobs j
@@ -714,3 +719,29 @@ LEFT JOIN agent_runs l ON l.run_id = (
     WHERE r.job_name = j.job_name AND r.status NOT IN ('pending', 'queued')
     ORDER BY r.scheduled_for DESC, r.run_id DESC LIMIT 1)
 WHERE j.job_name = :job_name;
+
+-- lock_job_definitions --
+-- The job-definitions lock: SQLite's write lock (BEGIN IMMEDIATE) already serialises the settings sync; SQLite has no procedures defining jobs.
+SELECT 1 AS locked;
+
+-- list_database_job_names --
+-- Jobs defined in the database (agent.add_scheduled_job) and not removed: a settings job of the same name is refused.
+SELECT job_name FROM agent_jobs WHERE defined_in_database = 1 AND configured = 1 ORDER BY job_name;
+
+-- select_unplanned_jobs --
+-- Jobs defined or changed in the database that wait for the engine to check their schedule and plan their first slot (the jobs_needs_planning index).
+SELECT job_name, schedule, timezone, enabled, updated_at
+FROM agent_jobs WHERE needs_planning = 1 ORDER BY job_name;
+
+-- plan_jobs --
+-- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at}) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
+UPDATE agent_jobs SET needs_planning = 0, valid = json_extract(p.value, '$.valid'),
+    config_error = json_extract(p.value, '$.config_error'),
+    next_due_at = json_extract(p.value, '$.next_due_at'), advanced_at = :now
+FROM json_each(:plans) AS p
+WHERE agent_jobs.job_name = json_extract(p.value, '$.job_name') AND agent_jobs.needs_planning = 1
+  AND agent_jobs.updated_at = json_extract(p.value, '$.updated_at')
+  AND agent_jobs.schedule = json_extract(p.value, '$.schedule')
+  AND agent_jobs.timezone = json_extract(p.value, '$.timezone')
+  AND agent_jobs.enabled = json_extract(p.value, '$.enabled')
+RETURNING job_name, valid, config_error, next_due_at;
