@@ -146,13 +146,15 @@ def mssql_database() -> Iterator[str]:
 DIALECT_PARAMS = ["sqlite", "postgres"] + (["mssql"] if MSSQL_BASE else [])
 
 
-@pytest.fixture(params=DIALECT_PARAMS)
-def db_url(request, tmp_path) -> Iterator[str]:
-    """A fresh, empty control database URL of each dialect."""
-    if request.param == "sqlite":
+@contextlib.contextmanager
+def fresh_database(dialect: str, tmp_path: Path | None = None) -> Iterator[str]:
+    """A fresh, empty control database URL of ``dialect`` (sqlite needs ``tmp_path``), dropped
+    afterwards."""
+    if dialect == "sqlite":
+        assert tmp_path is not None
         yield f"sqlite:///{tmp_path / 'agent.db'}"
         return
-    if request.param == "mssql":
+    if dialect == "mssql":
         with mssql_database() as url:
             yield url
         return
@@ -161,6 +163,13 @@ def db_url(request, tmp_path) -> Iterator[str]:
         yield url
     finally:
         drop_pg_database(name)
+
+
+@pytest.fixture(params=DIALECT_PARAMS)
+def db_url(request, tmp_path) -> Iterator[str]:
+    """A fresh, empty control database URL of each dialect."""
+    with fresh_database(request.param, tmp_path) as url:
+        yield url
 
 
 @pytest.fixture

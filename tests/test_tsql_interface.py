@@ -21,8 +21,8 @@ import pytest
 
 from shared.cli import main as cli
 from shared.runner import LocalRunner
-from tests.conftest import (MSSQL_BASE, create_pg_database, drop_pg_database, execute, job_env, make_agent,
-                            mssql_database, pg_admin_connection, query, sql_for, work)
+from tests.conftest import (MSSQL_BASE, execute, fresh_database, job_env, make_agent, pg_admin_connection, query,
+                            sql_for, work)
 from tests.memory_queue import MemoryQueue
 from tests.tsql_caller import CallError, call, connect, select
 
@@ -38,15 +38,8 @@ DOES_NOT_FIT = {"postgres": "55000", "mssql": "51409"}
 
 @pytest.fixture(params=["postgres"] + (["mssql"] if MSSQL_BASE else []))
 def control_url(request):
-    if request.param == "mssql":
-        with mssql_database() as url:
-            yield url
-        return
-    name, url = create_pg_database()
-    try:
+    with fresh_database(request.param) as url:
         yield url
-    finally:
-        drop_pg_database(name)
 
 
 @pytest.fixture
