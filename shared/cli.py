@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = commands.add_parser("cancel", help="cancel a run that has not finished (a running one is stopped)")
     cancel.add_argument("run_id", type=_positive_int, metavar="RUN_ID")
 
+    stop = commands.add_parser("stop", help="stop a job (SQL Agent's sp_stop_job): cancel its runs in flight, the "
+                                            "running step included; its future slots stay")
+    stop.add_argument("name", metavar="JOB")
+
     commands.add_parser("doctor", help="check driver, connectivity, authentication, schema, session, permissions and queue")
 
     grant = commands.add_parser("grant-sql", help="T-SQL creating the function app's database user with least "
@@ -392,6 +396,23 @@ def cmd_cancel(agent, args) -> int:
     return EXIT_OK
 
 
+def cmd_stop(agent, args) -> int:
+    store = agent.store()
+    store.require_schema()
+    rows = store.execute("stop_job", job_name=args.name, now=agent.clock()).rows
+    if not rows:
+        jobs = {r["job_name"] for r in store.execute("list_jobs").rows}
+        if args.name not in jobs:
+            known = ", ".join(sorted(jobs)) or "none"
+            raise NotFoundError(f"no job named {args.name!r} (jobs the agent knows: {known})")
+        print(f"job {args.name}: no run in flight")
+        return EXIT_OK
+    ids = ", ".join(str(row["run_id"]) for row in rows)
+    # A running step notices at its worker's next lease renewal (every LEASE_SECONDS / 3).
+    print(f"job {args.name}: {len(rows)} run(s) cancelled ({ids}); a running step stops within a third of its lease")
+    return EXIT_OK
+
+
 def cmd_doctor(agent, args) -> int:
     from .doctor import run_doctor
 
@@ -457,6 +478,7 @@ COMMANDS = {
     "run-now": cmd_run_now,
     "submit": cmd_submit,
     "cancel": cmd_cancel,
+    "stop": cmd_stop,
     "doctor": cmd_doctor,
     "grant-sql": cmd_grant_sql,
 }

@@ -845,3 +845,13 @@ SELECT CAST(@@LOCK_TIMEOUT AS NVARCHAR(20)) + N' ms' AS lock_timeout,
         WHERE o.schema_id = SCHEMA_ID(N'agent')) AS triggers,
        (SELECT COUNT(*) FROM sys.triggers AS t JOIN sys.tables AS o ON o.object_id = t.parent_id
         WHERE o.schema_id = SCHEMA_ID(N'agent') AND t.is_instead_of_trigger = 1) AS instead_of_triggers;
+
+-- stop_job --
+-- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).
+DECLARE @stopped TABLE (run_id BIGINT, status NVARCHAR(16));
+UPDATE agent.runs SET status = N'cancelled', token = token + 1, finished_at = CAST(:now AS DATETIME2(6)),
+    lease_expires_at = NULL, note = N'stopped by operator (stop JOB)'
+OUTPUT inserted.run_id, inserted.status INTO @stopped
+WHERE job_name = :job_name AND status IN (N'pending', N'queued', N'running')
+  AND (status = N'running' OR runnable_at <= CAST(:now AS DATETIME2(6)) OR attempt > 0);
+SELECT run_id, status FROM @stopped;

@@ -515,3 +515,11 @@ SELECT current_setting('lock_timeout') AS lock_timeout,
         WHERE n.nspname = 'agent' AND NOT t.tgisinternal) AS triggers,
        (SELECT COUNT(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = 'agent' AND NOT t.tgisinternal AND (t.tgtype & 64) <> 0) AS instead_of_triggers;
+
+-- stop_job --
+-- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).
+UPDATE agent.runs SET status = 'cancelled', token = token + 1, finished_at = CAST(:now AS timestamp),
+    lease_expires_at = NULL, note = 'stopped by operator (stop JOB)'
+WHERE job_name = :job_name AND status IN ('pending', 'queued', 'running')
+  AND (status = 'running' OR runnable_at <= CAST(:now AS timestamp) OR attempt > 0)
+RETURNING run_id, status;

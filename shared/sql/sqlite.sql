@@ -670,3 +670,11 @@ SELECT (SELECT timeout FROM pragma_busy_timeout) || ' ms' AS lock_timeout,
        (SELECT group_concat(name || ' on ' || tbl_name, ', ') FROM sqlite_master
         WHERE type = 'trigger' AND tbl_name LIKE 'agent\_%' ESCAPE '\') AS triggers,
        (SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name LIKE 'agent\_%' ESCAPE '\' AND sql LIKE '%INSTEAD OF%') AS instead_of_triggers;
+
+-- stop_job --
+-- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).
+UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = :now,
+    lease_expires_at = NULL, note = 'stopped by operator (stop JOB)'
+WHERE job_name = :job_name AND status IN ('pending', 'queued', 'running')
+  AND (status = 'running' OR runnable_at <= :now OR attempt > 0)
+RETURNING run_id, status;
