@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--job", help="only this job")
     history.add_argument("--limit", type=_positive_int, default=50)
     history.add_argument("--json", action="store_true")
+    history.add_argument("--output", action="store_true",
+                         help="each attempt (each step's) with what the server said: messages and rows affected")
 
     stuck = commands.add_parser("stuck", help="reconciliation: runs past their lease or waiting too long")
     stuck.add_argument("--older-than", type=_positive_int, default=600, metavar="SECONDS",
@@ -270,6 +272,12 @@ def cmd_history(agent, args) -> int:
     attempts = store.execute("list_attempts", run_ids=[r["run_id"] for r in runs]).rows if runs else []
     events = store.execute("list_job_events", job_name=args.job, limit=args.limit).rows
     by_run: dict[int, list[dict[str, Any]]] = {}
+    if runs and (args.json or args.output):
+        # Output is read only when asked for: up to AGENT_STEP_OUTPUT_MAX_BYTES per attempt.
+        outputs = {(row["run_id"], row["attempt"]): row["output"] for row in store.execute(
+            "list_attempt_output", run_ids=[r["run_id"] for r in runs]).rows}
+        for attempt in attempts:
+            attempt["output"] = outputs.get((attempt["run_id"], attempt["attempt"]))
     for attempt in attempts:
         by_run.setdefault(attempt["run_id"], []).append(attempt)
     if args.json:
@@ -283,12 +291,29 @@ def cmd_history(agent, args) -> int:
                       run["status"], f"{run['attempt']}/{run['max_attempts']}", _time(run["finished_at"]),
                       error[:120]])
     _print_table(["RUN", "JOB", "KIND", "SCHEDULED (UTC)", "STATUS", "ATTEMPTS", "FINISHED", "ERROR / NOTE"], table)
+    if args.output:
+        _print_attempt_output(runs, by_run)
     if events:
         print()
         _print_table(["EVENT", "JOB", "AT (UTC)", "KIND", "DETAIL"],
                      [[e["event_id"], e["job_name"], _time(e["event_at"]), e["kind"], (e["detail"] or "")[:160]]
                       for e in events])
     return EXIT_OK
+
+
+def _print_attempt_output(runs: list[dict[str, Any]], by_run: dict[int, list[dict[str, Any]]]) -> None:
+    """history --output: every attempt (of every step) with its outcome and what the server said."""
+    for run in runs:
+        failed = f", failed at step {run['failed_step']}" if run.get("failed_step") and run["status"] == "failed" else ""
+        print(f"\nrun {run['run_id']} ({run['job_name'] or 'task'}) {run['status']}{failed}")
+        for attempt in by_run.get(run["run_id"], []):
+            step = f"step {attempt['step']} " if attempt.get("step") else ""
+            where = f" in {attempt['target_database']}" if attempt.get("target_database") else ""
+            error = f": {attempt['error_message']}" if attempt.get("error_message") else ""
+            print(f"  attempt {attempt['attempt']} {step}{attempt['outcome']}{where} "
+                  f"({_time(attempt['started_at'])} - {_time(attempt['finished_at'])}){error}")
+            for line in (attempt.get("output") or "").splitlines():
+                print(f"    | {line}")
 
 
 def cmd_stuck(agent, args) -> int:

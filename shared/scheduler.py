@@ -218,6 +218,7 @@ class Scheduler:
                 "max_attempts": job.max_attempts, "timeout_seconds": job.timeout_seconds,
                 "lease_seconds": job.lease_seconds, "misfire": job.misfire,
                 "grace_seconds": job.grace_seconds, "overlap": job.overlap,
+                "steps": job.steps_json(), "notify": job.notify, "notify_webhook_url": job.notify_webhook_url,
                 "next_due_at": store.json_time(_initial_due(job.schedule, job.timezone, now)) if job.enabled else None,
             })
         for bad in self.settings.invalid_jobs:
@@ -388,6 +389,7 @@ def _invalid_row(key: str, message: str) -> dict[str, Any]:
         "target_database": None, "enabled": 0, "valid": 0, "config_error": message,
         "max_attempts": 1, "timeout_seconds": 1, "lease_seconds": 60, "misfire": "skip",
         "grace_seconds": 0, "overlap": "skip", "next_due_at": None,
+        "steps": None, "notify": "never", "notify_webhook_url": None,
     }
 
 

@@ -252,6 +252,11 @@ DUMMY_VALUES = {
     "queue_name": "q", "pop_receipt": "p", "outcome": "o", "error_message": "e",
     "error_sqlstate": "HY000", "message_id": "m", "job_name": "j",
 }
+# Issue 15 (steps, output, notifications).
+DUMMY_VALUES.update({
+    "step": 1, "next_step": 2, "failures": 0, "failed_step": None, "run_status": "running", "runnable_at": _T,
+    "next_database": None, "step_output": "(1 row(s) affected)",
+})
 
 
 def test_result_columns_match_the_real_database(db_url, tmp_path):
