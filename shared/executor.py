@@ -35,6 +35,7 @@ from .errors import MessageError, QueueError, TransientJobError
 from .messages import DoorbellMessage, RunMessage, decode_body, parse_message
 from .store import Result, Store
 from .sqlerrors import classify, describe
+from .notify import enqueue_calls, notifications_enabled
 from .steps import QUIT_FAILURE, QUIT_SUCCESS, cap_output, run_steps, target_step
 
 log = logging.getLogger("shared.executor")
@@ -61,7 +62,8 @@ class ExecutionResult:
 class Executor:
     def __init__(self, *, settings: Settings, store: Callable[[], Store], target_store: Callable[[str], Store],
                  telemetry: Any, supervisor: Any, queue: Any = None,
-                 clock: Callable[[], datetime] | None = None, transient_delay_seconds: float = 30.0) -> None:
+                 clock: Callable[[], datetime] | None = None, transient_delay_seconds: float = 30.0,
+                 notifier: Any = None) -> None:
         """``queue`` is the queue port in queue mode (re-sends, hand-on dispatch), None in
         direct mode. ``transient_delay_seconds``: how long a direct-mode run waits after a
         transient error (the queue's redelivery delay, host.json visibilityTimeout)."""
@@ -74,6 +76,8 @@ class Executor:
         self.clock = clock or (lambda: datetime.now(UTC))
         self.worker = settings.agent.worker_id
         self.transient_delay_seconds = transient_delay_seconds
+        # Delivers the notification outbox off this worker's path (None: no webhook configured).
+        self.notifier = notifier if notifications_enabled(settings) else None
 
     # ------------------------------------------------------------ queue mode
 
@@ -206,6 +210,8 @@ class Executor:
             if result is not None:
                 break
             # The run went on to its next step at once, in this worker, under the same token.
+        if result.outcome in ("succeeded", "failed", "poisoned") and self.notifier is not None:
+            self.notifier.wake()
         if result.outcome == "succeeded":
             duration_ms = (time.perf_counter() - started) * 1000
             log.debug("run %s (%s) succeeded in %.0f ms", run_id, properties["job"], duration_ms)
@@ -356,12 +362,15 @@ class Executor:
                 calls.append(("record_attempt_output", {"run_id": run["run_id"], "token": run["token"],
                                                         "attempt": run["attempt"], "step_output": text}))
             ends = True
+            calls += enqueue_calls(self.settings, now)
         else:
             params = self._transition(run, step, steps, now, outcome="succeeded", action=step.on_success,
                                       retry_at=None, failures=run["failures"], output=output,
                                       error=(None, None, None))
             calls.append(("step_transition", params))
             ends = params["run_status"] != "running"
+            if ends:
+                calls += enqueue_calls(self.settings, now)
         results = self._chain_with_hand_on(store, calls, now) if ends else store.chain(*calls)
         row = results[position].one()
         if row is None:
@@ -468,7 +477,7 @@ class Executor:
         with store.transaction():
             results = self._chain_with_hand_on(store, reset + [("fail_run", {
                 "run_id": run_id, "token": token, "now": now, "retry_at": retry_at, "outcome": outcome, **errors})]
-                + record, now)
+                + record + enqueue_calls(self.settings, now), now)
         row = results[len(reset)].one()
         if row is None:
             return self._fenced(run, properties, operation_id, f"failed after the lease moved on: {message}",
@@ -501,8 +510,8 @@ class Executor:
         params = self._transition(run, step, steps, now, outcome=outcome, action=step.on_failure, retry_at=retry_at,
                                   failures=failures, output=output, error=error)
         store = self._store()
-        calls = reset + [("step_transition", params)]
         ends = params["run_status"] != "running"
+        calls = reset + [("step_transition", params)] + (enqueue_calls(self.settings, now) if ends else [])
         with store.transaction():
             results = self._chain_with_hand_on(store, calls, now) if ends else store.chain(*calls)
         moved = results[len(reset)].one()
@@ -559,6 +568,9 @@ class Executor:
                 marked = bool(store.execute("poison_run", run_id=run_id, token=token, now=now, reason=reason,
                                             error_number=number, error_sqlstate=sqlstate,
                                             error_message=message).rows)
+                if marked:
+                    for name, params in enqueue_calls(self.settings, now):
+                        store.execute(name, **params)
             errors: list[dict[str, Any]] = []
             if run_id is not None:
                 for row in store.execute("list_run_errors", run_id=run_id).rows:
@@ -569,6 +581,8 @@ class Executor:
                                       dequeue_count=dequeue_count, reason=reason,
                                       errors=json.dumps(errors, default=str), now=now).scalar()
         log.error("message %s poisoned (poison id %s, run %s): %s", message_id or "-", poison_id, run_id, reason)
+        if marked and self.notifier is not None:
+            self.notifier.wake()
         self.telemetry.event("RunPoisoned", {"job": job, "run_id": run_id, "token": token,
                                              "dequeue_count": dequeue_count,
                                              "outcome": "poisoned" if marked else "message_poisoned",

@@ -28,6 +28,7 @@ from typing import Any, Callable
 from .config import Settings
 from .dispatch import PartialDispatchError, claim_horizon, dispatch, ring_doorbells, run_properties
 from .errors import AgentError, QueueError
+from .notify import enqueue_calls
 from .schedules import CronSchedule, parse_schedule
 from .store import Store
 from .sqlerrors import classify, describe
@@ -279,6 +280,10 @@ class Scheduler:
             expired = store.execute("expire_leases", now=now, max_lapses=self.settings.agent.max_lapses).rows
             if expired:
                 store.execute("close_dead_attempts", now=now)
+                if any(run["status"] == "failed" for run in expired):
+                    # A run failed by its last lapse is notified like any failed run.
+                    for name, params in enqueue_calls(self.settings, now):
+                        store.execute(name, **params)
         report.expired = expired
         for run in expired:
             if not run.get("was_running"):

@@ -919,3 +919,53 @@ SELECT a.run_id, a.attempt, a.[output]
 FROM agent.attempts AS a
 WHERE a.run_id IN (SELECT CAST(x.[value] AS BIGINT) FROM OPENJSON(:run_ids) AS x) AND a.[output] IS NOT NULL
 ORDER BY a.run_id, a.attempt_id;
+
+-- enqueue_notifications --
+-- The notification outbox, in the transaction that ends runs: one row for each run it ended (finished at :now) whose outcome its job's NOTIFY asks for and that has a webhook (the job's, else :default_url); a run already notified is left alone (the key-range lock of the probe keeps a concurrent enqueue out).
+INSERT INTO agent.notifications (run_id, job_name, outcome, url, status, attempts, created_at, next_attempt_at)
+SELECT r.run_id, r.job_name, r.status, COALESCE(j.notify_webhook_url, CAST(:default_url AS NVARCHAR(2000))),
+       N'pending', 0, CAST(:now AS DATETIME2(6)), CAST(:now AS DATETIME2(6))
+FROM agent.runs AS r
+JOIN agent.jobs AS j ON j.job_name = r.job_name
+WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.status IN (N'succeeded', N'failed', N'poisoned')
+  AND COALESCE(j.notify_webhook_url, CAST(:default_url AS NVARCHAR(2000))) IS NOT NULL
+  AND (COALESCE(j.notify, N'on_failure') = N'on_completion'
+       OR (COALESCE(j.notify, N'on_failure') = N'on_success' AND r.status = N'succeeded')
+       OR (COALESCE(j.notify, N'on_failure') = N'on_failure' AND r.status IN (N'failed', N'poisoned')))
+  AND NOT EXISTS (SELECT 1 FROM agent.notifications AS n WITH (UPDLOCK, HOLDLOCK) WHERE n.run_id = r.run_id);
+
+-- claim_notifications --
+-- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
+DECLARE @taken TABLE (notification_id BIGINT, run_id BIGINT, job_name NVARCHAR(64), outcome NVARCHAR(16),
+                      url NVARCHAR(2000), attempts INT, claim_token NVARCHAR(32));
+WITH picked AS (
+    SELECT TOP (CAST(:batch AS INT)) *
+    FROM agent.notifications WITH (UPDLOCK, READPAST, ROWLOCK)
+    WHERE (status = N'pending' AND next_attempt_at <= CAST(:now AS DATETIME2(6)))
+       OR (status = N'sending' AND claimed_until < CAST(:now AS DATETIME2(6)))
+    ORDER BY notification_id
+)
+UPDATE picked SET status = N'sending', claim_token = CAST(:claim_token AS NVARCHAR(32)),
+    claimed_until = CAST(:claimed_until AS DATETIME2(6)), attempts = attempts + 1
+OUTPUT inserted.notification_id, inserted.run_id, inserted.job_name, inserted.outcome, inserted.url,
+       inserted.attempts, inserted.claim_token INTO @taken;
+SELECT notification_id, run_id, job_name, outcome, url, attempts, claim_token FROM @taken;
+
+-- notification_runs --
+-- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id.
+SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.failed_step, r.last_error_number, r.last_error,
+       r.finished_at, r.operation_id,
+       (SELECT MIN(a.started_at) FROM agent.attempts AS a WHERE a.run_id = r.run_id) AS first_started_at
+FROM agent.runs AS r
+WHERE r.run_id IN (SELECT CAST(x.[value] AS BIGINT) FROM OPENJSON(:run_ids) AS x);
+
+-- finish_notification --
+-- Record one delivery attempt of a claimed notification (sent, to be retried at :next_attempt_at, or failed for good), only while the claim is still this sender's.
+DECLARE @recorded TABLE (notification_id BIGINT);
+UPDATE agent.notifications SET status = CAST(:status AS NVARCHAR(16)),
+    next_attempt_at = CAST(:next_attempt_at AS DATETIME2(6)),
+    sent_at = CASE WHEN CAST(:status AS NVARCHAR(16)) = N'sent' THEN CAST(:now AS DATETIME2(6)) END,
+    last_error = :last_error, claim_token = NULL, claimed_until = NULL
+OUTPUT inserted.notification_id INTO @recorded
+WHERE notification_id = :notification_id AND claim_token = :claim_token;
+SELECT notification_id FROM @recorded;

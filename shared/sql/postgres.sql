@@ -580,3 +580,45 @@ FROM agent.attempts a
 WHERE a.run_id IN (SELECT CAST(x AS BIGINT) FROM json_array_elements_text(CAST(:run_ids AS json)) AS x)
   AND a.output IS NOT NULL
 ORDER BY a.run_id, a.attempt_id;
+
+-- enqueue_notifications --
+-- The notification outbox, in the transaction that ends runs: one row for each run it ended (finished at :now) whose outcome its job's NOTIFY asks for and that has a webhook (the job's, else :default_url); a run already notified is left alone.
+INSERT INTO agent.notifications (run_id, job_name, outcome, url, status, attempts, created_at, next_attempt_at)
+SELECT r.run_id, r.job_name, r.status, COALESCE(j.notify_webhook_url, CAST(:default_url AS VARCHAR)), 'pending', 0,
+       CAST(:now AS timestamp), CAST(:now AS timestamp)
+FROM agent.runs AS r
+JOIN agent.jobs AS j ON j.job_name = r.job_name
+WHERE r.finished_at = CAST(:now AS timestamp) AND r.status IN ('succeeded', 'failed', 'poisoned')
+  AND COALESCE(j.notify_webhook_url, CAST(:default_url AS VARCHAR)) IS NOT NULL
+  AND (COALESCE(j.notify, 'on_failure') = 'on_completion'
+       OR (COALESCE(j.notify, 'on_failure') = 'on_success' AND r.status = 'succeeded')
+       OR (COALESCE(j.notify, 'on_failure') = 'on_failure' AND r.status IN ('failed', 'poisoned')))
+ON CONFLICT (run_id) DO NOTHING;
+
+-- claim_notifications --
+-- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
+UPDATE agent.notifications AS n SET status = 'sending', claim_token = :claim_token,
+    claimed_until = CAST(:claimed_until AS timestamp), attempts = n.attempts + 1
+FROM (SELECT notification_id FROM agent.notifications
+      WHERE (status = 'pending' AND next_attempt_at <= CAST(:now AS timestamp))
+         OR (status = 'sending' AND claimed_until < CAST(:now AS timestamp))
+      ORDER BY notification_id LIMIT :batch
+      FOR UPDATE SKIP LOCKED) AS d
+WHERE n.notification_id = d.notification_id
+RETURNING n.notification_id, n.run_id, n.job_name, n.outcome, n.url, n.attempts, n.claim_token;
+
+-- notification_runs --
+-- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id.
+SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.failed_step, r.last_error_number, r.last_error,
+       r.finished_at, r.operation_id,
+       (SELECT MIN(a.started_at) FROM agent.attempts AS a WHERE a.run_id = r.run_id) AS first_started_at
+FROM agent.runs AS r
+WHERE r.run_id IN (SELECT CAST(x AS BIGINT) FROM json_array_elements_text(CAST(:run_ids AS json)) AS x);
+
+-- finish_notification --
+-- Record one delivery attempt of a claimed notification (sent, to be retried at :next_attempt_at, or failed for good), only while the claim is still this sender's.
+UPDATE agent.notifications SET status = CAST(:status AS VARCHAR), next_attempt_at = CAST(:next_attempt_at AS timestamp),
+    sent_at = CASE WHEN CAST(:status AS VARCHAR) = 'sent' THEN CAST(:now AS timestamp) END, last_error = :last_error,
+    claim_token = NULL, claimed_until = NULL
+WHERE notification_id = :notification_id AND claim_token = :claim_token
+RETURNING notification_id;

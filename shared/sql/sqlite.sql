@@ -727,3 +727,42 @@ SELECT a.run_id, a.attempt, a.output
 FROM agent_attempts a
 WHERE a.run_id IN (SELECT CAST(x.value AS INTEGER) FROM json_each(:run_ids) AS x) AND a.output IS NOT NULL
 ORDER BY a.run_id, a.attempt_id;
+
+-- enqueue_notifications --
+-- The notification outbox, in the transaction that ends runs: one row for each run it ended (finished at :now) whose outcome its job's NOTIFY asks for and that has a webhook (the job's, else :default_url); a run already notified is left alone.
+INSERT INTO agent_notifications (run_id, job_name, outcome, url, status, attempts, created_at, next_attempt_at)
+SELECT r.run_id, r.job_name, r.status, COALESCE(j.notify_webhook_url, :default_url), 'pending', 0, :now, :now
+FROM agent_runs AS r
+JOIN agent_jobs AS j ON j.job_name = r.job_name
+WHERE r.finished_at = :now AND r.status IN ('succeeded', 'failed', 'poisoned')
+  AND COALESCE(j.notify_webhook_url, :default_url) IS NOT NULL
+  AND (COALESCE(j.notify, 'on_failure') = 'on_completion'
+       OR (COALESCE(j.notify, 'on_failure') = 'on_success' AND r.status = 'succeeded')
+       OR (COALESCE(j.notify, 'on_failure') = 'on_failure' AND r.status IN ('failed', 'poisoned')))
+ON CONFLICT (run_id) DO NOTHING;
+
+-- claim_notifications --
+-- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
+UPDATE agent_notifications SET status = 'sending', claim_token = :claim_token, claimed_until = :claimed_until,
+    attempts = attempts + 1
+WHERE notification_id IN (
+    SELECT notification_id FROM agent_notifications
+    WHERE (status = 'pending' AND next_attempt_at <= :now) OR (status = 'sending' AND claimed_until < :now)
+    ORDER BY notification_id LIMIT :batch)
+RETURNING notification_id, run_id, job_name, outcome, url, attempts, claim_token;
+
+-- notification_runs --
+-- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id.
+SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.failed_step, r.last_error_number, r.last_error,
+       r.finished_at, r.operation_id,
+       (SELECT MIN(a.started_at) FROM agent_attempts AS a WHERE a.run_id = r.run_id) AS first_started_at
+FROM agent_runs AS r
+WHERE r.run_id IN (SELECT CAST(x.value AS INTEGER) FROM json_each(:run_ids) AS x);
+
+-- finish_notification --
+-- Record one delivery attempt of a claimed notification (sent, to be retried at :next_attempt_at, or failed for good), only while the claim is still this sender's.
+UPDATE agent_notifications SET status = :status, next_attempt_at = :next_attempt_at,
+    sent_at = CASE WHEN :status = 'sent' THEN :now END, last_error = :last_error,
+    claim_token = NULL, claimed_until = NULL
+WHERE notification_id = :notification_id AND claim_token = :claim_token
+RETURNING notification_id;

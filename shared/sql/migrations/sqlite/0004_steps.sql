@@ -13,3 +13,25 @@ ALTER TABLE agent_runs ADD COLUMN failed_step INT NULL;
 ALTER TABLE agent_attempts ADD COLUMN step INT NULL;
 ALTER TABLE agent_attempts ADD COLUMN target_database VARCHAR(128) NULL;
 ALTER TABLE agent_attempts ADD COLUMN output TEXT NULL;
+
+-- The notification outbox: one row per run outcome to notify, written in the transaction that
+-- ends the run, delivered afterwards (outside any worker's critical path) by whichever
+-- process claims it first (claim_token).
+CREATE TABLE agent_notifications (
+    notification_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id          BIGINT NOT NULL,
+    job_name        VARCHAR(64) NOT NULL,
+    outcome         VARCHAR(16) NOT NULL,
+    url             VARCHAR(2000) NOT NULL,
+    status          VARCHAR(16) NOT NULL,
+    attempts        INT NOT NULL DEFAULT 0,
+    created_at      TEXT NOT NULL,
+    next_attempt_at TEXT NOT NULL,
+    claim_token     VARCHAR(32) NULL,
+    claimed_until   TEXT NULL,
+    sent_at         TEXT NULL,
+    last_error      TEXT NULL
+);
+-- Once per run outcome: a second enqueue of the same run does nothing.
+CREATE UNIQUE INDEX notifications_run ON agent_notifications (run_id);
+CREATE INDEX notifications_due ON agent_notifications (status, next_attempt_at);
