@@ -374,9 +374,8 @@ def cmd_run_now(agent, args) -> int:
 
     store = agent.store()
     store.require_schema()
-    now = agent.clock()
     # The job as the agent last synced it (see cmd_jobs): this machine's settings are not read.
-    row = store.execute("insert_manual_run", job_name=args.name, now=now, operation_id=new_operation_id()).one()
+    row = agent.request_run_now(args.name, operation_id=new_operation_id())
     if row is None:
         jobs = {r["job_name"]: r for r in store.execute("list_jobs").rows}
         job = jobs.get(args.name)

@@ -244,13 +244,14 @@ def retry_connect(
             remaining = deadline - monotonic()
             if info.kind != TRANSIENT or remaining <= 0:
                 if info.kind == TRANSIENT:
-                    _log.warning("%s: giving up after %d attempts and %.0f s: %s", what, attempt,
+                    # INFO: the caller reports the error itself (an operator's command in one line).
+                    _log.info("%s: giving up after %d attempts and %.0f s: %s", what, attempt,
                                  budget_seconds, describe(exc))
                 raise
             floor = MIN_RETRY_DELAY_SECONDS.get(info.number or 0, 0.0)
             delay = max(floor, draw(0.0, min(max_delay, base_delay * (2 ** (attempt - 1)))))
             delay = min(delay, remaining)
-            _log.warning("%s: transient error (attempt %d), retrying in %.1f s (%.0f s left): %s",
+            _log.info("%s: transient error (attempt %d), retrying in %.1f s (%.0f s left): %s",
                          what, attempt, delay, remaining, describe(exc))
             sleep(delay)
             attempt += 1
@@ -266,7 +267,17 @@ def describe(exc: BaseException) -> str:
     if not codes and not _odbc_args(exc) and type(exc).__name__ not in message and not isinstance(exc, sqlite3.Error):
         if not any(cls.__name__.endswith("Error") and cls.__module__.startswith("shared") for cls in type(exc).__mro__):
             message = f"{type(exc).__name__}: {message}"
-    return f"{message} ({codes})" if codes else message
+    # A wrapper (ConnectError) may already carry its cause's codes in its message.
+    return f"{message} ({codes})" if codes and f"({codes})" not in message else message
+
+
+def is_unique_violation(exc: BaseException) -> bool:
+    """True when ``exc`` is a unique key refusing a duplicate (SQLite, PostgreSQL 23505, SQL
+    Server 2627/2601)."""
+    if isinstance(exc, sqlite3.IntegrityError):
+        return "UNIQUE constraint failed" in str(exc)
+    info = classify(exc)
+    return info.sqlstate == "23505" or info.number in (2627, 2601)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -316,7 +327,8 @@ def retry_transient(
             info = classify(exc)
             if info.kind != TRANSIENT or attempt >= attempts:
                 if info.kind == TRANSIENT:
-                    _log.warning("%s: giving up after %d attempts: %s", what, attempt, info.message)
+                    # INFO: the caller reports the error itself (an operator's command in one line).
+                    _log.info("%s: giving up after %d attempts: %s", what, attempt, info.message)
                 raise
             cap = min(max_delay, base_delay * (2 ** (attempt - 1)))
             delay = draw(0.0, cap)
@@ -372,9 +384,14 @@ def _parse_odbc(sqlstate: str | None, message: str) -> list[OdbcRecord]:
         body = _PREFIX_RE.sub("", raw)
         postgres = bool(_POSTGRES_MARKERS.search(body)) or (state is not None and "P" in state)
         trusted = microsoft or not (postgres or driver_manager)
-        text = _PSQLODBC_NOISE_RE.sub("", body)
+        # psqlODBC appends ";\nError while executing the query" (or a bare ";"): remove that one
+        # separator, never a ';' that ends the server's own message.
+        noise = _PSQLODBC_NOISE_RE.search(body)
+        text = body[: noise.start()] if noise else body
         text = _SEVERITY_RE.sub("", text.strip())
-        text = _SPACES_RE.sub(" ", text).strip().rstrip(";").strip()
+        text = _SPACES_RE.sub(" ", text).strip()
+        if not noise and text.endswith(";"):
+            text = text[:-1].strip()
         records.append(OdbcRecord(state, native, text, trusted))
     return records
 

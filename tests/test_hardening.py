@@ -240,11 +240,7 @@ def test_agent_job_principal_is_validated():
 
 
 def run_now(agent, name: str):
-    from shared.telemetry import new_operation_id
-
-    with agent.store().transaction():
-        return agent.store().execute("insert_manual_run", job_name=name, now=agent.clock(),
-                                     operation_id=new_operation_id()).one()
+    return agent.request_run_now(name)
 
 
 def _poison(agent, sql: str) -> tuple[int, int]:

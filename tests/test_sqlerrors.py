@@ -35,6 +35,7 @@ from shared.sqlerrors import (
     classify,
     diagnostic_records,
     is_transient,
+    is_unique_violation,
     retry_transient,
 )
 from tests.conftest import PG_BASE, create_pg_database, drop_pg_database, pg_admin_connection, service_missing
@@ -135,6 +136,16 @@ def test_pg_missing_objects_and_bad_data_are_permanent(pg, sql, sqlstate, text):
     assert info.number is None
 
 
+@pytest.mark.parametrize("text", ["stop here;", "two;;", "no semicolon", "a; b"])
+def test_pg_messages_keep_their_own_semicolons(pg, text):
+    """psqlODBC appends ';' and "Error while executing the query" to every message: only that
+    is removed, never a ';' of the server's own message."""
+    with closing(pg.connect(autocommit=True)) as conn:
+        exc = raised(lambda: conn.execute(f"DO $$BEGIN RAISE EXCEPTION '{text}'; END$$"))
+    assert classify(exc).message == text
+    assert is_unique_violation(exc) is False
+
+
 def test_pg_unique_violation_is_permanent_and_one_line(pg):
     with closing(pg.connect(autocommit=True)) as conn:
         exc = raised(lambda: conn.execute("INSERT INTO t VALUES (1, 5)"))
@@ -142,6 +153,7 @@ def test_pg_unique_violation_is_permanent_and_one_line(pg):
     assert (info.kind, info.sqlstate, info.number) == ("permanent", "23505", None)
     assert info.message == 'duplicate key value violates unique constraint "t_pkey" DETAIL: Key (i)=(1) already exists.'
     assert "\n" not in info.message and "Error while executing" not in info.message
+    assert is_unique_violation(exc)
 
 
 def test_pg_permission_denied_is_permanent(pg):

@@ -707,7 +707,7 @@ SELECT run_id FROM @requeued;
 UPDATE agent.poison_messages SET requeued_at = CAST(:now AS DATETIME2(6)) WHERE poison_id = :poison_id;
 
 -- insert_manual_run --
--- run-now: a run of a job right away, keyed by the request time; the job's overlap policy applies, decided under the start lock.
+-- run-now: a run of a job right away, keyed by the request time; the job's overlap policy applies, decided under the start lock (another run-now still waiting counts as in flight whatever its requester's clock said).
 DECLARE @locked INT;
 SELECT @locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
 DECLARE @manual TABLE (run_id BIGINT, job_name NVARCHAR(64), status NVARCHAR(16), note NVARCHAR(MAX),
@@ -729,7 +729,7 @@ CROSS APPLY (
                 SELECT 1 FROM agent.runs AS a
                 WHERE a.job_name = j.job_name
                   AND (a.status = N'running'
-                       OR (a.status IN (N'pending', N'queued') AND a.runnable_at <= CAST(:now AS DATETIME2(6)))))
+                       OR (a.status IN (N'pending', N'queued') AND (a.runnable_at <= CAST(:now AS DATETIME2(6)) OR a.kind = N'manual'))))
            THEN N'skipped' ELSE N'pending' END AS decision) AS d
 WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1;
 SELECT run_id, job_name, status, note, operation_id FROM @manual;

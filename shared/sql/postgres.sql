@@ -388,7 +388,7 @@ RETURNING run_id;
 UPDATE agent.poison_messages SET requeued_at = CAST(:now AS timestamp) WHERE poison_id = :poison_id;
 
 -- insert_manual_run --
--- run-now: a run of a job right away, keyed by the request time; the job's overlap policy applies, decided under the start lock.
+-- run-now: a run of a job right away, keyed by the request time; the job's overlap policy applies, decided under the start lock (another run-now still waiting counts as in flight whatever its requester's clock said).
 LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
@@ -406,7 +406,7 @@ CROSS JOIN LATERAL (
                 SELECT 1 FROM agent.runs a
                 WHERE a.job_name = j.job_name
                   AND (a.status = 'running'
-                       OR (a.status IN ('pending', 'queued') AND a.runnable_at <= CAST(:now AS timestamp))))
+                       OR (a.status IN ('pending', 'queued') AND (a.runnable_at <= CAST(:now AS timestamp) OR a.kind = 'manual'))))
            THEN 'skipped' ELSE 'pending' END AS decision) AS d
 WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
 RETURNING run_id, job_name, status, note, operation_id;

@@ -569,7 +569,7 @@ FROM (
     SELECT j.*, CASE WHEN j.overlap = 'skip' AND EXISTS (
                     SELECT 1 FROM agent_runs a
                     WHERE a.job_name = j.job_name
-                      AND (a.status = 'running' OR (a.status IN ('pending', 'queued') AND a.runnable_at <= :now)))
+                      AND (a.status = 'running' OR (a.status IN ('pending', 'queued') AND (a.runnable_at <= :now OR a.kind = 'manual'))))
                THEN 'skipped' ELSE 'pending' END AS decision
     FROM agent_jobs j
     WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
