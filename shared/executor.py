@@ -367,6 +367,9 @@ class Executor:
             params = self._transition(run, step, steps, now, outcome="succeeded", action=step.on_success,
                                       retry_at=None, failures=run["failures"], output=output,
                                       error=(None, None, None))
+            if reset:   # the step worked in this transaction: it must still be active (SQL Server)
+                calls.append(("check_step_transaction", {}))
+                position += 1
             calls.append(("step_transition", params))
             ends = params["run_status"] != "running"
             if ends:

@@ -873,8 +873,7 @@ UPDATE agent.attempts SET step = :step, target_database = :target_database
 WHERE run_id = :run_id AND token = :token AND attempt = :attempt AND outcome = N'running';
 
 -- step_transition --
--- A step of a multi-step run ended (fenced by the token; in the step's own transaction when it works in the control database, so the step's work and its transition commit together): the attempt closes with its outcome and output, and the run follows the flow: on to :next_step at once (status running, same worker and token, a new attempt opened), the same step again at :runnable_at (pending: a retry), or the end (succeeded or failed, with the failing step). No row back: the lease was taken over; roll back. A transaction the step's SQL ended or doomed is never recorded as a success.
-IF XACT_STATE() <> 1 THROW 50001, N'the step''s transaction is no longer active (its SQL committed, rolled back or doomed it): the step is not recorded as ended', 1;
+-- A step of a multi-step run ended (fenced by the token; in the step's own transaction when it works in the control database, so the step's work and its transition commit together): the attempt closes with its outcome and output, and the run follows the flow: on to :next_step at once (status running, same worker and token, a new attempt opened), the same step again at :runnable_at (pending: a retry), or the end (succeeded or failed, with the failing step). No row back: the lease was taken over; roll back.
 DECLARE @moved TABLE (run_id BIGINT, token BIGINT, status NVARCHAR(16), step INT, attempt INT, failures INT,
                       dequeue_count INT);
 UPDATE agent.runs SET
@@ -969,3 +968,8 @@ UPDATE agent.notifications SET status = CAST(:status AS NVARCHAR(16)),
 OUTPUT inserted.notification_id INTO @recorded
 WHERE notification_id = :notification_id AND claim_token = :claim_token;
 SELECT notification_id FROM @recorded;
+
+-- check_step_transaction --
+-- Before a step's success is recorded in its own transaction: a transaction the step's SQL committed, rolled back or doomed is never recorded as a success (as finish_run).
+IF XACT_STATE() <> 1 THROW 50001, N'the step''s transaction is no longer active (its SQL committed, rolled back or doomed it): the step is not recorded as succeeded', 1;
+SELECT 1 AS active WHERE 1 = 0;

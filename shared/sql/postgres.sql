@@ -622,3 +622,7 @@ UPDATE agent.notifications SET status = CAST(:status AS VARCHAR), next_attempt_a
     claim_token = NULL, claimed_until = NULL
 WHERE notification_id = :notification_id AND claim_token = :claim_token
 RETURNING notification_id;
+
+-- check_step_transaction --
+-- Before a step's success is recorded in its own transaction: on PostgreSQL a COMMIT or ROLLBACK in the step's SQL is refused inside the agent's transaction block; nothing to check.
+SELECT 1 AS active WHERE FALSE;
