@@ -307,8 +307,11 @@ class Scheduler:
         history_before = now - timedelta(days=agent.history_retention_days) if agent.history_retention_days else forever
         poison_before = now - timedelta(days=agent.poison_retention_days) if agent.poison_retention_days else forever
         with self.store.transaction():
-            rows = self.store.execute("purge_history", history_before=history_before,
-                                      poison_before=poison_before, batch=PURGE_BATCH).rows
+            results = self.store.chain(
+                ("purge_history", {"history_before": history_before, "poison_before": poison_before,
+                                   "batch": PURGE_BATCH}),
+                ("purge_notifications", {"history_before": history_before, "batch": PURGE_BATCH}))
+            rows = [row for result in results for row in result.rows]
         purged: dict[str, int] = {}
         for row in rows:
             purged[row["purged"]] = purged.get(row["purged"], 0) + int(row["rows_purged"])

@@ -206,3 +206,23 @@ def test_webhook_urls_are_validated():
     assert "JOB__a__NOTIFY='sometimes'" in errors["a"] and "on_failure or on_success" in errors["a"]
     assert "JOB__b__NOTIFY_WEBHOOK_URL='ftp://x/y'" in errors["b"] and "https://" in errors["b"]
     assert settings.job("c").notify == "on_completion" and settings.job("c").notify_webhook_url is None
+
+
+def test_delivered_notifications_are_purged_with_the_history(agent_factory, db_url, receiver):
+    clock = Clock(datetime.now(UTC))
+    agent = agent_factory({"broken": {"SCHEDULE": "@once " + clock.now.isoformat(), "MAX_ATTEMPTS": "1",
+                                      "COMMAND": "SELECT * FROM no_such_table"}},
+                          clock=clock, AGENT_NOTIFY_WEBHOOK_URL=receiver.url + "/ok",
+                          AGENT_HISTORY_RETENTION_DAYS="1")
+    agent.tick()
+    work(agent)
+    assert len(receiver.wait_for(1)) == 1
+    table = notifications_table(agent)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and query(agent, f"SELECT status FROM {table}") != [("sent",)]:
+        time.sleep(0.05)
+    clock.advance(2 * 86400)
+    report = agent.tick()
+    assert not report.errors, report.errors
+    assert report.purged.get("notifications") == 1
+    assert query(agent, f"SELECT COUNT(*) FROM {table}") == [(0,)]

@@ -973,3 +973,13 @@ SELECT notification_id FROM @recorded;
 -- Before a step's success is recorded in its own transaction: a transaction the step's SQL committed, rolled back or doomed is never recorded as a success (as finish_run).
 IF XACT_STATE() <> 1 THROW 50001, N'the step''s transaction is no longer active (its SQL committed, rolled back or doomed it): the step is not recorded as succeeded', 1;
 SELECT 1 AS active WHERE 1 = 0;
+
+-- purge_notifications --
+-- Retention, a bounded batch per tick (with purge_history): notifications delivered or given up older than AGENT_HISTORY_RETENTION_DAYS; one row back with the count.
+DECLARE @notifications INT;
+DELETE FROM agent.notifications WHERE notification_id IN (
+    SELECT TOP (CAST(:batch AS INT)) notification_id FROM agent.notifications
+    WHERE status IN (N'sent', N'failed') AND next_attempt_at < CAST(:history_before AS DATETIME2(6))
+    ORDER BY notification_id);
+SET @notifications = @@ROWCOUNT;
+SELECT N'notifications' AS purged, @notifications AS rows_purged;

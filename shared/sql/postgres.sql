@@ -626,3 +626,14 @@ RETURNING notification_id;
 -- check_step_transaction --
 -- Before a step's success is recorded in its own transaction: on PostgreSQL a COMMIT or ROLLBACK in the step's SQL is refused inside the agent's transaction block; nothing to check.
 SELECT 1 AS active WHERE FALSE;
+
+-- purge_notifications --
+-- Retention, a bounded batch per tick (with purge_history): notifications delivered or given up older than AGENT_HISTORY_RETENTION_DAYS; one row back with the count.
+WITH old AS (
+    SELECT notification_id FROM agent.notifications
+    WHERE status IN ('sent', 'failed') AND next_attempt_at < CAST(:history_before AS timestamp)
+    ORDER BY notification_id LIMIT CAST(:batch AS INT)),
+gone AS (
+    DELETE FROM agent.notifications AS n USING old WHERE n.notification_id = old.notification_id
+    RETURNING n.notification_id)
+SELECT 'notifications' AS purged, COUNT(*) AS rows_purged FROM gone;

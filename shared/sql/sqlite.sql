@@ -770,3 +770,11 @@ RETURNING notification_id;
 -- check_step_transaction --
 -- Before a step's success is recorded in its own transaction: SQLite has no way for a step's SQL to end the agent's transaction unnoticed (a COMMIT in it fails the step); nothing to check.
 SELECT 1 AS active WHERE 0;
+
+-- purge_notifications --
+-- Retention, a bounded batch per tick (with purge_history): notifications delivered or given up older than AGENT_HISTORY_RETENTION_DAYS; one row back per notification purged.
+DELETE FROM agent_notifications WHERE notification_id IN (
+    SELECT notification_id FROM agent_notifications
+    WHERE status IN ('sent', 'failed') AND next_attempt_at < :history_before
+    ORDER BY notification_id LIMIT :batch)
+RETURNING 'notifications' AS purged, 1 AS rows_purged;
