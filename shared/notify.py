@@ -204,6 +204,8 @@ class Notifier:
             log.warning("notification of run %s (%s) to %s: attempt %s of %s failed (%s); retry at %s",
                         notification["run_id"], notification["job_name"], _shown(notification["url"]), attempts,
                         MAX_DELIVERY_ATTEMPTS, error, next_at.isoformat())
+        # Recorded one by one, right after its POST (not once per batch): a process that dies
+        # later in the batch does not send this one again.
         recorded = store.execute("finish_notification", notification_id=notification["notification_id"],
                                  claim_token=token, status=status, next_attempt_at=next_at,
                                  last_error=error, now=now).rows

@@ -65,3 +65,35 @@ def test_stop_cancels_a_run_waiting_for_its_retry(agent_factory, db_url):
     assert cli(["--db", db_url, "stop", "broken"]) == 0
     (run,) = _runs(agent, "broken")
     assert run["status"] == "cancelled"
+
+
+def test_stop_ends_a_multi_step_run_at_its_running_step(agent_factory, db_url):
+    slow = sql_for(db_url, "SELECT agent_sleep(60)", "SELECT pg_sleep(60)", tsql_delay(60))
+    agent = agent_factory({"nightly": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "LEASE_SECONDS": "6",
+                                       "STEPS__1__COMMAND": "SELECT 1", "STEPS__2__COMMAND": slow,
+                                       "STEPS__3__COMMAND": "CREATE TABLE step3_ran (x INT)"}})
+    agent.tick(datetime.now(UTC))
+    worker = threading.Thread(target=work, args=(agent,), kwargs={"concurrency": 1})
+    started = time.monotonic()
+    worker.start()
+    deadline = time.monotonic() + 20
+    while not any(r["status"] == "running" and r["step"] == 2 for r in _runs(agent, "nightly")):
+        assert time.monotonic() < deadline, _runs(agent, "nightly")
+        time.sleep(0.1)
+    time.sleep(0.3)
+    assert cli(["--db", db_url, "stop", "nightly"]) == 0
+    worker.join(timeout=30)
+    assert not worker.is_alive() and time.monotonic() - started < 20
+    (run,) = _runs(agent, "nightly")
+    assert run["status"] == "cancelled" and run["step"] == 2
+    attempts = agent.store().execute("list_attempts", run_ids=[run["run_id"]]).rows
+    assert [(a["step"], a["outcome"]) for a in attempts] == [(1, "succeeded"), (2, "lease_lost")]
+    store = agent.new_store()
+    try:
+        table = "sqlite_master" if store.dialect == "sqlite" else "information_schema.tables"
+        column = "name" if store.dialect == "sqlite" else "table_name"
+        cursor = store.connection.cursor()
+        cursor.execute(f"SELECT COUNT(*) FROM {table} WHERE {column} = 'step3_ran'")
+        assert cursor.fetchone()[0] == 0
+    finally:
+        store.close()
