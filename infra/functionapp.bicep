@@ -48,8 +48,15 @@ param tickSchedule string
 @maxValue(5)
 param maxDequeueCount int
 
-@description('Jobs: [{ name, schedule, command, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database? }].')
+@description('Jobs: [{ name, schedule, command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl? }] (command, or steps in jobSteps).')
 param jobs array
+
+@description('Steps of multi-step jobs, one entry per step: [{ job, step, command, database?, maxAttempts?, retryIntervalSeconds?, timeoutSeconds?, onSuccess?, onFailure? }].')
+param jobSteps array
+
+@description('Webhook the engine POSTs run outcomes to (AGENT_NOTIFY_WEBHOOK_URL); empty: none.')
+@secure()
+param notifyWebhookUrl string
 
 @description('Most instances the app scales out to.')
 @minValue(1)
@@ -131,6 +138,11 @@ var engineAppSettings = [
     name: 'AGENT_MONITOR_ALLOWED_GROUP'
     value: monitorAllowedGroupObjectId
   }
+  {
+    // Empty reads as unset: no webhook.
+    name: 'AGENT_NOTIFY_WEBHOOK_URL'
+    value: notifyWebhookUrl
+  }
 ]
 
 // Settings only the Functions host reads (on the allow-list in tests/test_infra.py). With
@@ -154,7 +166,7 @@ var hostAppSettings = [
 // gives a null value (safe dereference `.?`) and is dropped below. One loop per field rather
 // than one per job: Bicep cannot nest for-expressions, and each loop allows 800 jobs.
 var jobScheduleSettings = [for job in jobs: { name: 'JOB__${job.name}__SCHEDULE', value: job.schedule }]
-var jobCommandSettings = [for job in jobs: { name: 'JOB__${job.name}__COMMAND', value: job.command }]
+var jobCommandSettings = [for job in jobs: { name: 'JOB__${job.name}__COMMAND', value: job.?command }]
 var jobTimezoneSettings = [for job in jobs: { name: 'JOB__${job.name}__TIMEZONE', value: job.?timezone }]
 var jobEnabledSettings = [for job in jobs: { name: 'JOB__${job.name}__ENABLED', value: job.?enabled }]
 var jobMaxAttemptsSettings = [for job in jobs: { name: 'JOB__${job.name}__MAX_ATTEMPTS', value: job.?maxAttempts }]
@@ -164,8 +176,21 @@ var jobMisfireSettings = [for job in jobs: { name: 'JOB__${job.name}__MISFIRE', 
 var jobGraceSecondsSettings = [for job in jobs: { name: 'JOB__${job.name}__GRACE_SECONDS', value: job.?graceSeconds }]
 var jobOverlapSettings = [for job in jobs: { name: 'JOB__${job.name}__OVERLAP', value: job.?overlap }]
 var jobDatabaseSettings = [for job in jobs: { name: 'JOB__${job.name}__DATABASE', value: job.?database }]
+var jobNotifySettings = [for job in jobs: { name: 'JOB__${job.name}__NOTIFY', value: job.?notify }]
+var jobNotifyWebhookUrlSettings = [for job in jobs: { name: 'JOB__${job.name}__NOTIFY_WEBHOOK_URL', value: job.?notifyWebhookUrl }]
 
-var jobSettingCandidates = concat(jobScheduleSettings, jobCommandSettings, jobTimezoneSettings, jobEnabledSettings, jobMaxAttemptsSettings, jobTimeoutSecondsSettings, jobLeaseSecondsSettings, jobMisfireSettings, jobGraceSecondsSettings, jobOverlapSettings, jobDatabaseSettings)
+// Steps of multi-step jobs (JOB__<job>__STEPS__<step>__<SETTING>): a flat list, one entry per
+// step naming its job, because Bicep cannot nest for-expressions (and Checkov's Bicep parser
+// reads no map() lambda). The engine checks the numbering and the flow at sync.
+var jobStepCommandSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__COMMAND', value: s.command }]
+var jobStepDatabaseSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__DATABASE', value: s.?database }]
+var jobStepMaxAttemptsSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__MAX_ATTEMPTS', value: s.?maxAttempts }]
+var jobStepRetryIntervalSecondsSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__RETRY_INTERVAL_SECONDS', value: s.?retryIntervalSeconds }]
+var jobStepTimeoutSecondsSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__TIMEOUT_SECONDS', value: s.?timeoutSeconds }]
+var jobStepOnSuccessSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__ON_SUCCESS', value: s.?onSuccess }]
+var jobStepOnFailureSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__ON_FAILURE', value: s.?onFailure }]
+
+var jobSettingCandidates = concat(jobScheduleSettings, jobCommandSettings, jobTimezoneSettings, jobEnabledSettings, jobMaxAttemptsSettings, jobTimeoutSecondsSettings, jobLeaseSecondsSettings, jobMisfireSettings, jobGraceSecondsSettings, jobOverlapSettings, jobDatabaseSettings, jobNotifySettings, jobNotifyWebhookUrlSettings, jobStepCommandSettings, jobStepDatabaseSettings, jobStepMaxAttemptsSettings, jobStepRetryIntervalSecondsSettings, jobStepTimeoutSecondsSettings, jobStepOnSuccessSettings, jobStepOnFailureSettings)
 var presentJobSettings = filter(jobSettingCandidates, setting => setting.value != null)
 
 // App settings are strings: booleans become 'true' / 'false' (string() would give 'True'),

@@ -5,6 +5,7 @@
 //   sql.bicep          Azure SQL logical server (Entra-only auth) + serverless control database
 //   functionapp.bicep  Flex Consumption plan + function app, app settings, the app's role assignments
 //   alerts.bicep       optional: dead-man's switch and poison alerts on the engine's custom events
+//   notifications.bicep optional: operators e-mailed of job outcomes per each job's notify (action group + log alerts)
 //
 // Deploy:  az deployment group create -g <rg> -f infra/main.bicep -p @infra/main.parameters.json
 // After the deployment, create the app's database user (docs/deploying.md), then publish the code
@@ -111,8 +112,18 @@ param tickSchedule string = '0 */1 * * * *'
 @maxValue(5)
 param maxDequeueCount int = 5
 
-@description('Jobs, turned into JOB__<name>__<SETTING> app settings: [{ name, schedule, command, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database? }]. Names: letters, digits and underscores (app setting names allow no hyphens).')
+@description('Jobs, turned into JOB__<name>__<SETTING> app settings: [{ name, schedule, command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl? }] (a command, or steps in jobSteps). Names: letters, digits and underscores (app setting names allow no hyphens).')
 param jobs array = []
+
+@description('Steps of multi-step jobs, one entry per step: [{ job, step, command, database?, maxAttempts?, retryIntervalSeconds?, timeoutSeconds?, onSuccess?, onFailure? }] (JOB__<job>__STEPS__<step>__<SETTING>); onSuccess / onFailure: next, quit_success, quit_failure or goto:<n>.')
+param jobSteps array = []
+
+@description('Webhook the engine POSTs run outcomes to, per each job\'s notify (AGENT_NOTIFY_WEBHOOK_URL): https://; empty: none.')
+@secure()
+param notifyWebhookUrl string = ''
+
+@description('E-mail addresses the job notification alerts (failed runs; successful runs of jobs whose notify asks for them) are sent to; empty: an action group with no receivers.')
+param notifyEmails array = []
 
 @description('Most instances the function app scales out to.')
 @minValue(1)
@@ -231,6 +242,8 @@ module functionApp 'functionapp.bicep' = {
     tickSchedule: tickSchedule
     maxDequeueCount: maxDequeueCount
     jobs: jobs
+    jobSteps: jobSteps
+    notifyWebhookUrl: notifyWebhookUrl
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
     monitorEntraClientId: monitorEntraClientId
@@ -250,6 +263,21 @@ module alerts 'alerts.bicep' = if (enableAlerts) {
     maxHoursWithoutSuccess: alertMaxHoursWithoutSuccess
     actionGroupIds: alertActionGroupIds
     alertEmail: alertEmail
+    severity: alertSeverity
+  }
+}
+
+// Operators notified by e-mail through Azure Monitor, per each job's notify: no code in the app.
+module jobNotifications 'notifications.bicep' = if (enableAlerts) {
+  name: 'notifications'
+  params: {
+    location: location
+    tags: tags
+    namePrefix: prefix
+    appInsightsName: monitoring.outputs.appInsightsName
+    jobs: jobs
+    emails: notifyEmails
+    actionGroupIds: alertActionGroupIds
     severity: alertSeverity
   }
 }

@@ -39,6 +39,7 @@ class Agent:
         self._lock = threading.Lock()
         self._connect = connector(self.target)
         self._supervisor = None
+        self._notifier = None
 
     # ------------------------------------------------------------ resources
 
@@ -102,6 +103,17 @@ class Agent:
                     self._supervisor = Supervisor(self.new_store, self.clock)
         return self._supervisor
 
+    @property
+    def notifier(self):
+        """The process's one notification deliverer (its thread starts when first woken)."""
+        if self._notifier is None:
+            with self._lock:
+                if self._notifier is None:
+                    from .notify import Notifier
+
+                    self._notifier = Notifier(self.new_store, self.clock)
+        return self._notifier
+
     def reference_clock(self) -> datetime:
         """What a tick's time is checked against: the database server's clock when the agent
         runs on the system clock (one clock all instances share), else the agent's own."""
@@ -142,7 +154,7 @@ class Agent:
             return self._executor
         return Executor(settings=self.settings, store=self.store, target_store=self.target_store,
                         telemetry=self.telemetry, supervisor=self.supervisor, queue=self.queue, clock=self.clock,
-                        transient_delay_seconds=transient_delay_seconds)
+                        transient_delay_seconds=transient_delay_seconds, notifier=self.notifier)
 
     # ------------------------------------------------------------ operations
 
@@ -155,7 +167,12 @@ class Agent:
 
     def tick(self, now: datetime | None = None):
         self.store().require_schema()
-        return self.scheduler().tick(now)
+        report = self.scheduler().tick(now)
+        from .notify import notifications_enabled
+
+        if notifications_enabled(self.settings):
+            self.notifier.wake()   # retries come due, and runs the tick ended (lapses)
+        return report
 
     def request_run_now(self, job_name: str, *, operation_id: str | None = None) -> dict[str, Any] | None:
         """run-now: a run of the job right away, keyed by the request time, its overlap policy
@@ -188,6 +205,9 @@ class Agent:
     def close(self) -> None:
         if self._supervisor is not None:
             self._supervisor.stop()
+        if self._notifier is not None:
+            # What is due goes out first, bounded: a local command ends right after its runs.
+            self._notifier.stop(flush_seconds=10.0)
         with self._lock:
             stores, self._stores = self._stores, []
         for store in stores:

@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--job", help="only this job")
     history.add_argument("--limit", type=_positive_int, default=50)
     history.add_argument("--json", action="store_true")
+    history.add_argument("--output", action="store_true",
+                         help="each attempt (each step's) with what the server said: messages and rows affected")
 
     stuck = commands.add_parser("stuck", help="reconciliation: runs past their lease or waiting too long")
     stuck.add_argument("--older-than", type=_positive_int, default=600, metavar="SECONDS",
@@ -90,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "(Ctrl-C stops); see docs/monitor.md")
     monitor.add_argument("--port", type=_non_negative_int, default=8080,
                          help="TCP port on 127.0.0.1 (default 8080; 0 picks a free one)")
+
+    stop = commands.add_parser("stop", help="stop a job (SQL Agent's sp_stop_job): cancel its runs in flight, the "
+                                            "running step included; its future slots stay")
+    stop.add_argument("name", metavar="JOB")
 
     commands.add_parser("doctor", help="check driver, connectivity, authentication, schema, session, permissions and queue")
 
@@ -272,8 +278,9 @@ def cmd_history(agent, args) -> int:
 
     store = agent.store()
     store.require_schema()
-    view = history_view(store, args.job, args.limit)
+    view = history_view(store, args.job, args.limit, with_output=args.json or args.output)
     runs, events = view["runs"], view["job_events"]
+    by_run = {run["run_id"]: run["attempts"] for run in runs}
     if args.json:
         _print_json(view)
         return EXIT_OK
@@ -284,12 +291,29 @@ def cmd_history(agent, args) -> int:
                       run["status"], f"{run['attempt']}/{run['max_attempts']}", _time(run["finished_at"]),
                       error[:120]])
     _print_table(["RUN", "JOB", "KIND", "SCHEDULED (UTC)", "STATUS", "ATTEMPTS", "FINISHED", "ERROR / NOTE"], table)
+    if args.output:
+        _print_attempt_output(runs, by_run)
     if events:
         print()
         _print_table(["EVENT", "JOB", "AT (UTC)", "KIND", "DETAIL"],
                      [[e["event_id"], e["job_name"], _time(e["event_at"]), e["kind"], (e["detail"] or "")[:160]]
                       for e in events])
     return EXIT_OK
+
+
+def _print_attempt_output(runs: list[dict[str, Any]], by_run: dict[int, list[dict[str, Any]]]) -> None:
+    """history --output: every attempt (of every step) with its outcome and what the server said."""
+    for run in runs:
+        failed = f", failed at step {run['failed_step']}" if run.get("failed_step") and run["status"] == "failed" else ""
+        print(f"\nrun {run['run_id']} ({run['job_name'] or 'task'}) {run['status']}{failed}")
+        for attempt in by_run.get(run["run_id"], []):
+            step = f"step {attempt['step']} " if attempt.get("step") else ""
+            where = f" in {attempt['target_database']}" if attempt.get("target_database") else ""
+            error = f": {attempt['error_message']}" if attempt.get("error_message") else ""
+            print(f"  attempt {attempt['attempt']} {step}{attempt['outcome']}{where} "
+                  f"({_time(attempt['started_at'])} - {_time(attempt['finished_at'])}){error}")
+            for line in (attempt.get("output") or "").splitlines():
+                print(f"    | {line}")
 
 
 def cmd_stuck(agent, args) -> int:
@@ -422,6 +446,23 @@ def cmd_monitor(agent, args) -> int:
     return EXIT_OK
 
 
+def cmd_stop(agent, args) -> int:
+    store = agent.store()
+    store.require_schema()
+    rows = store.execute("stop_job", job_name=args.name, now=agent.clock()).rows
+    if not rows:
+        jobs = {r["job_name"] for r in store.execute("list_jobs").rows}
+        if args.name not in jobs:
+            known = ", ".join(sorted(jobs)) or "none"
+            raise NotFoundError(f"no job named {args.name!r} (jobs the agent knows: {known})")
+        print(f"job {args.name}: no run in flight")
+        return EXIT_OK
+    ids = ", ".join(str(row["run_id"]) for row in rows)
+    # A running step notices at its worker's next lease renewal (every LEASE_SECONDS / 3).
+    print(f"job {args.name}: {len(rows)} run(s) cancelled ({ids}); a running step stops within a third of its lease")
+    return EXIT_OK
+
+
 def cmd_doctor(agent, args) -> int:
     from .doctor import run_doctor
 
@@ -527,6 +568,7 @@ COMMANDS = {
     "submit": cmd_submit,
     "cancel": cmd_cancel,
     "monitor": cmd_monitor,
+    "stop": cmd_stop,
     "doctor": cmd_doctor,
     "grant-sql": cmd_grant_sql,
 }

@@ -37,7 +37,22 @@ JOB_SETTING_SUFFIXES = (
     "GRACE_SECONDS",
     "OVERLAP",
     "DATABASE",
+    "NOTIFY",
+    "NOTIFY_WEBHOOK_URL",
 )
+# JOB__<name>__STEPS__<n>__<SUFFIX>: one step of a multi-step job (SQL Agent's job steps).
+STEP_SETTING_SUFFIXES = (
+    "COMMAND",
+    "DATABASE",
+    "MAX_ATTEMPTS",
+    "RETRY_INTERVAL_SECONDS",
+    "TIMEOUT_SECONDS",
+    "ON_SUCCESS",
+    "ON_FAILURE",
+)
+STEP_SETTING_PATTERN = re.compile(r"^(?P<name>.+?)__STEPS__(?P<number>[^_]*)__(?P<suffix>[A-Za-z_]+)$", re.IGNORECASE)
+MAX_STEPS = 100
+NOTIFY_POLICIES = ("on_failure", "on_success", "on_completion", "never")
 JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 DATABASE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_\-]{1,128}$")
 # Column sizes of agent.jobs (every dialect): a longer value is refused at validation.
@@ -139,6 +154,13 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
                 "Object id of the Entra group whose members may open the monitor in Azure (the "
                 "Bicep's monitorAllowedGroupObjectId); empty: the monitor refuses everyone.",
                 "required"),
+    SettingSpec("AGENT_STEP_OUTPUT_MAX_BYTES", "65536",
+                "Most bytes of a step attempt's output (messages such as PRINT, RAISERROR below 11 "
+                "and PostgreSQL notices, and rows affected) kept in the history; longer output is "
+                "cut, with a note saying so.", "optional"),
+    SettingSpec("AGENT_NOTIFY_WEBHOOK_URL", None,
+                "Where run outcomes are POSTed as JSON (per JOB__<name>__NOTIFY); HTTPS, or HTTP on "
+                "loopback only. Unset: no webhook (Azure Monitor alerts still fire).", "optional"),
     SettingSpec("AzureWebJobsStorage", None,
                 "Storage connection string (locally `UseDevelopmentStorage=true` for Azurite). "
                 "Unset with no queueServiceUri: no queue; the local runner's workers claim straight from the runs table.", "local"),
@@ -163,6 +185,7 @@ JOB_DEFAULTS: Mapping[str, str] = {
     "MISFIRE": "run-once",
     "GRACE_SECONDS": "86400",
     "OVERLAP": "skip",
+    "NOTIFY": "on_failure",
 }
 
 
@@ -192,6 +215,8 @@ class AgentSettings:
     dispatch_lease_seconds: int
     misfire_threshold_seconds: int
     retry_backoff_seconds: int
+    step_output_max_bytes: int
+    notify_webhook_url: str | None
     storage_connection: str | None
     storage_queue_service_uri: str | None
     storage_client_id: str | None
@@ -201,6 +226,25 @@ class AgentSettings:
     @property
     def uses_azure_queue(self) -> bool:
         return bool(self.storage_connection or self.storage_queue_service_uri)
+
+
+@dataclass(frozen=True)
+class StepDefinition:
+    """One step of a job. ``on_success`` / ``on_failure`` are resolved: ``quit_success``,
+    ``quit_failure`` or ``goto:<n>`` (a ``next`` becomes the goto of the following step, or
+    the quit SQL Agent takes after the last step)."""
+
+    step: int
+    command: str
+    database: str | None
+    max_attempts: int
+    retry_interval_seconds: int | None
+    timeout_seconds: int
+    on_success: str
+    on_failure: str
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
@@ -217,6 +261,14 @@ class JobDefinition:
     grace_seconds: int = 86400
     overlap: str = "skip"
     database: str | None = None
+    # Several steps (JOB__<name>__STEPS__<n>__*); empty: a one-step job running COMMAND.
+    steps: tuple[StepDefinition, ...] = ()
+    notify: str = "on_failure"
+    notify_webhook_url: str | None = None
+
+    def steps_json(self) -> str | None:
+        """What agent.jobs.steps holds: None for a one-step job (today's rows, unchanged)."""
+        return json.dumps([step.to_json() for step in self.steps]) if self.steps else None
 
     def schedule_object(self):
         from .schedules import parse_schedule
@@ -372,6 +424,8 @@ def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
         dispatch_lease_seconds=_int_setting(env, "AGENT_DISPATCH_LEASE_SECONDS", 10, 86400),
         misfire_threshold_seconds=_int_setting(env, "AGENT_MISFIRE_THRESHOLD_SECONDS", 1, 86400),
         retry_backoff_seconds=_int_setting(env, "AGENT_RETRY_BACKOFF_SECONDS", 0, 86400),
+        step_output_max_bytes=_int_setting(env, "AGENT_STEP_OUTPUT_MAX_BYTES", 0, 16 * 1024 * 1024),
+        notify_webhook_url=_webhook_setting("AGENT_NOTIFY_WEBHOOK_URL", _get(env, "AGENT_NOTIFY_WEBHOOK_URL")),
         storage_connection=_get(env, "AzureWebJobsStorage"),
         storage_queue_service_uri=_get(env, "AzureWebJobsStorage__queueServiceUri"),
         storage_client_id=_get(env, "AzureWebJobsStorage__clientId"),
@@ -399,6 +453,10 @@ def parse_jobs(env: Mapping[str, str]) -> tuple[tuple[JobDefinition, ...], tuple
         if not key.upper().startswith(JOB_SETTING_PREFIX):
             continue
         rest = key[len(JOB_SETTING_PREFIX):]
+        step = STEP_SETTING_PATTERN.match(rest)
+        if step:
+            raw.setdefault(step["name"], {})[f"STEPS__{step['number']}__{step['suffix'].upper()}"] = (key, value)
+            continue
         name, sep, suffix = rest.rpartition("__")
         if not sep or not name:
             stray.setdefault(rest or key, []).append(
@@ -481,7 +539,12 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
                       "letters, digits, '_', '.' or '-'")
     unstorable: set[str] = set()
     for suffix, (key, raw) in values.items():
-        if suffix not in JOB_SETTING_SUFFIXES:
+        if suffix.startswith("STEPS__"):
+            if suffix.rpartition("__")[2] not in STEP_SETTING_SUFFIXES:
+                errors.append(f"{_printable(key)}={_printable(raw)!r}: unknown step setting "
+                              f"{_printable(suffix.rpartition('__')[2])!r}; expected one of {', '.join(STEP_SETTING_SUFFIXES)}")
+                continue
+        elif suffix not in JOB_SETTING_SUFFIXES:
             errors.append(f"{_printable(key)}={_printable(raw)!r}: unknown job setting {_printable(suffix)!r}; "
                           f"expected one of {', '.join(JOB_SETTING_SUFFIXES)}")
             continue
@@ -516,8 +579,13 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
                 fail("SCHEDULE", schedule, problem)
 
     command = values.get("COMMAND", ("", ""))[1]
-    if not command.strip():
-        fail("COMMAND", None if "COMMAND" not in values else command, "the SQL to run (non-empty)")
+    has_steps = any(suffix.startswith("STEPS__") for suffix in values)
+    if has_steps and "COMMAND" in values:
+        errors.append(f"{setting('COMMAND')} and {JOB_SETTING_PREFIX}{_printable(name)}__STEPS__<n>__COMMAND are both "
+                      "set: a job has either one COMMAND or STEPS, not both")
+    elif not has_steps and not command.strip():
+        fail("COMMAND", None if "COMMAND" not in values else command,
+             "the SQL to run (non-empty), or steps in JOB__<name>__STEPS__<n>__COMMAND")
 
     def int_value(suffix: str, low: int, high: int) -> int:
         raw = value(suffix)
@@ -547,14 +615,51 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
     database = value("DATABASE")
     if database is not None and not DATABASE_NAME_PATTERN.match(database):
         fail("DATABASE", database, "a database name of letters, digits, '_' or '-'")
+    notify = choice("NOTIFY", NOTIFY_POLICIES)
+    webhook = None
+    if value("NOTIFY_WEBHOOK_URL") is not None:
+        try:
+            webhook = _webhook_setting(setting("NOTIFY_WEBHOOK_URL"), value("NOTIFY_WEBHOOK_URL"))
+        except ConfigError as exc:
+            errors.append(str(exc))
+    steps: tuple[StepDefinition, ...] = ()
+    if has_steps and "COMMAND" not in values:
+        from .steps import parse_steps
+
+        steps = parse_steps(name, values, errors, default_max_attempts=max_attempts,
+                            default_timeout_seconds=timeout_seconds, default_database=database)
     if errors:
         return None
+    if steps:
+        # The job's own columns describe its first step (what `jobs` shows and what a run's
+        # columns hold before its first step starts).
+        command = steps[0].command
+        database = steps[0].database
     return JobDefinition(
         name=name, schedule=schedule or "", command=command.strip(), timezone=timezone,
         enabled=enabled, max_attempts=max_attempts, timeout_seconds=timeout_seconds,
         lease_seconds=lease_seconds, misfire=misfire, grace_seconds=grace_seconds,
-        overlap=overlap, database=database,
+        overlap=overlap, database=database, steps=steps, notify=notify, notify_webhook_url=webhook,
     )
+
+
+def _webhook_setting(setting: str, raw: str | None) -> str | None:
+    """A webhook URL: HTTPS, or plain HTTP to a loopback address only (a local receiver)."""
+    if raw is None:
+        return None
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(raw)
+        host = (parts.hostname or "").lower()
+    except ValueError:
+        parts, host = None, ""
+    loopback = host in ("127.0.0.1", "::1", "localhost")
+    if parts is None or not host or parts.scheme not in ("https", "http") or (parts.scheme == "http" and not loopback):
+        raise ConfigError(setting, raw, "an https:// URL (http:// only to 127.0.0.1, ::1 or localhost)")
+    if len(raw) > 2000:
+        raise ConfigError(setting, raw[:80] + "...", f"a URL of at most 2000 characters (it has {len(raw)})")
+    return raw
 
 
 def schedule_problem(schedule) -> str | None:

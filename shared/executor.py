@@ -29,16 +29,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-from .config import Settings
+from .config import Settings, StepDefinition
 from .dispatch import delay_until, dispatch, dispatch_params, send_dispatched
 from .errors import MessageError, QueueError, TransientJobError
 from .messages import DoorbellMessage, RunMessage, decode_body, parse_message
 from .store import Result, Store
 from .sqlerrors import classify, describe
+from .notify import enqueue_calls, notifications_enabled
+from .steps import QUIT_FAILURE, QUIT_SUCCESS, cap_output, run_steps, target_step
 
 log = logging.getLogger("shared.executor")
 UTC = timezone.utc
 MAX_BACKOFF_SECONDS = 3600
+# A step's output as a telemetry property (Application Insights keeps 8 KiB of a value).
+TELEMETRY_OUTPUT_MAX_BYTES = 8192
 
 
 class LeaseLost(Exception):
@@ -52,12 +56,14 @@ class ExecutionResult:
     outcome: str
     run_id: int | None = None
     detail: str = ""
+    output: str = ""     # a one-step run's output, capped for telemetry
 
 
 class Executor:
     def __init__(self, *, settings: Settings, store: Callable[[], Store], target_store: Callable[[str], Store],
                  telemetry: Any, supervisor: Any, queue: Any = None,
-                 clock: Callable[[], datetime] | None = None, transient_delay_seconds: float = 30.0) -> None:
+                 clock: Callable[[], datetime] | None = None, transient_delay_seconds: float = 30.0,
+                 notifier: Any = None) -> None:
         """``queue`` is the queue port in queue mode (re-sends, hand-on dispatch), None in
         direct mode. ``transient_delay_seconds``: how long a direct-mode run waits after a
         transient error (the queue's redelivery delay, host.json visibilityTimeout)."""
@@ -70,6 +76,8 @@ class Executor:
         self.clock = clock or (lambda: datetime.now(UTC))
         self.worker = settings.agent.worker_id
         self.transient_delay_seconds = transient_delay_seconds
+        # Delivers the notification outbox off this worker's path (None: no webhook configured).
+        self.notifier = notifier if notifications_enabled(settings) else None
 
     # ------------------------------------------------------------ queue mode
 
@@ -182,6 +190,13 @@ class Executor:
     def _execute(self, run: dict[str, Any], *, body: str | None, dequeue_count: int | None,
                  message_id: str | None) -> ExecutionResult:
         store = self._store()
+        run = dict(run)
+        if "step" in run and run["step"] is None:
+            # PostgreSQL: the run's row was not yet visible to the start statement's snapshot
+            # (inserted while it waited for the start lock); read its steps now.
+            current = store.execute("get_run", run_id=run["run_id"]).one() or {}
+            run["step"], run["steps"] = current.get("step") or 1, current.get("steps")
+        steps = run_steps(run)
         run_id, token, attempt = run["run_id"], run["token"], run["attempt"]
         operation_id = run["operation_id"]
         properties = {"job": run["job_name"] or "(task)", "run_id": run_id, "attempt": attempt, "token": token,
@@ -191,26 +206,70 @@ class Executor:
             self.telemetry.event("RunStarted", {**properties, "outcome": "running"}, operation_id=operation_id)
             self.telemetry.metric("ScheduleLagSeconds", max(0.0, lag), {"job": properties["job"]},
                                   operation_id=operation_id)
-
-        same_database = not run["target_database"]
-        work_store = store if same_database else self._target_store(run["target_database"])
-        held = self.supervisor.hold(run_id, token, lease_seconds=run["lease_seconds"],
-                                    timeout_seconds=run["timeout_seconds"], cancel=work_store.cancel)
+        if steps is not None:
+            step = steps[run["step"] - 1]
+            store.execute("begin_step_attempt", run_id=run_id, token=token, attempt=attempt, step=step.step,
+                          target_database=step.database)
         started = time.perf_counter()
+        while True:
+            step = steps[run["step"] - 1] if steps is not None else None
+            result = self._attempt(run, step, steps, body=body, dequeue_count=dequeue_count,
+                                   message_id=message_id, operation_id=operation_id)
+            if result is not None:
+                break
+            # The run went on to its next step at once, in this worker, under the same token.
+        if result.outcome in ("succeeded", "failed", "poisoned") and self.notifier is not None:
+            self.notifier.wake()
+        if result.outcome == "succeeded":
+            duration_ms = (time.perf_counter() - started) * 1000
+            log.debug("run %s (%s) succeeded in %.0f ms", run_id, properties["job"], duration_ms)
+            if self.telemetry.enabled:
+                extra = {"output": result.output} if result.output else {}
+                self.telemetry.event("RunSucceeded", {**properties, "attempt": run["attempt"], "outcome": "succeeded",
+                                                      "duration_ms": round(duration_ms), **extra},
+                                     operation_id=operation_id)
+                self.telemetry.metric("RunDurationMs", duration_ms, {"job": properties["job"]},
+                                      operation_id=operation_id)
+                if dequeue_count is not None:
+                    self.telemetry.metric("DequeueCount", dequeue_count, {"job": properties["job"]},
+                                          operation_id=operation_id)
+        return result
+
+    def _attempt(self, run: dict[str, Any], step: StepDefinition | None, steps: list[StepDefinition] | None, *,
+                 body: str | None, dequeue_count: int | None, message_id: str | None,
+                 operation_id: str) -> ExecutionResult | None:
+        """One attempt: of the run (a one-step job), or of the step the run is at. Returns the
+        result, or None when the run went on to another step (``run`` is updated to it)."""
+        store = self._store()
+        run_id, token = run["run_id"], run["token"]
+        properties = {"job": run["job_name"] or "(task)", "run_id": run_id, "attempt": run["attempt"],
+                      "token": token, "scheduled_for": run["scheduled_for"], "kind": run["kind"]}
+        if step is not None:
+            properties["step"] = step.step
+        command = step.command if step is not None else run["command"]
+        database = step.database if step is not None else run["target_database"]
+        timeout_seconds = step.timeout_seconds if step is not None else run["timeout_seconds"]
+        same_database = not database
+        work_store = store if same_database else self._target_store(database)
+        held = self.supervisor.hold(run_id, token, lease_seconds=run["lease_seconds"],
+                                    timeout_seconds=timeout_seconds, cancel=work_store.cancel)
         store.operation_id = operation_id
         handed_on: list[dict[str, Any]] = []
+        output: list[str] = []
+        moved: dict[str, Any] | None = None
         try:
             with work_store.transaction(immediate=False):
                 with self.telemetry.sql_call(properties["job"], target=work_store.target.display,
-                                             operation_id=operation_id, data=run["command"][:1000]):
-                    work_store.run_script(run["command"])
+                                             operation_id=operation_id, data=command[:1000]):
+                    work_store.run_script(command, output)
                 if same_database:
-                    handed_on = self._finish(store, run, reset=True)
+                    handed_on, moved = self._finish(store, run, step, steps, output, reset=True)
             if not same_database:
                 # Work in another database has committed: at-least-once from here on.
                 from .sqlerrors import retry_transient
 
-                handed_on = retry_transient(lambda: self._finish_alone(run), what=f"completing run {run_id}")
+                handed_on, moved = retry_transient(lambda: self._finish_alone(run, step, steps, output),
+                                                   what=f"completing run {run_id}")
         except LeaseLost:
             return self._fenced(run, properties, operation_id, "completion refused: the run's token moved on",
                                 same_database)
@@ -220,45 +279,121 @@ class Executor:
                                     "work stopped: the lease was taken over or the run cancelled", same_database)
             info = classify(exc)
             if held.reason == "timeout":
-                error = ("timeout", None, None, f"timed out after {run['timeout_seconds']} s (JOB TIMEOUT_SECONDS)")
+                setting = f"STEPS__{step.step}__TIMEOUT_SECONDS" if step is not None else "TIMEOUT_SECONDS"
+                error = ("timeout", None, None, f"timed out after {timeout_seconds} s (JOB {setting})")
             else:
                 error = (info.kind, info.number, info.sqlstate, info.message)
-            return self._failed(run, body, dequeue_count, message_id, error, properties, operation_id, same_database)
+            return self._failed(run, body, dequeue_count, message_id, error, properties, operation_id, same_database,
+                                step=step, steps=steps, output=output)
         finally:
             store.operation_id = None
             self.supervisor.release(held)
             if not same_database:
                 work_store.close()
         self._send_handed_on(handed_on)
-        duration_ms = (time.perf_counter() - started) * 1000
-        log.debug("run %s (%s) attempt %s succeeded in %.0f ms", run_id, properties["job"], attempt, duration_ms)
-        if self.telemetry.enabled:
-            self.telemetry.event("RunSucceeded", {**properties, "outcome": "succeeded",
-                                                  "duration_ms": round(duration_ms)}, operation_id=operation_id)
-            self.telemetry.metric("RunDurationMs", duration_ms, {"job": properties["job"]}, operation_id=operation_id)
-            if dequeue_count is not None:
-                self.telemetry.metric("DequeueCount", dequeue_count, {"job": properties["job"]},
-                                      operation_id=operation_id)
-        return ExecutionResult("succeeded", run_id)
+        if step is None or moved is None:
+            return ExecutionResult("succeeded", run_id, output=cap_output(output, TELEMETRY_OUTPUT_MAX_BYTES) or "")
+        self._step_event("StepSucceeded", properties, "succeeded", output, operation_id)
+        return self._after_transition(run, moved, properties, operation_id, error_message=None)
 
-    def _finish(self, store: Store, run: dict[str, Any], *, reset: bool) -> list[dict[str, Any]]:
-        """Inside the open transaction: (reset the session the job used,) complete the run
-        fenced by its token, and in queue mode dispatch what its end made runnable — one round
-        trip on PostgreSQL. Raises LeaseLost (the caller rolls back) when the token moved on."""
+    def _after_transition(self, run: dict[str, Any], moved: dict[str, Any], properties: dict[str, Any],
+                          operation_id: str, *, error_message: str | None) -> ExecutionResult | None:
+        """Where a step transition left the run: on to another step (None: the caller runs it),
+        a retry of the step later, or the end the flow reports."""
+        run_id = run["run_id"]
+        if moved["status"] == "running":
+            log.info("run %s (%s): on to step %s", run_id, properties["job"], moved["step"])
+            run.update(step=moved["step"], attempt=moved["attempt"], failures=moved["failures"])
+            return None
+        if moved["status"] == "pending":
+            return ExecutionResult("retry_scheduled", run_id, error_message or "")
+        if moved["status"] == "succeeded":
+            return ExecutionResult("succeeded", run_id)
+        detail = error_message or f"step {properties.get('step')} reported failure (its flow quits with failure)"
+        log.error("run %s (%s) failed at step %s: %s", run_id, properties["job"], properties.get("step"), detail)
+        self.telemetry.event("RunFailed", {**properties, "outcome": "failed", "error_message": detail},
+                             operation_id=operation_id)
+        return ExecutionResult("failed", run_id, detail)
+
+    def _step_event(self, name: str, properties: dict[str, Any], outcome: str, output: list[str],
+                    operation_id: str, **extra: Any) -> None:
+        if self.telemetry.enabled:
+            self.telemetry.event(name, {**properties, "outcome": outcome, **extra,
+                                        "output": cap_output(output, TELEMETRY_OUTPUT_MAX_BYTES) or ""},
+                                 operation_id=operation_id)
+
+    def _output_text(self, output: list[str]) -> str | None:
+        return cap_output(output, self.settings.agent.step_output_max_bytes)
+
+    def _transition(self, run: dict[str, Any], step: StepDefinition, steps: list[StepDefinition], now: datetime,
+                    *, outcome: str, action: str | None, retry_at: datetime | None, failures: int,
+                    output: list[str], error: tuple[int | None, str | None, str | None]) -> dict[str, Any]:
+        """The parameters of step_transition: ``retry_at`` (the same step again, later) or
+        ``action`` (a resolved flow action: goto:<n>, quit_success, quit_failure)."""
+        number, sqlstate, message = error
+        params = {"run_id": run["run_id"], "token": run["token"], "now": now, "attempt": run["attempt"],
+                  "step": step.step, "outcome": outcome, "error_number": number, "error_sqlstate": sqlstate,
+                  "error_message": message, "step_output": self._output_text(output), "worker": self.worker,
+                  "lease_until": now + timedelta(seconds=run["lease_seconds"]), "runnable_at": now,
+                  "next_database": None, "failed_step": None, "failures": failures, "next_step": step.step}
+        if retry_at is not None:
+            params.update(run_status="pending", runnable_at=retry_at)
+            return params
+        if outcome != "succeeded":
+            params["failed_step"] = step.step   # the last step whose failure the flow followed
+        target = target_step(action or QUIT_FAILURE)
+        if target is not None:
+            params.update(run_status="running", next_step=target, failures=0, next_database=steps[target - 1].database)
+        elif action == QUIT_SUCCESS:
+            params.update(run_status="succeeded")
+        else:
+            params.update(run_status="failed")
+        return params
+
+    def _finish(self, store: Store, run: dict[str, Any], step: StepDefinition | None,
+                steps: list[StepDefinition] | None, output: list[str], *,
+                reset: bool) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """Inside the open transaction: (reset the session the job used,) complete the run — or,
+        for a step, follow its ON_SUCCESS — fenced by its token, keep the attempt's output, and
+        in queue mode dispatch what its end made runnable — one round trip on PostgreSQL.
+        Raises LeaseLost (the caller rolls back) when the token moved on. Returns the hand-on
+        rows and, for a step, where the run went."""
         now = self.clock()
         calls: list[tuple[str, dict[str, Any]]] = []
         if reset:
             calls.append(("reset_session", {}))
-        calls.append(("finish_run", {"run_id": run["run_id"], "token": run["token"], "now": now}))
-        results = self._chain_with_hand_on(store, calls, now)
-        if not results[len(calls) - 1].rows:
+        position = len(calls)
+        if step is None:
+            calls.append(("finish_run", {"run_id": run["run_id"], "token": run["token"], "now": now}))
+            text = self._output_text(output)
+            if text is not None:
+                calls.append(("record_attempt_output", {"run_id": run["run_id"], "token": run["token"],
+                                                        "attempt": run["attempt"], "step_output": text}))
+            ends = True
+            calls += enqueue_calls(self.settings, now)
+        else:
+            params = self._transition(run, step, steps, now, outcome="succeeded", action=step.on_success,
+                                      retry_at=None, failures=run["failures"], output=output,
+                                      error=(None, None, None))
+            if reset:   # the step worked in this transaction: it must still be active (SQL Server)
+                calls.append(("check_step_transaction", {}))
+                position += 1
+            calls.append(("step_transition", params))
+            ends = params["run_status"] != "running"
+            if ends:
+                calls += enqueue_calls(self.settings, now)
+        results = self._chain_with_hand_on(store, calls, now) if ends else store.chain(*calls)
+        row = results[position].one()
+        if row is None:
             raise LeaseLost()
-        return results[-1].rows if self.queue is not None else []
+        handed_on = results[-1].rows if self.queue is not None and ends else []
+        return handed_on, (row if step is not None else None)
 
-    def _finish_alone(self, run: dict[str, Any]) -> list[dict[str, Any]]:
+    def _finish_alone(self, run: dict[str, Any], step: StepDefinition | None, steps: list[StepDefinition] | None,
+                      output: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         store = self._store()
         with store.transaction():
-            return self._finish(store, run, reset=False)
+            return self._finish(store, run, step, steps, output, reset=False)
 
     def _chain_with_hand_on(self, store: Store, calls: list[tuple[str, dict[str, Any]]], now: datetime) -> list[Result]:
         if self.queue is not None:
@@ -296,12 +431,23 @@ class Executor:
 
     def _failed(self, run: dict[str, Any], body: str | None, dequeue_count: int | None, message_id: str | None,
                 error: tuple[str, int | None, str | None, str], properties: dict[str, Any],
-                operation_id: str, same_database: bool) -> ExecutionResult:
+                operation_id: str, same_database: bool, *, step: StepDefinition | None = None,
+                steps: list[StepDefinition] | None = None,
+                output: list[str] | None = None) -> ExecutionResult | None:
+        """A failed attempt. Returns the result, or None when a step's ON_FAILURE took the run on
+        to another step (``run`` is updated to it)."""
         kind, number, sqlstate, message = error
+        output = output or []
+        text = self._output_text(output)
+        record = ([("record_attempt_output", {"run_id": run["run_id"], "token": run["token"],
+                                              "attempt": run["attempt"], "step_output": text})]
+                  if text is not None else [])
         store = self._store()
         run_id, token, attempt = run["run_id"], run["token"], run["attempt"]
         now = self.clock()
         failure = {**properties, "error_number": number, "error_message": message}
+        if output:
+            failure["output"] = cap_output(output, TELEMETRY_OUTPUT_MAX_BYTES)
         max_dequeue = self.settings.agent.max_dequeue_count
         reset = [("reset_session", {})] if same_database else []
         errors = {"error_number": number, "error_sqlstate": sqlstate, "error_message": message}
@@ -323,7 +469,7 @@ class Executor:
                 call = ("retry_transient", {"run_id": run_id, "token": token, "now": now, "retry_at": retry_at,
                                             **errors})
             with store.transaction():
-                results = self._chain_with_hand_on(store, reset + [call], now)
+                results = self._chain_with_hand_on(store, reset + [call] + record, now)
             if not results[len(reset)].rows:
                 return self._fenced(run, properties, operation_id, f"transient error after the lease moved on: {message}",
                                     same_database)
@@ -334,12 +480,15 @@ class Executor:
             if dequeue_count is not None:
                 raise TransientJobError(run_id, message)
             return ExecutionResult("transient", run_id, message)
-        retry_at = now + timedelta(seconds=self.backoff_seconds(run["failures"] + 1))
         outcome = "timeout" if kind == "timeout" else "failed"
+        if step is not None:
+            return self._step_failed(run, step, steps or [], now, outcome, (number, sqlstate, message), output,
+                                     properties, operation_id, reset)
+        retry_at = now + timedelta(seconds=self.backoff_seconds(run["failures"] + 1))
         with store.transaction():
             results = self._chain_with_hand_on(store, reset + [("fail_run", {
-                "run_id": run_id, "token": token, "now": now, "retry_at": retry_at, "outcome": outcome, **errors})],
-                now)
+                "run_id": run_id, "token": token, "now": now, "retry_at": retry_at, "outcome": outcome, **errors})]
+                + record + enqueue_calls(self.settings, now), now)
         row = results[len(reset)].one()
         if row is None:
             return self._fenced(run, properties, operation_id, f"failed after the lease moved on: {message}",
@@ -354,6 +503,46 @@ class Executor:
         log.error("run %s failed after %s attempt(s): %s", run_id, row["failures"], message)
         self.telemetry.event("RunFailed", {**failure, "outcome": "failed"}, operation_id=operation_id)
         return ExecutionResult("failed", run_id, message)
+
+    def _step_failed(self, run: dict[str, Any], step: StepDefinition, steps: list[StepDefinition], now: datetime,
+                     outcome: str, error: tuple[int | None, str | None, str], output: list[str],
+                     properties: dict[str, Any], operation_id: str,
+                     reset: list[tuple[str, dict[str, Any]]]) -> ExecutionResult | None:
+        """An error in a step's SQL (or its timeout) spends one of the step's MAX_ATTEMPTS: the
+        step again after its RETRY_INTERVAL_SECONDS (default: the backoff) while attempts remain,
+        else the step's ON_FAILURE — all fenced, in one transaction."""
+        number, sqlstate, message = error
+        failures = run["failures"] + 1
+        retry_at = None
+        if failures < step.max_attempts:
+            interval = (step.retry_interval_seconds if step.retry_interval_seconds is not None
+                        else self.backoff_seconds(failures))
+            retry_at = now + timedelta(seconds=interval)
+        params = self._transition(run, step, steps, now, outcome=outcome, action=step.on_failure, retry_at=retry_at,
+                                  failures=failures, output=output, error=error)
+        store = self._store()
+        ends = params["run_status"] != "running"
+        calls = reset + [("step_transition", params)] + (enqueue_calls(self.settings, now) if ends else [])
+        with store.transaction():
+            results = self._chain_with_hand_on(store, calls, now) if ends else store.chain(*calls)
+        moved = results[len(reset)].one()
+        if moved is None:
+            return self._fenced(run, properties, operation_id, f"failed after the lease moved on: {message}",
+                                bool(reset))
+        self._send_handed_on(results[-1].rows if self.queue is not None and ends else [])
+        failure = {**properties, "error_number": number, "error_message": message}
+        self._step_event("StepFailed", failure, outcome, output, operation_id)
+        if moved["status"] == "pending":
+            log.warning("run %s step %s attempt %s failed (%s of the step's MAX_ATTEMPTS=%s spent): %s; retry at %s",
+                        run["run_id"], step.step, run["attempt"], failures, step.max_attempts, message,
+                        retry_at.isoformat())
+            self.telemetry.event("RunRetried", {**failure, "outcome": "retry_scheduled", "retry_at": retry_at},
+                                 operation_id=operation_id)
+        else:
+            log.warning("run %s step %s failed after %s attempt(s): %s; ON_FAILURE %s", run["run_id"], step.step,
+                        failures, message, step.on_failure)
+        return self._after_transition(run, moved, properties, operation_id,
+                                      error_message=f"step {step.step}: {message}")
 
     def backoff_seconds(self, failures: int) -> float:
         base = self.settings.agent.retry_backoff_seconds
@@ -390,6 +579,9 @@ class Executor:
                 marked = bool(store.execute("poison_run", run_id=run_id, token=token, now=now, reason=reason,
                                             error_number=number, error_sqlstate=sqlstate,
                                             error_message=message).rows)
+                if marked:
+                    for name, params in enqueue_calls(self.settings, now):
+                        store.execute(name, **params)
             errors: list[dict[str, Any]] = []
             if run_id is not None:
                 for row in store.execute("list_run_errors", run_id=run_id).rows:
@@ -400,6 +592,8 @@ class Executor:
                                       dequeue_count=dequeue_count, reason=reason,
                                       errors=json.dumps(errors, default=str), now=now).scalar()
         log.error("message %s poisoned (poison id %s, run %s): %s", message_id or "-", poison_id, run_id, reason)
+        if marked and self.notifier is not None:
+            self.notifier.wake()
         self.telemetry.event("RunPoisoned", {"job": job, "run_id": run_id, "token": token,
                                              "dequeue_count": dequeue_count,
                                              "outcome": "poisoned" if marked else "message_poisoned",

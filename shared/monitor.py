@@ -440,7 +440,8 @@ def _attempt_lines(monitor: Monitor, row: dict[str, Any]) -> str:
     lines = []
     for attempt in row.get("attempts", []):
         error = f': <span class="error">{_e(attempt["error_message"])}</span>' if attempt["error_message"] else ""
-        lines.append(f'<li>#{_e(attempt["attempt"])} <span class="outcome-{_e(attempt["outcome"])}">'
+        step = f'step {_e(attempt["step"])} ' if attempt.get("step") else ""
+        lines.append(f'<li>#{_e(attempt["attempt"])} {step}<span class="outcome-{_e(attempt["outcome"])}">'
                      f'{_e(attempt["outcome"])}</span> {_t(attempt["started_at"])}{error}</li>')
     return f'<ul class="attempts">{"".join(lines)}</ul>' if lines else "-"
 
@@ -468,7 +469,7 @@ EVENT_COLUMNS = [("Event", _text("event_id")), ("At (UTC)", _field("event_at")),
 
 RUN_FIELDS: list[tuple[str, Callable[[Monitor, dict[str, Any]], str]]] = [
     ("Job", lambda m, r: m.job_link(r["job_name"]) if r["job_name"] else "(task)"),
-    ("Kind", _text("kind")), ("Status", _status()), ("Slot (UTC)", _field("scheduled_for")),
+    ("Kind", _text("kind")), ("Status", _status()), ("Step", _text("step")), ("Slot (UTC)", _field("scheduled_for")),
     ("Attempts", lambda m, r: f'{_e(r["attempt"])} of {_e(r["max_attempts"])} (failures {_e(r["failures"])}, '
                               f'lapses {_e(r["lapses"])}, transient errors {_e(r["transient_errors"])})'),
     ("Created", _field("created_at")), ("Runnable at", _field("runnable_at")), ("Dispatched", _field("dispatched_at")),
@@ -480,11 +481,13 @@ RUN_FIELDS: list[tuple[str, Callable[[Monitor, dict[str, Any]], str]]] = [
     ("Note", _text("note")),
 ]
 
-ATTEMPT_COLUMNS = [("Attempt", _text("attempt")), ("Outcome", _status("outcome")), ("Worker", _text("worker")),
+ATTEMPT_COLUMNS = [("Attempt", _text("attempt")), ("Step", _text("step")), ("Database", _text("target_database")),
+                   ("Outcome", _status("outcome")), ("Worker", _text("worker")),
                    ("Started (UTC)", _field("started_at")), ("Finished", _field("finished_at")),
                    ("Dequeue count", _text("dequeue_count")), ("Error number", _text("error_number")),
                    ("SQLSTATE", _text("error_sqlstate")),
-                   ("Error", lambda m, r: f'<pre class="error">{_e(r["error_message"])}</pre>' if r["error_message"] else "-")]
+                   ("Error", lambda m, r: f'<pre class="error">{_e(r["error_message"])}</pre>' if r["error_message"] else "-"),
+                   ("Output", _pre("output"))]
 
 
 def _errors_list(monitor: Monitor, row: dict[str, Any]) -> str:
@@ -504,7 +507,7 @@ RUN_SECTIONS = [("attempts", "Attempts", ATTEMPT_COLUMNS), ("poison", "Poison me
 
 STUCK_COLUMNS = [("Run", lambda m, r: m.run_link(r["run_id"])),
                  ("Job", lambda m, r: m.job_link(r["job_name"]) if r["job_name"] else "(task)"),
-                 ("Kind", _text("kind")), ("Status", _status()), ("Slot (UTC)", _field("scheduled_for")),
+                 ("Kind", _text("kind")), ("Status", _status()), ("Step", _text("step")), ("Slot (UTC)", _field("scheduled_for")),
                  ("Runnable at", _field("runnable_at")), ("Lease expired", _field("lease_expires_at")),
                  ("Token", _text("token")), ("Attempt", _text("attempt"))]
 

@@ -29,6 +29,7 @@ from .config import Settings
 from .database_jobs import plan_database_jobs, refused_settings_job_error, stand_in_name
 from .dispatch import PartialDispatchError, claim_horizon, dispatch, ring_doorbells, run_properties
 from .errors import AgentError, QueueError
+from .notify import enqueue_calls
 from .schedules import CronSchedule, parse_schedule
 from .store import Store
 from .sqlerrors import classify, describe
@@ -222,6 +223,7 @@ class Scheduler:
                 "max_attempts": job.max_attempts, "timeout_seconds": job.timeout_seconds,
                 "lease_seconds": job.lease_seconds, "misfire": job.misfire,
                 "grace_seconds": job.grace_seconds, "overlap": job.overlap,
+                "steps": job.steps_json(), "notify": job.notify, "notify_webhook_url": job.notify_webhook_url,
                 "next_due_at": store.json_time(_initial_due(job.schedule, job.timezone, now)) if job.enabled else None,
             })
         for bad in self.settings.invalid_jobs:
@@ -315,6 +317,10 @@ class Scheduler:
             expired = store.execute("expire_leases", now=now, max_lapses=self.settings.agent.max_lapses).rows
             if expired:
                 store.execute("close_dead_attempts", now=now)
+                if any(run["status"] == "failed" for run in expired):
+                    # A run failed by its last lapse is notified like any failed run.
+                    for name, params in enqueue_calls(self.settings, now):
+                        store.execute(name, **params)
         report.expired = expired
         for run in expired:
             if not run.get("was_running"):
@@ -338,8 +344,11 @@ class Scheduler:
         history_before = now - timedelta(days=agent.history_retention_days) if agent.history_retention_days else forever
         poison_before = now - timedelta(days=agent.poison_retention_days) if agent.poison_retention_days else forever
         with self.store.transaction():
-            rows = self.store.execute("purge_history", history_before=history_before,
-                                      poison_before=poison_before, batch=PURGE_BATCH).rows
+            results = self.store.chain(
+                ("purge_history", {"history_before": history_before, "poison_before": poison_before,
+                                   "batch": PURGE_BATCH}),
+                ("purge_notifications", {"history_before": history_before, "batch": PURGE_BATCH}))
+            rows = [row for result in results for row in result.rows]
         purged: dict[str, int] = {}
         for row in rows:
             purged[row["purged"]] = purged.get(row["purged"], 0) + int(row["rows_purged"])
@@ -425,6 +434,7 @@ def _invalid_row(key: str, message: str) -> dict[str, Any]:
         "target_database": None, "enabled": 0, "valid": 0, "config_error": message,
         "max_attempts": 1, "timeout_seconds": 1, "lease_seconds": 60, "misfire": "skip",
         "grace_seconds": 0, "overlap": "skip", "next_due_at": None,
+        "steps": None, "notify": "never", "notify_webhook_url": None,
     }
 
 

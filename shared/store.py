@@ -297,7 +297,7 @@ class Store:
 
     # ------------------------------------------------------------ user SQL
 
-    def run_script(self, sql: str) -> list[str]:
+    def run_script(self, sql: str, output: list[str] | None = None) -> list[str]:
         """Run a job's SQL inside the current transaction (no commit here) and return what the
         server said while it ran: its messages (PRINT, RAISERROR below 11, notices) and the
         rows each statement affected, one line each.
@@ -308,11 +308,14 @@ class Store:
         Server it runs through sp_executesql, whose scope restores SET options and drops its
         temporary tables; on PostgreSQL the agent resets the session before its own
         statements (``reset_session``); agent statements time out waiting for locks after
-        30 s, the job's do not."""
+        30 s, the job's do not.
+
+        ``output``: a list the lines are appended to as they come, so that what the server said
+        before an error is kept too (the step attempt's output)."""
         if not self._in_transaction:
             raise AgentError("run_script must run inside a transaction")
         connection = self.connection
-        output: list[str] = []
+        output = [] if output is None else output
         if self.dialect == "sqlite":
             if hasattr(connection, "cancelled"):
                 connection.cancelled.clear()
@@ -341,7 +344,7 @@ class Store:
                         "SET LOCK_TIMEOUT -1;\nDECLARE @agent_cookie VARBINARY(8000);\n"
                         f"EXECUTE AS USER = N'{self.job_principal}' WITH COOKIE INTO @agent_cookie;\n"
                         "EXEC sp_executesql ?;\nREVERT WITH COOKIE = @agent_cookie;\nSET LOCK_TIMEOUT 30000;", sql)
-                    output += drain_results(cursor)
+                    drain_results(cursor, output)
                     self._discard_after_rollback = False
                     return output
                 cursor.execute("SET LOCK_TIMEOUT -1;\nEXEC sp_executesql ?;\nSET LOCK_TIMEOUT 30000;", sql)
@@ -354,9 +357,11 @@ class Store:
                     prefix = f'SET LOCAL ROLE "{self.job_principal}";\n' + prefix
                 cursor.execute(prefix + sql)
                 for _ in range(prefix.count(";")):   # past the agent's own SET LOCALs
+                    # psqlODBC hands every notice of the batch to its first result: keep them.
+                    output += _messages(cursor)
                     if not cursor.nextset():
                         return output
-            output += drain_results(cursor)
+            drain_results(cursor, output)
         finally:
             self._set_active(None)
             with contextlib.suppress(Exception):
@@ -427,12 +432,13 @@ class Store:
             raise SchemaError(f"{self.target.display} has schema version {version}, newer than this code ({latest}): upgrade the agent")
 
 
-def drain_results(cursor: Any) -> list[str]:
+def drain_results(cursor: Any, output: list[str] | None = None) -> list[str]:
     """Read every result set of a job's batch to the end and return the server's messages and
     row counts. An error the server raises while a result set is being read (a conversion or a
     division by zero in its middle, with a driver that fetches incrementally) propagates: the job
-    failed, and must never be recorded as succeeded."""
-    output: list[str] = []
+    failed, and must never be recorded as succeeded. Lines are appended to ``output`` (when
+    given) as they come, so the messages before such an error are kept."""
+    output = [] if output is None else output
     while True:
         output += _messages(cursor)
         if cursor.description:
@@ -441,7 +447,8 @@ def drain_results(cursor: Any) -> list[str]:
             output.append(f"({cursor.rowcount} row(s) affected)")
         if not cursor.nextset():
             break
-    return output + _messages(cursor)
+    output += _messages(cursor)
+    return output
 
 
 def _messages(cursor: Any) -> list[str]:

@@ -107,15 +107,27 @@ def local_time(value: datetime | None, zone: str | None) -> str | None:
 # ---------------------------------------------------------------- one job
 
 
-def history_view(store, job_name: str | None, limit: int) -> dict[str, Any]:
-    """`history --json`: runs newest first, each with its attempts, and the job events."""
+def history_view(store, job_name: str | None, limit: int, *, with_output: bool = False) -> dict[str, Any]:
+    """`history --json`: runs newest first, each with its attempts (and, ``with_output``, each
+    attempt's output: up to AGENT_STEP_OUTPUT_MAX_BYTES each, so read only when asked for), and
+    the job events."""
     runs = store.execute("list_history", job_name=job_name, limit=limit).rows
     attempts = store.execute("list_attempts", run_ids=[r["run_id"] for r in runs]).rows if runs else []
     events = store.execute("list_job_events", job_name=job_name, limit=limit).rows
+    if runs and with_output:
+        _attach_output(store, [r["run_id"] for r in runs], attempts)
     by_run: dict[int, list[dict[str, Any]]] = {}
     for attempt in attempts:
         by_run.setdefault(attempt["run_id"], []).append(attempt)
     return {"runs": [{**run, "attempts": by_run.get(run["run_id"], [])} for run in runs], "job_events": events}
+
+
+def _attach_output(store, run_ids: list[int], attempts: list[dict[str, Any]]) -> None:
+    """Each attempt's output (what the server said while its step ran), in one query."""
+    outputs = {(row["run_id"], row["attempt"]): row["output"]
+               for row in store.execute("list_attempt_output", run_ids=run_ids).rows}
+    for attempt in attempts:
+        attempt["output"] = outputs.get((attempt["run_id"], attempt["attempt"]))
 
 
 def job_view(store, name: str, now: datetime, window: str = DEFAULT_WINDOW,
@@ -130,7 +142,7 @@ def job_view(store, name: str, now: datetime, window: str = DEFAULT_WINDOW,
     since = now - TIMELINE_WINDOWS[window]
     timeline = store.execute("list_job_timeline", job_name=name, since=since, limit=TIMELINE_LIMIT + 1).rows
     cut = len(timeline) > TIMELINE_LIMIT
-    history = history_view(store, name, history_limit)
+    history = history_view(store, name, history_limit, with_output=True)
     return {"job": job, "window": window, "window_start": since, "window_end": now,
             "timeline": {"runs": timeline[:TIMELINE_LIMIT], "limit": TIMELINE_LIMIT, "cut": cut},
             **history}
@@ -144,6 +156,8 @@ def run_view(store, run_id: int) -> dict[str, Any] | None:
     if run is None:
         return None
     attempts = store.execute("list_attempts", run_ids=[run_id]).rows
+    if attempts:
+        _attach_output(store, [run_id], attempts)
     poison = _decoded(store.execute("list_run_poison", run_id=run_id, limit=RUN_POISON_LIMIT).rows)
     return {"run": run, "attempts": attempts, "poison": poison}
 

@@ -260,6 +260,13 @@ DUMMY_VALUES.update({"since": _T})
 
 # The T-SQL interface's planning of jobs defined in the database (issue 14).
 DUMMY_VALUES.update({"plans": []})
+# Issue 15 (steps, output, notifications).
+DUMMY_VALUES.update({
+    "step": 1, "next_step": 2, "failures": 0, "failed_step": None, "run_status": "running", "runnable_at": _T,
+    "next_database": None, "step_output": "(1 row(s) affected)",
+    "default_url": None, "claim_token": "c", "claimed_until": _T, "notification_id": 1, "status": "sent",
+    "next_attempt_at": _T, "last_error": None,
+})
 
 
 def test_result_columns_match_the_real_database(db_url, tmp_path):
@@ -395,7 +402,7 @@ def schema_of(dialect: str) -> dict[str, dict]:
 def test_every_dialect_creates_the_same_tables_columns_and_indexes():
     schemas = {dialect: schema_of(dialect) for dialect in DIALECTS}
     assert set(schemas["postgres"]) == {"schema_version", "state", "jobs", "runs", "attempts", "job_events",
-                                         "poison_messages", "start_lock"}
+                                         "poison_messages", "start_lock", "notifications"}
     for dialect in ("sqlite", "mssql"):
         assert set(schemas[dialect]) == set(schemas["postgres"]), dialect
         for table, expected in schemas["postgres"].items():

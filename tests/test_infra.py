@@ -91,6 +91,8 @@ JOB_SETTING_TEMPLATE = re.compile(r"^(?P<prefix>[A-Za-z_]+)\$\{(?P<item>\w+)\.na
 # App Service: "App setting names can contain only letters, numbers (0-9), periods (.), and
 # underscores (_)", and Linux apps see a period as an underscore; so job names in the Bicep
 # parameters keep to letters, digits and underscores.
+# A step setting of the flat jobSteps list: JOB__${s.job}__STEPS__${s.step}__<SUFFIX>.
+STEP_SETTING_TEMPLATE = re.compile(r"^(?P<prefix>[A-Za-z_]+)\$\{(?P<item>\w+)\.job\}__STEPS__\$\{(?P=item)\.step\}__(?P<suffix>[A-Z_]+)$")
 APP_SETTING_SAFE_JOB_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
 
@@ -114,6 +116,7 @@ class AppSettings:
         self.literal: dict[str, Any] = {}  # name -> value expression
         self.job_fields: dict[str, str] = {}  # suffix -> key of the jobs entry
         self.job_prefixes: set[str] = set()
+        self.step_fields: dict[str, str] = {}  # step suffix -> key of the jobSteps entry
         _, site = _site(functionapp)
         self._collect(body(site)["properties"]["siteConfig"]["appSettings"], via="appSettings")
 
@@ -123,6 +126,8 @@ class AppSettings:
             value = file.variable(expression)
             if is_loop(value) and value["loop_type"]["detail"].get("array_name") == "jobs":
                 self._job_loop(expression, value)
+            elif is_loop(value) and value["loop_type"]["detail"].get("array_name") == "jobSteps":
+                self._step_loop(expression, value)
             else:
                 self._collect(value, via=expression)
             return
@@ -154,6 +159,22 @@ class AppSettings:
             self._collect(detail["array_name"], via=via)
             return
         raise BicepShapeError(f"{via}: cannot read app settings from {json.dumps(expression)[:300]}")
+
+    def _step_loop(self, variable: str, loop: dict[str, Any]) -> None:
+        item = loop["loop_type"]["detail"]["item_name"]
+        name = loop["config"]["name"]
+        match = STEP_SETTING_TEMPLATE.match(name) if isinstance(name, str) else None
+        if not match or match.group("item") != item:
+            raise BicepShapeError(f"{variable}: step setting name must look like "
+                                  f"'JOB__${{{item}.job}}__STEPS__${{{item}.step}}__SUFFIX', found {name!r}")
+        path = accessor_path(loop["config"]["value"])
+        if len(path) != 2 or path[0] != item:
+            raise BicepShapeError(f"{variable}: value must be `{item}.<field>` (or `{item}.?<field>`), found {path}")
+        suffix = match.group("suffix")
+        if suffix in self.step_fields:
+            raise AssertionError(f"step setting suffix {suffix} is generated twice ({variable})")
+        self.step_fields[suffix] = path[1]
+        self.job_prefixes.add(match.group("prefix"))
 
     def _job_loop(self, variable: str, loop: dict[str, Any]) -> None:
         item = loop["loop_type"]["detail"]["item_name"]
@@ -280,8 +301,19 @@ def test_job_fields_required_in_bicep_are_schedule_and_command():
     text = (INFRA / "functionapp.bicep").read_text(encoding="utf-8")
     plain = set(re.findall(r"value: job\.(\w+) \}", text))
     safe = set(re.findall(r"value: job\.\?(\w+) \}", text))
-    assert plain == {"schedule", "command"}
+    # command is optional: a job has a command or steps (the engine refuses neither and both).
+    assert plain == {"schedule"}
     assert plain | safe == {_lower_camel(suffix) for suffix in config.JOB_SETTING_SUFFIXES}
+    step_plain = set(re.findall(r"value: s\.(\w+) \}", text))
+    step_safe = set(re.findall(r"value: s\.\?(\w+) \}", text))
+    assert step_plain == {"command"}
+    assert step_plain | step_safe == {_lower_camel(suffix) for suffix in config.STEP_SETTING_SUFFIXES}
+
+
+def test_step_settings_generated_from_job_steps_parameter_match_engine_suffixes(app_settings: AppSettings):
+    assert set(app_settings.step_fields) == set(config.STEP_SETTING_SUFFIXES)
+    for suffix, key in app_settings.step_fields.items():
+        assert _camel_to_upper_snake(key) == suffix, f"jobSteps[].{key} becomes __{suffix}"
 
 
 def _lower_camel(suffix: str) -> str:
@@ -374,17 +406,28 @@ def test_example_jobs_in_parameters_file_are_valid_engine_jobs(app_settings: App
     known_keys = {"name", *app_settings.job_fields.values()}
     for job in jobs:
         assert set(job) <= known_keys, f"job {job.get('name')!r}: unknown keys {sorted(set(job) - known_keys)}"
-        assert {"name", "schedule", "command"} <= set(job), f"job {job!r} needs name, schedule and command"
+        assert {"name", "schedule"} <= set(job), f"job {job!r} needs name and schedule"
         assert APP_SETTING_SAFE_JOB_NAME.match(job["name"]), f"job name {job['name']!r}: use letters, digits, underscores"
         assert config.JOB_NAME_PATTERN.match(job["name"])
     settings = _job_settings_as_bicep_builds_them(jobs, app_settings.job_fields)
+    steps = _parameters_file().get("jobSteps", [])
+    assert steps, "main.parameters.json should show a multi-step job"
+    for step in steps:
+        assert set(step) <= {"job", "step", *app_settings.step_fields.values()}, step
+        for suffix, key in app_settings.step_fields.items():
+            if key in step:
+                settings[f"{config.JOB_SETTING_PREFIX}{step['job']}__STEPS__{step['step']}__{suffix}"] = str(step[key])
     valid, invalid = config.parse_jobs(settings)
     assert not invalid, [bad.message for bad in invalid]
     assert sorted(job.name for job in valid) == sorted(job["name"] for job in jobs)
     by_name = {job.name: job for job in valid}
     for job in jobs:
         parsed = by_name[job["name"]]
-        assert parsed.schedule == job["schedule"] and parsed.command == job["command"].strip()
+        assert parsed.schedule == job["schedule"]
+        if "command" in job:
+            assert parsed.command == job["command"].strip() and not parsed.steps
+        else:
+            assert [s.step for s in parsed.steps] == sorted(s["step"] for s in steps if s["job"] == job["name"])
         if "enabled" in job:
             assert parsed.enabled is job["enabled"]
     alert_jobs = set(_parameters_file().get("alertJobs", []))
@@ -562,6 +605,25 @@ def test_alert_queries_use_event_and_dimension_names_the_engine_emits():
             query_text = alerts.variable("deadMansSwitchQueryTemplate") if function_call(query, "replace") else query
             for dimension in criterion["dimensions"]:
                 assert re.search(rf"\b{dimension['name']}\b", query_text), f"{symbol}: query has no {dimension['name']} column"
+
+
+def test_notification_alerts_follow_each_jobs_notify_on_events_the_engine_emits():
+    notifications = bicep("notifications.bicep")
+    templates = {name: variable["value"] for name, variable in notifications.variables.items()
+                 if isinstance(variable["value"], str) and "customEvents" in variable["value"]}
+    assert set(templates) == {"failedRunQueryTemplate", "succeededRunQueryTemplate"}
+    events = {event for query in templates.values() for event in re.findall(r'name == "(\w+)"', query)}
+    assert events == {"RunFailed", "RunPoisoned", "RunSucceeded"} and events <= set(telemetry.EVENT_NAMES)
+    dimensions = {d for query in templates.values() for d in re.findall(r"customDimensions\.(\w+)", query)}
+    assert dimensions <= set(telemetry.STANDARD_DIMENSIONS), dimensions - set(telemetry.STANDARD_DIMENSIONS)
+    for query in ("failedRunQuery", "succeededRunQuery"):
+        call = function_call(notifications.variable(query), "replace")
+        assert call is not None and call["old_string"] == "{JOBS}"
+    text = (INFRA / "notifications.bicep").read_text(encoding="utf-8")
+    # The engine's default notify (on_failure) is the Bicep's default too.
+    assert text.count(f"job.?notify ?? '{config.JOB_DEFAULTS['NOTIFY']}'") == 2
+    assert set(re.findall(r"'(on_\w+)'", text)) <= set(config.NOTIFY_POLICIES)
+    assert set(_parameters_file().get("notifyEmails", [])) is not None
 
 
 def test_checkov_reports_no_failed_checks():

@@ -287,7 +287,7 @@ def test_fixed_number_of_selects_whatever_the_number_of_jobs(scenario, tmp_path)
         page(monitor, path)
         counts[path] = len(recorder.statements)
     assert counts["/"] == 2
-    assert counts["/jobs/nightly_ok"] <= 6
+    assert counts["/jobs/nightly_ok"] <= 7          # job, activity, timeline, runs, attempts, output, events
     assert counts["/poison"] == counts["/stuck"] == 1
     (run_id,) = scenario.run_ids["poison_me"]
     recorder.statements.clear()
@@ -441,3 +441,30 @@ def test_a_database_it_cannot_read_is_one_line_503(tmp_path):
         assert b"the control database could not be read: OperationalError: no such table" in response.body
         assert response.all_headers()["Content-Security-Policy"] == SECURITY_HEADERS["Content-Security-Policy"]
     store.close()
+
+
+def test_a_step_jobs_pages_show_each_step_and_its_output(agent_factory, db_url):
+    """A two-step job: the job page lists each attempt with its step, and the run page has the
+    step, the database and what the server said (a PostgreSQL notice, SQLite's rows affected),
+    escaped like everything else."""
+    from tests.conftest import Clock, at, work
+
+    notice = ("DO $$BEGIN RAISE NOTICE 'cleaned <b>7</b> rows'; END$$" if db_url.startswith("Driver")
+              else "CREATE TABLE IF NOT EXISTS t (x INT); INSERT INTO t VALUES (1), (2)")
+    clock = Clock(at("2026-03-01T09:59:55"))
+    agent = agent_factory({"two_steps": {"SCHEDULE": "0 0 10 * * *", "STEPS__1__COMMAND": "SELECT 1",
+                                         "STEPS__2__COMMAND": notice}}, clock=clock)
+    agent.tick()
+    clock.advance(6)
+    work(agent, concurrency=1)
+    (run_id,) = [r["run_id"] for r in agent.store().execute("list_history", job_name="two_steps", limit=5).rows]
+    store = agent.new_store()
+    monitor = Monitor(lambda: contextlib.nullcontext(store), clock=clock, settings=lambda: MonitorSettings())
+    job_page = page(monitor, "/jobs/two_steps")
+    assert "#1 step 1 " in re.sub(r"<[^>]+>", "", job_page) and "#2 step 2 " in re.sub(r"<[^>]+>", "", job_page)
+    run_page = page(monitor, f"/runs/{run_id}")
+    expected = "cleaned &lt;b&gt;7&lt;/b&gt; rows" if db_url.startswith("Driver") else "2 row"
+    assert expected in run_page and "<b>7</b>" not in run_page
+    run_json = json.loads(page(monitor, f"/runs/{run_id}", "format=json"))
+    assert [a["step"] for a in run_json["attempts"]] == [1, 2]
+    assert ("cleaned <b>7</b> rows" if db_url.startswith("Driver") else "2 row") in run_json["attempts"][1]["output"]

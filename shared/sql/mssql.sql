@@ -142,12 +142,13 @@ USING (
     SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid,
            j.config_error, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire,
            j.grace_seconds, j.overlap, CONVERT(DATETIME2(6), j.next_due_at, 121) AS next_due_at,
-           CAST(:now AS DATETIME2(6)) AS advanced_at
+           CAST(:now AS DATETIME2(6)) AS advanced_at, j.steps, j.notify, j.notify_webhook_url
     FROM OPENJSON(:jobs) WITH (
         job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), command NVARCHAR(MAX),
         target_database NVARCHAR(128), enabled SMALLINT, valid SMALLINT, config_error NVARCHAR(MAX),
         max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16),
-        grace_seconds INT, overlap NVARCHAR(16), next_due_at NVARCHAR(40)) AS j
+        grace_seconds INT, overlap NVARCHAR(16), next_due_at NVARCHAR(40), steps NVARCHAR(MAX),
+        notify NVARCHAR(16), notify_webhook_url NVARCHAR(2000)) AS j
 ) AS s
 ON t.job_name = s.job_name
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
@@ -182,14 +183,18 @@ WHEN MATCHED AND (t.defined_in_database = 0 OR t.configured = 0) THEN UPDATE SET
     configured = 1,
     defined_in_database = 0,
     needs_planning = 0,
-    updated_at = CAST(:now AS DATETIME2(6))
+    updated_at = CAST(:now AS DATETIME2(6)),
+    steps = s.steps,
+    notify = s.notify,
+    notify_webhook_url = s.notify_webhook_url
 WHEN NOT MATCHED THEN
     INSERT (job_name, schedule, timezone, command, target_database, enabled, valid, config_error,
             max_attempts, timeout_seconds, lease_seconds, misfire, grace_seconds, overlap,
-            next_due_at, advanced_at, configured, updated_at)
+            next_due_at, advanced_at, configured, updated_at, steps, notify, notify_webhook_url)
     VALUES (s.job_name, s.schedule, s.timezone, s.command, s.target_database, s.enabled, s.valid,
             s.config_error, s.max_attempts, s.timeout_seconds, s.lease_seconds, s.misfire,
-            s.grace_seconds, s.overlap, s.next_due_at, s.advanced_at, 1, CAST(:now AS DATETIME2(6))); -- MERGE ends with a semicolon
+            s.grace_seconds, s.overlap, s.next_due_at, s.advanced_at, 1, CAST(:now AS DATETIME2(6)),
+            s.steps, s.notify, s.notify_webhook_url); -- MERGE ends with a semicolon
 
 -- unconfigure_missing_jobs --
 -- Jobs no longer in the settings stop being scheduled; their history stays.
@@ -271,13 +276,13 @@ DECLARE @claimed TABLE (run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATE
                         note NVARCHAR(MAX), operation_id NVARCHAR(32), token BIGINT);
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        finished_at, operation_id, note)
+                        finished_at, operation_id, note, steps)
 OUTPUT inserted.run_id, inserted.job_name, inserted.scheduled_for, inserted.status, inserted.note,
        inserted.operation_id, inserted.token INTO @claimed
 SELECT j.job_name, N'scheduled', s.scheduled_for, s.status, j.command, j.target_database, j.overlap,
        j.max_attempts, j.timeout_seconds, j.lease_seconds, s.scheduled_for, CAST(:now AS DATETIME2(6)),
        CASE WHEN s.status = N'skipped' THEN CAST(:now AS DATETIME2(6)) END,
-       LOWER(REPLACE(CONVERT(VARCHAR(36), NEWID()), '-', '')), s.note
+       LOWER(REPLACE(CONVERT(VARCHAR(36), NEWID()), '-', '')), s.note, j.steps
 FROM (SELECT x.job_name, CONVERT(DATETIME2(6), x.scheduled_for, 121) AS scheduled_for, x.status, x.note
       FROM OPENJSON(:slots) WITH (job_name NVARCHAR(64), scheduled_for NVARCHAR(40), status NVARCHAR(16),
                                   note NVARCHAR(MAX)) AS x) AS s
@@ -424,7 +429,8 @@ DECLARE @started TABLE (decision NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(
                         command NVARCHAR(MAX), target_database NVARCHAR(128), attempt INT, failures INT,
                         max_attempts INT, lapses INT, transient_errors INT, token BIGINT, timeout_seconds INT,
                         lease_seconds INT, operation_id NVARCHAR(32), scheduled_for DATETIME2(6),
-                        runnable_at DATETIME2(6), started_at DATETIME2(6), note NVARCHAR(MAX));
+                        runnable_at DATETIME2(6), started_at DATETIME2(6), note NVARCHAR(MAX), step INT,
+                        steps NVARCHAR(MAX));
 UPDATE agent.runs SET
     status = CASE WHEN @decision = N'start' THEN N'running' WHEN @decision LIKE N'skip-%' THEN N'skipped'
                   WHEN @decision LIKE N'held-%' THEN N'pending' ELSE status END,
@@ -448,7 +454,8 @@ UPDATE agent.runs SET
 OUTPUT @decision, inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
        inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
        inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
-       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note INTO @started
+       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note, inserted.step,
+       inserted.steps INTO @started
 WHERE run_id = :run_id AND token = :token AND status = N'queued' AND @decision IS NOT NULL;
 INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
 SELECT s.run_id, s.attempt, s.token, CAST(:worker AS NVARCHAR(200)), CAST(:dequeue_count AS INT),
@@ -456,7 +463,7 @@ SELECT s.run_id, s.attempt, s.token, CAST(:worker AS NVARCHAR(200)), CAST(:deque
 FROM @started AS s WHERE s.decision = N'start';
 SELECT decision, run_id, job_name, kind, command, target_database, attempt, failures, max_attempts, lapses,
        transient_errors, token, timeout_seconds, lease_seconds, operation_id, scheduled_for, runnable_at,
-       started_at, note
+       started_at, note, step, steps
 FROM @started;
 
 -- claim_runs --
@@ -467,7 +474,8 @@ DECLARE @claimed TABLE (decision NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(
                         command NVARCHAR(MAX), target_database NVARCHAR(128), attempt INT, failures INT,
                         max_attempts INT, lapses INT, transient_errors INT, token BIGINT, timeout_seconds INT,
                         lease_seconds INT, operation_id NVARCHAR(32), scheduled_for DATETIME2(6),
-                        runnable_at DATETIME2(6), started_at DATETIME2(6), note NVARCHAR(MAX));
+                        runnable_at DATETIME2(6), started_at DATETIME2(6), note NVARCHAR(MAX), step INT,
+                        steps NVARCHAR(MAX));
 UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
     note = CASE
         WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
@@ -484,7 +492,8 @@ UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), leas
 OUTPUT N'skipped', inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
        inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
        inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
-       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note INTO @claimed
+       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note, inserted.step,
+       inserted.steps INTO @claimed
 FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
 WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6)) AND r.job_name IS NOT NULL
   AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
@@ -532,13 +541,14 @@ UPDATE picked SET
 OUTPUT N'start', inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
        inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
        inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
-       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note INTO @claimed;
+       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note, inserted.step,
+       inserted.steps INTO @claimed;
 INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
 SELECT s.run_id, s.attempt, s.token, CAST(:worker AS NVARCHAR(200)), NULL, CAST(:now AS DATETIME2(6)), N'running'
 FROM @claimed AS s WHERE s.decision = N'start';
 SELECT decision, run_id, job_name, kind, command, target_database, attempt, failures, max_attempts, lapses,
        transient_errors, token, timeout_seconds, lease_seconds, operation_id, scheduled_for, runnable_at,
-       started_at, note
+       started_at, note, step, steps
 FROM @claimed ORDER BY runnable_at, run_id;
 
 -- next_runnable_at --
@@ -659,7 +669,7 @@ SELECT run_id FROM @closed;
 SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, task_order,
        attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
        runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
-       last_error_number, last_error, note
+       last_error_number, last_error, note, step, steps
 FROM agent.runs WHERE run_id = :run_id;
 
 -- list_run_errors --
@@ -708,7 +718,7 @@ DECLARE @manual TABLE (run_id BIGINT, job_name NVARCHAR(64), status NVARCHAR(16)
                        operation_id NVARCHAR(32));
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        finished_at, operation_id, note)
+                        finished_at, operation_id, note, steps)
 OUTPUT inserted.run_id, inserted.job_name, inserted.status, inserted.note, inserted.operation_id INTO @manual
 SELECT j.job_name, N'manual', CAST(:now AS DATETIME2(6)), d.decision, j.command, j.target_database,
        j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, CAST(:now AS DATETIME2(6)),
@@ -716,7 +726,7 @@ SELECT j.job_name, N'manual', CAST(:now AS DATETIME2(6)), d.decision, j.command,
        :operation_id,
        CASE WHEN d.decision = N'skipped'
             THEN N'overlap: the previous run of this job was still in flight; policy skip'
-            ELSE N'run-now' END
+            ELSE N'run-now' END, j.steps
 FROM agent.jobs AS j
 CROSS APPLY (
     SELECT CASE WHEN j.overlap = N'skip' AND EXISTS (
@@ -766,7 +776,8 @@ ORDER BY j.job_name;
 -- list_history --
 -- Runs, newest first, optionally of one job.
 SELECT TOP (:limit) run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
-       created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id
+       created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id,
+       step, failed_step
 FROM agent.runs
 WHERE (CAST(:job_name AS NVARCHAR(64)) IS NULL OR job_name = CAST(:job_name AS NVARCHAR(64)))
 ORDER BY run_id DESC
@@ -775,7 +786,7 @@ OPTION (RECOMPILE);
 -- list_attempts --
 -- Attempts of the runs in a JSON array of run ids.
 SELECT a.run_id, a.attempt, a.token, a.worker, a.dequeue_count, a.started_at, a.finished_at,
-       a.outcome, a.error_number, a.error_sqlstate, a.error_message
+       a.outcome, a.error_number, a.error_sqlstate, a.error_message, a.step, a.target_database
 FROM agent.attempts AS a
 WHERE a.run_id IN (SELECT CAST(x.value AS BIGINT) FROM OPENJSON(:run_ids) AS x)
 ORDER BY a.run_id, a.attempt_id;
@@ -927,3 +938,130 @@ JOIN OPENJSON(:plans) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timez
   ON j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = CONVERT(DATETIME2(6), p.updated_at, 121)
  AND j.schedule = p.schedule AND j.timezone = p.timezone AND j.enabled = p.enabled;
 SELECT job_name, valid, config_error, next_due_at FROM @planned;
+
+-- stop_job --
+-- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).
+DECLARE @stopped TABLE (run_id BIGINT, status NVARCHAR(16));
+UPDATE agent.runs SET status = N'cancelled', token = token + 1, finished_at = CAST(:now AS DATETIME2(6)),
+    lease_expires_at = NULL, note = N'stopped by operator (stop JOB)'
+OUTPUT inserted.run_id, inserted.status INTO @stopped
+WHERE job_name = :job_name AND status IN (N'pending', N'queued', N'running')
+  AND (status = N'running' OR runnable_at <= CAST(:now AS DATETIME2(6)) OR attempt > 0);
+SELECT run_id, status FROM @stopped;
+
+-- begin_step_attempt --
+-- A run of a multi-step job started: its open attempt says which step it runs and where.
+UPDATE agent.attempts SET step = :step, target_database = :target_database
+WHERE run_id = :run_id AND token = :token AND attempt = :attempt AND outcome = N'running';
+
+-- step_transition --
+-- A step of a multi-step run ended (fenced by the token; in the step's own transaction when it works in the control database, so the step's work and its transition commit together): the attempt closes with its outcome and output, and the run follows the flow: on to :next_step at once (status running, same worker and token, a new attempt opened), the same step again at :runnable_at (pending: a retry), or the end (succeeded or failed, with the failing step). No row back: the lease was taken over; roll back.
+DECLARE @moved TABLE (run_id BIGINT, token BIGINT, status NVARCHAR(16), step INT, attempt INT, failures INT,
+                      dequeue_count INT);
+UPDATE agent.runs SET
+    status = CAST(:run_status AS NVARCHAR(16)),
+    step = CAST(:next_step AS INT),
+    failures = CAST(:failures AS INT),
+    attempt = CASE WHEN CAST(:run_status AS NVARCHAR(16)) = N'running' THEN attempt + 1 ELSE attempt END,
+    runnable_at = CAST(:runnable_at AS DATETIME2(6)),
+    heartbeat_at = CASE WHEN CAST(:run_status AS NVARCHAR(16)) = N'running' THEN CAST(:now AS DATETIME2(6))
+                        ELSE heartbeat_at END,
+    lease_expires_at = CASE WHEN CAST(:run_status AS NVARCHAR(16)) = N'running'
+                            THEN CAST(:lease_until AS DATETIME2(6)) END,
+    finished_at = CASE WHEN CAST(:run_status AS NVARCHAR(16)) IN (N'succeeded', N'failed')
+                       THEN CAST(:now AS DATETIME2(6)) END,
+    failed_step = COALESCE(CAST(:failed_step AS INT), failed_step,
+                           CASE WHEN CAST(:run_status AS NVARCHAR(16)) = N'failed' THEN CAST(:step AS INT) END),
+    last_error_number = :error_number,
+    last_error = :error_message
+OUTPUT inserted.run_id, inserted.token, inserted.status, inserted.step, inserted.attempt, inserted.failures,
+       inserted.dequeue_count INTO @moved
+WHERE run_id = :run_id AND token = :token AND status = N'running';
+UPDATE a SET outcome = :outcome, finished_at = CAST(:now AS DATETIME2(6)), step = CAST(:step AS INT),
+    error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message,
+    [output] = :step_output
+FROM agent.attempts AS a
+JOIN @moved AS m ON a.run_id = m.run_id AND a.token = m.token
+WHERE a.attempt = CAST(:attempt AS INT) AND a.outcome = N'running';
+INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome, step, target_database)
+SELECT m.run_id, m.attempt, m.token, CAST(:worker AS NVARCHAR(200)), m.dequeue_count, CAST(:now AS DATETIME2(6)),
+       N'running', m.step, CAST(:next_database AS NVARCHAR(128))
+FROM @moved AS m WHERE m.status = N'running';
+SELECT run_id, status, step, attempt, failures FROM @moved;
+
+-- record_attempt_output --
+-- Keep what the server said while an attempt ran (messages, rows affected), in the transaction that closes it.
+UPDATE agent.attempts SET [output] = :step_output
+WHERE run_id = :run_id AND token = :token AND attempt = :attempt;
+
+-- list_attempt_output --
+-- The output of the attempts of the runs in a JSON array of run ids (history --output, --json).
+SELECT a.run_id, a.attempt, a.[output]
+FROM agent.attempts AS a
+WHERE a.run_id IN (SELECT CAST(x.[value] AS BIGINT) FROM OPENJSON(:run_ids) AS x) AND a.[output] IS NOT NULL
+ORDER BY a.run_id, a.attempt_id;
+
+-- enqueue_notifications --
+-- The notification outbox, in the transaction that ends runs: one row for each run it ended (finished at :now) whose outcome its job's NOTIFY asks for and that has a webhook (the job's, else :default_url); a run already notified is left alone (the key-range lock of the probe keeps a concurrent enqueue out).
+INSERT INTO agent.notifications (run_id, job_name, outcome, url, status, attempts, created_at, next_attempt_at)
+SELECT r.run_id, r.job_name, r.status, COALESCE(j.notify_webhook_url, CAST(:default_url AS NVARCHAR(2000))),
+       N'pending', 0, CAST(:now AS DATETIME2(6)), CAST(:now AS DATETIME2(6))
+FROM agent.runs AS r
+JOIN agent.jobs AS j ON j.job_name = r.job_name
+WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.status IN (N'succeeded', N'failed', N'poisoned')
+  AND COALESCE(j.notify_webhook_url, CAST(:default_url AS NVARCHAR(2000))) IS NOT NULL
+  AND (COALESCE(j.notify, N'on_failure') = N'on_completion'
+       OR (COALESCE(j.notify, N'on_failure') = N'on_success' AND r.status = N'succeeded')
+       OR (COALESCE(j.notify, N'on_failure') = N'on_failure' AND r.status IN (N'failed', N'poisoned')))
+  AND NOT EXISTS (SELECT 1 FROM agent.notifications AS n WITH (UPDLOCK, HOLDLOCK) WHERE n.run_id = r.run_id);
+
+-- claim_notifications --
+-- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
+DECLARE @taken TABLE (notification_id BIGINT, run_id BIGINT, job_name NVARCHAR(64), outcome NVARCHAR(16),
+                      url NVARCHAR(2000), attempts INT, claim_token NVARCHAR(32));
+WITH picked AS (
+    SELECT TOP (CAST(:batch AS INT)) *
+    FROM agent.notifications WITH (UPDLOCK, READPAST, ROWLOCK)
+    WHERE (status = N'pending' AND next_attempt_at <= CAST(:now AS DATETIME2(6)))
+       OR (status = N'sending' AND claimed_until < CAST(:now AS DATETIME2(6)))
+    ORDER BY notification_id
+)
+UPDATE picked SET status = N'sending', claim_token = CAST(:claim_token AS NVARCHAR(32)),
+    claimed_until = CAST(:claimed_until AS DATETIME2(6)), attempts = attempts + 1
+OUTPUT inserted.notification_id, inserted.run_id, inserted.job_name, inserted.outcome, inserted.url,
+       inserted.attempts, inserted.claim_token INTO @taken;
+SELECT notification_id, run_id, job_name, outcome, url, attempts, claim_token FROM @taken;
+
+-- notification_runs --
+-- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id.
+SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.failed_step, r.last_error_number, r.last_error,
+       r.finished_at, r.operation_id,
+       (SELECT MIN(a.started_at) FROM agent.attempts AS a WHERE a.run_id = r.run_id) AS first_started_at
+FROM agent.runs AS r
+WHERE r.run_id IN (SELECT CAST(x.[value] AS BIGINT) FROM OPENJSON(:run_ids) AS x);
+
+-- finish_notification --
+-- Record one delivery attempt of a claimed notification (sent, to be retried at :next_attempt_at, or failed for good), only while the claim is still this sender's.
+DECLARE @recorded TABLE (notification_id BIGINT);
+UPDATE agent.notifications SET status = CAST(:status AS NVARCHAR(16)),
+    next_attempt_at = CAST(:next_attempt_at AS DATETIME2(6)),
+    sent_at = CASE WHEN CAST(:status AS NVARCHAR(16)) = N'sent' THEN CAST(:now AS DATETIME2(6)) END,
+    last_error = :last_error, claim_token = NULL, claimed_until = NULL
+OUTPUT inserted.notification_id INTO @recorded
+WHERE notification_id = :notification_id AND claim_token = :claim_token;
+SELECT notification_id FROM @recorded;
+
+-- check_step_transaction --
+-- Before a step's success is recorded in its own transaction: a transaction the step's SQL committed, rolled back or doomed is never recorded as a success (as finish_run).
+IF XACT_STATE() <> 1 THROW 50001, N'the step''s transaction is no longer active (its SQL committed, rolled back or doomed it): the step is not recorded as succeeded', 1;
+SELECT 1 AS active WHERE 1 = 0;
+
+-- purge_notifications --
+-- Retention, a bounded batch per tick (with purge_history): notifications delivered or given up older than AGENT_HISTORY_RETENTION_DAYS; one row back with the count.
+DECLARE @notifications INT;
+DELETE FROM agent.notifications WHERE notification_id IN (
+    SELECT TOP (CAST(:batch AS INT)) notification_id FROM agent.notifications
+    WHERE status IN (N'sent', N'failed') AND next_attempt_at < CAST(:history_before AS DATETIME2(6))
+    ORDER BY notification_id);
+SET @notifications = @@ROWCOUNT;
+SELECT N'notifications' AS purged, @notifications AS rows_purged;

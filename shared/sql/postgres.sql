@@ -87,15 +87,17 @@ RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_i
 -- Write every configured job in one statement; a new job, a changed schedule or time zone, or a job re-enabled starts from its new next_due_at.
 INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, enabled, valid,
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
-                        grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at)
+                        grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
+                        steps, notify, notify_webhook_url)
 SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid,
        j.config_error, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire,
        j.grace_seconds, j.overlap, CAST(j.next_due_at AS timestamp), CAST(:now AS timestamp), 1,
-       CAST(:now AS timestamp)
+       CAST(:now AS timestamp), j.steps, j.notify, j.notify_webhook_url
 FROM json_to_recordset(CAST(:jobs AS json)) AS j(
     job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, command TEXT, target_database VARCHAR,
     enabled INT, valid INT, config_error TEXT, max_attempts INT, timeout_seconds INT,
-    lease_seconds INT, misfire VARCHAR, grace_seconds INT, overlap VARCHAR, next_due_at VARCHAR)
+    lease_seconds INT, misfire VARCHAR, grace_seconds INT, overlap VARCHAR, next_due_at VARCHAR,
+    steps TEXT, notify VARCHAR, notify_webhook_url VARCHAR)
 ORDER BY j.job_name
 ON CONFLICT (job_name) DO UPDATE SET
     next_due_at = CASE
@@ -128,7 +130,10 @@ ON CONFLICT (job_name) DO UPDATE SET
     configured = 1,
     defined_in_database = 0,
     needs_planning = 0,
-    updated_at = EXCLUDED.updated_at
+    updated_at = EXCLUDED.updated_at,
+    steps = EXCLUDED.steps,
+    notify = EXCLUDED.notify,
+    notify_webhook_url = EXCLUDED.notify_webhook_url
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 WHERE agent.jobs.defined_in_database = 0 OR agent.jobs.configured = 0;
 
@@ -202,11 +207,11 @@ ORDER BY job_name;
 -- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot, never before.
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        finished_at, operation_id, note)
+                        finished_at, operation_id, note, steps)
 SELECT j.job_name, 'scheduled', CAST(s.scheduled_for AS timestamp), s.status, j.command, j.target_database,
        j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, CAST(s.scheduled_for AS timestamp),
        CAST(:now AS timestamp), CASE WHEN s.status = 'skipped' THEN CAST(:now AS timestamp) END,
-       md5(random()::text || clock_timestamp()::text || j.job_name || s.scheduled_for), s.note
+       md5(random()::text || clock_timestamp()::text || j.job_name || s.scheduled_for), s.note, j.steps
 FROM json_to_recordset(CAST(:slots AS json)) AS s(job_name VARCHAR, scheduled_for VARCHAR, status VARCHAR, note TEXT)
 -- LATERAL with OFFSET 0 (kept as is, not flattened): one primary-key lookup per slot. The
 -- planner cannot size a JSON argument, and a scan of agent.jobs per slot would cost slots x jobs.
@@ -239,13 +244,16 @@ RETURNING r.run_id;
 
 -- start_run --
 -- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened. (agent.start_run, a function of migration 0002: planned once per session.)
-SELECT decision, run_id, job_name, kind, command, target_database, attempt, failures, max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds, operation_id, scheduled_for, runnable_at, started_at, note
-FROM agent.start_run(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:max_concurrency AS INT), CAST(:run_id AS BIGINT), CAST(:token AS BIGINT), CAST(:worker AS VARCHAR), CAST(:dequeue_count AS INT));
+SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, r.step, r.steps
+FROM agent.start_run(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:max_concurrency AS INT), CAST(:run_id AS BIGINT), CAST(:token AS BIGINT), CAST(:worker AS VARCHAR), CAST(:dequeue_count AS INT)) AS c
+LEFT JOIN agent.runs AS r ON r.run_id = c.run_id;
 
 -- claim_runs --
 -- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. (agent.claim_runs, a function of migration 0002: planned once per session.)
-SELECT decision, run_id, job_name, kind, command, target_database, attempt, failures, max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds, operation_id, scheduled_for, runnable_at, started_at, note
-FROM agent.claim_runs(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:batch AS INT), CAST(:max_concurrency AS INT), CAST(:worker AS VARCHAR));
+SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, r.step, r.steps
+FROM agent.claim_runs(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:batch AS INT), CAST(:max_concurrency AS INT), CAST(:worker AS VARCHAR)) AS c
+LEFT JOIN agent.runs AS r ON r.run_id = c.run_id
+ORDER BY c.runnable_at, c.run_id;
 
 -- next_runnable_at --
 -- When the next pending run becomes runnable (the local runner's idle workers sleep until then, or the poll interval).
@@ -346,7 +354,7 @@ RETURNING run_id;
 SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, task_order,
        attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
        runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
-       last_error_number, last_error, note
+       last_error_number, last_error, note, step, steps
 FROM agent.runs WHERE run_id = :run_id;
 
 -- list_run_errors --
@@ -388,14 +396,14 @@ UPDATE agent.poison_messages SET requeued_at = CAST(:now AS timestamp) WHERE poi
 LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        finished_at, operation_id, note)
+                        finished_at, operation_id, note, steps)
 SELECT j.job_name, 'manual', CAST(:now AS timestamp), d.decision, j.command, j.target_database,
        j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, CAST(:now AS timestamp),
        CAST(:now AS timestamp), CASE WHEN d.decision = 'skipped' THEN CAST(:now AS timestamp) END,
        :operation_id,
        CASE WHEN d.decision = 'skipped'
             THEN 'overlap: the previous run of this job was still in flight; policy skip'
-            ELSE 'run-now' END
+            ELSE 'run-now' END, j.steps
 FROM agent.jobs j
 CROSS JOIN LATERAL (
     SELECT CASE WHEN j.overlap = 'skip' AND EXISTS (
@@ -441,7 +449,8 @@ ORDER BY j.job_name;
 -- list_history --
 -- Runs, newest first, optionally of one job.
 SELECT run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
-       created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id
+       created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id,
+       step, failed_step
 FROM agent.runs
 WHERE (CAST(:job_name AS VARCHAR) IS NULL OR job_name = CAST(:job_name AS VARCHAR))
 ORDER BY run_id DESC LIMIT :limit;
@@ -449,7 +458,7 @@ ORDER BY run_id DESC LIMIT :limit;
 -- list_attempts --
 -- Attempts of the runs in a JSON array of run ids.
 SELECT a.run_id, a.attempt, a.token, a.worker, a.dequeue_count, a.started_at, a.finished_at,
-       a.outcome, a.error_number, a.error_sqlstate, a.error_message
+       a.outcome, a.error_number, a.error_sqlstate, a.error_message, a.step, a.target_database
 FROM agent.attempts a
 WHERE a.run_id IN (SELECT CAST(x.value AS BIGINT) FROM json_array_elements_text(CAST(:run_ids AS json)) AS x(value))
 ORDER BY a.run_id, a.attempt_id;
@@ -587,3 +596,116 @@ FROM json_to_recordset(CAST(:plans AS json)) AS p(job_name VARCHAR, schedule VAR
 WHERE j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = CAST(p.updated_at AS timestamp)
   AND j.schedule = p.schedule AND j.timezone = p.timezone AND j.enabled = p.enabled
 RETURNING j.job_name, j.valid, j.config_error, j.next_due_at;
+
+-- stop_job --
+-- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).
+UPDATE agent.runs SET status = 'cancelled', token = token + 1, finished_at = CAST(:now AS timestamp),
+    lease_expires_at = NULL, note = 'stopped by operator (stop JOB)'
+WHERE job_name = :job_name AND status IN ('pending', 'queued', 'running')
+  AND (status = 'running' OR runnable_at <= CAST(:now AS timestamp) OR attempt > 0)
+RETURNING run_id, status;
+
+-- begin_step_attempt --
+-- A run of a multi-step job started: its open attempt says which step it runs and where.
+UPDATE agent.attempts SET step = :step, target_database = :target_database
+WHERE run_id = :run_id AND token = :token AND attempt = :attempt AND outcome = 'running';
+
+-- step_transition --
+-- A step of a multi-step run ended (fenced by the token; in the step's own transaction when it works in the control database, so the step's work and its transition commit together): the attempt closes with its outcome and output, and the run follows the flow: on to :next_step at once (status running, same worker and token, a new attempt opened), the same step again at :runnable_at (pending: a retry), or the end (succeeded or failed, with the failing step). No row back: the lease was taken over; roll back.
+WITH m AS (
+    UPDATE agent.runs SET
+        status = CAST(:run_status AS VARCHAR),
+        step = CAST(:next_step AS INT),
+        failures = CAST(:failures AS INT),
+        attempt = CASE WHEN CAST(:run_status AS VARCHAR) = 'running' THEN attempt + 1 ELSE attempt END,
+        runnable_at = CAST(:runnable_at AS timestamp),
+        heartbeat_at = CASE WHEN CAST(:run_status AS VARCHAR) = 'running' THEN CAST(:now AS timestamp) ELSE heartbeat_at END,
+        lease_expires_at = CASE WHEN CAST(:run_status AS VARCHAR) = 'running' THEN CAST(:lease_until AS timestamp) END,
+        finished_at = CASE WHEN CAST(:run_status AS VARCHAR) IN ('succeeded', 'failed') THEN CAST(:now AS timestamp) END,
+        failed_step = COALESCE(CAST(:failed_step AS INT), failed_step,
+                               CASE WHEN CAST(:run_status AS VARCHAR) = 'failed' THEN CAST(:step AS INT) END),
+        last_error_number = :error_number,
+        last_error = :error_message
+    WHERE run_id = :run_id AND token = :token AND status = 'running'
+    RETURNING run_id, token, status, step, attempt, failures, dequeue_count),
+closed AS (
+    UPDATE agent.attempts AS a SET outcome = :outcome, finished_at = CAST(:now AS timestamp), step = CAST(:step AS INT),
+        error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message,
+        output = :step_output
+    FROM m WHERE a.run_id = m.run_id AND a.token = m.token AND a.attempt = CAST(:attempt AS INT) AND a.outcome = 'running'),
+opened AS (
+    INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome, step, target_database)
+    SELECT m.run_id, m.attempt, m.token, CAST(:worker AS VARCHAR), m.dequeue_count, CAST(:now AS timestamp), 'running',
+           m.step, CAST(:next_database AS VARCHAR)
+    FROM m WHERE m.status = 'running')
+SELECT run_id, status, step, attempt, failures FROM m;
+
+-- record_attempt_output --
+-- Keep what the server said while an attempt ran (messages, rows affected), in the transaction that closes it.
+UPDATE agent.attempts SET output = :step_output
+WHERE run_id = :run_id AND token = :token AND attempt = :attempt;
+
+-- list_attempt_output --
+-- The output of the attempts of the runs in a JSON array of run ids (history --output, --json).
+SELECT a.run_id, a.attempt, a.output
+FROM agent.attempts a
+WHERE a.run_id IN (SELECT CAST(x AS BIGINT) FROM json_array_elements_text(CAST(:run_ids AS json)) AS x)
+  AND a.output IS NOT NULL
+ORDER BY a.run_id, a.attempt_id;
+
+-- enqueue_notifications --
+-- The notification outbox, in the transaction that ends runs: one row for each run it ended (finished at :now) whose outcome its job's NOTIFY asks for and that has a webhook (the job's, else :default_url); a run already notified is left alone.
+INSERT INTO agent.notifications (run_id, job_name, outcome, url, status, attempts, created_at, next_attempt_at)
+SELECT r.run_id, r.job_name, r.status, COALESCE(j.notify_webhook_url, CAST(:default_url AS VARCHAR)), 'pending', 0,
+       CAST(:now AS timestamp), CAST(:now AS timestamp)
+FROM agent.runs AS r
+JOIN agent.jobs AS j ON j.job_name = r.job_name
+WHERE r.finished_at = CAST(:now AS timestamp) AND r.status IN ('succeeded', 'failed', 'poisoned')
+  AND COALESCE(j.notify_webhook_url, CAST(:default_url AS VARCHAR)) IS NOT NULL
+  AND (COALESCE(j.notify, 'on_failure') = 'on_completion'
+       OR (COALESCE(j.notify, 'on_failure') = 'on_success' AND r.status = 'succeeded')
+       OR (COALESCE(j.notify, 'on_failure') = 'on_failure' AND r.status IN ('failed', 'poisoned')))
+ON CONFLICT (run_id) DO NOTHING;
+
+-- claim_notifications --
+-- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
+UPDATE agent.notifications AS n SET status = 'sending', claim_token = :claim_token,
+    claimed_until = CAST(:claimed_until AS timestamp), attempts = n.attempts + 1
+FROM (SELECT notification_id FROM agent.notifications
+      WHERE (status = 'pending' AND next_attempt_at <= CAST(:now AS timestamp))
+         OR (status = 'sending' AND claimed_until < CAST(:now AS timestamp))
+      ORDER BY notification_id LIMIT :batch
+      FOR UPDATE SKIP LOCKED) AS d
+WHERE n.notification_id = d.notification_id
+RETURNING n.notification_id, n.run_id, n.job_name, n.outcome, n.url, n.attempts, n.claim_token;
+
+-- notification_runs --
+-- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id.
+SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.failed_step, r.last_error_number, r.last_error,
+       r.finished_at, r.operation_id,
+       (SELECT MIN(a.started_at) FROM agent.attempts AS a WHERE a.run_id = r.run_id) AS first_started_at
+FROM agent.runs AS r
+WHERE r.run_id IN (SELECT CAST(x AS BIGINT) FROM json_array_elements_text(CAST(:run_ids AS json)) AS x);
+
+-- finish_notification --
+-- Record one delivery attempt of a claimed notification (sent, to be retried at :next_attempt_at, or failed for good), only while the claim is still this sender's.
+UPDATE agent.notifications SET status = CAST(:status AS VARCHAR), next_attempt_at = CAST(:next_attempt_at AS timestamp),
+    sent_at = CASE WHEN CAST(:status AS VARCHAR) = 'sent' THEN CAST(:now AS timestamp) END, last_error = :last_error,
+    claim_token = NULL, claimed_until = NULL
+WHERE notification_id = :notification_id AND claim_token = :claim_token
+RETURNING notification_id;
+
+-- check_step_transaction --
+-- Before a step's success is recorded in its own transaction: on PostgreSQL a COMMIT or ROLLBACK in the step's SQL is refused inside the agent's transaction block; nothing to check.
+SELECT 1 AS active WHERE FALSE;
+
+-- purge_notifications --
+-- Retention, a bounded batch per tick (with purge_history): notifications delivered or given up older than AGENT_HISTORY_RETENTION_DAYS; one row back with the count.
+WITH old AS (
+    SELECT notification_id FROM agent.notifications
+    WHERE status IN ('sent', 'failed') AND next_attempt_at < CAST(:history_before AS timestamp)
+    ORDER BY notification_id LIMIT CAST(:batch AS INT)),
+gone AS (
+    DELETE FROM agent.notifications AS n USING old WHERE n.notification_id = old.notification_id
+    RETURNING n.notification_id)
+SELECT 'notifications' AS purged, COUNT(*) AS rows_purged FROM gone;

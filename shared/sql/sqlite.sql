@@ -90,7 +90,8 @@ RETURNING run_id, job_name, scheduled_for, status, note, operation_id;
 -- Write every configured job in one statement; a new job, a changed schedule or time zone, or a job re-enabled starts from its new next_due_at.
 INSERT INTO agent_jobs (job_name, schedule, timezone, command, target_database, enabled, valid,
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
-                        grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at)
+                        grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
+                        steps, notify, notify_webhook_url)
 SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.timezone'), json_extract(j.value, '$.command'),
        json_extract(j.value, '$.target_database'), json_extract(j.value, '$.enabled'),
@@ -98,7 +99,9 @@ SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.max_attempts'), json_extract(j.value, '$.timeout_seconds'),
        json_extract(j.value, '$.lease_seconds'), json_extract(j.value, '$.misfire'),
        json_extract(j.value, '$.grace_seconds'), json_extract(j.value, '$.overlap'),
-       json_extract(j.value, '$.next_due_at'), :now, 1, :now
+       json_extract(j.value, '$.next_due_at'), :now, 1, :now,
+       json_extract(j.value, '$.steps'), json_extract(j.value, '$.notify'),
+       json_extract(j.value, '$.notify_webhook_url')
 FROM json_each(:jobs) AS j
 WHERE TRUE
 ON CONFLICT (job_name) DO UPDATE SET
@@ -132,7 +135,10 @@ ON CONFLICT (job_name) DO UPDATE SET
     configured = 1,
     defined_in_database = 0,
     needs_planning = 0,
-    updated_at = excluded.updated_at
+    updated_at = excluded.updated_at,
+    steps = excluded.steps,
+    notify = excluded.notify,
+    notify_webhook_url = excluded.notify_webhook_url
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 WHERE agent_jobs.defined_in_database = 0 OR agent_jobs.configured = 0;
 
@@ -202,12 +208,12 @@ ORDER BY job_name;
 -- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot, never before.
 INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        finished_at, operation_id, note)
+                        finished_at, operation_id, note, steps)
 SELECT j.job_name, 'scheduled', json_extract(s.value, '$.scheduled_for'), json_extract(s.value, '$.status'),
        j.command, j.target_database, j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds,
        json_extract(s.value, '$.scheduled_for'), :now,
        CASE WHEN json_extract(s.value, '$.status') = 'skipped' THEN :now END,
-       lower(hex(randomblob(16))), json_extract(s.value, '$.note')
+       lower(hex(randomblob(16))), json_extract(s.value, '$.note'), j.steps
 FROM json_each(:slots) AS s
 JOIN agent_jobs AS j ON j.job_name = json_extract(s.value, '$.job_name')
 WHERE j.enabled = 1 AND j.valid = 1 AND j.configured = 1
@@ -353,7 +359,7 @@ FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id
 WHERE d.decision = 'start';
 SELECT d.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
        r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
-       r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note
+       r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note, r.step, r.steps
 FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id;
 
 -- claim_runs --
@@ -387,7 +393,7 @@ WHERE status = 'pending' AND runnable_at <= :now AND job_name IS NOT NULL
                               OR julianday(agent_runs.scheduled_for) + j.grace_seconds / 86400.0 < julianday(:now))))))
 RETURNING 'skipped' AS decision, run_id, job_name, kind, command, target_database, attempt, failures,
           max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds,
-          operation_id, scheduled_for, runnable_at, started_at, note;
+          operation_id, scheduled_for, runnable_at, started_at, note, step, steps;
 INSERT INTO temp.agent_decisions (run_id, decision)
 SELECT run_id, 'start' FROM (
     SELECT c.run_id FROM agent_runs c
@@ -423,7 +429,7 @@ SELECT r.run_id, r.attempt, r.token, :worker, NULL, :now, 'running'
 FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id;
 SELECT d.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
        r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
-       r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note
+       r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note, r.step, r.steps
 FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id
 ORDER BY r.runnable_at, r.run_id;
 
@@ -514,7 +520,7 @@ RETURNING run_id;
 SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, task_order,
        attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
        runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
-       last_error_number, last_error, note
+       last_error_number, last_error, note, step, steps
 FROM agent_runs WHERE run_id = :run_id;
 
 -- list_run_errors --
@@ -555,14 +561,14 @@ UPDATE agent_poison_messages SET requeued_at = :now WHERE poison_id = :poison_id
 -- run-now: a run of a job right away, keyed by the request time; the job's overlap policy applies (SQLite's single writer decides it).
 INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        finished_at, operation_id, note)
+                        finished_at, operation_id, note, steps)
 SELECT d.job_name, 'manual', :now, d.decision, d.command, d.target_database, d.overlap,
        d.max_attempts, d.timeout_seconds, d.lease_seconds, :now, :now,
        CASE WHEN d.decision = 'skipped' THEN :now END,
        :operation_id,
        CASE WHEN d.decision = 'skipped'
             THEN 'overlap: the previous run of this job was still in flight; policy skip'
-            ELSE 'run-now' END
+            ELSE 'run-now' END, d.steps
 FROM (
     SELECT j.*, CASE WHEN j.overlap = 'skip' AND EXISTS (
                     SELECT 1 FROM agent_runs a
@@ -608,7 +614,8 @@ ORDER BY j.job_name;
 -- list_history --
 -- Runs, newest first, optionally of one job.
 SELECT run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
-       created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id
+       created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id,
+       step, failed_step
 FROM agent_runs
 WHERE (:job_name IS NULL OR job_name = :job_name)
 ORDER BY run_id DESC LIMIT :limit;
@@ -616,7 +623,7 @@ ORDER BY run_id DESC LIMIT :limit;
 -- list_attempts --
 -- Attempts of the runs in a JSON array of run ids.
 SELECT a.run_id, a.attempt, a.token, a.worker, a.dequeue_count, a.started_at, a.finished_at,
-       a.outcome, a.error_number, a.error_sqlstate, a.error_message
+       a.outcome, a.error_number, a.error_sqlstate, a.error_message, a.step, a.target_database
 FROM agent_attempts a
 WHERE a.run_id IN (SELECT CAST(x.value AS INTEGER) FROM json_each(:run_ids) AS x)
 ORDER BY a.run_id, a.attempt_id;
@@ -745,3 +752,104 @@ WHERE agent_jobs.job_name = json_extract(p.value, '$.job_name') AND agent_jobs.n
   AND agent_jobs.timezone = json_extract(p.value, '$.timezone')
   AND agent_jobs.enabled = json_extract(p.value, '$.enabled')
 RETURNING job_name, valid, config_error, next_due_at;
+
+-- stop_job --
+-- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).
+UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = :now,
+    lease_expires_at = NULL, note = 'stopped by operator (stop JOB)'
+WHERE job_name = :job_name AND status IN ('pending', 'queued', 'running')
+  AND (status = 'running' OR runnable_at <= :now OR attempt > 0)
+RETURNING run_id, status;
+
+-- begin_step_attempt --
+-- A run of a multi-step job started: its open attempt says which step it runs and where.
+UPDATE agent_attempts SET step = :step, target_database = :target_database
+WHERE run_id = :run_id AND token = :token AND attempt = :attempt AND outcome = 'running';
+
+-- step_transition --
+-- A step of a multi-step run ended (fenced by the token; in the step's own transaction when it works in the control database, so the step's work and its transition commit together): the attempt closes with its outcome and output, and the run follows the flow: on to :next_step at once (status running, same worker and token, a new attempt opened), the same step again at :runnable_at (pending: a retry), or the end (succeeded or failed, with the failing step). No row back: the lease was taken over; roll back.
+UPDATE agent_runs SET
+    status = :run_status,
+    step = :next_step,
+    failures = :failures,
+    attempt = CASE WHEN :run_status = 'running' THEN attempt + 1 ELSE attempt END,
+    runnable_at = :runnable_at,
+    heartbeat_at = CASE WHEN :run_status = 'running' THEN :now ELSE heartbeat_at END,
+    lease_expires_at = CASE WHEN :run_status = 'running' THEN :lease_until END,
+    finished_at = CASE WHEN :run_status IN ('succeeded', 'failed') THEN :now END,
+    failed_step = COALESCE(:failed_step, failed_step, CASE WHEN :run_status = 'failed' THEN :step END),
+    last_error_number = :error_number,
+    last_error = :error_message
+WHERE run_id = :run_id AND token = :token AND status = 'running'
+RETURNING run_id, status, step, attempt, failures;
+UPDATE agent_attempts SET outcome = :outcome, finished_at = :now, step = :step,
+    error_number = :error_number, error_sqlstate = :error_sqlstate, error_message = :error_message, output = :step_output
+WHERE run_id = :run_id AND token = :token AND attempt = :attempt AND outcome = 'running'
+  AND EXISTS (SELECT 1 FROM agent_runs r WHERE r.run_id = :run_id AND r.token = :token AND r.status = :run_status);
+INSERT INTO agent_attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome, step, target_database)
+SELECT r.run_id, r.attempt, r.token, :worker, r.dequeue_count, :now, 'running', r.step, :next_database
+FROM agent_runs AS r
+WHERE r.run_id = :run_id AND r.token = :token AND r.status = 'running' AND r.attempt = :attempt + 1;
+
+-- record_attempt_output --
+-- Keep what the server said while an attempt ran (messages, rows affected), in the transaction that closes it.
+UPDATE agent_attempts SET output = :step_output
+WHERE run_id = :run_id AND token = :token AND attempt = :attempt;
+
+-- list_attempt_output --
+-- The output of the attempts of the runs in a JSON array of run ids (history --output, --json).
+SELECT a.run_id, a.attempt, a.output
+FROM agent_attempts a
+WHERE a.run_id IN (SELECT CAST(x.value AS INTEGER) FROM json_each(:run_ids) AS x) AND a.output IS NOT NULL
+ORDER BY a.run_id, a.attempt_id;
+
+-- enqueue_notifications --
+-- The notification outbox, in the transaction that ends runs: one row for each run it ended (finished at :now) whose outcome its job's NOTIFY asks for and that has a webhook (the job's, else :default_url); a run already notified is left alone.
+INSERT INTO agent_notifications (run_id, job_name, outcome, url, status, attempts, created_at, next_attempt_at)
+SELECT r.run_id, r.job_name, r.status, COALESCE(j.notify_webhook_url, :default_url), 'pending', 0, :now, :now
+FROM agent_runs AS r
+JOIN agent_jobs AS j ON j.job_name = r.job_name
+WHERE r.finished_at = :now AND r.status IN ('succeeded', 'failed', 'poisoned')
+  AND COALESCE(j.notify_webhook_url, :default_url) IS NOT NULL
+  AND (COALESCE(j.notify, 'on_failure') = 'on_completion'
+       OR (COALESCE(j.notify, 'on_failure') = 'on_success' AND r.status = 'succeeded')
+       OR (COALESCE(j.notify, 'on_failure') = 'on_failure' AND r.status IN ('failed', 'poisoned')))
+ON CONFLICT (run_id) DO NOTHING;
+
+-- claim_notifications --
+-- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
+UPDATE agent_notifications SET status = 'sending', claim_token = :claim_token, claimed_until = :claimed_until,
+    attempts = attempts + 1
+WHERE notification_id IN (
+    SELECT notification_id FROM agent_notifications
+    WHERE (status = 'pending' AND next_attempt_at <= :now) OR (status = 'sending' AND claimed_until < :now)
+    ORDER BY notification_id LIMIT :batch)
+RETURNING notification_id, run_id, job_name, outcome, url, attempts, claim_token;
+
+-- notification_runs --
+-- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id.
+SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.failed_step, r.last_error_number, r.last_error,
+       r.finished_at, r.operation_id,
+       (SELECT MIN(a.started_at) FROM agent_attempts AS a WHERE a.run_id = r.run_id) AS first_started_at
+FROM agent_runs AS r
+WHERE r.run_id IN (SELECT CAST(x.value AS INTEGER) FROM json_each(:run_ids) AS x);
+
+-- finish_notification --
+-- Record one delivery attempt of a claimed notification (sent, to be retried at :next_attempt_at, or failed for good), only while the claim is still this sender's.
+UPDATE agent_notifications SET status = :status, next_attempt_at = :next_attempt_at,
+    sent_at = CASE WHEN :status = 'sent' THEN :now END, last_error = :last_error,
+    claim_token = NULL, claimed_until = NULL
+WHERE notification_id = :notification_id AND claim_token = :claim_token
+RETURNING notification_id;
+
+-- check_step_transaction --
+-- Before a step's success is recorded in its own transaction: SQLite has no way for a step's SQL to end the agent's transaction unnoticed (a COMMIT in it fails the step); nothing to check.
+SELECT 1 AS active WHERE 0;
+
+-- purge_notifications --
+-- Retention, a bounded batch per tick (with purge_history): notifications delivered or given up older than AGENT_HISTORY_RETENTION_DAYS; one row back per notification purged.
+DELETE FROM agent_notifications WHERE notification_id IN (
+    SELECT notification_id FROM agent_notifications
+    WHERE status IN ('sent', 'failed') AND next_attempt_at < :history_before
+    ORDER BY notification_id LIMIT :batch)
+RETURNING 'notifications' AS purged, 1 AS rows_purged;
