@@ -493,6 +493,21 @@ def test_start_job_makes_the_run_run_now_makes(system, capsys):
     assert run_row(agent, db_started["run_id"])["kind"] == "manual"
 
 
+def test_start_job_of_a_step_job_runs_its_steps_as_run_now_does(system, capsys):
+    build, connection, url = system
+    agent = build({"steps": {"SCHEDULE": "0 0 3 * * *", "STEPS__1__COMMAND": "SELECT 1",
+                             "STEPS__2__COMMAND": "SELECT 2", "OVERLAP": "allow"}})
+    agent.tick()
+    run_cli(url, "run-now", "steps", capsys=capsys)
+    (cli_run,) = agent.store().execute("list_history", job_name="steps", limit=10).rows
+    (started,) = call(connection, "start_job", job_name="steps")
+    assert run_row(agent, started["run_id"])["steps"] == run_row(agent, cli_run["run_id"])["steps"]
+    assert run_row(agent, started["run_id"])["steps"]
+    work(agent, concurrency=1)
+    steps_run = [a["step"] for a in agent.store().execute("list_attempts", run_ids=[started["run_id"]]).rows]
+    assert steps_run == [1, 2] and run_row(agent, started["run_id"])["status"] == "succeeded"
+
+
 def test_stop_job_cancels_the_runs_in_flight_as_cancel_does_and_keeps_future_slots(system, capsys):
     build, connection, url = system
     agent = build()

@@ -1,4 +1,4 @@
--- 0004 T-SQL interface: jobs defined in the database, the seeds' procedures, SQL Server Agent's
+-- 0005 T-SQL interface: jobs defined in the database, the seeds' procedures, SQL Server Agent's
 -- verbs and history views, and the agent_operator role (issue 14). PostgreSQL has functions of
 -- the same names, parameters, defaults and results (shared/sql/migrations/postgres).
 --
@@ -373,7 +373,7 @@ BEGIN
     DECLARE @manual TABLE (run_id BIGINT, status NVARCHAR(16), note NVARCHAR(MAX));
     INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                             max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                            finished_at, operation_id, note)
+                            finished_at, operation_id, note, steps)
     OUTPUT inserted.run_id, inserted.status, inserted.note INTO @manual
     SELECT j.job_name, N'manual', @now, d.decision, j.command, j.target_database,
            j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, @now, @now,
@@ -381,13 +381,15 @@ BEGIN
            LOWER(REPLACE(CONVERT(NVARCHAR(36), NEWID()), N'-', N'')),
            CASE WHEN d.decision = N'skipped'
                 THEN N'overlap: the previous run of this job was still in flight; policy skip'
-                ELSE N'run-now' END
+                ELSE N'run-now' END,
+           j.steps
     FROM agent.jobs AS j
     CROSS APPLY (
         SELECT CASE WHEN j.overlap = N'skip' AND EXISTS (
                     SELECT 1 FROM agent.runs AS a
                     WHERE a.job_name = j.job_name
-                      AND (a.status = N'running' OR (a.status IN (N'pending', N'queued') AND a.runnable_at <= @now)))
+                      AND (a.status = N'running'
+                           OR (a.status IN (N'pending', N'queued') AND (a.runnable_at <= @now OR a.kind = N'manual'))))
                THEN N'skipped' ELSE N'pending' END AS decision) AS d
     WHERE j.job_name = @job_name AND j.valid = 1 AND j.configured = 1;
     COMMIT TRANSACTION;

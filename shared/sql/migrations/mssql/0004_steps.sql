@@ -1,4 +1,4 @@
--- 0005 steps: a job is a list of steps with on-success / on-failure flow (SQL Agent's job
+-- 0004 steps: a job is a list of steps with on-success / on-failure flow (SQL Agent's job
 -- steps); each step attempt is its own history row with its output; operators are notified.
 -- Each statement runs on its own, in the one transaction of the migration.
 SET XACT_ABORT ON;

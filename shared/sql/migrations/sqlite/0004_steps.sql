@@ -1,4 +1,4 @@
--- 0005 steps: a job is a list of steps with on-success / on-failure flow (SQL Agent's job
+-- 0004 steps: a job is a list of steps with on-success / on-failure flow (SQL Agent's job
 -- steps); each step attempt is its own history row with its output; operators are notified.
 -- steps: the job's steps as JSON (NULL: a one-step job, its COMMAND), copied onto each run
 -- when its slot is claimed, so that a redefinition never changes a run in flight.

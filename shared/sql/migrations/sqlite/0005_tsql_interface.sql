@@ -1,4 +1,4 @@
--- 0004 T-SQL interface (issue 14). SQLite has no stored procedures: the procedures and views of
+-- 0005 T-SQL interface (issue 14). SQLite has no stored procedures: the procedures and views of
 -- PostgreSQL and SQL Server do not exist here, and the command line is the way in. Only the
 -- columns and index the engine reads on every dialect are added, so the schema stays the same.
 

@@ -1,4 +1,4 @@
--- 0004 T-SQL interface: jobs defined in the database, the seeds' procedures, SQL Server Agent's
+-- 0005 T-SQL interface: jobs defined in the database, the seeds' procedures, SQL Server Agent's
 -- verbs and history views, and the agent_operator role (issue 14). Here PostgreSQL functions with
 -- the parameters, defaults and results of the T-SQL procedures (shared/sql/migrations/mssql).
 --
@@ -288,20 +288,22 @@ BEGIN
     RETURN QUERY
     INSERT INTO agent.runs AS r (job_name, kind, scheduled_for, status, command, target_database, overlap,
                                  max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                                 finished_at, operation_id, note)
+                                 finished_at, operation_id, note, steps)
     SELECT j.job_name, 'manual', v_now, d.decision, j.command, j.target_database,
            j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, v_now, v_now,
            CASE WHEN d.decision = 'skipped' THEN v_now END,
            md5(random()::text || clock_timestamp()::text || j.job_name),
            CASE WHEN d.decision = 'skipped'
                 THEN 'overlap: the previous run of this job was still in flight; policy skip'
-                ELSE 'run-now' END
+                ELSE 'run-now' END,
+           j.steps
     FROM agent.jobs j
     CROSS JOIN LATERAL (
         SELECT CASE WHEN j.overlap = 'skip' AND EXISTS (
                     SELECT 1 FROM agent.runs a
                     WHERE a.job_name = j.job_name
-                      AND (a.status = 'running' OR (a.status IN ('pending', 'queued') AND a.runnable_at <= v_now)))
+                      AND (a.status = 'running'
+                           OR (a.status IN ('pending', 'queued') AND (a.runnable_at <= v_now OR a.kind = 'manual'))))
                THEN 'skipped' ELSE 'pending' END AS decision) AS d
     WHERE j.job_name = start_job.job_name AND j.valid = 1 AND j.configured = 1
     RETURNING r.run_id, r.status, r.note;
