@@ -362,6 +362,11 @@ class Executor:
         calls: list[tuple[str, dict[str, Any]]] = []
         if reset:
             calls.append(("reset_session", {}))
+        if reset:
+            # The job worked in this transaction: it must still be active (on SQL Server its SQL can
+            # commit, roll back or doom it). Not after work in another database: the completion
+            # then opens the control database's transaction itself.
+            calls.append(("check_work_transaction", {}))
         position = len(calls)
         if step is None:
             calls.append(("finish_run", {"run_id": run["run_id"], "token": run["token"], "now": now}))
@@ -375,9 +380,6 @@ class Executor:
             params = self._transition(run, step, steps, now, outcome="succeeded", action=step.on_success,
                                       retry_at=None, failures=run["failures"], output=output,
                                       error=(None, None, None))
-            if reset:   # the step worked in this transaction: it must still be active (SQL Server)
-                calls.append(("check_step_transaction", {}))
-                position += 1
             calls.append(("step_transition", params))
             ends = params["run_status"] != "running"
             if ends:

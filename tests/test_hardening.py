@@ -502,3 +502,35 @@ def test_a_lease_expiring_while_its_worker_records_a_failure_does_not_deadlock(p
     finally:
         ticker.close()
         worker.close()
+
+
+def test_the_transaction_check_runs_only_where_the_job_worked(pg_url, monkeypatch):
+    """The completion refuses a transaction the job's SQL ended (SQL Server: XACT_STATE() <> 1),
+    but only when the job worked in the agent's own transaction: after work in another database
+    the completion opens the control database's transaction itself, where nothing is active
+    yet, and must not be refused (on SQL Server every DATABASE job would fail)."""
+    from shared.store import Store
+
+    calls: list[list[str]] = []
+    original = Store.chain
+
+    def recording(self, *named):
+        calls.append([name for name, _ in named])
+        return original(self, *named)
+
+    monkeypatch.setattr(Store, "chain", recording)
+    name, _ = create_pg_database()
+    agent = make_agent(pg_url)
+    try:
+        here = submit(agent, "SELECT 1")
+        there = submit(agent, "CREATE TABLE done_there (x INT)", target_database=name)
+        work(agent, concurrency=1)
+        assert run_of(agent, here)["status"] == "succeeded" and run_of(agent, there)["status"] == "succeeded"
+        finishes = [c for c in calls if "finish_run" in c]
+        assert len(finishes) == 2
+        assert sorted("check_work_transaction" in c for c in finishes) == [False, True]
+        assert all(c.index("check_work_transaction") < c.index("finish_run") for c in finishes
+                   if "check_work_transaction" in c)
+    finally:
+        agent.close()
+        drop_pg_database(name)

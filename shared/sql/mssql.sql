@@ -578,8 +578,7 @@ SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 SELECT 1 AS unlocked WHERE 1 = 0;
 
 -- finish_run --
--- Fenced completion in the job's transaction: the run and its open attempt succeed together, only for the current token (no row back: the lease was taken over; roll back). A transaction the job's SQL ended or doomed is never recorded as succeeded.
-IF XACT_STATE() <> 1 THROW 50001, N'the job''s transaction is no longer active (its SQL committed, rolled back or doomed it): the run is not recorded as succeeded', 1;
+-- Fenced completion (in the job's transaction, after check_work_transaction, or alone after work in another database): the run and its open attempt succeed together, only for the current token (no row back: the lease was taken over; roll back).
 DECLARE @done TABLE (run_id BIGINT, token BIGINT);
 UPDATE agent.runs SET status = N'succeeded', finished_at = CAST(:now AS DATETIME2(6)),
     lease_expires_at = NULL, last_error = NULL, last_error_number = NULL
@@ -1051,9 +1050,9 @@ OUTPUT inserted.notification_id INTO @recorded
 WHERE notification_id = :notification_id AND claim_token = :claim_token;
 SELECT notification_id FROM @recorded;
 
--- check_step_transaction --
--- Before a step's success is recorded in its own transaction: a transaction the step's SQL committed, rolled back or doomed is never recorded as a success (as finish_run).
-IF XACT_STATE() <> 1 THROW 50001, N'the step''s transaction is no longer active (its SQL committed, rolled back or doomed it): the step is not recorded as succeeded', 1;
+-- check_work_transaction --
+-- Before the success of a job or step that worked in the agent's own transaction is recorded there: a transaction the SQL committed, rolled back or doomed is never recorded as a success. (Not after work in another database: the completion opens the control database's transaction itself, where no transaction is active yet.)
+IF XACT_STATE() <> 1 THROW 50001, N'the job''s transaction is no longer active (its SQL committed, rolled back or doomed it): it is not recorded as succeeded', 1;
 SELECT 1 AS active WHERE 1 = 0;
 
 -- purge_notifications --

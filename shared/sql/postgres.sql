@@ -695,8 +695,8 @@ UPDATE agent.notifications SET status = CAST(:status AS VARCHAR), next_attempt_a
 WHERE notification_id = :notification_id AND claim_token = :claim_token
 RETURNING notification_id;
 
--- check_step_transaction --
--- Before a step's success is recorded in its own transaction: on PostgreSQL a COMMIT or ROLLBACK in the step's SQL is refused inside the agent's transaction block; nothing to check.
+-- check_work_transaction --
+-- Before the success of a job or step that worked in the agent's own transaction is recorded there: on PostgreSQL a COMMIT or ROLLBACK in the step's SQL is refused inside the agent's transaction block; nothing to check.
 SELECT 1 AS active WHERE FALSE;
 
 -- purge_notifications --

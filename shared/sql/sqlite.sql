@@ -842,8 +842,8 @@ UPDATE agent_notifications SET status = :status, next_attempt_at = :next_attempt
 WHERE notification_id = :notification_id AND claim_token = :claim_token
 RETURNING notification_id;
 
--- check_step_transaction --
--- Before a step's success is recorded in its own transaction: SQLite has no way for a step's SQL to end the agent's transaction unnoticed (a COMMIT in it fails the step); nothing to check.
+-- check_work_transaction --
+-- Before the success of a job or step that worked in the agent's own transaction is recorded there: SQLite has no way for a step's SQL to end the agent's transaction unnoticed (a COMMIT in it fails the step); nothing to check.
 SELECT 1 AS active WHERE 0;
 
 -- purge_notifications --
