@@ -146,6 +146,15 @@ def mssql_database() -> Iterator[str]:
 DIALECT_PARAMS = ["sqlite", "postgres"] + (["mssql"] if MSSQL_BASE else [])
 
 
+def as_from_a_terminal() -> None:
+    """preexec_fn for a command a test stops with Ctrl-C (SIGINT): a terminal starts it with
+    SIGINT at its default, but a test runner started in the background by a non-interactive
+    shell hands SIGINT on ignored, and Python then never raises KeyboardInterrupt."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def fresh_database(dialect: str, tmp_path: Path | None = None) -> Iterator[str]:
     """A fresh, empty control database URL of ``dialect`` (sqlite needs ``tmp_path``), dropped

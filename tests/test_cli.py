@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, as_from_a_terminal
 
 
 def cli(*args: str, cwd: Path, env_extra: dict | None = None, block_pyodbc: bool = False,
@@ -81,7 +81,7 @@ def test_local_runner_runs_jobs_and_stops_cleanly_on_ctrl_c(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JOB__", "AGENT_"))}
     env["PYTHONPATH"] = str(ROOT)
     process = subprocess.Popen([sys.executable, "-m", "shared.cli", "--settings", str(settings), "run",
-                                "--concurrency", "2"], cwd=tmp_path, env=env,
+                                "--concurrency", "2"], cwd=tmp_path, env=env, preexec_fn=as_from_a_terminal,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30

@@ -24,7 +24,7 @@ import pytest
 from shared import views
 from shared.monitor import OUTCOME_COLOURS, SECURITY_HEADERS, Monitor, MonitorSettings, monitor_settings
 from tests import monitor_scenario
-from tests.conftest import ROOT, create_pg_database, drop_pg_database
+from tests.conftest import ROOT, as_from_a_terminal, create_pg_database, drop_pg_database
 
 UTC = timezone.utc
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
@@ -366,7 +366,7 @@ def free_port() -> int:
 def monitor_process(db: str, port: int, **env: str):
     process = subprocess.Popen([PYTHON, "-m", "shared.cli", "--db", db, "monitor", "--port", str(port)], cwd=ROOT,
                                stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                               env={"PATH": "/usr/bin:/bin", **env})
+                               env={"PATH": "/usr/bin:/bin", **env}, preexec_fn=as_from_a_terminal)
     try:
         line = process.stderr.readline()
         match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)

@@ -143,8 +143,11 @@ def test_run_local_starts_the_monitor_beside_the_runner_and_ctrl_c_stops_both(tm
     if not (REPO / ".venv" / "bin" / "python").exists():
         pytest.skip("needs the project's .venv (scripts/test.sh creates it)")
     env = {**os.environ, "MONITOR_PORT": "0", "AGENT_DB": f"sqlite:///{tmp_path / 'agent.db'}"}
+    from tests.conftest import as_from_a_terminal
+
     process = subprocess.Popen([BASH, "scripts/run-local.sh"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+                               stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               preexec_fn=as_from_a_terminal)
     try:
         url = None
         deadline = time.monotonic() + 120
