@@ -231,8 +231,9 @@ def test_crash_between_claim_and_enqueue_is_redispatched_after_the_dispatch_leas
     # ...the process died here: the run is queued, no message was sent.
     assert agent.queue.run_messages() == 0
     # The reconciliation query shows it once its dispatch lease has lapsed.
-    stuck = store.execute("list_stuck_runs", now=at("2026-01-01T13:01:10"),
-                          stale_before=at("2026-01-01T12:00:00")).rows
+    from shared.views import stuck_view
+
+    stuck = stuck_view(store, at("2026-01-01T13:01:10"), older_than=3670)
     assert [(r["status"], r["job_name"]) for r in stuck] == [("queued", "hourly")]
     assert agent.tick(at("2026-01-01T13:00:30")).dispatched == []   # lease still running
     report = agent.tick(at("2026-01-01T13:01:10"))                   # lease expired

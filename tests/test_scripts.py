@@ -141,7 +141,9 @@ def test_run_local_starts_the_monitor_beside_the_runner_and_ctrl_c_stops_both(tm
     import urllib.request
 
     if not (REPO / ".venv" / "bin" / "python").exists():
-        pytest.skip("needs the project's .venv (scripts/test.sh creates it)")
+        from tests.conftest import service_missing
+
+        service_missing("the project's .venv", "scripts/test.sh creates it")
     env = {**os.environ, "MONITOR_PORT": "0", "AGENT_DB": f"sqlite:///{tmp_path / 'agent.db'}"}
     from tests.conftest import as_from_a_terminal
 

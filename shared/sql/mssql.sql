@@ -797,14 +797,6 @@ WHERE (CAST(:job_name AS NVARCHAR(64)) IS NULL OR job_name = CAST(:job_name AS N
 ORDER BY event_id DESC
 OPTION (RECOMPILE);
 
--- list_stuck_runs --
--- Reconciliation: runs in flight past their lease, or runnable but not started for longer than the given age.
-SELECT run_id, job_name, kind, status, scheduled_for, runnable_at, lease_expires_at, token, attempt
-FROM agent.runs
-WHERE (status IN (N'queued', N'running') AND lease_expires_at < CAST(:now AS DATETIME2(6)))
-   OR (status = N'pending' AND runnable_at < CAST(:stale_before AS DATETIME2(6)))
-ORDER BY run_id;
-
 -- count_runs_by_status --
 -- Runs per status (the doctor and the tests' reconciliation).
 SELECT status, COUNT(*) AS runs FROM agent.runs GROUP BY status;
@@ -886,7 +878,7 @@ SELECT TOP (:limit) poison_id, run_id, message_id, body, dequeue_count, reason, 
 FROM agent.poison_messages WHERE run_id = :run_id ORDER BY poison_id DESC;
 
 -- list_stuck_runs_page --
--- Reconciliation as list_stuck_runs, at most :limit runs (the stuck command and page).
+-- Reconciliation (the stuck command and page): runs in flight past their lease, or runnable but not started for longer than the given age; at most :limit runs.
 SELECT TOP (:limit) run_id, job_name, kind, status, scheduled_for, runnable_at, lease_expires_at, token, attempt
 FROM agent.runs
 WHERE (status IN (N'queued', N'running') AND lease_expires_at < CAST(:now AS DATETIME2(6)))

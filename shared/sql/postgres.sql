@@ -469,14 +469,6 @@ SELECT event_id, job_name, event_at, kind, detail FROM agent.job_events
 WHERE (CAST(:job_name AS VARCHAR) IS NULL OR job_name = CAST(:job_name AS VARCHAR))
 ORDER BY event_id DESC LIMIT :limit;
 
--- list_stuck_runs --
--- Reconciliation: runs in flight past their lease, or runnable but not started for longer than the given age.
-SELECT run_id, job_name, kind, status, scheduled_for, runnable_at, lease_expires_at, token, attempt
-FROM agent.runs
-WHERE (status IN ('queued', 'running') AND lease_expires_at < CAST(:now AS timestamp))
-   OR (status = 'pending' AND runnable_at < CAST(:stale_before AS timestamp))
-ORDER BY run_id;
-
 -- count_runs_by_status --
 -- Runs per status (the doctor and the tests' reconciliation).
 SELECT status, COUNT(*) AS runs FROM agent.runs GROUP BY status;
@@ -554,7 +546,7 @@ SELECT poison_id, run_id, message_id, body, dequeue_count, reason, errors, poiso
 FROM agent.poison_messages WHERE run_id = :run_id ORDER BY poison_id DESC LIMIT :limit;
 
 -- list_stuck_runs_page --
--- Reconciliation as list_stuck_runs, at most :limit runs (the stuck command and page).
+-- Reconciliation (the stuck command and page): runs in flight past their lease, or runnable but not started for longer than the given age; at most :limit runs.
 SELECT run_id, job_name, kind, status, scheduled_for, runnable_at, lease_expires_at, token, attempt
 FROM agent.runs
 WHERE (status IN ('queued', 'running') AND lease_expires_at < CAST(:now AS timestamp))

@@ -634,14 +634,6 @@ SELECT event_id, job_name, event_at, kind, detail FROM agent_job_events
 WHERE (:job_name IS NULL OR job_name = :job_name)
 ORDER BY event_id DESC LIMIT :limit;
 
--- list_stuck_runs --
--- Reconciliation: runs in flight past their lease, or runnable but not started for longer than the given age.
-SELECT run_id, job_name, kind, status, scheduled_for, runnable_at, lease_expires_at, token, attempt
-FROM agent_runs
-WHERE (status IN ('queued', 'running') AND lease_expires_at < :now)
-   OR (status = 'pending' AND runnable_at < :stale_before)
-ORDER BY run_id;
-
 -- count_runs_by_status --
 -- Runs per status (the doctor and the tests' reconciliation).
 SELECT status, COUNT(*) AS runs FROM agent_runs GROUP BY status;
@@ -707,7 +699,7 @@ SELECT poison_id, run_id, message_id, body, dequeue_count, reason, errors, poiso
 FROM agent_poison_messages WHERE run_id = :run_id ORDER BY poison_id DESC LIMIT :limit;
 
 -- list_stuck_runs_page --
--- Reconciliation as list_stuck_runs, at most :limit runs (the stuck command and page).
+-- Reconciliation (the stuck command and page): runs in flight past their lease, or runnable but not started for longer than the given age; at most :limit runs.
 SELECT run_id, job_name, kind, status, scheduled_for, runnable_at, lease_expires_at, token, attempt
 FROM agent_runs
 WHERE (status IN ('queued', 'running') AND lease_expires_at < :now)

@@ -166,7 +166,9 @@ def effect_sql(label: str, before: str = "") -> str:
 def reconcile(agent, labels: dict[str, int]) -> Reconciliation:
     """For each label (a task's work) and its run id: runs per slot, effects per run, stuck runs,
     straight from the tables."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timezone
+
+    from shared.views import stuck_view
 
     statuses = dict(query(agent, "SELECT status, COUNT(*) FROM agent.runs GROUP BY status"))
     doubled_slots = query(agent, "SELECT job_name, scheduled_for, COUNT(*) FROM agent.runs WHERE job_name IS NOT NULL "
@@ -174,7 +176,7 @@ def reconcile(agent, labels: dict[str, int]) -> Reconciliation:
     effects = dict(query(agent, "SELECT label, COUNT(*) FROM effects GROUP BY label"))
     status_of = dict(query(agent, "SELECT run_id, status FROM agent.runs"))
     now = datetime.now(timezone.utc)
-    stuck = agent.store().execute("list_stuck_runs", now=now, stale_before=now - timedelta(seconds=120)).rows
+    stuck = stuck_view(agent.store(), now, older_than=120)
     return Reconciliation(
         runs_by_status=statuses, doubled_slots=doubled_slots, stuck=stuck,
         lost=[label for label in labels if effects.get(label, 0) == 0],
