@@ -48,10 +48,10 @@ param tickSchedule string
 @maxValue(5)
 param maxDequeueCount int
 
-@description('Jobs: [{ name, schedule, command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl? }] (command, or steps in jobSteps).')
+@description('Jobs: [{ name, schedule, command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl?, targets?, targetParallelism? }] (command, or steps in jobSteps).')
 param jobs array
 
-@description('Steps of multi-step jobs, one entry per step: [{ job, step, command, database?, maxAttempts?, retryIntervalSeconds?, timeoutSeconds?, onSuccess?, onFailure? }].')
+@description('Steps of multi-step jobs, one entry per step: [{ job, step, command, database?, maxAttempts?, retryIntervalSeconds?, timeoutSeconds?, onSuccess?, onFailure?, targets?, targetParallelism? }].')
 param jobSteps array
 
 @description('Webhook the engine POSTs run outcomes to (AGENT_NOTIFY_WEBHOOK_URL); empty: none.')
@@ -178,6 +178,8 @@ var jobOverlapSettings = [for job in jobs: { name: 'JOB__${job.name}__OVERLAP', 
 var jobDatabaseSettings = [for job in jobs: { name: 'JOB__${job.name}__DATABASE', value: job.?database }]
 var jobNotifySettings = [for job in jobs: { name: 'JOB__${job.name}__NOTIFY', value: job.?notify }]
 var jobNotifyWebhookUrlSettings = [for job in jobs: { name: 'JOB__${job.name}__NOTIFY_WEBHOOK_URL', value: job.?notifyWebhookUrl }]
+var jobTargetsSettings = [for job in jobs: { name: 'JOB__${job.name}__TARGETS', value: job.?targets }]
+var jobTargetParallelismSettings = [for job in jobs: { name: 'JOB__${job.name}__TARGET_PARALLELISM', value: job.?targetParallelism }]
 
 // Steps of multi-step jobs (JOB__<job>__STEPS__<step>__<SETTING>): a flat list, one entry per
 // step naming its job, because Bicep cannot nest for-expressions (and Checkov's Bicep parser
@@ -189,8 +191,10 @@ var jobStepRetryIntervalSecondsSettings = [for s in jobSteps: { name: 'JOB__${s.
 var jobStepTimeoutSecondsSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__TIMEOUT_SECONDS', value: s.?timeoutSeconds }]
 var jobStepOnSuccessSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__ON_SUCCESS', value: s.?onSuccess }]
 var jobStepOnFailureSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__ON_FAILURE', value: s.?onFailure }]
+var jobStepTargetsSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__TARGETS', value: s.?targets }]
+var jobStepTargetParallelismSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__TARGET_PARALLELISM', value: s.?targetParallelism }]
 
-var jobSettingCandidates = concat(jobScheduleSettings, jobCommandSettings, jobTimezoneSettings, jobEnabledSettings, jobMaxAttemptsSettings, jobTimeoutSecondsSettings, jobLeaseSecondsSettings, jobMisfireSettings, jobGraceSecondsSettings, jobOverlapSettings, jobDatabaseSettings, jobNotifySettings, jobNotifyWebhookUrlSettings, jobStepCommandSettings, jobStepDatabaseSettings, jobStepMaxAttemptsSettings, jobStepRetryIntervalSecondsSettings, jobStepTimeoutSecondsSettings, jobStepOnSuccessSettings, jobStepOnFailureSettings)
+var jobSettingCandidates = concat(jobScheduleSettings, jobCommandSettings, jobTimezoneSettings, jobEnabledSettings, jobMaxAttemptsSettings, jobTimeoutSecondsSettings, jobLeaseSecondsSettings, jobMisfireSettings, jobGraceSecondsSettings, jobOverlapSettings, jobDatabaseSettings, jobNotifySettings, jobNotifyWebhookUrlSettings, jobTargetsSettings, jobTargetParallelismSettings, jobStepCommandSettings, jobStepDatabaseSettings, jobStepMaxAttemptsSettings, jobStepRetryIntervalSecondsSettings, jobStepTimeoutSecondsSettings, jobStepOnSuccessSettings, jobStepOnFailureSettings, jobStepTargetsSettings, jobStepTargetParallelismSettings)
 var presentJobSettings = filter(jobSettingCandidates, setting => setting.value != null)
 
 // App settings are strings: booleans become 'true' / 'false' (string() would give 'True'),

@@ -57,8 +57,10 @@ class Agent:
         """A store with a connection of its own (the lease renewal's)."""
         return self._observed(Store(self.target, self._connect, job_principal=self.settings.agent.job_principal))
 
-    def target_store(self, database: str) -> Store:
-        return Store(self.target, connector(self.target, database), job_principal=self.settings.agent.job_principal)
+    def target_store(self, database: str, server: str | None = None) -> Store:
+        """A store on a job's own database (``server``: on another server, a fleet target)."""
+        return Store(self.target, connector(self.target, database, server),
+                     job_principal=self.settings.agent.job_principal)
 
     def _observed(self, store: Store) -> Store:
         """With Application Insights configured, every named query is a SQL dependency."""

@@ -114,8 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     grant.add_argument("--operator", metavar="PRINCIPAL",
                        help="instead: make PRINCIPAL a member of agent_operator (EXECUTE on the T-SQL interface's "
                             "procedures, SELECT on its views, nothing on the tables)")
+    grant.add_argument("--targets", metavar="JOB",
+                       help="instead: the scripts for the fleet targets of JOB (resolved now: one per target "
+                            "database, one per master that lists databases), grouped by server")
     grant.add_argument("--apply", action="store_true",
-                       help="run it on the control database (and on each job database) instead of printing it")
+                       help="run it on the control database (and on each job database) instead of printing it "
+                            "(with --targets: on each target and master)")
     return parser
 
 
@@ -267,10 +271,18 @@ def cmd_jobs(agent, args) -> int:
     for row in rows:
         last = f"{row['last_status']} #{row['last_run_id']}" if row["last_run_id"] else "-"
         table.append([row["job_name"], row["state"], row["source"], row["schedule"] or "-", row["timezone"],
-                      _time(row["next_due_at"]), row["status"], last, row["config_error"] or ""])
-    _print_table(["JOB", "STATE", "DEFINED IN", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN", "ERROR"],
-                 table)
+                      _time(row["next_due_at"]), row["status"], last, _last_targets(row), row["config_error"] or ""])
+    _print_table(["JOB", "STATE", "DEFINED IN", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN",
+                  "LAST TARGETS", "ERROR"], table)
     return EXIT_OK
+
+
+def _last_targets(row: dict[str, Any]) -> str:
+    """The fleet of a job's last run: "T, F failed" ("-" when it had no targets)."""
+    total = row.get("last_targets_total")
+    if not total:
+        return "-"
+    return f"{total}, {row.get('last_targets_failed') or 0} failed"
 
 
 def cmd_history(agent, args) -> int:
@@ -287,10 +299,12 @@ def cmd_history(agent, args) -> int:
     table = []
     for run in runs:
         error = run["last_error"] or run["note"] or ""
-        table.append([run["run_id"], run["job_name"] or "(task)", run["kind"], _time(run["scheduled_for"]),
+        job = run["job_name"] or (f"(target of run {run['parent_run_id']})" if run.get("parent_run_id") else "(task)")
+        table.append([run["run_id"], job, run["kind"], _time(run["scheduled_for"]),
                       run["status"], f"{run['attempt']}/{run['max_attempts']}", _time(run["finished_at"]),
                       error[:120]])
     _print_table(["RUN", "JOB", "KIND", "SCHEDULED (UTC)", "STATUS", "ATTEMPTS", "FINISHED", "ERROR / NOTE"], table)
+    _print_fleets(runs)
     if args.output:
         _print_attempt_output(runs, by_run)
     if events:
@@ -299,6 +313,28 @@ def cmd_history(agent, args) -> int:
                      [[e["event_id"], e["job_name"], _time(e["event_at"]), e["kind"], (e["detail"] or "")[:160]]
                       for e in events])
     return EXIT_OK
+
+
+def _print_fleets(runs: list[dict[str, Any]]) -> None:
+    """history: under each fleet run, its executions grouped by target (a target's name on its
+    first execution only), each with its step, status, attempts and last error."""
+    from .views import target_label
+
+    for run in runs:
+        executions = run.get("targets") or []
+        if not executions:
+            continue
+        counts = ", ".join(f"{n} {status}" for status, n in run["target_statuses"].items())
+        print(f"\nrun {run['run_id']} ({run['job_name'] or 'task'}) {run['status']}: "
+              f"{run['targets_total']} target(s), {run['targets_failed'] or 0} failed ({counts})")
+        table, previous = [], None
+        for execution in executions:
+            label = target_label(execution)
+            table.append(["  " + (label if label != previous else ""), execution["step"] or "-", execution["run_id"],
+                          execution["status"], f"{execution['attempts']}/{execution['max_attempts']}",
+                          _time(execution["finished_at"]), (execution["last_error"] or "")[:200]])
+            previous = label
+        _print_table(["  TARGET", "STEP", "EXECUTION", "STATUS", "ATTEMPTS", "FINISHED", "ERROR"], table)
 
 
 def _print_attempt_output(runs: list[dict[str, Any]], by_run: dict[int, list[dict[str, Any]]]) -> None:
@@ -410,13 +446,29 @@ def cmd_submit(agent, args) -> int:
 
 
 def cmd_cancel(agent, args) -> int:
+    from .fleet import report_moved_runs
+    from .notify import enqueue_calls, notifications_enabled
+
     store = agent.store()
     store.require_schema()
-    if not store.execute("cancel_run", run_id=args.run_id, now=agent.clock()).rows:
-        run = store.execute("get_run", run_id=args.run_id).one()
-        if run is None:
-            raise NotFoundError(f"no run with id {args.run_id}")
-        raise UsageError(f"run {args.run_id} is already {run['status']}")
+    now = agent.clock()
+    run = store.execute("get_run", run_id=args.run_id).one()
+    if run is None:
+        raise NotFoundError(f"no run with id {args.run_id}")
+    # In the same transaction, the run's fleet: a run waiting for its targets ends with its
+    # executions; for one of a fleet's executions, its run lets the next waiting one in or, when
+    # this was the last, moves on (and its outcome is notified) at once, not at the next tick.
+    with store.transaction():
+        if not store.execute("cancel_run", run_id=args.run_id, now=now).rows:
+            status = store.execute("get_run", run_id=args.run_id).one()["status"]
+            raise UsageError(f"run {args.run_id} is already {status}")
+        moved = store.execute("progress_fleets", parent_run_id=run.get("parent_run_id") or args.run_id,
+                              run_id=None, token=None, now=now).rows
+        if any(row["status"] in ("succeeded", "failed") for row in moved):
+            for name, params in enqueue_calls(agent.settings, now):
+                store.execute(name, **params)
+    if report_moved_runs(moved, agent.telemetry) and notifications_enabled(agent.settings):
+        agent.notifier.wake()
     print(f"run {args.run_id} cancelled")
     return EXIT_OK
 
@@ -449,7 +501,12 @@ def cmd_monitor(agent, args) -> int:
 def cmd_stop(agent, args) -> int:
     store = agent.store()
     store.require_schema()
-    rows = store.execute("stop_job", job_name=args.name, now=agent.clock()).rows
+    # The job's runs in flight; their fleet target executions are cancelled with them (the
+    # NULL progress: every run no longer waiting for its targets).
+    now = agent.clock()
+    rows = store.chain(("stop_job", {"job_name": args.name, "now": now}),
+                       ("progress_fleets", {"parent_run_id": None, "run_id": None, "token": None,
+                                            "now": now}))[0].rows
     if not rows:
         jobs = {r["job_name"] for r in store.execute("list_jobs").rows}
         if args.name not in jobs:
@@ -475,12 +532,18 @@ def cmd_grant_sql(agent, args) -> int:
     from .grants import grant_scripts, render
 
     if args.operator is not None:
-        if args.app_name or args.job_database or args.execute_schema or args.job_principal:
-            raise UsageError("grant-sql --operator PRINCIPAL takes no --app-name, --job-database, --execute-schema or "
-                             "--job-principal: run the app's grants and the operator's membership as two commands")
+        if args.app_name or args.job_database or args.execute_schema or args.job_principal or args.targets:
+            raise UsageError("grant-sql --operator PRINCIPAL takes no --app-name, --job-database, --execute-schema, "
+                             "--job-principal or --targets: run the app's grants and the operator's membership as "
+                             "two commands")
         return _grant_operator(agent, args)
     if not args.app_name:
         raise UsageError("grant-sql: --app-name NAME is required (or --operator PRINCIPAL for the T-SQL interface's role)")
+    if args.targets is not None:
+        if args.job_database is not None:
+            raise UsageError(f"grant-sql --targets {args.targets} takes no --job-database (the job's targets are "
+                             "the databases): run the JOB__<name>__DATABASE grants as a command of their own")
+        return _grant_targets(agent, args)
 
     databases = args.job_database
     if databases is None:
@@ -496,13 +559,22 @@ def cmd_grant_sql(agent, args) -> int:
         raise UsageError(f"grant-sql --apply needs an Azure SQL / SQL Server control database "
                          f"(AGENT_SQL_SERVER and AGENT_SQL_DATABASE, or --db with a SQL Server ODBC driver); "
                          f"the control database is {target.display}")
+    _apply_scripts(target, scripts)
+    return EXIT_OK
+
+
+def _apply_scripts(target, scripts) -> None:
+    """grant-sql --apply: each script in its own transaction, in its database (on its server)."""
     from .db import connector
     from .queries import split_statements
 
     for script in scripts:
-        where = "the control database" if script.database is None else f"database {script.database!r}"
-        connection = connector(target, script.database)()
+        server = getattr(script, "server", None)
+        where = (f"database {script.database!r}" if script.database else "the control database") + (
+            f" on server {server}" if server else "")
+        connection = connector(target, script.database, server)()
         try:
+            connection.autocommit = False
             cursor = connection.cursor()
             for statement in split_statements("\n".join(script.statements)):
                 cursor.execute(statement)
@@ -510,6 +582,37 @@ def cmd_grant_sql(agent, args) -> int:
         finally:
             connection.close()
         print(f"applied to {where}: " + " ".join(script.statements))
+
+
+def _grant_targets(agent, args) -> int:
+    """grant-sql --targets JOB: the job's fleet targets resolved now (one listing per server or
+    pool), then per server the script for its master (when its databases are listed) and one
+    per target database; printed, or with --apply run on each. PostgreSQL: CONNECT on each
+    target database, one script per server."""
+    from .fleet_ops import job_fleet, resolve_fleet
+    from .grants import fleet_grant_scripts, fleet_postgres_scripts, render_fleet
+
+    target = agent.target
+    steps = job_fleet(agent, args.targets)         # UsageError: unknown job, no fleet step, SQLite, pool: on PG
+    if target.dialect == "postgres" and args.execute_schema:
+        raise UsageError(f"grant-sql --targets {args.targets} --execute-schema: on PostgreSQL the command grants "
+                         "CONNECT on each target database only; grant what the jobs use inside each database "
+                         "yourself (GRANT USAGE ON SCHEMA ..., GRANT EXECUTE ON ALL ROUTINES IN SCHEMA ...)")
+    resolution = resolve_fleet(steps, dialect=target.dialect, control_store=agent.store,
+                               target_store=agent.target_store)
+    pairs = [(t.server, t.database) for t in resolution.targets()]
+    if target.dialect == "postgres":
+        scripts = fleet_postgres_scripts(args.app_name, pairs, job_name=args.targets)
+    else:
+        principal = args.job_principal or agent.settings.agent.job_principal
+        scripts = fleet_grant_scripts(args.app_name, pairs, resolution.listed, execute_schemas=args.execute_schema,
+                                      job_principal=principal, job_name=args.targets)
+    if not pairs:
+        print(f"warning: job {args.targets!r}: its targets resolve to no database now", file=sys.stderr)
+    if not args.apply:
+        print(render_fleet(scripts, separator="GO\n" if target.dialect == "mssql" else "\n"), end="")
+        return EXIT_OK
+    _apply_scripts(target, scripts)
     return EXIT_OK
 
 

@@ -39,6 +39,8 @@ JOB_SETTING_SUFFIXES = (
     "DATABASE",
     "NOTIFY",
     "NOTIFY_WEBHOOK_URL",
+    "TARGETS",
+    "TARGET_PARALLELISM",
 )
 # JOB__<name>__STEPS__<n>__<SUFFIX>: one step of a multi-step job (SQL Agent's job steps).
 STEP_SETTING_SUFFIXES = (
@@ -49,6 +51,8 @@ STEP_SETTING_SUFFIXES = (
     "TIMEOUT_SECONDS",
     "ON_SUCCESS",
     "ON_FAILURE",
+    "TARGETS",
+    "TARGET_PARALLELISM",
 )
 STEP_SETTING_PATTERN = re.compile(r"^(?P<name>.+?)__STEPS__(?P<number>[^_]*)__(?P<suffix>[A-Za-z_]+)$", re.IGNORECASE)
 MAX_STEPS = 100
@@ -242,6 +246,10 @@ class StepDefinition:
     timeout_seconds: int
     on_success: str
     on_failure: str
+    # A fleet step (shared/targets.py): its TARGETS as normalised members, and how many of one
+    # run's target executions run at once. None: the step runs in one database.
+    targets: str | None = None
+    target_parallelism: int = 8
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -265,6 +273,8 @@ class JobDefinition:
     steps: tuple[StepDefinition, ...] = ()
     notify: str = "on_failure"
     notify_webhook_url: str | None = None
+    # JOB__<name>__TARGETS of a one-step fleet job (held as its one step's targets too).
+    targets: str | None = None
 
     def steps_json(self) -> str | None:
         """What agent.jobs.steps holds: None for a one-step job (today's rows, unchanged)."""
@@ -622,14 +632,40 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
             webhook = _webhook_setting(setting("NOTIFY_WEBHOOK_URL"), value("NOTIFY_WEBHOOK_URL"))
         except ConfigError as exc:
             errors.append(str(exc))
+    targets = parallelism = None
+    if value("TARGETS") is not None:
+        from .targets import describe_members, parse_targets
+
+        try:
+            targets = describe_members(parse_targets(setting("TARGETS"), value("TARGETS")))
+        except ConfigError as exc:
+            errors.append(str(exc))
+        if has_steps:
+            errors.append(f"{setting('TARGETS')}: a job with steps gives each step its own "
+                          f"JOB__{_printable(name)}__STEPS__<n>__TARGETS (a step without one runs in one database)")
+        if database is not None:
+            errors.append(f"{setting('TARGETS')} and {setting('DATABASE')} are both set: a job runs in its "
+                          "TARGETS or in one DATABASE, not both")
+    from .targets import DEFAULT_PARALLELISM, MAX_PARALLELISM
+
+    parallelism = DEFAULT_PARALLELISM
+    if value("TARGET_PARALLELISM") is not None:
+        parallelism = int_value("TARGET_PARALLELISM", 1, MAX_PARALLELISM)
     steps: tuple[StepDefinition, ...] = ()
     if has_steps and "COMMAND" not in values:
         from .steps import parse_steps
 
         steps = parse_steps(name, values, errors, default_max_attempts=max_attempts,
-                            default_timeout_seconds=timeout_seconds, default_database=database)
+                            default_timeout_seconds=timeout_seconds, default_database=database,
+                            default_parallelism=parallelism)
     if errors:
         return None
+    if targets is not None:
+        # A one-step fleet job is a job of one fleet step (the executor runs fleets as steps).
+        from .steps import one_fleet_step
+
+        steps = (one_fleet_step(command, max_attempts=max_attempts, timeout_seconds=timeout_seconds,
+                                targets=targets, parallelism=parallelism),)
     if steps:
         # The job's own columns describe its first step (what `jobs` shows and what a run's
         # columns hold before its first step starts).
@@ -640,6 +676,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
         enabled=enabled, max_attempts=max_attempts, timeout_seconds=timeout_seconds,
         lease_seconds=lease_seconds, misfire=misfire, grace_seconds=grace_seconds,
         overlap=overlap, database=database, steps=steps, notify=notify, notify_webhook_url=webhook,
+        targets=targets,
     )
 
 

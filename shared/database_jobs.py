@@ -3,7 +3,8 @@
 A procedure cannot read NCRONTAB or an IANA time zone, so it stores the job with no next slot
 and ``needs_planning = 1``. The engine plans them: each tick, and between ticks each doorbell
 (Azure) or local-runner poll, finds them with one indexed query; Python validates each as it
-validates a job setting (the schedule parser and ``config.schedule_problem``); ONE statement
+validates a job setting (the schedule parser and ``config.schedule_problem``, and a fleet job's
+``@targets`` with ``targets.parse_targets``, written as its one fleet step); ONE statement
 records every verdict and first slot, fenced on the definition it planned (updated_at,
 schedule, time zone, enabled), and at most one more records an event for each invalid job. The
 statement count is the same for 1 or 40 jobs. The first slot is the first after the moment the
@@ -21,6 +22,7 @@ name a database job holds (``settings_rows_for``).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -48,6 +50,29 @@ class PlanReport:
     @property
     def scheduled(self) -> list[dict[str, Any]]:
         return [job for job in self.planned if job["valid"] and job["next_due_at"] is not None]
+
+
+def fleet_step(job: dict[str, Any], dialect: str) -> tuple[str | None, str | None]:
+    """(error, steps JSON) of a database job's @targets: its one fleet step, as the settings sync
+    stores a job with JOB__<name>__TARGETS (None, None: a job that runs in one database)."""
+    raw = job.get("requested_targets")
+    if raw is None:
+        return None, None
+    from .steps import one_fleet_step
+    from .targets import DEFAULT_PARALLELISM, describe_members, dialect_problem, parse_targets
+
+    parameter = f"{PROCEDURE} @targets"
+    try:
+        members = parse_targets(parameter, raw)
+    except ConfigError as exc:
+        return str(exc), None
+    problem = dialect_problem(members, dialect)
+    if problem:
+        return str(ConfigError(parameter, raw, problem)), None
+    step = one_fleet_step(job["command"], max_attempts=job["max_attempts"], timeout_seconds=job["timeout_seconds"],
+                          targets=describe_members(members),
+                          parallelism=job.get("requested_target_parallelism") or DEFAULT_PARALLELISM)
+    return None, json.dumps([step.to_json()])
 
 
 def verdict(job: dict[str, Any]) -> tuple[str | None, datetime | None]:
@@ -87,11 +112,14 @@ def plan_database_jobs(store: Store, now: datetime, telemetry: Any) -> PlanRepor
             return report
         plans = []
         for job in jobs:
-            error, first = verdict(job)
+            error, steps = fleet_step(job, store.dialect)
+            first = None
+            if error is None:
+                error, first = verdict(job)
             plans.append({"job_name": job["job_name"], "schedule": job["schedule"], "timezone": job["timezone"],
                           "enabled": int(job["enabled"]), "updated_at": store.json_time(job["updated_at"]),
                           "valid": 0 if error else 1, "config_error": error,
-                          "next_due_at": store.json_time(first)})
+                          "next_due_at": store.json_time(first), "steps": None if error else steps})
         report.planned = store.execute("plan_jobs", plans=plans, now=now).rows
         events = [{"job_name": job["job_name"], "kind": "config_invalid", "detail": job["config_error"]}
                   for job in report.invalid]

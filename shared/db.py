@@ -96,6 +96,20 @@ def with_database(connection_string: str, database: str) -> str:
     return ";".join(parts) + ";"
 
 
+def with_server(connection_string: str, server: str, dialect: str) -> str:
+    """The same ODBC connection string (driver, credentials, options) pointing at another
+    server: ``host[:port]`` for PostgreSQL, ``host[,port]`` (or ``tcp:host,port``) for SQL Server."""
+    if dialect == "postgres":
+        host, _, port = server.partition(":")
+        drop = ("server", "servername", "port")
+        added = [f"Servername={host}"] + ([f"Port={port}"] if port else [])
+    else:
+        drop = ("server", "addr", "address", "data source")
+        added = [f"Server={server}"]
+    parts = [p for p in connection_string.split(";") if p.strip() and p.split("=", 1)[0].strip().lower() not in drop]
+    return ";".join(parts + added) + ";"
+
+
 def _redact(connection_string: str) -> str:
     return re.sub(r"(?i)((?:pwd|password)\s*=\s*)(\{(?:[^}]|\}\})*\}|[^;]*)", r"\1***", connection_string)
 
@@ -204,24 +218,28 @@ class ConnectError(AgentError):
         self.control_database = control_database
 
 
-def connector(target: DatabaseTarget, database: str | None = None) -> Callable[[], Any]:
+def connector(target: DatabaseTarget, database: str | None = None, server: str | None = None) -> Callable[[], Any]:
     """A function opening a new raw connection to the control database (or, with
-    ``database``, to another database on the same server)."""
+    ``database``, to another database on the same server; with ``server`` too, on that server:
+    a fleet target, reached with the same credentials)."""
     if target.dialect == "sqlite":
         if database:
             raise AgentError("JOB__<name>__DATABASE is not supported on the embedded SQLite database")
         return lambda: sqlite_connect(target.location)
-    control = database is None
+    control = database is None and server is None
     if target.uses_token:
         from . import azure_sql
 
+        # One cached token for every server: Azure SQL's audience is the same for all of them.
         provider = azure_sql.shared_token_provider(target.sql_client_id)
         name = database or target.sql_database or ""
         return _sql_server_session(lambda: azure_sql.connect_azure_sql(
-            target.sql_server or "", name, token_provider=provider, retry_seconds=target.connect_retry_seconds,
-            control_database=control))
+            server or target.sql_server or "", name, token_provider=provider,
+            retry_seconds=target.connect_retry_seconds, control_database=control))
     location = with_database(target.location, database) if database else target.location
-    display = target.display if not database else f"{target.display} (database {database})"
+    if server:
+        location = with_server(location, server, target.dialect)
+    display = target.display if not database else f"database {database}" + (f" on server {server}" if server else "")
     if target.dialect == "postgres":
         location = with_postgres_defaults(location)
     opener = lambda: odbc_connect(location, display=display, retry_seconds=target.connect_retry_seconds,  # noqa: E731

@@ -9,6 +9,9 @@ failure with what to fix:
 6. permissions     a scratch run goes through the real named queries (insert, update, read,
                    delete) and is removed again, in one transaction
 7. queue           the queue exists (or is created) and answers
+8. targets         every fleet job's targets (JOB__<name>__TARGETS) resolve now and each
+                   answers a SELECT 1 (tried once each, 8 at a time): one line per one that
+                   does not, and per server or pool that cannot be listed
 
 Works on all three dialects; nothing is left behind (a missing SQLite file is not created).
 """
@@ -26,9 +29,10 @@ from .errors import AgentError
 
 __all__ = ["Check", "DoctorReport", "run_doctor", "CHECKS"]
 
-CHECKS = ("driver", "connectivity", "authentication", "schema", "session", "permissions", "queue")
+CHECKS = ("driver", "connectivity", "authentication", "schema", "session", "permissions", "queue", "targets")
 INIT_DB = ".venv/bin/python -m shared.cli init-db"
 GRANT_SQL = ".venv/bin/python -m shared.cli grant-sql --app-name <function app name> --apply"
+GRANT_SQL_TARGETS = ".venv/bin/python -m shared.cli grant-sql --app-name <function app name> --targets <job>"
 # The roles on the storage account that identity-based AzureWebJobsStorage needs for this app,
 # exactly what infra/functionapp.bicep grants and docs/deploying.md lists (tests/test_infra.py
 # checks all three agree): host storage, the queue (trigger, dispatch, the host's poison queue)
@@ -43,6 +47,8 @@ class Check:
     ok: bool | None          # None: not run (an earlier check failed)
     detail: str
     fix: str = ""
+    # More lines under the check (the targets that do not answer), printed indented.
+    lines: tuple[str, ...] = ()
 
 
 @dataclass
@@ -67,6 +73,7 @@ class DoctorReport:
         for check in self.checks:
             mark = {True: "[ OK ]", False: "[FAIL]", None: "[ -- ]"}[check.ok]
             lines.append(f"{mark} {check.name.ljust(width)}  {check.detail}")
+            lines.extend(f"{' ' * 7}{' ' * width}  {line}" for line in check.lines)
             if check.fix:
                 lines.append(f"{' ' * 7}{' ' * width}  fix: {check.fix}")
         for warning in self.warnings:
@@ -77,10 +84,11 @@ class DoctorReport:
 
 
 class _Failed(Exception):
-    def __init__(self, detail: str, fix: str = "") -> None:
+    def __init__(self, detail: str, fix: str = "", lines: tuple[str, ...] = ()) -> None:
         super().__init__(detail)
         self.detail = detail
         self.fix = fix
+        self.lines = lines
 
 
 class _Doctor:
@@ -90,6 +98,7 @@ class _Doctor:
         self.tcp_timeout = tcp_timeout
         self.sqlite_missing = False       # the SQLite file does not exist (yet)
         self.connect_error: BaseException | None = None
+        self.notes: dict[str, list[str]] = {}   # lines under a check that passed
 
     # ------------------------------------------------------------ 1. driver
 
@@ -355,6 +364,67 @@ class _Doctor:
         return f"{queue.name!r}: {queue!r}, reachable, {depth} message(s) waiting"
 
 
+    # ------------------------------------------------------------ 8. targets
+
+    def targets(self) -> str:
+        """Every valid fleet job's targets, resolved now as a run would (one listing per server
+        or pool), each tried once with SELECT 1, PROBE_PARALLELISM at a time."""
+        from .fleet_ops import (database_fleet_jobs, fast_target_store, fleet_steps, listing_text, probe_targets,
+                                resolve_fleet, target_text)
+        from .targets import dialect_problem
+
+        dialect = self.target.dialect
+        steps, skipped = [], []
+        settings_fleets = [(job.name, fleet_steps(job)) for job in self.agent.settings.jobs]
+        # Jobs defined from T-SQL (agent.add_scheduled_job @targets) too, as the engine planned them.
+        for name, job_steps in settings_fleets + sorted(database_fleet_jobs(self.agent).items()):
+            if not job_steps:
+                continue
+            problem = dialect_problem([m for s in job_steps for m in s.members], dialect)
+            if problem:
+                skipped.append(f"job {name}: not checked: {problem}")
+                continue
+            steps.extend(job_steps)
+        if not steps:
+            self.notes["targets"] = skipped
+            return ("no job has fleet targets (JOB__<name>__TARGETS, agent.add_scheduled_job @targets)" if not skipped else
+                    f"no fleet job this control database can run ({len(skipped)} refused, see the lines below)")
+        resolution = resolve_fleet(steps, dialect=dialect, control_store=self.agent.store,
+                                   target_store=fast_target_store(self.agent), keep_going=True)
+        answers = probe_targets(self.target, resolution.targets())
+        lines = []
+        for key, reason in resolution.listing_errors.items():
+            needing = ", ".join(f"job {s.job} step {s.step}" for s in resolution.steps_needing(key))
+            lines.append(f"cannot list {listing_text(key)} (for {needing}): {reason}")
+        for step in resolution.steps:
+            for target in step.targets:
+                if answers.get(target) is not None:
+                    lines.append(f"job {step.job} step {step.step}: {target_text(target)}: {answers[target]}")
+        lines.extend(skipped)
+        jobs = len({s.job for s in resolution.steps})
+        reachable = sum(1 for answer in answers.values() if answer is None)
+        empty = [f"job {s.job} step {s.step}: its targets ({', '.join(m.text() for m in s.members)}) "
+                 "resolve to no database now" for s in resolution.steps if not s.targets
+                 and not any(k in resolution.listing_errors for k in _needs(s))]
+        if resolution.listing_errors or reachable < len(answers):
+            down = len(answers) - reachable
+            raise _Failed(
+                f"{reachable} of {len(answers)} targets of {jobs} fleet job(s) reachable"
+                + (f"; {down} unreachable" if down else "")
+                + (f"; {len(resolution.listing_errors)} listing(s) failed" if resolution.listing_errors else ""),
+                "check that each database exists, accepts connections and has a user for the app "
+                f"(`{GRANT_SQL_TARGETS}` prints the scripts)",
+                tuple(lines + empty))
+        self.notes["targets"] = empty + skipped
+        return f"{reachable} targets of {jobs} fleet job(s) reachable"
+
+
+def _needs(step: Any) -> list:
+    from .targets import needs_listing
+
+    return needs_listing(step.members)
+
+
 def run_doctor(agent: Any, *, tcp_timeout: float = 10.0) -> DoctorReport:
     """Run the checks in order on ``agent`` (a shared.agent.Agent); stop at the first failure."""
     doctor = _Doctor(agent, tcp_timeout)
@@ -364,7 +434,7 @@ def run_doctor(agent: Any, *, tcp_timeout: float = 10.0) -> DoctorReport:
         try:
             detail = step()
         except _Failed as failure:
-            report.checks.append(Check(name, False, failure.detail, failure.fix))
+            report.checks.append(Check(name, False, failure.detail, failure.fix, failure.lines))
             report.checks.extend(Check(rest, None, "not checked (fix the failure above first)")
                                  for rest, _ in steps[index + 1:])
             break
@@ -373,7 +443,7 @@ def run_doctor(agent: Any, *, tcp_timeout: float = 10.0) -> DoctorReport:
             report.checks.extend(Check(rest, None, "not checked (fix the failure above first)")
                                  for rest, _ in steps[index + 1:])
             break
-        report.checks.append(Check(name, True, detail))
+        report.checks.append(Check(name, True, detail, lines=tuple(doctor.notes.pop(name, ()))))
         if name == "schema":
             report.warnings = doctor.invalid_jobs()
     return report

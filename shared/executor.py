@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
@@ -35,6 +35,7 @@ from .errors import MessageError, QueueError, TransientJobError
 from .messages import DoorbellMessage, RunMessage, decode_body, parse_message
 from .store import Result, Store
 from .sqlerrors import classify, describe
+from .db import ConnectError
 from .notify import enqueue_calls, notifications_enabled
 from .steps import QUIT_FAILURE, QUIT_SUCCESS, cap_output, run_steps, target_step
 
@@ -200,7 +201,7 @@ class Executor:
         run_id, token, attempt = run["run_id"], run["token"], run["attempt"]
         operation_id = run["operation_id"]
         properties = {"job": run["job_name"] or "(task)", "run_id": run_id, "attempt": attempt, "token": token,
-                      "scheduled_for": run["scheduled_for"], "kind": run["kind"]}
+                      "scheduled_for": run["scheduled_for"], "kind": run["kind"], **target_properties(run)}
         if self.telemetry.enabled:
             lag = (run["started_at"] - run["scheduled_for"]).total_seconds()
             self.telemetry.event("RunStarted", {**properties, "outcome": "running"}, operation_id=operation_id)
@@ -243,14 +244,25 @@ class Executor:
         store = self._store()
         run_id, token = run["run_id"], run["token"]
         properties = {"job": run["job_name"] or "(task)", "run_id": run_id, "attempt": run["attempt"],
-                      "token": token, "scheduled_for": run["scheduled_for"], "kind": run["kind"]}
+                      "token": token, "scheduled_for": run["scheduled_for"], "kind": run["kind"],
+                      **target_properties(run)}
         if step is not None:
             properties["step"] = step.step
+            if step.targets:
+                return self._fan_out(run, step, steps or [], properties, body=body, dequeue_count=dequeue_count,
+                                     message_id=message_id, operation_id=operation_id)
         command = step.command if step is not None else run["command"]
         database = step.database if step is not None else run["target_database"]
         timeout_seconds = step.timeout_seconds if step is not None else run["timeout_seconds"]
         same_database = not database
-        work_store = store if same_database else self._target_store(database)
+        server = run.get("target_server") if step is None else None
+        try:
+            work_store = store if same_database else self._target_store(database, server)
+        except Exception as exc:  # e.g. DATABASE on the embedded SQLite database
+            info = classify(exc)
+            return self._failed(run, body, dequeue_count, message_id, ("failed", info.number, info.sqlstate,
+                                                                       info.message), properties, operation_id,
+                                False, step=step, steps=steps, output=[])
         held = self.supervisor.hold(run_id, token, lease_seconds=run["lease_seconds"],
                                     timeout_seconds=timeout_seconds, cancel=work_store.cancel)
         store.operation_id = operation_id
@@ -278,6 +290,10 @@ class Executor:
                 return self._fenced(run, properties, operation_id,
                                     "work stopped: the lease was taken over or the run cancelled", same_database)
             info = classify(exc)
+            if run.get("parent_run_id") is not None and isinstance(exc, ConnectError) and info.kind == "transient":
+                # A fleet target that cannot be reached (after AGENT_CONNECT_RETRY_SECONDS of
+                # retries): this execution fails, retried per its step's policy.
+                info = replace(info, kind="permanent")
             if held.reason == "timeout":
                 setting = f"STEPS__{step.step}__TIMEOUT_SECONDS" if step is not None else "TIMEOUT_SECONDS"
                 error = ("timeout", None, None, f"timed out after {timeout_seconds} s (JOB {setting})")
@@ -295,6 +311,70 @@ class Executor:
             return ExecutionResult("succeeded", run_id, output=cap_output(output, TELEMETRY_OUTPUT_MAX_BYTES) or "")
         self._step_event("StepSucceeded", properties, "succeeded", output, operation_id)
         return self._after_transition(run, moved, properties, operation_id, error_message=None)
+
+    def _fan_out(self, run: dict[str, Any], step: StepDefinition, steps: list[StepDefinition],
+                 properties: dict[str, Any], *, body: str | None, dequeue_count: int | None, message_id: str | None,
+                 operation_id: str) -> ExecutionResult:
+        """A fleet step: resolve its targets now (one listing per server or pool), then, fenced by
+        the token, create one execution per database and let the run wait for them (no lease, no
+        worker slot) — one statement, with the hand-on dispatch of the first executions in queue
+        mode. The execution that ends last moves the run on (shared/sql: progress_fleets)."""
+        from .fleet import resolve_step_targets, targets_json
+
+        store = self._store()
+        run_id, token = run["run_id"], run["token"]
+        held = self.supervisor.hold(run_id, token, lease_seconds=run["lease_seconds"],
+                                    timeout_seconds=step.timeout_seconds, cancel=lambda: None)
+        try:
+            try:
+                targets = resolve_step_targets(step.targets or "", dialect=store.dialect, control_store=self._store,
+                                               target_store=self._target_store,
+                                               setting=f"STEPS__{step.step}__TARGETS")
+            except Exception as exc:
+                info = classify(exc)
+                return self._failed(run, body, dequeue_count, message_id,
+                                    (info.kind, info.number, info.sqlstate,
+                                     f"resolving the targets ({step.targets}): {info.message}"),
+                                    properties, operation_id, False, step=step, steps=steps, output=[])
+            if not targets:
+                return self._failed(run, body, dequeue_count, message_id,
+                                    ("failed", None, None, f"the targets ({step.targets}) name no database now"),
+                                    properties, operation_id, False, step=step, steps=steps, output=[])
+            now = self.clock()
+            params = {"run_id": run_id, "token": token, "now": now, "targets": targets_json(targets),
+                      "target_count": len(targets), "parallelism": step.target_parallelism,
+                      "next_on_success": flow_number(step.on_success), "next_on_failure": flow_number(step.on_failure),
+                      "command": step.command, "max_attempts": step.max_attempts,
+                      "timeout_seconds": step.timeout_seconds, "retry_interval_seconds": step.retry_interval_seconds,
+                      "step": step.step}
+            with store.transaction():
+                results = self._chain_with_hand_on(store, [("fan_out_targets", params)], now)
+                if results[0].one() is None:
+                    raise LeaseLost()
+        except LeaseLost:
+            return self._fenced(run, properties, operation_id, "fan-out refused: the run's token moved on", False)
+        finally:
+            self.supervisor.release(held)
+        self._send_handed_on(results[-1].rows if self.queue is not None else [])
+        detail = (f"step {step.step}: {len(targets)} target execution(s), {step.target_parallelism} at a time: "
+                  + ", ".join(t.text() for t in targets[:10]) + (", ..." if len(targets) > 10 else ""))
+        log.info("run %s (%s) %s", run_id, properties["job"], detail)
+        self.telemetry.event("TargetsResolved", {**properties, "outcome": "fanned_out", "targets": len(targets),
+                                                 "target_parallelism": step.target_parallelism},
+                             operation_id=operation_id)
+        return ExecutionResult("fanned_out", run_id, detail)
+
+    def _report_fleet_progress(self, calls: list[tuple[str, dict[str, Any]]], results: list[Result]) -> None:
+        for (name, _), result in zip(calls, results):
+            if name == "progress_fleets":
+                self._fleet_moved(result.rows)
+
+    def _fleet_moved(self, rows: list[dict[str, Any]]) -> None:
+        """Runs whose target executions all ended, as progress_fleets moved them on."""
+        from .fleet import report_moved_runs
+
+        if report_moved_runs(rows, self.telemetry) and self.notifier is not None:
+            self.notifier.wake()
 
     def _after_transition(self, run: dict[str, Any], moved: dict[str, Any], properties: dict[str, Any],
                           operation_id: str, *, error_message: str | None) -> ExecutionResult | None:
@@ -374,6 +454,7 @@ class Executor:
             if text is not None:
                 calls.append(("record_attempt_output", {"run_id": run["run_id"], "token": run["token"],
                                                         "attempt": run["attempt"], "step_output": text}))
+            calls += fleet_progress_calls(run, now)
             ends = True
             calls += enqueue_calls(self.settings, now)
         else:
@@ -388,6 +469,7 @@ class Executor:
         row = results[position].one()
         if row is None:
             raise LeaseLost()
+        self._report_fleet_progress(calls, results)
         handed_on = results[-1].rows if self.queue is not None and ends else []
         return handed_on, (row if step is not None else None)
 
@@ -398,9 +480,18 @@ class Executor:
             return self._finish(store, run, step, steps, output, reset=False)
 
     def _chain_with_hand_on(self, store: Store, calls: list[tuple[str, dict[str, Any]]], now: datetime) -> list[Result]:
-        if self.queue is not None:
-            calls = calls + [("dispatch_runs", dispatch_params(self.settings, now))]
-        return store.chain(*calls)
+        """The calls, then (queue mode) the hand-on dispatch — with the start lock taken before
+        the calls touch any row of agent.runs: the dispatch needs it, and a start holds it while
+        it waits for a run's row (a fleet's last executions lock their run), so taking it last
+        could deadlock."""
+        if self.queue is None:
+            return store.chain(*calls)
+        # After the session reset (the job may have run as AGENT_JOB_PRINCIPAL), before the rest.
+        at = next((i for i, (name, _) in enumerate(calls) if name not in ("reset_session", "check_work_transaction")),
+                  len(calls))
+        results = store.chain(*calls[:at], ("lock_starts", {}), *calls[at:],
+                              ("dispatch_runs", dispatch_params(self.settings, now)))
+        return results[:at] + results[at + 1:]
 
     def _send_handed_on(self, rows: list[dict[str, Any]]) -> None:
         """After the commit: the messages of the runs the finished one handed on."""
@@ -460,6 +551,7 @@ class Executor:
                 return self._poison(run_id=run_id, token=token, dequeue_count=deliveries, message_id=message_id,
                                     body=body or RunMessage(run_id, token, operation_id).to_json(),
                                     operation_id=operation_id, attempt_error=error, job=properties["job"],
+                                    parent_run_id=run.get("parent_run_id"),
                                     reason=f"transient error on {where} {deliveries} of "
                                            f"AGENT_MAX_DEQUEUE_COUNT={max_dequeue}: {message}")
             if dequeue_count is not None:
@@ -486,15 +578,18 @@ class Executor:
         if step is not None:
             return self._step_failed(run, step, steps or [], now, outcome, (number, sqlstate, message), output,
                                      properties, operation_id, reset)
-        retry_at = now + timedelta(seconds=self.backoff_seconds(run["failures"] + 1))
+        interval = run.get("retry_interval_seconds")
+        retry_at = now + timedelta(seconds=interval if interval is not None else self.backoff_seconds(run["failures"] + 1))
+        calls = (reset + [("fail_run", {"run_id": run_id, "token": token, "now": now, "retry_at": retry_at,
+                                        "outcome": outcome, **errors})]
+                 + record + fleet_progress_calls(run, now) + enqueue_calls(self.settings, now))
         with store.transaction():
-            results = self._chain_with_hand_on(store, reset + [("fail_run", {
-                "run_id": run_id, "token": token, "now": now, "retry_at": retry_at, "outcome": outcome, **errors})]
-                + record + enqueue_calls(self.settings, now), now)
+            results = self._chain_with_hand_on(store, calls, now)
         row = results[len(reset)].one()
         if row is None:
             return self._fenced(run, properties, operation_id, f"failed after the lease moved on: {message}",
                                 same_database)
+        self._report_fleet_progress(calls, results)
         self._send_handed_on(results[-1].rows if self.queue is not None else [])
         if row["status"] == "pending":
             log.warning("run %s attempt %s failed (%s of MAX_ATTEMPTS=%s spent): %s; retry at %s", run_id, attempt,
@@ -567,7 +662,7 @@ class Executor:
     def _poison(self, *, run_id: int | None, token: int | None, body: str, dequeue_count: int,
                 message_id: str | None, reason: str, operation_id: str | None,
                 attempt_error: tuple[str, int | None, str | None, str] | None = None,
-                job: str | None = None) -> ExecutionResult:
+                job: str | None = None, parent_run_id: int | None = None) -> ExecutionResult:
         """Take the message (or, in direct mode, the run) out of circulation: keep the body and
         every error, mark the run (only when this message holds its current token) and return
         normally, so the host deletes the message instead of retrying it."""
@@ -582,6 +677,11 @@ class Executor:
                                             error_number=number, error_sqlstate=sqlstate,
                                             error_message=message).rows)
                 if marked:
+                    # A poisoned execution ends its part of the fleet (when its message was poisoned
+                    # unread, the tick moves the fleet on).
+                    for name, params in fleet_progress_calls({"parent_run_id": parent_run_id, "run_id": run_id,
+                                                              "token": token}, now):
+                        self._fleet_moved(store.execute(name, **params).rows)
                     for name, params in enqueue_calls(self.settings, now):
                         store.execute(name, **params)
             errors: list[dict[str, Any]] = []
@@ -602,3 +702,29 @@ class Executor:
                                              "error_message": reason, "poison_id": poison_id},
                              operation_id=operation_id)
         return ExecutionResult("poisoned", run_id, reason)
+
+
+def target_properties(run: dict[str, Any]) -> dict[str, Any]:
+    """What every event of a fleet target execution carries: its database and its run."""
+    if run.get("parent_run_id") is None:
+        return {}
+    return {"target_database": run.get("target_database"), "target_server": run.get("target_server") or "",
+            "parent_run_id": run["parent_run_id"]}
+
+
+def fleet_progress_calls(run: dict[str, Any], now: datetime) -> list[tuple[str, dict[str, Any]]]:
+    """In the transaction that ends a fleet target execution: move its fleet on (let the next
+    execution in, or move the run on when this was the last). Nothing for any other run."""
+    if run.get("parent_run_id") is None:
+        return []
+    return [("progress_fleets", {"parent_run_id": run["parent_run_id"], "run_id": run.get("run_id"),
+                                 "token": run.get("token"), "now": now})]
+
+
+def flow_number(action: str) -> int:
+    """A resolved flow action as progress_fleets reads it: the step to go to, 0 to quit with
+    success, -1 to quit with failure."""
+    target = target_step(action)
+    if target is not None:
+        return target
+    return 0 if action == QUIT_SUCCESS else -1

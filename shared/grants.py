@@ -25,7 +25,8 @@ from typing import Iterable, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["GrantScript", "grant_scripts", "grant_sql", "render", "quote_name", "quote_string"]
+__all__ = ["GrantScript", "grant_scripts", "grant_sql", "render", "quote_name", "quote_string",
+           "fleet_grant_scripts", "fleet_postgres_scripts"]
 
 SYSNAME_MAX = 128       # sysname: nvarchar(128); QUOTENAME returns NULL beyond it
 AGENT_DML = ("SELECT", "INSERT", "UPDATE", "DELETE")
@@ -38,6 +39,8 @@ class GrantScript:
     database: str | None
     statements: tuple[str, ...]
     comment: str
+    # A fleet target's (or its master's) server; None: the agent's own server.
+    server: str | None = None
 
     @property
     def sql(self) -> str:
@@ -127,8 +130,7 @@ def grant_scripts(app_name: str, *, schema: str = "agent", job_databases: Iterab
     for database in databases:
         scripts.append(GrantScript(
             database=database,
-            statements=(_create_user(app), *(_job_principal(app, principal, None) if principal else ()),
-                        *execute_grants),
+            statements=_job_database_statements(app, principal, execute_grants),
             comment=(
                 f"-- In database {quote_name(database)} (a JOB__<name>__DATABASE target; connect to it:\n"
                 "-- Azure SQL Database has no USE). The agent itself needs nothing here; its jobs run as\n"
@@ -136,6 +138,12 @@ def grant_scripts(app_name: str, *, schema: str = "agent", job_databases: Iterab
             ),
         ))
     return scripts
+
+
+def _job_database_statements(app: str, principal: str | None, execute_grants: tuple[str, ...]) -> tuple[str, ...]:
+    """What a database jobs run in (JOB__<name>__DATABASE, or a fleet target) needs: the app's
+    user, the job principal when there is one, and the EXECUTE grants."""
+    return (_create_user(app), *(_job_principal(app, principal, None) if principal else ()), *execute_grants)
 
 
 def grant_sql(app_name: str, *, schema: str = "agent", job_databases: Iterable[str] = (),
@@ -149,6 +157,111 @@ def grant_sql(app_name: str, *, schema: str = "agent", job_databases: Iterable[s
 def render(scripts: Sequence[GrantScript]) -> str:
     """Scripts as one printable text, a GO line between databases."""
     return "GO\n".join(script.sql for script in scripts)
+
+
+# ---------------------------------------------------------------- fleet targets (grant-sql --targets)
+
+# Listing an elastic pool's members reads sys.database_service_objectives in master, which
+# "requires dbManager permission on the master database" (its documentation): membership in
+# master's dbmanager role, which also lets the user create databases on the server.
+POOL_LISTING_ROLE = "dbmanager"
+
+
+def _server_label(server: str | None) -> str:
+    return f"server {server}" if server else "the agent's own server"
+
+
+def fleet_grant_scripts(app_name: str, targets: Iterable[tuple[str | None, str]],
+                        listed: Iterable[tuple[str, str | None, str | None]] = (), *,
+                        execute_schemas: Sequence[str] = (), job_principal: str | None = None,
+                        job_name: str = "") -> list[GrantScript]:
+    """The T-SQL for a fleet job's targets, grouped by server (the agent's own first, then by
+    name): for each server whose databases are listed at run time (``listed``: the
+    ``needs_listing`` keys, ('server' | 'pool', server, pool)), a script for its ``master``;
+    then one script per target database (``targets``: (server, database)), with the same
+    statements a JOB__<name>__DATABASE gets (grant_scripts)."""
+    app = _check_name(app_name, "--app-name",
+                      "the function app's name (its system-assigned managed identity) or the name of "
+                      "its user-assigned identity")
+    executes = [_check_name(s, "--execute-schema", "a schema whose procedures jobs execute")
+                for s in execute_schemas]
+    principal = (_check_name(job_principal, "AGENT_JOB_PRINCIPAL", "the database user jobs run as")
+                 if job_principal else None)
+    runs_jobs = quote_name(principal) if principal else quote_name(app)
+    execute_grants = tuple(f"GRANT EXECUTE ON SCHEMA::{quote_name(s)} TO {runs_jobs};" for s in executes)
+    where = f"job {job_name!r}" if job_name else "the job"
+
+    by_server: dict[str | None, dict[str, object]] = {}
+    for kind, server, _pool in listed:
+        entry = by_server.setdefault(server, {"pools": False, "listed": False, "databases": set()})
+        entry["listed"] = True
+        if kind == "pool":
+            entry["pools"] = True
+    for server, database in targets:
+        entry = by_server.setdefault(server, {"pools": False, "listed": False, "databases": set()})
+        entry["databases"].add(_check_name(database, "TARGETS", "a database name"))  # type: ignore[union-attr]
+
+    scripts: list[GrantScript] = []
+    for server in sorted(by_server, key=lambda s: (s is not None, (s or "").casefold())):
+        entry = by_server[server]
+        label = _server_label(server)
+        if entry["listed"]:
+            statements = [_create_user(app)]
+            comment = (f"-- In database [master] of {label}, as a Microsoft Entra admin of that server.\n"
+                       f"-- {where} lists this server's databases at every run (server: members, db: globs):\n"
+                       "-- the app reads sys.databases in master, where it needs a user of its own. A database\n"
+                       "-- it does not own shows there only with VIEW ANY DATABASE (public's by default on SQL\n"
+                       "-- Server) or CREATE DATABASE in master: check those if a listing comes back short.")
+            if entry["pools"]:
+                statements.append(f"ALTER ROLE {quote_name(POOL_LISTING_ROLE)} ADD MEMBER {quote_name(app)};")
+                comment += ("\n-- pool: members read sys.database_service_objectives, which requires dbmanager in\n"
+                            "-- master: a member of it may also create databases on this server.")
+            scripts.append(GrantScript(database="master", server=server, statements=tuple(statements),
+                                       comment=comment))
+        for database in sorted(entry["databases"], key=str.casefold):  # type: ignore[arg-type]
+            scripts.append(GrantScript(
+                database=database, server=server,
+                statements=_job_database_statements(app, principal, execute_grants),
+                comment=(f"-- In database {quote_name(database)} on {label} (a fleet target of {where}; connect\n"
+                         "-- to it: Azure SQL Database has no USE). Its executions run as this user and need the\n"
+                         "-- rights their commands use (work here is at-least-once)."),
+            ))
+    return scripts
+
+
+def fleet_postgres_scripts(app_name: str, targets: Iterable[tuple[str | None, str]], *,
+                           job_name: str = "") -> list[GrantScript]:
+    """PostgreSQL's equivalent for a fleet job: CONNECT on each target database for the app's
+    login role, one script per server (a database-level GRANT runs from any database of the
+    server, so also for a database that refuses connections now). Listing needs nothing there:
+    pg_database is readable by every role. ``database`` None: run it in the control database
+    (the agent's own server); 'postgres' on another server."""
+    role = _check_name(app_name, "--app-name", "the app's PostgreSQL login role")
+    where = f"job {job_name!r}" if job_name else "the job"
+    by_server: dict[str | None, set[str]] = {}
+    for server, database in targets:
+        by_server.setdefault(server, set()).add(_check_name(database, "TARGETS", "a database name"))
+    scripts = []
+    for server in sorted(by_server, key=lambda s: (s is not None, s or "")):
+        scripts.append(GrantScript(
+            database=None if server is None else "postgres", server=server,
+            statements=tuple(f"GRANT CONNECT ON DATABASE {quote_pg_name(db)} TO {quote_pg_name(role)};"
+                             for db in sorted(by_server[server])),
+            comment=(f"-- On {_server_label(server)} (any database; as the databases' owner or a superuser): the\n"
+                     f"-- fleet targets of {where}. Listing needs nothing (pg_database is readable by every role);\n"
+                     "-- grant what the jobs' commands use inside each database yourself."),
+        ))
+    return scripts
+
+
+def render_fleet(scripts: Sequence[GrantScript], *, separator: str = "GO\n") -> str:
+    """Fleet scripts as one printable text: a header line naming each script's server and
+    database, ``separator`` (T-SQL's GO line) between scripts."""
+    parts = []
+    for script in scripts:
+        place = script.database if script.database is not None else "the control database"
+        parts.append(f"-- ===== {_server_label(script.server)}: {place}\n" + script.sql)
+    return separator.join(parts)
 
 
 # ---------------------------------------------------------------- the T-SQL interface's operators

@@ -288,7 +288,7 @@ class Monitor:
             last = "-"
             if row["last_run_id"]:
                 last = (f'<span class="outcome-{_e(row["last_status"])}">{_e(row["last_status"])}</span> '
-                        f'{self.run_link(row["last_run_id"])} {_t(row["last_finished_at"])}')
+                        f'{self.run_link(row["last_run_id"])} {_t(row["last_finished_at"])}{_last_targets(row)}')
             lines.append(
                 f'<tr class="job" id="job-{_e(row["job_name"])}"><td>{self.job_link(row["job_name"])}</td>'
                 f'<td>{_e(row["source"])}</td><td>{state}</td>'
@@ -307,7 +307,7 @@ class Monitor:
             ("Schedule", f'{_e(job["schedule_words"])} <code>{_e(job["schedule"])}</code>'),
             ("Time zone", _e(job["timezone"])), ("Status now", status_text(job)),
             ("Last outcome", f'{_e(job["last_status"] or "-")} {self.run_link(job["last_run_id"])} '
-                             f'{_t(job["last_finished_at"]) if job["last_run_id"] else ""}'),
+                             f'{_t(job["last_finished_at"]) if job["last_run_id"] else ""}{_last_targets(job)}'),
             ("Next slot", _next_slot(job)), ("Overlap / misfire", f'{_e(job["overlap"])} / {_e(job["misfire"])}'),
             ("Max attempts", _e(job["max_attempts"])),
         ]
@@ -321,7 +321,8 @@ class Monitor:
         out.append(f'<h2>Runs over the last {_e(data["window"])}</h2>\n<p class="windows">Window: {windows}</p>')
         out.append(self._timeline(data, now))
         out.append("<h2>History</h2>")
-        out.append(self._table("history", _history_columns(self), data["runs"]) if data["runs"] else "<p>No runs yet.</p>")
+        out.append(self._table("history", _history_columns(data["runs"]), data["runs"]) if data["runs"]
+                   else "<p>No runs yet.</p>")
         out.append("<h2>Job events</h2>")
         out.append(self._table("events", EVENT_COLUMNS, data["job_events"]) if data["job_events"]
                    else "<p>No job events.</p>")
@@ -381,9 +382,14 @@ class Monitor:
     def _run_page(self, data: dict[str, Any]) -> str:
         run = data["run"]
         out = [f'<h1>Run {_e(run["run_id"])}</h1>', '<dl class="facts">']
+        facts = {**run, "parent": data.get("parent"), "target_statuses": data.get("target_statuses") or {}}
         for label, render in RUN_FIELDS:
-            out.append(f"<dt>{_e(label)}</dt><dd>{render(self, run)}</dd>")
+            out.append(f"<dt>{_e(label)}</dt><dd>{render(self, facts)}</dd>")
         out.append("</dl>")
+        if run.get("targets_total") is not None:
+            out.append(f'<h2>Targets</h2>\n<p class="fleet">{_fleet_summary(run, data.get("target_statuses") or {})}</p>')
+            out.append(self._table("targets", TARGET_COLUMNS, _grouped(data["targets"])) if data["targets"]
+                       else "<p>No executions (the run's targets were gone).</p>")
         for key, title, columns in RUN_SECTIONS:
             out.append(f"<h2>{_e(title)}</h2>")
             out.append(self._table(key, columns, data[key]) if data[key] else f"<p>No {_e(title.lower())}.</p>")
@@ -446,9 +452,10 @@ def _attempt_lines(monitor: Monitor, row: dict[str, Any]) -> str:
     return f'<ul class="attempts">{"".join(lines)}</ul>' if lines else "-"
 
 
-def _history_columns(monitor: Monitor) -> list[tuple[str, Callable[[Monitor, dict[str, Any]], str]]]:
-    """The job page's history table, one entry per column: steps, targets or output become one
-    entry each when the runs carry them."""
+def _history_columns(runs: list[dict[str, Any]]) -> list[tuple[str, Callable[[Monitor, dict[str, Any]], str]]]:
+    """The job page's history table, one entry per column; a Targets column when a run shown
+    ran on a fleet."""
+    fleet = [("Targets", _targets_cell)] if any(run.get("targets") for run in runs) else []
     return [
         ("Run", lambda m, r: m.run_link(r["run_id"])),
         ("Kind", _text("kind")),
@@ -460,22 +467,117 @@ def _history_columns(monitor: Monitor) -> list[tuple[str, Callable[[Monitor, dic
         ("Duration", _run_duration),
         ("Worker", _text("worker")),
         ("Each attempt", _attempt_lines),
+        *fleet,
         ("Error / note", lambda m, r: f'<span class="error">{_e(r["last_error"])}</span>' if r["last_error"] else _e(r["note"])),
     ]
+
+
+def _last_targets(row: dict[str, Any]) -> str:
+    """A job's last run on a fleet: " · T targets, F failed" (nothing for a run without targets)."""
+    total = row.get("last_targets_total")
+    if not total:
+        return ""
+    failed = row.get("last_targets_failed") or 0
+    css = "targets-failed" if failed else "targets"
+    return f' <span class="{css}">· {_e(total)} target{"s" if total != 1 else ""}, {_e(failed)} failed</span>'
+
+
+def _fleet_summary(run: dict[str, Any], statuses: dict[str, int]) -> str:
+    """A fleet run's counts: its targets (every fleet step added up), how many failed, and its
+    executions per status now (HTML, escaped)."""
+    now = ", ".join(f'{_e(n)} <span class="outcome-{_e(s)}">{_e(s)}</span>' for s, n in statuses.items())
+    return (f'{_e(run.get("targets_total") or 0)} target(s), {_e(run.get("targets_failed") or 0)} failed'
+            + (f" ({now})" if now else ""))
+
+
+def _execution_line(monitor: Monitor, execution: dict[str, Any]) -> str:
+    error = f': <span class="error">{_e(execution["last_error"])}</span>' if execution["last_error"] else ""
+    return (f'step {_e(execution["step"])} {monitor.run_link(execution["run_id"])} '
+            f'<span class="outcome-{_e(execution["status"])}">{_e(execution["status"])}</span> '
+            f'{_e(execution["attempts"])}/{_e(execution["max_attempts"])}{error}')
+
+
+def _targets_cell(monitor: Monitor, row: dict[str, Any]) -> str:
+    """The job page's fleet of a run: its counts, the executions that did not succeed in sight,
+    every execution by target behind a <details> (no script: the browser opens it)."""
+    executions = row.get("targets") or []
+    if not executions:
+        return "-"
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for execution in executions:
+        groups.setdefault(views.target_label(execution), []).append(execution)
+
+    def items(only_unsuccessful: bool) -> str:
+        out = []
+        for label, group in groups.items():
+            shown = [e for e in group if e["status"] != "succeeded"] if only_unsuccessful else group
+            if shown:
+                out.append(f'<li><span class="target">{_e(label)}</span>: '
+                           + "; ".join(_execution_line(monitor, e) for e in shown) + "</li>")
+        return "".join(out)
+
+    unsuccessful = items(True)
+    return (f'<div class="fleet">{_fleet_summary(row, row.get("target_statuses") or {})}</div>'
+            + (f'<ul class="targets unsuccessful">{unsuccessful}</ul>' if unsuccessful else "")
+            + f'<details><summary>every target</summary><ul class="targets">{items(False)}</ul></details>')
+
+
+def _grouped(executions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The run page's executions, a target's name on its first execution only (they come
+    grouped by target)."""
+    rows, previous = [], None
+    for execution in executions:
+        label = views.target_label(execution)
+        rows.append({**execution, "target": label if label != previous else ""})
+        previous = label
+    return rows
+
+
+TARGET_COLUMNS = [("Target", lambda m, r: f'<span class="target">{_e(r["target"])}</span>' if r["target"] else ""),
+                  ("Step", _text("step")), ("Execution", lambda m, r: m.run_link(r["run_id"])),
+                  ("Status", _status()),
+                  ("Attempts", lambda m, r: f'{_e(r["attempts"])}/{_e(r["max_attempts"])}'),
+                  ("Started (UTC)", _field("started_at")), ("Finished", _field("finished_at")),
+                  ("Error", lambda m, r: f'<pre class="error">{_e(r["last_error"])}</pre>' if r["last_error"] else "-")]
 
 
 EVENT_COLUMNS = [("Event", _text("event_id")), ("At (UTC)", _field("event_at")), ("Kind", _text("kind")),
                  ("Detail", _pre("detail"))]
 
+def _run_job(monitor: Monitor, run: dict[str, Any]) -> str:
+    if run["job_name"]:
+        return monitor.job_link(run["job_name"])
+    parent = run.get("parent")
+    if run.get("parent_run_id") is not None:
+        job = f' of job {monitor.job_link(parent["job_name"])}' if parent and parent["job_name"] else ""
+        return f'(a target of run {monitor.run_link(run["parent_run_id"])}{job})'
+    return "(task)"
+
+
+def _run_fleet(monitor: Monitor, run: dict[str, Any]) -> str:
+    """What the run has to do with a fleet: an execution's run, step and target; a fleet run's
+    counts; "-" for any other run."""
+    if run.get("parent_run_id") is not None:
+        parent = run.get("parent")
+        state = f' ({_e(parent["status"])})' if parent else " (gone)"
+        own = "" if run.get("target_server") else " (the agent's own server)"
+        return (f'execution of run {monitor.run_link(run["parent_run_id"])}{state}, step {_e(run["step"])}, '
+                f'on target <span class="target">{_e(views.target_label(run))}</span>{own}')
+    if run.get("targets_total") is not None:
+        return _fleet_summary(run, run.get("target_statuses") or {})
+    return "-"
+
+
 RUN_FIELDS: list[tuple[str, Callable[[Monitor, dict[str, Any]], str]]] = [
-    ("Job", lambda m, r: m.job_link(r["job_name"]) if r["job_name"] else "(task)"),
+    ("Job", _run_job), ("Fleet", _run_fleet),
     ("Kind", _text("kind")), ("Status", _status()), ("Step", _text("step")), ("Slot (UTC)", _field("scheduled_for")),
     ("Attempts", lambda m, r: f'{_e(r["attempt"])} of {_e(r["max_attempts"])} (failures {_e(r["failures"])}, '
                               f'lapses {_e(r["lapses"])}, transient errors {_e(r["transient_errors"])})'),
     ("Created", _field("created_at")), ("Runnable at", _field("runnable_at")), ("Dispatched", _field("dispatched_at")),
     ("Started", _field("started_at")), ("Finished", _field("finished_at")), ("Duration", _run_duration),
     ("Worker", _text("worker")), ("Lease expires", _field("lease_expires_at")), ("Token", _text("token")),
-    ("Target database", _text("target_database")), ("Task order", _text("task_order")),
+    ("Target database", _text("target_database")), ("Target server", _text("target_server")),
+    ("Task order", _text("task_order")),
     ("Operation id", _text("operation_id")), ("Command", _pre("command")),
     ("Last error", lambda m, r: (f'<pre class="error">{_e(r["last_error"])}</pre>' if r["last_error"] else "-")),
     ("Note", _text("note")),

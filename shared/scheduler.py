@@ -29,6 +29,7 @@ from .config import Settings
 from .database_jobs import plan_database_jobs, refused_settings_job_error, stand_in_name
 from .dispatch import PartialDispatchError, claim_horizon, dispatch, ring_doorbells, run_properties
 from .errors import AgentError, QueueError
+from .fleet import report_moved_runs
 from .notify import enqueue_calls
 from .schedules import CronSchedule, parse_schedule
 from .store import Store
@@ -121,7 +122,7 @@ class Scheduler:
         started = time.perf_counter()
         statements_before = self.store.statements_executed
         steps = [self.check_clock, self.sync_jobs, self.plan_database_jobs, self.expire_leases,
-                 self.recover_clock_jumps, self.claim_slots]
+                 self.progress_fleets, self.recover_clock_jumps, self.claim_slots]
         if self.queue is not None:
             steps += [self.dispatch_runs, self.ring_doorbells]
         steps.append(self.purge_history)
@@ -215,7 +216,14 @@ class Scheduler:
         if current == self.settings.config_hash:
             return
         rows: list[dict[str, Any]] = []
+        refused_here: list[tuple[str, str]] = []
         for job in self.settings.jobs:
+            problem = fleet_problem(job, store.target.dialect)
+            if problem:
+                # Only the database knows its dialect: a fleet it cannot run makes this job alone invalid.
+                rows.append(_invalid_row(job.name, problem))
+                refused_here.append((job.name, problem))
+                continue
             rows.append({
                 "job_name": job.name, "schedule": job.schedule, "timezone": job.timezone,
                 "command": job.command, "target_database": job.database,
@@ -241,6 +249,9 @@ class Scheduler:
             rows = self._isolate_refused_jobs(rows, now)
             self._write_jobs(rows, now)
         report.synced = True
+        for name, message in refused_here:
+            log.error("job %s is invalid and will not run: %s", name, message)
+            self.telemetry.event("JobConfigInvalid", {"job": name, "outcome": "invalid", "error_message": message})
         for bad in self.settings.invalid_jobs:
             log.error("job %s is invalid and will not run: %s", bad.key or bad.name, bad.message)
             self.telemetry.event("JobConfigInvalid", {"job": bad.key or bad.name, "outcome": "invalid",
@@ -331,6 +342,19 @@ class Scheduler:
                                  operation_id=run.get("operation_id"))
 
     # ------------------------------------------------------------ retention
+
+    def progress_fleets(self, now: datetime, report: TickReport) -> None:
+        """The safety net of fleet steps: executions of runs that no longer wait for them
+        (cancelled, stopped) are cancelled, waiting ones let in, and runs whose executions all
+        ended (one lapsed for good, or was poisoned unread) move on — one statement, whatever
+        the number of fleets; their outcomes are notified in the same transaction."""
+        store = self.store
+        with store.transaction():
+            moved = store.execute("progress_fleets", parent_run_id=None, run_id=None, token=None, now=now).rows
+            if any(row["status"] in ("succeeded", "failed") for row in moved):
+                for name, params in enqueue_calls(self.settings, now):
+                    store.execute(name, **params)
+        report_moved_runs(moved, self.telemetry)
 
     def purge_history(self, now: datetime, report: TickReport) -> None:
         """Purge history older than AGENT_HISTORY_RETENTION_DAYS (poison older than
@@ -436,6 +460,19 @@ def _invalid_row(key: str, message: str) -> dict[str, Any]:
         "grace_seconds": 0, "overlap": "skip", "next_due_at": None,
         "steps": None, "notify": "never", "notify_webhook_url": None,
     }
+
+
+def fleet_problem(job, dialect: str) -> str | None:
+    """Why this control database cannot run the job's fleet steps (one line naming the
+    setting), or None."""
+    from .fleet_ops import fleet_steps
+    from .targets import describe_members, dialect_problem
+
+    for step in fleet_steps(job):
+        problem = dialect_problem(step.members, dialect)
+        if problem:
+            return f"{step.setting}={describe_members(step.members)!r}: {problem}"
+    return None
 
 
 def _initial_due(schedule: str, timezone_name: str, now: datetime) -> datetime | None:

@@ -27,8 +27,18 @@ QUIT_SUCCESS = "quit_success"
 QUIT_FAILURE = "quit_failure"
 
 
+def one_fleet_step(command: str, *, max_attempts: int, timeout_seconds: int, targets: str, parallelism: int):
+    """The step of a one-step fleet job (JOB__<name>__TARGETS, or agent.add_scheduled_job
+    @targets): the executor runs fleets as steps. ``targets``: the normalised members."""
+    from .config import StepDefinition
+
+    return StepDefinition(step=1, command=command.strip(), database=None, max_attempts=max_attempts,
+                          retry_interval_seconds=None, timeout_seconds=timeout_seconds, on_success=QUIT_SUCCESS,
+                          on_failure=QUIT_FAILURE, targets=targets, target_parallelism=parallelism)
+
+
 def parse_steps(name: str, values: dict[str, tuple[str, str]], errors: list[str], *, default_max_attempts: int,
-                default_timeout_seconds: int, default_database: str | None):
+                default_timeout_seconds: int, default_database: str | None, default_parallelism: int = 8):
     """The job's steps from its ``STEPS__<n>__<SUFFIX>`` entries of ``values`` (key, raw value),
     appending one line per problem to ``errors``."""
     from .config import DATABASE_NAME_PATTERN, JOB_SETTING_PREFIX, MAX_STEPS, StepDefinition, parse_int
@@ -85,6 +95,21 @@ def parse_steps(name: str, values: dict[str, tuple[str, str]], errors: list[str]
         database = value("DATABASE") or default_database
         if value("DATABASE") is not None and not DATABASE_NAME_PATTERN.match(database):
             errors.append(str(ConfigError(key("DATABASE"), database, "a database name of letters, digits, '_' or '-'")))
+        targets = None
+        if value("TARGETS") is not None:
+            from .targets import describe_members, parse_targets
+
+            try:
+                targets = describe_members(parse_targets(key("TARGETS"), value("TARGETS")))
+            except ConfigError as exc:
+                errors.append(str(exc))
+            if value("DATABASE") is not None:
+                errors.append(f"{key('TARGETS')} and {key('DATABASE')} are both set: a step runs in its TARGETS "
+                              "or in one DATABASE, not both")
+            database = None
+        from .targets import MAX_PARALLELISM
+
+        parallelism = number_setting("TARGET_PARALLELISM", default_parallelism, 1, MAX_PARALLELISM)
         flows = {}
         for suffix, default in (("ON_SUCCESS", "next"), ("ON_FAILURE", QUIT_FAILURE)):
             raw = (value(suffix) or default).lower()
@@ -108,7 +133,8 @@ def parse_steps(name: str, values: dict[str, tuple[str, str]], errors: list[str]
             max_attempts=number_setting("MAX_ATTEMPTS", default_max_attempts, 1, 100),
             retry_interval_seconds=number_setting("RETRY_INTERVAL_SECONDS", None, 0, 86400),
             timeout_seconds=number_setting("TIMEOUT_SECONDS", default_timeout_seconds, 1, 7 * 86400),
-            on_success=flows["ON_SUCCESS"], on_failure=flows["ON_FAILURE"]))
+            on_success=flows["ON_SUCCESS"], on_failure=flows["ON_FAILURE"], targets=targets,
+            target_parallelism=parallelism or default_parallelism))
     if errors:
         return ()
     trapped = steps_without_exit(steps)

@@ -62,14 +62,15 @@ AUTHENTICATION_STRING_SETTING = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"
 
 EVENT_NAMES = ("RunClaimed", "RunDispatched", "RunStarted", "RunSucceeded", "RunFailed", "RunRetried",
                "LeaseExpired", "RunPoisoned", "MisfireSkipped", "OverlapSkipped", "JobConfigInvalid",
-               "StaleMessage", "ClockSkewDetected", "StepSucceeded", "StepFailed")
+               "StaleMessage", "ClockSkewDetected", "StepSucceeded", "StepFailed", "TargetsResolved")
 METRIC_NAMES = ("TickDurationMs", "RunsDue", "RunsClaimed", "RunsDispatched", "ScheduleLagSeconds",
                 "RunDurationMs", "DequeueCount")
 # The dimension (customDimensions key) names the engine uses, so the README's KQL and the
 # engine agree. Not enforced: an event may carry other keys too.
 STANDARD_DIMENSIONS = ("job", "run_id", "attempt", "scheduled_for", "token", "kind", "outcome",
                        "error_number", "error_message", "duration_ms", "retry_at", "dequeue_count",
-                       "poison_id", "step", "output")
+                       "poison_id", "step", "output", "target_database", "target_server", "parent_run_id",
+                       "targets", "targets_failed")
 
 # Application Insights limits (data model): longer values are truncated by ingestion anyway;
 # truncating here keeps the POST small and the cut predictable.

@@ -4,7 +4,8 @@ page's JSON twin and the command agree by construction).
 
 Every function runs a fixed number of named queries, whatever the number of jobs or runs (the
 jobs page: list_jobs and list_job_activity; never a query per job or per run), and only
-SELECTs: nothing here changes the database.
+SELECTs: nothing here changes the database. Fleet runs add one query, list_run_targets, for
+every execution of the runs shown, and only when a run shown has targets.
 """
 
 from __future__ import annotations
@@ -109,17 +110,65 @@ def local_time(value: datetime | None, zone: str | None) -> str | None:
 
 def history_view(store, job_name: str | None, limit: int, *, with_output: bool = False) -> dict[str, Any]:
     """`history --json`: runs newest first, each with its attempts (and, ``with_output``, each
-    attempt's output: up to AGENT_STEP_OUTPUT_MAX_BYTES each, so read only when asked for), and
-    the job events."""
+    attempt's output: up to AGENT_STEP_OUTPUT_MAX_BYTES each, so read only when asked for) and
+    its fleet executions (`targets`, see fleet_targets; empty for a run without targets), and the
+    job events."""
     runs = store.execute("list_history", job_name=job_name, limit=limit).rows
     attempts = store.execute("list_attempts", run_ids=[r["run_id"] for r in runs]).rows if runs else []
     events = store.execute("list_job_events", job_name=job_name, limit=limit).rows
     if runs and with_output:
         _attach_output(store, [r["run_id"] for r in runs], attempts)
+    targets = fleet_targets(store, runs)
     by_run: dict[int, list[dict[str, Any]]] = {}
     for attempt in attempts:
         by_run.setdefault(attempt["run_id"], []).append(attempt)
-    return {"runs": [{**run, "attempts": by_run.get(run["run_id"], [])} for run in runs], "job_events": events}
+    return {"runs": [{**run, "attempts": by_run.get(run["run_id"], []), **_with_targets(targets.get(run["run_id"], []))}
+                     for run in runs],
+            "job_events": events}
+
+
+# The keys of an execution in a run's `targets` (list_run_targets' columns, `attempt` as `attempts`).
+TARGET_KEYS = ("target_server", "target_database", "run_id", "step", "parent_token", "status", "attempts",
+               "max_attempts", "last_error_number", "last_error", "started_at", "finished_at")
+
+
+def fleet_targets(store, runs: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """The executions of the fleet runs among ``runs`` (those that fanned out: targets_total set),
+    by run id, in one query (list_run_targets) and none when no run has targets. Each run's
+    executions come grouped by target: the agent's own server (target_server None) first, then
+    by server, database, step and execution, so a target's executions (one per fleet step, or
+    per visit of a step the flow came back to) follow each other."""
+    fleet = [run["run_id"] for run in runs if run.get("targets_total")]
+    if not fleet:
+        return {}
+    by_run: dict[int, list[dict[str, Any]]] = {}
+    for row in store.execute("list_run_targets", run_ids=fleet).rows:
+        execution = {**row, "attempts": row["attempt"]}
+        by_run.setdefault(row["parent_run_id"], []).append({key: execution[key] for key in TARGET_KEYS})
+    for executions in by_run.values():
+        executions.sort(key=_target_order)
+    return by_run
+
+
+def _target_order(execution: dict[str, Any]) -> tuple:
+    server = execution["target_server"]
+    return (server is not None, server or "", execution["target_database"] or "", execution["step"] or 0,
+            execution["run_id"])
+
+
+def target_label(execution: dict[str, Any]) -> str:
+    """A target in words: its database, with its server when not the agent's own."""
+    database = execution.get("target_database") or "?"
+    server = execution.get("target_server")
+    return f"{server}/{database}" if server else database
+
+
+def _with_targets(executions: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's `targets` and `target_statuses` (executions per status, e.g. while they run)."""
+    statuses: dict[str, int] = {}
+    for execution in executions:
+        statuses[execution["status"]] = statuses.get(execution["status"], 0) + 1
+    return {"targets": executions, "target_statuses": dict(sorted(statuses.items()))}
 
 
 def _attach_output(store, run_ids: list[int], attempts: list[dict[str, Any]]) -> None:
@@ -151,7 +200,16 @@ def job_view(store, name: str, now: datetime, window: str = DEFAULT_WINDOW,
 # ---------------------------------------------------------------- one run, poison, stuck
 
 
+# What an execution's run page says of the run it belongs to (get_run's columns).
+PARENT_KEYS = ("run_id", "job_name", "kind", "status", "step", "scheduled_for", "targets_total", "targets_failed")
+
+
 def run_view(store, run_id: int) -> dict[str, Any] | None:
+    """A run page: the run, its attempts (with output) and poison messages; a fleet run also its
+    executions by target (`targets`, as in history), an execution the run it belongs to
+    (`parent`: None for any other run, or when that run is gone). get_run, list_attempts (and
+    list_attempt_output when there are attempts) and list_run_poison; one query more for a fleet
+    run (list_run_targets) or an execution (get_run of its run)."""
     run = store.execute("get_run", run_id=run_id).one()
     if run is None:
         return None
@@ -159,7 +217,12 @@ def run_view(store, run_id: int) -> dict[str, Any] | None:
     if attempts:
         _attach_output(store, [run_id], attempts)
     poison = _decoded(store.execute("list_run_poison", run_id=run_id, limit=RUN_POISON_LIMIT).rows)
-    return {"run": run, "attempts": attempts, "poison": poison}
+    parent = None
+    if run.get("parent_run_id") is not None:
+        row = store.execute("get_run", run_id=run["parent_run_id"]).one()
+        parent = {key: row[key] for key in PARENT_KEYS} if row else None
+    targets = fleet_targets(store, [run]).get(run_id, [])
+    return {"run": run, "attempts": attempts, "poison": poison, "parent": parent, **_with_targets(targets)}
 
 
 def poison_view(store, limit: int = DEFAULT_POISON_LIMIT) -> list[dict[str, Any]]:

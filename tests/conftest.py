@@ -222,8 +222,34 @@ def make_agent(db: str, jobs: dict[str, dict[str, str]] | None = None, *, clock=
 
     settings = load_settings(environ=job_env(jobs or {}, **agent_settings))
     agent = Agent(settings, db=db, clock=clock, queue=queue)
+    _AGENTS_MADE.append(agent)
     agent.init()
     return agent
+
+
+# Every agent make_agent built in a test's body is closed after it, before its fixtures drop
+# their databases (close is idempotent): one left open keeps its connections and its notifier
+# thread, which would go on polling a dropped database and log into the tests after it.
+# Agents its fixtures built are theirs to close (a module's fixture outlives the test).
+_AGENTS_MADE: list = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    first = len(_AGENTS_MADE)
+    yield
+    made, _AGENTS_MADE[first:] = _AGENTS_MADE[first:], []
+    item.stash[_BODY_AGENTS] = made
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    for agent in reversed(item.stash.get(_BODY_AGENTS, [])):
+        agent.close()
+    yield
+
+
+_BODY_AGENTS = pytest.StashKey[list]()
 
 
 @pytest.fixture

@@ -71,13 +71,16 @@ def all_query_names() -> list[str]:
 # PostgreSQL session commands and PL/pgSQL functions sqlglot has no grammar for (it falls back to Command, or worse,
 # misreads them). They run against the real PostgreSQL in every test that resets a session or
 # takes the start lock, which is the check that counts; T-SQL has no such exemption.
-POSTGRES_SESSION_COMMANDS = ("LOCK ", "CLOSE ALL", "RESET ", "UNLISTEN ", "DISCARD ", "CREATE FUNCTION ", "DO $$")
+POSTGRES_SESSION_COMMANDS = ("LOCK ", "CLOSE ALL", "RESET ", "UNLISTEN ", "DISCARD ", "CREATE FUNCTION ",
+                             "CREATE OR REPLACE FUNCTION ", "DO $$")
 # T-SQL statements sqlglot has no grammar for: parsed by sqlfluff alone (which parses every T-SQL
 # statement as well, see test_tsql_statements_parse_with_sqlfluff).
 TSQL_SQLFLUFF_ONLY = ("THROW ", "IF XACT_STATE() <> 1 THROW ", "IF @LOCK_RESULT < 0 THROW ",
                       # The T-SQL interface's modules (procedures, views) and the operator role's grants.
                       "CREATE OR ALTER PROCEDURE ", "CREATE OR ALTER VIEW ",
-                      "IF DATABASE_PRINCIPAL_ID(N'AGENT_OPERATOR') IS NULL CREATE ROLE ", "GRANT EXECUTE ON OBJECT::")
+                      "IF DATABASE_PRINCIPAL_ID(N'AGENT_OPERATOR') IS NULL CREATE ROLE ", "GRANT EXECUTE ON OBJECT::",
+                      # Fleet targets: pool: members on a server without elastic pools.
+                      "IF @POOLS_VIEW IS NULL THROW ")
 
 
 def _code(sql: str) -> str:
@@ -266,6 +269,11 @@ DUMMY_VALUES.update({
     "next_database": None, "step_output": "(1 row(s) affected)",
     "default_url": None, "claim_token": "c", "claimed_until": _T, "notification_id": 1, "status": "sent",
     "next_attempt_at": _T, "last_error": None,
+})
+# Issue 16 (fleet jobs).
+DUMMY_VALUES.update({
+    "pool": "p", "targets": [], "parallelism": 8, "next_on_success": 0, "next_on_failure": -1,
+    "target_count": 0, "retry_interval_seconds": None, "parent_run_id": None,
 })
 
 

@@ -34,7 +34,7 @@ DOCS = ROOT / "docs"
 MAX_README_LINES = 250
 # The pages the README points a newcomer to, by task.
 PAGES = ("configuration", "operations", "azure-sql", "queue", "deploying", "monitoring",
-         "guarantees-and-limits", "performance", "monitor")
+         "guarantees-and-limits", "performance", "monitor", "fleet")
 # Code blocks that show output or formats, not commands to type.
 NOT_COMMANDS = {"text", "json", "sql", "kusto", "python", "yaml", "ini", "bicep"}
 ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")

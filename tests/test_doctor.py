@@ -59,6 +59,7 @@ def test_happy_path_leaves_nothing_behind(db_url, capsys):
             assert f"version {agent.store().latest_version()} (latest)" in checks["schema"][1]
             assert "inserted, completed, read back and deleted" in checks["permissions"][1]
             assert "claim straight from the runs table" in checks["queue"][1]
+            assert checks["targets"] == ("OK", "no job has fleet targets (JOB__<name>__TARGETS, agent.add_scheduled_job @targets)"), out
             assert out.rstrip().endswith("all checks passed")
         assert agent.store().execute("count_runs_by_status").rows == []
         assert query(agent, f"SELECT COUNT(*) FROM {attempts_table(agent)}") == [(0,)]
@@ -69,7 +70,7 @@ def test_happy_path_leaves_nothing_behind(db_url, capsys):
 def test_no_schema_fails_naming_init_db(db_url, capsys, tmp_path):
     code, checks, out = doctor(capsys, db_url)
     assert code == 1
-    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "FAIL", "--", "--", "--"], out
+    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "FAIL", "--", "--", "--", "--"], out
     assert "no agent schema" in checks["schema"][1]
     assert "fix: run `.venv/bin/python -m shared.cli init-db`" in out
     assert "not checked (fix the failure above first)" in checks["permissions"][1]
@@ -97,7 +98,7 @@ def test_unreachable_postgres_is_a_connectivity_failure(capsys):
     db = f"Driver={{PostgreSQL Unicode}};Server=127.0.0.1;Port={port};Uid=root;Database=postgres;"
     code, checks, out = doctor(capsys, db)
     assert code == 1
-    assert [checks[name][0] for name in CHECKS] == ["OK", "FAIL", "--", "--", "--", "--", "--"], out
+    assert [checks[name][0] for name in CHECKS] == ["OK", "FAIL", "--", "--", "--", "--", "--", "--"], out
     assert f"port {port} failed" in checks["connectivity"][1] and "Connection refused" in checks["connectivity"][1]
     assert "fix: check that PostgreSQL runs and listens where Server= and Port= say" in out
 
@@ -107,7 +108,7 @@ def test_unknown_postgres_role_is_an_authentication_failure(capsys):
     db = _with_user(PG_BASE + "Database=postgres;", "no_such_role_for_doctor")
     code, checks, out = doctor(capsys, db)
     assert code == 1
-    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "FAIL", "--", "--", "--", "--"], out
+    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "FAIL", "--", "--", "--", "--", "--"], out
     assert "the server answered" in checks["connectivity"][1]
     assert 'role "no_such_role_for_doctor" does not exist' in checks["authentication"][1]
 
@@ -126,7 +127,7 @@ def test_a_role_that_may_only_read_fails_the_permissions_check(pg_url, capsys):
         cursor.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA agent TO {role}")
         code, checks, out = doctor(capsys, _with_user(pg_url, role))
         assert code == 1
-        assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "OK", "OK", "FAIL", "--"], out
+        assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "OK", "OK", "FAIL", "--", "--"], out
         assert "permission denied for table runs" in checks["permissions"][1]
         assert "GRANT USAGE ON SCHEMA agent, SELECT, INSERT, UPDATE, DELETE" in out
     finally:
@@ -143,7 +144,7 @@ def test_a_driver_that_is_not_installed_is_named(capsys):
     _pg_driver_installed()
     code, checks, out = doctor(capsys, "Driver={PostgreSQL Nonexistent};Server=127.0.0.1;Uid=root;")
     assert code == 1
-    assert [checks[name][0] for name in CHECKS] == ["FAIL", "--", "--", "--", "--", "--", "--"], out
+    assert [checks[name][0] for name in CHECKS] == ["FAIL", "--", "--", "--", "--", "--", "--", "--"], out
     assert "ODBC driver 'PostgreSQL Nonexistent' is not installed" in checks["driver"][1]
     assert "'PostgreSQL Unicode'" in checks["driver"][1] and "apt-get install odbc-postgresql" in out
 
@@ -190,7 +191,7 @@ def test_unreachable_storage_queue_is_a_queue_failure(tmp_path, capsys, monkeypa
                        f"QueueEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
     code, checks, out = doctor(capsys, db)
     assert code == 1
-    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "OK", "OK", "OK", "FAIL"], out
+    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "OK", "OK", "OK", "FAIL", "--"], out
     assert "queue 'agent-tasks'" in checks["queue"][1] and f"127.0.0.1:{port}" in checks["queue"][1]
     assert "AzureWebJobsStorage" in out
     assert ACCOUNT_KEY not in out

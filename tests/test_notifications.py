@@ -178,11 +178,14 @@ def test_a_hanging_or_failing_webhook_never_delays_the_next_run(agent_factory, d
     assert state("a_hangs")[:2] == ("pending", 1) and "no answer within 5 s" in state("a_hangs")[2]
     # Bounded retries: the 500 is tried MAX_DELIVERY_ATTEMPTS times in all, then failed for good;
     # the runs' outcomes never change.
-    for delay in (10, 60):
+    # Each step waits for the attempt to be recorded (claimed, then back from 'sending'), not only
+    # received: the deliverer reads the clock after its POST, and a clock moved on in between
+    # would put the next retry later still.
+    for attempt, delay in ((2, 10), (3, 60)):
         clock.advance(delay)
         agent.notifier.wake()
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and len(receiver.bodies("/fail")) < (2 if delay == 10 else 3):
+        while time.monotonic() < deadline and (state("b_fails")[1] < attempt or state("b_fails")[0] == "sending"):
             time.sleep(0.1)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and state("b_fails")[0] != "failed":

@@ -184,6 +184,14 @@ BAD_CALLS = [
      BAD_ARGUMENT, "@timeout_seconds = 604801: expected"),
     ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "max_attempts": 101},
      BAD_ARGUMENT, "@max_attempts = 101: expected"),
+    ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "targets": "  "},
+     BAD_ARGUMENT, "@targets = '  ': expected NULL (one database) or a comma list"),
+    ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "targets": "db:t_*",
+                           "database": "other"}, BAD_ARGUMENT, "@database = 'other': expected NULL when @targets"),
+    ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "targets": "db:t_*",
+                           "target_parallelism": 0}, BAD_ARGUMENT, "@target_parallelism = 0: expected a whole number from 1 to 1000"),
+    ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "target_parallelism": None},
+     BAD_ARGUMENT, "@target_parallelism = NULL: expected"),
     ("add_scheduled_job", {"name": "settled", "sql": "SELECT 1", "schedule": "0 * * * * *"}, DOES_NOT_FIT,
      "this job is defined in the app settings (JOB__settled__*)"),
     ("add_scheduled_job", {"name": "SETTLED", "sql": "SELECT 1", "schedule": "0 * * * * *"}, DOES_NOT_FIT,
@@ -794,10 +802,26 @@ def _drop_login_roles():
 
 
 def _migration_text(dialect: str) -> str:
-    from shared.queries import load_migrations
+    """The interface as it stands: its migration, then each later statement that redefines,
+    drops, grants or revokes one of its procedures (0006 gave agent.add_scheduled_job @targets;
+    a later definition follows the earlier one, so the last one read wins)."""
+    import re
 
-    (migration,) = [m for m in load_migrations(dialect) if m.path.name.endswith("_tsql_interface.sql")]
-    return migration.path.read_text(encoding="utf-8")
+    from shared.queries import load_migrations, split_statements
+
+    migrations = load_migrations(dialect)
+    (first,) = [i for i, m in enumerate(migrations) if m.path.name.endswith("_tsql_interface.sql")]
+    texts = [migrations[first].path.read_text(encoding="utf-8")]
+    interface = re.compile(r"^(?:CREATE (?:OR (?:REPLACE|ALTER) )?(?:FUNCTION|PROCEDURE)|DROP FUNCTION|GRANT|REVOKE)"
+                           r"\b[^(]*?\bagent\.(\w+)", re.M)
+    for migration in migrations[first + 1:]:
+        for statement in split_statements(migration.path.read_text(encoding="utf-8")):
+            code = "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
+            match = interface.search(code)
+            if match and match.group(1) in PROCEDURES:
+                # A T-SQL module runs to the next GO line (shared/queries.py).
+                texts.append(code + "\nGO" if dialect == "mssql" and code.rstrip().endswith("END") else code)
+    return "\n\n".join(texts)
 
 
 def _normal_default(text: str | None) -> str | None:
@@ -816,7 +840,7 @@ def postgres_functions() -> dict[str, dict]:
     import re
 
     found = {}
-    pattern = re.compile(r"CREATE FUNCTION agent\.(\w+)\((.*?)\)\s*RETURNS TABLE \((.*?)\)", re.S)
+    pattern = re.compile(r"CREATE (?:OR REPLACE )?FUNCTION agent\.(\w+)\((.*?)\)\s*RETURNS TABLE \((.*?)\)", re.S)
     for name, params, columns in pattern.findall(_migration_text("postgres")):
         parameters = []
         for param in [p.strip() for p in params.split(",") if p.strip()]:
@@ -910,9 +934,9 @@ def test_the_operator_role_gets_execute_on_every_procedure_select_on_every_view_
     revoked = set(re.findall(r"^REVOKE ALL ON FUNCTION agent\.(\w+)\(.*\) FROM PUBLIC;$", postgres, re.M))
     assert revoked == PROCEDURES
     # Every function runs as its owner with a pinned search_path; none builds SQL from text.
-    definitions = re.findall(r"CREATE FUNCTION agent\.\w+\(.*?\n\$\$;", postgres, re.S)
-    assert len(definitions) == len(PROCEDURES)
-    for definition in definitions:
+    latest = dict(re.findall(r"CREATE (?:OR REPLACE )?FUNCTION agent\.(\w+)(\(.*?\n\$\$;)", postgres, re.S))
+    assert set(latest) == PROCEDURES
+    for definition in latest.values():
         assert "SECURITY DEFINER SET search_path = pg_catalog, pg_temp" in definition
         assert "EXECUTE " not in definition.upper().replace("GRANT EXECUTE", "")
     tsql = _migration_text("mssql")
@@ -924,16 +948,20 @@ def test_tsql_modules_are_whole_batches_and_sqlfluff_catches_a_broken_one():
 
     from shared.queries import split_statements
 
+    import re
+
     modules = [s for s in split_statements(_migration_text("mssql")) if "CREATE OR ALTER" in s]
-    assert len(modules) == len(PROCEDURES) + len(VIEWS)
+    # One batch per module (a procedure redefined by a later migration is a batch of its own too).
+    names = [re.search(r"CREATE OR ALTER (?:PROCEDURE|VIEW) agent\.(\w+)", m).group(1) for m in modules]
+    assert set(names) == PROCEDURES | VIEWS and all(s.count("CREATE OR ALTER") == 1 for s in modules)
     linter = Linter(config=FluffConfig(overrides={"dialect": "tsql", "large_file_skip_byte_limit": 0}))
 
     def parses(sql: str) -> bool:
         parsed = linter.parse_string(sql)
         return not parsed.violations and parsed.tree is not None and "unparsable" not in parsed.tree.stringify()
 
-    procedure = next(m for m in modules if "PROCEDURE agent.add_scheduled_job" in m)
-    assert procedure.rstrip().endswith("END") and procedure.count("THROW 514") >= 15
+    procedure = [m for m in modules if "PROCEDURE agent.add_scheduled_job" in m][-1]
+    assert procedure.rstrip().endswith("END") and procedure.count("THROW 514") >= 18
     assert parses(procedure)
     assert not parses(procedure.replace("IF @enabled IS NULL OR", "IF @enabled IS NULL OR OR", 1))
     assert not parses(procedure.replace("    COMMIT TRANSACTION;", "    COMMIT TRANSACTION;\n    END;", 1))

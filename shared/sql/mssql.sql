@@ -228,7 +228,7 @@ UPDATE agent.runs SET
 OUTPUT inserted.run_id, inserted.job_name, inserted.kind, inserted.status, inserted.attempt, inserted.lapses,
        inserted.token, inserted.operation_id, inserted.scheduled_for,
        CASE WHEN deleted.status = N'running' THEN 1 ELSE 0 END INTO @expired
-WHERE status IN (N'queued', N'running') AND lease_expires_at < CAST(:now AS DATETIME2(6));
+WHERE status IN (N'queued', N'running') AND lease_expires_at < CAST(:now AS DATETIME2(6)) AND awaiting_targets = 0;
 SELECT run_id, job_name, kind, status, attempt, lapses, token, operation_id, scheduled_for, was_running FROM @expired;
 
 -- close_dead_attempts --
@@ -340,7 +340,7 @@ WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6)) AND 
 WITH due AS (
     SELECT TOP ((SELECT CASE WHEN cap.free > 0 THEN cap.free ELSE 0 END
                  FROM (SELECT CAST(:max_concurrency AS INT)
-                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running')
+                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running' AND f.awaiting_targets = 0)
                              - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'queued'
                                    AND f.runnable_at <= CAST(:now AS DATETIME2(6))) AS free) AS cap))
            c.*
@@ -420,7 +420,7 @@ SELECT @decision = CASE
                     OR (o.status IN (N'pending', N'queued')
                         AND (o.scheduled_for < r.scheduled_for
                              OR (o.scheduled_for = r.scheduled_for AND o.run_id < r.run_id))))) THEN N'held-overlap'
-        WHEN (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running')
+        WHEN (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running' AND f.awaiting_targets = 0)
              >= CAST(:max_concurrency AS INT) THEN N'held-cap'
         ELSE N'start' END
 FROM agent.runs AS r WITH (UPDLOCK)
@@ -461,10 +461,11 @@ INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, start
 SELECT s.run_id, s.attempt, s.token, CAST(:worker AS NVARCHAR(200)), CAST(:dequeue_count AS INT),
        CAST(:now AS DATETIME2(6)), N'running'
 FROM @started AS s WHERE s.decision = N'start';
-SELECT decision, run_id, job_name, kind, command, target_database, attempt, failures, max_attempts, lapses,
-       transient_errors, token, timeout_seconds, lease_seconds, operation_id, scheduled_for, runnable_at,
-       started_at, note, step, steps
-FROM @started;
+SELECT s.decision, s.run_id, s.job_name, s.kind, s.command, s.target_database, s.attempt, s.failures,
+       s.max_attempts, s.lapses, s.transient_errors, s.token, s.timeout_seconds, s.lease_seconds, s.operation_id,
+       s.scheduled_for, s.runnable_at, s.started_at, s.note, s.step, s.steps, r.parent_run_id, r.parent_token,
+       r.target_server, r.retry_interval_seconds
+FROM @started AS s JOIN agent.runs AS r ON r.run_id = s.run_id;
 
 -- claim_runs --
 -- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened.
@@ -509,7 +510,7 @@ WITH picked AS (
     SELECT TOP ((SELECT CASE WHEN cap.free > CAST(:batch AS INT) THEN CAST(:batch AS INT)
                              WHEN cap.free > 0 THEN cap.free ELSE 0 END
                  FROM (SELECT CAST(:max_concurrency AS INT)
-                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running')
+                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running' AND f.awaiting_targets = 0)
                              - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'queued'
                                    AND f.runnable_at <= CAST(:now AS DATETIME2(6))) AS free) AS cap))
            c.*
@@ -546,10 +547,11 @@ OUTPUT N'start', inserted.run_id, inserted.job_name, inserted.kind, inserted.com
 INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
 SELECT s.run_id, s.attempt, s.token, CAST(:worker AS NVARCHAR(200)), NULL, CAST(:now AS DATETIME2(6)), N'running'
 FROM @claimed AS s WHERE s.decision = N'start';
-SELECT decision, run_id, job_name, kind, command, target_database, attempt, failures, max_attempts, lapses,
-       transient_errors, token, timeout_seconds, lease_seconds, operation_id, scheduled_for, runnable_at,
-       started_at, note, step, steps
-FROM @claimed ORDER BY runnable_at, run_id;
+SELECT s.decision, s.run_id, s.job_name, s.kind, s.command, s.target_database, s.attempt, s.failures,
+       s.max_attempts, s.lapses, s.transient_errors, s.token, s.timeout_seconds, s.lease_seconds, s.operation_id,
+       s.scheduled_for, s.runnable_at, s.started_at, s.note, s.step, s.steps, r.parent_run_id, r.parent_token,
+       r.target_server, r.retry_interval_seconds
+FROM @claimed AS s JOIN agent.runs AS r ON r.run_id = s.run_id ORDER BY s.runnable_at, s.run_id;
 
 -- next_runnable_at --
 -- When the next pending run becomes runnable (the local runner's idle workers sleep until then, or the poll interval).
@@ -564,7 +566,7 @@ UPDATE r SET heartbeat_at = CAST(:now AS DATETIME2(6)),
 OUTPUT inserted.run_id INTO @renewed
 FROM agent.runs AS r
 JOIN OPENJSON(:held) WITH (run_id BIGINT, token BIGINT) AS h ON r.run_id = h.run_id AND r.token = h.token
-WHERE r.status = N'running';
+WHERE r.status = N'running' AND r.awaiting_targets = 0;
 SELECT run_id FROM @renewed;
 
 -- reset_session --
@@ -668,7 +670,8 @@ SELECT run_id FROM @closed;
 SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, task_order,
        attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
        runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
-       last_error_number, last_error, note, step, steps
+       last_error_number, last_error, note, step, steps, parent_run_id, parent_token, target_server,
+       retry_interval_seconds, awaiting_targets, targets_total, targets_failed
 FROM agent.runs WHERE run_id = :run_id;
 
 -- list_run_errors --
@@ -750,12 +753,12 @@ VALUES (NULL, N'task', CAST(:now AS DATETIME2(6)), N'pending', :command, :target
 SELECT run_id, status, operation_id FROM @task;
 
 -- cancel_run --
--- Cancel a run not yet finished; the token bump fences a worker still running it (the lease renewal finds it gone and stops the work).
+-- Cancel a run not yet finished (a fleet's execution not yet let in too); the token bump fences a worker still running it (the lease renewal finds it gone and stops the work).
 DECLARE @cancelled TABLE (run_id BIGINT);
 UPDATE agent.runs SET status = N'cancelled', token = token + 1, finished_at = CAST(:now AS DATETIME2(6)),
     lease_expires_at = NULL, note = N'cancelled by operator'
 OUTPUT inserted.run_id INTO @cancelled
-WHERE run_id = :run_id AND status IN (N'pending', N'queued', N'running');
+WHERE run_id = :run_id AND status IN (N'pending', N'queued', N'running', N'waiting');
 SELECT run_id FROM @cancelled;
 
 -- list_jobs --
@@ -764,10 +767,12 @@ SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j
        j.misfire, j.overlap, j.max_attempts, j.next_due_at,
        CASE WHEN j.defined_in_database = 1 THEN N'database' ELSE N'settings' END AS source, j.needs_planning,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
-       l.finished_at AS last_finished_at
+       l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
+       l.targets_failed AS last_targets_failed
 FROM agent.jobs AS j
 OUTER APPLY (
-    SELECT TOP (1) r.run_id, r.status, r.scheduled_for, r.finished_at FROM agent.runs AS r
+    SELECT TOP (1) r.run_id, r.status, r.scheduled_for, r.finished_at, r.targets_total, r.targets_failed
+    FROM agent.runs AS r
     WHERE r.job_name IS NOT NULL AND r.job_name = j.job_name AND r.status NOT IN (N'pending', N'queued')
     ORDER BY r.scheduled_for DESC, r.run_id DESC) AS l
 ORDER BY j.job_name;
@@ -776,7 +781,7 @@ ORDER BY j.job_name;
 -- Runs, newest first, optionally of one job.
 SELECT TOP (:limit) run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
        created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id,
-       step, failed_step
+       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed
 FROM agent.runs
 WHERE (CAST(:job_name AS NVARCHAR(64)) IS NULL OR job_name = CAST(:job_name AS NVARCHAR(64)))
 ORDER BY run_id DESC
@@ -890,10 +895,12 @@ ORDER BY run_id;
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
-       l.finished_at AS last_finished_at
+       l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
+       l.targets_failed AS last_targets_failed
 FROM agent.jobs AS j
 OUTER APPLY (
-    SELECT TOP (1) r.run_id, r.status, r.scheduled_for, r.finished_at FROM agent.runs AS r
+    SELECT TOP (1) r.run_id, r.status, r.scheduled_for, r.finished_at, r.targets_total, r.targets_failed
+    FROM agent.runs AS r
     WHERE r.job_name IS NOT NULL AND r.job_name = j.job_name AND r.status NOT IN (N'pending', N'queued')
     ORDER BY r.scheduled_for DESC, r.run_id DESC) AS l
 WHERE j.job_name = CAST(:job_name AS NVARCHAR(64));
@@ -911,21 +918,28 @@ SELECT @lock_result AS locked;
 -- Jobs defined in the database (agent.add_scheduled_job) and not removed: a settings job of the same name is refused.
 SELECT job_name FROM agent.jobs WHERE defined_in_database = 1 AND configured = 1 ORDER BY job_name;
 
+-- list_database_fleet_jobs --
+-- The valid jobs defined from T-SQL with fleet targets (agent.add_scheduled_job @targets), their one fleet step as planned: for doctor and grant-sql --targets.
+SELECT job_name, steps FROM agent.jobs
+WHERE defined_in_database = 1 AND configured = 1 AND valid = 1 AND needs_planning = 0 AND steps IS NOT NULL
+ORDER BY job_name;
+
 -- select_unplanned_jobs --
--- Jobs defined or changed in the database that wait for the engine to check their schedule and plan their first slot (the jobs_needs_planning index).
-SELECT job_name, schedule, timezone, enabled, updated_at
+-- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
+SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
+       requested_targets, requested_target_parallelism
 FROM agent.jobs WHERE needs_planning = 1 ORDER BY job_name;
 
 -- plan_jobs --
--- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at}) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
+-- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at, steps}; steps: a fleet job's one step, as the settings sync writes it) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
 DECLARE @planned TABLE (job_name NVARCHAR(64), valid SMALLINT, config_error NVARCHAR(MAX), next_due_at DATETIME2(6));
 UPDATE j SET needs_planning = 0, valid = p.valid, config_error = p.config_error,
-    next_due_at = CONVERT(DATETIME2(6), p.next_due_at, 121), advanced_at = CAST(:now AS DATETIME2(6))
+    next_due_at = CONVERT(DATETIME2(6), p.next_due_at, 121), advanced_at = CAST(:now AS DATETIME2(6)), steps = p.steps
 OUTPUT inserted.job_name, inserted.valid, inserted.config_error, inserted.next_due_at INTO @planned
 FROM agent.jobs AS j
 JOIN OPENJSON(:plans) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), enabled SMALLINT,
                             updated_at NVARCHAR(40), valid SMALLINT, config_error NVARCHAR(MAX),
-                            next_due_at NVARCHAR(40)) AS p
+                            next_due_at NVARCHAR(40), steps NVARCHAR(MAX)) AS p
   ON j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = CONVERT(DATETIME2(6), p.updated_at, 121)
  AND j.schedule = p.schedule AND j.timezone = p.timezone AND j.enabled = p.enabled;
 SELECT job_name, valid, config_error, next_due_at FROM @planned;
@@ -1056,3 +1070,151 @@ DELETE FROM agent.notifications WHERE notification_id IN (
     ORDER BY notification_id);
 SET @notifications = @@ROWCOUNT;
 SELECT N'notifications' AS purged, @notifications AS rows_purged;
+
+-- list_server_databases --
+-- Fleet targets, run in the server's master: its databases, for server: members and db: globs (the system databases are left out by the caller; resolved at every run).
+SELECT name FROM sys.databases ORDER BY name;
+
+-- list_pool_databases --
+-- Fleet targets, run in the server's master: the databases of an elastic pool (resolved at every run). SQL Server outside Azure has no pools (nor this view): one clear error instead of "invalid object name".
+DECLARE @pools_view INT = OBJECT_ID(N'sys.database_service_objectives');
+IF @pools_view IS NULL THROW 51400, N'pool: members need Azure SQL Database: this server has no elastic pools (no sys.database_service_objectives)', 1;
+SELECT d.name
+FROM sys.databases AS d
+JOIN sys.database_service_objectives AS o ON o.database_id = d.database_id
+WHERE o.elastic_pool_name = CAST(:pool AS NVARCHAR(128))
+ORDER BY d.name;
+
+-- fan_out_targets --
+-- A run reached a fleet step (fenced by its token): it waits for its targets (no lease, no worker slot) and one execution per target database is created in one statement (a JSON array of {n, target_server, target_database}, n from 1), the first :parallelism runnable now, the others waiting for the window. No row back: the lease was taken over; roll back.
+DECLARE @fanned TABLE (run_id BIGINT, token BIGINT, operation_id NVARCHAR(32), lease_seconds INT);
+UPDATE agent.runs SET awaiting_targets = 1, lease_expires_at = NULL, heartbeat_at = CAST(:now AS DATETIME2(6)),
+    target_parallelism = CAST(:parallelism AS INT),
+    next_step_on_success = CAST(:next_on_success AS INT), next_step_on_failure = CAST(:next_on_failure AS INT),
+    targets_total = COALESCE(targets_total, 0) + CAST(:target_count AS INT), targets_failed = COALESCE(targets_failed, 0)
+OUTPUT inserted.run_id, inserted.token, inserted.operation_id, inserted.lease_seconds INTO @fanned
+WHERE run_id = :run_id AND token = :token AND status = N'running';
+DECLARE @created TABLE (run_id BIGINT);
+INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, target_server, overlap,
+                        max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at, operation_id, note,
+                        parent_run_id, parent_token, retry_interval_seconds, step)
+OUTPUT inserted.run_id INTO @created
+SELECT NULL, N'target', CAST(:now AS DATETIME2(6)),
+       CASE WHEN t.n <= CAST(:parallelism AS INT) THEN N'pending' ELSE N'waiting' END,
+       CAST(:command AS NVARCHAR(MAX)), t.target_database, t.target_server, N'allow', CAST(:max_attempts AS INT),
+       CAST(:timeout_seconds AS INT), p.lease_seconds, CAST(:now AS DATETIME2(6)), CAST(:now AS DATETIME2(6)),
+       p.operation_id, CONCAT(N'target of run ', p.run_id, N', step ', CAST(:step AS INT)), p.run_id, p.token,
+       CAST(:retry_interval_seconds AS INT), CAST(:step AS INT)
+FROM @fanned AS p
+CROSS JOIN OPENJSON(:targets) WITH (n INT, target_server NVARCHAR(256), target_database NVARCHAR(128)) AS t;
+SELECT p.run_id, (SELECT COUNT(*) FROM @created) AS created FROM @fanned AS p;
+
+-- progress_fleets --
+-- After an execution ended (:parent_run_id its run, :run_id at :token the execution, in the transaction that ends it) or at every tick (all NULL: every run waiting for its targets). The next waiting execution takes the ended one's place (READPAST: no wait on the run's other executions, no lock on the run); only when none was waiting (@tail), and at ticks: cancel the executions of runs that no longer wait for them, let waiting executions in up to TARGET_PARALLELISM, and move on each run whose executions all ended (its next step runnable now, or its end). The waiting runs' rows are locked first (UPDLOCK, HOLDLOCK), so two executions ending at once are counted one after the other: each later statement reads what the other committed.
+DECLARE @parent BIGINT = CAST(:parent_run_id AS BIGINT);
+DECLARE @now DATETIME2(6) = CAST(:now AS DATETIME2(6));
+DECLARE @swapped TABLE (run_id BIGINT);
+UPDATE w SET status = N'pending', runnable_at = @now
+OUTPUT inserted.run_id INTO @swapped
+FROM agent.runs AS w
+WHERE w.run_id = (
+    SELECT TOP (1) x.run_id
+    FROM agent.runs AS e
+    JOIN agent.runs AS p ON p.run_id = e.parent_run_id AND p.token = e.parent_token
+                        AND p.awaiting_targets = 1 AND p.status = N'running'
+    JOIN agent.runs AS x WITH (UPDLOCK, READPAST, ROWLOCK)
+        ON x.parent_run_id = e.parent_run_id AND x.parent_token = e.parent_token AND x.status = N'waiting'
+    WHERE e.run_id = CAST(:run_id AS BIGINT) AND e.token = CAST(:token AS BIGINT)
+      AND e.status IN (N'succeeded', N'failed', N'poisoned')
+    ORDER BY x.run_id)
+  AND w.status = N'waiting';
+DECLARE @tail BIT = CASE WHEN EXISTS (SELECT 1 FROM @swapped) THEN 0 ELSE 1 END;
+DECLARE @locked TABLE (run_id BIGINT);
+INSERT INTO @locked (run_id)
+SELECT p.run_id FROM agent.runs AS p WITH (UPDLOCK, HOLDLOCK, ROWLOCK)
+WHERE @tail = 1 AND p.awaiting_targets = 1 AND (@parent IS NULL OR p.run_id = @parent);
+UPDATE c SET status = N'cancelled', token = c.token + 1, finished_at = @now, lease_expires_at = NULL,
+    note = N'cancelled: its run no longer waits for its targets'
+FROM agent.runs AS c
+JOIN agent.runs AS p ON p.run_id = c.parent_run_id
+WHERE @tail = 1 AND c.parent_run_id IS NOT NULL AND (@parent IS NULL OR p.run_id = @parent)
+  AND c.status IN (N'waiting', N'pending', N'queued', N'running')
+  AND (p.awaiting_targets = 0 OR p.status <> N'running' OR p.token <> c.parent_token);
+UPDATE agent.runs SET awaiting_targets = 0
+WHERE @tail = 1 AND awaiting_targets = 1 AND status <> N'running' AND (@parent IS NULL OR run_id = @parent);
+UPDATE c SET status = N'pending', runnable_at = @now
+FROM agent.runs AS c
+JOIN (SELECT w.run_id
+      FROM (SELECT p.run_id, p.token,
+                   p.target_parallelism - (SELECT COUNT(*) FROM agent.runs AS f
+                                           WHERE f.parent_run_id = p.run_id AND f.parent_token = p.token
+                                             AND f.status IN (N'pending', N'queued', N'running')) AS free
+            FROM agent.runs AS p
+            WHERE @tail = 1 AND p.awaiting_targets = 1 AND p.status = N'running'
+              AND (@parent IS NULL OR p.run_id = @parent)) AS q
+      CROSS APPLY (SELECT TOP (CASE WHEN q.free > 0 THEN q.free ELSE 0 END) x.run_id
+                   FROM agent.runs AS x
+                   WHERE x.parent_run_id = q.run_id AND x.parent_token = q.token AND x.status = N'waiting'
+                   ORDER BY x.run_id) AS w) AS let_in ON let_in.run_id = c.run_id
+WHERE c.status = N'waiting';
+DECLARE @verdicts TABLE (run_id BIGINT PRIMARY KEY, token BIGINT, at_step INT, total INT, failed INT, next_step INT,
+                         summary NVARCHAR(MAX));
+INSERT INTO @verdicts (run_id, token, at_step, total, failed, next_step, summary)
+SELECT v.run_id, v.token, v.at_step, v.total, v.failed,
+       CASE WHEN v.failed = 0 THEN v.on_success ELSE v.on_failure END,
+       CASE WHEN v.failed = 0 THEN NULL ELSE
+            CONCAT(N'step ', v.at_step, N': ', v.failed, N' of ', v.total, N' target(s) failed: ',
+                   (SELECT STRING_AGG(n.name, N', ') WITHIN GROUP (ORDER BY n.name) FROM (
+                        SELECT TOP (20) CONCAT(f.target_server + N'/', f.target_database, N' (', f.status, N')') AS name
+                        FROM agent.runs AS f
+                        WHERE f.parent_run_id = v.run_id AND f.parent_token = v.token AND f.status <> N'succeeded'
+                        ORDER BY f.target_server, f.target_database) AS n),
+                   CASE WHEN v.failed > 20 THEN N', ...' ELSE N'' END) END
+FROM (SELECT p.run_id, p.token, p.step AS at_step, p.next_step_on_success AS on_success,
+             p.next_step_on_failure AS on_failure, COUNT(c.run_id) AS total,
+             COALESCE(SUM(CASE WHEN c.status <> N'succeeded' THEN 1 ELSE 0 END), 0) AS failed,
+             COALESCE(SUM(CASE WHEN c.status IN (N'waiting', N'pending', N'queued', N'running') THEN 1 ELSE 0 END), 0)
+                 AS still_open
+      FROM agent.runs AS p
+      LEFT JOIN agent.runs AS c ON c.parent_run_id = p.run_id AND c.parent_token = p.token
+      WHERE @tail = 1 AND p.awaiting_targets = 1 AND p.status = N'running' AND (@parent IS NULL OR p.run_id = @parent)
+      GROUP BY p.run_id, p.token, p.step, p.next_step_on_success, p.next_step_on_failure) AS v
+WHERE v.still_open = 0;
+UPDATE a SET outcome = CASE WHEN v.failed = 0 THEN N'succeeded' ELSE N'failed' END,
+    finished_at = @now, error_message = v.summary,
+    [output] = CONCAT(v.total, N' target(s): ', v.total - v.failed, N' succeeded, ', v.failed, N' failed')
+FROM agent.attempts AS a
+JOIN @verdicts AS v ON a.run_id = v.run_id AND a.token = v.token
+WHERE a.outcome = N'running';
+DECLARE @moved TABLE (run_id BIGINT, job_name NVARCHAR(64), status NVARCHAR(16), step INT, targets_total INT,
+                      targets_failed INT, last_error NVARCHAR(MAX), operation_id NVARCHAR(32));
+UPDATE r SET
+    awaiting_targets = 0,
+    status = CASE WHEN v.next_step > 0 THEN N'pending' WHEN v.next_step = 0 THEN N'succeeded' ELSE N'failed' END,
+    step = CASE WHEN v.next_step > 0 THEN v.next_step ELSE r.step END,
+    failures = 0,
+    runnable_at = @now,
+    lease_expires_at = NULL,
+    finished_at = CASE WHEN v.next_step > 0 THEN NULL ELSE @now END,
+    failed_step = CASE WHEN v.failed > 0 THEN v.at_step ELSE r.failed_step END,
+    targets_failed = COALESCE(r.targets_failed, 0) + v.failed,
+    last_error = v.summary,
+    last_error_number = NULL
+OUTPUT inserted.run_id, inserted.job_name, inserted.status, inserted.step, inserted.targets_total,
+       inserted.targets_failed, inserted.last_error, inserted.operation_id INTO @moved
+FROM agent.runs AS r
+JOIN @verdicts AS v ON r.run_id = v.run_id AND r.token = v.token;
+SELECT run_id, job_name, status, step, targets_total, targets_failed, last_error, operation_id FROM @moved;
+
+-- list_run_targets --
+-- Fleet runs: the executions (one per target database and visit of a fleet step) of the runs in a JSON array of run ids, in one query whatever the number of runs and targets (history, the job and run pages; the runs_parent index serves it).
+SELECT e.parent_run_id, e.parent_token, e.run_id, e.step, e.target_server, e.target_database, e.status, e.attempt,
+       e.max_attempts, e.started_at, e.finished_at, e.last_error_number, e.last_error
+FROM agent.runs AS e
+WHERE e.parent_run_id IN (SELECT CAST(x.value AS BIGINT) FROM OPENJSON(:run_ids) AS x)
+ORDER BY e.parent_run_id, e.run_id;
+
+-- lock_starts --
+-- Queue mode, first in a chain that ends with the hand-on dispatch: the start lock before any row (a completion that locked its rows, then waited for the start lock, deadlocked with a start holding the start lock and waiting for one of those rows: a run's last executions lock the run itself).
+DECLARE @starts_locked INT;
+SELECT @starts_locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);

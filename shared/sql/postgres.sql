@@ -164,7 +164,7 @@ UPDATE agent.runs SET
                            || CAST(lapses + 1 AS VARCHAR) || ' of AGENT_MAX_LAPSES='
                            || CAST(CAST(:max_lapses AS INT) AS VARCHAR) || ')'
                       ELSE 'dispatch lease expired: the message was not picked up in time; dispatching again' END
-WHERE status IN ('queued', 'running') AND lease_expires_at < CAST(:now AS timestamp)
+WHERE status IN ('queued', 'running') AND lease_expires_at < CAST(:now AS timestamp) AND awaiting_targets = 0
 RETURNING run_id, job_name, kind, status, attempt, lapses, token, operation_id, scheduled_for,
           CASE WHEN last_error LIKE 'lease lapsed:%' THEN 1 ELSE 0 END AS was_running;
 
@@ -231,7 +231,7 @@ WHERE j.next_due_at = CAST(a.from_due AS timestamp) AND j.schedule = a.schedule 
 RETURNING j.job_name;
 
 -- dispatch_runs --
--- Queue mode: under the start lock, skip the slots that may not run, then hand the queue every due run that may start (task order, overlap 'queue', the cap counting runs executing or due on the queue) and every run due within the lookahead (a delayed message; it holds no place). Each gets a new token and a dispatch lease. (agent.dispatch_runs, a function of migration 0002: planned once per session.)
+-- Queue mode: under the start lock, skip the slots that may not run, then hand the queue every due run that may start (task order, overlap 'queue', the cap counting runs executing or due on the queue) and every run due within the lookahead (a delayed message; it holds no place). Each gets a new token and a dispatch lease. (agent.dispatch_runs, a function of migration 0002, replaced in 0006: planned once per session.)
 SELECT decision, run_id, token, job_name, kind, operation_id, scheduled_for, attempt, runnable_at, note
 FROM agent.dispatch_runs(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:max_concurrency AS INT), CAST(:lookahead_until AS TIMESTAMP), CAST(:ahead_limit AS INT), CAST(:dispatch_lease_seconds AS INT));
 
@@ -243,16 +243,14 @@ WHERE r.run_id = x.run_id AND r.token = x.token AND r.status = 'queued'
 RETURNING r.run_id;
 
 -- start_run --
--- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened. (agent.start_run, a function of migration 0002: planned once per session.)
-SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, r.step, r.steps
-FROM agent.start_run(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:max_concurrency AS INT), CAST(:run_id AS BIGINT), CAST(:token AS BIGINT), CAST(:worker AS VARCHAR), CAST(:dequeue_count AS INT)) AS c
-LEFT JOIN agent.runs AS r ON r.run_id = c.run_id;
+-- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened. (agent.start_run, a function of migration 0002, replaced in 0006: planned once per session.)
+SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds
+FROM agent.start_run(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:max_concurrency AS INT), CAST(:run_id AS BIGINT), CAST(:token AS BIGINT), CAST(:worker AS VARCHAR), CAST(:dequeue_count AS INT)) AS c;
 
 -- claim_runs --
--- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. (agent.claim_runs, a function of migration 0002: planned once per session.)
-SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, r.step, r.steps
+-- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. (agent.claim_runs, a function of migration 0002, replaced in 0006: planned once per session.)
+SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds
 FROM agent.claim_runs(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:batch AS INT), CAST(:max_concurrency AS INT), CAST(:worker AS VARCHAR)) AS c
-LEFT JOIN agent.runs AS r ON r.run_id = c.run_id
 ORDER BY c.runnable_at, c.run_id;
 
 -- next_runnable_at --
@@ -265,7 +263,7 @@ WHERE status = 'pending' AND runnable_at > CAST(:now AS timestamp);
 UPDATE agent.runs AS r SET heartbeat_at = CAST(:now AS timestamp),
     lease_expires_at = CAST(:now AS timestamp) + r.lease_seconds * INTERVAL '1 second'
 FROM json_to_recordset(CAST(:held AS json)) AS h(run_id BIGINT, token BIGINT)
-WHERE r.run_id = h.run_id AND r.token = h.token AND r.status = 'running'
+WHERE r.run_id = h.run_id AND r.token = h.token AND r.status = 'running' AND r.awaiting_targets = 0
 RETURNING r.run_id;
 
 -- reset_session --
@@ -354,7 +352,8 @@ RETURNING run_id;
 SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, task_order,
        attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
        runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
-       last_error_number, last_error, note, step, steps
+       last_error_number, last_error, note, step, steps, parent_run_id, parent_token, target_server,
+       retry_interval_seconds, awaiting_targets, targets_total, targets_failed
 FROM agent.runs WHERE run_id = :run_id;
 
 -- list_run_errors --
@@ -426,10 +425,10 @@ VALUES (NULL, 'task', CAST(:now AS timestamp), 'pending', :command, :target_data
 RETURNING run_id, status, operation_id;
 
 -- cancel_run --
--- Cancel a run not yet finished; the token bump fences a worker still running it (the lease renewal finds it gone and stops the work).
+-- Cancel a run not yet finished (a fleet's execution not yet let in too); the token bump fences a worker still running it (the lease renewal finds it gone and stops the work).
 UPDATE agent.runs SET status = 'cancelled', token = token + 1, finished_at = CAST(:now AS timestamp),
     lease_expires_at = NULL, note = 'cancelled by operator'
-WHERE run_id = :run_id AND status IN ('pending', 'queued', 'running')
+WHERE run_id = :run_id AND status IN ('pending', 'queued', 'running', 'waiting')
 RETURNING run_id;
 
 -- list_jobs --
@@ -438,10 +437,11 @@ SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j
        j.misfire, j.overlap, j.max_attempts, j.next_due_at,
        CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source, j.needs_planning,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
-       l.finished_at AS last_finished_at
+       l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
+       l.targets_failed AS last_targets_failed
 FROM agent.jobs j
 LEFT JOIN LATERAL (
-    SELECT r.run_id, r.status, r.scheduled_for, r.finished_at FROM agent.runs r
+    SELECT r.run_id, r.status, r.scheduled_for, r.finished_at, r.targets_total, r.targets_failed FROM agent.runs r
     WHERE r.job_name = j.job_name AND r.status NOT IN ('pending', 'queued')
     ORDER BY r.scheduled_for DESC, r.run_id DESC LIMIT 1) AS l ON TRUE
 ORDER BY j.job_name;
@@ -450,7 +450,7 @@ ORDER BY j.job_name;
 -- Runs, newest first, optionally of one job.
 SELECT run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
        created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id,
-       step, failed_step
+       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed
 FROM agent.runs
 WHERE (CAST(:job_name AS VARCHAR) IS NULL OR job_name = CAST(:job_name AS VARCHAR))
 ORDER BY run_id DESC LIMIT :limit;
@@ -558,10 +558,11 @@ ORDER BY run_id LIMIT :limit;
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
-       l.finished_at AS last_finished_at
+       l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
+       l.targets_failed AS last_targets_failed
 FROM agent.jobs j
 LEFT JOIN LATERAL (
-    SELECT r.run_id, r.status, r.scheduled_for, r.finished_at FROM agent.runs r
+    SELECT r.run_id, r.status, r.scheduled_for, r.finished_at, r.targets_total, r.targets_failed FROM agent.runs r
     WHERE r.job_name = j.job_name AND r.status NOT IN ('pending', 'queued')
     ORDER BY r.scheduled_for DESC, r.run_id DESC LIMIT 1) AS l ON TRUE
 WHERE j.job_name = CAST(:job_name AS VARCHAR);
@@ -574,17 +575,25 @@ SELECT pg_advisory_xact_lock(7428014) AS locked;
 -- Jobs defined in the database (agent.add_scheduled_job) and not removed: a settings job of the same name is refused.
 SELECT job_name FROM agent.jobs WHERE defined_in_database = 1 AND configured = 1 ORDER BY job_name;
 
+-- list_database_fleet_jobs --
+-- The valid jobs defined from T-SQL with fleet targets (agent.add_scheduled_job @targets), their one fleet step as planned: for doctor and grant-sql --targets.
+SELECT job_name, steps FROM agent.jobs
+WHERE defined_in_database = 1 AND configured = 1 AND valid = 1 AND needs_planning = 0 AND steps IS NOT NULL
+ORDER BY job_name;
+
 -- select_unplanned_jobs --
--- Jobs defined or changed in the database that wait for the engine to check their schedule and plan their first slot (the jobs_needs_planning index).
-SELECT job_name, schedule, timezone, enabled, updated_at
+-- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
+SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
+       requested_targets, requested_target_parallelism
 FROM agent.jobs WHERE needs_planning = 1 ORDER BY job_name;
 
 -- plan_jobs --
--- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at}) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
+-- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at, steps}; steps: a fleet job's one step, as the settings sync writes it) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
 UPDATE agent.jobs AS j SET needs_planning = 0, valid = p.valid, config_error = p.config_error,
-    next_due_at = CAST(p.next_due_at AS timestamp), advanced_at = CAST(:now AS timestamp)
+    next_due_at = CAST(p.next_due_at AS timestamp), advanced_at = CAST(:now AS timestamp), steps = p.steps
 FROM json_to_recordset(CAST(:plans AS json)) AS p(job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, enabled INT,
-                                                  updated_at VARCHAR, valid INT, config_error TEXT, next_due_at VARCHAR)
+                                                  updated_at VARCHAR, valid INT, config_error TEXT, next_due_at VARCHAR,
+                                                  steps TEXT)
 WHERE j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = CAST(p.updated_at AS timestamp)
   AND j.schedule = p.schedule AND j.timezone = p.timezone AND j.enabled = p.enabled
 RETURNING j.job_name, j.valid, j.config_error, j.next_due_at;
@@ -701,3 +710,51 @@ gone AS (
     DELETE FROM agent.notifications AS n USING old WHERE n.notification_id = old.notification_id
     RETURNING n.notification_id)
 SELECT 'notifications' AS purged, COUNT(*) AS rows_purged FROM gone;
+
+-- list_server_databases --
+-- Fleet targets: the databases of this server, for server: members and db: globs (templates excluded; resolved at every run).
+SELECT datname AS name FROM pg_catalog.pg_database WHERE NOT datistemplate ORDER BY datname;
+
+-- list_pool_databases --
+-- Fleet targets: the members of an elastic pool. PostgreSQL has no elastic pools (a pool: member is refused at sync); no rows.
+SELECT CAST(NULL AS VARCHAR) AS name WHERE CAST(:pool AS VARCHAR) IS NULL AND FALSE;
+
+-- fan_out_targets --
+-- A run reached a fleet step (fenced by its token): it waits for its targets (no lease, no worker slot) and one execution per target database is created in one statement (a JSON array of {n, target_server, target_database}, n from 1), the first :parallelism runnable now, the others waiting for the window. No row back: the lease was taken over; roll back.
+WITH p AS (
+    UPDATE agent.runs SET awaiting_targets = 1, lease_expires_at = NULL, heartbeat_at = CAST(:now AS timestamp),
+        target_parallelism = CAST(:parallelism AS INT),
+        next_step_on_success = CAST(:next_on_success AS INT), next_step_on_failure = CAST(:next_on_failure AS INT),
+        targets_total = COALESCE(targets_total, 0) + CAST(:target_count AS INT), targets_failed = COALESCE(targets_failed, 0)
+    WHERE run_id = :run_id AND token = :token AND status = 'running'
+    RETURNING run_id, token, operation_id, lease_seconds),
+created AS (
+    INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, target_server, overlap,
+                            max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at, operation_id, note,
+                            parent_run_id, parent_token, retry_interval_seconds, step)
+    SELECT NULL, 'target', CAST(:now AS timestamp),
+           CASE WHEN t.n <= CAST(:parallelism AS INT) THEN 'pending' ELSE 'waiting' END,
+           CAST(:command AS TEXT), t.target_database, t.target_server, 'allow', CAST(:max_attempts AS INT),
+           CAST(:timeout_seconds AS INT), p.lease_seconds, CAST(:now AS timestamp), CAST(:now AS timestamp),
+           p.operation_id, 'target of run ' || p.run_id || ', step ' || CAST(:step AS INT), p.run_id, p.token,
+           CAST(:retry_interval_seconds AS INT), CAST(:step AS INT)
+    FROM p CROSS JOIN json_to_recordset(CAST(:targets AS json)) AS t(n INT, target_server VARCHAR, target_database VARCHAR)
+    RETURNING run_id)
+SELECT p.run_id, (SELECT COUNT(*) FROM created) AS created FROM p;
+
+-- progress_fleets --
+-- After an execution ended (:parent_run_id its run, :run_id at :token the execution, in the transaction that ends it) or at every tick (all NULL: every run waiting for its targets): the next waiting execution takes the ended one's place (no lock on the run); when none waits, and at ticks: cancel the executions of runs that no longer wait for them, let waiting executions in up to TARGET_PARALLELISM, and move on each run whose executions all ended (its next step runnable now, or its end). (agent.progress_fleets, a function of migration 0006: its statements run one after the other, the tail's under the runs' row locks.)
+SELECT run_id, job_name, status, step, targets_total, targets_failed, last_error, operation_id
+FROM agent.progress_fleets(CAST(:parent_run_id AS BIGINT), CAST(:run_id AS BIGINT), CAST(:token AS BIGINT), CAST(:now AS TIMESTAMP));
+
+-- list_run_targets --
+-- Fleet runs: the executions (one per target database and visit of a fleet step) of the runs in a JSON array of run ids, in one query whatever the number of runs and targets (history, the job and run pages; the runs_parent index serves it).
+SELECT e.parent_run_id, e.parent_token, e.run_id, e.step, e.target_server, e.target_database, e.status, e.attempt,
+       e.max_attempts, e.started_at, e.finished_at, e.last_error_number, e.last_error
+FROM agent.runs e
+WHERE e.parent_run_id IN (SELECT CAST(x.value AS BIGINT) FROM json_array_elements_text(CAST(:run_ids AS json)) AS x(value))
+ORDER BY e.parent_run_id, e.run_id;
+
+-- lock_starts --
+-- Queue mode, first in a chain that ends with the hand-on dispatch: the start lock before any row (a completion that locked its rows, then waited for the start lock, deadlocked with a start holding the start lock and waiting for one of those rows: a run's last executions lock the run itself).
+LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;

@@ -167,7 +167,7 @@ UPDATE agent_runs SET
                       THEN 'lease lapsed: worker ' || COALESCE(worker, '?') || ' stopped renewing its lease (lapse '
                            || CAST(lapses + 1 AS TEXT) || ' of AGENT_MAX_LAPSES=' || CAST(:max_lapses AS TEXT) || ')'
                       ELSE 'dispatch lease expired: the message was not picked up in time; dispatching again' END
-WHERE status IN ('queued', 'running') AND lease_expires_at < :now
+WHERE status IN ('queued', 'running') AND lease_expires_at < :now AND awaiting_targets = 0
 RETURNING run_id, job_name, kind, status, attempt, lapses, token, operation_id, scheduled_for,
           CASE WHEN last_error LIKE 'lease lapsed:%' THEN 1 ELSE 0 END AS was_running;
 
@@ -280,7 +280,7 @@ WHERE run_id IN (
                                 OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
         ORDER BY c.runnable_at, c.run_id
         LIMIT max(0, :max_concurrency - (
-            (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'running')
+            (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'running' AND f.awaiting_targets = 0)
             + (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'queued' AND f.runnable_at <= :now))))
     UNION ALL
     SELECT run_id FROM (
@@ -326,7 +326,7 @@ SELECT r.run_id,
                         OR (o.status IN ('pending', 'queued')
                             AND (o.scheduled_for < r.scheduled_for
                                  OR (o.scheduled_for = r.scheduled_for AND o.run_id < r.run_id))))) THEN 'held-overlap'
-            WHEN (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'running') >= :max_concurrency THEN 'held-cap'
+            WHEN (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'running' AND f.awaiting_targets = 0) >= :max_concurrency THEN 'held-cap'
             ELSE 'start' END
 FROM agent_runs AS r
 WHERE r.run_id = :run_id AND r.token = :token AND r.status = 'queued';
@@ -359,7 +359,8 @@ FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id
 WHERE d.decision = 'start';
 SELECT d.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
        r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
-       r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note, r.step, r.steps
+       r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note, r.step, r.steps, r.parent_run_id,
+       r.parent_token, r.target_server, r.retry_interval_seconds
 FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id;
 
 -- claim_runs --
@@ -393,7 +394,8 @@ WHERE status = 'pending' AND runnable_at <= :now AND job_name IS NOT NULL
                               OR julianday(agent_runs.scheduled_for) + j.grace_seconds / 86400.0 < julianday(:now))))))
 RETURNING 'skipped' AS decision, run_id, job_name, kind, command, target_database, attempt, failures,
           max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds,
-          operation_id, scheduled_for, runnable_at, started_at, note, step, steps;
+          operation_id, scheduled_for, runnable_at, started_at, note, step, steps, parent_run_id, parent_token,
+          target_server, retry_interval_seconds;
 INSERT INTO temp.agent_decisions (run_id, decision)
 SELECT run_id, 'start' FROM (
     SELECT c.run_id FROM agent_runs c
@@ -411,7 +413,7 @@ SELECT run_id, 'start' FROM (
                             OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
     ORDER BY c.runnable_at, c.run_id
     LIMIT min(:batch, max(0, :max_concurrency - (
-        (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'running')
+        (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'running' AND f.awaiting_targets = 0)
         + (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'queued' AND f.runnable_at <= :now)))));
 UPDATE agent_runs SET
     status = 'running',
@@ -429,7 +431,8 @@ SELECT r.run_id, r.attempt, r.token, :worker, NULL, :now, 'running'
 FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id;
 SELECT d.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
        r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
-       r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note, r.step, r.steps
+       r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note, r.step, r.steps, r.parent_run_id,
+       r.parent_token, r.target_server, r.retry_interval_seconds
 FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id
 ORDER BY r.runnable_at, r.run_id;
 
@@ -444,6 +447,7 @@ UPDATE agent_runs SET heartbeat_at = :now,
 FROM (SELECT json_extract(x.value, '$.run_id') AS run_id, json_extract(x.value, '$.token') AS token
       FROM json_each(:held) AS x) AS h
 WHERE agent_runs.run_id = h.run_id AND agent_runs.token = h.token AND agent_runs.status = 'running'
+  AND agent_runs.awaiting_targets = 0
 RETURNING agent_runs.run_id;
 
 -- reset_session --
@@ -520,7 +524,8 @@ RETURNING run_id;
 SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, task_order,
        attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
        runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
-       last_error_number, last_error, note, step, steps
+       last_error_number, last_error, note, step, steps, parent_run_id, parent_token, target_server,
+       retry_interval_seconds, awaiting_targets, targets_total, targets_failed
 FROM agent_runs WHERE run_id = :run_id;
 
 -- list_run_errors --
@@ -591,10 +596,10 @@ VALUES (NULL, 'task', :now, 'pending', :command, :target_database, :task_order,
 RETURNING run_id, status, operation_id;
 
 -- cancel_run --
--- Cancel a run not yet finished; the token bump fences a worker still running it (the lease renewal finds it gone and stops the work).
+-- Cancel a run not yet finished (a fleet's execution not yet let in too); the token bump fences a worker still running it (the lease renewal finds it gone and stops the work).
 UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = :now,
     lease_expires_at = NULL, note = 'cancelled by operator'
-WHERE run_id = :run_id AND status IN ('pending', 'queued', 'running')
+WHERE run_id = :run_id AND status IN ('pending', 'queued', 'running', 'waiting')
 RETURNING run_id;
 
 -- list_jobs --
@@ -603,7 +608,8 @@ SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j
        j.misfire, j.overlap, j.max_attempts, j.next_due_at,
        CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source, j.needs_planning,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
-       l.finished_at AS last_finished_at
+       l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
+       l.targets_failed AS last_targets_failed
 FROM agent_jobs j
 LEFT JOIN agent_runs l ON l.run_id = (
     SELECT r.run_id FROM agent_runs r
@@ -615,7 +621,7 @@ ORDER BY j.job_name;
 -- Runs, newest first, optionally of one job.
 SELECT run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
        created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id,
-       step, failed_step
+       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed
 FROM agent_runs
 WHERE (:job_name IS NULL OR job_name = :job_name)
 ORDER BY run_id DESC LIMIT :limit;
@@ -711,7 +717,8 @@ ORDER BY run_id LIMIT :limit;
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
-       l.finished_at AS last_finished_at
+       l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
+       l.targets_failed AS last_targets_failed
 FROM agent_jobs j
 LEFT JOIN agent_runs l ON l.run_id = (
     SELECT r.run_id FROM agent_runs r
@@ -727,16 +734,24 @@ SELECT 1 AS locked;
 -- Jobs defined in the database (agent.add_scheduled_job) and not removed: a settings job of the same name is refused.
 SELECT job_name FROM agent_jobs WHERE defined_in_database = 1 AND configured = 1 ORDER BY job_name;
 
+-- list_database_fleet_jobs --
+-- The valid jobs defined from T-SQL with fleet targets (agent.add_scheduled_job @targets), their one fleet step as planned: for doctor and grant-sql --targets.
+SELECT job_name, steps FROM agent_jobs
+WHERE defined_in_database = 1 AND configured = 1 AND valid = 1 AND needs_planning = 0 AND steps IS NOT NULL
+ORDER BY job_name;
+
 -- select_unplanned_jobs --
--- Jobs defined or changed in the database that wait for the engine to check their schedule and plan their first slot (the jobs_needs_planning index).
-SELECT job_name, schedule, timezone, enabled, updated_at
+-- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
+SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
+       requested_targets, requested_target_parallelism
 FROM agent_jobs WHERE needs_planning = 1 ORDER BY job_name;
 
 -- plan_jobs --
--- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at}) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
+-- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at, steps}; steps: a fleet job's one step, as the settings sync writes it) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
 UPDATE agent_jobs SET needs_planning = 0, valid = json_extract(p.value, '$.valid'),
     config_error = json_extract(p.value, '$.config_error'),
-    next_due_at = json_extract(p.value, '$.next_due_at'), advanced_at = :now
+    next_due_at = json_extract(p.value, '$.next_due_at'), advanced_at = :now,
+    steps = json_extract(p.value, '$.steps')
 FROM json_each(:plans) AS p
 WHERE agent_jobs.job_name = json_extract(p.value, '$.job_name') AND agent_jobs.needs_planning = 1
   AND agent_jobs.updated_at = json_extract(p.value, '$.updated_at')
@@ -845,3 +860,120 @@ DELETE FROM agent_notifications WHERE notification_id IN (
     WHERE status IN ('sent', 'failed') AND next_attempt_at < :history_before
     ORDER BY notification_id LIMIT :batch)
 RETURNING 'notifications' AS purged, 1 AS rows_purged;
+
+-- list_server_databases --
+-- Fleet targets are refused on the embedded database (no server to list); no rows.
+SELECT name FROM pragma_database_list WHERE 1 = 0;
+
+-- list_pool_databases --
+-- Fleet targets are refused on the embedded database; no rows.
+SELECT name FROM pragma_database_list WHERE 1 = 0 AND :pool IS NULL;
+
+-- fan_out_targets --
+-- Fleet targets are refused on the embedded database at sync; kept for parity with the servers: the run waits for its targets and one execution per target database is created (a JSON array of {n, target_server, target_database}), the first :parallelism runnable now. No row back: the lease was taken over.
+UPDATE agent_runs SET awaiting_targets = 1, lease_expires_at = NULL, heartbeat_at = :now,
+    target_parallelism = :parallelism, next_step_on_success = :next_on_success,
+    next_step_on_failure = :next_on_failure, targets_total = COALESCE(targets_total, 0) + :target_count,
+    targets_failed = COALESCE(targets_failed, 0)
+WHERE run_id = :run_id AND token = :token AND status = 'running';
+INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, target_server, overlap,
+                        max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at, operation_id, note,
+                        parent_run_id, parent_token, retry_interval_seconds, step)
+SELECT NULL, 'target', :now,
+       CASE WHEN json_extract(t.value, '$.n') <= :parallelism THEN 'pending' ELSE 'waiting' END,
+       :command, json_extract(t.value, '$.target_database'), json_extract(t.value, '$.target_server'), 'allow',
+       :max_attempts, :timeout_seconds, p.lease_seconds, :now, :now, p.operation_id,
+       'target of run ' || p.run_id || ', step ' || :step, p.run_id, p.token, :retry_interval_seconds, :step
+FROM agent_runs AS p, json_each(:targets) AS t
+WHERE p.run_id = :run_id AND p.token = :token AND p.status = 'running' AND p.awaiting_targets = 1
+  AND NOT EXISTS (SELECT 1 FROM agent_runs AS x WHERE x.parent_run_id = p.run_id AND x.parent_token = p.token);
+SELECT p.run_id, (SELECT COUNT(*) FROM agent_runs AS c WHERE c.parent_run_id = p.run_id AND c.parent_token = p.token) AS created
+FROM agent_runs AS p
+WHERE p.run_id = :run_id AND p.token = :token AND p.status = 'running' AND p.awaiting_targets = 1;
+
+-- progress_fleets --
+-- Fleet targets are refused on the embedded database at sync; kept for parity with the servers (SQLite's single writer serialises it): the next waiting execution takes the place of the one that ended (:run_id at :token), then cancel the executions of runs that no longer wait for them, let waiting executions in up to TARGET_PARALLELISM, and move on each run whose executions all ended.
+UPDATE agent_runs SET status = 'pending', runnable_at = :now
+WHERE run_id = (
+    SELECT x.run_id
+    FROM agent_runs AS e
+    JOIN agent_runs AS p ON p.run_id = e.parent_run_id AND p.token = e.parent_token
+                        AND p.awaiting_targets = 1 AND p.status = 'running'
+    JOIN agent_runs AS x ON x.parent_run_id = e.parent_run_id AND x.parent_token = e.parent_token
+                        AND x.status = 'waiting'
+    WHERE e.run_id = :run_id AND e.token = :token AND e.status IN ('succeeded', 'failed', 'poisoned')
+    ORDER BY x.run_id LIMIT 1)
+  AND status = 'waiting';
+UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = :now, lease_expires_at = NULL,
+    note = 'cancelled: its run no longer waits for its targets'
+WHERE parent_run_id IS NOT NULL AND (:parent_run_id IS NULL OR parent_run_id = :parent_run_id)
+  AND status IN ('waiting', 'pending', 'queued', 'running')
+  AND EXISTS (SELECT 1 FROM agent_runs AS p WHERE p.run_id = agent_runs.parent_run_id
+                AND (p.awaiting_targets = 0 OR p.status <> 'running' OR p.token <> agent_runs.parent_token));
+UPDATE agent_runs SET awaiting_targets = 0
+WHERE awaiting_targets = 1 AND status <> 'running' AND (:parent_run_id IS NULL OR run_id = :parent_run_id);
+UPDATE agent_runs SET status = 'pending', runnable_at = :now
+WHERE status = 'waiting' AND run_id IN (
+    SELECT w.run_id FROM agent_runs AS w JOIN agent_runs AS p ON p.run_id = w.parent_run_id AND p.token = w.parent_token
+    WHERE w.status = 'waiting' AND p.awaiting_targets = 1 AND p.status = 'running'
+      AND (:parent_run_id IS NULL OR p.run_id = :parent_run_id)
+      AND (SELECT COUNT(*) FROM agent_runs AS e WHERE e.parent_run_id = p.run_id AND e.parent_token = p.token
+             AND e.status = 'waiting' AND e.run_id < w.run_id)
+          < p.target_parallelism - (SELECT COUNT(*) FROM agent_runs AS f WHERE f.parent_run_id = p.run_id
+                                      AND f.parent_token = p.token AND f.status IN ('pending', 'queued', 'running')));
+CREATE TEMP TABLE IF NOT EXISTS agent_fleet_verdicts (run_id INTEGER PRIMARY KEY, token INTEGER, at_step INTEGER,
+    total INTEGER, failed INTEGER, next_step INTEGER, summary TEXT);
+DELETE FROM temp.agent_fleet_verdicts;
+INSERT INTO temp.agent_fleet_verdicts (run_id, token, at_step, total, failed, next_step, summary)
+SELECT v.run_id, v.token, v.at_step, v.total, v.failed,
+       CASE WHEN v.failed = 0 THEN v.on_success ELSE v.on_failure END,
+       CASE WHEN v.failed = 0 THEN NULL ELSE
+            'step ' || v.at_step || ': ' || v.failed || ' of ' || v.total || ' target(s) failed: '
+            || (SELECT group_concat(name, ', ') FROM (
+                    SELECT COALESCE(f.target_server || '/', '') || f.target_database || ' (' || f.status || ')' AS name
+                    FROM agent_runs AS f
+                    WHERE f.parent_run_id = v.run_id AND f.parent_token = v.token AND f.status <> 'succeeded'
+                    ORDER BY f.target_server, f.target_database LIMIT 20))
+            || CASE WHEN v.failed > 20 THEN ', ...' ELSE '' END END
+FROM (SELECT p.run_id, p.token, p.step AS at_step, p.next_step_on_success AS on_success,
+             p.next_step_on_failure AS on_failure, COUNT(c.run_id) AS total,
+             COALESCE(SUM(CASE WHEN c.status <> 'succeeded' THEN 1 ELSE 0 END), 0) AS failed,
+             SUM(CASE WHEN c.status IN ('waiting', 'pending', 'queued', 'running') THEN 1 ELSE 0 END) AS still_open
+      FROM agent_runs AS p
+      LEFT JOIN agent_runs AS c ON c.parent_run_id = p.run_id AND c.parent_token = p.token
+      WHERE p.awaiting_targets = 1 AND p.status = 'running' AND (:parent_run_id IS NULL OR p.run_id = :parent_run_id)
+      GROUP BY p.run_id, p.token, p.step, p.next_step_on_success, p.next_step_on_failure) AS v
+WHERE COALESCE(v.still_open, 0) = 0;
+UPDATE agent_attempts SET outcome = CASE WHEN v.failed = 0 THEN 'succeeded' ELSE 'failed' END,
+    finished_at = :now, error_message = v.summary,
+    output = v.total || ' target(s): ' || (v.total - v.failed) || ' succeeded, ' || v.failed || ' failed'
+FROM temp.agent_fleet_verdicts AS v
+WHERE agent_attempts.run_id = v.run_id AND agent_attempts.token = v.token AND agent_attempts.outcome = 'running';
+UPDATE agent_runs SET
+    awaiting_targets = 0,
+    status = CASE WHEN v.next_step > 0 THEN 'pending' WHEN v.next_step = 0 THEN 'succeeded' ELSE 'failed' END,
+    step = CASE WHEN v.next_step > 0 THEN v.next_step ELSE agent_runs.step END,
+    failures = 0,
+    runnable_at = :now,
+    lease_expires_at = NULL,
+    finished_at = CASE WHEN v.next_step > 0 THEN NULL ELSE :now END,
+    failed_step = CASE WHEN v.failed > 0 THEN v.at_step ELSE agent_runs.failed_step END,
+    targets_failed = COALESCE(agent_runs.targets_failed, 0) + v.failed,
+    last_error = v.summary,
+    last_error_number = NULL
+FROM temp.agent_fleet_verdicts AS v
+WHERE agent_runs.run_id = v.run_id AND agent_runs.token = v.token
+RETURNING agent_runs.run_id, agent_runs.job_name, agent_runs.status, agent_runs.step, agent_runs.targets_total,
+          agent_runs.targets_failed, agent_runs.last_error, agent_runs.operation_id;
+
+-- list_run_targets --
+-- Fleet runs: the executions (one per target database and visit of a fleet step) of the runs in a JSON array of run ids, in one query whatever the number of runs and targets (history, the job and run pages; the runs_parent index serves it).
+SELECT e.parent_run_id, e.parent_token, e.run_id, e.step, e.target_server, e.target_database, e.status, e.attempt,
+       e.max_attempts, e.started_at, e.finished_at, e.last_error_number, e.last_error
+FROM agent_runs e
+WHERE e.parent_run_id IN (SELECT CAST(x.value AS INTEGER) FROM json_each(:run_ids) AS x)
+ORDER BY e.parent_run_id, e.run_id;
+
+-- lock_starts --
+-- The start lock: SQLite's write lock (BEGIN IMMEDIATE) already serialises every writer; nothing to take.
+UPDATE agent_start_lock SET lock_id = lock_id WHERE 1 = 0;
