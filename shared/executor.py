@@ -332,6 +332,11 @@ class Executor:
                                                setting=f"STEPS__{step.step}__TARGETS")
             except Exception as exc:
                 info = classify(exc)
+                if isinstance(exc, ConnectError) and info.kind == "transient":
+                    # A server that still cannot be reached after AGENT_CONNECT_RETRY_SECONDS of
+                    # retries: the step's attempt fails (retried per its policy), as a target's
+                    # execution does, rather than burning deliveries into poison.
+                    info = replace(info, kind="permanent")
                 return self._failed(run, body, dequeue_count, message_id,
                                     (info.kind, info.number, info.sqlstate,
                                      f"resolving the targets ({step.targets}): {info.message}"),

@@ -19,6 +19,7 @@ from shared.config import parse_jobs
 from shared.db import connector
 from tests.conftest import (MSSQL_BASE, execute, fresh_database, make_agent, mssql_connection, pg_admin_connection,
                             query, work)
+from tests.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
 from tests.memory_queue import MemoryQueue
 
 UTC = timezone.utc
@@ -642,3 +643,101 @@ def test_a_target_connection_terminated_mid_execution_is_retried_without_spendin
     assert outcomes == ["transient", "succeeded"], outcomes
     assert agent.store().execute("get_run", run_id=run_id).one()["status"] == "succeeded"
     assert fleet.marks(agent, cut) == [1]
+
+
+# ---------------------------------------------------------------- telemetry
+
+
+def test_every_execution_event_names_its_database_under_the_runs_operation(fleet, control, appinsights_endpoint):
+    """What the real exporter posts: the fan-out (TargetsResolved), each execution's events with
+    target_database and parent_run_id under the run's operation id (its parent too), and the
+    run's own end with the counts."""
+    from tests.test_engine_telemetry import _named, _op, _props
+
+    names = fleet.create("t0", "t1", "t2")
+    fleet.create("u0")                                  # not a target
+    agent = make_agent(control, {"tele": {"SCHEDULE": "0 0 3 * * *", "TARGETS": f"db:{fleet.prefix}_t*",
+                                          "COMMAND": "SELECT 1"}},
+                       APPLICATIONINSIGHTS_CONNECTION_STRING=appinsights_endpoint.connection_string)
+    agent.tick(datetime.now(UTC))
+    run_id = run_now(agent, "tele")
+    work(agent, concurrency=3, max_seconds=60)
+    agent.telemetry.flush()
+    run = agent.store().execute("get_run", run_id=run_id).one()
+    assert run["status"] == "succeeded", run
+    operation = run["operation_id"]
+    events = appinsights_endpoint.events()
+
+    (resolved,) = _named(events, "TargetsResolved")
+    assert _op(resolved) == operation and _props(resolved)["run_id"] == str(run_id)
+    assert _props(resolved)["targets"] == "3" and _props(resolved)["target_parallelism"] == "8"
+    for name in ("RunStarted", "RunSucceeded"):
+        executions_seen = [e for e in _named(events, name) if _props(e).get("target_database")]
+        assert sorted(_props(e)["target_database"] for e in executions_seen) == sorted(names), name
+        for envelope in executions_seen:
+            assert _props(envelope)["parent_run_id"] == str(run_id)
+            assert _props(envelope)["target_server"] == ""             # the agent's own server
+            assert _props(envelope)["run_id"] != str(run_id)          # an execution's own id
+            assert _op(envelope) == operation
+            assert envelope["tags"]["ai.operation.parentId"] == operation
+    (ended,) = [e for e in _named(events, "RunSucceeded") if _props(e)["run_id"] == str(run_id)]
+    assert _op(ended) == operation and _props(ended)["targets"] == "3" and _props(ended)["targets_failed"] == "0"
+
+
+# ---------------------------------------------------------------- the listings (conformance)
+
+
+def test_the_server_listing_names_its_databases_without_the_system_ones(fleet, control):
+    """list_server_databases as resolution runs it (PostgreSQL: pg_database from the control
+    database; SQL Server / Azure SQL: sys.databases in master), and list_pool_databases on SQL
+    Server: the members of a pool on Azure SQL, one clear error where there are no pools."""
+    from shared.fleet import list_databases
+
+    names = fleet.create("l0", "l1")
+    agent = make_agent(control)
+    listed = list_databases("server", None, None, dialect=fleet.dialect, control_store=agent.store,
+                            target_store=agent.target_store)
+    assert set(names) <= set(listed) and len(listed) == len(set(listed))
+    if fleet.dialect == "postgres":
+        assert not {"template0", "template1"} & set(listed) and "postgres" in listed
+        return
+    assert not {"master", "tempdb", "model", "msdb"} & {name.lower() for name in listed}
+    store = agent.target_store("master")
+    try:
+        rows = store.execute("list_pool_databases", pool=f"{fleet.prefix}_no_such_pool").rows
+    except Exception as exc:            # SQL Server outside Azure: no sys.database_service_objectives
+        assert "51400" in str(exc) and "no elastic pools" in str(exc), exc
+    else:                               # Azure SQL Database: a pool nobody has has no members
+        assert rows == []
+    finally:
+        store.close()
+
+
+def test_a_glob_on_a_named_server_is_listed_there_and_an_unreachable_server_fails_its_run_alone(fleet, control):
+    """db:<server>/<glob> lists that server (the agent's credentials, another Server=); a
+    server: member whose server refuses the connection fails the attempt, with the error, and
+    the other fleet job runs."""
+    if fleet.dialect != "postgres":
+        pytest.skip("the named server is 127.0.0.1:5432, this machine's PostgreSQL")
+    from tests.azurite import free_loopback_port
+
+    names = fleet.create("r0", "r1")
+    closed = free_loopback_port()
+    agent = make_agent(control, {
+        "named": {"SCHEDULE": "0 0 3 * * *", "TARGETS": f"db:127.0.0.1:5432/{fleet.prefix}_r*",
+                  "COMMAND": mark_sql(fleet.dialect)},
+        "gone": {"SCHEDULE": "0 0 3 * * *", "TARGETS": f"server:127.0.0.1:{closed}", "COMMAND": "SELECT 1",
+                 "MAX_ATTEMPTS": "1"}}, AGENT_CONNECT_RETRY_SECONDS="1")
+    agent.tick(datetime.now(UTC))
+    named, gone = run_now(agent, "named"), run_now(agent, "gone")
+    work(agent, concurrency=4, max_seconds=60)
+    assert agent.store().execute("get_run", run_id=named).one()["status"] == "succeeded"
+    done = executions(agent, named)
+    assert set(done) == set(names) and {e["status"] for e in done.values()} == {"succeeded"}
+    assert query(agent, f"SELECT DISTINCT target_server FROM agent.runs WHERE parent_run_id = {named}") == [
+        ("127.0.0.1:5432",)]
+    for name in names:
+        assert fleet.marks(agent, name) == [1]
+    run = agent.store().execute("get_run", run_id=gone).one()
+    assert run["status"] == "failed" and executions(agent, gone) == {}
+    assert "resolving the targets (server:127.0.0.1:" in run["last_error"] and str(closed) in run["last_error"]
