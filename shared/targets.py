@@ -35,6 +35,10 @@ MAX_PARALLELISM = 1000
 _DB_PATTERN = re.compile(r"^[A-Za-z0-9_\-*?\[\]!]{1,128}$")
 _SERVER_PATTERN = re.compile(r"^[A-Za-z0-9_.\-:,]{1,253}$")
 _POOL_PATTERN = re.compile(r"^[A-Za-z0-9_.\- ]{1,128}$")
+# Members are separated by commas, but a SQL Server address has one too (host,port or
+# tcp:host,port): a comma followed by a port number (then '/', another comma or the end) belongs
+# to the server, since no member starts with a digit.
+_MEMBER_SEPARATOR = re.compile(r",(?!\s*\d+\s*(?:/|,|$))")
 EXPECTED = ("a comma list of db:<name>, db:<server>/<name>, server:<server> or pool:<server>/<pool> "
             "(globs * ? [..] in db names; a leading - excludes)")
 # Databases a server: member never includes (the system databases of SQL Server).
@@ -73,7 +77,7 @@ class Target:
 
 def parse_targets(setting: str, raw: str) -> tuple[TargetMember, ...]:
     """The members of a TARGETS setting; ConfigError naming the first bad member."""
-    items = [item.strip() for item in raw.split(",")]
+    items = [re.sub(r"\s*,\s*", ",", item.strip()) for item in _MEMBER_SEPARATOR.split(raw)]
     if not any(items):
         raise ConfigError(setting, raw, EXPECTED)
     members: list[TargetMember] = []
@@ -149,6 +153,8 @@ def needs_listing(members: Iterable[TargetMember]) -> list[tuple[str, str | None
     for member in members:
         if member.kind == "db" and not member.is_pattern:
             continue
+        if member.exclude and member.kind != "pool":
+            continue     # it filters what the others name; only a pool's members must be listed
         key = ("pool", member.server, member.name) if member.kind == "pool" else ("server", member.server, None)
         if key not in wanted:
             wanted.append(key)
