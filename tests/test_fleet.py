@@ -741,3 +741,67 @@ def test_a_glob_on_a_named_server_is_listed_there_and_an_unreachable_server_fail
     run = agent.store().execute("get_run", run_id=gone).one()
     assert run["status"] == "failed" and executions(agent, gone) == {}
     assert "resolving the targets (server:127.0.0.1:" in run["last_error"] and str(closed) in run["last_error"]
+
+
+# ---------------------------------------------------------------- several processes
+
+
+def test_three_agent_processes_keep_one_runs_window_and_run_each_database_once(fleet, control):
+    """Three agents (`run`, two workers each, AGENT_MAX_CONCURRENCY 10, the same settings) on
+    one fleet run of 12 databases at TARGET_PARALLELISM 3: the window is shared across processes
+    (never more than 3 executing, measured in the target databases themselves), the processes
+    share the executions, and each database runs once."""
+    from tests.chaos.faults import clean_env, kill9, start_cli, wait_until
+    from tests.conftest import job_env
+
+    names = fleet.create(*[f"m{i:02d}" for i in range(12)])
+    if fleet.dialect == "postgres":
+        command = ("CREATE TABLE spans (started TIMESTAMPTZ, ended TIMESTAMPTZ); "
+                   "INSERT INTO spans VALUES (clock_timestamp(), NULL); SELECT pg_sleep(0.3); "
+                   "UPDATE spans SET ended = clock_timestamp()")
+    else:
+        command = ("CREATE TABLE dbo.spans (started DATETIME2, ended DATETIME2); DECLARE @s DATETIME2 = SYSUTCDATETIME(); "
+                   "WAITFOR DELAY '00:00:00.300'; INSERT INTO dbo.spans VALUES (@s, SYSUTCDATETIME())")
+    jobs = {"shared": {"SCHEDULE": "0 0 3 * * *", "TARGETS": f"db:{fleet.prefix}_m*", "COMMAND": command,
+                       "TARGET_PARALLELISM": "3", "MAX_ATTEMPTS": "1"}}
+    settings = {"AGENT_MAX_CONCURRENCY": "10", "AGENT_POLL_SECONDS": "1"}
+    agent = make_agent(control, jobs, **settings)
+    agent.tick(datetime.now(UTC))
+    env = clean_env(**job_env(jobs, **settings))
+    # Two workers each: six in all for a window of three (a worker that ends an execution takes
+    # the one it let in itself, so more per process would let one process keep them all).
+    agents = [start_cli(control, "run", "--concurrency", "2", env=env) for _ in range(3)]
+    try:
+        time.sleep(3)                                   # all three up and polling
+        assert [process.poll() for process in agents] == [None, None, None]
+        run_id = run_now(agent, "shared")
+        wait_until(lambda: agent.store().execute("get_run", run_id=run_id).one()["status"] != "running"
+                   and agent.store().execute("get_run", run_id=run_id).one()["status"] != "pending", 90,
+                   "the fleet run ends")
+    finally:
+        for process in agents:
+            kill9(process)
+    run = agent.store().execute("get_run", run_id=run_id).one()
+    assert run["status"] == "succeeded" and run["targets_total"] == 12, run
+    spans = []
+    for name in names:
+        connection = connector(agent.target, name)()
+        try:
+            cursor = connection.cursor()
+            cursor.execute("SELECT started, ended FROM spans")
+            rows = cursor.fetchall()
+        finally:
+            connection.close()
+        assert len(rows) == 1, (name, rows)           # once each (a second CREATE TABLE would have failed too)
+        spans += [(row[0], row[1]) for row in rows]
+    points = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda p: (p[0], p[1]))
+    at_once = peak = 0
+    for _, change in points:
+        at_once += change
+        peak = max(peak, at_once)
+    assert 2 <= peak <= 3, spans
+    assert {e["status"] for e in executions(agent, run_id).values()} == {"succeeded"}
+    # The worker names carry the process id: the executions were shared between processes.
+    workers_seen = query(agent, "SELECT DISTINCT a.worker FROM agent.attempts a JOIN agent.runs r "
+                                f"ON r.run_id = a.run_id WHERE r.parent_run_id = {int(run_id)}")
+    assert len({worker for (worker,) in workers_seen}) >= 2, workers_seen
