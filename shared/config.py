@@ -632,7 +632,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
             webhook = _webhook_setting(setting("NOTIFY_WEBHOOK_URL"), value("NOTIFY_WEBHOOK_URL"))
         except ConfigError as exc:
             errors.append(str(exc))
-    targets = parallelism = None
+    targets = None
     if value("TARGETS") is not None:
         from .targets import describe_members, parse_targets
 

@@ -136,15 +136,12 @@ def job_fleet(agent: Any, name: str) -> list[FleetStep]:
             raise UsageError(f"--targets {name}: no valid job named {name!r} with fleet targets in the settings or "
                              f"defined from T-SQL (jobs with fleet targets: {', '.join(fleets) or 'none'})")
         steps = defined_in_database[name]
-        problem = dialect_problem([m for s in steps for m in s.members], agent.target.dialect)
-        if problem:
-            raise UsageError(f"--targets {name}: {problem} (the control database is {agent.target.display})")
-        return steps
-    steps = fleet_steps(job)
-    if not steps:
-        raise UsageError(f"--targets {name}: job {name!r} has no fleet step (expected JOB__{name}__TARGETS or "
-                         f"JOB__{name}__STEPS__<n>__TARGETS; it runs in "
-                         f"{'database ' + repr(job.database) if job.database else 'the control database'})")
+    else:
+        steps = fleet_steps(job)
+        if not steps:
+            raise UsageError(f"--targets {name}: job {name!r} has no fleet step (expected JOB__{name}__TARGETS or "
+                             f"JOB__{name}__STEPS__<n>__TARGETS; it runs in "
+                             f"{'database ' + repr(job.database) if job.database else 'the control database'})")
     problem = dialect_problem([m for s in steps for m in s.members], agent.target.dialect)
     if problem:
         raise UsageError(f"--targets {name}: {problem} (the control database is {agent.target.display})")

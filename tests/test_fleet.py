@@ -713,13 +713,28 @@ def test_the_server_listing_names_its_databases_without_the_system_ones(fleet, c
         store.close()
 
 
-def test_a_glob_on_a_named_server_is_listed_there_and_an_unreachable_server_fails_its_run_alone(fleet, control):
+@pytest.fixture
+def pg_fleet():
+    fleet = Fleet("postgres")
+    try:
+        yield fleet
+    finally:
+        fleet.drop()
+
+
+@pytest.fixture
+def pg_control(tmp_path):
+    with fresh_database("postgres", tmp_path) as url:
+        yield url
+
+
+def test_a_glob_on_a_named_server_is_listed_there_and_an_unreachable_server_fails_its_run_alone(pg_fleet, pg_control):
     """db:<server>/<glob> lists that server (the agent's credentials, another Server=); a
     server: member whose server refuses the connection fails the attempt, with the error, and
-    the other fleet job runs."""
-    if fleet.dialect != "postgres":
-        pytest.skip("the named server is 127.0.0.1:5432, this machine's PostgreSQL")
+    the other fleet job runs. (PostgreSQL: the named server is this machine's, 127.0.0.1:5432.)"""
     from tests.azurite import free_loopback_port
+
+    fleet, control = pg_fleet, pg_control
 
     names = fleet.create("r0", "r1")
     closed = free_loopback_port()
