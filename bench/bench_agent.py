@@ -4,6 +4,7 @@
 * slot-to-start lateness of second-level schedules under the local runner (p50, p99);
 * drain time of 1,000 runs due at once under caps of 8 and 32, after a single tick;
 * a 10-level chain of ordered tasks, with no tick at all;
+* the whole `tick` process over 10 and 10,000 jobs from settings (steady state);
 * cold import of function_app.
 
     .venv/bin/python bench/bench_agent.py [--pg ODBC-STRING-WITHOUT-DATABASE] [--sizes 100,1000,10000]
@@ -195,6 +196,46 @@ def bench_order_chain(dbs: Databases, dialect: str, levels: int = 10) -> None:
     agent.close()
 
 
+def bench_tick_process(dbs: Databases, dialect: str, sizes: tuple[int, ...] = (10, 10000), repeats: int = 5) -> None:
+    """The whole `tick` process (interpreter start, settings parsing and validation, one steady-state
+    tick) over N jobs from settings: the cost the job count adds to every timer invocation. Runs
+    alternate between the sizes (2 shared cores: compare within one run, not across runs)."""
+    import os
+
+    envs: dict[int, dict[str, str]] = {}
+    for n in sizes:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("JOB__", "AGENT_"))}
+        env.update({"AGENT_DB": dbs.new(dialect), "AGENT_MAX_CONCURRENCY": "10000"})
+        for i in range(n):
+            env[f"JOB__job{i:05d}__SCHEDULE"] = f"0 {i % 60} * * * *"
+            env[f"JOB__job{i:05d}__COMMAND"] = "SELECT 1"
+        subprocess.run([sys.executable, "-m", "shared.cli", "init-db"], cwd=ROOT, env=env, check=True,
+                       capture_output=True)
+        subprocess.run([sys.executable, "-m", "shared.cli", "tick"], cwd=ROOT, env=env, check=True,
+                       capture_output=True)  # the first sync writes every job; later ticks are steady state
+        envs[n] = env
+    import resource
+
+    figures: dict[int, list[float]] = {n: [] for n in sizes}
+    cpu: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "shared.cli", "tick"], cwd=ROOT, env=envs[n], check=True,
+                           capture_output=True)
+            figures[n].append((time.perf_counter() - started) * 1000)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu[n].append((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000)
+    medians = {n: statistics.median(values) for n, values in figures.items()}
+    cpu_medians = {n: statistics.median(values) for n, values in cpu.items()}
+    smallest, largest = min(sizes), max(sizes)
+    print(f"\n== whole `tick` process, {dialect}, steady state (median of {repeats}, alternating): "
+          + ", ".join(f"{n} jobs {medians[n]:.0f} ms (CPU {cpu_medians[n]:.0f} ms)" for n in sizes)
+          + f"; {largest} jobs cost {medians[largest] - medians[smallest]:+.0f} ms wall, "
+          f"{cpu_medians[largest] - cpu_medians[smallest]:+.0f} ms CPU over {smallest} (target: within 250 ms)")
+
+
 def bench_cold_import(repeats: int = 5) -> None:
     code = "import time; t = time.perf_counter(); import function_app; print((time.perf_counter() - t) * 1000)"
     figures = [float(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -218,6 +259,8 @@ def main() -> None:
             bench_lateness(dbs, dialect)
             bench_drain(dbs, dialect)
             bench_order_chain(dbs, dialect)
+        for dialect in dialects:
+            bench_tick_process(dbs, dialect)
         bench_cold_import()
     finally:
         dbs.close()

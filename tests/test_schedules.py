@@ -110,3 +110,51 @@ def test_cron_initial_due_is_next_slot():
     schedule = parse_schedule("0 0 * * * *")
     assert isinstance(schedule, CronSchedule)
     assert schedule.initial_due(u(2026, 1, 1, 12, 30)) == u(2026, 1, 1, 13, 0)
+
+
+def test_validation_and_planning_walk_croniter_once_per_distinct_schedule(monkeypatch):
+    """Settings validation (schedule_problem) and the tick's planning share one next-slot cache
+    keyed by (schedule, time zone): 3,000 jobs on three schedules cost three croniter walks."""
+    from shared import schedules
+    from shared.config import parse_jobs
+
+    walks = []
+    real_walk = schedules.CronSchedule._walk_next_after
+
+    def counting(self, after):
+        walks.append(self.expression)
+        return real_walk(self, after)
+
+    monkeypatch.setattr(schedules.CronSchedule, "_walk_next_after", counting)
+    schedules._NEXT_SLOT_CACHE.clear()
+    distinct = ["0 0 * * * *", "0 */5 * * * *", "30 15 2 * * *"]
+    env = {}
+    for i in range(3000):
+        env[f"JOB__j{i}__SCHEDULE"] = distinct[i % 3]
+        env[f"JOB__j{i}__COMMAND"] = "SELECT 1"
+        if i % 3 == 2:
+            env[f"JOB__j{i}__TIMEZONE"] = "Europe/Paris"
+    jobs, invalid = parse_jobs(env)
+    assert len(jobs) == 3000 and not invalid
+    assert sorted(walks) == sorted(distinct)
+    # Planning from the same instant onwards reuses the entries: no new walk.
+    now = datetime.now(timezone.utc)
+    for job in jobs[:300]:
+        parse_schedule(job.schedule, job.timezone).next_after(now)
+    assert len(walks) == 3
+
+
+def test_the_next_slot_cache_answers_exactly_as_a_fresh_walk():
+    from datetime import timedelta
+
+    from shared import schedules
+
+    schedule = parse_schedule("0 30 2 * * *", "Europe/Paris")
+    start = datetime(2026, 3, 28, 0, 0, tzinfo=timezone.utc)  # across the spring-forward night
+    probes = [start + timedelta(minutes=7 * i) for i in range(1200)]
+    cached = [schedule.next_after(p) for p in probes]
+    fresh = []
+    for p in probes:
+        schedules._NEXT_SLOT_CACHE.clear()
+        fresh.append(schedule.next_after(p))
+    assert cached == fresh
