@@ -102,7 +102,7 @@ OUTPUT inserted.state_key INTO @won; -- MERGE ends with a semicolon
 SELECT state_key FROM @won;
 
 -- database_time --
--- The database server's clock (UTC), the reference a tick's own clock is checked against.
+-- The database server's clock (UTC): the agent's one clock.
 SELECT SYSUTCDATETIME() AS server_now;
 
 -- record_config_events --

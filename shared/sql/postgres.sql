@@ -54,8 +54,8 @@ WHERE agent.state.state_value < EXCLUDED.state_value
 RETURNING state_key;
 
 -- database_time --
--- The database server's clock (UTC), the reference a tick's own clock is checked against.
-SELECT CAST(now() AT TIME ZONE 'UTC' AS timestamp) AS server_now;
+-- The database server's clock (UTC): the agent's one clock. clock_timestamp(), not now(): the time of this statement even inside a transaction.
+SELECT CAST(clock_timestamp() AT TIME ZONE 'UTC' AS timestamp) AS server_now;
 
 -- record_config_events --
 -- Record each job whose configuration became invalid (or changed its error) since the last sync.

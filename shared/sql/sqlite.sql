@@ -54,7 +54,7 @@ WHERE agent_state.state_value < excluded.state_value
 RETURNING state_key;
 
 -- database_time --
--- The database's clock (UTC); for the embedded SQLite file, this machine's.
+-- The database's clock (UTC): the agent's one clock; for the embedded SQLite file, the clock of the machine that owns the file.
 SELECT strftime('%Y-%m-%d %H:%M:%f', 'now') AS server_now;
 
 -- record_config_events --

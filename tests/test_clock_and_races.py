@@ -1,0 +1,250 @@
+"""Time and concurrency safety (issue 22, items 1-3), on the real stand-ins.
+
+* One clock: the agent's time is the control database's. A tick at a time further from it
+  than AGENT_MAX_CLOCK_SKEW_SECONDS (an operator's ``--now``, either way) changes nothing and
+  says so; an instance whose own wall clock is an hour behind (shifted in-process) still
+  claims, renews leases and dispatches on the database's time.
+* Racing ticks: eight ``tick`` processes at once over 300 due jobs on PostgreSQL all exit 0,
+  and exactly one run exists per (job, slot).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tests.conftest import ROOT, make_agent, query, runs_table
+from tests.memory_queue import MemoryQueue
+
+UTC = timezone.utc
+MINUTELY = {"SCHEDULE": "0 * * * * *", "COMMAND": "SELECT 1"}
+
+
+# ---------------------------------------------------------------- an instance clock shifted in-process
+
+
+@contextlib.contextmanager
+def instance_clock_shifted(seconds: float):
+    """This process's wall clock, as every module of the engine reads it (``datetime.now``,
+    ``datetime.utcnow``, ``time.time``), ``seconds`` off. The monotonic clock and the database's
+    clock are left alone: they are not this instance's wall clock."""
+    import shared
+
+    real_time = time.time
+    shift = timedelta(seconds=seconds)
+
+    class ShiftedDatetime(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.now(tz) + shift
+
+        @classmethod
+        def utcnow(cls):
+            return datetime.now(UTC).replace(tzinfo=None) + shift
+
+    patched = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "shared" or name.startswith("shared.")):
+            continue
+        if getattr(module, "datetime", None) is datetime:
+            patched.append((module, "datetime", datetime))
+            module.datetime = ShiftedDatetime
+    time.time = lambda: real_time() + seconds
+    try:
+        assert shared is not None
+        yield
+    finally:
+        time.time = real_time
+        for module, attribute, value in patched:
+            setattr(module, attribute, value)
+
+
+def database_now(agent) -> datetime:
+    from shared.clock import as_utc
+
+    return as_utc(agent.store().execute("database_time").scalar())
+
+
+def real_agent(db_url, jobs=None, **kwargs):
+    """An agent as the function app and the command line build it: the database's clock, ticks
+    checked against it (no simulated time)."""
+    return make_agent(db_url, jobs, simulated_time=False, **kwargs)
+
+
+# ---------------------------------------------------------------- 1. a tick's time far from the database's
+
+
+@pytest.mark.parametrize("offset", [-3600, -301, 301, 86400 * 365 * 4])
+def test_a_tick_whose_time_is_off_changes_nothing(db_url, offset):
+    agent = real_agent(db_url, {"m": MINUTELY, "h": {"SCHEDULE": "0 0 * * * *", "COMMAND": "SELECT 1"}})
+    first = agent.tick()
+    assert not first.refused and not first.errors, first.errors
+    table = runs_table(agent)
+    runs_before = query(agent, f"SELECT run_id, job_name, scheduled_for, status FROM {table} ORDER BY run_id")
+    jobs_before = query(agent, "SELECT job_name, next_due_at FROM " + table.replace("runs", "jobs") + " ORDER BY job_name")
+    assert runs_before
+    events = []
+    agent.telemetry.event = lambda name, properties=None, **kw: events.append((name, properties))
+    report = agent.tick(database_now(agent) + timedelta(seconds=offset))
+    assert report.refused and len(report.errors) == 1
+    assert "AGENT_MAX_CLOCK_SKEW_SECONDS=300" in report.errors[0] and "nothing was changed" in report.errors[0]
+    assert ("behind" if offset < 0 else "ahead of") in report.errors[0]
+    assert [name for name, _ in events] == ["ClockSkewDetected"]
+    assert events[0][1]["outcome"] == "refused"
+    assert query(agent, f"SELECT run_id, job_name, scheduled_for, status FROM {table} ORDER BY run_id") == runs_before
+    assert query(agent, "SELECT job_name, next_due_at FROM " + table.replace("runs", "jobs")
+                 + " ORDER BY job_name") == jobs_before
+    # Within the skew, a tick goes ahead (and the next sane tick finds nothing to recover).
+    within = agent.tick(database_now(agent) - timedelta(seconds=200))
+    assert not within.refused and not within.recovered and not within.errors
+    again = agent.tick()
+    assert not again.recovered and not [r for r in again.claimed if r["status"] == "skipped"]
+
+
+def test_cli_tick_an_hour_behind_exits_non_zero_with_one_line(pg_url):
+    from tests.chaos.faults import clean_env
+
+    agent = real_agent(pg_url, {"m": MINUTELY})
+    agent.tick()
+    before = query(agent, "SELECT run_id, status, scheduled_for FROM agent.runs ORDER BY run_id")
+    jobs_before = query(agent, "SELECT next_due_at, advanced_at FROM agent.jobs")
+    hour_ago = (database_now(agent) - timedelta(hours=1)).isoformat()
+    env = clean_env(JOB__m__SCHEDULE=MINUTELY["SCHEDULE"], JOB__m__COMMAND=MINUTELY["COMMAND"])
+    result = subprocess.run([sys.executable, "-m", "shared.cli", "--db", pg_url, "tick", "--now", hour_ago],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: tick refused:") and "1.0 h behind" in lines[0], lines
+    assert result.stdout == ""
+    assert query(agent, "SELECT run_id, status, scheduled_for FROM agent.runs ORDER BY run_id") == before
+    assert query(agent, "SELECT next_due_at, advanced_at FROM agent.jobs") == jobs_before
+    assert query(agent, "SELECT COUNT(*) FROM agent.job_events WHERE kind = 'clock_recovered'") == [(0,)]
+
+
+def test_the_timer_function_logs_a_refused_tick_and_returns(pg_url, monkeypatch, caplog):
+    from shared import agent as agent_module
+
+    agent = real_agent(pg_url, {"m": MINUTELY})
+    agent.tick()
+    before = query(agent, "SELECT run_id, status FROM agent.runs ORDER BY run_id")
+    real_tick = agent_module.Agent.tick
+    hour_behind = database_now(agent) - timedelta(hours=1)
+    monkeypatch.setattr(agent_module.Agent, "tick", lambda self, now=None: real_tick(self, now or hour_behind))
+    monkeypatch.setenv("AGENT_DB", pg_url)
+    monkeypatch.setenv("JOB__m__SCHEDULE", MINUTELY["SCHEDULE"])
+    monkeypatch.setenv("JOB__m__COMMAND", MINUTELY["COMMAND"])
+    agent_module.reset_default_agent()
+    try:
+        agent_module.run_timer_tick()        # returns: logged, not raised
+    finally:
+        agent_module.reset_default_agent()
+    assert any("tick refused" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+    assert query(agent, "SELECT run_id, status FROM agent.runs ORDER BY run_id") == before
+
+
+# ---------------------------------------------------------------- 2. an instance clock an hour behind
+
+
+def test_an_instance_an_hour_behind_claims_on_the_databases_time(db_url):
+    agent = real_agent(db_url, {"m": MINUTELY})
+    with instance_clock_shifted(-3600):
+        report = agent.tick()
+        assert not report.refused and not report.errors
+        assert abs(agent.database_clock.instance_skew + 3600) < 5
+    db_now = database_now(agent)
+    assert abs((report.now - db_now).total_seconds()) < 5
+    slots = [r["scheduled_for"] for r in report.claimed]
+    assert slots and all(abs((slot - db_now).total_seconds()) < 300 for slot in slots)
+    assert not [r for r in report.claimed if r["status"] == "skipped"]   # no false misfire
+
+
+def test_a_worker_an_hour_behind_keeps_its_lease_alive(pg_url):
+    """The worker renews on the database's clock: its lease lies in the future for a healthy
+    peer, whose tick does not take the run for lapsed."""
+    from shared.messages import RunMessage
+
+    slow = {"SCHEDULE": "0 0 0 1 1 *", "COMMAND": "SELECT pg_sleep(4)", "LEASE_SECONDS": "3",
+            "MAX_ATTEMPTS": "1"}
+    peer = real_agent(pg_url, {"slow": slow})
+    worker = real_agent(pg_url, {"slow": slow})
+    run = worker.request_run_now("slow")
+    assert run is not None
+    import threading
+
+    outcome = {}
+    with instance_clock_shifted(-3600):
+        thread = threading.Thread(target=lambda: outcome.update(result=worker.executor().handle(
+            RunMessage(run_id=run["run_id"], token=run["token"]).to_json(), 1)))
+        thread.start()
+        time.sleep(2.5)              # the first renewal comes a third of a lease (1 s) in
+        lease = query(peer, f"SELECT lease_expires_at FROM agent.runs WHERE run_id = {run['run_id']}")[0][0]
+        report = peer.tick()
+        thread.join(30)
+    assert lease.replace(tzinfo=UTC) > database_now(peer) - timedelta(seconds=3)
+    assert not [r for r in report.expired if r["run_id"] == run["run_id"]]
+    assert outcome["result"].outcome == "succeeded", outcome
+    (status, lapses), = query(peer, f"SELECT status, lapses FROM agent.runs WHERE run_id = {run['run_id']}")
+    assert (status, lapses) == ("succeeded", 0)
+
+
+def test_dispatch_an_hour_behind_sends_messages_for_the_databases_slots(db_url):
+    queue = MemoryQueue()
+    agent = real_agent(db_url, {"m": MINUTELY}, queue=queue)
+    with instance_clock_shifted(-3600):
+        report = agent.tick()
+    assert not report.errors and report.dispatched
+    db_now = database_now(agent)
+    table = runs_table(agent)
+    for run_id, status, lease in query(agent, f"SELECT run_id, status, lease_expires_at FROM {table} "
+                                              "WHERE status = 'queued'"):
+        lease = lease if isinstance(lease, datetime) else datetime.fromisoformat(lease)
+        # The dispatch lease runs from the database's time, not an hour before it.
+        assert lease.replace(tzinfo=UTC) > db_now, (run_id, lease, db_now)
+
+
+def test_the_database_clock_carries_forward_on_the_monotonic_clock(db_url):
+    agent = real_agent(db_url)
+    clock = agent.database_clock
+    first = clock()
+    reads = clock.reads
+    with instance_clock_shifted(-3600):
+        later = clock()
+    assert clock.reads == reads                       # no round trip within the resync interval
+    assert timedelta(0) <= later - first < timedelta(seconds=5)
+    assert abs((later - database_now(agent)).total_seconds()) < 2
+
+
+# ---------------------------------------------------------------- 3. racing ticks
+
+
+def test_eight_ticks_at_once_over_300_due_jobs_all_succeed(pg_url):
+    from tests.chaos.faults import clean_env
+
+    jobs = {f"j{n:03d}": {"SCHEDULE": "*/20 * * * * *", "COMMAND": "SELECT 1"} for n in range(300)}
+    env = clean_env(**{f"JOB__{name}__{key}": value for name, job in jobs.items() for key, value in job.items()})
+    agent = real_agent(pg_url, jobs)
+    for round_ in range(3):
+        processes = [subprocess.Popen([sys.executable, "-m", "shared.cli", "--db", pg_url, "tick"], cwd=ROOT,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                     for _ in range(8)]
+        results = [(p.wait(timeout=120), p.stderr.read()) for p in processes]
+        for p in processes:
+            p.stdout.close()
+            p.stderr.close()
+        assert [code for code, _ in results] == [0] * 8, [err for code, err in results if code]
+        if round_ < 2:
+            time.sleep(1.0)
+    assert query(agent, "SELECT COUNT(*) FROM (SELECT job_name, scheduled_for FROM agent.runs "
+                        "GROUP BY job_name, scheduled_for HAVING COUNT(*) > 1) AS d") == [(0,)]
+    (jobs_claimed,), = query(agent, "SELECT COUNT(DISTINCT job_name) FROM agent.runs")
+    assert jobs_claimed == 300
+    # No slot lost between the first and the last claimed one, per job.
+    gaps = query(agent, "SELECT job_name, COUNT(*), MIN(scheduled_for), MAX(scheduled_for) FROM agent.runs "
+                        "GROUP BY job_name")
+    for name, count, low, high in gaps:
+        assert count == int((high - low).total_seconds() // 20) + 1, (name, count, low, high)
