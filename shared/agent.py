@@ -270,7 +270,7 @@ def run_timer_tick(past_due: bool = False) -> None:
         if report.refused:
             # Its time was too far from the database's: nothing changed, and a retry would
             # not help; the next timer tick tries again. Logged, reported as an event, not raised.
-            log.error("tick%s: %s", " (past due)" if past_due else "", "; ".join(report.errors))
+            log.error("%s%s", "; ".join(report.errors), " (past-due timer)" if past_due else "")
             return
         summary = report.summary()
         log.info("tick%s: %s", " (past due)" if past_due else "", summary)
