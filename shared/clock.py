@@ -75,6 +75,9 @@ class DatabaseClock:
         database cannot be reached and an earlier reading exists, that reading carries on (the
         work that needs the time needs the database too, and will say why it failed)."""
         with self._lock:
+            anchor = self._anchor
+            if anchor is not None and self._monotonic() - anchor[1] < min(1.0, self.resync_seconds):
+                return anchor   # another thread read it a moment ago
             try:
                 if self._store is None:
                     self._store = self._new_store()

@@ -179,6 +179,37 @@ def test_the_database_clock_carries_forward_on_the_monotonic_clock(db_url):
     assert abs((later - database_now(agent)).total_seconds()) < 2
 
 
+def test_a_lone_runner_whose_wall_clock_jumps_back_keeps_ticking_and_running(pg_url):
+    """The local runner's timers are monotonic and its time the database's: a wall clock set
+    back an hour while it runs stops neither its ticks nor its runs."""
+    import threading
+
+    from shared.runner import LocalRunner
+
+    agent = real_agent(pg_url, {"s": {"SCHEDULE": "* * * * * *", "COMMAND": "SELECT 1", "OVERLAP": "allow"}},
+                       AGENT_TICK_SCHEDULE="* * * * * *")
+    ticks = []
+    real_tick = agent.tick
+    agent.tick = lambda now=None: ticks.append(time.monotonic()) or real_tick(now)
+    runner = LocalRunner(agent, concurrency=2, poll_interval=0.2)
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    try:
+        time.sleep(2.5)
+        with instance_clock_shifted(-3600):
+            jumped = time.monotonic()
+            jumped_at = database_now(agent)
+            time.sleep(3.5)
+    finally:
+        runner.stop()
+        thread.join(timeout=30)
+    assert len([t for t in ticks if t > jumped]) >= 2, ticks
+    started = query(agent, "SELECT COUNT(*) FROM agent.runs WHERE started_at > "
+                           f"'{jumped_at.replace(tzinfo=None).isoformat(sep=' ')}' AND status = 'succeeded'")[0][0]
+    assert started >= 2
+    assert query(agent, "SELECT COUNT(*) FROM agent.runs WHERE status = 'skipped'") == [(0,)]
+
+
 # ---------------------------------------------------------------- 3. racing ticks
 
 
