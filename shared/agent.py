@@ -136,9 +136,10 @@ class Agent:
 
         from .clock import as_utc
 
-        before = time.monotonic()
-        value = as_utc(self.store().execute("database_time").scalar())
-        self.database_clock.observe(value, (before + time.monotonic()) / 2)
+        store = self.store()
+        store.connection   # connected first: the round trip timed is the statement's alone
+        value = as_utc(store.execute("database_time").scalar())
+        self.database_clock.observe(value, time.monotonic())   # lags by the round trip, never ahead
         return value
 
     @property

@@ -4,11 +4,11 @@ Every time the engine stores or compares (leases and their expiry, claims, dispa
 is the control database's time — PostgreSQL ``clock_timestamp()``, SQL Server
 ``SYSUTCDATETIME()``, SQLite's clock in the process that owns the file — never this instance's
 wall clock. Reading the database for every statement would cost a round trip each, so the
-clock reads it once (one statement, ``database_time``), notes ``time.monotonic()`` at the
-middle of that round trip, and from then on answers that reading plus the monotonic time
-elapsed, reading the database again at least every ``resync_seconds`` (and at every tick,
-which reads it anyway). The error is at most half a round trip plus the monotonic clock's drift
-over ``resync_seconds`` (parts per million): milliseconds. An instance whose wall clock is an
+clock reads it once (one statement, ``database_time``), notes ``time.monotonic()`` at the end
+of that round trip, and from then on answers that reading plus the monotonic time elapsed,
+reading the database again at least every ``resync_seconds`` (and at every tick, which reads
+it anyway). It lags the database's clock by at most one round trip (never runs ahead of it),
+plus the monotonic clock's drift over ``resync_seconds`` (parts per million): milliseconds. An instance whose wall clock is an
 hour behind, or jumps back while it runs, still stores and compares the database's time, and
 its timers (monotonic) keep firing.
 
@@ -81,7 +81,7 @@ class DatabaseClock:
             try:
                 if self._store is None:
                     self._store = self._new_store()
-                before = self._monotonic()
+                self._store.connection   # connected first: the round trip timed is the statement's alone
                 value = self._store.execute("database_time").scalar()
                 after = self._monotonic()
             except Exception:
@@ -95,7 +95,9 @@ class DatabaseClock:
                 if self._store is not None:
                     self._store.close()
                     self._store = None
-            return self._set(as_utc(value), (before + after) / 2)
+            # Marked at the end of the round trip: the clock may lag the database's by that round
+            # trip, never run ahead of it (a slot is never started before its time).
+            return self._set(as_utc(value), after)
 
     def observe(self, database: datetime, at: float) -> None:
         """A reading of the database's clock made elsewhere (the tick reads it anyway)."""
