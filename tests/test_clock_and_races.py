@@ -108,6 +108,28 @@ def test_the_timer_function_logs_a_refused_tick_and_returns(pg_url, monkeypatch,
     assert query(agent, "SELECT run_id, status FROM agent.runs ORDER BY run_id") == before
 
 
+def test_recovery_undoes_a_runaway_clock_once_and_then_finds_nothing(db_url):
+    """State a clock a day ahead left behind (an older version's tick, simulated here) is
+    undone by the next tick, measured from the database's clock; the tick after finds nothing."""
+    from tests.conftest import Clock
+
+    jobs = {"m": MINUTELY}
+    agent = real_agent(db_url, jobs)
+    agent.tick()
+    table = runs_table(agent)
+    ahead = make_agent(db_url, jobs, clock=Clock(database_now(agent) + timedelta(days=1)))
+    ahead.tick()
+    ahead.close()
+    far = (database_now(agent) + timedelta(hours=1)).replace(tzinfo=None).isoformat(sep=" ")
+    assert query(agent, f"SELECT COUNT(*) FROM {table} WHERE scheduled_for > '{far}'")[0][0] >= 1
+    first = agent.tick()
+    assert first.recovered and not first.refused and not first.errors
+    assert query(agent, f"SELECT COUNT(*) FROM {table} WHERE scheduled_for > '{far}'") == [(0,)]
+    second = agent.tick()
+    assert not second.recovered and not second.errors
+    assert not [r for r in second.claimed if r["status"] == "skipped"]
+
+
 # ---------------------------------------------------------------- 2. an instance clock an hour behind
 
 

@@ -253,12 +253,12 @@ WHERE advanced_at > CAST(:far AS DATETIME2(6)) AND configured = 1
 ORDER BY job_name;
 
 -- recover_runaway_runs --
--- Undo what a clock far ahead created: its never-started slots go (they are claimed again when their time comes), other never-started runs become runnable now, and leases set far ahead come back within reach.
+-- Undo what a clock far ahead created: its never-started slots go, and the misfires it recorded (false: the slots had not come; they are claimed again when their time comes), other never-started runs become runnable now, and leases set far ahead come back within reach.
 DECLARE @recovered TABLE (action NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6));
 DELETE r
 OUTPUT N'removed', deleted.run_id, deleted.job_name, deleted.scheduled_for INTO @recovered
 FROM agent.runs AS r
-WHERE r.kind = N'scheduled' AND r.status IN (N'pending', N'queued') AND r.attempt = 0
+WHERE r.kind = N'scheduled' AND r.status IN (N'pending', N'queued', N'skipped') AND r.attempt = 0
   AND r.created_at > CAST(:far AS DATETIME2(6));
 UPDATE agent.runs SET runnable_at = CAST(:now AS DATETIME2(6)), created_at = CAST(:now AS DATETIME2(6)),
     status = N'pending', lease_expires_at = NULL
