@@ -268,3 +268,55 @@ def test_eight_ticks_at_once_over_300_due_jobs_all_succeed(pg_url):
                         "GROUP BY job_name")
     for name, count, low, high in gaps:
         assert count == int((high - low).total_seconds() // 20) + 1, (name, count, low, high)
+
+
+def test_a_real_deadlock_victim_is_a_lock_conflict_and_the_step_runs_again(pg_url):
+    """PostgreSQL's own deadlock error (40P01 through psqlODBC) is recognised as a lost lock
+    race, and a tick step that met it runs again and succeeds."""
+    import threading
+
+    import pyodbc
+
+    from shared.scheduler import Scheduler, TickReport
+    from shared.sqlerrors import is_lock_conflict
+
+    agent = real_agent(pg_url)
+    setup = pyodbc.connect(pg_url, autocommit=True)
+    setup.execute("CREATE TABLE dl (k INT PRIMARY KEY, v INT)")
+    setup.execute("INSERT INTO dl VALUES (1, 0), (2, 0)")
+    barrier = threading.Barrier(2)
+    errors = []
+
+    def cross(first: int, second: int) -> None:
+        connection = pyodbc.connect(pg_url, autocommit=False)
+        try:
+            connection.execute(f"UPDATE dl SET v = v + 1 WHERE k = {first}")
+            barrier.wait(10)
+            connection.execute(f"UPDATE dl SET v = v + 1 WHERE k = {second}")
+            connection.commit()
+        except pyodbc.Error as exc:
+            errors.append(exc)
+            connection.rollback()
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=cross, args=pair) for pair in ((1, 2), (2, 1))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    setup.close()
+    assert len(errors) == 1 and is_lock_conflict(errors[0]), errors
+    assert not is_lock_conflict(pyodbc.ProgrammingError("42601", "[42601] ERROR: syntax error at or near"))
+
+    calls = []
+
+    def step(now, report):
+        calls.append(now)
+        if len(calls) < 3:
+            raise errors[0]
+
+    scheduler = Scheduler(agent.store(), None, agent.settings, agent.telemetry)
+    report = TickReport(now=datetime.now(UTC))
+    scheduler._run_step(step, report.now, report)
+    assert len(calls) == 3 and report.lock_retries == 2
