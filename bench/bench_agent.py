@@ -156,6 +156,53 @@ def bench_lateness(dbs: Databases, dialect: str, seconds: int = 40) -> None:
     agent.close()
 
 
+def bench_clock_behind(dbs: Databases, dialect: str, seconds: int = 25) -> None:
+    """The lateness scenario twice, the second time with this process's wall clock an hour
+    behind (shifted in-process, as tests/clock_shift.py does): the engine's time is the
+    database's, so the figures should match, with no misfire, lapse or doubled slot."""
+    import threading
+
+    from tests.clock_shift import instance_clock_shifted
+
+    env = {f"JOB__every{i}__SCHEDULE": "* * * * * *" if i < 3 else "*/5 * * * * *" for i in range(6)}
+    env.update({f"JOB__every{i}__COMMAND": "SELECT 1" for i in range(6)})
+    env.update({f"JOB__every{i}__OVERLAP": "allow" for i in range(6)})
+    figures = {}
+    for label, shift in (("clock right", 0), ("clock 1 h behind", -3600)):
+        agent = Agent(load_settings(environ={"AGENT_MAX_CONCURRENCY": "8", **env}), db=dbs.new(dialect))
+        agent.init()
+        runner = LocalRunner(agent, concurrency=4)
+        with instance_clock_shifted(shift):
+            started = agent.clock()
+            thread = threading.Thread(target=runner.run, daemon=True)
+            thread.start()
+            time.sleep(seconds)
+            runner.stop()
+            thread.join(timeout=30)
+        rows = agent.store().execute("list_history", job_name=None, limit=100000).rows
+        lateness = [(r["started_at"] - r["scheduled_for"]).total_seconds() for r in rows
+                    if r["started_at"] is not None and r["scheduled_for"] > started + timedelta(seconds=2)]
+        slots = [(r["job_name"], r["scheduled_for"]) for r in rows]
+        figures[label] = {
+            "runs": len(lateness), "p50": _percentile(lateness, 0.5) if lateness else float("nan"),
+            "p99": _percentile(lateness, 0.99) if lateness else float("nan"),
+            "skipped": sum(1 for r in rows if r["status"] == "skipped"),
+            "lapses": sum(int(r.get("lapses") or 0) for r in rows),
+            "doubled": len(slots) - len(set(slots)),
+            "skew": agent.database_clock.instance_skew if agent.database_clock else 0.0,
+        }
+        agent.close()
+    print(f"\n== clock 1 h behind, {dialect}, local runner (4 workers), 3 jobs every second + 3 every 5 s, "
+          f"{seconds} s each:")
+    for label, f in figures.items():
+        print(f"  {label:<17} instance skew {f['skew']:>8.1f} s: {f['runs']} runs, p50 {f['p50'] * 1000:.0f} ms, "
+              f"p99 {f['p99'] * 1000:.0f} ms, {f['skipped']} skipped, {f['lapses']} lapses, {f['doubled']} doubled")
+    right, behind = figures["clock right"], figures["clock 1 h behind"]
+    if right["runs"]:
+        print(f"  ratio (behind / right): runs {behind['runs'] / right['runs']:.2f}, "
+              f"p99 {behind['p99'] / right['p99'] if right['p99'] else float('nan'):.2f}")
+
+
 def bench_drain(dbs: Databases, dialect: str, runs: int = 1000) -> None:
     for cap in (8, 32):
         clock = Clock(datetime(2030, 1, 1, 12, 30, tzinfo=UTC))
@@ -257,6 +304,7 @@ def main() -> None:
             bench_ticks(dbs, dialect, sizes)
         for dialect in dialects:
             bench_lateness(dbs, dialect)
+            bench_clock_behind(dbs, dialect)
             bench_drain(dbs, dialect)
             bench_order_chain(dbs, dialect)
         for dialect in dialects:

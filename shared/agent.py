@@ -23,15 +23,26 @@ RUN_NOW_KEY_TRIES = 16
 
 class Agent:
     def __init__(self, settings: Settings, *, db: str | None = None, queue: Any = None, telemetry: Any = None,
-                 clock: Callable[[], datetime] | None = None) -> None:
+                 clock: Callable[[], datetime] | None = None, simulated_time: bool = False) -> None:
         """``queue``: a queue port to dispatch to (queue mode); by default the Azure Storage queue
         when one is configured, else none (direct mode: the runs table is the queue).
-        ``clock``: the agent's notion of time; by default the system clock, checked against the
-        database's at every tick."""
+        ``clock``: the agent's notion of time; by default the control database's
+        (:class:`shared.clock.DatabaseClock`: one clock for every instance, whatever their own
+        wall clocks say). An explicit clock is a test hook: it is used as given, and a tick's
+        time is checked against it. ``simulated_time`` is the other (tests that travel in time
+        through ``tick(now)``): a tick's explicit time is taken as the truth, unchecked. The
+        command line and the function app never set either."""
+        self.simulated_time = simulated_time
         self.settings = settings
         self.target: DatabaseTarget = resolve_database(settings.agent, db)
         self.system_clock = clock is None
-        self.clock = clock or (lambda: datetime.now(UTC))
+        self.database_clock = None
+        if clock is None:
+            from .clock import DatabaseClock
+
+            self.database_clock = DatabaseClock(
+                lambda: Store(self.target, self._connect, job_principal=self.settings.agent.job_principal))
+        self.clock = clock or self.database_clock
         self._queue = queue
         self._telemetry = telemetry
         self._local = threading.local()
@@ -117,14 +128,19 @@ class Agent:
         return self._notifier
 
     def reference_clock(self) -> datetime:
-        """What a tick's time is checked against: the database server's clock when the agent
-        runs on the system clock (one clock all instances share), else the agent's own."""
-        if not self.system_clock:
+        """What a tick's time is checked against: the database server's clock, read now (one
+        statement; the agent's clock takes the reading too), or the explicit clock given."""
+        if self.database_clock is None:
             return self.clock()
-        value = self.store().execute("database_time").scalar()
-        if isinstance(value, str):  # SQLite answers text
-            value = datetime.fromisoformat(value)
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        import time
+
+        from .clock import as_utc
+
+        store = self.store()
+        store.connection   # connected first: the round trip timed is the statement's alone
+        value = as_utc(store.execute("database_time").scalar())
+        self.database_clock.observe(value, time.monotonic())   # lags by the round trip, never ahead
+        return value
 
     @property
     def telemetry(self) -> Any:
@@ -138,7 +154,7 @@ class Agent:
         from .scheduler import Scheduler
 
         return Scheduler(self.store(), self.queue, self.settings, self.telemetry, clock=self.clock,
-                         reference_clock=self.reference_clock)
+                         reference_clock=None if self.simulated_time else self.reference_clock)
 
     def executor(self, transient_delay_seconds: float | None = None):
         """The executor (one per agent, shared by threads). ``transient_delay_seconds``: how
@@ -214,6 +230,8 @@ class Agent:
             stores, self._stores = self._stores, []
         for store in stores:
             store.close()
+        if self.database_clock is not None:
+            self.database_clock.close()
         if self._telemetry is not None:
             self._telemetry.close()
 
@@ -250,6 +268,11 @@ def run_timer_tick(past_due: bool = False) -> None:
     agent = default_agent()
     try:
         report = agent.tick()
+        if report.refused:
+            # Its time was too far from the database's: nothing changed, and a retry would
+            # not help; the next timer tick tries again. Logged, reported as an event, not raised.
+            log.error("%s%s", "; ".join(report.errors), " (past-due timer)" if past_due else "")
+            return
         summary = report.summary()
         log.info("tick%s: %s", " (past due)" if past_due else "", summary)
         if report.errors:

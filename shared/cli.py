@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("init-db", help="create or upgrade the control schema (idempotent) and the queue")
 
     tick = commands.add_parser("tick", help="one scheduler tick: expire leases, claim due runs, dispatch")
-    tick.add_argument("--now", type=_iso_datetime, help="ISO-8601 time to tick at (default: now)")
+    tick.add_argument("--now", type=_iso_datetime,
+                      help="ISO-8601 time to tick at (default: the database's clock); refused when further from "
+                           "the database's clock than AGENT_MAX_CLOCK_SKEW_SECONDS")
     tick.add_argument("--json", action="store_true")
 
     work = commands.add_parser("work", help="execute what is runnable now (from the runs table, or from the storage "
@@ -211,6 +213,9 @@ def cmd_init_db(agent, args) -> int:
 def cmd_tick(agent, args) -> int:
     report = agent.tick(args.now)
     summary = report.summary()
+    if report.refused and not args.json:
+        print(f"error: {report.errors[0]}", file=sys.stderr)   # one line: the skew, and that nothing changed
+        return EXIT_FAILURE
     if args.json:
         _print_json(summary)
     else:

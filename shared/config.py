@@ -135,8 +135,11 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
                 "serverless database takes up to a minute to resume), each wait at least as long "
                 "as the error asks for.", "optional"),
     SettingSpec("AGENT_MAX_CLOCK_SKEW_SECONDS", "300",
-                "A tick whose clock is further ahead of the database's clock refuses to claim; "
-                "slots a clock that far ahead claimed are undone by the next sane tick.",
+                "The agent's time is the control database's clock (read at every tick and at least every "
+                "minute, carried forward by the monotonic clock), never the instance's. A tick at a time "
+                "further from it than this, either way (`tick --now`), changes nothing: it says so in one "
+                "line, emits ClockSkewDetected and exits non-zero; state a clock that far ahead left behind "
+                "is undone by the next tick.",
                 "optional"),
     SettingSpec("AGENT_HISTORY_RETENTION_DAYS", "45",
                 "Finished runs (with their attempts) and job events older than this many days are "

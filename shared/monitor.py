@@ -737,7 +737,7 @@ def handle_azure_request(method: str, url: str, headers: Mapping[str, str]) -> R
     def thread_store() -> Iterator[Any]:
         yield default_agent().store()
 
-    monitor = Monitor(thread_store, clock=lambda: datetime.now(UTC), settings=monitor_settings,
+    monitor = Monitor(thread_store, clock=lambda: default_agent().clock(), settings=monitor_settings,
                       base_path=AZURE_BASE_PATH)
     if method.upper() not in ALLOWED_METHODS:
         return monitor.handle(method, path)

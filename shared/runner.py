@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import timezone
 from typing import Any, Callable
 
 from .queues import HostQueueOptions, ReceivedMessage, host_queue_options
@@ -207,10 +207,13 @@ class LocalRunner:
         procedures defined (one statement when there is none) so they start without waiting for
         the next tick."""
         schedule = CronSchedule(self.agent.settings.agent.tick_schedule, "UTC")
-        next_tick = datetime.now(UTC)
+        # When to tick, on the monotonic clock: a wall clock that jumps back (or forward) while
+        # the runner runs neither stops the ticks nor bunches them. The next slot of the tick
+        # schedule is read on the agent's clock (the database's).
+        tick_at = time.monotonic()
         try:
             while not self.stop_event.is_set():
-                delay = (next_tick - datetime.now(UTC)).total_seconds()
+                delay = tick_at - time.monotonic()
                 if delay > self.poll_interval:
                     if self.stop_event.wait(self.poll_interval):
                         break
@@ -229,9 +232,22 @@ class LocalRunner:
                 finally:
                     self.agent.telemetry.flush()
                 self.notify()
-                next_tick = schedule.next_after(datetime.now(UTC)) or datetime.now(UTC) + timedelta(minutes=1)
+                tick_at = time.monotonic() + self._seconds_to_next_tick(schedule)
         finally:
             self._release_thread_store()
+
+    def _seconds_to_next_tick(self, schedule: CronSchedule) -> float:
+        """Seconds until the tick schedule's next slot on the agent's clock (a minute when that
+        clock cannot be read)."""
+        try:
+            now = self.agent.clock()
+            following = schedule.next_after(now)
+        except Exception as exc:  # noqa: BLE001 - the database is away: try again in a minute
+            log.error("cannot read the clock for the next tick: %s", describe(exc))
+            return 60.0
+        if following is None:
+            return 60.0
+        return min(3600.0, max(0.0, (following - now).total_seconds()))
 
     def _poll(self) -> None:
         try:

@@ -2,8 +2,10 @@
 
 Every minute (AGENT_TICK_SCHEDULE) a tick:
 
-1. checks its own clock against the database's (a clock far ahead would claim slots that have
-   not come and push jobs out of reach: it refuses), and undoes what such a clock did before;
+1. reads the database's clock (the agent's one clock, see shared/clock.py); a tick at a time
+   further from it than AGENT_MAX_CLOCK_SKEW_SECONDS, either way (an operator's `--now`, an
+   explicit clock), changes nothing and says so; the state a clock far ahead left behind (an
+   older version's tick on a runaway instance clock) is undone, against the database's clock;
 2. syncs the job settings (a job whose schedule changed or that was disabled gets its slots
    claimed ahead recorded skipped);
 3. expires leases whose holder stopped renewing them (a lapse, not a failure);
@@ -14,12 +16,16 @@ Every minute (AGENT_TICK_SCHEDULE) a tick:
    as a message delayed until its slot) and leaves a chain of doorbells until the next tick.
 
 Every step is a small constant number of set-based statements, whatever the number of jobs;
-Python computes slots only for the jobs that have one before the horizon.
+Python computes slots only for the jobs that have one before the horizon. Statements that lock
+several rows lock them in one order (by key), and a step that loses a race for locks anyway
+(a deadlock victim, SQLite busy) is run again within the tick: ticks racing each other all end
+well, with one run per (job, slot).
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -33,7 +39,7 @@ from .fleet import report_moved_runs
 from .notify import enqueue_calls
 from .schedules import CronSchedule, parse_schedule
 from .store import Store
-from .sqlerrors import classify, describe
+from .sqlerrors import classify, describe, is_lock_conflict
 
 log = logging.getLogger("shared.scheduler")
 UTC = timezone.utc
@@ -49,6 +55,9 @@ MAX_MISSED_SCAN = 100_000
 # purges at most, so a backlog (retention shortened, or a first upgrade) is worked off over many
 # ticks at a bounded cost each: 1,440 ticks a day purge far more than a minutely job adds.
 PURGE_BATCH = 1000
+# A step that lost a race for locks (deadlock victim, lock timeout, SQLite busy) runs again, up
+# to this many times in all, after a short random pause (the racers fall out of step).
+STEP_ATTEMPTS = 6
 
 NOTE_MISFIRE_SKIP = "misfire: slot missed by more than AGENT_MISFIRE_THRESHOLD_SECONDS; policy skip"
 NOTE_MISFIRE_GRACE = "misfire: slot older than the job's GRACE_SECONDS; skipped"
@@ -59,6 +68,12 @@ NOTE_CATCH_UP = "misfire: caught up late, once"
 @dataclass
 class TickReport:
     now: datetime
+    # The database's clock as the tick read it, and the tick's time minus it (seconds).
+    reference: datetime | None = None
+    skew_seconds: float = 0.0
+    # True when the tick changed nothing because its time was too far from the database's.
+    refused: bool = False
+    lock_retries: int = 0
     synced: bool = False
     expired: list[dict[str, Any]] = field(default_factory=list)
     due_jobs: int = 0
@@ -81,6 +96,10 @@ class TickReport:
     def summary(self) -> dict[str, Any]:
         return {
             "now": self.now.isoformat(),
+            "database_now": self.reference.isoformat() if self.reference else None,
+            "clock_skew_seconds": round(self.skew_seconds, 3),
+            "refused": self.refused,
+            "lock_retries": self.lock_retries,
             "synced_settings": self.synced,
             "leases_expired": len(self.expired),
             "jobs_due": self.due_jobs,
@@ -99,7 +118,7 @@ class TickReport:
 
 
 class ClockSkewError(AgentError):
-    """The tick's clock is further ahead of the reference clock than AGENT_MAX_CLOCK_SKEW_SECONDS."""
+    """The tick's time is further from the database's clock than AGENT_MAX_CLOCK_SKEW_SECONDS."""
 
 
 class Scheduler:
@@ -107,20 +126,34 @@ class Scheduler:
                  clock: Callable[[], datetime] | None = None,
                  reference_clock: Callable[[], datetime] | None = None) -> None:
         """``queue`` is None in the local runner's direct mode (workers claim from agent.runs);
-        ``reference_clock`` is what the tick's time is checked against (the agent's own clock;
-        the database's when the agent runs on the system clock)."""
+        ``reference_clock`` is what the tick's time is checked against: the database's clock,
+        read at the tick (or the explicit test clock the agent was given)."""
         self.store = store
         self.queue = queue
         self.settings = settings
         self.telemetry = telemetry
         self.clock = clock or (lambda: datetime.now(UTC))
-        self.reference_clock = reference_clock or self.clock
+        # None: simulated time (tests): a tick's own time is taken as the truth, unchecked.
+        self.reference_clock = reference_clock
 
     def tick(self, now: datetime | None = None) -> TickReport:
-        now = (now or self.clock()).astimezone(UTC)
-        report = TickReport(now=now)
+        """One tick at ``now`` (by default the agent's clock: the database's). A ``now`` further
+        from the database's clock than AGENT_MAX_CLOCK_SKEW_SECONDS, either way, changes
+        nothing: the report is ``refused`` with one line saying why."""
         started = time.perf_counter()
         statements_before = self.store.statements_executed
+        try:
+            reference = (self.reference_clock() if self.reference_clock is not None
+                         else (now or self.clock())).astimezone(UTC)
+        except Exception as exc:
+            # Without the database's time the tick cannot know what is due: nothing changes.
+            report = TickReport(now=(now or datetime(1970, 1, 1, tzinfo=UTC)).astimezone(UTC))
+            report.errors.append(f"check_clock: {describe(exc)}")
+            log.error("tick: cannot read the database's clock: %s", describe(exc))
+            report.duration_ms = (time.perf_counter() - started) * 1000
+            return report
+        now = (now or self.clock()).astimezone(UTC)
+        report = TickReport(now=now, reference=reference, skew_seconds=(now - reference).total_seconds())
         steps = [self.check_clock, self.sync_jobs, self.plan_database_jobs, self.expire_leases,
                  self.progress_fleets, self.recover_clock_jumps, self.claim_slots]
         if self.queue is not None:
@@ -128,10 +161,11 @@ class Scheduler:
         steps.append(self.purge_history)
         for step in steps:
             try:
-                step(now, report)
+                self._run_step(step, now, report)
             except ClockSkewError as exc:
                 report.errors.append(str(exc))
-                log.error("tick refused: %s", exc)
+                report.refused = True
+                log.info("%s", exc)   # said once by the caller: the CLI's error line, the timer's log
                 break
             except QueueError as exc:
                 report.errors.append(str(exc))
@@ -148,33 +182,55 @@ class Scheduler:
         self._report_metrics(report)
         return report
 
+    def _run_step(self, step: Callable[[datetime, TickReport], None], now: datetime, report: TickReport) -> None:
+        """Run one step; a step that lost a race for locks (its transaction was rolled back,
+        nothing done) runs again after a short random pause, up to STEP_ATTEMPTS in all."""
+        for attempt in range(1, STEP_ATTEMPTS + 1):
+            try:
+                step(now, report)
+                return
+            except (ClockSkewError, QueueError, PartialDispatchError):
+                raise
+            except Exception as exc:
+                if attempt == STEP_ATTEMPTS or not is_lock_conflict(exc):
+                    raise
+                report.lock_retries += 1
+                pause = random.uniform(0.01, 0.05 * 2 ** attempt)
+                log.info("tick %s lost a race for locks (%s); running it again in %.2f s (attempt %d of %d)",
+                         step.__name__, describe(exc), pause, attempt + 1, STEP_ATTEMPTS)
+                time.sleep(pause)
+
     # ------------------------------------------------------------ 0. the clock
 
     def check_clock(self, now: datetime, report: TickReport) -> None:
-        """A tick far ahead of the reference would claim slots that have not come and move
-        jobs' next slots out of reach: refuse it, saying why. A tick behind it is only late."""
+        """A tick whose time is further from the database's clock than the allowed skew changes
+        nothing. Ahead, it would claim slots that have not come and move jobs out of reach;
+        behind, it would take state other ticks wrote at the right time (claimed slots, jobs
+        moved on) for the work of a runaway clock, and record false misfires."""
         skew = self.settings.agent.max_clock_skew_seconds
-        reference = self.reference_clock().astimezone(UTC)
-        ahead = (now - reference).total_seconds()
-        if ahead > skew:
-            self.telemetry.event("ClockSkewDetected", {"outcome": "refused", "error_message":
-                                                       f"tick at {now.isoformat()} is {ahead:.0f} s ahead"})
-            raise ClockSkewError(
-                f"this tick's time {now.isoformat()} is {_span(ahead)} ahead of the reference clock "
-                f"({reference.isoformat()}); a tick more than AGENT_MAX_CLOCK_SKEW_SECONDS={skew} ahead claims "
-                "nothing: fix this instance's clock (or give --now a time near the present)")
-        if -ahead > skew:
-            report.warnings.append(f"this tick's time {now.isoformat()} is {_span(-ahead)} behind the reference "
-                                   f"clock ({reference.isoformat()}); slots will run late")
+        reference = report.reference or now
+        off = (now - reference).total_seconds()
+        if abs(off) > skew:
+            way = "ahead of" if off > 0 else "behind"
+            message = (f"tick refused: its time {now.isoformat()} is {_span(abs(off))} {way} the database's clock "
+                       f"({reference.isoformat()}), more than AGENT_MAX_CLOCK_SKEW_SECONDS={skew}; nothing was "
+                       "changed (give --now a time within the skew, or fix the clock that supplied it)")
+            self.telemetry.event("ClockSkewDetected", {"outcome": "refused", "skew_seconds": round(off, 3),
+                                                       "error_message": message})
+            raise ClockSkewError(message)
 
     def recover_clock_jumps(self, now: datetime, report: TickReport) -> None:
-        """Undo what a tick whose clock ran far ahead did: jobs it moved past their next real
-        slot start again from now; the slots it claimed that have not come are removed (they
-        are claimed again when their time comes); leases it set far ahead are shortened."""
+        """Undo what a tick whose clock ran far ahead of the database's did (an older version's
+        tick; this one refuses such a time): jobs it moved past their next real slot start again
+        from now; the slots it claimed that have not come are removed (they are claimed again
+        when their time comes); leases it set far ahead are shortened. "Far" is measured from
+        the database's clock, so state written at the right time is never touched, and a second
+        pass finds nothing (what it fixed is no longer ahead)."""
         store = self.store
         agent = self.settings.agent
-        far = now + timedelta(seconds=agent.max_clock_skew_seconds)
-        far_lease = far + timedelta(seconds=max(3600, agent.dispatch_lease_seconds) + self._lookahead_span(now))
+        reference = max(now, report.reference or now)
+        far = reference + timedelta(seconds=agent.max_clock_skew_seconds)
+        far_lease = far + timedelta(seconds=max(3600, agent.dispatch_lease_seconds) + self._lookahead_span(reference))
         with store.transaction():
             jobs = store.execute("select_runaway_jobs", far=far).rows
             advances, events = [], []

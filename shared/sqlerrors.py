@@ -41,6 +41,7 @@ __all__ = [
     "classify",
     "diagnostic_records",
     "is_transient",
+    "is_lock_conflict",
     "retry_transient",
     "TRANSIENT_SQLSERVER_NUMBERS",
     "PERMANENT_SQLSERVER_NUMBERS",
@@ -278,6 +279,25 @@ def is_unique_violation(exc: BaseException) -> bool:
         return "UNIQUE constraint failed" in str(exc)
     info = classify(exc)
     return info.sqlstate == "23505" or info.number in (2627, 2601)
+
+
+# Lock conflicts: a deadlock victim (PostgreSQL 40P01, SQL Server 1205), a serialization failure
+# (40001), a lock wait that timed out (PostgreSQL 55P03, SQL Server 1222, 1204), SQLite busy.
+_LOCK_CONFLICT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
+_LOCK_CONFLICT_NUMBERS = frozenset({1204, 1205, 1222})
+
+
+def is_lock_conflict(exc: BaseException) -> bool:
+    """True when ``exc`` says the statement lost a race for locks (rolled back, nothing done):
+    running it again in a new transaction is the remedy."""
+    info = classify(exc)
+    if info.kind != TRANSIENT:
+        return False
+    if info.sqlstate in _LOCK_CONFLICT_SQLSTATES or info.number in _LOCK_CONFLICT_NUMBERS:
+        return True
+    lowered = info.message.lower()
+    return ("deadlock" in lowered or "database is locked" in lowered or "database table is locked" in lowered
+            or "could not serialize" in lowered or "lock timeout" in lowered)
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -214,14 +214,16 @@ class Clock:
 
 
 def make_agent(db: str, jobs: dict[str, dict[str, str]] | None = None, *, clock=None, queue=None,
-               **agent_settings: str):
+               simulated_time: bool = True, **agent_settings: str):
     """An agent on ``db`` with the schema applied. ``queue``: a queue port (queue mode, as the
-    Functions app runs), or None for direct mode (the local runner claims from the runs table)."""
+    Functions app runs), or None for direct mode (the local runner claims from the runs table).
+    ``simulated_time``: tests travel in time through ``tick(now)`` (the test hook: a tick's own
+    time is the truth); False checks it against the database's clock, as the CLI does."""
     from shared.agent import Agent
     from shared.config import load_settings
 
     settings = load_settings(environ=job_env(jobs or {}, **agent_settings))
-    agent = Agent(settings, db=db, clock=clock, queue=queue)
+    agent = Agent(settings, db=db, clock=clock, queue=queue, simulated_time=simulated_time)
     _AGENTS_MADE.append(agent)
     agent.init()
     return agent
@@ -257,8 +259,8 @@ def agent_factory(db_url):
     """Build agents on the test's database; closes them afterwards."""
     agents = []
 
-    def build(jobs=None, *, clock=None, queue=None, **agent_settings):
-        agent = make_agent(db_url, jobs, clock=clock, queue=queue, **agent_settings)
+    def build(jobs=None, *, clock=None, queue=None, simulated_time=True, **agent_settings):
+        agent = make_agent(db_url, jobs, clock=clock, queue=queue, simulated_time=simulated_time, **agent_settings)
         agents.append(agent)
         return agent
 

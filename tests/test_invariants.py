@@ -31,7 +31,8 @@ def _tick_in_process(db_url: str, env: dict, barrier, now_iso: str, results) -> 
     from shared.agent import Agent
     from shared.config import load_settings
 
-    agent = Agent(load_settings(environ=env), db=db_url)
+    # simulated_time: the ticks run at the hour's slot (the test's time travel), not the database's now.
+    agent = Agent(load_settings(environ=env), db=db_url, simulated_time=True)
     agent.store().require_schema()
     barrier.wait(timeout=60)
     report = agent.tick(datetime.fromisoformat(now_iso))

@@ -102,7 +102,7 @@ OUTPUT inserted.state_key INTO @won; -- MERGE ends with a semicolon
 SELECT state_key FROM @won;
 
 -- database_time --
--- The database server's clock (UTC), the reference a tick's own clock is checked against.
+-- The database server's clock (UTC): the agent's one clock.
 SELECT SYSUTCDATETIME() AS server_now;
 
 -- record_config_events --
@@ -212,6 +212,12 @@ FROM OPENJSON(:events) WITH (job_name NVARCHAR(64), kind NVARCHAR(32), detail NV
 -- Take back every run whose holder stopped renewing its lease (a lapse: the worker died or lost the database; counted apart from attempts, failed after AGENT_MAX_LAPSES) or whose message was lost, fencing it with a new token.
 DECLARE @expired TABLE (run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16), status NVARCHAR(16), attempt INT,
                         lapses INT, token BIGINT, operation_id NVARCHAR(32), scheduled_for DATETIME2(6), was_running INT);
+-- Lock order: the rows are locked first in key order (an ordered scan of the clustered key), so racing ticks never deadlock.
+DECLARE @lock_runs TABLE (run_id BIGINT);
+INSERT INTO @lock_runs (run_id)
+SELECT run_id FROM agent.runs WITH (UPDLOCK, ROWLOCK, INDEX(runs_pk))
+WHERE status IN (N'queued', N'running') AND lease_expires_at < CAST(:now AS DATETIME2(6)) AND awaiting_targets = 0
+ORDER BY run_id;
 UPDATE agent.runs SET
     status = CASE WHEN status = N'running' AND lapses + 1 > CAST(:max_lapses AS INT) THEN N'failed' ELSE N'pending' END,
     lapses = CASE WHEN status = N'running' THEN lapses + 1 ELSE lapses END,
@@ -247,12 +253,12 @@ WHERE advanced_at > CAST(:far AS DATETIME2(6)) AND configured = 1
 ORDER BY job_name;
 
 -- recover_runaway_runs --
--- Undo what a clock far ahead created: its never-started slots go (they are claimed again when their time comes), other never-started runs become runnable now, and leases set far ahead come back within reach.
+-- Undo what a clock far ahead created: its never-started slots go, and the misfires it recorded (false: the slots had not come; they are claimed again when their time comes), other never-started runs become runnable now, and leases set far ahead come back within reach.
 DECLARE @recovered TABLE (action NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6));
 DELETE r
 OUTPUT N'removed', deleted.run_id, deleted.job_name, deleted.scheduled_for INTO @recovered
 FROM agent.runs AS r
-WHERE r.kind = N'scheduled' AND r.status IN (N'pending', N'queued') AND r.attempt = 0
+WHERE r.kind = N'scheduled' AND r.status IN (N'pending', N'queued', N'skipped') AND r.attempt = 0
   AND r.created_at > CAST(:far AS DATETIME2(6));
 UPDATE agent.runs SET runnable_at = CAST(:now AS DATETIME2(6)), created_at = CAST(:now AS DATETIME2(6)),
     status = N'pending', lease_expires_at = NULL
@@ -296,6 +302,15 @@ SELECT run_id, job_name, scheduled_for, status, note, operation_id, token FROM @
 -- advance_jobs --
 -- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at}); a job another tick already moved is left as it is.
 DECLARE @advanced TABLE (job_name NVARCHAR(64));
+-- Lock order: the jobs are locked first in key order (an ordered scan of the clustered key), so racing ticks never deadlock.
+DECLARE @lock_jobs TABLE (job_name NVARCHAR(64));
+INSERT INTO @lock_jobs (job_name)
+SELECT x.job_name FROM agent.jobs AS x WITH (UPDLOCK, ROWLOCK, INDEX(jobs_pk))
+WHERE EXISTS (SELECT 1 FROM OPENJSON(:advances) WITH (schedule NVARCHAR(400), timezone NVARCHAR(64),
+                                                      from_due NVARCHAR(40)) AS v
+              WHERE x.next_due_at = CONVERT(DATETIME2(6), v.from_due, 121) AND x.schedule = v.schedule
+                AND x.timezone = v.timezone)
+ORDER BY x.job_name;
 UPDATE j SET next_due_at = CONVERT(DATETIME2(6), a.next_due_at, 121), advanced_at = CAST(:now AS DATETIME2(6))
 OUTPUT inserted.job_name INTO @advanced
 FROM agent.jobs AS j
@@ -561,6 +576,12 @@ WHERE status = N'pending' AND runnable_at > CAST(:now AS DATETIME2(6));
 -- renew_leases --
 -- One statement renews the lease of every run a process holds (a JSON array of {run_id, token}); a run missing from the result was taken over or cancelled.
 DECLARE @renewed TABLE (run_id BIGINT);
+-- Lock order: the held runs are locked first in key order (an ordered seek of the clustered key).
+DECLARE @lock_held TABLE (run_id BIGINT);
+INSERT INTO @lock_held (run_id)
+SELECT x.run_id FROM agent.runs AS x WITH (UPDLOCK, ROWLOCK, INDEX(runs_pk))
+WHERE x.run_id IN (SELECT h.run_id FROM OPENJSON(:held) WITH (run_id BIGINT) AS h)
+ORDER BY x.run_id;
 UPDATE r SET heartbeat_at = CAST(:now AS DATETIME2(6)),
     lease_expires_at = DATEADD(second, r.lease_seconds, CAST(:now AS DATETIME2(6)))
 OUTPUT inserted.run_id INTO @renewed

@@ -54,8 +54,8 @@ WHERE agent.state.state_value < EXCLUDED.state_value
 RETURNING state_key;
 
 -- database_time --
--- The database server's clock (UTC), the reference a tick's own clock is checked against.
-SELECT CAST(now() AT TIME ZONE 'UTC' AS timestamp) AS server_now;
+-- The database server's clock (UTC): the agent's one clock. clock_timestamp(), not now(): the time of this statement even inside a transaction.
+SELECT CAST(clock_timestamp() AT TIME ZONE 'UTC' AS timestamp) AS server_now;
 
 -- record_config_events --
 -- Record each job whose configuration became invalid (or changed its error) since the last sync.
@@ -164,7 +164,12 @@ UPDATE agent.runs SET
                            || CAST(lapses + 1 AS VARCHAR) || ' of AGENT_MAX_LAPSES='
                            || CAST(CAST(:max_lapses AS INT) AS VARCHAR) || ')'
                       ELSE 'dispatch lease expired: the message was not picked up in time; dispatching again' END
-WHERE status IN ('queued', 'running') AND lease_expires_at < CAST(:now AS timestamp) AND awaiting_targets = 0
+WHERE run_id IN (
+        -- Locked in key order first (racing ticks never lock the same rows in different orders).
+        SELECT run_id FROM agent.runs
+        WHERE status IN ('queued', 'running') AND lease_expires_at < CAST(:now AS timestamp) AND awaiting_targets = 0
+        ORDER BY run_id FOR UPDATE)
+  AND status IN ('queued', 'running') AND lease_expires_at < CAST(:now AS timestamp) AND awaiting_targets = 0
 RETURNING run_id, job_name, kind, status, attempt, lapses, token, operation_id, scheduled_for,
           CASE WHEN last_error LIKE 'lease lapsed:%' THEN 1 ELSE 0 END AS was_running;
 
@@ -172,7 +177,11 @@ RETURNING run_id, job_name, kind, status, attempt, lapses, token, operation_id, 
 -- Mark attempts still 'running' whose run has moved on to a newer token: their worker died or was fenced.
 UPDATE agent.attempts SET outcome = 'lease_expired', finished_at = CAST(:now AS timestamp),
     error_message = 'lease lapsed: the worker stopped renewing its lease (killed, hung or cut off from the database)'
-WHERE outcome = 'running'
+WHERE attempt_id IN (
+        SELECT a.attempt_id FROM agent.attempts AS a
+        WHERE a.outcome = 'running' AND a.token < (SELECT r.token FROM agent.runs r WHERE r.run_id = a.run_id)
+        ORDER BY a.attempt_id FOR UPDATE OF a)
+  AND outcome = 'running'
   AND token < (SELECT r.token FROM agent.runs r WHERE r.run_id = agent.attempts.run_id);
 
 -- select_runaway_jobs --
@@ -183,9 +192,9 @@ WHERE advanced_at > CAST(:far AS timestamp) AND configured = 1
 ORDER BY job_name;
 
 -- recover_runaway_runs --
--- Undo what a clock far ahead created: its never-started slots go (they are claimed again when their time comes), other never-started runs become runnable now, and leases set far ahead come back within reach.
+-- Undo what a clock far ahead created: its never-started slots go, and the misfires it recorded (false: the slots had not come; they are claimed again when their time comes), other never-started runs become runnable now, and leases set far ahead come back within reach.
 DELETE FROM agent.runs
-WHERE kind = 'scheduled' AND status IN ('pending', 'queued') AND attempt = 0
+WHERE kind = 'scheduled' AND status IN ('pending', 'queued', 'skipped') AND attempt = 0
   AND created_at > CAST(:far AS timestamp)
 RETURNING 'removed' AS action, run_id, job_name, scheduled_for;
 UPDATE agent.runs SET runnable_at = CAST(:now AS timestamp), created_at = CAST(:now AS timestamp),
@@ -224,10 +233,15 @@ RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
 
 -- advance_jobs --
 -- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at}); a job another tick already moved is left as it is.
+-- The jobs are locked in key order first: racing ticks never lock them in different orders (a deadlock).
 UPDATE agent.jobs AS j SET next_due_at = CAST(a.next_due_at AS timestamp), advanced_at = CAST(:now AS timestamp)
-FROM json_to_recordset(CAST(:advances AS json)) AS a(schedule VARCHAR, timezone VARCHAR, from_due VARCHAR,
-                                                     next_due_at VARCHAR)
-WHERE j.next_due_at = CAST(a.from_due AS timestamp) AND j.schedule = a.schedule AND j.timezone = a.timezone
+FROM (SELECT x.job_name, v.next_due_at, v.from_due
+      FROM agent.jobs AS x
+      JOIN json_to_recordset(CAST(:advances AS json)) AS v(schedule VARCHAR, timezone VARCHAR, from_due VARCHAR,
+                                                           next_due_at VARCHAR)
+        ON x.next_due_at = CAST(v.from_due AS timestamp) AND x.schedule = v.schedule AND x.timezone = v.timezone
+      ORDER BY x.job_name FOR UPDATE OF x) AS a
+WHERE j.job_name = a.job_name AND j.next_due_at = CAST(a.from_due AS timestamp)
 RETURNING j.job_name;
 
 -- dispatch_runs --
@@ -262,7 +276,10 @@ WHERE status = 'pending' AND runnable_at > CAST(:now AS timestamp);
 -- One statement renews the lease of every run a process holds (a JSON array of {run_id, token}); a run missing from the result was taken over or cancelled.
 UPDATE agent.runs AS r SET heartbeat_at = CAST(:now AS timestamp),
     lease_expires_at = CAST(:now AS timestamp) + r.lease_seconds * INTERVAL '1 second'
-FROM json_to_recordset(CAST(:held AS json)) AS h(run_id BIGINT, token BIGINT)
+FROM (SELECT x.run_id, x.token FROM agent.runs AS x
+      JOIN json_to_recordset(CAST(:held AS json)) AS v(run_id BIGINT, token BIGINT)
+        ON x.run_id = v.run_id AND x.token = v.token
+      ORDER BY x.run_id FOR UPDATE OF x) AS h
 WHERE r.run_id = h.run_id AND r.token = h.token AND r.status = 'running' AND r.awaiting_targets = 0
 RETURNING r.run_id;
 
@@ -497,13 +514,13 @@ gone AS (
 SELECT 'runs' AS purged, COUNT(*) AS rows_purged FROM gone;
 WITH old AS (
     SELECT event_id FROM agent.job_events WHERE event_at < CAST(:history_before AS timestamp)
-    ORDER BY event_id LIMIT CAST(:batch AS INT)),
+    ORDER BY event_id LIMIT CAST(:batch AS INT) FOR UPDATE SKIP LOCKED),
 gone AS (
     DELETE FROM agent.job_events AS e USING old WHERE e.event_id = old.event_id RETURNING e.event_id)
 SELECT 'job_events' AS purged, COUNT(*) AS rows_purged FROM gone;
 WITH old AS (
     SELECT poison_id FROM agent.poison_messages WHERE poisoned_at < CAST(:poison_before AS timestamp)
-    ORDER BY poison_id LIMIT CAST(:batch AS INT)),
+    ORDER BY poison_id LIMIT CAST(:batch AS INT) FOR UPDATE SKIP LOCKED),
 gone AS (
     DELETE FROM agent.poison_messages AS p USING old WHERE p.poison_id = old.poison_id RETURNING p.poison_id)
 SELECT 'poison_messages' AS purged, COUNT(*) AS rows_purged FROM gone;

@@ -54,7 +54,7 @@ WHERE agent_state.state_value < excluded.state_value
 RETURNING state_key;
 
 -- database_time --
--- The database's clock (UTC); for the embedded SQLite file, this machine's.
+-- The database's clock (UTC): the agent's one clock; for the embedded SQLite file, the clock of the machine that owns the file.
 SELECT strftime('%Y-%m-%d %H:%M:%f', 'now') AS server_now;
 
 -- record_config_events --
@@ -186,9 +186,9 @@ WHERE advanced_at > :far AND configured = 1
 ORDER BY job_name;
 
 -- recover_runaway_runs --
--- Undo what a clock far ahead created: its never-started slots go (they are claimed again when their time comes), other never-started runs become runnable now, and leases set far ahead come back within reach.
+-- Undo what a clock far ahead created: its never-started slots go, and the misfires it recorded (false: the slots had not come; they are claimed again when their time comes), other never-started runs become runnable now, and leases set far ahead come back within reach.
 DELETE FROM agent_runs
-WHERE kind = 'scheduled' AND status IN ('pending', 'queued') AND attempt = 0 AND created_at > :far
+WHERE kind = 'scheduled' AND status IN ('pending', 'queued', 'skipped') AND attempt = 0 AND created_at > :far
 RETURNING 'removed' AS action, run_id, job_name, scheduled_for;
 UPDATE agent_runs SET runnable_at = :now, created_at = :now, status = 'pending', lease_expires_at = NULL
 WHERE kind <> 'scheduled' AND status IN ('pending', 'queued') AND created_at > :far
