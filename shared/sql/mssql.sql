@@ -1218,3 +1218,11 @@ ORDER BY e.parent_run_id, e.run_id;
 -- Queue mode, first in a chain that ends with the hand-on dispatch: the start lock before any row (a completion that locked its rows, then waited for the start lock, deadlocked with a start holding the start lock and waiting for one of those rows: a run's last executions lock the run itself).
 DECLARE @starts_locked INT;
 SELECT @starts_locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+
+-- run_owner --
+-- Whom a run's SQL runs as (migration 0008): a task's own owner (agent.exec_async), else its job's when a procedure defined the job (agent.add_scheduled_job; also its agent.start_job runs and fleet executions). No row: the agent's user, or AGENT_JOB_PRINCIPAL.
+SELECT COALESCE(r.owner, j.owner) AS owner
+FROM agent.runs r
+LEFT JOIN agent.runs p ON p.run_id = r.parent_run_id
+LEFT JOIN agent.jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
+WHERE r.run_id = :run_id;

@@ -977,3 +977,11 @@ ORDER BY e.parent_run_id, e.run_id;
 -- lock_starts --
 -- The start lock: SQLite's write lock (BEGIN IMMEDIATE) already serialises every writer; nothing to take.
 UPDATE agent_start_lock SET lock_id = lock_id WHERE 1 = 0;
+
+-- run_owner --
+-- Whom a run's SQL runs as (migration 0008). The embedded database has no procedures: never an owner (the executor does not ask).
+SELECT COALESCE(r.owner, j.owner) AS owner
+FROM agent_runs r
+LEFT JOIN agent_runs p ON p.run_id = r.parent_run_id
+LEFT JOIN agent_jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
+WHERE r.run_id = :run_id;
