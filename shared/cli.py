@@ -532,8 +532,8 @@ def cmd_grant_sql(agent, args) -> int:
     from .grants import grant_scripts, render
 
     if args.operator is not None:
-        if args.app_name or args.job_database or args.execute_schema or args.job_principal or args.targets:
-            raise UsageError("grant-sql --operator PRINCIPAL takes no --app-name, --job-database, --execute-schema, "
+        if args.job_database or args.execute_schema or args.job_principal or args.targets:
+            raise UsageError("grant-sql --operator PRINCIPAL takes no --job-database, --execute-schema, "
                              "--job-principal or --targets: run the app's grants and the operator's membership as "
                              "two commands")
         return _grant_operator(agent, args)
@@ -627,7 +627,7 @@ def _grant_operator(agent, args) -> int:
                          "roles or procedures (the command line is its way in). Apply it to an Azure SQL / SQL Server "
                          "or PostgreSQL control database (AGENT_SQL_SERVER, or --db with an ODBC connection string)")
     # Printed for SQLite too: the T-SQL to run once the control database is Azure SQL.
-    script = operator_sql(args.operator, dialect=target.dialect)
+    script = operator_sql(args.operator, dialect=target.dialect, app=args.app_name)
     print(f"warning: {OPERATOR_WARNING}", file=sys.stderr)
     if not args.apply:
         print(script, end="")
