@@ -320,13 +320,11 @@ class Executor:
     def _owner(self, store: Store, run: dict[str, Any]) -> str | None:
         """The principal a run's SQL runs as when it was defined from the database side
         (agent.exec_async, agent.add_scheduled_job: migration 0008), else None (the agent's user,
-        or AGENT_JOB_PRINCIPAL). A job of the app settings needs no question; a task, a fleet
-        execution or a job defined in the database costs one indexed read."""
+        or AGENT_JOB_PRINCIPAL). One indexed read per run, asked every time: this process's copy
+        of the settings is no proof that the job of that name is still the settings' one (another
+        process may have synced their removal and an operator defined the name since)."""
         if store.dialect == "sqlite":
             return None             # no procedures: nothing is defined from the database side
-        job = run.get("job_name")
-        if run.get("kind") not in ("task", "target") and job and self.settings.job(job) is not None:
-            return None
         return store.execute("run_owner", run_id=run["run_id"]).scalar()
 
     def _fan_out(self, run: dict[str, Any], step: StepDefinition, steps: list[StepDefinition],

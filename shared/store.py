@@ -349,10 +349,11 @@ class Store:
                     # discarded after the rollback (_discard_after_rollback).
                     self._discard_after_rollback = True
                     # The cookie is a local variable of this batch: sp_executesql runs the job's SQL
-                    # in a scope of its own, where neither the variable nor a REVERT of this
-                    # batch's EXECUTE AS can be reached (REVERT there fails: the context was set
-                    # with a cookie), and EXECUTE AS another principal needs IMPERSONATE, which
-                    # the job's principal does not hold.
+                    # in a module scope of its own, where a REVERT applies only to an EXECUTE AS of
+                    # that scope and the variable cannot be read; the batch's context, set with
+                    # the cookie, is reverted only with it. EXECUTE AS anyone else needs
+                    # IMPERSONATE, which the job's principal does not hold (SQL Server Agent's own
+                    # rule for a non-sysadmin owner's job step).
                     name = "N'" + principal.replace("'", "''") + "'"
                     try:
                         cursor.execute(
