@@ -174,3 +174,37 @@ def test_settings_jobs_and_cli_tasks_still_run_as_the_agent(pg_url):
         assert query(agent, f"SELECT owner FROM agent.runs WHERE run_id = {int(run_id)}") == [(None,)]
     finally:
         agent.close()
+
+
+def test_each_fleet_execution_of_an_operators_job_runs_as_the_operator(operator):
+    """agent.add_scheduled_job @targets by the operator: every target database's execution runs
+    as the operator (checked inside each database), and a command beyond its rights fails there."""
+    name, as_operator, agent = operator
+    prefix = "ow" + uuid.uuid4().hex[:8]
+    databases = [f"{prefix}_{i}" for i in range(3)]
+    admin = pg_admin_connection()
+    try:
+        for database in databases:
+            admin.cursor().execute(f"CREATE DATABASE {database}")
+        check = (f"DO $$BEGIN IF current_user <> '{name}' OR session_user <> 'root' THEN "
+                 "RAISE EXCEPTION 'ran as %', current_user; END IF; RAISE NOTICE 'ran as %', current_user; END$$")
+        call(as_operator, "add_scheduled_job", name="fleet_ok", sql=check, schedule="0 0 4 * * *",
+             targets=f"db:{prefix}_*", max_attempts=1)
+        call(as_operator, "add_scheduled_job", name="fleet_bad", sql=f"CREATE ROLE {prefix}_evil",
+             schedule="0 0 4 * * *", targets=f"db:{prefix}_*", max_attempts=1)
+        agent.tick(agent.clock())
+        (ok,) = call(as_operator, "start_job", job_name="fleet_ok")
+        (bad,) = call(as_operator, "start_job", job_name="fleet_bad")
+        work(agent, concurrency=3, max_seconds=60)
+        executions = query(agent, "SELECT parent_run_id, target_database, status, last_error FROM agent.runs "
+                                  f"WHERE parent_run_id IN ({int(ok['run_id'])}, {int(bad['run_id'])})")
+        assert sorted((p, d, s) for p, d, s, _ in executions if p == ok["run_id"]) == [
+            (ok["run_id"], d, "succeeded") for d in databases]
+        failed = [(d, s, e) for p, d, s, e in executions if p == bad["run_id"]]
+        assert sorted(d for d, _, _ in failed) == databases
+        assert all(s == "failed" and "permission denied" in e and repr(name) in e for _, s, e in failed), failed
+        assert query(agent, f"SELECT COUNT(*) FROM pg_roles WHERE rolname = '{prefix}_evil'") == [(0,)]
+    finally:
+        for database in databases:
+            admin.cursor().execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        admin.close()
