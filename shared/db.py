@@ -109,7 +109,7 @@ _ALIASES = {
 
 PSQLODBC_EXPECTED = (
     "a name the PostgreSQL ODBC driver can carry in a connection string: no ';' and no NUL, not "
-    "starting with '{' (psqlODBC keeps the braces of a quoted value, so such a value cannot be quoted); "
+    "starting with '{' (after any spaces; psqlODBC keeps the braces of a quoted value, so such a value cannot be quoted); "
     "nothing is opened for it, never another database or server")
 
 
@@ -122,13 +122,14 @@ def odbc_value(value: str, *, dialect: str, key: str) -> str:
     tests/test_connection_strings.py): it honours the braces when splitting the string but keeps
     them in every value but the password, so ``Database={a;b}`` asks the server for a database
     named ``{a;b}``. Its bare values are carried exactly up to the first ``;`` (quotes, spaces,
-    ``=``, ``}`` and any Unicode character included), except one starting with ``{``. So on
+    ``=``, ``}`` and any Unicode character included), except one starting with ``{`` (spaces
+    before it included: the driver would read on to a closing brace, over the keys after it). So on
     PostgreSQL a value is written bare, and a value with ``;`` or a leading ``{`` is refused
     instead of reaching another database or server."""
     if not isinstance(value, str) or "\x00" in value:
         raise ConfigError(key, value, "a value without NUL characters (no connection string can carry one)")
     if dialect == "postgres":
-        if ";" in value or value.startswith("{"):
+        if ";" in value or value.lstrip().startswith("{"):
             raise ConfigError(key, value, PSQLODBC_EXPECTED)
         return value
     if value != value.strip() or not value or any(ch in value for ch in ";{}=") :

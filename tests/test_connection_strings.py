@@ -36,7 +36,7 @@ def test_sql_server_values_are_braced_and_read_back_exactly(name):
     assert moved["server"] == "other.example,1444" and moved["database"] == name and moved["pwd"] == "p;w}d"
 
 
-@pytest.mark.parametrize("name", ["h;Database=postgres", "h;Server=127.0.0.2", "h;te", "{h", "{h}", "h\x00x"])
+@pytest.mark.parametrize("name", ["h;Database=postgres", "h;Server=127.0.0.2", "h;te", "{h", "{h}", "  {h", "h\x00x"])
 def test_a_postgresql_value_psqlodbc_cannot_carry_is_refused_naming_it(name):
     base = "Driver={PostgreSQL Unicode};Server=127.0.0.1;Port=5432;Uid=root;Database=ctl;"
     with pytest.raises(ConfigError) as caught:
