@@ -354,12 +354,8 @@ class Store:
                     # the cookie, is reverted only with it. EXECUTE AS anyone else needs
                     # IMPERSONATE, which the job's principal does not hold (SQL Server Agent's own
                     # rule for a non-sysadmin owner's job step).
-                    name = "N'" + principal.replace("'", "''") + "'"
                     try:
-                        cursor.execute(
-                            "SET LOCK_TIMEOUT -1;\nDECLARE @agent_cookie VARBINARY(8000);\n"
-                            f"EXECUTE AS USER = {name} WITH COOKIE INTO @agent_cookie;\n"
-                            "EXEC sp_executesql ?;\nREVERT WITH COOKIE = @agent_cookie;\nSET LOCK_TIMEOUT 30000;", sql)
+                        cursor.execute(mssql_run_as_batch(principal), sql)
                     except Exception as exc:
                         if "15517" in str(exc) or "Cannot execute as the database principal" in str(exc):
                             raise OwnerError(f"{who} cannot run this job: {_one_line(exc)} (the user must exist in "
@@ -520,6 +516,15 @@ class Store:
             raise SchemaError(f"{self.target.display} has schema version {version}, this code needs {latest}: run `init-db` to upgrade")
         if version > latest:
             raise SchemaError(f"{self.target.display} has schema version {version}, newer than this code ({latest}): upgrade the agent")
+
+
+def mssql_run_as_batch(principal: str) -> str:
+    """SQL Server: the batch that runs a job's SQL (its one parameter) as database user
+    ``principal`` (a job's owner, or AGENT_JOB_PRINCIPAL), reverted only by this batch's cookie."""
+    name = "N'" + principal.replace("'", "''") + "'"
+    return ("SET LOCK_TIMEOUT -1;\nDECLARE @agent_cookie VARBINARY(8000);\n"
+            f"EXECUTE AS USER = {name} WITH COOKIE INTO @agent_cookie;\n"
+            "EXEC sp_executesql ?;\nREVERT WITH COOKIE = @agent_cookie;\nSET LOCK_TIMEOUT 30000;")
 
 
 def _one_line(exc: BaseException) -> str:

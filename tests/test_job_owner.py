@@ -208,3 +208,44 @@ def test_each_fleet_execution_of_an_operators_job_runs_as_the_operator(operator)
         for database in databases:
             admin.cursor().execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
         admin.close()
+
+
+def test_the_jobs_sql_reaches_the_owners_function_exactly(operator):
+    """The job's SQL is a parameter of the function call, never spliced into its body: quotes,
+    backslashes, '?', dollar quotes and Unicode arrive as written."""
+    name, as_operator, agent = operator
+    literal = "it's \\ ? $$ $agent$ ünï ✓ ;"
+    sql = ("INSERT INTO owned_work SELECT " + "'" + literal.replace("'", "''") + "'" + ", current_user; "
+           "DO $x$BEGIN RAISE NOTICE 'done %', current_user; END$x$")
+    (task,) = call(as_operator, "exec_async", sql=sql, execution_order=None)
+    work(agent, concurrency=1)
+    assert _run(agent, task["run_id"])["status"] == "succeeded"
+    assert query(agent, "SELECT who, login FROM owned_work") == [(literal, name)]
+
+
+@pytest.mark.parametrize("owner", ["ops", "it's", "a]b", "Ünïcode 名前", "x'; REVERT; --"])
+def test_the_sql_server_batch_impersonates_the_owner_with_a_cookie_and_parses(owner):
+    """The T-SQL the agent sends on SQL Server / Azure SQL (run there by the conformance run):
+    EXECUTE AS USER = the owner WITH COOKIE, the job's SQL through sp_executesql (its own scope),
+    REVERT only with the cookie; the owner's name is one string literal, whatever it holds."""
+    from sqlfluff.core import FluffConfig, Linter
+    from sqlglot.dialects.tsql import TSQL
+
+    from shared.store import mssql_run_as_batch
+
+    batch = mssql_run_as_batch(owner)
+    lines = batch.splitlines()
+    # sqlfluff's T-SQL grammar has no EXECUTE AS / REVERT statements: the rest is parsed, those two
+    # are checked token by token (the owner one N'' literal; the cookie the batch's own variable).
+    linter = Linter(config=FluffConfig(overrides={"dialect": "tsql"}))
+    rest = "\n".join(line for line in lines if not line.startswith(("EXECUTE AS", "REVERT")))
+    parsed = linter.parse_string(rest.replace("?", "N'SELECT 1'"))
+    assert not parsed.violations and "unparsable" not in parsed.tree.stringify(), parsed.tree.stringify()
+    (execute_as,) = [line for line in lines if line.startswith("EXECUTE AS")]
+    tokens = [(t.token_type.name, t.text) for t in TSQL().tokenize(execute_as)]
+    assert [t for t in tokens if t[0] == "NATIONAL_STRING"] == [("NATIONAL_STRING", owner)]
+    assert [t[1].upper() for t in tokens[:4]] == ["EXECUTE", "AS", "USER", "="]
+    assert [t[1].upper() for t in tokens[-5:]] == ["COOKIE", "INTO", "@", "AGENT_COOKIE", ";"] or \
+        [t[1].upper() for t in tokens[-4:]] == ["COOKIE", "INTO", "@AGENT_COOKIE", ";"], tokens
+    assert "WITH COOKIE INTO @agent_cookie" in batch and "REVERT WITH COOKIE = @agent_cookie" in batch
+    assert batch.index("\nEXECUTE AS USER") < batch.index("\nEXEC sp_executesql ?") < batch.index("\nREVERT WITH COOKIE")
