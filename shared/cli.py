@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "unset: jobs run as the app)")
     grant.add_argument("--operator", metavar="PRINCIPAL",
                        help="instead: make PRINCIPAL a member of agent_operator (EXECUTE on the T-SQL interface's "
-                            "procedures, SELECT on its views, nothing on the tables)")
+                            "procedures, SELECT on its views, nothing on the tables) and let the agent run its jobs as "
+                            "it (with --app-name on SQL Server: IMPERSONATE for that user)")
     grant.add_argument("--targets", metavar="JOB",
                        help="instead: the scripts for the fleet targets of JOB (resolved now: one per target "
                             "database, one per master that lists databases), grouped by server")
