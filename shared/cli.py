@@ -591,7 +591,7 @@ def _grant_targets(agent, args) -> int:
     per target database; printed, or with --apply run on each. PostgreSQL: CONNECT on each
     target database, one script per server."""
     from .fleet_ops import job_fleet, resolve_fleet
-    from .grants import fleet_grant_scripts, fleet_postgres_scripts, render_fleet
+    from .grants import fleet_grant_scripts, fleet_postgres_scripts, name_problem, render_fleet
 
     target = agent.target
     steps = job_fleet(agent, args.targets)         # UsageError: unknown job, no fleet step, SQLite, pool: on PG
@@ -601,7 +601,15 @@ def _grant_targets(agent, args) -> int:
                          "yourself (GRANT USAGE ON SCHEMA ..., GRANT EXECUTE ON ALL ROUTINES IN SCHEMA ...)")
     resolution = resolve_fleet(steps, dialect=target.dialect, control_store=agent.store,
                                target_store=agent.target_store)
-    pairs = [(t.server, t.database) for t in resolution.targets()]
+    pairs = []
+    for server, database in [(t.server, t.database) for t in resolution.targets()]:
+        problem = name_problem(database)
+        if problem:     # a listed name no script can hold: named and left out, the others go on
+            where = f"server {server}" if server else "the agent's server"
+            print(f"warning: job {args.targets!r}: database {database!r} on {where} is left out: expected "
+                  f"{problem}", file=sys.stderr)
+        else:
+            pairs.append((server, database))
     if target.dialect == "postgres":
         scripts = fleet_postgres_scripts(args.app_name, pairs, job_name=args.targets)
     else:

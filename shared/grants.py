@@ -57,6 +57,16 @@ def _check_name(value: object, setting: str, what: str) -> str:
     return value
 
 
+def name_problem(value: str) -> str | None:
+    """Why a database name found at run time (a glob, server:, pool:) cannot go into a script,
+    or None: control characters (a line break would end a comment), or beyond sysname."""
+    try:
+        _check_name(value, "TARGETS", "a database name")
+    except ConfigError as exc:
+        return exc.expected
+    return None
+
+
 def quote_name(name: str) -> str:
     """``name`` as a T-SQL delimited identifier, as QUOTENAME(name) does: [name] with ] doubled."""
     return "[" + name.replace("]", "]]") + "]"

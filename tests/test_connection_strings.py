@@ -124,3 +124,38 @@ def _connect(name: str):
     from tests.conftest import PG_BASE
 
     return pyodbc.connect(with_database(PG_BASE, name, "postgres"), autocommit=True, timeout=5)
+
+
+def test_grant_sql_and_doctor_quote_or_name_each_listed_name_and_go_on(tmp_path, capsys, monkeypatch):
+    """Listed names in grant-sql --targets: quoted identifiers (a name with ';' or '"' is one
+    identifier), a name with a line break (which would end a comment) left out with a warning
+    naming it; doctor probes each target, the ones psqlODBC cannot carry named with why."""
+    import re
+
+    from shared.cli import main as cli
+
+    prefix = "cg" + uuid.uuid4().hex[:8]
+    names = [f"{prefix}_plain", f'{prefix}_q";x', f"{prefix}_nl\nGRANT ALL ON DATABASE postgres TO PUBLIC; --"]
+    admin = pg_admin_connection()
+    try:
+        for name in names:
+            admin.cursor().execute(f"CREATE DATABASE {_quote(name)}")
+        with fresh_database("postgres", tmp_path) as control:
+            jobs = {"fleet": {"SCHEDULE": "0 0 3 * * *", "COMMAND": "SELECT 1", "TARGETS": f"db:{prefix}_*"}}
+            make_agent(control, jobs).close()
+            for key, value in jobs["fleet"].items():
+                monkeypatch.setenv(f"JOB__fleet__{key}", value)
+            assert cli(["--db", control, "grant-sql", "--app-name", "app", "--targets", "fleet"]) == 0
+            captured = capsys.readouterr()
+            grants = [line for line in captured.out.splitlines() if not line.startswith("--") and line.strip()]
+            assert grants == [f"GRANT CONNECT ON DATABASE {_quote(n)} TO \"app\";" for n in sorted(names[:2])]
+            assert repr(names[2]) in captured.err and "left out" in captured.err
+            assert "GRANT ALL" not in captured.out
+            cli(["--db", control, "doctor"])
+            out = capsys.readouterr().out
+            assert re.search(re.escape(repr(names[1])) + r".*psqlODBC", out) or (
+                names[1] in out and "psqlODBC" in out), out
+    finally:
+        for name in names:
+            admin.cursor().execute(f"DROP DATABASE IF EXISTS {_quote(name)} WITH (FORCE)")
+        admin.close()
