@@ -320,11 +320,15 @@ class Executor:
     def _owner(self, store: Store, run: dict[str, Any]) -> str | None:
         """The principal a run's SQL runs as when it was defined from the database side
         (agent.exec_async, agent.add_scheduled_job: migration 0008), else None (the agent's user,
-        or AGENT_JOB_PRINCIPAL). One indexed read per run, asked every time: this process's copy
-        of the settings is no proof that the job of that name is still the settings' one (another
-        process may have synced their removal and an operator defined the name since)."""
+        or AGENT_JOB_PRINCIPAL). start_run and claim_runs return it with the run (no statement of
+        its own); a run dict from elsewhere costs one indexed read. Always from the database: this
+        process's copy of the settings is no proof that the job of that name is still the
+        settings' one (another process may have synced their removal and an operator defined the
+        name since)."""
         if store.dialect == "sqlite":
             return None             # no procedures: nothing is defined from the database side
+        if "owner" in run:
+            return run["owner"]
         return store.execute("run_owner", run_id=run["run_id"]).scalar()
 
     def _fan_out(self, run: dict[str, Any], step: StepDefinition, steps: list[StepDefinition],

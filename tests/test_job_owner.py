@@ -249,3 +249,24 @@ def test_the_sql_server_batch_impersonates_the_owner_with_a_cookie_and_parses(ow
         [t[1].upper() for t in tokens[-4:]] == ["COOKIE", "INTO", "@AGENT_COOKIE", ";"], tokens
     assert "WITH COOKIE INTO @agent_cookie" in batch and "REVERT WITH COOKIE = @agent_cookie" in batch
     assert batch.index("\nEXECUTE AS USER") < batch.index("\nEXEC sp_executesql ?") < batch.index("\nREVERT WITH COOKIE")
+
+
+def test_in_queue_mode_the_started_run_carries_its_owner(operator, pg_url):
+    """Queue mode (the Functions host): start_run hands the owner over with the run; the task
+    runs as the operator, and a job's escape fails there too."""
+    from tests.memory_queue import MemoryQueue
+
+    name, as_operator, direct = operator
+    agent = make_agent(pg_url, queue=MemoryQueue())
+    try:
+        (good,) = call(as_operator, "exec_async", sql="INSERT INTO owned_work SELECT current_user, 'queued'",
+                       execution_order=None)
+        (bad,) = call(as_operator, "exec_async", sql="RESET ROLE; INSERT INTO owned_work VALUES ('x', 'y')",
+                      execution_order=None)
+        agent.tick(agent.clock())
+        work(agent, concurrency=1)
+        assert _run(agent, good["run_id"])["status"] == "succeeded"
+        assert _run(agent, bad["run_id"])["status"] == "failed"
+        assert query(agent, "SELECT who, login FROM owned_work") == [(name, "queued")]
+    finally:
+        agent.close()
