@@ -173,13 +173,6 @@ def _split_server(server: str) -> tuple[str, int]:
     return host, port
 
 
-def _odbc_value(value: str) -> str:
-    """A connection-string value, in braces when it contains characters ODBC would misread."""
-    if value != value.strip() or any(ch in value for ch in ";{}="):
-        return "{" + value.replace("}", "}}") + "}"
-    return value
-
-
 def build_connection_string(
     server: str, database: str, *, driver: str = DEFAULT_DRIVER, timeout: int = 30
 ) -> str:
@@ -188,14 +181,14 @@ def build_connection_string(
     host, port = _split_server(server)
     if not isinstance(database, str) or not database.strip():
         raise ConfigError("AGENT_SQL_DATABASE", database, "the database name on the Azure SQL server")
-    if not driver or "}" in driver:
-        raise ConfigError("ODBC driver", driver, "an installed ODBC driver name such as 'ODBC Driver 18 for SQL Server'")
     if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
         raise ConfigError("connection timeout", timeout, "a whole number of seconds >= 1")
-    return (
-        f"Driver={{{driver}}};Server=tcp:{host},{port};Database={_odbc_value(database)};"
-        f"Encrypt=yes;TrustServerCertificate=no;Connection Timeout={timeout}"
-    )
+    from .db import build_connection_string as build   # the one builder: every value quoted
+
+    return build(None, "mssql", [
+        ("Driver", driver), ("Server", f"tcp:{host},{port}"), ("Database", database),
+        ("Encrypt", "yes"), ("TrustServerCertificate", "no"), ("Connection Timeout", str(timeout)),
+    ]).rstrip(";")
 
 
 def check_odbc_environment(driver_name: str = DEFAULT_DRIVER) -> None:

@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "unset: jobs run as the app)")
     grant.add_argument("--operator", metavar="PRINCIPAL",
                        help="instead: make PRINCIPAL a member of agent_operator (EXECUTE on the T-SQL interface's "
-                            "procedures, SELECT on its views, nothing on the tables)")
+                            "procedures, SELECT on its views, nothing on the tables) and let the agent run its jobs as "
+                            "it (with --app-name on SQL Server: IMPERSONATE for that user)")
     grant.add_argument("--targets", metavar="JOB",
                        help="instead: the scripts for the fleet targets of JOB (resolved now: one per target "
                             "database, one per master that lists databases), grouped by server")
@@ -537,8 +538,8 @@ def cmd_grant_sql(agent, args) -> int:
     from .grants import grant_scripts, render
 
     if args.operator is not None:
-        if args.app_name or args.job_database or args.execute_schema or args.job_principal or args.targets:
-            raise UsageError("grant-sql --operator PRINCIPAL takes no --app-name, --job-database, --execute-schema, "
+        if args.job_database or args.execute_schema or args.job_principal or args.targets:
+            raise UsageError("grant-sql --operator PRINCIPAL takes no --job-database, --execute-schema, "
                              "--job-principal or --targets: run the app's grants and the operator's membership as "
                              "two commands")
         return _grant_operator(agent, args)
@@ -595,7 +596,7 @@ def _grant_targets(agent, args) -> int:
     per target database; printed, or with --apply run on each. PostgreSQL: CONNECT on each
     target database, one script per server."""
     from .fleet_ops import job_fleet, resolve_fleet
-    from .grants import fleet_grant_scripts, fleet_postgres_scripts, render_fleet
+    from .grants import fleet_grant_scripts, fleet_postgres_scripts, name_problem, render_fleet
 
     target = agent.target
     steps = job_fleet(agent, args.targets)         # UsageError: unknown job, no fleet step, SQLite, pool: on PG
@@ -605,7 +606,15 @@ def _grant_targets(agent, args) -> int:
                          "yourself (GRANT USAGE ON SCHEMA ..., GRANT EXECUTE ON ALL ROUTINES IN SCHEMA ...)")
     resolution = resolve_fleet(steps, dialect=target.dialect, control_store=agent.store,
                                target_store=agent.target_store)
-    pairs = [(t.server, t.database) for t in resolution.targets()]
+    pairs = []
+    for server, database in [(t.server, t.database) for t in resolution.targets()]:
+        problem = name_problem(database)
+        if problem:     # a listed name no script can hold: named and left out, the others go on
+            where = f"server {server}" if server else "the agent's server"
+            print(f"warning: job {args.targets!r}: database {database!r} on {where} is left out: expected "
+                  f"{problem}", file=sys.stderr)
+        else:
+            pairs.append((server, database))
     if target.dialect == "postgres":
         scripts = fleet_postgres_scripts(args.app_name, pairs, job_name=args.targets)
     else:
@@ -632,7 +641,7 @@ def _grant_operator(agent, args) -> int:
                          "roles or procedures (the command line is its way in). Apply it to an Azure SQL / SQL Server "
                          "or PostgreSQL control database (AGENT_SQL_SERVER, or --db with an ODBC connection string)")
     # Printed for SQLite too: the T-SQL to run once the control database is Azure SQL.
-    script = operator_sql(args.operator, dialect=target.dialect)
+    script = operator_sql(args.operator, dialect=target.dialect, app=args.app_name)
     print(f"warning: {OPERATOR_WARNING}", file=sys.stderr)
     if not args.apply:
         print(script, end="")

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .config import AgentSettings
 from .errors import AgentError, ConfigError
@@ -78,22 +78,91 @@ def parse_database_url(value: str, *, setting: str = "AGENT_DB") -> DatabaseTarg
     return DatabaseTarget(dialect=dialect, location=value, display=_redact(value))
 
 
+# key = value; the value either in braces (``;`` and ``}}`` inside) or bare up to the next ``;``,
+# spaces included (psqlODBC keeps a bare value's spaces; a database name may have them).
+_SEGMENT = re.compile(r"\s*([^=;]+?)\s*=(\s*\{(?:[^}]|\}\})*\}\s*(?=;|$)|[^;]*)(?:;|$)")
+
+
+def _segments(connection_string: str) -> list[tuple[str, str]]:
+    """``key=value`` segments of an ODBC connection string as (key, value exactly as written):
+    a value in braces may hold ``;`` and ``}}`` (ODBC's quoting rules)."""
+    return [(m.group(1).strip(), m.group(2)) for m in _SEGMENT.finditer(connection_string)
+            if m.group(1).strip()]
+
+
 def odbc_pairs(connection_string: str) -> dict[str, str]:
     pairs: dict[str, str] = {}
-    for match in re.finditer(r"\s*([^=;]+?)\s*=\s*(\{(?:[^}]|\}\})*\}|[^;]*)\s*(?:;|$)", connection_string):
-        key, val = match.group(1).strip().lower(), match.group(2).strip()
+    for key, val in _segments(connection_string):
+        val = val.strip()
         if val.startswith("{") and val.endswith("}"):
             val = val[1:-1].replace("}}", "}")
-        pairs[key] = val
+        pairs[key.lower()] = val
     return pairs
 
 
-def with_database(connection_string: str, database: str) -> str:
+# Keys naming the same thing, so a value set from parts replaces every spelling in the base.
+_ALIASES = {
+    "database": ("database", "initial catalog"),
+    "server": ("server", "servername", "addr", "address", "data source"),
+    "servername": ("server", "servername", "addr", "address", "data source"),
+}
+
+PSQLODBC_EXPECTED = (
+    "a name the PostgreSQL ODBC driver can carry in a connection string: no ';' and no NUL, not "
+    "starting with '{' (after any spaces; psqlODBC keeps the braces of a quoted value, so such a value cannot be quoted); "
+    "nothing is opened for it, never another database or server")
+
+
+def odbc_value(value: str, *, dialect: str, key: str) -> str:
+    """``value`` as it must be written after ``key=`` in a connection string for ``dialect``'s
+    driver, or ConfigError when that driver cannot carry it exactly.
+
+    SQL Server's drivers follow the ODBC rule: a value in braces, ``}`` doubled, is taken
+    literally (``;``, ``=``, spaces and all). psqlODBC does not (13.02, tested by
+    tests/test_connection_strings.py): it honours the braces when splitting the string but keeps
+    them in every value but the password, so ``Database={a;b}`` asks the server for a database
+    named ``{a;b}``. Its bare values are carried exactly up to the first ``;`` (quotes, spaces,
+    ``=``, ``}`` and any Unicode character included), except one starting with ``{`` (spaces
+    before it included: the driver would read on to a closing brace, over the keys after it). So on
+    PostgreSQL a value is written bare, and a value with ``;`` or a leading ``{`` is refused
+    instead of reaching another database or server."""
+    if not isinstance(value, str) or "\x00" in value:
+        raise ConfigError(key, value, "a value without NUL characters (no connection string can carry one)")
+    if dialect == "postgres":
+        if ";" in value or value.lstrip().startswith("{"):
+            raise ConfigError(key, value, PSQLODBC_EXPECTED)
+        return value
+    if value != value.strip() or not value or any(ch in value for ch in ";{}=") :
+        return "{" + value.replace("}", "}}") + "}"
+    return value
+
+
+def build_connection_string(base: str | None, dialect: str, parts: Iterable[tuple[str, str]] = (), *,
+                            drop: Iterable[str] = ()) -> str:
+    """THE way the agent makes an ODBC connection string: ``base`` (a connection string from the
+    settings, kept as written: driver, credentials, options) with ``parts`` (key, raw value) set
+    over it: every spelling of each part's key dropped from ``base``, then each part's value
+    quoted by :func:`odbc_value` for ``dialect`` (``driver`` values always in braces); keys in
+    ``drop`` are left out too. A value
+    that cannot be carried exactly raises ConfigError before anything is opened."""
+    parts = list(parts)
+    dropped = {key.lower() for key in drop}
+    for key, _ in parts:
+        dropped.update(_ALIASES.get(key.lower(), (key.lower(),)))
+    segments = [f"{key}={val}" for key, val in _segments(base or "") if key.lower() not in dropped]
+    for key, val in parts:
+        if key.lower() == "driver":
+            if not val or "}" in val:
+                raise ConfigError("ODBC driver", val, "an installed ODBC driver name such as 'ODBC Driver 18 for SQL Server'")
+            segments.append(f"{key}={{{val}}}")
+        else:
+            segments.append(f"{key}={odbc_value(val, dialect=dialect, key=key)}")
+    return ";".join(segments) + ";"
+
+
+def with_database(connection_string: str, database: str, dialect: str = "mssql") -> str:
     """The same ODBC connection string pointing at another database on the same server."""
-    parts = [p for p in connection_string.split(";") if p.strip()
-             and p.split("=", 1)[0].strip().lower() not in ("database", "initial catalog")]
-    parts.append(f"Database={database}")
-    return ";".join(parts) + ";"
+    return build_connection_string(connection_string, dialect, [("Database", database)])
 
 
 def with_server(connection_string: str, server: str, dialect: str) -> str:
@@ -101,13 +170,9 @@ def with_server(connection_string: str, server: str, dialect: str) -> str:
     server: ``host[:port]`` for PostgreSQL, ``host[,port]`` (or ``tcp:host,port``) for SQL Server."""
     if dialect == "postgres":
         host, _, port = server.partition(":")
-        drop = ("server", "servername", "port")
-        added = [f"Servername={host}"] + ([f"Port={port}"] if port else [])
-    else:
-        drop = ("server", "addr", "address", "data source")
-        added = [f"Server={server}"]
-    parts = [p for p in connection_string.split(";") if p.strip() and p.split("=", 1)[0].strip().lower() not in drop]
-    return ";".join(parts + added) + ";"
+        parts = [("Servername", host)] + ([("Port", port)] if port else [])
+        return build_connection_string(connection_string, dialect, parts, drop=("port",))
+    return build_connection_string(connection_string, dialect, [("Server", server)])
 
 
 def _redact(connection_string: str) -> str:
@@ -236,7 +301,7 @@ def connector(target: DatabaseTarget, database: str | None = None, server: str |
         return _sql_server_session(lambda: azure_sql.connect_azure_sql(
             server or target.sql_server or "", name, token_provider=provider,
             retry_seconds=target.connect_retry_seconds, control_database=control))
-    location = with_database(target.location, database) if database else target.location
+    location = with_database(target.location, database, target.dialect) if database else target.location
     if server:
         location = with_server(location, server, target.dialect)
     display = target.display if not database else f"database {database}" + (f" on server {server}" if server else "")
@@ -260,11 +325,10 @@ LOCK_TIMEOUT_SECONDS = 30
 
 def with_postgres_defaults(connection_string: str) -> str:
     present = odbc_pairs(connection_string)
-    extra = [f"{key}={value}" for key, value in POSTGRES_DEFAULTS if key.lower() not in present]
+    extra = [(key, value) for key, value in POSTGRES_DEFAULTS if key.lower() not in present]
     if not extra:
         return connection_string
-    base = connection_string if connection_string.rstrip().endswith(";") else connection_string.rstrip() + ";"
-    return base + ";".join(extra) + ";"
+    return build_connection_string(connection_string, "postgres", extra)
 
 
 def _postgres_session(opener: Callable[[], Any]) -> Callable[[], Any]:

@@ -46,3 +46,9 @@ class TransientJobError(AgentError):
 
 class NotFoundError(AgentError):
     """A job, run or poison message named on the command line does not exist."""
+
+
+class OwnerError(AgentError):
+    """The principal a job runs as (its owner, who defined it from T-SQL, or
+    AGENT_JOB_PRINCIPAL) cannot run it: dropped, or no longer reachable by the agent. The
+    message names the principal; the run fails (permanent, never retried into poison)."""

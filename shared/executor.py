@@ -269,11 +269,13 @@ class Executor:
         handed_on: list[dict[str, Any]] = []
         output: list[str] = []
         moved: dict[str, Any] | None = None
+        owner: str | None = None
         try:
+            owner = self._owner(store, run)
             with work_store.transaction(immediate=False):
                 with self.telemetry.sql_call(properties["job"], target=work_store.target.display,
                                              operation_id=operation_id, data=command[:1000]):
-                    work_store.run_script(command, output)
+                    work_store.run_script(command, output, owner=owner)
                 if same_database:
                     handed_on, moved = self._finish(store, run, step, steps, output, reset=True)
             if not same_database:
@@ -298,7 +300,10 @@ class Executor:
                 setting = f"STEPS__{step.step}__TIMEOUT_SECONDS" if step is not None else "TIMEOUT_SECONDS"
                 error = ("timeout", None, None, f"timed out after {timeout_seconds} s (JOB {setting})")
             else:
-                error = (info.kind, info.number, info.sqlstate, info.message)
+                message = info.message
+                if owner and repr(owner) not in message:    # e.g. "permission denied": whose rights
+                    message = f"{message} (the job runs as its owner {owner!r}, who defined it from T-SQL)"
+                error = (info.kind, info.number, info.sqlstate, message)
             return self._failed(run, body, dequeue_count, message_id, error, properties, operation_id, same_database,
                                 step=step, steps=steps, output=output)
         finally:
@@ -311,6 +316,20 @@ class Executor:
             return ExecutionResult("succeeded", run_id, output=cap_output(output, TELEMETRY_OUTPUT_MAX_BYTES) or "")
         self._step_event("StepSucceeded", properties, "succeeded", output, operation_id)
         return self._after_transition(run, moved, properties, operation_id, error_message=None)
+
+    def _owner(self, store: Store, run: dict[str, Any]) -> str | None:
+        """The principal a run's SQL runs as when it was defined from the database side
+        (agent.exec_async, agent.add_scheduled_job: migration 0008), else None (the agent's user,
+        or AGENT_JOB_PRINCIPAL). start_run and claim_runs return it with the run (no statement of
+        its own); a run dict from elsewhere costs one indexed read. Always from the database: this
+        process's copy of the settings is no proof that the job of that name is still the
+        settings' one (another process may have synced their removal and an operator defined the
+        name since)."""
+        if store.dialect == "sqlite":
+            return None             # no procedures: nothing is defined from the database side
+        if "owner" in run:
+            return run["owner"]
+        return store.execute("run_owner", run_id=run["run_id"]).scalar()
 
     def _fan_out(self, run: dict[str, Any], step: StepDefinition, steps: list[StepDefinition],
                  properties: dict[str, Any], *, body: str | None, dequeue_count: int | None, message_id: str | None,

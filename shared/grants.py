@@ -57,6 +57,16 @@ def _check_name(value: object, setting: str, what: str) -> str:
     return value
 
 
+def name_problem(value: str) -> str | None:
+    """Why a database name found at run time (a glob, server:, pool:) cannot go into a script,
+    or None: control characters (a line break would end a comment), or beyond sysname."""
+    try:
+        _check_name(value, "TARGETS", "a database name")
+    except ConfigError as exc:
+        return exc.expected
+    return None
+
+
 def quote_name(name: str) -> str:
     """``name`` as a T-SQL delimited identifier, as QUOTENAME(name) does: [name] with ] doubled."""
     return "[" + name.replace("]", "]]") + "]"
@@ -268,10 +278,10 @@ def render_fleet(scripts: Sequence[GrantScript], *, separator: str = "GO\n") -> 
 
 OPERATOR_ROLE = "agent_operator"
 OPERATOR_WARNING = (
-    "SQL queued through agent.exec_async and agent.add_scheduled_job runs as the app's database user (or "
-    "AGENT_JOB_PRINCIPAL when set), as a SQL Server Agent job runs as its owner: a member of agent_operator "
-    "can have the agent run any SQL that user may run. Grant the role only to principals you would trust "
-    "with that user's rights.")
+    "SQL queued through agent.exec_async and agent.add_scheduled_job runs as the operator who queued it (its "
+    "owner, recorded by the procedure), with that principal's rights and no more, as SQL Server Agent runs a job "
+    "of a non-sysadmin owner: the agent must be able to act as it (PostgreSQL: a member of the operator's role; "
+    "SQL Server: IMPERSONATE on its user). Jobs from the app settings run as the app's user or AGENT_JOB_PRINCIPAL.")
 
 
 def quote_pg_name(name: str) -> str:
@@ -279,7 +289,7 @@ def quote_pg_name(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def operator_sql(principal: str, *, dialect: str) -> str:
+def operator_sql(principal: str, *, dialect: str, app: str | None = None) -> str:
     """The membership in agent_operator for ``principal``: T-SQL for Azure SQL / SQL Server (the
     database user is created from the Entra principal's name when missing), or the PostgreSQL
     GRANT (the login role must exist). The role itself, with EXECUTE on the procedures and SELECT
@@ -287,14 +297,25 @@ def operator_sql(principal: str, *, dialect: str) -> str:
     who = _check_name(principal, "--operator", "a database user or role (an Entra user, group or app name on "
                       "Azure SQL; a login role on PostgreSQL)")
     warning = "".join(f"-- {line}\n" for line in _wrap(OPERATOR_WARNING))
+    runner = _check_name(app, "--app-name", "the app's database user or login role") if app else None
     if dialect == "postgres":
-        return (f"-- On the PostgreSQL control database: {who!r} calls the agent's functions and reads its views.\n"
-                + warning + f"GRANT {OPERATOR_ROLE} TO {quote_pg_name(who)};\n")
+        # The agent runs the operator's jobs in a function owned by the operator's role: making it
+        # the owner needs the agent's login to be a member (SESSION_USER: the login running this,
+        # the agent's own with --apply). A superuser login needs nothing.
+        member = quote_pg_name(runner) if runner else "SESSION_USER"
+        return (f"-- On the PostgreSQL control database: {who!r} calls the agent's functions and reads its views;\n"
+                f"-- the agent's login ({runner or 'SESSION_USER: run this as that login, or pass --app-name'}) "
+                "becomes a member of it, to run its jobs as it.\n"
+                + warning + f"GRANT {OPERATOR_ROLE} TO {quote_pg_name(who)};\n"
+                + f"GRANT {quote_pg_name(who)} TO {member};\n")
+    impersonate = (f"GRANT IMPERSONATE ON USER::{quote_name(who)} TO {quote_name(runner)};\n" if runner else
+                   "-- Then, so the agent can run this operator's jobs as it: GRANT IMPERSONATE ON USER::<operator>\n"
+                   "-- TO <the app's user> (grant-sql --operator PRINCIPAL --app-name APP prints it).\n")
     return ("-- In the CONTROL database (not master), as a Microsoft Entra admin of the server:\n"
             f"-- {quote_name(who)} executes the procedures and reads the views of schema [agent], nothing else.\n"
             + warning
             + f"IF DATABASE_PRINCIPAL_ID({quote_string(who)}) IS NULL CREATE USER {quote_name(who)} FROM EXTERNAL PROVIDER;\n"
-            + f"ALTER ROLE {quote_name(OPERATOR_ROLE)} ADD MEMBER {quote_name(who)};\n")
+            + f"ALTER ROLE {quote_name(OPERATOR_ROLE)} ADD MEMBER {quote_name(who)};\n" + impersonate)
 
 
 def _wrap(text: str, width: int = 96) -> list[str]:

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .db import DatabaseTarget, connector
-from .errors import AgentError, SchemaError
+from .errors import AgentError, OwnerError, SchemaError
 from .queries import Query, load_migrations, load_queries
 
 UTC = timezone.utc
@@ -297,7 +297,7 @@ class Store:
 
     # ------------------------------------------------------------ user SQL
 
-    def run_script(self, sql: str, output: list[str] | None = None) -> list[str]:
+    def run_script(self, sql: str, output: list[str] | None = None, *, owner: str | None = None) -> list[str]:
         """Run a job's SQL inside the current transaction (no commit here) and return what the
         server said while it ran: its messages (PRINT, RAISERROR below 11, notices) and the
         rows each statement affected, one line each.
@@ -311,7 +311,11 @@ class Store:
         30 s, the job's do not.
 
         ``output``: a list the lines are appended to as they come, so that what the server said
-        before an error is kept too (the step attempt's output)."""
+        before an error is kept too (the step attempt's output).
+
+        ``owner``: the principal that defined the job from the database side (migration 0008);
+        the SQL runs with that principal's rights and no more, as AGENT_JOB_PRINCIPAL's jobs do
+        (see :meth:`_run_as`)."""
         if not self._in_transaction:
             raise AgentError("run_script must run inside a transaction")
         connection = self.connection
@@ -331,19 +335,32 @@ class Store:
                     self._set_active(None)
                     cursor.close()
             return output
+        principal = owner or self.job_principal
+        who = f"the job's owner {principal!r}" if owner else f"AGENT_JOB_PRINCIPAL {principal!r}"
+        if principal and self.dialect == "postgres" and principal != self._session_user(connection):
+            return self._run_as(connection, principal, who, sql, output)
         cursor = connection.cursor()
         self._set_active(cursor)
         try:
             if self.dialect == "mssql":
-                if self.job_principal:
+                if principal:
                     # With the cookie, only this batch can revert: the job's SQL cannot. A job
                     # that fails leaves the batch before its REVERT, so the connection is
                     # discarded after the rollback (_discard_after_rollback).
                     self._discard_after_rollback = True
-                    cursor.execute(
-                        "SET LOCK_TIMEOUT -1;\nDECLARE @agent_cookie VARBINARY(8000);\n"
-                        f"EXECUTE AS USER = N'{self.job_principal}' WITH COOKIE INTO @agent_cookie;\n"
-                        "EXEC sp_executesql ?;\nREVERT WITH COOKIE = @agent_cookie;\nSET LOCK_TIMEOUT 30000;", sql)
+                    # The cookie is a local variable of this batch: sp_executesql runs the job's SQL
+                    # in a module scope of its own, where a REVERT applies only to an EXECUTE AS of
+                    # that scope and the variable cannot be read; the batch's context, set with
+                    # the cookie, is reverted only with it. EXECUTE AS anyone else needs
+                    # IMPERSONATE, which the job's principal does not hold (SQL Server Agent's own
+                    # rule for a non-sysadmin owner's job step).
+                    try:
+                        cursor.execute(mssql_run_as_batch(principal), sql)
+                    except Exception as exc:
+                        if "15517" in str(exc) or "Cannot execute as the database principal" in str(exc):
+                            raise OwnerError(f"{who} cannot run this job: {_one_line(exc)} (the user must exist in "
+                                             f"this database and the app's user needs IMPERSONATE on it)") from exc
+                        raise
                     drain_results(cursor, output)
                     self._discard_after_rollback = False
                     return output
@@ -353,8 +370,6 @@ class Store:
                 # as its timeout allows; both SET LOCALs end with the transaction (and
                 # reset_session resets the role before the agent's own statements).
                 prefix = "SET LOCAL lock_timeout = 0;\n"
-                if self.job_principal:
-                    prefix = f'SET LOCAL ROLE "{self.job_principal}";\n' + prefix
                 cursor.execute(prefix + sql)
                 for _ in range(prefix.count(";")):   # past the agent's own SET LOCALs
                     # psqlODBC hands every notice of the batch to its first result: keep them.
@@ -362,6 +377,77 @@ class Store:
                     if not cursor.nextset():
                         return output
             drain_results(cursor, output)
+        finally:
+            self._set_active(None)
+            with contextlib.suppress(Exception):
+                cursor.close()
+        return output
+
+    def _session_user(self, connection: Any) -> str:
+        """The login role of ``connection`` (asked once per connection)."""
+        cached = getattr(self, "_session_user_of", None)
+        if cached is None or cached[0] is not connection:
+            cursor = connection.cursor()
+            try:
+                cursor.execute("SELECT CAST(session_user AS text)")
+                cached = (connection, cursor.fetchone()[0])
+            finally:
+                cursor.close()
+            self._session_user_of = cached
+        return cached[1]
+
+    def _run_as(self, connection: Any, principal: str, who: str, sql: str, output: list[str]) -> list[str]:
+        """PostgreSQL: run ``sql`` with ``principal``'s rights, in a way the SQL cannot undo.
+
+        ``SET [LOCAL] ROLE`` alone is no boundary: the job's own ``RESET ROLE`` (or ``SET ROLE``
+        to any role of the agent's login, or ``set_config('role', ...)``) returns to the agent's
+        rights. So the job's SQL runs inside a SECURITY DEFINER function OWNED BY ``principal``
+        (made in pg_temp for this one run, in the job's transaction, dropped after it):
+
+        * inside it every statement runs as ``principal`` (current_user), whatever the session;
+        * PostgreSQL refuses to change ``role`` or ``session_authorization`` inside a
+          security-definer function — SET ROLE, RESET ROLE, SET/RESET SESSION AUTHORIZATION,
+          set_config('role', ...), also from a nested DO block or function: "cannot set parameter
+          "role" within security-definer function" (guc.c, GUC_NOT_WHILE_SEC_REST). That is the
+          server's own rule, not a check of ours that SQL could race or outwit;
+        * transaction control (COMMIT, ROLLBACK, a procedure that commits) is refused inside it,
+          and so is DISCARD ALL: nothing the job did commits unless the whole run does;
+        * the definer is the LOWER principal here (the function gives the owner's rights to the
+          agent's session, never the reverse), its body fixed text (``EXECUTE job_sql``), the
+          job's SQL a parameter.
+
+        Making the function the owner's needs the agent's login to be a member of the role
+        (``GRANT owner TO agent``; ``grant-sql --operator`` prints it) and the owner to hold TEMP
+        on the database (PUBLIC does by default). A missing role or membership is an error naming
+        the principal. What the job returns as rows and row counts is not reported (a function
+        runs it); its notices are."""
+        import uuid
+
+        function = f"pg_temp.agent_job_{uuid.uuid4().hex}"
+        role = '"' + principal.replace('"', '""') + '"'
+        cursor = connection.cursor()
+        self._set_active(cursor)
+        try:
+            try:
+                cursor.execute(
+                    f"CREATE FUNCTION {function}(job_sql text) RETURNS void LANGUAGE plpgsql SECURITY DEFINER "
+                    "AS $agent$ BEGIN EXECUTE job_sql; END $agent$;\n"
+                    f"ALTER FUNCTION {function}(text) OWNER TO {role};")
+                while cursor.nextset():
+                    pass
+            except Exception as exc:
+                raise OwnerError(f"{who} cannot run this job: {_one_line(exc)} (the role must exist, and the "
+                                 "agent's login must be a member of it: GRANT it to the agent's login; "
+                                 "grant-sql --operator prints this)") from exc
+            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?);\n"
+                           f"DROP FUNCTION IF EXISTS {function}(text);", sql)
+            while True:
+                output += _messages(cursor)
+                if cursor.description:
+                    cursor.fetchall()
+                if not cursor.nextset():
+                    break
+            output += _messages(cursor)
         finally:
             self._set_active(None)
             with contextlib.suppress(Exception):
@@ -430,6 +516,21 @@ class Store:
             raise SchemaError(f"{self.target.display} has schema version {version}, this code needs {latest}: run `init-db` to upgrade")
         if version > latest:
             raise SchemaError(f"{self.target.display} has schema version {version}, newer than this code ({latest}): upgrade the agent")
+
+
+def mssql_run_as_batch(principal: str) -> str:
+    """SQL Server: the batch that runs a job's SQL (its one parameter) as database user
+    ``principal`` (a job's owner, or AGENT_JOB_PRINCIPAL), reverted only by this batch's cookie."""
+    name = "N'" + principal.replace("'", "''") + "'"
+    return ("SET LOCK_TIMEOUT -1;\nDECLARE @agent_cookie VARBINARY(8000);\n"
+            f"EXECUTE AS USER = {name} WITH COOKIE INTO @agent_cookie;\n"
+            "EXEC sp_executesql ?;\nREVERT WITH COOKIE = @agent_cookie;\nSET LOCK_TIMEOUT 30000;")
+
+
+def _one_line(exc: BaseException) -> str:
+    from .sqlerrors import describe
+
+    return describe(exc)
 
 
 def drain_results(cursor: Any, output: list[str] | None = None) -> list[str]:

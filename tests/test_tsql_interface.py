@@ -1007,10 +1007,23 @@ def test_grant_sql_operator_quotes_every_name(principal):
     from shared.grants import operator_sql
 
     code = [line for line in operator_sql(principal, dialect="postgres").splitlines() if not line.startswith("--")]
-    assert len(code) == 1
+    assert len(code) == 2
     tokens = [(t.token_type.name, t.text) for t in Postgres().tokenize(code[0])]
     assert [t[1].upper() for t in tokens[:3]] == ["GRANT", "AGENT_OPERATOR", "TO"]
     assert tokens[3:] == [("IDENTIFIER", principal), ("SEMICOLON", ";")]
+    # The agent's login becomes a member of the operator's role (it runs the operator's jobs as it).
+    tokens = [(t.token_type.name, t.text) for t in Postgres().tokenize(code[1])]
+    assert tokens[:2] == [("GRANT", "GRANT"), ("IDENTIFIER", principal)] and tokens[2][1].upper() == "TO"
+    assert tokens[3][1].upper() == "SESSION_USER" and tokens[4:] == [("SEMICOLON", ";")]
+    app_code = [line for line in operator_sql(principal, dialect="postgres", app=principal).splitlines()
+                if not line.startswith("--")]
+    assert [(t.token_type.name, t.text) for t in Postgres().tokenize(app_code[1])][3:] == [
+        ("IDENTIFIER", principal), ("SEMICOLON", ";")]
+    app_code = [line for line in operator_sql(principal, dialect="mssql", app=principal).splitlines()
+                if not line.startswith("--")]
+    tokens = [(t.token_type.name, t.text) for t in TSQL().tokenize(app_code[2])]
+    assert [t[1].upper() for t in tokens[:3]] == ["GRANT", "IMPERSONATE", "ON"]
+    assert [t for t in tokens if t[0] == "IDENTIFIER"][-2:] == [("IDENTIFIER", principal), ("IDENTIFIER", principal)]
     code = [line for line in operator_sql(principal, dialect="mssql").splitlines() if not line.startswith("--")]
     assert len(code) == 2
     tokens = [(t.token_type.name, t.text) for t in TSQL().tokenize(code[1])]
@@ -1032,6 +1045,9 @@ def test_grant_sql_operator_prints_the_warning_and_refuses_to_apply_to_sqlite(tm
     code = cli(["--db", f"sqlite:///{tmp_path / 'a.db'}", "grant-sql", "--operator", "ops", "--apply"])
     captured = capsys.readouterr()
     assert code != 0 and "SQLite has no roles or procedures" in captured.err
+    code = cli(["--db", f"sqlite:///{tmp_path / 'a.db'}", "grant-sql", "--operator", "ops", "--job-principal", "j"])
+    captured = capsys.readouterr()
+    assert code == 2 and "takes no --job-database" in captured.err and not captured.out
     code = cli(["--db", f"sqlite:///{tmp_path / 'a.db'}", "grant-sql", "--operator", "ops", "--app-name", "app"])
     captured = capsys.readouterr()
-    assert code == 2 and "takes no --app-name" in captured.err and not captured.out
+    assert code == 0 and "GRANT IMPERSONATE ON USER::[ops] TO [app];" in captured.out

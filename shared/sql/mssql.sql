@@ -479,8 +479,10 @@ FROM @started AS s WHERE s.decision = N'start';
 SELECT s.decision, s.run_id, s.job_name, s.kind, s.command, s.target_database, s.attempt, s.failures,
        s.max_attempts, s.lapses, s.transient_errors, s.token, s.timeout_seconds, s.lease_seconds, s.operation_id,
        s.scheduled_for, s.runnable_at, s.started_at, s.note, s.step, s.steps, r.parent_run_id, r.parent_token,
-       r.target_server, r.retry_interval_seconds
-FROM @started AS s JOIN agent.runs AS r ON r.run_id = s.run_id;
+       r.target_server, r.retry_interval_seconds, COALESCE(r.owner, j.owner) AS owner
+FROM @started AS s JOIN agent.runs AS r ON r.run_id = s.run_id
+LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
+LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1;
 
 -- claim_runs --
 -- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened.
@@ -565,8 +567,11 @@ FROM @claimed AS s WHERE s.decision = N'start';
 SELECT s.decision, s.run_id, s.job_name, s.kind, s.command, s.target_database, s.attempt, s.failures,
        s.max_attempts, s.lapses, s.transient_errors, s.token, s.timeout_seconds, s.lease_seconds, s.operation_id,
        s.scheduled_for, s.runnable_at, s.started_at, s.note, s.step, s.steps, r.parent_run_id, r.parent_token,
-       r.target_server, r.retry_interval_seconds
-FROM @claimed AS s JOIN agent.runs AS r ON r.run_id = s.run_id ORDER BY s.runnable_at, s.run_id;
+       r.target_server, r.retry_interval_seconds, COALESCE(r.owner, j.owner) AS owner
+FROM @claimed AS s JOIN agent.runs AS r ON r.run_id = s.run_id
+LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
+LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
+ORDER BY s.runnable_at, s.run_id;
 
 -- next_runnable_at --
 -- When the next pending run becomes runnable (the local runner's idle workers sleep until then, or the poll interval).
@@ -1239,3 +1244,11 @@ ORDER BY e.parent_run_id, e.run_id;
 -- Queue mode, first in a chain that ends with the hand-on dispatch: the start lock before any row (a completion that locked its rows, then waited for the start lock, deadlocked with a start holding the start lock and waiting for one of those rows: a run's last executions lock the run itself).
 DECLARE @starts_locked INT;
 SELECT @starts_locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+
+-- run_owner --
+-- Whom a run's SQL runs as (migration 0008): a task's own owner (agent.exec_async), else its job's when a procedure defined the job (agent.add_scheduled_job; also its agent.start_job runs and fleet executions). No row: the agent's user, or AGENT_JOB_PRINCIPAL.
+SELECT COALESCE(r.owner, j.owner) AS owner
+FROM agent.runs r
+LEFT JOIN agent.runs p ON p.run_id = r.parent_run_id
+LEFT JOIN agent.jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
+WHERE r.run_id = :run_id;

@@ -258,12 +258,18 @@ RETURNING r.run_id;
 
 -- start_run --
 -- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened. (agent.start_run, a function of migration 0002, replaced in 0006: planned once per session.)
-SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds
+SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds,
+       (SELECT COALESCE(r.owner, j.owner) FROM agent.runs r LEFT JOIN agent.runs p ON p.run_id = r.parent_run_id
+        LEFT JOIN agent.jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
+        WHERE r.run_id = c.run_id) AS owner
 FROM agent.start_run(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:max_concurrency AS INT), CAST(:run_id AS BIGINT), CAST(:token AS BIGINT), CAST(:worker AS VARCHAR), CAST(:dequeue_count AS INT)) AS c;
 
 -- claim_runs --
 -- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. (agent.claim_runs, a function of migration 0002, replaced in 0006: planned once per session.)
-SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds
+SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds,
+       (SELECT COALESCE(r.owner, j.owner) FROM agent.runs r LEFT JOIN agent.runs p ON p.run_id = r.parent_run_id
+        LEFT JOIN agent.jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
+        WHERE r.run_id = c.run_id) AS owner
 FROM agent.claim_runs(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:batch AS INT), CAST(:max_concurrency AS INT), CAST(:worker AS VARCHAR)) AS c
 ORDER BY c.runnable_at, c.run_id;
 
@@ -775,3 +781,11 @@ ORDER BY e.parent_run_id, e.run_id;
 -- lock_starts --
 -- Queue mode, first in a chain that ends with the hand-on dispatch: the start lock before any row (a completion that locked its rows, then waited for the start lock, deadlocked with a start holding the start lock and waiting for one of those rows: a run's last executions lock the run itself).
 LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;
+
+-- run_owner --
+-- Whom a run's SQL runs as (migration 0008): a task's own owner (agent.exec_async), else its job's when a procedure defined the job (agent.add_scheduled_job; also its agent.start_job runs and fleet executions). No row: the agent's user, or AGENT_JOB_PRINCIPAL.
+SELECT COALESCE(r.owner, j.owner) AS owner
+FROM agent.runs r
+LEFT JOIN agent.runs p ON p.run_id = r.parent_run_id
+LEFT JOIN agent.jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
+WHERE r.run_id = :run_id;

@@ -360,7 +360,7 @@ WHERE d.decision = 'start';
 SELECT d.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
        r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
        r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note, r.step, r.steps, r.parent_run_id,
-       r.parent_token, r.target_server, r.retry_interval_seconds
+       r.parent_token, r.target_server, r.retry_interval_seconds, r.owner
 FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id;
 
 -- claim_runs --
@@ -395,7 +395,7 @@ WHERE status = 'pending' AND runnable_at <= :now AND job_name IS NOT NULL
 RETURNING 'skipped' AS decision, run_id, job_name, kind, command, target_database, attempt, failures,
           max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds,
           operation_id, scheduled_for, runnable_at, started_at, note, step, steps, parent_run_id, parent_token,
-          target_server, retry_interval_seconds;
+          target_server, retry_interval_seconds, owner;
 INSERT INTO temp.agent_decisions (run_id, decision)
 SELECT run_id, 'start' FROM (
     SELECT c.run_id FROM agent_runs c
@@ -432,7 +432,7 @@ FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id;
 SELECT d.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
        r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
        r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note, r.step, r.steps, r.parent_run_id,
-       r.parent_token, r.target_server, r.retry_interval_seconds
+       r.parent_token, r.target_server, r.retry_interval_seconds, r.owner
 FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id
 ORDER BY r.runnable_at, r.run_id;
 
@@ -977,3 +977,11 @@ ORDER BY e.parent_run_id, e.run_id;
 -- lock_starts --
 -- The start lock: SQLite's write lock (BEGIN IMMEDIATE) already serialises every writer; nothing to take.
 UPDATE agent_start_lock SET lock_id = lock_id WHERE 1 = 0;
+
+-- run_owner --
+-- Whom a run's SQL runs as (migration 0008). The embedded database has no procedures: never an owner (the executor does not ask).
+SELECT COALESCE(r.owner, j.owner) AS owner
+FROM agent_runs r
+LEFT JOIN agent_runs p ON p.run_id = r.parent_run_id
+LEFT JOIN agent_jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
+WHERE r.run_id = :run_id;
