@@ -319,7 +319,7 @@ class Executor:
 
     def _owner(self, store: Store, run: dict[str, Any]) -> str | None:
         """The principal a run's SQL runs as when it was defined from the database side
-        (agent.exec_async, agent.add_scheduled_job: migration 0008), else None (the agent's user,
+        (agent.exec_async, agent.add_scheduled_job: migration 0007), else None (the agent's user,
         or AGENT_JOB_PRINCIPAL). start_run and claim_runs return it with the run (no statement of
         its own); a run dict from elsewhere costs one indexed read. Always from the database: this
         process's copy of the settings is no proof that the job of that name is still the

@@ -313,7 +313,7 @@ class Store:
         ``output``: a list the lines are appended to as they come, so that what the server said
         before an error is kept too (the step attempt's output).
 
-        ``owner``: the principal that defined the job from the database side (migration 0008);
+        ``owner``: the principal that defined the job from the database side (migration 0007);
         the SQL runs with that principal's rights and no more, as AGENT_JOB_PRINCIPAL's jobs do
         (see :meth:`_run_as`)."""
         if not self._in_transaction:

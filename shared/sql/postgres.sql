@@ -783,7 +783,7 @@ ORDER BY e.parent_run_id, e.run_id;
 LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;
 
 -- run_owner --
--- Whom a run's SQL runs as (migration 0008): a task's own owner (agent.exec_async), else its job's when a procedure defined the job (agent.add_scheduled_job; also its agent.start_job runs and fleet executions). No row: the agent's user, or AGENT_JOB_PRINCIPAL.
+-- Whom a run's SQL runs as (migration 0007): a task's own owner (agent.exec_async), else its job's when a procedure defined the job (agent.add_scheduled_job; also its agent.start_job runs and fleet executions). No row: the agent's user, or AGENT_JOB_PRINCIPAL.
 SELECT COALESCE(r.owner, j.owner) AS owner
 FROM agent.runs r
 LEFT JOIN agent.runs p ON p.run_id = r.parent_run_id

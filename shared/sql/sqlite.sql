@@ -979,7 +979,7 @@ ORDER BY e.parent_run_id, e.run_id;
 UPDATE agent_start_lock SET lock_id = lock_id WHERE 1 = 0;
 
 -- run_owner --
--- Whom a run's SQL runs as (migration 0008). The embedded database has no procedures: never an owner (the executor does not ask).
+-- Whom a run's SQL runs as (migration 0007). The embedded database has no procedures: never an owner (the executor does not ask).
 SELECT COALESCE(r.owner, j.owner) AS owner
 FROM agent_runs r
 LEFT JOIN agent_runs p ON p.run_id = r.parent_run_id

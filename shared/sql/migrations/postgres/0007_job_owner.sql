@@ -1,4 +1,4 @@
--- 0008 jobs run as their owner (issue 23): a job defined from the database side records who
+-- 0007 jobs run as their owner (issue 23): a job defined from the database side records who
 -- defined it, and the engine runs its SQL with that principal's rights and no more, as SQL Server
 -- Agent runs a job of a non-sysadmin owner (docs/guarantees-and-limits.md, "Jobs run as their owner").
 --
