@@ -621,12 +621,13 @@ def schedule_to_parts(schedule: AgentSchedule, today: date):
         if factor > 1:
             if 12 % factor:
                 return f"every {factor} months (@freq_recurrence_factor={factor}): not a fixed set of months"
-            caveats_months = start_date or today
-            first = caveats_months.month
-            months = ",".join(str((first - 1 + k * factor) % 12 + 1) for k in range(12 // factor))
-            months = ",".join(sorted(months.split(","), key=int))
-            caveats.append(f"every {factor} months counted from month {first} (@active_start_date); check the first "
-                           "run falls in the month SQL Agent would have chosen")
+            anchor = start_date or today
+            if start_date is None:
+                caveats.append(f"every {factor} months without @active_start_date: counted from this month")
+            day_of_month = interval if freq_type == 16 else {1: 1, 2: 2, 4: 3, 8: 4}.get(relative, 1)
+            # SQL Agent's first run is the first such day on or after @active_start_date; then every N months.
+            first = anchor.month if day_of_month >= anchor.day else anchor.month % 12 + 1
+            months = ",".join(str(m) for m in sorted((first - 1 + k * factor) % 12 + 1 for k in range(12 // factor)))
         if freq_type == 16:
             if not 1 <= interval <= 31:
                 return f"monthly on day @freq_interval={interval}: expected 1 to 31"

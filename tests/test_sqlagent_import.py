@@ -16,7 +16,7 @@ from shared.config import parse_jobs
 from shared.schedules import parse_schedule
 from shared.sqlagent_import import ImportError_, convert_script, read_calls, report, setting_name
 
-from .conftest import make_agent
+from .conftest import make_agent, query
 
 HERE = Path(__file__).parent / "sqlagent"
 TODAY = date(2026, 11, 25)
@@ -220,6 +220,8 @@ def test_a_script_saved_as_utf16_by_ssms_is_read(tmp_path, capsys):
     (dict(freq_type=4, subday_type=8, subday_interval=6), "0 0 */6 * * *"),
     (dict(freq_type=4, subday_type=8, subday_interval=2, start_time=10000, end_time=170000), "0 0 1-17/2 * * *"),
     (dict(freq_type=4, subday_type=2, subday_interval=10), "*/10 * * * * *"),
+    # SQL Agent starts again at @active_start_time each day: every 7 hours is 00, 07, 14 and 21 h.
+    (dict(freq_type=4, subday_type=8, subday_interval=7), "0 0 0-21/7 * * *"),
     (dict(freq_type=4, subday_type=4, subday_interval=20, start_time=80000, end_time=175959), "0 */20 8-17 * * *"),
     (dict(freq_type=8, interval=2 | 8 | 32, start_time=63000), "0 30 6 * * 1,3,5"),
     (dict(freq_type=8, interval=1 | 64, factor=1, start_time=120000), "0 0 12 * * 0,6"),
@@ -238,7 +240,7 @@ def test_schedules_ncrontab_expresses_exactly(arguments, expected):
 @pytest.mark.parametrize("arguments, reason", [
     (dict(freq_type=4, interval=2), "every 2 days"),
     (dict(freq_type=8, interval=2, factor=2), "every 2 weeks"),
-    (dict(freq_type=4, subday_type=8, subday_interval=7), "every 7 hour(s) from 00:00:00 to 23:59:59"),
+    (dict(freq_type=4, subday_type=4, subday_interval=90), "every 90 minute(s) from 00:00:00 to 23:59:59"),
     (dict(freq_type=4, subday_type=4, subday_interval=15, start_time=80000, end_time=170000),
      "every 15 minute(s) from 08:00:00 to 17:00:00"),
     (dict(freq_type=4, subday_type=4, subday_interval=7), "every 7 minute(s)"),
@@ -333,8 +335,8 @@ def test_job_names_become_setting_names_valid_everywhere_and_unique():
     taken: set[str] = set()
     assert setting_name("Sauvegarde générale (nuit)", taken) == "Sauvegarde_generale_nuit"
     assert setting_name("a__b", taken) == "a_b"
-    assert setting_name("A  B", taken) == "A_B"
-    assert setting_name("a b", taken) == "a_b_2"                  # case-insensitive twin of A_B? no: a_b taken
+    assert setting_name("A  B", taken) == "A_B_2"                 # a_b is taken (names compare case-insensitively)
+    assert setting_name("a b", taken) == "a_b_3"
     assert setting_name("__", taken) == "job"
     assert setting_name("x" * 100, taken) == "x" * 64
     assert setting_name("x" * 100, taken) == "x" * 62 + "_2"
@@ -416,13 +418,14 @@ def test_apply_defines_one_step_jobs_with_add_scheduled_job_on_postgres(pg_url, 
     assert "JOB__two_steps__STEPS__2__COMMAND" in out["settings"]
     agent.tick()
     jobs = {r["job_name"]: r for r in agent.store().execute("list_jobs").rows}
+    databases = dict(query(agent, "SELECT job_name, target_database FROM agent.jobs"))
     purge = jobs["purge_audit"]
     assert (purge["schedule"], purge["timezone"], purge["enabled"], purge["max_attempts"],
-            purge["target_database"], purge["valid"], purge["source"]) == (
+            databases["purge_audit"], purge["valid"], purge["source"]) == (
         "0 */5 1-6 * * *", "Europe/Paris", 0, 4, "audit", 1, "database")
     close = jobs["Month_end_close"]
     assert close["valid"] == 1 and close["next_due_at"].astimezone(ZoneInfo("Europe/Paris")).hour == 6
     once = jobs["one_time"]
-    assert once["valid"] == 1 and once["target_database"] == "reports"
+    assert once["valid"] == 1 and databases["one_time"] == "reports"
     assert once["next_due_at"] == datetime(2031, 3, 4, 5, 6, 7, tzinfo=ZoneInfo("Europe/Paris")).astimezone(UTC)
     assert "two_steps" not in jobs
