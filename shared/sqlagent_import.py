@@ -49,9 +49,14 @@ class Var:
 def read_calls(text: str, source: str = "<script>") -> list[Call]:
     """The msdb job procedure calls of a script, in order, with variables resolved where they
     hold a literal (DECLARE @x ... = literal, SET @x = literal); OUTPUT variables stay Var."""
-    from sqlglot.dialects.tsql import TSQL
-    from sqlglot.errors import TokenError
-    from sqlglot.tokens import TokenType
+    try:
+        from sqlglot.dialects.tsql import TSQL
+        from sqlglot.errors import TokenError
+        from sqlglot.tokens import TokenType
+    except ModuleNotFoundError:
+        raise ImportError_("import-sqlagent reads T-SQL with sqlglot's tokenizer, which is not installed here: "
+                           "install the tools' requirements (.venv/bin/python -m pip install -r "
+                           "requirements-dev.txt; the function app does not need them)") from None
 
     try:
         tokens = TSQL().tokenizer().tokenize(text)
@@ -574,6 +579,8 @@ def schedule_to_parts(schedule: AgentSchedule, today: date):
         if start_date is None:
             return "@freq_type=1 (once) without a valid @active_start_date"
         moment = datetime.combine(start_date, time()) + timedelta(seconds=start_time)
+        if start_date < today:
+            return f"@freq_type=1 (once) on {moment.isoformat()}: already past, SQL Agent will not run it again"
         return ("once",), set(), f"@once {moment.isoformat()}", caveats
     if end_date is not None and end_date < date(9999, 12, 31):
         if end_date < today:

@@ -249,6 +249,7 @@ def test_schedules_ncrontab_expresses_exactly(arguments, expected):
     (dict(freq_type=32, interval=8, relative=16, factor=1), "the last day of the month"),
     (dict(freq_type=32, interval=9, relative=1, factor=1), "the first weekday of the month"),
     (dict(freq_type=64), "when SQL Server Agent starts"),
+    (dict(freq_type=1, start_date=20250101, start_time=10000), "already past"),
     (dict(freq_type=128), "when the CPU is idle"),
     (dict(freq_type=4, enabled=0), "disabled in SQL Agent"),
     (dict(freq_type=4, end_date=20250101), "is past: the schedule has ended"),
