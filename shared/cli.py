@@ -677,7 +677,7 @@ def cmd_import_sqlagent(agent, args) -> int:
     one-step jobs; the others stay in the printed settings and are listed."""
     import json
 
-    from .sqlagent_import import ImportError_, apply_calls, apply_to_database, convert_script, report
+    from .sqlagent_import import ScriptError, apply_calls, apply_to_database, convert_script, report
 
     timezone = args.timezone
     if timezone is None:
@@ -699,7 +699,7 @@ def cmd_import_sqlagent(agent, args) -> int:
         texts.append((path, text))
     try:
         converted = convert_script(texts, timezone)
-    except ImportError_ as exc:
+    except ScriptError as exc:
         raise UsageError(f"import-sqlagent: {exc}") from None
     except ValueError as exc:       # the time zone
         raise UsageError(f"import-sqlagent --timezone {timezone!r}: {exc}; expected an IANA time zone name") from None

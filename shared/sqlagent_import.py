@@ -27,7 +27,7 @@ MAX_NAME = 64
 SECONDS_PER_DAY = 86400
 
 
-class ImportError_(ValueError):
+class ScriptError(ValueError):
     """A script that cannot be read (a syntax the tokenizer refuses, a procedure call cut short)."""
 
 
@@ -54,22 +54,21 @@ def read_calls(text: str, source: str = "<script>") -> list[Call]:
         from sqlglot.errors import TokenError
         from sqlglot.tokens import TokenType
     except ModuleNotFoundError:
-        raise ImportError_("import-sqlagent reads T-SQL with sqlglot's tokenizer, which is not installed here: "
+        raise ScriptError("import-sqlagent reads T-SQL with sqlglot's tokenizer, which is not installed here: "
                            "install the tools' requirements (.venv/bin/python -m pip install -r "
                            "requirements-dev.txt; the function app does not need them)") from None
 
     try:
         tokens = TSQL().tokenizer().tokenize(text)
     except TokenError as exc:
-        raise ImportError_(f"{source}: not T-SQL the tokenizer can read: {exc}") from None
+        raise ScriptError(f"{source}: not T-SQL the tokenizer can read: {exc}") from None
     values: dict[str, Any] = {}
     calls: list[Call] = []
     i, n = 0, len(tokens)
 
     def is_param(k: int) -> bool:
-        return k + 1 < n and tokens[k].token_type == TokenType.PARAMETER and tokens[k + 1].token_type in (
-            TokenType.VAR, TokenType.IDENTIFIER) or (k < n and tokens[k].token_type == TokenType.PARAMETER
-                                                     and k + 1 < n and _word(tokens[k + 1]))
+        """A variable or parameter name starts at token k: '@' then a name."""
+        return k + 1 < n and tokens[k].token_type == TokenType.PARAMETER and _word(tokens[k + 1])
 
     def literal(k: int) -> tuple[Any, int] | None:
         """The literal (or variable) starting at token k and the index after it."""
@@ -135,7 +134,7 @@ def read_calls(text: str, source: str = "<script>") -> list[Call]:
                 variable = tokens[i + 4].text.lower() if is_param(i + 3) else None
                 found = literal(i + 3)
                 if found is None:
-                    raise ImportError_(f"{source}, line {tokens[i].line}: @{name} of {procedure}: expected a "
+                    raise ScriptError(f"{source}, line {tokens[i].line}: @{name} of {procedure}: expected a "
                                        f"literal or a variable, found {tokens[i + 3].text if i + 3 < n else 'the end'!r}")
                 value, i = found
                 if i < n and (tokens[i].token_type == TokenType.RETURNING or tokens[i].text.upper() in ("OUTPUT", "OUT")):
@@ -205,7 +204,7 @@ def collect_jobs(calls: list[Call], source: str = "<script>") -> list[AgentJob]:
             return by_name[name.casefold()]
         if current is not None and ref is None and name is None:
             return current
-        raise ImportError_(f"{source}, line {call.line}: {call.procedure} names a job this script does not create "
+        raise ScriptError(f"{source}, line {call.line}: {call.procedure} names a job this script does not create "
                            f"(@job_id={_show(ref)}, @job_name={_show(name)})")
 
     for call in calls:
@@ -213,7 +212,7 @@ def collect_jobs(calls: list[Call], source: str = "<script>") -> list[AgentJob]:
         if call.procedure == "sp_add_job":
             name = a.get("job_name")
             if not isinstance(name, str) or not name.strip():
-                raise ImportError_(f"{source}, line {call.line}: sp_add_job without @job_name")
+                raise ScriptError(f"{source}, line {call.line}: sp_add_job without @job_name")
             current = AgentJob(name=name, arguments=a, start_step_id=_int(a.get("start_step_id"), 1))
             jobs.append(current)
             by_name[name.casefold()] = current
@@ -272,7 +271,7 @@ def collect_jobs(calls: list[Call], source: str = "<script>") -> list[AgentJob]:
             if "job_id" in a or "job_name" in a:
                 try:
                     job = job_of(call)
-                except ImportError_:
+                except ScriptError:
                     job = None
             if job is not None:
                 job.extra.append((f"alert {name!r}", "SQL Agent alerts (on an error number, severity or "

@@ -14,7 +14,7 @@ import pytest
 from shared.cli import main as cli
 from shared.config import parse_jobs
 from shared.schedules import parse_schedule
-from shared.sqlagent_import import ImportError_, convert_script, read_calls, report, setting_name
+from shared.sqlagent_import import ScriptError, convert_script, read_calls, report, setting_name
 
 from .conftest import make_agent, query
 
@@ -386,9 +386,9 @@ SELECT 1'
     assert [(c.procedure, c.arguments.get("job_name")) for c in calls] == [("sp_add_job", "real"),
                                                                            ("sp_add_jobstep", None)]
     assert calls[1].arguments["command"] == "EXEC msdb.dbo.sp_add_job @job_name=N'inside a string'\nGO\nSELECT 1"
-    with pytest.raises(ImportError_, match="sp_add_jobstep names a job this script does not create"):
+    with pytest.raises(ScriptError, match="sp_add_jobstep names a job this script does not create"):
         convert_script([("x.sql", "EXEC msdb.dbo.sp_add_jobstep @job_name=N'nope', @command=N'SELECT 1'")], "UTC")
-    with pytest.raises(ImportError_, match="x.sql"):
+    with pytest.raises(ScriptError, match="x.sql"):
         convert_script([("x.sql", "EXEC msdb.dbo.sp_add_job @job_name=N'unterminated")], "UTC")
 
 
