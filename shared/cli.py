@@ -283,7 +283,8 @@ def cmd_jobs(agent, args) -> int:
     table = []
     for row in rows:
         last = f"{row['last_status']} #{row['last_run_id']}" if row["last_run_id"] else "-"
-        table.append([row["job_name"], row["state"], row["source"], row["schedule"] or "-", row["timezone"],
+        schedule = row["schedule"] or ("on demand" if row["valid"] else "-")
+        table.append([row["job_name"], row["state"], row["source"], schedule, row["timezone"],
                       _time(row["next_due_at"]), row["status"], last, _last_targets(row), row["config_error"] or ""])
     _print_table(["JOB", "STATE", "DEFINED IN", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN",
                   "LAST TARGETS", "ERROR"], table)
