@@ -292,6 +292,7 @@ class Converted:
     notes: list[str] = field(default_factory=list)
     steps: int = 0
     apply: dict[str, Any] | None = None        # agent.add_scheduled_job arguments, when one call expresses it
+    on_demand: bool = False                    # no SCHEDULE: run only when started
 
     def as_json(self) -> dict[str, Any]:
         return {"sql_agent_name": self.sql_agent_name, "job": self.job, "emitted": self.emitted,
@@ -482,8 +483,9 @@ def _convert_job(job: AgentJob, timezone: str, today: date, taken: set[str]) -> 
 
     results: list[Converted] = []
     if not groups:
-        left_out("schedule", "the job has no schedule this agent can run (see above, or none in the script): it is "
-                             "not emitted; add JOB__<name>__SCHEDULE by hand or run it with run-now once it has one")
+        # SQL Agent runs a job without a schedule only when started: here, an on-demand job.
+        notes.append("no schedule carried over: an on-demand job (no SCHEDULE), run only when started "
+                     "(run-now, agent.start_job)" + (" - its schedules are listed above" if job.schedules else ""))
     for k, (days, times, names, once) in enumerate(groups):
         if k == 0:
             job_name, job_settings = name, dict(settings)
@@ -504,7 +506,7 @@ def _convert_job(job: AgentJob, timezone: str, today: date, taken: set[str]) -> 
                 job_apply["schedule"] = expression
         results.append(Converted(job.name, job_name, job_settings, True, [], [], len(kept), job_apply))
     if not results:
-        results.append(Converted(job.name, name, settings, False, [], [], len(kept), None))
+        results.append(Converted(job.name, name, settings, True, [], [], len(kept), None, on_demand=True))
     if not kept:
         left_out("steps", "no T-SQL step to run: the job is not emitted")
         for result in results:
@@ -709,7 +711,10 @@ def apply_calls(converted: list[Converted]) -> tuple[list[dict[str, Any]], list[
     for item in converted:
         if not item.emitted:
             continue
-        if item.apply is None:
+        if item.on_demand:
+            refused.append({"job": item.job, "reason": "agent.add_scheduled_job needs @schedule or @run_at: an "
+                            "on-demand job goes in the app settings printed here"})
+        elif item.apply is None:
             refused.append({"job": item.job, "reason": "agent.add_scheduled_job takes one command: a job with "
                             "steps (or a step's retry interval) goes in the app settings printed here"})
         else:

@@ -3,7 +3,7 @@ runs when started (run-now); `jobs`, its JSON and the monitor's rows show it as 
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 from shared.cli import main as cli
 from shared.config import parse_jobs
@@ -63,3 +63,21 @@ def test_an_on_demand_job_claims_no_slot_and_runs_when_started(agent_factory, db
     assert cli(["--db", db_url, "jobs"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("adhoc "))
     assert "on demand" in line
+
+
+def test_agent_start_job_starts_an_on_demand_job_from_t_sql(pg_url):
+    from .conftest import make_agent
+    from .tsql_caller import call, connect
+
+    agent = make_agent(pg_url, {"adhoc": {"COMMAND": "SELECT 1"}})
+    agent.tick()
+    connection = connect(pg_url)
+    try:
+        (row,) = call(connection, "start_job", job_name="adhoc")
+    finally:
+        connection.close()
+    work(agent)
+    assert query(agent, f"SELECT run_id, job_name, status FROM {runs_table(agent)}") == [
+        (row["run_id"], "adhoc", "succeeded")]
+    activity = {r["job_name"]: r for r in jobs_view(agent.store(), datetime.now(timezone.utc))}
+    assert activity["adhoc"]["next_due_at"] is None and activity["adhoc"]["schedule_words"] == "on demand"

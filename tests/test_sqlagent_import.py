@@ -255,13 +255,16 @@ def test_schedules_ncrontab_expresses_exactly(arguments, expected):
     (dict(freq_type=4, end_date=20250101), "is past: the schedule has ended"),
     (dict(freq_type=4, subday_type=4, subday_interval=30, start_time=220000, end_time=20000), "across midnight"),
 ])
-def test_schedules_ncrontab_cannot_express_are_listed_and_the_job_is_not_emitted(arguments, reason, capsys, tmp_path):
+def test_schedules_ncrontab_cannot_express_are_listed_and_the_job_becomes_on_demand(arguments, reason, capsys,
+                                                                                     tmp_path):
     converted = one(ssms("j", step(1, "SELECT 1"), schedule("only", **arguments)))
-    assert len(converted) == 1 and not converted[0].emitted
+    assert len(converted) == 1 and converted[0].emitted and converted[0].on_demand
     whats = [(item["what"], item["reason"]) for item in converted[0].not_carried]
-    assert any(what == "schedule 'only'" and reason in why for what, why in whats), whats
-    assert any(what == "schedule" and "not emitted" in why for what, why in whats)
-    assert report(converted, "UTC")["settings"] == {}
+    assert whats and all(what == "schedule 'only'" for what, _ in whats) and reason in whats[0][1], whats
+    settings = report(converted, "UTC")["settings"]
+    assert "JOB__j__SCHEDULE" not in settings and settings["JOB__j__COMMAND"] == "SELECT 1"
+    assert_engine_accepts(settings)
+    assert any("on-demand job" in note for note in converted[0].notes)
     path = tmp_path / "j.sql"
     path.write_text(ssms("j", step(1, "SELECT 1"), schedule("only", **arguments)))
     assert cli(["import-sqlagent", str(path), "--timezone", "UTC"]) == 1
@@ -392,12 +395,16 @@ SELECT 1'
         convert_script([("x.sql", "EXEC msdb.dbo.sp_add_job @job_name=N'unterminated")], "UTC")
 
 
-def test_a_job_with_no_t_sql_step_or_no_schedule_is_listed_not_emitted():
+def test_a_job_with_no_t_sql_step_is_listed_not_emitted_and_one_with_no_schedule_is_on_demand():
     converted = one(ssms("ps", step(1, "Get-Date", subsystem="PowerShell"), schedule()))[0]
     assert not converted.emitted and any(item["what"] == "steps" for item in converted.not_carried)
-    converted = one(ssms("adhoc", step(1, "SELECT 1"), ""))[0]
-    assert not converted.emitted and converted.settings["JOB__adhoc__COMMAND"] == "SELECT 1"
-    assert any(item["what"] == "schedule" for item in converted.not_carried)
+    converted = one(ssms("adhoc", step(1, "SELECT 1"), ""))
+    assert [c.on_demand for c in converted] == [True] and converted[0].not_carried == []
+    assert converted[0].settings == {"JOB__adhoc__COMMAND": "SELECT 1", "JOB__adhoc__MAX_ATTEMPTS": "1",
+                                     "JOB__adhoc__DATABASE": "sales", "JOB__adhoc__TIMEZONE": "UTC",
+                                     "JOB__adhoc__ENABLED": "true"}
+    assert report(converted, "UTC")["complete"] is True
+    assert_engine_accepts(converted[0].settings)
 
 
 # ---------------------------------------------------------------- --apply
@@ -408,14 +415,17 @@ def test_apply_defines_one_step_jobs_with_add_scheduled_job_on_postgres(pg_url, 
     text = (HERE / "several_jobs.sql").read_text(encoding="utf-8") + ssms(
         "one time", step(1, "SELECT 42", database="reports"), schedule(freq_type=1, start_date=20310304,
                                                                         start_time=50607)) + ssms(
-        "two steps", step(1, "SELECT 1", success=3) + "\n" + step(2, "SELECT 2"), schedule(start_time=10000))
+        "two steps", step(1, "SELECT 1", success=3) + "\n" + step(2, "SELECT 2"), schedule(start_time=10000)) + ssms(
+        "by hand", step(1, "SELECT 7"), "")
     path = tmp_path / "jobs.sql"
     path.write_text(text, encoding="utf-8")
     code = cli(["--db", pg_url, "import-sqlagent", str(path), "--timezone", "Europe/Paris", "--apply"])
     out = json.loads(capsys.readouterr().out)
     assert code == 1                                      # things were left out, and one job was not applied
     assert sorted(a["job"] for a in out["applied"]) == ["Month_end_close", "one_time", "purge_audit"]
-    assert [r["job"] for r in out["not_applied"]] == ["two_steps"]
+    assert {r["job"]: r["reason"][:40] for r in out["not_applied"]} == {
+        "two_steps": "agent.add_scheduled_job takes one comman", "by_hand": "agent.add_scheduled_job needs @schedule "}
+    assert "JOB__by_hand__SCHEDULE" not in out["settings"] and "JOB__by_hand__COMMAND" in out["settings"]
     assert "JOB__two_steps__STEPS__2__COMMAND" in out["settings"]
     agent.tick()
     jobs = {r["job_name"]: r for r in agent.store().execute("list_jobs").rows}
@@ -429,4 +439,4 @@ def test_apply_defines_one_step_jobs_with_add_scheduled_job_on_postgres(pg_url, 
     once = jobs["one_time"]
     assert once["valid"] == 1 and databases["one_time"] == "reports"
     assert once["next_due_at"] == datetime(2031, 3, 4, 5, 6, 7, tzinfo=ZoneInfo("Europe/Paris")).astimezone(UTC)
-    assert "two_steps" not in jobs
+    assert "two_steps" not in jobs and "by_hand" not in jobs
