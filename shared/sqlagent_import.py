@@ -141,6 +141,12 @@ def read_calls(text: str, source: str = "<script>") -> list[Call]:
                     if variable is not None:
                         value = Var(variable)       # set by the call: it names the object created
                     i += 1
+                if i < n and tokens[i].token_type in (TokenType.PLUS, TokenType.DASH, TokenType.STAR, TokenType.SLASH,
+                                                      TokenType.L_PAREN, TokenType.DOT, TokenType.DPIPE):
+                    # An expression (N'a' + @b, CAST(...)): its value is not known until run time.
+                    raise ScriptError(f"{source}, line {tokens[i].line}: @{name} of {procedure}: expected a literal "
+                                      f"or a variable, found an expression ({tokens[i].text!r} after the value): "
+                                      "give the value itself")
                 arguments[name] = value
                 if i < n and tokens[i].token_type == TokenType.COMMA:
                     i += 1

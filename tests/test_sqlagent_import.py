@@ -391,6 +391,11 @@ SELECT 1'
     assert calls[1].arguments["command"] == "EXEC msdb.dbo.sp_add_job @job_name=N'inside a string'\nGO\nSELECT 1"
     with pytest.raises(ScriptError, match="sp_add_jobstep names a job this script does not create"):
         convert_script([("x.sql", "EXEC msdb.dbo.sp_add_jobstep @job_name=N'nope', @command=N'SELECT 1'")], "UTC")
+    with pytest.raises(ScriptError, match=r"line 2: @command of sp_add_jobstep: expected a literal or a variable, "
+                                          r"found an expression \('\+' after the value\)"):
+        convert_script([("x.sql", "EXEC msdb.dbo.sp_add_job @job_name=N'j', @job_id=@j OUTPUT\n"
+                                  "EXEC msdb.dbo.sp_add_jobstep @job_id=@j, @command=N'SELECT ' + N'1', @step_id=1")],
+                       "UTC")
     with pytest.raises(ScriptError, match="x.sql"):
         convert_script([("x.sql", "EXEC msdb.dbo.sp_add_job @job_name=N'unterminated")], "UTC")
 
