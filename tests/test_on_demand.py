@@ -3,11 +3,14 @@ runs when started (run-now); `jobs`, its JSON and the monitor's rows show it as 
 
 from __future__ import annotations
 
+import contextlib
+import re
 from datetime import datetime, timedelta, timezone
 
 from shared.cli import main as cli
 from shared.config import parse_jobs
 from shared.describe import describe_schedule
+from shared.monitor import Monitor, MonitorSettings
 from shared.schedules import parse_schedule
 from shared.views import jobs_view
 
@@ -59,10 +62,20 @@ def test_an_on_demand_job_claims_no_slot_and_runs_when_started(agent_factory, db
     agent.tick()
     counts = dict(query(agent, f"SELECT job_name, COUNT(*) FROM {runs_table(agent)} GROUP BY job_name"))
     assert (counts["adhoc"], counts["steps"]) == (1, 1)
-    # `jobs` shows it.
+    # `jobs` and the monitor show it.
     assert cli(["--db", db_url, "jobs"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("adhoc "))
     assert "on demand" in line
+    store = agent.new_store()
+    try:
+        monitor = Monitor(lambda: contextlib.nullcontext(store), clock=lambda: clock.now,
+                          settings=lambda: MonitorSettings())
+        body = monitor.handle("GET", "/", "", "").body.decode()
+        row = re.search(r'<tr class="job" id="job-adhoc">(.*?)</tr>', body, re.S).group(1)
+        assert "on demand" in row
+        assert "on demand" in monitor.handle("GET", "/jobs/adhoc", "", "").body.decode()
+    finally:
+        store.close()
 
 
 def test_agent_start_job_starts_an_on_demand_job_from_t_sql(pg_url):
