@@ -394,10 +394,9 @@ def _convert_job(job: AgentJob, timezone: str, today: date, taken: set[str]) -> 
     if kept and job.start_step_id != kept[0].step_id:
         left_out(f"@start_step_id={job.start_step_id}",
                  f"a run starts at step 1 here; SQL Agent started at step {job.start_step_id}")
-    if len(step_numbers) != len(steps) and kept:
-        notes.append("steps renumbered after the steps left out: " + ", ".join(
-            f"{old}->{new}" for old, new in step_numbers.items() if old != new) if any(
-            old != new for old, new in step_numbers.items()) else "steps left out; the others keep their numbers")
+    moved = [f"{old}->{new}" for old, new in step_numbers.items() if old != new]
+    if moved:
+        notes.append("steps renumbered after the steps left out: " + ", ".join(moved))
 
     def action(step: AgentStep, which: str) -> str | None:
         code = _int(step.arguments.get(f"on_{which}_action"), 1 if which == "success" else 2)

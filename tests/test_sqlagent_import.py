@@ -445,3 +445,17 @@ def test_apply_defines_one_step_jobs_with_add_scheduled_job_on_postgres(pg_url, 
     assert once["valid"] == 1 and databases["one_time"] == "reports"
     assert once["next_due_at"] == datetime(2031, 3, 4, 5, 6, 7, tzinfo=ZoneInfo("Europe/Paris")).astimezone(UTC)
     assert "two_steps" not in jobs and "by_hand" not in jobs
+
+
+def test_settings_the_agent_refuses_are_not_emitted_but_listed_with_the_agents_own_error():
+    text = ("EXEC msdb.dbo.sp_add_job @job_name=N'n', @job_id=@j OUTPUT\n"
+            "EXEC msdb.dbo.sp_add_jobstep @job_id=@j, @step_id=1, @command=N'SELECT 1\x00'\n"
+            "EXEC msdb.dbo.sp_add_jobschedule @job_id=@j, @name=N's', @freq_type=4, @freq_interval=1\n"
+            "EXEC msdb.dbo.sp_add_job @job_name=N'ok', @job_id=@k OUTPUT\n"
+            "EXEC msdb.dbo.sp_add_jobstep @job_id=@k, @step_id=1, @command=N'SELECT 2'\n")
+    converted = {c.job: c for c in one(text)}
+    assert not converted["n"].emitted
+    (item,) = converted["n"].not_carried
+    assert item["what"] == "job n" and "NUL character" in item["reason"]
+    settings = report(list(converted.values()), "UTC")["settings"]
+    assert set(settings) == {"JOB__ok__COMMAND", "JOB__ok__MAX_ATTEMPTS", "JOB__ok__TIMEZONE", "JOB__ok__ENABLED"}
