@@ -459,3 +459,11 @@ def test_settings_the_agent_refuses_are_not_emitted_but_listed_with_the_agents_o
     assert item["what"] == "job n" and "NUL character" in item["reason"]
     settings = report(list(converted.values()), "UTC")["settings"]
     assert set(settings) == {"JOB__ok__COMMAND", "JOB__ok__MAX_ATTEMPTS", "JOB__ok__TIMEZONE", "JOB__ok__ENABLED"}
+
+
+def test_apply_on_sqlite_is_refused_with_one_line(tmp_path, capsys):
+    code = cli(["--db", f"sqlite:///{tmp_path / 'agent.db'}", "import-sqlagent", str(HERE / "several_jobs.sql"),
+                "--timezone", "UTC", "--apply"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "import-sqlagent --apply needs a PostgreSQL or SQL Server control database" in err
