@@ -94,3 +94,22 @@ def test_agent_start_job_starts_an_on_demand_job_from_t_sql(pg_url):
         (row["run_id"], "adhoc", "succeeded")]
     activity = {r["job_name"]: r for r in jobs_view(agent.store(), datetime.now(timezone.utc))}
     assert activity["adhoc"]["next_due_at"] is None and activity["adhoc"]["schedule_words"] == "on demand"
+
+
+def test_a_schedule_removed_skips_the_slots_claimed_ahead(db_url):
+    from .conftest import make_agent
+
+    clock = Clock(at("2026-11-25T08:00:00Z"))
+    first = make_agent(db_url, {"j": {"SCHEDULE": "0 * * * * *", "COMMAND": "SELECT 1"}}, clock=clock)
+    first.tick()
+    assert [status for (status,) in query(first, f"SELECT status FROM {runs_table(first)}")] == ["pending"]
+    first.close()
+    clock.advance(5)
+    second = make_agent(db_url, {"j": {"COMMAND": "SELECT 1"}}, clock=clock)
+    second.tick()
+    assert query(second, f"SELECT status FROM {runs_table(second)}") == [("skipped",)]
+    clock.advance(600)
+    second.tick()
+    assert len(query(second, f"SELECT status FROM {runs_table(second)}")) == 1
+    (row,) = [r for r in jobs_view(second.store(), clock.now) if r["job_name"] == "j"]
+    assert row["next_due_at"] is None and row["schedule_words"] == "on demand"
