@@ -350,12 +350,15 @@ def _convert_job(job: AgentJob, timezone: str, today: date, taken: set[str]) -> 
         missing.append({"what": what, "reason": reason})
 
     a = job.arguments
+    notify_levels: set[int] = set()     # SQL Agent's 1 on success, 2 on failure, 3 on completion
     for level, operator in (("notify_level_email", "notify_email_operator_name"),
                             ("notify_level_netsend", "notify_netsend_operator_name"),
                             ("notify_level_page", "notify_page_operator_name")):
         if _int(a.get(level), 0) != 0 and a.get(operator):
+            notify_levels.add(_int(a.get(level), 0))
             left_out(f"@{level}={a.get(level)} to operator {a.get(operator)!r}",
-                     "operators are not carried: set JOB__<name>__NOTIFY and a webhook (docs/steps.md#notifications)")
+                     "operators are not carried: NOTIFY says when, give it a webhook (NOTIFY_WEBHOOK_URL or "
+                     "AGENT_NOTIFY_WEBHOOK_URL, docs/steps.md#notifications)")
     if _int(a.get("notify_level_eventlog"), 0) != 0:
         left_out(f"@notify_level_eventlog={a.get('notify_level_eventlog')}",
                  "there is no Windows event log: every run is in the history and in Application Insights")
@@ -462,6 +465,9 @@ def _convert_job(job: AgentJob, timezone: str, today: date, taken: set[str]) -> 
     if not kept:
         apply = None
     settings[prefix + "TIMEZONE"] = timezone
+    if notify_levels:
+        settings[prefix + "NOTIFY"] = ("on_completion" if 3 in notify_levels or {1, 2} <= notify_levels
+                                       else "on_success" if 1 in notify_levels else "on_failure")
     enabled = _int(a.get("enabled"), 1) != 0
     settings[prefix + "ENABLED"] = "true" if enabled else "false"
 

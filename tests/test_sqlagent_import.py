@@ -169,6 +169,7 @@ def test_several_jobs_in_one_file_and_what_is_not_carried_is_listed_per_job():
                                      "DATEADD(day, -90, SYSUTCDATETIME());",
         "JOB__purge_audit__MAX_ATTEMPTS": "4", "JOB__purge_audit__DATABASE": "audit",
         "JOB__purge_audit__TIMEZONE": "Europe/Paris", "JOB__purge_audit__ENABLED": "false",
+        "JOB__purge_audit__NOTIFY": "on_failure",          # @notify_level_email=2: when it fails
         "JOB__purge_audit__SCHEDULE": "0 */5 1-6 * * *"}
     reasons = {item["what"]: item["reason"] for item in purge.not_carried}
     assert "operators are not carried" in reasons["@notify_level_email=2 to operator 'DBA team'"]
@@ -467,3 +468,20 @@ def test_apply_on_sqlite_is_refused_with_one_line(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "import-sqlagent --apply needs a PostgreSQL or SQL Server control database" in err
+
+
+@pytest.mark.parametrize("levels, notify", [
+    ("@notify_level_page=1, @notify_page_operator_name=N'on call'", "on_success"),
+    ("@notify_level_netsend=3, @notify_netsend_operator_name=N'ops'", "on_completion"),
+    ("@notify_level_page=1, @notify_page_operator_name=N'a', @notify_level_netsend=2, "
+     "@notify_netsend_operator_name=N'b'", "on_completion"),
+])
+def test_operator_notification_levels_become_notify(levels, notify):
+    text = ssms("n", step(1, "SELECT 1"), schedule(), extra_job=", " + levels)
+    # SSMS writes each level once: these replace the template's zeros.
+    text = text.replace("\t\t@notify_level_netsend=0,\n", "").replace("\t\t@notify_level_page=0,\n", "")
+    assert text.count("@notify_level_page") <= 1 and text.count("@notify_level_netsend") <= 1
+    (converted,) = one(text)
+    assert converted.settings["JOB__n__NOTIFY"] == notify
+    assert all("operators are not carried" in item["reason"] for item in converted.not_carried)
+    assert_engine_accepts(converted.settings)
