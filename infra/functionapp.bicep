@@ -48,7 +48,7 @@ param tickSchedule string
 @maxValue(5)
 param maxDequeueCount int
 
-@description('Jobs: [{ name, schedule, command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl?, targets?, targetParallelism? }] (command, or steps in jobSteps).')
+@description('Jobs: [{ name, schedule? (none: on demand), command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl?, targets?, targetParallelism? }] (command, or steps in jobSteps).')
 param jobs array
 
 @description('Steps of multi-step jobs, one entry per step: [{ job, step, command, database?, maxAttempts?, retryIntervalSeconds?, timeoutSeconds?, onSuccess?, onFailure?, targets?, targetParallelism? }].')
@@ -162,10 +162,10 @@ var hostAppSettings = [
 ]
 
 // One list per field of a `jobs` entry; the setting suffix is the field name in UPPER_SNAKE.
-// A missing required field (schedule, command) fails the deployment; a missing optional field
+// Every field but name is optional (no schedule: an on-demand job; command, or steps); a missing field
 // gives a null value (safe dereference `.?`) and is dropped below. One loop per field rather
 // than one per job: Bicep cannot nest for-expressions, and each loop allows 800 jobs.
-var jobScheduleSettings = [for job in jobs: { name: 'JOB__${job.name}__SCHEDULE', value: job.schedule }]
+var jobScheduleSettings = [for job in jobs: { name: 'JOB__${job.name}__SCHEDULE', value: job.?schedule }]
 var jobCommandSettings = [for job in jobs: { name: 'JOB__${job.name}__COMMAND', value: job.?command }]
 var jobTimezoneSettings = [for job in jobs: { name: 'JOB__${job.name}__TIMEZONE', value: job.?timezone }]
 var jobEnabledSettings = [for job in jobs: { name: 'JOB__${job.name}__ENABLED', value: job.?enabled }]

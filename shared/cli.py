@@ -123,6 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     grant.add_argument("--apply", action="store_true",
                        help="run it on the control database (and on each job database) instead of printing it "
                             "(with --targets: on each target and master)")
+    importer = commands.add_parser("import-sqlagent", help="SQL Server Agent jobs scripted by SSMS (Script Job as -> "
+                                                           "CREATE To) as JOB__<name>__* app settings (JSON), or "
+                                                           "--apply: agent.add_scheduled_job on the control database")
+    importer.add_argument("files", nargs="+", metavar="FILE.sql", help="T-SQL scripts (one or many jobs each)")
+    importer.add_argument("--timezone", metavar="TZ",
+                          help="IANA time zone of the SQL Server the jobs ran on (SQL Agent runs in server local "
+                               "time); default UTC, with a warning")
+    importer.add_argument("--apply", action="store_true",
+                          help="define the one-step jobs with agent.add_scheduled_job on the control database "
+                               "(--db); jobs with steps are printed as settings and listed")
+    importer.add_argument("--json", action="store_true", help="JSON output (the default: the output is settings)")
     return parser
 
 
@@ -167,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     agent = None
     try:
+        if args.command == "import-sqlagent" and not args.apply:
+            return cmd_import_sqlagent(None, args)      # reads files only: no settings, no database
         from .agent import Agent
         from .config import load_settings
 
@@ -276,7 +289,8 @@ def cmd_jobs(agent, args) -> int:
     table = []
     for row in rows:
         last = f"{row['last_status']} #{row['last_run_id']}" if row["last_run_id"] else "-"
-        table.append([row["job_name"], row["state"], row["source"], row["schedule"] or "-", row["timezone"],
+        schedule = row["schedule"] or ("on demand" if row["valid"] else "-")
+        table.append([row["job_name"], row["state"], row["source"], schedule, row["timezone"],
                       _time(row["next_due_at"]), row["status"], last, _last_targets(row), row["config_error"] or ""])
     _print_table(["JOB", "STATE", "DEFINED IN", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN",
                   "LAST TARGETS", "ERROR"], table)
@@ -672,6 +686,55 @@ def _dispatch_now(agent) -> str:
     return f"; {len(outcome.queued)} run(s) dispatched"
 
 
+def cmd_import_sqlagent(agent, args) -> int:
+    """SSMS's job scripts -> JOB__<name>__* settings (JSON on stdout); what could not be carried
+    over is listed per job and makes the exit code 1. --apply: agent.add_scheduled_job for the
+    one-step jobs; the others stay in the printed settings and are listed."""
+    import json
+
+    from .sqlagent_import import ScriptError, apply_calls, apply_to_database, convert_script, report
+
+    timezone = args.timezone
+    if timezone is None:
+        timezone = "UTC"
+        print("warning: no --timezone: the schedules are taken as UTC; SQL Server Agent runs in the server's "
+              "local time (give --timezone Europe/Paris, America/New_York, ...)", file=sys.stderr)
+    texts = []
+    for path in args.files:
+        try:
+            with open(path, "rb") as handle:
+                raw = handle.read()
+        except OSError as exc:
+            raise UsageError(f"import-sqlagent: cannot read {path!r}: {exc.strerror}") from None
+        # SSMS saves scripts as UTF-16 (with a byte order mark) or UTF-8.
+        if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+            text = raw.decode("utf-16")
+        else:
+            text = raw.decode("utf-8-sig", errors="replace")
+        texts.append((path, text))
+    try:
+        converted = convert_script(texts, timezone)
+    except ScriptError as exc:
+        raise UsageError(f"import-sqlagent: {exc}") from None
+    except ValueError as exc:       # the time zone
+        raise UsageError(f"import-sqlagent --timezone {timezone!r}: {exc}; expected an IANA time zone name") from None
+    result = report(converted, timezone)
+    incomplete = not result["complete"]
+    if args.apply:
+        calls, refused = apply_calls(converted)
+        try:
+            result["applied"] = apply_to_database(agent.target, calls)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        result["not_applied"] = refused
+        incomplete = incomplete or bool(refused)
+    print(json.dumps(result, indent=2, ensure_ascii=False))
+    for item in result["jobs"]:
+        for missing in item["not_carried"]:
+            print(f"not carried: {item['sql_agent_name']}: {missing['what']}: {missing['reason']}", file=sys.stderr)
+    return EXIT_FAILURE if incomplete else EXIT_OK
+
+
 COMMANDS = {
     "init-db": cmd_init_db,
     "tick": cmd_tick,
@@ -688,6 +751,7 @@ COMMANDS = {
     "stop": cmd_stop,
     "doctor": cmd_doctor,
     "grant-sql": cmd_grant_sql,
+    "import-sqlagent": cmd_import_sqlagent,
 }
 
 

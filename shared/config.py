@@ -592,7 +592,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
 
     schedule = value("SCHEDULE")
     if not schedule:
-        fail("SCHEDULE", None, "a six-field NCRONTAB expression (seconds first) or '@once <ISO-8601 datetime>'")
+        pass        # no schedule: an on-demand job, run only when started (run-now, agent.start_job)
     elif len(schedule) > MAX_SCHEDULE_LENGTH:
         fail("SCHEDULE", _printable(schedule), f"at most {MAX_SCHEDULE_LENGTH} characters (it has {len(schedule)})")
     else:
@@ -721,7 +721,7 @@ def schedule_problem(schedule) -> str | None:
     still have no slot at all (day 30 of February) or none for decades: the scheduler would
     find no next slot, so it is refused here, for this job alone. The next slot comes from the
     cache planning uses too (CronSchedule.next_after): one croniter walk per distinct schedule."""
-    if getattr(schedule, "is_once", False):
+    if getattr(schedule, "is_once", False) or getattr(schedule, "is_on_demand", False):
         return None
     now = datetime.now(timezone.utc)
     try:

@@ -19,6 +19,9 @@ _NUMBER = re.compile(r"^\d{1,2}$")
 _STEP = re.compile(r"^(?:\*|0)/(\d{1,2})$")
 
 
+ON_DEMAND = "on demand"
+
+
 def describe_schedule(schedule: str | None) -> str:
     """The schedule in words (in the job's own time zone, which the pages show beside it), or the
     expression unchanged."""
@@ -30,6 +33,8 @@ def describe_schedule(schedule: str | None) -> str:
 
 
 def _describe(expression: str) -> str | None:
+    if not expression:
+        return ON_DEMAND
     if expression.lower().startswith("@once"):
         moment = expression[len("@once"):].strip()
         return f"once, at {moment}" if moment else None

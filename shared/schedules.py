@@ -171,14 +171,39 @@ class OnceSchedule:
         return self.at if self.at > utc(after) else None
 
 
-Schedule = CronSchedule | OnceSchedule
+@dataclass(frozen=True)
+class OnDemandSchedule:
+    """No schedule (an empty SCHEDULE): the job runs only when started (run-now,
+    agent.start_job); it never has a slot."""
+
+    timezone: str = "UTC"
+
+    @property
+    def is_once(self) -> bool:
+        return False
+
+    @property
+    def is_on_demand(self) -> bool:
+        return True
+
+    def initial_due(self, now: datetime) -> datetime | None:
+        return None
+
+    def next_after(self, after: datetime) -> datetime | None:
+        return None
+
+
+Schedule = CronSchedule | OnceSchedule | OnDemandSchedule
 
 
 @lru_cache(maxsize=4096)
 def parse_schedule(text: str, timezone_name: str = "UTC") -> Schedule:
-    """``@once <ISO-8601>`` (in the job's time zone unless it carries an offset) or NCRONTAB."""
+    """``@once <ISO-8601>`` (in the job's time zone unless it carries an offset), NCRONTAB, or
+    nothing (empty: an on-demand job)."""
     zone = _zone(timezone_name)
-    stripped = text.strip()
+    stripped = (text or "").strip()
+    if not stripped:
+        return OnDemandSchedule(timezone=timezone_name)
     if stripped.lower().startswith(ONCE_PREFIX):
         moment = stripped[len(ONCE_PREFIX):].strip()
         if not moment:

@@ -2,6 +2,7 @@
 one bad job never stops the others."""
 
 import json
+from datetime import datetime, timezone
 
 import pytest
 
@@ -73,9 +74,11 @@ def test_one_bad_setting_names_setting_value_and_expectation(suffix, value, expe
     assert expected in message
 
 
-def test_missing_schedule_and_command_are_both_reported():
+def test_a_missing_command_is_reported_and_a_missing_schedule_is_an_on_demand_job():
     (bad,) = load_settings(environ={"JOB__x__TIMEZONE": "UTC"}).invalid_jobs
-    assert "JOB__x__SCHEDULE" in bad.message and "JOB__x__COMMAND" in bad.message
+    assert "JOB__x__COMMAND" in bad.message and "SCHEDULE" not in bad.message
+    (job,) = load_settings(environ={"JOB__x__COMMAND": "SELECT 1"}).jobs
+    assert job.schedule == "" and job.schedule_object().next_after(datetime.now(timezone.utc)) is None
 
 
 def test_bad_job_name():

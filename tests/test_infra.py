@@ -294,15 +294,16 @@ def test_job_settings_generated_from_jobs_parameter_match_engine_suffixes(app_se
         assert _camel_to_upper_snake(key) == suffix, f"jobs[].{key} becomes __{suffix}, expected __{_camel_to_upper_snake(key)}"
 
 
-def test_job_fields_required_in_bicep_are_schedule_and_command():
+def test_no_job_field_is_required_in_bicep_but_the_name():
     # In the Bicep a required field is read with `job.<field>` (a missing one fails the
     # deployment), an optional one with `job.?<field>` (a missing one is left out). pycep drops
     # the `?`, so this reads the source lines.
     text = (INFRA / "functionapp.bicep").read_text(encoding="utf-8")
     plain = set(re.findall(r"value: job\.(\w+) \}", text))
     safe = set(re.findall(r"value: job\.\?(\w+) \}", text))
-    # command is optional: a job has a command or steps (the engine refuses neither and both).
-    assert plain == {"schedule"}
+    # command is optional: a job has a command or steps (the engine refuses neither and both);
+    # schedule too: a job without one runs on demand.
+    assert plain == set()
     assert plain | safe == {_lower_camel(suffix) for suffix in config.JOB_SETTING_SUFFIXES}
     step_plain = set(re.findall(r"value: s\.(\w+) \}", text))
     step_safe = set(re.findall(r"value: s\.\?(\w+) \}", text))
@@ -406,7 +407,7 @@ def test_example_jobs_in_parameters_file_are_valid_engine_jobs(app_settings: App
     known_keys = {"name", *app_settings.job_fields.values()}
     for job in jobs:
         assert set(job) <= known_keys, f"job {job.get('name')!r}: unknown keys {sorted(set(job) - known_keys)}"
-        assert {"name", "schedule"} <= set(job), f"job {job!r} needs name and schedule"
+        assert "name" in job, f"job {job!r} needs a name"
         assert APP_SETTING_SAFE_JOB_NAME.match(job["name"]), f"job name {job['name']!r}: use letters, digits, underscores"
         assert config.JOB_NAME_PATTERN.match(job["name"])
     settings = _job_settings_as_bicep_builds_them(jobs, app_settings.job_fields)
@@ -423,7 +424,7 @@ def test_example_jobs_in_parameters_file_are_valid_engine_jobs(app_settings: App
     by_name = {job.name: job for job in valid}
     for job in jobs:
         parsed = by_name[job["name"]]
-        assert parsed.schedule == job["schedule"]
+        assert parsed.schedule == job.get("schedule", "")
         if "command" in job:
             assert parsed.command == job["command"].strip() and not parsed.steps
         else:
