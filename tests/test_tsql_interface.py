@@ -164,8 +164,6 @@ BAD_CALLS = [
     ("add_scheduled_job", {"name": "x" * 65, "sql": "SELECT 1", "schedule": "0 * * * * *"}, BAD_ARGUMENT,
      "@name = 'xxxxxxxx"),
     ("add_scheduled_job", {"name": "j", "sql": "", "schedule": "0 * * * * *"}, BAD_ARGUMENT, "@sql = '': expected"),
-    ("add_scheduled_job", {"name": "j", "sql": "SELECT 1"}, BAD_ARGUMENT,
-     "@schedule = NULL: expected a six-field NCRONTAB expression (seconds first), or @run_at"),
     ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *",
                            "run_at": datetime(2030, 1, 1, tzinfo=UTC)}, BAD_ARGUMENT, "expected NULL when @schedule is given"),
     ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "enabled": 2}, BAD_ARGUMENT,
@@ -499,6 +497,24 @@ def test_start_job_makes_the_run_run_now_makes(system, capsys):
     call(connection, "add_scheduled_job", name="dbjob", sql="SELECT 1", schedule="0 0 3 * * *")
     (db_started,) = call(connection, "start_job", job_name="dbjob")
     assert run_row(agent, db_started["run_id"])["kind"] == "manual"
+
+
+def test_a_job_defined_without_schedule_is_on_demand_and_runs_when_started(system):
+    build, connection, url = system
+    agent = build()
+    (defined,) = call(connection, "add_scheduled_job", name="adhoc", sql="SELECT 1")
+    assert defined["action"] == "defined"
+    for _ in range(2):
+        agent.tick()
+    row = job_row(agent, "adhoc")
+    assert row["schedule"] == "" and row["valid"] == 1 and row["next_due_at"] is None, row
+    assert agent.store().execute("list_history", job_name="adhoc", limit=10).rows == []
+    (started,) = call(connection, "start_job", job_name="adhoc")
+    assert started["status"] == "pending"
+    work(agent, concurrency=1)
+    assert run_row(agent, started["run_id"])["status"] == "succeeded"
+    agent.tick()
+    assert len(agent.store().execute("list_history", job_name="adhoc", limit=10).rows) == 1
 
 
 def test_start_job_of_a_step_job_runs_its_steps_as_run_now_does(system, capsys):
