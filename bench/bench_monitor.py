@@ -3,7 +3,9 @@
 * the jobs page over 1,000 jobs (each with a last run);
 * a job page over a job with 100,000 runs in its history (the 24-hour window, which the
   timeline cuts at 1,500 runs, and the 7-day window);
-* a run page, the poison page and the stuck page.
+* a run page, the poison page and the stuck page;
+* 64 concurrent requests to the local server (target: p99 under 1 s), beside the standard
+  library's listen backlog of 5.
 
 Each page is rendered by shared.monitor.Monitor exactly as both servers do (queries, HTML,
 escaping), on one connection, after a warm-up; it prints the median and p95 in ms, the number
@@ -104,6 +106,46 @@ def measure(monitor: Monitor, store, path: str, query: str, repeat: int) -> tupl
     return statistics.median(times), p95, statements, len(response.body)
 
 
+def burst(agent: Agent, run_id: int, concurrent: int = 64, rounds: int = 3, backlog: int | None = None) -> list[float]:
+    """``concurrent`` clients at once against the local server (make_server), over the page set
+    (jobs, jobs JSON, a run, poison, stuck), ``rounds`` times; each request's latency in ms.
+    ``backlog``: listen again with this backlog (the standard library's default was 5)."""
+    import threading
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shared.monitor import make_server
+
+    server = make_server(agent, 0)
+    if backlog is not None:
+        server.socket.listen(backlog)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+    targets = ["/", "/?format=json", f"/runs/{run_id}", "/poison", "/stuck"]
+
+    def one(i: int) -> float:
+        started = time.perf_counter()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{targets[i % len(targets)]}", timeout=60) as response:
+            response.read()
+        return (time.perf_counter() - started) * 1000
+
+    latencies: list[float] = []
+    try:
+        for _ in range(rounds):
+            with ThreadPoolExecutor(max_workers=concurrent) as clients:
+                latencies += list(clients.map(one, range(concurrent)))
+    finally:
+        server.shutdown()
+        server.server_close()
+    return latencies
+
+
+def _p(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pg", default=DEFAULT_PG, help="ODBC connection string without Database")
@@ -139,6 +181,13 @@ def main() -> None:
             median, p95, statements, size = measure(monitor, store, path, query, args.repeat)
             print(f"{label:<34} {median:>10.1f} {p95:>8.1f} {statements:>6} {size / 1024:>7.0f}")
         store.close()
+        print(f"\n64 concurrent requests x 3 rounds to the local server (make_server), pages as above "
+              f"but the 100,000-run job page; latency ms:")
+        for label, backlog in (("listen backlog 5 (the standard library's default)", 5),
+                               ("listen backlog 128 (the monitor's)", None)):
+            latencies = burst(agent, run_id, backlog=backlog)
+            print(f"  {label:<52} p50 {_p(latencies, 0.5):>7.0f}  p99 {_p(latencies, 0.99):>7.0f}  "
+                  f"max {max(latencies):>7.0f}")
     finally:
         if agent is not None:
             agent.close()

@@ -18,18 +18,20 @@ Works on all three dialects; nothing is left behind (a missing SQLite file is no
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .errors import AgentError
 
 __all__ = ["Check", "DoctorReport", "run_doctor", "CHECKS"]
 
-CHECKS = ("driver", "connectivity", "authentication", "schema", "session", "permissions", "queue", "targets")
+CHECKS = ("driver", "connectivity", "authentication", "schema", "session", "permissions", "queue", "targets",
+          "monitor")
 INIT_DB = ".venv/bin/python -m shared.cli init-db"
 GRANT_SQL = ".venv/bin/python -m shared.cli grant-sql --app-name <function app name> --apply"
 GRANT_SQL_TARGETS = ".venv/bin/python -m shared.cli grant-sql --app-name <function app name> --targets <job>"
@@ -417,6 +419,49 @@ class _Doctor:
                 tuple(lines + empty))
         self.notes["targets"] = empty + skipped
         return f"{reachable} targets of {jobs} fleet job(s) reachable"
+
+
+    # ------------------------------------------------------------ 9. monitor
+
+    def monitor(self) -> str:
+        """In Azure, the monitor's HTTP trigger trusts X-MS-CLIENT-PRINCIPAL only because App Service
+        Authentication strips that header from client requests and sets it itself: without the
+        platform's sign-in, required for every request, anyone could send the header."""
+        return monitor_auth_detail(os.environ)
+
+
+def monitor_auth_detail(env: Mapping[str, str]) -> str:
+    """The monitor check on an environment (App Service exposes its authentication settings to
+    the app as WEBSITE_AUTH_* variables). Raises _Failed when the monitor is open to a group but
+    the platform does not require sign-in."""
+    if not env.get("WEBSITE_SITE_NAME"):
+        return ("not running in Azure App Service: App Service Authentication does not apply (the local monitor "
+                "listens on 127.0.0.1 only and ignores X-MS-CLIENT-PRINCIPAL headers)")
+    group = (env.get("AGENT_MONITOR_ALLOWED_GROUP") or "").strip()
+    enabled = (env.get("WEBSITE_AUTH_ENABLED") or "").strip().lower() == "true"
+    action = (env.get("WEBSITE_AUTH_UNAUTHENTICATED_ACTION") or "").strip()
+    if not action and env.get("WEBSITE_AUTH_V2_CONFIG_JSON"):
+        try:
+            validation = json.loads(env["WEBSITE_AUTH_V2_CONFIG_JSON"]).get("globalValidation") or {}
+        except (ValueError, AttributeError):
+            validation = {}
+        raw = validation.get("unauthenticatedClientAction")
+        action = {0: "RedirectToLoginPage", 1: "AllowAnonymous", 2: "Return401", 3: "Return403"}.get(raw, str(raw or ""))
+        if validation.get("requireAuthentication") is False and action != "AllowAnonymous":
+            action = "AllowAnonymous"
+    fix = ("deploy infra/ with monitorEntraClientId and monitorAllowedGroupObjectId (authsettingsV2: sign-in "
+           "required, Entra ID only), or clear AGENT_MONITOR_ALLOWED_GROUP to close the monitor")
+    if not group:
+        return (f"the monitor is closed (AGENT_MONITOR_ALLOWED_GROUP is empty: every request is refused); "
+                f"App Service Authentication {'on' if enabled else 'off'}")
+    if not enabled:
+        raise _Failed("App Service Authentication is off while AGENT_MONITOR_ALLOWED_GROUP opens the monitor: a "
+                      "client could send its own X-MS-CLIENT-PRINCIPAL header", fix)
+    if action.lower() == "allowanonymous":
+        raise _Failed("App Service Authentication is on but not required (unauthenticated requests: AllowAnonymous): "
+                      "a request that is not signed in would reach the monitor", fix)
+    return (f"App Service Authentication on and required (unauthenticated requests: {action or 'refused'}); "
+            f"the monitor admits the group {group}")
 
 
 def _needs(step: Any) -> list:

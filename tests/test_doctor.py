@@ -70,7 +70,7 @@ def test_happy_path_leaves_nothing_behind(db_url, capsys):
 def test_no_schema_fails_naming_init_db(db_url, capsys, tmp_path):
     code, checks, out = doctor(capsys, db_url)
     assert code == 1
-    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "FAIL", "--", "--", "--", "--"], out
+    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "FAIL", "--", "--", "--", "--", "--"], out
     assert "no agent schema" in checks["schema"][1]
     assert "fix: run `.venv/bin/python -m shared.cli init-db`" in out
     assert "not checked (fix the failure above first)" in checks["permissions"][1]
@@ -98,7 +98,7 @@ def test_unreachable_postgres_is_a_connectivity_failure(capsys):
     db = f"Driver={{PostgreSQL Unicode}};Server=127.0.0.1;Port={port};Uid=root;Database=postgres;"
     code, checks, out = doctor(capsys, db)
     assert code == 1
-    assert [checks[name][0] for name in CHECKS] == ["OK", "FAIL", "--", "--", "--", "--", "--", "--"], out
+    assert [checks[name][0] for name in CHECKS] == ["OK", "FAIL", "--", "--", "--", "--", "--", "--", "--"], out
     assert f"port {port} failed" in checks["connectivity"][1] and "Connection refused" in checks["connectivity"][1]
     assert "fix: check that PostgreSQL runs and listens where Server= and Port= say" in out
 
@@ -108,7 +108,7 @@ def test_unknown_postgres_role_is_an_authentication_failure(capsys):
     db = _with_user(PG_BASE + "Database=postgres;", "no_such_role_for_doctor")
     code, checks, out = doctor(capsys, db)
     assert code == 1
-    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "FAIL", "--", "--", "--", "--", "--"], out
+    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "FAIL", "--", "--", "--", "--", "--", "--"], out
     assert "the server answered" in checks["connectivity"][1]
     assert 'role "no_such_role_for_doctor" does not exist' in checks["authentication"][1]
 
@@ -127,7 +127,7 @@ def test_a_role_that_may_only_read_fails_the_permissions_check(pg_url, capsys):
         cursor.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA agent TO {role}")
         code, checks, out = doctor(capsys, _with_user(pg_url, role))
         assert code == 1
-        assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "OK", "OK", "FAIL", "--", "--"], out
+        assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "OK", "OK", "FAIL", "--", "--", "--"], out
         assert "permission denied for table runs" in checks["permissions"][1]
         assert "GRANT USAGE ON SCHEMA agent, SELECT, INSERT, UPDATE, DELETE" in out
     finally:
@@ -144,7 +144,7 @@ def test_a_driver_that_is_not_installed_is_named(capsys):
     _pg_driver_installed()
     code, checks, out = doctor(capsys, "Driver={PostgreSQL Nonexistent};Server=127.0.0.1;Uid=root;")
     assert code == 1
-    assert [checks[name][0] for name in CHECKS] == ["FAIL", "--", "--", "--", "--", "--", "--", "--"], out
+    assert [checks[name][0] for name in CHECKS] == ["FAIL", "--", "--", "--", "--", "--", "--", "--", "--"], out
     assert "ODBC driver 'PostgreSQL Nonexistent' is not installed" in checks["driver"][1]
     assert "'PostgreSQL Unicode'" in checks["driver"][1] and "apt-get install odbc-postgresql" in out
 
@@ -191,7 +191,7 @@ def test_unreachable_storage_queue_is_a_queue_failure(tmp_path, capsys, monkeypa
                        f"QueueEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
     code, checks, out = doctor(capsys, db)
     assert code == 1
-    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "OK", "OK", "OK", "FAIL", "--"], out
+    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "OK", "OK", "OK", "FAIL", "--", "--"], out
     assert "queue 'agent-tasks'" in checks["queue"][1] and f"127.0.0.1:{port}" in checks["queue"][1]
     assert "AzureWebJobsStorage" in out
     assert ACCOUNT_KEY not in out
@@ -199,3 +199,28 @@ def test_unreachable_storage_queue_is_a_queue_failure(tmp_path, capsys, monkeypa
     assert "Storage Queue Data Contributor on the storage account" in out
     assert "Storage Blob Data Owner, Storage Queue Data Contributor, Storage Table Data Contributor" in out
 
+
+
+def test_the_monitor_check_requires_app_service_authentication_when_the_monitor_is_open():
+    """The HTTP trigger trusts X-MS-CLIENT-PRINCIPAL only because App Service Authentication strips
+    it from client requests: in Azure, an open monitor without required sign-in fails the check."""
+    from shared.doctor import _Failed, monitor_auth_detail
+
+    assert "does not apply" in monitor_auth_detail({})
+    azure = {"WEBSITE_SITE_NAME": "agent-app"}
+    assert "closed" in monitor_auth_detail(azure)
+    opened = {**azure, "AGENT_MONITOR_ALLOWED_GROUP": "00000000-1111-2222-3333-444444444444"}
+    for env, says in [
+        (opened, "App Service Authentication is off"),
+        ({**opened, "WEBSITE_AUTH_ENABLED": "True", "WEBSITE_AUTH_UNAUTHENTICATED_ACTION": "AllowAnonymous"},
+         "not required"),
+        ({**opened, "WEBSITE_AUTH_ENABLED": "True",
+          "WEBSITE_AUTH_V2_CONFIG_JSON": '{"globalValidation": {"requireAuthentication": false}}'}, "not required"),
+    ]:
+        with pytest.raises(_Failed, match=says):
+            monitor_auth_detail(env)
+    for env in ({**opened, "WEBSITE_AUTH_ENABLED": "True", "WEBSITE_AUTH_UNAUTHENTICATED_ACTION": "RedirectToLoginPage"},
+                {**opened, "WEBSITE_AUTH_ENABLED": "True",
+                 "WEBSITE_AUTH_V2_CONFIG_JSON": '{"globalValidation": {"requireAuthentication": true, '
+                                                '"unauthenticatedClientAction": 2}}'}):
+        assert "on and required" in monitor_auth_detail(env)
