@@ -58,6 +58,10 @@ param jobSteps array
 @secure()
 param notifyWebhookUrl string
 
+@description('Standard Webhooks signing secret of the notifications (AGENT_NOTIFY_WEBHOOK_SECRET): whsec_ and base64, or a Key Vault reference; empty: unsigned.')
+@secure()
+param notifyWebhookSecret string = ''
+
 @description('Most instances the app scales out to.')
 @minValue(1)
 @maxValue(1000)
@@ -142,6 +146,11 @@ var engineAppSettings = [
     // Empty reads as unset: no webhook.
     name: 'AGENT_NOTIFY_WEBHOOK_URL'
     value: notifyWebhookUrl
+  }
+  {
+    // Empty reads as unset: notifications are not signed.
+    name: 'AGENT_NOTIFY_WEBHOOK_SECRET'
+    value: notifyWebhookSecret
   }
 ]
 

@@ -124,7 +124,8 @@ class Agent:
                 if self._notifier is None:
                     from .notify import Notifier
 
-                    self._notifier = Notifier(self.new_store, self.clock)
+                    self._notifier = Notifier(self.new_store, self.clock,
+                                              secret=self.settings.agent.notify_webhook_secret)
         return self._notifier
 
     def reference_clock(self) -> datetime:

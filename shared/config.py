@@ -173,6 +173,11 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("AGENT_NOTIFY_WEBHOOK_URL", None,
                 "Where run outcomes are POSTed as JSON (per JOB__<name>__NOTIFY); HTTPS, or HTTP on "
                 "loopback only. Unset: no webhook (Azure Monitor alerts still fire).", "optional"),
+    SettingSpec("AGENT_NOTIFY_WEBHOOK_SECRET", None,
+                "The Standard Webhooks signing secret ('whsec_' and base64 of 24 to 64 random bytes): every "
+                "notification carries webhook-id, webhook-timestamp and webhook-signature (HMAC-SHA256) "
+                "headers a receiver checks. In Azure a Key Vault reference. Unset: notifications unsigned.",
+                "optional"),
     SettingSpec("AzureWebJobsStorage", None,
                 "Storage connection string (locally `UseDevelopmentStorage=true` for Azurite). "
                 "Unset with no queueServiceUri: no queue; the local runner's workers claim straight from the runs table.", "local"),
@@ -229,6 +234,7 @@ class AgentSettings:
     retry_backoff_seconds: int
     step_output_max_bytes: int
     notify_webhook_url: str | None
+    notify_webhook_secret: bytes | None
     storage_connection: str | None
     storage_queue_service_uri: str | None
     storage_client_id: str | None
@@ -449,6 +455,7 @@ def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
         retry_backoff_seconds=_int_setting(env, "AGENT_RETRY_BACKOFF_SECONDS", 0, 86400),
         step_output_max_bytes=_int_setting(env, "AGENT_STEP_OUTPUT_MAX_BYTES", 0, 16 * 1024 * 1024),
         notify_webhook_url=_webhook_setting("AGENT_NOTIFY_WEBHOOK_URL", _get(env, "AGENT_NOTIFY_WEBHOOK_URL")),
+        notify_webhook_secret=_webhook_secret("AGENT_NOTIFY_WEBHOOK_SECRET", _get(env, "AGENT_NOTIFY_WEBHOOK_SECRET")),
         storage_connection=_get(env, "AzureWebJobsStorage"),
         storage_queue_service_uri=_get(env, "AzureWebJobsStorage__queueServiceUri"),
         storage_client_id=_get(env, "AzureWebJobsStorage__clientId"),
@@ -714,6 +721,28 @@ def _webhook_setting(setting: str, raw: str | None) -> str | None:
     if len(raw) > 2000:
         raise ConfigError(setting, raw[:80] + "...", f"a URL of at most 2000 characters (it has {len(raw)})")
     return raw
+
+
+def _webhook_secret(setting: str, raw: str | None) -> bytes | None:
+    """A Standard Webhooks secret: 'whsec_' then base64 of 24 to 64 bytes; returns the key bytes.
+    The value is never echoed in the error (it is a secret): only its length and what is wrong."""
+    if raw is None:
+        return None
+    import base64
+    import binascii
+
+    expected = "'whsec_' followed by the base64 of 24 to 64 random bytes (e.g. from `openssl rand -base64 32`)"
+    shown = f"<{len(raw)} characters, not shown>"
+    if not raw.startswith("whsec_"):
+        raise ConfigError(setting, shown, expected)
+    try:
+        encoded = raw[len("whsec_"):]
+        key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)   # padding optional
+    except (binascii.Error, ValueError):
+        raise ConfigError(setting, shown, expected + " (the part after 'whsec_' is not base64)") from None
+    if not 24 <= len(key) <= 64:
+        raise ConfigError(setting, shown, expected + f" (it decodes to {len(key)} bytes)")
+    return key
 
 
 def schedule_problem(schedule) -> str | None:

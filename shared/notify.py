@@ -10,21 +10,34 @@ that ends the run (the unique run_id makes a second enqueue a no-op), so an outc
 notified without having happened, nor lost once it happened. Delivery happens afterwards, off
 every worker's path: one daemon thread per process (``Notifier``), woken when a run ends and
 by each tick, claims due rows under a new claim token (two processes never send the same row),
-POSTs each with a bounded timeout, and records every attempt on the row: sent, retried later
-(at most ``MAX_DELIVERY_ATTEMPTS`` in all) or failed for good. A failure to notify is logged
-and recorded; it never changes the run and never holds a worker. A process that dies in the
-middle of a POST leaves the row claimed; once its claim expires another process sends it
-(the one case where a receiver may see a notification twice).
+POSTs each within a total deadline (connect, send and the whole answer, however slowly a
+receiver trickles it), and records every attempt on the row: sent, retried later (at most
+``MAX_DELIVERY_ATTEMPTS`` in all) or failed for good. A claim always outlasts the longest batch
+of POSTs, so a slow receiver never makes another process send the same row again; only a
+process that dies in the middle of a POST leaves the row claimed until its claim expires, and
+then another process sends it (the one case where a receiver may see a notification twice: the
+``webhook-id`` header is the same both times, so a receiver can drop the second).
+
+With ``AGENT_NOTIFY_WEBHOOK_SECRET`` each POST is signed per the Standard Webhooks scheme:
+``webhook-id`` (the notification's id, the same on every attempt), ``webhook-timestamp`` (Unix
+seconds) and ``webhook-signature`` (``v1,`` and the base64 HMAC-SHA256 of
+``id.timestamp.body`` under the secret's key). docs/schemas/notification.schema.json is the body.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import http.client
 import json
 import logging
+import socket
+import ssl
 import threading
-import urllib.error
-import urllib.request
+import time
 import uuid
+from urllib.parse import urlsplit
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
@@ -33,13 +46,21 @@ from .sqlerrors import describe
 
 log = logging.getLogger("shared.notify")
 UTC = timezone.utc
+# The whole of one POST: connecting, sending, and reading the answer, however slowly it comes.
 DELIVERY_TIMEOUT_SECONDS = 5.0
 MAX_DELIVERY_ATTEMPTS = 3
 # Wait before the 2nd and the 3rd attempt.
 RETRY_DELAYS_SECONDS = (10, 60)
-# A claim outlives the slowest delivery of a batch by far; then another process may take it.
-CLAIM_SECONDS = 300
 BATCH = 20
+# How much of a receiver's answer is read (the status is what counts).
+MAX_ANSWER_BYTES = 65536
+
+
+def claim_seconds(timeout_seconds: float) -> int:
+    """How long a batch stays claimed: every POST of a full batch at its deadline, twice over, plus
+    a minute for the database round trips. Longer than the longest batch by construction, so a
+    slow receiver can never make another process send a claimed row."""
+    return int(2 * BATCH * timeout_seconds + 60)
 # Retries come due without a run ending: the thread looks this often.
 POLL_SECONDS = 10.0
 
@@ -67,9 +88,12 @@ def notification_body(notification: dict[str, Any], run: dict[str, Any]) -> dict
         "run_id": notification["run_id"],
         "slot": _iso(run.get("scheduled_for")),
         "outcome": outcome,
-        "failing_step": run.get("failed_step") if outcome != "succeeded" else None,
-        "error": run.get("last_error") if outcome != "succeeded" else None,
-        "error_number": run.get("last_error_number") if outcome != "succeeded" else None,
+        # A run its flow failed (quit_failure after a step that failed and was handled) keeps no
+        # error of its own: the latest failed attempt's error and step say what went wrong.
+        "failing_step": _first(run.get("failed_step"), run.get("attempt_step")) if outcome != "succeeded" else None,
+        "error": _first(run.get("last_error"), run.get("attempt_error")) if outcome != "succeeded" else None,
+        "error_number": (_first(run.get("last_error_number"), run.get("attempt_error_number"))
+                         if outcome != "succeeded" else None),
         "duration_seconds": duration,
         "finished_at": _iso(finished),
         # Application Insights: operation_Id == this value finds the run's events and SQL.
@@ -77,20 +101,69 @@ def notification_body(notification: dict[str, Any], run: dict[str, Any]) -> dict
     }
 
 
-def post_json(url: str, body: dict[str, Any], timeout: float) -> None:
-    """POST ``body``; raises with a one-line reason unless the answer is 2xx."""
-    data = json.dumps(body).encode("utf-8")
-    request = urllib.request.Request(url, data=data, method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              "User-Agent": "sql-agent-notifier/1"})
+def signature_headers(secret: bytes, message_id: str, timestamp: int, payload: bytes) -> dict[str, str]:
+    """The Standard Webhooks headers for ``payload``."""
+    signed = f"{message_id}.{timestamp}.".encode() + payload
+    digest = base64.b64encode(hmac.new(secret, signed, hashlib.sha256).digest()).decode()
+    return {"webhook-id": message_id, "webhook-timestamp": str(timestamp), "webhook-signature": f"v1,{digest}"}
+
+
+def post_json(url: str, body: dict[str, Any], timeout: float, headers: dict[str, str] | None = None,
+              payload: bytes | None = None) -> None:
+    """POST ``body`` (or the exact ``payload`` bytes) and read the answer, all within ``timeout``
+    seconds in total; raises with a one-line reason unless the answer is 2xx.
+
+    A socket timeout bounds each read, not the request: a receiver sending one byte a second
+    would hold the thread for as long as it likes. A timer closes the socket at the deadline,
+    which ends whatever read or write is waiting."""
+    data = payload if payload is not None else json.dumps(body).encode("utf-8")
+    parts = urlsplit(url)
+    secure = parts.scheme == "https"
+    port = parts.port or (443 if secure else 80)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    deadline = time.monotonic() + timeout
+    if secure:
+        connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+            parts.hostname, port, timeout=timeout, context=ssl.create_default_context())
+    else:
+        connection = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
+    expired = threading.Event()
+
+    def cut() -> None:
+        expired.set()
+        sock = connection.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout, cut)
+    timer.daemon = True
+    timer.start()
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - validated URL
-            response.read(65536)
-    except urllib.error.HTTPError as exc:
-        raise NotificationError(f"HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise NotificationError(f"no answer within {timeout:g} s or refused: {reason}") from None
+        connection.request("POST", path, body=data, headers={
+            "Content-Type": "application/json", "User-Agent": "sql-agent-notifier/1", **(headers or {})})
+        response = connection.getresponse()
+        remaining = MAX_ANSWER_BYTES
+        while remaining > 0 and time.monotonic() < deadline:
+            chunk = response.read1(min(remaining, 8192)) if hasattr(response, "read1") else response.read(remaining)
+            if not chunk:
+                break
+            remaining -= len(chunk)
+        if expired.is_set() or time.monotonic() >= deadline:
+            raise NotificationError(f"no complete answer within {timeout:g} s (the deadline of one POST)")
+        if not 200 <= response.status < 300:
+            raise NotificationError(f"HTTP {response.status} {response.reason}")
+    except NotificationError:
+        raise
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set():
+            raise NotificationError(f"no complete answer within {timeout:g} s (the deadline of one POST)") from None
+        raise NotificationError(f"no answer within {timeout:g} s or refused: {exc}") from None
+    finally:
+        timer.cancel()
+        connection.close()
 
 
 class NotificationError(Exception):
@@ -101,12 +174,15 @@ class Notifier:
     """One per process: delivers the outbox in a daemon thread."""
 
     def __init__(self, new_store: Callable[[], Any], clock: Callable[[], datetime], *,
-                 post: Callable[[str, dict[str, Any], float], None] = post_json,
-                 timeout_seconds: float = DELIVERY_TIMEOUT_SECONDS, poll_seconds: float = POLL_SECONDS) -> None:
+                 post: Callable[..., None] = post_json,
+                 timeout_seconds: float = DELIVERY_TIMEOUT_SECONDS, poll_seconds: float = POLL_SECONDS,
+                 secret: bytes | None = None) -> None:
         self._new_store = new_store
         self._clock = clock
         self._post = post
+        self.secret = secret
         self.timeout_seconds = timeout_seconds
+        self.claim_seconds = claim_seconds(timeout_seconds)
         self.poll_seconds = poll_seconds
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -171,7 +247,7 @@ class Notifier:
         now = self._clock()
         token = uuid.uuid4().hex
         claimed = store.execute("claim_notifications", now=now, claim_token=token,
-                                claimed_until=now + timedelta(seconds=CLAIM_SECONDS), batch=BATCH).rows
+                                claimed_until=now + timedelta(seconds=self.claim_seconds), batch=BATCH).rows
         if not claimed:
             return 0
         runs = {row["run_id"]: row for row in store.execute(
@@ -185,7 +261,13 @@ class Notifier:
         attempts = notification["attempts"]
         error = None
         try:
-            self._post(notification["url"], body, self.timeout_seconds)
+            if self.secret is not None:
+                payload = json.dumps(body).encode("utf-8")
+                headers = signature_headers(self.secret, f"msg_{notification['notification_id']}",
+                                            int(time.time()), payload)
+                self._post(notification["url"], body, self.timeout_seconds, headers=headers, payload=payload)
+            else:
+                self._post(notification["url"], body, self.timeout_seconds)
         except Exception as exc:  # noqa: BLE001 - recorded on the row, never raised into a run
             error = str(exc) or type(exc).__name__
         now = self._clock()
@@ -212,6 +294,10 @@ class Notifier:
         if not recorded:
             log.warning("notification %s: its claim expired before the attempt was recorded",
                         notification["notification_id"])
+
+
+def _first(*values: Any) -> Any:
+    return next((value for value in values if value is not None), None)
 
 
 def _iso(value: Any) -> str | None:

@@ -1064,10 +1064,13 @@ OUTPUT inserted.notification_id, inserted.run_id, inserted.job_name, inserted.ou
 SELECT notification_id, run_id, job_name, outcome, url, attempts, claim_token FROM @taken;
 
 -- notification_runs --
--- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id.
+-- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id; and the latest failed attempt's error and step (a run its flow failed, quit_failure after a step that failed, keeps no error of its own).
 SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.failed_step, r.last_error_number, r.last_error,
        r.finished_at, r.operation_id,
-       (SELECT MIN(a.started_at) FROM agent.attempts AS a WHERE a.run_id = r.run_id) AS first_started_at
+       (SELECT MIN(a.started_at) FROM agent.attempts AS a WHERE a.run_id = r.run_id) AS first_started_at,
+       (SELECT TOP (1) a.error_message FROM agent.attempts AS a WHERE a.run_id = r.run_id AND a.error_message IS NOT NULL AND a.outcome <> 'succeeded' ORDER BY a.attempt_id DESC) AS attempt_error,
+       (SELECT TOP (1) a.error_number FROM agent.attempts AS a WHERE a.run_id = r.run_id AND a.error_message IS NOT NULL AND a.outcome <> 'succeeded' ORDER BY a.attempt_id DESC) AS attempt_error_number,
+       (SELECT TOP (1) a.step FROM agent.attempts AS a WHERE a.run_id = r.run_id AND a.error_message IS NOT NULL AND a.outcome <> 'succeeded' ORDER BY a.attempt_id DESC) AS attempt_step
 FROM agent.runs AS r
 WHERE r.run_id IN (SELECT CAST(x.[value] AS BIGINT) FROM OPENJSON(:run_ids) AS x);
 

@@ -704,10 +704,13 @@ WHERE n.notification_id = d.notification_id
 RETURNING n.notification_id, n.run_id, n.job_name, n.outcome, n.url, n.attempts, n.claim_token;
 
 -- notification_runs --
--- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id.
+-- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id; and the latest failed attempt's error and step (a run its flow failed, quit_failure after a step that failed, keeps no error of its own).
 SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.failed_step, r.last_error_number, r.last_error,
        r.finished_at, r.operation_id,
-       (SELECT MIN(a.started_at) FROM agent.attempts AS a WHERE a.run_id = r.run_id) AS first_started_at
+       (SELECT MIN(a.started_at) FROM agent.attempts AS a WHERE a.run_id = r.run_id) AS first_started_at,
+       (SELECT a.error_message FROM agent.attempts AS a WHERE a.run_id = r.run_id AND a.error_message IS NOT NULL AND a.outcome <> 'succeeded' ORDER BY a.attempt_id DESC LIMIT 1) AS attempt_error,
+       (SELECT a.error_number FROM agent.attempts AS a WHERE a.run_id = r.run_id AND a.error_message IS NOT NULL AND a.outcome <> 'succeeded' ORDER BY a.attempt_id DESC LIMIT 1) AS attempt_error_number,
+       (SELECT a.step FROM agent.attempts AS a WHERE a.run_id = r.run_id AND a.error_message IS NOT NULL AND a.outcome <> 'succeeded' ORDER BY a.attempt_id DESC LIMIT 1) AS attempt_step
 FROM agent.runs AS r
 WHERE r.run_id IN (SELECT CAST(x AS BIGINT) FROM json_array_elements_text(CAST(:run_ids AS json)) AS x);
 
