@@ -58,6 +58,9 @@ from shared.errors import ConfigError
 log = logging.getLogger(__name__)
 
 CONNECTION_STRING_SETTING = "APPLICATIONINSIGHTS_CONNECTION_STRING"
+EXPORTER_SETTING = "AGENT_TELEMETRY_EXPORTER"
+EXPORTERS = ("opentelemetry", "opencensus")
+DEFAULT_EXPORTER = "opentelemetry"
 AUTHENTICATION_STRING_SETTING = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"
 
 EVENT_NAMES = ("RunClaimed", "RunDispatched", "RunStarted", "RunSucceeded", "RunFailed", "RunRetried",
@@ -194,9 +197,12 @@ class Telemetry:
 def create_telemetry(connection_string: str | None, *, role_name: str = "sql-agent",
                      authentication_string: str | None = None, credential: Any = None,
                      storage_path: str | None = None, enable_local_storage: bool = True,
-                     timeout_seconds: float = 3.0, retry_interval_seconds: float = 30.0) -> Telemetry:
-    """No-op ``Telemetry()`` when ``connection_string`` is None or blank, otherwise an
-    ``AppInsightsTelemetry`` (imports opencensus-ext-azure now).
+                     timeout_seconds: float = 3.0, retry_interval_seconds: float = 30.0,
+                     exporter: str | None = None) -> Telemetry:
+    """No-op ``Telemetry()`` when ``connection_string`` is None or blank, otherwise the
+    exporter's telemetry: ``exporter`` "opentelemetry" (the default: azure-monitor-opentelemetry-
+    exporter, ``shared.telemetry_otel``) or "opencensus" (``AppInsightsTelemetry``, the retired
+    opencensus-ext-azure), imported now; None reads AGENT_TELEMETRY_EXPORTER.
 
     ``authentication_string`` is the value of APPLICATIONINSIGHTS_AUTHENTICATION_STRING
     (``Authorization=AAD`` and optionally ``ClientId=<guid>`` of a user-assigned identity):
@@ -206,9 +212,15 @@ def create_telemetry(connection_string: str | None, *, role_name: str = "sql-age
 
     A malformed connection or authentication string raises ``shared.errors.ConfigError``
     naming the setting, the offending part and what is expected."""
+    exporter = parse_exporter(os.environ.get(EXPORTER_SETTING) if exporter is None else exporter)
     if connection_string is None or not connection_string.strip():
         return Telemetry()
-    return AppInsightsTelemetry(
+    if exporter == "opentelemetry":
+        from shared.telemetry_otel import OpenTelemetryTelemetry
+        cls: type[Telemetry] = OpenTelemetryTelemetry
+    else:
+        cls = AppInsightsTelemetry
+    return cls(
         connection_string, role_name=role_name, authentication_string=authentication_string,
         credential=credential, storage_path=storage_path,
         enable_local_storage=enable_local_storage, timeout_seconds=timeout_seconds,
@@ -222,9 +234,20 @@ def create_telemetry_from_env(environ: Mapping[str, str] | None = None, *,
     function app's name, which the Functions host's own telemetry uses) or "sql-agent"."""
     env = os.environ if environ is None else environ
     return create_telemetry(
-        env.get(CONNECTION_STRING_SETTING),
+        env.get(CONNECTION_STRING_SETTING), exporter=parse_exporter(env.get(EXPORTER_SETTING)),
         role_name=role_name or env.get("WEBSITE_SITE_NAME") or "sql-agent",
         authentication_string=env.get(AUTHENTICATION_STRING_SETTING))
+
+
+def parse_exporter(value: str | None) -> str:
+    """AGENT_TELEMETRY_EXPORTER: "opentelemetry" (default when unset or blank) or
+    "opencensus", case-insensitive. Raises ConfigError for anything else."""
+    if value is None or not value.strip():
+        return DEFAULT_EXPORTER
+    name = value.strip().lower()
+    if name not in EXPORTERS:
+        raise ConfigError(EXPORTER_SETTING, value, "one of " + ", ".join(EXPORTERS))
+    return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,6 +335,7 @@ class AppInsightsTelemetry(Telemetry):
     """Telemetry sent to Application Insights through opencensus-ext-azure's transport."""
 
     enabled = True
+    exporter_name = "opencensus"
     # A flush posts at most this many envelopes per request (the library's default batch).
     max_batch_size = 100
     # Flush from the recording call once this many envelopes wait, so a long tick that
@@ -413,11 +437,16 @@ class AppInsightsTelemetry(Telemetry):
         if self._closed:
             return
         dims = _dimensions(properties)
+        code = str(result_code if result_code is not None else ("0" if success else ""))
+        if code:
+            # Also a dimension: the OpenTelemetry exporter's resultCode is "0" for every SQL
+            # call, so queries read customDimensions.result_code with either exporter.
+            dims.setdefault("result_code", code[:MAX_PROPERTY_VALUE_LENGTH])
         lib = self._lib
         body = lib.RemoteDependency(
             name=name[:MAX_NAME_LENGTH],
             id=secrets.token_hex(8),
-            resultCode=str(result_code if result_code is not None else ("0" if success else "")),
+            resultCode=code,
             duration=lib.utils.microseconds_to_duration(int(round(duration_ms * 1000))),
             success=bool(success),
             data=None if data is None else str(data)[:MAX_DEPENDENCY_DATA_LENGTH],
@@ -719,6 +748,7 @@ def _iso_utc(value: _dt.datetime) -> str:
 __all__ = [
     "EVENT_NAMES", "METRIC_NAMES", "STANDARD_DIMENSIONS", "Telemetry", "AppInsightsTelemetry",
     "DependencyCall", "IngestionSettings", "create_telemetry", "create_telemetry_from_env",
+    "EXPORTER_SETTING", "EXPORTERS", "parse_exporter",
     "new_operation_id", "is_valid_operation_id", "parse_connection_string",
     "parse_authentication_string",
 ]

@@ -118,6 +118,9 @@ class AppInsightsEndpoint:
         self._lock = threading.Lock()
         self._statuses: list[int] = []  # answers queued by respond_with()
         self._telemetries: list[Any] = []
+        # The exporter telemetry() creates ("opentelemetry" or "opencensus"); None: the
+        # default (AGENT_TELEMETRY_EXPORTER, else OpenTelemetry).
+        self.exporter: str | None = None
         self._tmp = tempfile.mkdtemp(prefix="appinsights-endpoint-")
         endpoint = self
 
@@ -156,6 +159,8 @@ class AppInsightsEndpoint:
         from shared.telemetry import create_telemetry
 
         options.setdefault("storage_path", os.path.join(self._tmp, f"storage-{len(self._telemetries)}"))
+        if self.exporter is not None:
+            options.setdefault("exporter", self.exporter)
         telemetry = create_telemetry(self.connection_string, **options)
         self._telemetries.append(telemetry)
         return telemetry
