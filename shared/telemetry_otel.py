@@ -26,11 +26,12 @@ resource can have local (key) authentication disabled.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime as _dt
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from opentelemetry import trace as _trace_api
@@ -45,8 +46,24 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status,
 from shared import telemetry as _t
 
 _EXPORTER_EXTRAS_OFF = ("APPLICATIONINSIGHTS_STATSBEAT_DISABLED_ALL", "APPLICATIONINSIGHTS_SDKSTATS_DISABLED",
-                        "APPLICATIONINSIGHTS_CONTROLPLANE_DISABLED",
-                        "APPLICATIONINSIGHTS_OPENTELEMETRY_RESOURCE_METRIC_DISABLED")
+                        "APPLICATIONINSIGHTS_CONTROLPLANE_DISABLED")
+_RESOURCE_METRIC_SETTING = "APPLICATIONINSIGHTS_OPENTELEMETRY_RESOURCE_METRIC_DISABLED"
+_environ_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _exporter_extras_off() -> Iterator[None]:
+    """The exporter's background extras' switches set to "true" (unless set already) while
+    the block runs, restored after."""
+    with _environ_lock:
+        added = [name for name in _EXPORTER_EXTRAS_OFF if name not in os.environ]
+        for name in added:
+            os.environ[name] = "true"
+        try:
+            yield
+        finally:
+            for name in added:
+                os.environ.pop(name, None)
 
 
 class _Buffer(LogRecordProcessor, SpanProcessor):
@@ -134,14 +151,16 @@ class OpenTelemetryTelemetry(_t.Telemetry):
         if credential is not None and not hasattr(credential, "get_token"):
             raise ValueError("credential: expected an azure-core TokenCredential (with get_token), "
                              f"got {type(credential).__name__}")
-        # The SDK's own usage metrics ("statsbeat") would start a background exporter posting
-        # to a Microsoft endpoint: off, as with the OpenCensus exporter.
-        # Likewise the customer "SDK stats" metrics (a periodic reader thread), the
-        # "OneSettings" control-plane worker (a thread polling a Microsoft endpoint) and an
-        # extra "_OTELRESOURCE_" metric with every span export. These are the exporter's
-        # documented switches; an app setting of the same name wins.
-        for setting in _EXPORTER_EXTRAS_OFF:
-            os.environ.setdefault(setting, "true")
+        # The exporter's extras that run in the background are off: its own usage metrics
+        # ("statsbeat", posted to a Microsoft endpoint, as with the OpenCensus exporter), the
+        # customer "SDK stats" (a periodic reader thread) and the "OneSettings" control-plane
+        # worker (a thread polling a Microsoft endpoint). Their documented switches are read
+        # when an exporter is created, so they are set only while ours are created: the
+        # OpenCensus transport reads APPLICATIONINSIGHTS_STATSBEAT_DISABLED_ALL too, and its
+        # retry handling misbehaves when it is set. An extra "_OTELRESOURCE_" metric with every
+        # span export is off for the process (only this exporter reads that switch). An app
+        # setting of any of these names wins.
+        os.environ.setdefault(_RESOURCE_METRIC_SETTING, "true")
         from azure.monitor.opentelemetry.exporter import (
             AzureMonitorLogExporter,
             AzureMonitorMetricExporter,
@@ -172,10 +191,11 @@ class OpenTelemetryTelemetry(_t.Telemetry):
             exporter_options["storage_directory"] = self.storage_path
         resource = Resource.create({"service.name": self.role_name})
         self._tracer_provider = TracerProvider(resource=resource)
-        self._log_exporter = AzureMonitorLogExporter(**exporter_options)
-        self._trace_exporter = AzureMonitorTraceExporter(tracer_provider=self._tracer_provider,
-                                                         **exporter_options)
-        self._metric_exporter = AzureMonitorMetricExporter(**exporter_options)
+        with _exporter_extras_off():
+            self._log_exporter = AzureMonitorLogExporter(**exporter_options)
+            self._trace_exporter = AzureMonitorTraceExporter(tracer_provider=self._tracer_provider,
+                                                             **exporter_options)
+            self._metric_exporter = AzureMonitorMetricExporter(**exporter_options)
 
         self._logs = _Buffer()
         self._spans = _Buffer()

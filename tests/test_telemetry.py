@@ -477,8 +477,23 @@ def test_no_statsbeat_and_no_exporter_threads(appinsights_endpoint):
     assert len(appinsights_endpoint.envelopes) == 2
 
 
-def test_entra_id_token_is_sent_as_bearer(appinsights_endpoint):
+def test_entra_id_token_is_sent_as_bearer(exporter, monkeypatch):
+    """The credential's token for Azure Monitor's scope goes as a bearer token. Over TLS, as
+    in Azure: azure-core (the OpenTelemetry exporter's HTTP pipeline) refuses to send a bearer
+    token over plain http; the endpoint's self-signed certificate is trusted through
+    REQUESTS_CA_BUNDLE, which both exporters' HTTP clients (requests) read."""
     from azure.core.credentials import AccessToken
+
+    endpoint = AppInsightsEndpoint(tls=True)
+    endpoint.exporter = exporter
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", endpoint.ca_file)
+    try:
+        _check_bearer(endpoint, AccessToken)
+    finally:
+        endpoint.close()
+
+
+def _check_bearer(appinsights_endpoint, AccessToken):  # noqa: N803
 
     scopes = []
 
@@ -500,7 +515,8 @@ def test_refused_endpoint_does_not_raise_and_stored_envelopes_are_sent_later(app
     storage = tmp_path / "storage"
     dead = (f"InstrumentationKey={appinsights_endpoint.instrumentation_key};"
             f"IngestionEndpoint=http://127.0.0.1:{unused_port()}/")
-    telemetry = create_telemetry(dead, storage_path=str(storage), retry_interval_seconds=0)
+    telemetry = create_telemetry(dead, storage_path=str(storage), retry_interval_seconds=0,
+                                 exporter=appinsights_endpoint.exporter)
     op = new_operation_id()
     telemetry.event("RunFailed", {"job": "j", "error_number": 1205}, operation_id=op)
     telemetry.metric("RunDurationMs", 5.0, operation_id=op)
@@ -511,7 +527,8 @@ def test_refused_endpoint_does_not_raise_and_stored_envelopes_are_sent_later(app
     assert [p.name for p in storage.iterdir() if ".blob" in p.name], list(storage.iterdir())
 
     # Ingestion reachable again (here: another instance sharing the storage folder).
-    later = create_telemetry(appinsights_endpoint.connection_string, storage_path=str(storage))
+    later = create_telemetry(appinsights_endpoint.connection_string, storage_path=str(storage),
+                             exporter=appinsights_endpoint.exporter)
     later.event("RunSucceeded", {"job": "j"})
     later.flush()
     later.close()
@@ -537,7 +554,10 @@ def test_retryable_answer_keeps_envelopes_and_pauses_the_network(appinsights_end
     telemetry.flush()
     assert time.perf_counter() - started < 0.5
     assert len(appinsights_endpoint.posts) == 1
-    assert len([p for p in Path(telemetry.storage_path).iterdir() if ".blob" in p.name]) == 2
+    # Parked: in local storage (OpenCensus), or in memory until the pause ends (OpenTelemetry:
+    # only its exporter writes its storage, when an export fails).
+    stored = len([p for p in Path(telemetry.storage_path).iterdir() if ".blob" in p.name])
+    assert stored == (1 if otel(appinsights_endpoint) else 2)
 
 
 def test_retry_after_a_retryable_answer(appinsights_endpoint):
@@ -546,6 +566,15 @@ def test_retry_after_a_retryable_answer(appinsights_endpoint):
     telemetry.event("RunRetried", {"job": "j", "attempt": 1})
     telemetry.flush()
     assert appinsights_endpoint.envelopes == []
+    if otel(appinsights_endpoint):
+        # The OpenTelemetry exporter sends its stored batches after its next successful export.
+        telemetry.event("RunSucceeded", {"job": "j"})
+        telemetry.flush()  # ingestion back: the new item, then the stored batch, once
+        assert sorted(e["data"]["baseData"]["name"] for e in appinsights_endpoint.envelopes) == [
+            "RunRetried", "RunSucceeded"]
+        telemetry.flush()
+        assert len(appinsights_endpoint.envelopes) == 2
+        return
     telemetry.flush()  # ingestion back: the stored batch goes out, once
     assert [e["data"]["baseData"]["name"] for e in appinsights_endpoint.envelopes] == ["RunRetried"]
     telemetry.flush()
@@ -576,9 +605,9 @@ def test_non_retryable_answer_drops_without_raising(appinsights_endpoint):
     assert telemetry.dropped == 0 and list(Path(telemetry.storage_path).iterdir()) == []
 
 
-def test_hanging_endpoint_bounds_flush_by_the_timeout(silent_endpoint, tmp_path):
+def test_hanging_endpoint_bounds_flush_by_the_timeout(silent_endpoint, tmp_path, exporter):
     telemetry = create_telemetry(silent_endpoint.connection_string, storage_path=str(tmp_path / "s"),
-                                 timeout_seconds=0.5, retry_interval_seconds=30)
+                                 timeout_seconds=0.5, retry_interval_seconds=30, exporter=exporter)
     try:
         telemetry.event("LeaseExpired", {"job": "j", "run_id": 1})
         started = time.perf_counter()
@@ -595,9 +624,10 @@ def test_hanging_endpoint_bounds_flush_by_the_timeout(silent_endpoint, tmp_path)
         telemetry.close()
 
 
-def test_default_local_storage_is_in_the_temp_directory():
+def test_default_local_storage_is_in_the_temp_directory(exporter):
     key = str(uuid.uuid4())
-    telemetry = create_telemetry(f"InstrumentationKey={key};IngestionEndpoint=http://127.0.0.1:{unused_port()}/")
+    telemetry = create_telemetry(f"InstrumentationKey={key};IngestionEndpoint=http://127.0.0.1:{unused_port()}/",
+                                 exporter=exporter)
     try:
         path = Path(telemetry.storage_path)
         assert path == Path(os.path.abspath(tempfile.gettempdir())) / "sql-agent-telemetry" / key
@@ -621,11 +651,17 @@ def test_closed_telemetry_records_nothing(appinsights_endpoint):
 
 # -- programming errors are caught, in both modes --------------------------------------
 
-@pytest.fixture(params=["noop", "appinsights"])
+@pytest.fixture(params=["noop", "opentelemetry", "opencensus"])
 def any_telemetry(request):
     if request.param == "noop":
-        return create_telemetry(None)
-    return request.getfixturevalue("appinsights_endpoint").telemetry()
+        yield create_telemetry(None)
+        return
+    endpoint = AppInsightsEndpoint()
+    endpoint.exporter = request.param
+    try:
+        yield endpoint.telemetry()
+    finally:
+        endpoint.close()
 
 
 def test_unknown_event_and_metric_names_raise(any_telemetry):
