@@ -1,18 +1,20 @@
 """Telemetry to Application Insights, behind one module.
 
-Everything the engine reports to Application Insights goes through this module, so a later
-move from OpenCensus (``opencensus-ext-azure``, retired, last release 1.1.15) to the
-OpenTelemetry distro changes this file only.
+Everything the engine reports to Application Insights goes through this module's API, with
+one of two exporters (AGENT_TELEMETRY_EXPORTER): OpenTelemetry with
+azure-monitor-opentelemetry-exporter (the default, ``shared.telemetry_otel``) or OpenCensus
+(``opencensus-ext-azure``, retired, last release 1.1.15, ``AppInsightsTelemetry`` here).
 
 - ``create_telemetry(None)`` (or an empty string) returns the no-op ``Telemetry``: it checks
   its arguments the same way (so engine tests that run without Application Insights still
   catch a misspelled event name) and sends nothing. This module never imports opencensus at
   import time; only ``AppInsightsTelemetry`` does, when it is created.
-- ``AppInsightsTelemetry`` builds Application Insights envelopes (custom events, metrics,
-  remote dependencies) with opencensus-ext-azure's protocol classes and posts them with its
-  transport (``TransportMixin._transmit``: the real HTTP client, status-code handling,
-  redirects and Entra ID bearer tokens), spilling to its local file storage when ingestion
-  is unreachable. Envelopes are buffered in memory and posted *in the caller's thread* by
+- ``AppInsightsTelemetry`` (``AGENT_TELEMETRY_EXPORTER=opencensus``) builds Application
+  Insights envelopes (custom events, metrics, remote dependencies) with opencensus-ext-azure's
+  protocol classes and posts them itself (``_Sender``: ``requests``, status-code handling,
+  redirects, Entra ID bearer tokens; no private API of the library), spilling to the library's
+  local file storage when ingestion is unreachable. The default exporter is OpenTelemetry
+  (``shared.telemetry_otel``). Envelopes are buffered in memory and posted *in the caller's thread* by
   ``flush()``; the engine calls ``flush()`` before a function invocation returns, because the
   Functions host may freeze the process right after, so a background exporter thread could
   not be trusted to have sent anything.
@@ -40,6 +42,7 @@ import dataclasses
 import datetime as _dt
 import decimal
 import enum
+import json
 import logging
 import math
 import os
@@ -332,7 +335,8 @@ def parse_authentication_string(authentication_string: str | None) -> str | None
 
 
 class AppInsightsTelemetry(Telemetry):
-    """Telemetry sent to Application Insights through opencensus-ext-azure's transport."""
+    """Telemetry sent to Application Insights as opencensus-ext-azure envelopes (the
+    ``opencensus`` exporter), posted by ``_Sender``."""
 
     enabled = True
     exporter_name = "opencensus"
@@ -508,12 +512,15 @@ class AppInsightsTelemetry(Telemetry):
         status = self._lib.TransportStatusCode
         for start in range(0, len(pending), self.max_batch_size):
             batch = pending[start:start + self.max_batch_size]
-            result = sender._transmit(batch)
+            result = sender.transmit(batch)
             if result is status.RETRY:
                 self._pause_network()
                 self._park(pending[start:])
                 return
-            # SUCCESS, or DROP (a non-retryable answer, already logged by the transport).
+            # SUCCESS, or DROP (a non-retryable answer, already logged by the sender).
+        if sender.retry_later:  # items a partial (206) answer marked retryable
+            again, sender.retry_later = sender.retry_later, []
+            self._park(again)
         if sender.storage is not None:
             self._send_stored()
 
@@ -531,7 +538,7 @@ class AppInsightsTelemetry(Telemetry):
             if not envelopes:
                 blob.delete()
                 continue
-            result = self._sender._transmit(list(envelopes))
+            result = self._sender.transmit(list(envelopes))
             sent += 1
             if result is status.RETRY:
                 blob.lease(self.retry_interval_seconds)
@@ -604,7 +611,6 @@ class _OpenCensus:
                 RemoteDependency,
             )
             from opencensus.ext.azure.common.storage import LocalFileStorage
-            from opencensus.ext.azure.common.transport import TransportMixin, TransportStatusCode
         self.utils = utils
         self.BaseObject = BaseObject
         self.Data = Data
@@ -614,27 +620,88 @@ class _OpenCensus:
         self.MetricData = MetricData
         self.RemoteDependency = RemoteDependency
         self.LocalFileStorage = LocalFileStorage
-        self.TransportMixin = TransportMixin
-        self.TransportStatusCode = TransportStatusCode
-
-        class Sender(TransportMixin):
-            """The library's transport (``_transmit``: POST to ``<endpoint>/v2.1/track``, status
-            handling, redirects, bearer token) with the attributes it expects."""
-
-            def __init__(self, options: Any, storage: Any) -> None:
-                self.options = options
-                self.storage = storage
-                self._consecutive_redirects = 0
-
-        self._sender_class = Sender
+        self.TransportStatusCode = _Status
 
     def make_sender(self, *, endpoint: str, credential: Any, timeout: float, storage: Any) -> Any:
-        # The transport reads options.endpoint/credential/proxies/timeout. Built directly
-        # rather than through opencensus' Options, which also parses the process-wide
-        # APPLICATIONINSIGHTS_CONNECTION_STRING (and raises on a trailing ';').
-        options = self.BaseObject(endpoint=endpoint, credential=credential, proxies="{}",
-                                  timeout=timeout)
-        return self._sender_class(options, storage)
+        return _Sender(endpoint=endpoint, credential=credential, timeout=timeout, storage=storage)
+
+
+class _Status(enum.Enum):
+    SUCCESS = "success"
+    RETRY = "retry"  # keep the envelopes: ingestion unreachable, throttled or failing
+    DROP = "drop"    # ingestion refused them for good (logged)
+
+
+# Answers after which the same envelopes may succeed later (the ingestion API's retryable codes).
+_RETRYABLE = frozenset({206, 401, 403, 408, 429, 439, 500, 502, 503, 504})
+_MAX_REDIRECTS = 10
+_INGESTION_SCOPE = "https://monitor.azure.com//.default"
+
+
+class _Sender:
+    """POSTs envelopes to ``<endpoint>/v2.1/track`` with ``requests`` (the HTTP client
+    opencensus-ext-azure itself uses): an Entra ID bearer token when a credential is given,
+    redirects followed (307/308, the new endpoint kept), items a 206 answer marks retryable
+    resent later. Public APIs only; the library's ``LocalFileStorage`` keeps what waits."""
+
+    def __init__(self, *, endpoint: str, credential: Any, timeout: float, storage: Any) -> None:
+        import requests
+
+        self._requests = requests
+        self._session = requests.Session()
+        self.endpoint = endpoint
+        self.credential = credential
+        self.timeout = timeout
+        self.storage = storage
+        self.retry_later: list[Any] = []  # items of a partial (206) answer to send again
+
+    def transmit(self, envelopes: list[Any]) -> _Status:
+        if not envelopes:
+            return _Status.SUCCESS
+        body = json.dumps(envelopes, default=str)
+        headers = {"Accept": "application/json", "Content-Type": "application/json; charset=utf-8"}
+        for _ in range(_MAX_REDIRECTS + 1):
+            try:
+                if self.credential is not None:
+                    token = self.credential.get_token(_INGESTION_SCOPE)
+                    headers["Authorization"] = f"Bearer {token.token}"
+                response = self._session.post(self.endpoint + "/v2.1/track", data=body,
+                                              headers=headers, timeout=self.timeout,
+                                              allow_redirects=False)
+            except Exception as exc:  # timeout, refused, DNS, no token: try again later
+                log.warning("telemetry: ingestion not reachable (%s); will retry", type(exc).__name__)
+                return _Status.RETRY
+            status = response.status_code
+            if status in (307, 308) and response.headers.get("location"):
+                location = response.headers["location"]
+                match = re.match(r"^(https?://[^/]+)", location)
+                if match:
+                    self.endpoint = match.group(1)
+                    continue
+            if status == 200:
+                return _Status.SUCCESS
+            if status == 206:
+                return self._partial(envelopes, response)
+            if status in _RETRYABLE:
+                log.warning("telemetry: ingestion answered %d; will retry", status)
+                return _Status.RETRY
+            log.warning("telemetry: ingestion refused %d item(s) with %d: %.300s", len(envelopes),
+                        status, response.text)
+            return _Status.DROP
+        log.warning("telemetry: more than %d redirects; dropping %d item(s)", _MAX_REDIRECTS,
+                    len(envelopes))
+        return _Status.DROP
+
+    def _partial(self, envelopes: list[Any], response: Any) -> _Status:
+        try:
+            errors = response.json().get("errors") or []
+            again = [envelopes[e["index"]] for e in errors
+                     if e.get("statusCode") in _RETRYABLE and 0 <= e.get("index", -1) < len(envelopes)]
+        except Exception:
+            return _Status.RETRY
+        if again:
+            self.retry_later.extend(again)
+        return _Status.SUCCESS
 
 
 _lib: _OpenCensus | None = None
