@@ -315,10 +315,13 @@ class OpenTelemetryTelemetry(_t.Telemetry):
                     # Retryable batches went to the exporter's local storage (when on);
                     # without it they wait in memory, bounded.
                     self._network_paused_until = time.monotonic() + self.retry_interval_seconds
-                    if self.storage_path is None:
-                        dropped = buffer.put_back(items[start:], self.max_pending)
-                        if dropped:
-                            self.dropped += dropped
+                    # The failed batch is in the exporter's storage when that is on; what was
+                    # not tried yet waits in memory (bounded) for the next flush after the pause.
+                    waiting = items[start:] if self.storage_path is None else items[start + len(batch):]
+                    dropped = buffer.put_back(waiting, self.max_pending)
+                    if dropped:
+                        self.dropped += dropped
+                        _t.log.warning("telemetry: dropped %d item(s): ingestion unreachable", dropped)
                     return
         if self._metrics_recorded:
             self._metrics_recorded = False

@@ -560,6 +560,22 @@ def test_retryable_answer_keeps_envelopes_and_pauses_the_network(appinsights_end
     assert stored == (1 if otel(appinsights_endpoint) else 2)
 
 
+def test_a_failed_send_loses_none_of_a_large_flush(appinsights_endpoint):
+    """Ingestion fails the first batch of a flush of many: that batch is kept (local storage),
+    the untried rest waits, and once ingestion is back every item arrives exactly once."""
+    telemetry = appinsights_endpoint.telemetry(retry_interval_seconds=0)
+    count = AppInsightsTelemetry.max_batch_size * 3 + 7
+    for i in range(count):
+        telemetry.event("RunDispatched", {"run_id": i})
+    appinsights_endpoint.respond_with(503)
+    telemetry.flush()
+    for _ in range(5):  # each flush sends what waits; stored batches follow a successful send
+        telemetry.event("RunClaimed", {"job": "j"})
+        telemetry.flush()
+    ids = sorted(int(e["data"]["baseData"]["properties"]["run_id"]) for e in appinsights_endpoint.events("RunDispatched"))
+    assert ids == list(range(count))
+
+
 def test_retry_after_a_retryable_answer(appinsights_endpoint):
     telemetry = appinsights_endpoint.telemetry(retry_interval_seconds=0)
     appinsights_endpoint.respond_with(500)
