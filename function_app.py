@@ -1,7 +1,7 @@
 """Azure Functions entry point: registers the blueprints, nothing else.
 
 Kept light on purpose: every scale-out cold-starts this import. The engine (and pyodbc,
-azure-identity, azure-storage-queue, opencensus) loads at a trigger's first call.
+azure-identity, azure-storage-queue, the telemetry exporter) loads at a trigger's first call.
 """
 
 import azure.functions as func

@@ -90,6 +90,7 @@ param monitorClientSecretSettingName string
 var storageBlobDataOwnerRoleId = 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
 var storageQueueDataContributorRoleId = '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
 var storageTableDataContributorRoleId = '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
+var monitoringMetricsPublisherRoleId = '3913510d-42f4-4e42-8a64-420c390055eb'
 
 var blobServiceUri = 'https://${storageAccountName}.blob.${environment().suffixes.storage}'
 var queueServiceUri = 'https://${storageAccountName}.queue.${environment().suffixes.storage}'
@@ -135,6 +136,12 @@ var engineAppSettings = [
   {
     name: 'APPLICATIONINSIGHTS_CONNECTION_STRING'
     value: appInsights.properties.ConnectionString
+  }
+  {
+    // Ingestion with the app's Entra ID token (the Functions host and the engine's exporter
+    // both read it): the component has local (key) authentication disabled.
+    name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING'
+    value: 'Authorization=AAD'
   }
   {
     // The monitor checks the group again from the principal the platform passes, and refuses
@@ -403,6 +410,20 @@ resource tableDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-0
     principalId: functionApp.identity.principalId
     principalType: 'ServicePrincipal'
     description: 'Functions host diagnostic events (a table).'
+  }
+}
+
+// Telemetry: with local authentication disabled on the Application Insights component, the host
+// and the engine send with the app's Entra ID token; Monitoring Metrics Publisher is the role
+// ingestion requires.
+resource metricsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(appInsights.id, functionApp.id, monitoringMetricsPublisherRoleId)
+  scope: appInsights
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', monitoringMetricsPublisherRoleId)
+    principalId: functionApp.identity.principalId
+    principalType: 'ServicePrincipal'
+    description: 'Telemetry ingestion with Entra ID (the component has local authentication disabled).'
   }
 }
 

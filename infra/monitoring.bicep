@@ -43,9 +43,10 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' = {
     Application_Type: 'web'
     WorkspaceResourceId: workspace.id
     IngestionMode: 'LogAnalytics'
-    // Local (instrumentation key) auth stays on: the engine's exporter (opencensus-ext-azure)
-    // authenticates with the connection string only.
-    DisableLocalAuth: false
+    // Entra ID only: the function app sends with its identity (APPLICATIONINSIGHTS_AUTHENTICATION_STRING,
+    // Monitoring Metrics Publisher granted in functionapp.bicep); the instrumentation key alone
+    // cannot write.
+    DisableLocalAuth: true
   }
 }
 

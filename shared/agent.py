@@ -148,7 +148,10 @@ class Agent:
         if self._telemetry is None:
             from .telemetry import create_telemetry
 
-            self._telemetry = create_telemetry(self.settings.agent.appinsights_connection_string)
+            agent = self.settings.agent
+            self._telemetry = create_telemetry(
+                agent.appinsights_connection_string, exporter=agent.telemetry_exporter,
+                authentication_string=agent.appinsights_authentication_string)
         return self._telemetry
 
     def scheduler(self):

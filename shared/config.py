@@ -190,6 +190,15 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
                 "Client id of a user-assigned identity for the storage connection.", "optional"),
     SettingSpec("APPLICATIONINSIGHTS_CONNECTION_STRING", None,
                 "Application Insights connection string; telemetry is off when unset.", "required"),
+    SettingSpec("APPLICATIONINSIGHTS_AUTHENTICATION_STRING", None,
+                "`Authorization=AAD` (optionally `;ClientId=<guid>` of a user-assigned identity): "
+                "telemetry ingestion with an Entra ID token (the managed identity needs Monitoring "
+                "Metrics Publisher), so the Application Insights resource can disable local auth.",
+                "optional"),
+    SettingSpec("AGENT_TELEMETRY_EXPORTER", "opentelemetry",
+                "`opentelemetry` (azure-monitor-opentelemetry-exporter) or `opencensus` (the retired "
+                "opencensus-ext-azure); both write customEvents, customMetrics and dependencies.",
+                "optional"),
 )
 
 # Per-job defaults, used by the README table and by parsing.
@@ -240,6 +249,8 @@ class AgentSettings:
     storage_client_id: str | None
     appinsights_connection_string: str | None
     worker_id: str
+    appinsights_authentication_string: str | None = None
+    telemetry_exporter: str = "opentelemetry"
 
     @property
     def uses_azure_queue(self) -> bool:
@@ -461,7 +472,15 @@ def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
         storage_client_id=_get(env, "AzureWebJobsStorage__clientId"),
         appinsights_connection_string=_get(env, "APPLICATIONINSIGHTS_CONNECTION_STRING"),
         worker_id=worker,
+        appinsights_authentication_string=_get(env, "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"),
+        telemetry_exporter=_telemetry_exporter(_get(env, "AGENT_TELEMETRY_EXPORTER")),
     )
+
+
+def _telemetry_exporter(value: str | None) -> str:
+    from .telemetry import parse_exporter  # light: imports no exporter
+
+    return parse_exporter(value)
 
 
 PRINCIPAL_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")

@@ -1,18 +1,20 @@
 """Telemetry to Application Insights, behind one module.
 
-Everything the engine reports to Application Insights goes through this module, so a later
-move from OpenCensus (``opencensus-ext-azure``, retired, last release 1.1.15) to the
-OpenTelemetry distro changes this file only.
+Everything the engine reports to Application Insights goes through this module's API, with
+one of two exporters (AGENT_TELEMETRY_EXPORTER): OpenTelemetry with
+azure-monitor-opentelemetry-exporter (the default, ``shared.telemetry_otel``) or OpenCensus
+(``opencensus-ext-azure``, retired, last release 1.1.15, ``AppInsightsTelemetry`` here).
 
 - ``create_telemetry(None)`` (or an empty string) returns the no-op ``Telemetry``: it checks
   its arguments the same way (so engine tests that run without Application Insights still
   catch a misspelled event name) and sends nothing. This module never imports opencensus at
   import time; only ``AppInsightsTelemetry`` does, when it is created.
-- ``AppInsightsTelemetry`` builds Application Insights envelopes (custom events, metrics,
-  remote dependencies) with opencensus-ext-azure's protocol classes and posts them with its
-  transport (``TransportMixin._transmit``: the real HTTP client, status-code handling,
-  redirects and Entra ID bearer tokens), spilling to its local file storage when ingestion
-  is unreachable. Envelopes are buffered in memory and posted *in the caller's thread* by
+- ``AppInsightsTelemetry`` (``AGENT_TELEMETRY_EXPORTER=opencensus``) builds Application
+  Insights envelopes (custom events, metrics, remote dependencies) with opencensus-ext-azure's
+  protocol classes and posts them itself (``_Sender``: ``requests``, status-code handling,
+  redirects, Entra ID bearer tokens; no private API of the library), spilling to the library's
+  local file storage when ingestion is unreachable. The default exporter is OpenTelemetry
+  (``shared.telemetry_otel``). Envelopes are buffered in memory and posted *in the caller's thread* by
   ``flush()``; the engine calls ``flush()`` before a function invocation returns, because the
   Functions host may freeze the process right after, so a background exporter thread could
   not be trusted to have sent anything.
@@ -40,6 +42,7 @@ import dataclasses
 import datetime as _dt
 import decimal
 import enum
+import json
 import logging
 import math
 import os
@@ -58,6 +61,9 @@ from shared.errors import ConfigError
 log = logging.getLogger(__name__)
 
 CONNECTION_STRING_SETTING = "APPLICATIONINSIGHTS_CONNECTION_STRING"
+EXPORTER_SETTING = "AGENT_TELEMETRY_EXPORTER"
+EXPORTERS = ("opentelemetry", "opencensus")
+DEFAULT_EXPORTER = "opentelemetry"
 AUTHENTICATION_STRING_SETTING = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"
 
 EVENT_NAMES = ("RunClaimed", "RunDispatched", "RunStarted", "RunSucceeded", "RunFailed", "RunRetried",
@@ -194,9 +200,12 @@ class Telemetry:
 def create_telemetry(connection_string: str | None, *, role_name: str = "sql-agent",
                      authentication_string: str | None = None, credential: Any = None,
                      storage_path: str | None = None, enable_local_storage: bool = True,
-                     timeout_seconds: float = 3.0, retry_interval_seconds: float = 30.0) -> Telemetry:
-    """No-op ``Telemetry()`` when ``connection_string`` is None or blank, otherwise an
-    ``AppInsightsTelemetry`` (imports opencensus-ext-azure now).
+                     timeout_seconds: float = 3.0, retry_interval_seconds: float = 30.0,
+                     exporter: str | None = None) -> Telemetry:
+    """No-op ``Telemetry()`` when ``connection_string`` is None or blank, otherwise the
+    exporter's telemetry: ``exporter`` "opentelemetry" (the default: azure-monitor-opentelemetry-
+    exporter, ``shared.telemetry_otel``) or "opencensus" (``AppInsightsTelemetry``, the retired
+    opencensus-ext-azure), imported now; None reads AGENT_TELEMETRY_EXPORTER.
 
     ``authentication_string`` is the value of APPLICATIONINSIGHTS_AUTHENTICATION_STRING
     (``Authorization=AAD`` and optionally ``ClientId=<guid>`` of a user-assigned identity):
@@ -206,9 +215,15 @@ def create_telemetry(connection_string: str | None, *, role_name: str = "sql-age
 
     A malformed connection or authentication string raises ``shared.errors.ConfigError``
     naming the setting, the offending part and what is expected."""
+    exporter = parse_exporter(os.environ.get(EXPORTER_SETTING) if exporter is None else exporter)
     if connection_string is None or not connection_string.strip():
         return Telemetry()
-    return AppInsightsTelemetry(
+    if exporter == "opentelemetry":
+        from shared.telemetry_otel import OpenTelemetryTelemetry
+        cls: type[Telemetry] = OpenTelemetryTelemetry
+    else:
+        cls = AppInsightsTelemetry
+    return cls(
         connection_string, role_name=role_name, authentication_string=authentication_string,
         credential=credential, storage_path=storage_path,
         enable_local_storage=enable_local_storage, timeout_seconds=timeout_seconds,
@@ -222,9 +237,20 @@ def create_telemetry_from_env(environ: Mapping[str, str] | None = None, *,
     function app's name, which the Functions host's own telemetry uses) or "sql-agent"."""
     env = os.environ if environ is None else environ
     return create_telemetry(
-        env.get(CONNECTION_STRING_SETTING),
+        env.get(CONNECTION_STRING_SETTING), exporter=parse_exporter(env.get(EXPORTER_SETTING)),
         role_name=role_name or env.get("WEBSITE_SITE_NAME") or "sql-agent",
         authentication_string=env.get(AUTHENTICATION_STRING_SETTING))
+
+
+def parse_exporter(value: str | None) -> str:
+    """AGENT_TELEMETRY_EXPORTER: "opentelemetry" (default when unset or blank) or
+    "opencensus", case-insensitive. Raises ConfigError for anything else."""
+    if value is None or not value.strip():
+        return DEFAULT_EXPORTER
+    name = value.strip().lower()
+    if name not in EXPORTERS:
+        raise ConfigError(EXPORTER_SETTING, value, "one of " + ", ".join(EXPORTERS))
+    return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,9 +335,11 @@ def parse_authentication_string(authentication_string: str | None) -> str | None
 
 
 class AppInsightsTelemetry(Telemetry):
-    """Telemetry sent to Application Insights through opencensus-ext-azure's transport."""
+    """Telemetry sent to Application Insights as opencensus-ext-azure envelopes (the
+    ``opencensus`` exporter), posted by ``_Sender``."""
 
     enabled = True
+    exporter_name = "opencensus"
     # A flush posts at most this many envelopes per request (the library's default batch).
     max_batch_size = 100
     # Flush from the recording call once this many envelopes wait, so a long tick that
@@ -413,11 +441,16 @@ class AppInsightsTelemetry(Telemetry):
         if self._closed:
             return
         dims = _dimensions(properties)
+        code = str(result_code if result_code is not None else ("0" if success else ""))
+        if code:
+            # Also a dimension: the OpenTelemetry exporter's resultCode is "0" for every SQL
+            # call, so queries read customDimensions.result_code with either exporter.
+            dims.setdefault("result_code", code[:MAX_PROPERTY_VALUE_LENGTH])
         lib = self._lib
         body = lib.RemoteDependency(
             name=name[:MAX_NAME_LENGTH],
             id=secrets.token_hex(8),
-            resultCode=str(result_code if result_code is not None else ("0" if success else "")),
+            resultCode=code,
             duration=lib.utils.microseconds_to_duration(int(round(duration_ms * 1000))),
             success=bool(success),
             data=None if data is None else str(data)[:MAX_DEPENDENCY_DATA_LENGTH],
@@ -479,12 +512,15 @@ class AppInsightsTelemetry(Telemetry):
         status = self._lib.TransportStatusCode
         for start in range(0, len(pending), self.max_batch_size):
             batch = pending[start:start + self.max_batch_size]
-            result = sender._transmit(batch)
+            result = sender.transmit(batch)
             if result is status.RETRY:
                 self._pause_network()
                 self._park(pending[start:])
                 return
-            # SUCCESS, or DROP (a non-retryable answer, already logged by the transport).
+            # SUCCESS, or DROP (a non-retryable answer, already logged by the sender).
+        if sender.retry_later:  # items a partial (206) answer marked retryable
+            again, sender.retry_later = sender.retry_later, []
+            self._park(again)
         if sender.storage is not None:
             self._send_stored()
 
@@ -502,7 +538,7 @@ class AppInsightsTelemetry(Telemetry):
             if not envelopes:
                 blob.delete()
                 continue
-            result = self._sender._transmit(list(envelopes))
+            result = self._sender.transmit(list(envelopes))
             sent += 1
             if result is status.RETRY:
                 blob.lease(self.retry_interval_seconds)
@@ -575,7 +611,6 @@ class _OpenCensus:
                 RemoteDependency,
             )
             from opencensus.ext.azure.common.storage import LocalFileStorage
-            from opencensus.ext.azure.common.transport import TransportMixin, TransportStatusCode
         self.utils = utils
         self.BaseObject = BaseObject
         self.Data = Data
@@ -585,27 +620,88 @@ class _OpenCensus:
         self.MetricData = MetricData
         self.RemoteDependency = RemoteDependency
         self.LocalFileStorage = LocalFileStorage
-        self.TransportMixin = TransportMixin
-        self.TransportStatusCode = TransportStatusCode
-
-        class Sender(TransportMixin):
-            """The library's transport (``_transmit``: POST to ``<endpoint>/v2.1/track``, status
-            handling, redirects, bearer token) with the attributes it expects."""
-
-            def __init__(self, options: Any, storage: Any) -> None:
-                self.options = options
-                self.storage = storage
-                self._consecutive_redirects = 0
-
-        self._sender_class = Sender
+        self.TransportStatusCode = _Status
 
     def make_sender(self, *, endpoint: str, credential: Any, timeout: float, storage: Any) -> Any:
-        # The transport reads options.endpoint/credential/proxies/timeout. Built directly
-        # rather than through opencensus' Options, which also parses the process-wide
-        # APPLICATIONINSIGHTS_CONNECTION_STRING (and raises on a trailing ';').
-        options = self.BaseObject(endpoint=endpoint, credential=credential, proxies="{}",
-                                  timeout=timeout)
-        return self._sender_class(options, storage)
+        return _Sender(endpoint=endpoint, credential=credential, timeout=timeout, storage=storage)
+
+
+class _Status(enum.Enum):
+    SUCCESS = "success"
+    RETRY = "retry"  # keep the envelopes: ingestion unreachable, throttled or failing
+    DROP = "drop"    # ingestion refused them for good (logged)
+
+
+# Answers after which the same envelopes may succeed later (the ingestion API's retryable codes).
+_RETRYABLE = frozenset({206, 401, 403, 408, 429, 439, 500, 502, 503, 504})
+_MAX_REDIRECTS = 10
+_INGESTION_SCOPE = "https://monitor.azure.com//.default"
+
+
+class _Sender:
+    """POSTs envelopes to ``<endpoint>/v2.1/track`` with ``requests`` (the HTTP client
+    opencensus-ext-azure itself uses): an Entra ID bearer token when a credential is given,
+    redirects followed (307/308, the new endpoint kept), items a 206 answer marks retryable
+    resent later. Public APIs only; the library's ``LocalFileStorage`` keeps what waits."""
+
+    def __init__(self, *, endpoint: str, credential: Any, timeout: float, storage: Any) -> None:
+        import requests
+
+        self._requests = requests
+        self._session = requests.Session()
+        self.endpoint = endpoint
+        self.credential = credential
+        self.timeout = timeout
+        self.storage = storage
+        self.retry_later: list[Any] = []  # items of a partial (206) answer to send again
+
+    def transmit(self, envelopes: list[Any]) -> _Status:
+        if not envelopes:
+            return _Status.SUCCESS
+        body = json.dumps(envelopes, default=str)
+        headers = {"Accept": "application/json", "Content-Type": "application/json; charset=utf-8"}
+        for _ in range(_MAX_REDIRECTS + 1):
+            try:
+                if self.credential is not None:
+                    token = self.credential.get_token(_INGESTION_SCOPE)
+                    headers["Authorization"] = f"Bearer {token.token}"
+                response = self._session.post(self.endpoint + "/v2.1/track", data=body,
+                                              headers=headers, timeout=self.timeout,
+                                              allow_redirects=False)
+            except Exception as exc:  # timeout, refused, DNS, no token: try again later
+                log.warning("telemetry: ingestion not reachable (%s); will retry", type(exc).__name__)
+                return _Status.RETRY
+            status = response.status_code
+            if status in (307, 308) and response.headers.get("location"):
+                location = response.headers["location"]
+                match = re.match(r"^(https?://[^/]+)", location)
+                if match:
+                    self.endpoint = match.group(1)
+                    continue
+            if status == 200:
+                return _Status.SUCCESS
+            if status == 206:
+                return self._partial(envelopes, response)
+            if status in _RETRYABLE:
+                log.warning("telemetry: ingestion answered %d; will retry", status)
+                return _Status.RETRY
+            log.warning("telemetry: ingestion refused %d item(s) with %d: %.300s", len(envelopes),
+                        status, response.text)
+            return _Status.DROP
+        log.warning("telemetry: more than %d redirects; dropping %d item(s)", _MAX_REDIRECTS,
+                    len(envelopes))
+        return _Status.DROP
+
+    def _partial(self, envelopes: list[Any], response: Any) -> _Status:
+        try:
+            errors = response.json().get("errors") or []
+            again = [envelopes[e["index"]] for e in errors
+                     if e.get("statusCode") in _RETRYABLE and 0 <= e.get("index", -1) < len(envelopes)]
+        except Exception:
+            return _Status.RETRY
+        if again:
+            self.retry_later.extend(again)
+        return _Status.SUCCESS
 
 
 _lib: _OpenCensus | None = None
@@ -719,6 +815,7 @@ def _iso_utc(value: _dt.datetime) -> str:
 __all__ = [
     "EVENT_NAMES", "METRIC_NAMES", "STANDARD_DIMENSIONS", "Telemetry", "AppInsightsTelemetry",
     "DependencyCall", "IngestionSettings", "create_telemetry", "create_telemetry_from_env",
+    "EXPORTER_SETTING", "EXPORTERS", "parse_exporter",
     "new_operation_id", "is_valid_operation_id", "parse_connection_string",
     "parse_authentication_string",
 ]

@@ -111,13 +111,18 @@ def decode_body(body: bytes, content_encoding: str | None) -> list[Any]:
 class AppInsightsEndpoint:
     """An HTTP server on 127.0.0.1:<free port> that records what the exporter posts."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tls: bool = False) -> None:
         self.instrumentation_key = str(uuid.uuid4())
+        self.tls = tls
+        self.ca_file: str | None = None  # with tls: the self-signed certificate to trust
         self.posts: list[ReceivedPost] = []
         self.rejected: list[tuple[str, list[str]]] = []
         self._lock = threading.Lock()
         self._statuses: list[int] = []  # answers queued by respond_with()
         self._telemetries: list[Any] = []
+        # The exporter telemetry() creates ("opentelemetry" or "opencensus"); None: the
+        # default (AGENT_TELEMETRY_EXPORTER, else OpenTelemetry).
+        self.exporter: str | None = None
         self._tmp = tempfile.mkdtemp(prefix="appinsights-endpoint-")
         endpoint = self
 
@@ -133,6 +138,14 @@ class AppInsightsEndpoint:
                 pass  # keep test output clean
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls:
+            import ssl
+
+            cert, key = self_signed_certificate(self._tmp)
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(cert, key)
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+            self.ca_file = cert
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         # A short poll interval keeps close() (shutdown waits for one poll) quick.
@@ -144,7 +157,7 @@ class AppInsightsEndpoint:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/"
 
     @property
     def connection_string(self) -> str:
@@ -156,6 +169,8 @@ class AppInsightsEndpoint:
         from shared.telemetry import create_telemetry
 
         options.setdefault("storage_path", os.path.join(self._tmp, f"storage-{len(self._telemetries)}"))
+        if self.exporter is not None:
+            options.setdefault("exporter", self.exporter)
         telemetry = create_telemetry(self.connection_string, **options)
         self._telemetries.append(telemetry)
         return telemetry
@@ -299,6 +314,35 @@ class SilentEndpoint:
         for conn in self._held:
             conn.close()
         self._sock.close()
+
+
+def self_signed_certificate(directory: str) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 (and its key), valid for a day, as PEM files in directory."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    return cert_path, key_path
 
 
 def unused_port() -> int:

@@ -6,11 +6,24 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from tests.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
+import pytest
+
+from tests.appinsights_endpoint import AppInsightsEndpoint
 from tests.memory_queue import MemoryQueue
 from tests.conftest import make_agent, work
 
 UTC = timezone.utc
+
+
+@pytest.fixture(params=["opentelemetry", "opencensus"])
+def appinsights_endpoint(request):
+    """The loopback endpoint, once per exporter (AGENT_TELEMETRY_EXPORTER)."""
+    endpoint = AppInsightsEndpoint()
+    endpoint.exporter = request.param
+    try:
+        yield endpoint
+    finally:
+        endpoint.close()
 
 
 def _props(envelope):
@@ -31,7 +44,8 @@ def test_tick_run_failure_and_poison_are_reported(db_url, appinsights_endpoint):
                                 "broken": {"SCHEDULE": now, "COMMAND": "SELECT * FROM missing_table",
                                            "MAX_ATTEMPTS": "1"},
                                 "invalid": {"SCHEDULE": "whenever", "COMMAND": "SELECT 1"}},
-                       queue=MemoryQueue(), APPLICATIONINSIGHTS_CONNECTION_STRING=appinsights_endpoint.connection_string)
+                       queue=MemoryQueue(), APPLICATIONINSIGHTS_CONNECTION_STRING=appinsights_endpoint.connection_string,
+                       AGENT_TELEMETRY_EXPORTER=appinsights_endpoint.exporter)
     try:
         report = agent.tick()
         agent.telemetry.flush()
@@ -76,7 +90,10 @@ def test_tick_run_failure_and_poison_are_reported(db_url, appinsights_endpoint):
         assert "finish_run" in named_queries
         lag = [m for m in appinsights_endpoint.metrics() if m["data"]["baseData"]["metrics"][0]["name"]
                == "ScheduleLagSeconds"]
-        assert lag and {_op(m) for m in lag} == {good_op, broken_op}
+        # On OpenTelemetry a metric is an aggregate: no operation id (one item per job).
+        expected = {None} if appinsights_endpoint.exporter == "opentelemetry" else {good_op, broken_op}
+        assert lag and {_op(m) for m in lag} == expected
+        assert {_props(m)["job"] for m in lag} == {"good", "broken"}
     finally:
         agent.close()
 

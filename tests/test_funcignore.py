@@ -171,6 +171,11 @@ def build_working_tree(root: Path, *, git: str) -> list[str]:
         "agent.db-shm": b"shm",
         "local.settings.json": b'{"Values": {"AzureWebJobsStorage": "secret"}}',
         ".azurite/__queuestorage__/queue.json": b"{}",
+        # Azurite started from the project root without --location, as its docs show
+        "__azurite_db_queue__.json": b"{}",
+        "__azurite_db_queue_extent__.json": b"{}",
+        "__queuestorage__/2f1e4c-extent.bin": b"x",
+        "__blobstorage__/extent.bin": b"x",
         ".scratch/notes.txt": b"",
         # pytest and the interpreter
         ".pytest_cache/v/cache/nodeids": b"[]",

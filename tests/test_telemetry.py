@@ -44,6 +44,44 @@ from tests.appinsights_endpoint import (  # noqa: F401 (pytest fixtures)
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(params=["opentelemetry", "opencensus"])
+def exporter(request) -> str:
+    """Every test that sends runs once per exporter (AGENT_TELEMETRY_EXPORTER)."""
+    return request.param
+
+
+@pytest.fixture
+def appinsights_endpoint(exporter):  # noqa: F811 (overrides the shared fixture per exporter)
+    endpoint = AppInsightsEndpoint()
+    endpoint.exporter = exporter
+    try:
+        yield endpoint
+    finally:
+        endpoint.close()
+
+
+def otel(endpoint_or_name) -> bool:
+    name = getattr(endpoint_or_name, "exporter", endpoint_or_name)
+    return name == "opentelemetry"
+
+
+def result_code(dependency: dict, endpoint) -> str:
+    """A dependency's result code: customDimensions.result_code with either exporter; the
+    resultCode column agrees on OpenCensus and is "0" for every SQL call on OpenTelemetry."""
+    body = dependency["data"]["baseData"]
+    code = body["properties"]["result_code"]
+    assert body["resultCode"] == ("0" if otel(endpoint) else code)
+    return code
+
+
+def props(envelope: dict) -> dict:
+    """customDimensions as sent, without the logger name the OpenTelemetry exporter adds to
+    every log-based item (events)."""
+    properties = dict(envelope["data"]["baseData"]["properties"])
+    properties.pop("logger_name", None)
+    return properties
+
+
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run code in a fresh interpreter with the repo on sys.path (a clean sys.modules)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("APPLICATIONINSIGHTS_")}
@@ -113,23 +151,54 @@ def test_noop_does_not_import_opencensus_and_is_fast():
     assert report["elapsed"] < 1.0, report
 
 
-def test_importing_the_module_never_imports_opencensus(appinsights_endpoint, tmp_path):
-    """Even with the connection string set, import stays light; opencensus arrives when the
-    real telemetry is created, and that one then sends."""
+def test_importing_the_module_never_imports_an_exporter(appinsights_endpoint, tmp_path):
+    """Even with the connection string set, import stays light; the exporter chosen by
+    AGENT_TELEMETRY_EXPORTER arrives when the real telemetry is created, and that one sends."""
     result = run_python("""
         import json, sys
         import shared.telemetry as telemetry
-        before = "opencensus" in sys.modules
+        def loaded():
+            return sorted({m.split(".")[0] for m in sys.modules if m.split(".")[0] in ("opencensus", "opentelemetry")}
+                          | {"azure.monitor" for m in sys.modules if m.startswith("azure.monitor")})
+        before = loaded()
         t = telemetry.create_telemetry_from_env()
-        after = "opencensus" in sys.modules
+        after = loaded()
         t.event("RunClaimed", {"job": "j"})
         t.flush()
         print(json.dumps({"before": before, "after": after, "type": type(t).__name__}))
     """, env={"APPLICATIONINSIGHTS_CONNECTION_STRING": appinsights_endpoint.connection_string,
-              "TMPDIR": str(tmp_path)})
+              "TMPDIR": str(tmp_path), "AGENT_TELEMETRY_EXPORTER": appinsights_endpoint.exporter})
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report == {"before": False, "after": True, "type": "AppInsightsTelemetry"}
+    if otel(appinsights_endpoint):
+        assert report == {"before": [], "after": ["azure.monitor", "opentelemetry"],
+                          "type": "OpenTelemetryTelemetry"}
+    else:
+        assert report == {"before": [], "after": ["opencensus"], "type": "AppInsightsTelemetry"}
     assert [e["data"]["baseData"]["name"] for e in appinsights_endpoint.events()] == ["RunClaimed"]
+
+
+def test_the_exporter_setting_is_validated_and_defaults_to_opentelemetry(appinsights_endpoint, monkeypatch):
+    from shared.telemetry import EXPORTER_SETTING, parse_exporter
+
+    assert parse_exporter(None) == parse_exporter("  ") == "opentelemetry"
+    assert parse_exporter(" OpenCensus ") == "opencensus"
+    for bad in ("otel", "opencensus-ext-azure", "1"):
+        with pytest.raises(ConfigError) as raised:
+            parse_exporter(bad)
+        assert (raised.value.setting, raised.value.value) == (EXPORTER_SETTING, bad)
+        assert "opentelemetry, opencensus" in str(raised.value)
+        env = {"APPLICATIONINSIGHTS_CONNECTION_STRING": appinsights_endpoint.connection_string,
+               EXPORTER_SETTING: bad}
+        with pytest.raises(ConfigError):
+            create_telemetry_from_env(env)
+        with pytest.raises(ConfigError):  # also when telemetry is off: the setting is wrong
+            create_telemetry_from_env({EXPORTER_SETTING: bad})
+    monkeypatch.delenv(EXPORTER_SETTING, raising=False)
+    t = create_telemetry(appinsights_endpoint.connection_string, enable_local_storage=False)
+    try:
+        assert type(t).__name__ == "OpenTelemetryTelemetry"
+    finally:
+        t.close()
 
 
 # -- what is sent -------------------------------------------------------------------
@@ -151,10 +220,12 @@ def test_every_lifecycle_event_is_posted_with_dimensions_and_operation(appinsigh
         assert envelope["name"] == "Microsoft.ApplicationInsights.Event"
         assert envelope["iKey"] == appinsights_endpoint.instrumentation_key
         assert envelope["tags"]["ai.operation.id"] == op
-        assert envelope["tags"]["ai.operation.parentId"] == op
+        # OpenCensus: a child of the operation root; OpenTelemetry: of the span id taken
+        # from the operation id's low half (a log record's parent is a 16-hex span id).
+        assert envelope["tags"]["ai.operation.parentId"] == (op[16:] if otel(appinsights_endpoint) else op)
         assert envelope["tags"]["ai.cloud.role"] == "agent-prod"
         assert envelope["time"].endswith("Z")
-        assert envelope["data"]["baseData"]["properties"] == {
+        assert props(envelope) == {
             "job": "nightly-purge", "run_id": "42", "attempt": "2",
             "scheduled_for": "2025-03-30T01:30:00.000000Z", "token": "7", "outcome": "failed",
             "error_number": "40613",
@@ -175,12 +246,15 @@ def test_property_values_are_converted_and_none_is_omitted(appinsights_endpoint)
         "outcome": Outcome.SKIPPED, "error_message": "x" * 10_000})
     telemetry.flush()
     (event,) = appinsights_endpoint.events("MisfireSkipped")
-    props = event["data"]["baseData"]["properties"]
-    assert props.pop("error_message") == "x" * 8192  # the Application Insights value limit
-    assert props == {"job": "j", "aware": "2025-06-01T12:00:00.000000Z",
+    properties = props(event)
+    assert properties.pop("error_message") == "x" * 8192  # the Application Insights value limit
+    assert properties == {"job": "j", "aware": "2025-06-01T12:00:00.000000Z",
                      "naive": "2025-06-01T12:00:00.250000Z", "day": "2025-06-01", "ok": "true",
                      "ratio": "0.25", "amount": "1.50", "uuid": str(run_uuid), "outcome": "skipped"}
-    assert "ai.operation.id" not in event["tags"]  # no operation given, none invented
+    # No operation given: none (OpenCensus) or a fresh one of its own (OpenTelemetry, where an
+    # item always has a trace id), never the all-zero id that would group unrelated items.
+    assert event["tags"].get("ai.operation.id", "x") != "0" * 32
+    assert ("ai.operation.id" in event["tags"]) is otel(appinsights_endpoint)
 
 
 def test_metrics_are_posted_with_name_value_and_dimensions(appinsights_endpoint):
@@ -192,13 +266,21 @@ def test_metrics_are_posted_with_name_value_and_dimensions(appinsights_endpoint)
     telemetry.flush()
     assert appinsights_endpoint.rejected == []
     metrics = appinsights_endpoint.metrics()
-    assert [(m["data"]["baseData"]["metrics"][0]["name"], m["data"]["baseData"]["metrics"][0]["value"])
-            for m in metrics] == [(n, i + 0.5) for i, n in enumerate(METRIC_NAMES)] + [("RunsDue", 3.0)]
-    for metric in metrics[:-1]:
+
+    def point(m):
+        return (m["data"]["baseData"]["metrics"][0]["name"], m["data"]["baseData"]["metrics"][0]["value"],
+                m["data"]["baseData"]["properties"])
+
+    # One item per metric name and dimension set (OpenTelemetry aggregates a flush's
+    # recordings of one name and dimensions into one item: value = sum, count = recordings).
+    assert sorted(map(point, metrics), key=repr) == sorted(
+        [(n, i + 0.5, {"job": "j"}) for i, n in enumerate(METRIC_NAMES)] + [("RunsDue", 3.0, {})], key=repr)
+    for metric in metrics:
         assert metric["name"] == "Microsoft.ApplicationInsights.Metric"
-        assert metric["data"]["baseData"]["properties"] == {"job": "j"}
-        assert metric["tags"]["ai.operation.id"] == op
-    assert metrics[-1]["data"]["baseData"]["properties"] == {}
+        assert metric["data"]["baseData"]["metrics"][0].get("count", 1) == 1
+        # A metric is an aggregate on OpenTelemetry: no operation id.
+        expected_op = None if otel(appinsights_endpoint) or not metric["data"]["baseData"]["properties"] else op
+        assert metric["tags"].get("ai.operation.id") == expected_op
 
 
 def test_dependency_is_posted_as_remote_dependency(appinsights_endpoint):
@@ -217,8 +299,8 @@ def test_dependency_is_posted_as_remote_dependency(appinsights_endpoint):
     assert body["data"] == "complete_run"
     assert body["duration"] == "0.00:00:01.235"
     assert body["success"] is False
-    assert body["resultCode"] == "40613"
-    assert body["properties"] == {"run_id": "5"}
+    assert result_code(dep, appinsights_endpoint) == "40613"
+    assert body["properties"] == {"run_id": "5", "result_code": "40613"}
     assert len(body["id"]) == 16
     assert dep["tags"]["ai.operation.id"] == op
     # The item's time is when the call started: duration before it was recorded.
@@ -243,18 +325,21 @@ def test_sql_call_times_the_block_and_records_failures(appinsights_endpoint):
             1 / 0
     telemetry.flush()
 
-    ok = appinsights_endpoint.dependencies("claim_due")[0]["data"]["baseData"]
-    assert ok["success"] is True and ok["resultCode"] == "0" and ok["type"] == "SQL"
-    assert ok["properties"] == {"rows": "3"}
+    ok_dep = appinsights_endpoint.dependencies("claim_due")[0]
+    ok = ok_dep["data"]["baseData"]
+    assert ok["success"] is True and result_code(ok_dep, appinsights_endpoint) == "0" and ok["type"] == "SQL"
+    assert ok["properties"] == {"rows": "3", "result_code": "0"}
     seconds = float(ok["duration"].rsplit(":", 1)[1])
     assert 0.12 <= seconds < 2.0
-    failed = appinsights_endpoint.dependencies("run_command")[0]["data"]["baseData"]
-    assert failed["success"] is False and failed["resultCode"] == "208"
-    assert failed["properties"] == {"error_type": "LookupError",
+    failed_dep = appinsights_endpoint.dependencies("run_command")[0]
+    failed = failed_dep["data"]["baseData"]
+    assert failed["success"] is False and result_code(failed_dep, appinsights_endpoint) == "208"
+    assert failed["properties"] == {"error_type": "LookupError", "result_code": "208",
                                     "error_message": "Invalid object name 'dbo.missing' (208)"}
     hb = appinsights_endpoint.dependencies("heartbeat")[0]
-    assert hb["data"]["baseData"]["resultCode"] == "ZeroDivisionError"
-    assert "ai.operation.id" not in hb["tags"]
+    assert result_code(hb, appinsights_endpoint) == "ZeroDivisionError"
+    assert ("ai.operation.id" in hb["tags"]) is otel(appinsights_endpoint)  # a fresh one on OpenTelemetry
+    assert hb["tags"].get("ai.operation.id") not in (op, "0" * 32)
 
 
 def test_nothing_is_posted_until_flush_and_flush_posts_before_returning(appinsights_endpoint):
@@ -266,8 +351,11 @@ def test_nothing_is_posted_until_flush_and_flush_posts_before_returning(appinsig
     telemetry.flush()
     # No waiting: the server recorded the POST before answering it.
     assert len(appinsights_endpoint.envelopes) == 2
+    # One POST (OpenCensus), or one per signal (OpenTelemetry: a log and a metric exporter).
+    assert len(appinsights_endpoint.posts) == (2 if otel(appinsights_endpoint) else 1)
+    posts = len(appinsights_endpoint.posts)
     telemetry.flush()  # nothing new: no empty POST
-    assert len(appinsights_endpoint.posts) == 1
+    assert len(appinsights_endpoint.posts) == posts
 
 
 def test_many_envelopes_go_in_batches_and_none_is_lost(appinsights_endpoint):
@@ -335,22 +423,29 @@ def test_one_operation_id_from_timer_through_queue_to_worker_process(appinsights
         t.flush()
         os._exit(0)  # no atexit, no interpreter shutdown: only flush() could have sent
     """, env={"APPLICATIONINSIGHTS_CONNECTION_STRING": appinsights_endpoint.connection_string,
-              "MESSAGE": message, "WEBSITE_SITE_NAME": "func-sqlagent", "TMPDIR": str(tmp_path)})
+              "MESSAGE": message, "WEBSITE_SITE_NAME": "func-sqlagent", "TMPDIR": str(tmp_path),
+              "AGENT_TELEMETRY_EXPORTER": appinsights_endpoint.exporter})
 
     envelopes = appinsights_endpoint.envelopes
     assert appinsights_endpoint.rejected == []
-    assert {e["tags"]["ai.operation.id"] for e in envelopes} == {op}
+    # Metrics are aggregates on OpenTelemetry: they carry no operation id.
+    traced = [e for e in envelopes if not (otel(appinsights_endpoint) and e["name"].endswith(".Metric"))]
+    assert {e["tags"]["ai.operation.id"] for e in traced} == {op}
     names = [e["data"]["baseData"].get("name") or e["data"]["baseData"]["metrics"][0]["name"]
              for e in envelopes]
-    assert names == ["claim_due", "RunClaimed", "RunDispatched", "RunStarted", "run_command",
-                     "RunDurationMs", "RunSucceeded"]
+    if otel(appinsights_endpoint):  # each flush: dependencies, then events, then metrics
+        assert names == ["claim_due", "RunClaimed", "RunDispatched", "run_command", "RunStarted",
+                         "RunSucceeded", "RunDurationMs"]
+    else:
+        assert names == ["claim_due", "RunClaimed", "RunDispatched", "RunStarted", "run_command",
+                         "RunDurationMs", "RunSucceeded"]
     roles = {e["tags"]["ai.cloud.role"] for e in envelopes}
     assert roles == {"sql-agent", "func-sqlagent"}
 
 
 def test_without_flush_a_frozen_process_sends_nothing_but_a_normal_exit_does(appinsights_endpoint, tmp_path):
     env = {"APPLICATIONINSIGHTS_CONNECTION_STRING": appinsights_endpoint.connection_string,
-           "TMPDIR": str(tmp_path)}
+           "TMPDIR": str(tmp_path), "AGENT_TELEMETRY_EXPORTER": appinsights_endpoint.exporter}
     code = """
         import os
         from shared.telemetry import create_telemetry_from_env
@@ -366,18 +461,39 @@ def test_without_flush_a_frozen_process_sends_nothing_but_a_normal_exit_does(app
 
 
 def test_no_statsbeat_and_no_exporter_threads(appinsights_endpoint):
+    before = set(threading.enumerate())
     telemetry = appinsights_endpoint.telemetry()
     telemetry.event("RunClaimed", {"job": "j"})
+    telemetry.metric("RunsClaimed", 1)
     telemetry.flush()
     statsbeat = sys.modules.get("opencensus.ext.azure.statsbeat.statsbeat")
     assert statsbeat is None or statsbeat._STATSBEAT_EXPORTER is None
-    names = [t.name for t in threading.enumerate()]
-    assert not [n for n in names if "Worker" in n and "Storage" not in n], names
+    # Only the local storage's maintenance threads (and the test server's own) may start: no
+    # exporter, statsbeat, SDK-stats or control-plane thread sending in the background.
+    names = [t.name for t in set(threading.enumerate()) - before]
+    assert not [n for n in names if "Storage" not in n and "process_request" not in n], names
     assert all(e["name"] != "Statsbeat" for e in appinsights_endpoint.envelopes)
+    assert all("statsbeat" not in json.dumps(e).lower() for e in appinsights_endpoint.envelopes)
+    assert len(appinsights_endpoint.envelopes) == 2
 
 
-def test_entra_id_token_is_sent_as_bearer(appinsights_endpoint):
+def test_entra_id_token_is_sent_as_bearer(exporter, monkeypatch):
+    """The credential's token for Azure Monitor's scope goes as a bearer token. Over TLS, as
+    in Azure: azure-core (the OpenTelemetry exporter's HTTP pipeline) refuses to send a bearer
+    token over plain http; the endpoint's self-signed certificate is trusted through
+    REQUESTS_CA_BUNDLE, which both exporters' HTTP clients (requests) read."""
     from azure.core.credentials import AccessToken
+
+    endpoint = AppInsightsEndpoint(tls=True)
+    endpoint.exporter = exporter
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", endpoint.ca_file)
+    try:
+        _check_bearer(endpoint, AccessToken)
+    finally:
+        endpoint.close()
+
+
+def _check_bearer(appinsights_endpoint, AccessToken):  # noqa: N803
 
     scopes = []
 
@@ -399,7 +515,8 @@ def test_refused_endpoint_does_not_raise_and_stored_envelopes_are_sent_later(app
     storage = tmp_path / "storage"
     dead = (f"InstrumentationKey={appinsights_endpoint.instrumentation_key};"
             f"IngestionEndpoint=http://127.0.0.1:{unused_port()}/")
-    telemetry = create_telemetry(dead, storage_path=str(storage), retry_interval_seconds=0)
+    telemetry = create_telemetry(dead, storage_path=str(storage), retry_interval_seconds=0,
+                                 exporter=appinsights_endpoint.exporter)
     op = new_operation_id()
     telemetry.event("RunFailed", {"job": "j", "error_number": 1205}, operation_id=op)
     telemetry.metric("RunDurationMs", 5.0, operation_id=op)
@@ -410,7 +527,8 @@ def test_refused_endpoint_does_not_raise_and_stored_envelopes_are_sent_later(app
     assert [p.name for p in storage.iterdir() if ".blob" in p.name], list(storage.iterdir())
 
     # Ingestion reachable again (here: another instance sharing the storage folder).
-    later = create_telemetry(appinsights_endpoint.connection_string, storage_path=str(storage))
+    later = create_telemetry(appinsights_endpoint.connection_string, storage_path=str(storage),
+                             exporter=appinsights_endpoint.exporter)
     later.event("RunSucceeded", {"job": "j"})
     later.flush()
     later.close()
@@ -436,7 +554,26 @@ def test_retryable_answer_keeps_envelopes_and_pauses_the_network(appinsights_end
     telemetry.flush()
     assert time.perf_counter() - started < 0.5
     assert len(appinsights_endpoint.posts) == 1
-    assert len([p for p in Path(telemetry.storage_path).iterdir() if ".blob" in p.name]) == 2
+    # Parked: in local storage (OpenCensus), or in memory until the pause ends (OpenTelemetry:
+    # only its exporter writes its storage, when an export fails).
+    stored = len([p for p in Path(telemetry.storage_path).iterdir() if ".blob" in p.name])
+    assert stored == (1 if otel(appinsights_endpoint) else 2)
+
+
+def test_a_failed_send_loses_none_of_a_large_flush(appinsights_endpoint):
+    """Ingestion fails the first batch of a flush of many: that batch is kept (local storage),
+    the untried rest waits, and once ingestion is back every item arrives exactly once."""
+    telemetry = appinsights_endpoint.telemetry(retry_interval_seconds=0)
+    count = AppInsightsTelemetry.max_batch_size * 3 + 7
+    for i in range(count):
+        telemetry.event("RunDispatched", {"run_id": i})
+    appinsights_endpoint.respond_with(503)
+    telemetry.flush()
+    for _ in range(5):  # each flush sends what waits; stored batches follow a successful send
+        telemetry.event("RunClaimed", {"job": "j"})
+        telemetry.flush()
+    ids = sorted(int(e["data"]["baseData"]["properties"]["run_id"]) for e in appinsights_endpoint.events("RunDispatched"))
+    assert ids == list(range(count))
 
 
 def test_retry_after_a_retryable_answer(appinsights_endpoint):
@@ -445,6 +582,15 @@ def test_retry_after_a_retryable_answer(appinsights_endpoint):
     telemetry.event("RunRetried", {"job": "j", "attempt": 1})
     telemetry.flush()
     assert appinsights_endpoint.envelopes == []
+    if otel(appinsights_endpoint):
+        # The OpenTelemetry exporter sends its stored batches after its next successful export.
+        telemetry.event("RunSucceeded", {"job": "j"})
+        telemetry.flush()  # ingestion back: the new item, then the stored batch, once
+        assert sorted(e["data"]["baseData"]["name"] for e in appinsights_endpoint.envelopes) == [
+            "RunRetried", "RunSucceeded"]
+        telemetry.flush()
+        assert len(appinsights_endpoint.envelopes) == 2
+        return
     telemetry.flush()  # ingestion back: the stored batch goes out, once
     assert [e["data"]["baseData"]["name"] for e in appinsights_endpoint.envelopes] == ["RunRetried"]
     telemetry.flush()
@@ -475,9 +621,9 @@ def test_non_retryable_answer_drops_without_raising(appinsights_endpoint):
     assert telemetry.dropped == 0 and list(Path(telemetry.storage_path).iterdir()) == []
 
 
-def test_hanging_endpoint_bounds_flush_by_the_timeout(silent_endpoint, tmp_path):
+def test_hanging_endpoint_bounds_flush_by_the_timeout(silent_endpoint, tmp_path, exporter):
     telemetry = create_telemetry(silent_endpoint.connection_string, storage_path=str(tmp_path / "s"),
-                                 timeout_seconds=0.5, retry_interval_seconds=30)
+                                 timeout_seconds=0.5, retry_interval_seconds=30, exporter=exporter)
     try:
         telemetry.event("LeaseExpired", {"job": "j", "run_id": 1})
         started = time.perf_counter()
@@ -494,9 +640,10 @@ def test_hanging_endpoint_bounds_flush_by_the_timeout(silent_endpoint, tmp_path)
         telemetry.close()
 
 
-def test_default_local_storage_is_in_the_temp_directory():
+def test_default_local_storage_is_in_the_temp_directory(exporter):
     key = str(uuid.uuid4())
-    telemetry = create_telemetry(f"InstrumentationKey={key};IngestionEndpoint=http://127.0.0.1:{unused_port()}/")
+    telemetry = create_telemetry(f"InstrumentationKey={key};IngestionEndpoint=http://127.0.0.1:{unused_port()}/",
+                                 exporter=exporter)
     try:
         path = Path(telemetry.storage_path)
         assert path == Path(os.path.abspath(tempfile.gettempdir())) / "sql-agent-telemetry" / key
@@ -520,11 +667,17 @@ def test_closed_telemetry_records_nothing(appinsights_endpoint):
 
 # -- programming errors are caught, in both modes --------------------------------------
 
-@pytest.fixture(params=["noop", "appinsights"])
+@pytest.fixture(params=["noop", "opentelemetry", "opencensus"])
 def any_telemetry(request):
     if request.param == "noop":
-        return create_telemetry(None)
-    return request.getfixturevalue("appinsights_endpoint").telemetry()
+        yield create_telemetry(None)
+        return
+    endpoint = AppInsightsEndpoint()
+    endpoint.exporter = request.param
+    try:
+        yield endpoint.telemetry()
+    finally:
+        endpoint.close()
 
 
 def test_unknown_event_and_metric_names_raise(any_telemetry):
@@ -559,7 +712,10 @@ def test_operation_id_forms_are_normalised_and_malformed_ones_left_off(appinsigh
     telemetry.flush()
     tags = [e["tags"] for e in appinsights_endpoint.events()]
     assert tags[0]["ai.operation.id"] == tags[1]["ai.operation.id"] == guid.hex
-    assert "ai.operation.id" not in tags[2] and "ai.operation.parentId" not in tags[2]
+    if otel(appinsights_endpoint):  # left off: a fresh operation of its own
+        assert tags[2]["ai.operation.id"] not in (guid.hex, "0" * 32)
+    else:
+        assert "ai.operation.id" not in tags[2] and "ai.operation.parentId" not in tags[2]
 
 
 def test_bad_properties_raise(any_telemetry):
