@@ -239,6 +239,25 @@ def test_every_procedure_refuses_bad_arguments_with_one_message_and_changes_noth
         assert fingerprint(agent) == before, f"{procedure} {arguments} changed something"
 
 
+def test_a_run_at_no_job_can_be_keyed_by_is_one_parameter_error(system):
+    """PostgreSQL's timestamptz holds 'infinity' and years past 9999, which no slot can be: the
+    procedures refuse them with the one-line parameter error, never a raw constraint error."""
+    build, connection, url = system
+    if dialect(url) != "postgres":
+        pytest.skip("SQL Server's DATETIMEOFFSET holds no such value: the driver refuses it before the call")
+    agent = build()
+    for value in ("infinity", "-infinity", "10000-01-01 00:00:00+00"):
+        for procedure, arguments in (("exec_async", {"sql": "SELECT 1"}),
+                                     ("add_scheduled_job", {"name": "later", "sql": "SELECT 1"})):
+            before = fingerprint(agent)
+            with pytest.raises(CallError) as caught:
+                call(connection, procedure, run_at=value, **arguments)
+            message = caught.value.message
+            assert message.startswith(f"agent.{procedure}: @run_at = ") and "\n" not in message, message
+            assert "expected a date and time from 0001-01-01 to 9999-12-31" in message, message
+            assert fingerprint(agent) == before
+
+
 # ---------------------------------------------------------------- 2. jobs defined in the database
 
 

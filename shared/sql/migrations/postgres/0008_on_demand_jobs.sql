@@ -2,6 +2,10 @@
 -- @run_at defines a job that runs only when started (agent.start_job, run-now), as a job in the
 -- app settings without SCHEDULE does. agent.add_scheduled_job (0007) redefined: the same
 -- parameters and checks, less the one that refused a job without a schedule.
+--
+-- Both procedures also refuse a @run_at no job can be keyed by ('infinity', '-infinity', years
+-- past 9999), with the one-line parameter error the other arguments get (it was a raw constraint
+-- error showing internal SQL). On SQL Server DATETIMEOFFSET holds no such value.
 
 CREATE OR REPLACE FUNCTION agent.add_scheduled_job(name varchar, sql text, schedule varchar DEFAULT NULL,
                                         run_at timestamptz DEFAULT NULL, timezone varchar DEFAULT 'UTC',
@@ -27,6 +31,11 @@ BEGIN
     IF add_scheduled_job.sql IS NULL OR btrim(add_scheduled_job.sql) = '' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@sql = '
             || COALESCE(quote_literal(add_scheduled_job.sql), 'NULL') || ': expected the SQL to run (non-empty)';
+    END IF;
+    IF add_scheduled_job.run_at IS NOT NULL AND NOT (add_scheduled_job.run_at >= TIMESTAMPTZ '0001-01-01 00:00:00+00'
+                                                    AND add_scheduled_job.run_at < TIMESTAMPTZ '10000-01-01 00:00:00+00') THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@run_at = '
+            || quote_literal(add_scheduled_job.run_at::text) || ': expected a date and time from 0001-01-01 to 9999-12-31 (UTC)';
     END IF;
     IF add_scheduled_job.schedule IS NOT NULL AND add_scheduled_job.run_at IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@run_at = '
@@ -131,5 +140,52 @@ BEGIN
         steps = NULL, requested_targets = EXCLUDED.requested_targets,
         requested_target_parallelism = EXCLUDED.requested_target_parallelism, owner = EXCLUDED.owner;
     RETURN QUERY SELECT CAST(add_scheduled_job.name AS varchar), v_action;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION agent.exec_async(sql text, execution_order int DEFAULT 0, "database" varchar DEFAULT NULL,
+                                 run_at timestamptz DEFAULT NULL, max_attempts int DEFAULT 1,
+                                 timeout_seconds int DEFAULT 1800)
+RETURNS TABLE (run_id bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamp := CAST(now() AT TIME ZONE 'UTC' AS timestamp);
+    v_at timestamp := CAST(exec_async.run_at AT TIME ZONE 'UTC' AS timestamp);
+BEGIN
+    IF exec_async.sql IS NULL OR btrim(exec_async.sql) = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'agent.exec_async: @sql = '
+            || COALESCE(quote_literal(exec_async.sql), 'NULL') || ': expected the SQL to run (non-empty)';
+    END IF;
+    IF exec_async.run_at IS NOT NULL AND NOT (exec_async.run_at >= TIMESTAMPTZ '0001-01-01 00:00:00+00'
+                                             AND exec_async.run_at < TIMESTAMPTZ '10000-01-01 00:00:00+00') THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'agent.exec_async: @run_at = '
+            || quote_literal(exec_async.run_at::text) || ': expected a date and time from 0001-01-01 to 9999-12-31 (UTC)';
+    END IF;
+    IF exec_async.execution_order < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'agent.exec_async: @execution_order = '
+            || exec_async.execution_order || ': expected NULL (no order) or a whole number from 0 (it starts once every task of a lower order has finished)';
+    END IF;
+    IF exec_async."database" IS NOT NULL AND exec_async."database" !~ '^[A-Za-z0-9_-]{1,128}$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'agent.exec_async: @database = '
+            || quote_literal(left(exec_async."database", 140)) || ': expected NULL (the control database) or a database name of 1 to 128 letters, digits, ''_'' or ''-''';
+    END IF;
+    IF exec_async.max_attempts IS NULL OR exec_async.max_attempts NOT BETWEEN 1 AND 100 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'agent.exec_async: @max_attempts = '
+            || COALESCE(exec_async.max_attempts::text, 'NULL') || ': expected a whole number from 1 to 100';
+    END IF;
+    IF exec_async.timeout_seconds IS NULL OR exec_async.timeout_seconds NOT BETWEEN 1 AND 604800 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'agent.exec_async: @timeout_seconds = '
+            || COALESCE(exec_async.timeout_seconds::text, 'NULL') || ': expected a whole number from 1 to 604800';
+    END IF;
+    RETURN QUERY
+    INSERT INTO agent.runs AS r (job_name, kind, scheduled_for, status, command, target_database, task_order,
+                                 overlap, max_attempts, timeout_seconds, lease_seconds, runnable_at,
+                                 created_at, operation_id, note, owner)
+    VALUES (NULL, 'task', COALESCE(v_at, v_now), 'pending', exec_async.sql, exec_async."database",
+            exec_async.execution_order, 'allow', exec_async.max_attempts, exec_async.timeout_seconds, 60,
+            COALESCE(v_at, v_now), v_now, md5(random()::text || clock_timestamp()::text), 'submitted',
+            CAST(session_user AS varchar))
+    RETURNING r.run_id;
 END
 $$;
