@@ -69,12 +69,14 @@ def parse_database_url(value: str, *, setting: str = "AGENT_DB") -> DatabaseTarg
     lowered = driver.lower()
     if "postgres" in lowered:
         dialect = "postgres"
-    elif "sql server" in lowered:
+    elif "sql server" in lowered or "freetds" in lowered or "tdsodbc" in lowered:
+        # SQL Server, Azure SQL, or a TDS server such as Babelfish for PostgreSQL, through
+        # Microsoft's driver or FreeTDS's (Debian's tdsodbc): one T-SQL dialect.
         dialect = "mssql"
     else:
         raise ConfigError(setting, _redact(value),
                           "an ODBC driver for PostgreSQL ('PostgreSQL Unicode') or SQL Server "
-                          "('ODBC Driver 18 for SQL Server')")
+                          "('ODBC Driver 18 for SQL Server', or FreeTDS for a TDS server such as Babelfish)")
     return DatabaseTarget(dialect=dialect, location=value, display=_redact(value))
 
 

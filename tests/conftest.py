@@ -130,13 +130,17 @@ def mssql_database() -> Iterator[str]:
     admin = mssql_connection("master")
     try:
         cursor = admin.cursor()
+        babelfish = "babelfish" in cursor.execute("SELECT @@VERSION").fetchone()[0].lower()
         cursor.execute(f"CREATE DATABASE [{name}]")
-        # What every Azure SQL database runs (and what the T-SQL dialect is written for).
-        cursor.execute(f"ALTER DATABASE [{name}] SET READ_COMMITTED_SNAPSHOT ON")
+        if not babelfish:
+            # What every Azure SQL database runs (and what the T-SQL dialect is written for).
+            # Babelfish has no ALTER DATABASE: its reads are PostgreSQL's MVCC snapshots anyway.
+            cursor.execute(f"ALTER DATABASE [{name}] SET READ_COMMITTED_SNAPSHOT ON")
         yield with_database(MSSQL_BASE, name)
     finally:
         cursor = admin.cursor()
-        cursor.execute(f"IF DB_ID(N'{name}') IS NOT NULL ALTER DATABASE [{name}] SET SINGLE_USER WITH ROLLBACK IMMEDIATE")
+        if not babelfish:
+            cursor.execute(f"IF DB_ID(N'{name}') IS NOT NULL ALTER DATABASE [{name}] SET SINGLE_USER WITH ROLLBACK IMMEDIATE")
         cursor.execute(f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
         admin.close()
 

@@ -159,3 +159,16 @@ def test_grant_sql_and_doctor_quote_or_name_each_listed_name_and_go_on(tmp_path,
         for name in names:
             admin.cursor().execute(f"DROP DATABASE IF EXISTS {_quote(name)} WITH (FORCE)")
         admin.close()
+
+
+def test_a_tds_server_through_freetds_is_the_t_sql_dialect():
+    """Babelfish for PostgreSQL (or SQL Server) through Debian's FreeTDS driver: the T-SQL dialect,
+    named by the driver's name or by its library's path; an unknown driver is refused by name."""
+    from shared.db import parse_database_url
+
+    for driver in ("{FreeTDS}", "/usr/lib/x86_64-linux-gnu/odbc/libtdsodbc.so", "{ODBC Driver 18 for SQL Server}"):
+        target = parse_database_url(f"Driver={driver};Server=127.0.0.1;Port=1433;UID=u;PWD=secret;TDS_Version=7.4;")
+        assert target.dialect == "mssql", driver
+        assert "secret" not in target.display
+    with pytest.raises(ConfigError, match="FreeTDS for a TDS server such as Babelfish"):
+        parse_database_url("Driver={Some Other Driver};Server=x;")

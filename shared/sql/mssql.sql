@@ -101,6 +101,10 @@ WHEN NOT MATCHED THEN INSERT (state_key, state_value, updated_at) VALUES (s.stat
 OUTPUT inserted.state_key INTO @won; -- MERGE ends with a semicolon
 SELECT state_key FROM @won;
 
+-- server_version --
+-- The server's product and version (doctor): SQL Server, Azure SQL, or Babelfish for PostgreSQL (whose @@VERSION names it).
+SELECT @@VERSION AS server_version;
+
 -- database_time --
 -- The database server's clock (UTC): the agent's one clock.
 SELECT SYSUTCDATETIME() AS server_now;

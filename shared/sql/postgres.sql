@@ -53,6 +53,10 @@ ON CONFLICT (state_key) DO UPDATE SET state_value = EXCLUDED.state_value, update
 WHERE agent.state.state_value < EXCLUDED.state_value
 RETURNING state_key;
 
+-- server_version --
+-- The server's product and version (doctor).
+SELECT version() AS server_version;
+
 -- database_time --
 -- The database server's clock (UTC): the agent's one clock. clock_timestamp(), not now(): the time of this statement even inside a transaction.
 SELECT CAST(clock_timestamp() AT TIME ZONE 'UTC' AS timestamp) AS server_now;

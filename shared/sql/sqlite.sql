@@ -53,6 +53,10 @@ ON CONFLICT (state_key) DO UPDATE SET state_value = excluded.state_value, update
 WHERE agent_state.state_value < excluded.state_value
 RETURNING state_key;
 
+-- server_version --
+-- The embedded engine's version (doctor).
+SELECT 'SQLite ' || sqlite_version() AS server_version;
+
 -- database_time --
 -- The database's clock (UTC): the agent's one clock; for the embedded SQLite file, the clock of the machine that owns the file.
 SELECT strftime('%Y-%m-%d %H:%M:%f', 'now') AS server_now;
