@@ -62,6 +62,8 @@ class HostQueueOptions:
     max_dequeue_count: int = 5
     message_encoding: str = "base64"
     batch_size: int = 16
+    # The longest an idle consumer waits between polls (the host's default: one minute).
+    max_polling_interval_seconds: float = 60.0
 
 
 def host_queue_options(path: Path | None = None) -> HostQueueOptions:
@@ -79,7 +81,27 @@ def host_queue_options(path: Path | None = None) -> HostQueueOptions:
         max_dequeue_count=int(queues.get("maxDequeueCount", 5)),
         message_encoding=str(queues.get("messageEncoding", "base64")).lower(),
         batch_size=int(queues.get("batchSize", 16)),
+        max_polling_interval_seconds=parse_timespan(queues.get("maxPollingInterval", "00:01:00"),
+                                                    f"{file.name} extensions.queues.maxPollingInterval"),
     )
+
+
+# The host's shortest wait between polls of an idle queue (QueuePollingIntervals.Minimum).
+MIN_POLLING_INTERVAL_SECONDS = 0.1
+
+
+def next_polling_interval(previous: float | None, found_message: bool, maximum: float,
+                          random: float = 0.5) -> float:
+    """How long an idle queue consumer waits before polling again, as the Functions host's
+    queue listener does: right away again after a message; when the queue was empty, a
+    randomized exponential back-off from 100 ms up to host.json's maxPollingInterval.
+    ``random`` in [0, 1) spreads consumers (0.5: no jitter)."""
+    if found_message:
+        return 0.0
+    maximum = max(MIN_POLLING_INTERVAL_SECONDS, maximum)
+    base = MIN_POLLING_INTERVAL_SECONDS if not previous else min(maximum, previous * 2)
+    jittered = base * (0.8 + 0.4 * random)       # +-20%
+    return min(maximum, max(MIN_POLLING_INTERVAL_SECONDS, jittered))
 
 
 def parse_timespan(value: object, setting: str) -> float:

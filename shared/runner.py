@@ -18,12 +18,13 @@
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from datetime import timezone
 from typing import Any, Callable
 
-from .queues import HostQueueOptions, ReceivedMessage, host_queue_options
+from .queues import HostQueueOptions, ReceivedMessage, host_queue_options, next_polling_interval
 from .schedules import CronSchedule
 from .sqlerrors import describe
 
@@ -49,6 +50,7 @@ class LocalRunner:
         self._changed = threading.Condition()
         self._generation = 0
         self._busy = 0
+        self._poll_state = threading.local()
 
     # ------------------------------------------------------------ signalling
 
@@ -109,9 +111,15 @@ class LocalRunner:
         return result.outcome
 
     def _next_wait(self) -> float:
-        """Direct mode: seconds until the next pending run's slot, at most the poll interval."""
+        """Queue mode: the host's polling back-off (host.json maxPollingInterval). Direct mode:
+        seconds until the next pending run's slot, at most the poll interval."""
         if self.agent.queue_mode:
-            return self.poll_interval
+            # Per worker thread, as each of the host's listeners backs off on its own.
+            previous = getattr(self._poll_state, "interval", None)
+            interval = next_polling_interval(previous, False, self.host.max_polling_interval_seconds,
+                                             random.random())
+            self._poll_state.interval = interval
+            return interval
         try:
             now = self.agent.clock()
             next_at = self.agent.store().execute("next_runnable_at", now=now).scalar()
@@ -266,6 +274,7 @@ class LocalRunner:
                     seen = self._generation
                 count = self._safe_work_one()
                 if count:
+                    self._poll_state.interval = None      # a message: poll again at once
                     self.notify()
                     self.agent.telemetry.flush()
                     continue

@@ -102,7 +102,8 @@ def test_polling_and_batch_settings_are_within_the_documented_limits(queues: dic
 def test_host_queue_options_reads_the_shipped_host_json(queues: dict) -> None:
     options = host_queue_options()
     assert options == HostQueueOptions(visibility_timeout_seconds=30.0, max_dequeue_count=5,
-                                       message_encoding="base64", batch_size=8)
+                                       message_encoding="base64", batch_size=8, max_polling_interval_seconds=2.0)
+    assert options.max_polling_interval_seconds == parse_timespan(queues["maxPollingInterval"], "maxPollingInterval")
     assert options.max_dequeue_count == queues["maxDequeueCount"]
     assert options.batch_size == queues["batchSize"]
 
@@ -110,9 +111,11 @@ def test_host_queue_options_reads_the_shipped_host_json(queues: dict) -> None:
 def test_host_queue_options_reads_other_values_and_defaults(tmp_path: Path) -> None:
     file = tmp_path / "host.json"
     file.write_text(json.dumps({"version": "2.0", "extensions": {"queues": {
-        "visibilityTimeout": "1.00:00:01.5", "maxDequeueCount": 9, "messageEncoding": "None", "batchSize": 3}}}))
+        "visibilityTimeout": "1.00:00:01.5", "maxDequeueCount": 9, "messageEncoding": "None", "batchSize": 3,
+        "maxPollingInterval": "00:00:00.5"}}}))
     assert host_queue_options(file) == HostQueueOptions(visibility_timeout_seconds=86401.5, max_dequeue_count=9,
-                                                        message_encoding="none", batch_size=3)
+                                                        message_encoding="none", batch_size=3,
+                                                        max_polling_interval_seconds=0.5)
     file.write_text(json.dumps({"version": "2.0"}))
     assert host_queue_options(file) == HostQueueOptions()            # the host's own defaults
     assert host_queue_options(tmp_path / "missing.json") == HostQueueOptions()
@@ -139,5 +142,39 @@ def test_the_local_runner_applies_host_json(tmp_path: Path) -> None:
         runner = LocalRunner(agent)
         assert runner.visibility_timeout == 30.0
         assert runner.host.max_dequeue_count == 5
+    finally:
+        agent.close()
+
+
+def test_an_idle_queue_consumer_backs_off_as_the_host_does_up_to_max_polling_interval() -> None:
+    """The local runner's queue consumer: 100 ms after an empty poll, doubling (+-20% jitter) up
+    to host.json's maxPollingInterval, and at once again after a message (not AGENT_POLL_SECONDS)."""
+    from shared.queues import MIN_POLLING_INTERVAL_SECONDS, next_polling_interval
+
+    maximum = host_queue_options().max_polling_interval_seconds
+    waits, previous = [], None
+    for _ in range(12):
+        previous = next_polling_interval(previous, False, maximum)
+        waits.append(previous)
+    assert waits[0] == MIN_POLLING_INTERVAL_SECONDS
+    assert waits == sorted(waits) and waits[-1] == maximum == 2.0
+    assert all(b <= 2 * a + 1e-9 for a, b in zip(waits, waits[1:]))
+    assert next_polling_interval(maximum, True, maximum) == 0.0
+    for r in (0.0, 0.999):                                  # jitter stays within the bounds
+        assert MIN_POLLING_INTERVAL_SECONDS <= next_polling_interval(1.0, False, maximum, r) <= maximum
+
+
+def test_the_local_runners_queue_workers_poll_within_max_polling_interval(tmp_path: Path) -> None:
+    from shared.runner import LocalRunner
+    from tests.conftest import make_agent
+
+    from tests.memory_queue import MemoryQueue
+
+    agent = make_agent(f"sqlite:///{tmp_path / 'agent.db'}", queue=MemoryQueue(), AGENT_POLL_SECONDS="30")
+    try:
+        runner = LocalRunner(agent)
+        assert agent.queue_mode
+        waits = [runner._next_wait() for _ in range(10)]
+        assert max(waits) <= runner.host.max_polling_interval_seconds == 2.0 < runner.poll_interval
     finally:
         agent.close()
