@@ -117,8 +117,9 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("AGENT_POLL_SECONDS", "10",
                 "Work inserted behind the agent's back (another process, the T-SQL procedures) "
                 "starts within this many seconds: the local runner's idle workers look this "
-                "often; in Azure each tick leaves a chain of delayed doorbell messages this far "
-                "apart.", "optional"),
+                "often (with a storage queue they poll it as the Functions host does instead, "
+                "backing off up to host.json's maxPollingInterval); in Azure each tick leaves a "
+                "chain of delayed doorbell messages this far apart.", "optional"),
     SettingSpec("AGENT_LOOKAHEAD_MARGIN_SECONDS", "30",
                 "Each tick claims every slot up to the next tick plus this margin, and sends "
                 "each one's message delayed until its slot.", "optional"),
