@@ -679,7 +679,9 @@ def test_every_execution_event_names_its_database_under_the_runs_operation(fleet
             assert _props(envelope)["target_server"] == ""             # the agent's own server
             assert _props(envelope)["run_id"] != str(run_id)          # an execution's own id
             assert _op(envelope) == operation
-            assert envelope["tags"]["ai.operation.parentId"] == operation
+            # OpenTelemetry's parent is a span id: the operation id's last 16 hex digits.
+            parent = operation[16:] if agent.settings.agent.telemetry_exporter == "opentelemetry" else operation
+            assert envelope["tags"]["ai.operation.parentId"] == parent
     (ended,) = [e for e in _named(events, "RunSucceeded") if _props(e)["run_id"] == str(run_id)]
     assert _op(ended) == operation and _props(ended)["targets"] == "3" and _props(ended)["targets_failed"] == "0"
 

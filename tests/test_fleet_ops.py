@@ -96,7 +96,7 @@ def test_doctor_names_exactly_the_targets_that_do_not_answer(fleet, pg_url, caps
     _set_jobs(monkeypatch, jobs)
     code, checks, under, out = _doctor(capsys, pg_url)
     assert code == 1, out
-    assert [mark for mark, _ in checks.values()] == ["OK"] * 7 + ["FAIL"], out
+    assert [mark for mark, _ in checks.values()] == ["OK"] * 7 + ["FAIL", "--"], out
     # tenants: a, b, locked, refuse (skip excluded); remote: a on 127.0.0.1:5432 and missing.
     assert checks["targets"][1] == "4 of 6 targets of 3 fleet job(s) reachable; 2 unreachable; 1 listing(s) failed", out
     by_job = {}
