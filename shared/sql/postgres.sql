@@ -758,3 +758,7 @@ ORDER BY e.parent_run_id, e.run_id;
 -- lock_starts --
 -- Queue mode, first in a chain that ends with the hand-on dispatch: the start lock before any row (a completion that locked its rows, then waited for the start lock, deadlocked with a start holding the start lock and waiting for one of those rows: a run's last executions lock the run itself).
 LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;
+
+-- server_version --
+-- The server's own description of itself (doctor: the PostgreSQL version).
+SELECT version() AS version;

@@ -977,3 +977,7 @@ ORDER BY e.parent_run_id, e.run_id;
 -- lock_starts --
 -- The start lock: SQLite's write lock (BEGIN IMMEDIATE) already serialises every writer; nothing to take.
 UPDATE agent_start_lock SET lock_id = lock_id WHERE 1 = 0;
+
+-- server_version --
+-- The library's version (doctor).
+SELECT 'SQLite ' || sqlite_version() AS version;
