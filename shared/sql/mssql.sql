@@ -1280,3 +1280,7 @@ UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
 -- server_version --
 -- The server's own description of itself (doctor: SQL Server, Azure SQL Database or Babelfish for PostgreSQL, and its version).
 SELECT @@VERSION AS version;
+
+-- session_identity --
+-- The connection's session id and whether the server is Babelfish for PostgreSQL (asked once per connection, before its first job: Babelfish acts on a cancel only after the statement ended, so the agent stops a job there with KILL of this session).
+SELECT @@SPID AS spid, CAST(SERVERPROPERTY('Babelfish') AS NVARCHAR(10)) AS babelfish;

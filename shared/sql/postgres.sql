@@ -762,3 +762,7 @@ LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;
 -- server_version --
 -- The server's own description of itself (doctor: the PostgreSQL version).
 SELECT version() AS version;
+
+-- session_identity --
+-- The connection's backend process id (the SQL Server dialect asks for its session before a job; PostgreSQL cancels a statement itself).
+SELECT pg_backend_pid() AS spid, CAST(NULL AS VARCHAR(10)) AS babelfish;

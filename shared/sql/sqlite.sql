@@ -981,3 +981,7 @@ UPDATE agent_start_lock SET lock_id = lock_id WHERE 1 = 0;
 -- server_version --
 -- The library's version (doctor).
 SELECT 'SQLite ' || sqlite_version() AS version;
+
+-- session_identity --
+-- No server session (the SQL Server dialect asks for its session before a job).
+SELECT 0 AS spid, NULL AS babelfish;
