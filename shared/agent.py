@@ -113,7 +113,9 @@ class Agent:
                 if self._notifier is None:
                     from .notify import Notifier
 
-                    self._notifier = Notifier(self.new_store, self.clock)
+                    self._notifier = Notifier(self.new_store, self.clock,
+                                              secret=self.settings.agent.notify_webhook_secret,
+                                              timeout_seconds=self.settings.agent.notify_timeout_seconds)
         return self._notifier
 
     def reference_clock(self) -> datetime:

@@ -165,6 +165,14 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("AGENT_NOTIFY_WEBHOOK_URL", None,
                 "Where run outcomes are POSTed as JSON (per JOB__<name>__NOTIFY); HTTPS, or HTTP on "
                 "loopback only. Unset: no webhook (Azure Monitor alerts still fire).", "optional"),
+    SettingSpec("AGENT_NOTIFY_TIMEOUT_SECONDS", "15",
+                "Each notification POST's total deadline, from connecting to the answer's status, "
+                "however slowly the webhook answers (1-120); a delivery batch's claim is derived "
+                "from it, so another process never sends a notification still being sent.", "optional"),
+    SettingSpec("AGENT_NOTIFY_WEBHOOK_SECRET", None,
+                "Signs every notification per Standard Webhooks (webhook-id, webhook-timestamp, "
+                "webhook-signature headers): `whsec_` then the base64 of 24 to 64 random bytes; in "
+                "Azure a Key Vault reference. Unset: notifications are sent unsigned.", "optional"),
     SettingSpec("AzureWebJobsStorage", None,
                 "Storage connection string (locally `UseDevelopmentStorage=true` for Azurite). "
                 "Unset with no queueServiceUri: no queue; the local runner's workers claim straight from the runs table.", "local"),
@@ -226,6 +234,9 @@ class AgentSettings:
     storage_client_id: str | None
     appinsights_connection_string: str | None
     worker_id: str
+    notify_timeout_seconds: int = 15
+    # The Standard Webhooks signing key of AGENT_NOTIFY_WEBHOOK_SECRET (a secret: never shown).
+    notify_webhook_secret: bytes | None = field(default=None, repr=False)
 
     @property
     def uses_azure_queue(self) -> bool:
@@ -441,6 +452,8 @@ def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
         storage_client_id=_get(env, "AzureWebJobsStorage__clientId"),
         appinsights_connection_string=_get(env, "APPLICATIONINSIGHTS_CONNECTION_STRING"),
         worker_id=worker,
+        notify_timeout_seconds=_int_setting(env, "AGENT_NOTIFY_TIMEOUT_SECONDS", 1, 120),
+        notify_webhook_secret=_webhook_secret(env),
     )
 
 
@@ -697,6 +710,15 @@ def _webhook_setting(setting: str, raw: str | None) -> str | None:
     if len(raw) > 2000:
         raise ConfigError(setting, raw[:80] + "...", f"a URL of at most 2000 characters (it has {len(raw)})")
     return raw
+
+
+def _webhook_secret(env: Mapping[str, str]) -> bytes | None:
+    raw = _get(env, "AGENT_NOTIFY_WEBHOOK_SECRET")
+    if raw is None:
+        return None
+    from .webhooks import parse_secret
+
+    return parse_secret("AGENT_NOTIFY_WEBHOOK_SECRET", raw)
 
 
 def schedule_problem(schedule) -> str | None:

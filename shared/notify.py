@@ -10,11 +10,19 @@ that ends the run (the unique run_id makes a second enqueue a no-op), so an outc
 notified without having happened, nor lost once it happened. Delivery happens afterwards, off
 every worker's path: one daemon thread per process (``Notifier``), woken when a run ends and
 by each tick, claims due rows under a new claim token (two processes never send the same row),
-POSTs each with a bounded timeout, and records every attempt on the row: sent, retried later
-(at most ``MAX_DELIVERY_ATTEMPTS`` in all) or failed for good. A failure to notify is logged
-and recorded; it never changes the run and never holds a worker. A process that dies in the
-middle of a POST leaves the row claimed; once its claim expires another process sends it
-(the one case where a receiver may see a notification twice).
+POSTs each within one total deadline (``DELIVERY_DEADLINE_SECONDS``, however slowly the
+receiver answers: shared/webhooks.py), signed per Standard Webhooks when
+``AGENT_NOTIFY_WEBHOOK_SECRET`` is set, and records every attempt on the row: sent, retried
+later (at most ``MAX_DELIVERY_ATTEMPTS`` in all) or failed for good. A failure to notify is
+logged and recorded; it never changes the run and never holds a worker.
+
+Never sent twice by two processes: a claim lasts longer than the longest POSTs of a whole batch
+(``claim_seconds`` derives it from the deadline), and a POST starts only while what is left of
+its claim covers its deadline and a margin for clocks and the database (else the rest of the
+batch waits for the claim to expire and is sent by whoever claims it next). A process that dies
+in the middle of a POST leaves the row claimed; once its claim expires another process sends
+it: the one case where a receiver may see a notification twice, with the same ``webhook-id``
+(its idempotency key).
 """
 
 from __future__ import annotations
@@ -22,8 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import urllib.error
-import urllib.request
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
@@ -33,13 +40,29 @@ from .sqlerrors import describe
 
 log = logging.getLogger("shared.notify")
 UTC = timezone.utc
-DELIVERY_TIMEOUT_SECONDS = 5.0
+# One POST, from connecting to the answer's headers, whatever the receiver does (Standard
+# Webhooks recommends receivers answer within 15-30 s: answer first, work after); the default
+# of AGENT_NOTIFY_TIMEOUT_SECONDS.
+DELIVERY_DEADLINE_SECONDS = 15.0
 MAX_DELIVERY_ATTEMPTS = 3
 # Wait before the 2nd and the 3rd attempt.
 RETRY_DELAYS_SECONDS = (10, 60)
-# A claim outlives the slowest delivery of a batch by far; then another process may take it.
-CLAIM_SECONDS = 300
 BATCH = 20
+# What a claim keeps beyond the POSTs themselves: the database calls of a batch, and clocks of
+# processes that disagree by up to this much.
+CLAIM_MARGIN_SECONDS = 60
+
+
+def claim_seconds(deadline_seconds: float, batch: int = BATCH) -> int:
+    """How long a claim lasts: every POST of a batch at its deadline, plus the margin. Another
+    process takes a row only after its claim expired, so only once its sender is surely done
+    with it (or dead)."""
+    if deadline_seconds <= 0 or batch <= 0:
+        raise ValueError(f"a POST deadline and a batch must be positive (got {deadline_seconds}, {batch})")
+    return int(batch * deadline_seconds + 2 * CLAIM_MARGIN_SECONDS) + 1
+
+
+CLAIM_SECONDS = claim_seconds(DELIVERY_DEADLINE_SECONDS)
 # Retries come due without a run ending: the thread looks this often.
 POLL_SECONDS = 10.0
 
@@ -68,8 +91,11 @@ def notification_body(notification: dict[str, Any], run: dict[str, Any]) -> dict
         "slot": _iso(run.get("scheduled_for")),
         "outcome": outcome,
         "failing_step": run.get("failed_step") if outcome != "succeeded" else None,
-        "error": run.get("last_error") if outcome != "succeeded" else None,
-        "error_number": run.get("last_error_number") if outcome != "succeeded" else None,
+        # A run its flow failed (quit_failure after a step that failed, then others that ran)
+        # ends with no error of its own: the failing step's last error is the one to tell.
+        "error": (run.get("last_error") or run.get("failed_step_error")) if outcome != "succeeded" else None,
+        "error_number": (run.get("last_error_number") if run.get("last_error") else run.get("failed_step_error_number"))
+        if outcome != "succeeded" else None,
         "duration_seconds": duration,
         "finished_at": _iso(finished),
         # Application Insights: operation_Id == this value finds the run's events and SQL.
@@ -77,36 +103,39 @@ def notification_body(notification: dict[str, Any], run: dict[str, Any]) -> dict
     }
 
 
-def post_json(url: str, body: dict[str, Any], timeout: float) -> None:
-    """POST ``body``; raises with a one-line reason unless the answer is 2xx."""
-    data = json.dumps(body).encode("utf-8")
-    request = urllib.request.Request(url, data=data, method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              "User-Agent": "sql-agent-notifier/1"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - validated URL
-            response.read(65536)
-    except urllib.error.HTTPError as exc:
-        raise NotificationError(f"HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise NotificationError(f"no answer within {timeout:g} s or refused: {reason}") from None
+def message_id(notification: dict[str, Any], run: dict[str, Any]) -> str:
+    """The notification's ``webhook-id``: the same on every attempt, unique across runs (and
+    across agents sharing a receiver: a run's operation id is random)."""
+    operation = run.get("operation_id")
+    if operation and all(ch.isalnum() or ch in "-_" for ch in str(operation)):
+        return f"msg_{operation}"
+    return f"msg_run{int(notification['run_id'])}"
 
 
-class NotificationError(Exception):
-    pass
+def post_json(url: str, body: dict[str, Any], deadline: float, *, message_id: str,
+              key: bytes | None = None) -> None:
+    """POST ``body`` (compact JSON, the bytes signed are the bytes sent) with its Standard
+    Webhooks headers; raises WebhookError with a one-line reason unless the answer is 2xx."""
+    from .webhooks import post, webhook_headers
+
+    data = json.dumps(body, separators=(",", ":")).encode("utf-8")
+    post(url, data, webhook_headers(message_id, int(time.time()), data, key), deadline)
 
 
 class Notifier:
     """One per process: delivers the outbox in a daemon thread."""
 
     def __init__(self, new_store: Callable[[], Any], clock: Callable[[], datetime], *,
-                 post: Callable[[str, dict[str, Any], float], None] = post_json,
-                 timeout_seconds: float = DELIVERY_TIMEOUT_SECONDS, poll_seconds: float = POLL_SECONDS) -> None:
+                 post: Callable[..., None] = post_json, secret: bytes | None = None,
+                 timeout_seconds: float = DELIVERY_DEADLINE_SECONDS, poll_seconds: float = POLL_SECONDS) -> None:
+        """``timeout_seconds``: each POST's total deadline; the claim is derived from it.
+        ``secret``: the Standard Webhooks signing key (None: unsigned)."""
         self._new_store = new_store
         self._clock = clock
         self._post = post
+        self._secret = secret
         self.timeout_seconds = timeout_seconds
+        self.claim_seconds = claim_seconds(timeout_seconds)
         self.poll_seconds = poll_seconds
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -170,13 +199,23 @@ class Notifier:
         store = self._store
         now = self._clock()
         token = uuid.uuid4().hex
+        claimed_until = now + timedelta(seconds=self.claim_seconds)
         claimed = store.execute("claim_notifications", now=now, claim_token=token,
-                                claimed_until=now + timedelta(seconds=CLAIM_SECONDS), batch=BATCH).rows
+                                claimed_until=claimed_until, batch=BATCH).rows
         if not claimed:
             return 0
         runs = {row["run_id"]: row for row in store.execute(
             "notification_runs", run_ids=[n["run_id"] for n in claimed]).rows}
-        for notification in claimed:
+        # A POST starts only while its claim outlasts it by the margin: otherwise another process
+        # could claim the row again while this one is still sending it.
+        needed = timedelta(seconds=self.timeout_seconds + CLAIM_MARGIN_SECONDS)
+        for index, notification in enumerate(claimed):
+            if claimed_until - self._clock() < needed:
+                released = store.execute("release_notifications", claim_token=token, now=self._clock()).rows
+                log.warning("notifications: %s claimed notification(s) given back unsent (this pass took too "
+                            "long: what is left of its %s s claim no longer covers a POST)",
+                            len(released), self.claim_seconds)
+                break
             self._deliver(store, notification, runs.get(notification["run_id"], {}), token)
         return len(claimed)
 
@@ -185,7 +224,8 @@ class Notifier:
         attempts = notification["attempts"]
         error = None
         try:
-            self._post(notification["url"], body, self.timeout_seconds)
+            self._post(notification["url"], body, self.timeout_seconds, message_id=message_id(notification, run),
+                       key=self._secret)
         except Exception as exc:  # noqa: BLE001 - recorded on the row, never raised into a run
             error = str(exc) or type(exc).__name__
         now = self._clock()

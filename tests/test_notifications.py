@@ -1,24 +1,38 @@
 """Notifications (issue 15) on SQLite and PostgreSQL, received by a loopback HTTP server:
 exactly once per run outcome (not per attempt, not per instance) with the right body, per the
 job's NOTIFY; a webhook that hangs or answers 500 never delays the next run, and its failed
-attempts are recorded and bounded; the webhook URL is validated."""
+attempts are recorded and bounded; the webhook URL is validated. Issue 23: every body matches
+docs/schemas/notification.schema.json and carries Standard Webhooks headers whose signature an
+independent verifier (the standardwebhooks package) accepts; a POST has one total deadline
+(a receiver trickling its answer a byte a second cannot hold it); a claim outlasts a batch's
+POSTs and a POST never starts on a claim running short, so two processes never send one
+notification; a run its flow failed tells the failing step's error."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import socket
 import threading
 import time
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
+import jsonschema
 import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from shared.config import load_settings
 from shared.errors import ConfigError
-from shared.notify import MAX_DELIVERY_ATTEMPTS, Notifier
+from shared.notify import BATCH, CLAIM_MARGIN_SECONDS, MAX_DELIVERY_ATTEMPTS, Notifier, claim_seconds, post_json
+from shared.webhooks import WebhookError
 from tests.conftest import Clock, query, sql_for, work
 
 UTC = timezone.utc
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "docs" / "schemas" / "notification.schema.json").read_text())
+SECRET = "whsec_" + base64.b64encode(os.urandom(32)).decode()
 
 
 class Receiver:
@@ -26,14 +40,17 @@ class Receiver:
 
     def __init__(self) -> None:
         self.received: list[tuple[str, dict]] = []
+        self.raw: list[tuple[str, bytes, dict[str, str]]] = []   # path, body as sent, headers
         self._lock = threading.Lock()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                body = json.loads(raw)
                 with receiver._lock:
                     receiver.received.append((self.path, body))
+                    receiver.raw.append((self.path, raw, dict(self.headers.items())))
                 if self.path == "/hang":
                     time.sleep(8)
                 self.send_response(500 if self.path == "/fail" else 204)
@@ -50,6 +67,10 @@ class Receiver:
     def bodies(self, path: str = "/ok") -> list[dict]:
         with self._lock:
             return [body for where, body in self.received if where == path]
+
+    def deliveries(self, path: str = "/ok") -> list[tuple[bytes, dict[str, str]]]:
+        with self._lock:
+            return [(raw, headers) for where, raw, headers in self.raw if where == path]
 
     def wait_for(self, count: int, path: str = "/ok", timeout: float = 20) -> list[dict]:
         deadline = time.monotonic() + timeout
@@ -95,15 +116,36 @@ def test_each_run_outcome_is_notified_once_with_the_right_body(agent_factory, db
         "muted": once(COMMAND="SELECT * FROM no_such_table", MAX_ATTEMPTS="1", NOTIFY="never"),
         "nightly": once(STEPS__1__COMMAND="SELECT 1", STEPS__2__COMMAND="SELECT * FROM no_such_table",
                         STEPS__2__MAX_ATTEMPTS="1", NOTIFY="on_completion"),
+        # Failed by its flow: step 1 fails, its ON_FAILURE goes to step 2, which succeeds and
+        # quits with failure. The run has no error of its own: step 1's is the one to tell.
+        "flowed": once(STEPS__1__COMMAND="SELECT * FROM no_such_flow_table", STEPS__1__MAX_ATTEMPTS="1",
+                       STEPS__1__ON_FAILURE="goto:2", STEPS__2__COMMAND="SELECT 1",
+                       STEPS__2__ON_SUCCESS="quit_failure"),
     }
-    agent = agent_factory(jobs, AGENT_NOTIFY_WEBHOOK_URL=receiver.url + "/ok", AGENT_RETRY_BACKOFF_SECONDS="0")
+    agent = agent_factory(jobs, AGENT_NOTIFY_WEBHOOK_URL=receiver.url + "/ok", AGENT_RETRY_BACKOFF_SECONDS="0",
+                          AGENT_NOTIFY_WEBHOOK_SECRET=SECRET)
     agent.tick(datetime.now(UTC))
     work(agent, concurrency=2)
-    bodies = receiver.wait_for(3)
+    bodies = receiver.wait_for(4)
     time.sleep(0.5)   # nothing more arrives
     bodies = receiver.bodies()
     by_job = {body["job"]: body for body in bodies}
-    assert sorted(body["job"] for body in bodies) == ["broken", "fine", "nightly"], bodies
+    assert sorted(body["job"] for body in bodies) == ["broken", "fine", "flowed", "nightly"], bodies
+    # Every body as documented, signed, the signature checked by an independent implementation.
+    verifier = Webhook(SECRET)
+    for raw, headers in receiver.deliveries():
+        jsonschema.validate(json.loads(raw), SCHEMA, format_checker=jsonschema.FormatChecker())
+        assert verifier.verify(raw, headers) == json.loads(raw)
+        assert headers["webhook-id"] == "msg_" + json.loads(raw)["operation_id"]
+        assert abs(int(headers["webhook-timestamp"]) - time.time()) < 60
+        with pytest.raises(WebhookVerificationError):   # the body as signed, not another
+            verifier.verify(raw.replace(b'"run_id":', b'"run_id": '), headers)
+        with pytest.raises(WebhookVerificationError):   # nor with another secret
+            Webhook("whsec_" + base64.b64encode(os.urandom(32)).decode()).verify(raw, headers)
+    assert len({headers["webhook-id"] for _, headers in receiver.deliveries()}) == 4
+    flowed = by_job["flowed"]
+    assert flowed["outcome"] == "failed" and flowed["failing_step"] == 1
+    assert flowed["error"] and "no_such_flow_table" in flowed["error"], flowed
     runs = {r["job_name"]: r for r in agent.store().execute("list_history", job_name=None, limit=20).rows}
     broken = by_job["broken"]
     assert broken["run_id"] == runs["broken"]["run_id"] and broken["outcome"] == "failed"
@@ -115,7 +157,7 @@ def test_each_run_outcome_is_notified_once_with_the_right_body(agent_factory, db
     assert by_job["fine"]["outcome"] == "succeeded" and by_job["fine"]["error"] is None
     assert by_job["nightly"]["outcome"] == "failed" and by_job["nightly"]["failing_step"] == 2
     rows = query(agent, f"SELECT status, attempts, last_error FROM {notifications_table(agent)}")
-    assert sorted(rows) == [("sent", 1, None)] * 3
+    assert sorted(rows) == [("sent", 1, None)] * 4
 
 
 def test_two_instances_delivering_at_once_send_each_notification_once(agent_factory, db_url, receiver):
@@ -158,7 +200,7 @@ def test_a_hanging_or_failing_webhook_never_delays_the_next_run(agent_factory, d
                     "NOTIFY_WEBHOOK_URL": receiver.url + "/fail"},
         "c_next": {"SCHEDULE": slot, "COMMAND": sql_for(db_url, "SELECT 1", "SELECT 1")},
     }
-    agent = agent_factory(jobs, clock=clock, AGENT_MAX_CONCURRENCY="1")
+    agent = agent_factory(jobs, clock=clock, AGENT_MAX_CONCURRENCY="1", AGENT_NOTIFY_TIMEOUT_SECONDS="3")
     agent.tick()
     started = time.monotonic()
     work(agent, concurrency=1)
@@ -175,7 +217,7 @@ def test_a_hanging_or_failing_webhook_never_delays_the_next_run(agent_factory, d
     while time.monotonic() < deadline and (state("a_hangs")[2] is None or state("b_fails")[2] is None):
         time.sleep(0.1)
     assert state("b_fails")[:2] == ("pending", 1) and "HTTP 500" in state("b_fails")[2]
-    assert state("a_hangs")[:2] == ("pending", 1) and "no answer within 5 s" in state("a_hangs")[2]
+    assert state("a_hangs")[:2] == ("pending", 1) and "no complete answer within 3 s" in state("a_hangs")[2]
     # Bounded retries: the 500 is tried MAX_DELIVERY_ATTEMPTS times in all, then failed for good;
     # the runs' outcomes never change.
     # Each step waits for the attempt to be recorded (claimed, then back from 'sending'), not only
@@ -229,3 +271,118 @@ def test_delivered_notifications_are_purged_with_the_history(agent_factory, db_u
     assert not report.errors, report.errors
     assert report.purged.get("notifications") == 1
     assert query(agent, f"SELECT COUNT(*) FROM {table}") == [(0,)]
+
+
+class Trickler:
+    """A receiver on 127.0.0.1 that reads the request, then answers one byte a second: each
+    read gets its byte well within any per-read timeout, so only a total deadline ends it."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/slow"
+        self._stop = threading.Event()
+        self.sent = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    conn.recv(65536)
+                    for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 1000:
+                        if self._stop.wait(1.0):
+                            break
+                        conn.sendall(bytes([byte]))
+                        self.sent += 1
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+
+
+def test_a_post_has_one_total_deadline_whatever_the_receiver_trickles():
+    trickler = Trickler()
+    try:
+        started = time.monotonic()
+        with pytest.raises(WebhookError, match="no complete answer within 2.5 s"):
+            post_json(trickler.url, {"job": "x"}, 2.5, message_id="msg_trickle")
+        elapsed = time.monotonic() - started
+        # The receiver was still answering (a byte a second): the deadline, not a read timeout, ended it.
+        assert 2.4 <= elapsed < 4.0, elapsed
+        assert trickler.sent >= 1
+    finally:
+        trickler.close()
+
+
+def test_a_claim_outlasts_a_batch_and_a_short_claim_sends_nothing_twice(agent_factory, db_url, receiver):
+    # Derived, not chosen: every POST of a batch at its deadline, plus the margin (twice: the
+    # database's calls and the clocks of other processes).
+    for deadline in (0.5, 2.0, 15.0, 60.0):
+        assert claim_seconds(deadline) > BATCH * deadline + CLAIM_MARGIN_SECONDS
+    with pytest.raises(ValueError):
+        claim_seconds(0)
+    clock = Clock(datetime.now(UTC))
+    jobs = {f"j{i}": {"SCHEDULE": "@once " + clock.now.isoformat(), "COMMAND": "SELECT * FROM no_such_table",
+                      "MAX_ATTEMPTS": "1"} for i in range(3)}
+    agent = agent_factory(jobs, clock=clock, AGENT_NOTIFY_WEBHOOK_URL=receiver.url + "/ok")
+    agent._notifier = Silent()
+    agent.executor().notifier = Silent()
+    agent.tick()
+    work(agent)
+    table = notifications_table(agent)
+    assert query(agent, f"SELECT COUNT(*) FROM {table} WHERE status = 'pending'") == [(3,)]
+    first = Notifier(agent.new_store, agent.clock, timeout_seconds=2.0)
+
+    def slow_post(*args, **kwargs):
+        # This POST took so long (a stalled process) that the claim no longer covers another one.
+        post_json(*args, **kwargs)
+        clock.advance(first.claim_seconds - CLAIM_MARGIN_SECONDS)
+
+    first._post = slow_post
+    try:
+        assert first.deliver_due() == 3
+        assert len(receiver.wait_for(1)) == 1
+        # The two left were given back unsent, their attempt not counted: the next claim, by any
+        # process, takes them.
+        assert query(agent, f"SELECT status, attempts FROM {table} ORDER BY notification_id") == [
+            ("sent", 1), ("pending", 0), ("pending", 0)]
+        second = Notifier(agent.new_store, agent.clock, timeout_seconds=2.0)
+        assert second.deliver_due() == 2
+        bodies = receiver.wait_for(3)
+        time.sleep(0.3)
+        assert sorted(b["job"] for b in receiver.bodies()) == ["j0", "j1", "j2"]
+        assert query(agent, f"SELECT status, attempts FROM {table} ORDER BY notification_id") == [("sent", 1)] * 3
+    finally:
+        first._close_store()
+        second._close_store()
+
+
+def test_the_signing_secret_is_validated_and_never_shown():
+    good = load_settings(environ={"AGENT_NOTIFY_WEBHOOK_SECRET": SECRET}).agent
+    assert good.notify_webhook_secret == base64.b64decode(SECRET[len("whsec_"):])
+    assert SECRET not in repr(good)
+    assert load_settings(environ={}).agent.notify_webhook_secret is None
+    short = "whsec_" + base64.b64encode(b"k" * 16).decode()
+    cases = {
+        base64.b64encode(os.urandom(32)).decode(): "'whsec_' then the base64",
+        "whsec_not*base64!": "standard base64",
+        short: "it decodes to 16",
+        "whsec_" + base64.b64encode(os.urandom(65)).decode(): "it decodes to 65",
+    }
+    for value, expected in cases.items():
+        with pytest.raises(ConfigError) as caught:
+            load_settings(environ={"AGENT_NOTIFY_WEBHOOK_SECRET": value})
+        message = str(caught.value)
+        assert message.startswith("AGENT_NOTIFY_WEBHOOK_SECRET=") and expected in message, message
+        assert value not in message and value[6:] not in message
+    reference = "@Microsoft.KeyVault(SecretUri=https://kv.vault.azure.net/secrets/webhook/)"
+    with pytest.raises(ConfigError, match="Key Vault reference App Service could not resolve"):
+        load_settings(environ={"AGENT_NOTIFY_WEBHOOK_SECRET": reference})

@@ -1037,11 +1037,23 @@ OUTPUT inserted.notification_id, inserted.run_id, inserted.job_name, inserted.ou
        inserted.attempts, inserted.claim_token INTO @taken;
 SELECT notification_id, run_id, job_name, outcome, url, attempts, claim_token FROM @taken;
 
+-- release_notifications --
+-- Give back the notifications of a claim whose sender did not start their POSTs (what was left of its claim no longer covered a POST): due again at once, the attempt not counted.
+UPDATE agent.notifications SET status = N'pending', attempts = attempts - 1, next_attempt_at = CAST(:now AS DATETIME2(6))
+OUTPUT inserted.notification_id
+WHERE claim_token = CAST(:claim_token AS NVARCHAR(32)) AND status = N'sending';
+
 -- notification_runs --
--- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id.
+-- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error (and the failing step's last error, for a run its flow failed after a later step succeeded), when it first started and ended, operation id.
 SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.failed_step, r.last_error_number, r.last_error,
        r.finished_at, r.operation_id,
-       (SELECT MIN(a.started_at) FROM agent.attempts AS a WHERE a.run_id = r.run_id) AS first_started_at
+       (SELECT MIN(a.started_at) FROM agent.attempts AS a WHERE a.run_id = r.run_id) AS first_started_at,
+       (SELECT TOP (1) a.error_message FROM agent.attempts AS a
+        WHERE a.run_id = r.run_id AND a.step = r.failed_step AND a.error_message IS NOT NULL
+        ORDER BY a.attempt_id DESC) AS failed_step_error,
+       (SELECT TOP (1) a.error_number FROM agent.attempts AS a
+        WHERE a.run_id = r.run_id AND a.step = r.failed_step AND a.error_message IS NOT NULL
+        ORDER BY a.attempt_id DESC) AS failed_step_error_number
 FROM agent.runs AS r
 WHERE r.run_id IN (SELECT CAST(x.[value] AS BIGINT) FROM OPENJSON(:run_ids) AS x);
 

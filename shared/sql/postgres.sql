@@ -680,11 +680,23 @@ FROM (SELECT notification_id FROM agent.notifications
 WHERE n.notification_id = d.notification_id
 RETURNING n.notification_id, n.run_id, n.job_name, n.outcome, n.url, n.attempts, n.claim_token;
 
+-- release_notifications --
+-- Give back the notifications of a claim whose sender did not start their POSTs (what was left of its claim no longer covered a POST): due again at once, the attempt not counted.
+UPDATE agent.notifications SET status = 'pending', attempts = attempts - 1, next_attempt_at = CAST(:now AS timestamp)
+WHERE claim_token = :claim_token AND status = 'sending'
+RETURNING notification_id;
+
 -- notification_runs --
--- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id.
+-- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error (and the failing step's last error, for a run its flow failed after a later step succeeded), when it first started and ended, operation id.
 SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.failed_step, r.last_error_number, r.last_error,
        r.finished_at, r.operation_id,
-       (SELECT MIN(a.started_at) FROM agent.attempts AS a WHERE a.run_id = r.run_id) AS first_started_at
+       (SELECT MIN(a.started_at) FROM agent.attempts AS a WHERE a.run_id = r.run_id) AS first_started_at,
+       (SELECT a.error_message FROM agent.attempts AS a
+        WHERE a.run_id = r.run_id AND a.step = r.failed_step AND a.error_message IS NOT NULL
+        ORDER BY a.attempt_id DESC LIMIT 1) AS failed_step_error,
+       (SELECT a.error_number FROM agent.attempts AS a
+        WHERE a.run_id = r.run_id AND a.step = r.failed_step AND a.error_message IS NOT NULL
+        ORDER BY a.attempt_id DESC LIMIT 1) AS failed_step_error_number
 FROM agent.runs AS r
 WHERE r.run_id IN (SELECT CAST(x AS BIGINT) FROM json_array_elements_text(CAST(:run_ids AS json)) AS x);
 

@@ -833,11 +833,23 @@ WHERE notification_id IN (
     ORDER BY notification_id LIMIT :batch)
 RETURNING notification_id, run_id, job_name, outcome, url, attempts, claim_token;
 
+-- release_notifications --
+-- Give back the notifications of a claim whose sender did not start their POSTs (what was left of its claim no longer covered a POST): due again at once, the attempt not counted.
+UPDATE agent_notifications SET status = 'pending', attempts = attempts - 1, next_attempt_at = :now
+WHERE claim_token = :claim_token AND status = 'sending'
+RETURNING notification_id;
+
 -- notification_runs --
--- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id.
+-- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error (and the failing step's last error, for a run its flow failed after a later step succeeded), when it first started and ended, operation id.
 SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.failed_step, r.last_error_number, r.last_error,
        r.finished_at, r.operation_id,
-       (SELECT MIN(a.started_at) FROM agent_attempts AS a WHERE a.run_id = r.run_id) AS first_started_at
+       (SELECT MIN(a.started_at) FROM agent_attempts AS a WHERE a.run_id = r.run_id) AS first_started_at,
+       (SELECT a.error_message FROM agent_attempts AS a
+        WHERE a.run_id = r.run_id AND a.step = r.failed_step AND a.error_message IS NOT NULL
+        ORDER BY a.attempt_id DESC LIMIT 1) AS failed_step_error,
+       (SELECT a.error_number FROM agent_attempts AS a
+        WHERE a.run_id = r.run_id AND a.step = r.failed_step AND a.error_message IS NOT NULL
+        ORDER BY a.attempt_id DESC LIMIT 1) AS failed_step_error_number
 FROM agent_runs AS r
 WHERE r.run_id IN (SELECT CAST(x.value AS INTEGER) FROM json_each(:run_ids) AS x);
 
