@@ -58,6 +58,10 @@ param jobSteps array
 @secure()
 param notifyWebhookUrl string
 
+@description('Standard Webhooks signing secret of the notifications (AGENT_NOTIFY_WEBHOOK_SECRET), or a Key Vault reference to it; empty: unsigned.')
+@secure()
+param notifyWebhookSecret string
+
 @description('Most instances the app scales out to.')
 @minValue(1)
 @maxValue(1000)
@@ -142,6 +146,12 @@ var engineAppSettings = [
     // Empty reads as unset: no webhook.
     name: 'AGENT_NOTIFY_WEBHOOK_URL'
     value: notifyWebhookUrl
+  }
+  {
+    // Empty reads as unset: notifications unsigned. A Key Vault reference is resolved by the
+    // platform; one it cannot resolve reaches the engine as-is and is refused, named.
+    name: 'AGENT_NOTIFY_WEBHOOK_SECRET'
+    value: notifyWebhookSecret
   }
 ]
 

@@ -122,6 +122,10 @@ param jobSteps array = []
 @secure()
 param notifyWebhookUrl string = ''
 
+@description('Standard Webhooks signing secret of the notifications (AGENT_NOTIFY_WEBHOOK_SECRET): whsec_ then the base64 of 24 to 64 random bytes, or a Key Vault reference @Microsoft.KeyVault(SecretUri=...) the app\'s identity can read; empty: notifications are sent unsigned.')
+@secure()
+param notifyWebhookSecret string = ''
+
 @description('E-mail addresses the job notification alerts (failed runs; successful runs of jobs whose notify asks for them) are sent to; empty: an action group with no receivers.')
 param notifyEmails array = []
 
@@ -244,6 +248,7 @@ module functionApp 'functionapp.bicep' = {
     jobs: jobs
     jobSteps: jobSteps
     notifyWebhookUrl: notifyWebhookUrl
+    notifyWebhookSecret: notifyWebhookSecret
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
     monitorEntraClientId: monitorEntraClientId
