@@ -168,6 +168,15 @@ BAD_CALLS = [
      "@schedule = NULL: expected a six-field NCRONTAB expression (seconds first), or @run_at"),
     ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *",
                            "run_at": datetime(2030, 1, 1, tzinfo=UTC)}, BAD_ARGUMENT, "expected NULL when @schedule is given"),
+    # Issue 23: a time out of range is a parameter error like any other (not a raw constraint error).
+    ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "run_at": datetime(9999, 6, 1, tzinfo=UTC)}, BAD_ARGUMENT,
+     "@run_at = '9999-06-01"),
+    ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "run_at": datetime(1900, 1, 1, tzinfo=UTC)}, BAD_ARGUMENT,
+     "expected NULL (with @schedule) or a time from 1970-01-01 to 9998-12-31 (UTC) for a one-time job"),
+    ("exec_async", {"sql": "SELECT 1", "run_at": datetime(9999, 6, 1, tzinfo=UTC)}, BAD_ARGUMENT,
+     "agent.exec_async: @run_at = '9999-06-01"),
+    ("exec_async", {"sql": "SELECT 1", "run_at": datetime(1969, 12, 31, 23, 59, tzinfo=UTC)}, BAD_ARGUMENT,
+     "expected NULL (now) or a time from 1970-01-01 to 9998-12-31 (UTC)"),
     ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "enabled": 2}, BAD_ARGUMENT,
      "@enabled = 2: expected 1 (enabled) or 0 (disabled)"),
     ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "overlap": "never"},
@@ -239,6 +248,29 @@ def test_every_procedure_refuses_bad_arguments_with_one_message_and_changes_noth
         assert error.message.startswith(f"agent.{procedure}: @"), error.message
         assert "\n" not in error.message, error.message                     # one line
         assert fingerprint(agent) == before, f"{procedure} {arguments} changed something"
+
+
+@pytest.mark.parametrize("value", ["infinity", "-infinity", "294276-12-31 00:00:00+00", "4713-01-01 00:00:00+00 BC"])
+def test_postgres_special_and_extreme_times_are_parameter_errors(pg_url, value):
+    """PostgreSQL's timestamptz holds what no other dialect (nor the engine) can: each one is
+    refused with the procedures' one-line error, nothing written, no internal SQL shown."""
+    agent = make_agent(pg_url, {})
+    connection = connect(pg_url)
+    try:
+        before = fingerprint(agent)
+        for procedure, arguments in (("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "run_at": value}),
+                                     ("exec_async", {"sql": "SELECT 1", "run_at": value})):
+            with pytest.raises(CallError) as caught:
+                call(connection, procedure, **arguments)
+            error = caught.value
+            assert error.code == BAD_ARGUMENT["postgres"], error
+            assert error.message.startswith(f"agent.{procedure}: @run_at = '"), error.message
+            assert "from 1970-01-01 to 9998-12-31 (UTC)" in error.message and "\n" not in error.message
+            assert "Failing row" not in error.message and "constraint" not in error.message
+        assert fingerprint(agent) == before
+    finally:
+        connection.close()
+        agent.close()
 
 
 # ---------------------------------------------------------------- 2. jobs defined in the database
