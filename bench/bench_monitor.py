@@ -9,6 +9,10 @@ Each page is rendered by shared.monitor.Monitor exactly as both servers do (quer
 escaping), on one connection, after a warm-up; it prints the median and p95 in ms, the number
 of statements a page sends and the size of its HTML. Target: under 100 ms each on PostgreSQL.
 
+Then the local server (shared.monitor.make_server, its backlog and worker policy) under 64
+clients at once, each opening its own connection and asking for one page of the set above in
+turn; it prints the latency percentiles, from connect to the last byte. Target: p99 under 1 s.
+
     .venv/bin/python bench/bench_monitor.py [--pg ODBC-STRING-WITHOUT-DATABASE] [--repeat 30]
 
 The history is written with one INSERT ... SELECT generate_series (the engine would take hours
@@ -104,10 +108,73 @@ def measure(monitor: Monitor, store, path: str, query: str, repeat: int) -> tupl
     return statistics.median(times), p95, statements, len(response.body)
 
 
+CLIENTS = """
+import http.client, json, sys, threading, time
+port, clients, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+urls = json.loads(sys.argv[4])
+latencies, statuses, lock = [], {}, threading.Lock()
+
+def client(index, start):
+    start.wait()
+    began = time.perf_counter()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request("GET", urls[index % len(urls)], headers={"Host": "127.0.0.1:%d" % port})
+    response = connection.getresponse()
+    response.read()
+    connection.close()
+    with lock:
+        latencies.append((time.perf_counter() - began) * 1000)
+        statuses[response.status] = statuses.get(response.status, 0) + 1
+
+for _ in range(rounds):
+    start = threading.Barrier(clients)
+    threads = [threading.Thread(target=client, args=(i, start)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    time.sleep(0.5)
+print(json.dumps({"latencies": latencies, "statuses": statuses}))
+"""
+
+
+def concurrent(agent: Agent, pages: list[tuple[str, str, str]], *, clients: int, rounds: int = 3) -> None:
+    """``clients`` connections at once against the local server, ``rounds`` times; the clients
+    run in a process of their own (they do not take the server's interpreter lock)."""
+    import json
+    import subprocess
+    import threading
+
+    from shared.monitor import LISTEN_BACKLOG, WORKER_THREADS, make_server
+
+    server = make_server(agent, 0, environ={})
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    urls = [path + (f"?{query}" if query else "") for _, path, query in pages]
+    try:
+        done = subprocess.run([sys.executable, "-c", CLIENTS, str(port), str(clients), str(rounds), json.dumps(urls)],
+                              capture_output=True, text=True, timeout=600, check=True)
+    finally:
+        server.shutdown()
+        server.server_close()
+    result = json.loads(done.stdout)
+    latencies = sorted(result["latencies"])
+
+    def pct(p: float) -> float:
+        return latencies[min(len(latencies) - 1, int(round(p * (len(latencies) - 1))))]
+
+    print(f"\nlocal server, {clients} clients at once x {rounds} rounds over the {len(pages)} pages "
+          f"(backlog {LISTEN_BACKLOG}, {WORKER_THREADS} workers, identical requests in flight share one render)")
+    print(f"  statuses {result['statuses']}")
+    print(f"  p50 {pct(0.50):.0f} ms   p90 {pct(0.90):.0f} ms   p99 {pct(0.99):.0f} ms   max {latencies[-1]:.0f} ms"
+          f"   (target p99 < 1000 ms: {'met' if pct(0.99) < 1000 else 'NOT met'})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pg", default=DEFAULT_PG, help="ODBC connection string without Database")
     parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--clients", type=int, default=64, help="simultaneous clients of the local server")
     args = parser.parse_args()
     import pyodbc
 
@@ -139,6 +206,7 @@ def main() -> None:
             median, p95, statements, size = measure(monitor, store, path, query, args.repeat)
             print(f"{label:<34} {median:>10.1f} {p95:>8.1f} {statements:>6} {size / 1024:>7.0f}")
         store.close()
+        concurrent(agent, pages, clients=args.clients)
     finally:
         if agent is not None:
             agent.close()

@@ -12,6 +12,9 @@ failure with what to fix:
 8. targets         every fleet job's targets (JOB__<name>__TARGETS) resolve now and each
                    answers a SELECT 1 (tried once each, 8 at a time): one line per one that
                    does not, and per server or pool that cannot be listed
+9. monitor         in Azure: App Service Authentication is on and required for the app (the
+                   monitor trusts the principal header only because the platform strips it
+                   from client requests); elsewhere it says the check does not apply
 
 Works on all three dialects; nothing is left behind (a missing SQLite file is not created).
 """
@@ -29,7 +32,8 @@ from .errors import AgentError
 
 __all__ = ["Check", "DoctorReport", "run_doctor", "CHECKS"]
 
-CHECKS = ("driver", "connectivity", "authentication", "schema", "session", "permissions", "queue", "targets")
+CHECKS = ("driver", "connectivity", "authentication", "schema", "session", "permissions", "queue", "targets",
+          "monitor")
 INIT_DB = ".venv/bin/python -m shared.cli init-db"
 GRANT_SQL = ".venv/bin/python -m shared.cli grant-sql --app-name <function app name> --apply"
 GRANT_SQL_TARGETS = ".venv/bin/python -m shared.cli grant-sql --app-name <function app name> --targets <job>"
@@ -92,7 +96,8 @@ class _Failed(Exception):
 
 
 class _Doctor:
-    def __init__(self, agent: Any, tcp_timeout: float) -> None:
+    def __init__(self, agent: Any, tcp_timeout: float, environ: Any = None) -> None:
+        self.environ = os.environ if environ is None else environ
         self.agent = agent
         self.target = agent.target
         self.tcp_timeout = tcp_timeout
@@ -419,15 +424,75 @@ class _Doctor:
         return f"{reachable} targets of {jobs} fleet job(s) reachable"
 
 
+    # ------------------------------------------------------------ 9. monitor
+
+    def monitor(self) -> str:
+        """App Service Authentication, as the platform exposes it to the app: WEBSITE_AUTH_ENABLED,
+        and whether it is required (WEBSITE_AUTH_V2_CONFIG_JSON's globalValidation, or the older
+        WEBSITE_AUTH_UNAUTHENTICATED_ACTION)."""
+        env = self.environ
+        site = (env.get("WEBSITE_SITE_NAME") or "").strip()
+        if not site:
+            return ("does not apply here (not in Azure App Service: WEBSITE_SITE_NAME is unset); the local "
+                    "monitor serves 127.0.0.1 only and trusts no principal header")
+        fix = ("deploy infra/ (its authsettingsV2 turns App Service Authentication on with Entra ID and requires "
+               "it), or in the portal: the function app > Authentication > add Microsoft as identity provider, "
+               "'Require authentication'")
+        enabled = (env.get("WEBSITE_AUTH_ENABLED") or "").strip()
+        if enabled.lower() != "true":
+            raise _Failed(f"App Service Authentication is off for {site} (WEBSITE_AUTH_ENABLED={enabled or '<unset>'!r}): "
+                          "the monitor trusts the X-MS-CLIENT-PRINCIPAL header only because the platform strips it "
+                          "from client requests, which it does only with authentication on", fix)
+        required, action = _auth_requirement(env)
+        if required is False:
+            raise _Failed(f"App Service Authentication is on for {site} but not required (unauthenticated clients: "
+                          f"{action or 'AllowAnonymous'}): requests without sign-in reach the app", fix)
+        if required is None:
+            self.notes["monitor"] = ["whether sign-in is required could not be read (neither WEBSITE_AUTH_V2_CONFIG_JSON "
+                                     "nor WEBSITE_AUTH_UNAUTHENTICATED_ACTION is set): check the app's Authentication "
+                                     "blade says 'Require authentication'"]
+            return f"App Service Authentication is on for {site}"
+        return f"App Service Authentication is on and required for {site} (unauthenticated clients: {action})"
+
+
+# globalValidation.unauthenticatedClientAction as a number (the V2 config's JSON may hold the enum's value).
+UNAUTHENTICATED_ACTIONS = ("RedirectToLoginPage", "AllowAnonymous", "Return401", "Return403")
+
+
+def _auth_requirement(env: Any) -> tuple[bool | None, str | None]:
+    """(required, unauthenticated client action) as the platform exposes them; None: unknown."""
+    import json
+
+    raw = (env.get("WEBSITE_AUTH_V2_CONFIG_JSON") or "").strip()
+    if raw:
+        try:
+            validation = (json.loads(raw) or {}).get("globalValidation") or {}
+        except (ValueError, AttributeError):
+            validation = None
+        if isinstance(validation, dict):
+            action = validation.get("unauthenticatedClientAction")
+            if isinstance(action, int) and 0 <= action < len(UNAUTHENTICATED_ACTIONS):
+                action = UNAUTHENTICATED_ACTIONS[action]
+            action = str(action) if action is not None else None
+            required = validation.get("requireAuthentication")
+            if isinstance(required, bool):
+                return (required and action != "AllowAnonymous"), action or ("RedirectToLoginPage" if required else None)
+    action = (env.get("WEBSITE_AUTH_UNAUTHENTICATED_ACTION") or "").strip() or None
+    if action is None:
+        return None, None
+    return action != "AllowAnonymous", action
+
+
 def _needs(step: Any) -> list:
     from .targets import needs_listing
 
     return needs_listing(step.members)
 
 
-def run_doctor(agent: Any, *, tcp_timeout: float = 10.0) -> DoctorReport:
-    """Run the checks in order on ``agent`` (a shared.agent.Agent); stop at the first failure."""
-    doctor = _Doctor(agent, tcp_timeout)
+def run_doctor(agent: Any, *, tcp_timeout: float = 10.0, environ: Any = None) -> DoctorReport:
+    """Run the checks in order on ``agent`` (a shared.agent.Agent); stop at the first failure.
+    ``environ``: what the platform exposes (os.environ by default)."""
+    doctor = _Doctor(agent, tcp_timeout, environ)
     report = DoctorReport(target=agent.target.display)
     steps: list[tuple[str, Callable[[], str]]] = [(name, getattr(doctor, name)) for name in CHECKS]
     for index, (name, step) in enumerate(steps):

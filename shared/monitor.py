@@ -29,8 +29,10 @@ import json
 import logging
 import os
 import queue
+import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -151,7 +153,9 @@ class Monitor:
         """``path``: below the base path ("/", "/jobs/nightly", ...)."""
         method = method.upper()
         if method not in ALLOWED_METHODS:
-            response = self.error_response(405, f"the monitor is read-only: {method} is not allowed (GET or HEAD)", False, None, 0)
+            shown = method if len(method) <= 40 else method[:40] + "..."
+            response = self.error_response(405, f"the monitor is read-only: {shown} is not allowed (GET or HEAD)",
+                                           False, None, 0)
             response.headers["Allow"] = ", ".join(ALLOWED_METHODS)
             return response
         params = {key: values[-1] for key, values in parse_qs(query, keep_blank_values=True).items()}
@@ -213,7 +217,7 @@ class Monitor:
                     raise PageError(404, f"no job named {parts[1]!r}")
                 title, body = f"Job {parts[1]}", self._job_page(data, now)
             elif page == "run":
-                run_id = _int_param("run id", parts[1], 1)
+                run_id = _int_param("run id", parts[1], 1, BIGINT_MAX)
                 data = views.run_view(store, run_id)
                 if data is None:
                     raise PageError(404, f"no run with id {run_id}")
@@ -223,7 +227,8 @@ class Monitor:
                 data = views.poison_view(store, limit)
                 title, body = "Poison messages", self._poison_page(data)
             else:
-                older = _int_param("older_than", params.get("older_than", str(views.DEFAULT_STUCK_AGE_SECONDS)), 1)
+                older = _int_param("older_than", params.get("older_than", str(views.DEFAULT_STUCK_AGE_SECONDS)), 1,
+                                   MAX_AGE_SECONDS)
                 limit = _int_param("limit", params.get("limit", str(views.DEFAULT_STUCK_LIMIT)), 1, 10000)
                 data = views.stuck_view(store, now, older, limit)
                 title, body = "Stuck runs", self._stuck_page(data, older, limit)
@@ -675,14 +680,20 @@ def _wants_json(params: dict[str, str], accept: str) -> bool:
     return "application/json" in accept and "text/html" not in accept
 
 
-def _int_param(name: str, raw: str, low: int, high: int | None = None) -> int:
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        value = None
-    if value is None or value < low or (high is not None and value > high):
-        expected = f"a whole number from {low} to {high}" if high is not None else f"a whole number, {low} or more"
-        raise PageError(400 if name != "run id" else 404, f"{name}={raw!r}: expected {expected}")
+# Every number a request carries is bounded before it reaches a query or a date: a run id
+# beyond PostgreSQL's and SQL Server's bigint is no run (404), an age beyond ten years no
+# sensible question (400) — never a driver overflow answered with 500.
+BIGINT_MAX = 2 ** 63 - 1
+MAX_AGE_SECONDS = 10 * 366 * 86400
+
+
+def _int_param(name: str, raw: str, low: int, high: int) -> int:
+    text = raw.strip() if isinstance(raw, str) else ""
+    value = int(text) if text.isascii() and text.isdigit() and len(text) <= 19 else None
+    if value is None or value < low or value > high:
+        shown = raw if len(raw) <= 40 else raw[:40] + "..."
+        raise PageError(400 if name != "run id" else 404,
+                        f"{name}={shown!r}: expected a whole number from {low} to {high}")
     return value
 
 
@@ -724,6 +735,16 @@ def handle_azure_request(method: str, url: str, headers: Mapping[str, str]) -> R
     """The HTTP trigger's one call. App Service Authentication (infra/functionapp.bicep) signs
     the user in and admits only AGENT_MONITOR_ALLOWED_GROUP; this checks the same group again
     from the principal the platform passes, and refuses everyone while the setting is empty."""
+    try:
+        return _azure_request(method, url, headers)
+    except Exception as exc:  # noqa: BLE001 - one line and the security headers, never the host's bare 500
+        log.exception("monitor: %s %s failed", method, url[:200])
+        monitor = Monitor(contextlib.nullcontext, clock=lambda: datetime.now(UTC), settings=MonitorSettings,
+                          base_path=AZURE_BASE_PATH)
+        return _refused(monitor, method, 500, f"internal error ({type(exc).__name__}); the log has the details")
+
+
+def _azure_request(method: str, url: str, headers: Mapping[str, str]) -> Response:
     from .agent import default_agent
 
     split = urlsplit(url)
@@ -800,56 +821,204 @@ class StorePool:
             store.close()
 
 
+# The local server's policy: the kernel queues up to LISTEN_BACKLOG connections (the standard
+# library's 5 made the 6th of 64 simultaneous clients wait for SYN retransmissions, up to 28 s);
+# WORKER_THREADS threads answer them, one request per connection (Connection: close: no
+# keep-alive connection holds a worker while others wait), each connection allowed
+# REQUEST_TIMEOUT_SECONDS of silence; identical requests that arrive while one is being rendered
+# share its page (single-flight: renders are CPU-bound, so 64 clients asking for the same page
+# cost one render, not 64 in turn).
+LISTEN_BACKLOG = 128
+WORKER_THREADS = 64
+REQUEST_TIMEOUT_SECONDS = 10
+
+
+class SharedRenders:
+    """Single-flight: requests with the same key that arrive while a render for it runs wait for
+    that render and answer with its response (never a stored copy: nothing outlives the render,
+    so a page is never older than the request that asked for it by more than one render)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[Any, tuple[threading.Event, list[Response]]] = {}
+
+    def render(self, key: Any, produce: Callable[[], Response]) -> Response:
+        with self._lock:
+            entry = self._running.get(key)
+            leader = entry is None
+            if leader:
+                entry = (threading.Event(), [])
+                self._running[key] = entry
+        done, result = entry
+        if not leader:
+            done.wait()
+            if result:
+                return _copy(result[0])
+            return produce()            # the leader failed: render for this request
+        try:
+            response = produce()
+            result.append(response)
+            return _copy(response)
+        finally:
+            with self._lock:
+                self._running.pop(key, None)
+            done.set()
+
+
+def _copy(response: Response) -> Response:
+    return Response(response.status, response.body, response.content_type, dict(response.headers))
+
+
 def make_server(agent, port: int, environ: Mapping[str, str] | None = None):
-    """A ThreadingHTTPServer on 127.0.0.1:port serving the monitor (port 0: any free port).
-    Raises OSError when the port is taken."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    """A server on 127.0.0.1:port serving the monitor (port 0: any free port), with the policy
+    above. Every response it sends, errors of the HTTP parser included (400, 414, 431, 505),
+    comes from the engine's handler with SECURITY_HEADERS; any method but GET and HEAD gets 405
+    with Allow. Raises OSError when the port is taken."""
+    from http import HTTPStatus
+    from http.server import BaseHTTPRequestHandler, HTTPServer
 
     pool = StorePool(agent)
     env = dict(os.environ if environ is None else environ)
     monitor = Monitor(pool.lend, clock=agent.clock, settings=lambda: monitor_settings(env), base_path="")
+    shared = SharedRenders()
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "agent-monitor"
         sys_version = ""
         protocol_version = "HTTP/1.1"
+        timeout = REQUEST_TIMEOUT_SECONDS
+
+        def setup(self) -> None:
+            super().setup()
+            # One deadline for the whole request, not a timeout per read: a client trickling its
+            # request a byte at a time holds a worker for REQUEST_TIMEOUT_SECONDS at most.
+            from .webhooks import DeadlineSocket
+
+            self.rfile = DeadlineSocket(self.connection, time.monotonic() + REQUEST_TIMEOUT_SECONDS).makefile("rb")
+
+        def __getattr__(self, name: str) -> Any:
+            # Every method the client names reaches the engine (which answers 405 to all but GET
+            # and HEAD), instead of the standard library's bare 501.
+            if name.startswith("do_"):
+                return self._answer
+            raise AttributeError(name)
 
         def _answer(self) -> None:
             port_now = self.server.server_address[1]
             allowed = {f"127.0.0.1:{port_now}", f"localhost:{port_now}"}
             host = (self.headers.get("Host") or "").strip().lower()
             split = urlsplit(self.path)
-            if host not in allowed:
+            method = self.command.upper()
+            if self.request_version == "HTTP/0.9":
+                # It has no headers at all: no place for the security headers. Refused.
+                response = monitor.error_response(505, "HTTP/0.9 is not served: use HTTP/1.0 or 1.1", False, None, 0)
+            elif host not in allowed:
                 # DNS rebinding: a page of another site whose name now points here would reach
                 # the monitor with its own name as Host. Only the loopback names are served.
-                response = monitor.error_response(421, f"Host {host!r} is not served: open http://127.0.0.1:{port_now}/",
-                                          False, None, 0)
-                if self.command == "HEAD":
-                    response.headers["Content-Length"] = str(len(response.body))
-                    response.body = b""
-            else:
+                response = monitor.error_response(421, f"Host {host[:100]!r} is not served: open "
+                                                       f"http://127.0.0.1:{port_now}/", False, None, 0)
+            elif method in ALLOWED_METHODS:
                 # X-MS-CLIENT-PRINCIPAL* are ignored here: locally nobody signs in, and a header
                 # a client sets itself proves nothing.
-                response = monitor.handle(self.command, split.path, split.query, self.headers.get("Accept", ""))
+                accept = self.headers.get("Accept", "")
+                response = shared.render((split.path, split.query, accept),
+                                         lambda: monitor.handle("GET", split.path, split.query, accept))
+            else:
+                response = monitor.handle(method, split.path, split.query, self.headers.get("Accept", ""))
+            self._send(response)
+
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            """What the standard library's parser refuses (a malformed request line, a URL over
+            64 KiB, too many headers, an HTTP version it does not speak): the engine's error page
+            with the security headers, and the connection closed."""
+            try:
+                phrase = HTTPStatus(code).phrase
+            except ValueError:
+                phrase = "Error"
+            detail = message or phrase
+            if explain:
+                detail = f"{detail}: {explain}"
+            self._send(monitor.error_response(code, detail[:300], False, None, 0))
+            self._linger()
+
+        def _linger(self) -> None:
+            """After refusing a request the parser did not read to its end (a 100 KB URL): stop
+            sending, and read what is left for a moment before closing, so that closing with
+            unread input (a TCP reset) does not destroy the answer before the client reads it."""
+            try:
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_WR)
+                self.connection.settimeout(0.5)
+                drained = 0
+                while drained < 1 << 20:
+                    chunk = self.connection.recv(65536)
+                    if not chunk:
+                        break
+                    drained += len(chunk)
+            except OSError:
+                pass
+
+        def _send(self, response: Response) -> None:
+            # One request per connection: the body of a refused request is never read as the next one.
+            self.close_connection = True
+            if self.request_version in ("HTTP/0.9", ""):
+                # The parser refused the request line before reading a version (or read 0.9, which
+                # has no status line nor headers): answer as HTTP/1.0, with every header.
+                self.request_version = "HTTP/1.0"
+            if (self.command or "").upper() == "HEAD":
+                response.headers["Content-Length"] = str(len(response.body))
+                response.body = b""
             self.send_response(response.status)
             for name, value in response.all_headers().items():
                 self.send_header(name, value)
             if "Content-Length" not in response.headers:
                 self.send_header("Content-Length", str(len(response.body)))
+            self.send_header("Connection", "close")
             self.end_headers()
             if response.body:
                 self.wfile.write(response.body)
 
-        do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _answer
-
         def log_message(self, format: str, *args: Any) -> None:  # quiet: the runner logs beside it
             pass
 
-    class Server(ThreadingHTTPServer):
+    class Server(HTTPServer):
+        request_queue_size = LISTEN_BACKLOG
         daemon_threads = True
 
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._connections: queue.SimpleQueue = queue.SimpleQueue()
+            self._workers = [threading.Thread(target=self._work, name=f"monitor-{i}", daemon=True)
+                             for i in range(WORKER_THREADS)]
+            for worker in self._workers:
+                worker.start()
+
+        def process_request(self, request: Any, client_address: Any) -> None:
+            self._connections.put((request, client_address))   # the accept loop never waits
+
+        def _work(self) -> None:
+            while True:
+                item = self._connections.get()
+                if item is None:
+                    return
+                request, client_address = item
+                try:
+                    self.finish_request(request, client_address)
+                except Exception:  # noqa: BLE001 - one connection's failure, logged by the base class
+                    self.handle_error(request, client_address)
+                finally:
+                    self.shutdown_request(request)
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            error = sys.exc_info()[1]
+            if isinstance(error, (ConnectionError, TimeoutError)):
+                return      # the client went away or stalled past its deadline: nothing to report
+            log.exception("monitor: request from %s failed", client_address)
+
         def server_close(self) -> None:
-            super().server_close()
+            super().server_close()      # also called by __init__ when the port is taken
+            for _ in getattr(self, "_workers", ()):
+                self._connections.put(None)
             pool.close()
 
     return Server(("127.0.0.1", port), Handler)

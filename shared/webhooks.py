@@ -125,7 +125,7 @@ def _remaining(deadline: float) -> float:
     return left
 
 
-class _DeadlineSocket:
+class DeadlineSocket:
     """A socket whose every operation waits at most what is left until the deadline (its
     timeout is set again before each one). http.client reads the answer through
     ``makefile("rb")``: the file made here reads through this object too."""
@@ -190,4 +190,4 @@ class _DeadlineConnection(http.client.HTTPConnection):
         except BaseException:
             sock.close()
             raise
-        self.sock = _DeadlineSocket(sock, self._deadline)
+        self.sock = DeadlineSocket(sock, self._deadline)

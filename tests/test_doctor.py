@@ -8,6 +8,7 @@ nobody answers for.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -60,6 +61,7 @@ def test_happy_path_leaves_nothing_behind(db_url, capsys):
             assert "inserted, completed, read back and deleted" in checks["permissions"][1]
             assert "claim straight from the runs table" in checks["queue"][1]
             assert checks["targets"] == ("OK", "no job has fleet targets (JOB__<name>__TARGETS, agent.add_scheduled_job @targets)"), out
+            assert checks["monitor"][1].startswith("does not apply here (not in Azure App Service"), out
             assert out.rstrip().endswith("all checks passed")
         assert agent.store().execute("count_runs_by_status").rows == []
         assert query(agent, f"SELECT COUNT(*) FROM {attempts_table(agent)}") == [(0,)]
@@ -70,7 +72,7 @@ def test_happy_path_leaves_nothing_behind(db_url, capsys):
 def test_no_schema_fails_naming_init_db(db_url, capsys, tmp_path):
     code, checks, out = doctor(capsys, db_url)
     assert code == 1
-    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "FAIL", "--", "--", "--", "--"], out
+    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "FAIL", "--", "--", "--", "--", "--"], out
     assert "no agent schema" in checks["schema"][1]
     assert "fix: run `.venv/bin/python -m shared.cli init-db`" in out
     assert "not checked (fix the failure above first)" in checks["permissions"][1]
@@ -98,7 +100,7 @@ def test_unreachable_postgres_is_a_connectivity_failure(capsys):
     db = f"Driver={{PostgreSQL Unicode}};Server=127.0.0.1;Port={port};Uid=root;Database=postgres;"
     code, checks, out = doctor(capsys, db)
     assert code == 1
-    assert [checks[name][0] for name in CHECKS] == ["OK", "FAIL", "--", "--", "--", "--", "--", "--"], out
+    assert [checks[name][0] for name in CHECKS] == ["OK", "FAIL", "--", "--", "--", "--", "--", "--", "--"], out
     assert f"port {port} failed" in checks["connectivity"][1] and "Connection refused" in checks["connectivity"][1]
     assert "fix: check that PostgreSQL runs and listens where Server= and Port= say" in out
 
@@ -108,7 +110,7 @@ def test_unknown_postgres_role_is_an_authentication_failure(capsys):
     db = _with_user(PG_BASE + "Database=postgres;", "no_such_role_for_doctor")
     code, checks, out = doctor(capsys, db)
     assert code == 1
-    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "FAIL", "--", "--", "--", "--", "--"], out
+    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "FAIL", "--", "--", "--", "--", "--", "--"], out
     assert "the server answered" in checks["connectivity"][1]
     assert 'role "no_such_role_for_doctor" does not exist' in checks["authentication"][1]
 
@@ -127,7 +129,7 @@ def test_a_role_that_may_only_read_fails_the_permissions_check(pg_url, capsys):
         cursor.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA agent TO {role}")
         code, checks, out = doctor(capsys, _with_user(pg_url, role))
         assert code == 1
-        assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "OK", "OK", "FAIL", "--", "--"], out
+        assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "OK", "OK", "FAIL", "--", "--", "--"], out
         assert "permission denied for table runs" in checks["permissions"][1]
         assert "GRANT USAGE ON SCHEMA agent, SELECT, INSERT, UPDATE, DELETE" in out
     finally:
@@ -144,7 +146,7 @@ def test_a_driver_that_is_not_installed_is_named(capsys):
     _pg_driver_installed()
     code, checks, out = doctor(capsys, "Driver={PostgreSQL Nonexistent};Server=127.0.0.1;Uid=root;")
     assert code == 1
-    assert [checks[name][0] for name in CHECKS] == ["FAIL", "--", "--", "--", "--", "--", "--", "--"], out
+    assert [checks[name][0] for name in CHECKS] == ["FAIL", "--", "--", "--", "--", "--", "--", "--", "--"], out
     assert "ODBC driver 'PostgreSQL Nonexistent' is not installed" in checks["driver"][1]
     assert "'PostgreSQL Unicode'" in checks["driver"][1] and "apt-get install odbc-postgresql" in out
 
@@ -191,7 +193,7 @@ def test_unreachable_storage_queue_is_a_queue_failure(tmp_path, capsys, monkeypa
                        f"QueueEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
     code, checks, out = doctor(capsys, db)
     assert code == 1
-    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "OK", "OK", "OK", "FAIL", "--"], out
+    assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "OK", "OK", "OK", "FAIL", "--", "--"], out
     assert "queue 'agent-tasks'" in checks["queue"][1] and f"127.0.0.1:{port}" in checks["queue"][1]
     assert "AzureWebJobsStorage" in out
     assert ACCOUNT_KEY not in out
@@ -199,3 +201,40 @@ def test_unreachable_storage_queue_is_a_queue_failure(tmp_path, capsys, monkeypa
     assert "Storage Queue Data Contributor on the storage account" in out
     assert "Storage Blob Data Owner, Storage Queue Data Contributor, Storage Table Data Contributor" in out
 
+
+
+AUTH_V2 = json.dumps({"platform": {"enabled": True}, "globalValidation": {
+    "requireAuthentication": True, "unauthenticatedClientAction": "RedirectToLoginPage"}})
+
+
+@pytest.mark.parametrize("environ, ok, fragment", [
+    ({}, True, "does not apply here (not in Azure App Service: WEBSITE_SITE_NAME is unset)"),
+    ({"WEBSITE_SITE_NAME": "agent-app"}, False, "App Service Authentication is off for agent-app (WEBSITE_AUTH_ENABLED='<unset>')"),
+    ({"WEBSITE_SITE_NAME": "agent-app", "WEBSITE_AUTH_ENABLED": "False"}, False, "WEBSITE_AUTH_ENABLED='False'"),
+    ({"WEBSITE_SITE_NAME": "agent-app", "WEBSITE_AUTH_ENABLED": "True", "WEBSITE_AUTH_V2_CONFIG_JSON": AUTH_V2}, True,
+     "on and required for agent-app (unauthenticated clients: RedirectToLoginPage)"),
+    ({"WEBSITE_SITE_NAME": "agent-app", "WEBSITE_AUTH_ENABLED": "True", "WEBSITE_AUTH_V2_CONFIG_JSON": json.dumps(
+        {"globalValidation": {"requireAuthentication": True, "unauthenticatedClientAction": 2}})}, True,
+     "unauthenticated clients: Return401"),
+    ({"WEBSITE_SITE_NAME": "agent-app", "WEBSITE_AUTH_ENABLED": "True", "WEBSITE_AUTH_V2_CONFIG_JSON": json.dumps(
+        {"globalValidation": {"requireAuthentication": False}})}, False, "on for agent-app but not required"),
+    ({"WEBSITE_SITE_NAME": "agent-app", "WEBSITE_AUTH_ENABLED": "True",
+      "WEBSITE_AUTH_UNAUTHENTICATED_ACTION": "AllowAnonymous"}, False, "not required (unauthenticated clients: AllowAnonymous)"),
+    ({"WEBSITE_SITE_NAME": "agent-app", "WEBSITE_AUTH_ENABLED": "True",
+      "WEBSITE_AUTH_UNAUTHENTICATED_ACTION": "RedirectToLoginPage"}, True, "on and required for agent-app"),
+    ({"WEBSITE_SITE_NAME": "agent-app", "WEBSITE_AUTH_ENABLED": "True"}, True, "App Service Authentication is on for agent-app"),
+])
+def test_the_monitor_check_reads_app_service_authentication_as_the_platform_exposes_it(tmp_path, environ, ok, fragment):
+    agent = make_agent(f"sqlite:///{tmp_path / 'agent.db'}")
+    try:
+        report = run_doctor(agent, environ=environ)
+    finally:
+        agent.close()
+    check = report.checks[-1]
+    assert check.name == "monitor" and all(c.ok for c in report.checks[:-1]), report.render()
+    assert check.ok is ok and fragment in check.detail, report.render()
+    if not ok:
+        assert "authsettingsV2" in check.fix and "Require authentication" in check.fix
+        assert report.render().rstrip().endswith("doctor found a problem: monitor")
+    if environ.get("WEBSITE_AUTH_ENABLED") == "True" and len(environ) == 2:
+        assert "could not be read" in " ".join(check.lines)
