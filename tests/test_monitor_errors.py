@@ -193,3 +193,18 @@ def test_the_azure_trigger_answers_every_method_and_bad_number_with_the_headers(
     assert call("/runs/9223372036854775808").status_code == 404
     assert call("/stuck", query="older_than=1e20").status_code == 400
     assert call("/runs/1", user=None).status_code == 401
+
+
+def test_an_unexpected_failure_in_the_azure_path_is_a_500_page_with_the_headers(monkeypatch):
+    from shared import monitor as module
+
+    def broken(method, url, headers):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(module, "_azure_request", broken)
+    for method in ("GET", "HEAD"):
+        response = module.handle_azure_request(method, "https://app.azurewebsites.net/api/monitor/", {})
+        assert response.status == 500
+        _secure(response.all_headers())
+        assert (response.body == b"") == (method == "HEAD")
+        assert b"boom" not in response.body
