@@ -1039,9 +1039,11 @@ SELECT notification_id, run_id, job_name, outcome, url, attempts, claim_token FR
 
 -- release_notifications --
 -- Give back the notifications of a claim whose sender did not start their POSTs (what was left of its claim no longer covered a POST): due again at once, the attempt not counted.
+DECLARE @released TABLE (notification_id BIGINT);
 UPDATE agent.notifications SET status = N'pending', attempts = attempts - 1, next_attempt_at = CAST(:now AS DATETIME2(6))
-OUTPUT inserted.notification_id
+OUTPUT inserted.notification_id INTO @released
 WHERE claim_token = CAST(:claim_token AS NVARCHAR(32)) AND status = N'sending';
+SELECT notification_id FROM @released;
 
 -- notification_runs --
 -- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error (and the failing step's last error, for a run its flow failed after a later step succeeded), when it first started and ended, operation id.
