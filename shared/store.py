@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .db import DatabaseTarget, connector
 from .errors import AgentError, OwnerError, SchemaError
+from .transaction_control import TransactionControlRefused, postgres_transaction_statement, refused_message
 from .queries import Query, load_migrations, load_queries
 
 UTC = timezone.utc
@@ -323,18 +324,34 @@ class Store:
         if self.dialect == "sqlite":
             if hasattr(connection, "cancelled"):
                 connection.cancelled.clear()
-            for statement in _sqlite_statements(sql):
-                cursor = connection.cursor()
-                self._set_active(cursor)
-                try:
-                    cursor.execute(statement)
-                    cursor.fetchall()
-                    if cursor.rowcount >= 0 and not cursor.description:
-                        output.append(f"({cursor.rowcount} row(s) affected)")
-                finally:
-                    self._set_active(None)
-                    cursor.close()
+            # SQLite's parser decides: every transaction statement of the job is denied at
+            # prepare time (shared/transaction_control.py). Setting an authorizer expires the
+            # connection's cached statements, so none escapes it.
+            denied: list[str] = []
+            connection.set_authorizer(_job_authorizer(denied))
+            try:
+                for statement in _sqlite_statements(sql):
+                    cursor = connection.cursor()
+                    self._set_active(cursor)
+                    try:
+                        cursor.execute(statement)
+                        cursor.fetchall()
+                        if cursor.rowcount >= 0 and not cursor.description:
+                            output.append(f"({cursor.rowcount} row(s) affected)")
+                    except sqlite3.DatabaseError:
+                        if denied:
+                            raise TransactionControlRefused(refused_message(statement[:80])) from None
+                        raise
+                    finally:
+                        self._set_active(None)
+                        cursor.close()
+            finally:
+                _clear_authorizer(connection)
             return output
+        if self.dialect == "postgres":
+            refused = postgres_transaction_statement(sql)
+            if refused is not None:
+                raise TransactionControlRefused(refused_message(refused))
         principal = owner or self.job_principal
         who = f"the job's owner {principal!r}" if owner else f"AGENT_JOB_PRINCIPAL {principal!r}"
         if principal and self.dialect == "postgres" and principal != self._session_user(connection):
@@ -355,7 +372,7 @@ class Store:
                     # IMPERSONATE, which the job's principal does not hold (SQL Server Agent's own
                     # rule for a non-sysadmin owner's job step).
                     try:
-                        cursor.execute(mssql_run_as_batch(principal), sql)
+                        cursor.execute(mssql_job_batch(principal), sql)
                     except Exception as exc:
                         if "15517" in str(exc) or "Cannot execute as the database principal" in str(exc):
                             raise OwnerError(f"{who} cannot run this job: {_one_line(exc)} (the user must exist in "
@@ -364,18 +381,30 @@ class Store:
                     drain_results(cursor, output)
                     self._discard_after_rollback = False
                     return output
-                cursor.execute("SET LOCK_TIMEOUT -1;\nEXEC sp_executesql ?;\nSET LOCK_TIMEOUT 30000;", sql)
+                cursor.execute(mssql_job_batch(None), sql)
             else:
                 # Agent statements wait 30 s for a lock at most; the job's own SQL waits as long
                 # as its timeout allows; both SET LOCALs end with the transaction (and
-                # reset_session resets the role before the agent's own statements).
-                prefix = "SET LOCAL lock_timeout = 0;\n"
-                cursor.execute(prefix + sql)
-                for _ in range(prefix.count(";")):   # past the agent's own SET LOCALs
-                    # psqlODBC hands every notice of the batch to its first result: keep them.
+                # reset_session resets the role before the agent's own statements). First, when
+                # the job's transaction began: the same after its SQL, or its SQL ended it.
+                prefix = ["SELECT CAST(transaction_timestamp() AS text) AS agent_began;\n",
+                          "SET LOCAL lock_timeout = 0;\n"]
+                cursor.execute("".join(prefix) + sql)
+                began = str(cursor.fetchone()[0])
+                drained = False
+                for _ in prefix:   # past the agent's own statements
+                    # psqlODBC hands most notices of the batch to its first result: keep them.
                     output += _messages(cursor)
                     if not cursor.nextset():
-                        return output
+                        drained = True
+                        break
+                if not drained:
+                    drain_results(cursor, output)
+                if self._transaction_began(connection) != began:
+                    raise TransactionControlRefused(
+                        "the job's SQL ended the agent's transaction (a COMMIT or ROLLBACK got past the agent's "
+                        "check): the attempt fails; what the SQL committed before that stays committed")
+                return output
             drain_results(cursor, output)
         finally:
             self._set_active(None)
@@ -454,6 +483,15 @@ class Store:
                 cursor.close()
         return output
 
+    def _transaction_began(self, connection: Any) -> str:
+        """PostgreSQL: when the current transaction began (one round trip)."""
+        cursor = connection.cursor()
+        try:
+            cursor.execute("SELECT CAST(transaction_timestamp() AS text)")
+            return str(cursor.fetchone()[0])
+        finally:
+            cursor.close()
+
     def _set_active(self, cursor: Any) -> None:
         with self._lock:
             self._active_cursor = cursor
@@ -518,13 +556,46 @@ class Store:
             raise SchemaError(f"{self.target.display} has schema version {version}, newer than this code ({latest}): upgrade the agent")
 
 
-def mssql_run_as_batch(principal: str) -> str:
-    """SQL Server: the batch that runs a job's SQL (its one parameter) as database user
-    ``principal`` (a job's owner, or AGENT_JOB_PRINCIPAL), reverted only by this batch's cookie."""
-    name = "N'" + principal.replace("'", "''") + "'"
-    return ("SET LOCK_TIMEOUT -1;\nDECLARE @agent_cookie VARBINARY(8000);\n"
-            f"EXECUTE AS USER = {name} WITH COOKIE INTO @agent_cookie;\n"
-            "EXEC sp_executesql ?;\nREVERT WITH COOKIE = @agent_cookie;\nSET LOCK_TIMEOUT 30000;")
+def mssql_job_batch(job_principal: str | None) -> str:
+    """The T-SQL batch that runs a job's SQL (its one parameter) in the agent's transaction: the
+    job's own lock timeout; one more nested transaction around it, so that a COMMIT in it only
+    decrements @@TRANCOUNT and commits nothing (SQL Server commits only the outermost), and a
+    changed count afterwards (its COMMIT or ROLLBACK) fails the attempt before anything else
+    runs (the agent then rolls back); with a job principal (a job's owner, or AGENT_JOB_PRINCIPAL),
+    impersonation of that database user that only this batch's cookie reverts."""
+    nest = "DECLARE @agent_trancount INT;\nBEGIN TRANSACTION;\nSET @agent_trancount = @@TRANCOUNT;\n"
+    unnest = ("IF @@TRANCOUNT <> @agent_trancount THROW 50002, N'" + MSSQL_REFUSED.replace("'", "''")
+              + "', 1;\nCOMMIT TRANSACTION;\n")
+    if job_principal:
+        name = "N'" + job_principal.replace("'", "''") + "'"
+        return ("SET LOCK_TIMEOUT -1;\nDECLARE @agent_cookie VARBINARY(8000);\n" + nest
+                + f"EXECUTE AS USER = {name} WITH COOKIE INTO @agent_cookie;\n"
+                "EXEC sp_executesql ?;\nREVERT WITH COOKIE = @agent_cookie;\n" + unnest + "SET LOCK_TIMEOUT 30000;")
+    return "SET LOCK_TIMEOUT -1;\n" + nest + "EXEC sp_executesql ?;\n" + unnest + "SET LOCK_TIMEOUT 30000;"
+
+
+MSSQL_REFUSED = ("the job's SQL may not end the agent's transaction (a COMMIT or ROLLBACK in it changed "
+                 "@@TRANCOUNT): nothing it did is kept")
+
+
+def _job_authorizer(denied: list[str]) -> Callable[..., int]:
+    def authorize(action: int, arg1: Any, arg2: Any, database: Any, source: Any) -> int:
+        if action == sqlite3.SQLITE_TRANSACTION:
+            denied.append(str(arg1))
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+    return authorize
+
+
+def _allow_everything(*_: Any) -> int:
+    return sqlite3.SQLITE_OK
+
+
+def _clear_authorizer(connection: Any) -> None:
+    try:
+        connection.set_authorizer(None)           # Python 3.11+
+    except TypeError:
+        connection.set_authorizer(_allow_everything)
 
 
 def _one_line(exc: BaseException) -> str:

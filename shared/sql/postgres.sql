@@ -727,7 +727,7 @@ WHERE notification_id = :notification_id AND claim_token = :claim_token
 RETURNING notification_id;
 
 -- check_work_transaction --
--- Before the success of a job or step that worked in the agent's own transaction is recorded there: on PostgreSQL a COMMIT or ROLLBACK in the step's SQL is refused inside the agent's transaction block; nothing to check.
+-- Before the success of a job or step that worked in the agent's own transaction is recorded there: on PostgreSQL the job's SQL was refused before it ran if it had a COMMIT, ROLLBACK or the like at its top level, and checked after it ran to still be in the transaction it began in (Store.run_script, shared/transaction_control.py); nothing more to check.
 SELECT 1 AS active WHERE FALSE;
 
 -- purge_notifications --

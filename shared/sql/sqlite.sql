@@ -857,7 +857,7 @@ WHERE notification_id = :notification_id AND claim_token = :claim_token
 RETURNING notification_id;
 
 -- check_work_transaction --
--- Before the success of a job or step that worked in the agent's own transaction is recorded there: SQLite has no way for a step's SQL to end the agent's transaction unnoticed (a COMMIT in it fails the step); nothing to check.
+-- Before the success of a job or step that worked in the agent's own transaction is recorded there: on SQLite every transaction statement of the job's SQL (BEGIN, COMMIT, END, ROLLBACK) is denied by an authorizer before it runs, failing the attempt (Store.run_script); nothing to check.
 SELECT 1 AS active WHERE 0;
 
 -- purge_notifications --
