@@ -387,7 +387,7 @@ class Store:
                 # as its timeout allows; both SET LOCALs end with the transaction (and
                 # reset_session resets the role before the agent's own statements). First, when
                 # the job's transaction began: the same after its SQL, or its SQL ended it.
-                prefix = ["SELECT CAST(transaction_timestamp() AS text) AS agent_began;\n",
+                prefix = ["SELECT " + PG_TRANSACTION_BEGAN + " AS agent_began;\n",
                           "SET LOCAL lock_timeout = 0;\n"]
                 cursor.execute("".join(prefix) + sql)
                 began = str(cursor.fetchone()[0])
@@ -487,7 +487,7 @@ class Store:
         """PostgreSQL: when the current transaction began (one round trip)."""
         cursor = connection.cursor()
         try:
-            cursor.execute("SELECT CAST(transaction_timestamp() AS text)")
+            cursor.execute("SELECT " + PG_TRANSACTION_BEGAN)
             return str(cursor.fetchone()[0])
         finally:
             cursor.close()
@@ -574,6 +574,9 @@ def mssql_job_batch(job_principal: str | None) -> str:
     return "SET LOCK_TIMEOUT -1;\n" + nest + "EXEC sp_executesql ?;\n" + unnest + "SET LOCK_TIMEOUT 30000;"
 
 
+# When the current transaction began, in microseconds since the epoch: a number no session
+# setting of the job's (TimeZone, DateStyle, extra_float_digits) renders differently.
+PG_TRANSACTION_BEGAN = "CAST(extract(epoch FROM transaction_timestamp()) * 1000000 AS bigint)"
 MSSQL_REFUSED = ("the job's SQL may not end the agent's transaction (a COMMIT or ROLLBACK in it changed "
                  "@@TRANCOUNT): nothing it did is kept")
 

@@ -61,6 +61,22 @@ def test_savepoints_stay_allowed_and_a_clean_step_commits_with_the_agent(agent_f
     assert run["status"] == "succeeded"
 
 
+def test_a_job_that_changes_its_session_settings_is_not_taken_for_one_that_ended_its_transaction(pg_url):
+    agent = make_agent(pg_url, {"settings": {
+        "SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "MAX_ATTEMPTS": "1",
+        "COMMAND": "SET TIME ZONE 'Pacific/Chatham'; SET DateStyle = 'German, DMY'; SET extra_float_digits = -15; "
+                   "SET intervalstyle = 'sql_standard'; INSERT INTO items VALUES (1)"}})
+    try:
+        _table(agent)
+        agent.tick(datetime.now(UTC))
+        work(agent)
+        (run,) = agent.store().execute("list_history", job_name="settings", limit=1).rows
+        assert run["status"] == "succeeded", run["last_error"]
+        assert query(agent, "SELECT n FROM items") == [(1,)]
+    finally:
+        agent.close()
+
+
 def test_the_refusal_comes_before_any_of_the_sql_runs_and_text_that_only_mentions_commit_runs(agent_factory, db_url):
     quoted = sql_for(db_url, "INSERT INTO items (n) SELECT length('; COMMIT') /* COMMIT; */",
                      "INSERT INTO items (n) SELECT length($q$; COMMIT$q$) + length(E'\\'; COMMIT') /* COMMIT; /* nested; COMMIT */ */")
