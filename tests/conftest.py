@@ -128,13 +128,14 @@ def mssql_database() -> Iterator[str]:
         return
     name = f"agent_test_{uuid.uuid4().hex[:12]}"
     admin = mssql_connection("master")
+    babelfish = mssql_is_babelfish(admin)
     try:
         cursor = admin.cursor()
-        babelfish = "babelfish" in cursor.execute("SELECT @@VERSION").fetchone()[0].lower()
         cursor.execute(f"CREATE DATABASE [{name}]")
+        # What every Azure SQL database runs (and what the T-SQL dialect is written for).
+        # Babelfish has no ALTER DATABASE: PostgreSQL's READ COMMITTED reads a snapshot taken
+        # at each statement already, which is what READ_COMMITTED_SNAPSHOT ON gives.
         if not babelfish:
-            # What every Azure SQL database runs (and what the T-SQL dialect is written for).
-            # Babelfish has no ALTER DATABASE: its reads are PostgreSQL's MVCC snapshots anyway.
             cursor.execute(f"ALTER DATABASE [{name}] SET READ_COMMITTED_SNAPSHOT ON")
         yield with_database(MSSQL_BASE, name)
     finally:
@@ -143,6 +144,16 @@ def mssql_database() -> Iterator[str]:
             cursor.execute(f"IF DB_ID(N'{name}') IS NOT NULL ALTER DATABASE [{name}] SET SINGLE_USER WITH ROLLBACK IMMEDIATE")
         cursor.execute(f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
         admin.close()
+
+
+def mssql_is_babelfish(connection) -> bool:
+    """Whether a T-SQL connection reaches Babelfish for PostgreSQL (SERVERPROPERTY('Babelfish')
+    is 1 there and NULL on SQL Server and Azure SQL)."""
+    cursor = connection.cursor()
+    cursor.execute("SELECT CAST(SERVERPROPERTY('Babelfish') AS NVARCHAR(10))")
+    value = cursor.fetchone()[0]
+    cursor.close()
+    return value == "1"
 
 
 # The SQL Server variant exists only when a server is given: SQL Server cannot run on our
