@@ -31,7 +31,8 @@ def _outputs(agent, job):
 
 def _notice_step(db_url: str, text: str) -> str:
     return sql_for(db_url, "UPDATE items SET n = n + 1",
-                   f"DO $$ BEGIN RAISE NOTICE '{text}'; END $$; UPDATE items SET n = n + 1")
+                   f"DO $$ BEGIN RAISE NOTICE '{text}'; END $$; UPDATE items SET n = n + 1",
+                   f"PRINT '{text}'; UPDATE items SET n = n + 1")
 
 
 def test_output_of_each_step_attempt_is_kept_and_shown(agent_factory, db_url, capsys):

@@ -359,8 +359,9 @@ SELECT job_name FROM @advanced;
 
 -- dispatch_runs --
 -- Queue mode: under the start lock, skip the slots that may not run, then hand the queue every due run that may start (task order, overlap 'queue', the cap counting runs executing or due on the queue) and every run due within the lookahead (a delayed message; it holds no place). Each gets a new token and a dispatch lease.
-DECLARE @locked INT;
-SELECT @locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+-- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
+-- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
+UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
 DECLARE @out TABLE (decision NVARCHAR(20), run_id BIGINT, token BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
                     operation_id NVARCHAR(32), scheduled_for DATETIME2(6), attempt INT, runnable_at DATETIME2(6),
                     note NVARCHAR(MAX));
@@ -451,8 +452,9 @@ SELECT run_id FROM @released;
 
 -- start_run --
 -- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened.
-DECLARE @locked INT;
-SELECT @locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+-- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
+-- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
+UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
 DECLARE @decision NVARCHAR(20);
 SELECT @decision = CASE
         WHEN r.runnable_at > CAST(:now AS DATETIME2(6)) THEN N'early'
@@ -528,8 +530,9 @@ LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j
 
 -- claim_runs --
 -- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened.
-DECLARE @locked INT;
-SELECT @locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+-- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
+-- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
+UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
 DECLARE @claimed TABLE (decision NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
                         command NVARCHAR(MAX), target_database NVARCHAR(128), attempt INT, failures INT,
                         max_attempts INT, lapses INT, transient_errors INT, token BIGINT, timeout_seconds INT,
@@ -783,8 +786,9 @@ UPDATE agent.poison_messages SET requeued_at = CAST(:now AS DATETIME2(6)) WHERE 
 
 -- insert_manual_run --
 -- run-now: a run of a job right away, keyed by the request time; the job's overlap policy applies, decided under the start lock (another run-now still waiting counts as in flight whatever its requester's clock said).
-DECLARE @locked INT;
-SELECT @locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+-- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
+-- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
+UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
 DECLARE @manual TABLE (run_id BIGINT, job_name NVARCHAR(64), status NVARCHAR(16), note NVARCHAR(MAX),
                        operation_id NVARCHAR(32));
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
@@ -1302,8 +1306,9 @@ ORDER BY e.parent_run_id, e.run_id;
 
 -- lock_starts --
 -- Queue mode, first in a chain that ends with the hand-on dispatch: the start lock before any row (a completion that locked its rows, then waited for the start lock, deadlocked with a start holding the start lock and waiting for one of those rows: a run's last executions lock the run itself).
-DECLARE @starts_locked INT;
-SELECT @starts_locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+-- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
+-- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
+UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
 
 -- run_owner --
 -- Whom a run's SQL runs as (migration 0007): a task's own owner (agent.exec_async), else its job's when a procedure defined the job (agent.add_scheduled_job; also its agent.start_job runs and fleet executions). No row: the agent's user, or AGENT_JOB_PRINCIPAL.
