@@ -49,6 +49,9 @@ class Store:
         self._connect = connect or connector(target)
         self._connection: Any = None
         self._active_cursor: Any = None
+        # SQL Server dialect: (session id, whether the server is Babelfish) of the current
+        # connection, asked before its first job (session_identity); None until then.
+        self._session: tuple[int, bool] | None = None
         self._in_transaction = False
         # Guards _active_cursor: cancel() (another thread) never touches a cursor being closed.
         self._lock = threading.Lock()
@@ -72,6 +75,7 @@ class Store:
         with self._lock:
             connection, self._connection = self._connection, None
             self._active_cursor = None
+            self._session = None
             if connection is not None:
                 with contextlib.suppress(Exception):
                     connection.close()
@@ -356,6 +360,10 @@ class Store:
         who = f"the job's owner {principal!r}" if owner else f"AGENT_JOB_PRINCIPAL {principal!r}"
         if principal and self.dialect == "postgres" and principal != self._session_user(connection):
             return self._run_as(connection, principal, who, sql, output)
+        if self.dialect == "mssql" and self._session is None:
+            row = self.execute("session_identity").one()
+            assert row is not None
+            self._session = (int(row["spid"]), str(row["babelfish"] or "") == "1")
         cursor = connection.cursor()
         self._set_active(cursor)
         try:
@@ -498,14 +506,28 @@ class Store:
 
     def cancel(self) -> None:
         """Stop the statement running on this store's connection (called from another thread).
-        The cursor cannot be closed while the cancel is in flight (the lock)."""
+        The cursor cannot be closed while the cancel is in flight (the lock).
+
+        Babelfish reads a cancel (the TDS attention SQLCancel sends) only once the statement has
+        ended, so there the session running the job is ended with KILL from a connection of its
+        own: the job's transaction rolls back, and the store reconnects for its next statement.
+        KILL needs the right to end sessions (sysadmin on Babelfish); without it this raises,
+        the caller logs it, and the statement runs to its end (its result is still fenced)."""
         with self._lock:
-            connection, cursor = self._connection, self._active_cursor
+            connection, cursor, session = self._connection, self._active_cursor, self._session
             with contextlib.suppress(Exception):
                 if self.dialect == "sqlite" and connection is not None:
                     (connection.cancel if hasattr(connection, "cancel") else connection.interrupt)()
                 elif cursor is not None:
                     cursor.cancel()
+        if self.dialect == "mssql" and cursor is not None and session is not None and session[1]:
+            killer = self._connect()
+            try:
+                killer.autocommit = True            # KILL is refused inside a transaction (6615)
+                killer.cursor().execute(f"KILL {int(session[0])}")
+            finally:
+                with contextlib.suppress(Exception):
+                    killer.close()
 
     # ------------------------------------------------------------ schema
 

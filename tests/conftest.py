@@ -16,6 +16,7 @@ our machines (not even in CI); the T-SQL is still parsed and compared in test_di
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import uuid
@@ -140,10 +141,32 @@ def mssql_database() -> Iterator[str]:
         yield with_database(MSSQL_BASE, name)
     finally:
         cursor = admin.cursor()
-        if not babelfish:
+        if babelfish:
+            _babelfish_end_sessions(cursor, name)
+        else:
             cursor.execute(f"IF DB_ID(N'{name}') IS NOT NULL ALTER DATABASE [{name}] SET SINGLE_USER WITH ROLLBACK IMMEDIATE")
         cursor.execute(f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
         admin.close()
+
+
+def _babelfish_end_sessions(cursor, name: str) -> None:
+    """Babelfish has no ALTER DATABASE ... SET SINGLE_USER WITH ROLLBACK IMMEDIATE, and refuses
+    to drop a database a session still uses: end those sessions (a worker a test left running)."""
+    import time
+
+    import pyodbc
+
+    deadline = time.monotonic() + 10
+    while True:
+        cursor.execute("SELECT session_id FROM sys.dm_exec_sessions "
+                       f"WHERE database_id = DB_ID(N'{name}') AND session_id <> @@SPID")
+        sessions = [row[0] for row in cursor.fetchall() if row[0] is not None]
+        if not sessions or time.monotonic() > deadline:
+            return
+        for session in sessions:
+            with contextlib.suppress(pyodbc.Error):
+                cursor.execute(f"KILL {int(session)}")
+        time.sleep(0.2)
 
 
 def mssql_is_babelfish(connection) -> bool:
@@ -305,9 +328,27 @@ def sql_for(db: str, sqlite: str, postgres: str, mssql: str | None = None) -> st
     return sqlite if dialect == "sqlite" else postgres
 
 
-def tsql_delay(seconds: int) -> str:
-    """WAITFOR DELAY for a whole number of seconds (T-SQL's sleep)."""
-    return f"WAITFOR DELAY '{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}'"
+def tsql_delay(seconds: float) -> str:
+    """T-SQL's sleep, one statement: WAITFOR DELAY on SQL Server and Azure SQL. Babelfish refuses
+    WAITFOR ("not currently supported"), so there it is PostgreSQL's pg_sleep called from T-SQL,
+    inside sp_executesql so that its variable stays its own and its void value is never sent."""
+    if mssql_server_is_babelfish():
+        return ("EXEC sp_executesql N'DECLARE @agent_delay INT = "
+                f"(SELECT COUNT(*) FROM (SELECT pg_catalog.pg_sleep({seconds:g}) AS s) AS z)'")
+    whole, millis = int(seconds), round((seconds - int(seconds)) * 1000)
+    return f"WAITFOR DELAY '{whole // 3600:02d}:{whole % 3600 // 60:02d}:{whole % 60:02d}.{millis:03d}'"
+
+
+@functools.lru_cache(maxsize=None)
+def mssql_server_is_babelfish() -> bool:
+    """Whether AGENT_TEST_MSSQL is Babelfish for PostgreSQL (asked once per test process)."""
+    if not MSSQL_BASE:
+        return False
+    connection = mssql_connection("master")
+    try:
+        return mssql_is_babelfish(connection)
+    finally:
+        connection.close()
 
 
 def query(agent, sql: str) -> list[tuple]:

@@ -22,7 +22,7 @@ import pytest
 from shared.cli import main as cli
 from shared.runner import LocalRunner
 from tests.conftest import (MSSQL_BASE, execute, fresh_database, job_env, make_agent, pg_admin_connection, query,
-                            sql_for, work)
+                            sql_for, tsql_delay, work)
 from tests.memory_queue import MemoryQueue
 from tests.tsql_caller import CallError, call, connect, select
 
@@ -649,7 +649,7 @@ def test_the_seed_examples_run_from_the_procedures_with_no_minute_tick(control_u
              sql="INSERT INTO seed_log (label) VALUES ('daily')")
         call(connection, "add_scheduled_job", name="failing", run_at=datetime.now(UTC), max_attempts=1,
              sql=sql_for(control_url, "", "SELECT 1/0", "SELECT 1/0"))
-        delay = sql_for(control_url, "", "SELECT pg_sleep(0.3)", "WAITFOR DELAY '00:00:00.300'")
+        delay = sql_for(control_url, "", "SELECT pg_sleep(0.3)", tsql_delay(0.3))
         for order in (2, 1, 0):                                        # queued in reverse order
             for copy in range(2):
                 call(connection, "exec_async", execution_order=order,

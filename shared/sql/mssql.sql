@@ -1317,3 +1317,7 @@ FROM agent.runs r
 LEFT JOIN agent.runs p ON p.run_id = r.parent_run_id
 LEFT JOIN agent.jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
 WHERE r.run_id = :run_id;
+
+-- session_identity --
+-- The connection's session id and whether the server is Babelfish for PostgreSQL (asked once per connection, before its first job: Babelfish acts on a cancel only after the statement ended, so the agent stops a job there with KILL of this session).
+SELECT @@SPID AS spid, CAST(SERVERPROPERTY('Babelfish') AS NVARCHAR(10)) AS babelfish;

@@ -796,3 +796,7 @@ FROM agent.runs r
 LEFT JOIN agent.runs p ON p.run_id = r.parent_run_id
 LEFT JOIN agent.jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
 WHERE r.run_id = :run_id;
+
+-- session_identity --
+-- The connection's backend process id (the SQL Server dialect asks for its session before a job; PostgreSQL cancels a statement itself).
+SELECT pg_backend_pid() AS spid, CAST(NULL AS VARCHAR(10)) AS babelfish;

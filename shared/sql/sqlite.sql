@@ -992,3 +992,7 @@ FROM agent_runs r
 LEFT JOIN agent_runs p ON p.run_id = r.parent_run_id
 LEFT JOIN agent_jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
 WHERE r.run_id = :run_id;
+
+-- session_identity --
+-- No server session (the SQL Server dialect asks for its session before a job).
+SELECT 0 AS spid, NULL AS babelfish;
