@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -648,14 +649,16 @@ def drain_results(cursor: Any, output: list[str] | None = None) -> list[str]:
     return output
 
 
+# What the ODBC driver puts before a server's message: Microsoft's drivers say
+# [Microsoft][ODBC Driver 18 for SQL Server][SQL Server], FreeTDS [FreeTDS][SQL Server].
+_DRIVER_PREFIX = re.compile(r"\[Microsoft\]\[ODBC Driver \d+ for SQL Server\]\[SQL Server\]|\[FreeTDS\]\[SQL Server\]")
+
+
 def _messages(cursor: Any) -> list[str]:
     """The informational messages pyodbc collected for the current result (PRINT, notices)."""
     lines = []
     for _, text in getattr(cursor, "messages", None) or ():
-        text = str(text)
-        for prefix in ("[Microsoft][ODBC Driver 18 for SQL Server][SQL Server]", "[Microsoft][ODBC Driver 17 for SQL Server][SQL Server]"):
-            text = text.replace(prefix, "")
-        lines.append(text.strip())
+        lines.append(_DRIVER_PREFIX.sub("", str(text)).strip())
     return lines
 
 
