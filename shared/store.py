@@ -403,12 +403,12 @@ class Store:
                 drained = False
                 for _ in prefix:   # past the agent's own statements
                     # psqlODBC hands most notices of the batch to its first result: keep them.
-                    output += _messages(cursor)
+                    output += _messages(cursor, postgres=True)
                     if not cursor.nextset():
                         drained = True
                         break
                 if not drained:
-                    drain_results(cursor, output)
+                    drain_results(cursor, output, postgres=True)
                 if self._transaction_began(connection) != began:
                     raise TransactionControlRefused(
                         "the job's SQL ended the agent's transaction (a COMMIT or ROLLBACK got past the agent's "
@@ -480,12 +480,12 @@ class Store:
             cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?);\n"
                            f"DROP FUNCTION IF EXISTS {function}(text);", sql)
             while True:
-                output += _messages(cursor)
+                output += _messages(cursor, postgres=True)
                 if cursor.description:
                     cursor.fetchall()
                 if not cursor.nextset():
                     break
-            output += _messages(cursor)
+            output += _messages(cursor, postgres=True)
         finally:
             self._set_active(None)
             with contextlib.suppress(Exception):
@@ -630,7 +630,7 @@ def _one_line(exc: BaseException) -> str:
     return describe(exc)
 
 
-def drain_results(cursor: Any, output: list[str] | None = None) -> list[str]:
+def drain_results(cursor: Any, output: list[str] | None = None, *, postgres: bool = False) -> list[str]:
     """Read every result set of a job's batch to the end and return the server's messages and
     row counts. An error the server raises while a result set is being read (a conversion or a
     division by zero in its middle, with a driver that fetches incrementally) propagates: the job
@@ -638,14 +638,14 @@ def drain_results(cursor: Any, output: list[str] | None = None) -> list[str]:
     given) as they come, so the messages before such an error are kept."""
     output = [] if output is None else output
     while True:
-        output += _messages(cursor)
+        output += _messages(cursor, postgres=postgres)
         if cursor.description:
             cursor.fetchall()
         elif cursor.rowcount >= 0:
             output.append(f"({cursor.rowcount} row(s) affected)")
         if not cursor.nextset():
             break
-    output += _messages(cursor)
+    output += _messages(cursor, postgres=postgres)
     return output
 
 
@@ -654,12 +654,30 @@ def drain_results(cursor: Any, output: list[str] | None = None) -> list[str]:
 _DRIVER_PREFIX = re.compile(r"\[Microsoft\]\[ODBC Driver \d+ for SQL Server\]\[SQL Server\]|\[FreeTDS\]\[SQL Server\]")
 
 
-def _messages(cursor: Any) -> list[str]:
-    """The informational messages pyodbc collected for the current result (PRINT, notices)."""
+def _messages(cursor: Any, *, postgres: bool = False) -> list[str]:
+    """The informational messages pyodbc collected for the current result (PRINT, notices).
+
+    ``postgres``: psqlODBC joins a result's notices into one diagnostic record whose length
+    travels in ODBC's 16-bit SQLSMALLINT: past PSQLODBC_NOTICE_LIMIT characters the rest is lost
+    without any error (docs/steps.md). A result whose notices reach that size gets a note saying
+    its output was cut, as for AGENT_STEP_OUTPUT_MAX_BYTES."""
     lines = []
+    size = 0
     for _, text in getattr(cursor, "messages", None) or ():
-        lines.append(_DRIVER_PREFIX.sub("", str(text)).strip())
+        text = str(text)
+        size += len(text)
+        lines.append(_DRIVER_PREFIX.sub("", text).strip())
+    if postgres and size >= PSQLODBC_NOTICE_LIMIT:
+        lines.append(PSQLODBC_CUT_NOTE.format(size=size))
     return lines
+
+
+# psqlODBC hands a result's notices over as one record whose length is a SQLSMALLINT (at most
+# 32,767 characters): measured, 300 notices of 100 characters arrive as 32,699 characters, the
+# rest is gone. What arrives at this size was cut; what arrives at all past it is nothing.
+PSQLODBC_NOTICE_LIMIT = 32_000
+PSQLODBC_CUT_NOTE = ("[output cut by the PostgreSQL ODBC driver after {size} characters of one statement's notices: "
+                     "it keeps about 32 KB of them; write longer progress into a table]")
 
 
 def _merge(parts: Sequence[Result]) -> Result:
