@@ -106,7 +106,8 @@ def test_the_schema_check_catches_mistakes(change, complaint):
 def shims(tmp_path: Path) -> dict[str, Path]:
     """bin/az records its arguments and exits with AZ_CREATE_EXIT / AZ_DELETE_EXIT; bin/python
     records its arguments, optionally sleeps (HOOK_SLOW_INIT_DB, for the SIGTERM test), then runs
-    the real interpreter."""
+    the real interpreter (HOOK_RECORD_ONLY: it does not, for the Azure SQL mode, which has no
+    stand-in here)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls.log"
@@ -125,6 +126,7 @@ def shims(tmp_path: Path) -> dict[str, Path]:
         "#!/bin/sh\n"
         'printf "python %s\\n" "$*" >> "$HOOK_LOG"\n'
         'if [ -n "${HOOK_SLOW_INIT_DB:-}" ] && [ "$3" = init-db ]; then sleep 60; fi\n'
+        'if [ -n "${HOOK_RECORD_ONLY:-}" ]; then exit 0; fi\n'
         f'exec "{sys.executable}" "$@"\n', encoding="utf-8")
     for path in (az, python):
         path.chmod(0o755)
@@ -281,14 +283,18 @@ def test_missing_settings_are_named_before_anything_runs(shims, tmp_path, unset,
     assert _calls(shims) == []
 
 
-def test_azure_sql_mode_needs_the_database_and_applies_the_grants(shims):
-    """With the template's outputs (AGENT_SQL_SERVER) the hook applies the grants; without
+def test_azure_sql_mode_applies_the_grants_and_needs_the_database(shims):
+    """With the template's outputs (AGENT_SQL_SERVER, AGENT_SQL_DATABASE) the hook runs grant-sql
+    with --apply; the CLI itself is not run here (no Azure SQL), only recorded. Without
     AGENT_SQL_DATABASE it stops before opening anything."""
-    result = _run_hook(_environment(shims, AGENT_SQL_SERVER=f"{SQL_SERVER}.database.windows.net"))
-    assert result.returncode == 1 and "AGENT_SQL_DATABASE" in result.stderr
+    server = f"{SQL_SERVER}.database.windows.net"
+    result = _run_hook(_environment(shims, AGENT_SQL_SERVER=server, AGENT_SQL_DATABASE="sqlagent", HOOK_RECORD_ONLY="1"))
+    assert result.returncode == 0, result.stderr
+    assert _calls(shims) == [OPEN, INIT_DB, GRANT + " --apply", CLOSE]
+    shims["log"].unlink()
+    result = _run_hook(_environment(shims, AGENT_SQL_SERVER=server, HOOK_RECORD_ONLY="1"))
+    assert result.returncode == 1 and "AGENT_SQL_DATABASE is not set" in result.stderr
     assert _calls(shims) == []
-    script = HOOK_SH.read_text(encoding="utf-8")
-    assert re.search(r'if \[ -n "\$\{AGENT_SQL_SERVER:-\}" \]; then\n.*\n    APPLY=--apply', script)
 
 
 @pytest.mark.parametrize("address", ["2001:db8::1", "203.0.113", "local host"])

@@ -466,7 +466,11 @@ def test_the_two_parameters_files_tell_one_example():
     manual, azd = _parameters_file(MANUAL_PARAMETERS), _parameters_file(AZD_PARAMETERS)
     azd_only = {name for name, value in azd.items() if isinstance(value, str) and "${" in value}
     assert azd_only == {"environmentName", "location", "sqlAdminLogin", "sqlAdminObjectId",
-                        "sqlAdminPrincipalType", "identityType"}
+                        "sqlAdminPrincipalType", "identityType", "monitorEntraClientId", "monitorAllowedGroupObjectId"}
+    # The monitor's sign-in: `azd env set AGENT_MONITOR_CLIENT_ID ...`; unset, closed as by hand.
+    assert {azd[name] for name in ("monitorEntraClientId", "monitorAllowedGroupObjectId")} == {
+        "${AGENT_MONITOR_CLIENT_ID=}", "${AGENT_MONITOR_GROUP_ID=}"}
+    assert manual["monitorEntraClientId"] == manual["monitorAllowedGroupObjectId"] == ""
     assert not any(isinstance(value, str) and "${" in value for value in manual.values())
     shared = set(manual) - azd_only
     assert shared <= set(azd), f"{AZD_PARAMETERS} lacks {sorted(shared - set(azd))}"
