@@ -1,7 +1,8 @@
 // The function app: Flex Consumption plan, Python 3.11, a managed identity (the app's own
-// system-assigned one, or a user-assigned one this file creates: identityType), identity-based storage, and every app setting the engine reads (shared/config.py). Job
-// schedules are app settings (JOB__<name>__<SETTING>) built from the `jobs` parameter, so a
-// schedule can change later with `az functionapp config appsettings set` and no code deploy.
+// system-assigned one, or a user-assigned one this file creates: identityType), identity-based
+// storage, and every app setting the engine reads (shared/config.py). Job schedules are app
+// settings (JOB__<name>__<SETTING>) built from the `jobs` parameter, so a schedule can change
+// later with `az functionapp config appsettings set` and no code deploy.
 //
 // The identity's role assignments are at the end of this file, next to an `existing` reference
 // to the storage account they grant: what identity-based AzureWebJobsStorage needs for this app
@@ -14,7 +15,7 @@ param location string
 @description('Tags applied to every resource.')
 param tags object
 
-@description('Function app name: globally unique, becomes <name>.azurewebsites.net and the database user name.')
+@description('Function app name: globally unique, becomes <name>.azurewebsites.net; with the system-assigned identity also the database user name.')
 param functionAppName string
 
 // The identity the app runs as. SystemAssigned: the app's own, named like the app, created with

@@ -21,7 +21,7 @@ param location string = resourceGroup().location
 @maxLength(12)
 param namePrefix string = 'sqlagent'
 
-@description('Function app name; empty derives a globally unique one from namePrefix. It is also the database user name of the app.')
+@description('Function app name; empty derives a globally unique one from namePrefix. With the system-assigned identity it is also the database user name of the app.')
 param functionAppName string = ''
 
 @description('Tags applied to every resource.')
