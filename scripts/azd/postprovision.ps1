@@ -9,7 +9,6 @@
 # interpreter). Optional: AGENT_DEPLOYER_IP, AGENT_FIREWALL_RULE; AGENT_DB instead of
 # AGENT_SQL_SERVER: a stand-in control database (grant-sql then prints the T-SQL).
 $ErrorActionPreference = 'Stop'
-Set-StrictMode -Version Latest
 
 Set-Location (Join-Path $PSScriptRoot (Join-Path '..' '..'))
 
