@@ -1,7 +1,8 @@
-// The function app: Flex Consumption plan, Python 3.11, a system-assigned managed identity,
-// identity-based storage, and every app setting the engine reads (shared/config.py). Job
-// schedules are app settings (JOB__<name>__<SETTING>) built from the `jobs` parameter, so a
-// schedule can change later with `az functionapp config appsettings set` and no code deploy.
+// The function app: Flex Consumption plan, Python 3.11, a managed identity (the app's own
+// system-assigned one, or a user-assigned one this file creates: identityType), identity-based
+// storage, and every app setting the engine reads (shared/config.py). Job schedules are app
+// settings (JOB__<name>__<SETTING>) built from the `jobs` parameter, so a schedule can change
+// later with `az functionapp config appsettings set` and no code deploy.
 //
 // The identity's role assignments are at the end of this file, next to an `existing` reference
 // to the storage account they grant: what identity-based AzureWebJobsStorage needs for this app
@@ -14,8 +15,24 @@ param location string
 @description('Tags applied to every resource.')
 param tags object
 
-@description('Function app name: globally unique, becomes <name>.azurewebsites.net and the database user name.')
+@description('Function app name: globally unique, becomes <name>.azurewebsites.net; with the system-assigned identity also the database user name.')
 param functionAppName string
+
+// The identity the app runs as. SystemAssigned: the app's own, named like the app, created with
+// it and deleted with it. UserAssigned: a separate identity (Microsoft's Flex Consumption
+// quickstarts use one) that exists as soon as it is provisioned and outlives the app, so its
+// database user can be created before the first publish and survives a re-created app; the app
+// then names it in AzureWebJobsStorage__clientId, AGENT_SQL_CLIENT_ID and the ClientId of
+// APPLICATIONINSIGHTS_AUTHENTICATION_STRING.
+@description('Identity of the app: SystemAssigned (its own; the database user is named like the app) or UserAssigned (userAssignedIdentityName, created here; the database user is named like the identity).')
+@allowed([
+  'SystemAssigned'
+  'UserAssigned'
+])
+param identityType string = 'SystemAssigned'
+
+@description('Name of the user-assigned identity created when identityType is UserAssigned (ignored otherwise); it is the database user name of the app then.')
+param userAssignedIdentityName string
 
 @description('Flex Consumption plan name.')
 param planName string
@@ -100,6 +117,25 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
   name: appInsightsName
 }
 
+// ---------------------------------------------------------------- identity
+
+var useUserAssignedIdentity = identityType == 'UserAssigned'
+
+resource appIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = if (useUserAssignedIdentity) {
+  name: userAssignedIdentityName
+  location: location
+  tags: tags
+}
+
+// Who the role assignments below grant, and the database user grant-sql creates: the
+// user-assigned identity, or the app's own. (ARM evaluates only the chosen branch of a
+// condition, so the branch not taken never reads an identity that does not exist.)
+var appPrincipalId = useUserAssignedIdentity ? appIdentity.properties.principalId : functionApp.identity.principalId
+var databaseUserName = useUserAssignedIdentity ? userAssignedIdentityName : functionAppName
+// In the role assignments' names: one name per (scope, grantee, role), so switching identityType
+// creates new assignments instead of trying to re-point an existing one (which ARM refuses).
+var granteeId = useUserAssignedIdentity ? appIdentity.id : functionApp.id
+
 // ---------------------------------------------------------------- app settings
 
 // Settings the engine reads; names and meaning are in shared/config.py ENGINE_SETTINGS.
@@ -141,7 +177,7 @@ var engineAppSettings = [
     // Ingestion with the app's Entra ID token (the Functions host and the engine's exporter
     // both read it): the component has local (key) authentication disabled.
     name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING'
-    value: 'Authorization=AAD'
+    value: useUserAssignedIdentity ? 'Authorization=AAD;ClientId=${appIdentity.properties.clientId}' : 'Authorization=AAD'
   }
   {
     // The monitor checks the group again from the principal the platform passes, and refuses
@@ -176,6 +212,19 @@ var hostAppSettings = [
     value: tableServiceUri
   }
 ]
+
+// With the user-assigned identity, the engine's SQL token and the storage connection (host and
+// engine) name it by client id; with the system-assigned one these settings are absent.
+var userAssignedIdentitySettings = useUserAssignedIdentity ? [
+  {
+    name: 'AGENT_SQL_CLIENT_ID'
+    value: appIdentity.properties.clientId
+  }
+  {
+    name: 'AzureWebJobsStorage__clientId'
+    value: appIdentity.properties.clientId
+  }
+] : []
 
 // One list per field of a `jobs` entry; the setting suffix is the field name in UPPER_SNAKE.
 // Every field but name is optional (no schedule: an on-demand job; command, or steps); a missing field
@@ -241,13 +290,21 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
   // checkov:skip=CKV_AZURE_222:The one HTTP trigger is the read-only monitor, for people in a browser; every request to the app must sign in with Entra ID first (authsettingsV2 below), and the host endpoints need keys.
   // checkov:skip=CKV_AZURE_17:People open the monitor in a browser, signed in with Entra ID (authsettingsV2 below); client certificates would lock them out. The host admin endpoints are protected by keys.
   // checkov:skip=CKV_AZURE_212:Serverless by design: the timer and the queue trigger scale from zero; always-ready instances would bill while idle.
+  // checkov:skip=CKV_AZURE_16:The app always has a managed identity: identity.type is the identityType parameter, @allowed SystemAssigned or UserAssigned (with the identity created above); the check accepts only a literal type. tests/test_infra.py checks both branches.
   // checkov:skip=CKV_AZURE_213:The only HTTP endpoint is the monitor behind Entra sign-in, which a health probe could not pass; liveness is watched by the dead-man's switch alert on RunSucceeded events (alerts.bicep).
   name: functionAppName
   location: location
-  tags: tags
+  // azd publishes the `agent` service of azure.yaml to the app carrying this tag.
+  tags: union(tags, {
+    'azd-service-name': 'agent'
+  })
   kind: 'functionapp,linux'
+  // identityType is SystemAssigned or UserAssigned (@allowed); with UserAssigned, the identity above.
   identity: {
-    type: 'SystemAssigned'
+    type: identityType
+    userAssignedIdentities: useUserAssignedIdentity ? {
+      '${appIdentity.id}': {}
+    } : null
   }
   properties: {
     serverFarmId: plan.id
@@ -258,14 +315,17 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
       ftpsState: 'Disabled'
       http20Enabled: true
       remoteDebuggingEnabled: false
-      appSettings: concat(engineAppSettings, hostAppSettings, jobAppSettings)
+      appSettings: concat(engineAppSettings, userAssignedIdentitySettings, hostAppSettings, jobAppSettings)
     }
     functionAppConfig: {
       deployment: {
         storage: {
           type: 'blobContainer'
           value: '${blobServiceUri}/${deploymentContainerName}'
-          authentication: {
+          authentication: useUserAssignedIdentity ? {
+            type: 'UserAssignedIdentity'
+            userAssignedIdentityResourceId: appIdentity.id
+          } : {
             type: 'SystemAssignedIdentity'
           }
         }
@@ -377,11 +437,11 @@ resource storageAccount 'Microsoft.Storage/storageAccounts@2023-05-01' existing 
 // status, keys; it creates its containers) and the Flex Consumption deployment container the app
 // reads its package from. Storage Blob Data Owner is the role the Functions docs require here.
 resource blobDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(storageAccount.id, functionApp.id, storageBlobDataOwnerRoleId)
+  name: guid(storageAccount.id, granteeId, storageBlobDataOwnerRoleId)
   scope: storageAccount
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageBlobDataOwnerRoleId)
-    principalId: functionApp.identity.principalId
+    principalId: appPrincipalId
     principalType: 'ServicePrincipal'
     description: 'Functions host storage (locks, timer status, keys) and the Flex Consumption deployment package.'
   }
@@ -391,11 +451,11 @@ resource blobDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
 // the host adds a message to <queue>-poison when it gives up on it, creating that queue if it is
 // missing. Sending, receiving and creating a queue together need Storage Queue Data Contributor.
 resource queueDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(storageAccount.id, functionApp.id, storageQueueDataContributorRoleId)
+  name: guid(storageAccount.id, granteeId, storageQueueDataContributorRoleId)
   scope: storageAccount
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageQueueDataContributorRoleId)
-    principalId: functionApp.identity.principalId
+    principalId: appPrincipalId
     principalType: 'ServicePrincipal'
     description: 'Queue trigger, dispatch by the timer tick, and the poison queue the host writes to.'
   }
@@ -403,11 +463,11 @@ resource queueDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-0
 
 // Tables: the host writes its diagnostic events to a table (AzureWebJobsStorage__tableServiceUri).
 resource tableDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(storageAccount.id, functionApp.id, storageTableDataContributorRoleId)
+  name: guid(storageAccount.id, granteeId, storageTableDataContributorRoleId)
   scope: storageAccount
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageTableDataContributorRoleId)
-    principalId: functionApp.identity.principalId
+    principalId: appPrincipalId
     principalType: 'ServicePrincipal'
     description: 'Functions host diagnostic events (a table).'
   }
@@ -417,11 +477,11 @@ resource tableDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-0
 // and the engine send with the app's Entra ID token; Monitoring Metrics Publisher is the role
 // ingestion requires.
 resource metricsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(appInsights.id, functionApp.id, monitoringMetricsPublisherRoleId)
+  name: guid(appInsights.id, granteeId, monitoringMetricsPublisherRoleId)
   scope: appInsights
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', monitoringMetricsPublisherRoleId)
-    principalId: functionApp.identity.principalId
+    principalId: appPrincipalId
     principalType: 'ServicePrincipal'
     description: 'Telemetry ingestion with Entra ID (the component has local authentication disabled).'
   }
@@ -429,6 +489,10 @@ resource metricsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' =
 
 output functionAppName string = functionApp.name
 output functionAppId string = functionApp.id
-output principalId string = functionApp.identity.principalId
+output principalId string = appPrincipalId
+@description('The app\'s database user: the name of the identity it runs as (grant-sql --app-name).')
+output databaseUserName string = databaseUserName
+@description('Client id of the user-assigned identity; empty with the system-assigned one.')
+output identityClientId string = useUserAssignedIdentity ? appIdentity.properties.clientId : ''
 output defaultHostName string = functionApp.properties.defaultHostName
 output monitorUrl string = 'https://${functionApp.properties.defaultHostName}/api/monitor/'

@@ -7,9 +7,11 @@
 //   alerts.bicep       optional: dead-man's switch and poison alerts on the engine's custom events
 //   notifications.bicep optional: operators e-mailed of job outcomes per each job's notify (action group + log alerts)
 //
-// Deploy:  az deployment group create -g <rg> -f infra/main.bicep -p @infra/main.parameters.json
-// After the deployment, create the app's database user (docs/deploying.md), then publish the code
-// with `func azure functionapp publish <functionAppName> --python`.
+// Deploy with the Azure Developer CLI:  azd up   (azure.yaml; parameters from infra/main.parameters.json,
+// filled from the azd environment; the postprovision hook creates the schema and the app's user).
+// Or by hand:  az deployment group create -g <rg> -f infra/main.bicep -p @infra/manual.parameters.json
+// then create the app's database user (docs/deploying.md) and publish the code with
+// `func azure functionapp publish <functionAppName> --python`.
 
 @description('Azure region of every resource (one that offers the Flex Consumption plan).')
 param location string = resourceGroup().location
@@ -19,11 +21,25 @@ param location string = resourceGroup().location
 @maxLength(12)
 param namePrefix string = 'sqlagent'
 
-@description('Function app name; empty derives a globally unique one from namePrefix. It is also the database user name of the app.')
+@description('Function app name; empty derives a globally unique one from namePrefix. With the system-assigned identity it is also the database user name of the app.')
 param functionAppName string = ''
 
 @description('Tags applied to every resource.')
 param tags object = {}
+
+@description('azd environment name (AZURE_ENV_NAME), tagged azd-env-name on every resource; empty (deployments by hand): no tag.')
+@maxLength(64)
+param environmentName string = ''
+
+@description('Identity of the function app: SystemAssigned (its own; the database user is named like the app) or UserAssigned (a separate identity that exists before the code is published and outlives the app; the database user is named like the identity).')
+@allowed([
+  'SystemAssigned'
+  'UserAssigned'
+])
+param identityType string = 'SystemAssigned'
+
+@description('Name of the user-assigned identity (identityType UserAssigned); empty derives <prefix>-id-<hash>.')
+param userAssignedIdentityName string = ''
 
 @description('Display name of the Entra ID administrator of the SQL server (user, group or service principal).')
 param sqlAdminLogin string
@@ -31,11 +47,12 @@ param sqlAdminLogin string
 @description('Object id of the Entra ID administrator of the SQL server.')
 param sqlAdminObjectId string
 
-@description('Kind of principal the SQL administrator is.')
+@description('Kind of principal the SQL administrator is; ServicePrincipal (what azd reports for a service principal login, AZURE_PRINCIPAL_TYPE) is taken as Application.')
 @allowed([
   'User'
   'Group'
   'Application'
+  'ServicePrincipal'
 ])
 param sqlAdminPrincipalType string = 'Group'
 
@@ -177,6 +194,10 @@ var shortSuffix = take(suffix, 8)
 var appName = empty(functionAppName) ? '${prefix}-func-${shortSuffix}' : functionAppName
 var storageAccountName = take('st${replace(prefix, '-', '')}${suffix}', 24)
 var deploymentContainerName = 'app-package'
+var identityName = empty(userAssignedIdentityName) ? '${prefix}-id-${shortSuffix}' : userAssignedIdentityName
+var allTags = empty(environmentName) ? tags : union(tags, {
+  'azd-env-name': environmentName
+})
 
 @description('Job Activity Monitor: application (client) id of the Entra app registration people sign in with (docs/monitor.md); empty keeps the monitor closed (401).')
 param monitorEntraClientId string = ''
@@ -191,7 +212,7 @@ module monitoring 'monitoring.bicep' = {
   name: 'monitoring'
   params: {
     location: location
-    tags: tags
+    tags: allTags
     workspaceName: '${prefix}-logs-${shortSuffix}'
     appInsightsName: '${prefix}-appi-${shortSuffix}'
     retentionInDays: logRetentionInDays
@@ -202,7 +223,7 @@ module storage 'storage.bicep' = {
   name: 'storage'
   params: {
     location: location
-    tags: tags
+    tags: allTags
     storageAccountName: storageAccountName
     skuName: storageSkuName
     queueName: queueName
@@ -215,12 +236,12 @@ module sql 'sql.bicep' = {
   name: 'sql'
   params: {
     location: location
-    tags: tags
+    tags: allTags
     sqlServerName: '${prefix}-sql-${shortSuffix}'
     databaseName: databaseName
     adminLogin: sqlAdminLogin
     adminObjectId: sqlAdminObjectId
-    adminPrincipalType: sqlAdminPrincipalType
+    adminPrincipalType: (sqlAdminPrincipalType == 'ServicePrincipal') ? 'Application' : sqlAdminPrincipalType
     maxVCores: sqlMaxVCores
     minVCores: sqlMinVCores
     autoPauseDelayMinutes: sqlAutoPauseDelayMinutes
@@ -234,8 +255,10 @@ module functionApp 'functionapp.bicep' = {
   name: 'functionapp'
   params: {
     location: location
-    tags: tags
+    tags: allTags
     functionAppName: appName
+    identityType: identityType
+    userAssignedIdentityName: identityName
     planName: '${prefix}-plan-${shortSuffix}'
     storageAccountName: storage.outputs.storageAccountName
     deploymentContainerName: storage.outputs.deploymentContainerName
@@ -261,7 +284,7 @@ module alerts 'alerts.bicep' = if (enableAlerts) {
   name: 'alerts'
   params: {
     location: location
-    tags: tags
+    tags: allTags
     namePrefix: prefix
     appInsightsName: monitoring.outputs.appInsightsName
     deadMansSwitchJobs: alertJobs
@@ -277,7 +300,7 @@ module jobNotifications 'notifications.bicep' = if (enableAlerts) {
   name: 'notifications'
   params: {
     location: location
-    tags: tags
+    tags: allTags
     namePrefix: prefix
     appInsightsName: monitoring.outputs.appInsightsName
     jobs: jobs
@@ -299,5 +322,19 @@ output poisonQueueName string = storage.outputs.poisonQueueName
 output appInsightsName string = monitoring.outputs.appInsightsName
 @description('App setting that carries the Application Insights connection string.')
 output appInsightsConnectionStringSettingName string = 'APPLICATIONINSIGHTS_CONNECTION_STRING'
+@description('The app\'s database user: the function app\'s name, or the user-assigned identity\'s (grant-sql --app-name).')
+output databaseUserName string = functionApp.outputs.databaseUserName
 @description('Prints the T-SQL that makes the app a database user (run it as the Entra ID administrator).')
-output grantSqlCommand string = '.venv/bin/python -m shared.cli grant-sql --app-name ${functionApp.outputs.functionAppName}'
+output grantSqlCommand string = '.venv/bin/python -m shared.cli grant-sql --app-name ${functionApp.outputs.databaseUserName}'
+
+// For the Azure Developer CLI: azd stores every output in the environment (.azure/<env>/.env),
+// where the postprovision hook (scripts/azd/) and `azd env get-values` read them. AGENT_SQL_SERVER
+// and AGENT_SQL_DATABASE are the engine's own setting names, so the CLI run by the hook reaches
+// the new database without further configuration.
+output AZURE_FUNCTION_APP_NAME string = functionApp.outputs.functionAppName
+output SERVICE_AGENT_NAME string = functionApp.outputs.functionAppName
+output AZURE_SQL_SERVER_NAME string = sql.outputs.sqlServerName
+output AGENT_SQL_SERVER string = sql.outputs.sqlServerFqdn
+output AGENT_SQL_DATABASE string = sql.outputs.databaseName
+output AGENT_DATABASE_USER string = functionApp.outputs.databaseUserName
+output AGENT_IDENTITY_CLIENT_ID string = functionApp.outputs.identityClientId

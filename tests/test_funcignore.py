@@ -147,8 +147,8 @@ def _write(path: Path, content: bytes | int) -> None:
 
 
 def build_working_tree(root: Path, *, git: str) -> list[str]:
-    """A copy of this working tree after `scripts/run-local.sh` and `scripts/test.sh` ran, and
-    after a local `func start`: what those leave behind, created here. `git` is "dir" (a clone)
+    """A copy of this working tree after `scripts/run-local.sh` and `scripts/test.sh` ran, after
+    a local `func start` and after `azd up`: what those leave behind, created here. `git` is "dir" (a clone)
     or "file" (a `git worktree`, whose .git is a file)."""
     sources = source_files()
     for path in sources:
@@ -177,6 +177,10 @@ def build_working_tree(root: Path, *, git: str) -> list[str]:
         "__queuestorage__/2f1e4c-extent.bin": b"x",
         "__blobstorage__/extent.bin": b"x",
         ".scratch/notes.txt": b"",
+        # `azd up`: its environments, with the template's outputs
+        ".azure/config.json": b'{"defaultEnvironment": "dev"}',
+        ".azure/dev/.env": b'AZURE_FUNCTION_APP_NAME="sqlagent-func-1"\n',
+        ".azure/dev/config.json": b"{}",
         # pytest and the interpreter
         ".pytest_cache/v/cache/nodeids": b"[]",
         ".pytest_cache/.gitignore": b"*\n",

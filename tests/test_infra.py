@@ -3,7 +3,7 @@ CLI (which cannot be installed here):
 
 - the app settings the Bicep sets and the settings the engine reads (shared/config.py) agree,
   in both directions, including the JOB__<name>__<SUFFIX> settings built from the `jobs`
-  parameter, and the example jobs in main.parameters.json are valid engine jobs;
+  parameter, and the example jobs in the parameters files (manual and azd) are valid engine jobs;
 - every role assignment uses a known built-in role, targets the app's managed identity and is
   scoped to the one resource it grants; the set of grants is the intended, narrow one;
 - the properties the design depends on (Entra-only SQL, keyless storage, Flex Consumption,
@@ -101,6 +101,13 @@ APP_SETTING_SAFE_JOB_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 # ------------------------------------------------------------------ reading the app settings
 
 
+def _conditional(expression: Any) -> dict[str, Any] | None:
+    """The operands {condition, true_value, false_value} of `condition ? a : b`, else None."""
+    if isinstance(expression, dict) and expression.get("operator", {}).get("type") == "conditional":
+        return expression["operator"]["operands"]
+    return None
+
+
 def _site(functionapp: BicepFile) -> tuple[str, dict[str, Any]]:
     return functionapp.only_resource("Microsoft.Web/sites")
 
@@ -145,6 +152,13 @@ class AppSettings:
         if concat is not None:
             for argument in concat.values():
                 self._collect(argument, via=via)
+            return
+        conditional = _conditional(expression)
+        if conditional is not None:
+            # `flag ? [ ... ] : [ ... ]`: settings present in one configuration or the other
+            # (the user-assigned identity's client ids); both branches are collected.
+            for branch in (conditional["true_value"], conditional["false_value"]):
+                self._collect(branch, via=via)
             return
         filtered = function_call(expression, "filter")
         if filtered is not None:
@@ -358,19 +372,46 @@ def test_max_dequeue_count_is_capped_at_host_json():
     assert not any(name.lower().startswith("azurefunctionsjobhost__") for name in AppSettings(bicep("functionapp.bicep")).literal)
 
 
-def _parameters_file() -> dict[str, Any]:
-    document = json.loads((INFRA / "main.parameters.json").read_text(encoding="utf-8"))
-    return {name: entry["value"] for name, entry in document["parameters"].items()}
+# The manual path's parameters (az deployment group create, docs/deploying.md) and azd's
+# (infra/main.parameters.json: azd reads <module>.parameters.json and fills ${VARIABLE} from its
+# environment). Both are checked against main.bicep; azd's after the substitution azd makes.
+MANUAL_PARAMETERS = "manual.parameters.json"
+AZD_PARAMETERS = "main.parameters.json"
+# What an azd environment holds when the hook-less part of `azd up` reads the parameters: the
+# values azd itself sets (AZURE_PRINCIPAL_TYPE is `User`, or `ServicePrincipal` for a service
+# principal login).
+AZD_ENVIRONMENT = {"AZURE_ENV_NAME": "dev", "AZURE_LOCATION": "swedencentral",
+                   "AZURE_PRINCIPAL_ID": "11111111-2222-3333-4444-555555555555", "AZURE_PRINCIPAL_TYPE": "User"}
+AZD_VARIABLE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:=(?P<default>[^}]*))?\}")
 
 
-def test_parameters_file_matches_main_bicep_declarations():
+def _parameters_file(name: str = MANUAL_PARAMETERS) -> dict[str, Any]:
+    document = json.loads((INFRA / name).read_text(encoding="utf-8"))
+    return {parameter: entry["value"] for parameter, entry in document["parameters"].items()}
+
+
+def _azd_substitute(value: Any, environment: dict[str, str], kind: str) -> Any:
+    """A string parameter value as azd makes it: ${NAME} and ${NAME=default} replaced from the
+    environment (unset: the default, or empty), then converted to the parameter's type as azd
+    does for a whole-string value ('true' -> bool for a bool parameter, digits -> int)."""
+    if not isinstance(value, str) or "${" not in value:
+        return value
+    text = AZD_VARIABLE.sub(lambda m: environment.get(m.group("name"), m.group("default") or ""), value)
+    if kind == "bool":
+        assert text in ("true", "false"), f"{value!r} gives {text!r}, not a bool"
+        return text == "true"
+    if kind == "int":
+        return int(text)
+    return text
+
+
+def _check_parameter_values(file: str, values: dict[str, Any]) -> None:
     main = bicep("main.bicep")
-    values = _parameters_file()
     undeclared = set(values) - set(main.parameters)
-    assert not undeclared, f"main.parameters.json sets parameters main.bicep does not declare: {sorted(undeclared)}"
+    assert not undeclared, f"{file} sets parameters main.bicep does not declare: {sorted(undeclared)}"
     without_default = {name for name, parameter in main.parameters.items() if parameter.get("default") is None}
     missing = without_default - set(values)
-    assert not missing, f"main.parameters.json lacks parameters that have no default: {sorted(missing)}"
+    assert not missing, f"{file} lacks parameters that have no default: {sorted(missing)}"
     for name, value in values.items():
         kind = main.parameters[name]["type"]
         python_type = {"string": str, "int": int, "bool": bool, "array": list, "object": dict}[kind]
@@ -389,6 +430,54 @@ def test_parameters_file_matches_main_bicep_declarations():
             assert len(value) <= rules["max_length"], f"parameter {name}: {value!r} longer than @maxLength"
 
 
+def test_parameters_file_matches_main_bicep_declarations():
+    _check_parameter_values(MANUAL_PARAMETERS, _parameters_file())
+
+
+@pytest.mark.parametrize("principal_type", ["User", "ServicePrincipal"])
+def test_azd_parameters_file_matches_main_bicep_declarations_once_azd_fills_it(principal_type):
+    """What azd deploys: the file with its ${...} filled from an azd environment (the deployer's
+    principal as the SQL administrator, so the postprovision hook can run init-db as it)."""
+    main = bicep("main.bicep")
+    environment = {**AZD_ENVIRONMENT, "AZURE_PRINCIPAL_TYPE": principal_type}
+    raw = _parameters_file(AZD_PARAMETERS)
+    values = {name: _azd_substitute(value, environment, main.parameters[name]["type"]) if name in main.parameters else value
+              for name, value in raw.items()}
+    _check_parameter_values(AZD_PARAMETERS, values)
+    assert raw["environmentName"] == "${AZURE_ENV_NAME}" and raw["location"] == "${AZURE_LOCATION}"
+    assert values["sqlAdminObjectId"] == environment["AZURE_PRINCIPAL_ID"]
+    assert values["sqlAdminPrincipalType"] == principal_type
+    assert values["identityType"] == "UserAssigned"   # the quickstart's choice: the user exists before the publish
+    # An unset variable with no default would deploy an empty value: only azd's own variables
+    # (always set) may go without a default.
+    for name, value in raw.items():
+        for match in AZD_VARIABLE.finditer(value if isinstance(value, str) else ""):
+            assert match.group("default") is not None or match.group("name") in AZD_ENVIRONMENT, \
+                f"{AZD_PARAMETERS}: {name} uses ${{{match.group('name')}}} without a default"
+    # main.bicep maps azd's ServicePrincipal to the SQL administrator type Application.
+    admin_type = _module_params(main, "sql")["adminPrincipalType"]
+    operands = _conditional(admin_type)
+    assert operands is not None and operands["true_value"] == "Application", admin_type
+
+
+def test_the_two_parameters_files_tell_one_example():
+    """azd's file and the manual path's set the same jobs, steps, alerts and everything else;
+    they differ only in what azd fills from its environment."""
+    manual, azd = _parameters_file(MANUAL_PARAMETERS), _parameters_file(AZD_PARAMETERS)
+    azd_only = {name for name, value in azd.items() if isinstance(value, str) and "${" in value}
+    assert azd_only == {"environmentName", "location", "sqlAdminLogin", "sqlAdminObjectId",
+                        "sqlAdminPrincipalType", "identityType", "monitorEntraClientId", "monitorAllowedGroupObjectId"}
+    # The monitor's sign-in: `azd env set AGENT_MONITOR_CLIENT_ID ...`; unset, closed as by hand.
+    assert {azd[name] for name in ("monitorEntraClientId", "monitorAllowedGroupObjectId")} == {
+        "${AGENT_MONITOR_CLIENT_ID=}", "${AGENT_MONITOR_GROUP_ID=}"}
+    assert manual["monitorEntraClientId"] == manual["monitorAllowedGroupObjectId"] == ""
+    assert not any(isinstance(value, str) and "${" in value for value in manual.values())
+    shared = set(manual) - azd_only
+    assert shared <= set(azd), f"{AZD_PARAMETERS} lacks {sorted(shared - set(azd))}"
+    assert {name: manual[name] for name in shared} == {name: azd[name] for name in shared}
+    assert set(azd) - azd_only == shared
+
+
 def _job_settings_as_bicep_builds_them(jobs: list[dict[str, Any]], fields: dict[str, str]) -> dict[str, str]:
     """What functionapp.bicep turns `jobs` into: JOB__<name>__<SUFFIX> for each field present,
     booleans as 'true' / 'false', numbers as decimal text (the Bicep's jobAppSettings)."""
@@ -404,8 +493,9 @@ def _job_settings_as_bicep_builds_them(jobs: list[dict[str, Any]], fields: dict[
 
 
 def test_example_jobs_in_parameters_file_are_valid_engine_jobs(app_settings: AppSettings):
+    # The azd file's jobs are the same (test_the_two_parameters_files_tell_one_example).
     jobs = _parameters_file().get("jobs", [])
-    assert jobs, "main.parameters.json should show at least one job"
+    assert jobs, "manual.parameters.json should show at least one job"
     known_keys = {"name", *app_settings.job_fields.values()}
     for job in jobs:
         assert set(job) <= known_keys, f"job {job.get('name')!r}: unknown keys {sorted(set(job) - known_keys)}"
@@ -414,7 +504,7 @@ def test_example_jobs_in_parameters_file_are_valid_engine_jobs(app_settings: App
         assert config.JOB_NAME_PATTERN.match(job["name"])
     settings = _job_settings_as_bicep_builds_them(jobs, app_settings.job_fields)
     steps = _parameters_file().get("jobSteps", [])
-    assert steps, "main.parameters.json should show a multi-step job"
+    assert steps, "manual.parameters.json should show a multi-step job"
     for step in steps:
         assert set(step) <= {"job", "step", *app_settings.step_fields.values()}, step
         for suffix, key in app_settings.step_fields.items():
@@ -437,6 +527,26 @@ def test_example_jobs_in_parameters_file_are_valid_engine_jobs(app_settings: App
     assert alert_jobs <= set(by_name), f"alertJobs names unknown jobs: {sorted(alert_jobs - set(by_name))}"
 
 
+def _app_identity(file: BicepFile, principal_id: Any, where: str) -> tuple[str, str]:
+    """(function app symbol, user-assigned identity symbol) of a principalId that is
+    `useUserAssignedIdentity ? <identity>.properties.principalId : <app>.identity.principalId`."""
+    operands = _conditional(file.resolve(principal_id))
+    assert operands is not None and operands["condition"] == "useUserAssignedIdentity", \
+        f"{where}: principalId must be appPrincipalId (the identity the app runs as), found {principal_id}"
+    assigned, own = accessor_path(operands["true_value"]), accessor_path(operands["false_value"])
+    assert len(own) == 3 and own[1:] == ["identity", "principalId"], f"{where}: {own}"
+    app = file.resources.get(own[0])
+    assert app is not None and app["type"] == "Microsoft.Web/sites" and not app["existing"], \
+        f"{where}: the system-assigned principal must be the function app this file deploys"
+    assert len(assigned) == 3 and assigned[1:] == ["properties", "principalId"], f"{where}: {assigned}"
+    identity = file.resources.get(assigned[0])
+    assert identity is not None and identity["type"] == "Microsoft.ManagedIdentity/userAssignedIdentities" \
+        and not identity["existing"], f"{where}: the user-assigned principal must be the identity this file creates"
+    # The identity exists exactly when the app uses it.
+    assert identity["config"].get("condition") == "useUserAssignedIdentity"
+    return own[0], assigned[0]
+
+
 def test_role_assignments_use_known_built_in_roles_and_target_the_app_identity():
     grants = set()
     assignments = 0
@@ -456,13 +566,9 @@ def test_role_assignments_use_known_built_in_roles_and_target_the_app_identity()
             assert role_id in KNOWN_BUILT_IN_ROLES, f"{where}: {role_id} is not a known built-in role"
             role = KNOWN_BUILT_IN_ROLES[role_id]
 
-            principal = accessor_path(properties["principalId"])
-            assert len(principal) == 3 and principal[1:] == ["identity", "principalId"], \
-                f"{where}: principalId must be <function app>.identity.principalId, found {principal}"
-            app = file.resources.get(principal[0])
-            assert app is not None and app["type"] == "Microsoft.Web/sites" and not app["existing"], \
-                f"{where}: principalId must be the identity of the function app this file deploys"
-            assert body(app)["identity"]["type"] == "SystemAssigned"
+            # The grantee is the identity the app runs as: `appPrincipalId`, the user-assigned
+            # identity's principal when identityType is UserAssigned, else the app's own.
+            app_symbol, identity_symbol = _app_identity(file, properties["principalId"], where)
             assert properties.get("principalType") == "ServicePrincipal", f"{where}: set principalType ServicePrincipal"
 
             scope_symbol = declaration.get("scope")
@@ -476,7 +582,12 @@ def test_role_assignments_use_known_built_in_roles_and_target_the_app_identity()
             arguments = list(name.values())
             accesses = [accessor_path(argument) for argument in arguments if isinstance(argument, dict)]
             assert accessor_path(arguments[0]) == [scope_symbol, "id"], f"{where}: guid() must start with {scope_symbol}.id"
-            assert [principal[0], "id"] in accesses, f"{where}: guid() must include {principal[0]}.id"
+            # ... and the grantee: the identity's id or the app's, as the identity in use (so a
+            # switch of identityType makes new assignments rather than re-pointing old ones).
+            grantee = _conditional(file.resolve(arguments[1])) if isinstance(arguments[1], str) else None
+            assert grantee is not None and grantee["condition"] == "useUserAssignedIdentity" and \
+                (accessor_path(grantee["true_value"]), accessor_path(grantee["false_value"])) == \
+                ([identity_symbol, "id"], [app_symbol, "id"]), f"{where}: guid()'s second argument must be granteeId"
             assert any(isinstance(argument, str) and file.resolve(argument) == role_id for argument in arguments), \
                 f"{where}: guid() must include the role id"
 
@@ -531,6 +642,76 @@ def test_main_outputs_what_the_deployment_guide_needs():
     assert {"functionAppName", "sqlServerFqdn", "sqlDatabaseName", "storageAccountName",
             "appInsightsConnectionStringSettingName"} <= set(main.outputs)
     assert main.outputs["appInsightsConnectionStringSettingName"]["value"] == telemetry.CONNECTION_STRING_SETTING
+    assert accessor_path(main.outputs["databaseUserName"]["value"]) == ["functionApp", "outputs", "databaseUserName"]
+    assert "databaseUserName" in json.dumps(main.outputs["grantSqlCommand"]["value"])
+
+
+# What the azd postprovision hook (scripts/azd/) reads from the azd environment, which azd fills
+# from these outputs: output -> the module output it must be.
+AZD_OUTPUTS = {
+    "AZURE_FUNCTION_APP_NAME": ["functionApp", "outputs", "functionAppName"],
+    "SERVICE_AGENT_NAME": ["functionApp", "outputs", "functionAppName"],
+    "AZURE_SQL_SERVER_NAME": ["sql", "outputs", "sqlServerName"],
+    "AGENT_SQL_SERVER": ["sql", "outputs", "sqlServerFqdn"],
+    "AGENT_SQL_DATABASE": ["sql", "outputs", "databaseName"],
+    "AGENT_DATABASE_USER": ["functionApp", "outputs", "databaseUserName"],
+    "AGENT_IDENTITY_CLIENT_ID": ["functionApp", "outputs", "identityClientId"],
+}
+
+
+def test_main_outputs_what_azd_and_its_postprovision_hook_read():
+    main = bicep("main.bicep")
+    for name, path in AZD_OUTPUTS.items():
+        assert name in main.outputs, f"main.bicep has no output {name}"
+        assert accessor_path(main.outputs[name]["value"]) == path, f"output {name}: {main.outputs[name]['value']}"
+    engine = {spec.name for spec in config.ENGINE_SETTINGS}
+    assert {"AGENT_SQL_SERVER", "AGENT_SQL_DATABASE"} <= engine   # the CLI run by the hook reads them as is
+    hook = (REPO / "scripts" / "azd" / "postprovision.sh").read_text(encoding="utf-8")
+    for name in ("AZURE_SQL_SERVER_NAME", "AGENT_DATABASE_USER", "AZURE_RESOURCE_GROUP"):
+        assert f"${{{name}" in hook, f"the hook does not read {name}"
+
+
+def test_the_app_carries_the_azd_service_tag_of_azure_yaml(functionapp: BicepFile):
+    import yaml
+
+    services = yaml.safe_load((REPO / "azure.yaml").read_text(encoding="utf-8"))["services"]
+    assert list(services) == ["agent"]
+    tags = function_call(body(_site(functionapp)[1])["tags"], "union")
+    assert tags is not None and tags["arg_1"] == "tags" and tags["arg_2"] == {"'azd-service-name'": "agent"}
+    main = bicep("main.bicep")
+    assert "environmentName" in main.parameters and main.parameter_default("environmentName") == ""
+    for symbol in main.modules:   # every module gets the tags with azd-env-name
+        assert _module_params(main, symbol)["tags"] == "allTags", symbol
+
+
+def test_user_assigned_identity_option(functionapp: BicepFile, app_settings: AppSettings):
+    """identityType UserAssigned (azd's default here, as in Microsoft's Flex Consumption Python
+    quickstart): an identity created beside the app, named by main.bicep, whose client id the
+    app's settings carry for each credential the app makes, and whose name is the database user;
+    SystemAssigned (the manual path's default) leaves those settings out."""
+    main = bicep("main.bicep")
+    assert main.parameter_default("identityType") == "SystemAssigned"
+    assert main.decorators("identityType")["allowed"] == functionapp.decorators("identityType")["allowed"] == \
+        ["SystemAssigned", "UserAssigned"]
+    params = _module_params(main, "functionApp")
+    assert (params["identityType"], params["userAssignedIdentityName"]) == ("identityType", "identityName")
+    assert "-id-" in json.dumps(main.variable("identityName"))
+    _, identity = functionapp.only_resource("Microsoft.ManagedIdentity/userAssignedIdentities")
+    assert body(identity)["name"] == "userAssignedIdentityName"
+    settings = _conditional(functionapp.variable("userAssignedIdentitySettings"))
+    assert settings["condition"] == "useUserAssignedIdentity" and settings["false_value"] == []
+    by_name = {entry["name"]: accessor_path(entry["value"]) for entry in settings["true_value"]}
+    assert by_name == {"AGENT_SQL_CLIENT_ID": ["appIdentity", "properties", "clientId"],
+                       "AzureWebJobsStorage__clientId": ["appIdentity", "properties", "clientId"]}
+    assert set(by_name) <= set(app_settings.literal)
+    # Telemetry ingestion names the identity too (shared/telemetry.py parses ClientId).
+    auth = _conditional(app_settings.literal["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"])
+    assert auth["false_value"] == "Authorization=AAD"
+    assert auth["true_value"] == "Authorization=AAD;ClientId=${appIdentity.properties.clientId}"
+    assert telemetry.parse_authentication_string("Authorization=AAD;ClientId=11111111-2222-3333-4444-555555555555")
+    user = _conditional(functionapp.variable("databaseUserName"))
+    assert (user["true_value"], user["false_value"]) == ("userAssignedIdentityName", "functionAppName")
+    assert functionapp.outputs["databaseUserName"]["value"] == "databaseUserName"
 
 
 def test_storage_is_keyless_private_to_entra_and_has_the_queues():
@@ -565,19 +746,30 @@ def test_sql_is_entra_only_tls12_and_serverless():
                    for parameter in sql.parameters.values()), "no secrets: the server has no SQL password"
 
 
-def test_function_app_is_flex_consumption_python_311_with_system_identity(functionapp: BicepFile):
+def test_function_app_is_flex_consumption_python_311_with_its_managed_identity(functionapp: BicepFile):
     _, plan = functionapp.only_resource("Microsoft.Web/serverfarms")
     assert body(plan)["sku"] == {"name": "FC1", "tier": "FlexConsumption"}
     _, site = _site(functionapp)
     declaration = body(site)
     assert declaration["kind"] == "functionapp,linux"
-    assert declaration["identity"]["type"] == "SystemAssigned"
+    # Always a managed identity: the app's own, or the user-assigned one created beside it.
+    identity = declaration["identity"]
+    assert identity["type"] == "identityType"
+    assert functionapp.decorators("identityType")["allowed"] == ["SystemAssigned", "UserAssigned"]
+    assigned = _conditional(identity["userAssignedIdentities"])
+    assert assigned["condition"] == "useUserAssignedIdentity" and assigned["false_value"] is None
+    assert assigned["true_value"] == {"'${appIdentity.id}'": {}}
+    assert functionapp.variable("useUserAssignedIdentity") == {"operator": {"type": "equals", "operands": {
+        "operand_1": "identityType", "operand_2": "UserAssigned"}}}
     assert declaration["properties"]["httpsOnly"] is True
     app_config = declaration["properties"]["functionAppConfig"]
     assert app_config["runtime"] == {"name": "python", "version": "3.11"}
     storage = app_config["deployment"]["storage"]
     assert storage["type"] == "blobContainer"
-    assert storage["authentication"] == {"type": "SystemAssignedIdentity"}
+    authentication = _conditional(storage["authentication"])
+    assert authentication["false_value"] == {"type": "SystemAssignedIdentity"}
+    assert authentication["true_value"]["type"] == "UserAssignedIdentity"
+    assert accessor_path(authentication["true_value"]["userAssignedIdentityResourceId"]) == ["appIdentity", "id"]
     assert set(app_config["scaleAndConcurrency"]) == {"maximumInstanceCount", "instanceMemoryMB"}
     # Flex Consumption rejects these: the runtime comes from functionAppConfig.
     names = set(AppSettings(functionapp).literal)
