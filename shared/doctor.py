@@ -170,16 +170,7 @@ class _Doctor:
         if self.connect_error is not None:
             raise _Failed(self._connect_message(self.connect_error),
                           "check Uid/Pwd (or the role) in the connection string (--db / AGENT_DB)")
-        return f"login accepted; {self._server_identity()}"
-
-    def _server_identity(self) -> str:
-        """The server's own name for itself (its first line): SQL Server, Azure SQL, PostgreSQL, or
-        Babelfish for PostgreSQL, whose differences docs/azure-sql.md lists."""
-        try:
-            version = str(self.agent.store().execute("server_version").scalar() or "").strip()
-        except Exception as exc:  # noqa: BLE001 - the identity is information, not a check
-            return f"server version not readable ({_one_line(exc)})"
-        return f"server: {server_description(version)}"
+        return "login accepted"
 
     def _sqlite_file(self) -> str:
         path = self.target.location
