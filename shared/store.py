@@ -541,9 +541,11 @@ class Store:
         migrations = load_migrations(self.dialect)
         return migrations[-1].version if migrations else 0
 
-    def migrate(self, now: datetime) -> tuple[int, int]:
-        """Apply the migrations this database lacks (idempotent; concurrent calls queue on a lock)."""
-        migrations = load_migrations(self.dialect)
+    def migrate(self, now: datetime, *, up_to: int | None = None) -> tuple[int, int]:
+        """Apply the migrations this database lacks (idempotent; concurrent calls queue on a lock).
+        ``up_to``: stop after that version (a database left where an older release left it: the
+        upgrade tests start there)."""
+        migrations = [m for m in load_migrations(self.dialect) if up_to is None or m.version <= up_to]
         # bootstrap_schema takes a session-level migration lock (PostgreSQL advisory lock, SQL
         # Server applock) before it creates anything; it is held until the migrations committed.
         with self.transaction():
