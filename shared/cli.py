@@ -425,19 +425,20 @@ def cmd_run(agent, args) -> int:
     jobs = ", ".join(job.name for job in agent.settings.jobs) or "none"
     where = (f"queue {agent.queue.name}" if agent.queue_mode
              else f"workers claim from the runs table, {runner.concurrency} at most at once")
-    if args.json:        # the one document, at start (the runner runs until stopped)
-        print(json.dumps({"running": True, "database": agent.target.display, "schema_version": after,
-                          "mode": "queue" if agent.queue_mode else "direct",
-                          "queue": agent.queue.name if agent.queue_mode else None,
-                          "concurrency": runner.concurrency, "jobs": [job.name for job in agent.settings.jobs],
-                          "invalid_jobs": [{"name": bad.name, "error": bad.message}
-                                           for bad in agent.settings.invalid_jobs]}), flush=True)
-    else:
-        print(f"agent running on {agent.target.display} (schema v{after}); {where}; "
-              f"jobs: {jobs}; Ctrl-C stops", file=sys.stderr)
-        for bad in agent.settings.invalid_jobs:
-            print(f"warning: job {bad.name} is invalid and will not run: {bad.message}", file=sys.stderr)
+    # Announced inside the try: a Ctrl-C right after the announcement stops the runner as usual.
     try:
+        if args.json:        # the one document, at start (the runner runs until stopped)
+            print(json.dumps({"running": True, "database": agent.target.display, "schema_version": after,
+                              "mode": "queue" if agent.queue_mode else "direct",
+                              "queue": agent.queue.name if agent.queue_mode else None,
+                              "concurrency": runner.concurrency, "jobs": [job.name for job in agent.settings.jobs],
+                              "invalid_jobs": [{"name": bad.name, "error": bad.message}
+                                               for bad in agent.settings.invalid_jobs]}), flush=True)
+        else:
+            print(f"agent running on {agent.target.display} (schema v{after}); {where}; "
+                  f"jobs: {jobs}; Ctrl-C stops", file=sys.stderr)
+            for bad in agent.settings.invalid_jobs:
+                print(f"warning: job {bad.name} is invalid and will not run: {bad.message}", file=sys.stderr)
         runner.run()
     except KeyboardInterrupt:
         runner.stop()
@@ -709,11 +710,11 @@ def cmd_monitor(agent, args) -> int:
                          expected="a free TCP port on 127.0.0.1, or 0 for any free one")
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     host, port = server.server_address[:2]
-    if args.json:       # the one document, at start: where it listens (with --port 0, the port picked)
-        print(json.dumps({"monitor": f"http://{host}:{port}/", "host": host, "port": port}), flush=True)
-    else:
-        print(f"monitor: http://{host}:{port}/ (read-only; Ctrl-C stops)", file=sys.stderr, flush=True)
-    try:
+    try:        # announced inside the try: a Ctrl-C right after it stops the server as usual
+        if args.json:       # the one document, at start: where it listens (with --port 0, the port picked)
+            print(json.dumps({"monitor": f"http://{host}:{port}/", "host": host, "port": port}), flush=True)
+        else:
+            print(f"monitor: http://{host}:{port}/ (read-only; Ctrl-C stops)", file=sys.stderr, flush=True)
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
         pass
