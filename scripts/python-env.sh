@@ -62,3 +62,22 @@ require_venv_python() {
   echo "$script: $venv was made with $made, but this project needs Python $SUPPORTED_PYTHONS; remove it (rm -rf $venv) and run again, with PYTHON=/path/to/python3.11 $script if python3.11 is not on the PATH" >&2
   exit 2
 }
+
+# Installs the sql-agent command ($1/bin/sql-agent) as an editable install of this clone
+# (pyproject.toml; its dependencies are the pinned ones the caller installed first), unless the
+# environment already has one of this very directory (asked with -I: the egg-info an editable
+# install leaves here is not on the path): a virtual environment copied or shared
+# from another clone is reinstalled, so sql-agent never runs another clone's code.
+install_cli() {
+  local venv=$1 here installed
+  here="file://$(pwd -P)"
+  installed=$("$venv/bin/python" -I -c '
+import json, importlib.metadata as metadata
+try:
+    print(json.loads(metadata.distribution("sql-agent-azure").read_text("direct_url.json") or "{}").get("url", ""))
+except metadata.PackageNotFoundError:
+    pass' 2>/dev/null) || installed=""
+  if [ "$installed" != "$here" ] || [ ! -x "$venv/bin/sql-agent" ]; then
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e .
+  fi
+}

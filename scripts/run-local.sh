@@ -20,7 +20,7 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-cli.txt
 # The sql-agent command (.venv/bin/sql-agent) running this clone's code: an editable install of
 # pyproject.toml, its dependencies being the pinned ones just installed.
-[ -x .venv/bin/sql-agent ] || .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
+install_cli .venv
 
 SETTINGS=${SETTINGS:-local.settings.example.json}
 MONITOR_PORT=${MONITOR_PORT:-8080}
