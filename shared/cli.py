@@ -6,7 +6,7 @@
 Exit codes: 0 success, 1 runtime failure or a finding (doctor's failed check, a tick's errors,
 jobs import-sqlagent could not carry over), 2 usage or configuration error (a bad argument or
 setting, a job, run or poison message that does not exist), 130 interrupted (Ctrl-C) before the
-command finished. Errors are one line on stderr, without a traceback; with --json, every command
+command finished, 141 stdout closed by its reader (`| head`). Errors are one line on stderr, without a traceback; with --json, every command
 prints one JSON document on stdout and an error is one JSON object on stderr:
 {"error": ..., "kind": ..., "setting": ..., "value": ..., "expected": ...} (the last three when known).
 """
@@ -28,7 +28,7 @@ from .errors import AgentError, ConfigError, NotFoundError, UsageError
 UTC = timezone.utc
 PROG = "sql-agent"
 DISTRIBUTION = "sql-agent-azure"     # pyproject.toml's project name
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 130, 141
 # Operator commands (doctor, jobs, history, ...) wait at most this long for a connection; the
 # commands that run the agent or install it wait the whole AGENT_CONNECT_RETRY_SECONDS.
 COMMAND_CONNECT_RETRY_SECONDS = 10
@@ -332,6 +332,14 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         _print_error("interrupted", "interrupted")
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, as shell tools do; stdout goes to
+        # /dev/null so that the interpreter's last flush does not fail again.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except Exception as exc:  # driver errors and the like: one line, classified
         from .sqlerrors import classify
 

@@ -296,3 +296,16 @@ def test_the_long_running_commands_print_one_json_document_at_start(tmp_path, co
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(setup):
+    """`sql-agent history --json | head`: the pipe closes before the document is written; the
+    command stops with 141 and says nothing (no traceback, no error line)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JOB__", "AGENT_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    process = subprocess.Popen([sys.executable, "-m", "shared.cli", *setup["base"], "--json", "history"],
+                               cwd=setup["tmp"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()              # the reader is gone before the command writes
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 141, err
+    assert err == b""
