@@ -6,9 +6,12 @@
 * drain time of 1,000 runs due at once under caps of 8 and 32, after a single tick;
 * a 10-level chain of ordered tasks, with no tick at all;
 * the whole `tick` process over 10 and 10,000 jobs from settings (steady state);
-* cold import of function_app.
+* cold import of function_app;
+* with --mssql (a T-SQL server: SQL Server, Azure SQL or Babelfish for PostgreSQL), the local
+  runner's no-op throughput there beside PostgreSQL (--noop-only: that figure alone).
 
     .venv/bin/python bench/bench_agent.py [--pg ODBC-STRING-WITHOUT-DATABASE] [--sizes 100,1000,10000]
+    .venv/bin/python bench/bench_agent.py --noop-only --mssql "Driver={FreeTDS};Server=127.0.0.1;Port=1433;Uid=...;Pwd=...;"
 
 Throughput against procrastinate is bench/bench_vs_procrastinate.py. Targets on a 2-core
 machine: statements per tick constant in the job count; a 10,000-job tick under 250 ms on
@@ -61,10 +64,12 @@ def agent_for(db: str, jobs: int, *, spread: bool = False, clock=None, queue=Non
 
 
 class Databases:
-    def __init__(self, pg: str | None) -> None:
+    def __init__(self, pg: str | None, mssql: str | None = None) -> None:
         self.pg = pg
+        self.mssql = mssql
         self.tmp = tempfile.TemporaryDirectory()
         self.created: list[str] = []
+        self.created_mssql: list[str] = []
 
     def new(self, dialect: str) -> str:
         if dialect == "sqlite":
@@ -72,6 +77,13 @@ class Databases:
         import pyodbc
 
         name = f"agent_bench_{uuid.uuid4().hex[:10]}"
+        if dialect == "mssql":
+            base = self.mssql if self.mssql.rstrip().endswith(";") else self.mssql + ";"
+            admin = pyodbc.connect(base + "Database=master;", autocommit=True)
+            admin.cursor().execute(f"CREATE DATABASE [{name}]")
+            admin.close()
+            self.created_mssql.append(name)
+            return f"{base}Database={name};"
         admin = pyodbc.connect(self.pg + "Database=postgres;", autocommit=True)
         admin.cursor().execute(f"CREATE DATABASE {name}")
         admin.close()
@@ -85,6 +97,14 @@ class Databases:
             admin = pyodbc.connect(self.pg + "Database=postgres;", autocommit=True)
             for name in self.created:
                 admin.cursor().execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            admin.close()
+        if self.created_mssql:
+            import pyodbc
+
+            base = self.mssql if self.mssql.rstrip().endswith(";") else self.mssql + ";"
+            admin = pyodbc.connect(base + "Database=master;", autocommit=True)
+            for name in self.created_mssql:
+                admin.cursor().execute(f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
             admin.close()
         self.tmp.cleanup()
 
@@ -329,6 +349,28 @@ def bench_tick_process(dbs: Databases, dialect: str, sizes: tuple[int, ...] = (1
           f"{cpu_medians[largest] - cpu_medians[smallest]:+.0f} ms CPU over {smallest} (target: within 250 ms)")
 
 
+def bench_noop(dbs: Databases, dialect: str, tasks: int = 500, concurrency: int = 4) -> float:
+    """The local runner's no-op throughput: ``tasks`` tasks of SELECT 1 submitted, then drained
+    by ``concurrency`` workers (each start is claim_runs, each end finish_run; no tick). The
+    workers' first statements on a new connection are in the figure (Babelfish compiles each
+    batch once per connection)."""
+    agent = agent_for(dbs.new(dialect), 0, AGENT_MAX_CONCURRENCY=str(concurrency))
+    store = agent.store()
+    now = datetime.now(UTC)
+    for _ in range(tasks):
+        store.execute("insert_task", command="SELECT 1", target_database=None, task_order=None, max_attempts=1,
+                      timeout_seconds=60, lease_seconds=60, now=now, operation_id=uuid.uuid4().hex)
+    runner = LocalRunner(agent, concurrency=concurrency)
+    started = time.perf_counter()
+    done = runner.work_until_idle(max_seconds=600)
+    elapsed = time.perf_counter() - started
+    rate = done / elapsed
+    print(f"\n== no-op throughput, {dialect}: {done} of {tasks} tasks (SELECT 1) by {concurrency} workers of the "
+          f"local runner in {elapsed:.2f} s: {rate:.0f} runs/s")
+    agent.close()
+    return rate
+
+
 def bench_cold_import(repeats: int = 5) -> None:
     code = "import time; t = time.perf_counter(); import function_app; print((time.perf_counter() - t) * 1000)"
     figures = [float(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -341,10 +383,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pg", default=DEFAULT_PG, help="PostgreSQL ODBC string without Database; '' to skip")
     parser.add_argument("--sizes", default="100,1000,10000")
+    parser.add_argument("--mssql", default="", help="T-SQL server ODBC string without Database (SQL Server, Azure SQL, "
+                                                    "Babelfish); the login creates and drops its databases")
+    parser.add_argument("--noop-only", action="store_true", help="only the no-op throughput (PostgreSQL, --mssql)")
+    parser.add_argument("--noop-tasks", type=int, default=500)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    dbs = Databases(args.pg or None)
+    dbs = Databases(args.pg or None, args.mssql or None)
     try:
+        if args.mssql or args.noop_only:
+            rates = {dialect: bench_noop(dbs, dialect, args.noop_tasks)
+                     for dialect in (["postgres"] if args.pg else []) + (["mssql"] if args.mssql else [])}
+            if len(rates) == 2:
+                print(f"\n== no-op throughput ratio, the T-SQL server / PostgreSQL: {rates['mssql'] / rates['postgres']:.2f}")
+            if args.noop_only:
+                return
         dialects = ["sqlite"] + (["postgres"] if args.pg else [])
         for dialect in dialects:
             bench_ticks(dbs, dialect, sizes)

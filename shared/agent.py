@@ -15,7 +15,7 @@ from .config import Settings, load_settings
 from .db import DatabaseTarget, connector, resolve_database
 from .store import Store
 
-log = logging.getLogger("shared.agent")
+log = logging.getLogger(__name__)
 UTC = timezone.utc
 # run-now requests at the same millisecond: how many next milliseconds a request tries.
 RUN_NOW_KEY_TRIES = 16

@@ -27,7 +27,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-log = logging.getLogger("shared.clock")
+log = logging.getLogger(__name__)
 UTC = timezone.utc
 # How old a reading of the database's clock may grow before the next call reads it again.
 RESYNC_SECONDS = 60.0

@@ -34,7 +34,7 @@ from .errors import ConfigError
 from .schedules import parse_schedule, validate_timezone
 from .store import Store
 
-log = logging.getLogger("shared.database_jobs")
+log = logging.getLogger(__name__)
 UTC = timezone.utc
 PROCEDURE = "agent.add_scheduled_job"
 

@@ -2,7 +2,8 @@
 
 * ``sqlite:///PATH`` — the embedded default (standard library sqlite3, no services).
 * an ODBC connection string — PostgreSQL (``Driver={PostgreSQL Unicode};...``) or SQL
-  Server / Azure SQL with SQL authentication (``Driver={ODBC Driver 18 for SQL Server};...``).
+  Server / Azure SQL with SQL authentication (``Driver={ODBC Driver 18 for SQL Server};...``),
+  or any T-SQL server through FreeTDS (``Driver={FreeTDS};...``, e.g. Babelfish for PostgreSQL).
 * ``AGENT_SQL_SERVER`` + ``AGENT_SQL_DATABASE`` — Azure SQL Database with an Entra ID token.
 
 pyodbc is imported only when an ODBC database is used, so the embedded default needs no
@@ -69,15 +70,20 @@ def parse_database_url(value: str, *, setting: str = "AGENT_DB") -> DatabaseTarg
     lowered = driver.lower()
     if "postgres" in lowered:
         dialect = "postgres"
-    elif "sql server" in lowered or "freetds" in lowered or "tdsodbc" in lowered:
-        # SQL Server, Azure SQL, or a TDS server such as Babelfish for PostgreSQL, through
-        # Microsoft's driver or FreeTDS's (Debian's tdsodbc): one T-SQL dialect.
+    elif "sql server" in lowered or is_freetds(driver):
         dialect = "mssql"
     else:
         raise ConfigError(setting, _redact(value),
-                          "an ODBC driver for PostgreSQL ('PostgreSQL Unicode') or SQL Server "
-                          "('ODBC Driver 18 for SQL Server', or FreeTDS for a TDS server such as Babelfish)")
+                          "an ODBC driver for PostgreSQL ('PostgreSQL Unicode'), SQL Server "
+                          "('ODBC Driver 18 for SQL Server') or FreeTDS ('FreeTDS': SQL Server, Babelfish)")
     return DatabaseTarget(dialect=dialect, location=value, display=_redact(value))
+
+
+def is_freetds(driver: str) -> bool:
+    """Whether an ODBC driver name (or library path) is FreeTDS's (Debian's tdsodbc registers
+    ``FreeTDS``, the library is libtdsodbc.so)."""
+    lowered = driver.lower()
+    return "freetds" in lowered or "tdsodbc" in lowered
 
 
 # key = value; the value either in braces (``;`` and ``}}`` inside) or bare up to the next ``;``,
@@ -260,6 +266,7 @@ def odbc_connect(connection_string: str, *, display: str, retry_seconds: float =
     if driver and driver not in pyodbc.drivers():
         installed = ", ".join(pyodbc.drivers()) or "none"
         hint = ("`apt-get install odbc-postgresql`" if "postgres" in driver.lower()
+                else "FreeTDS's ODBC driver (`apt-get install tdsodbc`)" if is_freetds(driver)
                 else "Microsoft ODBC Driver 18 for SQL Server (msodbcsql18)")
         raise AgentError(f"ODBC driver {driver!r} is not installed (installed: {installed}); install {hint}")
     from .sqlerrors import describe, retry_connect
@@ -309,6 +316,8 @@ def connector(target: DatabaseTarget, database: str | None = None, server: str |
     display = target.display if not database else f"database {database}" + (f" on server {server}" if server else "")
     if target.dialect == "postgres":
         location = with_postgres_defaults(location)
+    elif is_freetds(odbc_pairs(location).get("driver", "")):
+        location = with_freetds_defaults(location)
     opener = lambda: odbc_connect(location, display=display, retry_seconds=target.connect_retry_seconds,  # noqa: E731
                                   control_database=control)
     return _sql_server_session(opener) if target.dialect == "mssql" else _postgres_session(opener)
@@ -325,12 +334,26 @@ POSTGRES_DEFAULTS = (("UseServerSidePrepare", "0"), ("Protocol", "7.4-1"))
 LOCK_TIMEOUT_SECONDS = 30
 
 
+# FreeTDS speaks the protocol version it is told (freetds.conf, else its build default, often
+# 7.3 or "auto"): 7.4 is what SQL Server 2012 and later, Azure SQL and Babelfish speak, and 7.3 or
+# later is needed for DATETIME2 to travel as a date and time (older versions send it as text).
+FREETDS_DEFAULTS = (("TDS_Version", "7.4"),)
+
+
+def with_freetds_defaults(connection_string: str) -> str:
+    return _with_defaults(connection_string, FREETDS_DEFAULTS, "mssql")
+
+
 def with_postgres_defaults(connection_string: str) -> str:
+    return _with_defaults(connection_string, POSTGRES_DEFAULTS, "postgres")
+
+
+def _with_defaults(connection_string: str, defaults: tuple[tuple[str, str], ...], dialect: str) -> str:
     present = odbc_pairs(connection_string)
-    extra = [(key, value) for key, value in POSTGRES_DEFAULTS if key.lower() not in present]
+    extra = [(key, value) for key, value in defaults if key.lower() not in present]
     if not extra:
         return connection_string
-    return build_connection_string(connection_string, "postgres", extra)
+    return build_connection_string(connection_string, dialect, extra)
 
 
 def _postgres_session(opener: Callable[[], Any]) -> Callable[[], Any]:

@@ -24,7 +24,7 @@ from .schedules import CronSchedule
 from .store import Store
 from .sqlerrors import describe
 
-log = logging.getLogger("shared.dispatch")
+log = logging.getLogger(__name__)
 UTC = timezone.utc
 # Messages for future slots sent by one dispatch; the rest go with the next one (a doorbell,
 # a completion or the tick), and a run due before its message went out is dispatched as due.

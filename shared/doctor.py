@@ -150,7 +150,16 @@ class _Doctor:
                 self.connect_error = exc
                 return f"{target.display}: the server answered (it refused the login, see authentication)"
             raise _Failed(self._connect_message(exc), self._connect_fix()) from None
-        return f"connected to {target.display}"
+        return f"connected to {target.display}{self._server()}"
+
+    def _server(self) -> str:
+        """What the server says it is (@@VERSION, version()): '; server: ...', or nothing when
+        it cannot be read (the later checks report why)."""
+        try:
+            text = self.agent.store().execute("server_version").scalar()
+        except Exception:  # noqa: BLE001 - a failed read is reported by the schema/session checks
+            return ""
+        return f"; server: {server_description(str(text or ''))}" if text else ""
 
     def authentication(self) -> str:
         target = self.target
@@ -170,13 +179,7 @@ class _Doctor:
             version = str(self.agent.store().execute("server_version").scalar() or "").strip()
         except Exception as exc:  # noqa: BLE001 - the identity is information, not a check
             return f"server version not readable ({_one_line(exc)})"
-        first = " ".join(version.splitlines()[:1])[:120]
-        if "babelfish" in version.lower():
-            engine = next((line.strip() for line in version.splitlines() if "babelfish" in line.lower()
-                           and "postgresql" in line.lower() and "(" in line), first)
-            return (f"server: Babelfish for PostgreSQL ({engine[:120]}): a T-SQL engine over PostgreSQL; what "
-                    "differs from SQL Server is in docs/azure-sql.md")
-        return f"server: {first}"
+        return f"server: {server_description(version)}"
 
     def _sqlite_file(self) -> str:
         path = self.target.location
@@ -507,6 +510,24 @@ def run_doctor(agent: Any, *, tcp_timeout: float = 10.0) -> DoctorReport:
         if name == "schema":
             report.warnings = doctor.invalid_jobs()
     return report
+
+
+def server_description(version: str) -> str:
+    """One line from @@VERSION or version(): Babelfish for PostgreSQL is named as such (it answers
+    T-SQL over TDS like SQL Server, but ignores table hints and its applocks are server-wide:
+    docs/azure-sql.md), SQL Server and Azure SQL by their first line, PostgreSQL up to its build."""
+    lines = [line.strip() for line in version.splitlines() if line.strip()]
+    if not lines:
+        return "unknown"
+    if "babelfish" in version.lower():
+        import re
+
+        release = re.search(r"\(Babelfish ([0-9][^)]*)\)", version)
+        postgres = re.search(r"PostgreSQL ([0-9][0-9.]*)", version)
+        return ("Babelfish for PostgreSQL" + (f" {release.group(1)}" if release else "")
+                + (f" (PostgreSQL {postgres.group(1)})" if postgres else "")
+                + ": T-SQL over TDS; table hints are ignored and applocks are server-wide (see docs/azure-sql.md)")
+    return lines[0].split(" on ", 1)[0] if lines[0].startswith("PostgreSQL") else lines[0]
 
 
 def _unwrap(exc: BaseException) -> BaseException:

@@ -64,3 +64,25 @@ class OwnerError(AgentError):
     """The principal a job runs as (its owner, who defined it from T-SQL, or
     AGENT_JOB_PRINCIPAL) cannot run it: dropped, or no longer reachable by the agent. The
     message names the principal; the run fails (permanent, never retried into poison)."""
+
+
+class LeaseLost(AgentError):
+    """The run's token moved on while this worker held it: fenced off (the caller rolls back)."""
+
+
+class PageError(AgentError):
+    """A request the monitor answers with an error page (status and one-line message)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class NotificationError(AgentError):
+    """A webhook POST failed (refused, timed out, or answered with an error status)."""
+
+
+class ScriptError(AgentError, ValueError):
+    """A SQL Server Agent script that cannot be read (a syntax the tokenizer refuses, a procedure
+    call cut short)."""

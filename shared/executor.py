@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from .config import Settings, StepDefinition
 from .dispatch import delay_until, dispatch, dispatch_params, send_dispatched
-from .errors import MessageError, QueueError, TransientJobError
+from .errors import LeaseLost, MessageError, QueueError, TransientJobError
 from .messages import DoorbellMessage, RunMessage, decode_body, parse_message
 from .store import Result, Store
 from .sqlerrors import classify, describe
@@ -39,15 +39,11 @@ from .db import ConnectError
 from .notify import enqueue_calls, notifications_enabled
 from .steps import QUIT_FAILURE, QUIT_SUCCESS, cap_output, run_steps, target_step
 
-log = logging.getLogger("shared.executor")
+log = logging.getLogger(__name__)
 UTC = timezone.utc
 MAX_BACKOFF_SECONDS = 3600
 # A step's output as a telemetry property (Application Insights keeps 8 KiB of a value).
 TELEMETRY_OUTPUT_MAX_BYTES = 8192
-
-
-class LeaseLost(Exception):
-    """The run's token moved on while this worker held it: fenced off."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from .store import Store
 from .targets import Target, TargetMember, needs_listing, parse_targets, resolve, user_databases
 
-log = logging.getLogger("shared.fleet")
+log = logging.getLogger(__name__)
 # The database a listing connects to on another server.
 LISTING_DATABASE = {"mssql": "master", "postgres": "postgres"}
 

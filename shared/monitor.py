@@ -38,9 +38,9 @@ from typing import Any, Callable, ContextManager, Iterator, Mapping
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from . import views
-from .errors import ConfigError
+from .errors import ConfigError, PageError
 
-log = logging.getLogger("shared.monitor")
+log = logging.getLogger(__name__)
 UTC = timezone.utc
 STYLESHEET = Path(__file__).with_name("monitor.css")
 ALLOWED_METHODS = ("GET", "HEAD")
@@ -114,15 +114,6 @@ class _Flight:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.response: Response | None = None
-
-
-class PageError(Exception):
-    """A request the monitor answers with an error page (status and one-line message)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 def _e(value: Any) -> str:

@@ -42,9 +42,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from .config import Settings
+from .errors import NotificationError
 from .sqlerrors import describe
 
-log = logging.getLogger("shared.notify")
+log = logging.getLogger(__name__)
 UTC = timezone.utc
 # The whole of one POST: connecting, sending, and reading the answer, however slowly it comes.
 DELIVERY_TIMEOUT_SECONDS = 5.0
@@ -164,10 +165,6 @@ def post_json(url: str, body: dict[str, Any], timeout: float, headers: dict[str,
     finally:
         timer.cancel()
         connection.close()
-
-
-class NotificationError(Exception):
-    pass
 
 
 class Notifier:

@@ -76,18 +76,25 @@ def _replace_params(fragment: str, names: list[str]) -> str:
 
 # A T-SQL module (procedure, function, view, trigger) must be the whole of its batch: from its
 # CREATE OR ALTER (T-SQL only; PostgreSQL says CREATE OR REPLACE) it runs to the next GO line.
+# In T-SQL text (``tsql=True``: the mssql migrations and queries) a plain CREATE or ALTER of a
+# module starts one too: the forms Babelfish accepts (it refuses CREATE OR ALTER), which in the
+# other dialects' text are ordinary statements ending at their ';'.
 _TSQL_MODULE = re.compile(r"^\s*CREATE\s+OR\s+ALTER\s+(PROCEDURE|PROC|FUNCTION|VIEW|TRIGGER)\b", re.IGNORECASE)
+_TSQL_ANY_MODULE = re.compile(r"^\s*(?:CREATE\s+(?:OR\s+ALTER\s+)?|ALTER\s+)(PROCEDURE|PROC|FUNCTION|VIEW|TRIGGER)\b",
+                              re.IGNORECASE)
 
 
 def _only_comments(chunk: str) -> bool:
     return all(not line.strip() or line.strip().startswith("--") for line in chunk.splitlines())
 
 
-def split_statements(text: str) -> list[str]:
+def split_statements(text: str, *, tsql: bool = False) -> list[str]:
     """Split on ``;`` at the end of a line (our own SQL keeps to that rule), or on a line
     holding only ``GO`` (T-SQL batch separator); never inside a ``$$``-quoted body, and never
-    inside a T-SQL module (``CREATE OR ALTER PROCEDURE ...`` runs to the next ``GO``). A chunk
+    inside a T-SQL module (``CREATE OR ALTER PROCEDURE ...``, and with ``tsql`` also ``CREATE
+    PROCEDURE``/``ALTER PROCEDURE``, views, functions, triggers: runs to the next ``GO``). A chunk
     of nothing but comments is no statement."""
+    module_start = _TSQL_ANY_MODULE if tsql else _TSQL_MODULE
     statements: list[str] = []
     current: list[str] = []
     in_body = False   # inside a $$-quoted function body (PostgreSQL): its ';' end no statement
@@ -100,7 +107,7 @@ def split_statements(text: str) -> list[str]:
             current = []
             in_module = False
             continue
-        if not in_module and _only_comments("\n".join(current)) and _TSQL_MODULE.match(line):
+        if not in_module and _only_comments("\n".join(current)) and module_start.match(line):
             in_module = True
         current.append(line)
         if in_module:
@@ -119,7 +126,7 @@ def split_statements(text: str) -> list[str]:
     return statements
 
 
-def parse_query_file(text: str, *, source: str = "<sql>") -> dict[str, Query]:
+def parse_query_file(text: str, *, source: str = "<sql>", tsql: bool = False) -> dict[str, Query]:
     queries: dict[str, Query] = {}
     name: str | None = None
     lines: list[str] = []
@@ -138,7 +145,7 @@ def parse_query_file(text: str, *, source: str = "<sql>") -> dict[str, Query]:
             raise ValueError(f"{source}: query {name!r} is empty")
         if name in queries:
             raise ValueError(f"{source}: query {name!r} is defined twice")
-        statements = tuple(to_qmark(s) for s in split_statements(sql))
+        statements = tuple(to_qmark(s) for s in split_statements(sql, tsql=tsql))
         queries[name] = Query(name=name, description=description, text=sql, statements=statements)
 
     for line in text.splitlines():
@@ -157,7 +164,7 @@ def load_queries(dialect: str) -> dict[str, Query]:
     if dialect not in DIALECTS:
         raise ValueError(f"unknown dialect {dialect!r}")
     path = SQL_DIR / f"{dialect}.sql"
-    return parse_query_file(path.read_text(encoding="utf-8"), source=str(path))
+    return parse_query_file(path.read_text(encoding="utf-8"), source=str(path), tsql=dialect == "mssql")
 
 
 @dataclass(frozen=True)
@@ -167,7 +174,7 @@ class Migration:
     path: Path
 
     def statements(self) -> list[str]:
-        return split_statements(self.path.read_text(encoding="utf-8"))
+        return split_statements(self.path.read_text(encoding="utf-8"), tsql=self.path.parent.name == "mssql")
 
 
 @lru_cache(maxsize=None)

@@ -28,7 +28,7 @@ from .queues import HostQueueOptions, ReceivedMessage, host_queue_options, next_
 from .schedules import CronSchedule
 from .sqlerrors import describe
 
-log = logging.getLogger("shared.runner")
+log = logging.getLogger(__name__)
 UTC = timezone.utc
 # How long a received message stays hidden while it is processed (the host uses 10 min
 # and renews it; a run's own lease, not this, decides when a slow run is presumed dead).

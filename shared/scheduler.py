@@ -41,7 +41,7 @@ from .schedules import CronSchedule, parse_schedule
 from .store import Store
 from .sqlerrors import classify, describe, is_lock_conflict
 
-log = logging.getLogger("shared.scheduler")
+log = logging.getLogger(__name__)
 UTC = timezone.utc
 CONFIG_HASH_KEY = "job_config_hash"
 # Slots a job may claim per tick: a per-second job claims ~90 per minute tick; the rest of a

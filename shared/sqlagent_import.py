@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from typing import Any, Iterable
 
+from .errors import ScriptError
+
 SYSTEM_DATABASES = {"master", "msdb", "model", "tempdb"}
 JOB_PROCEDURES = {"sp_add_job", "sp_update_job", "sp_add_jobstep", "sp_update_jobstep", "sp_add_jobschedule",
                   "sp_add_schedule", "sp_attach_schedule", "sp_add_jobserver", "sp_add_category",
@@ -25,10 +27,6 @@ ACTIONS = {1: "quit_success", 2: "quit_failure", 3: "next"}
 DAY_NAMES = ("Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday")
 MAX_NAME = 64
 SECONDS_PER_DAY = 86400
-
-
-class ScriptError(ValueError):
-    """A script that cannot be read (a syntax the tokenizer refuses, a procedure call cut short)."""
 
 
 # ---------------------------------------------------------------- reading the script

@@ -101,6 +101,13 @@ _CONNECTION_LOST_TEXT = re.compile(
     re.IGNORECASE,
 )
 
+# Babelfish for PostgreSQL answers a PostgreSQL error it has no SQL Server number for with 33557097
+# (SQLSTATE 42000 through FreeTDS) and PostgreSQL's own text. These texts are the transient ones:
+# a lock timeout (SQL Server's 1222) and a serialization failure or a lock not available (1205).
+BABELFISH_UNMAPPED_NUMBER = 33557097
+_BABELFISH_TRANSIENT_TEXT = re.compile(
+    r"canceling statement due to lock timeout|could not serialize access|could not obtain lock", re.IGNORECASE)
+
 _SQLSTATE_RE = re.compile(r"^[0-9A-Z]{5}$")
 # pyodbc joins diagnostic records with "; [SQLSTATE] ".
 _RECORD_SPLIT_RE = re.compile(r";\s(?=\[[0-9A-Z]{5}\]\s)")
@@ -454,6 +461,8 @@ def _classify_odbc(sqlstate: str | None, message: str) -> SqlErrorInfo:
     if any(n in PERMANENT_SQLSERVER_NUMBERS for n in numbers):
         return SqlErrorInfo(PERMANENT, number, first_state, text, lost)
     if any(_transient_sqlstate(s) for s in states) and not _pg_permanent_connect(records):
+        return SqlErrorInfo(TRANSIENT, number, first_state, text, lost)
+    if BABELFISH_UNMAPPED_NUMBER in numbers and _BABELFISH_TRANSIENT_TEXT.search(text):
         return SqlErrorInfo(TRANSIENT, number, first_state, text, lost)
     return SqlErrorInfo(PERMANENT, number, first_state, text, lost)
 

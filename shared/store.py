@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .db import DatabaseTarget, connector
 from .errors import AgentError, OwnerError, SchemaError
+from .transaction_control import TransactionControlRefused, postgres_transaction_statement, refused_message
 from .queries import Query, load_migrations, load_queries
 
 UTC = timezone.utc
@@ -48,6 +50,9 @@ class Store:
         self._connect = connect or connector(target)
         self._connection: Any = None
         self._active_cursor: Any = None
+        # SQL Server dialect: (session id, whether the server is Babelfish) of the current
+        # connection, asked before its first job (session_identity); None until then.
+        self._session: tuple[int, bool] | None = None
         self._in_transaction = False
         # Guards _active_cursor: cancel() (another thread) never touches a cursor being closed.
         self._lock = threading.Lock()
@@ -71,6 +76,7 @@ class Store:
         with self._lock:
             connection, self._connection = self._connection, None
             self._active_cursor = None
+            self._session = None
             if connection is not None:
                 with contextlib.suppress(Exception):
                     connection.close()
@@ -323,22 +329,42 @@ class Store:
         if self.dialect == "sqlite":
             if hasattr(connection, "cancelled"):
                 connection.cancelled.clear()
-            for statement in _sqlite_statements(sql):
-                cursor = connection.cursor()
-                self._set_active(cursor)
-                try:
-                    cursor.execute(statement)
-                    cursor.fetchall()
-                    if cursor.rowcount >= 0 and not cursor.description:
-                        output.append(f"({cursor.rowcount} row(s) affected)")
-                finally:
-                    self._set_active(None)
-                    cursor.close()
+            # SQLite's parser decides: every transaction statement of the job is denied at
+            # prepare time (shared/transaction_control.py). Setting an authorizer expires the
+            # connection's cached statements, so none escapes it.
+            denied: list[str] = []
+            connection.set_authorizer(_job_authorizer(denied))
+            try:
+                for statement in _sqlite_statements(sql):
+                    cursor = connection.cursor()
+                    self._set_active(cursor)
+                    try:
+                        cursor.execute(statement)
+                        cursor.fetchall()
+                        if cursor.rowcount >= 0 and not cursor.description:
+                            output.append(f"({cursor.rowcount} row(s) affected)")
+                    except sqlite3.DatabaseError:
+                        if denied:
+                            raise TransactionControlRefused(refused_message(statement[:80])) from None
+                        raise
+                    finally:
+                        self._set_active(None)
+                        cursor.close()
+            finally:
+                _clear_authorizer(connection)
             return output
+        if self.dialect == "postgres":
+            refused = postgres_transaction_statement(sql)
+            if refused is not None:
+                raise TransactionControlRefused(refused_message(refused))
         principal = owner or self.job_principal
         who = f"the job's owner {principal!r}" if owner else f"AGENT_JOB_PRINCIPAL {principal!r}"
         if principal and self.dialect == "postgres" and principal != self._session_user(connection):
             return self._run_as(connection, principal, who, sql, output)
+        if self.dialect == "mssql" and self._session is None:
+            row = self.execute("session_identity").one()
+            assert row is not None
+            self._session = (int(row["spid"]), str(row["babelfish"] or "") == "1")
         cursor = connection.cursor()
         self._set_active(cursor)
         try:
@@ -355,7 +381,7 @@ class Store:
                     # IMPERSONATE, which the job's principal does not hold (SQL Server Agent's own
                     # rule for a non-sysadmin owner's job step).
                     try:
-                        cursor.execute(mssql_run_as_batch(principal), sql)
+                        cursor.execute(mssql_job_batch(principal), sql)
                     except Exception as exc:
                         if "15517" in str(exc) or "Cannot execute as the database principal" in str(exc):
                             raise OwnerError(f"{who} cannot run this job: {_one_line(exc)} (the user must exist in "
@@ -364,18 +390,30 @@ class Store:
                     drain_results(cursor, output)
                     self._discard_after_rollback = False
                     return output
-                cursor.execute("SET LOCK_TIMEOUT -1;\nEXEC sp_executesql ?;\nSET LOCK_TIMEOUT 30000;", sql)
+                cursor.execute(mssql_job_batch(None), sql)
             else:
                 # Agent statements wait 30 s for a lock at most; the job's own SQL waits as long
                 # as its timeout allows; both SET LOCALs end with the transaction (and
-                # reset_session resets the role before the agent's own statements).
-                prefix = "SET LOCAL lock_timeout = 0;\n"
-                cursor.execute(prefix + sql)
-                for _ in range(prefix.count(";")):   # past the agent's own SET LOCALs
-                    # psqlODBC hands every notice of the batch to its first result: keep them.
-                    output += _messages(cursor)
+                # reset_session resets the role before the agent's own statements). First, when
+                # the job's transaction began: the same after its SQL, or its SQL ended it.
+                prefix = ["SELECT " + PG_TRANSACTION_BEGAN + " AS agent_began;\n",
+                          "SET LOCAL lock_timeout = 0;\n"]
+                cursor.execute("".join(prefix) + sql)
+                began = str(cursor.fetchone()[0])
+                drained = False
+                for _ in prefix:   # past the agent's own statements
+                    # psqlODBC hands most notices of the batch to its first result: keep them.
+                    output += _messages(cursor, postgres=True)
                     if not cursor.nextset():
-                        return output
+                        drained = True
+                        break
+                if not drained:
+                    drain_results(cursor, output, postgres=True)
+                if self._transaction_began(connection) != began:
+                    raise TransactionControlRefused(
+                        "the job's SQL ended the agent's transaction (a COMMIT or ROLLBACK got past the agent's "
+                        "check): the attempt fails; what the SQL committed before that stays committed")
+                return output
             drain_results(cursor, output)
         finally:
             self._set_active(None)
@@ -442,17 +480,26 @@ class Store:
             cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?);\n"
                            f"DROP FUNCTION IF EXISTS {function}(text);", sql)
             while True:
-                output += _messages(cursor)
+                output += _messages(cursor, postgres=True)
                 if cursor.description:
                     cursor.fetchall()
                 if not cursor.nextset():
                     break
-            output += _messages(cursor)
+            output += _messages(cursor, postgres=True)
         finally:
             self._set_active(None)
             with contextlib.suppress(Exception):
                 cursor.close()
         return output
+
+    def _transaction_began(self, connection: Any) -> str:
+        """PostgreSQL: when the current transaction began (one round trip)."""
+        cursor = connection.cursor()
+        try:
+            cursor.execute("SELECT " + PG_TRANSACTION_BEGAN)
+            return str(cursor.fetchone()[0])
+        finally:
+            cursor.close()
 
     def _set_active(self, cursor: Any) -> None:
         with self._lock:
@@ -460,14 +507,28 @@ class Store:
 
     def cancel(self) -> None:
         """Stop the statement running on this store's connection (called from another thread).
-        The cursor cannot be closed while the cancel is in flight (the lock)."""
+        The cursor cannot be closed while the cancel is in flight (the lock).
+
+        Babelfish reads a cancel (the TDS attention SQLCancel sends) only once the statement has
+        ended, so there the session running the job is ended with KILL from a connection of its
+        own: the job's transaction rolls back, and the store reconnects for its next statement.
+        KILL needs the right to end sessions (sysadmin on Babelfish); without it this raises,
+        the caller logs it, and the statement runs to its end (its result is still fenced)."""
         with self._lock:
-            connection, cursor = self._connection, self._active_cursor
+            connection, cursor, session = self._connection, self._active_cursor, self._session
             with contextlib.suppress(Exception):
                 if self.dialect == "sqlite" and connection is not None:
                     (connection.cancel if hasattr(connection, "cancel") else connection.interrupt)()
                 elif cursor is not None:
                     cursor.cancel()
+        if self.dialect == "mssql" and cursor is not None and session is not None and session[1]:
+            killer = self._connect()
+            try:
+                killer.autocommit = True            # KILL is refused inside a transaction (6615)
+                killer.cursor().execute(f"KILL {int(session[0])}")
+            finally:
+                with contextlib.suppress(Exception):
+                    killer.close()
 
     # ------------------------------------------------------------ schema
 
@@ -518,13 +579,49 @@ class Store:
             raise SchemaError(f"{self.target.display} has schema version {version}, newer than this code ({latest}): upgrade the agent")
 
 
-def mssql_run_as_batch(principal: str) -> str:
-    """SQL Server: the batch that runs a job's SQL (its one parameter) as database user
-    ``principal`` (a job's owner, or AGENT_JOB_PRINCIPAL), reverted only by this batch's cookie."""
-    name = "N'" + principal.replace("'", "''") + "'"
-    return ("SET LOCK_TIMEOUT -1;\nDECLARE @agent_cookie VARBINARY(8000);\n"
-            f"EXECUTE AS USER = {name} WITH COOKIE INTO @agent_cookie;\n"
-            "EXEC sp_executesql ?;\nREVERT WITH COOKIE = @agent_cookie;\nSET LOCK_TIMEOUT 30000;")
+def mssql_job_batch(job_principal: str | None) -> str:
+    """The T-SQL batch that runs a job's SQL (its one parameter) in the agent's transaction: the
+    job's own lock timeout; one more nested transaction around it, so that a COMMIT in it only
+    decrements @@TRANCOUNT and commits nothing (SQL Server commits only the outermost), and a
+    changed count afterwards (its COMMIT or ROLLBACK) fails the attempt before anything else
+    runs (the agent then rolls back); with a job principal (a job's owner, or AGENT_JOB_PRINCIPAL),
+    impersonation of that database user that only this batch's cookie reverts."""
+    nest = "DECLARE @agent_trancount INT;\nBEGIN TRANSACTION;\nSET @agent_trancount = @@TRANCOUNT;\n"
+    unnest = ("IF @@TRANCOUNT <> @agent_trancount THROW 50002, N'" + MSSQL_REFUSED.replace("'", "''")
+              + "', 1;\nCOMMIT TRANSACTION;\n")
+    if job_principal:
+        name = "N'" + job_principal.replace("'", "''") + "'"
+        return ("SET LOCK_TIMEOUT -1;\nDECLARE @agent_cookie VARBINARY(8000);\n" + nest
+                + f"EXECUTE AS USER = {name} WITH COOKIE INTO @agent_cookie;\n"
+                "EXEC sp_executesql ?;\nREVERT WITH COOKIE = @agent_cookie;\n" + unnest + "SET LOCK_TIMEOUT 30000;")
+    return "SET LOCK_TIMEOUT -1;\n" + nest + "EXEC sp_executesql ?;\n" + unnest + "SET LOCK_TIMEOUT 30000;"
+
+
+# When the current transaction began, in microseconds since the epoch: a number no session
+# setting of the job's (TimeZone, DateStyle, extra_float_digits) renders differently.
+PG_TRANSACTION_BEGAN = "CAST(extract(epoch FROM transaction_timestamp()) * 1000000 AS bigint)"
+MSSQL_REFUSED = ("the job's SQL may not end the agent's transaction (a COMMIT or ROLLBACK in it changed "
+                 "@@TRANCOUNT): nothing it did is kept")
+
+
+def _job_authorizer(denied: list[str]) -> Callable[..., int]:
+    def authorize(action: int, arg1: Any, arg2: Any, database: Any, source: Any) -> int:
+        if action == sqlite3.SQLITE_TRANSACTION:
+            denied.append(str(arg1))
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+    return authorize
+
+
+def _allow_everything(*_: Any) -> int:
+    return sqlite3.SQLITE_OK
+
+
+def _clear_authorizer(connection: Any) -> None:
+    try:
+        connection.set_authorizer(None)           # Python 3.11+
+    except TypeError:
+        connection.set_authorizer(_allow_everything)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -533,7 +630,7 @@ def _one_line(exc: BaseException) -> str:
     return describe(exc)
 
 
-def drain_results(cursor: Any, output: list[str] | None = None) -> list[str]:
+def drain_results(cursor: Any, output: list[str] | None = None, *, postgres: bool = False) -> list[str]:
     """Read every result set of a job's batch to the end and return the server's messages and
     row counts. An error the server raises while a result set is being read (a conversion or a
     division by zero in its middle, with a driver that fetches incrementally) propagates: the job
@@ -541,26 +638,46 @@ def drain_results(cursor: Any, output: list[str] | None = None) -> list[str]:
     given) as they come, so the messages before such an error are kept."""
     output = [] if output is None else output
     while True:
-        output += _messages(cursor)
+        output += _messages(cursor, postgres=postgres)
         if cursor.description:
             cursor.fetchall()
         elif cursor.rowcount >= 0:
             output.append(f"({cursor.rowcount} row(s) affected)")
         if not cursor.nextset():
             break
-    output += _messages(cursor)
+    output += _messages(cursor, postgres=postgres)
     return output
 
 
-def _messages(cursor: Any) -> list[str]:
-    """The informational messages pyodbc collected for the current result (PRINT, notices)."""
+# What the ODBC driver puts before a server's message: Microsoft's drivers say
+# [Microsoft][ODBC Driver 18 for SQL Server][SQL Server], FreeTDS [FreeTDS][SQL Server].
+_DRIVER_PREFIX = re.compile(r"\[Microsoft\]\[ODBC Driver \d+ for SQL Server\]\[SQL Server\]|\[FreeTDS\]\[SQL Server\]")
+
+
+def _messages(cursor: Any, *, postgres: bool = False) -> list[str]:
+    """The informational messages pyodbc collected for the current result (PRINT, notices).
+
+    ``postgres``: psqlODBC joins a result's notices into one diagnostic record whose length
+    travels in ODBC's 16-bit SQLSMALLINT: past PSQLODBC_NOTICE_LIMIT characters the rest is lost
+    without any error (docs/steps.md). A result whose notices reach that size gets a note saying
+    its output was cut, as for AGENT_STEP_OUTPUT_MAX_BYTES."""
     lines = []
+    size = 0
     for _, text in getattr(cursor, "messages", None) or ():
         text = str(text)
-        for prefix in ("[Microsoft][ODBC Driver 18 for SQL Server][SQL Server]", "[Microsoft][ODBC Driver 17 for SQL Server][SQL Server]"):
-            text = text.replace(prefix, "")
-        lines.append(text.strip())
+        size += len(text)
+        lines.append(_DRIVER_PREFIX.sub("", text).strip())
+    if postgres and size >= PSQLODBC_NOTICE_LIMIT:
+        lines.append(PSQLODBC_CUT_NOTE.format(size=size))
     return lines
+
+
+# psqlODBC hands a result's notices over as one record whose length is a SQLSMALLINT (at most
+# 32,767 characters): measured, 300 notices of 100 characters arrive as 32,699 characters, the
+# rest is gone. What arrives at this size was cut; what arrives at all past it is nothing.
+PSQLODBC_NOTICE_LIMIT = 32_000
+PSQLODBC_CUT_NOTE = ("[output cut by the PostgreSQL ODBC driver after {size} characters of one statement's notices: "
+                     "it keeps about 32 KB of them; write longer progress into a table]")
 
 
 def _merge(parts: Sequence[Result]) -> Result:

@@ -18,7 +18,7 @@ from typing import Callable
 
 from .sqlerrors import describe
 
-log = logging.getLogger("shared.supervisor")
+log = logging.getLogger(__name__)
 # How often deadlines are checked: a run's timeout is enforced within this much.
 CHECK_SECONDS = 0.25
 

@@ -16,6 +16,7 @@ our machines (not even in CI); the T-SQL is still parsed and compared in test_di
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import uuid
@@ -128,21 +129,54 @@ def mssql_database() -> Iterator[str]:
         return
     name = f"agent_test_{uuid.uuid4().hex[:12]}"
     admin = mssql_connection("master")
+    babelfish = mssql_is_babelfish(admin)
     try:
         cursor = admin.cursor()
-        babelfish = "babelfish" in cursor.execute("SELECT @@VERSION").fetchone()[0].lower()
         cursor.execute(f"CREATE DATABASE [{name}]")
+        # What every Azure SQL database runs (and what the T-SQL dialect is written for).
+        # Babelfish has no ALTER DATABASE: PostgreSQL's READ COMMITTED reads a snapshot taken
+        # at each statement already, which is what READ_COMMITTED_SNAPSHOT ON gives.
         if not babelfish:
-            # What every Azure SQL database runs (and what the T-SQL dialect is written for).
-            # Babelfish has no ALTER DATABASE: its reads are PostgreSQL's MVCC snapshots anyway.
             cursor.execute(f"ALTER DATABASE [{name}] SET READ_COMMITTED_SNAPSHOT ON")
         yield with_database(MSSQL_BASE, name)
     finally:
         cursor = admin.cursor()
-        if not babelfish:
+        if babelfish:
+            _babelfish_end_sessions(cursor, name)
+        else:
             cursor.execute(f"IF DB_ID(N'{name}') IS NOT NULL ALTER DATABASE [{name}] SET SINGLE_USER WITH ROLLBACK IMMEDIATE")
         cursor.execute(f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
         admin.close()
+
+
+def _babelfish_end_sessions(cursor, name: str) -> None:
+    """Babelfish has no ALTER DATABASE ... SET SINGLE_USER WITH ROLLBACK IMMEDIATE, and refuses
+    to drop a database a session still uses: end those sessions (a worker a test left running)."""
+    import time
+
+    import pyodbc
+
+    deadline = time.monotonic() + 10
+    while True:
+        cursor.execute("SELECT session_id FROM sys.dm_exec_sessions "
+                       f"WHERE database_id = DB_ID(N'{name}') AND session_id <> @@SPID")
+        sessions = [row[0] for row in cursor.fetchall() if row[0] is not None]
+        if not sessions or time.monotonic() > deadline:
+            return
+        for session in sessions:
+            with contextlib.suppress(pyodbc.Error):
+                cursor.execute(f"KILL {int(session)}")
+        time.sleep(0.2)
+
+
+def mssql_is_babelfish(connection) -> bool:
+    """Whether a T-SQL connection reaches Babelfish for PostgreSQL (SERVERPROPERTY('Babelfish')
+    is 1 there and NULL on SQL Server and Azure SQL)."""
+    cursor = connection.cursor()
+    cursor.execute("SELECT CAST(SERVERPROPERTY('Babelfish') AS NVARCHAR(10))")
+    value = cursor.fetchone()[0]
+    cursor.close()
+    return value == "1"
 
 
 # The SQL Server variant exists only when a server is given: SQL Server cannot run on our
@@ -294,9 +328,27 @@ def sql_for(db: str, sqlite: str, postgres: str, mssql: str | None = None) -> st
     return sqlite if dialect == "sqlite" else postgres
 
 
-def tsql_delay(seconds: int) -> str:
-    """WAITFOR DELAY for a whole number of seconds (T-SQL's sleep)."""
-    return f"WAITFOR DELAY '{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}'"
+def tsql_delay(seconds: float) -> str:
+    """T-SQL's sleep, one statement: WAITFOR DELAY on SQL Server and Azure SQL. Babelfish refuses
+    WAITFOR ("not currently supported"), so there it is PostgreSQL's pg_sleep called from T-SQL,
+    inside sp_executesql so that its variable stays its own and its void value is never sent."""
+    if mssql_server_is_babelfish():
+        return ("EXEC sp_executesql N'DECLARE @agent_delay INT = "
+                f"(SELECT COUNT(*) FROM (SELECT pg_catalog.pg_sleep({seconds:g}) AS s) AS z)'")
+    whole, millis = int(seconds), round((seconds - int(seconds)) * 1000)
+    return f"WAITFOR DELAY '{whole // 3600:02d}:{whole % 3600 // 60:02d}:{whole % 60:02d}.{millis:03d}'"
+
+
+@functools.lru_cache(maxsize=None)
+def mssql_server_is_babelfish() -> bool:
+    """Whether AGENT_TEST_MSSQL is Babelfish for PostgreSQL (asked once per test process)."""
+    if not MSSQL_BASE:
+        return False
+    connection = mssql_connection("master")
+    try:
+        return mssql_is_babelfish(connection)
+    finally:
+        connection.close()
 
 
 def query(agent, sql: str) -> list[tuple]:

@@ -170,5 +170,5 @@ def test_a_tds_server_through_freetds_is_the_t_sql_dialect():
         target = parse_database_url(f"Driver={driver};Server=127.0.0.1;Port=1433;UID=u;PWD=secret;TDS_Version=7.4;")
         assert target.dialect == "mssql", driver
         assert "secret" not in target.display
-    with pytest.raises(ConfigError, match="FreeTDS for a TDS server such as Babelfish"):
+    with pytest.raises(ConfigError, match=r"or FreeTDS \('FreeTDS': SQL Server, Babelfish\)"):
         parse_database_url("Driver={Some Other Driver};Server=x;")

@@ -15,7 +15,7 @@ import pytest
 from shared.agent import Agent
 from shared.cli import main as cli
 from shared.config import load_settings
-from shared.doctor import CHECKS, run_doctor
+from shared.doctor import CHECKS, run_doctor, server_description
 from tests.azurite import ACCOUNT, ACCOUNT_KEY, azurite, azurite_server, free_loopback_port  # noqa: F401
 from tests.conftest import db_dialect, PG_BASE, attempts_table, execute, make_agent, pg_admin_connection, query, service_missing
 
@@ -61,6 +61,13 @@ def test_happy_path_leaves_nothing_behind(db_url, capsys):
             assert "claim straight from the runs table" in checks["queue"][1]
             assert checks["targets"] == ("OK", "no job has fleet targets (JOB__<name>__TARGETS, agent.add_scheduled_job @targets)"), out
             assert out.rstrip().endswith("all checks passed")
+            # The server, as it describes itself (@@VERSION, version()); Babelfish is named so.
+            if db_dialect(db_url) == "postgres":
+                assert re.search(r"; server: PostgreSQL \d+", checks["connectivity"][1]), out
+            elif db_dialect(db_url) == "mssql":
+                version = agent.store().execute("server_version").scalar()
+                expected = "Babelfish for PostgreSQL" if "Babelfish" in version else version.splitlines()[0].strip()
+                assert f"; server: {expected}" in checks["connectivity"][1], out
         assert agent.store().execute("count_runs_by_status").rows == []
         assert query(agent, f"SELECT COUNT(*) FROM {attempts_table(agent)}") == [(0,)]
     finally:
@@ -224,3 +231,23 @@ def test_the_monitor_check_requires_app_service_authentication_when_the_monitor_
                  "WEBSITE_AUTH_V2_CONFIG_JSON": '{"globalValidation": {"requireAuthentication": true, '
                                                 '"unauthenticatedClientAction": 2}}'}):
         assert "on and required" in monitor_auth_detail(env)
+
+
+def test_the_server_is_named_from_what_it_says_it_is():
+    """@@VERSION and version() texts as the servers answer them (Babelfish for PostgreSQL 4.2.0
+    through FreeTDS, Azure SQL Database, SQL Server 2022, PostgreSQL): Babelfish is named with
+    what differs, the others by their first line."""
+    babelfish = ("Babelfish for PostgreSQL with SQL Server Compatibility - 12.0.2000.8\nNov 25 2026 08:11:35\n"
+                 "Copyright (c) Amazon Web Services\nPostgreSQL 16.3 on x86_64-pc-linux-gnu (Babelfish 4.2.0)")
+    assert server_description(babelfish) == (
+        "Babelfish for PostgreSQL 4.2.0 (PostgreSQL 16.3): T-SQL over TDS; table hints are ignored and applocks "
+        "are server-wide (see docs/azure-sql.md)")
+    assert server_description("Microsoft SQL Azure (RTM) - 12.0.2000.8 \n\tOct  2 2024 11:51:41 \n\tCopyright (C) "
+                              "2022 Microsoft Corporation\n") == "Microsoft SQL Azure (RTM) - 12.0.2000.8"
+    assert server_description("Microsoft SQL Server 2022 (RTM-CU14) (KB5038325) - 16.0.4135.4 (X64) \n\tJul 10 2024 "
+                              "14:09:09 \n\tCopyright (C) 2022 Microsoft Corporation\n\tDeveloper Edition (64-bit) on "
+                              "Linux (Ubuntu 22.04.4 LTS) <X64>") == (
+        "Microsoft SQL Server 2022 (RTM-CU14) (KB5038325) - 16.0.4135.4 (X64)")
+    assert server_description("PostgreSQL 15.8 (Debian 15.8-0+deb12u1) on x86_64-pc-linux-gnu, compiled by gcc") == (
+        "PostgreSQL 15.8 (Debian 15.8-0+deb12u1)")
+    assert server_description("") == "unknown"

@@ -18,7 +18,7 @@ import pytest
 from shared.config import parse_jobs
 from shared.db import connector
 from tests.conftest import (MSSQL_BASE, execute, fresh_database, make_agent, mssql_connection, pg_admin_connection,
-                            query, work)
+                            query, tsql_delay, work)
 from tests.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
 from tests.memory_queue import MemoryQueue
 
@@ -182,7 +182,7 @@ def test_parallelism_is_never_exceeded_and_is_used(fleet, control):
         read = "SELECT started, ended FROM spans"
     else:
         slow = ("IF OBJECT_ID(N'dbo.spans') IS NULL CREATE TABLE dbo.spans (started DATETIME2, ended DATETIME2); "
-                "DECLARE @s DATETIME2 = SYSUTCDATETIME(); WAITFOR DELAY '00:00:00.400'; "
+                f"DECLARE @s DATETIME2 = SYSUTCDATETIME(); {tsql_delay(0.4)}; "
                 "INSERT INTO dbo.spans VALUES (@s, SYSUTCDATETIME())")
         read = "SELECT started, ended FROM dbo.spans"
     agent = make_agent(control, {"wide": {"SCHEDULE": "0 0 3 * * *", "TARGETS": f"db:{fleet.prefix}_p*",
@@ -313,7 +313,7 @@ def test_a_killed_workers_execution_is_taken_back_and_finished(fleet, control):
         slow = ("SELECT pg_sleep(CASE WHEN EXISTS (SELECT 1 FROM pg_tables WHERE tablename = 'slow_flag') "
                 "THEN 60 ELSE 0 END); ")
     else:
-        slow = "IF OBJECT_ID(N'dbo.slow_flag') IS NOT NULL WAITFOR DELAY '00:01:00'; "
+        slow = f"IF OBJECT_ID(N'dbo.slow_flag') IS NOT NULL {tsql_delay(60)}; "
     flag = connector(make_agent(control).target, slow_one)()
     flag.cursor().execute("CREATE TABLE slow_flag (x INT)")
     flag.commit()
@@ -600,7 +600,7 @@ def test_a_target_connection_terminated_mid_execution_is_retried_without_spendin
         slow = ("SELECT pg_sleep(CASE WHEN EXISTS (SELECT 1 FROM pg_tables WHERE tablename = 'slow_flag') "
                 "THEN 30 ELSE 0 END); ")
     else:
-        slow = "IF OBJECT_ID(N'dbo.slow_flag') IS NOT NULL WAITFOR DELAY '00:00:30'; "
+        slow = f"IF OBJECT_ID(N'dbo.slow_flag') IS NOT NULL {tsql_delay(30)}; "
     setup = connector(make_agent(control).target, cut)()
     setup.autocommit = True
     setup.cursor().execute("CREATE TABLE slow_flag (x INT)")
@@ -778,7 +778,7 @@ def test_three_agent_processes_keep_one_runs_window_and_run_each_database_once(f
                    "UPDATE spans SET ended = clock_timestamp()")
     else:
         command = ("CREATE TABLE dbo.spans (started DATETIME2, ended DATETIME2); DECLARE @s DATETIME2 = SYSUTCDATETIME(); "
-                   "WAITFOR DELAY '00:00:00.300'; INSERT INTO dbo.spans VALUES (@s, SYSUTCDATETIME())")
+                   f"{tsql_delay(0.3)}; INSERT INTO dbo.spans VALUES (@s, SYSUTCDATETIME())")
     jobs = {"shared": {"SCHEDULE": "0 0 3 * * *", "TARGETS": f"db:{fleet.prefix}_m*", "COMMAND": command,
                        "TARGET_PARALLELISM": "3", "MAX_ATTEMPTS": "1"}}
     settings = {"AGENT_MAX_CONCURRENCY": "10", "AGENT_POLL_SECONDS": "1"}

@@ -231,9 +231,9 @@ def test_the_sql_server_batch_impersonates_the_owner_with_a_cookie_and_parses(ow
     from sqlfluff.core import FluffConfig, Linter
     from sqlglot.dialects.tsql import TSQL
 
-    from shared.store import mssql_run_as_batch
+    from shared.store import mssql_job_batch
 
-    batch = mssql_run_as_batch(owner)
+    batch = mssql_job_batch(owner)
     lines = batch.splitlines()
     # sqlfluff's T-SQL grammar has no EXECUTE AS / REVERT statements: the rest is parsed, those two
     # are checked token by token (the owner one N'' literal; the cookie the batch's own variable).

@@ -156,7 +156,7 @@ def test_a_hanging_or_failing_webhook_never_delays_the_next_run(agent_factory, d
                     "NOTIFY_WEBHOOK_URL": receiver.url + "/hang"},
         "b_fails": {"SCHEDULE": slot, "COMMAND": "SELECT * FROM no_such_table", "MAX_ATTEMPTS": "1",
                     "NOTIFY_WEBHOOK_URL": receiver.url + "/fail"},
-        "c_next": {"SCHEDULE": slot, "COMMAND": sql_for(db_url, "SELECT 1", "SELECT 1")},
+        "c_next": {"SCHEDULE": slot, "COMMAND": sql_for(db_url, "SELECT 1", "SELECT 1", "SELECT 1")},
     }
     agent = agent_factory(jobs, clock=clock, AGENT_MAX_CONCURRENCY="1")
     agent.tick()

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from shared.runner import LocalRunner
-from tests.conftest import Clock, at, execute, make_agent, query, runs_table, sql_for, work
+from tests.conftest import Clock, at, execute, make_agent, query, runs_table, sql_for, tsql_delay, work
 from tests.memory_queue import MemoryQueue
 
 UTC = timezone.utc
@@ -223,14 +223,17 @@ def test_a_row_inserted_behind_the_agents_back_starts_within_the_poll_interval(d
 def test_the_cap_holds_whoever_starts(db_url, mode):
     """AGENT_MAX_CONCURRENCY=2, jobs due at once, tasks submitted while workers run, three
     workers: never more than two executions overlap (measured from what the jobs record)."""
-    slow = sql_for(db_url, "SELECT agent_sleep(0.3)", "SELECT pg_sleep(0.3)")
-    record = ("INSERT INTO spans (label, started, ended) VALUES ('{label}', {now}, {now})")
-    now_sql = sql_for(db_url, "strftime('%Y-%m-%d %H:%M:%f', 'now')", "clock_timestamp()")
+    slow = sql_for(db_url, "SELECT agent_sleep(0.3)", "SELECT pg_sleep(0.3)", tsql_delay(0.3))
+    now_sql = sql_for(db_url, "strftime('%Y-%m-%d %H:%M:%f', 'now')", "clock_timestamp()",
+                      "CONVERT(VARCHAR(40), SYSUTCDATETIME(), 121)")
     agent = make_agent(db_url, queue=MemoryQueue() if mode == "queue" else None, AGENT_MAX_CONCURRENCY="2")
     execute(agent, "CREATE TABLE spans (label VARCHAR(20), started VARCHAR(40), ended VARCHAR(40))")
 
     def task(label: str) -> str:
         # the start and end of the job's own work, in the database's clock
+        if agent.target.dialect == "mssql":
+            return (f"DECLARE @s VARCHAR(40) = {now_sql}; {slow}; "
+                    f"INSERT INTO spans (label, started, ended) VALUES ('{label}', @s, {now_sql})")
         return (f"CREATE TEMP TABLE IF NOT EXISTS t_{label} (s VARCHAR(40)); "
                 f"INSERT INTO t_{label} VALUES ({now_sql}); {slow}; "
                 f"INSERT INTO spans (label, started, ended) SELECT '{label}', s, {now_sql} FROM t_{label}")

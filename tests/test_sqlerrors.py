@@ -404,6 +404,21 @@ MICROSOFT_SAMPLES = [
         "transient", 40501, False, "The service is currently busy. Retry the request after 10 seconds.",
         id="40501-throttled-documented-text",
     ),
+    pytest.param(
+        "ProgrammingError", "42000",
+        "[42000] [FreeTDS][SQL Server]canceling statement due to lock timeout (33557097) (SQLExecDirectW)",
+        "transient", 33557097, False, "canceling statement due to lock timeout",
+        # Source: Babelfish for PostgreSQL 4.2.0 through FreeTDS, SET LOCK_TIMEOUT 2000 and a row
+        # another session holds (PostgreSQL's 55P03 has no SQL Server number in Babelfish's mapping).
+        id="babelfish-lock-timeout-unmapped",
+    ),
+    pytest.param(
+        "ProgrammingError", "42000",
+        "[42000] [FreeTDS][SQL Server]'MERGE' is not currently supported in Babelfish (33557097) (SQLExecDirectW)",
+        "permanent", 33557097, False, "'MERGE' is not currently supported in Babelfish",
+        # Source: Babelfish for PostgreSQL 4.2.0 through FreeTDS, a MERGE statement.
+        id="babelfish-unsupported-permanent",
+    ),
 ]
 
 

@@ -31,7 +31,8 @@ def _outputs(agent, job):
 
 def _notice_step(db_url: str, text: str) -> str:
     return sql_for(db_url, "UPDATE items SET n = n + 1",
-                   f"DO $$ BEGIN RAISE NOTICE '{text}'; END $$; UPDATE items SET n = n + 1")
+                   f"DO $$ BEGIN RAISE NOTICE '{text}'; END $$; UPDATE items SET n = n + 1",
+                   f"PRINT '{text}'; UPDATE items SET n = n + 1")
 
 
 def test_output_of_each_step_attempt_is_kept_and_shown(agent_factory, db_url, capsys):
@@ -130,5 +131,26 @@ def test_step_events_carry_the_step_and_its_output(db_url, appinsights_endpoint)
         (failed,) = named["StepFailed"]
         assert failed["step"] == "2" and "no_such_table" in failed["error_message"]
         assert len(named["RunSucceeded"]) == 1   # the flow's outcome: quit_success on failure
+    finally:
+        agent.close()
+
+
+def test_notices_the_postgresql_driver_cuts_are_recorded_as_cut(pg_url):
+    """psqlODBC keeps about 32 KB of one statement's notices (a 16-bit length) and drops the rest
+    without an error: a step whose notices reach that size says its output was cut, and one that
+    stays under it does not."""
+    chatty = "DO $$ BEGIN FOR i IN 1..{n} LOOP RAISE NOTICE '%', repeat('x', 100); END LOOP; END $$"
+    agent = make_agent(pg_url, {"big": {"SCHEDULE": _once(), "COMMAND": chatty.format(n=300)},
+                                "small": {"SCHEDULE": _once(), "COMMAND": chatty.format(n=30)}},
+                       AGENT_STEP_OUTPUT_MAX_BYTES="1000000")
+    try:
+        agent.tick(datetime.now(UTC))
+        work(agent)
+        _, ((_, outcome, big),) = _outputs(agent, "big")
+        assert outcome == "succeeded"
+        assert any(line.startswith("[output cut by the PostgreSQL ODBC driver after 3") for line in big.splitlines())
+        assert big.count("NOTICE:") >= 250
+        _, ((_, _, small),) = _outputs(agent, "small")
+        assert small.count("NOTICE:") == 30 and "output cut" not in small
     finally:
         agent.close()

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from shared.config import parse_jobs
-from tests.conftest import Clock, execute, query, sql_for, work
+from tests.conftest import Clock, execute, query, sql_for, tsql_delay, work
 from tests.memory_queue import MemoryQueue
 
 UTC = timezone.utc
@@ -56,6 +56,8 @@ def fail_sql(db_url: str) -> str:
 def setup_marks(agent) -> None:
     if agent.target.dialect == "sqlite":
         execute(agent, "CREATE TABLE marks (id INTEGER PRIMARY KEY AUTOINCREMENT, label VARCHAR(20))")
+    elif agent.target.dialect == "mssql":
+        execute(agent, "CREATE TABLE marks (id INT IDENTITY PRIMARY KEY, label VARCHAR(20))")
     else:
         execute(agent, "CREATE TABLE marks (id SERIAL PRIMARY KEY, label VARCHAR(20))")
 
@@ -124,6 +126,7 @@ def test_goto_back_with_an_exit(agent_factory, db_url, mode):
     ON_SUCCESS quits with success: 1, 2, 1, 2, 1, 2."""
     check = sql_for(db_url,
                     "SELECT json(CASE WHEN COUNT(*) < 3 THEN 'not json' ELSE '1' END) FROM marks",
+                    "SELECT 1 / (CASE WHEN COUNT(*) < 3 THEN 0 ELSE 1 END) FROM marks",
                     "SELECT 1 / (CASE WHEN COUNT(*) < 3 THEN 0 ELSE 1 END) FROM marks")
     agent = build(agent_factory, mode, {"loop": steps(
         mark("again"), check, **{"1__ON_SUCCESS": "next", "2__MAX_ATTEMPTS": "1", "2__ON_FAILURE": "goto:1",
@@ -146,6 +149,7 @@ def test_a_step_is_retried_after_its_interval_and_earlier_steps_are_not_rerun(ag
     # Step 2 fails on its first attempt (one mark so far), succeeds on its second.
     flaky = sql_for(db_url,
                     "SELECT json(CASE WHEN COUNT(*) < 2 THEN 'not json' ELSE '1' END) FROM marks",
+                    "SELECT 1 / (CASE WHEN COUNT(*) < 2 THEN 0 ELSE 1 END) FROM marks",
                     "SELECT 1 / (CASE WHEN COUNT(*) < 2 THEN 0 ELSE 1 END) FROM marks")
     agent = agent_factory({"flaky": {"SCHEDULE": "@once " + clock.now.isoformat(),
                                      "STEPS__1__COMMAND": mark("one"),
@@ -288,7 +292,8 @@ def test_a_worker_killed_inside_step_2_resumes_at_step_2_and_step_1_is_not_rerun
     from tests.chaos.faults import clean_env, kill9, start_cli, wait_until
 
     slow = sql_for(db_url, "SELECT agent_sleep(CASE WHEN EXISTS (SELECT 1 FROM slow_flag) THEN 60 ELSE 0 END)",
-                   "SELECT pg_sleep(CASE WHEN EXISTS (SELECT 1 FROM slow_flag) THEN 60 ELSE 0 END)")
+                   "SELECT pg_sleep(CASE WHEN EXISTS (SELECT 1 FROM slow_flag) THEN 60 ELSE 0 END)",
+                   f"IF EXISTS (SELECT 1 FROM slow_flag) {tsql_delay(60)}")
     agent = build(agent_factory, "direct", {"nightly": {**steps(mark("one"), f"{slow}; {mark('two')}"),
                                                         "LEASE_SECONDS": "6"}})
     execute(agent, "CREATE TABLE slow_flag (x INT)")

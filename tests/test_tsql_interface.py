@@ -22,7 +22,7 @@ import pytest
 from shared.cli import main as cli
 from shared.runner import LocalRunner
 from tests.conftest import (MSSQL_BASE, execute, fresh_database, job_env, make_agent, pg_admin_connection, query,
-                            sql_for, work)
+                            sql_for, tsql_delay, work)
 from tests.memory_queue import MemoryQueue
 from tests.tsql_caller import CallError, call, connect, select
 
@@ -649,7 +649,7 @@ def test_the_seed_examples_run_from_the_procedures_with_no_minute_tick(control_u
              sql="INSERT INTO seed_log (label) VALUES ('daily')")
         call(connection, "add_scheduled_job", name="failing", run_at=datetime.now(UTC), max_attempts=1,
              sql=sql_for(control_url, "", "SELECT 1/0", "SELECT 1/0"))
-        delay = sql_for(control_url, "", "SELECT pg_sleep(0.3)", "WAITFOR DELAY '00:00:00.300'")
+        delay = sql_for(control_url, "", "SELECT pg_sleep(0.3)", tsql_delay(0.3))
         for order in (2, 1, 0):                                        # queued in reverse order
             for copy in range(2):
                 call(connection, "exec_async", execution_order=order,
@@ -850,10 +850,10 @@ def _migration_text(dialect: str) -> str:
     migrations = load_migrations(dialect)
     (first,) = [i for i, m in enumerate(migrations) if m.path.name.endswith("_tsql_interface.sql")]
     texts = [migrations[first].path.read_text(encoding="utf-8")]
-    interface = re.compile(r"^(?:CREATE (?:OR (?:REPLACE|ALTER) )?(?:FUNCTION|PROCEDURE)|DROP FUNCTION|GRANT|REVOKE)"
-                           r"\b[^(]*?\bagent\.(\w+)", re.M)
+    interface = re.compile(r"^(?:(?:CREATE (?:OR (?:REPLACE|ALTER) )?|ALTER )(?:FUNCTION|PROCEDURE)|DROP FUNCTION|GRANT"
+                           r"|REVOKE)\b[^(]*?\bagent\.(\w+)", re.M)
     for migration in migrations[first + 1:]:
-        for statement in split_statements(migration.path.read_text(encoding="utf-8")):
+        for statement in migration.statements():
             code = "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
             match = interface.search(code)
             if match and match.group(1) in PROCEDURES:
@@ -894,8 +894,8 @@ def tsql_procedures() -> dict[str, dict]:
     from shared.queries import split_statements
 
     found = {}
-    for statement in split_statements(_migration_text("mssql")):
-        match = re.search(r"CREATE OR ALTER PROCEDURE agent\.(\w+)\s*(.*?)\nAS\nBEGIN\n(.*)\nEND$", statement, re.S)
+    for statement in split_statements(_migration_text("mssql"), tsql=True):
+        match = re.search(r"(?:CREATE|ALTER) PROCEDURE agent\.(\w+)\s*(.*?)\nAS\nBEGIN\n(.*)\nEND$", statement, re.S)
         if not match:
             continue
         name, params, body = match.groups()
@@ -933,7 +933,7 @@ def _view_columns(dialect: str) -> dict[str, list[str]]:
 
     read = {"postgres": "postgres", "mssql": "tsql"}[dialect]
     views = {}
-    for statement in split_statements(_migration_text(dialect)):
+    for statement in split_statements(_migration_text(dialect), tsql=dialect == "mssql"):
         code = "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
         if "VIEW agent." not in code:
             continue
@@ -988,10 +988,13 @@ def test_tsql_modules_are_whole_batches_and_sqlfluff_catches_a_broken_one():
 
     import re
 
-    modules = [s for s in split_statements(_migration_text("mssql")) if "CREATE OR ALTER" in s]
-    # One batch per module (a procedure redefined by a later migration is a batch of its own too).
-    names = [re.search(r"CREATE OR ALTER (?:PROCEDURE|VIEW) agent\.(\w+)", m).group(1) for m in modules]
-    assert set(names) == PROCEDURES | VIEWS and all(s.count("CREATE OR ALTER") == 1 for s in modules)
+    module = re.compile(r"^(?:CREATE|ALTER) (?:PROCEDURE|VIEW) agent\.(\w+)", re.M)
+    modules = [s for s in split_statements(_migration_text("mssql"), tsql=True) if module.search(s)]
+    # One batch per module (a procedure redefined by a later migration is a batch of its own too,
+    # with ALTER PROCEDURE: Babelfish refuses CREATE OR ALTER).
+    names = [module.search(m).group(1) for m in modules]
+    assert set(names) == PROCEDURES | VIEWS and all(len(module.findall(s)) == 1 for s in modules)
+    assert not any("OR ALTER" in m for m in modules)
     linter = Linter(config=FluffConfig(overrides={"dialect": "tsql", "large_file_skip_byte_limit": 0}))
 
     def parses(sql: str) -> bool:
@@ -1016,6 +1019,13 @@ def test_the_splitter_keeps_a_tsql_module_whole_until_go():
         "-- a comment\nCREATE OR ALTER PROCEDURE agent.p @a INT = 0\nAS\nBEGIN\n    SELECT 1;\n    SELECT 2;\nEND",
         "CREATE OR ALTER VIEW agent.v AS\nSELECT 1 AS one",
         "SELECT 3;", "CREATE VIEW agent.w AS SELECT 4 AS four;", "SELECT 5;"]
+    # In T-SQL text a plain CREATE or ALTER of a module starts one too (what Babelfish accepts);
+    # elsewhere it is an ordinary statement.
+    tsql = "CREATE PROCEDURE agent.p\nAS\nBEGIN\n    SELECT 1;\nEND\nGO\nALTER PROCEDURE agent.p\nAS\nBEGIN\n    SELECT 2;\nEND\nGO\nSELECT 3;\n"
+    assert split_statements(tsql, tsql=True) == [
+        "CREATE PROCEDURE agent.p\nAS\nBEGIN\n    SELECT 1;\nEND", "ALTER PROCEDURE agent.p\nAS\nBEGIN\n    SELECT 2;\nEND",
+        "SELECT 3;"]
+    assert split_statements("CREATE VIEW v AS SELECT 1;\nSELECT 2;", tsql=False) == ["CREATE VIEW v AS SELECT 1;", "SELECT 2;"]
     # PostgreSQL's $$ bodies are untouched by the rule.
     assert len(split_statements("CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $$\nSELECT 1;\n$$;\nSELECT 2;")) == 2
 

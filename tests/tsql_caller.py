@@ -99,6 +99,7 @@ def error_of(exc: Exception) -> CallError:
     text = str(exc.args[-1]) if exc.args else str(exc)
     number = re.search(r"\((5140\d)\)", text)
     message = re.sub(r"^\[[^\]]*\]\s*(ERROR:\s*)?", "", text)
-    message = re.sub(r"\[Microsoft\]\[ODBC Driver \d+ for SQL Server\]\[SQL Server\]", "", message)
+    # Microsoft's driver says [Microsoft][ODBC Driver 18 for SQL Server][SQL Server], FreeTDS [FreeTDS][SQL Server].
+    message = re.sub(r"(?:\[Microsoft\]\[ODBC Driver \d+ for SQL Server\]|\[FreeTDS\])\[SQL Server\]", "", message)
     message = re.split(r";\nError while executing the query|\s*\(\d+\) \(SQLExecDirectW\)$", message)[0].strip()
     return CallError(number.group(1) if number else state, message)

@@ -23,9 +23,10 @@
 --   tick waits for the first one's commit and then finds its row (no duplicate, no error);
 --   should a duplicate ever get through, the index refuses it (2601 = lost the race);
 -- * the dispatcher and the local queue pick rows WITH (UPDLOCK, READPAST, ROWLOCK), the
---   T-SQL form of FOR UPDATE SKIP LOCKED, and update them through that CTE (a locking read of
---   the current rows, touching no row another worker holds);
--- * upserts are MERGE ... WITH (HOLDLOCK) (serializable on the key: no duplicate insert).
+--   T-SQL form of FOR UPDATE SKIP LOCKED, in a TOP (n) ... ORDER BY subselect, and update them
+--   by key (a locking read of the current rows, touching no row another worker holds);
+-- * upserts update, then insert what is missing, under a lock the caller holds or key-range
+--   locks (UPDLOCK, HOLDLOCK) on the keys, never MERGE;
 -- * starts (claim_runs, start_run, dispatch_runs, insert_manual_run) take agent.start_lock's table
 --   lock first, for the rest of their transaction: the concurrency cap, task order and overlap
 --   are decided by one starter at a time, each statement reading what the others committed.
@@ -33,9 +34,13 @@
 -- rows (OUTPUT ... INTO a table variable, then SELECT: an agent table may carry a DBA's
 -- trigger, and OUTPUT without INTO is refused on such a table, error 334).
 --
--- T-SQL requires a MERGE to end with a semicolon (error 10713). The loader strips a ';' at the
--- end of a line (it separates statements), so each MERGE keeps its ';' by ending on a comment;
--- tests/test_dialects.py checks that the loaded MERGE statements still end with ';'.
+-- One dialect for SQL Server, Azure SQL and Babelfish for PostgreSQL (docs/azure-sql.md): no
+-- MERGE, no UPDATE through a CTE, no deleted.* in OUTPUT, no INSERT ... OUTPUT INTO ... ORDER BY,
+-- no STRING_AGG ... WITHIN GROUP, and an UPDATE ... OUTPUT reads the tables it joins through a
+-- comma join and its WHERE clause (Babelfish refuses these; each rewrite argues its locking where
+-- it is). Babelfish accepts and ignores the table hints: there the unique keys and the fencing
+-- tokens keep the engine correct, as the comments next to the queries say.
+-- A comment inside a query holds no apostrophe (the loader reads one as the start of a string).
 
 -- bootstrap_schema --
 -- Take the migration lock for the session (released by release_migration_lock after the migrations), checking that it was granted, then create the agent schema and the schema version table if missing: two first init-db runs cannot both create them. (An owner 'Transaction' lock taken by EXEC, which opens no implicit transaction, would not be taken at all: -999.)
@@ -82,23 +87,28 @@ SELECT state_value FROM agent.state WHERE state_key = :state_key;
 
 -- set_state --
 -- Write one engine state value.
-MERGE agent.state WITH (HOLDLOCK) AS t
-USING (SELECT CAST(:state_key AS NVARCHAR(64)) AS state_key, CAST(:state_value AS NVARCHAR(MAX)) AS state_value,
-              CAST(:now AS DATETIME2(6)) AS updated_at) AS s
-ON t.state_key = s.state_key
-WHEN MATCHED THEN UPDATE SET state_value = s.state_value, updated_at = s.updated_at
-WHEN NOT MATCHED THEN INSERT (state_key, state_value, updated_at) VALUES (s.state_key, s.state_value, s.updated_at); -- MERGE ends with a semicolon
+-- Update, then insert if absent (no MERGE: Babelfish refuses it, and the SQL Server page on MERGE itself asks for HOLDLOCK before a MERGE is a safe upsert). On SQL Server (UPDLOCK, HOLDLOCK) makes the UPDATE hold a key-range lock on the key to the end of the transaction even when no row has it (HOLDLOCK is SERIALIZABLE for this table: "Table hints (Transact-SQL)", https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table), so a concurrent writer of the same key waits for this commit and then updates the row instead of inserting a second one; the probe of the INSERT holds the same lock. The settings sync calls it under the job-definitions applock as well. Babelfish ignores the hints: there the primary key refuses a second insert (error 2627) and the transaction of that caller rolls back and is retried.
+UPDATE agent.state WITH (UPDLOCK, HOLDLOCK)
+SET state_value = CAST(:state_value AS NVARCHAR(MAX)), updated_at = CAST(:now AS DATETIME2(6))
+WHERE state_key = CAST(:state_key AS NVARCHAR(64));
+INSERT INTO agent.state (state_key, state_value, updated_at)
+SELECT CAST(:state_key AS NVARCHAR(64)), CAST(:state_value AS NVARCHAR(MAX)), CAST(:now AS DATETIME2(6))
+WHERE NOT EXISTS (SELECT 1 FROM agent.state AS e WITH (UPDLOCK, HOLDLOCK)
+                  WHERE e.state_key = CAST(:state_key AS NVARCHAR(64)));
 
 -- claim_state --
 -- Set one engine state value only if it is new or larger than the stored one (text order); a row back means this caller won (e.g. the one doorbell chain of a tick period).
+-- Update-then-insert under one key-range lock, as set_state (the same hints and the same reference). Of two callers with the same value, the second waits on the lock of the first, then finds the value no longer smaller (no row) or the row there (no insert): exactly one wins. On Babelfish (hints ignored) PostgreSQL re-checks the condition of the UPDATE on the row the first caller committed, so the second still loses; two first-ever inserts of the key meet the primary key, and the statement of the loser fails (2627) instead of returning no row: it rang no doorbell, which is what losing means.
 DECLARE @won TABLE (state_key NVARCHAR(64));
-MERGE agent.state WITH (HOLDLOCK) AS t
-USING (SELECT CAST(:state_key AS NVARCHAR(64)) AS state_key, CAST(:state_value AS NVARCHAR(MAX)) AS state_value,
-              CAST(:now AS DATETIME2(6)) AS updated_at) AS s
-ON t.state_key = s.state_key
-WHEN MATCHED AND t.state_value < s.state_value THEN UPDATE SET state_value = s.state_value, updated_at = s.updated_at
-WHEN NOT MATCHED THEN INSERT (state_key, state_value, updated_at) VALUES (s.state_key, s.state_value, s.updated_at)
-OUTPUT inserted.state_key INTO @won; -- MERGE ends with a semicolon
+UPDATE agent.state WITH (UPDLOCK, HOLDLOCK)
+SET state_value = CAST(:state_value AS NVARCHAR(MAX)), updated_at = CAST(:now AS DATETIME2(6))
+OUTPUT inserted.state_key INTO @won
+WHERE state_key = CAST(:state_key AS NVARCHAR(64)) AND state_value < CAST(:state_value AS NVARCHAR(MAX));
+INSERT INTO agent.state (state_key, state_value, updated_at)
+OUTPUT inserted.state_key INTO @won
+SELECT CAST(:state_key AS NVARCHAR(64)), CAST(:state_value AS NVARCHAR(MAX)), CAST(:now AS DATETIME2(6))
+WHERE NOT EXISTS (SELECT 1 FROM agent.state AS e WITH (UPDLOCK, HOLDLOCK)
+                  WHERE e.state_key = CAST(:state_key AS NVARCHAR(64)));
 SELECT state_key FROM @won;
 
 -- server_version --
@@ -121,42 +131,49 @@ WHERE j.valid = 0
 
 -- skip_runs_of_changed_jobs --
 -- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run.
+-- UPDATE ... FROM a derived table of the changed jobs (one row per job: the jobs key), joined in the WHERE clause: Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with JOIN ... ON. The locking on SQL Server is that of the UPDATE itself: update locks on the qualifying runs rows, current committed version (https://learn.microsoft.com/sql/t-sql/queries/update-transact-sql); the caller holds the job-definitions applock.
 DECLARE @skipped TABLE (run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6), status NVARCHAR(16),
                         note NVARCHAR(MAX), operation_id NVARCHAR(32));
-UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
-    note = CASE WHEN j.job_name IS NULL THEN N'skipped: the job was removed from the settings after this slot was claimed'
-                WHEN j.valid = 0 THEN N'skipped: the job''s settings became invalid after this slot was claimed'
-                WHEN j.enabled = 0 THEN N'skipped: the job was disabled after this slot was claimed'
-                ELSE N'skipped: the job''s schedule or time zone changed after this slot was claimed' END
+UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL, note = d.note
 OUTPUT inserted.run_id, inserted.job_name, inserted.scheduled_for, inserted.status, inserted.note,
        inserted.operation_id INTO @skipped
-FROM agent.runs AS r
-JOIN agent.jobs AS c ON c.job_name = r.job_name
-LEFT JOIN OPENJSON(:jobs) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64),
-                                enabled INT, valid INT) AS j ON j.job_name = c.job_name
-WHERE r.kind = N'scheduled' AND r.status IN (N'pending', N'queued') AND c.configured = 1
-  AND c.defined_in_database = 0
-  AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule OR j.timezone <> c.timezone);
+FROM agent.runs AS r,
+     (SELECT c.job_name,
+             CASE WHEN j.job_name IS NULL THEN N'skipped: the job was removed from the settings after this slot was claimed'
+                  WHEN j.valid = 0 THEN N'skipped: the job''s settings became invalid after this slot was claimed'
+                  WHEN j.enabled = 0 THEN N'skipped: the job was disabled after this slot was claimed'
+                  ELSE N'skipped: the job''s schedule or time zone changed after this slot was claimed' END AS note
+      FROM agent.jobs AS c
+      LEFT JOIN OPENJSON(:jobs) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64),
+                                      enabled INT, valid INT) AS j ON j.job_name = c.job_name
+      WHERE c.configured = 1 AND c.defined_in_database = 0
+        AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule
+             OR j.timezone <> c.timezone)) AS d
+WHERE d.job_name = r.job_name AND r.kind = N'scheduled' AND r.status IN (N'pending', N'queued');
 SELECT run_id, job_name, scheduled_for, status, note, operation_id FROM @skipped;
 
 -- upsert_jobs --
--- Write every configured job in one statement; a new job, a changed schedule or time zone, or a job re-enabled starts from its new next_due_at.
-MERGE agent.jobs WITH (HOLDLOCK) AS t
-USING (
-    SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid,
-           j.config_error, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire,
-           j.grace_seconds, j.overlap, CONVERT(DATETIME2(6), j.next_due_at, 121) AS next_due_at,
-           CAST(:now AS DATETIME2(6)) AS advanced_at, j.steps, j.notify, j.notify_webhook_url
-    FROM OPENJSON(:jobs) WITH (
-        job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), command NVARCHAR(MAX),
-        target_database NVARCHAR(128), enabled SMALLINT, valid SMALLINT, config_error NVARCHAR(MAX),
-        max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16),
-        grace_seconds INT, overlap NVARCHAR(16), next_due_at NVARCHAR(40), steps NVARCHAR(MAX),
-        notify NVARCHAR(16), notify_webhook_url NVARCHAR(2000)) AS j
-) AS s
-ON t.job_name = s.job_name
+-- Write every configured job in one round trip; a new job, a changed schedule or time zone, or a job re-enabled starts from its new next_due_at.
+-- Update-then-insert under the lock the caller already holds (no MERGE: Babelfish refuses it). The settings sync runs it under the job-definitions applock (lock_job_definitions; the T-SQL procedures take it too), so no other writer defines a job meanwhile. Within that, on SQL Server the UPDATE and the NOT EXISTS probe of the insert hold key-range locks on every job name they look up to the end of the transaction (UPDLOCK, HOLDLOCK: "Table hints (Transact-SQL)", https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table), the guarantee MERGE ... WITH (HOLDLOCK) gave. The JSON is read once, into a table variable.
+DECLARE @s TABLE (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), command NVARCHAR(MAX),
+                  target_database NVARCHAR(128), enabled SMALLINT, valid SMALLINT, config_error NVARCHAR(MAX),
+                  max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16), grace_seconds INT,
+                  overlap NVARCHAR(16), next_due_at DATETIME2(6), steps NVARCHAR(MAX), notify NVARCHAR(16),
+                  notify_webhook_url NVARCHAR(2000));
+INSERT INTO @s (job_name, schedule, timezone, command, target_database, enabled, valid, config_error, max_attempts,
+                timeout_seconds, lease_seconds, misfire, grace_seconds, overlap, next_due_at, steps, notify,
+                notify_webhook_url)
+SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid, j.config_error,
+       j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire, j.grace_seconds, j.overlap,
+       CONVERT(DATETIME2(6), j.next_due_at, 121), j.steps, j.notify, j.notify_webhook_url
+FROM OPENJSON(:jobs) WITH (
+    job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), command NVARCHAR(MAX),
+    target_database NVARCHAR(128), enabled SMALLINT, valid SMALLINT, config_error NVARCHAR(MAX),
+    max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16),
+    grace_seconds INT, overlap NVARCHAR(16), next_due_at NVARCHAR(40), steps NVARCHAR(MAX),
+    notify NVARCHAR(16), notify_webhook_url NVARCHAR(2000)) AS j;
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
-WHEN MATCHED AND (t.defined_in_database = 0 OR t.configured = 0) THEN UPDATE SET
+UPDATE t SET
     next_due_at = CASE
         WHEN t.schedule <> s.schedule
           OR t.timezone <> s.timezone
@@ -170,7 +187,7 @@ WHEN MATCHED AND (t.defined_in_database = 0 OR t.configured = 0) THEN UPDATE SET
           OR t.enabled <> s.enabled
           OR t.valid <> s.valid
           OR t.configured = 0
-        THEN s.advanced_at ELSE t.advanced_at END,
+        THEN CAST(:now AS DATETIME2(6)) ELSE t.advanced_at END,
     schedule = s.schedule,
     timezone = s.timezone,
     command = s.command,
@@ -191,14 +208,17 @@ WHEN MATCHED AND (t.defined_in_database = 0 OR t.configured = 0) THEN UPDATE SET
     steps = s.steps,
     notify = s.notify,
     notify_webhook_url = s.notify_webhook_url
-WHEN NOT MATCHED THEN
-    INSERT (job_name, schedule, timezone, command, target_database, enabled, valid, config_error,
-            max_attempts, timeout_seconds, lease_seconds, misfire, grace_seconds, overlap,
-            next_due_at, advanced_at, configured, updated_at, steps, notify, notify_webhook_url)
-    VALUES (s.job_name, s.schedule, s.timezone, s.command, s.target_database, s.enabled, s.valid,
-            s.config_error, s.max_attempts, s.timeout_seconds, s.lease_seconds, s.misfire,
-            s.grace_seconds, s.overlap, s.next_due_at, s.advanced_at, 1, CAST(:now AS DATETIME2(6)),
-            s.steps, s.notify, s.notify_webhook_url); -- MERGE ends with a semicolon
+FROM agent.jobs AS t WITH (UPDLOCK, HOLDLOCK), @s AS s
+WHERE t.job_name = s.job_name AND (t.defined_in_database = 0 OR t.configured = 0);
+INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, enabled, valid, config_error,
+                        max_attempts, timeout_seconds, lease_seconds, misfire, grace_seconds, overlap,
+                        next_due_at, advanced_at, configured, updated_at, steps, notify, notify_webhook_url)
+SELECT s.job_name, s.schedule, s.timezone, s.command, s.target_database, s.enabled, s.valid,
+       s.config_error, s.max_attempts, s.timeout_seconds, s.lease_seconds, s.misfire,
+       s.grace_seconds, s.overlap, s.next_due_at, CAST(:now AS DATETIME2(6)), 1, CAST(:now AS DATETIME2(6)),
+       s.steps, s.notify, s.notify_webhook_url
+FROM @s AS s
+WHERE NOT EXISTS (SELECT 1 FROM agent.jobs AS e WITH (UPDLOCK, HOLDLOCK) WHERE e.job_name = s.job_name);
 
 -- unconfigure_missing_jobs --
 -- Jobs no longer in the settings stop being scheduled; their history stays.
@@ -214,6 +234,7 @@ FROM OPENJSON(:events) WITH (job_name NVARCHAR(64), kind NVARCHAR(32), detail NV
 
 -- expire_leases --
 -- Take back every run whose holder stopped renewing its lease (a lapse: the worker died or lost the database; counted apart from attempts, failed after AGENT_MAX_LAPSES) or whose message was lost, fencing it with a new token.
+-- Two UPDATEs, one per former status, instead of reading deleted.status in the OUTPUT clause (Babelfish refuses deleted.* on a table named with its schema): each tells what the run was by which statement took it. The first leaves no run queued, so the second cannot take a run twice. Each qualifies its rows with update locks on their current committed version on SQL Server (https://learn.microsoft.com/sql/t-sql/queries/update-transact-sql), as the single statement did; the token bump fences the former holder on both engines.
 DECLARE @expired TABLE (run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16), status NVARCHAR(16), attempt INT,
                         lapses INT, token BIGINT, operation_id NVARCHAR(32), scheduled_for DATETIME2(6), was_running INT);
 -- Lock order: the rows are locked first in key order (an ordered scan of the clustered key), so racing ticks never deadlock.
@@ -223,22 +244,27 @@ SELECT run_id FROM agent.runs WITH (UPDLOCK, ROWLOCK, INDEX(runs_pk))
 WHERE status IN (N'queued', N'running') AND lease_expires_at < CAST(:now AS DATETIME2(6)) AND awaiting_targets = 0
 ORDER BY run_id;
 UPDATE agent.runs SET
-    status = CASE WHEN status = N'running' AND lapses + 1 > CAST(:max_lapses AS INT) THEN N'failed' ELSE N'pending' END,
-    lapses = CASE WHEN status = N'running' THEN lapses + 1 ELSE lapses END,
+    status = CASE WHEN lapses + 1 > CAST(:max_lapses AS INT) THEN N'failed' ELSE N'pending' END,
+    lapses = lapses + 1,
     token = token + 1,
     lease_expires_at = NULL,
-    runnable_at = CASE WHEN status = N'running' THEN CAST(:now AS DATETIME2(6)) ELSE runnable_at END,
-    finished_at = CASE WHEN status = N'running' AND lapses + 1 > CAST(:max_lapses AS INT)
-                       THEN CAST(:now AS DATETIME2(6)) ELSE NULL END,
-    last_error = CASE WHEN status = N'running'
-                      THEN N'lease lapsed: worker ' + COALESCE(worker, N'?') + N' stopped renewing its lease (lapse '
-                           + CAST(lapses + 1 AS NVARCHAR(12)) + N' of AGENT_MAX_LAPSES='
-                           + CAST(CAST(:max_lapses AS INT) AS NVARCHAR(12)) + N')'
-                      ELSE N'dispatch lease expired: the message was not picked up in time; dispatching again' END
+    runnable_at = CAST(:now AS DATETIME2(6)),
+    finished_at = CASE WHEN lapses + 1 > CAST(:max_lapses AS INT) THEN CAST(:now AS DATETIME2(6)) ELSE NULL END,
+    last_error = N'lease lapsed: worker ' + COALESCE(worker, N'?') + N' stopped renewing its lease (lapse '
+                 + CAST(lapses + 1 AS NVARCHAR(12)) + N' of AGENT_MAX_LAPSES='
+                 + CAST(CAST(:max_lapses AS INT) AS NVARCHAR(12)) + N')'
 OUTPUT inserted.run_id, inserted.job_name, inserted.kind, inserted.status, inserted.attempt, inserted.lapses,
-       inserted.token, inserted.operation_id, inserted.scheduled_for,
-       CASE WHEN deleted.status = N'running' THEN 1 ELSE 0 END INTO @expired
-WHERE status IN (N'queued', N'running') AND lease_expires_at < CAST(:now AS DATETIME2(6)) AND awaiting_targets = 0;
+       inserted.token, inserted.operation_id, inserted.scheduled_for, 1 INTO @expired
+WHERE status = N'running' AND lease_expires_at < CAST(:now AS DATETIME2(6)) AND awaiting_targets = 0;
+UPDATE agent.runs SET
+    status = N'pending',
+    token = token + 1,
+    lease_expires_at = NULL,
+    finished_at = NULL,
+    last_error = N'dispatch lease expired: the message was not picked up in time; dispatching again'
+OUTPUT inserted.run_id, inserted.job_name, inserted.kind, inserted.status, inserted.attempt, inserted.lapses,
+       inserted.token, inserted.operation_id, inserted.scheduled_for, 0 INTO @expired
+WHERE status = N'queued' AND lease_expires_at < CAST(:now AS DATETIME2(6)) AND awaiting_targets = 0;
 SELECT run_id, job_name, kind, status, attempt, lapses, token, operation_id, scheduled_for, was_running FROM @expired;
 
 -- close_dead_attempts --
@@ -281,30 +307,36 @@ WHERE next_due_at <= CAST(:horizon AS DATETIME2(6)) AND enabled = 1 AND valid = 
 ORDER BY job_name;
 
 -- claim_slots --
--- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one statement; the duplicate probe holds key-range locks on the unique (job_name, scheduled_for) index it is forced to seek, so concurrent ticks insert nothing twice. A run becomes runnable at its slot, never before.
-DECLARE @claimed TABLE (run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6), status NVARCHAR(16),
-                        note NVARCHAR(MAX), operation_id NVARCHAR(32), token BIGINT);
+-- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one round trip; the duplicate probe holds key-range locks on the unique (job_name, scheduled_for) index it is forced to seek, so concurrent ticks insert nothing twice. A run becomes runnable at its slot, never before.
+-- The rows inserted are read back by their operation ids (chosen first, into @slots) instead of through OUTPUT: Babelfish refuses INSERT ... OUTPUT INTO ... SELECT ... ORDER BY, and the ORDER BY stays, since it is what makes SQL Server compute the identity values (run ids) in that order ("INSERT (Transact-SQL)", https://learn.microsoft.com/sql/t-sql/statements/insert-transact-sql). On SQL Server the (UPDLOCK, HOLDLOCK) of the probe holds a key-range lock on each (job_name, scheduled_for) to the end of the transaction (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table): a concurrent tick waits, then finds the row. Babelfish ignores the hints: there the unique index runs_job_slot refuses the duplicate (2627), the claim of the losing tick rolls back, and its next tick finds the slots claimed.
+DECLARE @slots TABLE (job_name NVARCHAR(64), scheduled_for DATETIME2(6), status NVARCHAR(16), note NVARCHAR(MAX),
+                      operation_id NVARCHAR(32));
+INSERT INTO @slots (job_name, scheduled_for, status, note, operation_id)
+SELECT x.job_name, CONVERT(DATETIME2(6), x.scheduled_for, 121), x.status, x.note,
+       LOWER(REPLACE(CONVERT(VARCHAR(36), NEWID()), '-', ''))
+FROM OPENJSON(:slots) WITH (job_name NVARCHAR(64), scheduled_for NVARCHAR(40), status NVARCHAR(16),
+                            note NVARCHAR(MAX)) AS x;
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note, steps)
-OUTPUT inserted.run_id, inserted.job_name, inserted.scheduled_for, inserted.status, inserted.note,
-       inserted.operation_id, inserted.token INTO @claimed
 SELECT j.job_name, N'scheduled', s.scheduled_for, s.status, j.command, j.target_database, j.overlap,
        j.max_attempts, j.timeout_seconds, j.lease_seconds, s.scheduled_for, CAST(:now AS DATETIME2(6)),
        CASE WHEN s.status = N'skipped' THEN CAST(:now AS DATETIME2(6)) END,
-       LOWER(REPLACE(CONVERT(VARCHAR(36), NEWID()), '-', '')), s.note, j.steps
-FROM (SELECT x.job_name, CONVERT(DATETIME2(6), x.scheduled_for, 121) AS scheduled_for, x.status, x.note
-      FROM OPENJSON(:slots) WITH (job_name NVARCHAR(64), scheduled_for NVARCHAR(40), status NVARCHAR(16),
-                                  note NVARCHAR(MAX)) AS x) AS s
+       s.operation_id, s.note, j.steps
+FROM @slots AS s
 JOIN agent.jobs AS j ON j.job_name = s.job_name AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
 WHERE NOT EXISTS (
     SELECT 1 FROM agent.runs AS e WITH (UPDLOCK, HOLDLOCK, FORCESEEK(runs_job_slot(job_name, scheduled_for)))
     WHERE e.job_name IS NOT NULL AND e.job_name = s.job_name AND e.scheduled_for = s.scheduled_for)
 ORDER BY j.job_name, s.scheduled_for;
-SELECT run_id, job_name, scheduled_for, status, note, operation_id, token FROM @claimed;
+SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id, r.token
+FROM @slots AS s
+JOIN agent.runs AS r ON r.job_name = s.job_name AND r.scheduled_for = s.scheduled_for
+                    AND r.operation_id = s.operation_id;
 
 -- advance_jobs --
 -- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at}); a job another tick already moved is left as it is.
+-- UPDATE ... FROM a derived table joined in the WHERE clause (Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with JOIN ... ON). The condition on next_due_at is the fence: an UPDATE qualifies its rows on their current committed version under update locks on SQL Server, and PostgreSQL re-checks it on the version a concurrent tick committed, so a job is moved once.
 DECLARE @advanced TABLE (job_name NVARCHAR(64));
 -- Lock order: the jobs are locked first in key order (an ordered scan of the clustered key), so racing ticks never deadlock.
 DECLARE @lock_jobs TABLE (job_name NVARCHAR(64));
@@ -315,18 +347,21 @@ WHERE EXISTS (SELECT 1 FROM OPENJSON(:advances) WITH (schedule NVARCHAR(400), ti
               WHERE x.next_due_at = CONVERT(DATETIME2(6), v.from_due, 121) AND x.schedule = v.schedule
                 AND x.timezone = v.timezone)
 ORDER BY x.job_name;
-UPDATE j SET next_due_at = CONVERT(DATETIME2(6), a.next_due_at, 121), advanced_at = CAST(:now AS DATETIME2(6))
+UPDATE j SET next_due_at = a.next_due_at, advanced_at = CAST(:now AS DATETIME2(6))
 OUTPUT inserted.job_name INTO @advanced
-FROM agent.jobs AS j
-JOIN OPENJSON(:advances) WITH (schedule NVARCHAR(400), timezone NVARCHAR(64), from_due NVARCHAR(40),
-                               next_due_at NVARCHAR(40)) AS a
-  ON j.next_due_at = CONVERT(DATETIME2(6), a.from_due, 121) AND j.schedule = a.schedule AND j.timezone = a.timezone;
+FROM agent.jobs AS j,
+     (SELECT x.schedule, x.timezone, CONVERT(DATETIME2(6), x.from_due, 121) AS from_due,
+             CONVERT(DATETIME2(6), x.next_due_at, 121) AS next_due_at
+      FROM OPENJSON(:advances) WITH (schedule NVARCHAR(400), timezone NVARCHAR(64), from_due NVARCHAR(40),
+                                     next_due_at NVARCHAR(40)) AS x) AS a
+WHERE j.next_due_at = a.from_due AND j.schedule = a.schedule AND j.timezone = a.timezone;
 SELECT job_name FROM @advanced;
 
 -- dispatch_runs --
 -- Queue mode: under the start lock, skip the slots that may not run, then hand the queue every due run that may start (task order, overlap 'queue', the cap counting runs executing or due on the queue) and every run due within the lookahead (a delayed message; it holds no place). Each gets a new token and a dispatch lease.
-DECLARE @locked INT;
-SELECT @locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+-- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
+-- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
+UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
 DECLARE @out TABLE (decision NVARCHAR(20), run_id BIGINT, token BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
                     operation_id NVARCHAR(32), scheduled_for DATETIME2(6), attempt INT, runnable_at DATETIME2(6),
                     note NVARCHAR(MAX));
@@ -356,13 +391,25 @@ WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6)) AND 
             OR EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
                          AND (j.misfire = N'skip'
                               OR DATEADD(second, j.grace_seconds, r.scheduled_for) < CAST(:now AS DATETIME2(6)))))));
-WITH due AS (
+-- Picked with TOP and ORDER BY in a subselect, the UPDATE keyed on it ("TOP (Transact-SQL)",
+-- https://learn.microsoft.com/sql/t-sql/queries/top-transact-sql; Babelfish refuses an UPDATE through a CTE).
+-- The (UPDLOCK, READPAST, ROWLOCK) of the subselect keeps update locks on the picked rows to the end
+-- of the transaction and skips rows another worker holds; the outer WHERE repeats the pending
+-- condition, which PostgreSQL re-checks on a row another starter committed meanwhile.
+UPDATE agent.runs SET
+    status = N'queued',
+    token = token + 1,
+    lease_expires_at = DATEADD(second, CAST(:dispatch_lease_seconds AS INT), CAST(:now AS DATETIME2(6))),
+    dispatched_at = CAST(:now AS DATETIME2(6))
+OUTPUT N'queued', inserted.run_id, inserted.token, inserted.job_name, inserted.kind, inserted.operation_id,
+       inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out
+WHERE status = N'pending' AND runnable_at <= CAST(:now AS DATETIME2(6)) AND run_id IN (
     SELECT TOP ((SELECT CASE WHEN cap.free > 0 THEN cap.free ELSE 0 END
                  FROM (SELECT CAST(:max_concurrency AS INT)
                              - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running' AND f.awaiting_targets = 0)
                              - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'queued'
                                    AND f.runnable_at <= CAST(:now AS DATETIME2(6))) AS free) AS cap))
-           c.*
+           c.run_id
     FROM agent.runs AS c WITH (UPDLOCK, READPAST, ROWLOCK)
     WHERE c.status = N'pending' AND c.runnable_at <= CAST(:now AS DATETIME2(6))
       AND NOT (c.task_order IS NOT NULL AND EXISTS (
@@ -376,29 +423,21 @@ WITH due AS (
                        AND (c.overlap = N'queue' OR o.runnable_at <= CAST(:now AS DATETIME2(6)))
                        AND (o.scheduled_for < c.scheduled_for
                             OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
-    ORDER BY c.runnable_at, c.run_id
-)
-UPDATE due SET
-    status = N'queued',
-    token = token + 1,
-    lease_expires_at = DATEADD(second, CAST(:dispatch_lease_seconds AS INT), CAST(:now AS DATETIME2(6))),
-    dispatched_at = CAST(:now AS DATETIME2(6))
-OUTPUT N'queued', inserted.run_id, inserted.token, inserted.job_name, inserted.kind, inserted.operation_id,
-       inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out;
-WITH ahead AS (
-    SELECT TOP (CAST(:ahead_limit AS INT)) c.*
-    FROM agent.runs AS c WITH (UPDLOCK, READPAST, ROWLOCK)
-    WHERE c.status = N'pending' AND c.runnable_at > CAST(:now AS DATETIME2(6))
-      AND c.runnable_at <= CAST(:lookahead_until AS DATETIME2(6))
-    ORDER BY c.runnable_at, c.run_id
-)
-UPDATE ahead SET
+    ORDER BY c.runnable_at, c.run_id);
+UPDATE agent.runs SET
     status = N'queued',
     token = token + 1,
     lease_expires_at = DATEADD(second, CAST(:dispatch_lease_seconds AS INT), runnable_at),
     dispatched_at = CAST(:now AS DATETIME2(6))
 OUTPUT N'queued', inserted.run_id, inserted.token, inserted.job_name, inserted.kind, inserted.operation_id,
-       inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out;
+       inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out
+WHERE status = N'pending' AND runnable_at > CAST(:now AS DATETIME2(6))
+  AND runnable_at <= CAST(:lookahead_until AS DATETIME2(6)) AND run_id IN (
+    SELECT TOP (CAST(:ahead_limit AS INT)) c.run_id
+    FROM agent.runs AS c WITH (UPDLOCK, READPAST, ROWLOCK)
+    WHERE c.status = N'pending' AND c.runnable_at > CAST(:now AS DATETIME2(6))
+      AND c.runnable_at <= CAST(:lookahead_until AS DATETIME2(6))
+    ORDER BY c.runnable_at, c.run_id);
 SELECT decision, run_id, token, job_name, kind, operation_id, scheduled_for, attempt, runnable_at, note FROM @out;
 
 -- release_dispatch --
@@ -413,8 +452,9 @@ SELECT run_id FROM @released;
 
 -- start_run --
 -- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened.
-DECLARE @locked INT;
-SELECT @locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+-- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
+-- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
+UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
 DECLARE @decision NVARCHAR(20);
 SELECT @decision = CASE
         WHEN r.runnable_at > CAST(:now AS DATETIME2(6)) THEN N'early'
@@ -490,8 +530,9 @@ LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j
 
 -- claim_runs --
 -- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened.
-DECLARE @locked INT;
-SELECT @locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+-- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
+-- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
+UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
 DECLARE @claimed TABLE (decision NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
                         command NVARCHAR(MAX), target_database NVARCHAR(128), attempt INT, failures INT,
                         max_attempts INT, lapses INT, transient_errors INT, token BIGINT, timeout_seconds INT,
@@ -527,30 +568,9 @@ WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6)) AND 
             OR EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
                          AND (j.misfire = N'skip'
                               OR DATEADD(second, j.grace_seconds, r.scheduled_for) < CAST(:now AS DATETIME2(6)))))));
-WITH picked AS (
-    SELECT TOP ((SELECT CASE WHEN cap.free > CAST(:batch AS INT) THEN CAST(:batch AS INT)
-                             WHEN cap.free > 0 THEN cap.free ELSE 0 END
-                 FROM (SELECT CAST(:max_concurrency AS INT)
-                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running' AND f.awaiting_targets = 0)
-                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'queued'
-                                   AND f.runnable_at <= CAST(:now AS DATETIME2(6))) AS free) AS cap))
-           c.*
-    FROM agent.runs AS c WITH (UPDLOCK, READPAST, ROWLOCK)
-    WHERE c.status = N'pending' AND c.runnable_at <= CAST(:now AS DATETIME2(6))
-      AND NOT (c.task_order IS NOT NULL AND EXISTS (
-            SELECT 1 FROM agent.runs AS t
-            WHERE t.kind = N'task' AND t.task_order < c.task_order AND t.status IN (N'pending', N'queued', N'running')))
-      AND NOT (c.job_name IS NOT NULL AND c.overlap <> N'allow' AND EXISTS (
-            SELECT 1 FROM agent.runs AS o
-            WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-              AND ((c.overlap = N'queue' AND o.status = N'running')
-                   OR (o.status IN (N'pending', N'queued')
-                       AND (c.overlap = N'queue' OR o.runnable_at <= CAST(:now AS DATETIME2(6)))
-                       AND (o.scheduled_for < c.scheduled_for
-                            OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
-    ORDER BY c.runnable_at, c.run_id
-)
-UPDATE picked SET
+-- Picked with TOP and ORDER BY in a subselect, the UPDATE keyed on it, as in dispatch_runs (the
+-- same locks, the same reference; Babelfish refuses an UPDATE through a CTE).
+UPDATE agent.runs SET
     status = N'running',
     token = token + 1,
     attempt = attempt + 1,
@@ -564,7 +584,29 @@ OUTPUT N'start', inserted.run_id, inserted.job_name, inserted.kind, inserted.com
        inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
        inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
        inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note, inserted.step,
-       inserted.steps INTO @claimed;
+       inserted.steps INTO @claimed
+WHERE status = N'pending' AND runnable_at <= CAST(:now AS DATETIME2(6)) AND run_id IN (
+    SELECT TOP ((SELECT CASE WHEN cap.free > CAST(:batch AS INT) THEN CAST(:batch AS INT)
+                             WHEN cap.free > 0 THEN cap.free ELSE 0 END
+                 FROM (SELECT CAST(:max_concurrency AS INT)
+                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running' AND f.awaiting_targets = 0)
+                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'queued'
+                                   AND f.runnable_at <= CAST(:now AS DATETIME2(6))) AS free) AS cap))
+           c.run_id
+    FROM agent.runs AS c WITH (UPDLOCK, READPAST, ROWLOCK)
+    WHERE c.status = N'pending' AND c.runnable_at <= CAST(:now AS DATETIME2(6))
+      AND NOT (c.task_order IS NOT NULL AND EXISTS (
+            SELECT 1 FROM agent.runs AS t
+            WHERE t.kind = N'task' AND t.task_order < c.task_order AND t.status IN (N'pending', N'queued', N'running')))
+      AND NOT (c.job_name IS NOT NULL AND c.overlap <> N'allow' AND EXISTS (
+            SELECT 1 FROM agent.runs AS o
+            WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
+              AND ((c.overlap = N'queue' AND o.status = N'running')
+                   OR (o.status IN (N'pending', N'queued')
+                       AND (c.overlap = N'queue' OR o.runnable_at <= CAST(:now AS DATETIME2(6)))
+                       AND (o.scheduled_for < c.scheduled_for
+                            OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
+    ORDER BY c.runnable_at, c.run_id);
 INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
 SELECT s.run_id, s.attempt, s.token, CAST(:worker AS NVARCHAR(200)), NULL, CAST(:now AS DATETIME2(6)), N'running'
 FROM @claimed AS s WHERE s.decision = N'start';
@@ -744,8 +786,9 @@ UPDATE agent.poison_messages SET requeued_at = CAST(:now AS DATETIME2(6)) WHERE 
 
 -- insert_manual_run --
 -- run-now: a run of a job right away, keyed by the request time; the job's overlap policy applies, decided under the start lock (another run-now still waiting counts as in flight whatever its requester's clock said).
-DECLARE @locked INT;
-SELECT @locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+-- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
+-- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
+UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
 DECLARE @manual TABLE (run_id BIGINT, job_name NVARCHAR(64), status NVARCHAR(16), note NVARCHAR(MAX),
                        operation_id NVARCHAR(32));
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
@@ -962,16 +1005,19 @@ FROM agent.jobs WHERE needs_planning = 1 ORDER BY job_name;
 
 -- plan_jobs --
 -- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at, steps}; steps: a fleet job's one step, as the settings sync writes it) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
+-- UPDATE ... FROM a derived table joined in the WHERE clause (Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with JOIN ... ON); the fence is the condition on needs_planning and the definition, checked on the current committed version of each row (update locks on SQL Server, a re-check on PostgreSQL).
 DECLARE @planned TABLE (job_name NVARCHAR(64), valid SMALLINT, config_error NVARCHAR(MAX), next_due_at DATETIME2(6));
 UPDATE j SET needs_planning = 0, valid = p.valid, config_error = p.config_error,
-    next_due_at = CONVERT(DATETIME2(6), p.next_due_at, 121), advanced_at = CAST(:now AS DATETIME2(6)), steps = p.steps
+    next_due_at = p.next_due_at, advanced_at = CAST(:now AS DATETIME2(6)), steps = p.steps
 OUTPUT inserted.job_name, inserted.valid, inserted.config_error, inserted.next_due_at INTO @planned
-FROM agent.jobs AS j
-JOIN OPENJSON(:plans) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), enabled SMALLINT,
-                            updated_at NVARCHAR(40), valid SMALLINT, config_error NVARCHAR(MAX),
-                            next_due_at NVARCHAR(40), steps NVARCHAR(MAX)) AS p
-  ON j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = CONVERT(DATETIME2(6), p.updated_at, 121)
- AND j.schedule = p.schedule AND j.timezone = p.timezone AND j.enabled = p.enabled;
+FROM agent.jobs AS j,
+     (SELECT x.job_name, x.schedule, x.timezone, x.enabled, CONVERT(DATETIME2(6), x.updated_at, 121) AS updated_at,
+             x.valid, x.config_error, CONVERT(DATETIME2(6), x.next_due_at, 121) AS next_due_at, x.steps
+      FROM OPENJSON(:plans) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64),
+                                  enabled SMALLINT, updated_at NVARCHAR(40), valid SMALLINT,
+                                  config_error NVARCHAR(MAX), next_due_at NVARCHAR(40), steps NVARCHAR(MAX)) AS x) AS p
+WHERE j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = p.updated_at
+  AND j.schedule = p.schedule AND j.timezone = p.timezone AND j.enabled = p.enabled;
 SELECT job_name, valid, config_error, next_due_at FROM @planned;
 
 -- stop_job --
@@ -1052,19 +1098,21 @@ WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.status IN (N'succeeded', 
 
 -- claim_notifications --
 -- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
+-- UPDATE ... WHERE key IN (SELECT TOP (n) ... ORDER BY ...): TOP with ORDER BY in a subselect is how SQL Server orders the rows an UPDATE takes ("TOP (Transact-SQL)", https://learn.microsoft.com/sql/t-sql/queries/top-transact-sql; Babelfish refuses an UPDATE through a CTE). On SQL Server the (UPDLOCK, READPAST, ROWLOCK) of the subselect skips the rows another sender holds and keeps update locks on the ones it picks to the end of the transaction (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table), so two senders take disjoint rows. The outer WHERE repeats the due condition: Babelfish ignores the hints and two senders may pick the same row, but PostgreSQL re-checks that condition on the row the first one committed (claimed_until in the future), so the second takes nothing.
 DECLARE @taken TABLE (notification_id BIGINT, run_id BIGINT, job_name NVARCHAR(64), outcome NVARCHAR(16),
                       url NVARCHAR(2000), attempts INT, claim_token NVARCHAR(32));
-WITH picked AS (
-    SELECT TOP (CAST(:batch AS INT)) *
-    FROM agent.notifications WITH (UPDLOCK, READPAST, ROWLOCK)
-    WHERE (status = N'pending' AND next_attempt_at <= CAST(:now AS DATETIME2(6)))
-       OR (status = N'sending' AND claimed_until < CAST(:now AS DATETIME2(6)))
-    ORDER BY notification_id
-)
-UPDATE picked SET status = N'sending', claim_token = CAST(:claim_token AS NVARCHAR(32)),
+UPDATE agent.notifications SET status = N'sending', claim_token = CAST(:claim_token AS NVARCHAR(32)),
     claimed_until = CAST(:claimed_until AS DATETIME2(6)), attempts = attempts + 1
 OUTPUT inserted.notification_id, inserted.run_id, inserted.job_name, inserted.outcome, inserted.url,
-       inserted.attempts, inserted.claim_token INTO @taken;
+       inserted.attempts, inserted.claim_token INTO @taken
+WHERE ((status = N'pending' AND next_attempt_at <= CAST(:now AS DATETIME2(6)))
+       OR (status = N'sending' AND claimed_until < CAST(:now AS DATETIME2(6))))
+  AND notification_id IN (
+    SELECT TOP (CAST(:batch AS INT)) p.notification_id
+    FROM agent.notifications AS p WITH (UPDLOCK, READPAST, ROWLOCK)
+    WHERE (p.status = N'pending' AND p.next_attempt_at <= CAST(:now AS DATETIME2(6)))
+       OR (p.status = N'sending' AND p.claimed_until < CAST(:now AS DATETIME2(6)))
+    ORDER BY p.notification_id);
 SELECT notification_id, run_id, job_name, outcome, url, attempts, claim_token FROM @taken;
 
 -- notification_runs --
@@ -1197,11 +1245,20 @@ SELECT v.run_id, v.token, v.at_step, v.total, v.failed,
        CASE WHEN v.failed = 0 THEN v.on_success ELSE v.on_failure END,
        CASE WHEN v.failed = 0 THEN NULL ELSE
             CONCAT(N'step ', v.at_step, N': ', v.failed, N' of ', v.total, N' target(s) failed: ',
-                   (SELECT STRING_AGG(n.name, N', ') WITHIN GROUP (ORDER BY n.name) FROM (
-                        SELECT TOP (20) CONCAT(f.target_server + N'/', f.target_database, N' (', f.status, N')') AS name
-                        FROM agent.runs AS f
-                        WHERE f.parent_run_id = v.run_id AND f.parent_token = v.token AND f.status <> N'succeeded'
-                        ORDER BY f.target_server, f.target_database) AS n),
+                   -- The first 20 failed targets in name order, numbered by ROW_NUMBER and put together by
+                   -- position: ordered on every engine (the order of STRING_AGG needs WITHIN GROUP, which
+                   -- Babelfish refuses, and is otherwise not guaranteed: "STRING_AGG (Transact-SQL)",
+                   -- https://learn.microsoft.com/sql/t-sql/functions/string-agg-transact-sql).
+                   (SELECT CONCAT(MAX(CASE WHEN n.i = 1 THEN n.name END), MAX(CASE WHEN n.i = 2 THEN N', ' + n.name END), MAX(CASE WHEN n.i = 3 THEN N', ' + n.name END), MAX(CASE WHEN n.i = 4 THEN N', ' + n.name END),
+                                   MAX(CASE WHEN n.i = 5 THEN N', ' + n.name END), MAX(CASE WHEN n.i = 6 THEN N', ' + n.name END), MAX(CASE WHEN n.i = 7 THEN N', ' + n.name END), MAX(CASE WHEN n.i = 8 THEN N', ' + n.name END),
+                                   MAX(CASE WHEN n.i = 9 THEN N', ' + n.name END), MAX(CASE WHEN n.i = 10 THEN N', ' + n.name END), MAX(CASE WHEN n.i = 11 THEN N', ' + n.name END), MAX(CASE WHEN n.i = 12 THEN N', ' + n.name END),
+                                   MAX(CASE WHEN n.i = 13 THEN N', ' + n.name END), MAX(CASE WHEN n.i = 14 THEN N', ' + n.name END), MAX(CASE WHEN n.i = 15 THEN N', ' + n.name END), MAX(CASE WHEN n.i = 16 THEN N', ' + n.name END),
+                                   MAX(CASE WHEN n.i = 17 THEN N', ' + n.name END), MAX(CASE WHEN n.i = 18 THEN N', ' + n.name END), MAX(CASE WHEN n.i = 19 THEN N', ' + n.name END), MAX(CASE WHEN n.i = 20 THEN N', ' + n.name END))
+                    FROM (SELECT m.name, ROW_NUMBER() OVER (ORDER BY m.name) AS i
+                          FROM (SELECT TOP (20) CONCAT(f.target_server + N'/', f.target_database, N' (', f.status, N')') AS name
+                                FROM agent.runs AS f
+                                WHERE f.parent_run_id = v.run_id AND f.parent_token = v.token AND f.status <> N'succeeded'
+                                ORDER BY f.target_server, f.target_database) AS m) AS n),
                    CASE WHEN v.failed > 20 THEN N', ...' ELSE N'' END) END
 FROM (SELECT p.run_id, p.token, p.step AS at_step, p.next_step_on_success AS on_success,
              p.next_step_on_failure AS on_failure, COUNT(c.run_id) AS total,
@@ -1235,8 +1292,8 @@ UPDATE r SET
     last_error_number = NULL
 OUTPUT inserted.run_id, inserted.job_name, inserted.status, inserted.step, inserted.targets_total,
        inserted.targets_failed, inserted.last_error, inserted.operation_id INTO @moved
-FROM agent.runs AS r
-JOIN @verdicts AS v ON r.run_id = v.run_id AND r.token = v.token;
+FROM agent.runs AS r, @verdicts AS v
+WHERE r.run_id = v.run_id AND r.token = v.token;
 SELECT run_id, job_name, status, step, targets_total, targets_failed, last_error, operation_id FROM @moved;
 
 -- list_run_targets --
@@ -1249,8 +1306,9 @@ ORDER BY e.parent_run_id, e.run_id;
 
 -- lock_starts --
 -- Queue mode, first in a chain that ends with the hand-on dispatch: the start lock before any row (a completion that locked its rows, then waited for the start lock, deadlocked with a start holding the start lock and waiting for one of those rows: a run's last executions lock the run itself).
-DECLARE @starts_locked INT;
-SELECT @starts_locked = COUNT(*) FROM agent.start_lock WITH (TABLOCKX, HOLDLOCK);
+-- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
+-- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
+UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
 
 -- run_owner --
 -- Whom a run's SQL runs as (migration 0007): a task's own owner (agent.exec_async), else its job's when a procedure defined the job (agent.add_scheduled_job; also its agent.start_job runs and fleet executions). No row: the agent's user, or AGENT_JOB_PRINCIPAL.
@@ -1259,3 +1317,7 @@ FROM agent.runs r
 LEFT JOIN agent.runs p ON p.run_id = r.parent_run_id
 LEFT JOIN agent.jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
 WHERE r.run_id = :run_id;
+
+-- session_identity --
+-- The connection's session id and whether the server is Babelfish for PostgreSQL (asked once per connection, before its first job: Babelfish acts on a cancel only after the statement ended, so the agent stops a job there with KILL of this session).
+SELECT @@SPID AS spid, CAST(SERVERPROPERTY('Babelfish') AS NVARCHAR(10)) AS babelfish;

@@ -727,7 +727,7 @@ WHERE notification_id = :notification_id AND claim_token = :claim_token
 RETURNING notification_id;
 
 -- check_work_transaction --
--- Before the success of a job or step that worked in the agent's own transaction is recorded there: on PostgreSQL a COMMIT or ROLLBACK in the step's SQL is refused inside the agent's transaction block; nothing to check.
+-- Before the success of a job or step that worked in the agent's own transaction is recorded there: on PostgreSQL the job's SQL was refused before it ran if it had a COMMIT, ROLLBACK or the like at its top level, and checked after it ran to still be in the transaction it began in (Store.run_script, shared/transaction_control.py); nothing more to check.
 SELECT 1 AS active WHERE FALSE;
 
 -- purge_notifications --
@@ -796,3 +796,7 @@ FROM agent.runs r
 LEFT JOIN agent.runs p ON p.run_id = r.parent_run_id
 LEFT JOIN agent.jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
 WHERE r.run_id = :run_id;
+
+-- session_identity --
+-- The connection's backend process id (the SQL Server dialect asks for its session before a job; PostgreSQL cancels a statement itself).
+SELECT pg_backend_pid() AS spid, CAST(NULL AS VARCHAR(10)) AS babelfish;

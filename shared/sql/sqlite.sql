@@ -857,7 +857,7 @@ WHERE notification_id = :notification_id AND claim_token = :claim_token
 RETURNING notification_id;
 
 -- check_work_transaction --
--- Before the success of a job or step that worked in the agent's own transaction is recorded there: SQLite has no way for a step's SQL to end the agent's transaction unnoticed (a COMMIT in it fails the step); nothing to check.
+-- Before the success of a job or step that worked in the agent's own transaction is recorded there: on SQLite every transaction statement of the job's SQL (BEGIN, COMMIT, END, ROLLBACK) is denied by an authorizer before it runs, failing the attempt (Store.run_script); nothing to check.
 SELECT 1 AS active WHERE 0;
 
 -- purge_notifications --
@@ -992,3 +992,7 @@ FROM agent_runs r
 LEFT JOIN agent_runs p ON p.run_id = r.parent_run_id
 LEFT JOIN agent_jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
 WHERE r.run_id = :run_id;
+
+-- session_identity --
+-- No server session (the SQL Server dialect asks for its session before a job).
+SELECT 0 AS spid, NULL AS babelfish;

@@ -26,7 +26,7 @@ GO
 
 -- agent.exec_async: queue ad-hoc SQL exactly as `submit` does (the insert_task row); returns its
 -- run id as a row and in @run_id OUTPUT (callable from inside any procedure).
-CREATE OR ALTER PROCEDURE agent.exec_async
+CREATE PROCEDURE agent.exec_async
     @sql NVARCHAR(MAX),
     @execution_order INT = 0,
     @database NVARCHAR(4000) = NULL,
@@ -87,7 +87,7 @@ GO
 -- agent.add_scheduled_job: define (or redefine) a job in the database. The engine checks the
 -- schedule and time zone and plans its first slot (needs_planning); slots of the previous
 -- definition claimed ahead are recorded skipped.
-CREATE OR ALTER PROCEDURE agent.add_scheduled_job
+CREATE PROCEDURE agent.add_scheduled_job
     @name NVARCHAR(4000),
     @sql NVARCHAR(MAX),
     @schedule NVARCHAR(4000) = NULL,
@@ -242,7 +242,7 @@ GO
 
 -- agent.remove_scheduled_job: the job stops (its slots claimed ahead are recorded skipped); its
 -- history stays. The settings hash is cleared: a settings job held off by this name syncs at the next tick.
-CREATE OR ALTER PROCEDURE agent.remove_scheduled_job
+CREATE PROCEDURE agent.remove_scheduled_job
     @name NVARCHAR(4000)
 AS
 BEGIN
@@ -285,7 +285,7 @@ GO
 
 -- agent.enable_job: enable or disable a job defined in the database. Disabling records its slots
 -- claimed ahead skipped; enabling plans it again from now.
-CREATE OR ALTER PROCEDURE agent.enable_job
+CREATE PROCEDURE agent.enable_job
     @name NVARCHAR(4000),
     @enabled INT = 1
 AS
@@ -341,7 +341,7 @@ GO
 
 -- agent.start_job: the run `run-now` makes (the insert_manual_run row), under the start lock, with
 -- the job's overlap policy.
-CREATE OR ALTER PROCEDURE agent.start_job
+CREATE PROCEDURE agent.start_job
     @job_name NVARCHAR(4000)
 AS
 BEGIN
@@ -399,7 +399,7 @@ GO
 
 -- agent.stop_job: cancel the job's runs in flight (running, or due and not yet started) as
 -- `cancel` does each; slots that have not come stay.
-CREATE OR ALTER PROCEDURE agent.stop_job
+CREATE PROCEDURE agent.stop_job
     @job_name NVARCHAR(4000)
 AS
 BEGIN
@@ -426,7 +426,7 @@ END
 GO
 
 -- agent.cancel_run: what `cancel` does (the cancel_run row change).
-CREATE OR ALTER PROCEDURE agent.cancel_run
+CREATE PROCEDURE agent.cancel_run
     @run_id BIGINT
 AS
 BEGIN
@@ -460,7 +460,7 @@ END
 GO
 
 -- agent.requeue_poison: what `poison requeue` does (requeue_run, then mark_poison_requeued).
-CREATE OR ALTER PROCEDURE agent.requeue_poison
+CREATE PROCEDURE agent.requeue_poison
     @poison_id BIGINT
 AS
 BEGIN
@@ -511,7 +511,7 @@ GO
 -- Views (SQL Server Agent's sysjobactivity, sysjobhistory; `poison list`; `stuck`).
 
 -- One row per job: where it is defined, its state, next slot, the run in flight and the last outcome.
-CREATE OR ALTER VIEW agent.job_activity AS
+CREATE VIEW agent.job_activity AS
 SELECT j.job_name,
        CASE WHEN j.defined_in_database = 1 THEN N'database' ELSE N'settings' END AS defined_in,
        CASE WHEN j.configured = 0 THEN N'removed' WHEN j.valid = 0 THEN N'invalid'
@@ -538,7 +538,7 @@ GO
 
 -- One row per attempt, plus one for each run that ended without an attempt (a skipped slot, a
 -- run cancelled before it started). job_name NULL: an ad-hoc task (exec_async, submit).
-CREATE OR ALTER VIEW agent.job_history AS
+CREATE VIEW agent.job_history AS
 SELECT r.run_id, a.attempt, r.job_name, r.kind, r.scheduled_for, a.started_at, a.finished_at,
        DATEDIFF_BIG(MILLISECOND, a.started_at, a.finished_at) AS duration_ms,
        a.outcome, a.error_number, a.error_sqlstate, a.error_message, a.worker, r.note
@@ -553,7 +553,7 @@ WHERE r.status IN (N'succeeded', N'failed', N'poisoned', N'skipped', N'cancelled
 GO
 
 -- Poison messages with their run (the table agent.poison_messages keeps the name; this is its view).
-CREATE OR ALTER VIEW agent.poison_list AS
+CREATE VIEW agent.poison_list AS
 SELECT m.poison_id, m.run_id, r.job_name, r.status AS run_status, m.message_id, m.dequeue_count, m.reason,
        m.errors, m.poisoned_at, m.requeued_at
 FROM agent.poison_messages AS m
@@ -562,7 +562,7 @@ GO
 
 -- `stuck`'s reconciliation at the server's time: in flight past the lease, or runnable and not
 -- started for more than 600 s (the command's default --older-than).
-CREATE OR ALTER VIEW agent.stuck_runs AS
+CREATE VIEW agent.stuck_runs AS
 SELECT r.run_id, r.job_name, r.kind, r.status, r.scheduled_for, r.runnable_at, r.lease_expires_at, r.token, r.attempt,
        CASE WHEN r.status IN (N'queued', N'running') THEN N'lease expired' ELSE N'waiting over 600 s' END AS reason
 FROM agent.runs AS r

@@ -39,9 +39,9 @@ GO
 -- agent.cancel_run and agent.stop_job (0005) as `cancel` and `stop` do with fleets: a run waiting
 -- for its targets ends with its executions in the same transaction (not at the next tick), and
 -- an execution not yet let in ('waiting') can be cancelled on its own (it counts as a failed
--- target). CREATE OR ALTER keeps the grants of 0005. The runs are updated first, then their
+-- target). ALTER PROCEDURE keeps the grants of 0005. The runs are updated first, then their
 -- executions: the order progress_fleets takes them in.
-CREATE OR ALTER PROCEDURE agent.stop_job
+ALTER PROCEDURE agent.stop_job
     @job_name NVARCHAR(4000)
 AS
 BEGIN
@@ -76,7 +76,7 @@ BEGIN
 END
 GO
 
-CREATE OR ALTER PROCEDURE agent.cancel_run
+ALTER PROCEDURE agent.cancel_run
     @run_id BIGINT
 AS
 BEGIN
@@ -129,8 +129,8 @@ GO
 
 -- agent.add_scheduled_job: define (or redefine) a job in the database. The engine checks the
 -- schedule, time zone and targets and plans its first slot (needs_planning); slots of the
--- previous definition claimed ahead are recorded skipped. CREATE OR ALTER keeps the grants of 0005.
-CREATE OR ALTER PROCEDURE agent.add_scheduled_job
+-- previous definition claimed ahead are recorded skipped. ALTER PROCEDURE keeps the grants of 0005.
+ALTER PROCEDURE agent.add_scheduled_job
     @name NVARCHAR(4000),
     @sql NVARCHAR(MAX),
     @schedule NVARCHAR(4000) = NULL,

@@ -21,7 +21,7 @@ GO
 
 -- agent.exec_async (0005) and agent.add_scheduled_job (0006), redefined: the same parameters,
 -- checks and results, and the caller recorded as the owner (a redefinition takes the new caller).
-CREATE OR ALTER PROCEDURE agent.exec_async
+ALTER PROCEDURE agent.exec_async
     @sql NVARCHAR(MAX),
     @execution_order INT = 0,
     @database NVARCHAR(4000) = NULL,
@@ -79,7 +79,7 @@ BEGIN
 END
 GO
 
-CREATE OR ALTER PROCEDURE agent.add_scheduled_job
+ALTER PROCEDURE agent.add_scheduled_job
     @name NVARCHAR(4000),
     @sql NVARCHAR(MAX),
     @schedule NVARCHAR(4000) = NULL,

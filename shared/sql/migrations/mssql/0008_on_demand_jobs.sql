@@ -8,7 +8,7 @@ SET QUOTED_IDENTIFIER ON;
 SET ANSI_NULLS ON;
 GO
 
-CREATE OR ALTER PROCEDURE agent.add_scheduled_job
+ALTER PROCEDURE agent.add_scheduled_job
     @name NVARCHAR(4000),
     @sql NVARCHAR(MAX),
     @schedule NVARCHAR(4000) = NULL,
