@@ -50,7 +50,27 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' = {
   }
 }
 
+// The Azure Monitor workbook of docs/monitoring.md's queries (infra/workbook.json): runs per job
+// over time by outcome, duration percentiles, slot lateness, poison and the dead man's switch,
+// on this Application Insights resource (Monitor > Workbooks, or the resource's Workbooks blade).
+// Its name is a GUID, as workbooks require; tests/test_workbook.py checks every query's tables,
+// columns, event, metric and dimension names against what the engine writes.
+resource workbook 'Microsoft.Insights/workbooks@2023-06-01' = {
+  name: guid(resourceGroup().id, appInsightsName, 'sql-agent-workbook')
+  location: location
+  tags: tags
+  kind: 'shared'
+  properties: {
+    displayName: 'SQL Agent (${appInsightsName})'
+    category: 'workbook'
+    sourceId: appInsights.id
+    version: '1.0'
+    serializedData: replace(loadTextContent('workbook.json'), '__APP_INSIGHTS_ID__', appInsights.id)
+  }
+}
+
 output workspaceId string = workspace.id
 output workspaceName string = workspace.name
 output appInsightsId string = appInsights.id
 output appInsightsName string = appInsights.name
+output workbookId string = workbook.id

@@ -2,8 +2,9 @@
 # creates the project's virtual environments, and stops with one line when none fits, instead of
 # letting pip fail half-way through the requirements.
 #
-# azure-functions==1.26.0 (requirements.txt) installs on Python 3.10, 3.11 and 3.12 only, and
-# Azure runs the app on 3.11. PYTHON=/path/to/python3.11 picks the interpreter; without it the
+# azure-functions==1.26.0 (requirements.txt) declares Requires-Python >=3.10,<3.13: it installs on
+# Python 3.10, 3.11 and 3.12 only (not 3.13 yet), and Azure runs the app on 3.11.
+# pyproject.toml's requires-python says the same (tests/test_packaging.py checks they agree). PYTHON=/path/to/python3.11 picks the interpreter; without it the
 # first of python3.11, python3.12, python3.10 and python3 on the PATH whose version fits is used.
 
 SUPPORTED_PYTHONS="3.10, 3.11 or 3.12"
@@ -60,4 +61,23 @@ require_venv_python() {
   [ -z "$version" ] || made="Python $version"
   echo "$script: $venv was made with $made, but this project needs Python $SUPPORTED_PYTHONS; remove it (rm -rf $venv) and run again, with PYTHON=/path/to/python3.11 $script if python3.11 is not on the PATH" >&2
   exit 2
+}
+
+# Installs the sql-agent command ($1/bin/sql-agent) as an editable install of this clone
+# (pyproject.toml; its dependencies are the pinned ones the caller installed first), unless the
+# environment already has one of this very directory (asked with -I: the egg-info an editable
+# install leaves here is not on the path): a virtual environment copied or shared
+# from another clone is reinstalled, so sql-agent never runs another clone's code.
+install_cli() {
+  local venv=$1 here installed
+  here="file://$(pwd -P)"
+  installed=$("$venv/bin/python" -I -c '
+import json, importlib.metadata as metadata
+try:
+    print(json.loads(metadata.distribution("sql-agent-azure").read_text("direct_url.json") or "{}").get("url", ""))
+except metadata.PackageNotFoundError:
+    pass' 2>/dev/null) || installed=""
+  if [ "$installed" != "$here" ] || [ ! -x "$venv/bin/sql-agent" ]; then
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e .
+  fi
 }

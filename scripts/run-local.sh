@@ -17,16 +17,19 @@ if [ ! -x .venv/bin/python ]; then
   require_python "$script"
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt
+.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-cli.txt
+# The sql-agent command (.venv/bin/sql-agent) running this clone's code: an editable install of
+# pyproject.toml, its dependencies being the pinned ones just installed.
+install_cli .venv
 
 SETTINGS=${SETTINGS:-local.settings.example.json}
 MONITOR_PORT=${MONITOR_PORT:-8080}
-.venv/bin/python -m shared.cli --settings "$SETTINGS" init-db
+.venv/bin/sql-agent --settings "$SETTINGS" init-db
 if [ "$MONITOR_PORT" != off ]; then
   # In the background: a non-interactive shell starts it ignoring Ctrl-C's SIGINT, so the runner
   # stops first (finishing its current runs), then this trap stops the monitor (SIGTERM).
-  .venv/bin/python -m shared.cli --settings "$SETTINGS" monitor --port "$MONITOR_PORT" &
+  .venv/bin/sql-agent --settings "$SETTINGS" monitor --port "$MONITOR_PORT" &
   monitor_pid=$!
   trap 'kill "$monitor_pid" 2>/dev/null || true; wait "$monitor_pid" 2>/dev/null || true' EXIT
 fi
-.venv/bin/python -m shared.cli --settings "$SETTINGS" run "$@"
+.venv/bin/sql-agent --settings "$SETTINGS" run "$@"

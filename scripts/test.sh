@@ -15,6 +15,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+# The sql-agent command (.venv/bin/sql-agent) running this clone's code: an editable install of
+# pyproject.toml, its dependencies being the pinned ones just installed.
+install_cli .venv
 
 if [ -f package.json ]; then
   if command -v npm >/dev/null 2>&1; then

@@ -1,15 +1,22 @@
-"""Operator commands and the local runner.
+"""Operator commands and the local runner: the `sql-agent` command.
 
-    python -m shared.cli [--db DB] [--settings FILE] COMMAND ...
+    sql-agent [--db DB] [--settings FILE] [--json] COMMAND ...
+    python -m shared.cli ...          (the same, from a clone)
 
-Exit codes: 0 success, 2 usage or configuration error, 1 runtime failure. Errors are one
-line on stderr, without a traceback.
+Exit codes: 0 success, 1 runtime failure or a finding (doctor's failed check, a tick's errors,
+jobs import-sqlagent could not carry over), 2 usage or configuration error (a bad argument or
+setting, a job, run or poison message that does not exist), 130 interrupted (Ctrl-C) before the
+command finished, 141 stdout closed by its reader (`| head`). Errors are one line on stderr, without a traceback; with --json, every command
+prints one JSON document on stdout and an error is one JSON object on stderr:
+{"error": ..., "kind": ..., "setting": ..., "value": ..., "expected": ...} (the last three when known).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import re
 import signal
 import sys
 from datetime import datetime, timezone
@@ -19,18 +26,91 @@ from typing import Any, Sequence
 from .errors import AgentError, ConfigError, NotFoundError, UsageError
 
 UTC = timezone.utc
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+PROG = "sql-agent"
+DISTRIBUTION = "sql-agent-azure"     # pyproject.toml's project name
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 130, 141
 # Operator commands (doctor, jobs, history, ...) wait at most this long for a connection; the
 # commands that run the agent or install it wait the whole AGENT_CONNECT_RETRY_SECONDS.
 COMMAND_CONNECT_RETRY_SECONDS = 10
 WAITING_COMMANDS = ("run", "work", "tick", "init-db")
+COMPLETION_SHELLS = ("bash", "zsh", "tcsh")
+
+
+def version() -> str:
+    """The installed distribution's version when this very code is the installed one, else the
+    constant in shared/__init__.py (a clone; pyproject.toml reads the same constant)."""
+    from pathlib import Path
+
+    from . import __version__
+
+    try:
+        from importlib import metadata
+
+        dist = metadata.distribution(DISTRIBUTION)
+        installed = Path(str(dist.locate_file("shared/__init__.py"))).resolve()
+        if installed == Path(__file__).with_name("__init__.py").resolve():
+            return dist.version
+    except Exception:      # not installed, or installed metadata without files
+        pass
+    return __version__
+
+
+class _ArgumentValueError(argparse.ArgumentTypeError):
+    """A bad argument value, with what was given and what is expected (for --json errors)."""
+
+    def __init__(self, value: str, expected: str, message: str) -> None:
+        super().__init__(message)
+        self.value = value
+        self.expected = expected
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, whose usage errors become one JSON object on stderr under --json (exit 2)."""
+
+    json_errors = False
+
+    def error(self, message: str):  # type: ignore[override]
+        if not Parser.json_errors:
+            super().error(message)
+        details: dict[str, Any] = {}
+        current = sys.exc_info()[1]
+        if isinstance(current, argparse.ArgumentError):
+            details["setting"] = current.argument_name
+            cause = current.__context__
+            if isinstance(cause, _ArgumentValueError):
+                details.update(value=cause.value, expected=cause.expected)
+        else:
+            required = re.match(r"the following arguments are required: (.*)", message)
+            if required:
+                details["setting"] = required.group(1)
+        invalid = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if invalid:
+            details.update(value=invalid.group(1), expected=f"one of {invalid.group(2)}")
+        _print_error(message, "usage", **details)
+        self.exit(EXIT_USAGE)
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if Parser.json_errors:       # --json anywhere on the line
+            _print_json({"name": DISTRIBUTION, "version": version(), "python": "%d.%d.%d" % sys.version_info[:3]})
+        else:
+            print(f"{PROG} {version()} (Python {'%d.%d.%d' % sys.version_info[:3]})")
+        parser.exit(EXIT_OK)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m shared.cli", description="SQL Agent for Azure SQL: operator commands.")
+    parser = Parser(prog=PROG, description="SQL Agent for Azure SQL: operator commands "
+                                           "(also: python -m shared.cli from a clone).")
+    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     parser.add_argument("--db", help="control database: sqlite:///PATH or an ODBC connection string (default: AGENT_DB)")
     parser.add_argument("--settings", metavar="FILE", help="a local.settings.json whose Values are used as app settings")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--json", action="store_true", default=False,
+                        help="one JSON document on stdout; an error is one JSON object on stderr (also after COMMAND)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     commands.add_parser("init-db", help="create or upgrade the control schema (idempotent) and the queue")
@@ -39,7 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
     tick.add_argument("--now", type=_iso_datetime,
                       help="ISO-8601 time to tick at (default: the database's clock); refused when further from "
                            "the database's clock than AGENT_MAX_CLOCK_SKEW_SECONDS")
-    tick.add_argument("--json", action="store_true")
 
     work = commands.add_parser("work", help="execute what is runnable now (from the runs table, or from the storage "
                                             "queue as the queue trigger would), then stop")
@@ -55,12 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--concurrency", type=_positive_int, help="worker threads (default AGENT_MAX_CONCURRENCY)")
 
     jobs = commands.add_parser("jobs", help="the jobs as the agent last synced them: state, next slot and last run")
-    jobs.add_argument("--json", action="store_true")
 
     history = commands.add_parser("history", help="runs, newest first, with attempts and job events")
     history.add_argument("--job", help="only this job")
     history.add_argument("--limit", type=_positive_int, default=50)
-    history.add_argument("--json", action="store_true")
     history.add_argument("--output", action="store_true",
                          help="each attempt (each step's) with what the server said: messages and rows affected")
 
@@ -68,13 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     stuck.add_argument("--older-than", type=_positive_int, default=600, metavar="SECONDS",
                        help="pending runs runnable for longer than this count as stuck (default 600)")
     stuck.add_argument("--limit", type=_positive_int, default=500, help="at most this many runs (default 500)")
-    stuck.add_argument("--json", action="store_true")
 
     poison = commands.add_parser("poison", help="poison messages")
     poison_commands = poison.add_subparsers(dest="poison_command", metavar="ACTION", required=True)
     poison_list = poison_commands.add_parser("list", help="poison messages, newest first")
     poison_list.add_argument("--limit", type=_positive_int, default=50)
-    poison_list.add_argument("--json", action="store_true")
     requeue = poison_commands.add_parser("requeue", help="give the poisoned run one more attempt")
     requeue.add_argument("poison_id", type=_positive_int, metavar="ID")
 
@@ -133,8 +208,24 @@ def build_parser() -> argparse.ArgumentParser:
     importer.add_argument("--apply", action="store_true",
                           help="define the one-step jobs with agent.add_scheduled_job on the control database "
                                "(--db); jobs with steps are printed as settings and listed")
-    importer.add_argument("--json", action="store_true", help="JSON output (the default: the output is settings)")
+    completion = commands.add_parser("completion", help="print the shell completion script for sql-agent "
+                                                        "(e.g. sql-agent completion bash > ~/.local/share/"
+                                                        "bash-completion/completions/sql-agent)")
+    completion.add_argument("shell", choices=COMPLETION_SHELLS)
+    _json_everywhere(parser)
     return parser
+
+
+def _json_everywhere(parser: argparse.ArgumentParser) -> None:
+    """--json after every command and sub-command too (`sql-agent poison list --json`); its
+    default is left out, so that `sql-agent --json poison list` keeps the top level's True."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                if "--json" not in sub._option_string_actions:
+                    sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                                     help="one JSON document on stdout; an error is one JSON object on stderr")
+                _json_everywhere(sub)
 
 
 # ---------------------------------------------------------------- argument types
@@ -144,7 +235,8 @@ def _iso_datetime(text: str) -> datetime:
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO-8601 date and time (e.g. 2026-01-31T02:00:00Z)")
+        raise _ArgumentValueError(text, "an ISO-8601 date and time (e.g. 2026-01-31T02:00:00Z)",
+                                  f"{text!r} is not an ISO-8601 date and time (e.g. 2026-01-31T02:00:00Z)")
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
@@ -155,9 +247,9 @@ def _number_at_least(kind: type, minimum: int, what: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+            raise _ArgumentValueError(text, f"{what}, {minimum} or more", f"{text!r} is not {what}")
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected {minimum} or more")
+            raise _ArgumentValueError(text, f"{minimum} or more", f"{text!r}: expected {minimum} or more")
         return value
 
     return parse
@@ -172,12 +264,43 @@ _non_negative_float = _number_at_least(float, 0, "a number")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    # Known before parsing, so that a usage error is JSON too: --json anywhere before a "--".
+    Parser.json_errors = "--json" in arguments[:arguments.index("--")] if "--" in arguments else "--json" in arguments
+    try:
+        parser = build_parser()
+        args = parser.parse_args(arguments)
+        Parser.json_errors = args.json
+        _configure_logging(args)
+        return _run(args)
+    finally:
+        Parser.json_errors = False
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if args.json:       # stderr stays machine-readable: one JSON object per log record
+        handler.setFormatter(_JsonLogFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO if args.verbose or args.command in ("run", "work") else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+                        handlers=[handler])
+
+
+class _JsonLogFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        document = {"time": datetime.fromtimestamp(record.created, UTC).isoformat(), "level": record.levelname,
+                    "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            document["exception"] = self.formatException(record.exc_info)
+        return json.dumps(document, ensure_ascii=False, default=str)
+
+
+def _run(args: argparse.Namespace) -> int:
     agent = None
     try:
+        if args.command == "completion":
+            return cmd_completion(None, args)           # the parser only
         if args.command == "import-sqlagent" and not args.apply:
             return cmd_import_sqlagent(None, args)      # reads files only: no settings, no database
         from .agent import Agent
@@ -194,30 +317,74 @@ def main(argv: Sequence[str] | None = None) -> int:
         agent = Agent(settings, db=args.db)
         handler = COMMANDS[args.command]
         return handler(agent, args)
-    except (ConfigError, UsageError, NotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except ConfigError as exc:
+        _print_error(str(exc), "config", setting=exc.setting, value=exc.value, expected=exc.expected)
+        return EXIT_USAGE
+    except NotFoundError as exc:
+        _print_error(str(exc), "not_found", **_known_fields(exc))
+        return EXIT_USAGE
+    except UsageError as exc:
+        _print_error(str(exc), "usage", **_known_fields(exc))
         return EXIT_USAGE
     except AgentError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _print_error(str(exc), "failure", **_known_fields(exc))
         return EXIT_FAILURE
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_FAILURE
+        _print_error("interrupted", "interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, as shell tools do; stdout goes to
+        # /dev/null so that the interpreter's last flush does not fail again.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except Exception as exc:  # driver errors and the like: one line, classified
         from .sqlerrors import classify
 
         info = classify(exc)
         code = f" [{info.number or info.sqlstate}]" if (info.number or info.sqlstate) else ""
-        print(f"error: {type(exc).__name__}{code}: {info.message}", file=sys.stderr)
+        extra = {key: value for key, value in (("number", info.number), ("sqlstate", info.sqlstate)) if value}
+        _print_error(f"{type(exc).__name__}{code}: {info.message}", "failure", **extra)
         return EXIT_FAILURE
     finally:
         if agent is not None:
             agent.close()
 
 
+def _known_fields(exc: BaseException) -> dict[str, Any]:
+    """setting, value and expected of an error that carries them (UsageError(..., setting=...))."""
+    return {name: getattr(exc, name) for name in ("setting", "value", "expected")
+            if getattr(exc, name, None) is not None}
+
+
+def _print_error(message: str, kind: str, **details: Any) -> None:
+    """An error: `error: MESSAGE` on stderr, or under --json one JSON object on one line of
+    stderr: {"error": MESSAGE, "kind": usage|config|not_found|failure|interrupted, and the
+    setting, value and expected when known}."""
+    if not Parser.json_errors:
+        print(message if kind == "interrupted" else f"error: {message}", file=sys.stderr)
+        return
+    document = {"error": message, "kind": kind}
+    document.update(details)
+    print(json.dumps(document, ensure_ascii=False, default=str), file=sys.stderr, flush=True)
+
+
+def _warn(args: argparse.Namespace, warnings: list[str], message: str) -> None:
+    """A warning: a `warning: ...` line on stderr, or under --json kept for the document."""
+    if args.json:
+        warnings.append(message)
+    else:
+        print(f"warning: {message}", file=sys.stderr)
+
+
 def cmd_init_db(agent, args) -> int:
     before, after = agent.init()
-    if before == after:
+    if args.json:
+        _print_json({"database": agent.target.display, "dialect": agent.target.dialect,
+                     "schema_version_before": before, "schema_version": after, "upgraded": before != after})
+    elif before == after:
         print(f"{agent.target.display}: schema is at version {after}, nothing to do")
     else:
         print(f"{agent.target.display}: schema upgraded from version {before} to {after}")
@@ -250,7 +417,10 @@ def cmd_work(agent, args) -> int:
     agent.store().require_schema()
     runner = LocalRunner(agent, concurrency=args.concurrency, visibility_timeout=args.visibility_timeout)
     count = runner.work_once() if args.once else runner.work_until_idle(args.max_seconds)
-    print(f"processed {count} {'message(s)' if agent.queue_mode else 'run(s)'}")
+    if args.json:
+        _print_json({"processed": count, "unit": "messages" if agent.queue_mode else "runs"})
+    else:
+        print(f"processed {count} {'message(s)' if agent.queue_mode else 'run(s)'}")
     return EXIT_OK
 
 
@@ -263,15 +433,25 @@ def cmd_run(agent, args) -> int:
     jobs = ", ".join(job.name for job in agent.settings.jobs) or "none"
     where = (f"queue {agent.queue.name}" if agent.queue_mode
              else f"workers claim from the runs table, {runner.concurrency} at most at once")
-    print(f"agent running on {agent.target.display} (schema v{after}); {where}; "
-          f"jobs: {jobs}; Ctrl-C stops", file=sys.stderr)
-    for bad in agent.settings.invalid_jobs:
-        print(f"warning: job {bad.name} is invalid and will not run: {bad.message}", file=sys.stderr)
+    # Announced inside the try: a Ctrl-C right after the announcement stops the runner as usual.
     try:
+        if args.json:        # the one document, at start (the runner runs until stopped)
+            print(json.dumps({"running": True, "database": agent.target.display, "schema_version": after,
+                              "mode": "queue" if agent.queue_mode else "direct",
+                              "queue": agent.queue.name if agent.queue_mode else None,
+                              "concurrency": runner.concurrency, "jobs": [job.name for job in agent.settings.jobs],
+                              "invalid_jobs": [{"name": bad.name, "error": bad.message}
+                                               for bad in agent.settings.invalid_jobs]}), flush=True)
+        else:
+            print(f"agent running on {agent.target.display} (schema v{after}); {where}; "
+                  f"jobs: {jobs}; Ctrl-C stops", file=sys.stderr)
+            for bad in agent.settings.invalid_jobs:
+                print(f"warning: job {bad.name} is invalid and will not run: {bad.message}", file=sys.stderr)
         runner.run()
     except KeyboardInterrupt:
         runner.stop()
-    print("agent stopped", file=sys.stderr)
+    if not args.json:
+        print("agent stopped", file=sys.stderr)
     return EXIT_OK
 
 
@@ -409,10 +589,12 @@ def cmd_poison(agent, args) -> int:
         return EXIT_OK
     poison = store.execute("get_poison", poison_id=args.poison_id).one()
     if poison is None:
-        raise NotFoundError(f"no poison message with id {args.poison_id}")
+        raise NotFoundError(f"no poison message with id {args.poison_id}", setting="ID", value=args.poison_id,
+                            expected="the id of a poison message (poison list)")
     if poison["run_id"] is None:
         raise UsageError(f"poison message {args.poison_id} belongs to no run (it was malformed: {poison['reason']}); "
-                         "nothing to requeue")
+                         "nothing to requeue", setting="ID", value=args.poison_id,
+                         expected="a poison message of a run")
     now = agent.clock()
     with store.transaction():
         changed = bool(store.execute("requeue_run", run_id=poison["run_id"], now=now).rows)
@@ -421,8 +603,14 @@ def cmd_poison(agent, args) -> int:
     if not changed:
         run = store.execute("get_run", run_id=poison["run_id"]).one()
         status = run["status"] if run else "gone"
-        raise UsageError(f"run {poison['run_id']} is {status}; only a poisoned or failed run can be requeued")
-    print(f"run {poison['run_id']} requeued (one more attempt){_dispatch_now(agent)}")
+        raise UsageError(f"run {poison['run_id']} is {status}; only a poisoned or failed run can be requeued",
+                         setting="ID", value=args.poison_id, expected="a poison message of a poisoned or failed run")
+    dispatched = _dispatch_now(agent)
+    if args.json:
+        _print_json({"poison_id": args.poison_id, "run_id": poison["run_id"], "requeued": True,
+                     "dispatched": dispatched})
+    else:
+        print(f"run {poison['run_id']} requeued (one more attempt){_dispatched_text(dispatched)}")
     return EXIT_OK
 
 
@@ -439,14 +627,25 @@ def cmd_run_now(agent, args) -> int:
         if job is not None and not job["valid"]:
             raise ConfigError(f"JOB__{args.name}__*", args.name, f"a valid job; it is invalid: {job['config_error']}")
         if job is not None:
-            raise UsageError(f"job {args.name!r} was removed from the settings; it cannot run")
+            raise UsageError(f"job {args.name!r} was removed from the settings; it cannot run", setting="NAME",
+                             value=args.name, expected="a job in the settings")
         known = ", ".join(name for name, r in jobs.items() if r["valid"] and r["configured"]) or "none"
         raise NotFoundError(f"no job named {args.name!r} (jobs the agent knows: {known}; a job added to the "
-                            "settings is known after the agent's next tick)")
+                            "settings is known after the agent's next tick)", setting="NAME", value=args.name,
+                            expected=f"one of the jobs the agent knows: {known}")
     if row["status"] == "skipped":
-        print(f"run {row['run_id']} of {args.name} skipped: {row['note']}")
+        if args.json:
+            _print_json({"run_id": row["run_id"], "job_name": args.name, "status": "skipped", "note": row["note"],
+                         "dispatched": None})
+        else:
+            print(f"run {row['run_id']} of {args.name} skipped: {row['note']}")
         return EXIT_OK
-    print(f"run {row['run_id']} of {args.name} created{_dispatch_now(agent)}")
+    dispatched = _dispatch_now(agent)
+    if args.json:
+        _print_json({"run_id": row["run_id"], "job_name": args.name, "status": row["status"], "note": row.get("note"),
+                     "dispatched": dispatched})
+    else:
+        print(f"run {row['run_id']} of {args.name} created{_dispatched_text(dispatched)}")
     return EXIT_OK
 
 
@@ -454,14 +653,20 @@ def cmd_submit(agent, args) -> int:
     from .telemetry import new_operation_id
 
     if not args.sql.strip():
-        raise UsageError("--sql: expected the SQL to run (non-empty)")
+        raise UsageError("--sql: expected the SQL to run (non-empty)", setting="--sql", value=args.sql,
+                         expected="the SQL to run (non-empty)")
     store = agent.store()
     store.require_schema()
     row = store.execute("insert_task", command=args.sql, target_database=None, task_order=args.order,
                         max_attempts=args.max_attempts, timeout_seconds=args.timeout_seconds, lease_seconds=60,
                         now=agent.clock(), operation_id=new_operation_id()).one()
+    dispatched = _dispatch_now(agent)
+    if args.json:
+        _print_json({"run_id": row["run_id"], "kind": "task", "order": args.order, "submitted": True,
+                     "dispatched": dispatched})
+        return EXIT_OK
     order = f" (order {args.order})" if args.order is not None else ""
-    print(f"task run {row['run_id']} submitted{order}{_dispatch_now(agent)}")
+    print(f"task run {row['run_id']} submitted{order}{_dispatched_text(dispatched)}")
     return EXIT_OK
 
 
@@ -474,14 +679,16 @@ def cmd_cancel(agent, args) -> int:
     now = agent.clock()
     run = store.execute("get_run", run_id=args.run_id).one()
     if run is None:
-        raise NotFoundError(f"no run with id {args.run_id}")
+        raise NotFoundError(f"no run with id {args.run_id}", setting="RUN_ID", value=args.run_id,
+                            expected="the id of a run (history)")
     # In the same transaction, the run's fleet: a run waiting for its targets ends with its
     # executions; for one of a fleet's executions, its run lets the next waiting one in or, when
     # this was the last, moves on (and its outcome is notified) at once, not at the next tick.
     with store.transaction():
         if not store.execute("cancel_run", run_id=args.run_id, now=now).rows:
             status = store.execute("get_run", run_id=args.run_id).one()["status"]
-            raise UsageError(f"run {args.run_id} is already {status}")
+            raise UsageError(f"run {args.run_id} is already {status}", setting="RUN_ID", value=args.run_id,
+                             expected="a run that has not finished")
         moved = store.execute("progress_fleets", parent_run_id=run.get("parent_run_id") or args.run_id,
                               run_id=None, token=None, now=now).rows
         if any(row["status"] in ("succeeded", "failed") for row in moved):
@@ -489,7 +696,10 @@ def cmd_cancel(agent, args) -> int:
                 store.execute(name, **params)
     if report_moved_runs(moved, agent.telemetry) and notifications_enabled(agent.settings):
         agent.notifier.wake()
-    print(f"run {args.run_id} cancelled")
+    if args.json:
+        _print_json({"run_id": args.run_id, "status": "cancelled"})
+    else:
+        print(f"run {args.run_id} cancelled")
     return EXIT_OK
 
 
@@ -504,17 +714,22 @@ def cmd_monitor(agent, args) -> int:
         server = make_server(agent, args.port, environ)
     except OSError as exc:
         raise UsageError(f"--port {args.port}: cannot listen on 127.0.0.1:{args.port} ({exc.strerror or exc}); "
-                         "pick another port, or 0 for any free one")
+                         "pick another port, or 0 for any free one", setting="--port", value=args.port,
+                         expected="a free TCP port on 127.0.0.1, or 0 for any free one")
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     host, port = server.server_address[:2]
-    print(f"monitor: http://{host}:{port}/ (read-only; Ctrl-C stops)", file=sys.stderr, flush=True)
-    try:
+    try:        # announced inside the try: a Ctrl-C right after it stops the server as usual
+        if args.json:       # the one document, at start: where it listens (with --port 0, the port picked)
+            print(json.dumps({"monitor": f"http://{host}:{port}/", "host": host, "port": port}), flush=True)
+        else:
+            print(f"monitor: http://{host}:{port}/ (read-only; Ctrl-C stops)", file=sys.stderr, flush=True)
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
-    print("monitor stopped", file=sys.stderr)
+    if not args.json:
+        print("monitor stopped", file=sys.stderr)
     return EXIT_OK
 
 
@@ -531,7 +746,12 @@ def cmd_stop(agent, args) -> int:
         jobs = {r["job_name"] for r in store.execute("list_jobs").rows}
         if args.name not in jobs:
             known = ", ".join(sorted(jobs)) or "none"
-            raise NotFoundError(f"no job named {args.name!r} (jobs the agent knows: {known})")
+            raise NotFoundError(f"no job named {args.name!r} (jobs the agent knows: {known})", setting="JOB",
+                                value=args.name, expected=f"one of the jobs the agent knows: {known}")
+    if args.json:
+        _print_json({"job_name": args.name, "cancelled_run_ids": [row["run_id"] for row in rows]})
+        return EXIT_OK
+    if not rows:
         print(f"job {args.name}: no run in flight")
         return EXIT_OK
     ids = ", ".join(str(row["run_id"]) for row in rows)
@@ -544,7 +764,14 @@ def cmd_doctor(agent, args) -> int:
     from .doctor import run_doctor
 
     report = run_doctor(agent)
-    print(report.render())
+    if args.json:
+        failed = report.failed
+        _print_json({"target": report.target, "ok": report.ok, "failed": failed.name if failed else None,
+                     "checks": [{"name": check.name, "ok": check.ok, "detail": check.detail, "fix": check.fix or None,
+                                 "lines": list(check.lines)} for check in report.checks],
+                     "warnings": report.warnings})
+    else:
+        print(report.render())
     return EXIT_OK if report.ok else EXIT_FAILURE
 
 
@@ -572,22 +799,38 @@ def cmd_grant_sql(agent, args) -> int:
     scripts = grant_scripts(args.app_name, job_databases=databases, execute_schemas=args.execute_schema,
                             job_principal=principal)
     if not args.apply:
-        print(render(scripts), end="")
+        if args.json:
+            _print_json(_scripts_document(scripts, render(scripts), applied_to=None))
+        else:
+            print(render(scripts), end="")
         return EXIT_OK
     target = agent.target
     if target.dialect != "mssql":
         raise UsageError(f"grant-sql --apply needs an Azure SQL / SQL Server control database "
                          f"(AGENT_SQL_SERVER and AGENT_SQL_DATABASE, or --db with a SQL Server ODBC driver); "
-                         f"the control database is {target.display}")
-    _apply_scripts(target, scripts)
+                         f"the control database is {target.display}", setting="--db", value=target.display,
+                         expected="an Azure SQL / SQL Server control database")
+    applied = _apply_scripts(target, scripts, args)
+    if args.json:
+        _print_json(_scripts_document(scripts, render(scripts), applied_to=applied))
     return EXIT_OK
 
 
-def _apply_scripts(target, scripts) -> None:
+def _scripts_document(scripts, sql: str, *, applied_to: list[str] | None, warnings: Sequence[str] = ()) -> dict:
+    """grant-sql --json: the scripts (each database's statements), the whole text as printed
+    without --json, where they were applied (null: printed only) and the warnings."""
+    return {"scripts": [{"database": script.database, "server": getattr(script, "server", None),
+                         "comment": script.comment, "statements": list(script.statements)} for script in scripts],
+            "sql": sql, "applied": applied_to is not None, "applied_to": applied_to or [],
+            "warnings": list(warnings)}
+
+
+def _apply_scripts(target, scripts, args) -> list[str]:
     """grant-sql --apply: each script in its own transaction, in its database (on its server)."""
     from .db import connector
     from .queries import split_statements
 
+    applied = []
     for script in scripts:
         server = getattr(script, "server", None)
         where = (f"database {script.database!r}" if script.database else "the control database") + (
@@ -601,7 +844,10 @@ def _apply_scripts(target, scripts) -> None:
             connection.commit()
         finally:
             connection.close()
-        print(f"applied to {where}: " + " ".join(script.statements))
+        applied.append(where)
+        if not args.json:
+            print(f"applied to {where}: " + " ".join(script.statements))
+    return applied
 
 
 def _grant_targets(agent, args) -> int:
@@ -620,13 +866,13 @@ def _grant_targets(agent, args) -> int:
                          "yourself (GRANT USAGE ON SCHEMA ..., GRANT EXECUTE ON ALL ROUTINES IN SCHEMA ...)")
     resolution = resolve_fleet(steps, dialect=target.dialect, control_store=agent.store,
                                target_store=agent.target_store)
-    pairs = []
+    pairs, warnings = [], []
     for server, database in [(t.server, t.database) for t in resolution.targets()]:
         problem = name_problem(database)
         if problem:     # a listed name no script can hold: named and left out, the others go on
             where = f"server {server}" if server else "the agent's server"
-            print(f"warning: job {args.targets!r}: database {database!r} on {where} is left out: expected "
-                  f"{problem}", file=sys.stderr)
+            _warn(args, warnings, f"job {args.targets!r}: database {database!r} on {where} is left out: expected "
+                                  f"{problem}")
         else:
             pairs.append((server, database))
     if target.dialect == "postgres":
@@ -636,11 +882,17 @@ def _grant_targets(agent, args) -> int:
         scripts = fleet_grant_scripts(args.app_name, pairs, resolution.listed, execute_schemas=args.execute_schema,
                                       job_principal=principal, job_name=args.targets)
     if not pairs:
-        print(f"warning: job {args.targets!r}: its targets resolve to no database now", file=sys.stderr)
+        _warn(args, warnings, f"job {args.targets!r}: its targets resolve to no database now")
+    text = render_fleet(scripts, separator="GO\n" if target.dialect == "mssql" else "\n")
     if not args.apply:
-        print(render_fleet(scripts, separator="GO\n" if target.dialect == "mssql" else "\n"), end="")
+        if args.json:
+            _print_json(_scripts_document(scripts, text, applied_to=None, warnings=warnings))
+        else:
+            print(text, end="")
         return EXIT_OK
-    _apply_scripts(target, scripts)
+    applied = _apply_scripts(target, scripts, args)
+    if args.json:
+        _print_json(_scripts_document(scripts, text, applied_to=applied, warnings=warnings))
     return EXIT_OK
 
 
@@ -653,12 +905,23 @@ def _grant_operator(agent, args) -> int:
     if target.dialect == "sqlite" and args.apply:
         raise UsageError(f"grant-sql --operator --apply: the control database is {target.display}; SQLite has no "
                          "roles or procedures (the command line is its way in). Apply it to an Azure SQL / SQL Server "
-                         "or PostgreSQL control database (AGENT_SQL_SERVER, or --db with an ODBC connection string)")
+                         "or PostgreSQL control database (AGENT_SQL_SERVER, or --db with an ODBC connection string)",
+                         setting="--db", value=target.display,
+                         expected="an Azure SQL / SQL Server or PostgreSQL control database")
     # Printed for SQLite too: the T-SQL to run once the control database is Azure SQL.
     script = operator_sql(args.operator, dialect=target.dialect, app=args.app_name)
-    print(f"warning: {OPERATOR_WARNING}", file=sys.stderr)
+    warnings: list[str] = []
+    _warn(args, warnings, OPERATOR_WARNING)
+
+    def document(applied: bool) -> dict:
+        return {"operator": args.operator, "app_name": args.app_name, "dialect": target.dialect, "sql": script,
+                "applied": applied, "applied_to": ["the control database"] if applied else [], "warnings": warnings}
+
     if not args.apply:
-        print(script, end="")
+        if args.json:
+            _print_json(document(False))
+        else:
+            print(script, end="")
         return EXIT_OK
     from .db import connector
     from .queries import split_statements
@@ -671,41 +934,49 @@ def _grant_operator(agent, args) -> int:
         connection.commit()
     finally:
         connection.close()
-    print(f"applied to the control database: {args.operator} is a member of agent_operator")
+    if args.json:
+        _print_json(document(True))
+    else:
+        print(f"applied to the control database: {args.operator} is a member of agent_operator")
     return EXIT_OK
 
 
-def _dispatch_now(agent) -> str:
-    """Queue mode: dispatch at once (the new run need not wait for a doorbell or the tick).
-    Direct mode: the local runner's workers pick it up themselves (within AGENT_POLL_SECONDS)."""
+def _dispatch_now(agent) -> int | None:
+    """Queue mode: dispatch at once (the new run need not wait for a doorbell or the tick): the
+    runs queued. Direct mode (None): the local runner's workers pick it up themselves (within
+    AGENT_POLL_SECONDS)."""
     if not agent.queue_mode:
-        return "; the local runner starts it"
+        return None
     from .dispatch import dispatch
 
     outcome = dispatch(agent.store(), agent.queue, agent.settings, agent.clock(), agent.telemetry)
-    return f"; {len(outcome.queued)} run(s) dispatched"
+    return len(outcome.queued)
+
+
+def _dispatched_text(dispatched: int | None) -> str:
+    return "; the local runner starts it" if dispatched is None else f"; {dispatched} run(s) dispatched"
 
 
 def cmd_import_sqlagent(agent, args) -> int:
     """SSMS's job scripts -> JOB__<name>__* settings (JSON on stdout); what could not be carried
     over is listed per job and makes the exit code 1. --apply: agent.add_scheduled_job for the
     one-step jobs; the others stay in the printed settings and are listed."""
-    import json
-
     from .sqlagent_import import ScriptError, apply_calls, apply_to_database, convert_script, report
 
     timezone = args.timezone
+    warnings: list[str] = []
     if timezone is None:
         timezone = "UTC"
-        print("warning: no --timezone: the schedules are taken as UTC; SQL Server Agent runs in the server's "
-              "local time (give --timezone Europe/Paris, America/New_York, ...)", file=sys.stderr)
+        _warn(args, warnings, "no --timezone: the schedules are taken as UTC; SQL Server Agent runs in the server's "
+                              "local time (give --timezone Europe/Paris, America/New_York, ...)")
     texts = []
     for path in args.files:
         try:
             with open(path, "rb") as handle:
                 raw = handle.read()
         except OSError as exc:
-            raise UsageError(f"import-sqlagent: cannot read {path!r}: {exc.strerror}") from None
+            raise UsageError(f"import-sqlagent: cannot read {path!r}: {exc.strerror}", setting="FILE.sql", value=path,
+                             expected="a readable T-SQL script") from None
         # SSMS saves scripts as UTF-16 (with a byte order mark) or UTF-8.
         if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
             text = raw.decode("utf-16")
@@ -717,7 +988,8 @@ def cmd_import_sqlagent(agent, args) -> int:
     except ScriptError as exc:
         raise UsageError(f"import-sqlagent: {exc}") from None
     except ValueError as exc:       # the time zone
-        raise UsageError(f"import-sqlagent --timezone {timezone!r}: {exc}; expected an IANA time zone name") from None
+        raise UsageError(f"import-sqlagent --timezone {timezone!r}: {exc}; expected an IANA time zone name",
+                         setting="--timezone", value=timezone, expected="an IANA time zone name") from None
     result = report(converted, timezone)
     incomplete = not result["complete"]
     if args.apply:
@@ -728,11 +1000,31 @@ def cmd_import_sqlagent(agent, args) -> int:
             raise UsageError(str(exc)) from None
         result["not_applied"] = refused
         incomplete = incomplete or bool(refused)
+    if args.json:       # the same document, the warnings in it; each job's not_carried lists what was left
+        result["warnings"] = warnings
     print(json.dumps(result, indent=2, ensure_ascii=False))
-    for item in result["jobs"]:
-        for missing in item["not_carried"]:
-            print(f"not carried: {item['sql_agent_name']}: {missing['what']}: {missing['reason']}", file=sys.stderr)
+    if not args.json:
+        for item in result["jobs"]:
+            for missing in item["not_carried"]:
+                print(f"not carried: {item['sql_agent_name']}: {missing['what']}: {missing['reason']}",
+                      file=sys.stderr)
     return EXIT_FAILURE if incomplete else EXIT_OK
+
+
+def cmd_completion(agent, args) -> int:
+    """The shell's completion script, made by shtab from this parser (commands, sub-commands,
+    options and choices)."""
+    try:
+        import shtab
+    except ImportError:
+        raise UsageError("completion needs the shtab package (requirements-cli.txt; pip install . installs it)",
+                         setting="completion", expected="shtab installed") from None
+    script = shtab.complete(build_parser(), shell=args.shell)
+    if args.json:
+        _print_json({"shell": args.shell, "script": script})
+    else:
+        print(script, end="" if script.endswith("\n") else "\n")
+    return EXIT_OK
 
 
 COMMANDS = {
@@ -752,6 +1044,7 @@ COMMANDS = {
     "doctor": cmd_doctor,
     "grant-sql": cmd_grant_sql,
     "import-sqlagent": cmd_import_sqlagent,
+    "completion": cmd_completion,
 }
 
 

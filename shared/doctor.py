@@ -32,9 +32,9 @@ __all__ = ["Check", "DoctorReport", "run_doctor", "CHECKS"]
 
 CHECKS = ("driver", "connectivity", "authentication", "schema", "session", "permissions", "queue", "targets",
           "monitor")
-INIT_DB = ".venv/bin/python -m shared.cli init-db"
-GRANT_SQL = ".venv/bin/python -m shared.cli grant-sql --app-name <function app name> --apply"
-GRANT_SQL_TARGETS = ".venv/bin/python -m shared.cli grant-sql --app-name <function app name> --targets <job>"
+INIT_DB = "sql-agent init-db"
+GRANT_SQL = "sql-agent grant-sql --app-name <function app name> --apply"
+GRANT_SQL_TARGETS = "sql-agent grant-sql --app-name <function app name> --targets <job>"
 # The roles on the storage account that identity-based AzureWebJobsStorage needs for this app,
 # exactly what infra/functionapp.bicep grants and docs/deploying.md lists (tests/test_infra.py
 # checks all three agree): host storage, the queue (trigger, dispatch, the host's poison queue)

@@ -19,7 +19,19 @@ class ConfigError(AgentError):
         super().__init__(f"{setting}={shown}: expected {expected}")
 
 
-class UsageError(AgentError):
+class _Located:
+    """An error that may name the argument (setting), the value given and what is expected:
+    the command line's --json errors carry them."""
+
+    def __init__(self, message: str, *, setting: str | None = None, value: object = None,
+                 expected: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
+        self.value = value
+        self.expected = expected
+
+
+class UsageError(_Located, AgentError):
     """A command was called with arguments that do not fit (exit code 2)."""
 
 
@@ -44,7 +56,7 @@ class TransientJobError(AgentError):
         super().__init__(f"run {run_id}: transient error, the queue will redeliver: {message}")
 
 
-class NotFoundError(AgentError):
+class NotFoundError(_Located, AgentError):
     """A job, run or poison message named on the command line does not exist."""
 
 

@@ -428,7 +428,7 @@ class Monitor:
     def _poison_page(self, rows: list[dict[str, Any]]) -> str:
         out = ["<h1>Poison messages</h1>",
                "<p>Messages taken out of circulation, newest first; "
-               "<code>.venv/bin/python -m shared.cli poison requeue ID</code> gives the run one more attempt.</p>"]
+               "<code>sql-agent poison requeue ID</code> gives the run one more attempt.</p>"]
         out.append(self._table("poison", POISON_COLUMNS, rows) if rows else "<p>No poison messages.</p>")
         return "\n".join(out) + "\n"
 

@@ -574,7 +574,7 @@ class Store:
         version = self.schema_version()
         latest = self.latest_version()
         if version == 0:
-            raise SchemaError(f"{self.target.display} has no agent schema: run `.venv/bin/python -m shared.cli init-db` first")
+            raise SchemaError(f"{self.target.display} has no agent schema: run `sql-agent init-db` (from a clone: .venv/bin/sql-agent) first")
         if version < latest:
             raise SchemaError(f"{self.target.display} has schema version {version}, this code needs {latest}: run `init-db` to upgrade")
         if version > latest:

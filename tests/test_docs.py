@@ -3,9 +3,11 @@
 * The README stays a first-hour read (at most ~250 lines) and links every page of docs/.
 * Every relative link in README.md and docs/*.md resolves: the file exists, and a `#anchor`
   names a heading of that file (GitHub's heading ids).
-* Every `shared.cli` command line in them runs as written after the quick start: the
-  interpreter is the project's `.venv/bin/python` (never a bare `python`, which has none of the
-  requirements), and the arguments parse with the real parser, `shared.cli.build_parser()`.
+* Every command line of the operator CLI in them runs as written after the quick start: it is
+  the `.venv/bin/sql-agent` the quick start installs (or `.venv/bin/python -m shared.cli`, the
+  same; never a bare `python`, which has none of the requirements; a bare `sql-agent` only as
+  `pipx install .` gives it), and the arguments parse with the real parser,
+  `shared.cli.build_parser()`.
   Shell variables (`$APP`) stand for values. Found, not listed: a command documented later is
   checked too. The same holds for the command line the Bicep prints (`grantSqlCommand`).
 * Every repository path a documented command uses exists (`scripts/...`, `infra/...`).
@@ -39,6 +41,8 @@ PAGES = ("configuration", "operations", "azure-sql", "queue", "deploying", "moni
 NOT_COMMANDS = {"text", "json", "sql", "kusto", "python", "yaml", "ini", "bicep"}
 ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 VENV_PYTHON = ".venv/bin/python"
+VENV_COMMAND = ".venv/bin/sql-agent"
+INSTALLED_COMMAND = "sql-agent"            # after `pipx install .` (docs/operations.md)
 
 
 def markdown_files() -> list[Path]:
@@ -138,14 +142,21 @@ class CliCall:
 def cli_calls(snippets: list[Snippet]) -> list[CliCall]:
     calls = []
     for snippet in snippets:
-        if "shared.cli" not in snippet.text or snippet.kind.split(":", 1)[-1] in NOT_COMMANDS:
+        if ("shared.cli" not in snippet.text and "sql-agent" not in snippet.text) or \
+                snippet.kind.split(":", 1)[-1] in NOT_COMMANDS:
             continue
         for command in simple_commands(snippet):
             words = list(command)
             while words and ENV_ASSIGNMENT.match(words[0]):
                 words.pop(0)
+            redirect = next((i for i, word in enumerate(words) if re.match(r"^\d*(>>?|<)", word)), None)
+            words = words[:redirect]         # `> file`: the shell's, not the command's
+            # Without arguments in prose (`sql-agent`), the command is named, not run.
             if len(words) >= 3 and words[1] == "-m" and words[2] == "shared.cli":
-                calls.append(CliCall(snippet, words[0], words[3:]))
+                if len(words) > 3 or snippet.kind != "inline":
+                    calls.append(CliCall(snippet, f"{words[0]} -m shared.cli", words[3:]))
+            elif words and words[0].endswith("sql-agent") and (len(words) > 1 or snippet.kind != "inline"):
+                calls.append(CliCall(snippet, words[0], words[1:]))
     return calls
 
 
@@ -251,19 +262,21 @@ def test_every_relative_link_resolves():
 
 def test_every_cli_command_in_the_docs_uses_the_project_venv_and_parses():
     calls = cli_calls(all_snippets())
-    assert len(calls) >= 10, f"only {len(calls)} shared.cli command lines found"
+    assert len(calls) >= 10, f"only {len(calls)} sql-agent command lines found"
     subcommands = set()
     for call in calls:
         place = f"{where(call.snippet)}: {call.snippet.text.strip()}"
-        assert call.interpreter == VENV_PYTHON, (
-            f"{place}: runs {call.interpreter!r}; documented commands run the project's {VENV_PYTHON} "
-            "(created by the quick start), which has the requirements")
+        assert call.interpreter in (VENV_COMMAND, f"{VENV_PYTHON} -m shared.cli", INSTALLED_COMMAND), (
+            f"{place}: runs {call.interpreter!r}; documented commands run the project's {VENV_COMMAND} "
+            f"(installed by the quick start), {VENV_PYTHON} -m shared.cli, or {INSTALLED_COMMAND} as "
+            "`pipx install .` gives it")
         try:
             namespace = parse_cli(call.arguments)
         except CliParseError as error:
             pytest.fail(f"{place}: shared.cli does not accept it: {error}")
         subcommands.add(namespace.command)
-    assert {"init-db", "grant-sql", "jobs", "history"} <= subcommands, sorted(subcommands)
+    assert {"init-db", "grant-sql", "jobs", "history", "completion"} <= subcommands, sorted(subcommands)
+    assert sum(call.interpreter == VENV_COMMAND for call in calls) >= 10
 
 
 def test_the_parser_check_can_fail():

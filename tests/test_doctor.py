@@ -79,7 +79,7 @@ def test_no_schema_fails_naming_init_db(db_url, capsys, tmp_path):
     assert code == 1
     assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "FAIL", "--", "--", "--", "--", "--"], out
     assert "no agent schema" in checks["schema"][1]
-    assert "fix: run `.venv/bin/python -m shared.cli init-db`" in out
+    assert "fix: run `sql-agent init-db`" in out
     assert "not checked (fix the failure above first)" in checks["permissions"][1]
     if db_url.startswith("sqlite"):
         assert not (tmp_path / "agent.db").exists()    # the doctor does not create the file

@@ -180,3 +180,35 @@ def test_run_local_starts_the_monitor_beside_the_runner_and_ctrl_c_stops_both(tm
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+@pytest.mark.parametrize("installed, has_command, reinstalled", [
+    ("this clone", True, False),          # the quick start ran here before: nothing to do
+    ("another clone", True, True),        # a venv copied or shared from elsewhere: its sql-agent runs that code
+    ("nothing", False, True),             # a fresh .venv
+    ("this clone", False, True),          # the script was deleted
+])
+def test_install_cli_installs_this_clone_unless_the_venv_has_it(tmp_path: Path, installed: str, has_command: bool,
+                                                                reinstalled: bool):
+    """scripts/python-env.sh's install_cli: an editable install of this clone into .venv, skipped
+    only when .venv's sql-agent-azure is already this very directory (its direct_url.json)."""
+    project = tmp_path / "project"
+    shutil.copytree(REPO / "scripts", project / "scripts")
+    log = tmp_path / "pip.log"
+    url = {"this clone": f"file://{project.resolve()}", "another clone": "file:///elsewhere/sql-agent",
+           "nothing": ""}[installed]
+    python = project / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\n"
+                      f'case "$1 $2" in "-I -c") echo "{url}"; exit 0;; esac\n'
+                      f'echo "$*" >> "{log}"\n')
+    python.chmod(0o755)
+    if has_command:
+        (python.parent / "sql-agent").write_text("#!/bin/sh\n")
+        (python.parent / "sql-agent").chmod(0o755)
+    result = subprocess.run([BASH, "-c", ". scripts/python-env.sh && install_cli .venv"], cwd=project,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    calls = log.read_text().splitlines() if log.exists() else []
+    expected = ["-m pip install -q --disable-pip-version-check --no-deps -e ."] if reinstalled else []
+    assert calls == expected
