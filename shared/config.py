@@ -114,6 +114,14 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
                 "Most runs executing at once, whoever starts them (ticks, completions, "
                 "submissions, several instances); the rest wait, held, and start as places free.",
                 "optional"),
+    SettingSpec("AGENT_MAX_CONNECTIONS", "10",
+                "Most connections one process (a Functions instance, a local runner, a command) holds "
+                "to the control database at once: its workers, tick, notifier and monitor share all "
+                "but two, kept for lease renewal and the clock. Opened when there is work, closed "
+                "after a minute idle; a refusal by the server (too many clients, 10928/10936) "
+                "pauses opening with jitter. Keep it times the processes below the server's limit "
+                "(Azure SQL Basic: 30 workers, S0: 60, GP_S_Gen5_1: 75; `doctor --processes N` "
+                "checks). From 3.", "optional"),
     SettingSpec("AGENT_POLL_SECONDS", "10",
                 "Work inserted behind the agent's back (another process, the T-SQL procedures) "
                 "starts within this many seconds: the local runner's idle workers look this "
@@ -252,6 +260,7 @@ class AgentSettings:
     worker_id: str
     appinsights_authentication_string: str | None = None
     telemetry_exporter: str = "opentelemetry"
+    max_connections: int = 10
 
     @property
     def uses_azure_queue(self) -> bool:
@@ -455,6 +464,7 @@ def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
         max_dequeue_count=_int_setting(env, "AGENT_MAX_DEQUEUE_COUNT", 1, 100),
         max_concurrency=_int_setting(env, "AGENT_MAX_CONCURRENCY", 1, 10000),
         poll_seconds=_int_setting(env, "AGENT_POLL_SECONDS", 1, 300),
+        max_connections=_int_setting(env, "AGENT_MAX_CONNECTIONS", 3, 10000),
         lookahead_margin_seconds=_int_setting(env, "AGENT_LOOKAHEAD_MARGIN_SECONDS", 0, 3600),
         max_lapses=_int_setting(env, "AGENT_MAX_LAPSES", 1, 100),
         max_clock_skew_seconds=_int_setting(env, "AGENT_MAX_CLOCK_SKEW_SECONDS", 5, 86400),
