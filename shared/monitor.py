@@ -781,7 +781,11 @@ def handle_azure_request(method: str, url: str, headers: Mapping[str, str]) -> R
 
     @contextlib.contextmanager
     def thread_store() -> Iterator[Any]:
-        yield default_agent().store()
+        agent = default_agent()
+        try:
+            yield agent.store()
+        finally:
+            agent.release()   # the host's thread keeps no connection between requests
 
     monitor = Monitor(thread_store, clock=lambda: default_agent().clock(), settings=monitor_settings,
                       base_path=AZURE_BASE_PATH)

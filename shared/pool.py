@@ -17,9 +17,11 @@ goes through one ConnectionPool, which never holds more than AGENT_MAX_CONNECTIO
   10936, its request or session limit), no one in this process opens another for a while
   (1-2 s with full jitter, doubling per refusal in a row up to 15 s): takers wait for a
   connection the process already has to come back, so the process keeps working on what the
-  server gave it and other clients (other processes, operators) keep their places. With none
-  open at all, the taker tries again after the pause, for up to AGENT_CONNECT_RETRY_SECONDS,
-  then raises the refusal.
+  server gave it and other clients (other processes, operators) keep their places. The
+  places the process holds idle in the other shares are given up to the one refused (a
+  reserved share refused gets an idle work connection closed for it). With none of its share
+  open, the taker tries again after each pause, for up to AGENT_CONNECT_RETRY_SECONDS, then
+  raises the refusal.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ IDLE_SECONDS = 60.0
 # BACKOFF_MAX_SECONDS, drawn with full jitter in [pause/2, pause].
 BACKOFF_BASE_SECONDS = 2.0
 BACKOFF_MAX_SECONDS = 15.0
+# A taker waiting this long for a connection says so (and again after as long again).
+WAIT_NOTE_SECONDS = 60.0
 
 # PostgreSQL's refusals (SQLSTATE 53300, which psqlODBC reports as 08001 with the text) and the
 # reserved-slot variant a non-superuser meets when only the reserved places are left.
@@ -125,6 +129,7 @@ class ConnectionPool:
         cap = self._caps[kind]
         deadline = None if wait_seconds is None else self._monotonic() + wait_seconds
         refused_since: float | None = None
+        waiting_since, next_note = self._monotonic(), WAIT_NOTE_SECONDS
         while True:
             stale: list[Any] = []
             with self._cond:
@@ -156,6 +161,10 @@ class ConnectionPool:
                     if now < self._paused_until:
                         until.append(self._paused_until - now)
                     self._cond.wait(max(0.001, min(until)))
+                    if now - waiting_since >= next_note:
+                        next_note += WAIT_NOTE_SECONDS
+                        log.warning("waiting %.0f s for a %s connection to the control database: all %d in use "
+                                    "(AGENT_MAX_CONNECTIONS=%d)", now - waiting_since, kind, cap, self.limit)
             self._close_all(stale)
             if connection is not None:
                 return connection
@@ -170,10 +179,11 @@ class ConnectionPool:
                 now = self._monotonic()
                 refused_since = now if refused_since is None else refused_since
                 pause = self._refused(now, exc)
-                if kind != WORK:
-                    self._make_room()
+                self._make_room(kind)
                 with self._cond:
-                    nothing_open = self._total_open() == 0
+                    # None of this share will come back to take: after AGENT_CONNECT_RETRY_SECONDS
+                    # of refusals, the refusal is the answer.
+                    nothing_open = self._open[kind] == 0
                 if nothing_open and now - refused_since + pause > self.retry_seconds:
                     raise
                 continue
@@ -214,21 +224,26 @@ class ConnectionPool:
 
     # ------------------------------------------------------------ refusals
 
-    def _make_room(self) -> None:
-        """A reserved share was refused: close an idle work connection for it now, or the next
-        one given back."""
+    def _make_room(self, kind: str) -> None:
+        """``kind`` was refused while the server's places are this process's own: a reserved
+        share gets an idle work connection closed for it (now, or the next one given back); the
+        work share gets the reserved shares' idle connections closed (they reopen on demand)."""
+        victims: list[Any] = []
         with self._cond:
-            idle = self._idle[WORK]
-            if idle:
-                victim = idle.pop(0)[0]     # the least recently used
+            if kind == WORK:
+                for reserved in RESERVED_KINDS:
+                    victims.extend(connection for connection, _ in self._idle[reserved])
+                    self._open[reserved] -= len(self._idle[reserved])
+                    self._idle[reserved] = []
+            elif self._idle[WORK]:
+                victims.append(self._idle[WORK].pop(0)[0])     # the least recently used
                 self._open[WORK] -= 1
                 self._room += 1
-                self._cond.notify_all()
             else:
-                victim = None
                 self._room_wanted = min(self._room_wanted + 1, len(RESERVED_KINDS))
-        if victim is not None:
-            self._close_raw(victim)
+            if victims:
+                self._cond.notify_all()
+        self._close_all(victims)
 
     def _refused(self, now: float, exc: BaseException) -> float:
         """Pause the whole process's opening after a refusal; returns the pause (seconds)."""

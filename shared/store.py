@@ -98,6 +98,15 @@ class Store:
         else:
             self.pool.discard(self.kind, connection)
 
+    def __del__(self) -> None:
+        # A store dropped with a pooled connection (its thread ended without releasing it):
+        # the place in AGENT_MAX_CONNECTIONS is freed, the connection closed.
+        connection = getattr(self, "_connection", None)
+        pool = getattr(self, "pool", None)
+        if connection is not None and pool is not None:
+            self._connection = None
+            pool.discard(self.kind, connection)
+
     def __enter__(self) -> "Store":
         return self
 

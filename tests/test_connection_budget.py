@@ -18,6 +18,7 @@ role, and drops it afterwards.
 from __future__ import annotations
 
 import subprocess
+import threading
 import sys
 import time
 import uuid
@@ -204,3 +205,94 @@ def test_doctor_warns_when_the_cap_times_processes_exceeds_the_roles_limit(cappe
         assert "5 x 3 processes = 15" in warnings[0] and "12" in warnings[0] and "CONNECTION LIMIT" in warnings[0]
     finally:
         agent.close()
+
+
+# ---------------------------------------------------------------- the pool's rules, on SQLite connections
+
+
+class _Server:
+    """Opens real SQLite connections, refusing beyond ``allowed`` at once as PostgreSQL does
+    (the driver's own error shape: pyodbc.Error with SQLSTATE 08001 and the server's text)."""
+
+    def __init__(self, path, allowed: int) -> None:
+        self.path, self.allowed, self.open, self.attempts = str(path), allowed, 0, 0
+        self.lock = threading.Lock()
+
+    def connect(self):
+        import sqlite3
+
+        import pyodbc
+
+        with self.lock:
+            self.attempts += 1
+            if self.open >= self.allowed:
+                raise pyodbc.Error("08001", '[08001] connection to server failed: FATAL:  too many connections '
+                                            'for role "agent" (101) (SQLDriverConnect)')
+            self.open += 1
+        connection = sqlite3.connect(self.path, check_same_thread=False)
+        server = self
+
+        class Counted:
+            def __getattr__(self, name):
+                return getattr(connection, name)
+
+            def close(self):
+                with server.lock:
+                    server.open -= 1
+                connection.close()
+
+        return Counted()
+
+
+def test_the_reserved_shares_stay_available_when_work_holds_its_whole_share(tmp_path):
+    from shared.pool import ConnectionPool, PoolTimeout
+
+    server = _Server(tmp_path / "x.db", allowed=100)
+    pool = ConnectionPool(server.connect, 4)
+    work = [pool.take("work"), pool.take("work")]              # the whole work share (4 - 2)
+    with pytest.raises(PoolTimeout, match="all 2 of this process's work connections"):
+        pool.take("work", wait_seconds=0.2)
+    lease, clock = pool.take("lease"), pool.take("clock")      # never waits for the workers
+    assert server.open == 4 and pool.stats().peak == 4
+    pool.give("work", work.pop())
+    assert pool.take("work", wait_seconds=0.2) is not None    # the one given back
+    for kind, connection in (("lease", lease), ("clock", clock)):
+        pool.discard(kind, connection)
+    pool.close()
+
+
+def test_a_refusal_pauses_opening_and_a_reserved_share_gets_room(tmp_path):
+    from shared.pool import ConnectionPool
+
+    server = _Server(tmp_path / "x.db", allowed=2)
+    pool = ConnectionPool(server.connect, 6, retry_seconds=5)
+    first, second = pool.take("work"), pool.take("work")
+    pool.give("work", second)                                  # idle, still open on the server
+    started = time.monotonic()
+    lease = pool.take("lease")                                 # refused: the idle work one is closed for it
+    assert time.monotonic() - started < 1.0 and pool.refusals == 1 and server.open == 2
+    waiter = threading.Thread(target=lambda: pool.give("work", pool.take("work")))
+    waiter.start()                                             # refused again, paused: waits for a return
+    time.sleep(0.3)
+    assert waiter.is_alive() and server.attempts <= 5
+    pool.give("work", first)
+    waiter.join(5)
+    assert not waiter.is_alive() and server.open == 2
+    pool.discard("lease", lease)
+    pool.close()
+    assert server.open == 0
+
+
+def test_idle_connections_close_after_the_idle_time(tmp_path):
+    from shared.pool import ConnectionPool
+
+    server = _Server(tmp_path / "x.db", allowed=100)
+    pool = ConnectionPool(server.connect, 5, idle_seconds=0.2)
+    taken = [pool.take("work") for _ in range(3)]
+    for connection in taken:
+        pool.give("work", connection)
+    assert server.open == 3
+    deadline = time.monotonic() + 3
+    while server.open and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.open == 0 and pool.stats().open == 0
