@@ -105,7 +105,10 @@ class Store:
         pool = getattr(self, "pool", None)
         if connection is not None and pool is not None:
             self._connection = None
-            pool.discard(self.kind, connection)
+            try:
+                pool.discard(self.kind, connection)
+            except Exception:  # noqa: BLE001 - at interpreter exit the pool may be half gone
+                pass
 
     def __enter__(self) -> "Store":
         return self
