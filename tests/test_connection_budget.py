@@ -49,6 +49,11 @@ def capped_role(pg_url):
 
     def make(limit: int) -> str:
         cursor = admin.cursor()
+        # The migrations create the cluster's agent_operator role when it is missing: created here
+        # by the administrator, so the scratch role (CREATEROLE only to pass that statement)
+        # never owns a role of the cluster and drops cleanly.
+        cursor.execute("DO $$ BEGIN CREATE ROLE agent_operator NOLOGIN; "
+                       "EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$")
         cursor.execute(f"CREATE ROLE {role} LOGIN CREATEROLE CONNECTION LIMIT {int(limit)}")
         cursor.execute(f"GRANT ALL ON DATABASE {database} TO {role}")
         created.append(role)
