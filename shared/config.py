@@ -511,8 +511,9 @@ def parse_jobs(env: Mapping[str, str]) -> tuple[tuple[JobDefinition, ...], tuple
     """Group ``JOB__<name>__<SUFFIX>`` settings by job and validate each job on its own."""
     raw: dict[str, dict[str, tuple[str, str]]] = {}
     stray: dict[str, list[str]] = {}
+    prefix = len(JOB_SETTING_PREFIX)
     for key, value in env.items():
-        if not key.upper().startswith(JOB_SETTING_PREFIX):
+        if key[:prefix].upper() != JOB_SETTING_PREFIX:
             continue
         rest = key[len(JOB_SETTING_PREFIX):]
         # The step pattern only for a key that can be one (a regex per key is most of this loop).
@@ -526,25 +527,25 @@ def parse_jobs(env: Mapping[str, str]) -> tuple[tuple[JobDefinition, ...], tuple
                 f"{key}: expected JOB__<name>__<SETTING> with SETTING one of {', '.join(JOB_SETTING_SUFFIXES)}")
             continue
         raw.setdefault(name, {})[suffix.upper()] = (key, value)
-    parsed: list[tuple[str, JobDefinition | None, list[str]]] = []
+    parsed: list[tuple[str, str, JobDefinition | None, list[str]]] = []
     # One verdict per distinct (schedule, time zone) for this parse: 10,000 jobs share a few
     # dozen schedules.
     verdicts: dict[tuple[str, str], str | None] = {}
-    for name in sorted(set(raw) | set(stray)):
-        errors = list(stray.get(name, []))
-        job = _parse_job(name, raw.get(name, {}), errors, verdicts)
-        parsed.append((name, job, errors))
     # Azure SQL compares names case-insensitively (its default collation): 'Backup' and 'backup'
     # would be one key there. Such names are refused on every dialect, so all behave alike.
     by_fold: dict[str, list[str]] = {}
-    for name, _, _ in parsed:
-        by_fold.setdefault(name.casefold(), []).append(name)
+    for name in sorted(raw.keys() | stray.keys()):
+        errors = list(stray[name]) if name in stray else []
+        job = _parse_job(name, raw.get(name, {}), errors, verdicts)
+        folded = name.casefold()
+        parsed.append((name, folded, job, errors))
+        by_fold.setdefault(folded, []).append(name)
     valid: list[JobDefinition] = []
     invalid: list[InvalidJob] = []
     taken: set[str] = set()
-    for name, job, errors in parsed:
-        folded = by_fold[name.casefold()]
-        twins = [other for other in folded if other != name] if len(folded) > 1 else ()
+    for name, folded, job, errors in parsed:
+        same = by_fold[folded]
+        twins = [other for other in same if other != name] if len(same) > 1 else ()
         if twins:
             errors.append(f"{JOB_SETTING_PREFIX}{_printable(name)}__*: job name {_printable(name)!r} differs only by "
                           f"case from {', '.join(repr(_printable(t)) for t in twins)}; job names are compared "
@@ -552,7 +553,7 @@ def parse_jobs(env: Mapping[str, str]) -> tuple[tuple[JobDefinition, ...], tuple
         if errors or job is None:
             invalid.append(InvalidJob(name=name, errors=tuple(errors), key=_storage_key(name, taken)))
         else:
-            taken.add(name.casefold())
+            taken.add(folded)
             valid.append(job)
     return tuple(valid), tuple(invalid)
 
