@@ -25,7 +25,8 @@ import uuid
 
 import pytest
 
-from tests.conftest import ROOT, PG_BASE, job_env, make_agent, pg_admin_connection
+from shared.db import build_connection_string, odbc_pairs
+from tests.conftest import PG_BASE, ROOT, job_env, make_agent, pg_admin_connection
 
 JOBS = 40
 YEARLY = "0 0 0 1 1 *"     # never due during the test: runs come from run-now
@@ -43,7 +44,8 @@ def capped_role(pg_url):
     the test database's agent schema, and returns its connection string; ``sessions()`` counts its
     connections now. The role is dropped afterwards."""
     role = f"agent_cap_{uuid.uuid4().hex[:10]}"
-    database = pg_url.split("Database=")[1].rstrip(";")
+    password = uuid.uuid4().hex
+    database = odbc_pairs(pg_url)["database"]
     admin = pg_admin_connection()
     created = []
 
@@ -54,10 +56,13 @@ def capped_role(pg_url):
         # never owns a role of the cluster and drops cleanly.
         cursor.execute("DO $$ BEGIN CREATE ROLE agent_operator NOLOGIN; "
                        "EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$")
-        cursor.execute(f"CREATE ROLE {role} LOGIN CREATEROLE CONNECTION LIMIT {int(limit)}")
+        cursor.execute(f"CREATE ROLE {role} LOGIN CREATEROLE CONNECTION LIMIT {int(limit)} PASSWORD '{password}'")
         cursor.execute(f"GRANT ALL ON DATABASE {database} TO {role}")
         created.append(role)
-        return PG_BASE.replace("Uid=root;", f"Uid={role};") + f"Database={database};"
+        # The server and options of AGENT_TEST_PG, as the scratch role (with a password, for a
+        # server that asks for one).
+        return build_connection_string(PG_BASE, "postgres", [("Uid", role), ("Pwd", password),
+                                                             ("Database", database)])
 
     def sessions() -> int:
         cursor = admin.cursor()
