@@ -40,33 +40,49 @@ class Agent:
         if clock is None:
             from .clock import DatabaseClock
 
-            self.database_clock = DatabaseClock(
-                lambda: Store(self.target, self._connect, job_principal=self.settings.agent.job_principal))
+            self.database_clock = DatabaseClock(lambda: Store(
+                self.target, self._connect, job_principal=self.settings.agent.job_principal, pool=self.pool,
+                kind="clock"))
         self.clock = clock or self.database_clock
         self._queue = queue
         self._telemetry = telemetry
         self._local = threading.local()
         self._stores: list[Store] = []
         self._lock = threading.Lock()
-        self._connect = connector(self.target)
+        self._connect = connector(self.target, retry_refusals=False)
+        from .pool import ConnectionPool
+
+        # AGENT_MAX_CONNECTIONS: every connection this process opens to the control database.
+        self.pool = ConnectionPool(self._connect, settings.agent.max_connections,
+                                   retry_seconds=self.target.connect_retry_seconds)
         self._supervisor = None
         self._notifier = None
 
     # ------------------------------------------------------------ resources
 
     def store(self) -> Store:
-        """This thread's store (one connection per thread)."""
+        """This thread's store. Its connection comes from the process's pool on the first
+        statement and goes back with release() (AGENT_MAX_CONNECTIONS)."""
         store = getattr(self._local, "store", None)
         if store is None:
-            store = self._observed(Store(self.target, self._connect, job_principal=self.settings.agent.job_principal))
+            store = self.new_store()
             self._local.store = store
             with self._lock:
                 self._stores.append(store)
         return store
 
-    def new_store(self) -> Store:
-        """A store with a connection of its own (the lease renewal's)."""
-        return self._observed(Store(self.target, self._connect, job_principal=self.settings.agent.job_principal))
+    def release(self) -> None:
+        """This thread is done for now: its connection goes back to the pool (the next
+        statement takes one again). Called between units of work, never inside one."""
+        store = getattr(self._local, "store", None)
+        if store is not None:
+            store.close()
+
+    def new_store(self, kind: str = "work") -> Store:
+        """A store of its own (the lease renewal's: ``kind="lease"``, the clock's: ``"clock"``,
+        the notifier's, the monitor's), its connection from the process's pool."""
+        return self._observed(Store(self.target, self._connect, job_principal=self.settings.agent.job_principal,
+                                    pool=self.pool, kind=kind))
 
     def target_store(self, database: str, server: str | None = None) -> Store:
         """A store on a job's own database (``server``: on another server, a fleet target)."""
@@ -113,7 +129,7 @@ class Agent:
                 if self._supervisor is None:
                     from .supervisor import Supervisor
 
-                    self._supervisor = Supervisor(self.new_store, self.clock)
+                    self._supervisor = Supervisor(lambda: self.new_store("lease"), self.clock)
         return self._supervisor
 
     @property
@@ -236,6 +252,7 @@ class Agent:
             store.close()
         if self.database_clock is not None:
             self.database_clock.close()
+        self.pool.close()
         if self._telemetry is not None:
             self._telemetry.close()
 
@@ -282,6 +299,7 @@ def run_timer_tick(past_due: bool = False) -> None:
         if report.errors:
             raise AgentError("tick finished with errors: " + "; ".join(report.errors))
     finally:
+        agent.release()   # the host's thread keeps no connection between invocations
         agent.telemetry.flush()
 
 
@@ -292,4 +310,5 @@ def run_queue_message(body: bytes | str, dequeue_count: int, message_id: str | N
         result = agent.handle_message(body, dequeue_count, message_id)
         log.info("message %s: %s (run %s)", message_id, result.outcome, result.run_id)
     finally:
+        agent.release()
         agent.telemetry.flush()

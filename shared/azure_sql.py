@@ -224,6 +224,7 @@ def connect_azure_sql(
     driver: str = DEFAULT_DRIVER,
     retry_seconds: float = 90.0,
     control_database: bool = True,
+    retry_refusals: bool = True,
     sleep: Callable[[float], None] = time.sleep,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Any:
@@ -239,6 +240,8 @@ def connect_azure_sql(
     errors are the driver's own exception; :func:`explain_connect_error` turns them into a
     one-line fix.
     """
+    from .pool import is_refusal
+
     check_odbc_environment(driver)
     connection_string = build_connection_string(server, database, driver=driver, timeout=timeout)
     import pyodbc
@@ -256,6 +259,9 @@ def connect_azure_sql(
     def judge(exc: BaseException) -> SqlErrorInfo:
         info = classify(exc)
         if info.number == 4060 and not control_database:
+            return SqlErrorInfo("permanent", info.number, info.sqlstate, info.message, info.connection_lost)
+        if not retry_refusals and is_refusal(exc):
+            # The process's connection pool paces refusals itself (shared.pool).
             return SqlErrorInfo("permanent", info.number, info.sqlstate, info.message, info.connection_lost)
         return info
 

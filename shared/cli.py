@@ -174,7 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
                                             "running step included; its future slots stay")
     stop.add_argument("name", metavar="JOB")
 
-    commands.add_parser("doctor", help="check driver, connectivity, authentication, schema, session, permissions and queue")
+    doctor = commands.add_parser("doctor", help="check driver, connectivity, authentication, schema, session, "
+                                                "permissions and queue")
+    doctor.add_argument("--processes", type=_positive_int, default=1,
+                        help="processes running the agent at once (Functions instances: maximumInstanceCount; "
+                             "local runners): warns when AGENT_MAX_CONNECTIONS x this exceeds the server's limit")
 
     grant = commands.add_parser("grant-sql", help="T-SQL creating the function app's database user with least "
                                                   "privilege (printed; --apply runs it, as an Entra admin)")
@@ -415,6 +419,7 @@ def cmd_work(agent, args) -> int:
     from .runner import LocalRunner
 
     agent.store().require_schema()
+    agent.release()   # the workers take connections as they find work (AGENT_MAX_CONNECTIONS)
     runner = LocalRunner(agent, concurrency=args.concurrency, visibility_timeout=args.visibility_timeout)
     count = runner.work_once() if args.once else runner.work_until_idle(args.max_seconds)
     if args.json:
@@ -428,6 +433,7 @@ def cmd_run(agent, args) -> int:
     from .runner import LocalRunner
 
     before, after = agent.init()
+    agent.release()
     runner = LocalRunner(agent, concurrency=args.concurrency)
     signal.signal(signal.SIGTERM, lambda *_: runner.stop())
     jobs = ", ".join(job.name for job in agent.settings.jobs) or "none"
@@ -763,7 +769,7 @@ def cmd_stop(agent, args) -> int:
 def cmd_doctor(agent, args) -> int:
     from .doctor import run_doctor
 
-    report = run_doctor(agent)
+    report = run_doctor(agent, processes=args.processes)
     if args.json:
         failed = report.failed
         _print_json({"target": report.target, "ok": report.ok, "failed": failed.name if failed else None,

@@ -13,16 +13,18 @@ every other job keeps running (invariant 7).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import json
+import operator
 import os
 import re
 import socket
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from .errors import ConfigError
 from .schedules import parse_ncrontab, parse_schedule, validate_timezone
@@ -114,6 +116,14 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
                 "Most runs executing at once, whoever starts them (ticks, completions, "
                 "submissions, several instances); the rest wait, held, and start as places free.",
                 "optional"),
+    SettingSpec("AGENT_MAX_CONNECTIONS", "10",
+                "Most connections one process (a Functions instance, a local runner, a command) holds "
+                "to the control database at once: its workers, tick, notifier and monitor share all "
+                "but two, kept for lease renewal and the clock. Opened when there is work, closed "
+                "after a minute idle; a refusal by the server (too many clients, 10928/10936) "
+                "pauses opening with jitter. Keep it times the processes below the server's limit "
+                "(Azure SQL Basic: 30 workers, S0: 60, GP_S_Gen5_1: 75; `doctor --processes N` "
+                "checks). From 3.", "optional"),
     SettingSpec("AGENT_POLL_SECONDS", "10",
                 "Work inserted behind the agent's back (another process, the T-SQL procedures) "
                 "starts within this many seconds: the local runner's idle workers look this "
@@ -252,6 +262,7 @@ class AgentSettings:
     worker_id: str
     appinsights_authentication_string: str | None = None
     telemetry_exporter: str = "opentelemetry"
+    max_connections: int = 10
 
     @property
     def uses_azure_queue(self) -> bool:
@@ -455,6 +466,7 @@ def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
         max_dequeue_count=_int_setting(env, "AGENT_MAX_DEQUEUE_COUNT", 1, 100),
         max_concurrency=_int_setting(env, "AGENT_MAX_CONCURRENCY", 1, 10000),
         poll_seconds=_int_setting(env, "AGENT_POLL_SECONDS", 1, 300),
+        max_connections=_int_setting(env, "AGENT_MAX_CONNECTIONS", 3, 10000),
         lookahead_margin_seconds=_int_setting(env, "AGENT_LOOKAHEAD_MARGIN_SECONDS", 0, 3600),
         max_lapses=_int_setting(env, "AGENT_MAX_LAPSES", 1, 100),
         max_clock_skew_seconds=_int_setting(env, "AGENT_MAX_CLOCK_SKEW_SECONDS", 5, 86400),
@@ -499,11 +511,13 @@ def parse_jobs(env: Mapping[str, str]) -> tuple[tuple[JobDefinition, ...], tuple
     """Group ``JOB__<name>__<SUFFIX>`` settings by job and validate each job on its own."""
     raw: dict[str, dict[str, tuple[str, str]]] = {}
     stray: dict[str, list[str]] = {}
+    prefix = len(JOB_SETTING_PREFIX)
     for key, value in env.items():
-        if not key.upper().startswith(JOB_SETTING_PREFIX):
+        if key[:prefix].upper() != JOB_SETTING_PREFIX:
             continue
         rest = key[len(JOB_SETTING_PREFIX):]
-        step = STEP_SETTING_PATTERN.match(rest)
+        # The step pattern only for a key that can be one (a regex per key is most of this loop).
+        step = STEP_SETTING_PATTERN.match(rest) if "__steps__" in rest.lower() else None
         if step:
             raw.setdefault(step["name"], {})[f"STEPS__{step['number']}__{step['suffix'].upper()}"] = (key, value)
             continue
@@ -513,21 +527,25 @@ def parse_jobs(env: Mapping[str, str]) -> tuple[tuple[JobDefinition, ...], tuple
                 f"{key}: expected JOB__<name>__<SETTING> with SETTING one of {', '.join(JOB_SETTING_SUFFIXES)}")
             continue
         raw.setdefault(name, {})[suffix.upper()] = (key, value)
-    parsed: list[tuple[str, JobDefinition | None, list[str]]] = []
-    for name in sorted(set(raw) | set(stray)):
-        errors = list(stray.get(name, []))
-        job = _parse_job(name, raw.get(name, {}), errors)
-        parsed.append((name, job, errors))
+    parsed: list[tuple[str, str, JobDefinition | None, list[str]]] = []
+    # One verdict per distinct (schedule, time zone) for this parse: 10,000 jobs share a few
+    # dozen schedules.
+    verdicts: dict[tuple[str, str], str | None] = {}
     # Azure SQL compares names case-insensitively (its default collation): 'Backup' and 'backup'
     # would be one key there. Such names are refused on every dialect, so all behave alike.
     by_fold: dict[str, list[str]] = {}
-    for name, _, _ in parsed:
-        by_fold.setdefault(name.casefold(), []).append(name)
+    for name in sorted(raw.keys() | stray.keys()):
+        errors = list(stray[name]) if name in stray else []
+        job = _parse_job(name, raw.get(name, {}), errors, verdicts)
+        folded = name.casefold()
+        parsed.append((name, folded, job, errors))
+        by_fold.setdefault(folded, []).append(name)
     valid: list[JobDefinition] = []
     invalid: list[InvalidJob] = []
     taken: set[str] = set()
-    for name, job, errors in parsed:
-        twins = [other for other in by_fold[name.casefold()] if other != name]
+    for name, folded, job, errors in parsed:
+        same = by_fold[folded]
+        twins = [other for other in same if other != name] if len(same) > 1 else ()
         if twins:
             errors.append(f"{JOB_SETTING_PREFIX}{_printable(name)}__*: job name {_printable(name)!r} differs only by "
                           f"case from {', '.join(repr(_printable(t)) for t in twins)}; job names are compared "
@@ -535,7 +553,7 @@ def parse_jobs(env: Mapping[str, str]) -> tuple[tuple[JobDefinition, ...], tuple
         if errors or job is None:
             invalid.append(InvalidJob(name=name, errors=tuple(errors), key=_storage_key(name, taken)))
         else:
-            taken.add(name.casefold())
+            taken.add(folded)
             valid.append(job)
     return tuple(valid), tuple(invalid)
 
@@ -569,21 +587,33 @@ def storable_problem(value: str) -> str | None:
     return None
 
 
-# Job defaults that are whole numbers, parsed once: most jobs set few of their settings, and
-# parsing every default again for each of 10,000 jobs is most of a tick's settings cost.
+# Job settings that were not set (or set blank) take JOB_DEFAULTS, parsed and validated once per
+# process here, not once per job: most jobs set two or three of their settings, and parsing
+# every default again for each of 10,000 jobs was most of a tick's settings cost. A job's own
+# value is validated exactly as before.
 _DEFAULT_INTS: dict[str, int] = {suffix: int(raw) for suffix, raw in JOB_DEFAULTS.items()
                                  if suffix.endswith(("_ATTEMPTS", "_SECONDS")) and raw.strip().isdigit()}
+_DEFAULT_ENABLED = parse_bool("JOB__<name>__ENABLED", JOB_DEFAULTS.get("ENABLED") or "true")
+_DEFAULT_TIMEZONE = JOB_DEFAULTS.get("TIMEZONE") or "UTC"
+_JOB_SUFFIXES = frozenset(JOB_SETTING_SUFFIXES)
+_STEP_SUFFIXES = frozenset(STEP_SETTING_SUFFIXES)
 
 
-def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str]) -> JobDefinition | None:
+def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
+               verdicts: dict[tuple[str, str], str | None] | None = None) -> JobDefinition | None:
+    """One job from its ``JOB__<name>__*`` settings (``values``: suffix -> (key, raw value)),
+    or None with ``errors`` filled. ``verdicts``: schedule_problem's answers already found in
+    this parse, by (schedule, time zone)."""
     def setting(suffix: str) -> str:
         return values.get(suffix, (f"{JOB_SETTING_PREFIX}{name}__{suffix}", ""))[0]
 
+    # The settings this job sets (not blank), stripped: only these are validated; the others
+    # take the defaults parsed once above.
+    given = {suffix: raw.strip() for suffix, (_, raw) in values.items() if raw and not raw.isspace()}
+
     def value(suffix: str) -> str | None:
-        entry = values.get(suffix)
-        if entry is None or entry[1].strip() == "":
-            return JOB_DEFAULTS.get(suffix)
-        return entry[1].strip()
+        found = given.get(suffix)
+        return JOB_DEFAULTS.get(suffix) if found is None else found
 
     def fail(suffix: str, raw: object, expected: str) -> None:
         errors.append(str(ConfigError(setting(suffix), raw, expected)))
@@ -592,13 +622,15 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
         errors.append(f"{JOB_SETTING_PREFIX}{_printable(name)}__*: job name {_printable(name)!r} must be 1-64 "
                       "letters, digits, '_', '.' or '-'")
     unstorable: set[str] = set()
+    has_steps = False
     for suffix, (key, raw) in values.items():
         if suffix.startswith("STEPS__"):
-            if suffix.rpartition("__")[2] not in STEP_SETTING_SUFFIXES:
+            has_steps = True
+            if suffix.rpartition("__")[2] not in _STEP_SUFFIXES:
                 errors.append(f"{_printable(key)}={_printable(raw)!r}: unknown step setting "
                               f"{_printable(suffix.rpartition('__')[2])!r}; expected one of {', '.join(STEP_SETTING_SUFFIXES)}")
                 continue
-        elif suffix not in JOB_SETTING_SUFFIXES:
+        elif suffix not in _JOB_SUFFIXES:
             errors.append(f"{_printable(key)}={_printable(raw)!r}: unknown job setting {_printable(suffix)!r}; "
                           f"expected one of {', '.join(JOB_SETTING_SUFFIXES)}")
             continue
@@ -610,12 +642,13 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
     if unstorable:
         return None
 
-    timezone = value("TIMEZONE") or "UTC"
-    try:
-        validate_timezone(timezone)
-    except ValueError:
-        fail("TIMEZONE", timezone, "an IANA time zone name such as UTC or Europe/Paris")
-        timezone = "UTC"
+    timezone = given.get("TIMEZONE") or _DEFAULT_TIMEZONE
+    if "TIMEZONE" in given:
+        try:
+            validate_timezone(timezone)
+        except ValueError:
+            fail("TIMEZONE", timezone, "an IANA time zone name such as UTC or Europe/Paris")
+            timezone = "UTC"
 
     schedule = value("SCHEDULE")
     if not schedule:
@@ -623,17 +656,19 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
     elif len(schedule) > MAX_SCHEDULE_LENGTH:
         fail("SCHEDULE", _printable(schedule), f"at most {MAX_SCHEDULE_LENGTH} characters (it has {len(schedule)})")
     else:
+        known = verdicts is not None and (schedule, timezone) in verdicts
         try:
-            problem = schedule_problem(parse_schedule(schedule, timezone))
+            problem = verdicts[(schedule, timezone)] if known else schedule_problem(parse_schedule(schedule, timezone))
         except (ValueError, OverflowError) as exc:
             fail("SCHEDULE", schedule,
                  f"a six-field NCRONTAB expression (seconds first) or '@once <ISO-8601 datetime>' ({exc})")
         else:
+            if verdicts is not None and not known:
+                verdicts[(schedule, timezone)] = problem
             if problem:
                 fail("SCHEDULE", schedule, problem)
 
     command = values.get("COMMAND", ("", ""))[1]
-    has_steps = any(suffix.startswith("STEPS__") for suffix in values)
     if has_steps and "COMMAND" in values:
         errors.append(f"{setting('COMMAND')} and {JOB_SETTING_PREFIX}{_printable(name)}__STEPS__<n>__COMMAND are both "
                       "set: a job has either one COMMAND or STEPS, not both")
@@ -642,7 +677,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
              "the SQL to run (non-empty), or steps in JOB__<name>__STEPS__<n>__COMMAND")
 
     def int_value(suffix: str, low: int, high: int) -> int:
-        if suffix not in values and suffix in _DEFAULT_INTS:
+        if suffix not in given and suffix in _DEFAULT_INTS:
             return _DEFAULT_INTS[suffix]  # the default, parsed once per process
         raw = value(suffix)
         try:
@@ -652,36 +687,37 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
             return 0
 
     def choice(suffix: str, options: tuple[str, ...]) -> str:
-        if suffix not in values and JOB_DEFAULTS.get(suffix) in options:
+        if suffix not in given and JOB_DEFAULTS.get(suffix) in options:
             return JOB_DEFAULTS[suffix]
         raw = (value(suffix) or "").lower()
         if raw not in options:
             fail(suffix, value(suffix), " or ".join(options))
         return raw
 
-    enabled = True
-    try:
-        enabled = parse_bool(setting("ENABLED"), value("ENABLED") or "true")
-    except ConfigError as exc:
-        errors.append(str(exc))
+    enabled = _DEFAULT_ENABLED
+    if "ENABLED" in given:
+        try:
+            enabled = parse_bool(setting("ENABLED"), given["ENABLED"])
+        except ConfigError as exc:
+            errors.append(str(exc))
     max_attempts = int_value("MAX_ATTEMPTS", 1, 100)
     timeout_seconds = int_value("TIMEOUT_SECONDS", 1, 7 * 86400)
     lease_seconds = int_value("LEASE_SECONDS", 6, 3600)
     misfire = choice("MISFIRE", MISFIRE_POLICIES)
     grace_seconds = int_value("GRACE_SECONDS", 0, 366 * 86400)
     overlap = choice("OVERLAP", OVERLAP_POLICIES)
-    database = value("DATABASE")
+    database = value("DATABASE") if "DATABASE" in given else JOB_DEFAULTS.get("DATABASE")
     if database is not None and not DATABASE_NAME_PATTERN.match(database):
         fail("DATABASE", database, "a database name of letters, digits, '_' or '-'")
     notify = choice("NOTIFY", NOTIFY_POLICIES)
     webhook = None
-    if value("NOTIFY_WEBHOOK_URL") is not None:
+    if ("NOTIFY_WEBHOOK_URL" in given or "NOTIFY_WEBHOOK_URL" in JOB_DEFAULTS) and value("NOTIFY_WEBHOOK_URL") is not None:
         try:
             webhook = _webhook_setting(setting("NOTIFY_WEBHOOK_URL"), value("NOTIFY_WEBHOOK_URL"))
         except ConfigError as exc:
             errors.append(str(exc))
     targets = None
-    if value("TARGETS") is not None:
+    if ("TARGETS" in given or "TARGETS" in JOB_DEFAULTS) and value("TARGETS") is not None:
         try:
             targets = describe_members(parse_targets(setting("TARGETS"), value("TARGETS")))
         except ConfigError as exc:
@@ -693,7 +729,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
             errors.append(f"{setting('TARGETS')} and {setting('DATABASE')} are both set: a job runs in its "
                           "TARGETS or in one DATABASE, not both")
     parallelism = DEFAULT_PARALLELISM
-    if value("TARGET_PARALLELISM") is not None:
+    if ("TARGET_PARALLELISM" in given or "TARGET_PARALLELISM" in JOB_DEFAULTS) and value("TARGET_PARALLELISM") is not None:
         parallelism = int_value("TARGET_PARALLELISM", 1, MAX_PARALLELISM)
     steps: tuple[StepDefinition, ...] = ()
     if has_steps and "COMMAND" not in values:
@@ -715,13 +751,22 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str])
         # columns hold before its first step starts).
         command = steps[0].command
         database = steps[0].database
-    return JobDefinition(
+    return _job(
         name=name, schedule=schedule or "", command=command.strip(), timezone=timezone,
         enabled=enabled, max_attempts=max_attempts, timeout_seconds=timeout_seconds,
         lease_seconds=lease_seconds, misfire=misfire, grace_seconds=grace_seconds,
         overlap=overlap, database=database, steps=steps, notify=notify, notify_webhook_url=webhook,
         targets=targets,
     )
+
+
+def _job(**fields: Any) -> JobDefinition:
+    """``JobDefinition(**fields)`` with every field given, built without the frozen dataclass's
+    ``object.__setattr__`` per field (a sixth of a 10,000-job parse): an equal object, as frozen
+    (tests/test_config.py checks both ways agree)."""
+    job = object.__new__(JobDefinition)
+    job.__dict__.update(fields)
+    return job
 
 
 def _webhook_setting(setting: str, raw: str | None) -> str | None:
@@ -783,8 +828,12 @@ def schedule_problem(schedule) -> str | None:
 
 
 def _config_hash(jobs: tuple[JobDefinition, ...], invalid: tuple[InvalidJob, ...]) -> str:
-    document = {
-        "jobs": [job.__dict__ for job in jobs],
-        "invalid": [[bad.name, list(bad.errors)] for bad in invalid],
-    }
-    return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
+    """What the tick compares to skip an unchanged sync: a digest of every job's every field
+    and every invalid job's errors. The fields' reprs (str, int, bool, None, and the steps'
+    dataclass reprs, which name each field), built by the interpreter in one pass: the JSON
+    encoder with sorted keys cost a quarter of a 10,000-job settings parse. The field names
+    head the document, so a field added, removed or renamed changes every hash."""
+    names = tuple(field.name for field in dataclasses.fields(JobDefinition))
+    values = operator.attrgetter(*names)
+    document = (names, [values(job) for job in jobs], [(bad.name, bad.errors) for bad in invalid])
+    return hashlib.sha256(repr(document).encode("utf-8", errors="surrogatepass")).hexdigest()

@@ -257,10 +257,11 @@ def import_pyodbc():
 
 
 def odbc_connect(connection_string: str, *, display: str, retry_seconds: float = 90.0,
-                 control_database: bool = True) -> Any:
+                 control_database: bool = True, retry_refusals: bool = True) -> Any:
     """A pyodbc connection (SQL authentication or PostgreSQL), retried on transient errors for
     up to ``retry_seconds`` (AGENT_CONNECT_RETRY_SECONDS), each wait at least as long as the
-    error asks for."""
+    error asks for. ``retry_refusals=False``: a refusal for too many connections raises at once
+    (the process's connection pool paces those itself, see shared.pool)."""
     pyodbc = import_pyodbc()
     driver = odbc_pairs(connection_string).get("driver", "")
     if driver and driver not in pyodbc.drivers():
@@ -269,7 +270,14 @@ def odbc_connect(connection_string: str, *, display: str, retry_seconds: float =
                 else "FreeTDS's ODBC driver (`apt-get install tdsodbc`)" if is_freetds(driver)
                 else "Microsoft ODBC Driver 18 for SQL Server (msodbcsql18)")
         raise AgentError(f"ODBC driver {driver!r} is not installed (installed: {installed}); install {hint}")
-    from .sqlerrors import describe, retry_connect
+    from .pool import is_refusal
+    from .sqlerrors import PERMANENT, SqlErrorInfo, classify, describe, retry_connect
+
+    def judge(exc: BaseException) -> SqlErrorInfo:
+        info = classify(exc)
+        if not retry_refusals and is_refusal(exc):
+            return SqlErrorInfo(PERMANENT, info.number, info.sqlstate, info.message, info.connection_lost)
+        return info
 
     def attempt() -> Any:
         try:
@@ -278,7 +286,8 @@ def odbc_connect(connection_string: str, *, display: str, retry_seconds: float =
             raise ConnectError(f"cannot connect to {display}: {describe(exc)}", exc,
                                control_database=control_database) from exc
 
-    return retry_connect(attempt, what=f"connecting to {display}", budget_seconds=retry_seconds)
+    return retry_connect(attempt, what=f"connecting to {display}", budget_seconds=retry_seconds,
+                         classify_error=judge)
 
 
 class ConnectError(AgentError):
@@ -292,10 +301,12 @@ class ConnectError(AgentError):
         self.control_database = control_database
 
 
-def connector(target: DatabaseTarget, database: str | None = None, server: str | None = None) -> Callable[[], Any]:
+def connector(target: DatabaseTarget, database: str | None = None, server: str | None = None, *,
+              retry_refusals: bool = True) -> Callable[[], Any]:
     """A function opening a new raw connection to the control database (or, with
     ``database``, to another database on the same server; with ``server`` too, on that server:
-    a fleet target, reached with the same credentials)."""
+    a fleet target, reached with the same credentials). ``retry_refusals=False`` (the process's
+    connection pool): a refusal for too many connections is raised at once, not retried."""
     if target.dialect == "sqlite":
         if database:
             raise AgentError("JOB__<name>__DATABASE is not supported on the embedded SQLite database")
@@ -309,7 +320,7 @@ def connector(target: DatabaseTarget, database: str | None = None, server: str |
         name = database or target.sql_database or ""
         return _sql_server_session(lambda: azure_sql.connect_azure_sql(
             server or target.sql_server or "", name, token_provider=provider,
-            retry_seconds=target.connect_retry_seconds, control_database=control))
+            retry_seconds=target.connect_retry_seconds, control_database=control, retry_refusals=retry_refusals))
     location = with_database(target.location, database, target.dialect) if database else target.location
     if server:
         location = with_server(location, server, target.dialect)
@@ -319,7 +330,7 @@ def connector(target: DatabaseTarget, database: str | None = None, server: str |
     elif is_freetds(odbc_pairs(location).get("driver", "")):
         location = with_freetds_defaults(location)
     opener = lambda: odbc_connect(location, display=display, retry_seconds=target.connect_retry_seconds,  # noqa: E731
-                                  control_database=control)
+                                  control_database=control, retry_refusals=retry_refusals)
     return _sql_server_session(opener) if target.dialect == "mssql" else _postgres_session(opener)
 
 

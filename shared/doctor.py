@@ -311,6 +311,23 @@ class _Doctor:
                 f"is invalid and does not run: {row['config_error']}"
                 for row in rows if row["configured"] and not row["valid"]]
 
+    def connection_budget(self, processes: int) -> list[str]:
+        """A warning when AGENT_MAX_CONNECTIONS x ``processes`` exceeds what the server lets the
+        agent's login hold (named query connection_limit); none when it fits or is unknown."""
+        cap = self.agent.settings.agent.max_connections
+        try:
+            row = self.agent.store().execute("connection_limit").one() or {}
+        except Exception as exc:  # noqa: BLE001 - a warning, never a failed check
+            return [f"the server's connection limit could not be read ({_one_line(exc)}): check that "
+                    f"AGENT_MAX_CONNECTIONS={cap} x {processes} process(es) fits it"]
+        allowed, why = connection_allowance(row)
+        need = cap * processes
+        if allowed is None or need <= allowed:
+            return []
+        return [f"AGENT_MAX_CONNECTIONS={cap} x {processes} processes = {need} connections, more than the server "
+                f"allows: {allowed} ({why}); beyond it connections are refused and the agent slows down: lower "
+                f"AGENT_MAX_CONNECTIONS or the number of processes (maximumInstanceCount), or raise the limit"]
+
     # ------------------------------------------------------------ 6. permissions
 
     def permissions(self) -> str:
@@ -473,14 +490,61 @@ def monitor_auth_detail(env: Mapping[str, str]) -> str:
             f"the monitor admits the group {group}")
 
 
+# Azure SQL Database's documented worker limits per service objective ("Resource limits for
+# single databases using the DTU purchasing model" and "... vCore purchasing model"): the number
+# of requests that may run at once; a connection past it that sends a request gets error 10928.
+DTU_WORKER_LIMITS = {"Basic": 30, "S0": 60, "S1": 90, "S2": 120, "S3": 200, "S4": 400, "S6": 800, "S7": 1600,
+                     "S9": 3200, "S12": 6000, "P1": 200, "P2": 400, "P4": 800, "P6": 1600, "P11": 2800, "P15": 6400}
+# vCore service objectives: workers per vCore (serverless GP_S_Gen5_N: 75 N; provisioned General
+# Purpose and Hyperscale on standard-series hardware GP_Gen5_N / HS_Gen5_N: 100 N).
+VCORE_WORKERS_PER_CORE = {"GP_S_Gen5": 75, "GP_Gen5": 100, "HS_Gen5": 100}
+
+
+def azure_worker_limit(service_objective: str | None) -> int | None:
+    """The documented worker limit of an Azure SQL Database service objective (None: unknown)."""
+    name = (service_objective or "").strip()
+    if name in DTU_WORKER_LIMITS:
+        return DTU_WORKER_LIMITS[name]
+    prefix, _, cores = name.rpartition("_")
+    if prefix in VCORE_WORKERS_PER_CORE and cores.isdigit():
+        return VCORE_WORKERS_PER_CORE[prefix] * int(cores)
+    return None
+
+
+def connection_allowance(row: Mapping[str, Any]) -> tuple[int | None, str]:
+    """From the connection_limit row: how many connections the server lets the agent's login
+    hold, and why (None when there is no limit to check: SQLite, an unknown tier)."""
+    objective = row.get("service_objective")
+    if objective:
+        workers = azure_worker_limit(objective)
+        if workers is None:
+            return None, f"service objective {objective}: no documented worker limit known"
+        return workers, f"Azure SQL Database {objective}: {workers} concurrent workers"
+    if row.get("max_connections") is None:
+        return None, "no server limit"
+    server = int(row["max_connections"]) - int(row.get("reserved_connections") or 0)
+    reasons = [(server, f"max_connections {row['max_connections']}"
+                        + (f" less {row['reserved_connections']} reserved" if row.get("reserved_connections") else ""))]
+    if row.get("role_limit") is not None and int(row["role_limit"]) >= 0:
+        reasons.append((int(row["role_limit"]), f"login {row.get('login_name')} has CONNECTION LIMIT {row['role_limit']}"))
+    if row.get("database_limit") is not None and int(row["database_limit"]) >= 0:
+        reasons.append((int(row["database_limit"]), f"the database has CONNECTION LIMIT {row['database_limit']}"))
+    allowed, why = min(reasons, key=lambda item: item[0])
+    if row.get("connections_now") is not None:
+        why += f"; {row['connections_now']} client connections open on the server now"
+    return allowed, why
+
+
 def _needs(step: Any) -> list:
     from .targets import needs_listing
 
     return needs_listing(step.members)
 
 
-def run_doctor(agent: Any, *, tcp_timeout: float = 10.0) -> DoctorReport:
-    """Run the checks in order on ``agent`` (a shared.agent.Agent); stop at the first failure."""
+def run_doctor(agent: Any, *, tcp_timeout: float = 10.0, processes: int = 1) -> DoctorReport:
+    """Run the checks in order on ``agent`` (a shared.agent.Agent); stop at the first failure.
+    ``processes``: how many processes run the agent at once (Functions instances at most:
+    maximumInstanceCount; local runners), for the connection budget's warning."""
     doctor = _Doctor(agent, tcp_timeout)
     report = DoctorReport(target=agent.target.display)
     steps: list[tuple[str, Callable[[], str]]] = [(name, getattr(doctor, name)) for name in CHECKS]
@@ -499,7 +563,7 @@ def run_doctor(agent: Any, *, tcp_timeout: float = 10.0) -> DoctorReport:
             break
         report.checks.append(Check(name, True, detail, lines=tuple(doctor.notes.pop(name, ()))))
         if name == "schema":
-            report.warnings = doctor.invalid_jobs()
+            report.warnings = doctor.invalid_jobs() + doctor.connection_budget(processes)
     return report
 
 

@@ -772,7 +772,11 @@ def handle_azure_request(method: str, url: str, headers: Mapping[str, str]) -> R
 
     @contextlib.contextmanager
     def thread_store() -> Iterator[Any]:
-        yield default_agent().store()
+        agent = default_agent()
+        try:
+            yield agent.store()
+        finally:
+            agent.release()   # the host's thread keeps no connection between requests
 
     monitor = Monitor(thread_store, clock=lambda: default_agent().clock(), settings=monitor_settings,
                       base_path=AZURE_BASE_PATH)
@@ -808,10 +812,11 @@ def _refused(monitor: Monitor, method: str, status: int, message: str) -> Respon
 
 
 class StorePool:
-    """Stores (database connections) lent to the server's request threads, one request at a
-    time, at most ``size`` at once: a burst of requests waits for a free one instead of opening a
-    connection each (the pool once grew to the peak concurrency and never shrank). A store idle
-    for ``idle_seconds`` is closed when the pool is next used, so a quiet monitor holds none."""
+    """Stores lent to the server's request threads, one request at a time, at most ``size`` at
+    once: a burst of requests waits for a free one instead of opening a connection each. The
+    connections themselves come from the process's pool (AGENT_MAX_CONNECTIONS, shared.pool),
+    shared with the workers and the tick: each request's connection goes back to it when the
+    request ends, and an idle one is closed after a minute, so a quiet monitor holds none."""
 
     def __init__(self, agent, size: int = 4, idle_seconds: float = 60.0, wait_seconds: float = 30.0) -> None:
         self.agent = agent
@@ -819,9 +824,9 @@ class StorePool:
         self.idle_seconds = idle_seconds
         self.wait_seconds = wait_seconds
         self._slots = threading.BoundedSemaphore(size)
-        self._idle: list[tuple[Any, float]] = []      # (store, monotonic time it was returned)
+        self._idle: list[Any] = []      # Store objects without a connection, for the next request
         self._lock = threading.Lock()
-        self.opened = 0
+        self.opened = 0                 # Store objects made (at most size)
 
     @contextlib.contextmanager
     def lend(self) -> Iterator[Any]:
@@ -829,21 +834,17 @@ class StorePool:
             raise PageError(503, f"the monitor is busy: all {self.size} of its database connections stayed in use "
                                  f"for {self.wait_seconds:.0f} s; try again")
         try:
-            now = time.monotonic()
             with self._lock:
-                stale = [store for store, since in self._idle if now - since > self.idle_seconds]
-                self._idle = [(store, since) for store, since in self._idle if now - since <= self.idle_seconds]
-                store = self._idle.pop()[0] if self._idle else None   # the most recently used
-            for old in stale:
-                old.close()
+                store = self._idle.pop() if self._idle else None
             if store is None:
                 store = self.agent.new_store()
                 self.opened += 1
             try:
                 yield store
             finally:
+                store.close()       # the connection back to the process's pool
                 with self._lock:
-                    self._idle.append((store, time.monotonic()))
+                    self._idle.append(store)
         finally:
             self._slots.release()
 
@@ -851,9 +852,14 @@ class StorePool:
         with self._lock:
             return len(self._idle)
 
+    def connections(self) -> int:
+        """Connections the monitor's stores hold now (0 between requests)."""
+        with self._lock:
+            return sum(1 for store in self._idle if store.connected)
+
     def close(self) -> None:
         with self._lock:
-            stores, self._idle = [store for store, _ in self._idle], []
+            stores, self._idle = list(self._idle), []
         for store in stores:
             store.close()
 

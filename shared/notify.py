@@ -224,7 +224,8 @@ class Notifier:
                         pass
                 except Exception as exc:  # noqa: BLE001 - retried at the next wake
                     log.warning("notifications: delivery pass failed (retried later): %s", describe(exc))
-                    self._close_store()
+                finally:
+                    self._close_store()   # no connection held between passes (AGENT_MAX_CONNECTIONS)
                 if self._flushing:
                     break
         finally:

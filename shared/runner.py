@@ -1,7 +1,9 @@
 """The local runner: the agent on one machine, without the Functions host.
 
 * the tick runs on AGENT_TICK_SCHEDULE (and once at start) — the safety net, as in Azure;
-* long-lived worker threads, each with one connection for its life, do the work:
+* long-lived worker threads do the work, each taking a connection from the process's pool for
+  each claim, run or look-ahead and giving it back after (AGENT_MAX_CONNECTIONS, shared.pool):
+  idle workers hold none, and more workers than connections wait for one in turn:
   - **direct mode** (no storage queue configured): the runs table is the queue. A worker
     claims a runnable run straight from agent.runs (``FOR UPDATE SKIP LOCKED`` /
     ``UPDLOCK, READPAST`` / SQLite's single writer), runs it, and claims the next. An idle
@@ -126,6 +128,8 @@ class LocalRunner:
         except Exception as exc:  # noqa: BLE001 - the database may be away; poll again later
             log.warning("looking for the next runnable run failed: %s", describe(exc))
             return self.poll_interval
+        finally:
+            self.agent.release()
         if next_at is None:
             return self.poll_interval
         next_at = next_at.replace(tzinfo=UTC) if next_at.tzinfo is None else next_at
@@ -184,6 +188,8 @@ class LocalRunner:
         except Exception as exc:  # noqa: BLE001 - a worker survives a failed receive/claim
             log.error("worker: claiming or receiving failed: %s", describe(exc))
             return 0
+        finally:
+            self.agent.release()   # an idle worker holds no connection
 
     # ------------------------------------------------------------ forever
 
@@ -238,6 +244,7 @@ class LocalRunner:
                 except Exception as exc:  # noqa: BLE001
                     log.error("tick failed: %s", describe(exc))
                 finally:
+                    self.agent.release()
                     self.agent.telemetry.flush()
                 self.notify()
                 tick_at = time.monotonic() + self._seconds_to_next_tick(schedule)
@@ -266,6 +273,8 @@ class LocalRunner:
                 self.notify()
         except Exception as exc:  # noqa: BLE001 - the next poll or tick tries again
             log.error("poll failed: %s", describe(exc))
+        finally:
+            self.agent.release()
 
     def _worker_loop(self) -> None:
         try:

@@ -60,7 +60,7 @@ PERMANENT = "permanent"
 # default retry provider use.
 TRANSIENT_SQLSERVER_NUMBERS: frozenset[int] = frozenset({
     4060, 4221, 40143, 40197, 40501, 40540, 40613, 49918, 49919, 49920,
-    10928, 10929, 10053, 10054, 10060, 233, 997, 1204, 1205, 1222, 64, 20,
+    10928, 10929, 10936, 10053, 10054, 10060, 233, 997, 1204, 1205, 1222, 64, 20,
 })
 
 # Known permanent: syntax (102, 156), permission (229, 230, 262, 297, 300), missing object
@@ -218,7 +218,7 @@ def diagnostic_records(exc: BaseException) -> list[OdbcRecord]:
 # resuming answers 40613 for up to about a minute; throttling (40501, 10928, 10929) asks for
 # 10 s or more; a failover (40197) takes seconds. Every retry after one of these waits at least
 # this long (Microsoft's retry guidance for Azure SQL Database).
-MIN_RETRY_DELAY_SECONDS: dict[int, float] = {40613: 10.0, 40501: 10.0, 10928: 10.0, 10929: 10.0, 40197: 5.0,
+MIN_RETRY_DELAY_SECONDS: dict[int, float] = {40613: 10.0, 40501: 10.0, 10928: 10.0, 10929: 10.0, 10936: 10.0, 40197: 5.0,
                                              40540: 5.0, 40143: 5.0, 49918: 10.0, 49919: 10.0, 49920: 10.0}
 # How long connecting keeps trying by default (AGENT_CONNECT_RETRY_SECONDS): longer than a
 # serverless database takes to resume.

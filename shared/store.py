@@ -40,8 +40,14 @@ class Result:
 
 class Store:
     def __init__(self, target: DatabaseTarget, connect: Callable[[], Any] | None = None, *,
-                 job_principal: str | None = None) -> None:
+                 job_principal: str | None = None, pool: Any = None, kind: str = "work") -> None:
+        """``pool``: the process's ConnectionPool (shared.pool): the connection is taken from it
+        on the first statement and given back by close(), within AGENT_MAX_CONNECTIONS; ``kind``
+        is the pool's share it comes from. Without one, ``connect`` opens a connection of the
+        store's own (a job's target database, a one-off command)."""
         self.target = target
+        self.pool = pool
+        self.kind = kind
         # AGENT_JOB_PRINCIPAL: the principal a job's SQL runs as (no rights on schema agent).
         self.job_principal = job_principal
         self._discard_after_rollback = False
@@ -69,17 +75,46 @@ class Store:
     @property
     def connection(self) -> Any:
         if self._connection is None:
-            self._connection = self._connect()
+            self._connection = self._connect() if self.pool is None else self.pool.take(self.kind)
         return self._connection
 
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None
+
     def close(self) -> None:
+        """Done with the connection for now: back to the pool (the next statement takes one
+        again), or closed when the store has no pool. Inside a transaction it is closed instead
+        (whatever was begun is rolled back by the server)."""
+        self._release(keep=not self._in_transaction)
+
+    def _release(self, *, keep: bool) -> None:
         with self._lock:
             connection, self._connection = self._connection, None
             self._active_cursor = None
             self._session = None
-            if connection is not None:
+            if connection is not None and self.pool is None:
                 with contextlib.suppress(Exception):
-                    connection.close()
+                    connection.close()   # under the lock: never while cancel() is using it
+        if connection is None or self.pool is None:
+            return
+        # A cancel() in flight held the lock: none can reach this connection any more.
+        if keep and not (self.dialect == "sqlite" and getattr(connection, "in_transaction", False)):
+            self.pool.give(self.kind, connection)
+        else:
+            self.pool.discard(self.kind, connection)
+
+    def __del__(self) -> None:
+        # A store dropped with a pooled connection (its thread ended without releasing it):
+        # the place in AGENT_MAX_CONNECTIONS is freed, the connection closed.
+        connection = getattr(self, "_connection", None)
+        pool = getattr(self, "pool", None)
+        if connection is not None and pool is not None:
+            self._connection = None
+            try:
+                pool.discard(self.kind, connection)
+            except Exception:  # noqa: BLE001 - at interpreter exit the pool may be half gone
+                pass
 
     def __enter__(self) -> "Store":
         return self
@@ -89,7 +124,7 @@ class Store:
 
     def _discard_connection(self) -> None:
         """After a failure the connection may be broken; reconnect on next use."""
-        self.close()
+        self._release(keep=False)
 
     # ------------------------------------------------------------ time values
 

@@ -137,6 +137,9 @@ class Supervisor:
                                 "current); its work was stopped", entry.run_id, entry.token)
         with self._lock:
             self._next_renewal = time.monotonic() + interval
+        # Back to the process's pool (its share for renewals stays reserved): no connection is
+        # held between renewals, and none at all once no run is held.
+        store.close()
         return store
 
 

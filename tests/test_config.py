@@ -135,3 +135,57 @@ def test_config_hash_changes_with_jobs():
     b = load_settings(environ={"JOB__a__SCHEDULE": "0 0 * * * *", "JOB__a__COMMAND": "SELECT 2"})
     assert a.config_hash != b.config_hash
     assert a.config_hash == load_settings(environ={"JOB__a__SCHEDULE": "0 0 * * * *", "JOB__a__COMMAND": "SELECT 1"}).config_hash
+
+
+def test_the_parsers_jobs_equal_the_dataclasss_own_and_stay_frozen():
+    import dataclasses
+
+    from shared.config import JobDefinition
+
+    settings = load_settings(environ={
+        "JOB__a__SCHEDULE": "0 0 * * * *", "JOB__a__COMMAND": "SELECT 1",
+        "JOB__b__SCHEDULE": "0 */5 * * * *", "JOB__b__COMMAND": "SELECT 2", "JOB__b__TIMEZONE": "Europe/Paris",
+        "JOB__b__MAX_ATTEMPTS": "7", "JOB__b__OVERLAP": "QUEUE", "JOB__b__ENABLED": "no", "JOB__b__DATABASE": "other",
+        "JOB__c__STEPS__1__COMMAND": "SELECT 3", "JOB__c__STEPS__2__COMMAND": "SELECT 4", "JOB__c__NOTIFY": " never ",
+    })
+    assert [job.name for job in settings.jobs] == ["a", "b", "c"] and not settings.invalid_jobs
+    for job in settings.jobs:
+        fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(JobDefinition)}
+        twin = JobDefinition(**fields)
+        assert job == twin and hash(job) == hash(twin) and repr(job) == repr(twin)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            job.name = "other"   # type: ignore[misc]
+    b = settings.job("b")
+    assert (b.timezone, b.max_attempts, b.overlap, b.enabled, b.database) == ("Europe/Paris", 7, "queue", False, "other")
+    a = settings.job("a")
+    assert (a.enabled, a.max_attempts, a.timeout_seconds, a.lease_seconds, a.misfire, a.overlap, a.notify) == \
+        (True, 3, 1800, 60, "run-once", "skip", "on_failure")
+
+
+def test_blank_settings_take_the_defaults_and_set_ones_are_still_validated():
+    settings = load_settings(environ={
+        "JOB__a__SCHEDULE": "0 0 * * * *", "JOB__a__COMMAND": "SELECT 1", "JOB__a__MAX_ATTEMPTS": "  ",
+        "JOB__a__ENABLED": "", "JOB__a__TIMEZONE": " ",
+        "JOB__b__SCHEDULE": "0 0 0 30 2 *", "JOB__b__COMMAND": "SELECT 1",
+        "JOB__c__SCHEDULE": "0 0 0 30 2 *", "JOB__c__COMMAND": "SELECT 1", "JOB__c__MAX_ATTEMPTS": "0",
+        "JOB__c__ENABLED": "maybe", "JOB__c__TIMEZONE": "Mars/Base",
+    })
+    a = settings.job("a")
+    assert (a.max_attempts, a.enabled, a.timezone) == (3, True, "UTC")
+    errors = {bad.name: bad.message for bad in settings.invalid_jobs}
+    # The same impossible schedule is refused for each job that has it (one verdict, shared).
+    assert "JOB__b__SCHEDULE" in errors["b"] and "JOB__c__SCHEDULE" in errors["c"]
+    assert "JOB__c__MAX_ATTEMPTS='0'" in errors["c"] and "JOB__c__ENABLED='maybe'" in errors["c"]
+    assert "JOB__c__TIMEZONE='Mars/Base'" in errors["c"]
+
+
+def test_the_config_hash_covers_every_field():
+    base = {"JOB__a__SCHEDULE": "0 0 * * * *", "JOB__a__COMMAND": "SELECT 1"}
+    hashes = {load_settings(environ=base).config_hash}
+    for suffix, value in [("TIMEZONE", "Europe/Paris"), ("ENABLED", "false"), ("MAX_ATTEMPTS", "4"),
+                          ("TIMEOUT_SECONDS", "60"), ("LEASE_SECONDS", "30"), ("MISFIRE", "skip"),
+                          ("GRACE_SECONDS", "10"), ("OVERLAP", "allow"), ("DATABASE", "other"),
+                          ("NOTIFY", "never"), ("NOTIFY_WEBHOOK_URL", "https://example.org/hook")]:
+        hashes.add(load_settings(environ={**base, f"JOB__a__{suffix}": value}).config_hash)
+    hashes.add(load_settings(environ={**base, "JOB__a__COMMAND": "SELECT 2"}).config_hash)
+    assert len(hashes) == 13

@@ -64,7 +64,17 @@ class Recorder:
 def monitor_on(scenario, base_path: str = "", settings: MonitorSettings | None = None):
     store = scenario.agent.new_store()
     recorder = Recorder(store)
-    monitor = Monitor(lambda: contextlib.nullcontext(store), clock=lambda: datetime.now(UTC),
+
+    @contextlib.contextmanager
+    def lend():
+        # As the monitor's pool lends a store: its connection goes back to the agent's pool
+        # (AGENT_MAX_CONNECTIONS) when the request ends.
+        try:
+            yield store
+        finally:
+            store.close()
+
+    monitor = Monitor(lend, clock=lambda: datetime.now(UTC),
                       settings=lambda: settings or MonitorSettings(), base_path=base_path)
     return monitor, recorder
 

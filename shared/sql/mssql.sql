@@ -911,6 +911,17 @@ SELECT N'runs' AS purged, COUNT(*) AS rows_purged FROM @old
 UNION ALL SELECT N'job_events', @events
 UNION ALL SELECT N'poison_messages', @poison;
 
+-- connection_limit --
+-- The doctor's view of how many connections the server lets the agent hold (AGENT_MAX_CONNECTIONS x processes must fit): on Azure SQL Database the service objective and edition (the doctor maps them to the tier's documented worker limit: Basic 30, S0 60, GP_S_Gen5_1 75, ...; sys.dm_db_resource_stats shows how much of it is used), on SQL Server @@MAX_CONNECTIONS; the user sessions open now (only the caller's own without VIEW DATABASE STATE).
+SELECT CAST(@@MAX_CONNECTIONS AS INT) AS max_connections,
+       0 AS reserved_connections,
+       -1 AS role_limit,
+       -1 AS database_limit,
+       (SELECT COUNT(*) FROM sys.dm_exec_sessions AS s WHERE s.is_user_process = 1) AS connections_now,
+       CAST(SUSER_SNAME() AS NVARCHAR(128)) AS login_name,
+       CAST(DATABASEPROPERTYEX(DB_NAME(), 'ServiceObjective') AS NVARCHAR(128)) AS service_objective,
+       CAST(DATABASEPROPERTYEX(DB_NAME(), 'Edition') AS NVARCHAR(128)) AS edition;
+
 -- doctor_session --
 -- The doctor's view of the agent's session (lock timeout, isolation, XACT_ABORT, QUOTED_IDENTIFIER, ANSI_NULLS, NOCOUNT, the database's read committed snapshot) and of the triggers a DBA put on agent tables (INSTEAD OF triggers replace the agent's fenced writes: refused).
 SELECT CAST(@@LOCK_TIMEOUT AS NVARCHAR(20)) + N' ms' AS lock_timeout,

@@ -535,6 +535,20 @@ gone AS (
     DELETE FROM agent.poison_messages AS p USING old WHERE p.poison_id = old.poison_id RETURNING p.poison_id)
 SELECT 'poison_messages' AS purged, COUNT(*) AS rows_purged FROM gone;
 
+-- connection_limit --
+-- The doctor's view of how many connections the server lets the agent's login hold (AGENT_MAX_CONNECTIONS x processes must fit): max_connections less the places reserved for superusers (superuser_reserved_connections, and reserved_connections from PostgreSQL 16) unless the login is a superuser, the role's CONNECTION LIMIT and the database's (-1: none), and the client connections open now.
+SELECT CAST(current_setting('max_connections') AS INT) AS max_connections,
+       CASE WHEN r.rolsuper THEN 0
+            ELSE CAST(current_setting('superuser_reserved_connections') AS INT)
+                 + COALESCE(CAST(NULLIF(current_setting('reserved_connections', true), '') AS INT), 0) END AS reserved_connections,
+       r.rolconnlimit AS role_limit,
+       (SELECT d.datconnlimit FROM pg_database AS d WHERE d.datname = current_database()) AS database_limit,
+       (SELECT COUNT(*) FROM pg_stat_activity AS a WHERE a.backend_type = 'client backend') AS connections_now,
+       CAST(current_user AS VARCHAR(128)) AS login_name,
+       CAST(NULL AS VARCHAR(128)) AS service_objective,
+       CAST(NULL AS VARCHAR(128)) AS edition
+FROM pg_roles AS r WHERE r.rolname = current_user;
+
 -- doctor_session --
 -- The doctor's view of the agent's session (lock timeout, isolation, statement timeout) and of the triggers a DBA put on agent tables.
 SELECT current_setting('lock_timeout') AS lock_timeout,

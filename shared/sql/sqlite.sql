@@ -676,6 +676,11 @@ DELETE FROM agent_poison_messages WHERE poison_id IN (
     SELECT poison_id FROM agent_poison_messages WHERE poisoned_at < :poison_before ORDER BY poison_id LIMIT :batch)
 RETURNING 'poison_messages' AS purged, 1 AS rows_purged;
 
+-- connection_limit --
+-- The doctor's view of the server's connection limit: an embedded SQLite file has none (one process owns it).
+SELECT NULL AS max_connections, 0 AS reserved_connections, -1 AS role_limit, -1 AS database_limit,
+       NULL AS connections_now, NULL AS login_name, NULL AS service_objective, NULL AS edition;
+
 -- doctor_session --
 -- The doctor's view of the agent's connection (busy timeout, journal mode) and of the triggers a DBA put on agent tables.
 SELECT (SELECT timeout FROM pragma_busy_timeout) || ' ms' AS lock_timeout,
