@@ -435,15 +435,17 @@ class Store:
                           "SET LOCAL lock_timeout = 0;\n"]
                 cursor.execute("".join(prefix) + sql)
                 began = str(cursor.fetchone()[0])
+                notices = [0]
                 drained = False
                 for _ in prefix:   # past the agent's own statements
                     # psqlODBC hands most notices of the batch to its first result: keep them.
-                    output += _messages(cursor, postgres=True)
+                    output += _messages(cursor, notices)
                     if not cursor.nextset():
                         drained = True
                         break
                 if not drained:
-                    drain_results(cursor, output, postgres=True)
+                    drain_results(cursor, output, notices)
+                _note_cut_notices(notices, output)
                 if self._transaction_began(connection) != began:
                     raise TransactionControlRefused(
                         "the job's SQL ended the agent's transaction (a COMMIT or ROLLBACK got past the agent's "
@@ -514,13 +516,15 @@ class Store:
                                  "grant-sql --operator prints this)") from exc
             cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?);\n"
                            f"DROP FUNCTION IF EXISTS {function}(text);", sql)
+            notices = [0]
             while True:
-                output += _messages(cursor, postgres=True)
+                output += _messages(cursor, notices)
                 if cursor.description:
                     cursor.fetchall()
                 if not cursor.nextset():
                     break
-            output += _messages(cursor, postgres=True)
+            output += _messages(cursor, notices)
+            _note_cut_notices(notices, output)
         finally:
             self._set_active(None)
             with contextlib.suppress(Exception):
@@ -667,7 +671,7 @@ def _one_line(exc: BaseException) -> str:
     return describe(exc)
 
 
-def drain_results(cursor: Any, output: list[str] | None = None, *, postgres: bool = False) -> list[str]:
+def drain_results(cursor: Any, output: list[str] | None = None, notices: list[int] | None = None) -> list[str]:
     """Read every result set of a job's batch to the end and return the server's messages and
     row counts. An error the server raises while a result set is being read (a conversion or a
     division by zero in its middle, with a driver that fetches incrementally) propagates: the job
@@ -675,14 +679,14 @@ def drain_results(cursor: Any, output: list[str] | None = None, *, postgres: boo
     given) as they come, so the messages before such an error are kept."""
     output = [] if output is None else output
     while True:
-        output += _messages(cursor, postgres=postgres)
+        output += _messages(cursor, notices)
         if cursor.description:
             cursor.fetchall()
         elif cursor.rowcount >= 0:
             output.append(f"({cursor.rowcount} row(s) affected)")
         if not cursor.nextset():
             break
-    output += _messages(cursor, postgres=postgres)
+    output += _messages(cursor, notices)
     return output
 
 
@@ -691,30 +695,36 @@ def drain_results(cursor: Any, output: list[str] | None = None, *, postgres: boo
 _DRIVER_PREFIX = re.compile(r"\[Microsoft\]\[ODBC Driver \d+ for SQL Server\]\[SQL Server\]|\[FreeTDS\]\[SQL Server\]")
 
 
-def _messages(cursor: Any, *, postgres: bool = False) -> list[str]:
+def _messages(cursor: Any, notices: list[int] | None = None) -> list[str]:
     """The informational messages pyodbc collected for the current result (PRINT, notices).
-
-    ``postgres``: psqlODBC joins a result's notices into one diagnostic record whose length
-    travels in ODBC's 16-bit SQLSMALLINT: past PSQLODBC_NOTICE_LIMIT characters the rest is lost
-    without any error (docs/steps.md). A result whose notices reach that size gets a note saying
-    its output was cut, as for AGENT_STEP_OUTPUT_MAX_BYTES."""
+    ``notices``: a one-item counter the characters received are added to (PostgreSQL: see
+    _note_cut_notices)."""
     lines = []
-    size = 0
     for _, text in getattr(cursor, "messages", None) or ():
         text = str(text)
-        size += len(text)
+        if notices is not None:
+            notices[0] += len(text)
         lines.append(_DRIVER_PREFIX.sub("", text).strip())
-    if postgres and size >= PSQLODBC_NOTICE_LIMIT:
-        lines.append(PSQLODBC_CUT_NOTE.format(size=size))
     return lines
 
 
-# psqlODBC hands a result's notices over as one record whose length is a SQLSMALLINT (at most
-# 32,767 characters): measured, 300 notices of 100 characters arrive as 32,699 characters, the
-# rest is gone. What arrives at this size was cut; what arrives at all past it is nothing.
+def _note_cut_notices(notices: list[int], output: list[str]) -> None:
+    """PostgreSQL: psqlODBC keeps a batch's notices in one diagnostic text whose length travels in
+    ODBC's 16-bit SQLSMALLINT, handing parts of it to the batch's results as they come: past
+    PSQLODBC_NOTICE_LIMIT characters in all, the rest is lost without any error (docs/steps.md).
+    A job whose notices reach that size gets a note saying its output was cut, as for
+    AGENT_STEP_OUTPUT_MAX_BYTES."""
+    if notices[0] >= PSQLODBC_NOTICE_LIMIT:
+        output.append(PSQLODBC_CUT_NOTE.format(size=notices[0]))
+
+
+# psqlODBC keeps the notices of one batch (a job's SQL is sent as one) in a text whose length is
+# a SQLSMALLINT (at most 32,767 characters): measured, 300 notices of 100 characters arrive as
+# 32,699 characters in all, split between the batch's first results; the rest is gone. What
+# arrives at this size was cut; a batch whose notices never arrive cannot be told apart.
 PSQLODBC_NOTICE_LIMIT = 32_000
-PSQLODBC_CUT_NOTE = ("[output cut by the PostgreSQL ODBC driver after {size} characters of one statement's notices: "
-                     "it keeps about 32 KB of them; write longer progress into a table]")
+PSQLODBC_CUT_NOTE = ("[output cut by the PostgreSQL ODBC driver after {size} characters of notices: it keeps about "
+                     "32 KB of a batch's notices; write longer progress into a table]")
 
 
 def _merge(parts: Sequence[Result]) -> Result:
