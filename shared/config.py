@@ -596,6 +596,29 @@ _DEFAULT_INTS: dict[str, int] = {suffix: int(raw) for suffix, raw in JOB_DEFAULT
 _DEFAULT_ENABLED = parse_bool("JOB__<name>__ENABLED", JOB_DEFAULTS.get("ENABLED") or "true")
 _DEFAULT_TIMEZONE = JOB_DEFAULTS.get("TIMEZONE") or "UTC"
 _JOB_SUFFIXES = frozenset(JOB_SETTING_SUFFIXES)
+_PLAIN_SUFFIXES = frozenset({"SCHEDULE", "COMMAND", "TIMEZONE"})
+
+
+def _plain_defaults() -> tuple | None:
+    """Every field but name, schedule, command and time zone of a job that sets nothing else,
+    in _parse_job's order; None when a default would need a job's own validation (then every
+    job takes the general path)."""
+    if {"DATABASE", "NOTIFY_WEBHOOK_URL", "TARGETS", "TARGET_PARALLELISM"} & JOB_DEFAULTS.keys():
+        return None
+    try:
+        ints = [_DEFAULT_INTS[s] for s in ("MAX_ATTEMPTS", "TIMEOUT_SECONDS", "LEASE_SECONDS", "GRACE_SECONDS")]
+    except KeyError:
+        return None
+    choices = [(JOB_DEFAULTS.get(s), options) for s, options in
+               (("MISFIRE", MISFIRE_POLICIES), ("OVERLAP", OVERLAP_POLICIES), ("NOTIFY", NOTIFY_POLICIES))]
+    if any(value not in options for value, options in choices):
+        return None
+    misfire, overlap, notify = (value for value, _ in choices)
+    return (_DEFAULT_ENABLED, ints[0], ints[1], ints[2], misfire, ints[3], overlap, None, notify, None, None,
+            DEFAULT_PARALLELISM)
+
+
+_PLAIN_DEFAULTS = _plain_defaults()
 _STEP_SUFFIXES = frozenset(STEP_SETTING_SUFFIXES)
 
 
@@ -676,68 +699,75 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         fail("COMMAND", None if "COMMAND" not in values else command,
              "the SQL to run (non-empty), or steps in JOB__<name>__STEPS__<n>__COMMAND")
 
-    def int_value(suffix: str, low: int, high: int) -> int:
-        if suffix not in given and suffix in _DEFAULT_INTS:
-            return _DEFAULT_INTS[suffix]  # the default, parsed once per process
-        raw = value(suffix)
-        try:
-            return parse_int(setting(suffix), raw, low, high)
-        except ConfigError as exc:
-            errors.append(str(exc))
-            return 0
+    if _PLAIN_DEFAULTS is not None and values.keys() <= _PLAIN_SUFFIXES:
+        # Nothing but SCHEDULE, COMMAND and TIMEZONE (most jobs): every other field is its
+        # default, validated once per process.
+        (enabled, max_attempts, timeout_seconds, lease_seconds, misfire, grace_seconds, overlap, database,
+         notify, webhook, targets, parallelism) = _PLAIN_DEFAULTS
+        steps: tuple[StepDefinition, ...] = ()
+    else:
+        def int_value(suffix: str, low: int, high: int) -> int:
+            if suffix not in given and suffix in _DEFAULT_INTS:
+                return _DEFAULT_INTS[suffix]  # the default, parsed once per process
+            raw = value(suffix)
+            try:
+                return parse_int(setting(suffix), raw, low, high)
+            except ConfigError as exc:
+                errors.append(str(exc))
+                return 0
 
-    def choice(suffix: str, options: tuple[str, ...]) -> str:
-        if suffix not in given and JOB_DEFAULTS.get(suffix) in options:
-            return JOB_DEFAULTS[suffix]
-        raw = (value(suffix) or "").lower()
-        if raw not in options:
-            fail(suffix, value(suffix), " or ".join(options))
-        return raw
+        def choice(suffix: str, options: tuple[str, ...]) -> str:
+            if suffix not in given and JOB_DEFAULTS.get(suffix) in options:
+                return JOB_DEFAULTS[suffix]
+            raw = (value(suffix) or "").lower()
+            if raw not in options:
+                fail(suffix, value(suffix), " or ".join(options))
+            return raw
 
-    enabled = _DEFAULT_ENABLED
-    if "ENABLED" in given:
-        try:
-            enabled = parse_bool(setting("ENABLED"), given["ENABLED"])
-        except ConfigError as exc:
-            errors.append(str(exc))
-    max_attempts = int_value("MAX_ATTEMPTS", 1, 100)
-    timeout_seconds = int_value("TIMEOUT_SECONDS", 1, 7 * 86400)
-    lease_seconds = int_value("LEASE_SECONDS", 6, 3600)
-    misfire = choice("MISFIRE", MISFIRE_POLICIES)
-    grace_seconds = int_value("GRACE_SECONDS", 0, 366 * 86400)
-    overlap = choice("OVERLAP", OVERLAP_POLICIES)
-    database = value("DATABASE") if "DATABASE" in given else JOB_DEFAULTS.get("DATABASE")
-    if database is not None and not DATABASE_NAME_PATTERN.match(database):
-        fail("DATABASE", database, "a database name of letters, digits, '_' or '-'")
-    notify = choice("NOTIFY", NOTIFY_POLICIES)
-    webhook = None
-    if ("NOTIFY_WEBHOOK_URL" in given or "NOTIFY_WEBHOOK_URL" in JOB_DEFAULTS) and value("NOTIFY_WEBHOOK_URL") is not None:
-        try:
-            webhook = _webhook_setting(setting("NOTIFY_WEBHOOK_URL"), value("NOTIFY_WEBHOOK_URL"))
-        except ConfigError as exc:
-            errors.append(str(exc))
-    targets = None
-    if ("TARGETS" in given or "TARGETS" in JOB_DEFAULTS) and value("TARGETS") is not None:
-        try:
-            targets = describe_members(parse_targets(setting("TARGETS"), value("TARGETS")))
-        except ConfigError as exc:
-            errors.append(str(exc))
-        if has_steps:
-            errors.append(f"{setting('TARGETS')}: a job with steps gives each step its own "
-                          f"JOB__{_printable(name)}__STEPS__<n>__TARGETS (a step without one runs in one database)")
-        if database is not None:
-            errors.append(f"{setting('TARGETS')} and {setting('DATABASE')} are both set: a job runs in its "
-                          "TARGETS or in one DATABASE, not both")
-    parallelism = DEFAULT_PARALLELISM
-    if ("TARGET_PARALLELISM" in given or "TARGET_PARALLELISM" in JOB_DEFAULTS) and value("TARGET_PARALLELISM") is not None:
-        parallelism = int_value("TARGET_PARALLELISM", 1, MAX_PARALLELISM)
-    steps: tuple[StepDefinition, ...] = ()
-    if has_steps and "COMMAND" not in values:
-        from .steps import parse_steps
+        enabled = _DEFAULT_ENABLED
+        if "ENABLED" in given:
+            try:
+                enabled = parse_bool(setting("ENABLED"), given["ENABLED"])
+            except ConfigError as exc:
+                errors.append(str(exc))
+        max_attempts = int_value("MAX_ATTEMPTS", 1, 100)
+        timeout_seconds = int_value("TIMEOUT_SECONDS", 1, 7 * 86400)
+        lease_seconds = int_value("LEASE_SECONDS", 6, 3600)
+        misfire = choice("MISFIRE", MISFIRE_POLICIES)
+        grace_seconds = int_value("GRACE_SECONDS", 0, 366 * 86400)
+        overlap = choice("OVERLAP", OVERLAP_POLICIES)
+        database = value("DATABASE") if "DATABASE" in given else JOB_DEFAULTS.get("DATABASE")
+        if database is not None and not DATABASE_NAME_PATTERN.match(database):
+            fail("DATABASE", database, "a database name of letters, digits, '_' or '-'")
+        notify = choice("NOTIFY", NOTIFY_POLICIES)
+        webhook = None
+        if ("NOTIFY_WEBHOOK_URL" in given or "NOTIFY_WEBHOOK_URL" in JOB_DEFAULTS) and value("NOTIFY_WEBHOOK_URL") is not None:
+            try:
+                webhook = _webhook_setting(setting("NOTIFY_WEBHOOK_URL"), value("NOTIFY_WEBHOOK_URL"))
+            except ConfigError as exc:
+                errors.append(str(exc))
+        targets = None
+        if ("TARGETS" in given or "TARGETS" in JOB_DEFAULTS) and value("TARGETS") is not None:
+            try:
+                targets = describe_members(parse_targets(setting("TARGETS"), value("TARGETS")))
+            except ConfigError as exc:
+                errors.append(str(exc))
+            if has_steps:
+                errors.append(f"{setting('TARGETS')}: a job with steps gives each step its own "
+                              f"JOB__{_printable(name)}__STEPS__<n>__TARGETS (a step without one runs in one database)")
+            if database is not None:
+                errors.append(f"{setting('TARGETS')} and {setting('DATABASE')} are both set: a job runs in its "
+                              "TARGETS or in one DATABASE, not both")
+        parallelism = DEFAULT_PARALLELISM
+        if ("TARGET_PARALLELISM" in given or "TARGET_PARALLELISM" in JOB_DEFAULTS) and value("TARGET_PARALLELISM") is not None:
+            parallelism = int_value("TARGET_PARALLELISM", 1, MAX_PARALLELISM)
+        steps: tuple[StepDefinition, ...] = ()
+        if has_steps and "COMMAND" not in values:
+            from .steps import parse_steps
 
-        steps = parse_steps(name, values, errors, default_max_attempts=max_attempts,
-                            default_timeout_seconds=timeout_seconds, default_database=database,
-                            default_parallelism=parallelism)
+            steps = parse_steps(name, values, errors, default_max_attempts=max_attempts,
+                                default_timeout_seconds=timeout_seconds, default_database=database,
+                                default_parallelism=parallelism)
     if errors:
         return None
     if targets is not None:
