@@ -446,8 +446,8 @@ def main() -> int:
         print(f"opening a connection to a target database and running SELECT 1 on it (as every execution does): "
               f"median {connect_ms(fleet):.1f} ms of 20")
 
-        print(f"\n== statements against the control database (one worker, one unit of work at a time; "
-              f"TARGET_PARALLELISM 8)")
+        print("\n== statements against the control database (one worker, one unit of work at a time; "
+              "TARGET_PARALLELISM 8)")
         print(f"{'mode':7} {'targets':>7} {'tick*':>5} {'fan-out':>8} {'commits':>8} {'msgs':>5} "
               f"{'per execution':>14} {'commits':>8} {'target conns':>13} {'completion ms':>14} {'fan-out ms':>11}")
         counts: dict[tuple[str, int], dict[str, Any]] = {}

@@ -181,8 +181,8 @@ def main() -> None:
             median, p95, statements, size = measure(monitor, store, path, query, args.repeat)
             print(f"{label:<34} {median:>10.1f} {p95:>8.1f} {statements:>6} {size / 1024:>7.0f}")
         store.close()
-        print(f"\n64 concurrent requests x 3 rounds to the local server (make_server), pages as above "
-              f"but the 100,000-run job page; latency ms:")
+        print("\n64 concurrent requests x 3 rounds to the local server (make_server), pages as above "
+              "but the 100,000-run job page; latency ms:")
         for label, backlog in (("listen backlog 5 (the standard library's default)", 5),
                                ("listen backlog 128 (the monitor's)", None)):
             latencies = burst(agent, run_id, backlog=backlog)

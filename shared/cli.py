@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the agent locally: tick on schedule and work the queue (Ctrl-C stops)")
     run.add_argument("--concurrency", type=_positive_int, help="worker threads (default AGENT_MAX_CONCURRENCY)")
 
-    jobs = commands.add_parser("jobs", help="the jobs as the agent last synced them: state, next slot and last run")
+    commands.add_parser("jobs", help="the jobs as the agent last synced them: state, next slot and last run")
 
     history = commands.add_parser("history", help="runs, newest first, with attempts and job events")
     history.add_argument("--job", help="only this job")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ConfigError
+from .exporters import parse_exporter
 from .schedules import parse_ncrontab, parse_schedule, validate_timezone
 from .targets import DEFAULT_PARALLELISM, MAX_PARALLELISM, describe_members, parse_targets
 
@@ -491,8 +492,6 @@ def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
 
 
 def _telemetry_exporter(value: str | None) -> str:
-    from .telemetry import parse_exporter  # light: imports no exporter
-
     return parse_exporter(value)
 
 

@@ -30,7 +30,6 @@ import logging
 import os
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path

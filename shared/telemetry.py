@@ -57,13 +57,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from shared.errors import ConfigError
+from shared.exporters import EXPORTER_SETTING, EXPORTERS, parse_exporter
 
 log = logging.getLogger(__name__)
 
 CONNECTION_STRING_SETTING = "APPLICATIONINSIGHTS_CONNECTION_STRING"
-EXPORTER_SETTING = "AGENT_TELEMETRY_EXPORTER"
-EXPORTERS = ("opentelemetry", "opencensus")
-DEFAULT_EXPORTER = "opentelemetry"
 AUTHENTICATION_STRING_SETTING = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"
 
 EVENT_NAMES = ("RunClaimed", "RunDispatched", "RunStarted", "RunSucceeded", "RunFailed", "RunRetried",
@@ -240,17 +238,6 @@ def create_telemetry_from_env(environ: Mapping[str, str] | None = None, *,
         env.get(CONNECTION_STRING_SETTING), exporter=parse_exporter(env.get(EXPORTER_SETTING)),
         role_name=role_name or env.get("WEBSITE_SITE_NAME") or "sql-agent",
         authentication_string=env.get(AUTHENTICATION_STRING_SETTING))
-
-
-def parse_exporter(value: str | None) -> str:
-    """AGENT_TELEMETRY_EXPORTER: "opentelemetry" (default when unset or blank) or
-    "opencensus", case-insensitive. Raises ConfigError for anything else."""
-    if value is None or not value.strip():
-        return DEFAULT_EXPORTER
-    name = value.strip().lower()
-    if name not in EXPORTERS:
-        raise ConfigError(EXPORTER_SETTING, value, "one of " + ", ".join(EXPORTERS))
-    return name
 
 
 @dataclasses.dataclass(frozen=True)

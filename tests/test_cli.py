@@ -12,7 +12,6 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pytest
 
 from tests.conftest import ROOT, as_from_a_terminal
 

@@ -17,8 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 

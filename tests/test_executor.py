@@ -14,7 +14,7 @@ from shared.cli import main as cli
 from shared.errors import TransientJobError
 from shared.messages import RunMessage
 from tests.memory_queue import MemoryQueue
-from tests.conftest import Clock, at, execute, query, runs_table, sql_for, tsql_delay, work
+from tests.conftest import Clock, at, execute, query, sql_for, tsql_delay, work
 
 UTC = timezone.utc
 

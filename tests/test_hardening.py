@@ -18,12 +18,12 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import timezone
 
 import pytest
 
 from tests.conftest import (ROOT, Clock, at, attempts_table, create_pg_database, drop_pg_database, execute, make_agent, query,
-                            runs_table, sql_for, work)
+                            runs_table, work)
 
 UTC = timezone.utc
 

@@ -580,7 +580,6 @@ def test_role_assignments_use_known_built_in_roles_and_target_the_app_identity()
             name = function_call(declaration["name"], "guid")
             assert name is not None, f"{where}: name must be guid(<scope>.id, <app>.id, <role id>)"
             arguments = list(name.values())
-            accesses = [accessor_path(argument) for argument in arguments if isinstance(argument, dict)]
             assert accessor_path(arguments[0]) == [scope_symbol, "id"], f"{where}: guid() must start with {scope_symbol}.id"
             # ... and the grantee: the identity's id or the app's, as the identity in use (so a
             # switch of identityType makes new assignments rather than re-pointing old ones).

@@ -18,9 +18,8 @@ import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
-from tests.conftest import ROOT, at, execute, job_env, make_agent, query, sql_for, tsql_delay, work
+from tests.conftest import ROOT, execute, job_env, make_agent, query, sql_for, tsql_delay, work
 
 UTC = timezone.utc
 JOBS = 500

@@ -13,8 +13,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timezone

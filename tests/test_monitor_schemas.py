@@ -17,7 +17,6 @@ import copy
 import json
 import re
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator

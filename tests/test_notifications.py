@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -141,7 +141,7 @@ def test_two_instances_delivering_at_once_send_each_notification_once(agent_fact
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
-    bodies = receiver.wait_for(12)
+    receiver.wait_for(12)
     time.sleep(0.3)
     assert sorted(b["job"] for b in receiver.bodies()) == sorted(jobs)
     for notifier in instances:

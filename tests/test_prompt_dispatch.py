@@ -7,7 +7,6 @@ semantics carries each run's message; Azurite for the doorbell chain)."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -15,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from shared.runner import LocalRunner
-from tests.conftest import Clock, at, execute, make_agent, query, runs_table, sql_for, tsql_delay, work
+from tests.conftest import Clock, at, execute, make_agent, query, sql_for, tsql_delay, work
 from tests.memory_queue import MemoryQueue
 
 UTC = timezone.utc

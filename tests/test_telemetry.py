@@ -749,7 +749,9 @@ def test_operation_ids():
 
 def test_connection_string_forms():
     key = "0a1b2c3d-0000-4000-8000-000000000001"
-    assert parse_connection_string(f"InstrumentationKey={key};IngestionEndpoint=https://westeurope-5.in.applicationinsights.azure.com/;LiveEndpoint=https://westeurope.livediagnostics.monitor.azure.com/;ApplicationId=abc;") \
+    assert parse_connection_string(
+        f"InstrumentationKey={key};IngestionEndpoint=https://westeurope-5.in.applicationinsights.azure.com/;"
+        f"LiveEndpoint=https://westeurope.livediagnostics.monitor.azure.com/;ApplicationId=abc;") \
         .endpoint == "https://westeurope-5.in.applicationinsights.azure.com"
     assert parse_connection_string(f" instrumentationkey={key.upper()} ").instrumentation_key == key
     assert parse_connection_string(f"InstrumentationKey={key}").endpoint == "https://dc.services.visualstudio.com"

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from datetime import datetime, timezone
 
-import azure.functions as func
 import pytest
 from azure.functions.queue import QueueMessage
 from azure.functions.timer import TimerRequest

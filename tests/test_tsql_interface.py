@@ -21,7 +21,7 @@ import pytest
 
 from shared.cli import main as cli
 from shared.runner import LocalRunner
-from tests.conftest import (MSSQL_BASE, execute, fresh_database, job_env, make_agent, pg_admin_connection, query,
+from tests.conftest import (MSSQL_BASE, execute, fresh_database, make_agent, pg_admin_connection, query,
                             sql_for, tsql_delay, work)
 from tests.memory_queue import MemoryQueue
 from tests.tsql_caller import CallError, call, connect, select
@@ -612,7 +612,7 @@ def test_cancel_run_and_requeue_poison_do_what_cancel_and_poison_requeue_do(syst
 
 def test_stuck_runs_is_the_reconciliation_stuck_makes(system, capsys):
     build, connection, url = system
-    agent = build()
+    build()
     (old,) = call(connection, "exec_async", sql="SELECT 1", execution_order=None,
                   run_at=datetime.now(UTC) - timedelta(seconds=900))
     call(connection, "exec_async", sql="SELECT 1", execution_order=None,
@@ -845,7 +845,7 @@ def _migration_text(dialect: str) -> str:
     a later definition follows the earlier one, so the last one read wins)."""
     import re
 
-    from shared.queries import load_migrations, split_statements
+    from shared.queries import load_migrations
 
     migrations = load_migrations(dialect)
     (first,) = [i for i, m in enumerate(migrations) if m.path.name.endswith("_tsql_interface.sql")]

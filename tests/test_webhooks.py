@@ -15,7 +15,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from standardwebhooks.webhooks import Webhook
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from shared.config import load_settings
 from shared.errors import ConfigError
@@ -90,7 +90,7 @@ def test_the_signature_is_the_standard_webhooks_one():
     headers = signature_headers(key, "msg_42", int(time.time()), payload)
     Webhook(SECRET).verify(payload, headers)           # raises when it does not verify
     tampered = dict(headers, **{"webhook-id": "msg_43"})
-    with pytest.raises(Exception):
+    with pytest.raises(WebhookVerificationError):
         Webhook(SECRET).verify(payload, tampered)
 
 

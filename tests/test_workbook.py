@@ -56,7 +56,7 @@ AI_COLUMNS = {
     "appId", "appName", "iKey", "sdkVersion", "itemId", "itemCount", "value", "valueCount", "valueSum", "valueMin",
     "valueMax", "valueStdDev", "id", "target", "type", "data", "success", "resultCode", "duration",
     "performanceBucket", "url", "source", "message", "severityLevel", "problemId", "outerMessage", "innermostMessage",
-    "details", "location", "size", "performanceBucket", "counter", "category", "instance",
+    "details", "location", "size", "counter", "category", "instance",
 }
 
 

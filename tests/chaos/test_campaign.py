@@ -128,7 +128,7 @@ def test_an_outage_during_ticks_loses_and_doubles_no_slot(pg_url):
         clock.advance(20)
         if step in (3, 4, 5):
             proxy.outage()
-            with pytest.raises(Exception):   # the timer invocation fails; it is retried next minute
+            with pytest.raises(Exception):   # noqa: B017 - whatever the outage raises: the timer invocation fails, retried next minute
                 report = agent.tick()
                 if report.errors:
                     raise RuntimeError(report.errors)
