@@ -33,7 +33,9 @@ def test_a_job_without_schedule_parses_as_on_demand():
 
 
 def test_an_on_demand_job_claims_no_slot_and_runs_when_started(agent_factory, db_url, capsys):
-    clock = Clock(at("2026-11-25T08:00:00Z"))
+    # Two hours before the real hour: `run-now` (the CLI) makes the run runnable at the
+    # database's real time, which the agent's clock has passed when it works (3 h 1 s later).
+    clock = Clock(datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) - timedelta(hours=2))
     agent = agent_factory({"adhoc": {"COMMAND": "SELECT 1"},
                            "steps": {"STEPS__1__COMMAND": "SELECT 1", "STEPS__2__COMMAND": "SELECT 2"},
                            "timed": {"SCHEDULE": "0 0 * * * *", "COMMAND": "SELECT 1"}}, clock=clock)
