@@ -462,7 +462,7 @@ class Scheduler:
             advances: dict[tuple, dict[str, Any]] = {}
             for job in jobs:
                 key = (job["schedule"], job["timezone"], job["next_due_at"], job["misfire"], job["grace_seconds"],
-                       bool(job["paused"]))
+                       bool(job["paused"]), job["paused_at"], job["paused_until"])
                 if key not in plans:
                     plans[key] = (_plan_paused_slots(job, now) if job["paused"]
                                   else _plan_slots(job, now, horizon, late_cutoff))
@@ -471,7 +471,7 @@ class Scheduler:
                            "status": status, "note": note} for slot, status, note in planned]
                 # Keyed by the pause too: advance_jobs moves every job of one (schedule, time zone,
                 # next slot) together, and a paused job moves apart from the others.
-                advances[key[:3] + key[5:]] = {"schedule": job["schedule"], "timezone": job["timezone"],
+                advances[key[:3] + key[5:6]] = {"schedule": job["schedule"], "timezone": job["timezone"],
                                                "from_due": store.json_time(job["next_due_at"]),
                                                "next_due_at": store.json_time(following),
                                                "paused": int(bool(job["paused"]))}
@@ -596,6 +596,8 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
                 status, note = "skipped", NOTE_MISFIRE_GRACE
             else:
                 status, note = "pending", NOTE_CATCH_UP
+            if status == "skipped" and _inside_pause(job, moment):
+                note = NOTE_PAUSED     # missed while its pause held (it ended by itself since)
             if last and unrecorded > 0:
                 note += f" ({unrecorded} earlier missed slot(s) since {_iso(job['next_due_at'])} not recorded one by one)"
             planned.append((moment, status, note))
@@ -605,6 +607,12 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
         ahead += 1
         slot = following(slot)
     return planned, slot
+
+
+def _inside_pause(job: dict[str, Any], moment: datetime) -> bool:
+    """Whether ``moment`` fell inside the job's last pause (select_due_jobs' paused_at/paused_until)."""
+    start, end = job.get("paused_at"), job.get("paused_until")
+    return start is not None and start <= moment and (end is None or moment < end)
 
 
 def _plan_paused_slots(job: dict[str, Any], now: datetime) -> tuple[list[tuple[datetime, str, str | None]],

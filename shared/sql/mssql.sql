@@ -300,7 +300,7 @@ WHERE status IN (N'queued', N'running') AND lease_expires_at > CAST(:far_lease A
 SELECT action, run_id, job_name, scheduled_for FROM @recovered;
 
 -- select_due_jobs --
--- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now; their slots are computed in Python, for these jobs only.
+-- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now and its window (one that ended names the slots missed inside it); their slots are computed in Python, for these jobs only.
 -- The pauses applock is taken shared first, to the claim's commit (a table is read first: an owner 'Transaction' applock needs an open transaction): a pause_job either committed before it (the claim sees the pause) or waits for this claim to commit (and skips what it claimed inside the pause).
 DECLARE @pauses_read INT;
 SELECT @pauses_read = COUNT(*) FROM agent.start_lock;
@@ -308,10 +308,11 @@ DECLARE @pauses_lock INT;
 EXEC @pauses_lock = sp_getapplock @Resource = N'agent.job_pauses', @LockMode = N'Shared', @LockOwner = N'Transaction', @LockTimeout = 30000;
 IF @pauses_lock < 0 THROW 50001, N'the pauses lock (sp_getapplock agent.job_pauses) was not granted within 30 s', 1;
 SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds,
-       CASE WHEN p.job_name IS NULL THEN 0 ELSE 1 END AS paused
+       CASE WHEN p.job_name IS NULL THEN 0
+            WHEN p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6)) THEN 1 ELSE 0 END AS paused,
+       p.paused_at, p.paused_until
 FROM agent.jobs AS j
-LEFT JOIN agent.job_pauses AS p
-       ON p.job_name = j.job_name AND (p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6)))
+LEFT JOIN agent.job_pauses AS p ON p.job_name = j.job_name
 WHERE j.next_due_at <= CAST(:horizon AS DATETIME2(6)) AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
 ORDER BY j.job_name;
 

@@ -202,11 +202,13 @@ WHERE status IN ('queued', 'running') AND lease_expires_at > :far_lease
 RETURNING 'lease shortened' AS action, run_id, job_name, scheduled_for;
 
 -- select_due_jobs --
--- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now; their slots are computed in Python, for these jobs only. (SQLite's write lock, BEGIN IMMEDIATE, already keeps `pause` out of a claim.)
+-- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now and its window (one that ended names the slots missed inside it); their slots are computed in Python, for these jobs only. (SQLite's write lock, BEGIN IMMEDIATE, already keeps `pause` out of a claim.)
 SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds,
-       CASE WHEN p.job_name IS NULL THEN 0 ELSE 1 END AS paused
+       CASE WHEN p.job_name IS NULL THEN 0
+            WHEN p.paused_until IS NULL OR p.paused_until > :now THEN 1 ELSE 0 END AS paused,
+       p.paused_at, p.paused_until
 FROM agent_jobs AS j
-LEFT JOIN agent_job_pauses AS p ON p.job_name = j.job_name AND (p.paused_until IS NULL OR p.paused_until > :now)
+LEFT JOIN agent_job_pauses AS p ON p.job_name = j.job_name
 WHERE j.next_due_at <= :horizon AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
 ORDER BY j.job_name;
 
