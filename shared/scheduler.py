@@ -469,12 +469,15 @@ class Scheduler:
                 planned, following = plans[key]
                 slots += [{"job_name": job["job_name"], "scheduled_for": store.json_time(slot),
                            "status": status, "note": note} for slot, status, note in planned]
-                # Keyed by the pause too: advance_jobs moves every job of one (schedule, time zone,
-                # next slot) together, and a paused job moves apart from the others.
-                advances[key[:3] + key[5:6]] = {"schedule": job["schedule"], "timezone": job["timezone"],
-                                               "from_due": store.json_time(job["next_due_at"]),
-                                               "next_due_at": store.json_time(following),
-                                               "paused": int(bool(job["paused"]))}
+                # advance_jobs moves every job of one (schedule, time zone, next slot) together; a
+                # paused job moves apart from the others, and by its misfire policy (run-once holds
+                # its latest slot back).
+                paused = int(bool(job["paused"]))
+                misfire = job["misfire"] if paused else None
+                advances[key[:3] + (paused, misfire)] = {"schedule": job["schedule"], "timezone": job["timezone"],
+                                                         "from_due": store.json_time(job["next_due_at"]),
+                                                         "next_due_at": store.json_time(following),
+                                                         "paused": paused, "misfire": misfire}
             claimed = store.execute("claim_slots", slots=slots, now=now).rows if slots else []
             store.execute("advance_jobs", advances=list(advances.values()), now=now)
         report.due_jobs = len(jobs)
