@@ -392,3 +392,71 @@ def test_a_pause_racing_ticks_in_several_processes_leaves_no_slot_claimed_inside
     # The ticks did meet the pauses: slots inside them were recorded skipped "paused".
     paused = query(agent, "SELECT COUNT(*) FROM agent.runs WHERE job_name = 'fast' AND note LIKE 'paused%'")[0][0]
     assert paused > 0
+
+
+def _held_after(store, query_name: str, reached, release) -> None:
+    """Make ``store`` stop, inside its transaction, right after the named query ``query_name``
+    ran, until ``release`` is set (at most 20 s): the other side of the race runs meanwhile."""
+    original = store.execute
+
+    def execute(name, **params):
+        result = original(name, **params)
+        if name == query_name:
+            reached.set()
+            release.wait(20)
+        return result
+
+    store.execute = execute
+
+
+@pytest.mark.parametrize("first", ["tick", "pause"])
+def test_a_pause_and_a_claim_in_flight_at_once_never_leave_a_slot_claimed_inside_the_pause(pg_url, first):
+    """The two orders of the race, held open on purpose: a claim that has inserted its slots and
+    not committed when the pause comes (the pause waits for it, then skips them), and a pause
+    not committed when a claim comes (the claim waits, then records the slots 'paused')."""
+    import threading
+
+    from shared.scheduler import Scheduler, TickReport
+
+    agent = make_agent(pg_url, RACE_JOBS, simulated_time=False)
+    agent.tick()
+    claim_now = agent.clock() + timedelta(seconds=120)     # slots to claim beyond the first tick's
+    reached, release = threading.Event(), threading.Event()
+    tick_store, pause_store = agent.new_store(), agent.new_store()
+    outcome: dict = {}
+
+    def claim() -> None:
+        scheduler = Scheduler(tick_store, None, agent.settings, agent.telemetry)
+        report = TickReport(now=claim_now)
+        scheduler.claim_slots(claim_now, report)
+        outcome["claimed"] = report.claimed
+
+    def pause() -> None:
+        outcome["pause"] = pause_job(pause_store, "fast", now=agent.clock())
+
+    holder, other = (claim, pause) if first == "tick" else (pause, claim)
+    _held_after(tick_store if first == "tick" else pause_store,
+                "claim_slots" if first == "tick" else "skip_paused_slots", reached, release)
+    held = threading.Thread(target=holder)
+    held.start()
+    try:
+        assert reached.wait(20), "the first side reached its hold"
+        racer = threading.Thread(target=other)
+        racer.start()
+        racer.join(1.0)
+        # The second side waits for the first one's commit (the pauses lock).
+        assert racer.is_alive(), f"the {other.__name__} did not wait for the {holder.__name__} in flight"
+    finally:
+        release.set()
+        held.join(30)
+        racer.join(30)
+        tick_store.close()
+        pause_store.close()
+    assert {"claimed", "pause"} <= set(outcome), outcome
+    assert len(outcome["claimed"]) >= 30, "the claim had slots to claim inside the pause"
+    assert _claimed_inside(agent, outcome["pause"].paused_at) == 0
+    notes = {run["note"] for run in outcome["claimed"] if run["scheduled_for"] >= outcome["pause"].paused_at}
+    if first == "tick":
+        assert outcome["pause"].runs_skipped >= 30        # the claim's slots, skipped by the pause
+    else:
+        assert notes == {NOTE_PAUSED}                     # the claim recorded them 'paused' itself

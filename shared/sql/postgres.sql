@@ -211,7 +211,7 @@ RETURNING 'lease shortened' AS action, run_id, job_name, scheduled_for;
 
 -- select_due_jobs --
 -- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now and its window (one that ended names the slots missed inside it); their slots are computed in Python, for these jobs only.
--- The pauses lock (advisory 7428015) is taken shared, to the claim's commit, before the scan (a one-time filter): a pause_job either committed before it (claim_slots, a later statement, sees the pause) or waits for this claim to commit (and skips what it claimed inside the pause).
+-- The pauses lock (advisory 7428015) is taken shared, to the claim's commit, before the scan (a scalar subquery: a one-time filter, evaluated even when no job is due; not EXISTS, whose select list the planner drops): a pause_job either committed before it (claim_slots, a later statement, sees the pause) or waits for this claim to commit (and skips what it claimed inside the pause).
 SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds,
        CASE WHEN p.job_name IS NULL THEN 0
             WHEN p.paused_until IS NULL OR p.paused_until > CAST(:now AS timestamp) THEN 1 ELSE 0 END AS paused,
@@ -219,7 +219,7 @@ SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_sec
 FROM agent.jobs AS j
 LEFT JOIN agent.job_pauses AS p ON p.job_name = j.job_name
 WHERE j.next_due_at <= CAST(:horizon AS timestamp) AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
-  AND EXISTS (SELECT pg_advisory_xact_lock_shared(7428015))
+  AND CAST((SELECT pg_advisory_xact_lock_shared(7428015)) AS text) IS NOT NULL
 ORDER BY j.job_name;
 
 -- claim_slots --
