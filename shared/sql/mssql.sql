@@ -304,9 +304,9 @@ SELECT action, run_id, job_name, scheduled_for FROM @recovered;
 -- The pauses applock is taken shared first, to the claim's commit (a table is read first: an owner 'Transaction' applock needs an open transaction): a pause_job either committed before it (the claim sees the pause) or waits for this claim to commit (and skips what it claimed inside the pause).
 DECLARE @pauses_read INT;
 SELECT @pauses_read = COUNT(*) FROM agent.start_lock;
-DECLARE @pauses_lock INT;
-EXEC @pauses_lock = sp_getapplock @Resource = N'agent.job_pauses', @LockMode = N'Shared', @LockOwner = N'Transaction', @LockTimeout = 30000;
-IF @pauses_lock < 0 THROW 50001, N'the pauses lock (sp_getapplock agent.job_pauses) was not granted within 30 s', 1;
+DECLARE @lock_result INT;
+EXEC @lock_result = sp_getapplock @Resource = N'agent.job_pauses', @LockMode = N'Shared', @LockOwner = N'Transaction', @LockTimeout = 30000;
+IF @lock_result < 0 THROW 50001, N'the pauses lock (sp_getapplock agent.job_pauses) was not granted within 30 s', 1;
 SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds,
        CASE WHEN p.job_name IS NULL THEN 0
             WHEN p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6)) THEN 1 ELSE 0 END AS paused,
