@@ -460,3 +460,37 @@ def test_a_pause_and_a_claim_in_flight_at_once_never_leave_a_slot_claimed_inside
         assert outcome["pause"].runs_skipped >= 30        # the claim's slots, skipped by the pause
     else:
         assert notes == {NOTE_PAUSED}                     # the claim recorded them 'paused' itself
+
+
+def test_pause_and_resume_send_their_telemetry_events_and_no_misfire_event_per_paused_slot(agent_factory):
+    from shared.telemetry import Telemetry, _dimensions
+
+    class Recorder(Telemetry):
+        enabled = True
+
+        def __init__(self) -> None:
+            self.events: list[tuple[str, dict]] = []
+
+        def event(self, name, properties=None, *, operation_id=None):
+            super().event(name, properties, operation_id=operation_id)     # the name must be registered
+            self.events.append((name, _dimensions(properties)))
+
+    clock = Clock(at("2026-11-25T08:00:30"))
+    agent = agent_factory({"often": {"SCHEDULE": EVERY_MINUTE, "COMMAND": "SELECT 1", "MISFIRE": "skip"}},
+                          clock=clock)
+    recorder = Recorder()
+    agent._telemetry = recorder
+    agent.tick()
+    pause_job(agent.store(), "often", now=clock.now, until=at("2026-11-25T09:00:00"), paused_by="ops",
+              reason="patching", telemetry=recorder)
+    for _ in range(3):
+        clock.advance(60)
+        agent.tick()
+    resume_job(agent.store(), "often", now=clock.now, resumed_by="ops", telemetry=recorder)
+    assert any(name == "RunClaimed" for name, _ in recorder.events), "the ticks report to this recorder"
+    named = [(name, dims) for name, dims in recorder.events if name in ("JobPaused", "JobResumed", "MisfireSkipped")]
+    assert named[0] == ("JobPaused", {"job": "often", "outcome": "paused", "paused_until": named[0][1]["paused_until"],
+                                      "paused_by": "ops", "reason": "patching", "runs_skipped": "1"})
+    assert named[0][1]["paused_until"].startswith("2026-11-25T09:00:00")
+    assert named[1:] == [("JobResumed", {"job": "often", "outcome": "resumed", "paused_by": "ops"})]
+    assert len([r for r in runs_of(agent, "often").values() if r["note"] == NOTE_PAUSED]) >= 3
