@@ -606,7 +606,13 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
             planned.append((moment, status, note))
     ahead = 0
     while slot is not None and slot <= horizon and ahead < MAX_SLOTS_PER_JOB:
-        planned.append((slot, "pending", None))
+        # A slot that fell inside a pause which has ended by itself (its --until came since the
+        # last tick) did not run in it: recorded "paused", not claimed — but the slot a run-once
+        # job held back for the misfire policy (its next slot) is that policy's to run.
+        if _inside_pause(job, slot) and not (job["misfire"] == "run-once" and slot == job["next_due_at"]):
+            planned.append((slot, "skipped", NOTE_PAUSED))
+        else:
+            planned.append((slot, "pending", None))
         ahead += 1
         slot = following(slot)
     return planned, slot

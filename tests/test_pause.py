@@ -494,3 +494,29 @@ def test_pause_and_resume_send_their_telemetry_events_and_no_misfire_event_per_p
     assert named[0][1]["paused_until"].startswith("2026-11-25T09:00:00")
     assert named[1:] == [("JobResumed", {"job": "often", "outcome": "resumed", "paused_by": "ops"})]
     assert len([r for r in runs_of(agent, "often").values() if r["note"] == NOTE_PAUSED]) >= 3
+
+
+@pytest.mark.parametrize("misfire", ["skip", "run-once"])
+def test_slots_inside_a_pause_that_ended_between_two_ticks_do_not_run(agent_factory, misfire):
+    """A job every 10 s paused until 08:03:30, ticks on the minute: the slots of 08:03:10 and
+    08:03:20 came after the last tick of the pause and before its end; the first tick after it
+    records them "paused". Under run-once the slot it held back (08:03:00) is the misfire
+    policy's, and within AGENT_MISFIRE_THRESHOLD_SECONDS it runs."""
+    clock = Clock(at("2026-11-25T08:00:30"))
+    agent = agent_factory({"tens": {"SCHEDULE": "*/10 * * * * *", "COMMAND": "SELECT 1", "MISFIRE": misfire}},
+                          clock=clock)
+    agent.tick()
+    pause_job(agent.store(), "tens", now=clock.now, until=at("2026-11-25T08:03:30"))
+    for moment in ("08:01:00", "08:02:00", "08:03:00", "08:04:00"):
+        clock.now = at(f"2026-11-25T{moment}")
+        agent.tick()
+    runs = runs_of(agent, "tens")
+    for second in ("08:03:10", "08:03:20"):
+        assert (runs[at(f"2026-11-25T{second}")]["status"], runs[at(f"2026-11-25T{second}")]["note"]) == (
+            "skipped", NOTE_PAUSED), second
+    held = runs[at("2026-11-25T08:03:00")]
+    assert (held["status"], held["note"]) == (("pending", None) if misfire == "run-once" else ("skipped", NOTE_PAUSED))
+    after = [runs[slot]["status"] for slot in runs if slot >= at("2026-11-25T08:03:30")]
+    assert after and set(after) == {"pending"}
+    inside = [r for slot, r in runs.items() if at("2026-11-25T08:00:30") <= slot < at("2026-11-25T08:03:00")]
+    assert inside and {(r["status"], r["note"]) for r in inside} == {("skipped", NOTE_PAUSED)}
