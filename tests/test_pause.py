@@ -321,6 +321,16 @@ def test_the_operator_role_pauses_and_resumes_through_the_functions_and_another_
         assert activity["state"] != "paused" and activity["paused_at"] is None
         kinds = [e["kind"] for e in history_view(agent.store(), "often", 50)["job_events"]]
         assert sorted(kinds) == ["paused", "resumed"]
+        # A job defined from T-SQL is paused the same way.
+        call(as_operator, "add_scheduled_job", name="dbjob", sql="SELECT 1", schedule=EVERY_MINUTE)
+        agent.tick()
+        (paused,) = call(as_operator, "pause_job", job_name="dbjob")
+        agent.tick()
+        (activity,) = select(as_operator, "SELECT state, defined_in FROM agent.job_activity WHERE job_name = 'dbjob'")
+        assert (activity["state"], activity["defined_in"]) == ("paused", "database")
+        assert query(agent, "SELECT COUNT(*) FROM agent.runs WHERE job_name = 'dbjob' AND status = 'pending' "
+                            "AND scheduled_for >= (SELECT paused_at FROM agent.job_pauses WHERE job_name = 'dbjob')"
+                     ) == [(0,)]
     finally:
         as_operator.close()
         as_outsider.close()
