@@ -530,3 +530,23 @@ def test_slots_inside_a_pause_that_ended_between_two_ticks_do_not_run(agent_fact
     assert after and set(after) == {"pending"}
     inside = [r for slot, r in runs.items() if at("2026-11-25T08:00:30") <= slot < at("2026-11-25T08:03:00")]
     assert inside and {(r["status"], r["note"]) for r in inside} == {("skipped", NOTE_PAUSED)}
+
+
+def test_with_a_queue_a_slot_already_dispatched_ahead_is_not_run_once_paused(agent_factory):
+    """Queue mode: the tick sends the message of a slot within the lookahead at once, delayed to
+    its slot. Pausing records that run skipped; when its message comes, it is stale and ignored."""
+    from .memory_queue import MemoryQueue
+
+    clock = Clock(at("2026-11-25T08:00:40"))
+    queue = MemoryQueue(clock=lambda: clock.now.timestamp())
+    agent = agent_factory({"often": {"SCHEDULE": EVERY_MINUTE, "COMMAND": "SELECT 1"}}, clock=clock, queue=queue)
+    agent.tick()
+    slot = at("2026-11-25T08:01:00")
+    assert runs_of(agent, "often")[slot]["status"] == "queued"
+    clock.advance(10)
+    assert pause_job(agent.store(), "often", now=clock.now).runs_skipped == 1
+    clock.now = at("2026-11-25T08:01:05")
+    work(agent)
+    run = runs_of(agent, "often")[slot]
+    assert (run["status"], run["note"], run["attempt"]) == ("skipped", NOTE_PAUSED, 0)
+    assert queue.run_messages() == 0
