@@ -156,6 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
     run_now = commands.add_parser("run-now", help="run a job now, as the agent last synced it (its overlap policy applies)")
     run_now.add_argument("name")
 
+    pause = commands.add_parser("pause", help="pause a job: it claims no slot (each slot that comes is recorded "
+                                              "skipped 'paused') until resumed or --until; its runs in flight finish")
+    pause.add_argument("name", metavar="JOB")
+    pause.add_argument("--until", type=_iso_datetime, metavar="TIME",
+                       help="the pause ends by itself at this time (ISO-8601; UTC when no offset is given)")
+    pause.add_argument("--reason", help="why (shown by jobs, the monitor and agent.job_activity)")
+
+    resume = commands.add_parser("resume", help="resume a paused job (its misfire policy decides the slots it missed)")
+    resume.add_argument("name", metavar="JOB")
+
     submit = commands.add_parser("submit", help="queue ad-hoc SQL to run asynchronously")
     submit.add_argument("--sql", required=True, help="the SQL to run")
     submit.add_argument("--order", type=_non_negative_int, help="starts only after every task with a lower order finished")
@@ -476,7 +486,10 @@ def cmd_jobs(agent, args) -> int:
     for row in rows:
         last = f"{row['last_status']} #{row['last_run_id']}" if row["last_run_id"] else "-"
         schedule = row["schedule"] or ("on demand" if row["valid"] else "-")
-        table.append([row["job_name"], row["state"], row["source"], schedule, row["timezone"],
+        state = row["state"]
+        if row.get("paused") and row.get("paused_until"):
+            state = f"paused until {_time(row['paused_until'])}"
+        table.append([row["job_name"], state, row["source"], schedule, row["timezone"],
                       _time(row["next_due_at"]), row["status"], last, _last_targets(row), row["config_error"] or ""])
     _print_table(["JOB", "STATE", "DEFINED IN", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN",
                   "LAST TARGETS", "ERROR"], table)
@@ -652,6 +665,46 @@ def cmd_run_now(agent, args) -> int:
                      "dispatched": dispatched})
     else:
         print(f"run {row['run_id']} of {args.name} created{_dispatched_text(dispatched)}")
+    return EXIT_OK
+
+
+def _operator_name() -> str:
+    """Who pauses or resumes from this command line: the operating system's user."""
+    import getpass
+
+    try:
+        return f"{getpass.getuser()} (sql-agent)"
+    except Exception:      # no user name in this environment (a container without one)
+        return "sql-agent"
+
+
+def cmd_pause(agent, args) -> int:
+    from .pause import pause_job
+
+    store = agent.store()
+    store.require_schema()
+    pause = pause_job(store, args.name, now=agent.clock(), until=args.until, paused_by=_operator_name(),
+                      reason=args.reason, telemetry=agent.telemetry)
+    if args.json:
+        _print_json(pause.as_dict())
+        return EXIT_OK
+    until = f"until {_time(pause.paused_until)}" if pause.paused_until else "until resumed"
+    skipped = f"; {pause.runs_skipped} slot(s) it had claimed recorded skipped" if pause.runs_skipped else ""
+    print(f"job {args.name} paused since {_time(pause.paused_at)}, {until}{skipped}")
+    return EXIT_OK
+
+
+def cmd_resume(agent, args) -> int:
+    from .pause import resume_job
+
+    store = agent.store()
+    store.require_schema()
+    resumed = resume_job(store, args.name, now=agent.clock(), resumed_by=_operator_name(), telemetry=agent.telemetry)
+    if args.json:
+        _print_json(resumed.as_dict())
+        return EXIT_OK
+    print(f"job {args.name} resumed (paused since {_time(resumed.paused_at)}); its misfire policy decides "
+          "the slots it missed")
     return EXIT_OK
 
 
@@ -1043,6 +1096,8 @@ COMMANDS = {
     "stuck": cmd_stuck,
     "poison": cmd_poison,
     "run-now": cmd_run_now,
+    "pause": cmd_pause,
+    "resume": cmd_resume,
     "submit": cmd_submit,
     "cancel": cmd_cancel,
     "monitor": cmd_monitor,

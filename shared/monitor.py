@@ -311,7 +311,7 @@ class Monitor:
         lines.append('<table class="jobs">\n<thead><tr><th>Job</th><th>Defined in</th><th>State</th><th>Schedule</th>'
                      "<th>Time zone</th><th>Status now</th><th>Last outcome</th><th>Next slot</th></tr></thead>\n<tbody>")
         for row in rows:
-            state = f'<span class="state-{_e(row["state"])}">{_e(row["state"])}</span>'
+            state = f'<span class="state-{_e(row["state"])}">{_e(row["state"])}</span>' + _pause_text(row)
             if row["config_error"]:
                 state += f'<div class="error">{_e(row["config_error"])}</div>'
             last = "-"
@@ -330,7 +330,8 @@ class Monitor:
     def _job_page(self, data: dict[str, Any], now: datetime) -> str:
         job = data["job"]
         name = job["job_name"]
-        state = _e(job["state"]) + (f'<div class="error">{_e(job["config_error"])}</div>' if job["config_error"] else "")
+        state = (_e(job["state"]) + _pause_text(job)
+                 + (f'<div class="error">{_e(job["config_error"])}</div>' if job["config_error"] else ""))
         facts = [
             ("Defined in", _e(job["source"])), ("State", state),
             ("Schedule", f'{_e(job["schedule_words"])} <code>{_e(job["schedule"])}</code>'),
@@ -664,9 +665,24 @@ def status_text(row: dict[str, Any]) -> str:
     return f'<span class="now-{_e(status)}">{text}</span>{more}'
 
 
+def _pause_text(row: dict[str, Any]) -> str:
+    """A paused job's pause under its state: until when (or until resumed), since when, by whom, why."""
+    if not row.get("paused"):
+        return ""
+    until = f"until {_t(row['paused_until'])}" if row.get("paused_until") else "until resumed"
+    by = f" by {_e(row['paused_by'])}" if row.get("paused_by") else ""
+    reason = f": {_e(row['pause_reason'])}" if row.get("pause_reason") else ""
+    return f'<div class="pause">{until}; since {_t(row["paused_at"])}{by}{reason}</div>'
+
+
 def _next_slot(row: dict[str, Any]) -> str:
     if row.get("next_due_at") is None:
         return "-"
+    if row.get("paused"):
+        # A paused job claims no slot; the one it waits for runs after the pause, if the misfire
+        # policy says so.
+        return f'<span class="pause">none while paused</span> (next: {_t(row["next_due_at"])} UTC)'
+
     local = row.get("next_due_local")
     shown = f'{_t(row["next_due_at"])} UTC'
     if local and row.get("timezone") not in (None, "UTC"):

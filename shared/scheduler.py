@@ -63,6 +63,8 @@ NOTE_MISFIRE_SKIP = "misfire: slot missed by more than AGENT_MISFIRE_THRESHOLD_S
 NOTE_MISFIRE_GRACE = "misfire: slot older than the job's GRACE_SECONDS; skipped"
 NOTE_MISFIRE_SUPERSEDED = "misfire: slot missed while the agent was down; caught up once, with the latest missed slot"
 NOTE_CATCH_UP = "misfire: caught up late, once"
+# A slot that came while its job was paused (sql-agent pause, agent.pause_job).
+NOTE_PAUSED = "paused"
 
 
 @dataclass
@@ -450,24 +452,32 @@ class Scheduler:
         # but not moved on. The claim is idempotent (the unique key), so a concurrent tick
         # computing the same slots inserts nothing twice.
         with store.transaction():
-            jobs = store.execute("select_due_jobs", horizon=horizon).rows
+            jobs = store.execute("select_due_jobs", horizon=horizon, now=now).rows
             if not jobs:
                 return
-            # Slots depend only on (schedule, time zone, next slot, misfire policy, grace): computed
-            # once per distinct one, then listed for each job.
+            # Slots depend only on (schedule, time zone, next slot, misfire policy, grace, paused):
+            # computed once per distinct one, then listed for each job.
             plans: dict[tuple, tuple[list[tuple[datetime, str, str | None]], datetime | None]] = {}
             slots = []
             advances: dict[tuple, dict[str, Any]] = {}
             for job in jobs:
-                key = (job["schedule"], job["timezone"], job["next_due_at"], job["misfire"], job["grace_seconds"])
+                key = (job["schedule"], job["timezone"], job["next_due_at"], job["misfire"], job["grace_seconds"],
+                       bool(job["paused"]), job["paused_at"], job["paused_until"])
                 if key not in plans:
-                    plans[key] = _plan_slots(job, now, horizon, late_cutoff)
+                    plans[key] = (_plan_paused_slots(job, now) if job["paused"]
+                                  else _plan_slots(job, now, horizon, late_cutoff))
                 planned, following = plans[key]
                 slots += [{"job_name": job["job_name"], "scheduled_for": store.json_time(slot),
                            "status": status, "note": note} for slot, status, note in planned]
-                advances[key[:3]] = {"schedule": job["schedule"], "timezone": job["timezone"],
-                                     "from_due": store.json_time(job["next_due_at"]),
-                                     "next_due_at": store.json_time(following)}
+                # advance_jobs moves every job of one (schedule, time zone, next slot) together; a
+                # paused job moves apart from the others, and by its misfire policy (run-once holds
+                # its latest slot back).
+                paused = int(bool(job["paused"]))
+                misfire = job["misfire"] if paused else None
+                advances[key[:3] + (paused, misfire)] = {"schedule": job["schedule"], "timezone": job["timezone"],
+                                                         "from_due": store.json_time(job["next_due_at"]),
+                                                         "next_due_at": store.json_time(following),
+                                                         "paused": paused, "misfire": misfire}
             claimed = store.execute("claim_slots", slots=slots, now=now).rows if slots else []
             store.execute("advance_jobs", advances=list(advances.values()), now=now)
         report.due_jobs = len(jobs)
@@ -478,7 +488,9 @@ class Scheduler:
             properties = run_properties(run, outcome=run["status"])
             if run["status"] == "skipped":
                 log.info("job %s slot %s skipped: %s", run["job_name"], run["scheduled_for"], run.get("note"))
-                self.telemetry.event("MisfireSkipped", properties, operation_id=run.get("operation_id"))
+                # A slot of a paused job is not a misfire: its pause was told once (JobPaused).
+                if not str(run.get("note") or "").startswith(NOTE_PAUSED):
+                    self.telemetry.event("MisfireSkipped", properties, operation_id=run.get("operation_id"))
             else:
                 self.telemetry.event("RunClaimed", properties, operation_id=run.get("operation_id"))
 
@@ -587,14 +599,76 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
                 status, note = "skipped", NOTE_MISFIRE_GRACE
             else:
                 status, note = "pending", NOTE_CATCH_UP
+            if status == "skipped" and _inside_pause(job, moment):
+                note = NOTE_PAUSED     # missed while its pause held (it ended by itself since)
             if last and unrecorded > 0:
                 note += f" ({unrecorded} earlier missed slot(s) since {_iso(job['next_due_at'])} not recorded one by one)"
             planned.append((moment, status, note))
     ahead = 0
     while slot is not None and slot <= horizon and ahead < MAX_SLOTS_PER_JOB:
-        planned.append((slot, "pending", None))
+        # A slot that fell inside a pause which has ended by itself (its --until came since the
+        # last tick) did not run in it: recorded "paused", not claimed — but the slot a run-once
+        # job held back for the misfire policy (its next slot) is that policy's to run.
+        if _inside_pause(job, slot) and not (job["misfire"] == "run-once" and slot == job["next_due_at"]):
+            planned.append((slot, "skipped", NOTE_PAUSED))
+        else:
+            planned.append((slot, "pending", None))
         ahead += 1
         slot = following(slot)
+    return planned, slot
+
+
+def _inside_pause(job: dict[str, Any], moment: datetime) -> bool:
+    """Whether ``moment`` fell inside the job's last pause (select_due_jobs' paused_at/paused_until)."""
+    start, end = job.get("paused_at"), job.get("paused_until")
+    return start is not None and start <= moment and (end is None or moment < end)
+
+
+def _plan_paused_slots(job: dict[str, Any], now: datetime) -> tuple[list[tuple[datetime, str, str | None]],
+                                                                      datetime | None]:
+    """A paused job claims nothing: each of its slots that has come (up to ``now``) is recorded
+    skipped "paused", as many per tick as missed slots are (MAX_MISSED_RECORDED; the last one
+    says how many more there were), and nothing ahead is claimed. Under misfire run-once the
+    latest slot that came is held back instead (it stays the job's next slot, unrecorded): on
+    resume, or when the pause ends by itself, the misfire policy decides it, as for a slot
+    missed while the agent was down (caught up once within GRACE_SECONDS). Returns the slots
+    and the job's next slot."""
+    try:
+        schedule = parse_schedule(job["schedule"], job["timezone"])
+    except (ValueError, OverflowError):
+        return [], job["next_due_at"]     # _plan_slots says so when the job runs again
+
+    def following(slot: datetime) -> datetime | None:
+        try:
+            return schedule.next_after(slot)
+        except Exception:  # noqa: BLE001 - a schedule that ran out of slots
+            return None
+
+    slot: datetime | None = job["next_due_at"]
+    came: list[datetime] = []
+    scanned = 0
+    latest: datetime | None = None
+    while slot is not None and slot <= now and scanned < MAX_MISSED_SCAN:
+        scanned += 1
+        latest = slot
+        if len(came) < MAX_MISSED_RECORDED - 1:
+            came.append(slot)
+        slot = following(slot)
+    if slot is not None and slot <= now:      # more came than worth scanning
+        slot = following(now)
+    if latest is None:
+        return [], job["next_due_at"]
+    if latest not in came:
+        came.append(latest)
+    if job["misfire"] == "run-once":
+        came.remove(latest)
+        slot = latest                          # held back: the misfire policy decides it on resume
+    unrecorded = scanned - len(came) - (1 if slot == latest else 0)
+    planned: list[tuple[datetime, str, str | None]] = [(moment, "skipped", NOTE_PAUSED) for moment in came]
+    if planned and unrecorded > 0:
+        moment, status, note = planned[-1]
+        planned[-1] = (moment, status, f"{note} ({unrecorded} earlier slot(s) since {_iso(job['next_due_at'])} "
+                                       "not recorded one by one)")
     return planned, slot
 
 

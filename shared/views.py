@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .describe import describe_schedule
+from .pause import pause_in_force
 
 UTC = timezone.utc
 
@@ -35,10 +36,12 @@ RUN_POISON_LIMIT = 50
 # ---------------------------------------------------------------- jobs
 
 
-def job_state(row: dict[str, Any]) -> str:
-    # planning: defined by a T-SQL procedure, not yet checked and planned by the engine.
+def job_state(row: dict[str, Any], now: datetime | None = None) -> str:
+    # planning: defined by a T-SQL procedure, not yet checked and planned by the engine;
+    # paused: a pause in force at ``now`` (sql-agent pause, agent.pause_job).
     return ("invalid" if not row["valid"] else "removed" if not row["configured"]
-            else "disabled" if not row["enabled"] else "planning" if row.get("needs_planning") else "enabled")
+            else "disabled" if not row["enabled"] else "planning" if row.get("needs_planning")
+            else "paused" if now is not None and pause_in_force(row, now) else "enabled")
 
 
 def jobs_view(store, now: datetime) -> list[dict[str, Any]]:
@@ -54,13 +57,21 @@ def _with_activity(jobs: list[dict[str, Any]], activity: list[dict[str, Any]], n
     by_job: dict[str, list[dict[str, Any]]] = {}
     for group in activity:
         by_job.setdefault(group["job_name"], []).append(group)
-    return [{**row, **_job_extras(row), **status_now(by_job.get(row["job_name"], []), now)} for row in jobs]
+    return [{**row, **_job_extras(row, now), **status_now(by_job.get(row["job_name"], []), now)} for row in jobs]
 
 
-def _job_extras(row: dict[str, Any]) -> dict[str, Any]:
+# A job's pause as list_jobs / get_job give it; all None when no pause is in force (one that ended
+# by itself at its paused_until is no pause).
+PAUSE_KEYS = ("paused_at", "paused_until", "paused_by", "pause_reason")
+
+
+def _job_extras(row: dict[str, Any], now: datetime) -> dict[str, Any]:
+    paused = pause_in_force(row, now)
     return {
+        **{key: row.get(key) if paused else None for key in PAUSE_KEYS},
+        "paused": paused,
         "source": row.get("source") or DEFAULT_JOB_SOURCE,
-        "state": job_state(row),
+        "state": job_state(row, now),
         "schedule_words": describe_schedule(row.get("schedule")),
         "next_due_local": local_time(row.get("next_due_at"), row.get("timezone")),
     }

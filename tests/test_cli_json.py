@@ -90,6 +90,11 @@ SUCCESS = {
     "poison requeue": (["poison", "requeue", "{poison_id}"],
                        lambda d: d["requeued"] is True and d["run_id"] >= 1 and d["dispatched"] is None),
     "run-now": (["run-now", "hello"], lambda d: d["job_name"] == "hello" and d["run_id"] >= 1),
+    "pause": (["pause", "hello", "--until", "2999-01-01T00:00:00Z", "--reason", "maintenance"],
+              lambda d: d["job_name"] == "hello" and d["paused"] is True and d["reason"] == "maintenance"
+              and d["paused_until"].startswith("2999-01-01") and d["runs_skipped"] >= 0),
+    "resume": (["resume", "{paused_job}"], lambda d: d["job_name"] == "hello" and d["paused"] is False
+               and d["resumed_at"] >= d["paused_at"]),
     "submit": (["submit", "--sql", "SELECT 2", "--order", "3"],
                lambda d: d["run_id"] >= 1 and d["order"] == 3 and d["submitted"] is True),
     "cancel": (["cancel", "{pending_run}"], lambda d: d["status"] == "cancelled"),
@@ -113,6 +118,9 @@ def fill(arguments: list[str], setup: dict, capsys) -> list[str]:
     if any("{pending_run}" in a for a in arguments):
         code, out, _ = call(capsys, [*setup["base"], "submit", "--sql", "SELECT 1", "--json"])
         values["pending_run"] = one_document(out)["run_id"]
+    if any("{paused_job}" in a for a in arguments):
+        code, out, _ = call(capsys, [*setup["base"], "pause", "hello", "--json"])
+        values["paused_job"] = one_document(out)["job_name"]
     return [a.format(**values) for a in arguments]
 
 
@@ -159,6 +167,11 @@ ERRORS = [
     # (arguments, settings values, exit code, kind, setting, value, expected contains)
     (["run-now", "ghost"], {}, EXIT_USAGE, "not_found", "NAME", "ghost", "hello"),
     (["stop", "ghost"], {}, EXIT_USAGE, "not_found", "JOB", "ghost", "hello"),
+    (["pause", "ghost"], {}, EXIT_USAGE, "not_found", "JOB", "ghost", "hello"),
+    (["pause", "hello", "--until", "2000-01-01T00:00:00Z"], {}, EXIT_USAGE, "usage", "--until",
+     "2000-01-01T00:00:00+00:00", "a time after"),
+    (["pause", "hello", "--until", "soon"], {}, EXIT_USAGE, "usage", "--until", "soon", "ISO-8601"),
+    (["resume", "ghost"], {}, EXIT_USAGE, "not_found", "JOB", "ghost", "hello"),
     (["cancel", "999"], {}, EXIT_USAGE, "not_found", "RUN_ID", 999, "history"),
     (["cancel", "{poisoned_run}"], {}, EXIT_USAGE, "usage", "RUN_ID", None, "not finished"),
     (["poison", "requeue", "999"], {}, EXIT_USAGE, "not_found", "ID", 999, "poison"),

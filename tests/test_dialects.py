@@ -323,6 +323,8 @@ DUMMY_VALUES.update({
     "default_url": None, "claim_token": "c", "claimed_until": _T, "notification_id": 1, "status": "sent",
     "next_attempt_at": _T, "last_error": None,
 })
+# Issue 27 (pause and resume).
+DUMMY_VALUES.update({"paused_by": "p", "paused_until": None})
 # Issue 16 (fleet jobs).
 DUMMY_VALUES.update({
     "pool": "p", "targets": [], "parallelism": 8, "next_on_success": 0, "next_on_failure": -1,
@@ -463,7 +465,7 @@ def schema_of(dialect: str) -> dict[str, dict]:
 def test_every_dialect_creates_the_same_tables_columns_and_indexes():
     schemas = {dialect: schema_of(dialect) for dialect in DIALECTS}
     assert set(schemas["postgres"]) == {"schema_version", "state", "jobs", "runs", "attempts", "job_events",
-                                         "poison_messages", "start_lock", "notifications"}
+                                         "poison_messages", "start_lock", "notifications", "job_pauses"}
     for dialect in ("sqlite", "mssql"):
         assert set(schemas[dialect]) == set(schemas["postgres"]), dialect
         for table, expected in schemas["postgres"].items():

@@ -16,12 +16,13 @@ import contextlib
 import copy
 import json
 import re
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from jsonschema import Draft202012Validator
 
 from shared.monitor import Monitor, MonitorSettings
+from shared.pause import pause_job
 from tests import monitor_scenario
 from tests.conftest import ROOT, Clock, create_pg_database, drop_pg_database, make_agent, work
 
@@ -57,6 +58,9 @@ def monitor(request, tmp_path_factory):
     work(stepper, concurrency=1)
     stepper.close()
     built = monitor_scenario.build(url)
+    # One job paused (state paused, its pause's fields filled).
+    pause_job(built.agent.store(), "waiting_job", now=datetime.now(UTC), until=datetime.now(UTC) + timedelta(days=1),
+              paused_by="schemas", reason="schema check")
     try:
         store = built.agent.new_store()
         yield Monitor(lambda: contextlib.nullcontext(store), clock=lambda: datetime.now(UTC),
@@ -97,7 +101,7 @@ def test_every_json_twin_validates_against_its_schema(monitor):
     jobs = get(monitor, "/jobs")
     validate("jobs", jobs)
     validate("jobs", get(monitor, "/"))
-    assert {job["state"] for job in jobs} >= {"enabled", "disabled", "invalid"}
+    assert {job["state"] for job in jobs} >= {"enabled", "disabled", "invalid", "paused"}
     for job in jobs:
         for window in ("24h", "7d"):
             validate("job", get(monitor, f"/jobs/{job['job_name']}", f"format=json&window={window}"))

@@ -850,15 +850,16 @@ def _migration_text(dialect: str) -> str:
     migrations = load_migrations(dialect)
     (first,) = [i for i, m in enumerate(migrations) if m.path.name.endswith("_tsql_interface.sql")]
     texts = [migrations[first].path.read_text(encoding="utf-8")]
-    interface = re.compile(r"^(?:(?:CREATE (?:OR (?:REPLACE|ALTER) )?|ALTER )(?:FUNCTION|PROCEDURE)|DROP FUNCTION|GRANT"
-                           r"|REVOKE)\b[^(]*?\bagent\.(\w+)", re.M)
+    interface = re.compile(r"^(?:(?:CREATE (?:OR (?:REPLACE|ALTER) )?|ALTER )(?:FUNCTION|PROCEDURE|VIEW)|DROP FUNCTION"
+                           r"|GRANT|REVOKE)\b[^(]*?\bagent\.(\w+)", re.M)
     for migration in migrations[first + 1:]:
         for statement in migration.statements():
             code = "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
             match = interface.search(code)
-            if match and match.group(1) in PROCEDURES:
+            if match and match.group(1) in PROCEDURES | VIEWS:
                 # A T-SQL module runs to the next GO line (shared/queries.py).
-                texts.append(code + "\nGO" if dialect == "mssql" and code.rstrip().endswith("END") else code)
+                whole_batch = code.rstrip().endswith("END") or code.lstrip().startswith("CREATE VIEW")
+                texts.append(code + "\nGO" if dialect == "mssql" and whole_batch else code)
     return "\n\n".join(texts)
 
 
@@ -912,7 +913,7 @@ def tsql_procedures() -> dict[str, dict]:
 
 
 PROCEDURES = {"exec_async", "add_scheduled_job", "remove_scheduled_job", "enable_job", "start_job", "stop_job",
-              "cancel_run", "requeue_poison"}
+              "cancel_run", "requeue_poison", "pause_job", "resume_job"}
 VIEWS = {"job_activity", "job_history", "poison_list", "stuck_runs"}
 
 

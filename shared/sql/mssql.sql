@@ -300,11 +300,21 @@ WHERE status IN (N'queued', N'running') AND lease_expires_at > CAST(:far_lease A
 SELECT action, run_id, job_name, scheduled_for FROM @recovered;
 
 -- select_due_jobs --
--- Jobs with a slot at or before the claim horizon (the next tick plus a margin); their slots are computed in Python, for these jobs only.
-SELECT job_name, schedule, timezone, next_due_at, misfire, grace_seconds
-FROM agent.jobs
-WHERE next_due_at <= CAST(:horizon AS DATETIME2(6)) AND enabled = 1 AND valid = 1 AND configured = 1
-ORDER BY job_name;
+-- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now and its window (one that ended names the slots missed inside it); their slots are computed in Python, for these jobs only.
+-- The pauses applock is taken shared first, to the claim's commit (a table is read first: an owner 'Transaction' applock needs an open transaction): a pause_job either committed before it (the claim sees the pause) or waits for this claim to commit (and skips what it claimed inside the pause).
+DECLARE @pauses_read INT;
+SELECT @pauses_read = COUNT(*) FROM agent.start_lock;
+DECLARE @lock_result INT;
+EXEC @lock_result = sp_getapplock @Resource = N'agent.job_pauses', @LockMode = N'Shared', @LockOwner = N'Transaction', @LockTimeout = 30000;
+IF @lock_result < 0 THROW 50001, N'the pauses lock (sp_getapplock agent.job_pauses) was not granted within 30 s', 1;
+SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds,
+       CASE WHEN p.job_name IS NULL THEN 0
+            WHEN p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6)) THEN 1 ELSE 0 END AS paused,
+       p.paused_at, p.paused_until
+FROM agent.jobs AS j
+LEFT JOIN agent.job_pauses AS p ON p.job_name = j.job_name
+WHERE j.next_due_at <= CAST(:horizon AS DATETIME2(6)) AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
+ORDER BY j.job_name;
 
 -- claim_slots --
 -- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one round trip; the duplicate probe holds key-range locks on the unique (job_name, scheduled_for) index it is forced to seek, so concurrent ticks insert nothing twice. A run becomes runnable at its slot, never before.
@@ -319,12 +329,17 @@ FROM OPENJSON(:slots) WITH (job_name NVARCHAR(64), scheduled_for NVARCHAR(40), s
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note, steps)
-SELECT j.job_name, N'scheduled', s.scheduled_for, s.status, j.command, j.target_database, j.overlap,
+SELECT j.job_name, N'scheduled', s.scheduled_for, CASE WHEN p.job_name IS NULL THEN s.status ELSE N'skipped' END,
+       j.command, j.target_database, j.overlap,
        j.max_attempts, j.timeout_seconds, j.lease_seconds, s.scheduled_for, CAST(:now AS DATETIME2(6)),
-       CASE WHEN s.status = N'skipped' THEN CAST(:now AS DATETIME2(6)) END,
-       s.operation_id, s.note, j.steps
+       CASE WHEN s.status = N'skipped' OR p.job_name IS NOT NULL THEN CAST(:now AS DATETIME2(6)) END,
+       s.operation_id, CASE WHEN p.job_name IS NULL THEN s.note ELSE N'paused' END, j.steps
 FROM @slots AS s
 JOIN agent.jobs AS j ON j.job_name = s.job_name AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
+-- A pause in force: a slot inside it is recorded skipped 'paused', never claimed.
+LEFT JOIN agent.job_pauses AS p
+       ON p.job_name = s.job_name AND (p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6)))
+      AND s.scheduled_for >= p.paused_at AND (p.paused_until IS NULL OR s.scheduled_for < p.paused_until)
 WHERE NOT EXISTS (
     SELECT 1 FROM agent.runs AS e WITH (UPDLOCK, HOLDLOCK, FORCESEEK(runs_job_slot(job_name, scheduled_for)))
     WHERE e.job_name IS NOT NULL AND e.job_name = s.job_name AND e.scheduled_for = s.scheduled_for)
@@ -335,7 +350,7 @@ JOIN agent.runs AS r ON r.job_name = s.job_name AND r.scheduled_for = s.schedule
                     AND r.operation_id = s.operation_id;
 
 -- advance_jobs --
--- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at}); a job another tick already moved is left as it is.
+-- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy); a job another tick already moved is left as it is.
 -- UPDATE ... FROM a derived table joined in the WHERE clause (Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with JOIN ... ON). The condition on next_due_at is the fence: an UPDATE qualifies its rows on their current committed version under update locks on SQL Server, and PostgreSQL re-checks it on the version a concurrent tick committed, so a job is moved once.
 DECLARE @advanced TABLE (job_name NVARCHAR(64));
 -- Lock order: the jobs are locked first in key order (an ordered scan of the clustered key), so racing ticks never deadlock.
@@ -351,10 +366,15 @@ UPDATE j SET next_due_at = a.next_due_at, advanced_at = CAST(:now AS DATETIME2(6
 OUTPUT inserted.job_name INTO @advanced
 FROM agent.jobs AS j,
      (SELECT x.schedule, x.timezone, CONVERT(DATETIME2(6), x.from_due, 121) AS from_due,
-             CONVERT(DATETIME2(6), x.next_due_at, 121) AS next_due_at
+             CONVERT(DATETIME2(6), x.next_due_at, 121) AS next_due_at, x.paused, x.misfire
       FROM OPENJSON(:advances) WITH (schedule NVARCHAR(400), timezone NVARCHAR(64), from_due NVARCHAR(40),
-                                     next_due_at NVARCHAR(40)) AS x) AS a
-WHERE j.next_due_at = a.from_due AND j.schedule = a.schedule AND j.timezone = a.timezone;
+                                     next_due_at NVARCHAR(40), paused INT, misfire NVARCHAR(16)) AS x) AS a
+WHERE j.next_due_at = a.from_due AND j.schedule = a.schedule AND j.timezone = a.timezone
+  AND (a.misfire IS NULL OR j.misfire = a.misfire)
+  AND (a.paused IS NULL OR a.paused = CASE WHEN EXISTS (
+           SELECT 1 FROM agent.job_pauses AS p
+           WHERE p.job_name = j.job_name
+             AND (p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6)))) THEN 1 ELSE 0 END);
 SELECT job_name FROM @advanced;
 
 -- dispatch_runs --
@@ -839,10 +859,12 @@ SELECT run_id FROM @cancelled;
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at,
        CASE WHEN j.defined_in_database = 1 THEN N'database' ELSE N'settings' END AS source, j.needs_planning,
+       p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
        l.targets_failed AS last_targets_failed
 FROM agent.jobs AS j
+LEFT JOIN agent.job_pauses AS p ON p.job_name = j.job_name
 OUTER APPLY (
     SELECT TOP (1) r.run_id, r.status, r.scheduled_for, r.finished_at, r.targets_total, r.targets_failed
     FROM agent.runs AS r
@@ -978,10 +1000,12 @@ ORDER BY run_id;
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
        l.targets_failed AS last_targets_failed
 FROM agent.jobs AS j
+LEFT JOIN agent.job_pauses AS p ON p.job_name = j.job_name
 OUTER APPLY (
     SELECT TOP (1) r.run_id, r.status, r.scheduled_for, r.finished_at, r.targets_total, r.targets_failed
     FROM agent.runs AS r
@@ -1332,3 +1356,52 @@ WHERE r.run_id = :run_id;
 -- session_identity --
 -- The connection's session id and whether the server is Babelfish for PostgreSQL (asked once per connection, before its first job: Babelfish acts on a cancel only after the statement ended, so the agent stops a job there with KILL of this session).
 SELECT @@SPID AS spid, CAST(SERVERPROPERTY('Babelfish') AS NVARCHAR(10)) AS babelfish;
+
+-- lock_job_pauses --
+-- The pauses lock for the rest of the transaction (exclusive): `pause` and `resume`, as agent.pause_job and agent.resume_job do; a tick's claim holds it shared (select_due_jobs). A table is read first: an owner 'Transaction' applock needs an open transaction.
+DECLARE @pauses_read INT;
+SELECT @pauses_read = COUNT(*) FROM agent.start_lock;
+DECLARE @lock_result INT;
+EXEC @lock_result = sp_getapplock @Resource = N'agent.job_pauses', @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 30000;
+IF @lock_result < 0 THROW 50001, N'the pauses lock (sp_getapplock agent.job_pauses) was not granted within 30 s', 1;
+SELECT @lock_result AS locked;
+
+-- pause_job --
+-- Pause a job the agent knows (no row: there is none): a pause in force keeps its start and takes the new end, paused_by and reason; one that ended is replaced. Update-then-insert under lock_job_pauses (no MERGE: Babelfish refuses it).
+DECLARE @known INT = (SELECT COUNT(*) FROM agent.jobs WHERE job_name = CAST(:job_name AS NVARCHAR(64)) AND configured = 1);
+UPDATE agent.job_pauses
+SET paused_at = CASE WHEN paused_until IS NULL OR paused_until > CAST(:now AS DATETIME2(6)) THEN paused_at
+                     ELSE CAST(:now AS DATETIME2(6)) END,
+    paused_until = CAST(:paused_until AS DATETIME2(6)), paused_by = CAST(:paused_by AS NVARCHAR(256)),
+    reason = CAST(:reason AS NVARCHAR(400))
+WHERE job_name = CAST(:job_name AS NVARCHAR(64)) AND @known = 1;
+INSERT INTO agent.job_pauses (job_name, paused_at, paused_until, paused_by, reason)
+SELECT j.job_name, CAST(:now AS DATETIME2(6)), CAST(:paused_until AS DATETIME2(6)), CAST(:paused_by AS NVARCHAR(256)),
+       CAST(:reason AS NVARCHAR(400))
+FROM agent.jobs AS j
+WHERE j.job_name = CAST(:job_name AS NVARCHAR(64)) AND j.configured = 1
+  AND NOT EXISTS (SELECT 1 FROM agent.job_pauses AS x WHERE x.job_name = j.job_name);
+SELECT x.job_name, x.paused_at, x.paused_until, x.paused_by, x.reason
+FROM agent.job_pauses AS x WHERE x.job_name = CAST(:job_name AS NVARCHAR(64)) AND @known = 1;
+
+-- skip_paused_slots --
+-- The job's slots claimed ahead that fall inside its new pause (from :now to :paused_until, or on) are recorded skipped 'paused'; runs already running, and slots that came before the pause, go on.
+DECLARE @skipped TABLE (run_id BIGINT);
+UPDATE agent.runs SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
+    note = N'paused'
+OUTPUT inserted.run_id INTO @skipped
+WHERE job_name = CAST(:job_name AS NVARCHAR(64)) AND kind = N'scheduled' AND status IN (N'pending', N'queued')
+  AND scheduled_for >= CAST(:now AS DATETIME2(6))
+  AND (CAST(:paused_until AS DATETIME2(6)) IS NULL OR scheduled_for < CAST(:paused_until AS DATETIME2(6)));
+SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id
+FROM @skipped AS k JOIN agent.runs AS r ON r.run_id = k.run_id;
+
+-- resume_job --
+-- End a job's pause in force (no row: it is not paused); a pause that already ended is removed too. Read, then deleted, under lock_job_pauses.
+DECLARE @resumed TABLE (job_name NVARCHAR(64), paused_at DATETIME2(6), paused_until DATETIME2(6), in_force INT);
+INSERT INTO @resumed (job_name, paused_at, paused_until, in_force)
+SELECT job_name, paused_at, paused_until,
+       CASE WHEN paused_until IS NULL OR paused_until > CAST(:now AS DATETIME2(6)) THEN 1 ELSE 0 END
+FROM agent.job_pauses WHERE job_name = CAST(:job_name AS NVARCHAR(64));
+DELETE FROM agent.job_pauses WHERE job_name = CAST(:job_name AS NVARCHAR(64));
+SELECT job_name, paused_at, paused_until, in_force FROM @resumed;

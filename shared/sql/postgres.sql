@@ -210,40 +210,60 @@ WHERE status IN ('queued', 'running') AND lease_expires_at > CAST(:far_lease AS 
 RETURNING 'lease shortened' AS action, run_id, job_name, scheduled_for;
 
 -- select_due_jobs --
--- Jobs with a slot at or before the claim horizon (the next tick plus a margin); their slots are computed in Python, for these jobs only.
-SELECT job_name, schedule, timezone, next_due_at, misfire, grace_seconds
-FROM agent.jobs
-WHERE next_due_at <= CAST(:horizon AS timestamp) AND enabled = 1 AND valid = 1 AND configured = 1
-ORDER BY job_name;
+-- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now and its window (one that ended names the slots missed inside it); their slots are computed in Python, for these jobs only.
+-- The pauses lock (advisory 7428015) is taken shared, to the claim's commit, before the scan (a scalar subquery: a one-time filter, evaluated even when no job is due; not EXISTS, whose select list the planner drops): a pause_job either committed before it (claim_slots, a later statement, sees the pause) or waits for this claim to commit (and skips what it claimed inside the pause).
+SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds,
+       CASE WHEN p.job_name IS NULL THEN 0
+            WHEN p.paused_until IS NULL OR p.paused_until > CAST(:now AS timestamp) THEN 1 ELSE 0 END AS paused,
+       p.paused_at, p.paused_until
+FROM agent.jobs AS j
+LEFT JOIN agent.job_pauses AS p ON p.job_name = j.job_name
+WHERE j.next_due_at <= CAST(:horizon AS timestamp) AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
+  AND CAST((SELECT pg_advisory_xact_lock_shared(7428015)) AS text) IS NOT NULL
+ORDER BY j.job_name;
 
 -- claim_slots --
 -- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot, never before.
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note, steps)
-SELECT j.job_name, 'scheduled', CAST(s.scheduled_for AS timestamp), s.status, j.command, j.target_database,
+SELECT j.job_name, 'scheduled', CAST(s.scheduled_for AS timestamp), CASE WHEN p.paused = 1 THEN 'skipped' ELSE s.status END,
+       j.command, j.target_database,
        j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, CAST(s.scheduled_for AS timestamp),
-       CAST(:now AS timestamp), CASE WHEN s.status = 'skipped' THEN CAST(:now AS timestamp) END,
-       md5(random()::text || clock_timestamp()::text || j.job_name || s.scheduled_for), s.note, j.steps
+       CAST(:now AS timestamp), CASE WHEN s.status = 'skipped' OR p.paused = 1 THEN CAST(:now AS timestamp) END,
+       md5(random()::text || clock_timestamp()::text || j.job_name || s.scheduled_for),
+       CASE WHEN p.paused = 1 THEN 'paused' ELSE s.note END, j.steps
 FROM json_to_recordset(CAST(:slots AS json)) AS s(job_name VARCHAR, scheduled_for VARCHAR, status VARCHAR, note TEXT)
 -- LATERAL with OFFSET 0 (kept as is, not flattened): one primary-key lookup per slot. The
 -- planner cannot size a JSON argument, and a scan of agent.jobs per slot would cost slots x jobs.
 CROSS JOIN LATERAL (
     SELECT * FROM agent.jobs AS x
     WHERE x.job_name = s.job_name AND x.enabled = 1 AND x.valid = 1 AND x.configured = 1 OFFSET 0) AS j
+-- A pause in force that select_due_jobs did not see (committed while it waited for the pauses
+-- lock): a slot inside it is recorded skipped 'paused', never claimed.
+LEFT JOIN LATERAL (
+    SELECT 1 AS paused FROM agent.job_pauses AS y
+    WHERE y.job_name = s.job_name AND (y.paused_until IS NULL OR y.paused_until > CAST(:now AS timestamp))
+      AND CAST(s.scheduled_for AS timestamp) >= y.paused_at
+      AND (y.paused_until IS NULL OR CAST(s.scheduled_for AS timestamp) < y.paused_until) OFFSET 0) AS p ON TRUE
 ORDER BY j.job_name, s.scheduled_for
 ON CONFLICT (job_name, scheduled_for) DO NOTHING
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
 
 -- advance_jobs --
--- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at}); a job another tick already moved is left as it is.
+-- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy); a job another tick already moved is left as it is.
 -- The jobs are locked in key order first: racing ticks never lock them in different orders (a deadlock).
 UPDATE agent.jobs AS j SET next_due_at = CAST(a.next_due_at AS timestamp), advanced_at = CAST(:now AS timestamp)
 FROM (SELECT x.job_name, v.next_due_at, v.from_due
       FROM agent.jobs AS x
       JOIN json_to_recordset(CAST(:advances AS json)) AS v(schedule VARCHAR, timezone VARCHAR, from_due VARCHAR,
-                                                           next_due_at VARCHAR)
+                                                           next_due_at VARCHAR, paused INT, misfire VARCHAR)
         ON x.next_due_at = CAST(v.from_due AS timestamp) AND x.schedule = v.schedule AND x.timezone = v.timezone
+       AND (v.misfire IS NULL OR x.misfire = v.misfire)
+       AND (v.paused IS NULL OR v.paused = CASE WHEN EXISTS (
+                SELECT 1 FROM agent.job_pauses AS p
+                WHERE p.job_name = x.job_name
+                  AND (p.paused_until IS NULL OR p.paused_until > CAST(:now AS timestamp))) THEN 1 ELSE 0 END)
       ORDER BY x.job_name FOR UPDATE OF x) AS a
 WHERE j.job_name = a.job_name AND j.next_due_at = CAST(a.from_due AS timestamp)
 RETURNING j.job_name;
@@ -463,10 +483,12 @@ RETURNING run_id;
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at,
        CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source, j.needs_planning,
+       p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
        l.targets_failed AS last_targets_failed
 FROM agent.jobs j
+LEFT JOIN agent.job_pauses p ON p.job_name = j.job_name
 LEFT JOIN LATERAL (
     SELECT r.run_id, r.status, r.scheduled_for, r.finished_at, r.targets_total, r.targets_failed FROM agent.runs r
     WHERE r.job_name = j.job_name AND r.status NOT IN ('pending', 'queued')
@@ -598,10 +620,12 @@ ORDER BY run_id LIMIT :limit;
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
        l.targets_failed AS last_targets_failed
 FROM agent.jobs j
+LEFT JOIN agent.job_pauses p ON p.job_name = j.job_name
 LEFT JOIN LATERAL (
     SELECT r.run_id, r.status, r.scheduled_for, r.finished_at, r.targets_total, r.targets_failed FROM agent.runs r
     WHERE r.job_name = j.job_name AND r.status NOT IN ('pending', 'queued')
@@ -814,3 +838,35 @@ WHERE r.run_id = :run_id;
 -- session_identity --
 -- The connection's backend process id (the SQL Server dialect asks for its session before a job; PostgreSQL cancels a statement itself).
 SELECT pg_backend_pid() AS spid, CAST(NULL AS VARCHAR(10)) AS babelfish;
+
+-- lock_job_pauses --
+-- The pauses lock for the rest of the transaction (exclusive): `pause` and `resume`, as agent.pause_job and agent.resume_job do; a tick's claim holds it shared (select_due_jobs).
+SELECT pg_advisory_xact_lock(7428015) AS locked;
+
+-- pause_job --
+-- Pause a job the agent knows (no row: there is none): a pause in force keeps its start and takes the new end, paused_by and reason; one that ended is replaced. Under lock_job_pauses.
+INSERT INTO agent.job_pauses AS x (job_name, paused_at, paused_until, paused_by, reason)
+SELECT j.job_name, CAST(:now AS timestamp), CAST(:paused_until AS timestamp), CAST(:paused_by AS VARCHAR),
+       CAST(:reason AS VARCHAR)
+FROM agent.jobs AS j WHERE j.job_name = CAST(:job_name AS VARCHAR) AND j.configured = 1
+ON CONFLICT (job_name) DO UPDATE SET
+    paused_at = CASE WHEN x.paused_until IS NULL OR x.paused_until > EXCLUDED.paused_at THEN x.paused_at
+                     ELSE EXCLUDED.paused_at END,
+    paused_until = EXCLUDED.paused_until, paused_by = EXCLUDED.paused_by, reason = EXCLUDED.reason
+RETURNING x.job_name, x.paused_at, x.paused_until, x.paused_by, x.reason;
+
+-- skip_paused_slots --
+-- The job's slots claimed ahead that fall inside its new pause (from :now to :paused_until, or on) are recorded skipped 'paused'; runs already running, and slots that came before the pause, go on.
+UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
+    note = 'paused'
+WHERE r.job_name = CAST(:job_name AS VARCHAR) AND r.kind = 'scheduled' AND r.status IN ('pending', 'queued')
+  AND r.scheduled_for >= CAST(:now AS timestamp)
+  AND (CAST(:paused_until AS timestamp) IS NULL OR r.scheduled_for < CAST(:paused_until AS timestamp))
+RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id;
+
+-- resume_job --
+-- End a job's pause in force (no row: it is not paused); a pause that already ended is removed too. Under lock_job_pauses.
+DELETE FROM agent.job_pauses AS x
+WHERE x.job_name = CAST(:job_name AS VARCHAR)
+RETURNING x.job_name, x.paused_at, x.paused_until,
+          CASE WHEN x.paused_until IS NULL OR x.paused_until > CAST(:now AS timestamp) THEN 1 ELSE 0 END AS in_force;

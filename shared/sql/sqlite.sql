@@ -202,36 +202,53 @@ WHERE status IN ('queued', 'running') AND lease_expires_at > :far_lease
 RETURNING 'lease shortened' AS action, run_id, job_name, scheduled_for;
 
 -- select_due_jobs --
--- Jobs with a slot at or before the claim horizon (the next tick plus a margin); their slots are computed in Python, for these jobs only.
-SELECT job_name, schedule, timezone, next_due_at, misfire, grace_seconds
-FROM agent_jobs
-WHERE next_due_at <= :horizon AND enabled = 1 AND valid = 1 AND configured = 1
-ORDER BY job_name;
+-- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now and its window (one that ended names the slots missed inside it); their slots are computed in Python, for these jobs only. (SQLite's write lock, BEGIN IMMEDIATE, already keeps `pause` out of a claim.)
+SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds,
+       CASE WHEN p.job_name IS NULL THEN 0
+            WHEN p.paused_until IS NULL OR p.paused_until > :now THEN 1 ELSE 0 END AS paused,
+       p.paused_at, p.paused_until
+FROM agent_jobs AS j
+LEFT JOIN agent_job_pauses AS p ON p.job_name = j.job_name
+WHERE j.next_due_at <= :horizon AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
+ORDER BY j.job_name;
 
 -- claim_slots --
 -- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot, never before.
 INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note, steps)
-SELECT j.job_name, 'scheduled', json_extract(s.value, '$.scheduled_for'), json_extract(s.value, '$.status'),
+SELECT j.job_name, 'scheduled', json_extract(s.value, '$.scheduled_for'),
+       CASE WHEN p.job_name IS NULL THEN json_extract(s.value, '$.status') ELSE 'skipped' END,
        j.command, j.target_database, j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds,
        json_extract(s.value, '$.scheduled_for'), :now,
-       CASE WHEN json_extract(s.value, '$.status') = 'skipped' THEN :now END,
-       lower(hex(randomblob(16))), json_extract(s.value, '$.note'), j.steps
+       CASE WHEN json_extract(s.value, '$.status') = 'skipped' OR p.job_name IS NOT NULL THEN :now END,
+       lower(hex(randomblob(16))), CASE WHEN p.job_name IS NULL THEN json_extract(s.value, '$.note') ELSE 'paused' END,
+       j.steps
 FROM json_each(:slots) AS s
 JOIN agent_jobs AS j ON j.job_name = json_extract(s.value, '$.job_name')
+-- A pause in force: a slot inside it is recorded skipped 'paused', never claimed (as on the servers).
+LEFT JOIN agent_job_pauses AS p
+       ON p.job_name = j.job_name AND (p.paused_until IS NULL OR p.paused_until > :now)
+      AND json_extract(s.value, '$.scheduled_for') >= p.paused_at
+      AND (p.paused_until IS NULL OR json_extract(s.value, '$.scheduled_for') < p.paused_until)
 WHERE j.enabled = 1 AND j.valid = 1 AND j.configured = 1
 ORDER BY j.job_name, json_extract(s.value, '$.scheduled_for')
 ON CONFLICT (job_name, scheduled_for) DO NOTHING
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
 
 -- advance_jobs --
--- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at}); a job another tick already moved is left as it is.
+-- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy); a job another tick already moved is left as it is.
 UPDATE agent_jobs SET next_due_at = a.next_due_at, advanced_at = :now
 FROM (SELECT json_extract(x.value, '$.schedule') AS schedule, json_extract(x.value, '$.timezone') AS timezone,
-             json_extract(x.value, '$.from_due') AS from_due, json_extract(x.value, '$.next_due_at') AS next_due_at
+             json_extract(x.value, '$.from_due') AS from_due, json_extract(x.value, '$.next_due_at') AS next_due_at,
+             json_extract(x.value, '$.paused') AS paused, json_extract(x.value, '$.misfire') AS misfire
       FROM json_each(:advances) AS x) AS a
 WHERE agent_jobs.next_due_at = a.from_due AND agent_jobs.schedule = a.schedule AND agent_jobs.timezone = a.timezone
+  AND (a.misfire IS NULL OR agent_jobs.misfire = a.misfire)
+  AND (a.paused IS NULL OR a.paused = CASE WHEN EXISTS (
+           SELECT 1 FROM agent_job_pauses AS p
+           WHERE p.job_name = agent_jobs.job_name AND (p.paused_until IS NULL OR p.paused_until > :now))
+       THEN 1 ELSE 0 END)
 RETURNING agent_jobs.job_name;
 
 -- dispatch_runs --
@@ -611,10 +628,12 @@ RETURNING run_id;
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at,
        CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source, j.needs_planning,
+       p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
        l.targets_failed AS last_targets_failed
 FROM agent_jobs j
+LEFT JOIN agent_job_pauses p ON p.job_name = j.job_name
 LEFT JOIN agent_runs l ON l.run_id = (
     SELECT r.run_id FROM agent_runs r
     WHERE r.job_name = j.job_name AND r.status NOT IN ('pending', 'queued')
@@ -725,10 +744,12 @@ ORDER BY run_id LIMIT :limit;
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
        l.targets_failed AS last_targets_failed
 FROM agent_jobs j
+LEFT JOIN agent_job_pauses p ON p.job_name = j.job_name
 LEFT JOIN agent_runs l ON l.run_id = (
     SELECT r.run_id FROM agent_runs r
     WHERE r.job_name = j.job_name AND r.status NOT IN ('pending', 'queued')
@@ -1001,3 +1022,31 @@ WHERE r.run_id = :run_id;
 -- session_identity --
 -- No server session (the SQL Server dialect asks for its session before a job).
 SELECT 0 AS spid, NULL AS babelfish;
+
+-- lock_job_pauses --
+-- The pauses lock: SQLite's write lock (BEGIN IMMEDIATE) already serialises `pause`, `resume` and the tick's claims.
+SELECT 1 AS locked;
+
+-- pause_job --
+-- Pause a job the agent knows (no row: there is none): a pause in force keeps its start and takes the new end, paused_by and reason; one that ended is replaced. Under lock_job_pauses.
+INSERT INTO agent_job_pauses AS x (job_name, paused_at, paused_until, paused_by, reason)
+SELECT j.job_name, :now, :paused_until, :paused_by, :reason
+FROM agent_jobs AS j WHERE j.job_name = :job_name AND j.configured = 1
+ON CONFLICT (job_name) DO UPDATE SET
+    paused_at = CASE WHEN x.paused_until IS NULL OR x.paused_until > excluded.paused_at THEN x.paused_at
+                     ELSE excluded.paused_at END,
+    paused_until = excluded.paused_until, paused_by = excluded.paused_by, reason = excluded.reason
+RETURNING job_name, paused_at, paused_until, paused_by, reason;
+
+-- skip_paused_slots --
+-- The job's slots claimed ahead that fall inside its new pause (from :now to :paused_until, or on) are recorded skipped 'paused'; runs already running, and slots that came before the pause, go on.
+UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL, note = 'paused'
+WHERE job_name = :job_name AND kind = 'scheduled' AND status IN ('pending', 'queued')
+  AND scheduled_for >= :now AND (:paused_until IS NULL OR scheduled_for < :paused_until)
+RETURNING run_id, job_name, scheduled_for, status, note, operation_id;
+
+-- resume_job --
+-- End a job's pause in force (no row: it is not paused); a pause that already ended is removed too. Under lock_job_pauses.
+DELETE FROM agent_job_pauses WHERE job_name = :job_name
+RETURNING job_name, paused_at, paused_until,
+          CASE WHEN paused_until IS NULL OR paused_until > :now THEN 1 ELSE 0 END AS in_force;
