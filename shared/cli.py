@@ -678,7 +678,8 @@ def cmd_submit(agent, args) -> int:
 
 def cmd_cancel(agent, args) -> int:
     from .fleet import report_moved_runs
-    from .notify import enqueue_calls, notifications_enabled
+    from .follow import ending_calls, follow_up_rows, report_follow_ups
+    from .notify import notifications_enabled
 
     store = agent.store()
     store.require_schema()
@@ -697,11 +698,13 @@ def cmd_cancel(agent, args) -> int:
                              expected="a run that has not finished")
         moved = store.execute("progress_fleets", parent_run_id=run.get("parent_run_id") or args.run_id,
                               run_id=None, token=None, now=now).rows
+        followed: list[dict] = []
         if any(row["status"] in ("succeeded", "failed") for row in moved):
-            for name, params in enqueue_calls(agent.settings, now):
-                store.execute(name, **params)
+            for name, params in ending_calls(agent.settings, now):
+                followed += follow_up_rows([(name, params)], [store.execute(name, **params)])
     if report_moved_runs(moved, agent.telemetry) and notifications_enabled(agent.settings):
         agent.notifier.wake()
+    report_follow_ups(followed, agent.telemetry)
     if args.json:
         _print_json({"run_id": args.run_id, "status": "cancelled"})
     else:

@@ -92,16 +92,16 @@ RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_i
 INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, enabled, valid,
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
-                        steps, notify, notify_webhook_url)
+                        steps, notify, notify_webhook_url, after_job, after_outcome)
 SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid,
        j.config_error, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire,
        j.grace_seconds, j.overlap, CAST(j.next_due_at AS timestamp), CAST(:now AS timestamp), 1,
-       CAST(:now AS timestamp), j.steps, j.notify, j.notify_webhook_url
+       CAST(:now AS timestamp), j.steps, j.notify, j.notify_webhook_url, j.after_job, j.after_outcome
 FROM json_to_recordset(CAST(:jobs AS json)) AS j(
     job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, command TEXT, target_database VARCHAR,
     enabled INT, valid INT, config_error TEXT, max_attempts INT, timeout_seconds INT,
     lease_seconds INT, misfire VARCHAR, grace_seconds INT, overlap VARCHAR, next_due_at VARCHAR,
-    steps TEXT, notify VARCHAR, notify_webhook_url VARCHAR)
+    steps TEXT, notify VARCHAR, notify_webhook_url VARCHAR, after_job VARCHAR, after_outcome VARCHAR)
 ORDER BY j.job_name
 ON CONFLICT (job_name) DO UPDATE SET
     next_due_at = CASE
@@ -137,7 +137,9 @@ ON CONFLICT (job_name) DO UPDATE SET
     updated_at = EXCLUDED.updated_at,
     steps = EXCLUDED.steps,
     notify = EXCLUDED.notify,
-    notify_webhook_url = EXCLUDED.notify_webhook_url
+    notify_webhook_url = EXCLUDED.notify_webhook_url,
+    after_job = EXCLUDED.after_job,
+    after_outcome = EXCLUDED.after_outcome
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 WHERE agent.jobs.defined_in_database = 0 OR agent.jobs.configured = 0;
 
@@ -708,6 +710,26 @@ WHERE r.finished_at = CAST(:now AS timestamp) AND r.status IN ('succeeded', 'fai
        OR (COALESCE(j.notify, 'on_failure') = 'on_success' AND r.status = 'succeeded')
        OR (COALESCE(j.notify, 'on_failure') = 'on_failure' AND r.status IN ('failed', 'poisoned')))
 ON CONFLICT (run_id) DO NOTHING;
+
+-- start_follow_up_runs --
+-- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid or removed follower starts nothing. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key).
+INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
+                        max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
+                        operation_id, note, steps, followed_run_id)
+SELECT f.job_name, 'manual',
+       CAST(:now AS timestamp) + (ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) - 1) * INTERVAL '1 millisecond',
+       'pending', f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds, f.lease_seconds,
+       CAST(:now AS timestamp), CAST(:now AS timestamp), r.operation_id,
+       'after run ' || CAST(r.run_id AS VARCHAR) || ' of ' || r.job_name || ' (' || r.status || ')', f.steps, r.run_id
+FROM agent.runs AS r
+JOIN agent.jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
+WHERE r.finished_at = CAST(:now AS timestamp) AND r.kind <> 'target'
+  AND ((f.after_outcome = 'succeeded' AND r.status = 'succeeded')
+       OR (f.after_outcome = 'failed' AND r.status IN ('failed', 'poisoned'))
+       OR (f.after_outcome = 'completed' AND r.status IN ('succeeded', 'failed', 'poisoned')))
+ORDER BY f.job_name, r.run_id
+ON CONFLICT DO NOTHING
+RETURNING run_id, job_name, followed_run_id, operation_id;
 
 -- claim_notifications --
 -- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.

@@ -95,7 +95,7 @@ RETURNING run_id, job_name, scheduled_for, status, note, operation_id;
 INSERT INTO agent_jobs (job_name, schedule, timezone, command, target_database, enabled, valid,
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
-                        steps, notify, notify_webhook_url)
+                        steps, notify, notify_webhook_url, after_job, after_outcome)
 SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.timezone'), json_extract(j.value, '$.command'),
        json_extract(j.value, '$.target_database'), json_extract(j.value, '$.enabled'),
@@ -105,7 +105,8 @@ SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.grace_seconds'), json_extract(j.value, '$.overlap'),
        json_extract(j.value, '$.next_due_at'), :now, 1, :now,
        json_extract(j.value, '$.steps'), json_extract(j.value, '$.notify'),
-       json_extract(j.value, '$.notify_webhook_url')
+       json_extract(j.value, '$.notify_webhook_url'), json_extract(j.value, '$.after_job'),
+       json_extract(j.value, '$.after_outcome')
 FROM json_each(:jobs) AS j
 WHERE TRUE
 ON CONFLICT (job_name) DO UPDATE SET
@@ -142,7 +143,9 @@ ON CONFLICT (job_name) DO UPDATE SET
     updated_at = excluded.updated_at,
     steps = excluded.steps,
     notify = excluded.notify,
-    notify_webhook_url = excluded.notify_webhook_url
+    notify_webhook_url = excluded.notify_webhook_url,
+    after_job = excluded.after_job,
+    after_outcome = excluded.after_outcome
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 WHERE agent_jobs.defined_in_database = 0 OR agent_jobs.configured = 0;
 
@@ -831,6 +834,27 @@ WHERE r.finished_at = :now AND r.status IN ('succeeded', 'failed', 'poisoned')
        OR (COALESCE(j.notify, 'on_failure') = 'on_success' AND r.status = 'succeeded')
        OR (COALESCE(j.notify, 'on_failure') = 'on_failure' AND r.status IN ('failed', 'poisoned')))
 ON CONFLICT (run_id) DO NOTHING;
+
+-- start_follow_up_runs --
+-- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid or removed follower starts nothing. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key).
+INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
+                        max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
+                        operation_id, note, steps, followed_run_id)
+SELECT f.job_name, 'manual',
+       strftime('%Y-%m-%d %H:%M:%f', :now,
+                '+' || ((ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) - 1) / 1000.0) || ' seconds'),
+       'pending', f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds, f.lease_seconds,
+       :now, :now, r.operation_id,
+       'after run ' || r.run_id || ' of ' || r.job_name || ' (' || r.status || ')', f.steps, r.run_id
+FROM agent_runs AS r
+JOIN agent_jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
+WHERE r.finished_at = :now AND r.kind <> 'target'
+  AND ((f.after_outcome = 'succeeded' AND r.status = 'succeeded')
+       OR (f.after_outcome = 'failed' AND r.status IN ('failed', 'poisoned'))
+       OR (f.after_outcome = 'completed' AND r.status IN ('succeeded', 'failed', 'poisoned')))
+ORDER BY f.job_name, r.run_id
+ON CONFLICT DO NOTHING
+RETURNING run_id, job_name, followed_run_id, operation_id;
 
 -- claim_notifications --
 -- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
