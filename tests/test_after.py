@@ -11,8 +11,9 @@ import pytest
 from shared.config import AfterOutcome, parse_jobs
 from shared.dispatch import dispatch
 
-from .conftest import Clock, at, make_agent, query, runs_table, work
+from .conftest import MSSQL_BASE, Clock, at, fresh_database, make_agent, query, runs_table, work
 from .memory_queue import MemoryQueue
+from .tsql_caller import CallError, call, connect, select
 
 
 def runs(agent) -> list[dict]:
@@ -111,3 +112,126 @@ def test_a_chain_runs_in_order_with_no_tick_between(db_url, mode):
     assert {r["operation_id"] for r in rows} == {first["operation_id"]}       # one operation: the chain
     assert b["kind"] == c["kind"] == "manual"
     assert b["note"] == f"after run {a['run_id']} of a (succeeded)"
+
+
+def test_after_outcome_failed_and_completed_and_what_starts_nothing(db_url):
+    clock = Clock(at("2026-11-25T08:00:00"))
+    agent = make_agent(db_url, {
+        "a": {"COMMAND": "INSERT INTO marks (n) VALUES (1)", "MAX_ATTEMPTS": "1"},
+        "on_ok": {"COMMAND": "SELECT 1", "AFTER": "a"},
+        "on_fail": {"COMMAND": "SELECT 1", "AFTER": "a", "AFTER_OUTCOME": "failed"},
+        "on_any": {"COMMAND": "SELECT 1", "AFTER": "a", "AFTER_OUTCOME": "completed"},
+        "off": {"COMMAND": "SELECT 1", "AFTER": "a", "AFTER_OUTCOME": "completed", "ENABLED": "false"},
+    }, clock=clock)
+    agent.tick()
+    failed = start(agent, "a")                       # no table yet: the run fails
+    work(agent)
+    by_job = {}
+    for row in runs(agent):
+        by_job.setdefault(row["job_name"], []).append(row)
+    assert [r["status"] for r in by_job["a"]] == ["failed"]
+    assert sorted(by_job) == ["a", "on_any", "on_fail"]
+    assert by_job["on_fail"][0]["followed_run_id"] == by_job["on_any"][0]["followed_run_id"] == failed["run_id"]
+    assert by_job["on_fail"][0]["note"] == f"after run {failed['run_id']} of a (failed)"
+
+    from .conftest import execute
+    execute(agent, "CREATE TABLE marks (n INT)")
+    clock.advance(5)
+    succeeded = start(agent, "a")
+    work(agent)
+    followers = [(r["job_name"], r["status"]) for r in runs(agent) if r["followed_run_id"] == succeeded["run_id"]]
+    assert sorted(followers) == [("on_any", "succeeded"), ("on_ok", "succeeded")]
+
+    # A run cancelled before it ran, and a start skipped by the overlap policy, start nothing.
+    clock.advance(5)
+    cancelled = start(agent, "a")
+    from shared.cli import main as cli
+    assert cli(["--db", db_url, "cancel", str(cancelled["run_id"])]) == 0
+    work(agent)
+    assert not [r for r in runs(agent) if r["followed_run_id"] == cancelled["run_id"]]
+    assert len(runs(agent)) == 2 + 2 + 1 + 2      # two ends of a with their followers, the cancelled one
+
+
+def test_several_followers_start_in_one_statement(db_url):
+    """Ten followers of one job: the end of its run starts all ten, with one statement."""
+    clock = Clock(at("2026-11-25T08:00:00"))
+    jobs = {"a": {"COMMAND": "SELECT 1"}}
+    jobs.update({f"f{i}": {"COMMAND": "SELECT 1", "AFTER": "a"} for i in range(10)})
+    agent = make_agent(db_url, jobs, clock=clock)
+    agent.tick()
+    first = start(agent, "a")
+    store = agent.store()
+    seen: list[str] = []
+    before, store.observer = store.observer, (lambda name, *_: seen.append(name))
+    agent.executor().work_once(batch=1)                # runs a alone, in this thread
+    store.observer = before
+    assert seen.count("start_follow_up_runs") == 1
+    followers = [r for r in runs(agent) if r["followed_run_id"] == first["run_id"]]
+    assert sorted(r["job_name"] for r in followers) == [f"f{i}" for i in range(10)]
+    assert {r["status"] for r in followers} == {"pending"}
+    work(agent)
+    assert {r["status"] for r in runs(agent)} == {"succeeded"}
+
+
+# ---------------------------------------------------------------- T-SQL: agent.add_scheduled_job @after
+
+@pytest.fixture(params=["postgres"] + (["mssql"] if MSSQL_BASE else []))
+def control(request):
+    """A control database on a real server, an agent on the real clock (the procedures read the
+    server's), and a user's own connection to it."""
+    with fresh_database(request.param) as url:
+        agent = make_agent(url, {"load": {"COMMAND": "SELECT 1"}})
+        connection = connect(url)
+        try:
+            yield agent, connection
+        finally:
+            connection.close()
+            agent.close()
+
+
+def test_tsql_after_follows_a_settings_job_checks_names_and_refuses_cycles(control):
+    agent, connection = control
+    agent.tick()                                                   # the settings job 'load'
+    (defined,) = call(connection, "add_scheduled_job", name="rebuild", sql="SELECT 2", after="LOAD")
+    assert defined["action"] == "defined"
+    (chained,) = call(connection, "add_scheduled_job", name="report", sql="SELECT 3", after="rebuild",
+                      after_outcome="Completed")
+    assert chained["action"] == "defined"
+    jobs = {row["job_name"]: row for row in select(connection, "SELECT job_name, after_job, after_outcome FROM agent.jobs")}
+    assert (jobs["rebuild"]["after_job"], jobs["rebuild"]["after_outcome"]) == ("load", "succeeded")  # as written
+    assert (jobs["report"]["after_job"], jobs["report"]["after_outcome"]) == ("rebuild", "completed")
+    assert jobs["load"]["after_job"] is None
+
+    refused = {
+        "ghost": dict(name="x", sql="SELECT 1", after="ghost"),
+        "outcome": dict(name="x", sql="SELECT 1", after="load", after_outcome="sometimes"),
+        "name": dict(name="x", sql="SELECT 1", after="bad name"),
+        "cycle": dict(name="rebuild", sql="SELECT 2", after="report"),
+        "self": dict(name="report", sql="SELECT 3", after="report"),
+    }
+    messages = {}
+    for key, arguments in refused.items():
+        with pytest.raises(CallError) as caught:
+            call(connection, "add_scheduled_job", **arguments)
+        messages[key] = caught.value.message
+    assert "@after = 'ghost': expected the name of a job defined in the app settings or with " \
+           "agent.add_scheduled_job" in messages["ghost"]
+    assert "@after_outcome = 'sometimes': expected succeeded, failed or completed" in messages["outcome"]
+    assert "@after = 'bad name': expected NULL" in messages["name"]
+    assert "a cycle of jobs that follow each other (rebuild -> report -> rebuild:" in messages["cycle"]
+    assert "(report -> report:" in messages["self"]
+    # Refused calls changed nothing.
+    jobs = {row["job_name"]: row for row in select(connection, "SELECT job_name, after_job FROM agent.jobs")}
+    assert (jobs["rebuild"]["after_job"], jobs["report"]["after_job"]) == ("load", "rebuild")
+    assert "x" not in jobs
+
+    # The chain runs: load (settings) -> rebuild -> report, each started by the end before it.
+    agent.tick()                                                   # plans the jobs defined here
+    first = start(agent, "load")
+    work(agent)
+    history = select(connection, "SELECT run_id, job_name, outcome, followed_run_id FROM agent.job_history "
+                                 "ORDER BY run_id")
+    assert [(h["job_name"], h["outcome"]) for h in history] == [("load", "succeeded"), ("rebuild", "succeeded"),
+                                                                 ("report", "succeeded")]
+    assert history[0]["followed_run_id"] is None and history[0]["run_id"] == first["run_id"]
+    assert [h["followed_run_id"] for h in history[1:]] == [history[0]["run_id"], history[1]["run_id"]]

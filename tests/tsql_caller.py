@@ -18,7 +18,8 @@ PG_TYPES = {
     "max_attempts": "int", "timeout_seconds": "int", "name": "varchar", "schedule": "varchar",
     "timezone": "varchar", "enabled": "int", "overlap": "varchar", "misfire": "varchar",
     "grace_seconds": "int", "lease_seconds": "int", "job_name": "varchar", "run_id": "bigint",
-    "poison_id": "bigint", "targets": "varchar", "target_parallelism": "int",
+    "poison_id": "bigint", "targets": "varchar", "target_parallelism": "int", "after": "varchar",
+    "after_outcome": "varchar",
 }
 
 
