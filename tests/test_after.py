@@ -6,12 +6,20 @@ the run it followed recorded (runs.followed_run_id)."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+
 import pytest
 
 from shared.config import AfterOutcome, parse_jobs
 from shared.dispatch import dispatch
 
-from .conftest import MSSQL_BASE, Clock, at, fresh_database, make_agent, query, runs_table, work
+from .conftest import ROOT, MSSQL_BASE, Clock, at, execute, fresh_database, make_agent, query, runs_table, work
 from .memory_queue import MemoryQueue
 from .tsql_caller import CallError, call, connect, select
 
@@ -134,7 +142,6 @@ def test_after_outcome_failed_and_completed_and_what_starts_nothing(db_url):
     assert by_job["on_fail"][0]["followed_run_id"] == by_job["on_any"][0]["followed_run_id"] == failed["run_id"]
     assert by_job["on_fail"][0]["note"] == f"after run {failed['run_id']} of a (failed)"
 
-    from .conftest import execute
     execute(agent, "CREATE TABLE marks (n INT)")
     clock.advance(5)
     succeeded = start(agent, "a")
@@ -235,3 +242,128 @@ def test_tsql_after_follows_a_settings_job_checks_names_and_refuses_cycles(contr
                                                                  ("report", "succeeded")]
     assert history[0]["followed_run_id"] is None and history[0]["run_id"] == first["run_id"]
     assert [h["followed_run_id"] for h in history[1:]] == [history[0]["run_id"], history[1]["run_id"]]
+
+
+# ---------------------------------------------------------------- exactly once, with processes (PostgreSQL)
+
+def _clean_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JOB__", "AGENT_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def _wait_for(agent, sql: str, expected, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if query(agent, sql) == expected:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{sql} did not return {expected} within {timeout} s: {query(agent, sql)}")
+
+
+def test_worker_killed_mid_run_leaves_no_follow_up_and_the_retried_run_starts_exactly_one(pg_url):
+    """kill -9 of the worker process mid-run of a: nothing follows yet; the lease lapses, a tick
+    takes the run back, the retried run ends, and exactly one run of b follows it."""
+    a = ("SELECT pg_sleep(CASE WHEN (SELECT MAX(attempt) FROM agent.runs WHERE job_name = 'a') = 1 THEN 60 ELSE 0 END); "
+         "INSERT INTO marker (job) VALUES ('a');")
+    agent = make_agent(pg_url, {"a": {"COMMAND": a, "LEASE_SECONDS": "6", "MAX_ATTEMPTS": "1"},
+                                "b": {"COMMAND": "INSERT INTO marker (job) VALUES ('b');", "AFTER": "a"}})
+    execute(agent, "CREATE TABLE marker (job VARCHAR(64))")
+    agent.tick()
+    first = start(agent, "a")
+    worker = subprocess.Popen([sys.executable, "-m", "shared.cli", "--db", pg_url, "work", "--once"],
+                              cwd=ROOT, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_for(agent, "SELECT status FROM agent.runs", [("running",)])
+        time.sleep(1)
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=10)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert [(r["job_name"], r["status"]) for r in runs(agent)] == [("a", "running")]      # nothing follows yet
+    time.sleep(6.5)                                            # the lease lapses: nothing renews it
+    report = agent.tick()
+    assert [r["run_id"] for r in report.expired] == [first["run_id"]]
+    assert [(r["job_name"], r["status"]) for r in runs(agent)] == [("a", "pending")]       # a lapse is no end
+    work(agent)
+    rows = runs(agent)
+    assert [(r["job_name"], r["status"], r["followed_run_id"]) for r in rows] == [
+        ("a", "succeeded", None), ("b", "succeeded", first["run_id"])]
+    assert sorted(query(agent, "SELECT job FROM marker")) == [("a",), ("b",)]
+    agent.tick()                                               # and no later tick adds one
+    assert len(runs(agent)) == 2
+
+
+def test_a_fenced_worker_and_the_new_holder_ending_the_same_run_start_one_follow_up(pg_url):
+    """A worker process whose lease was taken over (an instance an hour ahead took the run back)
+    and the new holder both reach the end of run a: the new holder's end starts b, the fenced
+    worker's end is refused (its work rolled back) and starts nothing."""
+    a = "INSERT INTO marker (job) VALUES ('a'); SELECT pg_sleep(4);"
+    jobs = {"a": {"COMMAND": a, "LEASE_SECONDS": "3600"},
+            "b": {"COMMAND": "INSERT INTO marker (job) VALUES ('b');", "AFTER": "a"}}
+    agent = make_agent(pg_url, jobs)
+    execute(agent, "CREATE TABLE marker (job VARCHAR(64))")
+    agent.tick()
+    first = start(agent, "a")
+    zombie = subprocess.Popen([sys.executable, "-m", "shared.cli", "--db", pg_url, "work", "--once"],
+                              cwd=ROOT, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_for(agent, "SELECT status FROM agent.runs", [("running",)])
+        other = make_agent(pg_url, jobs, clock=Clock(datetime.now(timezone.utc) + timedelta(hours=2)))
+        assert [r["run_id"] for r in other.tick().expired] == [first["run_id"]]      # the lease "expired"
+        work(other)                                            # the new holder runs a to its end
+        zombie.communicate(timeout=60)                         # the zombie reaches its end: fenced
+    finally:
+        if zombie.poll() is None:
+            zombie.kill()
+    rows = runs(agent)
+    assert [(r["job_name"], r["status"], r["followed_run_id"]) for r in rows] == [
+        ("a", "succeeded", None), ("b", "succeeded", first["run_id"])]
+    assert sorted(query(agent, "SELECT job FROM marker")) == [("a",), ("b",)]      # the zombie's work rolled back
+    outcomes = [o for (o,) in query(agent, "SELECT outcome FROM agent.attempts WHERE run_id = "
+                                           f"{first['run_id']} ORDER BY attempt_id")]
+    assert outcomes[0] in ("lease_lost", "lease_expired") and outcomes[-1] == "succeeded", outcomes
+
+
+def _start_follow_ups_in_process(db_url: str, barrier, now_iso: str, results) -> None:
+    from shared.agent import Agent
+    from shared.config import load_settings
+
+    agent = Agent(load_settings(environ={}), db=db_url, simulated_time=True)
+    store = agent.store()
+    store.require_schema()
+    barrier.wait(timeout=60)
+    with store.transaction():
+        rows = store.execute("start_follow_up_runs", now=datetime.fromisoformat(now_iso)).rows
+    results.put(sorted(row["job_name"] for row in rows))
+    agent.close()
+
+
+def test_eight_processes_starting_the_follow_ups_of_one_ended_run_create_one_each(pg_url):
+    """The key behind the fence: eight processes run the follow-up statement for the same ended
+    run at the same moment (as eight endings of it would, were the ending not fenced); the unique
+    (followed_run_id, job_name) lets exactly one run of each follower in."""
+    agent = make_agent(pg_url, {"a": {"COMMAND": "SELECT 1"},
+                                "b": {"COMMAND": "SELECT 1", "AFTER": "a"},
+                                "c": {"COMMAND": "SELECT 1", "AFTER": "a", "AFTER_OUTCOME": "completed"}})
+    agent.tick()
+    first = start(agent, "a")
+    ended = datetime(2026, 11, 25, 8, 0, 0, 123000)
+    execute(agent, f"UPDATE agent.runs SET status = 'succeeded', finished_at = '{ended.isoformat(sep=' ')}' "
+                   f"WHERE run_id = {first['run_id']}")
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(8)
+    results = context.Queue()
+    processes = [context.Process(target=_start_follow_ups_in_process,
+                                 args=(pg_url, barrier, ended.replace(tzinfo=timezone.utc).isoformat(), results))
+                 for _ in range(8)]
+    for process in processes:
+        process.start()
+    started = [results.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    assert sorted(job for names in started for job in names) == ["b", "c"]
+    followers = [(r["job_name"], r["followed_run_id"]) for r in runs(agent) if r["followed_run_id"] is not None]
+    assert sorted(followers) == [("b", first["run_id"]), ("c", first["run_id"])]
