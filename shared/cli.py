@@ -462,7 +462,7 @@ def cmd_run(agent, args) -> int:
 
 
 def cmd_jobs(agent, args) -> int:
-    from .views import jobs_view
+    from .views import after_words, jobs_view
 
     store = agent.store()
     store.require_schema()
@@ -476,6 +476,8 @@ def cmd_jobs(agent, args) -> int:
     for row in rows:
         last = f"{row['last_status']} #{row['last_run_id']}" if row["last_run_id"] else "-"
         schedule = row["schedule"] or ("on demand" if row["valid"] else "-")
+        if after_words(row):
+            schedule += f", {after_words(row)}"
         table.append([row["job_name"], row["state"], row["source"], schedule, row["timezone"],
                       _time(row["next_due_at"]), row["status"], last, _last_targets(row), row["config_error"] or ""])
     _print_table(["JOB", "STATE", "DEFINED IN", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN",
@@ -506,7 +508,8 @@ def cmd_history(agent, args) -> int:
     for run in runs:
         error = run["last_error"] or run["note"] or ""
         job = run["job_name"] or (f"(target of run {run['parent_run_id']})" if run.get("parent_run_id") else "(task)")
-        table.append([run["run_id"], job, run["kind"], _time(run["scheduled_for"]),
+        kind = run["kind"] if run.get("followed_run_id") is None else f"after #{run['followed_run_id']}"
+        table.append([run["run_id"], job, kind, _time(run["scheduled_for"]),
                       run["status"], f"{run['attempt']}/{run['max_attempts']}", _time(run["finished_at"]),
                       error[:120]])
     _print_table(["RUN", "JOB", "KIND", "SCHEDULED (UTC)", "STATUS", "ATTEMPTS", "FINISHED", "ERROR / NOTE"], table)

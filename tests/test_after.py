@@ -367,3 +367,68 @@ def test_eight_processes_starting_the_follow_ups_of_one_ended_run_create_one_eac
     assert sorted(job for names in started for job in names) == ["b", "c"]
     followers = [(r["job_name"], r["followed_run_id"]) for r in runs(agent) if r["followed_run_id"] is not None]
     assert sorted(followers) == [("b", first["run_id"]), ("c", first["run_id"])]
+
+
+# ---------------------------------------------------------------- shown: history, jobs, monitor, JSON, notifications
+
+def test_the_link_is_shown_in_history_jobs_the_monitor_its_json_and_notifications(db_url, capsys):
+    import contextlib
+    import json
+    import re
+
+    from shared.cli import main as cli
+    from shared.monitor import Monitor, MonitorSettings
+    from shared.notify import notification_body
+
+    clock = Clock(at("2026-11-25T08:00:00"))
+    agent = make_agent(db_url, {"load": {"COMMAND": "SELECT 1"},
+                                "rebuild": {"COMMAND": "SELECT 2", "AFTER": "load"},
+                                "alert": {"COMMAND": "SELECT 3", "AFTER": "load", "AFTER_OUTCOME": "failed",
+                                          "SCHEDULE": "0 0 6 * * *"}}, clock=clock)
+    agent.tick()
+    first = start(agent, "load")
+    work(agent)
+    (follow,) = [r for r in runs(agent) if r["followed_run_id"] == first["run_id"]]
+    capsys.readouterr()
+
+    assert cli(["--db", db_url, "history", "--json"]) == 0
+    history = {run["run_id"]: run for run in json.loads(capsys.readouterr().out)["runs"]}
+    assert history[follow["run_id"]]["followed_run_id"] == first["run_id"]
+    assert history[first["run_id"]]["followed_run_id"] is None
+    assert cli(["--db", db_url, "history"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(f"{follow['run_id']} "))
+    assert f"after #{first['run_id']}" in line and "rebuild" in line
+
+    assert cli(["--db", db_url, "jobs", "--json"]) == 0
+    jobs = {row["job_name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert (jobs["rebuild"]["after_job"], jobs["rebuild"]["after_outcome"]) == ("load", "succeeded")
+    assert (jobs["alert"]["after_job"], jobs["alert"]["after_outcome"]) == ("load", "failed")
+    assert jobs["load"]["after_job"] is None
+    assert cli(["--db", db_url, "jobs"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:] if line.strip()}
+    assert "on demand, after load" in lines["rebuild"]
+    assert "0 0 6 * * *, after load failed" in lines["alert"]
+
+    store = agent.new_store()
+    try:
+        monitor = Monitor(lambda: contextlib.nullcontext(store), clock=lambda: clock.now,
+                          settings=lambda: MonitorSettings())
+        page = monitor.handle("GET", f"/runs/{follow['run_id']}").body.decode()
+        assert re.search(rf'after run <a href="[^"]*/runs/{first["run_id"]}">{first["run_id"]}</a>', page)
+        twin = json.loads(monitor.handle("GET", f"/runs/{follow['run_id']}", "format=json").body)
+        assert twin["run"]["followed_run_id"] == first["run_id"]
+        job_page = monitor.handle("GET", "/jobs/rebuild").body.decode()
+        assert re.search(r'<div class="after">after <a href="[^"]*/jobs/load">load</a></div>', job_page)
+        assert "after run <a" in job_page                          # its history's kind column
+        jobs_page = monitor.handle("GET", "/").body.decode()
+        row = re.search(r'<tr class="job" id="job-alert">(.*?)</tr>', jobs_page, re.S).group(1)
+        assert re.search(r'after <a href="[^"]*/jobs/load">load</a> failed', row)
+        job_twin = json.loads(monitor.handle("GET", "/jobs/rebuild", "format=json").body)
+        assert job_twin["job"]["after_job"] == "load"
+        assert [r["followed_run_id"] for r in job_twin["runs"]] == [first["run_id"]]
+    finally:
+        store.close()
+
+    (run,) = agent.store().execute("notification_runs", run_ids=[follow["run_id"]]).rows
+    body = notification_body({"job_name": "rebuild", "run_id": follow["run_id"], "outcome": "succeeded"}, run)
+    assert body["followed_run_id"] == first["run_id"] and body["operation_id"] == first["operation_id"]

@@ -747,7 +747,7 @@ SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, 
        attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
        runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
        last_error_number, last_error, note, step, steps, parent_run_id, parent_token, target_server,
-       retry_interval_seconds, awaiting_targets, targets_total, targets_failed
+       retry_interval_seconds, awaiting_targets, targets_total, targets_failed, followed_run_id
 FROM agent.runs WHERE run_id = :run_id;
 
 -- list_run_errors --
@@ -841,7 +841,7 @@ SELECT run_id FROM @cancelled;
 -- list_jobs --
 -- Every known job with its configuration state, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome,
        CASE WHEN j.defined_in_database = 1 THEN N'database' ELSE N'settings' END AS source, j.needs_planning,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
@@ -858,7 +858,7 @@ ORDER BY j.job_name;
 -- Runs, newest first, optionally of one job.
 SELECT TOP (:limit) run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
        created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id,
-       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed
+       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed, followed_run_id
 FROM agent.runs
 WHERE (CAST(:job_name AS NVARCHAR(64)) IS NULL OR job_name = CAST(:job_name AS NVARCHAR(64)))
 ORDER BY run_id DESC
@@ -981,7 +981,7 @@ ORDER BY run_id;
 -- get_job --
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
        l.targets_failed AS last_targets_failed
@@ -1160,7 +1160,7 @@ SELECT notification_id, run_id, job_name, outcome, url, attempts, claim_token FR
 -- notification_runs --
 -- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id; and the latest failed attempt's error and step (a run its flow failed, quit_failure after a step that failed, keeps no error of its own).
 SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.failed_step, r.last_error_number, r.last_error,
-       r.finished_at, r.operation_id,
+       r.finished_at, r.operation_id, r.followed_run_id,
        (SELECT MIN(a.started_at) FROM agent.attempts AS a WHERE a.run_id = r.run_id) AS first_started_at,
        (SELECT TOP (1) a.error_message FROM agent.attempts AS a WHERE a.run_id = r.run_id AND a.error_message IS NOT NULL AND a.outcome <> 'succeeded' ORDER BY a.attempt_id DESC) AS attempt_error,
        (SELECT TOP (1) a.error_number FROM agent.attempts AS a WHERE a.run_id = r.run_id AND a.error_message IS NOT NULL AND a.outcome <> 'succeeded' ORDER BY a.attempt_id DESC) AS attempt_error_number,
