@@ -432,3 +432,34 @@ def test_the_link_is_shown_in_history_jobs_the_monitor_its_json_and_notification
     (run,) = agent.store().execute("notification_runs", run_ids=[follow["run_id"]]).rows
     body = notification_body({"job_name": "rebuild", "run_id": follow["run_id"], "outcome": "succeeded"}, run)
     assert body["followed_run_id"] == first["run_id"] and body["operation_id"] == first["operation_id"]
+
+
+def test_a_cycle_in_the_settings_makes_its_jobs_invalid_at_sync_and_the_others_run(db_url, capsys):
+    """One bad job never stops the others: the jobs of a cycle are recorded invalid with the
+    cycle named (jobs, its JSON, a config_invalid event), a job following into the cycle and the
+    rest sync and run."""
+    import json
+
+    from shared.cli import main as cli
+
+    clock = Clock(at("2026-11-25T08:00:00"))
+    agent = make_agent(db_url, {"x": {"COMMAND": "SELECT 1", "AFTER": "y"},
+                                "y": {"COMMAND": "SELECT 1", "AFTER": "x"},
+                                "tail": {"COMMAND": "SELECT 1", "AFTER": "x"},
+                                "root": {"COMMAND": "SELECT 1"},
+                                "leaf": {"COMMAND": "SELECT 1", "AFTER": "root"}}, clock=clock)
+    agent.tick()
+    capsys.readouterr()
+    assert cli(["--db", db_url, "jobs", "--json"]) == 0
+    jobs = {row["job_name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert (jobs["x"]["valid"], jobs["y"]["valid"]) == (0, 0)
+    assert "a cycle of jobs that follow each other (x -> y -> x:" in jobs["x"]["config_error"]
+    assert jobs["x"]["after_job"] is None                  # an invalid job follows nothing
+    assert all(jobs[name]["valid"] == 1 for name in ("tail", "root", "leaf"))
+    assert cli(["--db", db_url, "history", "--job", "x", "--json"]) == 0
+    events = json.loads(capsys.readouterr().out)["job_events"]
+    assert [e["kind"] for e in events] == ["config_invalid"] and "x -> y -> x" in events[0]["detail"]
+    start(agent, "root")
+    work(agent)
+    assert [(r["job_name"], r["status"]) for r in runs(agent)] == [("root", "succeeded"), ("leaf", "succeeded")]
+    assert agent.request_run_now("x") is None               # an invalid job cannot be started
