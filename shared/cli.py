@@ -708,6 +708,8 @@ def cmd_cancel(agent, args) -> int:
     if report_moved_runs(moved, agent.telemetry) and notifications_enabled(agent.settings):
         agent.notifier.wake()
     report_follow_ups(followed, agent.telemetry)
+    if followed:
+        _dispatch_now(agent)      # a fleet run the cancel ended started its followers: on the queue now
     if args.json:
         _print_json({"run_id": args.run_id, "status": "cancelled"})
     else:

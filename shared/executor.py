@@ -722,6 +722,12 @@ class Executor:
         if marked and self.notifier is not None:
             self.notifier.wake()
         report_follow_ups(followed, self.telemetry)
+        if followed and self.queue is not None:
+            # The poisoned run's end started its followers: dispatched now, not at the next doorbell.
+            try:
+                dispatch(self._store(), self.queue, self.settings, self.clock(), self.telemetry)
+            except Exception as exc:  # noqa: BLE001 - they wait for the next doorbell or tick instead
+                log.warning("dispatching the follow-up runs of run %s failed: %s", run_id, describe(exc))
         self.telemetry.event("RunPoisoned", {"job": job, "run_id": run_id, "token": token,
                                              "dequeue_count": dequeue_count,
                                              "outcome": "poisoned" if marked else "message_poisoned",

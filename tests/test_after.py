@@ -463,3 +463,24 @@ def test_a_cycle_in_the_settings_makes_its_jobs_invalid_at_sync_and_the_others_r
     work(agent)
     assert [(r["job_name"], r["status"]) for r in runs(agent)] == [("root", "succeeded"), ("leaf", "succeeded")]
     assert agent.request_run_now("x") is None               # an invalid job cannot be started
+
+
+def test_a_poisoned_run_starts_its_failed_followers_on_the_queue_at_once(db_url):
+    """Poisoned counts as failed: the poison's transaction starts the follower, and in queue mode
+    it is dispatched at once (no doorbell, no tick)."""
+    clock = Clock(at("2026-11-25T08:00:00"))
+    agent = make_agent(db_url, {"a": {"COMMAND": "SELECT 1"},
+                                "on_fail": {"COMMAND": "SELECT 2", "AFTER": "a", "AFTER_OUTCOME": "failed"},
+                                "on_ok": {"COMMAND": "SELECT 3", "AFTER": "a"}},
+                       clock=clock, queue=MemoryQueue())
+    agent.tick()
+    first = start(agent, "a")
+    (message,) = agent.queue.receive(1, 30)
+    result = agent.executor().handle(message.body, agent.settings.agent.max_dequeue_count + 1, message.id)
+    agent.queue.delete(message)
+    assert result.outcome == "poisoned"
+    rows = runs(agent)
+    assert [(r["job_name"], r["status"]) for r in rows] == [("a", "poisoned"), ("on_fail", "queued")]
+    assert rows[1]["followed_run_id"] == first["run_id"] and rows[1]["note"].endswith("of a (poisoned)")
+    work(agent)
+    assert [(r["job_name"], r["status"]) for r in runs(agent)] == [("a", "poisoned"), ("on_fail", "succeeded")]
