@@ -484,3 +484,27 @@ def test_a_poisoned_run_starts_its_failed_followers_on_the_queue_at_once(db_url)
     assert rows[1]["followed_run_id"] == first["run_id"] and rows[1]["note"].endswith("of a (poisoned)")
     work(agent)
     assert [(r["job_name"], r["status"]) for r in runs(agent)] == [("a", "poisoned"), ("on_fail", "succeeded")]
+
+
+def test_two_runs_of_a_job_ended_by_one_statement_start_one_follow_up_each(db_url):
+    """The tick's lease expiry ends two runs of a at once (their workers died, their last lapse):
+    one statement starts a follow-up for each, keyed a millisecond apart."""
+    clock = Clock(at("2026-11-25T08:00:00"))
+    agent = make_agent(db_url, {"a": {"COMMAND": "SELECT 1", "OVERLAP": "allow"},
+                                "b": {"COMMAND": "SELECT 2", "AFTER": "a", "AFTER_OUTCOME": "failed",
+                                      "OVERLAP": "queue"}},      # b's own policy: the second waits its turn
+                       clock=clock, AGENT_MAX_LAPSES="1")
+    agent.tick()
+    ids = [agent.request_run_now("a")["run_id"], agent.request_run_now("a")["run_id"]]
+    # Both runs as two workers that died mid-run left them: running, one lapse spent, lease gone.
+    execute(agent, f"UPDATE {runs_table(agent)} SET status = 'running', lapses = 1, token = token + 1, "
+                   f"lease_expires_at = '2026-11-25 07:00:00' WHERE run_id IN ({ids[0]}, {ids[1]})")
+    clock.advance(60)
+    report = agent.tick()
+    assert sorted(r["run_id"] for r in report.expired) == ids and {r["status"] for r in report.expired} == {"failed"}
+    followers = [r for r in runs(agent) if r["job_name"] == "b"]
+    assert sorted(r["followed_run_id"] for r in followers) == ids
+    slots = query(agent, f"SELECT scheduled_for FROM {runs_table(agent)} WHERE job_name = 'b' ORDER BY run_id")
+    assert len(set(slots)) == 2
+    work(agent)
+    assert [r["status"] for r in runs(agent) if r["job_name"] == "b"] == ["succeeded", "succeeded"]
