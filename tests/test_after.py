@@ -508,3 +508,19 @@ def test_two_runs_of_a_job_ended_by_one_statement_start_one_follow_up_each(db_ur
     assert len(set(slots)) == 2
     work(agent)
     assert [r["status"] for r in runs(agent) if r["job_name"] == "b"] == ["succeeded", "succeeded"]
+
+
+def test_a_job_with_a_schedule_and_after_runs_on_its_slots_and_after_its_leader(db_url):
+    clock = Clock(at("2026-11-25T08:59:30"))
+    agent = make_agent(db_url, {"a": {"COMMAND": "SELECT 1"},
+                                "b": {"COMMAND": "SELECT 2", "AFTER": "a", "SCHEDULE": "0 0 9 * * *"}}, clock=clock)
+    agent.tick()                                              # claims b's 09:00 slot
+    first = start(agent, "a")
+    work(agent)                                               # a, then b after it: before the slot
+    clock.now = at("2026-11-25T09:00:01")
+    work(agent)                                               # b's slot
+    rows = [(r["job_name"], r["kind"], r["status"], r["followed_run_id"]) for r in runs(agent)]
+    assert sorted(rows, key=lambda r: (r[0], r[1])) == [
+        ("a", "manual", "succeeded", None),
+        ("b", "manual", "succeeded", first["run_id"]),
+        ("b", "scheduled", "succeeded", None)]
