@@ -712,24 +712,8 @@ WHERE r.finished_at = CAST(:now AS timestamp) AND r.status IN ('succeeded', 'fai
 ON CONFLICT (run_id) DO NOTHING;
 
 -- start_follow_up_runs --
--- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid or removed follower starts nothing. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key).
-INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
-                        max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        operation_id, note, steps, followed_run_id)
-SELECT f.job_name, 'manual',
-       CAST(:now AS timestamp) + (ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) - 1) * INTERVAL '1 millisecond',
-       'pending', f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds, f.lease_seconds,
-       CAST(:now AS timestamp), CAST(:now AS timestamp), r.operation_id,
-       'after run ' || CAST(r.run_id AS VARCHAR) || ' of ' || r.job_name || ' (' || r.status || ')', f.steps, r.run_id
-FROM agent.runs AS r
-JOIN agent.jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
-WHERE r.finished_at = CAST(:now AS timestamp) AND r.kind <> 'target'
-  AND ((f.after_outcome = 'succeeded' AND r.status = 'succeeded')
-       OR (f.after_outcome = 'failed' AND r.status IN ('failed', 'poisoned'))
-       OR (f.after_outcome = 'completed' AND r.status IN ('succeeded', 'failed', 'poisoned')))
-ORDER BY f.job_name, r.run_id
-ON CONFLICT DO NOTHING
-RETURNING run_id, job_name, followed_run_id, operation_id;
+-- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid or removed follower starts nothing. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key). (agent.start_follow_up_runs, a function of migration 0010: planned once per session.)
+SELECT run_id, job_name, followed_run_id, operation_id FROM agent.start_follow_up_runs(CAST(:now AS TIMESTAMP));
 
 -- claim_notifications --
 -- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.

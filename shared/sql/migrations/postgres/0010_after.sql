@@ -15,6 +15,39 @@ CREATE INDEX jobs_after_job ON agent.jobs (after_job) WHERE after_job IS NOT NUL
 ALTER TABLE agent.runs ADD COLUMN followed_run_id BIGINT NULL;
 CREATE UNIQUE INDEX runs_followed ON agent.runs (followed_run_id, job_name) WHERE followed_run_id IS NOT NULL;
 
+-- The follow-up statement, chained into every transaction that ends runs: a function, so that
+-- its plan is made once per session (as agent.finish_run's, 0002), and a job-less database (no
+-- job follows another) pays one probe of the jobs_after_job index.
+CREATE FUNCTION agent.start_follow_up_runs(p_now timestamp)
+RETURNS TABLE (run_id bigint, job_name varchar, followed_run_id bigint, operation_id varchar)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    -- Most control databases have no job that follows another: one probe of a partial index.
+    IF NOT EXISTS (SELECT 1 FROM agent.jobs AS x WHERE x.after_job IS NOT NULL) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    INSERT INTO agent.runs AS n (job_name, kind, scheduled_for, status, command, target_database, overlap,
+                                 max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
+                                 operation_id, note, steps, followed_run_id)
+    SELECT f.job_name, 'manual',
+           p_now + (ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) - 1) * INTERVAL '1 millisecond',
+           'pending', f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds, f.lease_seconds,
+           p_now, p_now, r.operation_id,
+           'after run ' || CAST(r.run_id AS VARCHAR) || ' of ' || r.job_name || ' (' || r.status || ')', f.steps, r.run_id
+    FROM agent.runs AS r
+    JOIN agent.jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
+    WHERE r.finished_at = p_now AND r.kind <> 'target'
+      AND ((f.after_outcome = 'succeeded' AND r.status = 'succeeded')
+           OR (f.after_outcome = 'failed' AND r.status IN ('failed', 'poisoned'))
+           OR (f.after_outcome = 'completed' AND r.status IN ('succeeded', 'failed', 'poisoned')))
+    ORDER BY f.job_name, r.run_id
+    ON CONFLICT DO NOTHING
+    RETURNING n.run_id, n.job_name, n.followed_run_id, n.operation_id;
+END
+$$;
+
 -- The history view shows which run a follow-up run followed (views are dropped and created
 -- again, never altered: Babelfish has no ALTER VIEW, and the dialects stay alike).
 DROP VIEW agent.job_history;
