@@ -120,6 +120,10 @@ def test_a_chain_runs_in_order_with_no_tick_between(db_url, mode):
     assert {r["operation_id"] for r in rows} == {first["operation_id"]}       # one operation: the chain
     assert b["kind"] == c["kind"] == "manual"
     assert b["note"] == f"after run {a['run_id']} of a (succeeded)"
+    # In order: each link starts once the one before has ended.
+    times = {row[0]: row[1:] for row in query(agent, f"SELECT run_id, started_at, finished_at FROM {runs_table(agent)}")}
+    assert str(times[a["run_id"]][1]) <= str(times[b["run_id"]][0])
+    assert str(times[b["run_id"]][1]) <= str(times[c["run_id"]][0])
 
 
 def test_after_outcome_failed_and_completed_and_what_starts_nothing(db_url):
