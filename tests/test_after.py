@@ -528,3 +528,26 @@ def test_a_job_with_a_schedule_and_after_runs_on_its_slots_and_after_its_leader(
         ("a", "manual", "succeeded", None),
         ("b", "manual", "succeeded", first["run_id"]),
         ("b", "scheduled", "succeeded", None)]
+
+
+@pytest.mark.parametrize("mode", ["direct", "queue"])
+def test_a_job_with_steps_starts_its_followers_when_its_flow_ends(db_url, mode):
+    """The end a step transition records (the flow's quit_success, or quit_failure after a step
+    failed) starts the followers, as a one-step job's does."""
+    clock = Clock(at("2026-11-25T08:00:00"))
+    agent = make_agent(db_url, {
+        "good": {"STEPS__1__COMMAND": "SELECT 1", "STEPS__2__COMMAND": "SELECT 2"},
+        "bad": {"STEPS__1__COMMAND": "SELECT 1", "STEPS__2__COMMAND": "SELECT * FROM no_such_table",
+                "STEPS__2__MAX_ATTEMPTS": "1"},
+        "after_good": {"COMMAND": "SELECT 3", "AFTER": "good"},
+        "after_bad": {"COMMAND": "SELECT 4", "AFTER": "bad", "AFTER_OUTCOME": "failed"},
+        "after_bad_ok": {"COMMAND": "SELECT 5", "AFTER": "bad"},
+    }, clock=clock, queue=MemoryQueue() if mode == "queue" else None)
+    agent.tick()
+    good, bad = start(agent, "good"), start(agent, "bad")
+    work(agent)
+    by_job = {r["job_name"]: r for r in runs(agent)}
+    assert (by_job["good"]["status"], by_job["bad"]["status"]) == ("succeeded", "failed")
+    assert by_job["after_good"]["followed_run_id"] == good["run_id"] and by_job["after_good"]["status"] == "succeeded"
+    assert by_job["after_bad"]["followed_run_id"] == bad["run_id"] and by_job["after_bad"]["status"] == "succeeded"
+    assert "after_bad_ok" not in by_job
