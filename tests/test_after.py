@@ -551,3 +551,28 @@ def test_a_job_with_steps_starts_its_followers_when_its_flow_ends(db_url, mode):
     assert by_job["after_good"]["followed_run_id"] == good["run_id"] and by_job["after_good"]["status"] == "succeeded"
     assert by_job["after_bad"]["followed_run_id"] == bad["run_id"] and by_job["after_bad"]["status"] == "succeeded"
     assert "after_bad_ok" not in by_job
+
+
+def test_a_fleet_run_starts_its_followers_once_when_its_last_target_ends(pg_url):
+    """A fleet job's run ends in the transaction of its last target execution (progress_fleets):
+    that end starts the follower, once; the executions themselves start nothing."""
+    from .test_fleet import Fleet, mark_sql
+
+    fleet = Fleet("postgres")
+    try:
+        fleet.create("t0", "t1", "t2")
+        agent = make_agent(pg_url, {"fl": {"TARGETS": f"db:{fleet.prefix}_t*", "COMMAND": mark_sql("postgres"),
+                                           "TARGET_PARALLELISM": "2"},
+                                    "after_fl": {"COMMAND": "SELECT 1", "AFTER": "fl"}},
+                           AGENT_MAX_CONCURRENCY="4")
+        agent.tick()
+        first = start(agent, "fl")
+        work(agent, max_seconds=120)
+        rows = runs(agent)
+        assert {r["status"] for r in rows if r["kind"] == "target"} == {"succeeded"} and \
+            len([r for r in rows if r["kind"] == "target"]) == 3
+        followers = [r for r in rows if r["job_name"] == "after_fl"]
+        assert [(r["followed_run_id"], r["status"]) for r in followers] == [(first["run_id"], "succeeded")]
+        assert [r["status"] for r in rows if r["run_id"] == first["run_id"]] == ["succeeded"]
+    finally:
+        fleet.drop()
