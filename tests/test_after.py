@@ -238,6 +238,10 @@ def test_tsql_after_follows_a_settings_job_checks_names_and_refuses_cycles(contr
 
     # The chain runs: load (settings) -> rebuild -> report, each started by the end before it.
     agent.tick()                                                   # plans the jobs defined here
+    activity = {row["job_name"]: row for row in
+                select(connection, "SELECT job_name, after_job, after_outcome FROM agent.job_activity")}
+    assert (activity["report"]["after_job"], activity["report"]["after_outcome"]) == ("rebuild", "completed")
+    assert activity["load"]["after_job"] is None
     first = start(agent, "load")
     work(agent)
     history = select(connection, "SELECT run_id, job_name, outcome, followed_run_id FROM agent.job_history "

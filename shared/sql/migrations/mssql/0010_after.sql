@@ -22,6 +22,38 @@ CREATE INDEX jobs_after_job ON agent.jobs (after_job) WHERE after_job IS NOT NUL
 CREATE UNIQUE INDEX runs_followed ON agent.runs (followed_run_id, job_name) WHERE followed_run_id IS NOT NULL;
 GO
 
+-- The activity view shows whom each job follows (after_job, after_outcome).
+DROP VIEW agent.job_activity;
+GO
+
+CREATE VIEW agent.job_activity AS
+SELECT j.job_name,
+       CASE WHEN j.defined_in_database = 1 THEN N'database' ELSE N'settings' END AS defined_in,
+       CASE WHEN j.configured = 0 THEN N'removed' WHEN j.valid = 0 THEN N'invalid'
+            WHEN j.enabled = 0 THEN N'disabled' WHEN j.needs_planning = 1 THEN N'planning'
+            WHEN c.run_id IS NOT NULL THEN N'running'
+            WHEN j.next_due_at IS NULL AND n.next_slot IS NULL THEN N'idle' ELSE N'scheduled' END AS state,
+       j.enabled, j.schedule, j.timezone, COALESCE(n.next_slot, j.next_due_at) AS next_run_at,
+       c.run_id AS running_run_id, c.started_at AS running_since, c.worker AS running_worker,
+       l.run_id AS last_run_id, l.status AS last_outcome, l.finished_at AS last_finished_at,
+       l.last_error AS last_error, j.config_error, j.after_job, j.after_outcome
+FROM agent.jobs AS j
+OUTER APPLY (
+    SELECT TOP (1) r.run_id, r.started_at, r.worker FROM agent.runs AS r
+    WHERE r.job_name = j.job_name AND r.status = N'running'
+    ORDER BY r.started_at, r.run_id) AS c
+OUTER APPLY (
+    SELECT MIN(r.scheduled_for) AS next_slot FROM agent.runs AS r
+    WHERE r.job_name = j.job_name AND r.kind = N'scheduled' AND r.status IN (N'pending', N'queued')) AS n
+OUTER APPLY (
+    SELECT TOP (1) r.run_id, r.status, r.finished_at, r.last_error FROM agent.runs AS r
+    WHERE r.job_name = j.job_name AND r.status IN (N'succeeded', N'failed', N'poisoned', N'skipped', N'cancelled')
+    ORDER BY r.scheduled_for DESC, r.run_id DESC) AS l
+GO
+
+GRANT SELECT ON agent.job_activity TO agent_operator;
+GO
+
 -- The history view shows which run a follow-up run followed (DROP VIEW and CREATE VIEW:
 -- Babelfish has no ALTER VIEW); its grant is given again.
 DROP VIEW agent.job_history;

@@ -48,6 +48,33 @@ BEGIN
 END
 $$;
 
+-- The activity view shows whom each job follows (after_job, after_outcome).
+DROP VIEW agent.job_activity;
+CREATE VIEW agent.job_activity AS
+SELECT j.job_name,
+       CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS defined_in,
+       CASE WHEN j.configured = 0 THEN 'removed' WHEN j.valid = 0 THEN 'invalid'
+            WHEN j.enabled = 0 THEN 'disabled' WHEN j.needs_planning = 1 THEN 'planning'
+            WHEN c.run_id IS NOT NULL THEN 'running'
+            WHEN j.next_due_at IS NULL AND n.next_slot IS NULL THEN 'idle' ELSE 'scheduled' END AS state,
+       j.enabled, j.schedule, j.timezone, COALESCE(n.next_slot, j.next_due_at) AS next_run_at,
+       c.run_id AS running_run_id, c.started_at AS running_since, c.worker AS running_worker,
+       l.run_id AS last_run_id, l.status AS last_outcome, l.finished_at AS last_finished_at,
+       l.last_error AS last_error, j.config_error, j.after_job, j.after_outcome
+FROM agent.jobs AS j
+LEFT JOIN LATERAL (
+    SELECT r.run_id, r.started_at, r.worker FROM agent.runs AS r
+    WHERE r.job_name = j.job_name AND r.status = 'running'
+    ORDER BY r.started_at, r.run_id LIMIT 1) AS c ON TRUE
+LEFT JOIN LATERAL (
+    SELECT MIN(r.scheduled_for) AS next_slot FROM agent.runs AS r
+    WHERE r.job_name = j.job_name AND r.kind = 'scheduled' AND r.status IN ('pending', 'queued')) AS n ON TRUE
+LEFT JOIN LATERAL (
+    SELECT r.run_id, r.status, r.finished_at, r.last_error FROM agent.runs AS r
+    WHERE r.job_name = j.job_name AND r.status IN ('succeeded', 'failed', 'poisoned', 'skipped', 'cancelled')
+    ORDER BY r.scheduled_for DESC, r.run_id DESC LIMIT 1) AS l ON TRUE;
+GRANT SELECT ON agent.job_activity TO agent_operator;
+
 -- The history view shows which run a follow-up run followed (views are dropped and created
 -- again, never altered: Babelfish has no ALTER VIEW, and the dialects stay alike).
 DROP VIEW agent.job_history;
