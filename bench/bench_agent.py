@@ -8,9 +8,12 @@
 * the whole `tick` process over 10 and 10,000 jobs from settings (steady state);
 * cold import of function_app;
 * with --mssql (a T-SQL server: SQL Server, Azure SQL or Babelfish for PostgreSQL), the local
-  runner's no-op throughput there beside PostgreSQL (--noop-only: that figure alone).
+  runner's no-op throughput there beside PostgreSQL (--noop-only: that figure alone);
+* a job that follows a job (JOB__b__AFTER=a): from the end of a's run to the start of b's,
+  against run-now's from the request to the start, as a ratio (--after-only: that figure alone).
 
     .venv/bin/python bench/bench_agent.py [--pg ODBC-STRING-WITHOUT-DATABASE] [--sizes 100,1000,10000]
+    .venv/bin/python bench/bench_agent.py --after-only
     .venv/bin/python bench/bench_agent.py --noop-only --mssql "Driver={FreeTDS};Server=127.0.0.1;Port=1433;Uid=...;Pwd=...;"
 
 Throughput against procrastinate is bench/bench_vs_procrastinate.py. Targets on a 2-core
@@ -371,6 +374,42 @@ def bench_noop(dbs: Databases, dialect: str, tasks: int = 500, concurrency: int 
     return rate
 
 
+def bench_after(dbs: Databases, dialect: str, pairs: int = 50) -> float:
+    """Follow-up latency against run-now's, in the local runner (direct mode), from the times the
+    database recorded: run-now from the request (the run's created_at) to its start; a follow-up
+    (JOB__b__AFTER=a) from the end of a's run (its finished_at, the transaction that also created
+    b's run) to the start of b's. Each pair: run-now of 'solo', worked; run-now of 'a', worked
+    (a, then b at once). Returns the ratio of the medians, follow-up / run-now."""
+    env = {"JOB__solo__COMMAND": "SELECT 1", "JOB__a__COMMAND": "SELECT 1",
+           "JOB__b__COMMAND": "SELECT 1", "JOB__b__AFTER": "a", "AGENT_MAX_CONCURRENCY": "4"}
+    agent = Agent(load_settings(environ=env), db=dbs.new(dialect))
+    agent.init()
+    agent.tick()
+    store = agent.store()
+    runner = LocalRunner(agent, concurrency=2)
+    run_now: list[float] = []
+    follow_up: list[float] = []
+    for _ in range(pairs):
+        solo = agent.request_run_now("solo")
+        runner.work_until_idle(max_seconds=60)
+        run = store.execute("get_run", run_id=solo["run_id"]).one()
+        run_now.append((run["started_at"] - run["created_at"]).total_seconds() * 1000)
+        first = agent.request_run_now("a")
+        runner.work_until_idle(max_seconds=60)
+        ended = store.execute("get_run", run_id=first["run_id"]).one()
+        (follower,) = [r for r in store.execute("list_history", job_name="b", limit=5).rows
+                       if r["followed_run_id"] == first["run_id"]]
+        assert follower["status"] == "succeeded", follower
+        follow_up.append((follower["started_at"] - ended["finished_at"]).total_seconds() * 1000)
+    agent.close()
+    ratio = statistics.median(follow_up) / statistics.median(run_now)
+    print(f"\n== follow-up vs run-now, {dialect}: {pairs} of each, the local runner working; start latency "
+          f"median (p95) follow-up {statistics.median(follow_up):.1f} ms ({_percentile(follow_up, 0.95):.1f}), "
+          f"run-now {statistics.median(run_now):.1f} ms ({_percentile(run_now, 0.95):.1f}); "
+          f"ratio follow-up / run-now: {ratio:.2f}")
+    return ratio
+
+
 def bench_cold_import(repeats: int = 5) -> None:
     code = "import time; t = time.perf_counter(); import function_app; print((time.perf_counter() - t) * 1000)"
     figures = [float(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -387,6 +426,8 @@ def main() -> None:
                                                     "Babelfish); the login creates and drops its databases")
     parser.add_argument("--noop-only", action="store_true", help="only the no-op throughput (PostgreSQL, --mssql)")
     parser.add_argument("--noop-tasks", type=int, default=500)
+    parser.add_argument("--after-only", action="store_true",
+                        help="only the follow-up latency against run-now's (SQLite, PostgreSQL)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     dbs = Databases(args.pg or None, args.mssql or None)
@@ -399,6 +440,10 @@ def main() -> None:
             if args.noop_only:
                 return
         dialects = ["sqlite"] + (["postgres"] if args.pg else [])
+        if args.after_only:
+            for dialect in dialects:
+                bench_after(dbs, dialect)
+            return
         for dialect in dialects:
             bench_ticks(dbs, dialect, sizes)
         for dialect in dialects:
@@ -407,6 +452,7 @@ def main() -> None:
             bench_clock_behind(dbs, dialect)
             bench_drain(dbs, dialect)
             bench_order_chain(dbs, dialect)
+            bench_after(dbs, dialect)
         for dialect in dialects:
             bench_tick_process(dbs, dialect)
         bench_cold_import()

@@ -65,7 +65,7 @@ param tickSchedule string
 @maxValue(5)
 param maxDequeueCount int
 
-@description('Jobs: [{ name, schedule? (none: on demand), command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl?, targets?, targetParallelism? }] (command, or steps in jobSteps).')
+@description('Jobs: [{ name, schedule? (none: on demand), command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl?, targets?, targetParallelism?, after?, afterOutcome? }] (command, or steps in jobSteps; after: the job whose runs start this one).')
 param jobs array
 
 @description('Steps of multi-step jobs, one entry per step: [{ job, step, command, database?, maxAttempts?, retryIntervalSeconds?, timeoutSeconds?, onSuccess?, onFailure?, targets?, targetParallelism? }].')
@@ -245,6 +245,8 @@ var jobNotifySettings = [for job in jobs: { name: 'JOB__${job.name}__NOTIFY', va
 var jobNotifyWebhookUrlSettings = [for job in jobs: { name: 'JOB__${job.name}__NOTIFY_WEBHOOK_URL', value: job.?notifyWebhookUrl }]
 var jobTargetsSettings = [for job in jobs: { name: 'JOB__${job.name}__TARGETS', value: job.?targets }]
 var jobTargetParallelismSettings = [for job in jobs: { name: 'JOB__${job.name}__TARGET_PARALLELISM', value: job.?targetParallelism }]
+var jobAfterSettings = [for job in jobs: { name: 'JOB__${job.name}__AFTER', value: job.?after }]
+var jobAfterOutcomeSettings = [for job in jobs: { name: 'JOB__${job.name}__AFTER_OUTCOME', value: job.?afterOutcome }]
 
 // Steps of multi-step jobs (JOB__<job>__STEPS__<step>__<SETTING>): a flat list, one entry per
 // step naming its job, because Bicep cannot nest for-expressions (and Checkov's Bicep parser
@@ -259,7 +261,7 @@ var jobStepOnFailureSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS
 var jobStepTargetsSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__TARGETS', value: s.?targets }]
 var jobStepTargetParallelismSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__TARGET_PARALLELISM', value: s.?targetParallelism }]
 
-var jobSettingCandidates = concat(jobScheduleSettings, jobCommandSettings, jobTimezoneSettings, jobEnabledSettings, jobMaxAttemptsSettings, jobTimeoutSecondsSettings, jobLeaseSecondsSettings, jobMisfireSettings, jobGraceSecondsSettings, jobOverlapSettings, jobDatabaseSettings, jobNotifySettings, jobNotifyWebhookUrlSettings, jobTargetsSettings, jobTargetParallelismSettings, jobStepCommandSettings, jobStepDatabaseSettings, jobStepMaxAttemptsSettings, jobStepRetryIntervalSecondsSettings, jobStepTimeoutSecondsSettings, jobStepOnSuccessSettings, jobStepOnFailureSettings, jobStepTargetsSettings, jobStepTargetParallelismSettings)
+var jobSettingCandidates = concat(jobScheduleSettings, jobCommandSettings, jobTimezoneSettings, jobEnabledSettings, jobMaxAttemptsSettings, jobTimeoutSecondsSettings, jobLeaseSecondsSettings, jobMisfireSettings, jobGraceSecondsSettings, jobOverlapSettings, jobDatabaseSettings, jobNotifySettings, jobNotifyWebhookUrlSettings, jobTargetsSettings, jobTargetParallelismSettings, jobAfterSettings, jobAfterOutcomeSettings, jobStepCommandSettings, jobStepDatabaseSettings, jobStepMaxAttemptsSettings, jobStepRetryIntervalSecondsSettings, jobStepTimeoutSecondsSettings, jobStepOnSuccessSettings, jobStepOnFailureSettings, jobStepTargetsSettings, jobStepTargetParallelismSettings)
 var presentJobSettings = filter(jobSettingCandidates, setting => setting.value != null)
 
 // App settings are strings: booleans become 'true' / 'false' (string() would give 'True'),

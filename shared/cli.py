@@ -472,7 +472,7 @@ def cmd_run(agent, args) -> int:
 
 
 def cmd_jobs(agent, args) -> int:
-    from .views import jobs_view
+    from .views import after_words, jobs_view
 
     store = agent.store()
     store.require_schema()
@@ -486,6 +486,8 @@ def cmd_jobs(agent, args) -> int:
     for row in rows:
         last = f"{row['last_status']} #{row['last_run_id']}" if row["last_run_id"] else "-"
         schedule = row["schedule"] or ("on demand" if row["valid"] else "-")
+        if after_words(row):
+            schedule += f", {after_words(row)}"
         state = row["state"]
         if row.get("paused") and row.get("paused_until"):
             state = f"paused until {_time(row['paused_until'])}"
@@ -519,7 +521,8 @@ def cmd_history(agent, args) -> int:
     for run in runs:
         error = run["last_error"] or run["note"] or ""
         job = run["job_name"] or (f"(target of run {run['parent_run_id']})" if run.get("parent_run_id") else "(task)")
-        table.append([run["run_id"], job, run["kind"], _time(run["scheduled_for"]),
+        kind = run["kind"] if run.get("followed_run_id") is None else f"after #{run['followed_run_id']}"
+        table.append([run["run_id"], job, kind, _time(run["scheduled_for"]),
                       run["status"], f"{run['attempt']}/{run['max_attempts']}", _time(run["finished_at"]),
                       error[:120]])
     _print_table(["RUN", "JOB", "KIND", "SCHEDULED (UTC)", "STATUS", "ATTEMPTS", "FINISHED", "ERROR / NOTE"], table)
@@ -731,7 +734,8 @@ def cmd_submit(agent, args) -> int:
 
 def cmd_cancel(agent, args) -> int:
     from .fleet import report_moved_runs
-    from .notify import enqueue_calls, notifications_enabled
+    from .follow import ending_calls, follow_up_rows, report_follow_ups
+    from .notify import notifications_enabled
 
     store = agent.store()
     store.require_schema()
@@ -750,11 +754,15 @@ def cmd_cancel(agent, args) -> int:
                              expected="a run that has not finished")
         moved = store.execute("progress_fleets", parent_run_id=run.get("parent_run_id") or args.run_id,
                               run_id=None, token=None, now=now).rows
+        followed: list[dict] = []
         if any(row["status"] in ("succeeded", "failed") for row in moved):
-            for name, params in enqueue_calls(agent.settings, now):
-                store.execute(name, **params)
+            for name, params in ending_calls(agent.settings, now):
+                followed += follow_up_rows([(name, params)], [store.execute(name, **params)])
     if report_moved_runs(moved, agent.telemetry) and notifications_enabled(agent.settings):
         agent.notifier.wake()
+    report_follow_ups(followed, agent.telemetry)
+    if followed:
+        _dispatch_now(agent)      # a fleet run the cancel ended started its followers: on the queue now
     if args.json:
         _print_json({"run_id": args.run_id, "status": "cancelled"})
     else:

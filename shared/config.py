@@ -22,9 +22,10 @@ import os
 import re
 import socket
 from dataclasses import dataclass, field
+from enum import Enum
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
 from .exporters import parse_exporter
@@ -48,6 +49,8 @@ JOB_SETTING_SUFFIXES = (
     "NOTIFY_WEBHOOK_URL",
     "TARGETS",
     "TARGET_PARALLELISM",
+    "AFTER",
+    "AFTER_OUTCOME",
 )
 # JOB__<name>__STEPS__<n>__<SUFFIX>: one step of a multi-step job (SQL Agent's job steps).
 STEP_SETTING_SUFFIXES = (
@@ -75,6 +78,23 @@ MISFIRE_POLICIES = ("run-once", "skip")
 OVERLAP_POLICIES = ("skip", "queue", "allow")
 QUEUE_ENCODINGS = ("base64", "none")
 DEFAULT_TICK_SCHEDULE = "0 */1 * * * *"
+
+
+class AfterOutcome(str, Enum):
+    """JOB__<name>__AFTER_OUTCOME: which ends of a run of the job it follows start a run of this
+    one (SQL Agent's on-success / on-failure / either). A run ends succeeded, or failed (poisoned
+    counts as failed: its SQL never completed); a skipped slot or a cancelled (stopped) run did
+    not run to an end, and starts nothing."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    COMPLETED = "completed"
+
+    def __repr__(self) -> str:   # the config hash reprs every field: the value, stable across versions
+        return repr(self.value)
+
+
+AFTER_OUTCOMES = tuple(outcome.value for outcome in AfterOutcome)
 
 
 @dataclass(frozen=True)
@@ -313,6 +333,10 @@ class JobDefinition:
     notify_webhook_url: str | None = None
     # JOB__<name>__TARGETS of a one-step fleet job (held as its one step's targets too).
     targets: str | None = None
+    # JOB__<name>__AFTER: the job a run of which, ending with AFTER_OUTCOME, starts a run of this
+    # one (in the transaction that ends it). None: this job follows no job.
+    after: str | None = None
+    after_outcome: AfterOutcome = AfterOutcome.SUCCEEDED
 
     def steps_json(self) -> str | None:
         """What agent.jobs.steps holds: None for a one-step job (today's rows, unchanged)."""
@@ -539,6 +563,7 @@ def parse_jobs(env: Mapping[str, str]) -> tuple[tuple[JobDefinition, ...], tuple
         folded = name.casefold()
         parsed.append((name, folded, job, errors))
         by_fold.setdefault(folded, []).append(name)
+    _check_followers(parsed)
     valid: list[JobDefinition] = []
     invalid: list[InvalidJob] = []
     taken: set[str] = set()
@@ -555,6 +580,59 @@ def parse_jobs(env: Mapping[str, str]) -> tuple[tuple[JobDefinition, ...], tuple
             taken.add(folded)
             valid.append(job)
     return tuple(valid), tuple(invalid)
+
+
+def _check_followers(parsed: list[tuple[str, str, JobDefinition | None, list[str]]]) -> None:
+    """JOB__<name>__AFTER over all jobs of the settings: it names a job of these settings (valid
+    or not: a job whose settings are wrong still exists, and its runs start this one once it is
+    fixed), written as that job's name is; and no job follows itself, directly or through
+    others (a cycle would run forever once started). Every job of a cycle gets the error naming
+    the whole cycle; the jobs that follow into a cycle keep running (their AFTER names a job).
+    A job of the settings follows jobs of the settings only: the settings are checked as a
+    whole here, without the database (a job defined with agent.add_scheduled_job may follow
+    either kind; the procedure checks it against the database)."""
+    names = {folded: name for name, folded, _, _ in parsed}
+    follows: dict[str, str] = {}
+    for name, _, job, errors in parsed:
+        if job is None or job.after is None:
+            continue
+        leader = names.get(job.after.casefold())
+        if leader is None:
+            errors.append(str(ConfigError(f"{JOB_SETTING_PREFIX}{name}__AFTER", job.after,
+                                          "the name of another job of these settings (a job from the settings "
+                                          "follows jobs from the settings; a job defined with "
+                                          "agent.add_scheduled_job @after can follow either)")))
+        elif leader != job.after:
+            errors.append(str(ConfigError(f"{JOB_SETTING_PREFIX}{name}__AFTER", job.after,
+                                          f"the job's name as it is written: {leader!r}")))
+        else:
+            follows[name] = leader
+    # Each job follows at most one: walking from every job finds each cycle once, in order.
+    in_cycle: dict[str, list[str]] = {}
+    done: set[str] = set()
+    for start in follows:
+        path: list[str] = []
+        position: dict[str, int] = {}
+        current: str | None = start
+        while current is not None and current not in done and current not in position:
+            position[current] = len(path)
+            path.append(current)
+            current = follows.get(current)
+        if current is not None and current in position:
+            cycle = path[position[current]:]
+            for member in cycle:
+                in_cycle[member] = cycle
+        done.update(path)
+    for name, _, job, errors in parsed:
+        cycle = in_cycle.get(name)
+        if cycle is None:
+            continue
+        order = cycle[::-1]        # the order runs start each other in: a job's run starts its follower
+        at = order.index(name)
+        shown = " -> ".join(order[at:] + order[:at] + [name])
+        errors.append(f"{JOB_SETTING_PREFIX}{name}__AFTER={follows[name]!r}: a cycle of jobs that follow each other "
+                      f"({shown}: a run of each would start the next, forever); expected a chain that ends: remove "
+                      "AFTER from one of them")
 
 
 def _storage_key(name: str, taken: set[str]) -> str:
@@ -704,6 +782,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         (enabled, max_attempts, timeout_seconds, lease_seconds, misfire, grace_seconds, overlap, database,
          notify, webhook, targets, parallelism) = _PLAIN_DEFAULTS
         steps: tuple[StepDefinition, ...] = ()
+        after, after_outcome = None, AfterOutcome.SUCCEEDED
     else:
         def int_value(suffix: str, low: int, high: int) -> int:
             if suffix not in given and suffix in _DEFAULT_INTS:
@@ -760,6 +839,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         parallelism = DEFAULT_PARALLELISM
         if ("TARGET_PARALLELISM" in given or "TARGET_PARALLELISM" in JOB_DEFAULTS) and value("TARGET_PARALLELISM") is not None:
             parallelism = int_value("TARGET_PARALLELISM", 1, MAX_PARALLELISM)
+        after, after_outcome = _after_settings(name, given, setting, errors)
         steps: tuple[StepDefinition, ...] = ()
         if has_steps and "COMMAND" not in values:
             from .steps import parse_steps
@@ -785,8 +865,29 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         enabled=enabled, max_attempts=max_attempts, timeout_seconds=timeout_seconds,
         lease_seconds=lease_seconds, misfire=misfire, grace_seconds=grace_seconds,
         overlap=overlap, database=database, steps=steps, notify=notify, notify_webhook_url=webhook,
-        targets=targets,
+        targets=targets, after=after, after_outcome=after_outcome,
     )
+
+
+def _after_settings(name: str, given: dict[str, str], setting: Callable[[str], str],
+                    errors: list[str]) -> tuple[str | None, AfterOutcome]:
+    """JOB__<name>__AFTER and AFTER_OUTCOME of one job, each checked on its own (whether AFTER
+    names a job of these settings, and cycles, are parse_jobs' checks over all jobs)."""
+    after = given.get("AFTER")
+    if after is not None and not JOB_NAME_PATTERN.match(after):
+        errors.append(str(ConfigError(setting("AFTER"), _printable(after),
+                                      "the name of another job of these settings (1-64 letters, digits, '_', '.' or '-')")))
+    outcome = AfterOutcome.SUCCEEDED
+    raw = given.get("AFTER_OUTCOME")
+    if raw is not None:
+        if raw.lower() not in AFTER_OUTCOMES:
+            errors.append(str(ConfigError(setting("AFTER_OUTCOME"), _printable(raw), " or ".join(AFTER_OUTCOMES))))
+        elif after is None:
+            errors.append(f"{setting('AFTER_OUTCOME')}={_printable(raw)!r}: set without {setting('AFTER')}; expected "
+                          f"{setting('AFTER')} too (the job whose runs start this one), or no AFTER_OUTCOME")
+        else:
+            outcome = AfterOutcome(raw.lower())
+    return after, outcome
 
 
 def _job(**fields: Any) -> JobDefinition:

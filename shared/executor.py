@@ -36,7 +36,8 @@ from .messages import DoorbellMessage, RunMessage, decode_body, parse_message
 from .store import Result, Store
 from .sqlerrors import classify, describe
 from .db import ConnectError
-from .notify import enqueue_calls, notifications_enabled
+from .follow import ending_calls, follow_up_rows, report_follow_ups
+from .notify import notifications_enabled
 from .steps import QUIT_FAILURE, QUIT_SUCCESS, cap_output, run_steps, target_step
 
 log = logging.getLogger(__name__)
@@ -476,7 +477,7 @@ class Executor:
                                                         "attempt": run["attempt"], "step_output": text}))
             calls += fleet_progress_calls(run, now)
             ends = True
-            calls += enqueue_calls(self.settings, now)
+            calls += ending_calls(self.settings, now)
         else:
             params = self._transition(run, step, steps, now, outcome="succeeded", action=step.on_success,
                                       retry_at=None, failures=run["failures"], output=output,
@@ -484,12 +485,13 @@ class Executor:
             calls.append(("step_transition", params))
             ends = params["run_status"] != "running"
             if ends:
-                calls += enqueue_calls(self.settings, now)
+                calls += ending_calls(self.settings, now)
         results = self._chain_with_hand_on(store, calls, now) if ends else store.chain(*calls)
         row = results[position].one()
         if row is None:
             raise LeaseLost()
         self._report_fleet_progress(calls, results)
+        report_follow_ups(follow_up_rows(calls, results), self.telemetry)
         handed_on = results[-1].rows if self.queue is not None and ends else []
         return handed_on, (row if step is not None else None)
 
@@ -602,7 +604,7 @@ class Executor:
         retry_at = now + timedelta(seconds=interval if interval is not None else self.backoff_seconds(run["failures"] + 1))
         calls = (reset + [("fail_run", {"run_id": run_id, "token": token, "now": now, "retry_at": retry_at,
                                         "outcome": outcome, **errors})]
-                 + record + fleet_progress_calls(run, now) + enqueue_calls(self.settings, now))
+                 + record + fleet_progress_calls(run, now) + ending_calls(self.settings, now))
         with store.transaction():
             results = self._chain_with_hand_on(store, calls, now)
         row = results[len(reset)].one()
@@ -610,6 +612,7 @@ class Executor:
             return self._fenced(run, properties, operation_id, f"failed after the lease moved on: {message}",
                                 same_database)
         self._report_fleet_progress(calls, results)
+        report_follow_ups(follow_up_rows(calls, results), self.telemetry)
         self._send_handed_on(results[-1].rows if self.queue is not None else [])
         if row["status"] == "pending":
             log.warning("run %s attempt %s failed (%s of MAX_ATTEMPTS=%s spent): %s; retry at %s", run_id, attempt,
@@ -639,13 +642,14 @@ class Executor:
                                   failures=failures, output=output, error=error)
         store = self._store()
         ends = params["run_status"] != "running"
-        calls = reset + [("step_transition", params)] + (enqueue_calls(self.settings, now) if ends else [])
+        calls = reset + [("step_transition", params)] + (ending_calls(self.settings, now) if ends else [])
         with store.transaction():
             results = self._chain_with_hand_on(store, calls, now) if ends else store.chain(*calls)
         moved = results[len(reset)].one()
         if moved is None:
             return self._fenced(run, properties, operation_id, f"failed after the lease moved on: {message}",
                                 bool(reset))
+        report_follow_ups(follow_up_rows(calls, results), self.telemetry)
         self._send_handed_on(results[-1].rows if self.queue is not None and ends else [])
         failure = {**properties, "error_number": number, "error_message": message}
         self._step_event("StepFailed", failure, outcome, output, operation_id)
@@ -689,6 +693,7 @@ class Executor:
         store = self._store()
         now = self.clock()
         _, number, sqlstate, message = attempt_error or (None, None, None, None)
+        followed: list[dict[str, Any]] = []
         with store.transaction():
             marked = False
             if token is not None and run_id is not None:
@@ -702,8 +707,8 @@ class Executor:
                     for name, params in fleet_progress_calls({"parent_run_id": parent_run_id, "run_id": run_id,
                                                               "token": token}, now):
                         self._fleet_moved(store.execute(name, **params).rows)
-                    for name, params in enqueue_calls(self.settings, now):
-                        store.execute(name, **params)
+                    for name, params in ending_calls(self.settings, now):
+                        followed += follow_up_rows([(name, params)], [store.execute(name, **params)])
             errors: list[dict[str, Any]] = []
             if run_id is not None:
                 for row in store.execute("list_run_errors", run_id=run_id).rows:
@@ -716,6 +721,13 @@ class Executor:
         log.error("message %s poisoned (poison id %s, run %s): %s", message_id or "-", poison_id, run_id, reason)
         if marked and self.notifier is not None:
             self.notifier.wake()
+        report_follow_ups(followed, self.telemetry)
+        if followed and self.queue is not None:
+            # The poisoned run's end started its followers: dispatched now, not at the next doorbell.
+            try:
+                dispatch(self._store(), self.queue, self.settings, self.clock(), self.telemetry)
+            except Exception as exc:  # noqa: BLE001 - they wait for the next doorbell or tick instead
+                log.warning("dispatching the follow-up runs of run %s failed: %s", run_id, describe(exc))
         self.telemetry.event("RunPoisoned", {"job": job, "run_id": run_id, "token": token,
                                              "dequeue_count": dequeue_count,
                                              "outcome": "poisoned" if marked else "message_poisoned",

@@ -321,7 +321,7 @@ class Monitor:
             lines.append(
                 f'<tr class="job" id="job-{_e(row["job_name"])}"><td>{self.job_link(row["job_name"])}</td>'
                 f'<td>{_e(row["source"])}</td><td>{state}</td>'
-                f'<td>{_e(row["schedule_words"])}<div><code>{_e(row["schedule"])}</code></div></td>'
+                f'<td>{_e(row["schedule_words"])}<div><code>{_e(row["schedule"])}</code></div>{_after(self, row)}</td>'
                 f'<td>{_e(row["timezone"])}</td><td class="status">{status_text(row)}</td><td>{last}</td>'
                 f"<td>{_next_slot(row)}</td></tr>")
         lines.append("</tbody></table>")
@@ -334,7 +334,7 @@ class Monitor:
                  + (f'<div class="error">{_e(job["config_error"])}</div>' if job["config_error"] else ""))
         facts = [
             ("Defined in", _e(job["source"])), ("State", state),
-            ("Schedule", f'{_e(job["schedule_words"])} <code>{_e(job["schedule"])}</code>'),
+            ("Schedule", f'{_e(job["schedule_words"])} <code>{_e(job["schedule"])}</code>{_after(self, job)}'),
             ("Time zone", _e(job["timezone"])), ("Status now", status_text(job)),
             ("Last outcome", f'{_e(job["last_status"] or "-")} {self.run_link(job["last_run_id"])} '
                              f'{_t(job["last_finished_at"]) if job["last_run_id"] else ""}{_last_targets(job)}'),
@@ -488,7 +488,7 @@ def _history_columns(runs: list[dict[str, Any]]) -> list[tuple[str, Callable[[Mo
     fleet = [("Targets", _targets_cell)] if any(run.get("targets") for run in runs) else []
     return [
         ("Run", lambda m, r: m.run_link(r["run_id"])),
-        ("Kind", _text("kind")),
+        ("Kind", _run_kind),
         ("Slot (UTC)", _field("scheduled_for")),
         ("Status", _status()),
         ("Attempts", lambda m, r: f'{_e(r["attempt"])}/{_e(r["max_attempts"])}'),
@@ -584,6 +584,24 @@ def _run_job(monitor: Monitor, run: dict[str, Any]) -> str:
     return "(task)"
 
 
+def _run_kind(monitor: Monitor, run: dict[str, Any]) -> str:
+    """The run's kind; for a run a job that follows a job started, the run it followed, linked."""
+    if run.get("followed_run_id") is None:
+        return _e(run.get("kind"))
+    return f'{_e(run.get("kind"))}, <span class="after">after run {monitor.run_link(run["followed_run_id"])}</span>'
+
+
+def _after(monitor: Monitor, job: dict[str, Any]) -> str:
+    """Whom a job follows, as a line under its schedule ("after load", "after load failed"), the
+    job linked; nothing for a job that follows none."""
+    leader = job.get("after_job")
+    if not leader:
+        return ""
+    outcome = job.get("after_outcome") or "succeeded"
+    when = "" if outcome == "succeeded" else f" {_e(outcome)}"
+    return f'<div class="after">after {monitor.job_link(leader)}{when}</div>'
+
+
 def _run_fleet(monitor: Monitor, run: dict[str, Any]) -> str:
     """What the run has to do with a fleet: an execution's run, step and target; a fleet run's
     counts; "-" for any other run."""
@@ -600,7 +618,7 @@ def _run_fleet(monitor: Monitor, run: dict[str, Any]) -> str:
 
 RUN_FIELDS: list[tuple[str, Callable[[Monitor, dict[str, Any]], str]]] = [
     ("Job", _run_job), ("Fleet", _run_fleet),
-    ("Kind", _text("kind")), ("Status", _status()), ("Step", _text("step")), ("Slot (UTC)", _field("scheduled_for")),
+    ("Kind", _run_kind), ("Status", _status()), ("Step", _text("step")), ("Slot (UTC)", _field("scheduled_for")),
     ("Attempts", lambda m, r: f'{_e(r["attempt"])} of {_e(r["max_attempts"])} (failures {_e(r["failures"])}, '
                               f'lapses {_e(r["lapses"])}, transient errors {_e(r["transient_errors"])})'),
     ("Created", _field("created_at")), ("Runnable at", _field("runnable_at")), ("Dispatched", _field("dispatched_at")),

@@ -99,6 +99,8 @@ def notification_body(notification: dict[str, Any], run: dict[str, Any]) -> dict
         "finished_at": _iso(finished),
         # Application Insights: operation_Id == this value finds the run's events and SQL.
         "operation_id": run.get("operation_id"),
+        # A job that follows a job (JOB__<name>__AFTER): the run whose end started this one.
+        "followed_run_id": run.get("followed_run_id"),
     }
 
 

@@ -36,7 +36,7 @@ from .database_jobs import plan_database_jobs, refused_settings_job_error, stand
 from .dispatch import PartialDispatchError, claim_horizon, dispatch, ring_doorbells, run_properties
 from .errors import AgentError, QueueError
 from .fleet import report_moved_runs
-from .notify import enqueue_calls
+from .follow import ending_calls, follow_up_rows, report_follow_ups
 from .schedules import CronSchedule, parse_schedule
 from .store import Store
 from .sqlerrors import classify, describe, is_lock_conflict
@@ -290,6 +290,7 @@ class Scheduler:
                 "lease_seconds": job.lease_seconds, "misfire": job.misfire,
                 "grace_seconds": job.grace_seconds, "overlap": job.overlap,
                 "steps": job.steps_json(), "notify": job.notify, "notify_webhook_url": job.notify_webhook_url,
+                "after_job": job.after, "after_outcome": job.after_outcome.value if job.after else None,
                 "next_due_at": store.json_time(_initial_due(job.schedule, job.timezone, now)) if job.enabled else None,
             })
         for bad in self.settings.invalid_jobs:
@@ -382,15 +383,17 @@ class Scheduler:
 
     def expire_leases(self, now: datetime, report: TickReport) -> None:
         store = self.store
+        followed: list[dict[str, Any]] = []
         with store.transaction():
             expired = store.execute("expire_leases", now=now, max_lapses=self.settings.agent.max_lapses).rows
             if expired:
                 store.execute("close_dead_attempts", now=now)
                 if any(run["status"] == "failed" for run in expired):
-                    # A run failed by its last lapse is notified like any failed run.
-                    for name, params in enqueue_calls(self.settings, now):
-                        store.execute(name, **params)
+                    # A run failed by its last lapse is notified, and starts its followers, like any failed run.
+                    for name, params in ending_calls(self.settings, now):
+                        followed += follow_up_rows([(name, params)], [store.execute(name, **params)])
         report.expired = expired
+        report_follow_ups(followed, self.telemetry)
         for run in expired:
             if not run.get("was_running"):
                 continue
@@ -407,12 +410,14 @@ class Scheduler:
         ended (one lapsed for good, or was poisoned unread) move on — one statement, whatever
         the number of fleets; their outcomes are notified in the same transaction."""
         store = self.store
+        followed: list[dict[str, Any]] = []
         with store.transaction():
             moved = store.execute("progress_fleets", parent_run_id=None, run_id=None, token=None, now=now).rows
             if any(row["status"] in ("succeeded", "failed") for row in moved):
-                for name, params in enqueue_calls(self.settings, now):
-                    store.execute(name, **params)
+                for name, params in ending_calls(self.settings, now):
+                    followed += follow_up_rows([(name, params)], [store.execute(name, **params)])
         report_moved_runs(moved, self.telemetry)
+        report_follow_ups(followed, self.telemetry)
 
     def purge_history(self, now: datetime, report: TickReport) -> None:
         """Purge history older than AGENT_HISTORY_RETENTION_DAYS (poison older than
@@ -526,7 +531,7 @@ def _invalid_row(key: str, message: str) -> dict[str, Any]:
         "target_database": None, "enabled": 0, "valid": 0, "config_error": message,
         "max_attempts": 1, "timeout_seconds": 1, "lease_seconds": 60, "misfire": "skip",
         "grace_seconds": 0, "overlap": "skip", "next_due_at": None,
-        "steps": None, "notify": "never", "notify_webhook_url": None,
+        "steps": None, "notify": "never", "notify_webhook_url": None, "after_job": None, "after_outcome": None,
     }
 
 

@@ -169,6 +169,13 @@ def _number(text: str) -> int:
 # ---------------------------------------------------------------- the jobs as SQL Agent has them
 
 
+# A step that starts another job (how SQL Agent chains jobs): EXEC [msdb.dbo.]sp_start_job (its
+# return code assigned or not), with the job's name as a literal (@job_name = N'...' or the first
+# argument; None for any other form, a variable or @job_id).
+START_JOB = re.compile(r"\bEXEC(?:UTE)?\s+(?:@\w+\s*=\s*)?(?:\[?msdb\]?\s*\.\s*(?:\[?dbo\]?)?\s*\.\s*)?"
+                       r"\[?sp_start_job\]?(?![\w$#@])(?:\s+(?:@job_name\s*=\s*)?N?'((?:[^']|'')*)')?", re.IGNORECASE)
+
+
 @dataclass
 class AgentStep:
     step_id: int
@@ -389,6 +396,17 @@ def _convert_job(job: AgentJob, timezone: str, today: date, taken: set[str]) -> 
         if not isinstance(s.get("command"), str) or not s["command"].strip():
             left_out(label, "no @command")
             continue
+        started = START_JOB.search(s["command"])
+        if started:
+            # A chain: SQL Agent jobs start the next job from a step. There is no msdb in Azure SQL
+            # Database, so the step would fail; here the started job follows this one (AFTER).
+            whom = f"job {started.group(1).replace(chr(39) * 2, chr(39))!r}" if started.group(1) is not None \
+                else "the job it starts"
+            left_out(f"{label} EXEC sp_start_job",
+                     f"msdb.dbo.sp_start_job does not exist in Azure SQL Database (the step would fail): make {whom} "
+                     f"follow this one instead, JOB__<its name>__AFTER={name} (with AFTER_OUTCOME=failed or "
+                     "completed when the step is reached on failure too), and remove the step "
+                     "(docs/moving-from-sql-agent.md, Chains)")
         kept.append(step)
 
     step_numbers = {step.step_id: k + 1 for k, step in enumerate(kept)}

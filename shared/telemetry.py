@@ -67,7 +67,7 @@ AUTHENTICATION_STRING_SETTING = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"
 EVENT_NAMES = ("RunClaimed", "RunDispatched", "RunStarted", "RunSucceeded", "RunFailed", "RunRetried",
                "LeaseExpired", "RunPoisoned", "MisfireSkipped", "OverlapSkipped", "JobConfigInvalid",
                "StaleMessage", "ClockSkewDetected", "StepSucceeded", "StepFailed", "TargetsResolved",
-               "JobPaused", "JobResumed")
+               "JobPaused", "JobResumed", "FollowUpStarted")
 METRIC_NAMES = ("TickDurationMs", "RunsDue", "RunsClaimed", "RunsDispatched", "ScheduleLagSeconds",
                 "RunDurationMs", "DequeueCount")
 # The dimension (customDimensions key) names the engine uses, so the README's KQL and the
@@ -75,7 +75,8 @@ METRIC_NAMES = ("TickDurationMs", "RunsDue", "RunsClaimed", "RunsDispatched", "S
 STANDARD_DIMENSIONS = ("job", "run_id", "attempt", "scheduled_for", "token", "kind", "outcome",
                        "error_number", "error_message", "duration_ms", "retry_at", "dequeue_count",
                        "poison_id", "step", "output", "target_database", "target_server", "parent_run_id",
-                       "targets", "targets_failed", "paused_until", "paused_by", "reason", "runs_skipped")
+                       "targets", "targets_failed", "paused_until", "paused_by", "reason", "runs_skipped",
+                       "followed_run_id")
 
 # Application Insights limits (data model): longer values are truncated by ingestion anyway;
 # truncating here keeps the POST small and the cut predictable.

@@ -77,6 +77,16 @@ def _job_extras(row: dict[str, Any], now: datetime) -> dict[str, Any]:
     }
 
 
+def after_words(row: dict[str, Any]) -> str | None:
+    """Whom a job follows, in words ("after load", "after load failed"), or None: a job row's
+    after_job and after_outcome (JOB__<name>__AFTER, agent.add_scheduled_job @after)."""
+    leader = row.get("after_job")
+    if not leader:
+        return None
+    outcome = row.get("after_outcome") or "succeeded"
+    return f"after {leader}" + ("" if outcome == "succeeded" else f" {outcome}")
+
+
 def status_now(groups: list[dict[str, Any]], now: datetime) -> dict[str, Any]:
     """A job's status from its list_job_activity groups: the most active state wins (running,
     then queued, then retrying, then waiting, then due), with the number of runs in flight."""

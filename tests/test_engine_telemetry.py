@@ -108,3 +108,29 @@ def test_without_connection_string_nothing_is_sent(db_url, appinsights_endpoint)
         assert appinsights_endpoint.envelopes == []
     finally:
         agent.close()
+
+
+def test_a_follow_up_run_is_reported_in_the_chain_s_operation(db_url, appinsights_endpoint):
+    """JOB__b__AFTER=a: b's run takes a's operation id (the chain is one operation), and the end
+    of a's run reports FollowUpStarted naming both runs."""
+    agent = make_agent(db_url, {"a": {"COMMAND": "SELECT 1"}, "b": {"COMMAND": "SELECT 2", "AFTER": "a"}},
+                       queue=MemoryQueue(), APPLICATIONINSIGHTS_CONNECTION_STRING=appinsights_endpoint.connection_string,
+                       AGENT_TELEMETRY_EXPORTER=appinsights_endpoint.exporter)
+    try:
+        from shared.dispatch import dispatch
+
+        agent.tick()
+        first = agent.request_run_now("a")
+        dispatch(agent.store(), agent.queue, agent.settings, agent.clock(), agent.telemetry)
+        work(agent)
+        agent.telemetry.flush()
+        events = appinsights_endpoint.events
+        (started,) = _named(events(), "FollowUpStarted")
+        assert _props(started)["job"] == "b" and _props(started)["followed_run_id"] == str(first["run_id"])
+        assert _op(started) == first["operation_id"]
+        succeeded = {_props(e)["job"]: e for e in _named(events(), "RunSucceeded")}
+        assert set(succeeded) == {"a", "b"}
+        assert _op(succeeded["b"]) == _op(succeeded["a"]) == first["operation_id"]
+        assert _props(succeeded["b"])["run_id"] == _props(started)["run_id"]
+    finally:
+        agent.close()

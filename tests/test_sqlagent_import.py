@@ -485,3 +485,23 @@ def test_operator_notification_levels_become_notify(levels, notify):
     assert converted.settings["JOB__n__NOTIFY"] == notify
     assert all("operators are not carried" in item["reason"] for item in converted.not_carried)
     assert_engine_accepts(converted.settings)
+
+
+def test_a_step_that_starts_another_job_is_listed_with_the_after_that_replaces_it():
+    """SQL Agent chains with EXEC msdb.dbo.sp_start_job in a step: there is no msdb in Azure SQL
+    Database, so the step is listed with what replaces it here (the started job's AFTER)."""
+    steps = "\n".join([
+        step(1, "EXEC etl.load_day;", success=3),
+        step(2, "EXEC msdb.dbo.sp_start_job @job_name = N'O''Brien rebuild';", success=1),
+        step(3, "exec @rc = [msdb].[dbo].[sp_start_job] N'report'", success=1),
+        step(4, "DECLARE @j SYSNAME = N'x'; EXECUTE msdb..sp_start_job @job_name = @j;", success=1),
+    ])
+    converted = one(ssms("load", steps, schedule()))[0]
+    listed = {item["what"]: item["reason"] for item in converted.not_carried}
+    assert "make job \"O'Brien rebuild\" follow this one instead, JOB__<its name>__AFTER=load" in \
+        listed["step 2 ('step 2') EXEC sp_start_job"]
+    assert "make job 'report' follow this one" in listed["step 3 ('step 3') EXEC sp_start_job"]
+    assert "make the job it starts follow this one" in listed["step 4 ('step 4') EXEC sp_start_job"]
+    assert converted.settings["JOB__load__STEPS__2__COMMAND"].startswith("EXEC msdb.dbo.sp_start_job")  # still copied
+    untouched = one(ssms("plain", step(1, "SELECT 'EXEC of sp_start_job is only words here'"), schedule()))[0]
+    assert untouched.not_carried == []

@@ -19,7 +19,7 @@ PG_TYPES = {
     "timezone": "varchar", "enabled": "int", "overlap": "varchar", "misfire": "varchar",
     "grace_seconds": "int", "lease_seconds": "int", "job_name": "varchar", "run_id": "bigint",
     "poison_id": "bigint", "targets": "varchar", "target_parallelism": "int", "until": "timestamptz",
-    "reason": "varchar",
+    "reason": "varchar", "after": "varchar", "after_outcome": "varchar",
 }
 
 

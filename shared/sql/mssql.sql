@@ -159,19 +159,20 @@ DECLARE @s TABLE (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCH
                   target_database NVARCHAR(128), enabled SMALLINT, valid SMALLINT, config_error NVARCHAR(MAX),
                   max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16), grace_seconds INT,
                   overlap NVARCHAR(16), next_due_at DATETIME2(6), steps NVARCHAR(MAX), notify NVARCHAR(16),
-                  notify_webhook_url NVARCHAR(2000));
+                  notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64), after_outcome NVARCHAR(16));
 INSERT INTO @s (job_name, schedule, timezone, command, target_database, enabled, valid, config_error, max_attempts,
                 timeout_seconds, lease_seconds, misfire, grace_seconds, overlap, next_due_at, steps, notify,
-                notify_webhook_url)
+                notify_webhook_url, after_job, after_outcome)
 SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid, j.config_error,
        j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire, j.grace_seconds, j.overlap,
-       CONVERT(DATETIME2(6), j.next_due_at, 121), j.steps, j.notify, j.notify_webhook_url
+       CONVERT(DATETIME2(6), j.next_due_at, 121), j.steps, j.notify, j.notify_webhook_url, j.after_job, j.after_outcome
 FROM OPENJSON(:jobs) WITH (
     job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), command NVARCHAR(MAX),
     target_database NVARCHAR(128), enabled SMALLINT, valid SMALLINT, config_error NVARCHAR(MAX),
     max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16),
     grace_seconds INT, overlap NVARCHAR(16), next_due_at NVARCHAR(40), steps NVARCHAR(MAX),
-    notify NVARCHAR(16), notify_webhook_url NVARCHAR(2000)) AS j;
+    notify NVARCHAR(16), notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64),
+    after_outcome NVARCHAR(16)) AS j;
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 UPDATE t SET
     next_due_at = CASE
@@ -207,16 +208,19 @@ UPDATE t SET
     updated_at = CAST(:now AS DATETIME2(6)),
     steps = s.steps,
     notify = s.notify,
-    notify_webhook_url = s.notify_webhook_url
+    notify_webhook_url = s.notify_webhook_url,
+    after_job = s.after_job,
+    after_outcome = s.after_outcome
 FROM agent.jobs AS t WITH (UPDLOCK, HOLDLOCK), @s AS s
 WHERE t.job_name = s.job_name AND (t.defined_in_database = 0 OR t.configured = 0);
 INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, enabled, valid, config_error,
                         max_attempts, timeout_seconds, lease_seconds, misfire, grace_seconds, overlap,
-                        next_due_at, advanced_at, configured, updated_at, steps, notify, notify_webhook_url)
+                        next_due_at, advanced_at, configured, updated_at, steps, notify, notify_webhook_url,
+                        after_job, after_outcome)
 SELECT s.job_name, s.schedule, s.timezone, s.command, s.target_database, s.enabled, s.valid,
        s.config_error, s.max_attempts, s.timeout_seconds, s.lease_seconds, s.misfire,
        s.grace_seconds, s.overlap, s.next_due_at, CAST(:now AS DATETIME2(6)), 1, CAST(:now AS DATETIME2(6)),
-       s.steps, s.notify, s.notify_webhook_url
+       s.steps, s.notify, s.notify_webhook_url, s.after_job, s.after_outcome
 FROM @s AS s
 WHERE NOT EXISTS (SELECT 1 FROM agent.jobs AS e WITH (UPDLOCK, HOLDLOCK) WHERE e.job_name = s.job_name);
 
@@ -763,7 +767,7 @@ SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, 
        attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
        runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
        last_error_number, last_error, note, step, steps, parent_run_id, parent_token, target_server,
-       retry_interval_seconds, awaiting_targets, targets_total, targets_failed
+       retry_interval_seconds, awaiting_targets, targets_total, targets_failed, followed_run_id
 FROM agent.runs WHERE run_id = :run_id;
 
 -- list_run_errors --
@@ -857,7 +861,7 @@ SELECT run_id FROM @cancelled;
 -- list_jobs --
 -- Every known job with its configuration state, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome,
        CASE WHEN j.defined_in_database = 1 THEN N'database' ELSE N'settings' END AS source, j.needs_planning,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
@@ -876,7 +880,7 @@ ORDER BY j.job_name;
 -- Runs, newest first, optionally of one job.
 SELECT TOP (:limit) run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
        created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id,
-       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed
+       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed, followed_run_id
 FROM agent.runs
 WHERE (CAST(:job_name AS NVARCHAR(64)) IS NULL OR job_name = CAST(:job_name AS NVARCHAR(64)))
 ORDER BY run_id DESC
@@ -999,7 +1003,7 @@ ORDER BY run_id;
 -- get_job --
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
@@ -1131,6 +1135,36 @@ WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.status IN (N'succeeded', 
        OR (COALESCE(j.notify, N'on_failure') = N'on_failure' AND r.status IN (N'failed', N'poisoned')))
   AND NOT EXISTS (SELECT 1 FROM agent.notifications AS n WITH (UPDLOCK, HOLDLOCK) WHERE n.run_id = r.run_id);
 
+-- start_follow_up_runs --
+-- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key). (SQL Server: the key-range locks of the probes keep a concurrent ending of the same run out.)
+DECLARE @followers TABLE (run_id BIGINT, job_name NVARCHAR(64), followed_run_id BIGINT, operation_id NVARCHAR(32));
+INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
+                        max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
+                        operation_id, note, steps, followed_run_id)
+OUTPUT inserted.run_id, inserted.job_name, inserted.followed_run_id, inserted.operation_id INTO @followers
+SELECT s.job_name, N'manual', s.scheduled_for, N'pending', s.command, s.target_database, s.overlap, s.max_attempts,
+       s.timeout_seconds, s.lease_seconds, CAST(:now AS DATETIME2(6)), CAST(:now AS DATETIME2(6)), s.operation_id,
+       s.note, s.steps, s.followed_run_id
+FROM (SELECT f.job_name, f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds, f.lease_seconds,
+             f.steps, r.run_id AS followed_run_id, r.operation_id,
+             N'after run ' + CAST(r.run_id AS NVARCHAR(20)) + N' of ' + r.job_name + N' (' + r.status + N')' AS note,
+             DATEADD(MILLISECOND, CAST(ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) - 1 AS INT),
+                     CAST(:now AS DATETIME2(6))) AS scheduled_for
+      FROM agent.runs AS r
+      JOIN agent.jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
+      WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.kind <> N'target'
+        AND NOT EXISTS (SELECT 1 FROM agent.job_pauses AS p
+                        WHERE p.job_name = f.job_name
+                          AND (p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6))))
+        AND ((f.after_outcome = N'succeeded' AND r.status = N'succeeded')
+             OR (f.after_outcome = N'failed' AND r.status IN (N'failed', N'poisoned'))
+             OR (f.after_outcome = N'completed' AND r.status IN (N'succeeded', N'failed', N'poisoned')))) AS s
+WHERE NOT EXISTS (SELECT 1 FROM agent.runs AS x WITH (UPDLOCK, HOLDLOCK)
+                  WHERE x.followed_run_id = s.followed_run_id AND x.job_name = s.job_name)
+  AND NOT EXISTS (SELECT 1 FROM agent.runs AS x WITH (UPDLOCK, HOLDLOCK)
+                  WHERE x.job_name = s.job_name AND x.scheduled_for = s.scheduled_for);
+SELECT run_id, job_name, followed_run_id, operation_id FROM @followers;
+
 -- claim_notifications --
 -- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
 -- UPDATE ... WHERE key IN (SELECT TOP (n) ... ORDER BY ...): TOP with ORDER BY in a subselect is how SQL Server orders the rows an UPDATE takes ("TOP (Transact-SQL)", https://learn.microsoft.com/sql/t-sql/queries/top-transact-sql; Babelfish refuses an UPDATE through a CTE). On SQL Server the (UPDLOCK, READPAST, ROWLOCK) of the subselect skips the rows another sender holds and keeps update locks on the ones it picks to the end of the transaction (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table), so two senders take disjoint rows. The outer WHERE repeats the due condition: Babelfish ignores the hints and two senders may pick the same row, but PostgreSQL re-checks that condition on the row the first one committed (claimed_until in the future), so the second takes nothing.
@@ -1153,7 +1187,7 @@ SELECT notification_id, run_id, job_name, outcome, url, attempts, claim_token FR
 -- notification_runs --
 -- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id; and the latest failed attempt's error and step (a run its flow failed, quit_failure after a step that failed, keeps no error of its own).
 SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.failed_step, r.last_error_number, r.last_error,
-       r.finished_at, r.operation_id,
+       r.finished_at, r.operation_id, r.followed_run_id,
        (SELECT MIN(a.started_at) FROM agent.attempts AS a WHERE a.run_id = r.run_id) AS first_started_at,
        (SELECT TOP (1) a.error_message FROM agent.attempts AS a WHERE a.run_id = r.run_id AND a.error_message IS NOT NULL AND a.outcome <> 'succeeded' ORDER BY a.attempt_id DESC) AS attempt_error,
        (SELECT TOP (1) a.error_number FROM agent.attempts AS a WHERE a.run_id = r.run_id AND a.error_message IS NOT NULL AND a.outcome <> 'succeeded' ORDER BY a.attempt_id DESC) AS attempt_error_number,

@@ -92,16 +92,16 @@ RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_i
 INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, enabled, valid,
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
-                        steps, notify, notify_webhook_url)
+                        steps, notify, notify_webhook_url, after_job, after_outcome)
 SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid,
        j.config_error, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire,
        j.grace_seconds, j.overlap, CAST(j.next_due_at AS timestamp), CAST(:now AS timestamp), 1,
-       CAST(:now AS timestamp), j.steps, j.notify, j.notify_webhook_url
+       CAST(:now AS timestamp), j.steps, j.notify, j.notify_webhook_url, j.after_job, j.after_outcome
 FROM json_to_recordset(CAST(:jobs AS json)) AS j(
     job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, command TEXT, target_database VARCHAR,
     enabled INT, valid INT, config_error TEXT, max_attempts INT, timeout_seconds INT,
     lease_seconds INT, misfire VARCHAR, grace_seconds INT, overlap VARCHAR, next_due_at VARCHAR,
-    steps TEXT, notify VARCHAR, notify_webhook_url VARCHAR)
+    steps TEXT, notify VARCHAR, notify_webhook_url VARCHAR, after_job VARCHAR, after_outcome VARCHAR)
 ORDER BY j.job_name
 ON CONFLICT (job_name) DO UPDATE SET
     next_due_at = CASE
@@ -137,7 +137,9 @@ ON CONFLICT (job_name) DO UPDATE SET
     updated_at = EXCLUDED.updated_at,
     steps = EXCLUDED.steps,
     notify = EXCLUDED.notify,
-    notify_webhook_url = EXCLUDED.notify_webhook_url
+    notify_webhook_url = EXCLUDED.notify_webhook_url,
+    after_job = EXCLUDED.after_job,
+    after_outcome = EXCLUDED.after_outcome
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 WHERE agent.jobs.defined_in_database = 0 OR agent.jobs.configured = 0;
 
@@ -400,7 +402,7 @@ SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, 
        attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
        runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
        last_error_number, last_error, note, step, steps, parent_run_id, parent_token, target_server,
-       retry_interval_seconds, awaiting_targets, targets_total, targets_failed
+       retry_interval_seconds, awaiting_targets, targets_total, targets_failed, followed_run_id
 FROM agent.runs WHERE run_id = :run_id;
 
 -- list_run_errors --
@@ -481,7 +483,7 @@ RETURNING run_id;
 -- list_jobs --
 -- Every known job with its configuration state, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome,
        CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source, j.needs_planning,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
@@ -499,7 +501,7 @@ ORDER BY j.job_name;
 -- Runs, newest first, optionally of one job.
 SELECT run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
        created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id,
-       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed
+       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed, followed_run_id
 FROM agent.runs
 WHERE (CAST(:job_name AS VARCHAR) IS NULL OR job_name = CAST(:job_name AS VARCHAR))
 ORDER BY run_id DESC LIMIT :limit;
@@ -619,7 +621,7 @@ ORDER BY run_id LIMIT :limit;
 -- get_job --
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
@@ -733,6 +735,10 @@ WHERE r.finished_at = CAST(:now AS timestamp) AND r.status IN ('succeeded', 'fai
        OR (COALESCE(j.notify, 'on_failure') = 'on_failure' AND r.status IN ('failed', 'poisoned')))
 ON CONFLICT (run_id) DO NOTHING;
 
+-- start_follow_up_runs --
+-- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key). (agent.start_follow_up_runs, a function of migration 0010: planned once per session.)
+SELECT run_id, job_name, followed_run_id, operation_id FROM agent.start_follow_up_runs(CAST(:now AS TIMESTAMP));
+
 -- claim_notifications --
 -- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
 UPDATE agent.notifications AS n SET status = 'sending', claim_token = :claim_token,
@@ -748,7 +754,7 @@ RETURNING n.notification_id, n.run_id, n.job_name, n.outcome, n.url, n.attempts,
 -- notification_runs --
 -- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id; and the latest failed attempt's error and step (a run its flow failed, quit_failure after a step that failed, keeps no error of its own).
 SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.failed_step, r.last_error_number, r.last_error,
-       r.finished_at, r.operation_id,
+       r.finished_at, r.operation_id, r.followed_run_id,
        (SELECT MIN(a.started_at) FROM agent.attempts AS a WHERE a.run_id = r.run_id) AS first_started_at,
        (SELECT a.error_message FROM agent.attempts AS a WHERE a.run_id = r.run_id AND a.error_message IS NOT NULL AND a.outcome <> 'succeeded' ORDER BY a.attempt_id DESC LIMIT 1) AS attempt_error,
        (SELECT a.error_number FROM agent.attempts AS a WHERE a.run_id = r.run_id AND a.error_message IS NOT NULL AND a.outcome <> 'succeeded' ORDER BY a.attempt_id DESC LIMIT 1) AS attempt_error_number,

@@ -95,7 +95,7 @@ RETURNING run_id, job_name, scheduled_for, status, note, operation_id;
 INSERT INTO agent_jobs (job_name, schedule, timezone, command, target_database, enabled, valid,
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
-                        steps, notify, notify_webhook_url)
+                        steps, notify, notify_webhook_url, after_job, after_outcome)
 SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.timezone'), json_extract(j.value, '$.command'),
        json_extract(j.value, '$.target_database'), json_extract(j.value, '$.enabled'),
@@ -105,7 +105,8 @@ SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.grace_seconds'), json_extract(j.value, '$.overlap'),
        json_extract(j.value, '$.next_due_at'), :now, 1, :now,
        json_extract(j.value, '$.steps'), json_extract(j.value, '$.notify'),
-       json_extract(j.value, '$.notify_webhook_url')
+       json_extract(j.value, '$.notify_webhook_url'), json_extract(j.value, '$.after_job'),
+       json_extract(j.value, '$.after_outcome')
 FROM json_each(:jobs) AS j
 WHERE TRUE
 ON CONFLICT (job_name) DO UPDATE SET
@@ -142,7 +143,9 @@ ON CONFLICT (job_name) DO UPDATE SET
     updated_at = excluded.updated_at,
     steps = excluded.steps,
     notify = excluded.notify,
-    notify_webhook_url = excluded.notify_webhook_url
+    notify_webhook_url = excluded.notify_webhook_url,
+    after_job = excluded.after_job,
+    after_outcome = excluded.after_outcome
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 WHERE agent_jobs.defined_in_database = 0 OR agent_jobs.configured = 0;
 
@@ -546,7 +549,7 @@ SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, 
        attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
        runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
        last_error_number, last_error, note, step, steps, parent_run_id, parent_token, target_server,
-       retry_interval_seconds, awaiting_targets, targets_total, targets_failed
+       retry_interval_seconds, awaiting_targets, targets_total, targets_failed, followed_run_id
 FROM agent_runs WHERE run_id = :run_id;
 
 -- list_run_errors --
@@ -626,7 +629,7 @@ RETURNING run_id;
 -- list_jobs --
 -- Every known job with its configuration state, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome,
        CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source, j.needs_planning,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
@@ -644,7 +647,7 @@ ORDER BY j.job_name;
 -- Runs, newest first, optionally of one job.
 SELECT run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
        created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id,
-       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed
+       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed, followed_run_id
 FROM agent_runs
 WHERE (:job_name IS NULL OR job_name = :job_name)
 ORDER BY run_id DESC LIMIT :limit;
@@ -743,7 +746,7 @@ ORDER BY run_id LIMIT :limit;
 -- get_job --
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
@@ -853,6 +856,29 @@ WHERE r.finished_at = :now AND r.status IN ('succeeded', 'failed', 'poisoned')
        OR (COALESCE(j.notify, 'on_failure') = 'on_failure' AND r.status IN ('failed', 'poisoned')))
 ON CONFLICT (run_id) DO NOTHING;
 
+-- start_follow_up_runs --
+-- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key).
+INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
+                        max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
+                        operation_id, note, steps, followed_run_id)
+SELECT f.job_name, 'manual',
+       strftime('%Y-%m-%d %H:%M:%f', :now,
+                '+' || ((ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) - 1) / 1000.0) || ' seconds'),
+       'pending', f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds, f.lease_seconds,
+       :now, :now, r.operation_id,
+       'after run ' || r.run_id || ' of ' || r.job_name || ' (' || r.status || ')', f.steps, r.run_id
+FROM agent_runs AS r
+JOIN agent_jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
+WHERE r.finished_at = :now AND r.kind <> 'target'
+  AND NOT EXISTS (SELECT 1 FROM agent_job_pauses AS p
+                  WHERE p.job_name = f.job_name AND (p.paused_until IS NULL OR p.paused_until > :now))
+  AND ((f.after_outcome = 'succeeded' AND r.status = 'succeeded')
+       OR (f.after_outcome = 'failed' AND r.status IN ('failed', 'poisoned'))
+       OR (f.after_outcome = 'completed' AND r.status IN ('succeeded', 'failed', 'poisoned')))
+ORDER BY f.job_name, r.run_id
+ON CONFLICT DO NOTHING
+RETURNING run_id, job_name, followed_run_id, operation_id;
+
 -- claim_notifications --
 -- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
 UPDATE agent_notifications SET status = 'sending', claim_token = :claim_token, claimed_until = :claimed_until,
@@ -866,7 +892,7 @@ RETURNING notification_id, run_id, job_name, outcome, url, attempts, claim_token
 -- notification_runs --
 -- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id; and the latest failed attempt's error and step (a run its flow failed, quit_failure after a step that failed, keeps no error of its own).
 SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.failed_step, r.last_error_number, r.last_error,
-       r.finished_at, r.operation_id,
+       r.finished_at, r.operation_id, r.followed_run_id,
        (SELECT MIN(a.started_at) FROM agent_attempts AS a WHERE a.run_id = r.run_id) AS first_started_at,
        (SELECT a.error_message FROM agent_attempts AS a WHERE a.run_id = r.run_id AND a.error_message IS NOT NULL AND a.outcome <> 'succeeded' ORDER BY a.attempt_id DESC LIMIT 1) AS attempt_error,
        (SELECT a.error_number FROM agent_attempts AS a WHERE a.run_id = r.run_id AND a.error_message IS NOT NULL AND a.outcome <> 'succeeded' ORDER BY a.attempt_id DESC LIMIT 1) AS attempt_error_number,
