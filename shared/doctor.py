@@ -36,7 +36,7 @@ INIT_DB = "sql-agent init-db"
 GRANT_SQL = "sql-agent grant-sql --app-name <function app name> --apply"
 GRANT_SQL_TARGETS = "sql-agent grant-sql --app-name <function app name> --targets <job>"
 # The roles on the storage account that identity-based AzureWebJobsStorage needs for this app,
-# exactly what infra/functionapp.bicep grants and docs/deploying.md lists (tests/test_infra.py
+# exactly what infra/functionapp.bicep grants and docs/deploying.md lists (tests/repo/test_infra.py
 # checks all three agree): host storage, the queue (trigger, dispatch, the host's poison queue)
 # and the host's diagnostic events.
 STORAGE_ROLES = ("Storage Blob Data Owner", "Storage Queue Data Contributor", "Storage Table Data Contributor")

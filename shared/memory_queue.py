@@ -1,9 +1,10 @@
-"""An in-memory queue with Azure Storage queue semantics, for engine tests of the queue path.
+"""An in-memory queue with Azure Storage queue semantics: the double the engine's tests and the
+benchmarks (bench/) run the queue path on. The function app never uses it.
 
 It keeps the contract of ``shared.queues.QueuePort`` as the real service does: a message can
 be sent invisible for a delay and with a time to live; a received message is hidden for a
 visibility timeout, its dequeue count grows on every receive, and it stays until deleted with
-the receipt of its latest delivery. ``tests/test_queue_contract.py`` runs the same contract
+the receipt of its latest delivery. ``tests/integration/test_queue_contract.py`` runs the same contract
 against this queue and against Azurite, so it cannot drift from the real service; the engine's
 end-to-end tests on Azurite cover the rest.
 """

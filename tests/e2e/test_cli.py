@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 
-from tests.conftest import ROOT, as_from_a_terminal
+from tests.support.harness import ROOT, as_from_a_terminal
 
 
 def cli(*args: str, cwd: Path, env_extra: dict | None = None, block_pyodbc: bool = False,

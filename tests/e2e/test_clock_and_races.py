@@ -17,9 +17,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.clock_shift import instance_clock_shifted
-from tests.conftest import ROOT, make_agent, query, runs_table
-from tests.memory_queue import MemoryQueue
+from tests.support.clock_shift import instance_clock_shifted
+from tests.support.harness import ROOT, make_agent, query, runs_table
+from shared.memory_queue import MemoryQueue
 
 UTC = timezone.utc
 MINUTELY = {"SCHEDULE": "0 * * * * *", "COMMAND": "SELECT 1"}
@@ -68,7 +68,7 @@ def test_a_tick_whose_time_is_off_changes_nothing(db_url, offset):
 
 
 def test_cli_tick_an_hour_behind_exits_non_zero_with_one_line(pg_url):
-    from tests.chaos.faults import clean_env
+    from tests.support.faults import clean_env
 
     agent = real_agent(pg_url, {"m": MINUTELY})
     agent.tick()
@@ -111,7 +111,7 @@ def test_the_timer_function_logs_a_refused_tick_and_returns(pg_url, monkeypatch,
 def test_recovery_undoes_a_runaway_clock_once_and_then_finds_nothing(db_url):
     """State a clock a day ahead left behind (an older version's tick, simulated here) is
     undone by the next tick, measured from the database's clock; the tick after finds nothing."""
-    from tests.conftest import Clock
+    from tests.support.harness import Clock
 
     jobs = {"m": MINUTELY}
     agent = real_agent(db_url, jobs)
@@ -241,7 +241,7 @@ LAUNCH_AT = ("import sys, time; import pyodbc, shared.cli, shared.agent, shared.
 
 
 def test_eight_ticks_at_once_over_300_due_jobs_all_succeed(pg_url):
-    from tests.chaos.faults import clean_env
+    from tests.support.faults import clean_env
 
     jobs = {f"j{n:03d}": {"SCHEDULE": "*/20 * * * * *", "COMMAND": "SELECT 1"} for n in range(300)}
     env = clean_env(**{f"JOB__{name}__{key}": value for name, job in jobs.items() for key, value in job.items()})

@@ -40,14 +40,14 @@ from shared.cli import main as cli
 from shared.errors import AgentError, QueueError, TransientJobError
 from shared.messages import parse_message
 from shared.queues import host_queue_options
-from tests.azurite import (  # noqa: F401  (azurite, azurite_server: pytest fixtures)
+from tests.support.azurite import (  # noqa: F401  (azurite, azurite_server: pytest fixtures)
     ACCOUNT,
     ACCOUNT_KEY,
     Azurite,
     azurite,
     azurite_server,
 )
-from tests.conftest import ROOT, execute, job_env, make_agent, query, work
+from tests.support.harness import ROOT, execute, job_env, make_agent, query, work
 
 UTC = timezone.utc
 HOST = host_queue_options()

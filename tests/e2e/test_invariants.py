@@ -19,7 +19,7 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 
-from tests.conftest import ROOT, execute, job_env, make_agent, query, sql_for, tsql_delay, work
+from tests.support.harness import ROOT, execute, job_env, make_agent, query, sql_for, tsql_delay, work
 
 UTC = timezone.utc
 JOBS = 500
@@ -89,7 +89,7 @@ def work_once(agent) -> int:
 
 def _at_clock(offset: timedelta):
     """Another instance whose clock is ``offset`` ahead (an injected clock, as a lease that ran out)."""
-    from tests.conftest import Clock
+    from tests.support.harness import Clock
 
     return Clock(datetime.now(UTC) + offset)
 

@@ -1,6 +1,6 @@
 """The monitor in a real browser: headless Chromium (Debian's `chromium` and `chromium-driver`,
 driven by Selenium; nothing is downloaded at test time) against the local server on PostgreSQL,
-over jobs in every state (tests/monitor_scenario.py). The tests assert what a person sees: the
+over jobs in every state (tests/support/monitor_scenario.py). The tests assert what a person sees: the
 text, the number of bars, the colour of a failed run, a hostile error message shown as text with
 no script run; and they compare each JSON twin, as the browser receives it, with the CLI's
 `--json`. Screenshots go to .scratch/monitor-screenshots/ (docs/images/ holds copies).
@@ -19,8 +19,8 @@ import pytest
 from shared.agent import Agent
 from shared.config import load_settings
 from shared.monitor import make_server
-from tests import monitor_scenario
-from tests.conftest import ROOT, create_pg_database, drop_pg_database, service_missing
+from tests.support import monitor_scenario
+from tests.support.harness import ROOT, create_pg_database, drop_pg_database, service_missing
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")

@@ -5,7 +5,7 @@ the test that shows it. The engine records poison itself whenever it can (its ta
 body, every error and the run). The Functions host moves a message to `<queue>-poison` on its own
 only when the function never ran, or could not return, on the last delivery it allows:
 
-1. a body that is not valid base64 on a base64 queue (tests/test_e2e_azurite.py,
+1. a body that is not valid base64 on a base64 queue (tests/e2e/test_e2e_azurite.py,
    test_wrong_encoding_and_garbage_go_to_poison_on_the_first_delivery);
 2. the function raised on delivery host.json maxDequeueCount because the engine could not reach
    a verdict: the control database unreachable (below), or the engine unable to start;
@@ -34,9 +34,9 @@ from azure.functions.queue import QueueMessage
 from shared.agent import reset_default_agent
 from shared.azure_queue import AzureStorageQueue
 from shared.queues import host_queue_options
-from tests.azurite import Azurite, azurite, azurite_server  # noqa: F401  (pytest fixtures)
-from tests.conftest import PG_BASE, execute, query
-from tests.test_e2e_azurite import (  # noqa: F401  (app: a pytest fixture)
+from tests.support.azurite import Azurite, azurite, azurite_server  # noqa: F401  (pytest fixtures)
+from tests.support.harness import PG_BASE, execute, query
+from tests.e2e.test_e2e_azurite import (  # noqa: F401  (app: a pytest fixture)
     MARKER,
     App,
     app,

@@ -25,7 +25,7 @@ import pytest
 
 from shared.azure_queue import AZURITE_QUEUE_ENDPOINT, AzureStorageQueue
 from shared.errors import ConfigError, QueueError
-from tests.azurite import (  # noqa: F401  (azurite, azurite_server: pytest fixtures)
+from tests.support.azurite import (  # noqa: F401  (azurite, azurite_server: pytest fixtures)
     ACCOUNT_KEY,
     REPO,
     Azurite,

@@ -21,9 +21,9 @@ import sys
 import pytest
 
 from shared.cli import COMMANDS, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, build_parser, main
-from tests.conftest import ROOT, make_agent
+from tests.support.harness import ROOT, make_agent
 
-SAMPLE_SCRIPT = ROOT / "tests" / "sqlagent" / "nightly_maintenance.sql"
+SAMPLE_SCRIPT = ROOT / "tests" / "integration" / "sqlagent" / "nightly_maintenance.sql"
 
 
 @pytest.fixture
@@ -266,7 +266,7 @@ def test_the_bash_completion_script_is_valid_bash_and_names_every_command(capsys
 def test_the_long_running_commands_print_one_json_document_at_start(tmp_path, command):
     """run and monitor: the document says where they run (the monitor's port when --port 0),
     then SIGINT stops them with exit 0 and nothing more on stdout."""
-    from tests.conftest import as_from_a_terminal
+    from tests.support.harness import as_from_a_terminal
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JOB__", "AGENT_"))}
     env["PYTHONPATH"] = str(ROOT)

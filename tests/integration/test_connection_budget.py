@@ -26,7 +26,7 @@ import uuid
 import pytest
 
 from shared.db import build_connection_string, odbc_pairs
-from tests.conftest import PG_BASE, ROOT, job_env, make_agent, pg_admin_connection
+from tests.support.harness import PG_BASE, ROOT, job_env, make_agent, pg_admin_connection
 
 JOBS = 40
 YEARLY = "0 0 0 1 1 *"     # never due during the test: runs come from run-now
@@ -107,7 +107,7 @@ def _statuses(url: str) -> dict[str, int]:
 def _work(url: str, cap: int, sessions, *, probe_url: str | None = None, budget: float = 40.0):
     """``work --until-idle --concurrency 40`` as the role; samples the role's sessions every 20 ms
     while it runs. Returns (result, most sessions seen, whether the probe connection got in)."""
-    from tests.chaos.faults import clean_env
+    from tests.support.faults import clean_env
 
     env = clean_env(**job_env(_jobs(), AGENT_MAX_CONNECTIONS=str(cap), AGENT_MAX_CONCURRENCY="100",
                               AGENT_CONNECT_RETRY_SECONDS="20"))

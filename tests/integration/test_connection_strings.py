@@ -15,7 +15,7 @@ import pytest
 
 from shared.db import build_connection_string, odbc_pairs, with_database, with_server
 from shared.errors import ConfigError
-from tests.conftest import fresh_database, make_agent, pg_admin_connection, query, work
+from tests.support.harness import fresh_database, make_agent, pg_admin_connection, query, work
 
 UTC = timezone.utc
 HOSTILE = ["h;Database={decoy}", "h;Server=127.0.0.2", "h;te", "h=x", "h{x", "h}x", "h}}x", "h'x", 'h"x',
@@ -121,7 +121,7 @@ def test_each_fleet_execution_runs_in_exactly_the_database_it_names_whatever_the
 def _connect(name: str):
     import pyodbc
 
-    from tests.conftest import PG_BASE
+    from tests.support.harness import PG_BASE
 
     return pyodbc.connect(with_database(PG_BASE, name, "postgres"), autocommit=True, timeout=5)
 

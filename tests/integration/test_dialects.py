@@ -23,7 +23,7 @@ import sqlglot
 from sqlglot import exp
 
 from shared.queries import DIALECTS, SQL_DIR, Query, load_migrations, load_queries, split_statements
-from tests.conftest import make_agent
+from tests.support.harness import make_agent
 
 UTC = timezone.utc
 SQLGLOT_DIALECT = {"sqlite": "sqlite", "postgres": "postgres", "mssql": "tsql"}

@@ -16,8 +16,8 @@ from shared.agent import Agent
 from shared.cli import main as cli
 from shared.config import load_settings
 from shared.doctor import CHECKS, run_doctor, server_description
-from tests.azurite import ACCOUNT, ACCOUNT_KEY, azurite, azurite_server, free_loopback_port  # noqa: F401
-from tests.conftest import db_dialect, PG_BASE, attempts_table, execute, make_agent, pg_admin_connection, query, service_missing
+from tests.support.azurite import ACCOUNT, ACCOUNT_KEY, azurite, azurite_server, free_loopback_port  # noqa: F401
+from tests.support.harness import db_dialect, PG_BASE, attempts_table, execute, make_agent, pg_admin_connection, query, service_missing
 
 LINE = re.compile(r"^\[(?P<mark> OK |FAIL| -- )\] (?P<name>[a-z]+)\s+(?P<detail>.*)$")
 
@@ -202,7 +202,7 @@ def test_unreachable_storage_queue_is_a_queue_failure(tmp_path, capsys, monkeypa
     assert "queue 'agent-tasks'" in checks["queue"][1] and f"127.0.0.1:{port}" in checks["queue"][1]
     assert "AzureWebJobsStorage" in out
     assert ACCOUNT_KEY not in out
-    # The same roles the Bicep grants and docs/deploying.md lists (tests/test_infra.py checks those agree).
+    # The same roles the Bicep grants and docs/deploying.md lists (tests/repo/test_infra.py checks those agree).
     assert "Storage Queue Data Contributor on the storage account" in out
     assert "Storage Blob Data Owner, Storage Queue Data Contributor, Storage Table Data Contributor" in out
 

@@ -8,9 +8,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tests.appinsights_endpoint import AppInsightsEndpoint
-from tests.memory_queue import MemoryQueue
-from tests.conftest import make_agent, work
+from tests.support.appinsights_endpoint import AppInsightsEndpoint
+from shared.memory_queue import MemoryQueue
+from tests.support.harness import make_agent, work
 
 UTC = timezone.utc
 

@@ -13,8 +13,8 @@ import pytest
 from shared.cli import main as cli
 from shared.errors import TransientJobError
 from shared.messages import RunMessage
-from tests.memory_queue import MemoryQueue
-from tests.conftest import Clock, at, execute, query, sql_for, tsql_delay, work
+from shared.memory_queue import MemoryQueue
+from tests.support.harness import Clock, at, execute, query, sql_for, tsql_delay, work
 
 UTC = timezone.utc
 
@@ -117,7 +117,7 @@ def test_failure_late_in_the_day_retries_after_midnight(agent_factory, db_url):
 def test_transient_error_is_redelivered_and_succeeds(pg_url):
     """A connection killed under the job (SQLSTATE 57P01/08xxx) is transient: the message is
     redelivered (dequeue count 2, 3) and the run succeeds without spending job retries."""
-    from tests.conftest import make_agent
+    from tests.support.harness import make_agent
 
     flaky = ("SELECT CASE WHEN (SELECT MAX(attempt) FROM agent.runs WHERE job_name = 'flaky') < 3 "
              "THEN pg_terminate_backend(pg_backend_pid()) END")
@@ -136,7 +136,7 @@ def test_transient_error_is_redelivered_and_succeeds(pg_url):
 
 
 def test_always_transient_job_is_poisoned_at_the_threshold(pg_url):
-    from tests.conftest import make_agent
+    from tests.support.harness import make_agent
 
     agent = make_agent(pg_url, {"doomed": every_second("SELECT pg_terminate_backend(pg_backend_pid())")},
                        queue=MemoryQueue(), AGENT_MAX_DEQUEUE_COUNT="4")
@@ -287,7 +287,7 @@ def _wait_for_status(agent, job, status, timeout=20):
 
 def test_transient_job_error_propagates_out_of_the_executor(pg_url):
     """The executor raises so that the queue (host) redelivers; it does not swallow it."""
-    from tests.conftest import make_agent
+    from tests.support.harness import make_agent
 
     agent = make_agent(pg_url, {"t": every_second("SELECT pg_terminate_backend(pg_backend_pid())")},
                        queue=MemoryQueue())

@@ -17,10 +17,10 @@ import pytest
 
 from shared.config import parse_jobs
 from shared.db import connector
-from tests.conftest import (MSSQL_BASE, execute, fresh_database, make_agent, mssql_connection, pg_admin_connection,
+from tests.support.harness import (MSSQL_BASE, execute, fresh_database, make_agent, mssql_connection, pg_admin_connection,
                             query, tsql_delay, work)
-from tests.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
-from tests.memory_queue import MemoryQueue
+from tests.support.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
+from shared.memory_queue import MemoryQueue
 
 UTC = timezone.utc
 SERVER_DIALECTS = ["postgres"] + (["mssql"] if MSSQL_BASE else [])
@@ -305,7 +305,7 @@ def test_a_failed_target_follows_the_steps_on_failure(fleet, control):
 
 
 def test_a_killed_workers_execution_is_taken_back_and_finished(fleet, control):
-    from tests.chaos.faults import clean_env, kill9, start_cli, wait_until
+    from tests.support.faults import clean_env, kill9, start_cli, wait_until
 
     fleet.create("k0", "k1", "k2")
     slow_one = fleet.name("k1")
@@ -353,7 +353,7 @@ def _cancel_by(way: str, control: str, run_id: int, job: str) -> None:
     """Cancel a run, or stop its job, as an operator would: the CLI, or the T-SQL interface on
     a connection of the operator's own."""
     from shared.cli import main
-    from tests import tsql_caller
+    from tests.support import tsql_caller
 
     if way in ("cancel", "stop"):
         assert main(["--db", control, way, str(run_id) if way == "cancel" else job]) == 0
@@ -440,7 +440,7 @@ def test_cancel_of_a_let_in_execution_refills_the_window_and_the_last_moves_the_
 
 
 def _define(control: str, **arguments) -> list[dict]:
-    from tests import tsql_caller
+    from tests.support import tsql_caller
 
     connection = tsql_caller.connect(control)
     try:
@@ -456,7 +456,7 @@ def _job(agent, name: str) -> dict:
 def test_a_fleet_job_defined_from_tsql_is_the_job_its_settings_would_be_and_runs_in_its_targets(fleet, control):
     """agent.add_scheduled_job @targets, @target_parallelism: planned by the engine into the same
     fleet step as JOB__<name>__TARGETS; started by agent.start_job, it runs once in each database."""
-    from tests import tsql_caller
+    from tests.support import tsql_caller
 
     fleet.create("t0", "t1", "t2", "u0")
     targets = f"db:{fleet.prefix}_t*, -db:{fleet.prefix}_t2"
@@ -566,7 +566,7 @@ def test_sqlite_refuses_targets_and_postgresql_refuses_pools_at_sync_and_the_oth
 
 
 def test_the_runs_notification_lists_the_failing_databases_once(fleet, control):
-    from tests.test_notifications import Receiver
+    from tests.integration.test_notifications import Receiver
 
     fleet.create("n0", "n1", "n2")
     fleet.refuse_connections("n2")
@@ -612,7 +612,7 @@ def test_a_target_connection_terminated_mid_execution_is_retried_without_spendin
     worker = threading.Thread(target=lambda: (work(agent, concurrency=2, max_seconds=90), done.set()))
     worker.start()
     try:
-        from tests.chaos.faults import wait_until
+        from tests.support.faults import wait_until
 
         wait_until(lambda: executions(agent, run_id).get(cut, {}).get("status") == "running", 30,
                    "the execution in the slow database runs")
@@ -652,7 +652,7 @@ def test_every_execution_event_names_its_database_under_the_runs_operation(fleet
     """What the real exporter posts: the fan-out (TargetsResolved), each execution's events with
     target_database and parent_run_id under the run's operation id (its parent too), and the
     run's own end with the counts."""
-    from tests.test_engine_telemetry import _named, _op, _props
+    from tests.integration.test_engine_telemetry import _named, _op, _props
 
     names = fleet.create("t0", "t1", "t2")
     fleet.create("u0")                                  # not a target
@@ -734,7 +734,7 @@ def test_a_glob_on_a_named_server_is_listed_there_and_an_unreachable_server_fail
     """db:<server>/<glob> lists that server (the agent's credentials, another Server=); a
     server: member whose server refuses the connection fails the attempt, with the error, and
     the other fleet job runs. (PostgreSQL: the named server is this machine's, 127.0.0.1:5432.)"""
-    from tests.azurite import free_loopback_port
+    from tests.support.azurite import free_loopback_port
 
     fleet, control = pg_fleet, pg_control
 
@@ -768,8 +768,8 @@ def test_three_agent_processes_keep_one_runs_window_and_run_each_database_once(f
     one fleet run of 12 databases at TARGET_PARALLELISM 3: the window is shared across processes
     (never more than 3 executing, measured in the target databases themselves), the processes
     share the executions, and each database runs once."""
-    from tests.chaos.faults import clean_env, kill9, start_cli, wait_until
-    from tests.conftest import job_env
+    from tests.support.faults import clean_env, kill9, start_cli, wait_until
+    from tests.support.harness import job_env
 
     names = fleet.create(*[f"m{i:02d}" for i in range(12)])
     if fleet.dialect == "postgres":

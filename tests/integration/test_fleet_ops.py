@@ -7,7 +7,7 @@ ALLOW_CONNECTIONS false: nobody gets in, root included). A job targets
 ``db:<prefix>_*, -db:<prefix>_skip``: the exclusion must hold, or doctor would name _skip too.
 
 There is no SQL Server here: the T-SQL for the same resolved fleet is parsed with sqlglot's
-T-SQL tokenizer, statement by statement (tests/test_grants.py's parser, plus the one shape only
+T-SQL tokenizer, statement by statement (tests/unit/test_grants.py's parser, plus the one shape only
 the fleet's master script has: ALTER ROLE [dbmanager] ADD MEMBER [app]).
 """
 
@@ -22,10 +22,10 @@ from shared.cli import main as cli
 from shared.fleet_ops import fleet_steps, resolve_fleet
 from shared.grants import fleet_grant_scripts, render_fleet
 from shared.targets import Target
-from tests.azurite import free_loopback_port
-from tests.conftest import PG_BASE, make_agent, pg_admin_connection
-from tests.test_doctor import LINE
-from tests.test_grants import TRICKY_NAMES, _ident, _tokens, _words, parse_grant_statement, statements_of
+from tests.support.azurite import free_loopback_port
+from tests.support.harness import PG_BASE, make_agent, pg_admin_connection
+from tests.integration.test_doctor import LINE
+from tests.unit.test_grants import TRICKY_NAMES, _ident, _tokens, _words, parse_grant_statement, statements_of
 
 SCHEDULE = "0 0 2 * * *"
 
@@ -167,7 +167,7 @@ def test_grant_sql_targets_on_postgres_prints_and_applies_connect(fleet, pg_url,
 def test_a_fleet_job_defined_from_tsql_is_checked_by_doctor_and_served_by_grant_sql(fleet, pg_url, capsys):
     """agent.add_scheduled_job @targets: once the engine planned it, doctor probes its targets and
     grant-sql --targets prints its grants, as for a settings job."""
-    from tests import tsql_caller
+    from tests.support import tsql_caller
 
     prefix, names = fleet
     agent = make_agent(pg_url)

@@ -24,7 +24,7 @@ import pytest
 from shared import views
 from shared.monitor import Monitor, MonitorSettings
 from shared.telemetry import new_operation_id
-from tests.conftest import (ROOT, create_pg_database, drop_pg_database, execute, make_agent, pg_admin_connection,
+from tests.support.harness import (ROOT, create_pg_database, drop_pg_database, execute, make_agent, pg_admin_connection,
                             work)
 
 UTC = timezone.utc

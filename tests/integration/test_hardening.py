@@ -22,7 +22,7 @@ from datetime import timezone
 
 import pytest
 
-from tests.conftest import (ROOT, Clock, at, attempts_table, create_pg_database, drop_pg_database, execute, make_agent, query,
+from tests.support.harness import (ROOT, Clock, at, attempts_table, create_pg_database, drop_pg_database, execute, make_agent, query,
                             runs_table, work)
 
 UTC = timezone.utc
@@ -170,7 +170,7 @@ def test_connecting_waits_out_a_database_that_refuses_connections(pg_url):
     agent keeps trying within AGENT_CONNECT_RETRY_SECONDS and gets in; with a budget shorter
     than the outage it gives up with one line naming the database and the SQLSTATE."""
     from shared.db import ConnectError
-    from tests.chaos.faults import OutageProxy
+    from tests.support.faults import OutageProxy
 
     make_agent(pg_url).close()
     proxy = OutageProxy()

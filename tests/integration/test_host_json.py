@@ -17,7 +17,7 @@ from shared.config import ENGINE_SETTINGS, JOB_DEFAULTS
 from shared.errors import ConfigError
 from shared.queues import HOST_JSON, HostQueueOptions, host_queue_options, parse_timespan
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def engine_default(name: str) -> str:
@@ -56,7 +56,7 @@ def test_host_max_dequeue_count_leaves_poison_to_the_app(queues: dict) -> None:
 def test_the_bicep_cannot_set_an_engine_threshold_above_the_hosts(queues: dict) -> None:
     """One poison threshold: the Bicep's maxDequeueCount parameter (AGENT_MAX_DEQUEUE_COUNT in Azure)
     is capped at host.json's maxDequeueCount, in every file that declares it. Read from the source
-    text, so this holds without Checkov's parser (tests/test_infra.py checks the parsed Bicep too)."""
+    text, so this holds without Checkov's parser (tests/repo/test_infra.py checks the parsed Bicep too)."""
     import re
 
     declarations = {}
@@ -135,7 +135,7 @@ def test_a_bad_host_json_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_the_local_runner_applies_host_json(tmp_path: Path) -> None:
     from shared.runner import LocalRunner
-    from tests.conftest import make_agent
+    from tests.support.harness import make_agent
 
     agent = make_agent(f"sqlite:///{tmp_path / 'agent.db'}")
     try:
@@ -166,9 +166,9 @@ def test_an_idle_queue_consumer_backs_off_as_the_host_does_up_to_max_polling_int
 
 def test_the_local_runners_queue_workers_poll_within_max_polling_interval(tmp_path: Path) -> None:
     from shared.runner import LocalRunner
-    from tests.conftest import make_agent
+    from tests.support.harness import make_agent
 
-    from tests.memory_queue import MemoryQueue
+    from shared.memory_queue import MemoryQueue
 
     agent = make_agent(f"sqlite:///{tmp_path / 'agent.db'}", queue=MemoryQueue(), AGENT_POLL_SECONDS="30")
     try:

@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
-from tests.conftest import execute, make_agent, pg_admin_connection, query, work
-from tests.tsql_caller import call
+from tests.support.harness import execute, make_agent, pg_admin_connection, query, work
+from tests.support.tsql_caller import call
 
 ESCAPES = {
     "reset_role": "RESET ROLE",
@@ -254,7 +254,7 @@ def test_the_sql_server_batch_impersonates_the_owner_with_a_cookie_and_parses(ow
 def test_in_queue_mode_the_started_run_carries_its_owner(operator, pg_url):
     """Queue mode (the Functions host): start_run hands the owner over with the run; the task
     runs as the operator, and a job's escape fails there too."""
-    from tests.memory_queue import MemoryQueue
+    from shared.memory_queue import MemoryQueue
 
     name, as_operator, direct = operator
     agent = make_agent(pg_url, queue=MemoryQueue())

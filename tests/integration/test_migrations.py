@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 import pytest
 
 from shared.queries import load_migrations
-from tests.conftest import DIALECT_PARAMS, fresh_database, make_agent
+from tests.support.harness import DIALECT_PARAMS, fresh_database, make_agent
 
 UTC = timezone.utc
 

@@ -1,5 +1,5 @@
 """The Job Activity Monitor's pages (shared/monitor.py) on SQLite and PostgreSQL, over jobs in
-every state built by the engine itself (tests/monitor_scenario.py): what each page shows, that
+every state built by the engine itself (tests/support/monitor_scenario.py): what each page shows, that
 every value from the database is escaped, that each JSON twin is what the CLI prints, the
 security headers, GET/HEAD only, a fixed number of SELECTs whatever the number of jobs, and the
 `monitor --port` server on the loopback."""
@@ -21,8 +21,8 @@ import pytest
 
 from shared import views
 from shared.monitor import OUTCOME_COLOURS, SECURITY_HEADERS, Monitor, MonitorSettings, monitor_settings
-from tests import monitor_scenario
-from tests.conftest import ROOT, as_from_a_terminal, create_pg_database, drop_pg_database
+from tests.support import monitor_scenario
+from tests.support.harness import ROOT, as_from_a_terminal, create_pg_database, drop_pg_database
 
 UTC = timezone.utc
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
@@ -456,7 +456,7 @@ def test_a_step_jobs_pages_show_each_step_and_its_output(agent_factory, db_url):
     """A two-step job: the job page lists each attempt with its step, and the run page has the
     step, the database and what the server said (a PostgreSQL notice, SQLite's rows affected),
     escaped like everything else."""
-    from tests.conftest import Clock, at, work
+    from tests.support.harness import Clock, at, work
 
     notice = ("DO $$BEGIN RAISE NOTICE 'cleaned <b>7</b> rows'; END$$" if db_url.startswith("Driver")
               else "CREATE TABLE IF NOT EXISTS t (x INT); INSERT INTO t VALUES (1), (2)")

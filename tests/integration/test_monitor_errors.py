@@ -14,7 +14,7 @@ import pytest
 
 from shared.monitor import SECURITY_HEADERS, make_server
 
-from .conftest import make_agent
+from tests.support.harness import make_agent
 
 
 @pytest.fixture(scope="module")

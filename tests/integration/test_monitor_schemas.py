@@ -1,7 +1,7 @@
 """The published JSON Schemas of the monitor's JSON twins (docs/schemas/monitor-*.schema.json),
 checked against the live responses.
 
-The monitor answers the jobs in every state of tests/monitor_scenario.py (built by the engine on
+The monitor answers the jobs in every state of tests/support/monitor_scenario.py (built by the engine on
 SQLite and on PostgreSQL) plus a two-step job that ran: every page's JSON twin (the jobs, each
 job's page in both windows, each run, poison, stuck) and the JSON errors (404, 400) validate
 against their schema. The schemas forbid keys they do not describe, so a field added to a page
@@ -22,8 +22,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from shared.monitor import Monitor, MonitorSettings
-from tests import monitor_scenario
-from tests.conftest import ROOT, Clock, create_pg_database, drop_pg_database, make_agent, work
+from tests.support import monitor_scenario
+from tests.support.harness import ROOT, Clock, create_pg_database, drop_pg_database, make_agent, work
 
 UTC = timezone.utc
 SCHEMAS = ROOT / "docs" / "schemas"

@@ -14,7 +14,7 @@ import pytest
 from shared import views
 from shared.agent import reset_default_agent
 from shared.monitor import SECURITY_HEADERS
-from tests.test_monitor import scenario  # noqa: F401  (module-scoped fixture: SQLite and PostgreSQL)
+from tests.integration.test_monitor import scenario  # noqa: F401  (module-scoped fixture: SQLite and PostgreSQL)
 
 GROUP = "6f1c3a52-0d7e-4a8e-9b61-3c2f0e9a7d41"
 HOST = "https://sqlagent-app.azurewebsites.net"

@@ -16,7 +16,7 @@ import pytest
 from shared.config import load_settings
 from shared.errors import ConfigError
 from shared.notify import MAX_DELIVERY_ATTEMPTS, Notifier
-from tests.conftest import Clock, query, sql_for, work
+from tests.support.harness import Clock, query, sql_for, work
 
 UTC = timezone.utc
 

@@ -14,7 +14,7 @@ from shared.monitor import Monitor, MonitorSettings
 from shared.schedules import parse_schedule
 from shared.views import jobs_view
 
-from .conftest import Clock, at, query, runs_table, work
+from tests.support.harness import Clock, at, query, runs_table, work
 
 
 def test_a_job_without_schedule_parses_as_on_demand():
@@ -79,7 +79,7 @@ def test_an_on_demand_job_claims_no_slot_and_runs_when_started(agent_factory, db
 
 
 def test_agent_start_job_starts_an_on_demand_job_from_t_sql(pg_url):
-    from .conftest import make_agent
+    from tests.support.harness import make_agent
     from .tsql_caller import call, connect
 
     agent = make_agent(pg_url, {"adhoc": {"COMMAND": "SELECT 1"}})
@@ -97,7 +97,7 @@ def test_agent_start_job_starts_an_on_demand_job_from_t_sql(pg_url):
 
 
 def test_a_schedule_removed_skips_the_slots_claimed_ahead(db_url):
-    from .conftest import make_agent
+    from tests.support.harness import make_agent
 
     clock = Clock(at("2026-11-25T08:00:00Z"))
     first = make_agent(db_url, {"j": {"SCHEDULE": "0 * * * * *", "COMMAND": "SELECT 1"}}, clock=clock)

@@ -14,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from shared.runner import LocalRunner
-from tests.conftest import Clock, at, execute, make_agent, query, sql_for, tsql_delay, work
-from tests.memory_queue import MemoryQueue
+from tests.support.harness import Clock, at, execute, make_agent, query, sql_for, tsql_delay, work
+from shared.memory_queue import MemoryQueue
 
 UTC = timezone.utc
 

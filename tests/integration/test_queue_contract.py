@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from tests.azurite import azurite, azurite_server  # noqa: F401  (pytest fixtures)
-from tests.memory_queue import MemoryQueue
+from tests.support.azurite import azurite, azurite_server  # noqa: F401  (pytest fixtures)
+from shared.memory_queue import MemoryQueue
 
 
 @pytest.fixture(params=["memory", "azurite"])

@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 
 from shared.errors import QueueError
-from tests.conftest import at, make_agent, query, runs_table
-from tests.memory_queue import MemoryQueue
+from tests.support.harness import at, make_agent, query, runs_table
+from shared.memory_queue import MemoryQueue
 
 HOURLY = {"SCHEDULE": "0 0 * * * *", "COMMAND": "SELECT 1"}
 

@@ -16,7 +16,7 @@ from shared.config import parse_jobs
 from shared.schedules import parse_schedule
 from shared.sqlagent_import import ScriptError, convert_script, read_calls, report, setting_name
 
-from .conftest import make_agent, query
+from tests.support.harness import make_agent, query
 
 HERE = Path(__file__).parent / "sqlagent"
 TODAY = date(2026, 11, 25)

@@ -38,7 +38,7 @@ from shared.sqlerrors import (
     is_unique_violation,
     retry_transient,
 )
-from tests.conftest import PG_BASE, create_pg_database, drop_pg_database, pg_admin_connection, service_missing
+from tests.support.harness import PG_BASE, create_pg_database, drop_pg_database, pg_admin_connection, service_missing
 
 
 def closed_port() -> int:

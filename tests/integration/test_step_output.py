@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 
 from shared.cli import main as cli
 from shared.steps import cap_output
-from tests.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
-from tests.conftest import execute, make_agent, sql_for, work
+from tests.support.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
+from tests.support.harness import execute, make_agent, sql_for, work
 
 UTC = timezone.utc
 

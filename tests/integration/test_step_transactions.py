@@ -14,7 +14,7 @@ import pytest
 
 from shared.store import mssql_job_batch
 from shared.transaction_control import postgres_transaction_statement
-from tests.conftest import execute, make_agent, query, sql_for, work
+from tests.support.harness import execute, make_agent, query, sql_for, work
 
 UTC = timezone.utc
 

@@ -11,8 +11,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from shared.config import parse_jobs
-from tests.conftest import Clock, execute, query, sql_for, tsql_delay, work
-from tests.memory_queue import MemoryQueue
+from tests.support.harness import Clock, execute, query, sql_for, tsql_delay, work
+from shared.memory_queue import MemoryQueue
 
 UTC = timezone.utc
 
@@ -197,7 +197,7 @@ def test_a_redefinition_never_changes_a_run_in_flight(agent_factory, db_url):
     agent = build(agent_factory, "direct", {"nightly": old})
     from shared.agent import Agent
     from shared.config import load_settings
-    from tests.conftest import job_env
+    from tests.support.harness import job_env
 
     new = {**old, "STEPS__1__COMMAND": mark("new-1"), "STEPS__2__COMMAND": mark("new-2")}
     changed = Agent(load_settings(environ=job_env({"nightly": new})), db=db_url)
@@ -289,7 +289,7 @@ def test_invalid_steps_are_recorded_at_sync_and_the_other_jobs_run(agent_factory
 
 
 def test_a_worker_killed_inside_step_2_resumes_at_step_2_and_step_1_is_not_rerun(agent_factory, db_url):
-    from tests.chaos.faults import clean_env, kill9, start_cli, wait_until
+    from tests.support.faults import clean_env, kill9, start_cli, wait_until
 
     slow = sql_for(db_url, "SELECT agent_sleep(CASE WHEN EXISTS (SELECT 1 FROM slow_flag) THEN 60 ELSE 0 END)",
                    "SELECT pg_sleep(CASE WHEN EXISTS (SELECT 1 FROM slow_flag) THEN 60 ELSE 0 END)",

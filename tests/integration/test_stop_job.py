@@ -8,7 +8,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 from shared.cli import main as cli
-from tests.conftest import execute, runs_table, sql_for, tsql_delay, work
+from tests.support.harness import execute, runs_table, sql_for, tsql_delay, work
 
 UTC = timezone.utc
 

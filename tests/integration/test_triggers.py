@@ -12,8 +12,8 @@ from azure.functions.timer import TimerRequest
 
 from shared.agent import reset_default_agent
 from shared.messages import RunMessage
-from tests.azurite import azurite, azurite_server  # noqa: F401  (pytest fixtures)
-from tests.conftest import ROOT, execute, make_agent, query
+from tests.support.azurite import azurite, azurite_server  # noqa: F401  (pytest fixtures)
+from tests.support.harness import ROOT, execute, make_agent, query
 
 UTC = timezone.utc
 

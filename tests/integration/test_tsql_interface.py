@@ -2,7 +2,7 @@
 Agent's verbs, the history views and the agent_operator role.
 
 Every procedure and view is called as a user would, through pyodbc on a connection of the user's
-own (tests/tsql_caller.py), on PostgreSQL, the stand-in for SQL Server here, and on SQL Server
+own (tests/support/tsql_caller.py), on PostgreSQL, the stand-in for SQL Server here, and on SQL Server
 when AGENT_TEST_MSSQL is set (the conformance run). Each one is compared with the CLI command of
 the same meaning on the rows it produces.
 """
@@ -21,10 +21,10 @@ import pytest
 
 from shared.cli import main as cli
 from shared.runner import LocalRunner
-from tests.conftest import (MSSQL_BASE, execute, fresh_database, make_agent, pg_admin_connection, query,
+from tests.support.harness import (MSSQL_BASE, execute, fresh_database, make_agent, pg_admin_connection, query,
                             sql_for, tsql_delay, work)
-from tests.memory_queue import MemoryQueue
-from tests.tsql_caller import CallError, call, connect, select
+from shared.memory_queue import MemoryQueue
+from tests.support.tsql_caller import CallError, call, connect, select
 
 UTC = timezone.utc
 RUN_COLUMNS = ("job_name", "kind", "status", "command", "target_database", "task_order", "overlap", "attempt",

@@ -21,11 +21,11 @@ from shared.config import load_settings
 from shared.errors import ConfigError
 from shared.notify import (BATCH, DELIVERY_TIMEOUT_SECONDS, NotificationError, claim_seconds, post_json,
                            signature_headers)
-from tests.conftest import work
-from tests.test_notifications import Receiver, once
+from tests.support.harness import work
+from tests.integration.test_notifications import Receiver, once
 
 UTC = timezone.utc
-SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "docs/schemas/notification.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs/schemas/notification.schema.json").read_text())
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
 
 

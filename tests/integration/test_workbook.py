@@ -24,9 +24,9 @@ from datetime import datetime, timezone
 import pytest
 
 from shared import telemetry
-from tests.appinsights_endpoint import AppInsightsEndpoint
-from tests.conftest import ROOT, make_agent, work
-from tests.memory_queue import MemoryQueue
+from tests.support.appinsights_endpoint import AppInsightsEndpoint
+from tests.support.harness import ROOT, make_agent, work
+from shared.memory_queue import MemoryQueue
 
 UTC = timezone.utc
 WORKBOOK = json.loads((ROOT / "infra" / "workbook.json").read_text(encoding="utf-8"))

@@ -1,7 +1,7 @@
 """The Azure Developer CLI template, checked with what runs here (no azd, no Azure, no network):
 
 - azure.yaml against azd's published JSON Schema, vendored as data in
-  tests/data/azd-azure.yaml.schema.json: Azure/azure-dev, schemas/v1.0/azure.yaml.json at commit
+  tests/repo/data/azd-azure.yaml.schema.json: Azure/azure-dev, schemas/v1.0/azure.yaml.json at commit
   48865ed5ca1601e0d003198dcc04f1255f187094 (MIT License, Copyright (c) Microsoft Corporation).
   The schema refers to a few other schemas by URL (azd extensions' hosts); the validator here
   retrieves nothing, so a reference it would follow fails the test instead of reaching out.
@@ -12,7 +12,7 @@
 - the PowerShell variant (postprovision.ps1) cannot run here (no pwsh): it is checked for the
   same az calls, CLI commands and settings as the POSIX one, with the close in a finally block.
 
-The Bicep side (outputs the hook reads, parameters azd fills) is in tests/test_infra.py.
+The Bicep side (outputs the hook reads, parameters azd fills) is in tests/repo/test_infra.py.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import pytest
 import referencing
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-SCHEMA = REPO / "tests" / "data" / "azd-azure.yaml.schema.json"
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = REPO / "tests" / "repo" / "data" / "azd-azure.yaml.schema.json"
 HOOK_SH = REPO / "scripts" / "azd" / "postprovision.sh"
 HOOK_PS1 = REPO / "scripts" / "azd" / "postprovision.ps1"
 DEPLOYER_IP = "203.0.113.7"          # TEST-NET-3: never a real address

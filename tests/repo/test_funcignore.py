@@ -30,7 +30,7 @@ from pathlib import Path
 import pathspec
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FUNCIGNORE = REPO / ".funcignore"
 # The package must stay small: the app's code and SQL are a few hundred kB. The tree the
 # tests build holds far more than this in .venv and node_modules alone.

@@ -14,7 +14,7 @@ CLI (which cannot be installed here):
 - `checkov -d infra --framework bicep` reports no failed check.
 
 The Bicep is parsed by pycep-parser (Checkov's own Bicep parser) in .checkov-venv; see
-tests/infra_helpers.py. Without that venv these tests skip on a developer machine and fail in CI.
+tests/support/infra_helpers.py. Without that venv these tests skip on a developer machine and fail in CI.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from shared import config, telemetry
-from tests.infra_helpers import (
+from tests.support.infra_helpers import (
     INFRA,
     REPO,
     BicepFile,
@@ -251,7 +251,7 @@ def test_every_setting_the_bicep_sets_has_a_known_reader(app_settings: AppSettin
     unknown = set(app_settings.literal) - engine - set(PLATFORM_APP_SETTINGS)
     assert not unknown, (
         f"infra/functionapp.bicep sets {sorted(unknown)}, which neither shared/config.py "
-        f"ENGINE_SETTINGS nor the platform allow-list in tests/test_infra.py knows (renamed setting?)"
+        f"ENGINE_SETTINGS nor the platform allow-list in tests/repo/test_infra.py knows (renamed setting?)"
     )
     stale = set(PLATFORM_APP_SETTINGS) - set(app_settings.literal)
     assert not stale, f"platform allow-list entries the Bicep no longer sets: {sorted(stale)}"
@@ -875,7 +875,7 @@ def test_plain_checkov_from_the_repository_root_reports_no_failed_checks():
 def test_checkov_config_skips_only_checks_skipped_inline_with_a_reason():
     """`.checkov.yaml` exists because Checkov does not apply inline skips to Bicep graph
     checks; every id it skips must also be skipped inline, with a reason, in infra/."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     config = (root / ".checkov.yaml").read_text(encoding="utf-8")
     ids = re.findall(r"^\s*-\s*(CKV_[A-Z0-9_]+)\s*$", config, flags=re.MULTILINE)
     assert ids, "no skip-check entries found"

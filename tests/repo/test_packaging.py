@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 import shared
-from tests.conftest import ROOT
+from tests.support.harness import ROOT
 
 try:
     import tomllib

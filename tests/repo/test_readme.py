@@ -7,7 +7,7 @@ from pathlib import Path
 from shared.cli import COMMANDS, build_parser
 from shared.config import ENGINE_SETTINGS, JOB_DEFAULTS, JOB_SETTING_SUFFIXES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
 OPERATIONS = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")

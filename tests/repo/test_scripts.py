@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BASH = shutil.which("bash") or "/bin/bash"
 SCRIPTS = ["scripts/test.sh", "scripts/run-local.sh"]
 
@@ -141,11 +141,11 @@ def test_run_local_starts_the_monitor_beside_the_runner_and_ctrl_c_stops_both(tm
     import urllib.request
 
     if not (REPO / ".venv" / "bin" / "python").exists():
-        from tests.conftest import service_missing
+        from tests.support.harness import service_missing
 
         service_missing("the project's .venv", "scripts/test.sh creates it")
     env = {**os.environ, "MONITOR_PORT": "0", "AGENT_DB": f"sqlite:///{tmp_path / 'agent.db'}"}
-    from tests.conftest import as_from_a_terminal
+    from tests.support.harness import as_from_a_terminal
 
     process = subprocess.Popen([BASH, "scripts/run-local.sh"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True,

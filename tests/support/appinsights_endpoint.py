@@ -10,7 +10,7 @@ the envelopes are already here.
 
 Usage in a test module::
 
-    from tests.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
+    from tests.support.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
 
     def test_x(appinsights_endpoint):
         telemetry = appinsights_endpoint.telemetry()       # per-test local storage

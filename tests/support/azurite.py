@@ -2,7 +2,7 @@
 
 Use it by importing both fixtures into a test module:
 
-    from tests.azurite import azurite, azurite_server  # noqa: F401  (pytest fixtures)
+    from tests.support.azurite import azurite, azurite_server  # noqa: F401  (pytest fixtures)
 
     def test_something(azurite):
         queue = azurite.queue("runs")              # an AzureStorageQueue on a fresh queue name
@@ -39,7 +39,7 @@ import pytest
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from shared.azure_queue import AzureStorageQueue
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 AZURITE_QUEUE_BIN = REPO / "node_modules" / ".bin" / "azurite-queue"
 ENABLE_HINT = "run `npm ci` (needs Node.js 18+) to enable the Azurite tests"
 ACCOUNT = "devstoreaccount1"

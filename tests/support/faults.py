@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.conftest import ROOT, query
+from tests.support.harness import ROOT, query
 
 UPSTREAM = ("127.0.0.1", 5432)
 

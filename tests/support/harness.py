@@ -1,5 +1,7 @@
-"""Shared fixtures: every store scenario runs on SQLite and on PostgreSQL (through pyodbc,
-as production reaches Azure SQL). Each PostgreSQL test gets a database of its own.
+"""What tests build on (tests/conftest.py turns some of it into fixtures): control databases of
+every dialect, agents on them, and direct SQL to set up and read test tables. Every store
+scenario runs on SQLite and on PostgreSQL (through pyodbc, as production reaches Azure SQL).
+Each PostgreSQL test gets a database of its own.
 
 PostgreSQL location: AGENT_TEST_PG (an ODBC connection string without Database), default
 ``Driver={PostgreSQL Unicode};Server=127.0.0.1;Port=5432;Uid=root;``. With CI=true a
@@ -18,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import sys
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,9 +27,7 @@ from typing import Iterator
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 PG_BASE = os.environ.get("AGENT_TEST_PG", "Driver={PostgreSQL Unicode};Server=127.0.0.1;Port=5432;Uid=root;")
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -212,22 +211,6 @@ def fresh_database(dialect: str, tmp_path: Path | None = None) -> Iterator[str]:
         drop_pg_database(name)
 
 
-@pytest.fixture(params=DIALECT_PARAMS)
-def db_url(request, tmp_path) -> Iterator[str]:
-    """A fresh, empty control database URL of each dialect."""
-    with fresh_database(request.param, tmp_path) as url:
-        yield url
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    name, url = create_pg_database()
-    try:
-        yield url
-    finally:
-        drop_pg_database(name)
-
-
 def job_env(jobs: dict[str, dict[str, str]], **agent: str) -> dict[str, str]:
     """App settings for jobs given as {name: {SUFFIX: value}} plus engine settings."""
     env = {f"JOB__{name}__{key}": value for name, settings in jobs.items() for key, value in settings.items()}
@@ -262,49 +245,17 @@ def make_agent(db: str, jobs: dict[str, dict[str, str]] | None = None, *, clock=
 
     settings = load_settings(environ=job_env(jobs or {}, **agent_settings))
     agent = Agent(settings, db=db, clock=clock, queue=queue, simulated_time=simulated_time)
-    _AGENTS_MADE.append(agent)
+    AGENTS_MADE.append(agent)
     agent.init()
     return agent
 
 
-# Every agent make_agent built in a test's body is closed after it, before its fixtures drop
-# their databases (close is idempotent): one left open keeps its connections and its notifier
-# thread, which would go on polling a dropped database and log into the tests after it.
-# Agents its fixtures built are theirs to close (a module's fixture outlives the test).
-_AGENTS_MADE: list = []
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item):
-    first = len(_AGENTS_MADE)
-    yield
-    made, _AGENTS_MADE[first:] = _AGENTS_MADE[first:], []
-    item.stash[_BODY_AGENTS] = made
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    for agent in reversed(item.stash.get(_BODY_AGENTS, [])):
-        agent.close()
-    yield
-
-
-_BODY_AGENTS = pytest.StashKey[list]()
-
-
-@pytest.fixture
-def agent_factory(db_url):
-    """Build agents on the test's database; closes them afterwards."""
-    agents = []
-
-    def build(jobs=None, *, clock=None, queue=None, simulated_time=True, **agent_settings):
-        agent = make_agent(db_url, jobs, clock=clock, queue=queue, simulated_time=simulated_time, **agent_settings)
-        agents.append(agent)
-        return agent
-
-    yield build
-    for agent in agents:
-        agent.close()
+# Every agent make_agent built, in order: tests/conftest.py closes those a test's body built
+# after it, before its fixtures drop their databases (close is idempotent): one left open keeps
+# its connections and its notifier thread, which would go on polling a dropped database and log
+# into the tests after it. Agents its fixtures built are theirs to close (a module's fixture
+# outlives the test).
+AGENTS_MADE: list = []
 
 
 def at(text: str) -> datetime:

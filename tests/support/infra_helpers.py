@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
 CHECKOV_VENV = REPO / ".checkov-venv"
 CHECKOV_PYTHON = CHECKOV_VENV / "bin" / "python"

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from shared.telemetry import new_operation_id
-from tests.conftest import Clock, make_agent
-from tests.memory_queue import MemoryQueue
+from tests.support.harness import Clock, make_agent
+from shared.memory_queue import MemoryQueue
 
 UTC = timezone.utc
 # An error message a page must show as text: markup, a script and entities (a table name, so

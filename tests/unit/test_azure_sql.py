@@ -44,7 +44,7 @@ from shared.azure_sql import (
 )
 from shared.errors import AgentError, ConfigError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DRIVER_18_INSTALLED = DEFAULT_DRIVER in pyodbc.drivers()
 
 

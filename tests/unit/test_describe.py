@@ -41,7 +41,7 @@ def test_common_shapes_in_words(expression, words):
     "0 0 3 * * xyz",
     "0 0 3 * * *  extra",
     "0 0 1,2,3,4,5,6,7 * * *",  # too many hours to read well
-    "bogus", "@once",           # "" is an on-demand job: tests/test_on_demand.py
+    "bogus", "@once",           # "" is an on-demand job: tests/integration/test_on_demand.py
 ])
 def test_other_shapes_come_back_as_the_expression(expression):
     assert describe_schedule(expression) == expression

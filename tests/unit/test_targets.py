@@ -1,6 +1,6 @@
 """Fleet targets as text (shared/targets.py): the members a TARGETS value names, and what they
 resolve to given the servers' listings. The listings themselves come from real servers in
-tests/test_fleet.py; here the rules that turn them into databases, for both server dialects
+tests/integration/test_fleet.py; here the rules that turn them into databases, for both server dialects
 (SQL Server's case-insensitive names cannot be met on PostgreSQL)."""
 
 from __future__ import annotations

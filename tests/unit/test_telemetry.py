@@ -1,5 +1,5 @@
 """shared.telemetry against the real opencensus-ext-azure transport and a loopback ingestion
-endpoint (tests/appinsights_endpoint.py): what is POSTed, how failures of ingestion are
+endpoint (tests/support/appinsights_endpoint.py): what is POSTed, how failures of ingestion are
 absorbed, and that the no-op path neither imports opencensus nor sends anything."""
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ from shared.telemetry import (
     parse_authentication_string,
     parse_connection_string,
 )
-from tests.appinsights_endpoint import (  # noqa: F401 (pytest fixtures)
+from tests.support.appinsights_endpoint import (  # noqa: F401 (pytest fixtures)
     AppInsightsEndpoint,
     appinsights_endpoint,
     silent_endpoint,
     unused_port,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(params=["opentelemetry", "opencensus"])

@@ -21,9 +21,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from shared.runner import LocalRunner
-from tests.chaos.faults import (OutageProxy, clean_env, effect_sql, kill9, reconcile, start_cli,
+from tests.support.faults import (OutageProxy, clean_env, effect_sql, kill9, reconcile, start_cli,
                                 wait_until)
-from tests.conftest import ROOT, Clock, execute, make_agent, query
+from tests.support.harness import ROOT, Clock, execute, make_agent, query
 
 UTC = timezone.utc
 EFFECTS = "CREATE TABLE effects (label VARCHAR(40), at TIMESTAMP, ended TIMESTAMP)"
@@ -337,7 +337,7 @@ def test_what_a_jumped_clock_did_is_undone_by_the_next_sane_tick(pg_url):
     for _ in range(3):                                   # and it keeps running on time
         sane.advance(60)
         agent.tick()
-    from tests.conftest import work
+    from tests.support.harness import work
 
     work(agent)
     statuses = [s for (s,) in query(agent, "SELECT status FROM agent.runs WHERE scheduled_for <= "
