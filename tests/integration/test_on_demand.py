@@ -33,7 +33,9 @@ def test_a_job_without_schedule_parses_as_on_demand():
 
 
 def test_an_on_demand_job_claims_no_slot_and_runs_when_started(agent_factory, db_url, capsys):
-    clock = Clock(at("2026-11-25T08:00:00Z"))
+    # Two hours before the real hour: `run-now` (the CLI) makes the run runnable at the
+    # database's real time, which the agent's clock has passed when it works (3 h 1 s later).
+    clock = Clock(datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) - timedelta(hours=2))
     agent = agent_factory({"adhoc": {"COMMAND": "SELECT 1"},
                            "steps": {"STEPS__1__COMMAND": "SELECT 1", "STEPS__2__COMMAND": "SELECT 2"},
                            "timed": {"SCHEDULE": "0 0 * * * *", "COMMAND": "SELECT 1"}}, clock=clock)
@@ -80,7 +82,7 @@ def test_an_on_demand_job_claims_no_slot_and_runs_when_started(agent_factory, db
 
 def test_agent_start_job_starts_an_on_demand_job_from_t_sql(pg_url):
     from tests.support.harness import make_agent
-    from .tsql_caller import call, connect
+    from tests.support.tsql_caller import call, connect
 
     agent = make_agent(pg_url, {"adhoc": {"COMMAND": "SELECT 1"}})
     agent.tick()
