@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .errors import AgentError
+from .run_model import RunStatus
 
 __all__ = ["Check", "DoctorReport", "run_doctor", "CHECKS"]
 
@@ -353,7 +354,7 @@ class _Doctor:
                 if len(store.execute("cancel_run", run_id=run_id, now=now).rows) != 1:
                     raise _Failed(f"the scratch run {run_id} could not be completed (cancel_run changed no row)")
                 run = store.execute("get_run", run_id=run_id).one()
-                if run is None or run["status"] != "cancelled":
+                if run is None or run["status"] != RunStatus.CANCELLED:
                     raise _Failed(f"the scratch run {run_id} reads back as {run and run['status']!r}")
                 store.execute("delete_run", run_id=run_id)
                 if store.execute("get_run", run_id=run_id).one() is not None:

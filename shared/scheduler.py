@@ -37,6 +37,7 @@ from .dispatch import PartialDispatchError, claim_horizon, dispatch, ring_doorbe
 from .errors import AgentError, QueueError
 from .fleet import report_moved_runs
 from .notify import enqueue_calls
+from .run_model import RunStatus
 from .schedules import CronSchedule, parse_schedule
 from .store import Store
 from .sqlerrors import classify, describe, is_lock_conflict
@@ -91,7 +92,7 @@ class TickReport:
 
     @property
     def skipped(self) -> list[dict[str, Any]]:
-        return [run for run in self.claimed if run["status"] == "skipped"]
+        return [run for run in self.claimed if run["status"] == RunStatus.SKIPPED]
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -103,7 +104,7 @@ class TickReport:
             "synced_settings": self.synced,
             "leases_expired": len(self.expired),
             "jobs_due": self.due_jobs,
-            "runs_claimed": len([r for r in self.claimed if r["status"] != "skipped"]),
+            "runs_claimed": len([r for r in self.claimed if r["status"] != RunStatus.SKIPPED]),
             "runs_skipped": len(self.skipped) + len(self.skipped_at_start),
             "runs_dispatched": len(self.dispatched),
             "doorbells": self.doorbells,
@@ -384,7 +385,7 @@ class Scheduler:
             expired = store.execute("expire_leases", now=now, max_lapses=self.settings.agent.max_lapses).rows
             if expired:
                 store.execute("close_dead_attempts", now=now)
-                if any(run["status"] == "failed" for run in expired):
+                if any(run["status"] == RunStatus.FAILED for run in expired):
                     # A run failed by its last lapse is notified like any failed run.
                     for name, params in enqueue_calls(self.settings, now):
                         store.execute(name, **params)
@@ -407,7 +408,7 @@ class Scheduler:
         store = self.store
         with store.transaction():
             moved = store.execute("progress_fleets", parent_run_id=None, run_id=None, token=None, now=now).rows
-            if any(row["status"] in ("succeeded", "failed") for row in moved):
+            if any(row["status"] in (RunStatus.SUCCEEDED, RunStatus.FAILED) for row in moved):
                 for name, params in enqueue_calls(self.settings, now):
                     store.execute(name, **params)
         report_moved_runs(moved, self.telemetry)
@@ -476,7 +477,7 @@ class Scheduler:
             return  # per-run events cost Python time even as no-ops; skip the loop
         for run in claimed:
             properties = run_properties(run, outcome=run["status"])
-            if run["status"] == "skipped":
+            if run["status"] == RunStatus.SKIPPED:
                 log.info("job %s slot %s skipped: %s", run["job_name"], run["scheduled_for"], run.get("note"))
                 self.telemetry.event("MisfireSkipped", properties, operation_id=run.get("operation_id"))
             else:
@@ -500,7 +501,7 @@ class Scheduler:
         telemetry = self.telemetry
         telemetry.metric("TickDurationMs", report.duration_ms)
         telemetry.metric("RunsDue", report.due_jobs)
-        telemetry.metric("RunsClaimed", len([r for r in report.claimed if r["status"] != "skipped"]))
+        telemetry.metric("RunsClaimed", len([r for r in report.claimed if r["status"] != RunStatus.SKIPPED]))
         telemetry.metric("RunsDispatched", len(report.dispatched))
 
 
@@ -539,7 +540,7 @@ def _initial_due(schedule: str, timezone_name: str, now: datetime) -> datetime |
 
 
 def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
-                late_cutoff: datetime) -> tuple[list[tuple[datetime, str, str | None]], datetime | None]:
+                late_cutoff: datetime) -> tuple[list[tuple[datetime, RunStatus, str | None]], datetime | None]:
     """The slots of one job from its next_due_at up to the horizon, each with its decision:
     missed slots (older than the misfire threshold) are skipped, or — misfire run-once — the
     latest one within the grace period is caught up once; the rest are pending, each runnable at
@@ -560,7 +561,7 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
             return None
 
     slot: datetime | None = job["next_due_at"]
-    planned: list[tuple[datetime, str, str | None]] = []
+    planned: list[tuple[datetime, RunStatus, str | None]] = []
     missed: list[datetime] = []
     scanned = 0
     latest_missed: datetime | None = None
@@ -580,19 +581,19 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
         for index, moment in enumerate(missed):
             last = index == len(missed) - 1
             if job["misfire"] == "skip":
-                status, note = "skipped", NOTE_MISFIRE_SKIP
+                status, note = RunStatus.SKIPPED, NOTE_MISFIRE_SKIP
             elif not last:
-                status, note = "skipped", NOTE_MISFIRE_SUPERSEDED
+                status, note = RunStatus.SKIPPED, NOTE_MISFIRE_SUPERSEDED
             elif moment + grace < now:
-                status, note = "skipped", NOTE_MISFIRE_GRACE
+                status, note = RunStatus.SKIPPED, NOTE_MISFIRE_GRACE
             else:
-                status, note = "pending", NOTE_CATCH_UP
+                status, note = RunStatus.PENDING, NOTE_CATCH_UP
             if last and unrecorded > 0:
                 note += f" ({unrecorded} earlier missed slot(s) since {_iso(job['next_due_at'])} not recorded one by one)"
             planned.append((moment, status, note))
     ahead = 0
     while slot is not None and slot <= horizon and ahead < MAX_SLOTS_PER_JOB:
-        planned.append((slot, "pending", None))
+        planned.append((slot, RunStatus.PENDING, None))
         ahead += 1
         slot = following(slot)
     return planned, slot
