@@ -113,7 +113,7 @@ class Databases:
 
 
 def bench_ticks(dbs: Databases, dialect: str, sizes: list[int]) -> None:
-    from tests.memory_queue import MemoryQueue
+    from shared.memory_queue import MemoryQueue
 
     print(f"\n== tick, {dialect} (queue mode: the tick dispatches): jobs configured; 'all due' = every job due in "
           f"the same tick (claim + advance + dispatch + send of each); 'typical' = hourly jobs spread over the hour "
@@ -189,7 +189,7 @@ def bench_queue_lateness(dbs: Databases, dialect: str, seconds: int = 30) -> Non
 
     sys.path.insert(0, str(ROOT))
     from shared.queues import host_queue_options
-    from tests.azurite import launched_azurite
+    from tests.support.azurite import launched_azurite
 
     env = {f"JOB__q{i}__SCHEDULE": "* * * * * *" for i in range(1)}
     env.update({f"JOB__q{i}__COMMAND": "SELECT 1" for i in range(1)})
@@ -227,11 +227,11 @@ def bench_queue_lateness(dbs: Databases, dialect: str, seconds: int = 30) -> Non
 
 def bench_clock_behind(dbs: Databases, dialect: str, seconds: int = 25) -> None:
     """The lateness scenario twice, the second time with this process's wall clock an hour
-    behind (shifted in-process, as tests/clock_shift.py does): the engine's time is the
+    behind (shifted in-process, as tests/support/clock_shift.py does): the engine's time is the
     database's, so the figures should match, with no misfire, lapse or doubled slot."""
     import threading
 
-    from tests.clock_shift import instance_clock_shifted
+    from tests.support.clock_shift import instance_clock_shifted
 
     env = {f"JOB__every{i}__SCHEDULE": "* * * * * *" if i < 3 else "*/5 * * * * *" for i in range(6)}
     env.update({f"JOB__every{i}__COMMAND": "SELECT 1" for i in range(6)})

@@ -173,7 +173,7 @@ def count_round_trips(tasks: int, concurrency: int) -> None:
 
     from shared.dispatch import dispatch
     from shared.runner import LocalRunner
-    from tests.memory_queue import MemoryQueue
+    from shared.memory_queue import MemoryQueue
 
     for path in ("local runner (claims from agent.runs)", "queue trigger (one message per run)"):
         db = Database()

@@ -59,7 +59,7 @@ param sqlDatabaseName string
 param tickSchedule string
 
 // At most host.json extensions.queues.maxDequeueCount (5): the host's own move to <queue>-poison
-// must not come before the engine's threshold. tests/test_infra.py keeps the two equal.
+// must not come before the engine's threshold. tests/repo/test_infra.py keeps the two equal.
 @description('Deliveries after which the engine poisons a message (AGENT_MAX_DEQUEUE_COUNT): 1 to host.json maxDequeueCount (5).')
 @minValue(1)
 @maxValue(5)
@@ -139,7 +139,7 @@ var granteeId = useUserAssignedIdentity ? appIdentity.id : functionApp.id
 // ---------------------------------------------------------------- app settings
 
 // Settings the engine reads; names and meaning are in shared/config.py ENGINE_SETTINGS.
-// tests/test_infra.py fails if this list and the engine's list drift apart.
+// tests/repo/test_infra.py fails if this list and the engine's list drift apart.
 var engineAppSettings = [
   {
     name: 'AGENT_SQL_SERVER'
@@ -197,7 +197,7 @@ var engineAppSettings = [
   }
 ]
 
-// Settings only the Functions host reads (on the allow-list in tests/test_infra.py). With
+// Settings only the Functions host reads (on the allow-list in tests/repo/test_infra.py). With
 // AzureWebJobsStorage__queueServiceUri and __credential above, they make the host's storage
 // connection identity-based for all three services it uses.
 var hostAppSettings = [
@@ -292,7 +292,7 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
   // checkov:skip=CKV_AZURE_222:The one HTTP trigger is the read-only monitor, for people in a browser; every request to the app must sign in with Entra ID first (authsettingsV2 below), and the host endpoints need keys.
   // checkov:skip=CKV_AZURE_17:People open the monitor in a browser, signed in with Entra ID (authsettingsV2 below); client certificates would lock them out. The host admin endpoints are protected by keys.
   // checkov:skip=CKV_AZURE_212:Serverless by design: the timer and the queue trigger scale from zero; always-ready instances would bill while idle.
-  // checkov:skip=CKV_AZURE_16:The app always has a managed identity: identity.type is the identityType parameter, @allowed SystemAssigned or UserAssigned (with the identity created above); the check accepts only a literal type. tests/test_infra.py checks both branches.
+  // checkov:skip=CKV_AZURE_16:The app always has a managed identity: identity.type is the identityType parameter, @allowed SystemAssigned or UserAssigned (with the identity created above); the check accepts only a literal type. tests/repo/test_infra.py checks both branches.
   // checkov:skip=CKV_AZURE_213:The only HTTP endpoint is the monitor behind Entra sign-in, which a health probe could not pass; liveness is watched by the dead-man's switch alert on RunSucceeded events (alerts.bicep).
   name: functionAppName
   location: location

@@ -122,7 +122,7 @@ param tickSchedule string = '0 */1 * * * *'
 
 // The host moves a message to <queueName>-poison after host.json extensions.queues.maxDequeueCount
 // failed deliveries (5), so the engine's threshold may not exceed it: @maxValue is that number,
-// and tests/test_infra.py fails when the two differ. To allow more deliveries, raise host.json's
+// and tests/repo/test_infra.py fails when the two differ. To allow more deliveries, raise host.json's
 // maxDequeueCount first, then this cap (here and in functionapp.bicep).
 @description('Deliveries after which the engine poisons a message (AGENT_MAX_DEQUEUE_COUNT): 1 to host.json maxDequeueCount (5).')
 @minValue(1)

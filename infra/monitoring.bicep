@@ -53,7 +53,7 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' = {
 // The Azure Monitor workbook of docs/monitoring.md's queries (infra/workbook.json): runs per job
 // over time by outcome, duration percentiles, slot lateness, poison and the dead man's switch,
 // on this Application Insights resource (Monitor > Workbooks, or the resource's Workbooks blade).
-// Its name is a GUID, as workbooks require; tests/test_workbook.py checks every query's tables,
+// Its name is a GUID, as workbooks require; tests/integration/test_workbook.py checks every query's tables,
 // columns, event, metric and dimension names against what the engine writes.
 resource workbook 'Microsoft.Insights/workbooks@2023-06-01' = {
   name: guid(resourceGroup().id, appInsightsName, 'sql-agent-workbook')

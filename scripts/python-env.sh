@@ -4,7 +4,7 @@
 #
 # azure-functions==1.26.0 (requirements.txt) declares Requires-Python >=3.10,<3.13: it installs on
 # Python 3.10, 3.11 and 3.12 only (not 3.13 yet), and Azure runs the app on 3.11.
-# pyproject.toml's requires-python says the same (tests/test_packaging.py checks they agree). PYTHON=/path/to/python3.11 picks the interpreter; without it the
+# pyproject.toml's requires-python says the same (tests/repo/test_packaging.py checks they agree). PYTHON=/path/to/python3.11 picks the interpreter; without it the
 # first of python3.11, python3.12, python3.10 and python3 on the PATH whose version fits is used.
 
 SUPPORTED_PYTHONS="3.10, 3.11 or 3.12"

@@ -2,7 +2,7 @@
 # Runs the whole test suite from a fresh clone: creates .venv, installs the pinned
 # packages, installs Azurite (npm, pinned by package-lock.json) and Checkov (its own
 # virtual environment, so it cannot disturb the app's requirements), then runs pytest.
-# Extra arguments go to pytest, e.g. scripts/test.sh -k poison
+# Extra arguments go to pytest, e.g. scripts/test.sh -k poison, or one kind of test: scripts/test.sh tests/unit
 # Needs Python 3.10-3.12 (python3.11 preferred); PYTHON=/path/to/python3.11 picks another one.
 set -euo pipefail
 script=$0

@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from .errors import AgentError, ConfigError, NotFoundError, UsageError
+from .run_model import RunStatus
 
 UTC = timezone.utc
 PROG = "sql-agent"
@@ -562,7 +563,7 @@ def _print_fleets(runs: list[dict[str, Any]]) -> None:
 def _print_attempt_output(runs: list[dict[str, Any]], by_run: dict[int, list[dict[str, Any]]]) -> None:
     """history --output: every attempt (of every step) with its outcome and what the server said."""
     for run in runs:
-        failed = f", failed at step {run['failed_step']}" if run.get("failed_step") and run["status"] == "failed" else ""
+        failed = f", failed at step {run['failed_step']}" if run.get("failed_step") and run["status"] == RunStatus.FAILED else ""
         print(f"\nrun {run['run_id']} ({run['job_name'] or 'task'}) {run['status']}{failed}")
         for attempt in by_run.get(run["run_id"], []):
             step = f"step {attempt['step']} " if attempt.get("step") else ""
@@ -655,9 +656,9 @@ def cmd_run_now(agent, args) -> int:
         raise NotFoundError(f"no job named {args.name!r} (jobs the agent knows: {known}; a job added to the "
                             "settings is known after the agent's next tick)", setting="NAME", value=args.name,
                             expected=f"one of the jobs the agent knows: {known}")
-    if row["status"] == "skipped":
+    if row["status"] == RunStatus.SKIPPED:
         if args.json:
-            _print_json({"run_id": row["run_id"], "job_name": args.name, "status": "skipped", "note": row["note"],
+            _print_json({"run_id": row["run_id"], "job_name": args.name, "status": RunStatus.SKIPPED, "note": row["note"],
                          "dispatched": None})
         else:
             print(f"run {row['run_id']} of {args.name} skipped: {row['note']}")
@@ -755,7 +756,7 @@ def cmd_cancel(agent, args) -> int:
         moved = store.execute("progress_fleets", parent_run_id=run.get("parent_run_id") or args.run_id,
                               run_id=None, token=None, now=now).rows
         followed: list[dict] = []
-        if any(row["status"] in ("succeeded", "failed") for row in moved):
+        if any(row["status"] in (RunStatus.SUCCEEDED, RunStatus.FAILED) for row in moved):
             for name, params in ending_calls(agent.settings, now):
                 followed += follow_up_rows([(name, params)], [store.execute(name, **params)])
     if report_moved_runs(moved, agent.telemetry) and notifications_enabled(agent.settings):
@@ -764,7 +765,7 @@ def cmd_cancel(agent, args) -> int:
     if followed:
         _dispatch_now(agent)      # a fleet run the cancel ended started its followers: on the queue now
     if args.json:
-        _print_json({"run_id": args.run_id, "status": "cancelled"})
+        _print_json({"run_id": args.run_id, "status": RunStatus.CANCELLED})
     else:
         print(f"run {args.run_id} cancelled")
     return EXIT_OK

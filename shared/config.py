@@ -893,7 +893,7 @@ def _after_settings(name: str, given: dict[str, str], setting: Callable[[str], s
 def _job(**fields: Any) -> JobDefinition:
     """``JobDefinition(**fields)`` with every field given, built without the frozen dataclass's
     ``object.__setattr__`` per field (a sixth of a 10,000-job parse): an equal object, as frozen
-    (tests/test_config.py checks both ways agree)."""
+    (tests/unit/test_config.py checks both ways agree)."""
     job = object.__new__(JobDefinition)
     job.__dict__.update(fields)
     return job

@@ -127,7 +127,7 @@ def odbc_value(value: str, *, dialect: str, key: str) -> str:
 
     SQL Server's drivers follow the ODBC rule: a value in braces, ``}`` doubled, is taken
     literally (``;``, ``=``, spaces and all). psqlODBC does not (13.02, tested by
-    tests/test_connection_strings.py): it honours the braces when splitting the string but keeps
+    tests/integration/test_connection_strings.py): it honours the braces when splitting the string but keeps
     them in every value but the password, so ``Database={a;b}`` asks the server for a database
     named ``{a;b}``. Its bare values are carried exactly up to the first ``;`` (quotes, spaces,
     ``=``, ``}`` and any Unicode character included), except one starting with ``{`` (spaces

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .errors import AgentError
+from .run_model import RunStatus
 
 __all__ = ["Check", "DoctorReport", "run_doctor", "CHECKS"]
 
@@ -36,7 +37,7 @@ INIT_DB = "sql-agent init-db"
 GRANT_SQL = "sql-agent grant-sql --app-name <function app name> --apply"
 GRANT_SQL_TARGETS = "sql-agent grant-sql --app-name <function app name> --targets <job>"
 # The roles on the storage account that identity-based AzureWebJobsStorage needs for this app,
-# exactly what infra/functionapp.bicep grants and docs/deploying.md lists (tests/test_infra.py
+# exactly what infra/functionapp.bicep grants and docs/deploying.md lists (tests/repo/test_infra.py
 # checks all three agree): host storage, the queue (trigger, dispatch, the host's poison queue)
 # and the host's diagnostic events.
 STORAGE_ROLES = ("Storage Blob Data Owner", "Storage Queue Data Contributor", "Storage Table Data Contributor")
@@ -353,7 +354,7 @@ class _Doctor:
                 if len(store.execute("cancel_run", run_id=run_id, now=now).rows) != 1:
                     raise _Failed(f"the scratch run {run_id} could not be completed (cancel_run changed no row)")
                 run = store.execute("get_run", run_id=run_id).one()
-                if run is None or run["status"] != "cancelled":
+                if run is None or run["status"] != RunStatus.CANCELLED:
                     raise _Failed(f"the scratch run {run_id} reads back as {run and run['status']!r}")
                 store.execute("delete_run", run_id=run_id)
                 if store.execute("get_run", run_id=run_id).one() is not None:

@@ -38,6 +38,7 @@ from .sqlerrors import classify, describe
 from .db import ConnectError
 from .follow import ending_calls, follow_up_rows, report_follow_ups
 from .notify import notifications_enabled
+from .run_model import RUN_ENDING_OUTCOMES, AttemptError, Outcome, RunStatus
 from .steps import QUIT_FAILURE, QUIT_SUCCESS, cap_output, run_steps, target_step
 
 log = logging.getLogger(__name__)
@@ -49,9 +50,7 @@ TELEMETRY_OUTPUT_MAX_BYTES = 8192
 
 @dataclass(frozen=True)
 class ExecutionResult:
-    # succeeded | retry_scheduled | failed | poisoned | transient | stale | duplicate | lease_lost
-    # | early | held | skipped | doorbell
-    outcome: str
+    outcome: Outcome
     run_id: int | None = None
     detail: str = ""
     output: str = ""     # a one-step run's output, capped for telemetry
@@ -110,10 +109,10 @@ class Executor:
             return self._resend_early(run, text, now)
         if decision.startswith("skip-"):
             self._skipped_event(run)
-            return ExecutionResult("skipped", run["run_id"], run["note"] or "")
+            return ExecutionResult(Outcome.SKIPPED, run["run_id"], run["note"] or "")
         if decision.startswith("held-"):
             log.info("run %s held: %s", run["run_id"], run["note"])
-            return ExecutionResult("held", run["run_id"], run["note"] or "")
+            return ExecutionResult(Outcome.HELD, run["run_id"], run["note"] or "")
         return self._execute(run, body=text, dequeue_count=dequeue_count, message_id=message_id)
 
     def _doorbell(self) -> ExecutionResult:
@@ -129,10 +128,10 @@ class Executor:
             log.warning("doorbell: planning the jobs defined in the database failed: %s", describe(exc))
         try:
             outcome = dispatch(self._store(), self.queue, self.settings, now, self.telemetry)
-            return ExecutionResult("doorbell", None, f"{len(outcome.queued)} run(s) dispatched")
+            return ExecutionResult(Outcome.DOORBELL, None, f"{len(outcome.queued)} run(s) dispatched")
         except Exception as exc:  # noqa: BLE001
             log.warning("doorbell: dispatch failed (the next doorbell or tick tries again): %s", describe(exc))
-            return ExecutionResult("doorbell", None, "dispatch failed")
+            return ExecutionResult(Outcome.DOORBELL, None, "dispatch failed")
 
     def _resend_early(self, run: dict[str, Any], text: str, now: datetime) -> ExecutionResult:
         """The message came before the run's slot: send it again for the rest of the wait (a
@@ -141,7 +140,7 @@ class Executor:
         self.queue.send_many([text], delays=[delay])
         detail = f"run {run['run_id']}: message arrived {delay} s before its slot; re-sent delayed"
         log.info(detail)
-        return ExecutionResult("early", run["run_id"], detail)
+        return ExecutionResult(Outcome.EARLY, run["run_id"], detail)
 
     def _not_started(self, message: RunMessage, text: str, dequeue_count: int,
                      message_id: str | None) -> ExecutionResult:
@@ -154,7 +153,7 @@ class Executor:
             return self._poison(run_id=message.run_id, token=None, body=text, dequeue_count=dequeue_count,
                                 message_id=message_id, operation_id=message.operation_id, job=run["job_name"],
                                 reason=f"token {message.token} was never issued (run {message.run_id} is at token {run['token']})")
-        kind = "stale" if message.token < run["token"] else "duplicate"
+        kind = Outcome.STALE if message.token < run["token"] else Outcome.DUPLICATE
         detail = (f"run {message.run_id}: message token {message.token}, run token {run['token']}, "
                   f"status {run['status']}: acknowledged without running ({kind})")
         log.info(detail)
@@ -177,7 +176,7 @@ class Executor:
         for run in rows:
             if run["decision"] == "skipped":
                 self._skipped_event(run)
-                results.append(ExecutionResult("skipped", run["run_id"], run["note"] or ""))
+                results.append(ExecutionResult(Outcome.SKIPPED, run["run_id"], run["note"] or ""))
         for run in rows:
             if run["decision"] == "start":
                 results.append(self._execute(run, body=None, dequeue_count=None, message_id=None))
@@ -216,9 +215,9 @@ class Executor:
             if result is not None:
                 break
             # The run went on to its next step at once, in this worker, under the same token.
-        if result.outcome in ("succeeded", "failed", "poisoned") and self.notifier is not None:
+        if result.outcome in RUN_ENDING_OUTCOMES and self.notifier is not None:
             self.notifier.wake()
-        if result.outcome == "succeeded":
+        if result.outcome == Outcome.SUCCEEDED:
             duration_ms = (time.perf_counter() - started) * 1000
             log.debug("run %s (%s) succeeded in %.0f ms", run_id, properties["job"], duration_ms)
             if self.telemetry.enabled:
@@ -257,9 +256,9 @@ class Executor:
             work_store = store if same_database else self._target_store(database, server)
         except Exception as exc:  # e.g. DATABASE on the embedded SQLite database
             info = classify(exc)
-            return self._failed(run, body, dequeue_count, message_id, ("failed", info.number, info.sqlstate,
-                                                                       info.message), properties, operation_id,
-                                False, step=step, steps=steps, output=[])
+            return self._failed(run, body, dequeue_count, message_id,
+                                AttemptError("permanent", info.number, info.sqlstate, info.message), properties,
+                                operation_id, False, step=step, steps=steps, output=[])
         held = self.supervisor.hold(run_id, token, lease_seconds=run["lease_seconds"],
                                     timeout_seconds=timeout_seconds, cancel=work_store.cancel)
         store.operation_id = operation_id
@@ -295,12 +294,12 @@ class Executor:
                 info = replace(info, kind="permanent")
             if held.reason == "timeout":
                 setting = f"STEPS__{step.step}__TIMEOUT_SECONDS" if step is not None else "TIMEOUT_SECONDS"
-                error = ("timeout", None, None, f"timed out after {timeout_seconds} s (JOB {setting})")
+                error = AttemptError("timeout", None, None, f"timed out after {timeout_seconds} s (JOB {setting})")
             else:
                 message = info.message
                 if owner and repr(owner) not in message:    # e.g. "permission denied": whose rights
                     message = f"{message} (the job runs as its owner {owner!r}, who defined it from T-SQL)"
-                error = (info.kind, info.number, info.sqlstate, message)
+                error = AttemptError(info.kind, info.number, info.sqlstate, message)
             return self._failed(run, body, dequeue_count, message_id, error, properties, operation_id, same_database,
                                 step=step, steps=steps, output=output)
         finally:
@@ -310,7 +309,7 @@ class Executor:
                 work_store.close()
         self._send_handed_on(handed_on)
         if step is None or moved is None:
-            return ExecutionResult("succeeded", run_id, output=cap_output(output, TELEMETRY_OUTPUT_MAX_BYTES) or "")
+            return ExecutionResult(Outcome.SUCCEEDED, run_id, output=cap_output(output, TELEMETRY_OUTPUT_MAX_BYTES) or "")
         self._step_event("StepSucceeded", properties, "succeeded", output, operation_id)
         return self._after_transition(run, moved, properties, operation_id, error_message=None)
 
@@ -354,12 +353,13 @@ class Executor:
                     # execution does, rather than burning deliveries into poison.
                     info = replace(info, kind="permanent")
                 return self._failed(run, body, dequeue_count, message_id,
-                                    (info.kind, info.number, info.sqlstate,
-                                     f"resolving the targets ({step.targets}): {info.message}"),
+                                    AttemptError(info.kind, info.number, info.sqlstate,
+                                                 f"resolving the targets ({step.targets}): {info.message}"),
                                     properties, operation_id, False, step=step, steps=steps, output=[])
             if not targets:
                 return self._failed(run, body, dequeue_count, message_id,
-                                    ("failed", None, None, f"the targets ({step.targets}) name no database now"),
+                                    AttemptError("permanent", None, None,
+                                                 f"the targets ({step.targets}) name no database now"),
                                     properties, operation_id, False, step=step, steps=steps, output=[])
             now = self.clock()
             params = {"run_id": run_id, "token": token, "now": now, "targets": targets_json(targets),
@@ -383,7 +383,7 @@ class Executor:
         self.telemetry.event("TargetsResolved", {**properties, "outcome": "fanned_out", "targets": len(targets),
                                                  "target_parallelism": step.target_parallelism},
                              operation_id=operation_id)
-        return ExecutionResult("fanned_out", run_id, detail)
+        return ExecutionResult(Outcome.FANNED_OUT, run_id, detail)
 
     def _report_fleet_progress(self, calls: list[tuple[str, dict[str, Any]]], results: list[Result]) -> None:
         for (name, _), result in zip(calls, results):
@@ -402,19 +402,19 @@ class Executor:
         """Where a step transition left the run: on to another step (None: the caller runs it),
         a retry of the step later, or the end the flow reports."""
         run_id = run["run_id"]
-        if moved["status"] == "running":
+        if moved["status"] == RunStatus.RUNNING:
             log.info("run %s (%s): on to step %s", run_id, properties["job"], moved["step"])
             run.update(step=moved["step"], attempt=moved["attempt"], failures=moved["failures"])
             return None
-        if moved["status"] == "pending":
-            return ExecutionResult("retry_scheduled", run_id, error_message or "")
-        if moved["status"] == "succeeded":
-            return ExecutionResult("succeeded", run_id)
+        if moved["status"] == RunStatus.PENDING:
+            return ExecutionResult(Outcome.RETRY_SCHEDULED, run_id, error_message or "")
+        if moved["status"] == RunStatus.SUCCEEDED:
+            return ExecutionResult(Outcome.SUCCEEDED, run_id)
         detail = error_message or f"step {properties.get('step')} reported failure (its flow quits with failure)"
         log.error("run %s (%s) failed at step %s: %s", run_id, properties["job"], properties.get("step"), detail)
         self.telemetry.event("RunFailed", {**properties, "outcome": "failed", "error_message": detail},
                              operation_id=operation_id)
-        return ExecutionResult("failed", run_id, detail)
+        return ExecutionResult(Outcome.FAILED, run_id, detail)
 
     def _step_event(self, name: str, properties: dict[str, Any], outcome: str, output: list[str],
                     operation_id: str, **extra: Any) -> None:
@@ -428,27 +428,28 @@ class Executor:
 
     def _transition(self, run: dict[str, Any], step: StepDefinition, steps: list[StepDefinition], now: datetime,
                     *, outcome: str, action: str | None, retry_at: datetime | None, failures: int,
-                    output: list[str], error: tuple[int | None, str | None, str | None]) -> dict[str, Any]:
+                    output: list[str], error: AttemptError | None) -> dict[str, Any]:
         """The parameters of step_transition: ``retry_at`` (the same step again, later) or
         ``action`` (a resolved flow action: goto:<n>, quit_success, quit_failure)."""
-        number, sqlstate, message = error
         params = {"run_id": run["run_id"], "token": run["token"], "now": now, "attempt": run["attempt"],
-                  "step": step.step, "outcome": outcome, "error_number": number, "error_sqlstate": sqlstate,
-                  "error_message": message, "step_output": self._output_text(output), "worker": self.worker,
+                  "step": step.step, "outcome": outcome, "error_number": error.number if error else None,
+                  "error_sqlstate": error.sqlstate if error else None,
+                  "error_message": error.message if error else None, "step_output": self._output_text(output),
+                  "worker": self.worker,
                   "lease_until": now + timedelta(seconds=run["lease_seconds"]), "runnable_at": now,
                   "next_database": None, "failed_step": None, "failures": failures, "next_step": step.step}
         if retry_at is not None:
-            params.update(run_status="pending", runnable_at=retry_at)
+            params.update(run_status=RunStatus.PENDING, runnable_at=retry_at)
             return params
         if outcome != "succeeded":
             params["failed_step"] = step.step   # the last step whose failure the flow followed
         target = target_step(action or QUIT_FAILURE)
         if target is not None:
-            params.update(run_status="running", next_step=target, failures=0, next_database=steps[target - 1].database)
+            params.update(run_status=RunStatus.RUNNING, next_step=target, failures=0, next_database=steps[target - 1].database)
         elif action == QUIT_SUCCESS:
-            params.update(run_status="succeeded")
+            params.update(run_status=RunStatus.SUCCEEDED)
         else:
-            params.update(run_status="failed")
+            params.update(run_status=RunStatus.FAILED)
         return params
 
     def _finish(self, store: Store, run: dict[str, Any], step: StepDefinition | None,
@@ -481,9 +482,9 @@ class Executor:
         else:
             params = self._transition(run, step, steps, now, outcome="succeeded", action=step.on_success,
                                       retry_at=None, failures=run["failures"], output=output,
-                                      error=(None, None, None))
+                                      error=None)
             calls.append(("step_transition", params))
-            ends = params["run_status"] != "running"
+            ends = params["run_status"] != RunStatus.RUNNING
             if ends:
                 calls += ending_calls(self.settings, now)
         results = self._chain_with_hand_on(store, calls, now) if ends else store.chain(*calls)
@@ -542,16 +543,16 @@ class Executor:
                     run["token"], why)
         self.telemetry.event("RunFailed", {**properties, "outcome": "lease_lost", "error_message": why},
                              operation_id=operation_id)
-        return ExecutionResult("lease_lost", run["run_id"], why)
+        return ExecutionResult(Outcome.LEASE_LOST, run["run_id"], why)
 
     def _failed(self, run: dict[str, Any], body: str | None, dequeue_count: int | None, message_id: str | None,
-                error: tuple[str, int | None, str | None, str], properties: dict[str, Any],
+                error: AttemptError, properties: dict[str, Any],
                 operation_id: str, same_database: bool, *, step: StepDefinition | None = None,
                 steps: list[StepDefinition] | None = None,
                 output: list[str] | None = None) -> ExecutionResult | None:
         """A failed attempt. Returns the result, or None when a step's ON_FAILURE took the run on
         to another step (``run`` is updated to it)."""
-        kind, number, sqlstate, message = error
+        number, sqlstate, message = error.number, error.sqlstate, error.message
         output = output or []
         text = self._output_text(output)
         record = ([("record_attempt_output", {"run_id": run["run_id"], "token": run["token"],
@@ -566,7 +567,7 @@ class Executor:
         max_dequeue = self.settings.agent.max_dequeue_count
         reset = [("reset_session", {})] if same_database else []
         errors = {"error_number": number, "error_sqlstate": sqlstate, "error_message": message}
-        if kind == "transient":
+        if error.transient:
             deliveries = dequeue_count if dequeue_count is not None else run["transient_errors"] + 1
             if deliveries >= max_dequeue:
                 where = "delivery" if dequeue_count is not None else "transient error"
@@ -595,10 +596,10 @@ class Executor:
             self.telemetry.event("RunRetried", {**failure, "outcome": "redeliver"}, operation_id=operation_id)
             if dequeue_count is not None:
                 raise TransientJobError(run_id, message)
-            return ExecutionResult("transient", run_id, message)
-        outcome = "timeout" if kind == "timeout" else "failed"
+            return ExecutionResult(Outcome.TRANSIENT, run_id, message)
+        outcome = error.attempt_outcome
         if step is not None:
-            return self._step_failed(run, step, steps or [], now, outcome, (number, sqlstate, message), output,
+            return self._step_failed(run, step, steps or [], now, outcome, error, output,
                                      properties, operation_id, reset)
         interval = run.get("retry_interval_seconds")
         retry_at = now + timedelta(seconds=interval if interval is not None else self.backoff_seconds(run["failures"] + 1))
@@ -614,24 +615,24 @@ class Executor:
         self._report_fleet_progress(calls, results)
         report_follow_ups(follow_up_rows(calls, results), self.telemetry)
         self._send_handed_on(results[-1].rows if self.queue is not None else [])
-        if row["status"] == "pending":
+        if row["status"] == RunStatus.PENDING:
             log.warning("run %s attempt %s failed (%s of MAX_ATTEMPTS=%s spent): %s; retry at %s", run_id, attempt,
                         row["failures"], row["max_attempts"], message, retry_at.isoformat())
             self.telemetry.event("RunRetried", {**failure, "outcome": "retry_scheduled",
                                                 "retry_at": retry_at}, operation_id=operation_id)
-            return ExecutionResult("retry_scheduled", run_id, message)
+            return ExecutionResult(Outcome.RETRY_SCHEDULED, run_id, message)
         log.error("run %s failed after %s attempt(s): %s", run_id, row["failures"], message)
         self.telemetry.event("RunFailed", {**failure, "outcome": "failed"}, operation_id=operation_id)
-        return ExecutionResult("failed", run_id, message)
+        return ExecutionResult(Outcome.FAILED, run_id, message)
 
     def _step_failed(self, run: dict[str, Any], step: StepDefinition, steps: list[StepDefinition], now: datetime,
-                     outcome: str, error: tuple[int | None, str | None, str], output: list[str],
+                     outcome: str, error: AttemptError, output: list[str],
                      properties: dict[str, Any], operation_id: str,
                      reset: list[tuple[str, dict[str, Any]]]) -> ExecutionResult | None:
         """An error in a step's SQL (or its timeout) spends one of the step's MAX_ATTEMPTS: the
         step again after its RETRY_INTERVAL_SECONDS (default: the backoff) while attempts remain,
         else the step's ON_FAILURE — all fenced, in one transaction."""
-        number, sqlstate, message = error
+        number, message = error.number, error.message
         failures = run["failures"] + 1
         retry_at = None
         if failures < step.max_attempts:
@@ -641,7 +642,7 @@ class Executor:
         params = self._transition(run, step, steps, now, outcome=outcome, action=step.on_failure, retry_at=retry_at,
                                   failures=failures, output=output, error=error)
         store = self._store()
-        ends = params["run_status"] != "running"
+        ends = params["run_status"] != RunStatus.RUNNING
         calls = reset + [("step_transition", params)] + (ending_calls(self.settings, now) if ends else [])
         with store.transaction():
             results = self._chain_with_hand_on(store, calls, now) if ends else store.chain(*calls)
@@ -653,7 +654,7 @@ class Executor:
         self._send_handed_on(results[-1].rows if self.queue is not None and ends else [])
         failure = {**properties, "error_number": number, "error_message": message}
         self._step_event("StepFailed", failure, outcome, output, operation_id)
-        if moved["status"] == "pending":
+        if moved["status"] == RunStatus.PENDING:
             log.warning("run %s step %s attempt %s failed (%s of the step's MAX_ATTEMPTS=%s spent): %s; retry at %s",
                         run["run_id"], step.step, run["attempt"], failures, step.max_attempts, message,
                         retry_at.isoformat())
@@ -685,14 +686,15 @@ class Executor:
 
     def _poison(self, *, run_id: int | None, token: int | None, body: str, dequeue_count: int,
                 message_id: str | None, reason: str, operation_id: str | None,
-                attempt_error: tuple[str, int | None, str | None, str] | None = None,
+                attempt_error: AttemptError | None = None,
                 job: str | None = None, parent_run_id: int | None = None) -> ExecutionResult:
         """Take the message (or, in direct mode, the run) out of circulation: keep the body and
         every error, mark the run (only when this message holds its current token) and return
         normally, so the host deletes the message instead of retrying it."""
         store = self._store()
         now = self.clock()
-        _, number, sqlstate, message = attempt_error or (None, None, None, None)
+        number, sqlstate, message = ((attempt_error.number, attempt_error.sqlstate, attempt_error.message)
+                                     if attempt_error else (None, None, None))
         followed: list[dict[str, Any]] = []
         with store.transaction():
             marked = False
@@ -733,7 +735,7 @@ class Executor:
                                              "outcome": "poisoned" if marked else "message_poisoned",
                                              "error_message": reason, "poison_id": poison_id},
                              operation_id=operation_id)
-        return ExecutionResult("poisoned", run_id, reason)
+        return ExecutionResult(Outcome.POISONED, run_id, reason)
 
 
 def target_properties(run: dict[str, Any]) -> dict[str, Any]:

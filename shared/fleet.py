@@ -13,6 +13,7 @@ import logging
 from typing import Any, Callable
 
 from .store import Store
+from .run_model import RunStatus
 from .targets import Target, TargetMember, needs_listing, parse_targets, resolve, user_databases
 
 log = logging.getLogger(__name__)
@@ -76,13 +77,13 @@ def report_moved_runs(rows: list[dict[str, Any]], telemetry: Any) -> bool:
     ended = False
     for row in rows:
         job = row["job_name"] or "(task)"
-        if row["status"] == "pending":
+        if row["status"] == RunStatus.PENDING:
             log.info("run %s (%s): its targets ended; on to step %s", row["run_id"], job, row["step"])
             continue
         ended = True
-        log.log(logging.INFO if row["status"] == "succeeded" else logging.ERROR, "run %s (%s) %s after its targets: %s",
+        log.log(logging.INFO if row["status"] == RunStatus.SUCCEEDED else logging.ERROR, "run %s (%s) %s after its targets: %s",
                 row["run_id"], job, row["status"], row["last_error"] or "all succeeded")
-        telemetry.event("RunSucceeded" if row["status"] == "succeeded" else "RunFailed",
+        telemetry.event("RunSucceeded" if row["status"] == RunStatus.SUCCEEDED else "RunFailed",
                         {"job": job, "run_id": row["run_id"], "outcome": row["status"],
                          "error_message": row["last_error"], "targets": row["targets_total"],
                          "targets_failed": row["targets_failed"]}, operation_id=row["operation_id"])

@@ -38,6 +38,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from . import views
 from .errors import ConfigError, PageError
+from .run_model import RunStatus
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -383,7 +384,7 @@ class Monitor:
             mark += tick
         for run in reversed(data["timeline"]["runs"]):
             begin = run["started_at"] or run["scheduled_for"]
-            finish = run["finished_at"] or (now if run["status"] == "running" else begin)
+            finish = run["finished_at"] or (now if run["status"] == RunStatus.RUNNING else begin)
             x0 = x(begin)
             bar = max(x(finish) - x0, 2.0)
             title = (f'run {run["run_id"]} · {run["status"]} · slot {_t(run["scheduled_for"])} UTC · '
@@ -406,7 +407,7 @@ class Monitor:
                     f'the latest {data["timeline"]["limit"]:,} are drawn.</p>')
         legend = " ".join(f'<span class="legend"><svg width="10" height="10" viewBox="0 0 10 10">'
                           f'<rect width="10" height="10" fill="{colour}"/></svg> {_e(status)}</span>'
-                          for status, colour in OUTCOME_COLOURS.items() if status != "pending")
+                          for status, colour in OUTCOME_COLOURS.items() if status != RunStatus.PENDING)
         return "\n".join(parts) + f"\n{note}\n<p class=\"legend\">{legend}</p>"
 
     def _run_page(self, data: dict[str, Any]) -> str:
@@ -540,7 +541,7 @@ def _targets_cell(monitor: Monitor, row: dict[str, Any]) -> str:
     def items(only_unsuccessful: bool) -> str:
         out = []
         for label, group in groups.items():
-            shown = [e for e in group if e["status"] != "succeeded"] if only_unsuccessful else group
+            shown = [e for e in group if e["status"] != RunStatus.SUCCEEDED] if only_unsuccessful else group
             if shown:
                 out.append(f'<li><span class="target">{_e(label)}</span>: '
                            + "; ".join(_execution_line(monitor, e) for e in shown) + "</li>")

@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 from .config import Settings
 from .errors import NotificationError
+from .run_model import RunStatus
 from .sqlerrors import describe
 
 log = logging.getLogger(__name__)
@@ -91,10 +92,10 @@ def notification_body(notification: dict[str, Any], run: dict[str, Any]) -> dict
         "outcome": outcome,
         # A run its flow failed (quit_failure after a step that failed and was handled) keeps no
         # error of its own: the latest failed attempt's error and step say what went wrong.
-        "failing_step": _first(run.get("failed_step"), run.get("attempt_step")) if outcome != "succeeded" else None,
-        "error": _first(run.get("last_error"), run.get("attempt_error")) if outcome != "succeeded" else None,
+        "failing_step": _first(run.get("failed_step"), run.get("attempt_step")) if outcome != RunStatus.SUCCEEDED else None,
+        "error": _first(run.get("last_error"), run.get("attempt_error")) if outcome != RunStatus.SUCCEEDED else None,
         "error_number": (_first(run.get("last_error_number"), run.get("attempt_error_number"))
-                         if outcome != "succeeded" else None),
+                         if outcome != RunStatus.SUCCEEDED else None),
         "duration_seconds": duration,
         "finished_at": _iso(finished),
         # Application Insights: operation_Id == this value finds the run's events and SQL.

@@ -37,6 +37,7 @@ from .dispatch import PartialDispatchError, claim_horizon, dispatch, ring_doorbe
 from .errors import AgentError, QueueError
 from .fleet import report_moved_runs
 from .follow import ending_calls, follow_up_rows, report_follow_ups
+from .run_model import RunStatus
 from .schedules import CronSchedule, parse_schedule
 from .store import Store
 from .sqlerrors import classify, describe, is_lock_conflict
@@ -93,7 +94,7 @@ class TickReport:
 
     @property
     def skipped(self) -> list[dict[str, Any]]:
-        return [run for run in self.claimed if run["status"] == "skipped"]
+        return [run for run in self.claimed if run["status"] == RunStatus.SKIPPED]
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -105,7 +106,7 @@ class TickReport:
             "synced_settings": self.synced,
             "leases_expired": len(self.expired),
             "jobs_due": self.due_jobs,
-            "runs_claimed": len([r for r in self.claimed if r["status"] != "skipped"]),
+            "runs_claimed": len([r for r in self.claimed if r["status"] != RunStatus.SKIPPED]),
             "runs_skipped": len(self.skipped) + len(self.skipped_at_start),
             "runs_dispatched": len(self.dispatched),
             "doorbells": self.doorbells,
@@ -388,7 +389,7 @@ class Scheduler:
             expired = store.execute("expire_leases", now=now, max_lapses=self.settings.agent.max_lapses).rows
             if expired:
                 store.execute("close_dead_attempts", now=now)
-                if any(run["status"] == "failed" for run in expired):
+                if any(run["status"] == RunStatus.FAILED for run in expired):
                     # A run failed by its last lapse is notified, and starts its followers, like any failed run.
                     for name, params in ending_calls(self.settings, now):
                         followed += follow_up_rows([(name, params)], [store.execute(name, **params)])
@@ -413,7 +414,7 @@ class Scheduler:
         followed: list[dict[str, Any]] = []
         with store.transaction():
             moved = store.execute("progress_fleets", parent_run_id=None, run_id=None, token=None, now=now).rows
-            if any(row["status"] in ("succeeded", "failed") for row in moved):
+            if any(row["status"] in (RunStatus.SUCCEEDED, RunStatus.FAILED) for row in moved):
                 for name, params in ending_calls(self.settings, now):
                     followed += follow_up_rows([(name, params)], [store.execute(name, **params)])
         report_moved_runs(moved, self.telemetry)
@@ -491,7 +492,7 @@ class Scheduler:
             return  # per-run events cost Python time even as no-ops; skip the loop
         for run in claimed:
             properties = run_properties(run, outcome=run["status"])
-            if run["status"] == "skipped":
+            if run["status"] == RunStatus.SKIPPED:
                 log.info("job %s slot %s skipped: %s", run["job_name"], run["scheduled_for"], run.get("note"))
                 # A slot of a paused job is not a misfire: its pause was told once (JobPaused).
                 if not str(run.get("note") or "").startswith(NOTE_PAUSED):
@@ -517,7 +518,7 @@ class Scheduler:
         telemetry = self.telemetry
         telemetry.metric("TickDurationMs", report.duration_ms)
         telemetry.metric("RunsDue", report.due_jobs)
-        telemetry.metric("RunsClaimed", len([r for r in report.claimed if r["status"] != "skipped"]))
+        telemetry.metric("RunsClaimed", len([r for r in report.claimed if r["status"] != RunStatus.SKIPPED]))
         telemetry.metric("RunsDispatched", len(report.dispatched))
 
 
@@ -556,7 +557,7 @@ def _initial_due(schedule: str, timezone_name: str, now: datetime) -> datetime |
 
 
 def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
-                late_cutoff: datetime) -> tuple[list[tuple[datetime, str, str | None]], datetime | None]:
+                late_cutoff: datetime) -> tuple[list[tuple[datetime, RunStatus, str | None]], datetime | None]:
     """The slots of one job from its next_due_at up to the horizon, each with its decision:
     missed slots (older than the misfire threshold) are skipped, or — misfire run-once — the
     latest one within the grace period is caught up once; the rest are pending, each runnable at
@@ -577,7 +578,7 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
             return None
 
     slot: datetime | None = job["next_due_at"]
-    planned: list[tuple[datetime, str, str | None]] = []
+    planned: list[tuple[datetime, RunStatus, str | None]] = []
     missed: list[datetime] = []
     scanned = 0
     latest_missed: datetime | None = None
@@ -597,14 +598,14 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
         for index, moment in enumerate(missed):
             last = index == len(missed) - 1
             if job["misfire"] == "skip":
-                status, note = "skipped", NOTE_MISFIRE_SKIP
+                status, note = RunStatus.SKIPPED, NOTE_MISFIRE_SKIP
             elif not last:
-                status, note = "skipped", NOTE_MISFIRE_SUPERSEDED
+                status, note = RunStatus.SKIPPED, NOTE_MISFIRE_SUPERSEDED
             elif moment + grace < now:
-                status, note = "skipped", NOTE_MISFIRE_GRACE
+                status, note = RunStatus.SKIPPED, NOTE_MISFIRE_GRACE
             else:
-                status, note = "pending", NOTE_CATCH_UP
-            if status == "skipped" and _inside_pause(job, moment):
+                status, note = RunStatus.PENDING, NOTE_CATCH_UP
+            if status == RunStatus.SKIPPED and _inside_pause(job, moment):
                 note = NOTE_PAUSED     # missed while its pause held (it ended by itself since)
             if last and unrecorded > 0:
                 note += f" ({unrecorded} earlier missed slot(s) since {_iso(job['next_due_at'])} not recorded one by one)"
@@ -615,9 +616,9 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
         # last tick) did not run in it: recorded "paused", not claimed — but the slot a run-once
         # job held back for the misfire policy (its next slot) is that policy's to run.
         if _inside_pause(job, slot) and not (job["misfire"] == "run-once" and slot == job["next_due_at"]):
-            planned.append((slot, "skipped", NOTE_PAUSED))
+            planned.append((slot, RunStatus.SKIPPED, NOTE_PAUSED))
         else:
-            planned.append((slot, "pending", None))
+            planned.append((slot, RunStatus.PENDING, None))
         ahead += 1
         slot = following(slot)
     return planned, slot

@@ -16,6 +16,7 @@ from typing import Any
 
 from .describe import describe_schedule
 from .pause import pause_in_force
+from .run_model import RunStatus
 
 UTC = timezone.utc
 
@@ -91,9 +92,9 @@ def status_now(groups: list[dict[str, Any]], now: datetime) -> dict[str, Any]:
     """A job's status from its list_job_activity groups: the most active state wins (running,
     then queued, then retrying, then waiting, then due), with the number of runs in flight."""
     in_flight = sum(int(g["runs"]) for g in groups)
-    running = [g for g in groups if g["status"] == "running"]
-    queued = [g for g in groups if g["status"] == "queued"]
-    pending = [g for g in groups if g["status"] == "pending"]
+    running = [g for g in groups if g["status"] == RunStatus.RUNNING]
+    queued = [g for g in groups if g["status"] == RunStatus.QUEUED]
+    pending = [g for g in groups if g["status"] == RunStatus.PENDING]
     retrying = [g for g in pending if g["retry"] and g["first_runnable_at"] and g["first_runnable_at"] > now]
     waiting = [g for g in pending if g["first_runnable_at"] and g["first_runnable_at"] <= now]
     status: dict[str, Any] = {"status": "idle", "status_since": None, "status_worker": None,

@@ -18,7 +18,7 @@
 #
 # Optional: AGENT_DEPLOYER_IP, the IPv4 address to admit (default: what https://api.ipify.org
 # sees); AGENT_FIREWALL_RULE, the rule's name. AGENT_DB instead of AGENT_SQL_SERVER: a stand-in
-# control database (PostgreSQL or SQLite; a rehearsal, or tests/test_azd.py): init-db runs on it
+# control database (PostgreSQL or SQLite; a rehearsal, or tests/repo/test_azd.py): init-db runs on it
 # and grant-sql prints its T-SQL, because --apply is for Azure SQL and SQL Server only.
 set -eu
 

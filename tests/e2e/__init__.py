@@ -1,0 +1,1 @@
+"""End-to-end tests: several processes, the browser, the function app on Azurite."""

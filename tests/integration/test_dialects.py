@@ -1,0 +1,530 @@
+"""The three SQL dialects cannot drift apart silently.
+
+SQL Server cannot run on our machines, so every T-SQL statement is parsed with sqlglot's T-SQL
+dialect, strictly: a statement sqlglot only swallows as an opaque ``Command`` fails, and so does
+an unquoted T-SQL reserved word used as a name (sqlglot would read ``IF x IS NULL EXEC (...)`` as
+an alias named EXEC and still "parse" it). Then, for every named query, the three dialects must
+agree on the name, the parameter set and the result columns, and every dialect's migrations
+must create the same tables, columns, defaults, references and indexes.
+
+The files are enumerated from ``shared/sql``, so a new query or a new dialect file cannot slip
+past these tests. Result columns come from sqlglot (SELECT list, RETURNING, T-SQL OUTPUT); the
+extraction itself is checked against ``cursor.description`` of the real databases (SQLite,
+PostgreSQL, and SQL Server when the conformance suite runs).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import sqlglot
+from sqlglot import exp
+
+from shared.queries import DIALECTS, SQL_DIR, Query, load_migrations, load_queries, split_statements
+from tests.support.harness import make_agent
+
+UTC = timezone.utc
+SQLGLOT_DIALECT = {"sqlite": "sqlite", "postgres": "postgres", "mssql": "tsql"}
+
+# Known drift of postgres.sql's result columns, each a strict xfail: once the file is fixed the
+# test passes, which fails the run until the entry is removed here.
+POSTGRES_COLUMN_DRIFT: dict[str, str] = {}
+
+# Reserved keywords of Transact-SQL (learn.microsoft.com, "Reserved keywords (Transact-SQL)").
+# Used unquoted as a table, column or alias name they are a syntax error on the server.
+TSQL_RESERVED = frozenset("""
+ADD ALL ALTER AND ANY AS ASC AUTHORIZATION BACKUP BEGIN BETWEEN BREAK BROWSE BULK BY CASCADE CASE
+CHECK CHECKPOINT CLOSE CLUSTERED COALESCE COLLATE COLUMN COMMIT COMPUTE CONSTRAINT CONTAINS
+CONTAINSTABLE CONTINUE CONVERT CREATE CROSS CURRENT CURRENT_DATE CURRENT_TIME CURRENT_TIMESTAMP
+CURRENT_USER CURSOR DATABASE DBCC DEALLOCATE DECLARE DEFAULT DELETE DENY DESC DISK DISTINCT
+DISTRIBUTED DOUBLE DROP DUMP ELSE END ERRLVL ESCAPE EXCEPT EXEC EXECUTE EXISTS EXIT EXTERNAL FETCH
+FILE FILLFACTOR FOR FOREIGN FREETEXT FREETEXTTABLE FROM FULL FUNCTION GOTO GRANT GROUP HAVING
+HOLDLOCK IDENTITY IDENTITY_INSERT IDENTITYCOL IF IN INDEX INNER INSERT INTERSECT INTO IS JOIN KEY
+KILL LEFT LIKE LINENO LOAD MERGE NATIONAL NOCHECK NONCLUSTERED NOT NULL NULLIF OF OFF OFFSETS ON
+OPEN OPENDATASOURCE OPENQUERY OPENROWSET OPENXML OPTION OR ORDER OUTER OVER PERCENT PIVOT PLAN
+PRECISION PRIMARY PRINT PROC PROCEDURE PUBLIC RAISERROR READ READTEXT RECONFIGURE REFERENCES
+REPLICATION RESTORE RESTRICT RETURN REVERT REVOKE RIGHT ROLLBACK ROWCOUNT ROWGUIDCOL RULE SAVE
+SCHEMA SECURITYAUDIT SELECT SEMANTICKEYPHRASETABLE SEMANTICSIMILARITYDETAILSTABLE
+SEMANTICSIMILARITYTABLE SESSION_USER SET SETUSER SHUTDOWN SOME STATISTICS SYSTEM_USER TABLE
+TABLESAMPLE TEXTSIZE THEN TO TOP TRAN TRANSACTION TRIGGER TRUNCATE TRY_CONVERT TSEQUAL UNION
+UNIQUE UNPIVOT UPDATE UPDATETEXT USE USER VALUES VARYING VIEW WAITFOR WHEN WHERE WHILE WITH
+WRITETEXT
+""".split())
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def query_files() -> dict[str, Path]:
+    return {path.stem: path for path in sorted(SQL_DIR.glob("*.sql"))}
+
+
+def all_query_names() -> list[str]:
+    names: set[str] = set()
+    for dialect in DIALECTS:
+        names |= load_queries(dialect).keys()
+    return sorted(names)
+
+
+# PostgreSQL session commands and PL/pgSQL functions sqlglot has no grammar for (it falls back to Command, or worse,
+# misreads them). They run against the real PostgreSQL in every test that resets a session or
+# takes the start lock, which is the check that counts; T-SQL has no such exemption.
+POSTGRES_SESSION_COMMANDS = ("LOCK ", "CLOSE ALL", "RESET ", "UNLISTEN ", "DISCARD ", "CREATE FUNCTION ",
+                             "CREATE OR REPLACE FUNCTION ", "DO $$")
+# T-SQL statements sqlglot has no grammar for: parsed by sqlfluff alone (which parses every T-SQL
+# statement as well, see test_tsql_statements_parse_with_sqlfluff).
+TSQL_SQLFLUFF_ONLY = ("THROW ", "IF XACT_STATE() <> 1 THROW ", "IF @LOCK_RESULT < 0 THROW ",
+                      # The T-SQL interface's modules (procedures, views) and the operator role's grants.
+                      "CREATE PROCEDURE ", "ALTER PROCEDURE ",
+                      "IF DATABASE_PRINCIPAL_ID(N'AGENT_OPERATOR') IS NULL CREATE ROLE ", "GRANT EXECUTE ON OBJECT::",
+                      # Fleet targets: pool: members on a server without elastic pools.
+                      "IF @POOLS_VIEW IS NULL THROW ")
+
+
+def _code(sql: str) -> str:
+    return "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--")).strip()
+
+
+def parse_strict(sql: str, dialect: str) -> list[exp.Expression]:
+    """Parse ``sql`` (one named-query statement or one migration statement) with sqlglot; raise
+    AssertionError for anything sqlglot did not really understand."""
+    code = _code(sql).upper()
+    if dialect == "postgres" and code.startswith(POSTGRES_SESSION_COMMANDS):
+        return []
+    if dialect == "mssql" and code.startswith(TSQL_SQLFLUFF_ONLY):
+        return []
+    read = SQLGLOT_DIALECT[dialect]
+    try:
+        trees = [tree for tree in sqlglot.parse(sql, read=read, error_level=sqlglot.ErrorLevel.RAISE)
+                 if tree is not None]
+    except sqlglot.errors.ParseError as exc:
+        raise AssertionError(f"{dialect}: sqlglot cannot parse\n{sql}\n{exc}") from None
+    assert trees, f"{dialect}: no statement in\n{sql}"
+    for tree in trees:
+        commands = [node for node in tree.walk() if isinstance(node, exp.Command)]
+        assert not commands, (f"{dialect}: sqlglot fell back to an opaque Command for "
+                              f"{commands[0].sql(read)[:120]!r} in\n{sql}")
+        if dialect == "mssql":
+            for node in tree.find_all(exp.Identifier):
+                assert node.quoted or node.name.upper() not in TSQL_RESERVED, (
+                    f"T-SQL reserved word {node.name!r} used as a name (quote it as [{node.name}]) in\n{sql}")
+    return trees
+
+
+def result_columns(tree: exp.Expression) -> list[str] | None:
+    """Names of the columns a statement returns: SELECT list, RETURNING or T-SQL OUTPUT;
+    None when it returns no rows."""
+    if isinstance(tree, exp.Query):
+        if all(isinstance(column, exp.EQ) and isinstance(column.this, exp.Parameter) for column in tree.selects):
+            return None   # T-SQL SELECT @variable = ...: assigns, returns no rows
+        return [column.alias_or_name.lower() for column in tree.selects]
+    returning = tree.args.get("returning")
+    if isinstance(returning, exp.Returning) and not returning.args.get("into"):
+        return [column.alias_or_name.lower() for column in returning.expressions]
+    return None
+
+
+def query_columns(query: Query, dialect: str) -> list[str] | None:
+    """Like the Store: the rows of every statement that returns rows, so they must all return
+    the same columns."""
+    columns = None
+    for statement in query.statements:
+        for tree in parse_strict(statement.sql, dialect):
+            found = result_columns(tree)
+            if found is not None:
+                assert columns is None or found == columns, (
+                    f"{query.name} ({dialect}): its statements return different columns: {columns} and {found}")
+                columns = found
+    return columns
+
+
+def _against_postgres(name: str, dialect: str):
+    reason = POSTGRES_COLUMN_DRIFT.get(name)
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    return pytest.param(name, dialect, marks=marks, id=f"{name}-{dialect}")
+
+
+# ---------------------------------------------------------------- the files
+
+
+def test_every_query_file_is_a_known_dialect_and_every_dialect_has_both_files():
+    assert set(query_files()) == set(DIALECTS)
+    for dialect in DIALECTS:
+        assert load_migrations(dialect), f"no migrations for {dialect}"
+
+
+def test_every_dialect_defines_the_same_queries():
+    names = {dialect: set(load_queries(dialect)) for dialect in DIALECTS}
+    everything = set().union(*names.values())
+    missing = {dialect: sorted(everything - defined) for dialect, defined in names.items() if everything - defined}
+    assert not missing, f"queries missing from a dialect: {missing}"
+
+
+def test_every_dialect_has_the_same_migration_versions():
+    versions = {dialect: [(m.version, m.description) for m in load_migrations(dialect)] for dialect in DIALECTS}
+    assert versions["sqlite"] == versions["postgres"] == versions["mssql"], versions
+
+
+# ---------------------------------------------------------------- every statement parses
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("name", all_query_names())
+def test_named_query_parses(name, dialect):
+    query = load_queries(dialect)[name]
+    for statement in query.statements:
+        parse_strict(statement.sql, dialect)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_migrations_parse(dialect):
+    for migration in load_migrations(dialect):
+        for statement in migration.statements():
+            parse_strict(statement, dialect)
+
+
+def test_the_strict_parse_rejects_what_sqlglot_only_pretends_to_parse():
+    """The two ways sqlglot accepts T-SQL it does not understand, both caught."""
+    with pytest.raises(AssertionError, match="reserved word"):
+        parse_strict("IF SCHEMA_ID(N'agent') IS NULL EXEC (N'CREATE SCHEMA agent')", "mssql")
+    with pytest.raises(AssertionError, match="Command"):
+        parse_strict("CREATE USER [app] FROM EXTERNAL PROVIDER", "mssql")
+    with pytest.raises(AssertionError, match="reserved word"):
+        parse_strict("SELECT b.key FROM OPENJSON(?) AS b", "mssql")
+
+
+def _babelfish_refusals(sql: str) -> list[str]:
+    """What Babelfish for PostgreSQL 4.2 refuses in one T-SQL statement (each is valid on SQL
+    Server), found in sqlglot's tree."""
+    found = []
+    for tree in parse_strict(sql, "mssql"):
+        for node in tree.walk():
+            if isinstance(node, exp.Merge):
+                found.append("MERGE")
+            elif isinstance(node, exp.WithinGroup) or (isinstance(node, exp.GroupConcat)
+                                                        and isinstance(node.this, exp.Order)):
+                found.append("STRING_AGG ... WITHIN GROUP")
+            elif isinstance(node, exp.Update):
+                output = node.args.get("returning")
+                if node.args.get("with") or node.args.get("with_"):
+                    found.append("UPDATE through a CTE")
+                if output is not None:
+                    if any(column.table.lower() == "deleted" for column in output.find_all(exp.Column)):
+                        found.append("deleted.* in an UPDATE's OUTPUT")
+                    # The joins of the UPDATE's own FROM (not those inside a derived table there).
+                    source = node.args.get("from") or node.args.get("from_")
+                    joins = [*(source.args.get("joins") or []), *(source.this.args.get("joins") or [])] if source else []
+                    joined = {join.this.alias_or_name.lower() for join in joins if join.args.get("on") is not None}
+                    read = {column.table.lower() for assignment in node.expressions
+                            for column in assignment.expression.find_all(exp.Column)}
+                    if joined & read:
+                        found.append("UPDATE ... OUTPUT whose SET reads a table joined with ON (join in the WHERE clause)")
+            elif isinstance(node, exp.Insert):
+                select = node.expression
+                if node.args.get("returning") is not None and isinstance(select, exp.Query) and select.args.get("order"):
+                    found.append("INSERT ... OUTPUT ... SELECT ... ORDER BY")
+    return found
+
+
+def test_tsql_keeps_to_what_babelfish_accepts_too():
+    """One T-SQL dialect for SQL Server, Azure SQL and Babelfish: none of the statements Babelfish
+    refuses (MERGE, UPDATE through a CTE, deleted.* in OUTPUT, INSERT ... OUTPUT ... ORDER BY,
+    STRING_AGG ... WITHIN GROUP, an UPDATE ... OUTPUT reading a table joined with ON), no CREATE
+    OR ALTER in the migrations. The conformance run on Babelfish (AGENT_TEST_MSSQL) runs them."""
+    refused = {name: found for name, query in load_queries("mssql").items()
+               for statement in query.statements if (found := _babelfish_refusals(statement.sql))}
+    assert not refused, refused
+    for migration in load_migrations("mssql"):
+        code = "\n".join(line.split("--", 1)[0] for line in migration.path.read_text(encoding="utf-8").splitlines())
+        assert "OR ALTER" not in code.upper(), migration.path.name
+    # The check itself finds each of them.
+    assert _babelfish_refusals("MERGE agent.state AS t USING (SELECT 1 AS k) AS s ON t.k = s.k "
+                               "WHEN MATCHED THEN UPDATE SET v = 1;") == ["MERGE"]
+    assert "UPDATE through a CTE" in _babelfish_refusals(
+        "WITH p AS (SELECT TOP (1) * FROM agent.runs ORDER BY run_id) UPDATE p SET token = token + 1")
+    assert "deleted.* in an UPDATE's OUTPUT" in _babelfish_refusals(
+        "UPDATE agent.runs SET token = 1 OUTPUT deleted.status INTO @t WHERE run_id = 1")
+    assert _babelfish_refusals("UPDATE r SET note = j.note OUTPUT inserted.run_id INTO @t FROM agent.runs AS r "
+                               "JOIN agent.jobs AS j ON j.job_name = r.job_name") == [
+        "UPDATE ... OUTPUT whose SET reads a table joined with ON (join in the WHERE clause)"]
+    assert not _babelfish_refusals("UPDATE r SET note = N'x' OUTPUT inserted.run_id INTO @t FROM agent.runs AS r "
+                                   "JOIN agent.jobs AS j ON j.job_name = r.job_name")
+    assert not _babelfish_refusals("UPDATE r SET note = j.note OUTPUT inserted.run_id INTO @t FROM agent.runs AS r, "
+                                   "agent.jobs AS j WHERE j.job_name = r.job_name")
+    assert _babelfish_refusals("INSERT INTO agent.runs (run_id) OUTPUT inserted.run_id INTO @t "
+                               "SELECT x FROM y ORDER BY x") == ["INSERT ... OUTPUT ... SELECT ... ORDER BY"]
+    assert _babelfish_refusals("SELECT STRING_AGG(name, N', ') WITHIN GROUP (ORDER BY name) FROM t") == [
+        "STRING_AGG ... WITHIN GROUP"]
+
+
+def test_tsql_uses_only_what_azure_sql_database_has():
+    """No msdb, no cross-database (three-part) names, no xp_ procedures, no USE."""
+    texts = {f"query {name}": query.text for name, query in load_queries("mssql").items()}
+    texts.update({f"migration {m.path.name}": m.path.read_text(encoding="utf-8") for m in load_migrations("mssql")})
+    for where, text in texts.items():
+        code = "\n".join(line.split("--", 1)[0] for line in text.splitlines()).lower()
+        assert "msdb" not in code and "xp_" not in code, where
+        for statement in split_statements(text, tsql=True):
+            for tree in parse_strict(statement, "mssql"):
+                assert not isinstance(tree, exp.Use), where
+                for table in tree.find_all(exp.Table):
+                    assert not table.catalog, f"{where}: cross-database name {table.sql('tsql')}"
+
+
+# ---------------------------------------------------------------- same parameters, same columns
+
+
+@pytest.mark.parametrize("name", all_query_names())
+def test_same_parameters_in_every_dialect(name):
+    parameters = {dialect: load_queries(dialect)[name].parameters for dialect in DIALECTS}
+    assert parameters["mssql"] == parameters["postgres"] == parameters["sqlite"], parameters
+
+
+@pytest.mark.parametrize("name,dialect", [_against_postgres(name, dialect)
+                                          for name in all_query_names() for dialect in ("sqlite", "mssql")])
+def test_same_result_columns_as_postgres(name, dialect):
+    expected = query_columns(load_queries("postgres")[name], "postgres")
+    actual = query_columns(load_queries(dialect)[name], dialect)
+    assert actual == expected, f"{name}: {dialect} returns {actual}, postgres returns {expected}"
+
+
+@pytest.mark.parametrize("name", all_query_names())
+def test_tsql_returns_the_same_columns_as_sqlite(name):
+    assert query_columns(load_queries("mssql")[name], "mssql") == query_columns(load_queries("sqlite")[name], "sqlite")
+
+
+# Values for running every row-returning query against a real database (in a transaction that is
+# rolled back): the point is cursor.description, not the rows.
+_T = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+DUMMY_VALUES = {
+    "now": _T, "late_cutoff": _T, "lease_until": _T, "retry_at": _T, "invisible_until": _T,
+    "visible_at": _T, "stale_before": _T, "far": _T, "far_lease": _T, "horizon": _T, "lookahead_until": _T,
+    "jobs": [], "advances": [], "runs": [], "run_ids": [], "bodies": [], "slots": [], "events": [], "held": [],
+    "max_concurrency": 5, "batch": 1, "history_before": _T, "poison_before": _T, "ahead_limit": 5, "dispatch_lease_seconds": 60, "max_lapses": 3,
+    "run_id": 1, "token": 1, "limit": 5, "max_in_flight": 5, "dequeue_count": 1, "attempt": 1,
+    "version": 999999, "poison_id": 1, "max_attempts": 1, "timeout_seconds": 1, "lease_seconds": 1,
+    "error_number": None, "task_order": None, "target_database": None,
+    "command": "SELECT 1", "worker": "w", "body": "b", "reason": "r", "errors": "[]",
+    "operation_id": "op", "description": "d", "state_key": "k", "state_value": "v",
+    "queue_name": "q", "pop_receipt": "p", "outcome": "o", "error_message": "e",
+    "error_sqlstate": "HY000", "message_id": "m", "job_name": "j",
+}
+# The monitor's queries (issue 17).
+DUMMY_VALUES.update({"since": _T})
+
+# The T-SQL interface's planning of jobs defined in the database (issue 14).
+DUMMY_VALUES.update({"plans": []})
+# Issue 15 (steps, output, notifications).
+DUMMY_VALUES.update({
+    "step": 1, "next_step": 2, "failures": 0, "failed_step": None, "run_status": "running", "runnable_at": _T,
+    "next_database": None, "step_output": "(1 row(s) affected)",
+    "default_url": None, "claim_token": "c", "claimed_until": _T, "notification_id": 1, "status": "sent",
+    "next_attempt_at": _T, "last_error": None,
+})
+# Issue 27 (pause and resume).
+DUMMY_VALUES.update({"paused_by": "p", "paused_until": None})
+# Issue 16 (fleet jobs).
+DUMMY_VALUES.update({
+    "pool": "p", "targets": [], "parallelism": 8, "next_on_success": 0, "next_on_failure": -1,
+    "target_count": 0, "retry_interval_seconds": None, "parent_run_id": None,
+})
+
+
+def test_result_columns_match_the_real_database(db_url, tmp_path):
+    """The sqlglot extraction above agrees with what the driver reports, on each real database."""
+    agent = make_agent(db_url)
+    store = agent.new_store()
+    checked: list[str] = []
+    undescribed: list[str] = []
+    try:
+        for name, query in sorted(store.queries.items()):
+            expected = query_columns(query, store.dialect)
+            if expected is None or name in ("lock_migrations", "bootstrap_schema", "release_migration_lock"):
+                continue   # no rows to describe (the lock would also wait on init-db's commit)
+            unknown = query.parameters - DUMMY_VALUES.keys()
+            assert not unknown, f"{name}: add dummy values for {sorted(unknown)}"
+            described = None
+
+            class Rollback(Exception):
+                pass
+
+            with pytest.raises(Rollback):
+                with store.transaction():
+                    for statement in query.statements:
+                        values = [_bind(store, DUMMY_VALUES[p]) for p in statement.params]
+                        cursor = store.connection.cursor()
+                        cursor.execute(statement.sql, values) if values else cursor.execute(statement.sql)
+                        if cursor.description and not statement.sql.upper().startswith("SELECT PG_ADVISORY_UNLOCK_ALL"):
+                            described = [column[0].lower() for column in cursor.description]
+                        cursor.close()
+                    raise Rollback()
+            if described is None and store.dialect == "postgres" and not query.text.lstrip().upper().startswith("SELECT"):
+                # psqlodbc describes no result set for an UPDATE/INSERT ... RETURNING that
+                # affected no row; such a statement is checked on the other databases.
+                undescribed.append(name)
+                continue
+            assert described == expected, f"{name}: the database describes {described}, sqlglot found {expected}"
+            checked.append(name)
+    finally:
+        store.close()
+        agent.close()
+    selects = [name for name, q in store.queries.items()
+               if q.text.lstrip().upper().startswith("SELECT") and name not in ("lock_migrations", "release_migration_lock", "bootstrap_schema")]
+    assert set(selects) <= set(checked), sorted(set(selects) - set(checked))
+    assert len(checked) + len(undescribed) >= 20
+
+
+def _bind(store, value):
+    import json
+
+    if isinstance(value, datetime):
+        return store.db_time(value)
+    if isinstance(value, list):
+        return json.dumps(value)
+    return value
+
+
+# ---------------------------------------------------------------- same schema
+
+
+def _table_key(table: exp.Table) -> str:
+    name = table.name.lower()
+    if table.db:
+        assert table.db.lower() == "agent", f"table outside the agent schema: {table.sql()}"
+        return name
+    assert name.startswith("agent_"), f"SQLite tables carry the agent_ prefix: {name}"
+    return name[len("agent_"):]
+
+
+def _type_family(kind: exp.DataType | None) -> tuple[str, int | None]:
+    """PostgreSQL and T-SQL column types reduced to what must agree between them."""
+    if kind is None:
+        return ("?", None)
+    this = kind.this
+    size = None
+    params = kind.expressions
+    if params and isinstance(params[0].this, exp.Literal):
+        size = int(params[0].this.this)
+    text = {exp.DataType.Type.VARCHAR, exp.DataType.Type.NVARCHAR, exp.DataType.Type.TEXT}
+    if this in text:
+        return ("text", size)
+    if this in (exp.DataType.Type.TIMESTAMP, exp.DataType.Type.DATETIME2):
+        return ("timestamp", None)
+    return (this.name.lower(), None)
+
+
+def _column(column: exp.ColumnDef, dialect: str) -> tuple:
+    constraints = [c.args.get("kind") for c in column.constraints]
+    not_null = any(isinstance(c, exp.PrimaryKeyColumnConstraint) for c in constraints) or any(
+        isinstance(c, exp.NotNullColumnConstraint) and not c.args.get("allow_null")
+        for c in constraints)
+    default = next((c.this.sql() for c in constraints
+                    if isinstance(c, exp.DefaultColumnConstraint)), None)
+    reference = next((f"{_table_key(c.this.this)}({', '.join(e.name for e in c.this.expressions)})"
+                      for c in constraints if isinstance(c, exp.Reference)), None)
+    family = _type_family(column.args.get("kind")) if dialect != "sqlite" else None
+    return (column.name.lower(), not_null, default, reference, family)
+
+
+def schema_of(dialect: str) -> dict[str, dict]:
+    """{table: {"columns": [(name, not_null, default, references, type)], "indexes": {...}}} from the
+    bootstrap query and every migration of ``dialect``."""
+    statements = [s.sql for s in load_queries(dialect)["bootstrap_schema"].statements]
+    for migration in load_migrations(dialect):
+        statements.extend(migration.statements())
+    tables: dict[str, dict] = {}
+    for statement in statements:
+        for tree in parse_strict(statement, dialect):
+            if isinstance(tree, exp.Drop) and (tree.args.get("kind") or "").upper() == "TABLE":
+                for dropped in tree.args.get("tables") or [tree.this]:
+                    tables.pop(_table_key(dropped), None)
+                continue
+            if isinstance(tree, exp.Alter):
+                table = tables[_table_key(tree.this)]
+                for action in tree.args.get("actions") or []:
+                    if isinstance(action, exp.ColumnDef):
+                        table["columns"].append(_column(action, dialect))
+                continue
+            for create in tree.find_all(exp.Create):
+                kind = (create.args.get("kind") or "").upper()
+                if kind == "TABLE":
+                    schema = create.this
+                    columns = [_column(column, dialect) for column in schema.expressions
+                               if isinstance(column, exp.ColumnDef)]
+                    tables.setdefault(_table_key(schema.this), {"indexes": {}})["columns"] = columns
+                elif kind == "INDEX":
+                    index = create.this
+                    columns = tuple(o.this.name.lower() for o in index.args["params"].args["columns"])
+                    table = tables.setdefault(_table_key(index.args["table"]), {"indexes": {}})
+                    table["indexes"][index.name.lower()] = (columns, bool(create.args.get("unique")))
+    return tables
+
+
+def test_every_dialect_creates_the_same_tables_columns_and_indexes():
+    schemas = {dialect: schema_of(dialect) for dialect in DIALECTS}
+    assert set(schemas["postgres"]) == {"schema_version", "state", "jobs", "runs", "attempts", "job_events",
+                                         "poison_messages", "start_lock", "notifications", "job_pauses"}
+    for dialect in ("sqlite", "mssql"):
+        assert set(schemas[dialect]) == set(schemas["postgres"]), dialect
+        for table, expected in schemas["postgres"].items():
+            actual = schemas[dialect][table]
+            strip = (lambda cols: [c[:4] for c in cols]) if dialect == "sqlite" else (lambda cols: cols)
+            assert strip(actual["columns"]) == strip(expected["columns"]), f"{dialect}: table {table}"
+            assert actual["indexes"] == expected["indexes"], f"{dialect}: indexes of {table}"
+
+
+def test_tsql_claim_index_is_unique_and_filtered_on_job_name():
+    """SQL Server treats NULLs as equal in a unique index; every task has job_name NULL."""
+    statements = [s for m in load_migrations("mssql") for s in m.statements() if "runs_job_slot" in s]
+    (create,) = [t for s in statements for t in parse_strict(s, "mssql") if isinstance(t, exp.Create)]
+    assert create.args.get("unique")
+    where = create.this.args["params"].args.get("where")
+    assert where is not None and where.sql("tsql") == "WHERE NOT job_name IS NULL"
+
+
+# ---------------------------------------------------------------- a second T-SQL grammar
+
+
+def _as_tsql_variables(sql: str) -> str:
+    """:name parameters as @name (what the server receives through sp_prepexec), outside strings."""
+    from shared.queries import _PARAM, _STRING
+
+    out, position = [], 0
+    for literal in _STRING.finditer(sql):
+        out.append(_PARAM.sub(lambda m: "@" + m.group(1), sql[position:literal.start()]))
+        out.append(literal.group(0))
+        position = literal.end()
+    out.append(_PARAM.sub(lambda m: "@" + m.group(1), sql[position:]))
+    return "".join(out)
+
+
+def _tsql_statements() -> list[tuple[str, str]]:
+    found = [(f"query {name}", statement) for name, query in load_queries("mssql").items()
+             for statement in split_statements(query.text, tsql=True)]
+    found += [(f"migration {m.path.name}", statement) for m in load_migrations("mssql") for statement in m.statements()]
+    return found
+
+
+def test_tsql_statements_parse_with_sqlfluff():
+    """Every T-SQL statement also parses with sqlfluff's T-SQL grammar (no unparsable section):
+    an independent second grammar, and the only one for what sqlglot cannot read (THROW)."""
+    from sqlfluff.core import FluffConfig, Linter
+
+    linter = Linter(config=FluffConfig(overrides={"dialect": "tsql", "large_file_skip_byte_limit": 0}))
+    failures = []
+    for where, statement in _tsql_statements():
+        parsed = linter.parse_string(_as_tsql_variables(statement))
+        problems = [str(v) for v in parsed.violations]
+        if problems or parsed.tree is None or "unparsable" in parsed.tree.stringify():
+            failures.append(f"{where}:\n{statement}\n{problems[:2]}")
+    assert not failures, "\n\n".join(failures)
+
+
+def test_the_sqlfluff_check_fails_on_broken_tsql():
+    from sqlfluff.core import FluffConfig, Linter
+
+    linter = Linter(config=FluffConfig(overrides={"dialect": "tsql"}))
+    parsed = linter.parse_string("UPDATE agent.runs SET WHERE run_id = @run_id;")
+    assert parsed.violations or "unparsable" in parsed.tree.stringify()

@@ -1,0 +1,552 @@
+"""Pause and resume (issue 27, item 2): a paused job claims no slot and each slot that comes is
+recorded skipped "paused"; its runs in flight finish; --until ends the pause by itself; on resume
+the misfire policy decides the slots missed; a settings sync keeps the pause; `pause`/`resume`
+from the command line (text and --json), agent.pause_job / agent.resume_job for the operator
+role on PostgreSQL; the views and the monitor show it; and a pause racing ticks in several
+processes never leaves a slot inside the pause claimed once pause_job returned."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import re
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from shared.cli import main as cli
+from shared.errors import NotFoundError, UsageError
+from shared.monitor import Monitor, MonitorSettings
+from shared.pause import pause_job, resume_job
+from shared.scheduler import NOTE_CATCH_UP, NOTE_MISFIRE_GRACE, NOTE_MISFIRE_SKIP, NOTE_PAUSED
+from shared.views import history_view, jobs_view
+
+from tests.support.harness import Clock, at, make_agent, pg_admin_connection, query, runs_table, work
+from tests.support.tsql_caller import CallError, call, select
+
+UTC = timezone.utc
+MINUTE = timedelta(minutes=1)
+EVERY_MINUTE = "0 * * * * *"
+HOURLY = "0 0 * * * *"
+
+
+def runs_of(agent, job: str) -> dict[datetime, dict]:
+    """The job's runs by slot (history_view: the rows `history --json` shows)."""
+    rows = history_view(agent.store(), job, 1000)["runs"]
+    return {row["scheduled_for"]: row for row in rows}
+
+
+def job_row(agent, job: str, now: datetime) -> dict:
+    return next(row for row in jobs_view(agent.store(), now) if row["job_name"] == job)
+
+
+def minutes(start: str, count: int) -> list[datetime]:
+    return [at(start) + MINUTE * i for i in range(count)]
+
+
+# ---------------------------------------------------------------- scheduling
+
+
+def test_a_paused_job_claims_no_slot_and_each_slot_is_recorded_skipped_paused(agent_factory):
+    clock = Clock(at("2026-11-25T07:59:40"))
+    # "other" shares the paused job's schedule and next slot: advance_jobs moves the two apart.
+    agent = agent_factory({"often": {"SCHEDULE": EVERY_MINUTE, "COMMAND": "SELECT 1", "MISFIRE": "skip"},
+                           "other": {"SCHEDULE": EVERY_MINUTE, "COMMAND": "SELECT 1", "MISFIRE": "skip"}},
+                          clock=clock)
+    agent.tick()                            # claims 08:00:00
+    clock.now = at("2026-11-25T08:00:40")
+    agent.tick()                            # claims 08:01:00
+    clock.advance(10)
+    ahead = [slot for slot, run in runs_of(agent, "often").items() if slot >= clock.now and run["status"] == "pending"]
+    assert ahead, "the first tick claimed slots ahead of the pause"
+    pause = pause_job(agent.store(), "often", now=clock.now, paused_by="tester", reason="maintenance")
+    assert (pause.paused_at, pause.paused_until, pause.runs_skipped) == (clock.now, None, len(ahead))
+    paused_at = clock.now
+    # The slot that came before the pause is in flight: it runs.
+    work(agent)
+    assert runs_of(agent, "often")[at("2026-11-25T08:00:00")]["status"] == "succeeded"
+    for _ in range(5):
+        clock.now = clock.now.replace(second=0) + MINUTE
+        report = agent.tick()
+        assert not report.errors, report.errors
+    often = runs_of(agent, "often")
+    inside = sorted(slot for slot in often if slot >= paused_at)
+    # Every slot of the pause shows, once, skipped "paused": the gap is in the history.
+    assert inside == minutes("2026-11-25T08:01:00", 5)
+    assert {(often[slot]["status"], often[slot]["note"]) for slot in inside} == {("skipped", NOTE_PAUSED)}
+    # The other job of the same schedule kept its slots.
+    other = runs_of(agent, "other")
+    assert all(other[slot]["status"] in ("pending", "succeeded") for slot in minutes("2026-11-25T08:01:00", 5))
+    row = job_row(agent, "often", clock.now)
+    assert (row["state"], row["paused"], row["paused_at"], row["paused_by"], row["pause_reason"]) == (
+        "paused", True, paused_at, "tester", "maintenance")
+    events = [e for e in history_view(agent.store(), "often", 50)["job_events"] if e["kind"] == "paused"]
+    assert len(events) == 1 and "maintenance" in events[0]["detail"]
+    # Resumed: the next tick claims its slots again.
+    clock.advance(30)
+    resumed = resume_job(agent.store(), "often", now=clock.now, resumed_by="tester")
+    assert resumed.paused_at == paused_at
+    clock.advance(30)
+    agent.tick()
+    assert runs_of(agent, "often")[at("2026-11-25T08:06:00")]["status"] == "pending"
+    assert job_row(agent, "often", clock.now)["state"] == "enabled"
+
+
+def test_on_resume_the_misfire_policy_decides_the_slots_the_pause_missed(agent_factory):
+    clock = Clock(at("2026-11-25T08:30:00"))
+    agent = agent_factory({"catch_up": {"SCHEDULE": HOURLY, "COMMAND": "SELECT 1"},            # run-once
+                           "short_grace": {"SCHEDULE": HOURLY, "COMMAND": "SELECT 1", "GRACE_SECONDS": "600"},
+                           "skipper": {"SCHEDULE": HOURLY, "COMMAND": "SELECT 1", "MISFIRE": "skip"}},
+                          clock=clock)
+    agent.tick()
+    names = ("catch_up", "short_grace", "skipper")
+    for name in names:
+        pause_job(agent.store(), name, now=clock.now)
+    for _ in range(3):
+        clock.advance(3600)
+        agent.tick()
+    # 09:00 and 10:00 are recorded "paused"; under run-once the latest slot (11:00) is held back.
+    for name in names:
+        runs = runs_of(agent, name)
+        for slot in (at("2026-11-25T09:00:00"), at("2026-11-25T10:00:00")):
+            assert (runs[slot]["status"], runs[slot]["note"]) == ("skipped", NOTE_PAUSED), (name, slot)
+    assert at("2026-11-25T11:00:00") not in runs_of(agent, "catch_up")
+    assert at("2026-11-25T11:00:00") not in runs_of(agent, "short_grace")
+    assert runs_of(agent, "skipper")[at("2026-11-25T11:00:00")]["note"] == NOTE_PAUSED
+    clock.advance(600)                      # 11:40
+    for name in names:
+        resume_job(agent.store(), name, now=clock.now)
+    clock.advance(60)
+    agent.tick()
+    held = at("2026-11-25T11:00:00")
+    caught = runs_of(agent, "catch_up")[held]
+    assert (caught["status"], caught["note"]) == ("pending", NOTE_CATCH_UP)
+    late = runs_of(agent, "short_grace")[held]
+    assert (late["status"], late["note"]) == ("skipped", NOTE_MISFIRE_GRACE)
+    assert [r for r in runs_of(agent, "skipper").values() if r["status"] == "pending"] == []
+
+
+def test_until_ends_the_pause_by_itself_at_the_database_time(agent_factory):
+    clock = Clock(at("2026-11-25T08:00:00"))
+    agent = agent_factory({"often": {"SCHEDULE": EVERY_MINUTE, "COMMAND": "SELECT 1", "MISFIRE": "skip"}},
+                          clock=clock, AGENT_MISFIRE_THRESHOLD_SECONDS="30")
+    agent.tick()
+    clock.advance(30)
+    until = at("2026-11-25T08:03:30")
+    pause = pause_job(agent.store(), "often", now=clock.now, until=until)
+    assert pause.paused_until == until
+    clock.now = at("2026-11-25T08:01:00")
+    agent.tick()
+    assert job_row(agent, "often", clock.now)["state"] == "paused"
+    # No tick while the pause ends; the first one after it finds the job running again.
+    clock.now = at("2026-11-25T08:05:00")
+    assert job_row(agent, "often", clock.now)["state"] == "enabled"
+    assert job_row(agent, "often", clock.now)["paused_until"] is None
+    agent.tick()
+    runs = runs_of(agent, "often")
+    decided = {slot: (runs[slot]["status"], runs[slot]["note"]) for slot in minutes("2026-11-25T08:01:00", 5)}
+    assert decided == {
+        at("2026-11-25T08:01:00"): ("skipped", NOTE_PAUSED),
+        at("2026-11-25T08:02:00"): ("skipped", NOTE_PAUSED),      # missed inside the pause
+        at("2026-11-25T08:03:00"): ("skipped", NOTE_PAUSED),
+        at("2026-11-25T08:04:00"): ("skipped", NOTE_MISFIRE_SKIP),  # missed after it: a misfire
+        at("2026-11-25T08:05:00"): ("pending", None)}
+    # A pause that ended is no pause: resuming it is refused, pausing again starts a new one.
+    with pytest.raises(UsageError, match="not paused"):
+        resume_job(agent.store(), "often", now=clock.now)
+    assert pause_job(agent.store(), "often", now=clock.now).paused_at == clock.now
+
+
+def test_a_settings_sync_keeps_the_pause(agent_factory):
+    clock = Clock(at("2026-11-25T08:00:00"))
+    first = agent_factory({"often": {"SCHEDULE": EVERY_MINUTE, "COMMAND": "SELECT 1", "MISFIRE": "skip"}},
+                          clock=clock)
+    first.tick()
+    pause_job(first.store(), "often", now=clock.now, reason="kept")
+    # The settings change (a new command, another job): the sync rewrites the job's row.
+    second = agent_factory({"often": {"SCHEDULE": EVERY_MINUTE, "COMMAND": "SELECT 2", "MISFIRE": "skip"},
+                            "fresh": {"SCHEDULE": EVERY_MINUTE, "COMMAND": "SELECT 1"}}, clock=clock)
+    clock.advance(90)
+    report = second.tick()
+    assert report.synced and not report.errors
+    row = job_row(second, "often", clock.now)
+    assert (row["state"], row["pause_reason"]) == ("paused", "kept")
+    runs = runs_of(second, "often")
+    assert (runs[at("2026-11-25T08:01:00")]["status"], runs[at("2026-11-25T08:01:00")]["note"]) == (
+        "skipped", NOTE_PAUSED)
+    assert not [r for slot, r in runs.items() if slot > clock.now - MINUTE * 2 and r["status"] == "pending"]
+
+
+def test_pausing_an_unknown_job_or_until_a_past_time_is_refused_and_changes_nothing(agent_factory):
+    clock = Clock(at("2026-11-25T08:00:00"))
+    agent = agent_factory({"often": {"SCHEDULE": EVERY_MINUTE, "COMMAND": "SELECT 1"}}, clock=clock)
+    agent.tick()
+    with pytest.raises(NotFoundError, match="no job named 'ghost'.*often"):
+        pause_job(agent.store(), "ghost", now=clock.now)
+    with pytest.raises(UsageError, match="expected a time after now") as caught:
+        pause_job(agent.store(), "often", now=clock.now, until=clock.now - timedelta(seconds=1))
+    assert caught.value.setting == "--until"
+    with pytest.raises(UsageError, match="at most 400"):
+        pause_job(agent.store(), "often", now=clock.now, reason="x" * 401)
+    with pytest.raises(UsageError, match="is not paused"):
+        resume_job(agent.store(), "often", now=clock.now)
+    with pytest.raises(NotFoundError):
+        resume_job(agent.store(), "ghost", now=clock.now)
+    table = "agent_job_pauses" if agent.target.dialect == "sqlite" else "agent.job_pauses"
+    assert query(agent, f"SELECT COUNT(*) FROM {table}") == [(0,)]
+    assert job_row(agent, "often", clock.now)["state"] == "enabled"
+
+
+# ---------------------------------------------------------------- the command line and the monitor
+
+
+def test_pause_and_resume_from_the_command_line_and_what_jobs_and_the_monitor_show(agent_factory, db_url, capsys):
+    agent = agent_factory({"hello": {"SCHEDULE": "0 0 3 * * *", "COMMAND": "SELECT 1"}})
+    agent.tick()
+    capsys.readouterr()
+    assert cli(["--db", db_url, "pause", "hello", "--until", "2999-01-01T00:00:00Z", "--reason", "upgrade"]) == 0
+    out = capsys.readouterr().out
+    assert re.match(r"job hello paused since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d, until 2999-01-01 00:00:00", out), out
+    assert cli(["--db", db_url, "jobs"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("hello "))
+    assert "paused until 2999-01-01 00:00:00" in line
+    assert cli(["--db", db_url, "jobs", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["state"], row["paused"], row["pause_reason"]) == ("paused", True, "upgrade")
+    assert row["paused_until"].startswith("2999-01-01") and row["paused_by"].endswith("(sql-agent)")
+    # The monitor's page and its JSON twin.
+    store = agent.new_store()
+    try:
+        monitor = Monitor(lambda: contextlib.nullcontext(store), clock=lambda: datetime.now(UTC),
+                          settings=lambda: MonitorSettings())
+        body = monitor.handle("GET", "/", "", "").body.decode()
+        html = re.search(r'<tr class="job" id="job-hello">(.*?)</tr>', body, re.S).group(1)
+        assert "state-paused" in html and "until 2999-01-01 00:00:00" in html and "upgrade" in html
+        assert "none while paused" in html
+        (twin,) = json.loads(monitor.handle("GET", "/", "format=json", "").body)
+        assert (twin["state"], twin["pause_reason"]) == ("paused", "upgrade")
+        page = json.loads(monitor.handle("GET", "/jobs/hello", "format=json", "").body)
+        assert page["job"]["paused"] is True
+        assert [e["kind"] for e in page["job_events"]].count("paused") == 1
+    finally:
+        store.close()
+    # Started by hand while paused: allowed, as SQL Server Agent starts a disabled job.
+    assert cli(["--db", db_url, "run-now", "hello"]) == 0
+    assert "of hello created" in capsys.readouterr().out
+    assert cli(["--db", db_url, "resume", "hello", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert (document["job_name"], document["paused"]) == ("hello", False)
+    assert cli(["--db", db_url, "resume", "hello"]) == 2
+    assert capsys.readouterr().err.startswith("error: job 'hello' is not paused")
+    assert cli(["--db", db_url, "pause", "ghost", "--json"]) == 2
+    error = json.loads(capsys.readouterr().err)
+    assert (error["kind"], error["setting"], error["value"]) == ("not_found", "JOB", "ghost")
+    assert cli(["--db", db_url, "pause", "hello"]) == 0
+    assert "until resumed" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- PostgreSQL: the operator's functions
+
+
+_roles_to_drop: list[str] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _drop_login_roles():
+    yield
+    if not _roles_to_drop:
+        return
+    admin = pg_admin_connection()
+    try:
+        for role in _roles_to_drop:
+            admin.cursor().execute(f'DROP ROLE IF EXISTS "{role}"')
+    finally:
+        admin.close()
+
+
+def test_the_operator_role_pauses_and_resumes_through_the_functions_and_another_role_cannot(pg_url, capsys):
+    import pyodbc
+
+    agent = make_agent(pg_url, {"often": {"SCHEDULE": EVERY_MINUTE, "COMMAND": "SELECT 1", "MISFIRE": "skip"}})
+    agent.tick()        # the real clock: the functions read the server's
+    operator, outsider = f"op_{uuid.uuid4().hex[:10]}", f"out_{uuid.uuid4().hex[:10]}"
+    _roles_to_drop.extend([operator, outsider])
+    admin = pg_admin_connection()
+    try:
+        admin.cursor().execute(f'CREATE ROLE "{operator}" LOGIN')
+        admin.cursor().execute(f'CREATE ROLE "{outsider}" LOGIN')
+    finally:
+        admin.close()
+    assert cli(["--db", pg_url, "grant-sql", "--operator", operator, "--apply"]) == 0
+    capsys.readouterr()
+    as_operator = pyodbc.connect(pg_url.replace("Uid=root;", f"Uid={operator};"), autocommit=True, timeout=10)
+    as_outsider = pyodbc.connect(pg_url.replace("Uid=root;", f"Uid={outsider};"), autocommit=True, timeout=10)
+    try:
+        claimed = select(as_operator, "SELECT next_run_at FROM agent.job_activity WHERE job_name = 'often'")
+        assert claimed[0]["next_run_at"] is not None
+        until = datetime.now(UTC) + timedelta(hours=2)
+        (paused,) = call(as_operator, "pause_job", job_name="often", until=until, reason="deploy")
+        assert paused["paused_by"] == operator and paused["runs_skipped"] >= 1
+        (activity,) = select(as_operator, "SELECT state, paused_until, paused_by, pause_reason FROM agent.job_activity "
+                                          "WHERE job_name = 'often'")
+        assert (activity["state"], activity["paused_by"], activity["pause_reason"]) == ("paused", operator, "deploy")
+        assert abs((activity["paused_until"].replace(tzinfo=UTC) - until).total_seconds()) < 0.01
+        pending = query(agent, f"SELECT COUNT(*) FROM {runs_table(agent)} WHERE job_name = 'often' "
+                               "AND status IN ('pending', 'queued') AND scheduled_for >= "
+                               f"(SELECT paused_at FROM agent.job_pauses WHERE job_name = 'often')")
+        assert pending == [(0,)]
+        # Refusals: each one line with its SQLSTATE, nothing changed.
+        for arguments, code, words in (
+                ({"job_name": "ghost"}, "P0002", "no such job"),
+                ({"job_name": "often", "until": datetime.now(UTC) - timedelta(minutes=1)}, "22023", "a time after now"),
+                ({"job_name": None}, "22023", "expected the name of a job")):
+            with pytest.raises(CallError) as caught:
+                call(as_operator, "pause_job", **arguments)
+            assert caught.value.code == code and words in caught.value.message, caught.value
+        with pytest.raises(CallError) as caught:
+            call(as_outsider, "pause_job", job_name="often")
+        assert caught.value.code == "42501"
+        with pytest.raises(CallError) as caught:
+            call(as_outsider, "resume_job", job_name="often")
+        assert caught.value.code == "42501"
+        (resumed,) = call(as_operator, "resume_job", job_name="often")
+        assert resumed["paused_at"] is not None and resumed["resumed_at"] >= resumed["paused_at"]
+        with pytest.raises(CallError) as caught:
+            call(as_operator, "resume_job", job_name="often")
+        assert caught.value.code == "55000" and "not paused" in caught.value.message
+        (activity,) = select(as_operator, "SELECT state, paused_at FROM agent.job_activity WHERE job_name = 'often'")
+        assert activity["state"] != "paused" and activity["paused_at"] is None
+        kinds = [e["kind"] for e in history_view(agent.store(), "often", 50)["job_events"]]
+        assert sorted(kinds) == ["paused", "resumed"]
+        # A job defined from T-SQL is paused the same way.
+        call(as_operator, "add_scheduled_job", name="dbjob", sql="SELECT 1", schedule=EVERY_MINUTE)
+        agent.tick()
+        (paused,) = call(as_operator, "pause_job", job_name="dbjob")
+        agent.tick()
+        (activity,) = select(as_operator, "SELECT state, defined_in FROM agent.job_activity WHERE job_name = 'dbjob'")
+        assert (activity["state"], activity["defined_in"]) == ("paused", "database")
+        assert query(agent, "SELECT COUNT(*) FROM agent.runs WHERE job_name = 'dbjob' AND status = 'pending' "
+                            "AND scheduled_for >= (SELECT paused_at FROM agent.job_pauses WHERE job_name = 'dbjob')"
+                     ) == [(0,)]
+    finally:
+        as_operator.close()
+        as_outsider.close()
+        agent.close()
+
+
+# ---------------------------------------------------------------- concurrency (PostgreSQL, processes)
+
+
+RACE_JOBS = {"fast": {"SCHEDULE": "* * * * * *", "COMMAND": "SELECT 1", "MISFIRE": "skip"}}
+RACE_SECONDS = 8.0
+RACE_MAX_TICKS = 400
+
+
+def _tick_until(url: str, stop_at: float, errors) -> None:
+    """A process ticking on the database's clock until ``stop_at`` (at most RACE_MAX_TICKS)."""
+    agent = make_agent(url, RACE_JOBS, simulated_time=False)
+    ticks = 0
+    try:
+        while time.time() < stop_at and ticks < RACE_MAX_TICKS:
+            report = agent.tick()
+            errors.put(("tick", report.errors))
+            ticks += 1
+    except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on it
+        errors.put(("crash", [repr(exc)]))
+    finally:
+        agent.close()
+
+
+def _claimed_inside(agent, paused_at: datetime) -> int:
+    rows = query(agent, "SELECT COUNT(*) FROM agent.runs WHERE job_name = 'fast' "
+                        "AND status IN ('pending', 'queued', 'running') "
+                        f"AND scheduled_for >= '{paused_at.replace(tzinfo=None).isoformat(sep=' ')}'")
+    return rows[0][0]
+
+
+def test_a_pause_racing_ticks_in_several_processes_leaves_no_slot_claimed_inside_it(pg_url):
+    agent = make_agent(pg_url, RACE_JOBS, simulated_time=False)
+    agent.tick()
+    context = multiprocessing.get_context("spawn")
+    errors = context.Queue()
+    stop_at = time.time() + RACE_SECONDS
+    workers = [context.Process(target=_tick_until, args=(pg_url, stop_at, errors)) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    checks = []
+    try:
+        time.sleep(1.5)                          # the processes are ticking
+        for cycle in range(3):
+            if time.time() > stop_at - 1.5:
+                break
+            pause = pause_job(agent.store(), "fast", now=agent.clock(), paused_by=f"race {cycle}")
+            checks.append(_claimed_inside(agent, pause.paused_at))       # at once
+            time.sleep(0.8)                                            # while they tick on
+            checks.append(_claimed_inside(agent, pause.paused_at))
+            resume_job(agent.store(), "fast", now=agent.clock())
+            time.sleep(0.4)
+    finally:
+        for worker in workers:
+            worker.join(timeout=RACE_SECONDS + 60)
+    reports = []
+    while not errors.empty():
+        reports.append(errors.get(timeout=5))
+    assert all(worker.exitcode == 0 for worker in workers), [w.exitcode for w in workers]
+    assert not [r for r in reports if r[0] == "crash"], reports
+    assert not [r for r in reports if r[1]], [r for r in reports if r[1]][:3]
+    assert len(reports) >= 6, "the processes ticked"
+    assert len(checks) >= 2 and checks == [0] * len(checks), checks
+    # The ticks did meet the pauses: slots inside them were recorded skipped "paused".
+    paused = query(agent, "SELECT COUNT(*) FROM agent.runs WHERE job_name = 'fast' AND note LIKE 'paused%'")[0][0]
+    assert paused > 0
+
+
+def _held_after(store, query_name: str, reached, release) -> None:
+    """Make ``store`` stop, inside its transaction, right after the named query ``query_name``
+    ran, until ``release`` is set (at most 20 s): the other side of the race runs meanwhile."""
+    original = store.execute
+
+    def execute(name, **params):
+        result = original(name, **params)
+        if name == query_name:
+            reached.set()
+            release.wait(20)
+        return result
+
+    store.execute = execute
+
+
+@pytest.mark.parametrize("first", ["tick", "pause"])
+def test_a_pause_and_a_claim_in_flight_at_once_never_leave_a_slot_claimed_inside_the_pause(pg_url, first):
+    """The two orders of the race, held open on purpose: a claim that has inserted its slots and
+    not committed when the pause comes (the pause waits for it, then skips them), and a pause
+    not committed when a claim comes (the claim waits, then records the slots 'paused')."""
+    import threading
+
+    from shared.scheduler import Scheduler, TickReport
+
+    agent = make_agent(pg_url, RACE_JOBS, simulated_time=False)
+    agent.tick()
+    claim_now = agent.clock() + timedelta(seconds=120)     # slots to claim beyond the first tick's
+    reached, release = threading.Event(), threading.Event()
+    tick_store, pause_store = agent.new_store(), agent.new_store()
+    outcome: dict = {}
+
+    def claim() -> None:
+        scheduler = Scheduler(tick_store, None, agent.settings, agent.telemetry)
+        report = TickReport(now=claim_now)
+        scheduler.claim_slots(claim_now, report)
+        outcome["claimed"] = report.claimed
+
+    def pause() -> None:
+        outcome["pause"] = pause_job(pause_store, "fast", now=agent.clock())
+
+    holder, other = (claim, pause) if first == "tick" else (pause, claim)
+    _held_after(tick_store if first == "tick" else pause_store,
+                "claim_slots" if first == "tick" else "skip_paused_slots", reached, release)
+    held = threading.Thread(target=holder)
+    held.start()
+    try:
+        assert reached.wait(20), "the first side reached its hold"
+        racer = threading.Thread(target=other)
+        racer.start()
+        racer.join(1.0)
+        # The second side waits for the first one's commit (the pauses lock).
+        assert racer.is_alive(), f"the {other.__name__} did not wait for the {holder.__name__} in flight"
+    finally:
+        release.set()
+        held.join(30)
+        racer.join(30)
+        tick_store.close()
+        pause_store.close()
+    assert {"claimed", "pause"} <= set(outcome), outcome
+    assert len(outcome["claimed"]) >= 30, "the claim had slots to claim inside the pause"
+    assert _claimed_inside(agent, outcome["pause"].paused_at) == 0
+    notes = {run["note"] for run in outcome["claimed"] if run["scheduled_for"] >= outcome["pause"].paused_at}
+    if first == "tick":
+        assert outcome["pause"].runs_skipped >= 30        # the claim's slots, skipped by the pause
+    else:
+        assert notes == {NOTE_PAUSED}                     # the claim recorded them 'paused' itself
+
+
+def test_pause_and_resume_send_their_telemetry_events_and_no_misfire_event_per_paused_slot(agent_factory):
+    from shared.telemetry import Telemetry, _dimensions
+
+    class Recorder(Telemetry):
+        enabled = True
+
+        def __init__(self) -> None:
+            self.events: list[tuple[str, dict]] = []
+
+        def event(self, name, properties=None, *, operation_id=None):
+            super().event(name, properties, operation_id=operation_id)     # the name must be registered
+            self.events.append((name, _dimensions(properties)))
+
+    clock = Clock(at("2026-11-25T08:00:30"))
+    agent = agent_factory({"often": {"SCHEDULE": EVERY_MINUTE, "COMMAND": "SELECT 1", "MISFIRE": "skip"}},
+                          clock=clock)
+    recorder = Recorder()
+    agent._telemetry = recorder
+    agent.tick()
+    pause_job(agent.store(), "often", now=clock.now, until=at("2026-11-25T09:00:00"), paused_by="ops",
+              reason="patching", telemetry=recorder)
+    for _ in range(3):
+        clock.advance(60)
+        agent.tick()
+    resume_job(agent.store(), "often", now=clock.now, resumed_by="ops", telemetry=recorder)
+    assert any(name == "RunClaimed" for name, _ in recorder.events), "the ticks report to this recorder"
+    named = [(name, dims) for name, dims in recorder.events if name in ("JobPaused", "JobResumed", "MisfireSkipped")]
+    assert named[0] == ("JobPaused", {"job": "often", "outcome": "paused", "paused_until": named[0][1]["paused_until"],
+                                      "paused_by": "ops", "reason": "patching", "runs_skipped": "1"})
+    assert named[0][1]["paused_until"].startswith("2026-11-25T09:00:00")
+    assert named[1:] == [("JobResumed", {"job": "often", "outcome": "resumed", "paused_by": "ops"})]
+    assert len([r for r in runs_of(agent, "often").values() if r["note"] == NOTE_PAUSED]) >= 3
+
+
+@pytest.mark.parametrize("misfire", ["skip", "run-once"])
+def test_slots_inside_a_pause_that_ended_between_two_ticks_do_not_run(agent_factory, misfire):
+    """A job every 10 s paused until 08:03:30, ticks on the minute: the slots of 08:03:10 and
+    08:03:20 came after the last tick of the pause and before its end; the first tick after it
+    records them "paused". Under run-once the slot it held back (08:03:00) is the misfire
+    policy's, and within AGENT_MISFIRE_THRESHOLD_SECONDS it runs."""
+    clock = Clock(at("2026-11-25T08:00:30"))
+    agent = agent_factory({"tens": {"SCHEDULE": "*/10 * * * * *", "COMMAND": "SELECT 1", "MISFIRE": misfire}},
+                          clock=clock)
+    agent.tick()
+    pause_job(agent.store(), "tens", now=clock.now, until=at("2026-11-25T08:03:30"))
+    for moment in ("08:01:00", "08:02:00", "08:03:00", "08:04:00"):
+        clock.now = at(f"2026-11-25T{moment}")
+        agent.tick()
+    runs = runs_of(agent, "tens")
+    for second in ("08:03:10", "08:03:20"):
+        assert (runs[at(f"2026-11-25T{second}")]["status"], runs[at(f"2026-11-25T{second}")]["note"]) == (
+            "skipped", NOTE_PAUSED), second
+    held = runs[at("2026-11-25T08:03:00")]
+    assert (held["status"], held["note"]) == (("pending", None) if misfire == "run-once" else ("skipped", NOTE_PAUSED))
+    after = [runs[slot]["status"] for slot in runs if slot >= at("2026-11-25T08:03:30")]
+    assert after and set(after) == {"pending"}
+    inside = [r for slot, r in runs.items() if at("2026-11-25T08:00:30") <= slot < at("2026-11-25T08:03:00")]
+    assert inside and {(r["status"], r["note"]) for r in inside} == {("skipped", NOTE_PAUSED)}
+
+
+def test_with_a_queue_a_slot_already_dispatched_ahead_is_not_run_once_paused(agent_factory):
+    """Queue mode: the tick sends the message of a slot within the lookahead at once, delayed to
+    its slot. Pausing records that run skipped; when its message comes, it is stale and ignored."""
+    from shared.memory_queue import MemoryQueue
+
+    clock = Clock(at("2026-11-25T08:00:40"))
+    queue = MemoryQueue(clock=lambda: clock.now.timestamp())
+    agent = agent_factory({"often": {"SCHEDULE": EVERY_MINUTE, "COMMAND": "SELECT 1"}}, clock=clock, queue=queue)
+    agent.tick()
+    slot = at("2026-11-25T08:01:00")
+    assert runs_of(agent, "often")[slot]["status"] == "queued"
+    clock.advance(10)
+    assert pause_job(agent.store(), "often", now=clock.now).runs_skipped == 1
+    clock.now = at("2026-11-25T08:01:05")
+    work(agent)
+    run = runs_of(agent, "often")[slot]
+    assert (run["status"], run["note"], run["attempt"]) == ("skipped", NOTE_PAUSED, 0)
+    assert queue.run_messages() == 0

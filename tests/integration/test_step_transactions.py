@@ -1,0 +1,165 @@
+"""A job's (or a step's) SQL may not end the transaction the agent runs it in (issue 23): a
+COMMIT in a failing step committed its work once per attempt on PostgreSQL. Refused on every
+dialect, before it takes effect: SQLite by an authorizer (its own parser decides), PostgreSQL by
+reading the script with PostgreSQL's lexical rules (and a check afterwards that the transaction
+is still the agent's), SQL Server by one more nested transaction (a COMMIT only decrements
+@@TRANCOUNT; parse-level test here, no SQL Server on this machine). Nothing the refused attempts
+did is kept, whatever the spelling."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from shared.store import mssql_job_batch
+from shared.transaction_control import postgres_transaction_statement
+from tests.support.harness import execute, make_agent, query, sql_for, work
+
+UTC = timezone.utc
+
+# Spellings of a statement that ends (or takes over) the transaction, per dialect; each with an
+# INSERT before it and an error after it, as the failing step of the issue.
+COMMON_ENDINGS = ["COMMIT", "commit", "END", "END TRANSACTION", "/* the end */ COMMIT", "-- done\nCOMMIT",
+                  "ROLLBACK", "BEGIN", "COMMIT TRANSACTION"]
+ENDINGS = {"sqlite": COMMON_ENDINGS + ["BEGIN IMMEDIATE", "ROLLBACK TRANSACTION"],
+           "postgres": COMMON_ENDINGS + ["commit work", "ABORT", "COMMIT AND CHAIN", "START TRANSACTION",
+                                         "PREPARE TRANSACTION 'x'"]}
+
+
+def _table(agent) -> None:
+    execute(agent, "CREATE TABLE items (n INT)")
+
+
+def test_a_step_that_commits_then_fails_keeps_nothing_on_any_attempt(agent_factory, db_url):
+    endings = ENDINGS["sqlite" if "sqlite" in db_url else "postgres"]
+    jobs = {f"j{i}": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "MAX_ATTEMPTS": "2",
+                      "STEPS__1__COMMAND": f"INSERT INTO items (n) VALUES ({i});\n{ending};\nSELECT * FROM no_such_table",
+                      "STEPS__1__MAX_ATTEMPTS": "2", "STEPS__1__RETRY_INTERVAL_SECONDS": "0"}
+            for i, ending in enumerate(endings)}
+    agent = agent_factory(jobs, AGENT_RETRY_BACKOFF_SECONDS="0")
+    _table(agent)
+    agent.tick(datetime.now(UTC))
+    work(agent, concurrency=2)
+    assert query(agent, "SELECT COUNT(*) FROM items") == [(0,)], query(agent, "SELECT n FROM items")
+    runs = {r["job_name"]: r for r in agent.store().execute("list_history", job_name=None, limit=50).rows}
+    for i, ending in enumerate(endings):
+        run = runs[f"j{i}"]
+        assert run["status"] == "failed", (ending, run)
+        assert "may not end the agent's transaction" in (run["last_error"] or ""), (ending, run["last_error"])
+
+
+def test_savepoints_stay_allowed_and_a_clean_step_commits_with_the_agent(agent_factory, db_url):
+    command = ("INSERT INTO items (n) VALUES (1);\nSAVEPOINT s;\nINSERT INTO items (n) VALUES (2);\n"
+               "ROLLBACK TO SAVEPOINT s;\nRELEASE SAVEPOINT s;\nINSERT INTO items (n) VALUES (3)")
+    agent = agent_factory({"fine": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "COMMAND": command}})
+    _table(agent)
+    agent.tick(datetime.now(UTC))
+    work(agent)
+    assert sorted(query(agent, "SELECT n FROM items")) == [(1,), (3,)]
+    (run,) = agent.store().execute("list_history", job_name="fine", limit=1).rows
+    assert run["status"] == "succeeded"
+
+
+def test_a_job_that_changes_its_session_settings_is_not_taken_for_one_that_ended_its_transaction(pg_url):
+    agent = make_agent(pg_url, {"settings": {
+        "SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "MAX_ATTEMPTS": "1",
+        "COMMAND": "SET TIME ZONE 'Pacific/Chatham'; SET DateStyle = 'German, DMY'; SET extra_float_digits = -15; "
+                   "SET intervalstyle = 'sql_standard'; INSERT INTO items VALUES (1)"}})
+    try:
+        _table(agent)
+        agent.tick(datetime.now(UTC))
+        work(agent)
+        (run,) = agent.store().execute("list_history", job_name="settings", limit=1).rows
+        assert run["status"] == "succeeded", run["last_error"]
+        assert query(agent, "SELECT n FROM items") == [(1,)]
+    finally:
+        agent.close()
+
+
+def test_the_refusal_comes_before_any_of_the_sql_runs_and_text_that_only_mentions_commit_runs(agent_factory, db_url):
+    quoted = sql_for(db_url, "INSERT INTO items (n) SELECT length('; COMMIT') /* COMMIT; */",
+                     "INSERT INTO items (n) SELECT length($q$; COMMIT$q$) + length(E'\\'; COMMIT') /* COMMIT; /* nested; COMMIT */ */")
+    agent = agent_factory({
+        "mentions": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "COMMAND": quoted},
+        "ends": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "MAX_ATTEMPTS": "1",
+                 "COMMAND": "INSERT INTO items (n) VALUES (100); COMMIT"},
+    })
+    _table(agent)
+    agent.tick(datetime.now(UTC))
+    work(agent)
+    runs = {r["job_name"]: r for r in agent.store().execute("list_history", job_name=None, limit=5).rows}
+    assert runs["mentions"]["status"] == "succeeded", runs["mentions"]
+    assert runs["ends"]["status"] == "failed" and "'COMMIT' is refused" in runs["ends"]["last_error"]
+    assert 100 not in [n for (n,) in query(agent, "SELECT n FROM items")]
+
+
+def test_postgres_procedures_and_do_blocks_cannot_commit_the_agents_transaction(pg_url):
+    agent = make_agent(pg_url, {"proc": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "MAX_ATTEMPTS": "1",
+                                    "COMMAND": "CALL commits_inside()"},
+                           "do": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "MAX_ATTEMPTS": "1",
+                                  "COMMAND": "DO $$ BEGIN INSERT INTO items VALUES (6); COMMIT; END $$"},
+                           "dyn": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "MAX_ATTEMPTS": "1",
+                                   "COMMAND": "DO $$ BEGIN INSERT INTO items VALUES (7); EXECUTE 'COMMIT'; END $$"}})
+    _table(agent)
+    try:
+        execute(agent, "CREATE PROCEDURE commits_inside() LANGUAGE plpgsql AS $$ BEGIN "
+                       "INSERT INTO items VALUES (5); COMMIT; END $$")
+        agent.tick(datetime.now(UTC))
+        work(agent)
+        assert query(agent, "SELECT COUNT(*) FROM items") == [(0,)]
+        runs = {r["job_name"]: r for r in agent.store().execute("list_history", job_name=None, limit=5).rows}
+        for name in ("proc", "do"):
+            assert runs[name]["status"] == "failed" and "invalid transaction termination" in runs[name]["last_error"]
+        assert runs["dyn"]["status"] == "failed"
+        assert "EXECUTE of transaction commands is not implemented" in runs["dyn"]["last_error"]
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize("sql, refused", [
+    ("SELECT 1", None),
+    ("COMMIT", "COMMIT"),
+    ("select 1; commit;", "commit"),
+    ("END TRANSACTION", "END TRANSACTION"),
+    ("ROLLBACK PREPARED 'x'", "ROLLBACK PREPARED '"),
+    ("ROLLBACK TO SAVEPOINT s", None),
+    ("ROLLBACK WORK TO s", None),
+    ("PREPARE q AS SELECT 1", None),
+    ("PREPARE TRANSACTION 'x'", "PREPARE TRANSACTION '"),
+    ("START TRANSACTION ISOLATION LEVEL SERIALIZABLE", "START TRANSACTION ISOLATION"),
+    ("SELECT 'it''s; COMMIT'", None),
+    ("SELECT E'\\'; COMMIT; '", None),
+    ("SELECT \"COMMIT\" FROM t; ", None),
+    ("SELECT $$;COMMIT;$$, $tag$ $$ ; COMMIT $tag$", None),
+    ("SELECT 1 /* a /* nested; */ COMMIT; */; SELECT 2", None),
+    ("SELECT 1 -- ; COMMIT\n; SELECT 2", None),
+    ("SELECT $1; COMMIT", "COMMIT"),
+    ("SELECT 1\n/* x */ COMMIT", None),            # one statement: SELECT 1 COMMIT (an alias): not a COMMIT
+    ("CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1; SELECT CASE WHEN true THEN 2 END; END; SELECT f()", None),
+    ("CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1; END; END", "END"),
+    ("DO $$ BEGIN COMMIT; END $$", None),            # the server refuses it inside the agent's transaction
+    ("ABORT", "ABORT"),
+    ("BEGIN; SELECT 1", "BEGIN"),
+    ("\ufeffCOMMIT", None),                          # not a keyword to PostgreSQL either: a syntax error there
+])
+def test_the_postgres_reader_finds_top_level_transaction_statements_only(sql, refused):
+    assert postgres_transaction_statement(sql) == refused
+
+
+def test_the_tsql_batch_nests_the_job_and_parses():
+    from sqlfluff.core import FluffConfig, Linter
+
+    linter = Linter(config=FluffConfig(overrides={"dialect": "tsql", "large_file_skip_byte_limit": 0}))
+    for principal in (None, "agent_jobs"):
+        batch = mssql_job_batch(principal)
+        # The job's one parameter, as sp_executesql receives it; the nesting around it.
+        assert batch.count("?") == 1
+        before, after = batch.split("EXEC sp_executesql ?;")
+        assert "BEGIN TRANSACTION;" in before and "SET @agent_trancount = @@TRANCOUNT;" in before
+        assert after.index("IF @@TRANCOUNT <> @agent_trancount THROW 50002") < after.index("COMMIT TRANSACTION;")
+        # sqlfluff knows no EXECUTE AS ... WITH COOKIE / REVERT WITH COOKIE: the rest must parse.
+        lines = [line for line in batch.replace("?", "@job_sql").splitlines()
+                 if not line.startswith(("EXECUTE AS USER", "REVERT WITH COOKIE"))]
+        parsed = linter.parse_string("\n".join(lines))
+        assert not parsed.violations and "unparsable" not in parsed.tree.stringify(), parsed.violations

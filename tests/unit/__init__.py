@@ -1,0 +1,1 @@
+"""Tests that need no service: pure functions and in-process doubles."""
