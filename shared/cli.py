@@ -1,4 +1,6 @@
-"""Operator commands and the local runner: the `sql-agent` command.
+"""Operator commands and the local runner: the `sql-agent` command. A command parses its
+arguments, calls one operator action (shared.operations) or view (shared.views), and prints; it
+runs no statement of its own (tests/test_layers.py).
 
     sql-agent [--db DB] [--settings FILE] [--json] COMMAND ...
     python -m shared.cli ...          (the same, from a clone)
