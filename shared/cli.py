@@ -22,12 +22,12 @@ import re
 import signal
 import sys
 from datetime import datetime, timezone
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, Sequence
 
 from .errors import AgentError, ConfigError, NotFoundError, UsageError
-from .operations import (apply_grant_scripts, apply_operator_grant, cancel, pause_job, requeue, resume_job, run_now,
-                         stop, submit)
+from .operations import (add_scheduled_jobs, apply_grant_scripts, apply_operator_grant, cancel, pause_job, requeue,
+                         resume_job, run_now, stop, submit)
 
 UTC = timezone.utc
 PROG = "sql-agent"
@@ -908,7 +908,7 @@ def cmd_import_sqlagent(agent, args) -> int:
     """SSMS's job scripts -> JOB__<name>__* settings (JSON on stdout); what could not be carried
     over is listed per job and makes the exit code 1. --apply: agent.add_scheduled_job for the
     one-step jobs; the others stay in the printed settings and are listed."""
-    from .sqlagent_import import ScriptError, apply_calls, apply_to_database, convert_script, report
+    from .sqlagent_import import ScriptError, apply_calls, convert_script, report
 
     timezone = args.timezone
     warnings: list[str] = []
@@ -941,10 +941,7 @@ def cmd_import_sqlagent(agent, args) -> int:
     incomplete = not result["complete"]
     if args.apply:
         calls, refused = apply_calls(converted)
-        try:
-            result["applied"] = apply_to_database(agent.target, calls)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        result["applied"] = [asdict(added) for added in add_scheduled_jobs(agent.target, calls)]
         result["not_applied"] = refused
         incomplete = incomplete or bool(refused)
     if args.json:       # the same document, the warnings in it; each job's not_carried lists what was left

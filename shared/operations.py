@@ -1,5 +1,6 @@
 """Operator actions, in one place: what `sql-agent submit`, `cancel`, `stop`, `poison requeue`,
-`run-now`, `pause`, `resume` and `grant-sql --apply` do to the control database.
+`run-now`, `pause`, `resume`, `grant-sql --apply` and `import-sqlagent --apply` do to the control
+database.
 
 Each action is one transaction (or one chain of statements) and returns a typed result; the
 front ends (the command line, and any other that acts for an operator) parse their arguments,
@@ -26,6 +27,7 @@ from .fleet import report_moved_runs
 from .follow import ending_calls, follow_up_rows, report_follow_ups
 from .notify import notifications_enabled
 from .queries import split_statements
+from .schedules import parse_schedule
 from .sqlerrors import is_unique_violation
 from .telemetry import new_operation_id
 
@@ -371,3 +373,57 @@ def apply_operator_grant(target: DatabaseTarget, sql: str) -> None:
         connection.commit()
     finally:
         connection.close()
+
+
+# --- jobs defined through the T-SQL interface (import-sqlagent --apply) ------------------------
+
+@dataclass(frozen=True)
+class ScheduledJobAdded:
+    """One agent.add_scheduled_job call: the job, and what the procedure did ("defined" when it
+    did not say)."""
+    job: str
+    action: str
+
+
+# agent.add_scheduled_job's parameters on PostgreSQL: named arguments need their types.
+ADD_SCHEDULED_JOB_PG_TYPES = {"name": "varchar", "sql": "text", "schedule": "varchar", "run_at": "timestamptz",
+                              "timezone": "varchar", "enabled": "int", "max_attempts": "int",
+                              "database": "varchar"}
+
+
+def add_scheduled_jobs(target: DatabaseTarget, calls: Sequence[dict[str, Any]]) -> list[ScheduledJobAdded]:
+    """Call agent.add_scheduled_job for each (its arguments by name), as an operator would, one
+    transaction each, in order: the T-SQL interface decides and records, as for any caller."""
+    if calls and target.dialect not in ("postgres", "mssql"):
+        raise UsageError("import-sqlagent --apply needs a PostgreSQL or SQL Server control database "
+                         f"(agent.add_scheduled_job); the control database is {target.display}", setting="--db",
+                         value=target.display, expected="a PostgreSQL or SQL Server control database")
+    done = []
+    for arguments in calls:
+        values = dict(arguments)
+        if "run_at" in values:
+            # '@once' is in the job's time zone: the procedure takes a point in time.
+            try:
+                moment = parse_schedule("@once " + values["run_at"], values["timezone"]).at
+            except ValueError as exc:
+                raise UsageError(f"job {values['name']!r}: run_at {values['run_at']!r}: {exc}", setting="run_at",
+                                 value=values["run_at"], expected="a date and time in the job's time zone") from None
+            values["run_at"] = moment.isoformat()
+        names = list(values)
+        if target.dialect == "postgres":
+            sql = "SELECT * FROM agent.add_scheduled_job(" + ", ".join(
+                f'"{n}" => CAST(? AS {ADD_SCHEDULED_JOB_PG_TYPES[n]})' for n in names) + ")"
+        else:
+            sql = "SET NOCOUNT ON; EXEC agent.add_scheduled_job " + ", ".join(
+                f"@{n} = ?" if n != "run_at" else "@run_at = CAST(? AS DATETIMEOFFSET)" for n in names)
+        connection = connector(target)()
+        try:
+            cursor = connection.cursor()
+            cursor.execute(sql, [values[n] for n in names])
+            row = cursor.fetchone()
+            connection.commit()
+        finally:
+            connection.close()
+        done.append(ScheduledJobAdded(job=values["name"],
+                                      action=row[1] if row is not None and len(row) > 1 else "defined"))
+    return done
