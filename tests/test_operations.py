@@ -4,6 +4,8 @@ error naming the argument (the command-line tests check the same through `sql-ag
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pytest
 
 from shared import operations
@@ -67,3 +69,24 @@ def test_queue_mode_actions_hand_their_run_to_the_queue(agent_factory):
     run = operations.run_now(agent, "adhoc")
     assert run.dispatched == 1 and queue.run_messages() == before + 2
     assert operations.dispatch_now(agent) == 0      # nothing more ready: nothing sent twice
+
+
+def test_requeue_gives_a_poisoned_run_one_more_attempt_once(agent_factory):
+    queue = MemoryQueue()
+    agent = agent_factory({"doomed": {"SCHEDULE": "@once " + datetime.now(timezone.utc).isoformat(),
+                                      "COMMAND": "SELECT 1"}}, queue=queue)
+    agent.tick(datetime.now(timezone.utc))
+    (message,) = queue.receive(1, 0)
+    assert agent.handle_message(message.body, 9, message.id).outcome == "poisoned"   # a restart loop
+    queue.delete(message)
+    (poison,) = agent.store().execute("list_poison", limit=10).rows
+
+    requeued = operations.requeue(agent, poison["poison_id"])
+    assert requeued == operations.Requeued(poison_id=poison["poison_id"], run_id=poison["run_id"], dispatched=1)
+    assert _statuses(agent)[poison["run_id"]] != "poisoned" and queue.run_messages() == 1
+    # Requeued already: its run is no longer poisoned or failed, nothing changes.
+    with pytest.raises(UsageError, match="only a poisoned or failed run") as again:
+        operations.requeue(agent, poison["poison_id"])
+    assert again.value.setting == "ID" and queue.run_messages() == 1
+    with pytest.raises(NotFoundError):
+        operations.requeue(agent, poison["poison_id"] + 1000)
