@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from .config import Settings, load_settings
 from .db import DatabaseTarget, connector, resolve_database
+from .operations import request_run_now
 from .store import Store
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
-# run-now requests at the same millisecond: how many next milliseconds a request tries.
-RUN_NOW_KEY_TRIES = 16
 
 
 class Agent:
@@ -213,25 +212,8 @@ class Agent:
         return report
 
     def request_run_now(self, job_name: str, *, operation_id: str | None = None) -> dict[str, Any] | None:
-        """run-now: a run of the job right away, keyed by the request time, its overlap policy
-        decided under the start lock (None: no such valid job). Two requests at the same
-        millisecond (SQLite's resolution; two operators, or a script) would share the key: the
-        later one takes the next millisecond and meets the overlap policy like any other request."""
-        from .sqlerrors import is_unique_violation
-        from .telemetry import new_operation_id
-
-        store = self.store()
-        now = self.clock()
-        operation_id = operation_id or new_operation_id()
-        for nudge in range(RUN_NOW_KEY_TRIES):
-            try:
-                with store.transaction():
-                    return store.execute("insert_manual_run", job_name=job_name,
-                                         now=now + timedelta(milliseconds=nudge), operation_id=operation_id).one()
-            except Exception as exc:
-                if not is_unique_violation(exc) or nudge == RUN_NOW_KEY_TRIES - 1:
-                    raise
-        return None
+        """run-now's run (None: no such valid job): :func:`shared.operations.request_run_now`."""
+        return request_run_now(self, job_name, operation_id=operation_id)
 
     def poll(self, now: datetime | None = None):
         """Between ticks: plan the jobs the T-SQL procedures defined and claim their slots."""

@@ -1,4 +1,6 @@
-"""Operator commands and the local runner: the `sql-agent` command.
+"""Operator commands and the local runner: the `sql-agent` command. A command parses its
+arguments, calls one operator action (shared.operations) or view (shared.views), and prints; it
+runs no statement of its own (tests/test_layers.py).
 
     sql-agent [--db DB] [--settings FILE] [--json] COMMAND ...
     python -m shared.cli ...          (the same, from a clone)
@@ -20,10 +22,12 @@ import re
 import signal
 import sys
 from datetime import datetime, timezone
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, Sequence
 
 from .errors import AgentError, ConfigError, NotFoundError, UsageError
+from .operations import (add_scheduled_jobs, apply_grant_scripts, apply_operator_grant, cancel, pause_job, requeue,
+                         resume_job, run_now, stop, submit)
 from .run_model import RunStatus
 
 UTC = timezone.utc
@@ -610,65 +614,31 @@ def cmd_poison(agent, args) -> int:
         else:
             print("no poison messages")
         return EXIT_OK
-    poison = store.execute("get_poison", poison_id=args.poison_id).one()
-    if poison is None:
-        raise NotFoundError(f"no poison message with id {args.poison_id}", setting="ID", value=args.poison_id,
-                            expected="the id of a poison message (poison list)")
-    if poison["run_id"] is None:
-        raise UsageError(f"poison message {args.poison_id} belongs to no run (it was malformed: {poison['reason']}); "
-                         "nothing to requeue", setting="ID", value=args.poison_id,
-                         expected="a poison message of a run")
-    now = agent.clock()
-    with store.transaction():
-        changed = bool(store.execute("requeue_run", run_id=poison["run_id"], now=now).rows)
-        if changed:
-            store.execute("mark_poison_requeued", poison_id=args.poison_id, now=now)
-    if not changed:
-        run = store.execute("get_run", run_id=poison["run_id"]).one()
-        status = run["status"] if run else "gone"
-        raise UsageError(f"run {poison['run_id']} is {status}; only a poisoned or failed run can be requeued",
-                         setting="ID", value=args.poison_id, expected="a poison message of a poisoned or failed run")
-    dispatched = _dispatch_now(agent)
+    requeued = requeue(agent, args.poison_id)
     if args.json:
-        _print_json({"poison_id": args.poison_id, "run_id": poison["run_id"], "requeued": True,
-                     "dispatched": dispatched})
+        _print_json({"poison_id": requeued.poison_id, "run_id": requeued.run_id, "requeued": True,
+                     "dispatched": requeued.dispatched})
     else:
-        print(f"run {poison['run_id']} requeued (one more attempt){_dispatched_text(dispatched)}")
+        print(f"run {requeued.run_id} requeued (one more attempt){_dispatched_text(requeued.dispatched)}")
     return EXIT_OK
 
 
 def cmd_run_now(agent, args) -> int:
-    from .telemetry import new_operation_id
-
-    store = agent.store()
-    store.require_schema()
+    agent.store().require_schema()
     # The job as the agent last synced it (see cmd_jobs): this machine's settings are not read.
-    row = agent.request_run_now(args.name, operation_id=new_operation_id())
-    if row is None:
-        jobs = {r["job_name"]: r for r in store.execute("list_jobs").rows}
-        job = jobs.get(args.name)
-        if job is not None and not job["valid"]:
-            raise ConfigError(f"JOB__{args.name}__*", args.name, f"a valid job; it is invalid: {job['config_error']}")
-        if job is not None:
-            raise UsageError(f"job {args.name!r} was removed from the settings; it cannot run", setting="NAME",
-                             value=args.name, expected="a job in the settings")
-        known = ", ".join(name for name, r in jobs.items() if r["valid"] and r["configured"]) or "none"
-        raise NotFoundError(f"no job named {args.name!r} (jobs the agent knows: {known}; a job added to the "
-                            "settings is known after the agent's next tick)", setting="NAME", value=args.name,
-                            expected=f"one of the jobs the agent knows: {known}")
-    if row["status"] == RunStatus.SKIPPED:
+    run = run_now(agent, args.name)
+    if run.skipped:
         if args.json:
-            _print_json({"run_id": row["run_id"], "job_name": args.name, "status": RunStatus.SKIPPED, "note": row["note"],
+            _print_json({"run_id": run.run_id, "job_name": run.job_name, "status": run.status, "note": run.note,
                          "dispatched": None})
         else:
-            print(f"run {row['run_id']} of {args.name} skipped: {row['note']}")
+            print(f"run {run.run_id} of {run.job_name} skipped: {run.note}")
         return EXIT_OK
-    dispatched = _dispatch_now(agent)
     if args.json:
-        _print_json({"run_id": row["run_id"], "job_name": args.name, "status": row["status"], "note": row.get("note"),
-                     "dispatched": dispatched})
+        _print_json({"run_id": run.run_id, "job_name": run.job_name, "status": run.status, "note": run.note,
+                     "dispatched": run.dispatched})
     else:
-        print(f"run {row['run_id']} of {args.name} created{_dispatched_text(dispatched)}")
+        print(f"run {run.run_id} of {run.job_name} created{_dispatched_text(run.dispatched)}")
     return EXIT_OK
 
 
@@ -683,8 +653,6 @@ def _operator_name() -> str:
 
 
 def cmd_pause(agent, args) -> int:
-    from .pause import pause_job
-
     store = agent.store()
     store.require_schema()
     pause = pause_job(store, args.name, now=agent.clock(), until=args.until, paused_by=_operator_name(),
@@ -699,8 +667,6 @@ def cmd_pause(agent, args) -> int:
 
 
 def cmd_resume(agent, args) -> int:
-    from .pause import resume_job
-
     store = agent.store()
     store.require_schema()
     resumed = resume_job(store, args.name, now=agent.clock(), resumed_by=_operator_name(), telemetry=agent.telemetry)
@@ -713,61 +679,24 @@ def cmd_resume(agent, args) -> int:
 
 
 def cmd_submit(agent, args) -> int:
-    from .telemetry import new_operation_id
-
-    if not args.sql.strip():
-        raise UsageError("--sql: expected the SQL to run (non-empty)", setting="--sql", value=args.sql,
-                         expected="the SQL to run (non-empty)")
-    store = agent.store()
-    store.require_schema()
-    row = store.execute("insert_task", command=args.sql, target_database=None, task_order=args.order,
-                        max_attempts=args.max_attempts, timeout_seconds=args.timeout_seconds, lease_seconds=60,
-                        now=agent.clock(), operation_id=new_operation_id()).one()
-    dispatched = _dispatch_now(agent)
+    task = submit(agent, args.sql, order=args.order, max_attempts=args.max_attempts,
+                  timeout_seconds=args.timeout_seconds)
     if args.json:
-        _print_json({"run_id": row["run_id"], "kind": "task", "order": args.order, "submitted": True,
-                     "dispatched": dispatched})
+        _print_json({"run_id": task.run_id, "kind": "task", "order": task.order, "submitted": True,
+                     "dispatched": task.dispatched})
         return EXIT_OK
-    order = f" (order {args.order})" if args.order is not None else ""
-    print(f"task run {row['run_id']} submitted{order}{_dispatched_text(dispatched)}")
+    order = f" (order {task.order})" if task.order is not None else ""
+    print(f"task run {task.run_id} submitted{order}{_dispatched_text(task.dispatched)}")
     return EXIT_OK
 
 
 def cmd_cancel(agent, args) -> int:
-    from .fleet import report_moved_runs
-    from .follow import ending_calls, follow_up_rows, report_follow_ups
-    from .notify import notifications_enabled
-
-    store = agent.store()
-    store.require_schema()
-    now = agent.clock()
-    run = store.execute("get_run", run_id=args.run_id).one()
-    if run is None:
-        raise NotFoundError(f"no run with id {args.run_id}", setting="RUN_ID", value=args.run_id,
-                            expected="the id of a run (history)")
-    # In the same transaction, the run's fleet: a run waiting for its targets ends with its
-    # executions; for one of a fleet's executions, its run lets the next waiting one in or, when
-    # this was the last, moves on (and its outcome is notified) at once, not at the next tick.
-    with store.transaction():
-        if not store.execute("cancel_run", run_id=args.run_id, now=now).rows:
-            status = store.execute("get_run", run_id=args.run_id).one()["status"]
-            raise UsageError(f"run {args.run_id} is already {status}", setting="RUN_ID", value=args.run_id,
-                             expected="a run that has not finished")
-        moved = store.execute("progress_fleets", parent_run_id=run.get("parent_run_id") or args.run_id,
-                              run_id=None, token=None, now=now).rows
-        followed: list[dict] = []
-        if any(row["status"] in (RunStatus.SUCCEEDED, RunStatus.FAILED) for row in moved):
-            for name, params in ending_calls(agent.settings, now):
-                followed += follow_up_rows([(name, params)], [store.execute(name, **params)])
-    if report_moved_runs(moved, agent.telemetry) and notifications_enabled(agent.settings):
-        agent.notifier.wake()
-    report_follow_ups(followed, agent.telemetry)
-    if followed:
-        _dispatch_now(agent)      # a fleet run the cancel ended started its followers: on the queue now
+    agent.store().require_schema()
+    cancelled = cancel(agent, args.run_id)
     if args.json:
-        _print_json({"run_id": args.run_id, "status": RunStatus.CANCELLED})
+        _print_json({"run_id": cancelled.run_id, "status": RunStatus.CANCELLED})
     else:
-        print(f"run {args.run_id} cancelled")
+        print(f"run {cancelled.run_id} cancelled")
     return EXIT_OK
 
 
@@ -802,29 +731,18 @@ def cmd_monitor(agent, args) -> int:
 
 
 def cmd_stop(agent, args) -> int:
-    store = agent.store()
-    store.require_schema()
-    # The job's runs in flight; their fleet target executions are cancelled with them (the
-    # NULL progress: every run no longer waiting for its targets).
-    now = agent.clock()
-    rows = store.chain(("stop_job", {"job_name": args.name, "now": now}),
-                       ("progress_fleets", {"parent_run_id": None, "run_id": None, "token": None,
-                                            "now": now}))[0].rows
-    if not rows:
-        jobs = {r["job_name"] for r in store.execute("list_jobs").rows}
-        if args.name not in jobs:
-            known = ", ".join(sorted(jobs)) or "none"
-            raise NotFoundError(f"no job named {args.name!r} (jobs the agent knows: {known})", setting="JOB",
-                                value=args.name, expected=f"one of the jobs the agent knows: {known}")
+    agent.store().require_schema()
+    stopped = stop(agent, args.name)
+    ids = stopped.cancelled_run_ids
     if args.json:
-        _print_json({"job_name": args.name, "cancelled_run_ids": [row["run_id"] for row in rows]})
+        _print_json({"job_name": stopped.job_name, "cancelled_run_ids": list(ids)})
         return EXIT_OK
-    if not rows:
-        print(f"job {args.name}: no run in flight")
+    if not ids:
+        print(f"job {stopped.job_name}: no run in flight")
         return EXIT_OK
-    ids = ", ".join(str(row["run_id"]) for row in rows)
     # A running step notices at its worker's next lease renewal (every LEASE_SECONDS / 3).
-    print(f"job {args.name}: {len(rows)} run(s) cancelled ({ids}); a running step stops within a third of its lease")
+    print(f"job {stopped.job_name}: {len(ids)} run(s) cancelled ({', '.join(map(str, ids))}); a running step stops "
+          "within a third of its lease")
     return EXIT_OK
 
 
@@ -894,28 +812,12 @@ def _scripts_document(scripts, sql: str, *, applied_to: list[str] | None, warnin
 
 
 def _apply_scripts(target, scripts, args) -> list[str]:
-    """grant-sql --apply: each script in its own transaction, in its database (on its server)."""
-    from .db import connector
-    from .queries import split_statements
+    """grant-sql --apply: each script in its own transaction, in its database (on its server);
+    without --json, each one as it is applied."""
+    def show(where: str, script) -> None:
+        print(f"applied to {where}: " + " ".join(script.statements))
 
-    applied = []
-    for script in scripts:
-        server = getattr(script, "server", None)
-        where = (f"database {script.database!r}" if script.database else "the control database") + (
-            f" on server {server}" if server else "")
-        connection = connector(target, script.database, server)()
-        try:
-            connection.autocommit = False
-            cursor = connection.cursor()
-            for statement in split_statements("\n".join(script.statements)):
-                cursor.execute(statement)
-            connection.commit()
-        finally:
-            connection.close()
-        applied.append(where)
-        if not args.json:
-            print(f"applied to {where}: " + " ".join(script.statements))
-    return applied
+    return apply_grant_scripts(target, scripts, on_applied=None if args.json else show)
 
 
 def _grant_targets(agent, args) -> int:
@@ -991,34 +893,12 @@ def _grant_operator(agent, args) -> int:
         else:
             print(script, end="")
         return EXIT_OK
-    from .db import connector
-    from .queries import split_statements
-
-    connection = connector(target)()
-    try:
-        cursor = connection.cursor()
-        for statement in split_statements(script):
-            cursor.execute(statement)
-        connection.commit()
-    finally:
-        connection.close()
+    apply_operator_grant(target, script)
     if args.json:
         _print_json(document(True))
     else:
         print(f"applied to the control database: {args.operator} is a member of agent_operator")
     return EXIT_OK
-
-
-def _dispatch_now(agent) -> int | None:
-    """Queue mode: dispatch at once (the new run need not wait for a doorbell or the tick): the
-    runs queued. Direct mode (None): the local runner's workers pick it up themselves (within
-    AGENT_POLL_SECONDS)."""
-    if not agent.queue_mode:
-        return None
-    from .dispatch import dispatch
-
-    outcome = dispatch(agent.store(), agent.queue, agent.settings, agent.clock(), agent.telemetry)
-    return len(outcome.queued)
 
 
 def _dispatched_text(dispatched: int | None) -> str:
@@ -1029,7 +909,7 @@ def cmd_import_sqlagent(agent, args) -> int:
     """SSMS's job scripts -> JOB__<name>__* settings (JSON on stdout); what could not be carried
     over is listed per job and makes the exit code 1. --apply: agent.add_scheduled_job for the
     one-step jobs; the others stay in the printed settings and are listed."""
-    from .sqlagent_import import ScriptError, apply_calls, apply_to_database, convert_script, report
+    from .sqlagent_import import ScriptError, apply_calls, convert_script, report
 
     timezone = args.timezone
     warnings: list[str] = []
@@ -1062,10 +942,7 @@ def cmd_import_sqlagent(agent, args) -> int:
     incomplete = not result["complete"]
     if args.apply:
         calls, refused = apply_calls(converted)
-        try:
-            result["applied"] = apply_to_database(agent.target, calls)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        result["applied"] = [asdict(added) for added in add_scheduled_jobs(agent.target, calls)]
         result["not_applied"] = refused
         incomplete = incomplete or bool(refused)
     if args.json:       # the same document, the warnings in it; each job's not_carried lists what was left

@@ -15,7 +15,6 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .describe import describe_schedule
-from .pause import pause_in_force
 from .run_model import RunStatus
 
 UTC = timezone.utc
@@ -24,6 +23,15 @@ UTC = timezone.utc
 # (agent.add_scheduled_job); a row without one is a settings job.
 DEFAULT_JOB_SOURCE = "settings"
 TIMELINE_WINDOWS = {"24h": timedelta(hours=24), "7d": timedelta(days=7)}
+
+
+def pause_in_force(row: dict[str, Any], now: datetime) -> bool:
+    """Whether a list_jobs / get_job row's pause (paused_at, paused_until) holds at ``now``
+    (a pause is made and ended by shared.operations.pause_job / resume_job)."""
+    if row.get("paused_at") is None:
+        return False
+    until = row.get("paused_until")
+    return until is None or until > now
 DEFAULT_WINDOW = "24h"
 # The most runs one timeline draws (the page says so when a window holds more).
 TIMELINE_LIMIT = 1500

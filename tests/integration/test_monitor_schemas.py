@@ -22,7 +22,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from shared.monitor import Monitor, MonitorSettings
-from shared.pause import pause_job
+from shared.operations import pause_job
 from tests.support import monitor_scenario
 from tests.support.harness import ROOT, Clock, create_pg_database, drop_pg_database, make_agent, work
 

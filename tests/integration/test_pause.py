@@ -20,7 +20,7 @@ import pytest
 from shared.cli import main as cli
 from shared.errors import NotFoundError, UsageError
 from shared.monitor import Monitor, MonitorSettings
-from shared.pause import pause_job, resume_job
+from shared.operations import pause_job, resume_job
 from shared.scheduler import NOTE_CATCH_UP, NOTE_MISFIRE_GRACE, NOTE_MISFIRE_SKIP, NOTE_PAUSED
 from shared.views import history_view, jobs_view
 
