@@ -17,8 +17,8 @@ import pytest
 
 from shared.config import parse_jobs
 from shared.db import connector
-from tests.conftest import (MSSQL_BASE, execute, fresh_database, make_agent, mssql_connection, pg_admin_connection,
-                            query, tsql_delay, work)
+from tests.conftest import (MSSQL_BASE, babelfish_end_sessions, execute, fresh_database, make_agent, mssql_connection,
+                            mssql_server_is_babelfish, pg_admin_connection, query, tsql_delay, work)
 from tests.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
 from tests.memory_queue import MemoryQueue
 
@@ -59,6 +59,17 @@ class Fleet:
         name = self.name(suffix)
         if self.dialect == "postgres":
             self._run(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+        elif mssql_server_is_babelfish():
+            # Babelfish has no ALTER DATABASE (no OFFLINE) and its sysadmin reaches every
+            # database: the target instead refuses the job's write (mark_sql), with an error
+            # that names the database, as a refused connection does.
+            constraint = f"refused_{name}"
+            admin = mssql_connection(name)
+            try:
+                admin.cursor().execute(f"CREATE TABLE dbo.fleet_marks (id INT IDENTITY PRIMARY KEY, run_id INT, "
+                                       f"CONSTRAINT [{constraint}] CHECK (run_id < 0))")
+            finally:
+                admin.close()
         else:
             self._run(f"ALTER DATABASE [{name}] SET OFFLINE WITH ROLLBACK IMMEDIATE")
 
@@ -66,6 +77,13 @@ class Fleet:
         for name in [self.name(s) for s in suffixes] if suffixes else list(self.created):
             if self.dialect == "postgres":
                 self._run(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            elif mssql_server_is_babelfish():
+                admin = self._admin()
+                try:
+                    babelfish_end_sessions(admin.cursor(), name)
+                    admin.cursor().execute(f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
+                finally:
+                    admin.close()
             else:
                 self._run(f"IF DB_ID(N'{name}') IS NOT NULL ALTER DATABASE [{name}] SET ONLINE",
                           f"IF DB_ID(N'{name}') IS NOT NULL ALTER DATABASE [{name}] SET SINGLE_USER WITH ROLLBACK IMMEDIATE",
@@ -573,7 +591,7 @@ def test_the_runs_notification_lists_the_failing_databases_once(fleet, control):
     receiver = Receiver()
     try:
         agent = make_agent(control, {"tenants": {
-            "SCHEDULE": "0 0 3 * * *", "TARGETS": f"db:{fleet.prefix}_n*", "COMMAND": "SELECT 1",
+            "SCHEDULE": "0 0 3 * * *", "TARGETS": f"db:{fleet.prefix}_n*", "COMMAND": mark_sql(fleet.dialect),
             "MAX_ATTEMPTS": "1"}}, AGENT_NOTIFY_WEBHOOK_URL=receiver.url + "/ok", AGENT_CONNECT_RETRY_SECONDS="1")
         agent.tick(datetime.now(UTC))
         run_id = run_now(agent, "tenants")

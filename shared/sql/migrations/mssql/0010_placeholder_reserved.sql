@@ -1,0 +1,2 @@
+-- Placeholder (issue 25's branch only): version 10 is reserved for the after work of another branch.
+-- DELETE this file when merging that branch's 0010 migration.

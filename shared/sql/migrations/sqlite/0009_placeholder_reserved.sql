@@ -1,0 +1,2 @@
+-- Placeholder (issue 25's branch only): version 9 is reserved for the pause work of another branch.
+-- DELETE this file when merging that branch's 0009 migration.
