@@ -78,18 +78,34 @@ class Fleet:
             if self.dialect == "postgres":
                 self._run(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
             elif mssql_server_is_babelfish():
-                admin = self._admin()
-                try:
-                    babelfish_end_sessions(admin.cursor(), name)
-                    admin.cursor().execute(f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
-                finally:
-                    admin.close()
+                self._babelfish_drop(name)
             else:
                 self._run(f"IF DB_ID(N'{name}') IS NOT NULL ALTER DATABASE [{name}] SET ONLINE",
                           f"IF DB_ID(N'{name}') IS NOT NULL ALTER DATABASE [{name}] SET SINGLE_USER WITH ROLLBACK IMMEDIATE",
                           f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
             if name in self.created:
                 self.created.remove(name)
+
+    def _babelfish_drop(self, name: str) -> None:
+        """DROP DATABASE after ending its sessions. A session whose client was killed mid-job
+        (kill -9 of a worker) is still in the database until its statement ends (at most the
+        tests' 60 s sleep): the drop is tried again until then, at most 75 s."""
+        import pyodbc
+
+        admin = self._admin()
+        deadline = time.monotonic() + 75
+        try:
+            while True:
+                babelfish_end_sessions(admin.cursor(), name)
+                try:
+                    admin.cursor().execute(f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
+                    return
+                except pyodbc.Error:
+                    if time.monotonic() > deadline:
+                        raise
+                time.sleep(1)
+        finally:
+            admin.close()
 
     def marks(self, agent, name: str) -> list[int]:
         """What the job left in one target database: the run ids it ran for, in order."""
