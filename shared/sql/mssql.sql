@@ -1337,5 +1337,5 @@ LEFT JOIN agent.jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.de
 WHERE r.run_id = :run_id;
 
 -- session_identity --
--- The connection's session id and whether the server is Babelfish for PostgreSQL (asked once per connection, before its first job: Babelfish acts on a cancel only after the statement ended, so the agent stops a job there with KILL of this session).
-SELECT @@SPID AS spid, CAST(SERVERPROPERTY('Babelfish') AS NVARCHAR(10)) AS babelfish;
+-- The connection's session id and whether the server is Babelfish for PostgreSQL (asked once per connection, before its first job: Babelfish acts on a cancel only after the statement ended, so the agent stops a job there with KILL of this session), and its database user (a job of that user runs without EXECUTE AS).
+SELECT @@SPID AS spid, CAST(SERVERPROPERTY('Babelfish') AS NVARCHAR(10)) AS babelfish, USER_NAME() AS user_name;

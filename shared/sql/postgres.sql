@@ -813,4 +813,4 @@ WHERE r.run_id = :run_id;
 
 -- session_identity --
 -- The connection's backend process id (the SQL Server dialect asks for its session before a job; PostgreSQL cancels a statement itself).
-SELECT pg_backend_pid() AS spid, CAST(NULL AS VARCHAR(10)) AS babelfish;
+SELECT pg_backend_pid() AS spid, CAST(NULL AS VARCHAR(10)) AS babelfish, CAST(session_user AS VARCHAR(128)) AS user_name;

@@ -1000,4 +1000,4 @@ WHERE r.run_id = :run_id;
 
 -- session_identity --
 -- No server session (the SQL Server dialect asks for its session before a job).
-SELECT 0 AS spid, NULL AS babelfish;
+SELECT 0 AS spid, NULL AS babelfish, NULL AS user_name;
