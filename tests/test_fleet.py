@@ -658,6 +658,15 @@ def test_a_target_connection_terminated_mid_execution_is_retried_without_spendin
                 cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                                f"WHERE datname = '{cut}' AND pid <> pg_backend_pid() AND query LIKE '%pg_sleep%'")
                 assert len(cursor.fetchall()) == 1          # the one backend running the slow execution
+            elif mssql_server_is_babelfish():
+                # No sys.dm_exec_requests (nor WAITFOR) there: the one session in the database
+                # other than this test's own.
+                own = setup.cursor().execute("SELECT @@SPID").fetchone()[0]
+                cursor.execute("SELECT session_id FROM sys.dm_exec_sessions "
+                               f"WHERE database_id = DB_ID(N'{cut}') AND session_id NOT IN (@@SPID, {int(own)})")
+                sessions = [row[0] for row in cursor.fetchall()]
+                assert len(sessions) == 1
+                cursor.execute(f"KILL {int(sessions[0])}")
             else:
                 cursor.execute("SELECT r.session_id FROM sys.dm_exec_requests AS r "
                                f"WHERE r.database_id = DB_ID(N'{cut}') AND r.wait_type = N'WAITFOR'")
