@@ -97,7 +97,10 @@ _CONNECTION_LOST_NUMBERS = frozenset({10053, 10054, 10060, 64, 233, 20, 40197, 4
 _CONNECTION_LOST_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
 _CONNECTION_LOST_TEXT = re.compile(
     r"communication link failure|connection has been lost|connection lost|connection is closed"
-    r"|server closed the connection|terminating connection|connection reset|broken pipe",
+    r"|server closed the connection|terminating connection|connection reset|broken pipe"
+    # FreeTDS's own words for a session the server ended (KILL, a restart), with SQLSTATE HY000
+    # as often as 08S01.
+    r"|unexpected eof from the server|read from the server failed|write to the server failed",
     re.IGNORECASE,
 )
 
@@ -107,6 +110,9 @@ _CONNECTION_LOST_TEXT = re.compile(
 BABELFISH_UNMAPPED_NUMBER = 33557097
 _BABELFISH_TRANSIENT_TEXT = re.compile(
     r"canceling statement due to lock timeout|could not serialize access|could not obtain lock", re.IGNORECASE)
+
+_FREETDS_LOST_TEXT = re.compile(
+    r"unexpected eof from the server|read from the server failed|write to the server failed", re.IGNORECASE)
 
 _SQLSTATE_RE = re.compile(r"^[0-9A-Z]{5}$")
 # pyodbc joins diagnostic records with "; [SQLSTATE] ".
@@ -463,6 +469,9 @@ def _classify_odbc(sqlstate: str | None, message: str) -> SqlErrorInfo:
     if any(_transient_sqlstate(s) for s in states) and not _pg_permanent_connect(records):
         return SqlErrorInfo(TRANSIENT, number, first_state, text, lost)
     if BABELFISH_UNMAPPED_NUMBER in numbers and _BABELFISH_TRANSIENT_TEXT.search(text):
+        return SqlErrorInfo(TRANSIENT, number, first_state, text, lost)
+    if _FREETDS_LOST_TEXT.search(text):
+        # The session is gone without a SQL Server error saying why: a network error.
         return SqlErrorInfo(TRANSIENT, number, first_state, text, lost)
     return SqlErrorInfo(PERMANENT, number, first_state, text, lost)
 

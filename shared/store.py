@@ -56,9 +56,9 @@ class Store:
         self._connect = connect or connector(target)
         self._connection: Any = None
         self._active_cursor: Any = None
-        # SQL Server dialect: (session id, whether the server is Babelfish) of the current
-        # connection, asked before its first job (session_identity); None until then.
-        self._session: tuple[int, bool] | None = None
+        # SQL Server dialect: (session id, whether the server is Babelfish, the database user)
+        # of the current connection, asked before its first job (session_identity); None until then.
+        self._session: tuple[int, bool, str] | None = None
         self._in_transaction = False
         # Guards _active_cursor: cancel() (another thread) never touches a cursor being closed.
         self._lock = threading.Lock()
@@ -399,7 +399,14 @@ class Store:
         if self.dialect == "mssql" and self._session is None:
             row = self.execute("session_identity").one()
             assert row is not None
-            self._session = (int(row["spid"]), str(row["babelfish"] or "") == "1")
+            self._session = (int(row["spid"]), str(row["babelfish"] or "") == "1", str(row["user_name"] or ""))
+        if principal and self.dialect == "mssql" and self._session is not None \
+                and principal.casefold() == self._session[2].casefold():
+            # A job of the agent's own database user (a job dbo defined from T-SQL, with the
+            # agent connected as dbo) runs with the rights it has already: impersonating oneself
+            # changes nothing, and Babelfish has no EXECUTE AS ... WITH COOKIE. User names
+            # compare as the database's default (case-insensitive) collation does.
+            principal = None
         cursor = connection.cursor()
         self._set_active(cursor)
         try:

@@ -122,8 +122,10 @@ SELECT SYSUTCDATETIME() AS server_now;
 -- record_config_events --
 -- Record each job whose configuration became invalid (or changed its error) since the last sync.
 INSERT INTO agent.job_events (job_name, event_at, kind, detail)
+-- Free text read from JSON goes through agent.json_text (migration 0011: Babelfish leaves JSON escapes in).
 SELECT j.job_name, CAST(:now AS DATETIME2(6)), N'config_invalid', j.config_error
-FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64), valid INT, config_error NVARCHAR(MAX)) AS j
+FROM (SELECT x.job_name, x.valid, agent.json_text(x.config_error) AS config_error
+      FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64), valid INT, config_error NVARCHAR(MAX)) AS x) AS j
 WHERE j.valid = 0
   AND NOT EXISTS (SELECT 1 FROM agent.jobs AS c
                   WHERE c.job_name = j.job_name AND c.valid = 0 AND c.configured = 1
@@ -144,8 +146,9 @@ FROM agent.runs AS r,
                   WHEN j.enabled = 0 THEN N'skipped: the job was disabled after this slot was claimed'
                   ELSE N'skipped: the job''s schedule or time zone changed after this slot was claimed' END AS note
       FROM agent.jobs AS c
-      LEFT JOIN OPENJSON(:jobs) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64),
-                                      enabled INT, valid INT) AS j ON j.job_name = c.job_name
+      LEFT JOIN (SELECT x.job_name, agent.json_text(x.schedule) AS schedule, x.timezone, x.enabled, x.valid
+                 FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64),
+                                            enabled INT, valid INT) AS x) AS j ON j.job_name = c.job_name
       WHERE c.configured = 1 AND c.defined_in_database = 0
         AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule
              OR j.timezone <> c.timezone)) AS d
@@ -163,9 +166,11 @@ DECLARE @s TABLE (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCH
 INSERT INTO @s (job_name, schedule, timezone, command, target_database, enabled, valid, config_error, max_attempts,
                 timeout_seconds, lease_seconds, misfire, grace_seconds, overlap, next_due_at, steps, notify,
                 notify_webhook_url, after_job, after_outcome)
-SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid, j.config_error,
+SELECT j.job_name, agent.json_text(j.schedule), j.timezone, agent.json_text(j.command), j.target_database,
+       j.enabled, j.valid, agent.json_text(j.config_error),
        j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire, j.grace_seconds, j.overlap,
-       CONVERT(DATETIME2(6), j.next_due_at, 121), j.steps, j.notify, j.notify_webhook_url, j.after_job, j.after_outcome
+       CONVERT(DATETIME2(6), j.next_due_at, 121), agent.json_text(j.steps), j.notify,
+       agent.json_text(j.notify_webhook_url), j.after_job, j.after_outcome
 FROM OPENJSON(:jobs) WITH (
     job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), command NVARCHAR(MAX),
     target_database NVARCHAR(128), enabled SMALLINT, valid SMALLINT, config_error NVARCHAR(MAX),
@@ -233,7 +238,7 @@ WHERE configured = 1 AND defined_in_database = 0
 -- insert_job_events --
 -- Record things that happened to jobs outside any run (a JSON array of {job_name, kind, detail}).
 INSERT INTO agent.job_events (job_name, event_at, kind, detail)
-SELECT e.job_name, CAST(:now AS DATETIME2(6)), e.kind, e.detail
+SELECT e.job_name, CAST(:now AS DATETIME2(6)), e.kind, agent.json_text(e.detail)
 FROM OPENJSON(:events) WITH (job_name NVARCHAR(64), kind NVARCHAR(32), detail NVARCHAR(MAX)) AS e;
 
 -- expire_leases --
@@ -326,7 +331,7 @@ ORDER BY j.job_name;
 DECLARE @slots TABLE (job_name NVARCHAR(64), scheduled_for DATETIME2(6), status NVARCHAR(16), note NVARCHAR(MAX),
                       operation_id NVARCHAR(32));
 INSERT INTO @slots (job_name, scheduled_for, status, note, operation_id)
-SELECT x.job_name, CONVERT(DATETIME2(6), x.scheduled_for, 121), x.status, x.note,
+SELECT x.job_name, CONVERT(DATETIME2(6), x.scheduled_for, 121), x.status, agent.json_text(x.note),
        LOWER(REPLACE(CONVERT(VARCHAR(36), NEWID()), '-', ''))
 FROM OPENJSON(:slots) WITH (job_name NVARCHAR(64), scheduled_for NVARCHAR(40), status NVARCHAR(16),
                             note NVARCHAR(MAX)) AS x;
@@ -363,13 +368,13 @@ INSERT INTO @lock_jobs (job_name)
 SELECT x.job_name FROM agent.jobs AS x WITH (UPDLOCK, ROWLOCK, INDEX(jobs_pk))
 WHERE EXISTS (SELECT 1 FROM OPENJSON(:advances) WITH (schedule NVARCHAR(400), timezone NVARCHAR(64),
                                                       from_due NVARCHAR(40)) AS v
-              WHERE x.next_due_at = CONVERT(DATETIME2(6), v.from_due, 121) AND x.schedule = v.schedule
+              WHERE x.next_due_at = CONVERT(DATETIME2(6), v.from_due, 121) AND x.schedule = agent.json_text(v.schedule)
                 AND x.timezone = v.timezone)
 ORDER BY x.job_name;
 UPDATE j SET next_due_at = a.next_due_at, advanced_at = CAST(:now AS DATETIME2(6))
 OUTPUT inserted.job_name INTO @advanced
 FROM agent.jobs AS j,
-     (SELECT x.schedule, x.timezone, CONVERT(DATETIME2(6), x.from_due, 121) AS from_due,
+     (SELECT agent.json_text(x.schedule) AS schedule, x.timezone, CONVERT(DATETIME2(6), x.from_due, 121) AS from_due,
              CONVERT(DATETIME2(6), x.next_due_at, 121) AS next_due_at, x.paused, x.misfire
       FROM OPENJSON(:advances) WITH (schedule NVARCHAR(400), timezone NVARCHAR(64), from_due NVARCHAR(40),
                                      next_due_at NVARCHAR(40), paused INT, misfire NVARCHAR(16)) AS x) AS a
@@ -1050,8 +1055,10 @@ UPDATE j SET needs_planning = 0, valid = p.valid, config_error = p.config_error,
     next_due_at = p.next_due_at, advanced_at = CAST(:now AS DATETIME2(6)), steps = p.steps
 OUTPUT inserted.job_name, inserted.valid, inserted.config_error, inserted.next_due_at INTO @planned
 FROM agent.jobs AS j,
-     (SELECT x.job_name, x.schedule, x.timezone, x.enabled, CONVERT(DATETIME2(6), x.updated_at, 121) AS updated_at,
-             x.valid, x.config_error, CONVERT(DATETIME2(6), x.next_due_at, 121) AS next_due_at, x.steps
+     (SELECT x.job_name, agent.json_text(x.schedule) AS schedule, x.timezone, x.enabled,
+             CONVERT(DATETIME2(6), x.updated_at, 121) AS updated_at, x.valid,
+             agent.json_text(x.config_error) AS config_error, CONVERT(DATETIME2(6), x.next_due_at, 121) AS next_due_at,
+             agent.json_text(x.steps) AS steps
       FROM OPENJSON(:plans) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64),
                                   enabled SMALLINT, updated_at NVARCHAR(40), valid SMALLINT,
                                   config_error NVARCHAR(MAX), next_due_at NVARCHAR(40), steps NVARCHAR(MAX)) AS x) AS p
@@ -1389,7 +1396,7 @@ WHERE r.run_id = :run_id;
 
 -- session_identity --
 -- The connection's session id and whether the server is Babelfish for PostgreSQL (asked once per connection, before its first job: Babelfish acts on a cancel only after the statement ended, so the agent stops a job there with KILL of this session).
-SELECT @@SPID AS spid, CAST(SERVERPROPERTY('Babelfish') AS NVARCHAR(10)) AS babelfish;
+SELECT @@SPID AS spid, CAST(SERVERPROPERTY('Babelfish') AS NVARCHAR(10)) AS babelfish, USER_NAME() AS user_name;
 
 -- lock_job_pauses --
 -- The pauses lock for the rest of the transaction (exclusive): `pause` and `resume`, as agent.pause_job and agent.resume_job do; a tick's claim holds it shared (select_due_jobs). A table is read first: an owner 'Transaction' applock needs an open transaction.

@@ -843,7 +843,7 @@ WHERE r.run_id = :run_id;
 
 -- session_identity --
 -- The connection's backend process id (the SQL Server dialect asks for its session before a job; PostgreSQL cancels a statement itself).
-SELECT pg_backend_pid() AS spid, CAST(NULL AS VARCHAR(10)) AS babelfish;
+SELECT pg_backend_pid() AS spid, CAST(NULL AS VARCHAR(10)) AS babelfish, CAST(session_user AS VARCHAR(128)) AS user_name;
 
 -- lock_job_pauses --
 -- The pauses lock for the rest of the transaction (exclusive): `pause` and `resume`, as agent.pause_job and agent.resume_job do; a tick's claim holds it shared (select_due_jobs).

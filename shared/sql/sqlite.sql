@@ -1047,7 +1047,7 @@ WHERE r.run_id = :run_id;
 
 -- session_identity --
 -- No server session (the SQL Server dialect asks for its session before a job).
-SELECT 0 AS spid, NULL AS babelfish;
+SELECT 0 AS spid, NULL AS babelfish, NULL AS user_name;
 
 -- lock_job_pauses --
 -- The pauses lock: SQLite's write lock (BEGIN IMMEDIATE) already serialises `pause`, `resume` and the tick's claims.

@@ -69,6 +69,23 @@ def test_run_succeeds_and_its_work_commits_with_the_completion(agent_factory, db
     assert agent.queue.run_messages() == 0
 
 
+def test_a_command_with_quotes_backslashes_and_line_breaks_runs_as_written(agent_factory, db_url):
+    """The settings sync hands commands to the database as JSON: the stored command and what it
+    does are the text of the setting, escapes and all (Babelfish's OPENJSON leaves JSON escapes
+    in, which agent.json_text removes; SQL Server's text is unchanged)."""
+    value = 'say "hi"\\ there\ttab'
+    command = f"INSERT INTO marker (job)\r\nVALUES ('{value}') -- \"q\" \\n"
+    agent = agent_factory({"quoted": every_second(command)})
+    execute(agent, "CREATE TABLE marker (job VARCHAR(64))")
+    prime(agent)
+    assert work(agent) == 1
+    (run,) = runs_of(agent, "quoted")
+    assert run["status"] == "succeeded", run["last_error"]
+    assert query(agent, "SELECT job FROM marker") == [(value,)]
+    jobs = "agent_jobs" if agent.target.dialect == "sqlite" else "agent.jobs"
+    assert query(agent, f"SELECT command FROM {jobs} WHERE job_name = 'quoted'") == [(command,)]
+
+
 def test_permanent_error_is_retried_with_backoff_then_fails(agent_factory):
     """An error in the job's SQL spends an attempt; the retry goes out at once as a message
     delayed by the backoff (not at the next tick), and is not run before it."""

@@ -17,8 +17,9 @@ import pytest
 
 from shared.config import parse_jobs
 from shared.db import connector
-from tests.support.harness import (MSSQL_BASE, execute, fresh_database, make_agent, mssql_connection, pg_admin_connection,
-                            query, tsql_delay, work)
+from tests.support.harness import (MSSQL_BASE, babelfish_end_sessions, execute, fresh_database, make_agent,
+                                  mssql_connection, mssql_server_is_babelfish, pg_admin_connection, query,
+                                  tsql_delay, work)
 from tests.support.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
 from shared.memory_queue import MemoryQueue
 
@@ -59,6 +60,17 @@ class Fleet:
         name = self.name(suffix)
         if self.dialect == "postgres":
             self._run(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+        elif mssql_server_is_babelfish():
+            # Babelfish has no ALTER DATABASE (no OFFLINE) and its sysadmin reaches every
+            # database: the target instead refuses the job's write (mark_sql), with an error
+            # that names the database, as a refused connection does.
+            constraint = f"refused_{name}"
+            admin = mssql_connection(name)
+            try:
+                admin.cursor().execute(f"CREATE TABLE dbo.fleet_marks (id INT IDENTITY PRIMARY KEY, run_id INT, "
+                                       f"CONSTRAINT [{constraint}] CHECK (run_id < 0))")
+            finally:
+                admin.close()
         else:
             self._run(f"ALTER DATABASE [{name}] SET OFFLINE WITH ROLLBACK IMMEDIATE")
 
@@ -66,12 +78,35 @@ class Fleet:
         for name in [self.name(s) for s in suffixes] if suffixes else list(self.created):
             if self.dialect == "postgres":
                 self._run(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            elif mssql_server_is_babelfish():
+                self._babelfish_drop(name)
             else:
                 self._run(f"IF DB_ID(N'{name}') IS NOT NULL ALTER DATABASE [{name}] SET ONLINE",
                           f"IF DB_ID(N'{name}') IS NOT NULL ALTER DATABASE [{name}] SET SINGLE_USER WITH ROLLBACK IMMEDIATE",
                           f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
             if name in self.created:
                 self.created.remove(name)
+
+    def _babelfish_drop(self, name: str) -> None:
+        """DROP DATABASE after ending its sessions. A session whose client was killed mid-job
+        (kill -9 of a worker) is still in the database until its statement ends (at most the
+        tests' 60 s sleep): the drop is tried again until then, at most 75 s."""
+        import pyodbc
+
+        admin = self._admin()
+        deadline = time.monotonic() + 75
+        try:
+            while True:
+                babelfish_end_sessions(admin.cursor(), name)
+                try:
+                    admin.cursor().execute(f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
+                    return
+                except pyodbc.Error:
+                    if time.monotonic() > deadline:
+                        raise
+                time.sleep(1)
+        finally:
+            admin.close()
 
     def marks(self, agent, name: str) -> list[int]:
         """What the job left in one target database: the run ids it ran for, in order."""
@@ -573,7 +608,7 @@ def test_the_runs_notification_lists_the_failing_databases_once(fleet, control):
     receiver = Receiver()
     try:
         agent = make_agent(control, {"tenants": {
-            "SCHEDULE": "0 0 3 * * *", "TARGETS": f"db:{fleet.prefix}_n*", "COMMAND": "SELECT 1",
+            "SCHEDULE": "0 0 3 * * *", "TARGETS": f"db:{fleet.prefix}_n*", "COMMAND": mark_sql(fleet.dialect),
             "MAX_ATTEMPTS": "1"}}, AGENT_NOTIFY_WEBHOOK_URL=receiver.url + "/ok", AGENT_CONNECT_RETRY_SECONDS="1")
         agent.tick(datetime.now(UTC))
         run_id = run_now(agent, "tenants")
@@ -624,6 +659,15 @@ def test_a_target_connection_terminated_mid_execution_is_retried_without_spendin
                 cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                                f"WHERE datname = '{cut}' AND pid <> pg_backend_pid() AND query LIKE '%pg_sleep%'")
                 assert len(cursor.fetchall()) == 1          # the one backend running the slow execution
+            elif mssql_server_is_babelfish():
+                # No sys.dm_exec_requests (nor WAITFOR) there: the one session in the database
+                # other than this test's own.
+                own = setup.cursor().execute("SELECT @@SPID").fetchone()[0]
+                cursor.execute("SELECT session_id FROM sys.dm_exec_sessions "
+                               f"WHERE database_id = DB_ID(N'{cut}') AND session_id NOT IN (@@SPID, {int(own)})")
+                sessions = [row[0] for row in cursor.fetchall()]
+                assert len(sessions) == 1
+                cursor.execute(f"KILL {int(sessions[0])}")
             else:
                 cursor.execute("SELECT r.session_id FROM sys.dm_exec_requests AS r "
                                f"WHERE r.database_id = DB_ID(N'{cut}') AND r.wait_type = N'WAITFOR'")

@@ -458,10 +458,10 @@ def test_a_step_jobs_pages_show_each_step_and_its_output(agent_factory, db_url):
     """A two-step job: the job page lists each attempt with its step, and the run page has the
     step, the database and what the server said (a PostgreSQL notice, SQLite's rows affected),
     escaped like everything else."""
-    from tests.support.harness import Clock, at, work
+    from tests.support.harness import Clock, at, sql_for, work
 
-    notice = ("DO $$BEGIN RAISE NOTICE 'cleaned <b>7</b> rows'; END$$" if db_url.startswith("Driver")
-              else "CREATE TABLE IF NOT EXISTS t (x INT); INSERT INTO t VALUES (1), (2)")
+    notice = sql_for(db_url, "CREATE TABLE IF NOT EXISTS t (x INT); INSERT INTO t VALUES (1), (2)",
+                     "DO $$BEGIN RAISE NOTICE 'cleaned <b>7</b> rows'; END$$", "PRINT 'cleaned <b>7</b> rows'")
     clock = Clock(at("2026-03-01T09:59:55"))
     agent = agent_factory({"two_steps": {"SCHEDULE": "0 0 10 * * *", "STEPS__1__COMMAND": "SELECT 1",
                                          "STEPS__2__COMMAND": notice}}, clock=clock)

@@ -762,3 +762,18 @@ def test_cannot_open_database_is_transient_for_the_control_database_only():
     cause = _odbc_error(4060, 'Cannot open database "tenant_x" requested by the login. The login failed.', "42000")
     assert classify(ConnectError("cannot connect to the control database", cause)).kind == "transient"
     assert classify(ConnectError("cannot connect to database tenant_x", cause, control_database=False)).kind == "permanent"
+
+
+def test_freetds_words_for_a_lost_session_are_transient_whatever_the_sqlstate():
+    """FreeTDS reports a session the server ended (Babelfish's KILL) as HY000 as often as 08S01."""
+    import pyodbc
+
+    from shared.sqlerrors import classify
+
+    for state in ("HY000", "08S01"):
+        info = classify(pyodbc.OperationalError(
+            state, f"[{state}] [FreeTDS][SQL Server]Unexpected EOF from the server (20017) (SQLExecDirectW)"))
+        assert info.kind == "transient" and info.connection_lost, (state, info)
+    info = classify(pyodbc.ProgrammingError("42000", "[42000] [FreeTDS][SQL Server]Incorrect syntax near 'x'. (102) "
+                                                     "(SQLExecDirectW)"))
+    assert info.kind == "permanent"

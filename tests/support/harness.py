@@ -141,14 +141,14 @@ def mssql_database() -> Iterator[str]:
     finally:
         cursor = admin.cursor()
         if babelfish:
-            _babelfish_end_sessions(cursor, name)
+            babelfish_end_sessions(cursor, name)
         else:
             cursor.execute(f"IF DB_ID(N'{name}') IS NOT NULL ALTER DATABASE [{name}] SET SINGLE_USER WITH ROLLBACK IMMEDIATE")
         cursor.execute(f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
         admin.close()
 
 
-def _babelfish_end_sessions(cursor, name: str) -> None:
+def babelfish_end_sessions(cursor, name: str) -> None:
     """Babelfish has no ALTER DATABASE ... SET SINGLE_USER WITH ROLLBACK IMMEDIATE, and refuses
     to drop a database a session still uses: end those sessions (a worker a test left running)."""
     import time

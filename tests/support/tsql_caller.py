@@ -63,7 +63,15 @@ def call(connection, procedure: str, **arguments: Any) -> list[dict[str, Any]]:
         listed = ", ".join(f'"{name}" => CAST(? AS {PG_TYPES[name]})' for name in names)
         sql = f"SELECT * FROM agent.{procedure}({listed})"
     else:
-        sql = f"SET NOCOUNT ON; EXEC agent.{procedure} " + ", ".join(f"@{name} = ?" for name in names)
+        # A point in time is declared DATETIMEOFFSET first, as a user's script would: Babelfish
+        # does not convert a text argument of EXEC to a DATETIMEOFFSET parameter by itself.
+        moments = [name for name in names if isinstance(arguments[name], datetime)]
+        declared = "".join(f"DECLARE @agent_arg_{name} DATETIMEOFFSET(7) = ?; " for name in moments)
+        values = [values[names.index(name)] for name in moments] + [
+            value for name, value in zip(names, values) if name not in moments]
+        listed = ", ".join(f"@{name} = @agent_arg_{name}" for name in moments)
+        listed = ", ".join(filter(None, [listed, ", ".join(f"@{name} = ?" for name in names if name not in moments)]))
+        sql = f"SET NOCOUNT ON; {declared}EXEC agent.{procedure} " + listed
     cursor = connection.cursor()
     try:
         cursor.execute(sql, values) if values else cursor.execute(sql)

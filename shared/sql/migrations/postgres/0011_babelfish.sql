@@ -1,0 +1,3 @@
+-- 0011 Babelfish for PostgreSQL (issue 25): changes only the T-SQL dialect (agent.json_text,
+-- agent.start_job's start lock). Nothing to do here; the file keeps the versions of every
+-- dialect in step.
