@@ -552,7 +552,7 @@ FROM @started AS s WHERE s.decision = N'start';
 SELECT s.decision, s.run_id, s.job_name, s.kind, s.command, s.target_database, s.attempt, s.failures,
        s.max_attempts, s.lapses, s.transient_errors, s.token, s.timeout_seconds, s.lease_seconds, s.operation_id,
        s.scheduled_for, s.runnable_at, s.started_at, s.note, s.step, s.steps, r.parent_run_id, r.parent_token,
-       r.target_server, r.retry_interval_seconds, COALESCE(r.owner, j.owner) AS owner
+       r.target_server, r.retry_interval_seconds, COALESCE(r.owner, j.owner, N'') AS owner
 FROM @started AS s JOIN agent.runs AS r ON r.run_id = s.run_id
 LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
 LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1;
@@ -642,7 +642,7 @@ FROM @claimed AS s WHERE s.decision = N'start';
 SELECT s.decision, s.run_id, s.job_name, s.kind, s.command, s.target_database, s.attempt, s.failures,
        s.max_attempts, s.lapses, s.transient_errors, s.token, s.timeout_seconds, s.lease_seconds, s.operation_id,
        s.scheduled_for, s.runnable_at, s.started_at, s.note, s.step, s.steps, r.parent_run_id, r.parent_token,
-       r.target_server, r.retry_interval_seconds, COALESCE(r.owner, j.owner) AS owner
+       r.target_server, r.retry_interval_seconds, COALESCE(r.owner, j.owner, N'') AS owner
 FROM @claimed AS s JOIN agent.runs AS r ON r.run_id = s.run_id
 LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
 LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1

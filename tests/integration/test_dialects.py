@@ -15,6 +15,7 @@ PostgreSQL, and SQL Server when the conformance suite runs).
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -257,6 +258,35 @@ def test_tsql_keeps_to_what_babelfish_accepts_too():
                                "SELECT x FROM y ORDER BY x") == ["INSERT ... OUTPUT ... SELECT ... ORDER BY"]
     assert _babelfish_refusals("SELECT STRING_AGG(name, N', ') WITHIN GROUP (ORDER BY name) FROM t") == [
         "STRING_AGG ... WITHIN GROUP"]
+
+
+_LIKE_CLASS_WITH_TRAILING_HYPHEN = re.compile(r"LIKE\s+N?'[^']*\[\^?[^\]]*-\]")
+
+
+def _latest_tsql_modules() -> dict[str, str]:
+    """Each procedure, function, view and trigger's text as the last migration defines it."""
+    latest: dict[str, str] = {}
+    for migration in load_migrations("mssql"):
+        text = migration.path.read_text(encoding="utf-8")
+        for found in re.finditer(r"^(?:CREATE|ALTER) (?:PROCEDURE|FUNCTION|VIEW|TRIGGER) (agent\.\w+)", text, re.M):
+            end = text.find("\nGO\n", found.start())
+            latest[found.group(1)] = text[found.start(): end if end > 0 else len(text)]
+    return latest
+
+
+def test_tsql_like_classes_put_a_literal_hyphen_first():
+    """SQL Server reads a hyphen first or last in a LIKE class as itself; Babelfish only when it
+    comes first (with it last, '%[^A-Za-z0-9_.-]%' matched nothing in 'bad name' or 'a;b', and the
+    procedures' name checks let hostile names through). Every module as it stands, and every named
+    query, writes the hyphen first."""
+    offending = {name: _LIKE_CLASS_WITH_TRAILING_HYPHEN.findall(text) for name, text in _latest_tsql_modules().items()
+                 if _LIKE_CLASS_WITH_TRAILING_HYPHEN.search(text)}
+    offending.update({name: [s.sql for s in query.statements] for name, query in load_queries("mssql").items()
+                      if any(_LIKE_CLASS_WITH_TRAILING_HYPHEN.search(s.sql) for s in query.statements)})
+    assert not offending, offending
+    assert "agent.exec_async" in _latest_tsql_modules() and "agent.add_scheduled_job" in _latest_tsql_modules()
+    assert _LIKE_CLASS_WITH_TRAILING_HYPHEN.search("@name COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9_.-]%'")
+    assert not _LIKE_CLASS_WITH_TRAILING_HYPHEN.search("@name COLLATE Latin1_General_BIN2 LIKE N'%[^-A-Za-z0-9_.]%'")
 
 
 def test_tsql_uses_only_what_azure_sql_database_has():

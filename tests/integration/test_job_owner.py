@@ -270,3 +270,23 @@ def test_in_queue_mode_the_started_run_carries_its_owner(operator, pg_url):
         assert query(agent, "SELECT who, login FROM owned_work") == [(name, "queued")]
     finally:
         agent.close()
+
+
+def test_a_claim_that_cannot_see_its_run_never_reads_as_no_owner(operator):
+    """claim_runs/start_run say '' for a run of the agent's user and NULL when the claim's outer
+    statement could not see the run (on PostgreSQL its snapshot predates the claim function's:
+    a fleet execution another worker created meanwhile). NULL is looked up (run_owner), never
+    taken for the agent's user: a full-suite run saw an operator's fleet execution run as root."""
+    name, as_operator, agent = operator
+    (queued,) = call(as_operator, "exec_async", sql="SELECT 1", execution_order=None)
+    store = agent.store()
+    executor = agent.executor()
+    assert executor._owner(store, {"run_id": queued["run_id"], "owner": None}) == name
+    assert executor._owner(store, {"run_id": queued["run_id"]}) == name
+    assert executor._owner(store, {"run_id": queued["run_id"], "owner": name}) == name
+    assert executor._owner(store, {"run_id": queued["run_id"], "owner": ""}) is None
+    # What the claim itself says for it (it saw the run: the owner, not NULL).
+    claimed = {row["run_id"]: row["owner"] for row in store.execute(
+        "claim_runs", now=agent.clock(), late_cutoff=agent.clock(), batch=10, max_concurrency=10,
+        worker="test").rows}
+    assert claimed[queued["run_id"]] == name

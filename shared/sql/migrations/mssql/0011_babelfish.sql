@@ -13,6 +13,11 @@
 -- * agent.add_scheduled_job (0010's, with @after) writes @run_at's '@once' schedule in ISO 8601 on every engine:
 --   Babelfish writes CONVERT style 126 with a space where SQL Server writes 'T'; STUFF puts the
 --   'T' at position 11 (a no-op on SQL Server). The rest of the procedure is 0010's.
+-- * The name checks of agent.add_scheduled_job and agent.exec_async put the hyphen first in their
+--   LIKE classes ('%[^-A-Za-z0-9_.]%'): SQL Server reads a hyphen first or last in a class as
+--   itself ("LIKE (Transact-SQL)", https://learn.microsoft.com/sql/t-sql/language-elements/like-transact-sql),
+--   Babelfish 4.2.0 only when it comes first: with it last, 'bad name' and 'a;b' matched no
+--   character outside the class and a hostile name passed the check there.
 
 SET XACT_ABORT ON;
 SET QUOTED_IDENTIFIER ON;
@@ -146,7 +151,7 @@ BEGIN
     DECLARE @now DATETIME2(6) = SYSUTCDATETIME();
     DECLARE @message NVARCHAR(2048);
     DECLARE @p NVARCHAR(40) = N'agent.add_scheduled_job: ';
-    IF @name IS NULL OR @name = N'' OR LEN(@name) > 64 OR @name COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9_.-]%'
+    IF @name IS NULL OR @name = N'' OR LEN(@name) > 64 OR @name COLLATE Latin1_General_BIN2 LIKE N'%[^-A-Za-z0-9_.]%'
     BEGIN
         SET @message = @p + N'@name = ' + COALESCE(N'''' + REPLACE(@name, N'''', N'''''') + N'''', N'NULL')
             + N': expected a job name of 1 to 64 letters, digits, ''_'', ''.'' or ''-''';
@@ -170,7 +175,7 @@ BEGIN
             + N''': expected a six-field NCRONTAB expression (seconds first) of at most 400 characters';
         THROW 51401, @message, 1;
     END;
-    IF @timezone IS NULL OR @timezone = N'' OR LEN(@timezone) > 64 OR @timezone COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9_+/-]%'
+    IF @timezone IS NULL OR @timezone = N'' OR LEN(@timezone) > 64 OR @timezone COLLATE Latin1_General_BIN2 LIKE N'%[^-A-Za-z0-9_+/]%'
     BEGIN
         SET @message = @p + N'@timezone = ' + COALESCE(N'''' + REPLACE(@timezone, N'''', N'''''') + N'''', N'NULL')
             + N': expected an IANA time zone name such as UTC or Europe/Paris';
@@ -200,7 +205,7 @@ BEGIN
             + N': expected skip, queue or allow';
         THROW 51401, @message, 1;
     END;
-    IF @database IS NOT NULL AND (@database = N'' OR LEN(@database) > 128 OR @database COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9_-]%')
+    IF @database IS NOT NULL AND (@database = N'' OR LEN(@database) > 128 OR @database COLLATE Latin1_General_BIN2 LIKE N'%[^-A-Za-z0-9_]%')
     BEGIN
         SET @message = @p + N'@database = ''' + REPLACE(@database, N'''', N'''''')
             + N''': expected NULL (the control database) or a database name of 1 to 128 letters, digits, ''_'' or ''-''';
@@ -242,7 +247,7 @@ BEGIN
             + N': expected a whole number from 1 to 1000 (how many target databases of one run at once)';
         THROW 51401, @message, 1;
     END;
-    IF @after IS NOT NULL AND (@after = N'' OR LEN(@after) > 64 OR @after COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9_.-]%')
+    IF @after IS NOT NULL AND (@after = N'' OR LEN(@after) > 64 OR @after COLLATE Latin1_General_BIN2 LIKE N'%[^-A-Za-z0-9_.]%')
     BEGIN
         SET @message = @p + N'@after = ''' + REPLACE(LEFT(@after, 80), N'''', N'''''')
             + N''': expected NULL (a job that follows no job) or the name of the job whose runs start this one';
@@ -342,5 +347,64 @@ BEGIN
                 @leader, CASE WHEN @leader IS NOT NULL THEN LOWER(@after_outcome) END);
     COMMIT TRANSACTION;
     SELECT @name AS job_name, @action AS action;
+END
+GO
+
+-- agent.exec_async (0007's) with its @database check written as Babelfish reads it too (below).
+ALTER PROCEDURE agent.exec_async
+    @sql NVARCHAR(MAX),
+    @execution_order INT = 0,
+    @database NVARCHAR(4000) = NULL,
+    @run_at DATETIMEOFFSET = NULL,
+    @max_attempts INT = 1,
+    @timeout_seconds INT = 1800,
+    @run_id BIGINT = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @now DATETIME2(6) = SYSUTCDATETIME();
+    DECLARE @at DATETIME2(6) = CAST(SWITCHOFFSET(@run_at, '+00:00') AS DATETIME2(6));
+    DECLARE @message NVARCHAR(2048);
+    IF @sql IS NULL OR LTRIM(RTRIM(@sql)) = N''
+    BEGIN
+        SET @message = N'agent.exec_async: @sql = ' + COALESCE(N'''' + REPLACE(@sql, N'''', N'''''') + N'''', N'NULL')
+            + N': expected the SQL to run (non-empty)';
+        THROW 51401, @message, 1;
+    END;
+    IF @execution_order < 0
+    BEGIN
+        SET @message = N'agent.exec_async: @execution_order = ' + CONVERT(NVARCHAR(20), @execution_order)
+            + N': expected NULL (no order) or a whole number from 0 (it starts once every task of a lower order has finished)';
+        THROW 51401, @message, 1;
+    END;
+    IF @database IS NOT NULL AND (@database = N'' OR LEN(@database) > 128 OR @database COLLATE Latin1_General_BIN2 LIKE N'%[^-A-Za-z0-9_]%')
+    BEGIN
+        SET @message = N'agent.exec_async: @database = ''' + REPLACE(@database, N'''', N'''''')
+            + N''': expected NULL (the control database) or a database name of 1 to 128 letters, digits, ''_'' or ''-''';
+        THROW 51401, @message, 1;
+    END;
+    IF @max_attempts IS NULL OR @max_attempts NOT BETWEEN 1 AND 100
+    BEGIN
+        SET @message = N'agent.exec_async: @max_attempts = ' + COALESCE(CONVERT(NVARCHAR(20), @max_attempts), N'NULL')
+            + N': expected a whole number from 1 to 100';
+        THROW 51401, @message, 1;
+    END;
+    IF @timeout_seconds IS NULL OR @timeout_seconds NOT BETWEEN 1 AND 604800
+    BEGIN
+        SET @message = N'agent.exec_async: @timeout_seconds = ' + COALESCE(CONVERT(NVARCHAR(20), @timeout_seconds), N'NULL')
+            + N': expected a whole number from 1 to 604800';
+        THROW 51401, @message, 1;
+    END;
+    DECLARE @queued TABLE (run_id BIGINT);
+    INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, task_order,
+                            overlap, max_attempts, timeout_seconds, lease_seconds, runnable_at,
+                            created_at, operation_id, note, owner)
+    OUTPUT inserted.run_id INTO @queued
+    VALUES (NULL, N'task', COALESCE(@at, @now), N'pending', @sql, @database, @execution_order, N'allow',
+            @max_attempts, @timeout_seconds, 60, COALESCE(@at, @now), @now,
+            LOWER(REPLACE(CONVERT(NVARCHAR(36), NEWID()), N'-', N'')), N'submitted', USER_NAME());
+    SELECT @run_id = q.run_id FROM @queued AS q;
+    SELECT @run_id AS run_id;
 END
 GO
