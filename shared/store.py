@@ -423,7 +423,7 @@ class Store:
                     # IMPERSONATE, which the job's principal does not hold (SQL Server Agent's own
                     # rule for a non-sysadmin owner's job step).
                     try:
-                        cursor.execute(mssql_job_batch(principal), sql)
+                        _execute_tsql_job(cursor, mssql_job_batch(principal), sql)
                     except Exception as exc:
                         if "15517" in str(exc) or "Cannot execute as the database principal" in str(exc):
                             raise OwnerError(f"{who} cannot run this job: {_one_line(exc)} (the user must exist in "
@@ -432,7 +432,7 @@ class Store:
                     drain_results(cursor, output)
                     self._discard_after_rollback = False
                     return output
-                cursor.execute(mssql_job_batch(None), sql)
+                _execute_tsql_job(cursor, mssql_job_batch(None), sql)
             else:
                 # Agent statements wait 30 s for a lock at most; the job's own SQL waits as long
                 # as its timeout allows; both SET LOCALs end with the transaction (and
@@ -625,6 +625,19 @@ class Store:
             raise SchemaError(f"{self.target.display} has schema version {version}, this code needs {latest}: run `init-db` to upgrade")
         if version > latest:
             raise SchemaError(f"{self.target.display} has schema version {version}, newer than this code ({latest}): upgrade the agent")
+
+
+def _execute_tsql_job(cursor: Any, batch: str, sql: str) -> None:
+    """Run a job's T-SQL batch; a COMMIT or ROLLBACK in it that the nesting caught (SQL Server's
+    error 266 when sp_executesql returns with another @@TRANCOUNT, Babelfish's words for the same)
+    is the rule in words, with the server's message after it."""
+    try:
+        cursor.execute(batch, sql)
+    except Exception as exc:
+        text = str(exc)
+        if "(266)" in text or "Transaction count after EXECUTE" in text or "Transaction count after execution" in text:
+            raise TransactionControlRefused(f"{MSSQL_REFUSED} ({_one_line(exc)})") from exc
+        raise
 
 
 def mssql_job_batch(job_principal: str | None) -> str:

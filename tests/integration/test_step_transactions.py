@@ -14,7 +14,7 @@ import pytest
 
 from shared.store import mssql_job_batch
 from shared.transaction_control import postgres_transaction_statement
-from tests.support.harness import execute, make_agent, query, sql_for, work
+from tests.support.harness import db_dialect, execute, make_agent, query, sql_for, work
 
 UTC = timezone.utc
 
@@ -24,7 +24,11 @@ COMMON_ENDINGS = ["COMMIT", "commit", "END", "END TRANSACTION", "/* the end */ C
                   "ROLLBACK", "BEGIN", "COMMIT TRANSACTION"]
 ENDINGS = {"sqlite": COMMON_ENDINGS + ["BEGIN IMMEDIATE", "ROLLBACK TRANSACTION"],
            "postgres": COMMON_ENDINGS + ["commit work", "ABORT", "COMMIT AND CHAIN", "START TRANSACTION",
-                                         "PREPARE TRANSACTION 'x'"]}
+                                         "PREPARE TRANSACTION 'x'"],
+           # T-SQL: the job runs nested one transaction deeper (mssql_job_batch), so a COMMIT only
+           # decrements @@TRANCOUNT, a ROLLBACK undoes the job's work with the agent's.
+           "mssql": ["COMMIT", "commit", "COMMIT TRANSACTION", "COMMIT TRAN", "COMMIT WORK", "/* the end */ COMMIT",
+                     "-- done\nCOMMIT", "ROLLBACK", "ROLLBACK TRANSACTION", "BEGIN TRANSACTION"]}
 
 
 def _table(agent) -> None:
@@ -32,7 +36,8 @@ def _table(agent) -> None:
 
 
 def test_a_step_that_commits_then_fails_keeps_nothing_on_any_attempt(agent_factory, db_url):
-    endings = ENDINGS["sqlite" if "sqlite" in db_url else "postgres"]
+    dialect = db_dialect(db_url)
+    endings = ENDINGS[dialect]
     jobs = {f"j{i}": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "MAX_ATTEMPTS": "2",
                       "STEPS__1__COMMAND": f"INSERT INTO items (n) VALUES ({i});\n{ending};\nSELECT * FROM no_such_table",
                       "STEPS__1__MAX_ATTEMPTS": "2", "STEPS__1__RETRY_INTERVAL_SECONDS": "0"}
@@ -46,12 +51,37 @@ def test_a_step_that_commits_then_fails_keeps_nothing_on_any_attempt(agent_facto
     for i, ending in enumerate(endings):
         run = runs[f"j{i}"]
         assert run["status"] == "failed", (ending, run)
-        assert "may not end the agent's transaction" in (run["last_error"] or ""), (ending, run["last_error"])
+        if dialect != "mssql":
+            # Refused before it runs. T-SQL runs it nested (the COMMIT commits nothing) and fails
+            # on the error after it: nothing kept all the same (the count above).
+            assert "may not end the agent's transaction" in (run["last_error"] or ""), (ending, run["last_error"])
+
+
+def test_a_step_that_commits_and_ends_well_fails_naming_the_rule(agent_factory, db_url):
+    """A job whose last statement ends or begins a transaction, with no error after it, fails with
+    the rule in words and keeps nothing: refused before it runs on PostgreSQL and SQLite; on T-SQL
+    caught when sp_executesql returns with another @@TRANCOUNT (SQL Server's error 266, Babelfish's
+    words for it), the job having run one transaction deeper."""
+    jobs = {f"j{i}": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "MAX_ATTEMPTS": "1",
+                      "COMMAND": f"INSERT INTO items (n) VALUES ({i});\n{ending}"}
+            for i, ending in enumerate(["COMMIT", "COMMIT TRANSACTION", "ROLLBACK", "BEGIN TRANSACTION"])}
+    agent = agent_factory(jobs)
+    _table(agent)
+    agent.tick(datetime.now(UTC))
+    work(agent, concurrency=2)
+    assert query(agent, "SELECT COUNT(*) FROM items") == [(0,)], query(agent, "SELECT n FROM items")
+    runs = {r["job_name"]: r for r in agent.store().execute("list_history", job_name=None, limit=50).rows}
+    for name in jobs:
+        assert runs[name]["status"] == "failed", runs[name]
+        assert "may not end the agent's transaction" in (runs[name]["last_error"] or ""), runs[name]["last_error"]
 
 
 def test_savepoints_stay_allowed_and_a_clean_step_commits_with_the_agent(agent_factory, db_url):
-    command = ("INSERT INTO items (n) VALUES (1);\nSAVEPOINT s;\nINSERT INTO items (n) VALUES (2);\n"
-               "ROLLBACK TO SAVEPOINT s;\nRELEASE SAVEPOINT s;\nINSERT INTO items (n) VALUES (3)")
+    savepoints = ("INSERT INTO items (n) VALUES (1);\nSAVEPOINT s;\nINSERT INTO items (n) VALUES (2);\n"
+                  "ROLLBACK TO SAVEPOINT s;\nRELEASE SAVEPOINT s;\nINSERT INTO items (n) VALUES (3)")
+    command = sql_for(db_url, savepoints, savepoints,
+                      mssql="INSERT INTO items (n) VALUES (1);\nSAVE TRANSACTION s;\nINSERT INTO items (n) VALUES (2);\n"
+                            "ROLLBACK TRANSACTION s;\nINSERT INTO items (n) VALUES (3)")
     agent = agent_factory({"fine": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "COMMAND": command}})
     _table(agent)
     agent.tick(datetime.now(UTC))
@@ -79,7 +109,8 @@ def test_a_job_that_changes_its_session_settings_is_not_taken_for_one_that_ended
 
 def test_the_refusal_comes_before_any_of_the_sql_runs_and_text_that_only_mentions_commit_runs(agent_factory, db_url):
     quoted = sql_for(db_url, "INSERT INTO items (n) SELECT length('; COMMIT') /* COMMIT; */",
-                     "INSERT INTO items (n) SELECT length($q$; COMMIT$q$) + length(E'\\'; COMMIT') /* COMMIT; /* nested; COMMIT */ */")
+                     "INSERT INTO items (n) SELECT length($q$; COMMIT$q$) + length(E'\\'; COMMIT') /* COMMIT; /* nested; COMMIT */ */",
+                     mssql="INSERT INTO items (n) SELECT LEN(N'; COMMIT') /* COMMIT; /* nested; COMMIT */ */")
     agent = agent_factory({
         "mentions": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "COMMAND": quoted},
         "ends": {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "MAX_ATTEMPTS": "1",
@@ -90,7 +121,9 @@ def test_the_refusal_comes_before_any_of_the_sql_runs_and_text_that_only_mention
     work(agent)
     runs = {r["job_name"]: r for r in agent.store().execute("list_history", job_name=None, limit=5).rows}
     assert runs["mentions"]["status"] == "succeeded", runs["mentions"]
-    assert runs["ends"]["status"] == "failed" and "'COMMIT' is refused" in runs["ends"]["last_error"]
+    # PostgreSQL and SQLite refuse it before it runs; T-SQL runs it nested and fails the attempt.
+    refusal = "may not end the agent's transaction" if db_dialect(db_url) == "mssql" else "'COMMIT' is refused"
+    assert runs["ends"]["status"] == "failed" and refusal in runs["ends"]["last_error"]
     assert 100 not in [n for (n,) in query(agent, "SELECT n FROM items")]
 
 
