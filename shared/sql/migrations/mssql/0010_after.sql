@@ -81,7 +81,10 @@ GRANT SELECT ON agent.job_history TO agent_operator;
 GO
 
 -- agent.add_scheduled_job (0008) redefined with @after and @after_outcome (new parameters last,
--- with defaults: every existing call means what it meant).
+-- with defaults: every existing call means what it meant). Babelfish (issue 25): @run_at's
+-- '@once' text takes ISO 8601's 'T' (STUFF at position 11: Babelfish writes style 126 with a
+-- space, a no-op on SQL Server), and the name checks put the hyphen first in their LIKE classes
+-- (see 0011).
 ALTER PROCEDURE agent.add_scheduled_job
     @name NVARCHAR(4000),
     @sql NVARCHAR(MAX),
@@ -107,7 +110,7 @@ BEGIN
     DECLARE @now DATETIME2(6) = SYSUTCDATETIME();
     DECLARE @message NVARCHAR(2048);
     DECLARE @p NVARCHAR(40) = N'agent.add_scheduled_job: ';
-    IF @name IS NULL OR @name = N'' OR LEN(@name) > 64 OR @name COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9_.-]%'
+    IF @name IS NULL OR @name = N'' OR LEN(@name) > 64 OR @name COLLATE Latin1_General_BIN2 LIKE N'%[^-A-Za-z0-9_.]%'
     BEGIN
         SET @message = @p + N'@name = ' + COALESCE(N'''' + REPLACE(@name, N'''', N'''''') + N'''', N'NULL')
             + N': expected a job name of 1 to 64 letters, digits, ''_'', ''.'' or ''-''';
@@ -131,7 +134,7 @@ BEGIN
             + N''': expected a six-field NCRONTAB expression (seconds first) of at most 400 characters';
         THROW 51401, @message, 1;
     END;
-    IF @timezone IS NULL OR @timezone = N'' OR LEN(@timezone) > 64 OR @timezone COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9_+/-]%'
+    IF @timezone IS NULL OR @timezone = N'' OR LEN(@timezone) > 64 OR @timezone COLLATE Latin1_General_BIN2 LIKE N'%[^-A-Za-z0-9_+/]%'
     BEGIN
         SET @message = @p + N'@timezone = ' + COALESCE(N'''' + REPLACE(@timezone, N'''', N'''''') + N'''', N'NULL')
             + N': expected an IANA time zone name such as UTC or Europe/Paris';
@@ -161,7 +164,7 @@ BEGIN
             + N': expected skip, queue or allow';
         THROW 51401, @message, 1;
     END;
-    IF @database IS NOT NULL AND (@database = N'' OR LEN(@database) > 128 OR @database COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9_-]%')
+    IF @database IS NOT NULL AND (@database = N'' OR LEN(@database) > 128 OR @database COLLATE Latin1_General_BIN2 LIKE N'%[^-A-Za-z0-9_]%')
     BEGIN
         SET @message = @p + N'@database = ''' + REPLACE(@database, N'''', N'''''')
             + N''': expected NULL (the control database) or a database name of 1 to 128 letters, digits, ''_'' or ''-''';
@@ -203,7 +206,7 @@ BEGIN
             + N': expected a whole number from 1 to 1000 (how many target databases of one run at once)';
         THROW 51401, @message, 1;
     END;
-    IF @after IS NOT NULL AND (@after = N'' OR LEN(@after) > 64 OR @after COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9_.-]%')
+    IF @after IS NOT NULL AND (@after = N'' OR LEN(@after) > 64 OR @after COLLATE Latin1_General_BIN2 LIKE N'%[^-A-Za-z0-9_.]%')
     BEGIN
         SET @message = @p + N'@after = ''' + REPLACE(LEFT(@after, 80), N'''', N'''''')
             + N''': expected NULL (a job that follows no job) or the name of the job whose runs start this one';
@@ -218,7 +221,8 @@ BEGIN
     -- Neither @schedule nor @run_at: an on-demand job (an empty schedule, as a settings job
     -- without SCHEDULE): it claims no slot and runs when started (agent.start_job).
     DECLARE @stored_schedule NVARCHAR(400) = COALESCE(LTRIM(RTRIM(@schedule)),
-        N'@once ' + CONVERT(NVARCHAR(30), CAST(SWITCHOFFSET(@run_at, '+00:00') AS DATETIME2(6)), 126) + N'+00:00',
+        N'@once ' + STUFF(CONVERT(NVARCHAR(30), CAST(SWITCHOFFSET(@run_at, '+00:00') AS DATETIME2(6)), 126), 11, 1, N'T')
+            + N'+00:00',
         N'');
     DECLARE @action NVARCHAR(16) = N'defined';
     BEGIN TRANSACTION;
