@@ -198,15 +198,23 @@ class LocalRunner:
         threads = [threading.Thread(target=self._tick_loop, name="agent-tick", daemon=True)]
         threads += [threading.Thread(target=self._worker_loop, name=f"agent-worker-{i}", daemon=True)
                     for i in range(self.concurrency)]
-        for thread in threads:
-            thread.start()
+        started: list[threading.Thread] = []
+        # The threads start inside the try: a Ctrl-C between two starts still stops and joins
+        # the ones running (else the caller closed the agent's connections under them).
         try:
+            for thread in threads:
+                thread.start()
+                started.append(thread)
             while not self.stop_event.wait(0.5):
                 pass
         finally:
             self.stop()
-            for thread in threads:
+            for thread in started:
                 thread.join(timeout=30)
+            running = [thread.name for thread in started if thread.is_alive()]
+            if running:
+                log.warning("stopping while %s still run a job (its run's lease lapses and it is "
+                            "taken back)", ", ".join(running))
 
     def _run_threads(self, target: Callable[[], None]) -> None:
         threads = [threading.Thread(target=target, name=f"agent-worker-{i}", daemon=True)

@@ -56,6 +56,9 @@ class Store:
         self._connect = connect or connector(target)
         self._connection: Any = None
         self._active_cursor: Any = None
+        self._active_thread: int | None = None
+        # close() was called from another thread while a statement ran: done when it ends.
+        self._close_when_idle = False
         # SQL Server dialect: (session id, whether the server is Babelfish, the database user)
         # of the current connection, asked before its first job (session_identity); None until then.
         self._session: tuple[int, bool, str] | None = None
@@ -85,7 +88,16 @@ class Store:
     def close(self) -> None:
         """Done with the connection for now: back to the pool (the next statement takes one
         again), or closed when the store has no pool. Inside a transaction it is closed instead
-        (whatever was begun is rolled back by the server)."""
+        (whatever was begun is rolled back by the server).
+
+        Called from another thread while this store's statement runs (the process ends while a
+        worker is still in a statement), the close waits for the statement to end: closing a
+        connection under a running statement crashes the sqlite3 module (a segmentation fault)
+        and is undefined for ODBC drivers."""
+        with self._lock:
+            if self._active_cursor is not None and self._active_thread != threading.get_ident():
+                self._close_when_idle = True
+                return
         self._release(keep=not self._in_transaction)
 
     def _release(self, *, keep: bool) -> None:
@@ -550,6 +562,11 @@ class Store:
     def _set_active(self, cursor: Any) -> None:
         with self._lock:
             self._active_cursor = cursor
+            self._active_thread = threading.get_ident() if cursor is not None else None
+            deferred_close = cursor is None and self._close_when_idle
+            self._close_when_idle = False if deferred_close else self._close_when_idle
+        if deferred_close:
+            self._release(keep=False)   # close() came from another thread meanwhile (see close)
 
     def cancel(self) -> None:
         """Stop the statement running on this store's connection (called from another thread).
