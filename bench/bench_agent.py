@@ -36,9 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from shared.agent import Agent  # noqa: E402
-from shared.config import load_settings  # noqa: E402
-from shared.runner import LocalRunner  # noqa: E402
+from shared.engine.agent import Agent  # noqa: E402
+from shared.settings import load_settings  # noqa: E402
+from shared.engine.runner import LocalRunner  # noqa: E402
 
 UTC = timezone.utc
 DEFAULT_PG = "Driver={PostgreSQL Unicode};Server=127.0.0.1;Port=5432;Uid=root;"
@@ -113,7 +113,7 @@ class Databases:
 
 
 def bench_ticks(dbs: Databases, dialect: str, sizes: list[int]) -> None:
-    from shared.memory_queue import MemoryQueue
+    from shared.messaging.memory import MemoryQueue
 
     print(f"\n== tick, {dialect} (queue mode: the tick dispatches): jobs configured; 'all due' = every job due in "
           f"the same tick (claim + advance + dispatch + send of each); 'typical' = hourly jobs spread over the hour "
@@ -188,7 +188,7 @@ def bench_queue_lateness(dbs: Databases, dialect: str, seconds: int = 30) -> Non
     import threading
 
     sys.path.insert(0, str(ROOT))
-    from shared.queues import host_queue_options
+    from shared.messaging.port import host_queue_options
     from tests.support.azurite import launched_azurite
 
     env = {f"JOB__q{i}__SCHEDULE": "* * * * * *" for i in range(1)}

@@ -5,7 +5,7 @@ job whose step is a no-op (``SELECT 1``) over ``db:<prefix>_t*``.
 * time from the slot (the run's scheduled_for) to the last of the 200 executions done (the
   parent run's finished_at), at TARGET_PARALLELISM 8 and 32, in direct mode (the local runner's
   workers claim from agent.runs) and in queue mode (an in-memory queue with Azure Storage
-  semantics, shared/memory_queue.py), the settings alternating round by round; medians and the
+  semantics, shared/messaging/memory.py), the settings alternating round by round; medians and the
   ratio 32 vs 8;
 * the peer we can run here: the same 200 no-op executions as 200 ad-hoc tasks (``insert_task``,
   the query behind ``submit``, one per database with its target_database) under
@@ -41,10 +41,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from shared.agent import Agent  # noqa: E402
-from shared.config import load_settings  # noqa: E402
-from shared.runner import LocalRunner  # noqa: E402
-from shared.memory_queue import MemoryQueue  # noqa: E402
+from shared.engine.agent import Agent  # noqa: E402
+from shared.settings import load_settings  # noqa: E402
+from shared.engine.runner import LocalRunner  # noqa: E402
+from shared.messaging.memory import MemoryQueue  # noqa: E402
 
 UTC = timezone.utc
 DEFAULT_PG = "Driver={PostgreSQL Unicode};Server=127.0.0.1;Port=5432;Uid=root;"
@@ -392,7 +392,7 @@ def count_round(fleet: Fleet, targets: str, count: int, mode: str, parallelism: 
 def connect_ms(fleet: Fleet, repeats: int = 20) -> float:
     """Median time to open (and close) a connection to a target database, as every execution
     does: the floor under an execution on this machine."""
-    from shared.db import connector
+    from shared.control.db import connector
 
     agent = Agent(load_settings(environ={}), db=fleet.url(fleet.target(0)))   # its connector only, no init
     try:

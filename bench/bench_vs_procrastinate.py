@@ -62,8 +62,8 @@ class Database:
 
 
 def agent_on(db: Database, concurrency: int, **settings: str):
-    from shared.agent import Agent
-    from shared.config import load_settings
+    from shared.engine.agent import Agent
+    from shared.settings import load_settings
 
     env = {"AGENT_MAX_CONCURRENCY": str(max(concurrency, 8)), **settings}
     agent = Agent(load_settings(environ=env), db=db.odbc, **({"queue": settings.pop("_queue")} if "_queue" in settings else {}))
@@ -82,7 +82,7 @@ def insert_tasks(agent, tasks: int) -> None:
 
 
 def agent_run(tasks: int, concurrency: int) -> float:
-    from shared.runner import LocalRunner
+    from shared.engine.runner import LocalRunner
 
     db = Database()
     try:
@@ -171,9 +171,9 @@ def counting_driver(counter: Counter):
 def count_round_trips(tasks: int, concurrency: int) -> None:
     import pyodbc
 
-    from shared.dispatch import dispatch
-    from shared.runner import LocalRunner
-    from shared.memory_queue import MemoryQueue
+    from shared.engine.dispatch import dispatch
+    from shared.engine.runner import LocalRunner
+    from shared.messaging.memory import MemoryQueue
 
     for path in ("local runner (claims from agent.runs)", "queue trigger (one message per run)"):
         db = Database()

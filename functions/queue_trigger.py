@@ -30,6 +30,6 @@ bp = func.Blueprint()
 
 @bp.queue_trigger(arg_name="message", queue_name="%AGENT_QUEUE_NAME%", connection="AzureWebJobsStorage")
 def agent_execute(message: func.QueueMessage) -> None:
-    from shared.agent import run_queue_message
+    from shared.engine.agent import run_queue_message
 
     run_queue_message(body=message.get_body(), dequeue_count=message.dequeue_count or 1, message_id=message.id)

@@ -9,6 +9,6 @@ bp = func.Blueprint()
 # idempotent anyway (the unique run key arbitrates), so a double fire is harmless.
 @bp.timer_trigger(arg_name="timer", schedule="%AGENT_TICK_SCHEDULE%", run_on_startup=False, use_monitor=True)
 def agent_tick(timer: func.TimerRequest) -> None:
-    from shared.agent import run_timer_tick
+    from shared.engine.agent import run_timer_tick
 
     run_timer_tick(past_due=timer.past_due)

@@ -1,6 +1,6 @@
 // The function app: Flex Consumption plan, Python 3.11, a managed identity (the app's own
 // system-assigned one, or a user-assigned one this file creates: identityType), identity-based
-// storage, and every app setting the engine reads (shared/config.py). Job schedules are app
+// storage, and every app setting the engine reads (shared/settings.py). Job schedules are app
 // settings (JOB__<name>__<SETTING>) built from the `jobs` parameter, so a schedule can change
 // later with `az functionapp config appsettings set` and no code deploy.
 //
@@ -138,7 +138,7 @@ var granteeId = useUserAssignedIdentity ? appIdentity.id : functionApp.id
 
 // ---------------------------------------------------------------- app settings
 
-// Settings the engine reads; names and meaning are in shared/config.py ENGINE_SETTINGS.
+// Settings the engine reads; names and meaning are in shared/settings.py ENGINE_SETTINGS.
 // tests/repo/test_infra.py fails if this list and the engine's list drift apart.
 var engineAppSettings = [
   {

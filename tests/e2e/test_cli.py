@@ -22,7 +22,7 @@ def cli(*args: str, cwd: Path, env_extra: dict | None = None, block_pyodbc: bool
     env["PYTHONPATH"] = str(ROOT)
     env.update(env_extra or {})
     prelude = "import sys; sys.modules['pyodbc'] = None; " if block_pyodbc else "import sys; "
-    code = prelude + "from shared.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = prelude + "from shared.cli.commands import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 

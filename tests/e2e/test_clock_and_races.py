@@ -19,14 +19,14 @@ import pytest
 
 from tests.support.clock_shift import instance_clock_shifted
 from tests.support.harness import ROOT, make_agent, query, runs_table
-from shared.memory_queue import MemoryQueue
+from shared.messaging.memory import MemoryQueue
 
 UTC = timezone.utc
 MINUTELY = {"SCHEDULE": "0 * * * * *", "COMMAND": "SELECT 1"}
 
 
 def database_now(agent) -> datetime:
-    from shared.clock import as_utc
+    from shared.control.clock import as_utc
 
     return as_utc(agent.store().execute("database_time").scalar())
 
@@ -88,7 +88,7 @@ def test_cli_tick_an_hour_behind_exits_non_zero_with_one_line(pg_url):
 
 
 def test_the_timer_function_logs_a_refused_tick_and_returns(pg_url, monkeypatch, caplog):
-    from shared import agent as agent_module
+    from shared.engine import agent as agent_module
 
     agent = real_agent(pg_url, {"m": MINUTELY})
     agent.tick()
@@ -206,7 +206,7 @@ def test_a_lone_runner_whose_wall_clock_jumps_back_keeps_ticking_and_running(pg_
     back an hour while it runs stops neither its ticks nor its runs."""
     import threading
 
-    from shared.runner import LocalRunner
+    from shared.engine.runner import LocalRunner
 
     agent = real_agent(pg_url, {"s": {"SCHEDULE": "* * * * * *", "COMMAND": "SELECT 1", "OVERLAP": "allow"}},
                        AGENT_TICK_SCHEDULE="* * * * * *")
@@ -236,8 +236,8 @@ def test_a_lone_runner_whose_wall_clock_jumps_back_keeps_ticking_and_running(pg_
 
 
 # The command line's `tick`, started at a given instant (Unix time) once its imports are done.
-LAUNCH_AT = ("import sys, time; import pyodbc, shared.cli, shared.agent, shared.scheduler, shared.store; "
-             "time.sleep(max(0.0, float(sys.argv[1]) - time.time())); sys.exit(shared.cli.main(sys.argv[2:]))")
+LAUNCH_AT = ("import sys, time; import pyodbc, shared.cli, shared.engine.agent, shared.engine.scheduler, shared.control.store; "
+             "time.sleep(max(0.0, float(sys.argv[1]) - time.time())); sys.exit(shared.cli.commands.main(sys.argv[2:]))")
 
 
 def test_eight_ticks_at_once_over_300_due_jobs_all_succeed(pg_url):
@@ -277,8 +277,8 @@ def test_a_real_deadlock_victim_is_a_lock_conflict_and_the_step_runs_again(pg_ur
 
     import pyodbc
 
-    from shared.scheduler import Scheduler, TickReport
-    from shared.sqlerrors import is_lock_conflict
+    from shared.engine.scheduler import Scheduler, TickReport
+    from shared.control.sqlerrors import is_lock_conflict
 
     agent = real_agent(pg_url)
     setup = pyodbc.connect(pg_url, autocommit=True)

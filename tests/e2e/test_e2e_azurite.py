@@ -7,7 +7,7 @@ Where the Functions host's delivery rules are the point, the tests play the host
 `azure.functions.queue.QueueMessage` built from the received message, then delete the message
 when the function returned, make it visible again when it raised, or move it to
 "<queue>-poison" when it raised on delivery host.json maxDequeueCount. Elsewhere the local
-runner (shared/runner.py, the same rules) or the CLI in a subprocess works the queue.
+runner (shared/engine/runner.py, the same rules) or the CLI in a subprocess works the queue.
 
 Both services are required: without them these tests skip on a developer machine and fail in
 CI (CI=true), like every service test.
@@ -34,12 +34,12 @@ import pytest
 from azure.functions.queue import QueueMessage
 from azure.functions.timer import TimerRequest
 
-from shared.agent import reset_default_agent
-from shared.azure_queue import AzureStorageQueue
-from shared.cli import main as cli
+from shared.engine.agent import reset_default_agent
+from shared.messaging.azure_storage import AzureStorageQueue
+from shared.cli.commands import main as cli
 from shared.errors import AgentError, QueueError, TransientJobError
-from shared.messages import parse_message
-from shared.queues import host_queue_options
+from shared.messaging.messages import parse_message
+from shared.messaging.port import host_queue_options
 from tests.support.azurite import (  # noqa: F401  (azurite, azurite_server: pytest fixtures)
     ACCOUNT,
     ACCOUNT_KEY,

@@ -27,8 +27,8 @@ TICKERS = 8
 
 
 def _tick_in_process(db_url: str, env: dict, barrier, now_iso: str, results) -> None:
-    from shared.agent import Agent
-    from shared.config import load_settings
+    from shared.engine.agent import Agent
+    from shared.settings import load_settings
 
     # simulated_time: the ticks run at the hour's slot (the test's time travel), not the database's now.
     agent = Agent(load_settings(environ=env), db=db_url, simulated_time=True)
@@ -82,7 +82,7 @@ def test_eight_processes_tick_500_due_jobs_each_run_executes_once(db_url):
 
 
 def work_once(agent) -> int:
-    from shared.runner import LocalRunner
+    from shared.engine.runner import LocalRunner
 
     return LocalRunner(agent, concurrency=1, visibility_timeout=0).work_once()
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.agent import Agent
-from shared.config import load_settings
-from shared.monitor import make_server
+from shared.engine.agent import Agent
+from shared.settings import load_settings
+from shared.web.monitor import make_server
 from tests.support import monitor_scenario
 from tests.support.harness import ROOT, create_pg_database, drop_pg_database, service_missing
 

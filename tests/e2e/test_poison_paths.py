@@ -31,9 +31,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from azure.functions.queue import QueueMessage
 
-from shared.agent import reset_default_agent
-from shared.azure_queue import AzureStorageQueue
-from shared.queues import host_queue_options
+from shared.engine.agent import reset_default_agent
+from shared.messaging.azure_storage import AzureStorageQueue
+from shared.messaging.port import host_queue_options
 from tests.support.azurite import Azurite, azurite, azurite_server  # noqa: F401  (pytest fixtures)
 from tests.support.harness import PG_BASE, execute, query
 from tests.e2e.test_e2e_azurite import (  # noqa: F401  (app: a pytest fixture)

@@ -16,11 +16,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from shared.config import AfterOutcome, parse_jobs
-from shared.dispatch import dispatch
+from shared.settings import AfterOutcome, parse_jobs
+from shared.engine.dispatch import dispatch
 
 from tests.support.harness import ROOT, MSSQL_BASE, Clock, at, execute, fresh_database, make_agent, query, runs_table, work
-from shared.memory_queue import MemoryQueue
+from shared.messaging.memory import MemoryQueue
 from tests.support.tsql_caller import CallError, call, connect, select
 
 
@@ -156,7 +156,7 @@ def test_after_outcome_failed_and_completed_and_what_starts_nothing(db_url):
     # A run cancelled before it ran, and a start skipped by the overlap policy, start nothing.
     clock.advance(5)
     cancelled = start(agent, "a")
-    from shared.cli import main as cli
+    from shared.cli.commands import main as cli
     assert cli(["--db", db_url, "cancel", str(cancelled["run_id"])]) == 0
     work(agent)
     assert not [r for r in runs(agent) if r["followed_run_id"] == cancelled["run_id"]]
@@ -166,7 +166,7 @@ def test_after_outcome_failed_and_completed_and_what_starts_nothing(db_url):
 def test_a_paused_follower_starts_nothing_until_resumed(db_url, capsys):
     """A pause holds the chain at the paused job: a's end starts nothing of b (b's own follower c
     neither), and once b is resumed the next end of a starts b and then c."""
-    from shared.cli import main as cli
+    from shared.cli.commands import main as cli
 
     clock = Clock(at("2026-11-25T08:00:00"))
     agent = make_agent(db_url, {
@@ -363,8 +363,8 @@ def test_a_fenced_worker_and_the_new_holder_ending_the_same_run_start_one_follow
 
 
 def _start_follow_ups_in_process(db_url: str, barrier, now_iso: str, results) -> None:
-    from shared.agent import Agent
-    from shared.config import load_settings
+    from shared.engine.agent import Agent
+    from shared.settings import load_settings
 
     agent = Agent(load_settings(environ={}), db=db_url, simulated_time=True)
     store = agent.store()
@@ -412,9 +412,9 @@ def test_the_link_is_shown_in_history_jobs_the_monitor_its_json_and_notification
     import json
     import re
 
-    from shared.cli import main as cli
-    from shared.monitor import Monitor, MonitorSettings
-    from shared.notify import notification_body
+    from shared.cli.commands import main as cli
+    from shared.web.monitor import Monitor, MonitorSettings
+    from shared.engine.notify import notification_body
 
     clock = Clock(at("2026-11-25T08:00:00"))
     agent = make_agent(db_url, {"load": {"COMMAND": "SELECT 1"},
@@ -476,7 +476,7 @@ def test_a_cycle_in_the_settings_makes_its_jobs_invalid_at_sync_and_the_others_r
     rest sync and run."""
     import json
 
-    from shared.cli import main as cli
+    from shared.cli.commands import main as cli
 
     clock = Clock(at("2026-11-25T08:00:00"))
     agent = make_agent(db_url, {"x": {"COMMAND": "SELECT 1", "AFTER": "y"},

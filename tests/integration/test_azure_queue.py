@@ -1,4 +1,4 @@
-"""The Azure Storage queue adapter (shared/azure_queue.py) against Azurite, the real emulator.
+"""The Azure Storage queue adapter (shared/messaging/azure_storage.py) against Azurite, the real emulator.
 
 What the Functions host and the engine rely on: bodies round-trip in the host's encodings, the
 service's dequeue count and visibility timeouts drive redelivery, poison lands intact in
@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from shared.azure_queue import AZURITE_QUEUE_ENDPOINT, AzureStorageQueue
+from shared.messaging.azure_storage import AZURITE_QUEUE_ENDPOINT, AzureStorageQueue
 from shared.errors import ConfigError, QueueError
 from tests.support.azurite import (  # noqa: F401  (azurite, azurite_server: pytest fixtures)
     ACCOUNT_KEY,
@@ -201,7 +201,7 @@ def test_a_raw_message_on_a_base64_queue_goes_to_the_poison_queue_at_once(
     writer.send_many(raws)
     queue.send_many(["good one"])
 
-    with caplog.at_level(logging.WARNING, logger="shared.azure_queue"):
+    with caplog.at_level(logging.WARNING, logger="shared.messaging.azure_storage"):
         received = drain(queue, 1)
     assert [(m.body, m.dequeue_count) for m in received] == [("good one", 1)]
     warned = " ".join(r.getMessage() for r in caplog.records)
@@ -227,7 +227,7 @@ def test_a_batch_of_only_raw_messages_does_not_look_like_an_empty_queue(azurite:
 def test_base64_that_is_not_utf8_is_delivered_and_can_never_be_a_doorbell(azurite: Azurite) -> None:
     """Valid base64 reaches the function in Azure too; bad bytes arrive as U+FFFD (malformed)."""
     from shared.errors import MessageError
-    from shared.messages import parse_message
+    from shared.messaging.messages import parse_message
 
     queue = azurite.queue(encoding="base64")
     raw = b'{"v":1,"run_id":1,"token":1,"op":"\xff"}'
@@ -251,7 +251,7 @@ def test_ensure_exists_is_idempotent(azurite: Azurite) -> None:
 
 def test_a_send_that_fails_part_way_says_how_many_were_sent(azurite: Azurite) -> None:
     """The dispatcher puts back exactly the unsent runs: `sent` counts the bodies on the queue."""
-    from shared.azure_queue import QueueSendError
+    from shared.messaging.azure_storage import QueueSendError
 
     queue = azurite.queue()
     too_large = "x" * 70_000  # over the service's 64 KiB message limit: 413, not retried
@@ -265,7 +265,7 @@ def test_a_send_that_fails_part_way_says_how_many_were_sent(azurite: Azurite) ->
 
 
 def test_a_send_to_a_stopped_service_sent_nothing(azurite: Azurite) -> None:
-    from shared.azure_queue import QueueSendError
+    from shared.messaging.azure_storage import QueueSendError
 
     queue = azurite.queue()
     azurite.stop()
@@ -416,7 +416,7 @@ def test_bad_queue_name_or_encoding_is_a_config_error(name: str, encoding: str, 
 
 def test_importing_the_adapter_does_not_import_the_sdks() -> None:
     code = (
-        "import sys, shared.azure_queue\n"
+        "import sys, shared.messaging.azure_storage\n"
         "heavy = [m for m in sys.modules if m.startswith(('azure.storage', 'azure.identity', 'azure.core'))]\n"
         "print(heavy)\n"
     )

@@ -1,6 +1,6 @@
 """`--json` on every command and sub-command, and errors as one JSON object on stderr.
 
-Each command runs in-process (shared.cli.main) on a SQLite control database with --json before
+Each command runs in-process (shared.cli.commands.main) on a SQLite control database with --json before
 or after the command: its stdout is one JSON document (nothing else), its stderr empty, its exit
 code the documented one. Each error case gives nothing on stdout and one line of stderr holding
 one JSON object with `error`, `kind` and, where the command line knows them, `setting`, `value`
@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from shared.cli import COMMANDS, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, build_parser, main
+from shared.cli.commands import COMMANDS, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, build_parser, main
 from tests.support.harness import ROOT, make_agent
 
 SAMPLE_SCRIPT = ROOT / "tests" / "integration" / "sqlagent" / "nightly_maintenance.sql"

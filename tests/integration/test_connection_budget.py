@@ -25,7 +25,7 @@ import uuid
 
 import pytest
 
-from shared.db import build_connection_string, odbc_pairs
+from shared.control.db import build_connection_string, odbc_pairs
 from tests.support.harness import PG_BASE, ROOT, job_env, make_agent, pg_admin_connection
 
 JOBS = 40
@@ -183,8 +183,8 @@ def test_a_role_limit_below_the_cap_refuses_and_the_work_still_finishes(capped_r
 
 
 def test_connections_are_opened_for_work_and_closed_when_idle(capped_role, pg_url):
-    from shared.monitor import StorePool
-    from shared.runner import LocalRunner
+    from shared.web.monitor import StorePool
+    from shared.engine.runner import LocalRunner
 
     make, sessions = capped_role
     url = make(20)
@@ -211,7 +211,7 @@ def test_connections_are_opened_for_work_and_closed_when_idle(capped_role, pg_ur
 
 
 def test_doctor_warns_when_the_cap_times_processes_exceeds_the_roles_limit(capped_role, pg_url):
-    from shared.doctor import run_doctor
+    from shared.ops.doctor import run_doctor
 
     make, _ = capped_role
     url = make(12)
@@ -264,7 +264,7 @@ class _Server:
 
 
 def test_the_reserved_shares_stay_available_when_work_holds_its_whole_share(tmp_path):
-    from shared.pool import ConnectionPool, PoolTimeout
+    from shared.control.pool import ConnectionPool, PoolTimeout
 
     server = _Server(tmp_path / "x.db", allowed=100)
     pool = ConnectionPool(server.connect, 4)
@@ -281,7 +281,7 @@ def test_the_reserved_shares_stay_available_when_work_holds_its_whole_share(tmp_
 
 
 def test_a_refusal_pauses_opening_and_a_reserved_share_gets_room(tmp_path):
-    from shared.pool import ConnectionPool
+    from shared.control.pool import ConnectionPool
 
     server = _Server(tmp_path / "x.db", allowed=2)
     pool = ConnectionPool(server.connect, 6, retry_seconds=5)
@@ -303,7 +303,7 @@ def test_a_refusal_pauses_opening_and_a_reserved_share_gets_room(tmp_path):
 
 
 def test_idle_connections_close_after_the_idle_time(tmp_path):
-    from shared.pool import ConnectionPool
+    from shared.control.pool import ConnectionPool
 
     server = _Server(tmp_path / "x.db", allowed=100)
     pool = ConnectionPool(server.connect, 5, idle_seconds=0.2)

@@ -1,4 +1,4 @@
-"""Connection strings are built from parts by one function (shared.db.build_connection_string),
+"""Connection strings are built from parts by one function (shared.control.db.build_connection_string),
 every value quoted for its driver, so a database name found at run time (a glob, server:) can
 never make the agent connect to another database or server (issue 23, item 1).
 
@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from shared.db import build_connection_string, odbc_pairs, with_database, with_server
+from shared.control.db import build_connection_string, odbc_pairs, with_database, with_server
 from shared.errors import ConfigError
 from tests.support.harness import fresh_database, make_agent, pg_admin_connection, query, work
 
@@ -132,7 +132,7 @@ def test_grant_sql_and_doctor_quote_or_name_each_listed_name_and_go_on(tmp_path,
     naming it; doctor probes each target, the ones psqlODBC cannot carry named with why."""
     import re
 
-    from shared.cli import main as cli
+    from shared.cli.commands import main as cli
 
     prefix = "cg" + uuid.uuid4().hex[:8]
     names = [f"{prefix}_plain", f'{prefix}_q";x', f"{prefix}_nl\nGRANT ALL ON DATABASE postgres TO PUBLIC; --"]
@@ -164,7 +164,7 @@ def test_grant_sql_and_doctor_quote_or_name_each_listed_name_and_go_on(tmp_path,
 def test_a_tds_server_through_freetds_is_the_t_sql_dialect():
     """Babelfish for PostgreSQL (or SQL Server) through Debian's FreeTDS driver: the T-SQL dialect,
     named by the driver's name or by its library's path; an unknown driver is refused by name."""
-    from shared.db import parse_database_url
+    from shared.control.db import parse_database_url
 
     for driver in ("{FreeTDS}", "/usr/lib/x86_64-linux-gnu/odbc/libtdsodbc.so", "{ODBC Driver 18 for SQL Server}"):
         target = parse_database_url(f"Driver={driver};Server=127.0.0.1;Port=1433;UID=u;PWD=secret;TDS_Version=7.4;")

@@ -7,7 +7,7 @@ an alias named EXEC and still "parse" it). Then, for every named query, the thre
 agree on the name, the parameter set and the result columns, and every dialect's migrations
 must create the same tables, columns, defaults, references and indexes.
 
-The files are enumerated from ``shared/sql``, so a new query or a new dialect file cannot slip
+The files are enumerated from ``shared/control/sql``, so a new query or a new dialect file cannot slip
 past these tests. Result columns come from sqlglot (SELECT list, RETURNING, T-SQL OUTPUT); the
 extraction itself is checked against ``cursor.description`` of the real databases (SQLite,
 PostgreSQL, and SQL Server when the conformance suite runs).
@@ -23,7 +23,7 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
-from shared.queries import DIALECTS, SQL_DIR, Query, load_migrations, load_queries, split_statements
+from shared.control.queries import DIALECTS, SQL_DIR, Query, load_migrations, load_queries, split_statements
 from tests.support.harness import make_agent
 
 UTC = timezone.utc
@@ -519,7 +519,7 @@ def test_tsql_claim_index_is_unique_and_filtered_on_job_name():
 
 def _as_tsql_variables(sql: str) -> str:
     """:name parameters as @name (what the server receives through sp_prepexec), outside strings."""
-    from shared.queries import _PARAM, _STRING
+    from shared.control.queries import _PARAM, _STRING
 
     out, position = [], 0
     for literal in _STRING.finditer(sql):

@@ -12,10 +12,10 @@ import re
 
 import pytest
 
-from shared.agent import Agent
-from shared.cli import main as cli
-from shared.config import load_settings
-from shared.doctor import CHECKS, run_doctor, server_description
+from shared.engine.agent import Agent
+from shared.cli.commands import main as cli
+from shared.settings import load_settings
+from shared.ops.doctor import CHECKS, run_doctor, server_description
 from tests.support.azurite import ACCOUNT, ACCOUNT_KEY, azurite, azurite_server, free_loopback_port  # noqa: F401
 from tests.support.harness import db_dialect, PG_BASE, attempts_table, execute, make_agent, pg_admin_connection, query, service_missing
 
@@ -93,7 +93,7 @@ def test_a_newer_schema_is_reported(db_url, capsys):
     agent.close()
     code, checks, out = doctor(capsys, db_url)
     assert code == 1 and checks["schema"][0] == "FAIL"
-    from shared.queries import load_migrations
+    from shared.control.queries import load_migrations
 
     latest = load_migrations(db_dialect(db_url))[-1].version
     assert f"schema version 99 is newer than this code ({latest})" in checks["schema"][1], out
@@ -211,7 +211,7 @@ def test_unreachable_storage_queue_is_a_queue_failure(tmp_path, capsys, monkeypa
 def test_the_monitor_check_requires_app_service_authentication_when_the_monitor_is_open():
     """The HTTP trigger trusts X-MS-CLIENT-PRINCIPAL only because App Service Authentication strips
     it from client requests: in Azure, an open monitor without required sign-in fails the check."""
-    from shared.doctor import _Failed, monitor_auth_detail
+    from shared.ops.doctor import _Failed, monitor_auth_detail
 
     assert "does not apply" in monitor_auth_detail({})
     azure = {"WEBSITE_SITE_NAME": "agent-app"}

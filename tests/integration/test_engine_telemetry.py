@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import pytest
 
 from tests.support.appinsights_endpoint import AppInsightsEndpoint
-from shared.memory_queue import MemoryQueue
+from shared.messaging.memory import MemoryQueue
 from tests.support.harness import make_agent, work
 
 UTC = timezone.utc
@@ -117,7 +117,7 @@ def test_a_follow_up_run_is_reported_in_the_chain_s_operation(db_url, appinsight
                        queue=MemoryQueue(), APPLICATIONINSIGHTS_CONNECTION_STRING=appinsights_endpoint.connection_string,
                        AGENT_TELEMETRY_EXPORTER=appinsights_endpoint.exporter)
     try:
-        from shared.dispatch import dispatch
+        from shared.engine.dispatch import dispatch
 
         agent.tick()
         first = agent.request_run_now("a")

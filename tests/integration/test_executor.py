@@ -10,10 +10,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from shared.cli import main as cli
+from shared.cli.commands import main as cli
 from shared.errors import TransientJobError
-from shared.messages import RunMessage
-from shared.memory_queue import MemoryQueue
+from shared.messaging.messages import RunMessage
+from shared.messaging.memory import MemoryQueue
 from tests.support.harness import Clock, at, execute, query, sql_for, tsql_delay, work
 
 UTC = timezone.utc

@@ -15,13 +15,13 @@ from datetime import datetime, timezone
 
 import pytest
 
-from shared.config import parse_jobs
-from shared.db import connector
+from shared.settings import parse_jobs
+from shared.control.db import connector
 from tests.support.harness import (MSSQL_BASE, babelfish_end_sessions, execute, fresh_database, make_agent,
                                   mssql_connection, mssql_server_is_babelfish, pg_admin_connection, query,
                                   tsql_delay, work)
 from tests.support.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
-from shared.memory_queue import MemoryQueue
+from shared.messaging.memory import MemoryQueue
 
 UTC = timezone.utc
 SERVER_DIALECTS = ["postgres"] + (["mssql"] if MSSQL_BASE else [])
@@ -387,7 +387,7 @@ def test_a_killed_workers_execution_is_taken_back_and_finished(fleet, control):
 def _cancel_by(way: str, control: str, run_id: int, job: str) -> None:
     """Cancel a run, or stop its job, as an operator would: the CLI, or the T-SQL interface on
     a connection of the operator's own."""
-    from shared.cli import main
+    from shared.cli.commands import main
     from tests.support import tsql_caller
 
     if way in ("cancel", "stop"):
@@ -453,7 +453,7 @@ def test_an_execution_not_yet_let_in_can_be_cancelled_on_its_own(fleet, control,
 def test_cancel_of_a_let_in_execution_refills_the_window_and_the_last_moves_the_run_at_once(fleet, control, capsys):
     """`cancel` of an execution holding a place in the window lets the next waiting one in; the
     cancel of the last one moves the run on in the same command (no tick runs here)."""
-    from shared.cli import main
+    from shared.cli.commands import main
 
     fleet.create("p0", "p1")
     agent = make_agent(control, {"pair": {"SCHEDULE": "0 0 3 * * *", "TARGETS": f"db:{fleet.prefix}_p*",
@@ -737,7 +737,7 @@ def test_the_server_listing_names_its_databases_without_the_system_ones(fleet, c
     """list_server_databases as resolution runs it (PostgreSQL: pg_database from the control
     database; SQL Server / Azure SQL: sys.databases in master), and list_pool_databases on SQL
     Server: the members of a pool on Azure SQL, one clear error where there are no pools."""
-    from shared.fleet import list_databases
+    from shared.engine.fleet import list_databases
 
     names = fleet.create("l0", "l1")
     agent = make_agent(control)

@@ -1,6 +1,6 @@
 """Fleet runs as the operator sees them (issue 16, operations): `history` groups a fleet run's
 executions by target, `jobs` shows the last run's target count and failures, and the monitor's
-jobs, job and run pages show the fleet, each through shared/views.py with a fixed number of
+jobs, job and run pages show the fleet, each through shared/web/views.py with a fixed number of
 queries (one list_run_targets for every execution of the runs shown, none without fleet runs).
 
 On PostgreSQL the engine runs a real fleet: target databases created here (one refusing
@@ -21,9 +21,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from shared import views
-from shared.monitor import Monitor, MonitorSettings
-from shared.telemetry import new_operation_id
+from shared.web import views
+from shared.web.monitor import Monitor, MonitorSettings
+from shared.telemetry.client import new_operation_id
 from tests.support.harness import (ROOT, create_pg_database, drop_pg_database, execute, make_agent, pg_admin_connection,
                             work)
 
@@ -67,7 +67,7 @@ class Recorder:
 def cli(db: str, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JOB__", "AGENT_"))}
     env["PYTHONPATH"] = str(ROOT)
-    code = "import sys; from shared.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from shared.cli.commands import main; sys.exit(main(sys.argv[1:]))"
     result = subprocess.run([sys.executable, "-c", code, "--db", db, *args], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, (args, result.stdout[-2000:], result.stderr[-2000:])

@@ -29,7 +29,7 @@ UTC = timezone.utc
 
 
 def submit(agent, sql: str, **extra):
-    from shared.telemetry import new_operation_id
+    from shared.telemetry.client import new_operation_id
 
     values = dict(command=sql, target_database=None, task_order=None, max_attempts=1, timeout_seconds=60,
                   lease_seconds=60, now=agent.clock(), operation_id=new_operation_id())
@@ -56,8 +56,8 @@ def _race_init_db(db_url: str, processes: int = 6) -> None:
     start_at = time.time() + 2.5
     # Everything loaded and connected first; then all start init-db in the same millisecond.
     code = ("import time, sys\n"
-            "from shared.agent import Agent\n"
-            "from shared.config import load_settings\n"
+            "from shared.engine.agent import Agent\n"
+            "from shared.settings import load_settings\n"
             f"agent = Agent(load_settings(environ={{}}), db={db_url!r})\n"
             "agent.store().connection\n"
             f"time.sleep(max(0, {start_at} - time.time()))\n"
@@ -150,7 +150,7 @@ def test_reading_the_results_raises_what_the_fetch_raises(pg_url):
     time: the error arrives with the fifth row, from fetchall(), and is raised."""
     import pyodbc
 
-    from shared.store import drain_results
+    from shared.control.store import drain_results
 
     connection = pyodbc.connect(pg_url + "UseDeclareFetch=1;Fetch=1;", autocommit=False)
     try:
@@ -169,7 +169,7 @@ def test_connecting_waits_out_a_database_that_refuses_connections(pg_url):
     """The control database refuses connections for 3 s (a serverless database resuming): the
     agent keeps trying within AGENT_CONNECT_RETRY_SECONDS and gets in; with a budget shorter
     than the outage it gives up with one line naming the database and the SQLSTATE."""
-    from shared.db import ConnectError
+    from shared.control.db import ConnectError
     from tests.support.faults import OutageProxy
 
     make_agent(pg_url).close()
@@ -229,7 +229,7 @@ def test_a_job_runs_as_the_job_principal_and_cannot_write_the_agents_tables(pg_u
 
 
 def test_agent_job_principal_is_validated():
-    from shared.config import load_settings
+    from shared.settings import load_settings
     from shared.errors import ConfigError
 
     with pytest.raises(ConfigError, match="AGENT_JOB_PRINCIPAL='x\"; DROP': expected a database user or role name"):
@@ -307,7 +307,7 @@ def test_the_tick_purges_history_past_its_retention_and_keeps_what_is_still_need
 
 
 def test_a_tick_purges_a_bounded_batch_and_zero_days_keeps_everything(agent_factory, monkeypatch):
-    from shared import scheduler
+    from shared.engine import scheduler
 
     clock = Clock(at("2026-01-01T00:00:00"))
     keep = agent_factory(clock=clock, AGENT_HISTORY_RETENTION_DAYS="0", AGENT_POISON_RETENTION_DAYS="0")
@@ -347,7 +347,7 @@ def test_audit_triggers_on_agent_tables_change_nothing_and_doctor_lists_them(pg_
     run-now and the purge all behave as without them, and `doctor` names them. (On SQL Server
     the same holds because every statement that returns rows uses OUTPUT ... INTO, which
     test_every_tsql_output_goes_into_a_table_variable checks.)"""
-    from shared.cli import main as cli
+    from shared.cli.commands import main as cli
 
     clock = Clock(at("2026-03-01T09:59:50"))
     setup = make_agent(pg_url)
@@ -387,7 +387,7 @@ def test_audit_triggers_on_agent_tables_change_nothing_and_doctor_lists_them(pg_
 
 
 def _tsql_statements():
-    from shared.queries import load_migrations, load_queries
+    from shared.control.queries import load_migrations, load_queries
 
     for query_ in load_queries("mssql").values():
         for statement in query_.statements:
@@ -509,7 +509,7 @@ def test_the_transaction_check_runs_only_where_the_job_worked(pg_url, monkeypatc
     but only when the job worked in the agent's own transaction: after work in another database
     the completion opens the control database's transaction itself, where nothing is active
     yet, and must not be refused (on SQL Server every DATABASE job would fail)."""
-    from shared.store import Store
+    from shared.control.store import Store
 
     calls: list[list[str]] = []
     original = Store.chain

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import ENGINE_SETTINGS, JOB_DEFAULTS
+from shared.settings import ENGINE_SETTINGS, JOB_DEFAULTS
 from shared.errors import ConfigError
-from shared.queues import HOST_JSON, HostQueueOptions, host_queue_options, parse_timespan
+from shared.messaging.port import HOST_JSON, HostQueueOptions, host_queue_options, parse_timespan
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,7 +134,7 @@ def test_a_bad_host_json_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_the_local_runner_applies_host_json(tmp_path: Path) -> None:
-    from shared.runner import LocalRunner
+    from shared.engine.runner import LocalRunner
     from tests.support.harness import make_agent
 
     agent = make_agent(f"sqlite:///{tmp_path / 'agent.db'}")
@@ -149,7 +149,7 @@ def test_the_local_runner_applies_host_json(tmp_path: Path) -> None:
 def test_an_idle_queue_consumer_backs_off_as_the_host_does_up_to_max_polling_interval() -> None:
     """The local runner's queue consumer: 100 ms after an empty poll, doubling (+-20% jitter) up
     to host.json's maxPollingInterval, and at once again after a message (not AGENT_POLL_SECONDS)."""
-    from shared.queues import MIN_POLLING_INTERVAL_SECONDS, next_polling_interval
+    from shared.messaging.port import MIN_POLLING_INTERVAL_SECONDS, next_polling_interval
 
     maximum = host_queue_options().max_polling_interval_seconds
     waits, previous = [], None
@@ -165,10 +165,10 @@ def test_an_idle_queue_consumer_backs_off_as_the_host_does_up_to_max_polling_int
 
 
 def test_the_local_runners_queue_workers_poll_within_max_polling_interval(tmp_path: Path) -> None:
-    from shared.runner import LocalRunner
+    from shared.engine.runner import LocalRunner
     from tests.support.harness import make_agent
 
-    from shared.memory_queue import MemoryQueue
+    from shared.messaging.memory import MemoryQueue
 
     agent = make_agent(f"sqlite:///{tmp_path / 'agent.db'}", queue=MemoryQueue(), AGENT_POLL_SECONDS="30")
     try:

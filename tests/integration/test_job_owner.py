@@ -231,7 +231,7 @@ def test_the_sql_server_batch_impersonates_the_owner_with_a_cookie_and_parses(ow
     from sqlfluff.core import FluffConfig, Linter
     from sqlglot.dialects.tsql import TSQL
 
-    from shared.store import mssql_job_batch
+    from shared.control.store import mssql_job_batch
 
     batch = mssql_job_batch(owner)
     lines = batch.splitlines()
@@ -254,7 +254,7 @@ def test_the_sql_server_batch_impersonates_the_owner_with_a_cookie_and_parses(ow
 def test_in_queue_mode_the_started_run_carries_its_owner(operator, pg_url):
     """Queue mode (the Functions host): start_run hands the owner over with the run; the task
     runs as the operator, and a job's escape fails there too."""
-    from shared.memory_queue import MemoryQueue
+    from shared.messaging.memory import MemoryQueue
 
     name, as_operator, direct = operator
     agent = make_agent(pg_url, queue=MemoryQueue())

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from shared.queries import load_migrations
+from shared.control.queries import load_migrations
 from tests.support.harness import DIALECT_PARAMS, fresh_database, make_agent, mssql_server_is_babelfish
 
 UTC = timezone.utc
@@ -116,8 +116,8 @@ def test_upgrading_from_every_earlier_version_gives_the_fresh_schema(dialect, tm
         folder = tmp_path / f"from_{version}"
         folder.mkdir()
         with fresh_database(dialect, folder) as url:
-            from shared.agent import Agent
-            from shared.config import load_settings
+            from shared.engine.agent import Agent
+            from shared.settings import load_settings
 
             old = Agent(load_settings({"AGENT_DB": url}))
             try:

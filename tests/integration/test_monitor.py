@@ -1,4 +1,4 @@
-"""The Job Activity Monitor's pages (shared/monitor.py) on SQLite and PostgreSQL, over jobs in
+"""The Job Activity Monitor's pages (shared/web/monitor.py) on SQLite and PostgreSQL, over jobs in
 every state built by the engine itself (tests/support/monitor_scenario.py): what each page shows, that
 every value from the database is escaped, that each JSON twin is what the CLI prints, the
 security headers, GET/HEAD only, a fixed number of SELECTs whatever the number of jobs, and the
@@ -19,8 +19,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from shared import views
-from shared.monitor import OUTCOME_COLOURS, SECURITY_HEADERS, Monitor, MonitorSettings, monitor_settings
+from shared.web import views
+from shared.web.monitor import OUTCOME_COLOURS, SECURITY_HEADERS, Monitor, MonitorSettings, monitor_settings
 from tests.support import monitor_scenario
 from tests.support.harness import ROOT, as_from_a_terminal, create_pg_database, drop_pg_database
 
@@ -440,8 +440,8 @@ def test_invalid_monitor_setting_is_one_line_and_exit_2(scenario):
 
 def test_a_database_it_cannot_read_is_one_line_503(tmp_path):
     """No schema (or no server): the page says so in one line, with the security headers."""
-    from shared.store import Store
-    from shared.db import parse_database_url
+    from shared.control.store import Store
+    from shared.control.db import parse_database_url
 
     store = Store(parse_database_url(f"sqlite:///{tmp_path / 'empty.db'}"))
     monitor = Monitor(lambda: contextlib.nullcontext(store), clock=lambda: datetime.now(UTC),

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from shared.monitor import SECURITY_HEADERS, make_server
+from shared.web.monitor import SECURITY_HEADERS, make_server
 
 from tests.support.harness import make_agent
 
@@ -122,7 +122,7 @@ def test_identical_requests_arriving_together_share_one_render_and_later_ones_re
     import contextlib
     from datetime import datetime, timezone
 
-    from shared.monitor import Monitor, MonitorSettings
+    from shared.web.monitor import Monitor, MonitorSettings
 
     server, _ = served
     lent = []

@@ -21,8 +21,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from jsonschema import Draft202012Validator
 
-from shared.monitor import Monitor, MonitorSettings
-from shared.operations import pause_job
+from shared.web.monitor import Monitor, MonitorSettings
+from shared.engine.operations import pause_job
 from tests.support import monitor_scenario
 from tests.support.harness import ROOT, Clock, create_pg_database, drop_pg_database, make_agent, work
 

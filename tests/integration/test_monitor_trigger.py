@@ -11,9 +11,9 @@ import os
 import azure.functions as func
 import pytest
 
-from shared import views
-from shared.agent import reset_default_agent
-from shared.monitor import SECURITY_HEADERS
+from shared.web import views
+from shared.engine.agent import reset_default_agent
+from shared.web.monitor import SECURITY_HEADERS
 from tests.integration.test_monitor import scenario  # noqa: F401  (module-scoped fixture: SQLite and PostgreSQL)
 
 GROUP = "6f1c3a52-0d7e-4a8e-9b61-3c2f0e9a7d41"

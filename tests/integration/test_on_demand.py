@@ -7,12 +7,12 @@ import contextlib
 import re
 from datetime import datetime, timedelta, timezone
 
-from shared.cli import main as cli
-from shared.config import parse_jobs
-from shared.describe import describe_schedule
-from shared.monitor import Monitor, MonitorSettings
-from shared.schedules import parse_schedule
-from shared.views import jobs_view
+from shared.cli.commands import main as cli
+from shared.settings import parse_jobs
+from shared.jobs.describe import describe_schedule
+from shared.web.monitor import Monitor, MonitorSettings
+from shared.jobs.schedules import parse_schedule
+from shared.web.views import jobs_view
 
 from tests.support.harness import Clock, at, query, runs_table, work
 

@@ -1,4 +1,4 @@
-"""The operator actions of shared/operations.py called as a front end calls them, on SQLite and
+"""The operator actions of shared/engine/operations.py called as a front end calls them, on SQLite and
 PostgreSQL: each returns what it did as a typed result, and refuses what cannot be done with an
 error naming the argument (the command-line tests check the same through `sql-agent`)."""
 
@@ -8,10 +8,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from shared import operations
+from shared.engine import operations
 from shared.errors import ConfigError, NotFoundError, UsageError
 from tests.support.harness import query, runs_table
-from shared.memory_queue import MemoryQueue
+from shared.messaging.memory import MemoryQueue
 
 JOBS = {"adhoc": {"COMMAND": "SELECT 1", "OVERLAP": "skip"}, "broken": {"COMMAND": "SELECT 1", "SCHEDULE": "0 0 *"}}
 

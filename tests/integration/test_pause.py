@@ -17,12 +17,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from shared.cli import main as cli
+from shared.cli.commands import main as cli
 from shared.errors import NotFoundError, UsageError
-from shared.monitor import Monitor, MonitorSettings
-from shared.operations import pause_job, resume_job
-from shared.scheduler import NOTE_CATCH_UP, NOTE_MISFIRE_GRACE, NOTE_MISFIRE_SKIP, NOTE_PAUSED
-from shared.views import history_view, jobs_view
+from shared.web.monitor import Monitor, MonitorSettings
+from shared.engine.operations import pause_job, resume_job
+from shared.engine.scheduler import NOTE_CATCH_UP, NOTE_MISFIRE_GRACE, NOTE_MISFIRE_SKIP, NOTE_PAUSED
+from shared.web.views import history_view, jobs_view
 
 from tests.support.harness import Clock, at, make_agent, pg_admin_connection, query, runs_table, work
 from tests.support.tsql_caller import CallError, call, select
@@ -426,7 +426,7 @@ def test_a_pause_and_a_claim_in_flight_at_once_never_leave_a_slot_claimed_inside
     not committed when a claim comes (the claim waits, then records the slots 'paused')."""
     import threading
 
-    from shared.scheduler import Scheduler, TickReport
+    from shared.engine.scheduler import Scheduler, TickReport
 
     agent = make_agent(pg_url, RACE_JOBS, simulated_time=False)
     agent.tick()
@@ -473,7 +473,7 @@ def test_a_pause_and_a_claim_in_flight_at_once_never_leave_a_slot_claimed_inside
 
 
 def test_pause_and_resume_send_their_telemetry_events_and_no_misfire_event_per_paused_slot(agent_factory):
-    from shared.telemetry import Telemetry, _dimensions
+    from shared.telemetry.client import Telemetry, _dimensions
 
     class Recorder(Telemetry):
         enabled = True
@@ -535,7 +535,7 @@ def test_slots_inside_a_pause_that_ended_between_two_ticks_do_not_run(agent_fact
 def test_with_a_queue_a_slot_already_dispatched_ahead_is_not_run_once_paused(agent_factory):
     """Queue mode: the tick sends the message of a slot within the lookahead at once, delayed to
     its slot. Pausing records that run skipped; when its message comes, it is stale and ignored."""
-    from shared.memory_queue import MemoryQueue
+    from shared.messaging.memory import MemoryQueue
 
     clock = Clock(at("2026-11-25T08:00:40"))
     queue = MemoryQueue(clock=lambda: clock.now.timestamp())

@@ -13,9 +13,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from shared.runner import LocalRunner
+from shared.engine.runner import LocalRunner
 from tests.support.harness import Clock, at, execute, make_agent, query, sql_for, tsql_delay, work
-from shared.memory_queue import MemoryQueue
+from shared.messaging.memory import MemoryQueue
 
 UTC = timezone.utc
 
@@ -25,7 +25,7 @@ def runs_of(agent, job=None):
 
 
 def submit(agent, sql: str, order: int | None = None, max_attempts: int = 1):
-    from shared.telemetry import new_operation_id
+    from shared.telemetry.client import new_operation_id
 
     return agent.store().execute("insert_task", command=sql, target_database=None, task_order=order,
                                  max_attempts=max_attempts, timeout_seconds=60, lease_seconds=60,
@@ -163,7 +163,7 @@ def test_three_order_levels_complete_with_no_tick_at_all(db_url, mode):
     for order in (3, 1, 2, 1, 3, 2):
         submit(agent, f"INSERT INTO seen (label, seq) VALUES ('o{order}', (SELECT COUNT(*) FROM seen))", order)
     if mode == "queue":
-        from shared.dispatch import dispatch
+        from shared.engine.dispatch import dispatch
 
         dispatch(agent.store(), agent.queue, agent.settings, agent.clock(), agent.telemetry)   # as submit does
     work(agent, concurrency=4)
@@ -244,14 +244,14 @@ def test_the_cap_holds_whoever_starts(db_url, mode):
         for i in range(6):
             submit(agent_b, task(f"b{i}"))
             if mode == "queue":
-                from shared.dispatch import dispatch
+                from shared.engine.dispatch import dispatch
 
                 dispatch(agent_b.store(), agent_b.queue, agent_b.settings, agent_b.clock(), agent_b.telemetry)
             time.sleep(0.1)
 
     agent_b = make_agent(db_url, queue=agent.queue if mode == "queue" else None, AGENT_MAX_CONCURRENCY="2")
     if mode == "queue":
-        from shared.dispatch import dispatch
+        from shared.engine.dispatch import dispatch
 
         dispatch(agent.store(), agent.queue, agent.settings, agent.clock(), agent.telemetry)
     feeder = threading.Thread(target=submitter)
@@ -294,7 +294,7 @@ def test_a_doorbell_dispatches_work_inserted_behind_the_agents_back(agent_factor
     execute(agent, "CREATE TABLE behind (x INT)")
     submit(agent, "INSERT INTO behind (x) VALUES (1)")        # no dispatch: inserted by "someone else"
     assert queue.run_messages() == 0
-    from shared.messages import DoorbellMessage
+    from shared.messaging.messages import DoorbellMessage
 
     result = agent.handle_message(DoorbellMessage(period=1).to_json(), 1, "bell")
     assert result.outcome == "doorbell" and queue.run_messages() == 1
@@ -304,8 +304,8 @@ def test_a_doorbell_dispatches_work_inserted_behind_the_agents_back(agent_factor
 
 def test_a_doorbell_never_fails_nor_is_poisoned(agent_factory, monkeypatch):
     agent = agent_factory({}, queue=MemoryQueue())
-    from shared import executor as executor_module
-    from shared.messages import DoorbellMessage
+    from shared.engine import executor as executor_module
+    from shared.messaging.messages import DoorbellMessage
 
     def broken(*args, **kwargs):
         raise RuntimeError("database unreachable (injected)")

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.support.azurite import azurite, azurite_server  # noqa: F401  (pytest fixtures)
-from shared.memory_queue import MemoryQueue
+from shared.messaging.memory import MemoryQueue
 
 
 @pytest.fixture(params=["memory", "azurite"])

@@ -11,10 +11,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from shared.cli import main as cli
-from shared.config import parse_jobs
-from shared.schedules import parse_schedule
-from shared.sqlagent_import import ScriptError, convert_script, read_calls, report, setting_name
+from shared.cli.commands import main as cli
+from shared.settings import parse_jobs
+from shared.jobs.schedules import parse_schedule
+from shared.ops.sqlagent_import import ScriptError, convert_script, read_calls, report, setting_name
 
 from tests.support.harness import make_agent, query
 

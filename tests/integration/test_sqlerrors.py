@@ -28,7 +28,7 @@ except ImportError as exc:  # unixODBC missing: a CI failure, a skip elsewhere
     pytest.skip(f"pyodbc cannot be imported ({exc}): apt-get install unixodbc odbc-postgresql", allow_module_level=True)
 
 from shared.errors import AgentError, ConfigError
-from shared.sqlerrors import (
+from shared.control.sqlerrors import (
     PERMANENT_SQLSERVER_NUMBERS,
     TRANSIENT_SQLSERVER_NUMBERS,
     SqlErrorInfo,
@@ -710,7 +710,7 @@ def _odbc_error(number: int, text: str, sqlstate: str = "HY000"):
 
 
 def test_a_resuming_serverless_database_is_waited_for_with_ten_second_floors():
-    from shared.sqlerrors import retry_connect
+    from shared.control.sqlerrors import retry_connect
 
     fake = _FakeTime()
     failures = iter([_odbc_error(40613, "Database 'db' on server 's' is not currently available.")] * 5)
@@ -728,7 +728,7 @@ def test_a_resuming_serverless_database_is_waited_for_with_ten_second_floors():
 def test_the_connect_budget_is_kept_then_the_last_error_is_raised():
     import pyodbc
 
-    from shared.sqlerrors import retry_connect
+    from shared.control.sqlerrors import retry_connect
 
     fake = _FakeTime()
 
@@ -743,7 +743,7 @@ def test_the_connect_budget_is_kept_then_the_last_error_is_raised():
 def test_a_permanent_connect_error_is_raised_at_once():
     import pyodbc
 
-    from shared.sqlerrors import retry_connect
+    from shared.control.sqlerrors import retry_connect
 
     fake = _FakeTime()
 
@@ -756,8 +756,8 @@ def test_a_permanent_connect_error_is_raised_at_once():
 
 
 def test_cannot_open_database_is_transient_for_the_control_database_only():
-    from shared.db import ConnectError
-    from shared.sqlerrors import classify
+    from shared.control.db import ConnectError
+    from shared.control.sqlerrors import classify
 
     cause = _odbc_error(4060, 'Cannot open database "tenant_x" requested by the login. The login failed.', "42000")
     assert classify(ConnectError("cannot connect to the control database", cause)).kind == "transient"
@@ -768,7 +768,7 @@ def test_freetds_words_for_a_lost_session_are_transient_whatever_the_sqlstate():
     """FreeTDS reports a session the server ended (Babelfish's KILL) as HY000 as often as 08S01."""
     import pyodbc
 
-    from shared.sqlerrors import classify
+    from shared.control.sqlerrors import classify
 
     for state in ("HY000", "08S01"):
         info = classify(pyodbc.OperationalError(

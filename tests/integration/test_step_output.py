@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from shared.cli import main as cli
-from shared.steps import cap_output
+from shared.cli.commands import main as cli
+from shared.jobs.steps import cap_output
 from tests.support.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
 from tests.support.harness import execute, make_agent, sql_for, work
 

@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from shared.store import mssql_job_batch
-from shared.transaction_control import postgres_transaction_statement
+from shared.control.store import mssql_job_batch
+from shared.control.transaction_control import postgres_transaction_statement
 from tests.support.harness import db_dialect, execute, make_agent, query, sql_for, work
 
 UTC = timezone.utc

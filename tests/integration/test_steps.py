@@ -10,9 +10,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from shared.config import parse_jobs
+from shared.settings import parse_jobs
 from tests.support.harness import Clock, execute, query, sql_for, tsql_delay, work
-from shared.memory_queue import MemoryQueue
+from shared.messaging.memory import MemoryQueue
 
 UTC = timezone.utc
 
@@ -195,8 +195,8 @@ def test_a_redefinition_never_changes_a_run_in_flight(agent_factory, db_url):
     """Steps are copied onto the run when its slot is claimed."""
     old = steps(mark("old-1"), mark("old-2"))
     agent = build(agent_factory, "direct", {"nightly": old})
-    from shared.agent import Agent
-    from shared.config import load_settings
+    from shared.engine.agent import Agent
+    from shared.settings import load_settings
     from tests.support.harness import job_env
 
     new = {**old, "STEPS__1__COMMAND": mark("new-1"), "STEPS__2__COMMAND": mark("new-2")}
@@ -267,7 +267,7 @@ def test_flow_defaults_are_sql_agents():
 
 
 def test_steps_enter_the_settings_hash():
-    from shared.config import load_settings
+    from shared.settings import load_settings
 
     one = load_settings(environ={"JOB__n__SCHEDULE": "0 0 3 * * *", "JOB__n__STEPS__1__COMMAND": "SELECT 1",
                                  "JOB__n__STEPS__2__COMMAND": "SELECT 2"})

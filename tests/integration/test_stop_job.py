@@ -7,7 +7,7 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 
-from shared.cli import main as cli
+from shared.cli.commands import main as cli
 from tests.support.harness import execute, runs_table, sql_for, tsql_delay, work
 
 UTC = timezone.utc

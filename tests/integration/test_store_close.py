@@ -12,8 +12,8 @@ from tests.support.harness import ROOT
 
 SCRIPT = textwrap.dedent("""
     import sqlite3, sys, threading, time
-    from shared.db import parse_database_url
-    from shared.store import Store
+    from shared.control.db import parse_database_url
+    from shared.control.store import Store
 
     path = sys.argv[1]
     store = Store(parse_database_url("sqlite:///" + path),

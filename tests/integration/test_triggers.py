@@ -10,8 +10,8 @@ import pytest
 from azure.functions.queue import QueueMessage
 from azure.functions.timer import TimerRequest
 
-from shared.agent import reset_default_agent
-from shared.messages import RunMessage
+from shared.engine.agent import reset_default_agent
+from shared.messaging.messages import RunMessage
 from tests.support.azurite import azurite, azurite_server  # noqa: F401  (pytest fixtures)
 from tests.support.harness import ROOT, execute, make_agent, query
 
@@ -101,7 +101,7 @@ def test_queue_trigger_at_threshold_poisons_instead_of_raising(app_settings, mon
 def test_cold_import_of_function_app_stays_light():
     """The engine's heavy dependencies load at first use, not at import."""
     code = ("import sys, function_app; heavy = [m for m in ('pyodbc', 'azure.identity', 'azure.storage.queue', "
-            "'opencensus', 'opentelemetry', 'azure.monitor', 'shared.telemetry_otel', 'croniter', 'shared.store') "
+            "'opencensus', 'opentelemetry', 'azure.monitor', 'shared.telemetry.otel', 'croniter', 'shared.control.store') "
             "if m in sys.modules]; print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

@@ -19,11 +19,11 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from shared.cli import main as cli
-from shared.runner import LocalRunner
+from shared.cli.commands import main as cli
+from shared.engine.runner import LocalRunner
 from tests.support.harness import (MSSQL_BASE, execute, fresh_database, make_agent, pg_admin_connection, query,
                             sql_for, tsql_delay, work)
-from shared.memory_queue import MemoryQueue
+from shared.messaging.memory import MemoryQueue
 from tests.support.tsql_caller import CallError, call, connect, select
 
 UTC = timezone.utc
@@ -721,7 +721,7 @@ def test_a_doorbell_plans_and_dispatches_a_procedure_defined_job(control_url):
         call(connection, "add_scheduled_job", name="soon", run_at=datetime.now(UTC),
              sql="INSERT INTO rung (x) VALUES (1)")
         assert queue.run_messages() == 0
-        from shared.messages import DoorbellMessage
+        from shared.messaging.messages import DoorbellMessage
 
         result = agent.handle_message(DoorbellMessage(period=1).to_json(), 1, "bell")
         assert result.outcome == "doorbell" and queue.run_messages() == 1
@@ -845,7 +845,7 @@ def _migration_text(dialect: str) -> str:
     a later definition follows the earlier one, so the last one read wins)."""
     import re
 
-    from shared.queries import load_migrations
+    from shared.control.queries import load_migrations
 
     migrations = load_migrations(dialect)
     (first,) = [i for i, m in enumerate(migrations) if m.path.name.endswith("_tsql_interface.sql")]
@@ -857,7 +857,7 @@ def _migration_text(dialect: str) -> str:
             code = "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
             match = interface.search(code)
             if match and match.group(1) in PROCEDURES | VIEWS:
-                # A T-SQL module runs to the next GO line (shared/queries.py).
+                # A T-SQL module runs to the next GO line (shared/control/queries.py).
                 whole_batch = code.rstrip().endswith("END") or code.lstrip().startswith("CREATE VIEW")
                 texts.append(code + "\nGO" if dialect == "mssql" and whole_batch else code)
     return "\n\n".join(texts)
@@ -892,7 +892,7 @@ def postgres_functions() -> dict[str, dict]:
 def tsql_procedures() -> dict[str, dict]:
     import re
 
-    from shared.queries import split_statements
+    from shared.control.queries import split_statements
 
     found = {}
     for statement in split_statements(_migration_text("mssql"), tsql=True):
@@ -930,7 +930,7 @@ def _view_columns(dialect: str) -> dict[str, list[str]]:
     import sqlglot
     from sqlglot import exp
 
-    from shared.queries import split_statements
+    from shared.control.queries import split_statements
 
     read = {"postgres": "postgres", "mssql": "tsql"}[dialect]
     views = {}
@@ -985,7 +985,7 @@ def test_the_operator_role_gets_execute_on_every_procedure_select_on_every_view_
 def test_tsql_modules_are_whole_batches_and_sqlfluff_catches_a_broken_one():
     from sqlfluff.core import FluffConfig, Linter
 
-    from shared.queries import split_statements
+    from shared.control.queries import split_statements
 
     import re
 
@@ -1010,7 +1010,7 @@ def test_tsql_modules_are_whole_batches_and_sqlfluff_catches_a_broken_one():
 
 
 def test_the_splitter_keeps_a_tsql_module_whole_until_go():
-    from shared.queries import split_statements
+    from shared.control.queries import split_statements
 
     text = ("-- a comment\nCREATE OR ALTER PROCEDURE agent.p @a INT = 0\nAS\nBEGIN\n    SELECT 1;\n    SELECT 2;\nEND\n"
             "GO\n-- only a comment\nGO\nCREATE OR ALTER VIEW agent.v AS\nSELECT 1 AS one\nGO\n"
@@ -1032,7 +1032,7 @@ def test_the_splitter_keeps_a_tsql_module_whole_until_go():
 
 
 def test_sqlite_gets_the_same_migration_and_no_procedures():
-    from shared.queries import load_migrations
+    from shared.control.queries import load_migrations
 
     numbers = {d: [m.version for m in load_migrations(d) if m.path.name.endswith("_tsql_interface.sql")]
                for d in ("sqlite", "postgres", "mssql")}
@@ -1050,7 +1050,7 @@ def test_grant_sql_operator_quotes_every_name(principal):
     from sqlglot.dialects.postgres import Postgres
     from sqlglot.dialects.tsql import TSQL
 
-    from shared.grants import operator_sql
+    from shared.ops.grants import operator_sql
 
     code = [line for line in operator_sql(principal, dialect="postgres").splitlines() if not line.startswith("--")]
     assert len(code) == 2
@@ -1082,7 +1082,7 @@ def test_grant_sql_operator_quotes_every_name(principal):
 
 
 def test_grant_sql_operator_prints_the_warning_and_refuses_to_apply_to_sqlite(tmp_path, capsys):
-    from shared.grants import OPERATOR_WARNING
+    from shared.ops.grants import OPERATOR_WARNING
 
     code = cli(["--db", f"sqlite:///{tmp_path / 'a.db'}", "grant-sql", "--operator", "ops"])
     captured = capsys.readouterr()

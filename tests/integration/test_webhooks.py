@@ -17,9 +17,9 @@ import jsonschema
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from shared.config import load_settings
+from shared.settings import load_settings
 from shared.errors import ConfigError
-from shared.notify import (BATCH, DELIVERY_TIMEOUT_SECONDS, NotificationError, claim_seconds, post_json,
+from shared.engine.notify import (BATCH, DELIVERY_TIMEOUT_SECONDS, NotificationError, claim_seconds, post_json,
                            signature_headers)
 from tests.support.harness import work
 from tests.integration.test_notifications import Receiver, once

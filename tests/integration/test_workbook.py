@@ -6,7 +6,7 @@
   uses is one the workbook defines.
 * Every query reads only tables the engine writes (customEvents, customMetrics, dependencies),
   only the columns of those tables the engine's envelopes fill, only event and metric names of
-  shared/telemetry.py and only dimension (customDimensions) names of its STANDARD_DIMENSIONS.
+  shared/telemetry/client.py and only dimension (customDimensions) names of its STANDARD_DIMENSIONS.
 * And what the engine really sends: a tick and runs that succeed, fail, retry and are poisoned,
   exported to the loopback ingestion endpoint with each exporter: each query's dimensions are
   carried by the events or metrics it names, the events and metrics it counts on arrive, and
@@ -23,10 +23,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from shared import telemetry
+from shared.telemetry import client as telemetry
 from tests.support.appinsights_endpoint import AppInsightsEndpoint
 from tests.support.harness import ROOT, make_agent, work
-from shared.memory_queue import MemoryQueue
+from shared.messaging.memory import MemoryQueue
 
 UTC = timezone.utc
 WORKBOOK = json.loads((ROOT / "infra" / "workbook.json").read_text(encoding="utf-8"))

@@ -7,7 +7,7 @@
   the `.venv/bin/sql-agent` the quick start installs (or `.venv/bin/python -m shared.cli`, the
   same; never a bare `python`, which has none of the requirements; a bare `sql-agent` only as
   `pipx install .` gives it), and the arguments parse with the real parser,
-  `shared.cli.build_parser()`.
+  `shared.cli.commands.build_parser()`.
   Shell variables (`$APP`) stand for values. Found, not listed: a command documented later is
   checked too. The same holds for the command line the Bicep prints (`grantSqlCommand`).
 * Every repository path a documented command uses exists (`scripts/...`, `infra/...`).
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli import build_parser
+from shared.cli.commands import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -183,9 +183,9 @@ def build_working_tree(root: Path, *, git: str) -> list[str]:
         ".azure/dev/config.json": b"{}",
         # the quick start's editable install of pyproject.toml (sql-agent), and `pip install .`
         "sql_agent_azure.egg-info/PKG-INFO": b"Metadata-Version: 2.4\n",
-        "sql_agent_azure.egg-info/SOURCES.txt": b"shared/cli.py\n",
-        "build/lib/shared/cli.py": b"",
-        "build/bdist.linux-x86_64/wheel/shared/cli.py": b"",
+        "sql_agent_azure.egg-info/SOURCES.txt": b"shared/cli/commands.py\n",
+        "build/lib/shared/cli/commands.py": b"",
+        "build/bdist.linux-x86_64/wheel/shared/cli/commands.py": b"",
         # pytest and the interpreter
         ".pytest_cache/v/cache/nodeids": b"[]",
         ".pytest_cache/.gitignore": b"*\n",

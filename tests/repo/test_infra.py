@@ -1,7 +1,7 @@
 """Checks on the infrastructure code in infra/ (Bicep), run without Azure and without the Bicep
 CLI (which cannot be installed here):
 
-- the app settings the Bicep sets and the settings the engine reads (shared/config.py) agree,
+- the app settings the Bicep sets and the settings the engine reads (shared/settings.py) agree,
   in both directions, including the JOB__<name>__<SUFFIX> settings built from the `jobs`
   parameter, and the example jobs in the parameters files (manual and azd) are valid engine jobs;
 - every role assignment uses a known built-in role, targets the app's managed identity and is
@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from shared import config, telemetry
+from shared import settings as config
+from shared.telemetry import client as telemetry
 from tests.support.infra_helpers import (
     INFRA,
     REPO,
@@ -45,7 +46,7 @@ from tests.support.infra_helpers import (
 )
 
 # App settings the Bicep may set although the engine does not read them, and who reads each.
-# Anything the Bicep sets must be here or in shared.config.ENGINE_SETTINGS.
+# Anything the Bicep sets must be here or in shared.settings.ENGINE_SETTINGS.
 PLATFORM_APP_SETTINGS = {
     # Functions host: identity-based host storage. It keeps singleton and timer-trigger locks
     # and the timer's schedule status as blobs (the engine only uses the queue endpoint).
@@ -73,7 +74,7 @@ ACCOUNTS = "Microsoft.Storage/storageAccounts"
 # The intended grants: (role, type of the resource it is scoped to, name of that resource as
 # written in the Bicep). What identity-based AzureWebJobsStorage needs for this app, per the
 # Functions docs ("Connecting to host storage with an identity"); widening or narrowing one has
-# to change this list, on purpose (and docs/deploying.md and shared/doctor.py STORAGE_ROLES,
+# to change this list, on purpose (and docs/deploying.md and shared/ops/doctor.py STORAGE_ROLES,
 # which test_the_roles_the_bicep_grants_are_the_ones_docs_and_doctor_name checks).
 # Telemetry ingestion with Entra ID: the component has local (key) authentication disabled.
 TELEMETRY_GRANTS = {("Monitoring Metrics Publisher", "Microsoft.Insights/components", "appInsightsName")}
@@ -237,20 +238,20 @@ def test_engine_settings_contract_values_are_known():
 def test_bicep_sets_every_setting_the_engine_requires_in_azure(app_settings: AppSettings):
     required = {spec.name for spec in config.ENGINE_SETTINGS if spec.azure == "required"}
     missing = required - set(app_settings.literal)
-    assert not missing, f"shared/config.py marks these settings required in Azure, infra/functionapp.bicep does not set them: {sorted(missing)}"
+    assert not missing, f"shared/settings.py marks these settings required in Azure, infra/functionapp.bicep does not set them: {sorted(missing)}"
 
 
 def test_bicep_sets_no_local_only_setting(app_settings: AppSettings):
     local = {spec.name for spec in config.ENGINE_SETTINGS if spec.azure == "local"}
     wrongly_set = local & set(app_settings.literal)
-    assert not wrongly_set, f"shared/config.py marks these settings local-only, but infra/functionapp.bicep sets them: {sorted(wrongly_set)}"
+    assert not wrongly_set, f"shared/settings.py marks these settings local-only, but infra/functionapp.bicep sets them: {sorted(wrongly_set)}"
 
 
 def test_every_setting_the_bicep_sets_has_a_known_reader(app_settings: AppSettings):
     engine = {spec.name for spec in config.ENGINE_SETTINGS}
     unknown = set(app_settings.literal) - engine - set(PLATFORM_APP_SETTINGS)
     assert not unknown, (
-        f"infra/functionapp.bicep sets {sorted(unknown)}, which neither shared/config.py "
+        f"infra/functionapp.bicep sets {sorted(unknown)}, which neither shared/settings.py "
         f"ENGINE_SETTINGS nor the platform allow-list in tests/repo/test_infra.py knows (renamed setting?)"
     )
     stale = set(PLATFORM_APP_SETTINGS) - set(app_settings.literal)
@@ -284,10 +285,10 @@ def test_host_storage_has_a_service_uri_for_each_service_it_is_granted(functiona
 def test_the_roles_the_bicep_grants_are_the_ones_docs_and_doctor_name():
     """One story for the storage roles: the Bicep's grants, `doctor`'s advice and the deployment
     guide's list are the same set of roles."""
-    from shared.doctor import STORAGE_ROLES
+    from shared.ops.doctor import STORAGE_ROLES
 
     granted = {role for role, _, _ in EXPECTED_GRANTS}
-    assert set(STORAGE_ROLES) == granted, f"shared/doctor.py STORAGE_ROLES {sorted(STORAGE_ROLES)} != {sorted(granted)}"
+    assert set(STORAGE_ROLES) == granted, f"shared/ops/doctor.py STORAGE_ROLES {sorted(STORAGE_ROLES)} != {sorted(granted)}"
     guide = (REPO / "docs" / "deploying.md").read_text(encoding="utf-8")
     section = guide.split("## The app's storage roles", 1)[1].split("\n#", 1)[0]
     named = set(re.findall(r"\*\*(Storage [A-Za-z ]+?)\*\*", section))
@@ -703,7 +704,7 @@ def test_user_assigned_identity_option(functionapp: BicepFile, app_settings: App
     assert by_name == {"AGENT_SQL_CLIENT_ID": ["appIdentity", "properties", "clientId"],
                        "AzureWebJobsStorage__clientId": ["appIdentity", "properties", "clientId"]}
     assert set(by_name) <= set(app_settings.literal)
-    # Telemetry ingestion names the identity too (shared/telemetry.py parses ClientId).
+    # Telemetry ingestion names the identity too (shared/telemetry/client.py parses ClientId).
     auth = _conditional(app_settings.literal["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"])
     assert auth["false_value"] == "Authorization=AAD"
     assert auth["true_value"] == "Authorization=AAD;ClientId=${appIdentity.properties.clientId}"

@@ -1,4 +1,4 @@
-"""The front ends act through shared.operations: the command line and the monitor run no statement,
+"""The front ends act through shared.engine.operations: the command line and the monitor run no statement,
 chain or transaction of their own (issue 24). Read from the modules' syntax trees, so a comment or
 a string naming `.execute(` is not a call, and an aliased or nested call is."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FRONT_ENDS = ("shared/cli.py", "shared/monitor.py")
+FRONT_ENDS = ("shared/cli/commands.py", "shared/web/monitor.py")
 # What reaches the database directly: a store's named query, chain or transaction, or a DB-API cursor.
 DATABASE_CALLS = frozenset({"execute", "executemany", "chain", "transaction"})
 
@@ -25,7 +25,7 @@ def database_calls(source: str) -> list[str]:
 @pytest.mark.parametrize("path", FRONT_ENDS)
 def test_the_front_ends_run_no_statement_of_their_own(path):
     found = database_calls((ROOT / path).read_text(encoding="utf-8"))
-    assert not found, f"{path} calls the database itself (move it into shared/operations.py): {found}"
+    assert not found, f"{path} calls the database itself (move it into shared/engine/operations.py): {found}"
 
 
 def test_the_check_sees_each_kind_of_call():
@@ -44,7 +44,7 @@ def f(agent, store, connection):
 
 
 def test_the_front_ends_import_the_operations_they_offer():
-    tree = ast.parse((ROOT / "shared/cli.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "shared/cli/commands.py").read_text(encoding="utf-8"))
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                 and node.module == "operations" and node.level == 1 for alias in node.names}
     assert {"submit", "cancel", "stop", "requeue", "run_now", "pause_job", "resume_job"} <= imported

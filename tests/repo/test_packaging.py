@@ -72,8 +72,8 @@ def test_the_wheel_holds_every_module_sql_file_and_the_stylesheet(wheel: Path):
         names = set(archive.namelist())
     expected = {p.relative_to(ROOT).as_posix() for pattern in ("*.py", "*.sql", "*.css")
                 for p in (ROOT / "shared").rglob(pattern) if "__pycache__" not in p.parts}
-    assert {"shared/monitor.css", "shared/sql/mssql.sql", "shared/sql/postgres.sql", "shared/sql/sqlite.sql"} <= expected
-    assert any(name.startswith("shared/sql/migrations/sqlite/") for name in expected)
+    assert {"shared/web/monitor.css", "shared/control/sql/mssql.sql", "shared/control/sql/postgres.sql", "shared/control/sql/sqlite.sql"} <= expected
+    assert any(name.startswith("shared/control/sql/migrations/sqlite/") for name in expected)
     missing = sorted(expected - names)
     assert not missing, f"the wheel lacks {missing[:20]}"
     # Only the package: no tests, docs or the function app's own files.
@@ -131,7 +131,7 @@ def test_the_installed_command_runs_away_from_the_clone(wheel: Path, tmp_path: P
     assert init.returncode == 0, init.stderr
     document = json.loads(init.stdout)
     assert document["upgraded"] and document["schema_version"] >= 8, document
-    where = subprocess.run([str(python), "-c", "import shared.monitor as m, shared; print(shared.__file__); "
+    where = subprocess.run([str(python), "-c", "import shared.web.monitor as m, shared; print(shared.__file__); "
                             "print(len(m.STYLESHEET.read_text()))"], cwd=elsewhere, env=env,
                            capture_output=True, text=True, timeout=60)
     assert where.returncode == 0, where.stderr

@@ -1,6 +1,6 @@
 """A loopback stand-in for the Application Insights ingestion endpoint.
 
-The real exporter (opencensus-ext-azure's transport, through shared.telemetry) posts to
+The real exporter (opencensus-ext-azure's transport, through shared.telemetry.client) posts to
 ``<IngestionEndpoint>/v2.1/track``; pointing the connection string's IngestionEndpoint at this
 server lets tests assert on exactly what was sent. The server decodes bodies the way ingestion
 accepts them (a JSON array, one JSON object, or JSON lines; optionally gzip), checks each
@@ -166,7 +166,7 @@ class AppInsightsEndpoint:
     def telemetry(self, **options: Any) -> Any:
         """``create_telemetry`` for this endpoint, with local storage in a folder of this
         endpoint's own (closed with the endpoint)."""
-        from shared.telemetry import create_telemetry
+        from shared.telemetry.client import create_telemetry
 
         options.setdefault("storage_path", os.path.join(self._tmp, f"storage-{len(self._telemetries)}"))
         if self.exporter is not None:
@@ -271,7 +271,7 @@ class AppInsightsEndpoint:
         shutil.rmtree(self._tmp, ignore_errors=True)
         # The exporter's default storage folder for this endpoint's key (engine code that
         # takes the connection string from the environment uses it).
-        from shared.telemetry import DEFAULT_STORAGE_DIR_NAME
+        from shared.telemetry.client import DEFAULT_STORAGE_DIR_NAME
 
         shutil.rmtree(os.path.join(tempfile.gettempdir(), DEFAULT_STORAGE_DIR_NAME,
                                    self.instrumentation_key), ignore_errors=True)

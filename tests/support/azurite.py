@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import pytest
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from shared.azure_queue import AzureStorageQueue
+    from shared.messaging.azure_storage import AzureStorageQueue
 
 REPO = Path(__file__).resolve().parents[2]
 AZURITE_QUEUE_BIN = REPO / "node_modules" / ".bin" / "azurite-queue"
@@ -128,7 +128,7 @@ class Azurite:
     def queue(self, name: str | None = None, encoding: str = "base64",
               create: bool = True) -> "AzureStorageQueue":
         """An AzureStorageQueue on this Azurite, built from settings as the engine builds it."""
-        from shared.azure_queue import AzureStorageQueue
+        from shared.messaging.azure_storage import AzureStorageQueue
 
         adapter = AzureStorageQueue.from_settings(
             self.connection_string, None, None, name or self.unique_name(), encoding

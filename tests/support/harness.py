@@ -74,7 +74,7 @@ def drop_pg_database(name: str) -> None:
 
 def mssql_connection(database: str):
     """An autocommit connection to ``database`` on the AGENT_TEST_MSSQL server."""
-    from shared.db import with_database
+    from shared.control.db import with_database
 
     try:
         import pyodbc
@@ -110,7 +110,7 @@ def mssql_database() -> Iterator[str]:
         pytest.skip("SQL Server cannot run on this machine: set AGENT_TEST_MSSQL to an ODBC connection "
                     "string (and AGENT_TEST_MSSQL_DATABASE for an existing Azure SQL database) to run "
                     "the conformance suite against SQL Server or Azure SQL")
-    from shared.db import with_database
+    from shared.control.db import with_database
 
     if MSSQL_DATABASE:
         # Azure SQL: CREATE DATABASE is slow and billed; reuse an empty database instead.
@@ -240,8 +240,8 @@ def make_agent(db: str, jobs: dict[str, dict[str, str]] | None = None, *, clock=
     Functions app runs), or None for direct mode (the local runner claims from the runs table).
     ``simulated_time``: tests travel in time through ``tick(now)`` (the test hook: a tick's own
     time is the truth); False checks it against the database's clock, as the CLI does."""
-    from shared.agent import Agent
-    from shared.config import load_settings
+    from shared.engine.agent import Agent
+    from shared.settings import load_settings
 
     settings = load_settings(environ=job_env(jobs or {}, **agent_settings))
     agent = Agent(settings, db=db, clock=clock, queue=queue, simulated_time=simulated_time)
@@ -264,7 +264,7 @@ def at(text: str) -> datetime:
 
 
 def db_dialect(db: str) -> str:
-    from shared.db import parse_database_url
+    from shared.control.db import parse_database_url
 
     return parse_database_url(db).dialect
 
@@ -339,7 +339,7 @@ def execute(agent, sql: str) -> None:
 def work(agent, *, concurrency: int = 4, max_seconds: float = 60, visibility_timeout: float = 0):
     """Work until nothing is runnable now: the queue as the Functions host would (queue mode),
     or the runs table as the local runner does (direct mode)."""
-    from shared.runner import LocalRunner
+    from shared.engine.runner import LocalRunner
 
     runner = LocalRunner(agent, concurrency=concurrency, visibility_timeout=visibility_timeout, poll_interval=0.05)
     return runner.work_until_idle(max_seconds=max_seconds)

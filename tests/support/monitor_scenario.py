@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from shared.telemetry import new_operation_id
+from shared.telemetry.client import new_operation_id
 from tests.support.harness import Clock, make_agent
-from shared.memory_queue import MemoryQueue
+from shared.messaging.memory import MemoryQueue
 
 UTC = timezone.utc
 # An error message a page must show as text: markup, a script and entities (a table name, so
@@ -104,7 +104,7 @@ def build(db: str, extra_jobs: int = 0) -> Scenario:
     queued_agent = make_agent(db, jobs, clock=clock, queue=queue, **settings)
     try:
         run_now("poison_me", real_now - timedelta(minutes=15))
-        from shared.dispatch import dispatch
+        from shared.engine.dispatch import dispatch
 
         dispatch(queued_agent.store(), queue, queued_agent.settings, clock(), queued_agent.telemetry)
         (message,) = queue.receive(1, 60)

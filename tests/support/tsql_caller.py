@@ -37,7 +37,7 @@ class CallError(Exception):
 def connect(url: str):
     import pyodbc
 
-    from shared.db import parse_database_url
+    from shared.control.db import parse_database_url
 
     return pyodbc.connect(parse_database_url(url).location, autocommit=True, timeout=10)
 

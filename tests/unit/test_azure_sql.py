@@ -30,7 +30,7 @@ except ImportError as exc:  # unixODBC missing: a CI failure, a skip elsewhere
 
 from azure.core.credentials import AccessToken
 
-from shared.azure_sql import (
+from shared.control.azure_sql import (
     DEFAULT_DRIVER,
     SQL_COPT_SS_ACCESS_TOKEN,
     SQL_SCOPE,
@@ -262,7 +262,7 @@ def test_check_odbc_environment_when_unixodbc_cannot_be_loaded(tmp_path):
     assert binary.count(b"libodbc.so.2") == 1, "pyodbc's binary changed layout: update this test"
     (tmp_path / original.name).write_bytes(binary.replace(b"libodbc.so.2", b"libodbc.so.9"))
     script = (
-        "from shared.azure_sql import check_odbc_environment\n"
+        "from shared.control.azure_sql import check_odbc_environment\n"
         "try:\n    check_odbc_environment()\n"
         "except Exception as exc:\n    print(type(exc).__name__)\n    print(exc)\n"
     )
@@ -277,7 +277,7 @@ def test_check_odbc_environment_when_unixodbc_cannot_be_loaded(tmp_path):
 
 
 def test_importing_the_modules_stays_light():
-    script = ("import sys, shared.azure_sql, shared.sqlerrors\n"
+    script = ("import sys, shared.control.azure_sql, shared.control.sqlerrors\n"
               "print(sorted(m for m in ('pyodbc', 'azure.identity', 'azure.core') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from shared.config import ENGINE_SETTINGS, JOB_DEFAULTS, load_settings
+from shared.settings import ENGINE_SETTINGS, JOB_DEFAULTS, load_settings
 from shared.errors import ConfigError
 
 
@@ -140,7 +140,7 @@ def test_config_hash_changes_with_jobs():
 def test_the_parsers_jobs_equal_the_dataclasss_own_and_stay_frozen():
     import dataclasses
 
-    from shared.config import JobDefinition
+    from shared.settings import JobDefinition
 
     settings = load_settings(environ={
         "JOB__a__SCHEDULE": "0 0 * * * *", "JOB__a__COMMAND": "SELECT 1",

@@ -1,11 +1,11 @@
-"""Schedules in words (shared/describe.py): the common shapes read as a person would say them;
+"""Schedules in words (shared/jobs/describe.py): the common shapes read as a person would say them;
 everything else comes back as the expression, and nothing raises."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.describe import describe_schedule
+from shared.jobs.describe import describe_schedule
 
 
 @pytest.mark.parametrize("expression,words", [

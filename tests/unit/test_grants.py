@@ -16,10 +16,10 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.tsql import TSQL
 
-from shared.cli import main as cli
+from shared.cli.commands import main as cli
 from shared.errors import ConfigError
-from shared.grants import grant_scripts, grant_sql, quote_name, quote_string, render
-from shared.queries import split_statements
+from shared.ops.grants import grant_scripts, grant_sql, quote_name, quote_string, render
+from shared.control.queries import split_statements
 
 TRICKY_NAMES = [
     "func-agent-prod",

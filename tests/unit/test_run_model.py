@@ -1,4 +1,4 @@
-"""The typed values of a run's life (shared/run_model.py): the run statuses are exactly the ones
+"""The typed values of a run's life (shared/jobs/run_model.py): the run statuses are exactly the ones
 every server dialect's schema allows (its latest migration redefining runs_status_check), and a
 member travels as its bare value wherever the strings went before (equality, dict keys, JSON,
 f-strings and %-formatting in log lines, query parameters)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.run_model import RUN_ENDING_OUTCOMES, AttemptError, Outcome, RunStatus
+from shared.jobs.run_model import RUN_ENDING_OUTCOMES, AttemptError, Outcome, RunStatus
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "shared" / "sql" / "migrations"
 
@@ -26,7 +26,7 @@ def latest_status_check(dialect: str) -> set[str]:
         for match in re.finditer(r"runs_status_check\s+CHECK\s*\(\s*status\s+IN\s*\(([^)]*)\)",
                                  path.read_text(encoding="utf-8"), re.IGNORECASE):
             found = set(re.findall(r"N?'([a-z_]+)'", match.group(1)))
-    assert found, f"no runs_status_check in shared/sql/migrations/{dialect}"
+    assert found, f"no runs_status_check in shared/control/sql/migrations/{dialect}"
     return found
 
 

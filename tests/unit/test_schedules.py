@@ -4,7 +4,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from shared.schedules import CronSchedule, OnceSchedule, parse_ncrontab, parse_schedule
+from shared.jobs.schedules import CronSchedule, OnceSchedule, parse_ncrontab, parse_schedule
 
 UTC = timezone.utc
 
@@ -115,8 +115,8 @@ def test_cron_initial_due_is_next_slot():
 def test_validation_and_planning_walk_croniter_once_per_distinct_schedule(monkeypatch):
     """Settings validation (schedule_problem) and the tick's planning share one next-slot cache
     keyed by (schedule, time zone): 3,000 jobs on three schedules cost three croniter walks."""
-    from shared import schedules
-    from shared.config import parse_jobs
+    from shared.jobs import schedules
+    from shared.settings import parse_jobs
 
     walks = []
     real_walk = schedules.CronSchedule._walk_next_after
@@ -147,7 +147,7 @@ def test_validation_and_planning_walk_croniter_once_per_distinct_schedule(monkey
 def test_the_next_slot_cache_answers_exactly_as_a_fresh_walk():
     from datetime import timedelta
 
-    from shared import schedules
+    from shared.jobs import schedules
 
     schedule = parse_schedule("0 30 2 * * *", "Europe/Paris")
     start = datetime(2026, 3, 28, 0, 0, tzinfo=timezone.utc)  # across the spring-forward night

@@ -1,4 +1,4 @@
-"""Fleet targets as text (shared/targets.py): the members a TARGETS value names, and what they
+"""Fleet targets as text (shared/jobs/targets.py): the members a TARGETS value names, and what they
 resolve to given the servers' listings. The listings themselves come from real servers in
 tests/integration/test_fleet.py; here the rules that turn them into databases, for both server dialects
 (SQL Server's case-insensitive names cannot be met on PostgreSQL)."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.db import with_server
+from shared.control.db import with_server
 from shared.errors import ConfigError
-from shared.targets import (Target, TargetMember, describe_members, needs_listing, parse_targets, resolve,
+from shared.jobs.targets import (Target, TargetMember, describe_members, needs_listing, parse_targets, resolve,
                             user_databases)
 
 

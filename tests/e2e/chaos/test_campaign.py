@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from shared.runner import LocalRunner
+from shared.engine.runner import LocalRunner
 from tests.support.faults import (OutageProxy, clean_env, effect_sql, kill9, reconcile, start_cli,
                                 wait_until)
 from tests.support.harness import ROOT, Clock, execute, make_agent, query
@@ -31,7 +31,7 @@ EFFECTS = "CREATE TABLE effects (label VARCHAR(40), at TIMESTAMP, ended TIMESTAM
 
 def add_task(agent, label: str, *, before: str = "", order: int | None = None, lease: int = 6,
              max_attempts: int = 1, sql: str | None = None) -> int:
-    from shared.telemetry import new_operation_id
+    from shared.telemetry.client import new_operation_id
 
     row = agent.store().execute("insert_task", command=sql or effect_sql(label, before), target_database=None,
                                 task_order=order, max_attempts=max_attempts, timeout_seconds=120,
@@ -281,7 +281,7 @@ def test_out_of_range_and_malformed_messages_are_poisoned_on_first_delivery(pg_u
     from azure.functions.queue import QueueMessage
 
     from functions import queue_trigger
-    from shared.agent import reset_default_agent
+    from shared.engine.agent import reset_default_agent
 
     monkeypatch.setenv("AGENT_DB", pg_url)
     reset_default_agent()

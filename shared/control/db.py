@@ -1,0 +1,398 @@
+"""Which control database, and how to open a connection to it.
+
+* ``sqlite:///PATH`` — the embedded default (standard library sqlite3, no services).
+* an ODBC connection string — PostgreSQL (``Driver={PostgreSQL Unicode};...``) or SQL
+  Server / Azure SQL with SQL authentication (``Driver={ODBC Driver 18 for SQL Server};...``),
+  or any T-SQL server through FreeTDS (``Driver={FreeTDS};...``, e.g. Babelfish for PostgreSQL).
+* ``AGENT_SQL_SERVER`` + ``AGENT_SQL_DATABASE`` — Azure SQL Database with an Entra ID token.
+
+pyodbc is imported only when an ODBC database is used, so the embedded default needs no
+unixODBC on the machine.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from shared.settings import AgentSettings
+from shared.errors import AgentError, ConfigError
+
+SQLITE_PREFIX = "sqlite:///"
+
+
+@dataclass(frozen=True)
+class DatabaseTarget:
+    dialect: str            # "sqlite" | "postgres" | "mssql"
+    location: str           # sqlite file path, or ODBC connection string
+    display: str            # for messages: never contains a password
+    sql_server: str | None = None
+    sql_database: str | None = None
+    sql_client_id: str | None = None
+    connect_retry_seconds: float = 90.0   # AGENT_CONNECT_RETRY_SECONDS
+
+    @property
+    def uses_token(self) -> bool:
+        return self.sql_server is not None
+
+
+def resolve_database(agent: AgentSettings, override: str | None = None) -> DatabaseTarget:
+    """The control database from ``--db`` (override), AGENT_SQL_SERVER/DATABASE or AGENT_DB."""
+    from dataclasses import replace
+
+    if override is None and agent.sql_server and agent.sql_database:
+        return DatabaseTarget(
+            dialect="mssql", location="", display=f"Azure SQL {agent.sql_server}/{agent.sql_database} (Entra ID token)",
+            sql_server=agent.sql_server, sql_database=agent.sql_database,
+            sql_client_id=agent.sql_client_id, connect_retry_seconds=agent.connect_retry_seconds)
+    setting = "--db" if override is not None else "AGENT_DB"
+    target = parse_database_url(override if override is not None else agent.db, setting=setting)
+    return replace(target, connect_retry_seconds=agent.connect_retry_seconds)
+
+
+def parse_database_url(value: str, *, setting: str = "AGENT_DB") -> DatabaseTarget:
+    value = value.strip()
+    if value.lower().startswith("sqlite:"):
+        if not value.startswith(SQLITE_PREFIX) or len(value) == len(SQLITE_PREFIX):
+            raise ConfigError(setting, value, "sqlite:///PATH (relative) or sqlite:////absolute/PATH")
+        path = value[len(SQLITE_PREFIX):]
+        return DatabaseTarget(dialect="sqlite", location=path, display=f"SQLite {path}")
+    pairs = odbc_pairs(value)
+    driver = pairs.get("driver", "")
+    if not driver:
+        raise ConfigError(setting, _redact(value),
+                          "sqlite:///PATH or an ODBC connection string with Driver={...}")
+    lowered = driver.lower()
+    if "postgres" in lowered:
+        dialect = "postgres"
+    elif "sql server" in lowered or is_freetds(driver):
+        dialect = "mssql"
+    else:
+        raise ConfigError(setting, _redact(value),
+                          "an ODBC driver for PostgreSQL ('PostgreSQL Unicode'), SQL Server "
+                          "('ODBC Driver 18 for SQL Server') or FreeTDS ('FreeTDS': SQL Server, Babelfish)")
+    return DatabaseTarget(dialect=dialect, location=value, display=_redact(value))
+
+
+def is_freetds(driver: str) -> bool:
+    """Whether an ODBC driver name (or library path) is FreeTDS's (Debian's tdsodbc registers
+    ``FreeTDS``, the library is libtdsodbc.so)."""
+    lowered = driver.lower()
+    return "freetds" in lowered or "tdsodbc" in lowered
+
+
+# key = value; the value either in braces (``;`` and ``}}`` inside) or bare up to the next ``;``,
+# spaces included (psqlODBC keeps a bare value's spaces; a database name may have them).
+_SEGMENT = re.compile(r"\s*([^=;]+?)\s*=(\s*\{(?:[^}]|\}\})*\}\s*(?=;|$)|[^;]*)(?:;|$)")
+
+
+def _segments(connection_string: str) -> list[tuple[str, str]]:
+    """``key=value`` segments of an ODBC connection string as (key, value exactly as written):
+    a value in braces may hold ``;`` and ``}}`` (ODBC's quoting rules)."""
+    return [(m.group(1).strip(), m.group(2)) for m in _SEGMENT.finditer(connection_string)
+            if m.group(1).strip()]
+
+
+def odbc_pairs(connection_string: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for key, val in _segments(connection_string):
+        val = val.strip()
+        if val.startswith("{") and val.endswith("}"):
+            val = val[1:-1].replace("}}", "}")
+        pairs[key.lower()] = val
+    return pairs
+
+
+# Keys naming the same thing, so a value set from parts replaces every spelling in the base.
+_ALIASES = {
+    "database": ("database", "initial catalog"),
+    "server": ("server", "servername", "addr", "address", "data source"),
+    "servername": ("server", "servername", "addr", "address", "data source"),
+}
+
+PSQLODBC_EXPECTED = (
+    "a name the PostgreSQL ODBC driver can carry in a connection string: no ';' and no NUL, not "
+    "starting with '{' (after any spaces; psqlODBC keeps the braces of a quoted value, so such a value cannot be quoted); "
+    "nothing is opened for it, never another database or server")
+
+
+def odbc_value(value: str, *, dialect: str, key: str) -> str:
+    """``value`` as it must be written after ``key=`` in a connection string for ``dialect``'s
+    driver, or ConfigError when that driver cannot carry it exactly.
+
+    SQL Server's drivers follow the ODBC rule: a value in braces, ``}`` doubled, is taken
+    literally (``;``, ``=``, spaces and all). psqlODBC does not (13.02, tested by
+    tests/integration/test_connection_strings.py): it honours the braces when splitting the string but keeps
+    them in every value but the password, so ``Database={a;b}`` asks the server for a database
+    named ``{a;b}``. Its bare values are carried exactly up to the first ``;`` (quotes, spaces,
+    ``=``, ``}`` and any Unicode character included), except one starting with ``{`` (spaces
+    before it included: the driver would read on to a closing brace, over the keys after it). So on
+    PostgreSQL a value is written bare, and a value with ``;`` or a leading ``{`` is refused
+    instead of reaching another database or server."""
+    if not isinstance(value, str) or "\x00" in value:
+        raise ConfigError(key, value, "a value without NUL characters (no connection string can carry one)")
+    if dialect == "postgres":
+        if ";" in value or value.lstrip().startswith("{"):
+            raise ConfigError(key, value, PSQLODBC_EXPECTED)
+        return value
+    if value != value.strip() or not value or any(ch in value for ch in ";{}=") :
+        return "{" + value.replace("}", "}}") + "}"
+    return value
+
+
+def build_connection_string(base: str | None, dialect: str, parts: Iterable[tuple[str, str]] = (), *,
+                            drop: Iterable[str] = ()) -> str:
+    """THE way the agent makes an ODBC connection string: ``base`` (a connection string from the
+    settings, kept as written: driver, credentials, options) with ``parts`` (key, raw value) set
+    over it: every spelling of each part's key dropped from ``base``, then each part's value
+    quoted by :func:`odbc_value` for ``dialect`` (``driver`` values always in braces); keys in
+    ``drop`` are left out too. A value
+    that cannot be carried exactly raises ConfigError before anything is opened."""
+    parts = list(parts)
+    dropped = {key.lower() for key in drop}
+    for key, _ in parts:
+        dropped.update(_ALIASES.get(key.lower(), (key.lower(),)))
+    segments = [f"{key}={val}" for key, val in _segments(base or "") if key.lower() not in dropped]
+    for key, val in parts:
+        if key.lower() == "driver":
+            if not val or "}" in val:
+                raise ConfigError("ODBC driver", val, "an installed ODBC driver name such as 'ODBC Driver 18 for SQL Server'")
+            segments.append(f"{key}={{{val}}}")
+        else:
+            segments.append(f"{key}={odbc_value(val, dialect=dialect, key=key)}")
+    return ";".join(segments) + ";"
+
+
+def with_database(connection_string: str, database: str, dialect: str = "mssql") -> str:
+    """The same ODBC connection string pointing at another database on the same server."""
+    return build_connection_string(connection_string, dialect, [("Database", database)])
+
+
+def with_server(connection_string: str, server: str, dialect: str) -> str:
+    """The same ODBC connection string (driver, credentials, options) pointing at another
+    server: ``host[:port]`` for PostgreSQL, ``host[,port]`` (or ``tcp:host,port``) for SQL Server."""
+    if dialect == "postgres":
+        host, _, port = server.partition(":")
+        parts = [("Servername", host)] + ([("Port", port)] if port else [])
+        return build_connection_string(connection_string, dialect, parts, drop=("port",))
+    return build_connection_string(connection_string, dialect, [("Server", server)])
+
+
+def _redact(connection_string: str) -> str:
+    return re.sub(r"(?i)((?:pwd|password)\s*=\s*)(\{(?:[^}]|\}\})*\}|[^;]*)", r"\1***", connection_string)
+
+
+class SqliteConnection(sqlite3.Connection):
+    """sqlite3 connection that knows when its statement was cancelled: interrupt() stops
+    SQLite's own work, and ``cancelled`` stops our long-running functions (agent_sleep)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        self.interrupt()
+
+
+def _set_wal(connection: sqlite3.Connection, wait_seconds: float = 30.0) -> None:
+    """Switch a database to WAL. The switch needs the database to itself, and SQLite answers
+    "database is locked" at once (the busy timeout does not apply) when processes opening a new
+    file together race for it, as concurrent first init-db runs do: wait for the winner."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            connection.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def sqlite_connect(path: str) -> sqlite3.Connection:
+    if path != ":memory:":
+        parent = Path(path).expanduser().resolve().parent
+        if not parent.is_dir():
+            raise ConfigError("AGENT_DB", f"{SQLITE_PREFIX}{path}", f"a path in an existing folder ({parent} does not exist)")
+    # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so writers queue on the
+    # database lock instead of failing to upgrade a read lock (SQLITE_BUSY).
+    connection = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False,
+                                 factory=SqliteConnection)
+    connection.execute("PRAGMA busy_timeout = 30000")
+    _set_wal(connection)
+    connection.execute("PRAGMA synchronous = NORMAL")
+    # agent_sleep(seconds): lets embedded-default jobs (demos, tests of long work) take time.
+    cancelled = connection.cancelled
+
+    def agent_sleep(seconds: Any) -> int:
+        deadline = time.monotonic() + float(seconds or 0)
+        # Short slices so a cancel (timeout, lost lease) stops it promptly.
+        while time.monotonic() < deadline:
+            if cancelled.is_set():
+                raise sqlite3.OperationalError("interrupted")
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        return 0
+
+    connection.create_function("agent_sleep", 1, agent_sleep)
+    return connection
+
+
+def import_pyodbc():
+    try:
+        import pyodbc
+    except ImportError as exc:
+        text = str(exc)
+        if "libodbc" in text:
+            raise AgentError(
+                "pyodbc cannot load unixODBC (libodbc.so.2): install it, e.g. `apt-get install unixodbc`"
+                " (PostgreSQL also needs `odbc-postgresql`; SQL Server needs Microsoft ODBC Driver 18)") from None
+        raise AgentError(f"pyodbc is not installed ({text}): pip install -r requirements.txt") from None
+    return pyodbc
+
+
+def odbc_connect(connection_string: str, *, display: str, retry_seconds: float = 90.0,
+                 control_database: bool = True, retry_refusals: bool = True) -> Any:
+    """A pyodbc connection (SQL authentication or PostgreSQL), retried on transient errors for
+    up to ``retry_seconds`` (AGENT_CONNECT_RETRY_SECONDS), each wait at least as long as the
+    error asks for. ``retry_refusals=False``: a refusal for too many connections raises at once
+    (the process's connection pool paces those itself, see shared.control.pool)."""
+    pyodbc = import_pyodbc()
+    driver = odbc_pairs(connection_string).get("driver", "")
+    if driver and driver not in pyodbc.drivers():
+        installed = ", ".join(pyodbc.drivers()) or "none"
+        hint = ("`apt-get install odbc-postgresql`" if "postgres" in driver.lower()
+                else "FreeTDS's ODBC driver (`apt-get install tdsodbc`)" if is_freetds(driver)
+                else "Microsoft ODBC Driver 18 for SQL Server (msodbcsql18)")
+        raise AgentError(f"ODBC driver {driver!r} is not installed (installed: {installed}); install {hint}")
+    from shared.control.pool import is_refusal
+    from shared.control.sqlerrors import PERMANENT, SqlErrorInfo, classify, describe, retry_connect
+
+    def judge(exc: BaseException) -> SqlErrorInfo:
+        info = classify(exc)
+        if not retry_refusals and is_refusal(exc):
+            return SqlErrorInfo(PERMANENT, info.number, info.sqlstate, info.message, info.connection_lost)
+        return info
+
+    def attempt() -> Any:
+        try:
+            return pyodbc.connect(connection_string, autocommit=False, timeout=30)
+        except pyodbc.Error as exc:
+            raise ConnectError(f"cannot connect to {display}: {describe(exc)}", exc,
+                               control_database=control_database) from exc
+
+    return retry_connect(attempt, what=f"connecting to {display}", budget_seconds=retry_seconds,
+                         classify_error=judge)
+
+
+class ConnectError(AgentError):
+    """Connecting to a database failed; ``cause`` is the driver's exception (for the classifier).
+    ``control_database`` is False for a job's own DATABASE (where "cannot open database" is a
+    configuration error, not a transient one)."""
+
+    def __init__(self, message: str, cause: BaseException, *, control_database: bool = True) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.control_database = control_database
+
+
+def connector(target: DatabaseTarget, database: str | None = None, server: str | None = None, *,
+              retry_refusals: bool = True) -> Callable[[], Any]:
+    """A function opening a new raw connection to the control database (or, with
+    ``database``, to another database on the same server; with ``server`` too, on that server:
+    a fleet target, reached with the same credentials). ``retry_refusals=False`` (the process's
+    connection pool): a refusal for too many connections is raised at once, not retried."""
+    if target.dialect == "sqlite":
+        if database:
+            raise AgentError("JOB__<name>__DATABASE is not supported on the embedded SQLite database")
+        return lambda: sqlite_connect(target.location)
+    control = database is None and server is None
+    if target.uses_token:
+        from shared.control import azure_sql
+
+        # One cached token for every server: Azure SQL's audience is the same for all of them.
+        provider = azure_sql.shared_token_provider(target.sql_client_id)
+        name = database or target.sql_database or ""
+        return _sql_server_session(lambda: azure_sql.connect_azure_sql(
+            server or target.sql_server or "", name, token_provider=provider,
+            retry_seconds=target.connect_retry_seconds, control_database=control, retry_refusals=retry_refusals))
+    location = with_database(target.location, database, target.dialect) if database else target.location
+    if server:
+        location = with_server(location, server, target.dialect)
+    display = target.display if not database else f"database {database}" + (f" on server {server}" if server else "")
+    if target.dialect == "postgres":
+        location = with_postgres_defaults(location)
+    elif is_freetds(odbc_pairs(location).get("driver", "")):
+        location = with_freetds_defaults(location)
+    opener = lambda: odbc_connect(location, display=display, retry_seconds=target.connect_retry_seconds,  # noqa: E731
+                                  control_database=control, retry_refusals=retry_refusals)
+    return _sql_server_session(opener) if target.dialect == "mssql" else _postgres_session(opener)
+
+
+# psqlODBC's defaults cost 4-5 round trips per statement (a server-side prepare on every new
+# cursor, then a DEALLOCATE inside a savepoint; a savepoint around every statement; BEGIN as a
+# message of its own). With these, a statement is one simple-protocol message, BEGIN rides on
+# the first one, and a batch of statements is one round trip. The Store already rolls back the
+# whole transaction on any error, so statement-level rollback buys nothing. A connection
+# string that sets either option keeps its own value.
+POSTGRES_DEFAULTS = (("UseServerSidePrepare", "0"), ("Protocol", "7.4-1"))
+# Agent statements wait this long for a lock, then fail (transient: retried); job SQL does not.
+LOCK_TIMEOUT_SECONDS = 30
+
+
+# FreeTDS speaks the protocol version it is told (freetds.conf, else its build default, often
+# 7.3 or "auto"): 7.4 is what SQL Server 2012 and later, Azure SQL and Babelfish speak, and 7.3 or
+# later is needed for DATETIME2 to travel as a date and time (older versions send it as text).
+FREETDS_DEFAULTS = (("TDS_Version", "7.4"),)
+
+
+def with_freetds_defaults(connection_string: str) -> str:
+    return _with_defaults(connection_string, FREETDS_DEFAULTS, "mssql")
+
+
+def with_postgres_defaults(connection_string: str) -> str:
+    return _with_defaults(connection_string, POSTGRES_DEFAULTS, "postgres")
+
+
+def _with_defaults(connection_string: str, defaults: tuple[tuple[str, str], ...], dialect: str) -> str:
+    present = odbc_pairs(connection_string)
+    extra = [(key, value) for key, value in defaults if key.lower() not in present]
+    if not extra:
+        return connection_string
+    return build_connection_string(connection_string, dialect, extra)
+
+
+def _postgres_session(opener: Callable[[], Any]) -> Callable[[], Any]:
+    def open_session() -> Any:
+        connection = opener()
+        cursor = connection.cursor()
+        cursor.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_SECONDS}s'")
+        cursor.close()
+        connection.commit()  # a SET in a transaction that rolls back would be undone
+        # Outside Store.transaction() each batch is one implicit transaction the server commits
+        # itself: a statement costs one round trip, not two (the Store turns this off for a
+        # transaction of its own).
+        connection.autocommit = True
+        return connection
+
+    return open_session
+
+
+def _sql_server_session(opener: Callable[[], Any]) -> Callable[[], Any]:
+    """SQL Server sessions run with XACT_ABORT ON (any error aborts the whole transaction, so a
+    failed batch can never leave half its work to be committed by a later statement), NOCOUNT
+    ON (the agent counts rows through OUTPUT, never through row counts) and a lock timeout."""
+
+    def open_session() -> Any:
+        connection = opener()
+        cursor = connection.cursor()
+        cursor.execute(f"SET XACT_ABORT ON; SET NOCOUNT ON; SET LOCK_TIMEOUT {LOCK_TIMEOUT_SECONDS * 1000};")
+        cursor.close()
+        return connection
+
+    return open_session

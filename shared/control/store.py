@@ -1,0 +1,797 @@
+"""The store: runs named queries of one dialect on one connection, and migrates the schema.
+
+A Store owns one connection and is used by one thread at a time (the executor's
+heartbeat opens its own). Outside ``transaction()`` each named query commits on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from shared.control.db import DatabaseTarget, connector
+from shared.errors import AgentError, OwnerError, SchemaError
+from shared.control.transaction_control import TransactionControlRefused, postgres_transaction_statement, refused_message
+from shared.control.queries import Query, load_migrations, load_queries
+
+UTC = timezone.utc
+_TIME_SUFFIXES = ("_at", "_for", "_until")
+
+
+@dataclass
+class Result:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    rowcount: int = 0
+    returns_rows: bool = False
+
+    def one(self) -> dict[str, Any] | None:
+        return self.rows[0] if self.rows else None
+
+    def scalar(self) -> Any:
+        return next(iter(self.rows[0].values())) if self.rows else None
+
+
+class Store:
+    def __init__(self, target: DatabaseTarget, connect: Callable[[], Any] | None = None, *,
+                 job_principal: str | None = None, pool: Any = None, kind: str = "work") -> None:
+        """``pool``: the process's ConnectionPool (shared.control.pool): the connection is taken from it
+        on the first statement and given back by close(), within AGENT_MAX_CONNECTIONS; ``kind``
+        is the pool's share it comes from. Without one, ``connect`` opens a connection of the
+        store's own (a job's target database, a one-off command)."""
+        self.target = target
+        self.pool = pool
+        self.kind = kind
+        # AGENT_JOB_PRINCIPAL: the principal a job's SQL runs as (no rights on schema agent).
+        self.job_principal = job_principal
+        self._discard_after_rollback = False
+        self.dialect = target.dialect
+        self.queries: dict[str, Query] = load_queries(self.dialect)
+        self._connect = connect or connector(target)
+        self._connection: Any = None
+        self._active_cursor: Any = None
+        self._active_thread: int | None = None
+        # close() was called from another thread while a statement ran: done when it ends.
+        self._close_when_idle = False
+        # SQL Server dialect: (session id, whether the server is Babelfish, the database user)
+        # of the current connection, asked before its first job (session_identity); None until then.
+        self._session: tuple[int, bool, str] | None = None
+        self._in_transaction = False
+        # Guards _active_cursor: cancel() (another thread) never touches a cursor being closed.
+        self._lock = threading.Lock()
+        # Round trips sent (one per statement batch) and commits: the benchmark's counters.
+        self.statements_executed = 0
+        self.commits = 0
+        # Telemetry hook: called with (query name, duration ms, success, operation id) after
+        # every named query; the executor sets operation_id while it works on a run.
+        self.observer: Callable[[str, float, bool, str | None], None] | None = None
+        self.operation_id: str | None = None
+
+    # ------------------------------------------------------------ connection
+
+    @property
+    def connection(self) -> Any:
+        if self._connection is None:
+            self._connection = self._connect() if self.pool is None else self.pool.take(self.kind)
+        return self._connection
+
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None
+
+    def close(self) -> None:
+        """Done with the connection for now: back to the pool (the next statement takes one
+        again), or closed when the store has no pool. Inside a transaction it is closed instead
+        (whatever was begun is rolled back by the server).
+
+        Called from another thread while this store's statement runs (the process ends while a
+        worker is still in a statement), the close waits for the statement to end: closing a
+        connection under a running statement crashes the sqlite3 module (a segmentation fault)
+        and is undefined for ODBC drivers."""
+        with self._lock:
+            if self._active_cursor is not None and self._active_thread != threading.get_ident():
+                self._close_when_idle = True
+                return
+        self._release(keep=not self._in_transaction)
+
+    def _release(self, *, keep: bool) -> None:
+        with self._lock:
+            connection, self._connection = self._connection, None
+            self._active_cursor = None
+            self._session = None
+            if connection is not None and self.pool is None:
+                with contextlib.suppress(Exception):
+                    connection.close()   # under the lock: never while cancel() is using it
+        if connection is None or self.pool is None:
+            return
+        # A cancel() in flight held the lock: none can reach this connection any more.
+        if keep and not (self.dialect == "sqlite" and getattr(connection, "in_transaction", False)):
+            self.pool.give(self.kind, connection)
+        else:
+            self.pool.discard(self.kind, connection)
+
+    def __del__(self) -> None:
+        # A store dropped with a pooled connection (its thread ended without releasing it):
+        # the place in AGENT_MAX_CONNECTIONS is freed, the connection closed.
+        connection = getattr(self, "_connection", None)
+        pool = getattr(self, "pool", None)
+        if connection is not None and pool is not None:
+            self._connection = None
+            try:
+                pool.discard(self.kind, connection)
+            except Exception:  # noqa: BLE001 - at interpreter exit the pool may be half gone
+                pass
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _discard_connection(self) -> None:
+        """After a failure the connection may be broken; reconnect on next use."""
+        self._release(keep=False)
+
+    # ------------------------------------------------------------ time values
+
+    def db_time(self, value: datetime | None) -> Any:
+        if value is None:
+            return None
+        value = value.astimezone(UTC) if value.tzinfo else value
+        naive = value.replace(tzinfo=None)
+        if self.dialect == "sqlite":
+            return naive.strftime("%Y-%m-%d %H:%M:%S.") + f"{naive.microsecond // 1000:03d}"
+        return naive
+
+    def json_time(self, value: datetime | None) -> str | None:
+        """A timestamp inside a JSON parameter (text the SQL casts back)."""
+        if value is None:
+            return None
+        converted = self.db_time(value)
+        if isinstance(converted, str):
+            return converted
+        return converted.isoformat(sep=" ", timespec="microseconds")
+
+    def _convert_param(self, value: Any) -> Any:
+        if isinstance(value, datetime):
+            return self.db_time(value)
+        if isinstance(value, bool):
+            return int(value)
+        if isinstance(value, (list, dict)):
+            return json.dumps(value, default=str)
+        return value
+
+    def _convert_row(self, names: Sequence[str], values: Sequence[Any]) -> dict[str, Any]:
+        row: dict[str, Any] = {}
+        for name, value in zip(names, values):
+            if isinstance(value, datetime):
+                value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+            elif isinstance(value, str) and self.dialect == "sqlite" and name.endswith(_TIME_SUFFIXES):
+                value = datetime.fromisoformat(value).replace(tzinfo=UTC)
+            row[name] = value
+        return row
+
+    # ------------------------------------------------------------ execution
+
+    def execute(self, name: str, **params: Any) -> Result:
+        """Run one named query. Outside ``transaction()`` it commits on its own; a query of
+        several statements is one transaction (and, on PostgreSQL and SQL Server, one batch)."""
+        return self.chain((name, params))[0]
+
+    def chain(self, *calls: tuple[str, Mapping[str, Any]]) -> list[Result]:
+        """Run several named queries in order, in one transaction, and return one Result each.
+
+        On PostgreSQL they go to the server as a single batch (one round trip: the server
+        answers one result per statement, so each query's rows are found by counting its
+        statements). SQL Server answers only the statements that return rows, so there, as on
+        SQLite, the queries run one after another in the same transaction."""
+        queries = [(self._query(name, params), params) for name, params in calls]
+        started = time.perf_counter()
+        success = False
+        try:
+            single = len(queries) == 1 and len(queries[0][0].statements) == 1
+            if self._in_transaction or single:
+                results = self._run(queries, commit=not self._in_transaction)
+            else:
+                with self.transaction():
+                    results = self._run(queries, commit=False)
+            success = True
+            return results
+        finally:
+            if self.observer is not None:
+                elapsed = (time.perf_counter() - started) * 1000
+                for query, _ in queries:
+                    with contextlib.suppress(Exception):  # telemetry never breaks the work
+                        self.observer(query.name, elapsed / len(queries), success, self.operation_id)
+
+    def _query(self, name: str, params: Mapping[str, Any]) -> Query:
+        query = self.queries.get(name)
+        if query is None:
+            raise AgentError(f"no query named {name!r} for {self.dialect}")
+        missing = query.parameters - params.keys()
+        if missing:
+            raise TypeError(f"query {name!r} needs parameters {sorted(missing)}")
+        return query
+
+    def _run(self, queries: Sequence[tuple[Query, Mapping[str, Any]]], *, commit: bool) -> list[Result]:
+        try:
+            if self.dialect == "postgres":
+                sql = "\n".join(query.batch.sql for query, _ in queries)
+                values = [self._convert_param(params[p]) for query, params in queries for p in query.batch.params]
+                parts = self._execute_statement(sql, values)
+                results, position = [], 0
+                for query, _ in queries:
+                    count = len(query.statements)
+                    results.append(_merge(parts[position:position + count]))
+                    position += count
+            elif self.dialect == "mssql":
+                results = []
+                for query, params in queries:
+                    values = [self._convert_param(params[p]) for p in query.batch.params]
+                    results.append(_merge(self._execute_statement(query.batch.sql, values)))
+            else:
+                results = []
+                for query, params in queries:
+                    parts: list[Result] = []
+                    for statement in query.statements:
+                        values = [self._convert_param(params[p]) for p in statement.params]
+                        parts += self._execute_statement(statement.sql, values)
+                    results.append(_merge(parts))
+            if commit:
+                self._commit()
+        except BaseException as exc:
+            self._after_failure(exc)
+            raise
+        return results
+
+    def _execute_statement(self, sql: str, values: Sequence[Any]) -> list[Result]:
+        """One round trip; one Result per result the server sent (every result set is read,
+        so an error in a later statement of a batch is raised here, not lost)."""
+        connection = self.connection
+        cursor = connection.cursor()
+        self._set_active(cursor)
+        try:
+            cursor.execute(sql, values) if values else cursor.execute(sql)
+            self.statements_executed += 1
+            parts = [self._read_result(cursor)]
+            if self.dialect != "sqlite":
+                while cursor.nextset():
+                    parts.append(self._read_result(cursor))
+            return parts
+        finally:
+            self._set_active(None)
+            with contextlib.suppress(Exception):
+                cursor.close()
+
+    def _read_result(self, cursor: Any) -> Result:
+        if cursor.description:
+            names = [column[0].lower() for column in cursor.description]
+            return Result(rows=[self._convert_row(names, row) for row in cursor.fetchall()], returns_rows=True)
+        return Result(rowcount=max(cursor.rowcount, 0))
+
+    def _commit(self) -> None:
+        # PostgreSQL outside transaction(): the connection is in autocommit mode, and the server
+        # ran the batch as one implicit transaction, committed as it ended (no COMMIT round trip).
+        if self.dialect == "mssql":
+            self.connection.commit()
+            self.commits += 1
+
+    def _after_failure(self, exc: BaseException | None = None) -> None:
+        if exc is not None and _connection_lost(exc):
+            self._discard_connection()
+            return
+        if self._in_transaction:
+            return  # the transaction block rolls back
+        try:
+            if self._connection is not None:
+                if self.dialect == "sqlite":
+                    if self._connection.in_transaction:
+                        self._connection.execute("ROLLBACK")
+                elif self.dialect == "mssql":
+                    self._connection.rollback()
+                # PostgreSQL in autocommit: the failed batch's implicit transaction is gone already
+        except Exception:
+            self._discard_connection()
+
+    @contextlib.contextmanager
+    def transaction(self, *, immediate: bool = True) -> Iterator["Store"]:
+        """All named queries inside commit together, or not at all.
+
+        On SQLite ``immediate`` takes the write lock up front (the agent's own writes:
+        no lock-upgrade failures). A job's work uses ``immediate=False`` so a job that
+        mostly reads does not hold every other writer off for its whole duration."""
+        if self._in_transaction:
+            raise AgentError("nested transactions are not supported")
+        connection = self.connection
+        if self.dialect == "sqlite":
+            connection.execute("BEGIN IMMEDIATE" if immediate else "BEGIN DEFERRED")
+        elif self.dialect == "postgres":
+            connection.autocommit = False   # client side: BEGIN rides on the first statement
+        self._in_transaction = True
+        try:
+            yield self
+        except BaseException as exc:
+            self._in_transaction = False
+            if _connection_lost(exc):
+                self._discard_connection()
+                raise
+            try:
+                if self.dialect == "sqlite":
+                    if connection.in_transaction:
+                        connection.execute("ROLLBACK")
+                else:
+                    connection.rollback()
+                    if self.dialect == "postgres":
+                        connection.autocommit = True
+            except Exception:
+                self._discard_connection()
+            if self._discard_after_rollback:   # a job's impersonation may still be in force
+                self._discard_after_rollback = False
+                self._discard_connection()
+            raise
+        self._in_transaction = False
+        try:
+            if self.dialect == "sqlite":
+                connection.execute("COMMIT")
+            else:
+                connection.commit()
+                self.commits += 1
+                if self.dialect == "postgres":
+                    connection.autocommit = True
+        except BaseException as exc:
+            self._after_failure(exc)
+            raise
+
+    # ------------------------------------------------------------ user SQL
+
+    def run_script(self, sql: str, output: list[str] | None = None, *, owner: str | None = None) -> list[str]:
+        """Run a job's SQL inside the current transaction (no commit here) and return what the
+        server said while it ran: its messages (PRINT, RAISERROR below 11, notices) and the
+        rows each statement affected, one line each.
+
+        Every result set is read to the end, and an error raised while reading one (a
+        conversion or a division by zero in the middle of a result set) is raised, never
+        swallowed: the job failed. The job's own session changes do not outlive it: on SQL
+        Server it runs through sp_executesql, whose scope restores SET options and drops its
+        temporary tables; on PostgreSQL the agent resets the session before its own
+        statements (``reset_session``); agent statements time out waiting for locks after
+        30 s, the job's do not.
+
+        ``output``: a list the lines are appended to as they come, so that what the server said
+        before an error is kept too (the step attempt's output).
+
+        ``owner``: the principal that defined the job from the database side (migration 0007);
+        the SQL runs with that principal's rights and no more, as AGENT_JOB_PRINCIPAL's jobs do
+        (see :meth:`_run_as`)."""
+        if not self._in_transaction:
+            raise AgentError("run_script must run inside a transaction")
+        connection = self.connection
+        output = [] if output is None else output
+        if self.dialect == "sqlite":
+            if hasattr(connection, "cancelled"):
+                connection.cancelled.clear()
+            # SQLite's parser decides: every transaction statement of the job is denied at
+            # prepare time (shared/control/transaction_control.py). Setting an authorizer expires the
+            # connection's cached statements, so none escapes it.
+            denied: list[str] = []
+            connection.set_authorizer(_job_authorizer(denied))
+            try:
+                for statement in _sqlite_statements(sql):
+                    cursor = connection.cursor()
+                    self._set_active(cursor)
+                    try:
+                        cursor.execute(statement)
+                        cursor.fetchall()
+                        if cursor.rowcount >= 0 and not cursor.description:
+                            output.append(f"({cursor.rowcount} row(s) affected)")
+                    except sqlite3.DatabaseError:
+                        if denied:
+                            raise TransactionControlRefused(refused_message(statement[:80])) from None
+                        raise
+                    finally:
+                        self._set_active(None)
+                        cursor.close()
+            finally:
+                _clear_authorizer(connection)
+            return output
+        if self.dialect == "postgres":
+            refused = postgres_transaction_statement(sql)
+            if refused is not None:
+                raise TransactionControlRefused(refused_message(refused))
+        principal = owner or self.job_principal
+        who = f"the job's owner {principal!r}" if owner else f"AGENT_JOB_PRINCIPAL {principal!r}"
+        if principal and self.dialect == "postgres" and principal != self._session_user(connection):
+            return self._run_as(connection, principal, who, sql, output)
+        if self.dialect == "mssql" and self._session is None:
+            row = self.execute("session_identity").one()
+            assert row is not None
+            self._session = (int(row["spid"]), str(row["babelfish"] or "") == "1", str(row["user_name"] or ""))
+        if principal and self.dialect == "mssql" and self._session is not None \
+                and principal.casefold() == self._session[2].casefold():
+            # A job of the agent's own database user (a job dbo defined from T-SQL, with the
+            # agent connected as dbo) runs with the rights it has already: impersonating oneself
+            # changes nothing, and Babelfish has no EXECUTE AS ... WITH COOKIE. User names
+            # compare as the database's default (case-insensitive) collation does.
+            principal = None
+        cursor = connection.cursor()
+        self._set_active(cursor)
+        try:
+            if self.dialect == "mssql":
+                if principal:
+                    # With the cookie, only this batch can revert: the job's SQL cannot. A job
+                    # that fails leaves the batch before its REVERT, so the connection is
+                    # discarded after the rollback (_discard_after_rollback).
+                    self._discard_after_rollback = True
+                    # The cookie is a local variable of this batch: sp_executesql runs the job's SQL
+                    # in a module scope of its own, where a REVERT applies only to an EXECUTE AS of
+                    # that scope and the variable cannot be read; the batch's context, set with
+                    # the cookie, is reverted only with it. EXECUTE AS anyone else needs
+                    # IMPERSONATE, which the job's principal does not hold (SQL Server Agent's own
+                    # rule for a non-sysadmin owner's job step).
+                    try:
+                        _execute_tsql_job(cursor, mssql_job_batch(principal), sql)
+                    except Exception as exc:
+                        if "15517" in str(exc) or "Cannot execute as the database principal" in str(exc):
+                            raise OwnerError(f"{who} cannot run this job: {_one_line(exc)} (the user must exist in "
+                                             f"this database and the app's user needs IMPERSONATE on it)") from exc
+                        raise
+                    drain_results(cursor, output)
+                    self._discard_after_rollback = False
+                    return output
+                _execute_tsql_job(cursor, mssql_job_batch(None), sql)
+            else:
+                # Agent statements wait 30 s for a lock at most; the job's own SQL waits as long
+                # as its timeout allows; both SET LOCALs end with the transaction (and
+                # reset_session resets the role before the agent's own statements). First, when
+                # the job's transaction began: the same after its SQL, or its SQL ended it.
+                prefix = ["SELECT " + PG_TRANSACTION_BEGAN + " AS agent_began;\n",
+                          "SET LOCAL lock_timeout = 0;\n"]
+                cursor.execute("".join(prefix) + sql)
+                began = str(cursor.fetchone()[0])
+                notices = [0]
+                drained = False
+                for _ in prefix:   # past the agent's own statements
+                    # psqlODBC hands most notices of the batch to its first result: keep them.
+                    output += _messages(cursor, notices)
+                    if not cursor.nextset():
+                        drained = True
+                        break
+                if not drained:
+                    drain_results(cursor, output, notices)
+                _note_cut_notices(notices, output)
+                if self._transaction_began(connection) != began:
+                    raise TransactionControlRefused(
+                        "the job's SQL ended the agent's transaction (a COMMIT or ROLLBACK got past the agent's "
+                        "check): the attempt fails; what the SQL committed before that stays committed")
+                return output
+            drain_results(cursor, output)
+        finally:
+            self._set_active(None)
+            with contextlib.suppress(Exception):
+                cursor.close()
+        return output
+
+    def _session_user(self, connection: Any) -> str:
+        """The login role of ``connection`` (asked once per connection)."""
+        cached = getattr(self, "_session_user_of", None)
+        if cached is None or cached[0] is not connection:
+            cursor = connection.cursor()
+            try:
+                cursor.execute("SELECT CAST(session_user AS text)")
+                cached = (connection, cursor.fetchone()[0])
+            finally:
+                cursor.close()
+            self._session_user_of = cached
+        return cached[1]
+
+    def _run_as(self, connection: Any, principal: str, who: str, sql: str, output: list[str]) -> list[str]:
+        """PostgreSQL: run ``sql`` with ``principal``'s rights, in a way the SQL cannot undo.
+
+        ``SET [LOCAL] ROLE`` alone is no boundary: the job's own ``RESET ROLE`` (or ``SET ROLE``
+        to any role of the agent's login, or ``set_config('role', ...)``) returns to the agent's
+        rights. So the job's SQL runs inside a SECURITY DEFINER function OWNED BY ``principal``
+        (made in pg_temp for this one run, in the job's transaction, dropped after it):
+
+        * inside it every statement runs as ``principal`` (current_user), whatever the session;
+        * PostgreSQL refuses to change ``role`` or ``session_authorization`` inside a
+          security-definer function — SET ROLE, RESET ROLE, SET/RESET SESSION AUTHORIZATION,
+          set_config('role', ...), also from a nested DO block or function: "cannot set parameter
+          "role" within security-definer function" (guc.c, GUC_NOT_WHILE_SEC_REST). That is the
+          server's own rule, not a check of ours that SQL could race or outwit;
+        * transaction control (COMMIT, ROLLBACK, a procedure that commits) is refused inside it,
+          and so is DISCARD ALL: nothing the job did commits unless the whole run does;
+        * the definer is the LOWER principal here (the function gives the owner's rights to the
+          agent's session, never the reverse), its body fixed text (``EXECUTE job_sql``), the
+          job's SQL a parameter.
+
+        Making the function the owner's needs the agent's login to be a member of the role
+        (``GRANT owner TO agent``; ``grant-sql --operator`` prints it) and the owner to hold TEMP
+        on the database (PUBLIC does by default). A missing role or membership is an error naming
+        the principal. What the job returns as rows and row counts is not reported (a function
+        runs it); its notices are."""
+        import uuid
+
+        function = f"pg_temp.agent_job_{uuid.uuid4().hex}"
+        role = '"' + principal.replace('"', '""') + '"'
+        cursor = connection.cursor()
+        self._set_active(cursor)
+        try:
+            try:
+                cursor.execute(
+                    f"CREATE FUNCTION {function}(job_sql text) RETURNS void LANGUAGE plpgsql SECURITY DEFINER "
+                    "AS $agent$ BEGIN EXECUTE job_sql; END $agent$;\n"
+                    f"ALTER FUNCTION {function}(text) OWNER TO {role};")
+                while cursor.nextset():
+                    pass
+            except Exception as exc:
+                raise OwnerError(f"{who} cannot run this job: {_one_line(exc)} (the role must exist, and the "
+                                 "agent's login must be a member of it: GRANT it to the agent's login; "
+                                 "grant-sql --operator prints this)") from exc
+            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?);\n"
+                           f"DROP FUNCTION IF EXISTS {function}(text);", sql)
+            notices = [0]
+            while True:
+                output += _messages(cursor, notices)
+                if cursor.description:
+                    cursor.fetchall()
+                if not cursor.nextset():
+                    break
+            output += _messages(cursor, notices)
+            _note_cut_notices(notices, output)
+        finally:
+            self._set_active(None)
+            with contextlib.suppress(Exception):
+                cursor.close()
+        return output
+
+    def _transaction_began(self, connection: Any) -> str:
+        """PostgreSQL: when the current transaction began (one round trip)."""
+        cursor = connection.cursor()
+        try:
+            cursor.execute("SELECT " + PG_TRANSACTION_BEGAN)
+            return str(cursor.fetchone()[0])
+        finally:
+            cursor.close()
+
+    def _set_active(self, cursor: Any) -> None:
+        with self._lock:
+            self._active_cursor = cursor
+            self._active_thread = threading.get_ident() if cursor is not None else None
+            deferred_close = cursor is None and self._close_when_idle
+            self._close_when_idle = False if deferred_close else self._close_when_idle
+        if deferred_close:
+            self._release(keep=False)   # close() came from another thread meanwhile (see close)
+
+    def cancel(self) -> None:
+        """Stop the statement running on this store's connection (called from another thread).
+        The cursor cannot be closed while the cancel is in flight (the lock).
+
+        Babelfish reads a cancel (the TDS attention SQLCancel sends) only once the statement has
+        ended, so there the session running the job is ended with KILL from a connection of its
+        own: the job's transaction rolls back, and the store reconnects for its next statement.
+        KILL needs the right to end sessions (sysadmin on Babelfish); without it this raises,
+        the caller logs it, and the statement runs to its end (its result is still fenced)."""
+        with self._lock:
+            connection, cursor, session = self._connection, self._active_cursor, self._session
+            with contextlib.suppress(Exception):
+                if self.dialect == "sqlite" and connection is not None:
+                    (connection.cancel if hasattr(connection, "cancel") else connection.interrupt)()
+                elif cursor is not None:
+                    cursor.cancel()
+        if self.dialect == "mssql" and cursor is not None and session is not None and session[1]:
+            killer = self._connect()
+            try:
+                killer.autocommit = True            # KILL is refused inside a transaction (6615)
+                killer.cursor().execute(f"KILL {int(session[0])}")
+            finally:
+                with contextlib.suppress(Exception):
+                    killer.close()
+
+    # ------------------------------------------------------------ schema
+
+    def schema_version(self) -> int:
+        if not self.execute("schema_exists").rows:
+            return 0
+        return int(self.execute("get_schema_version").scalar() or 0)
+
+    def latest_version(self) -> int:
+        migrations = load_migrations(self.dialect)
+        return migrations[-1].version if migrations else 0
+
+    def migrate(self, now: datetime, *, up_to: int | None = None) -> tuple[int, int]:
+        """Apply the migrations this database lacks (idempotent; concurrent calls queue on a lock).
+        ``up_to``: stop after that version (a database left where an older release left it: the
+        upgrade tests start there)."""
+        migrations = [m for m in load_migrations(self.dialect) if up_to is None or m.version <= up_to]
+        # bootstrap_schema takes a session-level migration lock (PostgreSQL advisory lock, SQL
+        # Server applock) before it creates anything; it is held until the migrations committed.
+        with self.transaction():
+            self.execute("bootstrap_schema")
+        try:
+            with self.transaction():
+                self.execute("lock_migrations")
+                before = int(self.execute("get_schema_version").scalar() or 0)
+                latest = self.latest_version()
+                if before > latest:
+                    raise SchemaError(f"the control database has schema version {before}, newer than this code "
+                                      f"knows ({latest}); upgrade the agent")
+                for migration in migrations:
+                    if migration.version <= before:
+                        continue
+                    for statement in migration.statements():
+                        self._execute_statement(statement, [])
+                    self.execute("record_migration", version=migration.version,
+                                 description=migration.description, now=now)
+        finally:
+            with contextlib.suppress(Exception):   # a lost connection released it already
+                self.execute("release_migration_lock")
+        return before, latest
+
+    def require_schema(self) -> None:
+        version = self.schema_version()
+        latest = self.latest_version()
+        if version == 0:
+            raise SchemaError(f"{self.target.display} has no agent schema: run `sql-agent init-db` (from a clone: .venv/bin/sql-agent) first")
+        if version < latest:
+            raise SchemaError(f"{self.target.display} has schema version {version}, this code needs {latest}: run `init-db` to upgrade")
+        if version > latest:
+            raise SchemaError(f"{self.target.display} has schema version {version}, newer than this code ({latest}): upgrade the agent")
+
+
+def _execute_tsql_job(cursor: Any, batch: str, sql: str) -> None:
+    """Run a job's T-SQL batch; a COMMIT or ROLLBACK in it that the nesting caught (SQL Server's
+    error 266 when sp_executesql returns with another @@TRANCOUNT, Babelfish's words for the same)
+    is the rule in words, with the server's message after it."""
+    try:
+        cursor.execute(batch, sql)
+    except Exception as exc:
+        text = str(exc)
+        if "(266)" in text or "Transaction count after EXECUTE" in text or "Transaction count after execution" in text:
+            raise TransactionControlRefused(f"{MSSQL_REFUSED} ({_one_line(exc)})") from exc
+        raise
+
+
+def mssql_job_batch(job_principal: str | None) -> str:
+    """The T-SQL batch that runs a job's SQL (its one parameter) in the agent's transaction: the
+    job's own lock timeout; one more nested transaction around it, so that a COMMIT in it only
+    decrements @@TRANCOUNT and commits nothing (SQL Server commits only the outermost), and a
+    changed count afterwards (its COMMIT or ROLLBACK) fails the attempt before anything else
+    runs (the agent then rolls back); with a job principal (a job's owner, or AGENT_JOB_PRINCIPAL),
+    impersonation of that database user that only this batch's cookie reverts."""
+    nest = "DECLARE @agent_trancount INT;\nBEGIN TRANSACTION;\nSET @agent_trancount = @@TRANCOUNT;\n"
+    unnest = ("IF @@TRANCOUNT <> @agent_trancount THROW 50002, N'" + MSSQL_REFUSED.replace("'", "''")
+              + "', 1;\nCOMMIT TRANSACTION;\n")
+    if job_principal:
+        name = "N'" + job_principal.replace("'", "''") + "'"
+        return ("SET LOCK_TIMEOUT -1;\nDECLARE @agent_cookie VARBINARY(8000);\n" + nest
+                + f"EXECUTE AS USER = {name} WITH COOKIE INTO @agent_cookie;\n"
+                "EXEC sp_executesql ?;\nREVERT WITH COOKIE = @agent_cookie;\n" + unnest + "SET LOCK_TIMEOUT 30000;")
+    return "SET LOCK_TIMEOUT -1;\n" + nest + "EXEC sp_executesql ?;\n" + unnest + "SET LOCK_TIMEOUT 30000;"
+
+
+# When the current transaction began, in microseconds since the epoch: a number no session
+# setting of the job's (TimeZone, DateStyle, extra_float_digits) renders differently.
+PG_TRANSACTION_BEGAN = "CAST(extract(epoch FROM transaction_timestamp()) * 1000000 AS bigint)"
+MSSQL_REFUSED = ("the job's SQL may not end the agent's transaction (a COMMIT or ROLLBACK in it changed "
+                 "@@TRANCOUNT): nothing it did is kept")
+
+
+def _job_authorizer(denied: list[str]) -> Callable[..., int]:
+    def authorize(action: int, arg1: Any, arg2: Any, database: Any, source: Any) -> int:
+        if action == sqlite3.SQLITE_TRANSACTION:
+            denied.append(str(arg1))
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+    return authorize
+
+
+def _allow_everything(*_: Any) -> int:
+    return sqlite3.SQLITE_OK
+
+
+def _clear_authorizer(connection: Any) -> None:
+    try:
+        connection.set_authorizer(None)           # Python 3.11+
+    except TypeError:
+        connection.set_authorizer(_allow_everything)
+
+
+def _one_line(exc: BaseException) -> str:
+    from shared.control.sqlerrors import describe
+
+    return describe(exc)
+
+
+def drain_results(cursor: Any, output: list[str] | None = None, notices: list[int] | None = None) -> list[str]:
+    """Read every result set of a job's batch to the end and return the server's messages and
+    row counts. An error the server raises while a result set is being read (a conversion or a
+    division by zero in its middle, with a driver that fetches incrementally) propagates: the job
+    failed, and must never be recorded as succeeded. Lines are appended to ``output`` (when
+    given) as they come, so the messages before such an error are kept."""
+    output = [] if output is None else output
+    while True:
+        output += _messages(cursor, notices)
+        if cursor.description:
+            cursor.fetchall()
+        elif cursor.rowcount >= 0:
+            output.append(f"({cursor.rowcount} row(s) affected)")
+        if not cursor.nextset():
+            break
+    output += _messages(cursor, notices)
+    return output
+
+
+# What the ODBC driver puts before a server's message: Microsoft's drivers say
+# [Microsoft][ODBC Driver 18 for SQL Server][SQL Server], FreeTDS [FreeTDS][SQL Server].
+_DRIVER_PREFIX = re.compile(r"\[Microsoft\]\[ODBC Driver \d+ for SQL Server\]\[SQL Server\]|\[FreeTDS\]\[SQL Server\]")
+
+
+def _messages(cursor: Any, notices: list[int] | None = None) -> list[str]:
+    """The informational messages pyodbc collected for the current result (PRINT, notices).
+    ``notices``: a one-item counter the characters received are added to (PostgreSQL: see
+    _note_cut_notices)."""
+    lines = []
+    for _, text in getattr(cursor, "messages", None) or ():
+        text = str(text)
+        if notices is not None:
+            notices[0] += len(text)
+        lines.append(_DRIVER_PREFIX.sub("", text).strip())
+    return lines
+
+
+def _note_cut_notices(notices: list[int], output: list[str]) -> None:
+    """PostgreSQL: psqlODBC keeps a batch's notices in one diagnostic text whose length travels in
+    ODBC's 16-bit SQLSMALLINT, handing parts of it to the batch's results as they come: past
+    PSQLODBC_NOTICE_LIMIT characters in all, the rest is lost without any error (docs/steps.md).
+    A job whose notices reach that size gets a note saying its output was cut, as for
+    AGENT_STEP_OUTPUT_MAX_BYTES."""
+    if notices[0] >= PSQLODBC_NOTICE_LIMIT:
+        output.append(PSQLODBC_CUT_NOTE.format(size=notices[0]))
+
+
+# psqlODBC keeps the notices of one batch (a job's SQL is sent as one) in a text whose length is
+# a SQLSMALLINT (at most 32,767 characters): measured, 300 notices of 100 characters arrive as
+# 32,699 characters in all, split between the batch's first results; the rest is gone. What
+# arrives at this size was cut; a batch whose notices never arrive cannot be told apart.
+PSQLODBC_NOTICE_LIMIT = 32_000
+PSQLODBC_CUT_NOTE = ("[output cut by the PostgreSQL ODBC driver after {size} characters of notices: it keeps about "
+                     "32 KB of a batch's notices; write longer progress into a table]")
+
+
+def _merge(parts: Sequence[Result]) -> Result:
+    """The Result of one query: the rows of every statement that returns rows, in order (the
+    rowcount of the last statement when none does)."""
+    rows = [row for part in parts if part.returns_rows for row in part.rows]
+    if any(part.returns_rows for part in parts):
+        return Result(rows=rows, rowcount=len(rows), returns_rows=True)
+    return Result(rowcount=parts[-1].rowcount if parts else 0)
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """A driver error after which this connection is no use (reconnect on next use)."""
+    from shared.control.sqlerrors import classify
+
+    info = classify(exc)
+    return bool(info.sqlstate and info.sqlstate.startswith("08")) or info.connection_lost
+
+
+def _sqlite_statements(sql: str) -> list[str]:
+    """Split a script into statements at the semicolons SQLite itself sees as ends."""
+    statements: list[str] = []
+    start = 0
+    for index, char in enumerate(sql):
+        if char == ";" and sqlite3.complete_statement(sql[start:index + 1]):
+            statement = sql[start:index + 1].strip()
+            if statement.rstrip(";").strip():
+                statements.append(statement)
+            start = index + 1
+    tail = sql[start:].strip()
+    if tail:
+        statements.append(tail)
+    return statements

@@ -1,0 +1,768 @@
+"""The executor: one run in, one fenced attempt out.
+
+Two ways in, one way through:
+
+* **queue mode** (the Functions queue trigger, or the local runner on a storage queue):
+  ``handle(body, dequeue_count)`` validates the message (malformed, unknown run, forged token →
+  poison at once; a doorbell → dispatch only), then starts the run it names under the start lock
+  only if the message's token is still current: a message early for its slot is re-sent for the
+  rest of the wait; a run that may not start yet is held (back to pending; a completion hands it
+  on) or skipped (overlap skip, misfire);
+* **direct mode** (the local runner without a storage queue): ``work_once()`` claims runnable
+  runs straight from agent.runs, the same rules deciding, in one statement.
+
+Then: the process's supervisor renews the lease and enforces the timeout; the job's SQL runs
+in a transaction; completion is conditional on the token and, for work in the control database,
+commits in the same transaction as the work (a fenced-off worker's work rolls back), together
+with the hand-on dispatch of what became runnable (queue mode). Failures are classified:
+transient errors and lapses spend no attempt (queue mode: the queue redelivers, poison at the
+dequeue-count threshold; direct mode: the run waits and retries, poison at the same threshold);
+errors in the job's SQL and timeouts spend one of MAX_ATTEMPTS, retried after a backoff.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+from shared.settings import Settings, StepDefinition
+from shared.engine.dispatch import delay_until, dispatch, dispatch_params, send_dispatched
+from shared.errors import LeaseLost, MessageError, QueueError, TransientJobError
+from shared.messaging.messages import DoorbellMessage, RunMessage, decode_body, parse_message
+from shared.control.store import Result, Store
+from shared.control.sqlerrors import classify, describe
+from shared.control.db import ConnectError
+from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
+from shared.engine.notify import notifications_enabled
+from shared.jobs.run_model import RUN_ENDING_OUTCOMES, AttemptError, Outcome, RunStatus
+from shared.jobs.steps import QUIT_FAILURE, QUIT_SUCCESS, cap_output, run_steps, target_step
+
+log = logging.getLogger(__name__)
+UTC = timezone.utc
+MAX_BACKOFF_SECONDS = 3600
+# A step's output as a telemetry property (Application Insights keeps 8 KiB of a value).
+TELEMETRY_OUTPUT_MAX_BYTES = 8192
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    outcome: Outcome
+    run_id: int | None = None
+    detail: str = ""
+    output: str = ""     # a one-step run's output, capped for telemetry
+
+
+class Executor:
+    def __init__(self, *, settings: Settings, store: Callable[[], Store], target_store: Callable[[str], Store],
+                 telemetry: Any, supervisor: Any, queue: Any = None,
+                 clock: Callable[[], datetime] | None = None, transient_delay_seconds: float = 30.0,
+                 notifier: Any = None) -> None:
+        """``queue`` is the queue port in queue mode (re-sends, hand-on dispatch), None in
+        direct mode. ``transient_delay_seconds``: how long a direct-mode run waits after a
+        transient error (the queue's redelivery delay, host.json visibilityTimeout)."""
+        self.settings = settings
+        self._store = store
+        self._target_store = target_store
+        self.telemetry = telemetry
+        self.supervisor = supervisor
+        self.queue = queue
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self.worker = settings.agent.worker_id
+        self.transient_delay_seconds = transient_delay_seconds
+        # Delivers the notification outbox off this worker's path (None: no webhook configured).
+        self.notifier = notifier if notifications_enabled(settings) else None
+
+    # ------------------------------------------------------------ queue mode
+
+    def handle(self, body: str | bytes, dequeue_count: int, message_id: str | None = None) -> ExecutionResult:
+        """Process one delivery. Returns normally when the message should be deleted;
+        raises TransientJobError when the queue should deliver it again."""
+        max_dequeue = self.settings.agent.max_dequeue_count
+        try:
+            text = decode_body(body)
+            message = parse_message(text)
+        except MessageError as exc:
+            shown = body if isinstance(body, str) else body.decode("utf-8", errors="replace")
+            return self._poison(run_id=None, token=None, body=shown, dequeue_count=dequeue_count,
+                                message_id=message_id, reason=f"malformed message: {exc}", operation_id=None)
+        if isinstance(message, DoorbellMessage):
+            return self._doorbell()
+        if dequeue_count > max_dequeue:
+            # Deliveries that never reached a verdict (e.g. a worker crash loop) still end here.
+            return self._poison(run_id=message.run_id, token=message.token, body=text, dequeue_count=dequeue_count,
+                                message_id=message_id, operation_id=message.operation_id,
+                                reason=f"dequeue count {dequeue_count} is above AGENT_MAX_DEQUEUE_COUNT={max_dequeue}")
+        store = self._store()
+        now = self.clock()
+        rows = store.execute("start_run", run_id=message.run_id, token=message.token, now=now, worker=self.worker,
+                             dequeue_count=dequeue_count, max_concurrency=self.settings.agent.max_concurrency,
+                             late_cutoff=self._late_cutoff(now)).rows
+        if not rows:
+            return self._not_started(message, text, dequeue_count, message_id)
+        run = rows[0]
+        decision = run["decision"]
+        if decision == "early":
+            return self._resend_early(run, text, now)
+        if decision.startswith("skip-"):
+            self._skipped_event(run)
+            return ExecutionResult(Outcome.SKIPPED, run["run_id"], run["note"] or "")
+        if decision.startswith("held-"):
+            log.info("run %s held: %s", run["run_id"], run["note"])
+            return ExecutionResult(Outcome.HELD, run["run_id"], run["note"] or "")
+        return self._execute(run, body=text, dequeue_count=dequeue_count, message_id=message_id)
+
+    def _doorbell(self) -> ExecutionResult:
+        """A doorbell plans the jobs the T-SQL procedures defined (claiming their slots) and
+        dispatches; it never fails (the tick is the safety net) and is never poisoned."""
+        from shared.engine.scheduler import Scheduler
+
+        now = self.clock()
+        try:
+            # Jobs the T-SQL procedures defined since the last look get their slots first.
+            Scheduler(self._store(), self.queue, self.settings, self.telemetry, clock=self.clock).poll(now)
+        except Exception as exc:  # noqa: BLE001 - the dispatch below still runs; the tick plans too
+            log.warning("doorbell: planning the jobs defined in the database failed: %s", describe(exc))
+        try:
+            outcome = dispatch(self._store(), self.queue, self.settings, now, self.telemetry)
+            return ExecutionResult(Outcome.DOORBELL, None, f"{len(outcome.queued)} run(s) dispatched")
+        except Exception as exc:  # noqa: BLE001
+            log.warning("doorbell: dispatch failed (the next doorbell or tick tries again): %s", describe(exc))
+            return ExecutionResult(Outcome.DOORBELL, None, "dispatch failed")
+
+    def _resend_early(self, run: dict[str, Any], text: str, now: datetime) -> ExecutionResult:
+        """The message came before the run's slot: send it again for the rest of the wait (a
+        new message, so this early delivery is not counted) and acknowledge this one."""
+        delay = max(1, delay_until(run["runnable_at"], now))
+        self.queue.send_many([text], delays=[delay])
+        detail = f"run {run['run_id']}: message arrived {delay} s before its slot; re-sent delayed"
+        log.info(detail)
+        return ExecutionResult(Outcome.EARLY, run["run_id"], detail)
+
+    def _not_started(self, message: RunMessage, text: str, dequeue_count: int,
+                     message_id: str | None) -> ExecutionResult:
+        run = self._store().execute("get_run", run_id=message.run_id).one()
+        if run is None:
+            return self._poison(run_id=message.run_id, token=None, body=text, dequeue_count=dequeue_count,
+                                message_id=message_id, operation_id=message.operation_id,
+                                reason=f"unknown run {message.run_id}")
+        if message.token > run["token"]:
+            return self._poison(run_id=message.run_id, token=None, body=text, dequeue_count=dequeue_count,
+                                message_id=message_id, operation_id=message.operation_id, job=run["job_name"],
+                                reason=f"token {message.token} was never issued (run {message.run_id} is at token {run['token']})")
+        kind = Outcome.STALE if message.token < run["token"] else Outcome.DUPLICATE
+        detail = (f"run {message.run_id}: message token {message.token}, run token {run['token']}, "
+                  f"status {run['status']}: acknowledged without running ({kind})")
+        log.info(detail)
+        self.telemetry.event("StaleMessage", {"job": run["job_name"] or "(task)", "run_id": message.run_id,
+                                              "token": message.token, "outcome": kind,
+                                              "scheduled_for": run["scheduled_for"]},
+                             operation_id=message.operation_id or run["operation_id"])
+        return ExecutionResult(kind, message.run_id, detail)
+
+    # ------------------------------------------------------------ direct mode
+
+    def work_once(self, batch: int = 1) -> list[ExecutionResult]:
+        """Claim up to ``batch`` runnable runs from agent.runs and execute them; an empty list
+        means nothing may start now."""
+        store = self._store()
+        now = self.clock()
+        rows = store.execute("claim_runs", now=now, late_cutoff=self._late_cutoff(now), worker=self.worker,
+                             max_concurrency=self.settings.agent.max_concurrency, batch=batch).rows
+        results = []
+        for run in rows:
+            if run["decision"] == "skipped":
+                self._skipped_event(run)
+                results.append(ExecutionResult(Outcome.SKIPPED, run["run_id"], run["note"] or ""))
+        for run in rows:
+            if run["decision"] == "start":
+                results.append(self._execute(run, body=None, dequeue_count=None, message_id=None))
+        return results
+
+    # ------------------------------------------------------------ the attempt
+
+    def _execute(self, run: dict[str, Any], *, body: str | None, dequeue_count: int | None,
+                 message_id: str | None) -> ExecutionResult:
+        store = self._store()
+        run = dict(run)
+        if "step" in run and run["step"] is None:
+            # PostgreSQL: the run's row was not yet visible to the start statement's snapshot
+            # (inserted while it waited for the start lock); read its steps now.
+            current = store.execute("get_run", run_id=run["run_id"]).one() or {}
+            run["step"], run["steps"] = current.get("step") or 1, current.get("steps")
+        steps = run_steps(run)
+        run_id, token, attempt = run["run_id"], run["token"], run["attempt"]
+        operation_id = run["operation_id"]
+        properties = {"job": run["job_name"] or "(task)", "run_id": run_id, "attempt": attempt, "token": token,
+                      "scheduled_for": run["scheduled_for"], "kind": run["kind"], **target_properties(run)}
+        if self.telemetry.enabled:
+            lag = (run["started_at"] - run["scheduled_for"]).total_seconds()
+            self.telemetry.event("RunStarted", {**properties, "outcome": "running"}, operation_id=operation_id)
+            self.telemetry.metric("ScheduleLagSeconds", max(0.0, lag), {"job": properties["job"]},
+                                  operation_id=operation_id)
+        if steps is not None:
+            step = steps[run["step"] - 1]
+            store.execute("begin_step_attempt", run_id=run_id, token=token, attempt=attempt, step=step.step,
+                          target_database=step.database)
+        started = time.perf_counter()
+        while True:
+            step = steps[run["step"] - 1] if steps is not None else None
+            result = self._attempt(run, step, steps, body=body, dequeue_count=dequeue_count,
+                                   message_id=message_id, operation_id=operation_id)
+            if result is not None:
+                break
+            # The run went on to its next step at once, in this worker, under the same token.
+        if result.outcome in RUN_ENDING_OUTCOMES and self.notifier is not None:
+            self.notifier.wake()
+        if result.outcome == Outcome.SUCCEEDED:
+            duration_ms = (time.perf_counter() - started) * 1000
+            log.debug("run %s (%s) succeeded in %.0f ms", run_id, properties["job"], duration_ms)
+            if self.telemetry.enabled:
+                extra = {"output": result.output} if result.output else {}
+                self.telemetry.event("RunSucceeded", {**properties, "attempt": run["attempt"], "outcome": "succeeded",
+                                                      "duration_ms": round(duration_ms), **extra},
+                                     operation_id=operation_id)
+                self.telemetry.metric("RunDurationMs", duration_ms, {"job": properties["job"]},
+                                      operation_id=operation_id)
+                if dequeue_count is not None:
+                    self.telemetry.metric("DequeueCount", dequeue_count, {"job": properties["job"]},
+                                          operation_id=operation_id)
+        return result
+
+    def _attempt(self, run: dict[str, Any], step: StepDefinition | None, steps: list[StepDefinition] | None, *,
+                 body: str | None, dequeue_count: int | None, message_id: str | None,
+                 operation_id: str) -> ExecutionResult | None:
+        """One attempt: of the run (a one-step job), or of the step the run is at. Returns the
+        result, or None when the run went on to another step (``run`` is updated to it)."""
+        store = self._store()
+        run_id, token = run["run_id"], run["token"]
+        properties = {"job": run["job_name"] or "(task)", "run_id": run_id, "attempt": run["attempt"],
+                      "token": token, "scheduled_for": run["scheduled_for"], "kind": run["kind"],
+                      **target_properties(run)}
+        if step is not None:
+            properties["step"] = step.step
+            if step.targets:
+                return self._fan_out(run, step, steps or [], properties, body=body, dequeue_count=dequeue_count,
+                                     message_id=message_id, operation_id=operation_id)
+        command = step.command if step is not None else run["command"]
+        database = step.database if step is not None else run["target_database"]
+        timeout_seconds = step.timeout_seconds if step is not None else run["timeout_seconds"]
+        same_database = not database
+        server = run.get("target_server") if step is None else None
+        try:
+            work_store = store if same_database else self._target_store(database, server)
+        except Exception as exc:  # e.g. DATABASE on the embedded SQLite database
+            info = classify(exc)
+            return self._failed(run, body, dequeue_count, message_id,
+                                AttemptError("permanent", info.number, info.sqlstate, info.message), properties,
+                                operation_id, False, step=step, steps=steps, output=[])
+        held = self.supervisor.hold(run_id, token, lease_seconds=run["lease_seconds"],
+                                    timeout_seconds=timeout_seconds, cancel=work_store.cancel)
+        store.operation_id = operation_id
+        handed_on: list[dict[str, Any]] = []
+        output: list[str] = []
+        moved: dict[str, Any] | None = None
+        owner: str | None = None
+        try:
+            owner = self._owner(store, run)
+            with work_store.transaction(immediate=False):
+                with self.telemetry.sql_call(properties["job"], target=work_store.target.display,
+                                             operation_id=operation_id, data=command[:1000]):
+                    work_store.run_script(command, output, owner=owner)
+                if same_database:
+                    handed_on, moved = self._finish(store, run, step, steps, output, reset=True)
+            if not same_database:
+                # Work in another database has committed: at-least-once from here on.
+                from shared.control.sqlerrors import retry_transient
+
+                handed_on, moved = retry_transient(lambda: self._finish_alone(run, step, steps, output),
+                                                   what=f"completing run {run_id}")
+        except LeaseLost:
+            return self._fenced(run, properties, operation_id, "completion refused: the run's token moved on",
+                                same_database)
+        except Exception as exc:
+            if held.reason == "lease":
+                return self._fenced(run, properties, operation_id,
+                                    "work stopped: the lease was taken over or the run cancelled", same_database)
+            info = classify(exc)
+            if run.get("parent_run_id") is not None and isinstance(exc, ConnectError) and info.kind == "transient":
+                # A fleet target that cannot be reached (after AGENT_CONNECT_RETRY_SECONDS of
+                # retries): this execution fails, retried per its step's policy.
+                info = replace(info, kind="permanent")
+            if held.reason == "timeout":
+                setting = f"STEPS__{step.step}__TIMEOUT_SECONDS" if step is not None else "TIMEOUT_SECONDS"
+                error = AttemptError("timeout", None, None, f"timed out after {timeout_seconds} s (JOB {setting})")
+            else:
+                message = info.message
+                if owner and repr(owner) not in message:    # e.g. "permission denied": whose rights
+                    message = f"{message} (the job runs as its owner {owner!r}, who defined it from T-SQL)"
+                error = AttemptError(info.kind, info.number, info.sqlstate, message)
+            return self._failed(run, body, dequeue_count, message_id, error, properties, operation_id, same_database,
+                                step=step, steps=steps, output=output)
+        finally:
+            store.operation_id = None
+            self.supervisor.release(held)
+            if not same_database:
+                work_store.close()
+        self._send_handed_on(handed_on)
+        if step is None or moved is None:
+            return ExecutionResult(Outcome.SUCCEEDED, run_id, output=cap_output(output, TELEMETRY_OUTPUT_MAX_BYTES) or "")
+        self._step_event("StepSucceeded", properties, "succeeded", output, operation_id)
+        return self._after_transition(run, moved, properties, operation_id, error_message=None)
+
+    def _owner(self, store: Store, run: dict[str, Any]) -> str | None:
+        """The principal a run's SQL runs as when it was defined from the database side
+        (agent.exec_async, agent.add_scheduled_job: migration 0007), else None (the agent's user,
+        or AGENT_JOB_PRINCIPAL). start_run and claim_runs return it with the run (no statement of
+        its own); a run dict from elsewhere costs one indexed read. Always from the database: this
+        process's copy of the settings is no proof that the job of that name is still the
+        settings' one (another process may have synced their removal and an operator defined the
+        name since)."""
+        if store.dialect == "sqlite":
+            return None             # no procedures: nothing is defined from the database side
+        # The claim says '' for the agent's user. NULL: the claim could not see the run (on
+        # PostgreSQL its outer statement's snapshot predates the claim function's own, so a fleet
+        # execution another worker created meanwhile is claimed but not visible to it); never
+        # read as "no owner", which would run an operator's job with the agent's rights.
+        if run.get("owner") is not None:
+            return run["owner"] or None
+        return store.execute("run_owner", run_id=run["run_id"]).scalar()
+
+    def _fan_out(self, run: dict[str, Any], step: StepDefinition, steps: list[StepDefinition],
+                 properties: dict[str, Any], *, body: str | None, dequeue_count: int | None, message_id: str | None,
+                 operation_id: str) -> ExecutionResult:
+        """A fleet step: resolve its targets now (one listing per server or pool), then, fenced by
+        the token, create one execution per database and let the run wait for them (no lease, no
+        worker slot) — one statement, with the hand-on dispatch of the first executions in queue
+        mode. The execution that ends last moves the run on (shared/sql: progress_fleets)."""
+        from shared.engine.fleet import resolve_step_targets, targets_json
+
+        store = self._store()
+        run_id, token = run["run_id"], run["token"]
+        held = self.supervisor.hold(run_id, token, lease_seconds=run["lease_seconds"],
+                                    timeout_seconds=step.timeout_seconds, cancel=lambda: None)
+        try:
+            try:
+                targets = resolve_step_targets(step.targets or "", dialect=store.dialect, control_store=self._store,
+                                               target_store=self._target_store,
+                                               setting=f"STEPS__{step.step}__TARGETS")
+            except Exception as exc:
+                info = classify(exc)
+                if isinstance(exc, ConnectError) and info.kind == "transient":
+                    # A server that still cannot be reached after AGENT_CONNECT_RETRY_SECONDS of
+                    # retries: the step's attempt fails (retried per its policy), as a target's
+                    # execution does, rather than burning deliveries into poison.
+                    info = replace(info, kind="permanent")
+                return self._failed(run, body, dequeue_count, message_id,
+                                    AttemptError(info.kind, info.number, info.sqlstate,
+                                                 f"resolving the targets ({step.targets}): {info.message}"),
+                                    properties, operation_id, False, step=step, steps=steps, output=[])
+            if not targets:
+                return self._failed(run, body, dequeue_count, message_id,
+                                    AttemptError("permanent", None, None,
+                                                 f"the targets ({step.targets}) name no database now"),
+                                    properties, operation_id, False, step=step, steps=steps, output=[])
+            now = self.clock()
+            params = {"run_id": run_id, "token": token, "now": now, "targets": targets_json(targets),
+                      "target_count": len(targets), "parallelism": step.target_parallelism,
+                      "next_on_success": flow_number(step.on_success), "next_on_failure": flow_number(step.on_failure),
+                      "command": step.command, "max_attempts": step.max_attempts,
+                      "timeout_seconds": step.timeout_seconds, "retry_interval_seconds": step.retry_interval_seconds,
+                      "step": step.step}
+            with store.transaction():
+                results = self._chain_with_hand_on(store, [("fan_out_targets", params)], now)
+                if results[0].one() is None:
+                    raise LeaseLost()
+        except LeaseLost:
+            return self._fenced(run, properties, operation_id, "fan-out refused: the run's token moved on", False)
+        finally:
+            self.supervisor.release(held)
+        self._send_handed_on(results[-1].rows if self.queue is not None else [])
+        detail = (f"step {step.step}: {len(targets)} target execution(s), {step.target_parallelism} at a time: "
+                  + ", ".join(t.text() for t in targets[:10]) + (", ..." if len(targets) > 10 else ""))
+        log.info("run %s (%s) %s", run_id, properties["job"], detail)
+        self.telemetry.event("TargetsResolved", {**properties, "outcome": "fanned_out", "targets": len(targets),
+                                                 "target_parallelism": step.target_parallelism},
+                             operation_id=operation_id)
+        return ExecutionResult(Outcome.FANNED_OUT, run_id, detail)
+
+    def _report_fleet_progress(self, calls: list[tuple[str, dict[str, Any]]], results: list[Result]) -> None:
+        for (name, _), result in zip(calls, results):
+            if name == "progress_fleets":
+                self._fleet_moved(result.rows)
+
+    def _fleet_moved(self, rows: list[dict[str, Any]]) -> None:
+        """Runs whose target executions all ended, as progress_fleets moved them on."""
+        from shared.engine.fleet import report_moved_runs
+
+        if report_moved_runs(rows, self.telemetry) and self.notifier is not None:
+            self.notifier.wake()
+
+    def _after_transition(self, run: dict[str, Any], moved: dict[str, Any], properties: dict[str, Any],
+                          operation_id: str, *, error_message: str | None) -> ExecutionResult | None:
+        """Where a step transition left the run: on to another step (None: the caller runs it),
+        a retry of the step later, or the end the flow reports."""
+        run_id = run["run_id"]
+        if moved["status"] == RunStatus.RUNNING:
+            log.info("run %s (%s): on to step %s", run_id, properties["job"], moved["step"])
+            run.update(step=moved["step"], attempt=moved["attempt"], failures=moved["failures"])
+            return None
+        if moved["status"] == RunStatus.PENDING:
+            return ExecutionResult(Outcome.RETRY_SCHEDULED, run_id, error_message or "")
+        if moved["status"] == RunStatus.SUCCEEDED:
+            return ExecutionResult(Outcome.SUCCEEDED, run_id)
+        detail = error_message or f"step {properties.get('step')} reported failure (its flow quits with failure)"
+        log.error("run %s (%s) failed at step %s: %s", run_id, properties["job"], properties.get("step"), detail)
+        self.telemetry.event("RunFailed", {**properties, "outcome": "failed", "error_message": detail},
+                             operation_id=operation_id)
+        return ExecutionResult(Outcome.FAILED, run_id, detail)
+
+    def _step_event(self, name: str, properties: dict[str, Any], outcome: str, output: list[str],
+                    operation_id: str, **extra: Any) -> None:
+        if self.telemetry.enabled:
+            self.telemetry.event(name, {**properties, "outcome": outcome, **extra,
+                                        "output": cap_output(output, TELEMETRY_OUTPUT_MAX_BYTES) or ""},
+                                 operation_id=operation_id)
+
+    def _output_text(self, output: list[str]) -> str | None:
+        return cap_output(output, self.settings.agent.step_output_max_bytes)
+
+    def _transition(self, run: dict[str, Any], step: StepDefinition, steps: list[StepDefinition], now: datetime,
+                    *, outcome: str, action: str | None, retry_at: datetime | None, failures: int,
+                    output: list[str], error: AttemptError | None) -> dict[str, Any]:
+        """The parameters of step_transition: ``retry_at`` (the same step again, later) or
+        ``action`` (a resolved flow action: goto:<n>, quit_success, quit_failure)."""
+        params = {"run_id": run["run_id"], "token": run["token"], "now": now, "attempt": run["attempt"],
+                  "step": step.step, "outcome": outcome, "error_number": error.number if error else None,
+                  "error_sqlstate": error.sqlstate if error else None,
+                  "error_message": error.message if error else None, "step_output": self._output_text(output),
+                  "worker": self.worker,
+                  "lease_until": now + timedelta(seconds=run["lease_seconds"]), "runnable_at": now,
+                  "next_database": None, "failed_step": None, "failures": failures, "next_step": step.step}
+        if retry_at is not None:
+            params.update(run_status=RunStatus.PENDING, runnable_at=retry_at)
+            return params
+        if outcome != "succeeded":
+            params["failed_step"] = step.step   # the last step whose failure the flow followed
+        target = target_step(action or QUIT_FAILURE)
+        if target is not None:
+            params.update(run_status=RunStatus.RUNNING, next_step=target, failures=0, next_database=steps[target - 1].database)
+        elif action == QUIT_SUCCESS:
+            params.update(run_status=RunStatus.SUCCEEDED)
+        else:
+            params.update(run_status=RunStatus.FAILED)
+        return params
+
+    def _finish(self, store: Store, run: dict[str, Any], step: StepDefinition | None,
+                steps: list[StepDefinition] | None, output: list[str], *,
+                reset: bool) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """Inside the open transaction: (reset the session the job used,) complete the run — or,
+        for a step, follow its ON_SUCCESS — fenced by its token, keep the attempt's output, and
+        in queue mode dispatch what its end made runnable — one round trip on PostgreSQL.
+        Raises LeaseLost (the caller rolls back) when the token moved on. Returns the hand-on
+        rows and, for a step, where the run went."""
+        now = self.clock()
+        calls: list[tuple[str, dict[str, Any]]] = []
+        if reset:
+            calls.append(("reset_session", {}))
+        if reset:
+            # The job worked in this transaction: it must still be active (on SQL Server its SQL can
+            # commit, roll back or doom it). Not after work in another database: the completion
+            # then opens the control database's transaction itself.
+            calls.append(("check_work_transaction", {}))
+        position = len(calls)
+        if step is None:
+            calls.append(("finish_run", {"run_id": run["run_id"], "token": run["token"], "now": now}))
+            text = self._output_text(output)
+            if text is not None:
+                calls.append(("record_attempt_output", {"run_id": run["run_id"], "token": run["token"],
+                                                        "attempt": run["attempt"], "step_output": text}))
+            calls += fleet_progress_calls(run, now)
+            ends = True
+            calls += ending_calls(self.settings, now)
+        else:
+            params = self._transition(run, step, steps, now, outcome="succeeded", action=step.on_success,
+                                      retry_at=None, failures=run["failures"], output=output,
+                                      error=None)
+            calls.append(("step_transition", params))
+            ends = params["run_status"] != RunStatus.RUNNING
+            if ends:
+                calls += ending_calls(self.settings, now)
+        results = self._chain_with_hand_on(store, calls, now) if ends else store.chain(*calls)
+        row = results[position].one()
+        if row is None:
+            raise LeaseLost()
+        self._report_fleet_progress(calls, results)
+        report_follow_ups(follow_up_rows(calls, results), self.telemetry)
+        handed_on = results[-1].rows if self.queue is not None and ends else []
+        return handed_on, (row if step is not None else None)
+
+    def _finish_alone(self, run: dict[str, Any], step: StepDefinition | None, steps: list[StepDefinition] | None,
+                      output: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        store = self._store()
+        with store.transaction():
+            return self._finish(store, run, step, steps, output, reset=False)
+
+    def _chain_with_hand_on(self, store: Store, calls: list[tuple[str, dict[str, Any]]], now: datetime) -> list[Result]:
+        """The calls, then (queue mode) the hand-on dispatch — with the start lock taken before
+        the calls touch any row of agent.runs: the dispatch needs it, and a start holds it while
+        it waits for a run's row (a fleet's last executions lock their run), so taking it last
+        could deadlock."""
+        if self.queue is None:
+            return store.chain(*calls)
+        # After the session reset (the job may have run as AGENT_JOB_PRINCIPAL), before the rest.
+        at = next((i for i, (name, _) in enumerate(calls) if name not in ("reset_session", "check_work_transaction")),
+                  len(calls))
+        results = store.chain(*calls[:at], ("lock_starts", {}), *calls[at:],
+                              ("dispatch_runs", dispatch_params(self.settings, now)))
+        return results[:at] + results[at + 1:]
+
+    def _send_handed_on(self, rows: list[dict[str, Any]]) -> None:
+        """After the commit: the messages of the runs the finished one handed on."""
+        if not rows or self.queue is None:
+            return
+        try:
+            send_dispatched(rows, self._store(), self.queue, self.clock(), self.telemetry)
+        except QueueError as exc:  # the runs are back to pending, or their dispatch lease covers them
+            log.error("hand-on dispatch: %s", describe(exc))
+
+    def _fenced(self, run: dict[str, Any], properties: dict[str, Any], operation_id: str, why: str,
+                same_database: bool) -> ExecutionResult:
+        store = self._store()
+        handed_on: list[dict[str, Any]] = []
+        try:
+            calls = [("reset_session", {})] if same_database else []
+            calls.append(("close_fenced_attempt", {"run_id": run["run_id"], "token": run["token"],
+                                                   "now": self.clock(), "error_message": why}))
+            with store.transaction():
+                results = self._chain_with_hand_on(store, calls, self.clock())
+            handed_on = results[-1].rows if self.queue is not None else []
+        except Exception as exc:  # history only; the run itself is already someone else's
+            log.warning("run %s: could not record the fenced attempt: %s", run["run_id"], describe(exc))
+        self._send_handed_on(handed_on)
+        log.warning("run %s attempt %s (token %s): %s; its work was rolled back", run["run_id"], run["attempt"],
+                    run["token"], why)
+        self.telemetry.event("RunFailed", {**properties, "outcome": "lease_lost", "error_message": why},
+                             operation_id=operation_id)
+        return ExecutionResult(Outcome.LEASE_LOST, run["run_id"], why)
+
+    def _failed(self, run: dict[str, Any], body: str | None, dequeue_count: int | None, message_id: str | None,
+                error: AttemptError, properties: dict[str, Any],
+                operation_id: str, same_database: bool, *, step: StepDefinition | None = None,
+                steps: list[StepDefinition] | None = None,
+                output: list[str] | None = None) -> ExecutionResult | None:
+        """A failed attempt. Returns the result, or None when a step's ON_FAILURE took the run on
+        to another step (``run`` is updated to it)."""
+        number, sqlstate, message = error.number, error.sqlstate, error.message
+        output = output or []
+        text = self._output_text(output)
+        record = ([("record_attempt_output", {"run_id": run["run_id"], "token": run["token"],
+                                              "attempt": run["attempt"], "step_output": text})]
+                  if text is not None else [])
+        store = self._store()
+        run_id, token, attempt = run["run_id"], run["token"], run["attempt"]
+        now = self.clock()
+        failure = {**properties, "error_number": number, "error_message": message}
+        if output:
+            failure["output"] = cap_output(output, TELEMETRY_OUTPUT_MAX_BYTES)
+        max_dequeue = self.settings.agent.max_dequeue_count
+        reset = [("reset_session", {})] if same_database else []
+        errors = {"error_number": number, "error_sqlstate": sqlstate, "error_message": message}
+        if error.transient:
+            deliveries = dequeue_count if dequeue_count is not None else run["transient_errors"] + 1
+            if deliveries >= max_dequeue:
+                where = "delivery" if dequeue_count is not None else "transient error"
+                return self._poison(run_id=run_id, token=token, dequeue_count=deliveries, message_id=message_id,
+                                    body=body or RunMessage(run_id, token, operation_id).to_json(),
+                                    operation_id=operation_id, attempt_error=error, job=properties["job"],
+                                    parent_run_id=run.get("parent_run_id"),
+                                    reason=f"transient error on {where} {deliveries} of "
+                                           f"AGENT_MAX_DEQUEUE_COUNT={max_dequeue}: {message}")
+            if dequeue_count is not None:
+                lease_until = now + timedelta(seconds=self.settings.agent.dispatch_lease_seconds)
+                call = ("requeue_transient", {"run_id": run_id, "token": token, "now": now,
+                                              "lease_until": lease_until, **errors})
+            else:
+                retry_at = now + timedelta(seconds=self.transient_delay_seconds)
+                call = ("retry_transient", {"run_id": run_id, "token": token, "now": now, "retry_at": retry_at,
+                                            **errors})
+            with store.transaction():
+                results = self._chain_with_hand_on(store, reset + [call] + record, now)
+            if not results[len(reset)].rows:
+                return self._fenced(run, properties, operation_id, f"transient error after the lease moved on: {message}",
+                                    same_database)
+            self._send_handed_on(results[-1].rows if self.queue is not None else [])
+            log.warning("run %s attempt %s: transient error (no attempt spent), %s: %s", run_id, attempt,
+                        "the queue will redeliver" if dequeue_count is not None else "retried later", message)
+            self.telemetry.event("RunRetried", {**failure, "outcome": "redeliver"}, operation_id=operation_id)
+            if dequeue_count is not None:
+                raise TransientJobError(run_id, message)
+            return ExecutionResult(Outcome.TRANSIENT, run_id, message)
+        outcome = error.attempt_outcome
+        if step is not None:
+            return self._step_failed(run, step, steps or [], now, outcome, error, output,
+                                     properties, operation_id, reset)
+        interval = run.get("retry_interval_seconds")
+        retry_at = now + timedelta(seconds=interval if interval is not None else self.backoff_seconds(run["failures"] + 1))
+        calls = (reset + [("fail_run", {"run_id": run_id, "token": token, "now": now, "retry_at": retry_at,
+                                        "outcome": outcome, **errors})]
+                 + record + fleet_progress_calls(run, now) + ending_calls(self.settings, now))
+        with store.transaction():
+            results = self._chain_with_hand_on(store, calls, now)
+        row = results[len(reset)].one()
+        if row is None:
+            return self._fenced(run, properties, operation_id, f"failed after the lease moved on: {message}",
+                                same_database)
+        self._report_fleet_progress(calls, results)
+        report_follow_ups(follow_up_rows(calls, results), self.telemetry)
+        self._send_handed_on(results[-1].rows if self.queue is not None else [])
+        if row["status"] == RunStatus.PENDING:
+            log.warning("run %s attempt %s failed (%s of MAX_ATTEMPTS=%s spent): %s; retry at %s", run_id, attempt,
+                        row["failures"], row["max_attempts"], message, retry_at.isoformat())
+            self.telemetry.event("RunRetried", {**failure, "outcome": "retry_scheduled",
+                                                "retry_at": retry_at}, operation_id=operation_id)
+            return ExecutionResult(Outcome.RETRY_SCHEDULED, run_id, message)
+        log.error("run %s failed after %s attempt(s): %s", run_id, row["failures"], message)
+        self.telemetry.event("RunFailed", {**failure, "outcome": "failed"}, operation_id=operation_id)
+        return ExecutionResult(Outcome.FAILED, run_id, message)
+
+    def _step_failed(self, run: dict[str, Any], step: StepDefinition, steps: list[StepDefinition], now: datetime,
+                     outcome: str, error: AttemptError, output: list[str],
+                     properties: dict[str, Any], operation_id: str,
+                     reset: list[tuple[str, dict[str, Any]]]) -> ExecutionResult | None:
+        """An error in a step's SQL (or its timeout) spends one of the step's MAX_ATTEMPTS: the
+        step again after its RETRY_INTERVAL_SECONDS (default: the backoff) while attempts remain,
+        else the step's ON_FAILURE — all fenced, in one transaction."""
+        number, message = error.number, error.message
+        failures = run["failures"] + 1
+        retry_at = None
+        if failures < step.max_attempts:
+            interval = (step.retry_interval_seconds if step.retry_interval_seconds is not None
+                        else self.backoff_seconds(failures))
+            retry_at = now + timedelta(seconds=interval)
+        params = self._transition(run, step, steps, now, outcome=outcome, action=step.on_failure, retry_at=retry_at,
+                                  failures=failures, output=output, error=error)
+        store = self._store()
+        ends = params["run_status"] != RunStatus.RUNNING
+        calls = reset + [("step_transition", params)] + (ending_calls(self.settings, now) if ends else [])
+        with store.transaction():
+            results = self._chain_with_hand_on(store, calls, now) if ends else store.chain(*calls)
+        moved = results[len(reset)].one()
+        if moved is None:
+            return self._fenced(run, properties, operation_id, f"failed after the lease moved on: {message}",
+                                bool(reset))
+        report_follow_ups(follow_up_rows(calls, results), self.telemetry)
+        self._send_handed_on(results[-1].rows if self.queue is not None and ends else [])
+        failure = {**properties, "error_number": number, "error_message": message}
+        self._step_event("StepFailed", failure, outcome, output, operation_id)
+        if moved["status"] == RunStatus.PENDING:
+            log.warning("run %s step %s attempt %s failed (%s of the step's MAX_ATTEMPTS=%s spent): %s; retry at %s",
+                        run["run_id"], step.step, run["attempt"], failures, step.max_attempts, message,
+                        retry_at.isoformat())
+            self.telemetry.event("RunRetried", {**failure, "outcome": "retry_scheduled", "retry_at": retry_at},
+                                 operation_id=operation_id)
+        else:
+            log.warning("run %s step %s failed after %s attempt(s): %s; ON_FAILURE %s", run["run_id"], step.step,
+                        failures, message, step.on_failure)
+        return self._after_transition(run, moved, properties, operation_id,
+                                      error_message=f"step {step.step}: {message}")
+
+    def backoff_seconds(self, failures: int) -> float:
+        base = self.settings.agent.retry_backoff_seconds
+        return float(min(MAX_BACKOFF_SECONDS, base * (2 ** max(0, failures - 1))))
+
+    def _late_cutoff(self, now: datetime) -> datetime:
+        return now - timedelta(seconds=self.settings.agent.misfire_threshold_seconds)
+
+    def _skipped_event(self, run: dict[str, Any]) -> None:
+        note = run.get("note") or ""
+        log.info("run %s (%s) slot %s skipped: %s", run["run_id"], run["job_name"], run["scheduled_for"], note)
+        if self.telemetry.enabled:
+            name = "OverlapSkipped" if note.startswith("overlap") else "MisfireSkipped"
+            self.telemetry.event(name, {"job": run["job_name"] or "(task)", "run_id": run["run_id"],
+                                        "scheduled_for": run["scheduled_for"], "outcome": "skipped",
+                                        "error_message": note}, operation_id=run["operation_id"])
+
+    # ------------------------------------------------------------ poison
+
+    def _poison(self, *, run_id: int | None, token: int | None, body: str, dequeue_count: int,
+                message_id: str | None, reason: str, operation_id: str | None,
+                attempt_error: AttemptError | None = None,
+                job: str | None = None, parent_run_id: int | None = None) -> ExecutionResult:
+        """Take the message (or, in direct mode, the run) out of circulation: keep the body and
+        every error, mark the run (only when this message holds its current token) and return
+        normally, so the host deletes the message instead of retrying it."""
+        store = self._store()
+        now = self.clock()
+        number, sqlstate, message = ((attempt_error.number, attempt_error.sqlstate, attempt_error.message)
+                                     if attempt_error else (None, None, None))
+        followed: list[dict[str, Any]] = []
+        with store.transaction():
+            marked = False
+            if token is not None and run_id is not None:
+                # The run first (and its open attempt, closed with the last error), then the record.
+                marked = bool(store.execute("poison_run", run_id=run_id, token=token, now=now, reason=reason,
+                                            error_number=number, error_sqlstate=sqlstate,
+                                            error_message=message).rows)
+                if marked:
+                    # A poisoned execution ends its part of the fleet (when its message was poisoned
+                    # unread, the tick moves the fleet on).
+                    for name, params in fleet_progress_calls({"parent_run_id": parent_run_id, "run_id": run_id,
+                                                              "token": token}, now):
+                        self._fleet_moved(store.execute(name, **params).rows)
+                    for name, params in ending_calls(self.settings, now):
+                        followed += follow_up_rows([(name, params)], [store.execute(name, **params)])
+            errors: list[dict[str, Any]] = []
+            if run_id is not None:
+                for row in store.execute("list_run_errors", run_id=run_id).rows:
+                    errors.append({key: (value.isoformat() if isinstance(value, datetime) else value)
+                                   for key, value in row.items()})
+            errors.append({"outcome": "poisoned", "error_message": reason, "at": now.isoformat()})
+            poison_id = store.execute("insert_poison", run_id=run_id, message_id=message_id, body=body,
+                                      dequeue_count=dequeue_count, reason=reason,
+                                      errors=json.dumps(errors, default=str), now=now).scalar()
+        log.error("message %s poisoned (poison id %s, run %s): %s", message_id or "-", poison_id, run_id, reason)
+        if marked and self.notifier is not None:
+            self.notifier.wake()
+        report_follow_ups(followed, self.telemetry)
+        if followed and self.queue is not None:
+            # The poisoned run's end started its followers: dispatched now, not at the next doorbell.
+            try:
+                dispatch(self._store(), self.queue, self.settings, self.clock(), self.telemetry)
+            except Exception as exc:  # noqa: BLE001 - they wait for the next doorbell or tick instead
+                log.warning("dispatching the follow-up runs of run %s failed: %s", run_id, describe(exc))
+        self.telemetry.event("RunPoisoned", {"job": job, "run_id": run_id, "token": token,
+                                             "dequeue_count": dequeue_count,
+                                             "outcome": "poisoned" if marked else "message_poisoned",
+                                             "error_message": reason, "poison_id": poison_id},
+                             operation_id=operation_id)
+        return ExecutionResult(Outcome.POISONED, run_id, reason)
+
+
+def target_properties(run: dict[str, Any]) -> dict[str, Any]:
+    """What every event of a fleet target execution carries: its database and its run."""
+    if run.get("parent_run_id") is None:
+        return {}
+    return {"target_database": run.get("target_database"), "target_server": run.get("target_server") or "",
+            "parent_run_id": run["parent_run_id"]}
+
+
+def fleet_progress_calls(run: dict[str, Any], now: datetime) -> list[tuple[str, dict[str, Any]]]:
+    """In the transaction that ends a fleet target execution: move its fleet on (let the next
+    execution in, or move the run on when this was the last). Nothing for any other run."""
+    if run.get("parent_run_id") is None:
+        return []
+    return [("progress_fleets", {"parent_run_id": run["parent_run_id"], "run_id": run.get("run_id"),
+                                 "token": run.get("token"), "now": now})]
+
+
+def flow_number(action: str) -> int:
+    """A resolved flow action as progress_fleets reads it: the step to go to, 0 to quit with
+    success, -1 to quit with failure."""
+    target = target_step(action)
+    if target is not None:
+        return target
+    return 0 if action == QUIT_SUCCESS else -1

@@ -1,0 +1,430 @@
+"""Operator actions, in one place: what `sql-agent submit`, `cancel`, `stop`, `poison requeue`,
+`run-now`, `pause`, `resume`, `grant-sql --apply` and `import-sqlagent --apply` do to the control
+database.
+
+Each action is one transaction (or one chain of statements) and returns a typed result; the
+front ends (the command line, and any other that acts for an operator) parse their arguments,
+call one of these and print or render the result. An action that cannot be done raises the
+engine's errors (NotFoundError, UsageError, ConfigError) naming the argument, the bad value and
+what is expected. In queue mode an action that makes a run ready hands it to the queue at once
+(:func:`dispatch_now`), so it need not wait for a doorbell or the next tick.
+
+This module imports no front end (the import contract in pyproject.toml says so); it takes the
+:class:`shared.engine.agent.Agent` it acts through as an argument, and the agent's run-now
+(:meth:`Agent.request_run_now`) is :func:`request_run_now` here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from shared.control.db import DatabaseTarget, connector
+from shared.engine.dispatch import dispatch
+from shared.errors import ConfigError, NotFoundError, UsageError
+from shared.engine.fleet import report_moved_runs
+from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
+from shared.engine.notify import notifications_enabled
+from shared.control.queries import split_statements
+from shared.jobs.run_model import RunStatus
+from shared.jobs.schedules import parse_schedule
+from shared.control.sqlerrors import is_unique_violation
+from shared.telemetry.client import new_operation_id
+
+if TYPE_CHECKING:       # the agent calls request_run_now from here: a type only, no import cycle
+    from shared.engine.agent import Agent
+    from shared.control.store import Store
+
+# run-now requests at the same millisecond: how many next milliseconds a request tries.
+RUN_NOW_KEY_TRIES = 16
+# agent.job_pauses.reason, agent.job_pauses.paused_by: their column sizes.
+MAX_REASON_LENGTH = 400
+MAX_PAUSED_BY_LENGTH = 256
+
+
+# --- results -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Submitted:
+    """An ad-hoc task run (submit). ``dispatched``: runs queued at once (None: direct mode, the
+    local runner's workers claim it)."""
+    run_id: int
+    order: int | None
+    dispatched: int | None
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """A cancelled run, with the fleet runs the cancel moved on and the follow-up runs their
+    ends started."""
+    run_id: int
+    runs_moved: int
+    follow_ups_started: int
+    dispatched: int | None
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A job's runs in flight, cancelled (stop); empty when none was in flight."""
+    job_name: str
+    cancelled_run_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Requeued:
+    """A poisoned or failed run given one more attempt (poison requeue)."""
+    poison_id: int
+    run_id: int
+    dispatched: int | None
+
+
+@dataclass(frozen=True)
+class RunNowResult:
+    """A run of a job started by hand: created (``status`` pending or the like), or recorded
+    skipped by its overlap policy (``note`` says why; then nothing is dispatched)."""
+    run_id: int
+    job_name: str
+    status: str
+    note: str | None
+    dispatched: int | None
+
+    @property
+    def skipped(self) -> bool:
+        return self.status == RunStatus.SKIPPED
+
+
+@dataclass(frozen=True)
+class Pause:
+    job_name: str
+    paused_at: datetime
+    paused_until: datetime | None
+    paused_by: str | None
+    reason: str | None
+    # Slots claimed ahead inside the pause, recorded skipped "paused" by this pause.
+    runs_skipped: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"job_name": self.job_name, "paused": True, "paused_at": self.paused_at,
+                "paused_until": self.paused_until, "paused_by": self.paused_by, "reason": self.reason,
+                "runs_skipped": self.runs_skipped}
+
+
+@dataclass(frozen=True)
+class Resume:
+    job_name: str
+    paused_at: datetime
+    resumed_at: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"job_name": self.job_name, "paused": False, "paused_at": self.paused_at,
+                "resumed_at": self.resumed_at}
+
+
+# --- runs and tasks --------------------------------------------------------------------------
+
+def dispatch_now(agent: Agent) -> int | None:
+    """Queue mode: dispatch at once (the new run need not wait for a doorbell or the tick): the
+    runs queued. Direct mode (None): the local runner's workers pick it up themselves (within
+    AGENT_POLL_SECONDS)."""
+    if not agent.queue_mode:
+        return None
+    outcome = dispatch(agent.store(), agent.queue, agent.settings, agent.clock(), agent.telemetry)
+    return len(outcome.queued)
+
+
+def submit(agent: Agent, sql: str, *, order: int | None, max_attempts: int, timeout_seconds: int,
+           operation_id: str | None = None) -> Submitted:
+    """An ad-hoc task run of ``sql`` on the control database, dispatched at once in queue mode."""
+    if not sql.strip():
+        raise UsageError("--sql: expected the SQL to run (non-empty)", setting="--sql", value=sql,
+                         expected="the SQL to run (non-empty)")
+    store = agent.store()
+    store.require_schema()      # after the argument's check: a bad --sql is a usage error, schema or not
+    row = store.execute("insert_task", command=sql, target_database=None, task_order=order,
+                        max_attempts=max_attempts, timeout_seconds=timeout_seconds, lease_seconds=60,
+                        now=agent.clock(), operation_id=operation_id or new_operation_id()).one()
+    return Submitted(run_id=row["run_id"], order=order, dispatched=dispatch_now(agent))
+
+
+def cancel(agent: Agent, run_id: int) -> Cancelled:
+    """Cancel a run that has not finished. In the same transaction, the run's fleet: a run
+    waiting for its targets ends with its executions; for one of a fleet's executions, its run
+    lets the next waiting one in or, when this was the last, moves on (its outcome notified and
+    its followers started) at once, not at the next tick."""
+    store = agent.store()
+    now = agent.clock()
+    run = store.execute("get_run", run_id=run_id).one()
+    if run is None:
+        raise NotFoundError(f"no run with id {run_id}", setting="RUN_ID", value=run_id,
+                            expected="the id of a run (history)")
+    with store.transaction():
+        if not store.execute("cancel_run", run_id=run_id, now=now).rows:
+            status = store.execute("get_run", run_id=run_id).one()["status"]
+            raise UsageError(f"run {run_id} is already {status}", setting="RUN_ID", value=run_id,
+                             expected="a run that has not finished")
+        moved = store.execute("progress_fleets", parent_run_id=run.get("parent_run_id") or run_id,
+                              run_id=None, token=None, now=now).rows
+        followed: list[dict[str, Any]] = []
+        if any(row["status"] in (RunStatus.SUCCEEDED, RunStatus.FAILED) for row in moved):
+            for name, params in ending_calls(agent.settings, now):
+                followed += follow_up_rows([(name, params)], [store.execute(name, **params)])
+    if report_moved_runs(moved, agent.telemetry) and notifications_enabled(agent.settings):
+        agent.notifier.wake()
+    report_follow_ups(followed, agent.telemetry)
+    # A fleet run the cancel ended started its followers: on the queue now.
+    dispatched = dispatch_now(agent) if followed else None
+    return Cancelled(run_id=run_id, runs_moved=len(moved), follow_ups_started=len(followed), dispatched=dispatched)
+
+
+def stop(agent: Agent, job_name: str) -> Stopped:
+    """Cancel the job's runs in flight; their fleet target executions are cancelled with them
+    (the NULL progress: every run no longer waiting for its targets). A running step notices at
+    its worker's next lease renewal (every LEASE_SECONDS / 3)."""
+    store = agent.store()
+    now = agent.clock()
+    rows = store.chain(("stop_job", {"job_name": job_name, "now": now}),
+                       ("progress_fleets", {"parent_run_id": None, "run_id": None, "token": None,
+                                            "now": now}))[0].rows
+    if not rows:
+        jobs = {r["job_name"] for r in store.execute("list_jobs").rows}
+        if job_name not in jobs:
+            known = ", ".join(sorted(jobs)) or "none"
+            raise NotFoundError(f"no job named {job_name!r} (jobs the agent knows: {known})", setting="JOB",
+                                value=job_name, expected=f"one of the jobs the agent knows: {known}")
+    return Stopped(job_name=job_name, cancelled_run_ids=tuple(row["run_id"] for row in rows))
+
+
+def requeue(agent: Agent, poison_id: int) -> Requeued:
+    """One more attempt for the run of a poison message, when the run is poisoned or failed."""
+    store = agent.store()
+    poison = store.execute("get_poison", poison_id=poison_id).one()
+    if poison is None:
+        raise NotFoundError(f"no poison message with id {poison_id}", setting="ID", value=poison_id,
+                            expected="the id of a poison message (poison list)")
+    if poison["run_id"] is None:
+        raise UsageError(f"poison message {poison_id} belongs to no run (it was malformed: {poison['reason']}); "
+                         "nothing to requeue", setting="ID", value=poison_id,
+                         expected="a poison message of a run")
+    now = agent.clock()
+    with store.transaction():
+        changed = bool(store.execute("requeue_run", run_id=poison["run_id"], now=now).rows)
+        if changed:
+            store.execute("mark_poison_requeued", poison_id=poison_id, now=now)
+    if not changed:
+        run = store.execute("get_run", run_id=poison["run_id"]).one()
+        status = run["status"] if run else "gone"
+        raise UsageError(f"run {poison['run_id']} is {status}; only a poisoned or failed run can be requeued",
+                         setting="ID", value=poison_id, expected="a poison message of a poisoned or failed run")
+    return Requeued(poison_id=poison_id, run_id=poison["run_id"], dispatched=dispatch_now(agent))
+
+
+def request_run_now(agent: Agent, job_name: str, *, operation_id: str | None = None) -> dict[str, Any] | None:
+    """A run of the job right away, keyed by the request time, its overlap policy decided under
+    the start lock (None: no such valid job). Two requests at the same millisecond (SQLite's
+    resolution; two operators, or a script) would share the key: the later one takes the next
+    millisecond and meets the overlap policy like any other request."""
+    store = agent.store()
+    now = agent.clock()
+    operation_id = operation_id or new_operation_id()
+    for nudge in range(RUN_NOW_KEY_TRIES):
+        try:
+            with store.transaction():
+                return store.execute("insert_manual_run", job_name=job_name,
+                                     now=now + timedelta(milliseconds=nudge), operation_id=operation_id).one()
+        except Exception as exc:
+            if not is_unique_violation(exc) or nudge == RUN_NOW_KEY_TRIES - 1:
+                raise
+    return None
+
+
+def run_now(agent: Agent, job_name: str, *, operation_id: str | None = None) -> RunNowResult:
+    """run-now: :func:`request_run_now`, dispatched at once unless its overlap policy skipped it;
+    when no run could be made, an error saying why (invalid, removed, or unknown). The job is as
+    the agent last synced it: the caller's own settings are not read."""
+    row = request_run_now(agent, job_name, operation_id=operation_id or new_operation_id())
+    if row is None:
+        jobs = {r["job_name"]: r for r in agent.store().execute("list_jobs").rows}
+        job = jobs.get(job_name)
+        if job is not None and not job["valid"]:
+            raise ConfigError(f"JOB__{job_name}__*", job_name, f"a valid job; it is invalid: {job['config_error']}")
+        if job is not None:
+            raise UsageError(f"job {job_name!r} was removed from the settings; it cannot run", setting="NAME",
+                             value=job_name, expected="a job in the settings")
+        known = ", ".join(name for name, r in jobs.items() if r["valid"] and r["configured"]) or "none"
+        raise NotFoundError(f"no job named {job_name!r} (jobs the agent knows: {known}; a job added to the "
+                            "settings is known after the agent's next tick)", setting="NAME", value=job_name,
+                            expected=f"one of the jobs the agent knows: {known}")
+    skipped = row["status"] == RunStatus.SKIPPED
+    return RunNowResult(run_id=row["run_id"], job_name=job_name, status=row["status"], note=row.get("note"),
+                        dispatched=None if skipped else dispatch_now(agent))
+
+
+# --- pause and resume (issue 27) -------------------------------------------------------------
+# The pause is a row of agent.job_pauses, state of its own that the settings sync never touches;
+# the tick reads it (select_due_jobs) and records each slot that comes while the job is paused as
+# a run skipped "paused" (shared/engine/scheduler.py, _plan_paused_slots). agent.pause_job and
+# agent.resume_job (migration 0009) do the same from T-SQL. Every time is the database's clock
+# (the caller passes the agent's clock, which is it). Starting a paused job by hand (run-now,
+# agent.start_job) is allowed, as SQL Server Agent starts a disabled job.
+
+def pause_job(store: Store, name: str, *, now: datetime, until: datetime | None = None,
+              paused_by: str | None = None, reason: str | None = None, telemetry: Any = None) -> Pause:
+    """Pause ``name`` from ``now`` until ``until`` (None: until resumed). Pausing a paused job
+    keeps its start and takes the new end and reason. The slots it had claimed inside the pause
+    are recorded skipped "paused" in the same transaction, under the pauses lock a tick's claim
+    holds shared: once this returns, no slot inside the pause is claimed."""
+    if until is not None and until <= now:
+        raise UsageError(f"--until {until.isoformat()}: expected a time after now (the database's clock: "
+                         f"{now.isoformat()})", setting="--until", value=until.isoformat(),
+                         expected=f"a time after {now.isoformat()} (the database's clock)")
+    if reason is not None and len(reason) > MAX_REASON_LENGTH:
+        raise UsageError(f"--reason: {len(reason)} characters; expected at most {MAX_REASON_LENGTH}",
+                         setting="--reason", value=reason[:80], expected=f"at most {MAX_REASON_LENGTH} characters")
+    paused_by = paused_by[:MAX_PAUSED_BY_LENGTH] if paused_by else None
+    with store.transaction():
+        store.execute("lock_job_pauses")
+        row = store.execute("pause_job", job_name=name, now=now, paused_until=until, paused_by=paused_by,
+                            reason=reason).one()
+        if row is None:
+            raise _unknown_job(store, name)
+        skipped = store.execute("skip_paused_slots", job_name=name, now=now, paused_until=until).rows
+        pause = Pause(job_name=name, paused_at=row["paused_at"], paused_until=row["paused_until"],
+                      paused_by=row["paused_by"], reason=row["reason"], runs_skipped=len(skipped))
+        store.execute("insert_job_events", now=now, events=[{
+            "job_name": name, "kind": "paused",
+            "detail": (f"paused by {paused_by or '?'} (sql-agent pause) "
+                       f"{'until ' + _iso(until) if until else 'until resumed'}"
+                       f"{': ' + reason if reason else ''}; {len(skipped)} claimed slot(s) skipped")}])
+    if telemetry is not None:
+        telemetry.event("JobPaused", {"job": name, "outcome": "paused", "paused_until": pause.paused_until,
+                                      "paused_by": pause.paused_by, "reason": pause.reason,
+                                      "runs_skipped": pause.runs_skipped})
+    return pause
+
+
+def resume_job(store: Store, name: str, *, now: datetime, resumed_by: str | None = None,
+               telemetry: Any = None) -> Resume:
+    """End the pause of ``name`` now. The slots it missed are the misfire policy's: under
+    run-once the latest one (held back, unrecorded) is caught up once within GRACE_SECONDS by
+    the next tick; under skip none runs. A job that is not paused is an error (exit code 2)."""
+    with store.transaction():
+        store.execute("lock_job_pauses")
+        row = store.execute("resume_job", job_name=name, now=now).one()
+        if row is None or not row["in_force"]:
+            if store.execute("get_job", job_name=name).one() is None:
+                raise _unknown_job(store, name)
+            ended = f" (its pause ended by itself at {_iso(row['paused_until'])})" if row is not None else ""
+            raise UsageError(f"job {name!r} is not paused{ended}", setting="JOB", value=name,
+                             expected="a paused job (sql-agent jobs shows them)")
+        store.execute("insert_job_events", now=now, events=[{
+            "job_name": name, "kind": "resumed",
+            "detail": f"resumed by {resumed_by or '?'} (sql-agent resume); paused since {_iso(row['paused_at'])}"}])
+    if telemetry is not None:
+        telemetry.event("JobResumed", {"job": name, "outcome": "resumed", "paused_by": resumed_by})
+    return Resume(job_name=name, paused_at=row["paused_at"], resumed_at=now)
+
+
+def _unknown_job(store: Store, name: str) -> NotFoundError:
+    jobs = [r["job_name"] for r in store.execute("list_jobs").rows if r["configured"]]
+    known = ", ".join(jobs) or "none"
+    return NotFoundError(f"no job named {name!r} (jobs the agent knows: {known}; a job added to the settings is "
+                         "known after the agent's next tick)", setting="JOB", value=name,
+                         expected=f"one of the jobs the agent knows: {known}")
+
+
+def _iso(value: Any) -> str:
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+# --- grants (grant-sql --apply) --------------------------------------------------------------
+
+def apply_grant_scripts(target: DatabaseTarget, scripts: Sequence[Any],
+                        on_applied: Callable[[str, Any], None] | None = None) -> list[str]:
+    """Each grant script in its own transaction, in its database (on its server), in order; the
+    places applied to ("database 'x' on server y", or "the control database"). ``on_applied``
+    is told of each as it commits, so a failure later still shows what was done."""
+    applied = []
+    for script in scripts:
+        server = getattr(script, "server", None)
+        where = (f"database {script.database!r}" if script.database else "the control database") + (
+            f" on server {server}" if server else "")
+        connection = connector(target, script.database, server)()
+        try:
+            connection.autocommit = False
+            cursor = connection.cursor()
+            for statement in split_statements("\n".join(script.statements)):
+                cursor.execute(statement)
+            connection.commit()
+        finally:
+            connection.close()
+        applied.append(where)
+        if on_applied is not None:
+            on_applied(where, script)
+    return applied
+
+
+def apply_operator_grant(target: DatabaseTarget, sql: str) -> None:
+    """grant-sql --operator --apply: the operator role's membership, run on the control database."""
+    connection = connector(target)()
+    try:
+        cursor = connection.cursor()
+        for statement in split_statements(sql):
+            cursor.execute(statement)
+        connection.commit()
+    finally:
+        connection.close()
+
+
+# --- jobs defined through the T-SQL interface (import-sqlagent --apply) ------------------------
+
+@dataclass(frozen=True)
+class ScheduledJobAdded:
+    """One agent.add_scheduled_job call: the job, and what the procedure did ("defined" when it
+    did not say)."""
+    job: str
+    action: str
+
+
+# agent.add_scheduled_job's parameters on PostgreSQL: named arguments need their types.
+ADD_SCHEDULED_JOB_PG_TYPES = {"name": "varchar", "sql": "text", "schedule": "varchar", "run_at": "timestamptz",
+                              "timezone": "varchar", "enabled": "int", "max_attempts": "int",
+                              "database": "varchar"}
+
+
+def add_scheduled_jobs(target: DatabaseTarget, calls: Sequence[dict[str, Any]]) -> list[ScheduledJobAdded]:
+    """Call agent.add_scheduled_job for each (its arguments by name), as an operator would, one
+    transaction each, in order: the T-SQL interface decides and records, as for any caller."""
+    if calls and target.dialect not in ("postgres", "mssql"):
+        raise UsageError("import-sqlagent --apply needs a PostgreSQL or SQL Server control database "
+                         f"(agent.add_scheduled_job); the control database is {target.display}", setting="--db",
+                         value=target.display, expected="a PostgreSQL or SQL Server control database")
+    done = []
+    for arguments in calls:
+        values = dict(arguments)
+        if "run_at" in values:
+            # '@once' is in the job's time zone: the procedure takes a point in time.
+            try:
+                moment = parse_schedule("@once " + values["run_at"], values["timezone"]).at
+            except ValueError as exc:
+                raise UsageError(f"job {values['name']!r}: run_at {values['run_at']!r}: {exc}", setting="run_at",
+                                 value=values["run_at"], expected="a date and time in the job's time zone") from None
+            values["run_at"] = moment.isoformat()
+        names = list(values)
+        if target.dialect == "postgres":
+            sql = "SELECT * FROM agent.add_scheduled_job(" + ", ".join(
+                f'"{n}" => CAST(? AS {ADD_SCHEDULED_JOB_PG_TYPES[n]})' for n in names) + ")"
+        else:
+            sql = "SET NOCOUNT ON; EXEC agent.add_scheduled_job " + ", ".join(
+                f"@{n} = ?" if n != "run_at" else "@run_at = CAST(? AS DATETIMEOFFSET)" for n in names)
+        connection = connector(target)()
+        try:
+            cursor = connection.cursor()
+            cursor.execute(sql, [values[n] for n in names])
+            row = cursor.fetchone()
+            connection.commit()
+        finally:
+            connection.close()
+        done.append(ScheduledJobAdded(job=values["name"],
+                                      action=row[1] if row is not None and len(row) > 1 else "defined"))
+    return done

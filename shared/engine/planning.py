@@ -1,0 +1,146 @@
+"""Jobs defined in the database (agent.add_scheduled_job and friends, issue 14).
+
+A procedure cannot read NCRONTAB or an IANA time zone, so it stores the job with no next slot
+and ``needs_planning = 1``. The engine plans them: each tick, and between ticks each doorbell
+(Azure) or local-runner poll, finds them with one indexed query; Python validates each as it
+validates a job setting (the schedule parser and ``config.schedule_problem``, and a fleet job's
+``@targets`` with ``targets.parse_targets``, written as its one fleet step); ONE statement
+records every verdict and first slot, fenced on the definition it planned (updated_at,
+schedule, time zone, enabled), and at most one more records an event for each invalid job. The
+statement count is the same for 1 or 40 jobs. The first slot is the first after the moment the
+job was defined (its updated_at, the server's clock).
+
+A job the engine rejects is reported like an invalid setting, in words naming the procedure's
+parameter: ``agent.add_scheduled_job @timezone='Mars/Olympus': expected an IANA time zone
+name ...`` (config_error, a config_invalid job event, the log, a JobConfigInvalid event); it
+hurts only itself.
+
+The other direction, the settings sync, lives in the scheduler: it refuses a settings job whose
+name a database job holds (``settings_rows_for``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from shared.settings import JOB_SETTING_PREFIX, schedule_problem
+from shared.errors import ConfigError
+from shared.jobs.schedules import parse_schedule, validate_timezone
+from shared.control.store import Store
+
+log = logging.getLogger(__name__)
+UTC = timezone.utc
+PROCEDURE = "agent.add_scheduled_job"
+
+
+@dataclass
+class PlanReport:
+    planned: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def invalid(self) -> list[dict[str, Any]]:
+        return [job for job in self.planned if not job["valid"]]
+
+    @property
+    def scheduled(self) -> list[dict[str, Any]]:
+        return [job for job in self.planned if job["valid"] and job["next_due_at"] is not None]
+
+
+def fleet_step(job: dict[str, Any], dialect: str) -> tuple[str | None, str | None]:
+    """(error, steps JSON) of a database job's @targets: its one fleet step, as the settings sync
+    stores a job with JOB__<name>__TARGETS (None, None: a job that runs in one database)."""
+    raw = job.get("requested_targets")
+    if raw is None:
+        return None, None
+    from shared.jobs.steps import one_fleet_step
+    from shared.jobs.targets import DEFAULT_PARALLELISM, describe_members, dialect_problem, parse_targets
+
+    parameter = f"{PROCEDURE} @targets"
+    try:
+        members = parse_targets(parameter, raw)
+    except ConfigError as exc:
+        return str(exc), None
+    problem = dialect_problem(members, dialect)
+    if problem:
+        return str(ConfigError(parameter, raw, problem)), None
+    step = one_fleet_step(job["command"], max_attempts=job["max_attempts"], timeout_seconds=job["timeout_seconds"],
+                          targets=describe_members(members),
+                          parallelism=job.get("requested_target_parallelism") or DEFAULT_PARALLELISM)
+    return None, json.dumps([step.to_json()])
+
+
+def verdict(job: dict[str, Any]) -> tuple[str | None, datetime | None]:
+    """(error, first slot) of one database job: the error names the procedure's parameter."""
+    zone = job["timezone"]
+    try:
+        validate_timezone(zone)
+    except ValueError:
+        return str(ConfigError(f"{PROCEDURE} @timezone", zone, "an IANA time zone name such as UTC or Europe/Paris")), None
+    text = job["schedule"]
+    parameter = "@run_at" if text.lower().startswith("@once") else "@schedule"
+    try:
+        schedule = parse_schedule(text, zone)
+    except (ValueError, OverflowError) as exc:
+        return str(ConfigError(f"{PROCEDURE} {parameter}", text,
+                               f"a six-field NCRONTAB expression (seconds first), e.g. '0 0 2 * * *' ({exc})")), None
+    problem = schedule_problem(schedule)
+    if problem:
+        return str(ConfigError(f"{PROCEDURE} {parameter}", text, problem)), None
+    if not job["enabled"]:
+        return None, None
+    defined = job["updated_at"]
+    defined = defined.replace(tzinfo=UTC) if defined.tzinfo is None else defined.astimezone(UTC)
+    try:
+        return None, schedule.initial_due(defined)
+    except (ValueError, OverflowError) as exc:
+        return str(ConfigError(f"{PROCEDURE} {parameter}", text, f"a schedule with a next slot ({exc})")), None
+
+
+def plan_database_jobs(store: Store, now: datetime, telemetry: Any) -> PlanReport:
+    """Plan every job a procedure defined or changed since the last planning (see the module
+    docstring). One statement when there is none."""
+    report = PlanReport()
+    with store.transaction():
+        jobs = store.execute("select_unplanned_jobs").rows
+        if not jobs:
+            return report
+        plans = []
+        for job in jobs:
+            error, steps = fleet_step(job, store.dialect)
+            first = None
+            if error is None:
+                error, first = verdict(job)
+            plans.append({"job_name": job["job_name"], "schedule": job["schedule"], "timezone": job["timezone"],
+                          "enabled": int(job["enabled"]), "updated_at": store.json_time(job["updated_at"]),
+                          "valid": 0 if error else 1, "config_error": error,
+                          "next_due_at": store.json_time(first), "steps": None if error else steps})
+        report.planned = store.execute("plan_jobs", plans=plans, now=now).rows
+        events = [{"job_name": job["job_name"], "kind": "config_invalid", "detail": job["config_error"]}
+                  for job in report.invalid]
+        if events:
+            store.execute("insert_job_events", events=events, now=now)
+    for job in report.invalid:
+        log.error("job %s (defined in the database) is invalid and will not run: %s", job["job_name"],
+                  job["config_error"])
+        telemetry.event("JobConfigInvalid", {"job": job["job_name"], "outcome": "invalid",
+                                             "error_message": job["config_error"]})
+    return report
+
+
+def stand_in_name(name: str) -> str:
+    """The name a settings job is recorded under while a database job holds its own: unique,
+    storable, and pointing back at the real name."""
+    digest = hashlib.sha1(name.encode("utf-8", errors="surrogatepass")).hexdigest()[:12]
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:40] or 'job'}~{digest}"
+
+
+def refused_settings_job_error(name: str, holder: str) -> str:
+    return (f"{JOB_SETTING_PREFIX}{name}__*: the job name {name!r} is taken by job {holder!r}, defined in the "
+            f"database by agent.add_scheduled_job (names are compared case-insensitively); rename this job, or "
+            f"remove that one with agent.remove_scheduled_job")

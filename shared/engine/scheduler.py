@@ -1,0 +1,696 @@
+"""The tick — the safety net, not what makes work prompt.
+
+Every minute (AGENT_TICK_SCHEDULE) a tick:
+
+1. reads the database's clock (the agent's one clock, see shared/control/clock.py); a tick at a time
+   further from it than AGENT_MAX_CLOCK_SKEW_SECONDS, either way (an operator's `--now`, an
+   explicit clock), changes nothing and says so; the state a clock far ahead left behind (an
+   older version's tick on a runaway instance clock) is undone, against the database's clock;
+2. syncs the job settings (a job whose schedule changed or that was disabled gets its slots
+   claimed ahead recorded skipped);
+3. expires leases whose holder stopped renewing them (a lapse, not a failure);
+4. claims every slot up to the next tick plus AGENT_LOOKAHEAD_MARGIN_SECONDS, one run per
+   (job, slot): each becomes runnable at its slot, never before; slots missed while the agent
+   was down are recorded (skipped, or caught up once, per the job's misfire policy);
+5. in queue mode, dispatches (due runs up to the cap, and every run due within the lookahead
+   as a message delayed until its slot) and leaves a chain of doorbells until the next tick.
+
+Every step is a small constant number of set-based statements, whatever the number of jobs;
+Python computes slots only for the jobs that have one before the horizon. Statements that lock
+several rows lock them in one order (by key), and a step that loses a race for locks anyway
+(a deadlock victim, SQLite busy) is run again within the tick: ticks racing each other all end
+well, with one run per (job, slot).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+from shared.settings import Settings
+from shared.engine.planning import plan_database_jobs, refused_settings_job_error, stand_in_name
+from shared.engine.dispatch import PartialDispatchError, claim_horizon, dispatch, ring_doorbells, run_properties
+from shared.errors import AgentError, QueueError
+from shared.engine.fleet import report_moved_runs
+from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
+from shared.jobs.run_model import RunStatus
+from shared.jobs.schedules import CronSchedule, parse_schedule
+from shared.control.store import Store
+from shared.control.sqlerrors import classify, describe, is_lock_conflict
+
+log = logging.getLogger(__name__)
+UTC = timezone.utc
+CONFIG_HASH_KEY = "job_config_hash"
+# Slots a job may claim per tick: a per-second job claims ~90 per minute tick; the rest of a
+# larger window waits for the next tick (the job's next slot stays where it stopped).
+MAX_SLOTS_PER_JOB = 1000
+# Missed slots (the agent was down) recorded one by one per job and tick; beyond this the
+# last recorded one says how many more were missed, and the scan stops after MAX_MISSED_SCAN.
+MAX_MISSED_RECORDED = 100
+MAX_MISSED_SCAN = 100_000
+# Retention: rows of each kind (runs with their attempts, job events, poison messages) one tick
+# purges at most, so a backlog (retention shortened, or a first upgrade) is worked off over many
+# ticks at a bounded cost each: 1,440 ticks a day purge far more than a minutely job adds.
+PURGE_BATCH = 1000
+# A step that lost a race for locks (deadlock victim, lock timeout, SQLite busy) runs again, up
+# to this many times in all, after a short random pause (the racers fall out of step).
+STEP_ATTEMPTS = 6
+
+NOTE_MISFIRE_SKIP = "misfire: slot missed by more than AGENT_MISFIRE_THRESHOLD_SECONDS; policy skip"
+NOTE_MISFIRE_GRACE = "misfire: slot older than the job's GRACE_SECONDS; skipped"
+NOTE_MISFIRE_SUPERSEDED = "misfire: slot missed while the agent was down; caught up once, with the latest missed slot"
+NOTE_CATCH_UP = "misfire: caught up late, once"
+# A slot that came while its job was paused (sql-agent pause, agent.pause_job).
+NOTE_PAUSED = "paused"
+
+
+@dataclass
+class TickReport:
+    now: datetime
+    # The database's clock as the tick read it, and the tick's time minus it (seconds).
+    reference: datetime | None = None
+    skew_seconds: float = 0.0
+    # True when the tick changed nothing because its time was too far from the database's.
+    refused: bool = False
+    lock_retries: int = 0
+    synced: bool = False
+    expired: list[dict[str, Any]] = field(default_factory=list)
+    due_jobs: int = 0
+    claimed: list[dict[str, Any]] = field(default_factory=list)
+    dispatched: list[dict[str, Any]] = field(default_factory=list)
+    skipped_at_start: list[dict[str, Any]] = field(default_factory=list)
+    recovered: list[dict[str, Any]] = field(default_factory=list)
+    planned: list[dict[str, Any]] = field(default_factory=list)
+    doorbells: int = 0
+    purged: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    statements: int = 0
+    duration_ms: float = 0.0
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        return [run for run in self.claimed if run["status"] == RunStatus.SKIPPED]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "now": self.now.isoformat(),
+            "database_now": self.reference.isoformat() if self.reference else None,
+            "clock_skew_seconds": round(self.skew_seconds, 3),
+            "refused": self.refused,
+            "lock_retries": self.lock_retries,
+            "synced_settings": self.synced,
+            "leases_expired": len(self.expired),
+            "jobs_due": self.due_jobs,
+            "runs_claimed": len([r for r in self.claimed if r["status"] != RunStatus.SKIPPED]),
+            "runs_skipped": len(self.skipped) + len(self.skipped_at_start),
+            "runs_dispatched": len(self.dispatched),
+            "doorbells": self.doorbells,
+            "clock_recovered": len(self.recovered),
+            "history_purged": sum(self.purged.values()),
+            "database_jobs_planned": len(self.planned),
+            "statements": self.statements,
+            "duration_ms": round(self.duration_ms, 1),
+            "errors": self.errors,
+            "warnings": self.warnings,
+        }
+
+
+class ClockSkewError(AgentError):
+    """The tick's time is further from the database's clock than AGENT_MAX_CLOCK_SKEW_SECONDS."""
+
+
+class Scheduler:
+    def __init__(self, store: Store, queue: Any, settings: Settings, telemetry: Any,
+                 clock: Callable[[], datetime] | None = None,
+                 reference_clock: Callable[[], datetime] | None = None) -> None:
+        """``queue`` is None in the local runner's direct mode (workers claim from agent.runs);
+        ``reference_clock`` is what the tick's time is checked against: the database's clock,
+        read at the tick (or the explicit test clock the agent was given)."""
+        self.store = store
+        self.queue = queue
+        self.settings = settings
+        self.telemetry = telemetry
+        self.clock = clock or (lambda: datetime.now(UTC))
+        # None: simulated time (tests): a tick's own time is taken as the truth, unchecked.
+        self.reference_clock = reference_clock
+
+    def tick(self, now: datetime | None = None) -> TickReport:
+        """One tick at ``now`` (by default the agent's clock: the database's). A ``now`` further
+        from the database's clock than AGENT_MAX_CLOCK_SKEW_SECONDS, either way, changes
+        nothing: the report is ``refused`` with one line saying why."""
+        started = time.perf_counter()
+        statements_before = self.store.statements_executed
+        try:
+            reference = (self.reference_clock() if self.reference_clock is not None
+                         else (now or self.clock())).astimezone(UTC)
+        except Exception as exc:
+            # Without the database's time the tick cannot know what is due: nothing changes.
+            report = TickReport(now=(now or datetime(1970, 1, 1, tzinfo=UTC)).astimezone(UTC))
+            report.errors.append(f"check_clock: {describe(exc)}")
+            log.error("tick: cannot read the database's clock: %s", describe(exc))
+            report.duration_ms = (time.perf_counter() - started) * 1000
+            return report
+        now = (now or self.clock()).astimezone(UTC)
+        report = TickReport(now=now, reference=reference, skew_seconds=(now - reference).total_seconds())
+        steps = [self.check_clock, self.sync_jobs, self.plan_database_jobs, self.expire_leases,
+                 self.progress_fleets, self.recover_clock_jumps, self.claim_slots]
+        if self.queue is not None:
+            steps += [self.dispatch_runs, self.ring_doorbells]
+        steps.append(self.purge_history)
+        for step in steps:
+            try:
+                self._run_step(step, now, report)
+            except ClockSkewError as exc:
+                report.errors.append(str(exc))
+                report.refused = True
+                log.info("%s", exc)   # said once by the caller: the CLI's error line, the timer's log
+                break
+            except QueueError as exc:
+                report.errors.append(str(exc))
+                log.error("tick %s: %s", step.__name__, describe(exc))
+            except Exception as exc:
+                # A failed step must not hide the others' work; the caller sees the errors.
+                message = f"{step.__name__}: {describe(exc)}"
+                report.errors.append(message)
+                log.error("tick %s", message)
+                if step == self.sync_jobs and isinstance(exc, AgentError):
+                    raise
+        report.duration_ms = (time.perf_counter() - started) * 1000
+        report.statements = self.store.statements_executed - statements_before
+        self._report_metrics(report)
+        return report
+
+    def _run_step(self, step: Callable[[datetime, TickReport], None], now: datetime, report: TickReport) -> None:
+        """Run one step; a step that lost a race for locks (its transaction was rolled back,
+        nothing done) runs again after a short random pause, up to STEP_ATTEMPTS in all."""
+        for attempt in range(1, STEP_ATTEMPTS + 1):
+            try:
+                step(now, report)
+                return
+            except (ClockSkewError, QueueError, PartialDispatchError):
+                raise
+            except Exception as exc:
+                if attempt == STEP_ATTEMPTS or not is_lock_conflict(exc):
+                    raise
+                report.lock_retries += 1
+                pause = random.uniform(0.01, 0.05 * 2 ** attempt)
+                log.info("tick %s lost a race for locks (%s); running it again in %.2f s (attempt %d of %d)",
+                         step.__name__, describe(exc), pause, attempt + 1, STEP_ATTEMPTS)
+                time.sleep(pause)
+
+    # ------------------------------------------------------------ 0. the clock
+
+    def check_clock(self, now: datetime, report: TickReport) -> None:
+        """A tick whose time is further from the database's clock than the allowed skew changes
+        nothing. Ahead, it would claim slots that have not come and move jobs out of reach;
+        behind, it would take state other ticks wrote at the right time (claimed slots, jobs
+        moved on) for the work of a runaway clock, and record false misfires."""
+        skew = self.settings.agent.max_clock_skew_seconds
+        reference = report.reference or now
+        off = (now - reference).total_seconds()
+        if abs(off) > skew:
+            way = "ahead of" if off > 0 else "behind"
+            message = (f"tick refused: its time {now.isoformat()} is {_span(abs(off))} {way} the database's clock "
+                       f"({reference.isoformat()}), more than AGENT_MAX_CLOCK_SKEW_SECONDS={skew}; nothing was "
+                       "changed (give --now a time within the skew, or fix the clock that supplied it)")
+            self.telemetry.event("ClockSkewDetected", {"outcome": "refused", "skew_seconds": round(off, 3),
+                                                       "error_message": message})
+            raise ClockSkewError(message)
+
+    def recover_clock_jumps(self, now: datetime, report: TickReport) -> None:
+        """Undo what a tick whose clock ran far ahead of the database's did (an older version's
+        tick; this one refuses such a time): jobs it moved past their next real slot start again
+        from now; the slots it claimed that have not come are removed (they are claimed again
+        when their time comes); leases it set far ahead are shortened. "Far" is measured from
+        the database's clock, so state written at the right time is never touched, and a second
+        pass finds nothing (what it fixed is no longer ahead)."""
+        store = self.store
+        agent = self.settings.agent
+        reference = max(now, report.reference or now)
+        far = reference + timedelta(seconds=agent.max_clock_skew_seconds)
+        far_lease = far + timedelta(seconds=max(3600, agent.dispatch_lease_seconds) + self._lookahead_span(reference))
+        with store.transaction():
+            jobs = store.execute("select_runaway_jobs", far=far).rows
+            advances, events = [], []
+            for job in jobs:
+                try:
+                    following = parse_schedule(job["schedule"], job["timezone"]).initial_due(now)
+                except (ValueError, OverflowError):
+                    following = None
+                advances.append({"schedule": job["schedule"], "timezone": job["timezone"],
+                                 "from_due": store.json_time(job["next_due_at"]),
+                                 "next_due_at": store.json_time(following)})
+                events.append({"job_name": job["job_name"], "kind": "clock_recovered",
+                               "detail": f"a tick at {_iso(job['advanced_at'])} (ahead of this one at {now.isoformat()} "
+                                         f"by more than AGENT_MAX_CLOCK_SKEW_SECONDS) had moved the next slot to "
+                                         f"{_iso(job['next_due_at'])}; it starts again from {_iso(following)}"})
+            if advances:
+                store.execute("advance_jobs", advances=advances, now=now)
+            runs = store.execute("recover_runaway_runs", far=far, far_lease=far_lease, now=now).rows
+            for run in runs:
+                if run["job_name"]:
+                    events.append({"job_name": run["job_name"], "kind": "clock_recovered",
+                                   "detail": f"run {run['run_id']} for slot {_iso(run['scheduled_for'])}, created by a "
+                                             f"tick whose clock ran ahead: {run['action']}"})
+            if events:
+                store.execute("insert_job_events", events=events, now=now)
+        report.recovered = jobs + runs
+        if report.recovered:
+            message = (f"clock recovery: {len(jobs)} job(s) whose next slot a clock far ahead had moved, "
+                       f"{len(runs)} run(s) it had created or leased")
+            report.warnings.append(message)
+            log.warning(message)
+            self.telemetry.event("ClockSkewDetected", {"outcome": "recovered", "error_message": message})
+
+    # ------------------------------------------------------------ 1. settings → jobs
+
+    def sync_jobs(self, now: datetime, report: TickReport) -> None:
+        store = self.store
+        current = store.execute("get_state", state_key=CONFIG_HASH_KEY).scalar()
+        if current == self.settings.config_hash:
+            return
+        rows: list[dict[str, Any]] = []
+        refused_here: list[tuple[str, str]] = []
+        for job in self.settings.jobs:
+            problem = fleet_problem(job, store.target.dialect)
+            if problem:
+                # Only the database knows its dialect: a fleet it cannot run makes this job alone invalid.
+                rows.append(_invalid_row(job.name, problem))
+                refused_here.append((job.name, problem))
+                continue
+            rows.append({
+                "job_name": job.name, "schedule": job.schedule, "timezone": job.timezone,
+                "command": job.command, "target_database": job.database,
+                "enabled": int(job.enabled), "valid": 1, "config_error": None,
+                "max_attempts": job.max_attempts, "timeout_seconds": job.timeout_seconds,
+                "lease_seconds": job.lease_seconds, "misfire": job.misfire,
+                "grace_seconds": job.grace_seconds, "overlap": job.overlap,
+                "steps": job.steps_json(), "notify": job.notify, "notify_webhook_url": job.notify_webhook_url,
+                "after_job": job.after, "after_outcome": job.after_outcome.value if job.after else None,
+                "next_due_at": store.json_time(_initial_due(job.schedule, job.timezone, now)) if job.enabled else None,
+            })
+        for bad in self.settings.invalid_jobs:
+            rows.append(_invalid_row(bad.key or bad.name, bad.message))
+        try:
+            self._write_jobs(rows, now)
+        except Exception as exc:
+            info = classify(exc)
+            if info.kind == "transient" or info.connection_lost:
+                raise
+            # A value the validation did not foresee: find the job(s) the database refuses and
+            # record them invalid with its own words, so every other job still syncs.
+            log.error("settings sync: the database refused the jobs as a whole (%s); syncing them one by one",
+                      describe(exc))
+            rows = self._isolate_refused_jobs(rows, now)
+            self._write_jobs(rows, now)
+        report.synced = True
+        for name, message in refused_here:
+            log.error("job %s is invalid and will not run: %s", name, message)
+            self.telemetry.event("JobConfigInvalid", {"job": name, "outcome": "invalid", "error_message": message})
+        for bad in self.settings.invalid_jobs:
+            log.error("job %s is invalid and will not run: %s", bad.key or bad.name, bad.message)
+            self.telemetry.event("JobConfigInvalid", {"job": bad.key or bad.name, "outcome": "invalid",
+                                                      "error_message": bad.message})
+
+    def _write_jobs(self, rows: list[dict[str, Any]], now: datetime) -> None:
+        store = self.store
+        with store.transaction():
+            # Under the job-definitions lock the procedures take too: a name is held by one source.
+            store.execute("lock_job_definitions")
+            held = {row["job_name"].casefold(): row["job_name"]
+                    for row in store.execute("list_database_job_names").rows}
+            refused = []
+            if held:
+                for index, row in enumerate(rows):
+                    holder = held.get(row["job_name"].casefold())
+                    if holder is not None:
+                        message = refused_settings_job_error(row["job_name"], holder)
+                        rows[index] = _invalid_row(stand_in_name(row["job_name"]), message)
+                        refused.append((row["job_name"], message))
+            store.execute("record_config_events", jobs=rows, now=now)
+            store.execute("skip_runs_of_changed_jobs", jobs=rows, now=now)
+            store.execute("upsert_jobs", jobs=rows, now=now)
+            store.execute("unconfigure_missing_jobs", jobs=rows, now=now)
+            store.execute("set_state", state_key=CONFIG_HASH_KEY, state_value=self.settings.config_hash, now=now)
+        for name, message in refused:
+            log.error("job %s is invalid and will not run: %s", name, message)
+            self.telemetry.event("JobConfigInvalid", {"job": name, "outcome": "invalid", "error_message": message})
+
+    def _isolate_refused_jobs(self, rows: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
+        """Only after the bulk write failed: try each job alone (rolled back) and turn those the
+        database refuses into invalid jobs carrying the database's message."""
+        store = self.store
+        result = []
+        for row in rows:
+            try:
+                with store.transaction():
+                    store.execute("upsert_jobs", jobs=[row], now=now)
+                    raise _Probe()
+            except _Probe:
+                result.append(row)
+            except Exception as exc:
+                info = classify(exc)
+                if info.kind == "transient" or info.connection_lost:
+                    raise
+                message = f"JOB__{row['job_name']}__*: the database refused this job's settings: {describe(exc)}"
+                log.error("%s", message)
+                result.append(_invalid_row(row["job_name"][:64], message))
+        return result
+
+    # ------------------------------------------------------------ 1b. jobs defined in the database
+
+    def plan_database_jobs(self, now: datetime, report: TickReport) -> None:
+        report.planned = plan_database_jobs(self.store, now, self.telemetry).planned
+
+    def poll(self, now: datetime | None = None) -> TickReport:
+        """Between ticks (each doorbell, each local-runner poll): plan the jobs the procedures
+        defined, and claim their slots up to the next tick, so a job defined a few seconds before
+        its slot does not wait for the minute timer. One statement when nothing waits."""
+        now = (now or self.clock()).astimezone(UTC)
+        report = TickReport(now=now)
+        statements_before = self.store.statements_executed
+        self.plan_database_jobs(now, report)
+        if any(job["valid"] and job["next_due_at"] is not None for job in report.planned):
+            self.claim_slots(now, report)
+        report.statements = self.store.statements_executed - statements_before
+        return report
+
+    # ------------------------------------------------------------ 2. leases
+
+    def expire_leases(self, now: datetime, report: TickReport) -> None:
+        store = self.store
+        followed: list[dict[str, Any]] = []
+        with store.transaction():
+            expired = store.execute("expire_leases", now=now, max_lapses=self.settings.agent.max_lapses).rows
+            if expired:
+                store.execute("close_dead_attempts", now=now)
+                if any(run["status"] == RunStatus.FAILED for run in expired):
+                    # A run failed by its last lapse is notified, and starts its followers, like any failed run.
+                    for name, params in ending_calls(self.settings, now):
+                        followed += follow_up_rows([(name, params)], [store.execute(name, **params)])
+        report.expired = expired
+        report_follow_ups(followed, self.telemetry)
+        for run in expired:
+            if not run.get("was_running"):
+                continue
+            log.warning("run %s (%s): lease lapsed (%s of AGENT_MAX_LAPSES=%s); now %s", run["run_id"],
+                        run["job_name"] or "task", run["lapses"], self.settings.agent.max_lapses, run["status"])
+            self.telemetry.event("LeaseExpired", run_properties(run, outcome=run["status"]),
+                                 operation_id=run.get("operation_id"))
+
+    # ------------------------------------------------------------ retention
+
+    def progress_fleets(self, now: datetime, report: TickReport) -> None:
+        """The safety net of fleet steps: executions of runs that no longer wait for them
+        (cancelled, stopped) are cancelled, waiting ones let in, and runs whose executions all
+        ended (one lapsed for good, or was poisoned unread) move on — one statement, whatever
+        the number of fleets; their outcomes are notified in the same transaction."""
+        store = self.store
+        followed: list[dict[str, Any]] = []
+        with store.transaction():
+            moved = store.execute("progress_fleets", parent_run_id=None, run_id=None, token=None, now=now).rows
+            if any(row["status"] in (RunStatus.SUCCEEDED, RunStatus.FAILED) for row in moved):
+                for name, params in ending_calls(self.settings, now):
+                    followed += follow_up_rows([(name, params)], [store.execute(name, **params)])
+        report_moved_runs(moved, self.telemetry)
+        report_follow_ups(followed, self.telemetry)
+
+    def purge_history(self, now: datetime, report: TickReport) -> None:
+        """Purge history older than AGENT_HISTORY_RETENTION_DAYS (poison older than
+        AGENT_POISON_RETENTION_DAYS), at most PURGE_BATCH rows of each kind per tick, in one
+        statement batch. 0 days keeps that kind forever."""
+        agent = self.settings.agent
+        if not agent.history_retention_days and not agent.poison_retention_days:
+            return
+        # A retention of 0 is "forever": a cut-off no row can be older than.
+        forever = datetime(1900, 1, 1, tzinfo=UTC)
+        history_before = now - timedelta(days=agent.history_retention_days) if agent.history_retention_days else forever
+        poison_before = now - timedelta(days=agent.poison_retention_days) if agent.poison_retention_days else forever
+        with self.store.transaction():
+            results = self.store.chain(
+                ("purge_history", {"history_before": history_before, "poison_before": poison_before,
+                                   "batch": PURGE_BATCH}),
+                ("purge_notifications", {"history_before": history_before, "batch": PURGE_BATCH}))
+            rows = [row for result in results for row in result.rows]
+        purged: dict[str, int] = {}
+        for row in rows:
+            purged[row["purged"]] = purged.get(row["purged"], 0) + int(row["rows_purged"])
+        report.purged = {kind: count for kind, count in purged.items() if count}
+        if report.purged:
+            log.info("retention: purged %s", ", ".join(f"{count} {kind}" for kind, count in report.purged.items()))
+
+    # ------------------------------------------------------------ 3. claims
+
+    def _lookahead_span(self, now: datetime) -> float:
+        return (claim_horizon(self.settings, now) - now).total_seconds()
+
+    def claim_slots(self, now: datetime, report: TickReport) -> None:
+        store = self.store
+        agent = self.settings.agent
+        horizon = claim_horizon(self.settings, now)
+        late_cutoff = now - timedelta(seconds=agent.misfire_threshold_seconds)
+        # Claim and advance commit together: a crash in between cannot leave a job claimed
+        # but not moved on. The claim is idempotent (the unique key), so a concurrent tick
+        # computing the same slots inserts nothing twice.
+        with store.transaction():
+            jobs = store.execute("select_due_jobs", horizon=horizon, now=now).rows
+            if not jobs:
+                return
+            # Slots depend only on (schedule, time zone, next slot, misfire policy, grace, paused):
+            # computed once per distinct one, then listed for each job.
+            plans: dict[tuple, tuple[list[tuple[datetime, str, str | None]], datetime | None]] = {}
+            slots = []
+            advances: dict[tuple, dict[str, Any]] = {}
+            for job in jobs:
+                key = (job["schedule"], job["timezone"], job["next_due_at"], job["misfire"], job["grace_seconds"],
+                       bool(job["paused"]), job["paused_at"], job["paused_until"])
+                if key not in plans:
+                    plans[key] = (_plan_paused_slots(job, now) if job["paused"]
+                                  else _plan_slots(job, now, horizon, late_cutoff))
+                planned, following = plans[key]
+                slots += [{"job_name": job["job_name"], "scheduled_for": store.json_time(slot),
+                           "status": status, "note": note} for slot, status, note in planned]
+                # advance_jobs moves every job of one (schedule, time zone, next slot) together; a
+                # paused job moves apart from the others, and by its misfire policy (run-once holds
+                # its latest slot back).
+                paused = int(bool(job["paused"]))
+                misfire = job["misfire"] if paused else None
+                advances[key[:3] + (paused, misfire)] = {"schedule": job["schedule"], "timezone": job["timezone"],
+                                                         "from_due": store.json_time(job["next_due_at"]),
+                                                         "next_due_at": store.json_time(following),
+                                                         "paused": paused, "misfire": misfire}
+            claimed = store.execute("claim_slots", slots=slots, now=now).rows if slots else []
+            store.execute("advance_jobs", advances=list(advances.values()), now=now)
+        report.due_jobs = len(jobs)
+        report.claimed = claimed
+        if not self.telemetry.enabled:
+            return  # per-run events cost Python time even as no-ops; skip the loop
+        for run in claimed:
+            properties = run_properties(run, outcome=run["status"])
+            if run["status"] == RunStatus.SKIPPED:
+                log.info("job %s slot %s skipped: %s", run["job_name"], run["scheduled_for"], run.get("note"))
+                # A slot of a paused job is not a misfire: its pause was told once (JobPaused).
+                if not str(run.get("note") or "").startswith(NOTE_PAUSED):
+                    self.telemetry.event("MisfireSkipped", properties, operation_id=run.get("operation_id"))
+            else:
+                self.telemetry.event("RunClaimed", properties, operation_id=run.get("operation_id"))
+
+    # ------------------------------------------------------------ 4. queue mode
+
+    def dispatch_runs(self, now: datetime, report: TickReport) -> None:
+        try:
+            outcome = dispatch(self.store, self.queue, self.settings, now, self.telemetry)
+        except PartialDispatchError as exc:
+            report.dispatched = exc.dispatched  # those messages did go out
+            raise
+        report.dispatched = outcome.queued
+        report.skipped_at_start = outcome.skipped
+
+    def ring_doorbells(self, now: datetime, report: TickReport) -> None:
+        report.doorbells = ring_doorbells(self.store, self.queue, self.settings, now)
+
+    def _report_metrics(self, report: TickReport) -> None:
+        telemetry = self.telemetry
+        telemetry.metric("TickDurationMs", report.duration_ms)
+        telemetry.metric("RunsDue", report.due_jobs)
+        telemetry.metric("RunsClaimed", len([r for r in report.claimed if r["status"] != RunStatus.SKIPPED]))
+        telemetry.metric("RunsDispatched", len(report.dispatched))
+
+
+class _Probe(Exception):
+    """Rolls back a trial write that succeeded."""
+
+
+def _invalid_row(key: str, message: str) -> dict[str, Any]:
+    return {
+        "job_name": key, "schedule": "", "timezone": "UTC", "command": "",
+        "target_database": None, "enabled": 0, "valid": 0, "config_error": message,
+        "max_attempts": 1, "timeout_seconds": 1, "lease_seconds": 60, "misfire": "skip",
+        "grace_seconds": 0, "overlap": "skip", "next_due_at": None,
+        "steps": None, "notify": "never", "notify_webhook_url": None, "after_job": None, "after_outcome": None,
+    }
+
+
+def fleet_problem(job, dialect: str) -> str | None:
+    """Why this control database cannot run the job's fleet steps (one line naming the
+    setting), or None."""
+    from shared.ops.fleet import fleet_steps
+    from shared.jobs.targets import describe_members, dialect_problem
+
+    for step in fleet_steps(job):
+        problem = dialect_problem(step.members, dialect)
+        if problem:
+            return f"{step.setting}={describe_members(step.members)!r}: {problem}"
+    return None
+
+
+def _initial_due(schedule: str, timezone_name: str, now: datetime) -> datetime | None:
+    try:
+        return parse_schedule(schedule, timezone_name).initial_due(now)
+    except (ValueError, OverflowError):
+        return None
+
+
+def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
+                late_cutoff: datetime) -> tuple[list[tuple[datetime, RunStatus, str | None]], datetime | None]:
+    """The slots of one job from its next_due_at up to the horizon, each with its decision:
+    missed slots (older than the misfire threshold) are skipped, or — misfire run-once — the
+    latest one within the grace period is caught up once; the rest are pending, each runnable at
+    its own slot. Returns them and the job's next slot after them."""
+    try:
+        schedule = parse_schedule(job["schedule"], job["timezone"])
+    except (ValueError, OverflowError) as exc:
+        log.error("job %s: schedule %r (%s) cannot be read (%s); it stops until fixed",
+                  job["job_name"], job["schedule"], job["timezone"], describe(exc))
+        return [], None
+
+    def following(slot: datetime) -> datetime | None:
+        try:
+            return schedule.next_after(slot)
+        except Exception as exc:  # noqa: BLE001 - a schedule that ran out of slots
+            log.error("job %s: no slot after %s (%s); it stops until its schedule is changed", job["job_name"],
+                      slot.isoformat(), describe(exc))
+            return None
+
+    slot: datetime | None = job["next_due_at"]
+    planned: list[tuple[datetime, RunStatus, str | None]] = []
+    missed: list[datetime] = []
+    scanned = 0
+    latest_missed: datetime | None = None
+    while slot is not None and slot < late_cutoff and scanned < MAX_MISSED_SCAN:
+        scanned += 1
+        latest_missed = slot
+        if len(missed) < MAX_MISSED_RECORDED - 1:
+            missed.append(slot)
+        slot = following(slot)
+    if slot is not None and slot < late_cutoff:  # more missed than worth scanning
+        slot = following(late_cutoff - timedelta(microseconds=1))
+    if latest_missed is not None:
+        if latest_missed not in missed:
+            missed.append(latest_missed)
+        unrecorded = scanned - len(missed)
+        grace = timedelta(seconds=int(job["grace_seconds"]))
+        for index, moment in enumerate(missed):
+            last = index == len(missed) - 1
+            if job["misfire"] == "skip":
+                status, note = RunStatus.SKIPPED, NOTE_MISFIRE_SKIP
+            elif not last:
+                status, note = RunStatus.SKIPPED, NOTE_MISFIRE_SUPERSEDED
+            elif moment + grace < now:
+                status, note = RunStatus.SKIPPED, NOTE_MISFIRE_GRACE
+            else:
+                status, note = RunStatus.PENDING, NOTE_CATCH_UP
+            if status == RunStatus.SKIPPED and _inside_pause(job, moment):
+                note = NOTE_PAUSED     # missed while its pause held (it ended by itself since)
+            if last and unrecorded > 0:
+                note += f" ({unrecorded} earlier missed slot(s) since {_iso(job['next_due_at'])} not recorded one by one)"
+            planned.append((moment, status, note))
+    ahead = 0
+    while slot is not None and slot <= horizon and ahead < MAX_SLOTS_PER_JOB:
+        # A slot that fell inside a pause which has ended by itself (its --until came since the
+        # last tick) did not run in it: recorded "paused", not claimed — but the slot a run-once
+        # job held back for the misfire policy (its next slot) is that policy's to run.
+        if _inside_pause(job, slot) and not (job["misfire"] == "run-once" and slot == job["next_due_at"]):
+            planned.append((slot, RunStatus.SKIPPED, NOTE_PAUSED))
+        else:
+            planned.append((slot, RunStatus.PENDING, None))
+        ahead += 1
+        slot = following(slot)
+    return planned, slot
+
+
+def _inside_pause(job: dict[str, Any], moment: datetime) -> bool:
+    """Whether ``moment`` fell inside the job's last pause (select_due_jobs' paused_at/paused_until)."""
+    start, end = job.get("paused_at"), job.get("paused_until")
+    return start is not None and start <= moment and (end is None or moment < end)
+
+
+def _plan_paused_slots(job: dict[str, Any], now: datetime) -> tuple[list[tuple[datetime, str, str | None]],
+                                                                      datetime | None]:
+    """A paused job claims nothing: each of its slots that has come (up to ``now``) is recorded
+    skipped "paused", as many per tick as missed slots are (MAX_MISSED_RECORDED; the last one
+    says how many more there were), and nothing ahead is claimed. Under misfire run-once the
+    latest slot that came is held back instead (it stays the job's next slot, unrecorded): on
+    resume, or when the pause ends by itself, the misfire policy decides it, as for a slot
+    missed while the agent was down (caught up once within GRACE_SECONDS). Returns the slots
+    and the job's next slot."""
+    try:
+        schedule = parse_schedule(job["schedule"], job["timezone"])
+    except (ValueError, OverflowError):
+        return [], job["next_due_at"]     # _plan_slots says so when the job runs again
+
+    def following(slot: datetime) -> datetime | None:
+        try:
+            return schedule.next_after(slot)
+        except Exception:  # noqa: BLE001 - a schedule that ran out of slots
+            return None
+
+    slot: datetime | None = job["next_due_at"]
+    came: list[datetime] = []
+    scanned = 0
+    latest: datetime | None = None
+    while slot is not None and slot <= now and scanned < MAX_MISSED_SCAN:
+        scanned += 1
+        latest = slot
+        if len(came) < MAX_MISSED_RECORDED - 1:
+            came.append(slot)
+        slot = following(slot)
+    if slot is not None and slot <= now:      # more came than worth scanning
+        slot = following(now)
+    if latest is None:
+        return [], job["next_due_at"]
+    if latest not in came:
+        came.append(latest)
+    if job["misfire"] == "run-once":
+        came.remove(latest)
+        slot = latest                          # held back: the misfire policy decides it on resume
+    unrecorded = scanned - len(came) - (1 if slot == latest else 0)
+    planned: list[tuple[datetime, str, str | None]] = [(moment, "skipped", NOTE_PAUSED) for moment in came]
+    if planned and unrecorded > 0:
+        moment, status, note = planned[-1]
+        planned[-1] = (moment, status, f"{note} ({unrecorded} earlier slot(s) since {_iso(job['next_due_at'])} "
+                                       "not recorded one by one)")
+    return planned, slot
+
+
+def _iso(value: Any) -> str:
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} days"
+
+
+def tick_schedule(settings: Settings) -> CronSchedule:
+    return CronSchedule(settings.agent.tick_schedule, "UTC")

@@ -1,0 +1,289 @@
+"""What the operator sees, gathered once: the data behind the monitor's pages and the CLI's
+`jobs`, `history`, `stuck` and `poison list` (their --json is exactly what these return, so a
+page's JSON twin and the command agree by construction).
+
+Every function runs a fixed number of named queries, whatever the number of jobs or runs (the
+jobs page: list_jobs and list_job_activity; never a query per job or per run), and only
+SELECTs: nothing here changes the database. Fleet runs add one query, list_run_targets, for
+every execution of the runs shown, and only when a run shown has targets.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from shared.jobs.describe import describe_schedule
+from shared.jobs.run_model import RunStatus
+
+UTC = timezone.utc
+
+# Where a job is defined: list_jobs' `source` column, `settings` (JOB__<name>__*) or `database`
+# (agent.add_scheduled_job); a row without one is a settings job.
+DEFAULT_JOB_SOURCE = "settings"
+TIMELINE_WINDOWS = {"24h": timedelta(hours=24), "7d": timedelta(days=7)}
+
+
+def pause_in_force(row: dict[str, Any], now: datetime) -> bool:
+    """Whether a list_jobs / get_job row's pause (paused_at, paused_until) holds at ``now``
+    (a pause is made and ended by shared.engine.operations.pause_job / resume_job)."""
+    if row.get("paused_at") is None:
+        return False
+    until = row.get("paused_until")
+    return until is None or until > now
+DEFAULT_WINDOW = "24h"
+# The most runs one timeline draws (the page says so when a window holds more).
+TIMELINE_LIMIT = 1500
+DEFAULT_HISTORY_LIMIT = 50
+DEFAULT_POISON_LIMIT = 50
+DEFAULT_STUCK_LIMIT = 500
+DEFAULT_STUCK_AGE_SECONDS = 600
+RUN_POISON_LIMIT = 50
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def job_state(row: dict[str, Any], now: datetime | None = None) -> str:
+    # planning: defined by a T-SQL procedure, not yet checked and planned by the engine;
+    # paused: a pause in force at ``now`` (sql-agent pause, agent.pause_job).
+    return ("invalid" if not row["valid"] else "removed" if not row["configured"]
+            else "disabled" if not row["enabled"] else "planning" if row.get("needs_planning")
+            else "paused" if now is not None and pause_in_force(row, now) else "enabled")
+
+
+def jobs_view(store, now: datetime) -> list[dict[str, Any]]:
+    """One row per job: list_jobs' columns (the keys `jobs --json` always had) and what the
+    monitor adds: source, state, schedule in words, next slot in the job's time zone, and the
+    status now (idle, running since when on which worker, queued, retrying at, waiting)."""
+    jobs = store.execute("list_jobs").rows
+    activity = store.execute("list_job_activity", job_name=None).rows
+    return _with_activity(jobs, activity, now)
+
+
+def _with_activity(jobs: list[dict[str, Any]], activity: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
+    by_job: dict[str, list[dict[str, Any]]] = {}
+    for group in activity:
+        by_job.setdefault(group["job_name"], []).append(group)
+    return [{**row, **_job_extras(row, now), **status_now(by_job.get(row["job_name"], []), now)} for row in jobs]
+
+
+# A job's pause as list_jobs / get_job give it; all None when no pause is in force (one that ended
+# by itself at its paused_until is no pause).
+PAUSE_KEYS = ("paused_at", "paused_until", "paused_by", "pause_reason")
+
+
+def _job_extras(row: dict[str, Any], now: datetime) -> dict[str, Any]:
+    paused = pause_in_force(row, now)
+    return {
+        **{key: row.get(key) if paused else None for key in PAUSE_KEYS},
+        "paused": paused,
+        "source": row.get("source") or DEFAULT_JOB_SOURCE,
+        "state": job_state(row, now),
+        "schedule_words": describe_schedule(row.get("schedule")),
+        "next_due_local": local_time(row.get("next_due_at"), row.get("timezone")),
+    }
+
+
+def after_words(row: dict[str, Any]) -> str | None:
+    """Whom a job follows, in words ("after load", "after load failed"), or None: a job row's
+    after_job and after_outcome (JOB__<name>__AFTER, agent.add_scheduled_job @after)."""
+    leader = row.get("after_job")
+    if not leader:
+        return None
+    outcome = row.get("after_outcome") or "succeeded"
+    return f"after {leader}" + ("" if outcome == "succeeded" else f" {outcome}")
+
+
+def status_now(groups: list[dict[str, Any]], now: datetime) -> dict[str, Any]:
+    """A job's status from its list_job_activity groups: the most active state wins (running,
+    then queued, then retrying, then waiting, then due), with the number of runs in flight."""
+    in_flight = sum(int(g["runs"]) for g in groups)
+    running = [g for g in groups if g["status"] == RunStatus.RUNNING]
+    queued = [g for g in groups if g["status"] == RunStatus.QUEUED]
+    pending = [g for g in groups if g["status"] == RunStatus.PENDING]
+    retrying = [g for g in pending if g["retry"] and g["first_runnable_at"] and g["first_runnable_at"] > now]
+    waiting = [g for g in pending if g["first_runnable_at"] and g["first_runnable_at"] <= now]
+    status: dict[str, Any] = {"status": "idle", "status_since": None, "status_worker": None,
+                              "retry_at": None, "runs_in_flight": in_flight}
+    if running:
+        starts = [g["first_started_at"] for g in running if g["first_started_at"]]
+        workers = [g["worker"] for g in running if g["worker"]]
+        status.update(status="running", status_since=min(starts, default=None), status_worker=min(workers, default=None))
+    elif queued:
+        status.update(status="queued", status_since=min(g["first_scheduled_for"] for g in queued))
+    elif retrying:
+        status.update(status="retrying", retry_at=min(g["first_runnable_at"] for g in retrying))
+    elif waiting:
+        status.update(status="waiting", status_since=min(g["first_scheduled_for"] for g in waiting))
+    elif pending:
+        status.update(status="due", status_since=min(g["first_scheduled_for"] for g in pending))
+    return status
+
+
+def local_time(value: datetime | None, zone: str | None) -> str | None:
+    """An instant in the job's time zone (ISO-8601 with its offset); None when there is none or
+    the zone is unknown (an invalid job's zone may be anything)."""
+    if value is None:
+        return None
+    try:
+        from zoneinfo import ZoneInfo
+
+        return value.astimezone(ZoneInfo(zone or "UTC")).isoformat()
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------- one job
+
+
+def history_view(store, job_name: str | None, limit: int, *, with_output: bool = False) -> dict[str, Any]:
+    """`history --json`: runs newest first, each with its attempts (and, ``with_output``, each
+    attempt's output: up to AGENT_STEP_OUTPUT_MAX_BYTES each, so read only when asked for) and
+    its fleet executions (`targets`, see fleet_targets; empty for a run without targets), and the
+    job events."""
+    runs = store.execute("list_history", job_name=job_name, limit=limit).rows
+    attempts = store.execute("list_attempts", run_ids=[r["run_id"] for r in runs]).rows if runs else []
+    events = store.execute("list_job_events", job_name=job_name, limit=limit).rows
+    if runs and with_output:
+        _attach_output(store, [r["run_id"] for r in runs], attempts)
+    targets = fleet_targets(store, runs)
+    by_run: dict[int, list[dict[str, Any]]] = {}
+    for attempt in attempts:
+        by_run.setdefault(attempt["run_id"], []).append(attempt)
+    return {"runs": [{**run, "attempts": by_run.get(run["run_id"], []), **_with_targets(targets.get(run["run_id"], []))}
+                     for run in runs],
+            "job_events": events}
+
+
+# The keys of an execution in a run's `targets` (list_run_targets' columns, `attempt` as `attempts`).
+TARGET_KEYS = ("target_server", "target_database", "run_id", "step", "parent_token", "status", "attempts",
+               "max_attempts", "last_error_number", "last_error", "started_at", "finished_at")
+
+
+def fleet_targets(store, runs: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """The executions of the fleet runs among ``runs`` (those that fanned out: targets_total set),
+    by run id, in one query (list_run_targets) and none when no run has targets. Each run's
+    executions come grouped by target: the agent's own server (target_server None) first, then
+    by server, database, step and execution, so a target's executions (one per fleet step, or
+    per visit of a step the flow came back to) follow each other."""
+    fleet = [run["run_id"] for run in runs if run.get("targets_total")]
+    if not fleet:
+        return {}
+    by_run: dict[int, list[dict[str, Any]]] = {}
+    for row in store.execute("list_run_targets", run_ids=fleet).rows:
+        execution = {**row, "attempts": row["attempt"]}
+        by_run.setdefault(row["parent_run_id"], []).append({key: execution[key] for key in TARGET_KEYS})
+    for executions in by_run.values():
+        executions.sort(key=_target_order)
+    return by_run
+
+
+def _target_order(execution: dict[str, Any]) -> tuple:
+    server = execution["target_server"]
+    return (server is not None, server or "", execution["target_database"] or "", execution["step"] or 0,
+            execution["run_id"])
+
+
+def target_label(execution: dict[str, Any]) -> str:
+    """A target in words: its database, with its server when not the agent's own."""
+    database = execution.get("target_database") or "?"
+    server = execution.get("target_server")
+    return f"{server}/{database}" if server else database
+
+
+def _with_targets(executions: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's `targets` and `target_statuses` (executions per status, e.g. while they run)."""
+    statuses: dict[str, int] = {}
+    for execution in executions:
+        statuses[execution["status"]] = statuses.get(execution["status"], 0) + 1
+    return {"targets": executions, "target_statuses": dict(sorted(statuses.items()))}
+
+
+def _attach_output(store, run_ids: list[int], attempts: list[dict[str, Any]]) -> None:
+    """Each attempt's output (what the server said while its step ran), in one query."""
+    outputs = {(row["run_id"], row["attempt"]): row["output"]
+               for row in store.execute("list_attempt_output", run_ids=run_ids).rows}
+    for attempt in attempts:
+        attempt["output"] = outputs.get((attempt["run_id"], attempt["attempt"]))
+
+
+def job_view(store, name: str, now: datetime, window: str = DEFAULT_WINDOW,
+             history_limit: int = DEFAULT_HISTORY_LIMIT) -> dict[str, Any] | None:
+    """A job page: the job's row (as on the jobs page), its timeline over the window, then its
+    history (as `history --job NAME --json`). None when no job has that name."""
+    job = store.execute("get_job", job_name=name).one()
+    if job is None:
+        return None
+    activity = store.execute("list_job_activity", job_name=name).rows
+    (job,) = _with_activity([job], activity, now)
+    since = now - TIMELINE_WINDOWS[window]
+    timeline = store.execute("list_job_timeline", job_name=name, since=since, limit=TIMELINE_LIMIT + 1).rows
+    cut = len(timeline) > TIMELINE_LIMIT
+    history = history_view(store, name, history_limit, with_output=True)
+    return {"job": job, "window": window, "window_start": since, "window_end": now,
+            "timeline": {"runs": timeline[:TIMELINE_LIMIT], "limit": TIMELINE_LIMIT, "cut": cut},
+            **history}
+
+
+# ---------------------------------------------------------------- one run, poison, stuck
+
+
+# What an execution's run page says of the run it belongs to (get_run's columns).
+PARENT_KEYS = ("run_id", "job_name", "kind", "status", "step", "scheduled_for", "targets_total", "targets_failed")
+
+
+def run_view(store, run_id: int) -> dict[str, Any] | None:
+    """A run page: the run, its attempts (with output) and poison messages; a fleet run also its
+    executions by target (`targets`, as in history), an execution the run it belongs to
+    (`parent`: None for any other run, or when that run is gone). get_run, list_attempts (and
+    list_attempt_output when there are attempts) and list_run_poison; one query more for a fleet
+    run (list_run_targets) or an execution (get_run of its run)."""
+    run = store.execute("get_run", run_id=run_id).one()
+    if run is None:
+        return None
+    attempts = store.execute("list_attempts", run_ids=[run_id]).rows
+    if attempts:
+        _attach_output(store, [run_id], attempts)
+    poison = _decoded(store.execute("list_run_poison", run_id=run_id, limit=RUN_POISON_LIMIT).rows)
+    parent = None
+    if run.get("parent_run_id") is not None:
+        row = store.execute("get_run", run_id=run["parent_run_id"]).one()
+        parent = {key: row[key] for key in PARENT_KEYS} if row else None
+    targets = fleet_targets(store, [run]).get(run_id, [])
+    return {"run": run, "attempts": attempts, "poison": poison, "parent": parent, **_with_targets(targets)}
+
+
+def poison_view(store, limit: int = DEFAULT_POISON_LIMIT) -> list[dict[str, Any]]:
+    """`poison list --json`: poison messages newest first, errors decoded."""
+    return _decoded(store.execute("list_poison", limit=limit).rows)
+
+
+def stuck_view(store, now: datetime, older_than: int = DEFAULT_STUCK_AGE_SECONDS,
+               limit: int = DEFAULT_STUCK_LIMIT) -> list[dict[str, Any]]:
+    """`stuck --json`: runs past their lease, or runnable but not started for ``older_than`` s."""
+    return store.execute("list_stuck_runs_page", now=now, stale_before=now - timedelta(seconds=older_than),
+                         limit=limit).rows
+
+
+def _decoded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for row in rows:
+        try:
+            row["errors"] = json.loads(row["errors"]) if row["errors"] else []
+        except ValueError:      # shown as stored rather than breaking the page
+            row["errors"] = [row["errors"]]
+    return rows
+
+
+def _json_default(value: Any) -> str:
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def to_json(value: Any, *, compact: bool = False) -> str:
+    """The JSON the CLI prints (`--json`, indented) and the pages' twins answer (``compact``: the
+    same values, without the indentation, which json only writes in pure Python: 1,000 jobs
+    took 5 times longer indented)."""
+    if compact:
+        return json.dumps(value, default=_json_default, separators=(",", ":"))
+    return json.dumps(value, indent=2, default=_json_default)
