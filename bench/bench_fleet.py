@@ -42,9 +42,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from shared.engine.agent import Agent  # noqa: E402
-from shared.settings import load_settings  # noqa: E402
 from shared.engine.runner import LocalRunner  # noqa: E402
 from shared.messaging.memory import MemoryQueue  # noqa: E402
+from shared.settings import load_settings  # noqa: E402
 
 UTC = timezone.utc
 DEFAULT_PG = "Driver={PostgreSQL Unicode};Server=127.0.0.1;Port=5432;Uid=root;"

@@ -21,8 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.support.harness import (AGENTS_MADE, DIALECT_PARAMS, create_pg_database, drop_pg_database,  # noqa: E402
-                                   fresh_database, make_agent)
+from tests.support.harness import AGENTS_MADE, DIALECT_PARAMS, create_pg_database, drop_pg_database, fresh_database, make_agent  # noqa: E402
 
 
 @pytest.fixture(params=DIALECT_PARAMS)

@@ -1,5 +1,5 @@
 """Operator commands and the local runner: the `sql-agent` command. A command parses its
-arguments, calls one operator action (shared.engine.operations) or view (shared.web.views), and prints; it
+arguments, calls one operator action (shared.engine.operations) or view (shared.engine.views), and prints; it
 runs no statement of its own (tests/test_layers.py).
 
     sql-agent [--db DB] [--settings FILE] [--json] COMMAND ...
@@ -16,19 +16,50 @@ prints one JSON document on stdout and an error is one JSON object on stderr:
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
 import re
 import signal
 import sys
-from datetime import datetime, timezone
 from dataclasses import asdict, replace
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Sequence
 
+from shared import __version__
+from shared.engine.fleet import resolve_fleet
+from shared.engine.operations import (
+    add_scheduled_jobs,
+    apply_grant_scripts,
+    apply_operator_grant,
+    cancel,
+    pause_job,
+    requeue,
+    resume_job,
+    run_now,
+    stop,
+    submit,
+)
+from shared.engine.runner import LocalRunner
+from shared.engine.views import after_words, history_view, jobs_view, poison_view, stuck_view, target_label, to_json
 from shared.errors import AgentError, ConfigError, NotFoundError, UsageError
-from shared.engine.operations import (add_scheduled_jobs, apply_grant_scripts, apply_operator_grant, cancel, pause_job, requeue,
-                         resume_job, run_now, stop, submit)
 from shared.jobs.run_model import RunStatus
+from shared.ops.doctor import run_doctor
+from shared.ops.fleet import job_fleet
+from shared.ops.grants import (
+    OPERATOR_WARNING,
+    fleet_grant_scripts,
+    fleet_postgres_scripts,
+    grant_scripts,
+    name_problem,
+    operator_sql,
+    render,
+    render_fleet,
+)
+from shared.ops.sqlagent_import import ScriptError, apply_calls, convert_script, report
+from shared.settings import merged_environment
+from shared.web.monitor import make_server, monitor_settings
 
 UTC = timezone.utc
 PROG = "sql-agent"
@@ -44,9 +75,7 @@ COMPLETION_SHELLS = ("bash", "zsh", "tcsh")
 def version() -> str:
     """The installed distribution's version when this very code is the installed one, else the
     constant in shared/__init__.py (a clone; pyproject.toml reads the same constant)."""
-    from pathlib import Path
 
-    from shared import __version__
 
     try:
         from importlib import metadata
@@ -431,7 +460,6 @@ def cmd_tick(agent, args) -> int:
 
 
 def cmd_work(agent, args) -> int:
-    from shared.engine.runner import LocalRunner
 
     agent.store().require_schema()
     agent.release()   # the workers take connections as they find work (AGENT_MAX_CONNECTIONS)
@@ -445,7 +473,6 @@ def cmd_work(agent, args) -> int:
 
 
 def cmd_run(agent, args) -> int:
-    from shared.engine.runner import LocalRunner
 
     before, after = agent.init()
     agent.release()
@@ -477,7 +504,6 @@ def cmd_run(agent, args) -> int:
 
 
 def cmd_jobs(agent, args) -> int:
-    from shared.web.views import after_words, jobs_view
 
     store = agent.store()
     store.require_schema()
@@ -512,7 +538,6 @@ def _last_targets(row: dict[str, Any]) -> str:
 
 
 def cmd_history(agent, args) -> int:
-    from shared.web.views import history_view
 
     store = agent.store()
     store.require_schema()
@@ -545,7 +570,6 @@ def cmd_history(agent, args) -> int:
 def _print_fleets(runs: list[dict[str, Any]]) -> None:
     """history: under each fleet run, its executions grouped by target (a target's name on its
     first execution only), each with its step, status, attempts and last error."""
-    from shared.web.views import target_label
 
     for run in runs:
         executions = run.get("targets") or []
@@ -580,7 +604,6 @@ def _print_attempt_output(runs: list[dict[str, Any]], by_run: dict[int, list[dic
 
 
 def cmd_stuck(agent, args) -> int:
-    from shared.web.views import stuck_view
 
     store = agent.store()
     store.require_schema()
@@ -599,7 +622,6 @@ def cmd_stuck(agent, args) -> int:
 
 
 def cmd_poison(agent, args) -> int:
-    from shared.web.views import poison_view
 
     store = agent.store()
     store.require_schema()
@@ -644,7 +666,6 @@ def cmd_run_now(agent, args) -> int:
 
 def _operator_name() -> str:
     """Who pauses or resumes from this command line: the operating system's user."""
-    import getpass
 
     try:
         return f"{getpass.getuser()} (sql-agent)"
@@ -701,8 +722,6 @@ def cmd_cancel(agent, args) -> int:
 
 
 def cmd_monitor(agent, args) -> int:
-    from shared.settings import merged_environment
-    from shared.web.monitor import make_server, monitor_settings
 
     environ = merged_environment(args.settings)
     monitor_settings(environ)            # a bad AGENT_MONITOR_* value: one line, exit 2
@@ -747,7 +766,6 @@ def cmd_stop(agent, args) -> int:
 
 
 def cmd_doctor(agent, args) -> int:
-    from shared.ops.doctor import run_doctor
 
     report = run_doctor(agent, processes=args.processes)
     if args.json:
@@ -762,7 +780,6 @@ def cmd_doctor(agent, args) -> int:
 
 
 def cmd_grant_sql(agent, args) -> int:
-    from shared.ops.grants import grant_scripts, render
 
     if args.operator is not None:
         if args.job_database or args.execute_schema or args.job_principal or args.targets:
@@ -825,8 +842,6 @@ def _grant_targets(agent, args) -> int:
     pool), then per server the script for its master (when its databases are listed) and one
     per target database; printed, or with --apply run on each. PostgreSQL: CONNECT on each
     target database, one script per server."""
-    from shared.ops.fleet import job_fleet, resolve_fleet
-    from shared.ops.grants import fleet_grant_scripts, fleet_postgres_scripts, name_problem, render_fleet
 
     target = agent.target
     steps = job_fleet(agent, args.targets)         # UsageError: unknown job, no fleet step, SQLite, pool: on PG
@@ -869,7 +884,6 @@ def _grant_targets(agent, args) -> int:
 def _grant_operator(agent, args) -> int:
     """grant-sql --operator: the membership in agent_operator, printed (T-SQL, or PostgreSQL's GRANT
     when the control database is PostgreSQL) or, with --apply, run on the control database."""
-    from shared.ops.grants import OPERATOR_WARNING, operator_sql
 
     target = agent.target
     if target.dialect == "sqlite" and args.apply:
@@ -909,7 +923,6 @@ def cmd_import_sqlagent(agent, args) -> int:
     """SSMS's job scripts -> JOB__<name>__* settings (JSON on stdout); what could not be carried
     over is listed per job and makes the exit code 1. --apply: agent.add_scheduled_job for the
     one-step jobs; the others stay in the printed settings and are listed."""
-    from shared.ops.sqlagent_import import ScriptError, apply_calls, convert_script, report
 
     timezone = args.timezone
     warnings: list[str] = []
@@ -1005,7 +1018,6 @@ def _time(value: Any) -> str:
 
 
 def _print_json(value: Any) -> None:
-    from shared.web.views import to_json
 
     print(to_json(value))
 

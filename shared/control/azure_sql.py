@@ -18,8 +18,9 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
-from shared.errors import ConfigError
+from shared.control.pool import is_refusal
 from shared.control.sqlerrors import SqlErrorInfo, classify, diagnostic_records, retry_connect
+from shared.errors import ConfigError
 
 __all__ = [
     "SQL_COPT_SS_ACCESS_TOKEN",
@@ -183,7 +184,7 @@ def build_connection_string(
         raise ConfigError("AGENT_SQL_DATABASE", database, "the database name on the Azure SQL server")
     if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
         raise ConfigError("connection timeout", timeout, "a whole number of seconds >= 1")
-    from shared.control.db import build_connection_string as build   # the one builder: every value quoted
+    from shared.control.db import build_connection_string as build  # the one builder: every value quoted
 
     return build(None, "mssql", [
         ("Driver", driver), ("Server", f"tcp:{host},{port}"), ("Database", database),
@@ -240,7 +241,6 @@ def connect_azure_sql(
     errors are the driver's own exception; :func:`explain_connect_error` turns them into a
     one-line fix.
     """
-    from shared.control.pool import is_refusal
 
     check_odbc_environment(driver)
     connection_string = build_connection_string(server, database, driver=driver, timeout=timeout)

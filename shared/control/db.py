@@ -16,12 +16,14 @@ import re
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from shared.settings import AgentSettings
+from shared.control.pool import is_refusal
+from shared.control.sqlerrors import PERMANENT, SqlErrorInfo, classify, describe, retry_connect
 from shared.errors import AgentError, ConfigError
+from shared.settings import AgentSettings
 
 SQLITE_PREFIX = "sqlite:///"
 
@@ -43,7 +45,6 @@ class DatabaseTarget:
 
 def resolve_database(agent: AgentSettings, override: str | None = None) -> DatabaseTarget:
     """The control database from ``--db`` (override), AGENT_SQL_SERVER/DATABASE or AGENT_DB."""
-    from dataclasses import replace
 
     if override is None and agent.sql_server and agent.sql_database:
         return DatabaseTarget(
@@ -270,8 +271,6 @@ def odbc_connect(connection_string: str, *, display: str, retry_seconds: float =
                 else "FreeTDS's ODBC driver (`apt-get install tdsodbc`)" if is_freetds(driver)
                 else "Microsoft ODBC Driver 18 for SQL Server (msodbcsql18)")
         raise AgentError(f"ODBC driver {driver!r} is not installed (installed: {installed}); install {hint}")
-    from shared.control.pool import is_refusal
-    from shared.control.sqlerrors import PERMANENT, SqlErrorInfo, classify, describe, retry_connect
 
     def judge(exc: BaseException) -> SqlErrorInfo:
         info = classify(exc)

@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from shared.control.sqlerrors import classify, describe, diagnostic_records
 from shared.errors import AgentError
 
 log = logging.getLogger("shared.control.pool")
@@ -62,7 +63,6 @@ REFUSAL_NUMBERS = frozenset({10928, 10929, 10936})
 def is_refusal(exc: BaseException) -> bool:
     """The server refused a connection because it (or this login) has too many: worth a pause,
     not an alarm."""
-    from shared.control.sqlerrors import classify, diagnostic_records
 
     records = diagnostic_records(exc)
     if any(r.trusted and r.native in REFUSAL_NUMBERS for r in records):
@@ -329,6 +329,5 @@ def _close(connection: Any) -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    from shared.control.sqlerrors import describe
 
     return describe(exc)

@@ -12,14 +12,16 @@ import re
 import sqlite3
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from shared.control.db import DatabaseTarget, connector
-from shared.errors import AgentError, OwnerError, SchemaError
-from shared.control.transaction_control import TransactionControlRefused, postgres_transaction_statement, refused_message
 from shared.control.queries import Query, load_migrations, load_queries
+from shared.control.sqlerrors import classify, describe
+from shared.control.transaction_control import TransactionControlRefused, postgres_transaction_statement, refused_message
+from shared.errors import AgentError, OwnerError, SchemaError
 
 UTC = timezone.utc
 _TIME_SUFFIXES = ("_at", "_for", "_until")
@@ -515,7 +517,6 @@ class Store:
         on the database (PUBLIC does by default). A missing role or membership is an error naming
         the principal. What the job returns as rows and row counts is not reported (a function
         runs it); its notices are."""
-        import uuid
 
         function = f"pg_temp.agent_job_{uuid.uuid4().hex}"
         role = '"' + principal.replace('"', '""') + '"'
@@ -703,7 +704,6 @@ def _clear_authorizer(connection: Any) -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    from shared.control.sqlerrors import describe
 
     return describe(exc)
 
@@ -775,7 +775,6 @@ def _merge(parts: Sequence[Result]) -> Result:
 
 def _connection_lost(exc: BaseException) -> bool:
     """A driver error after which this connection is no use (reconnect on next use)."""
-    from shared.control.sqlerrors import classify
 
     info = classify(exc)
     return bool(info.sqlstate and info.sqlstate.startswith("08")) or info.connection_lost

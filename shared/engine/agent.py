@@ -8,13 +8,20 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from shared.settings import Settings, load_settings
+from shared.control.clock import as_utc
 from shared.control.db import DatabaseTarget, connector, resolve_database
-from shared.engine.operations import request_run_now
+from shared.control.pool import ConnectionPool
 from shared.control.store import Store
+from shared.engine.executor import Executor
+from shared.engine.notify import notifications_enabled
+from shared.engine.operations import request_run_now
+from shared.engine.scheduler import Scheduler
+from shared.errors import AgentError
+from shared.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -49,7 +56,6 @@ class Agent:
         self._stores: list[Store] = []
         self._lock = threading.Lock()
         self._connect = connector(self.target, retry_refusals=False)
-        from shared.control.pool import ConnectionPool
 
         # AGENT_MAX_CONNECTIONS: every connection this process opens to the control database.
         self.pool = ConnectionPool(self._connect, settings.agent.max_connections,
@@ -148,9 +154,7 @@ class Agent:
         statement; the agent's clock takes the reading too), or the explicit clock given."""
         if self.database_clock is None:
             return self.clock()
-        import time
 
-        from shared.control.clock import as_utc
 
         store = self.store()
         store.connection   # connected first: the round trip timed is the statement's alone
@@ -170,7 +174,6 @@ class Agent:
         return self._telemetry
 
     def scheduler(self):
-        from shared.engine.scheduler import Scheduler
 
         return Scheduler(self.store(), self.queue, self.settings, self.telemetry, clock=self.clock,
                          reference_clock=None if self.simulated_time else self.reference_clock)
@@ -179,7 +182,6 @@ class Agent:
         """The executor (one per agent, shared by threads). ``transient_delay_seconds``: how
         long a direct-mode run waits after a transient error (default: host.json's
         visibilityTimeout, the delay the queue would redeliver after)."""
-        from shared.engine.executor import Executor
 
         if transient_delay_seconds is None:
             cached = getattr(self, "_executor", None)
@@ -205,7 +207,6 @@ class Agent:
     def tick(self, now: datetime | None = None):
         self.store().require_schema()
         report = self.scheduler().tick(now)
-        from shared.engine.notify import notifications_enabled
 
         if notifications_enabled(self.settings):
             self.notifier.wake()   # retries come due, and runs the tick ended (lapses)
@@ -266,7 +267,6 @@ def reset_default_agent() -> None:
 def run_timer_tick(past_due: bool = False) -> None:
     """What the timer trigger does. Raises when a step failed, so the invocation shows as
     failed in Application Insights; whatever the tick did commit stays done."""
-    from shared.errors import AgentError
 
     agent = default_agent()
     try:

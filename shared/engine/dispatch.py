@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Sequence
 
-from shared.settings import Settings
-from shared.errors import QueueError
-from shared.messaging.messages import DoorbellMessage, RunMessage
-from shared.jobs.schedules import CronSchedule
-from shared.control.store import Store
 from shared.control.sqlerrors import describe
+from shared.control.store import Store
+from shared.errors import QueueError
+from shared.jobs.schedules import CronSchedule
+from shared.messaging.messages import DoorbellMessage, RunMessage
+from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc

@@ -29,17 +29,20 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-from shared.settings import Settings, StepDefinition
-from shared.engine.dispatch import delay_until, dispatch, dispatch_params, send_dispatched
-from shared.errors import LeaseLost, MessageError, QueueError, TransientJobError
-from shared.messaging.messages import DoorbellMessage, RunMessage, decode_body, parse_message
-from shared.control.store import Result, Store
-from shared.control.sqlerrors import classify, describe
 from shared.control.db import ConnectError
+from shared.control.sqlerrors import classify, describe
+from shared.control.store import Result, Store
+from shared.engine.dispatch import delay_until, dispatch, dispatch_params, send_dispatched
+from shared.engine.fleet import report_moved_runs, resolve_step_targets, targets_json
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
 from shared.engine.notify import notifications_enabled
+from shared.engine.scheduler import Scheduler
+from shared.errors import LeaseLost, MessageError, QueueError, TransientJobError
+from shared.jobs.model import StepDefinition
 from shared.jobs.run_model import RUN_ENDING_OUTCOMES, AttemptError, Outcome, RunStatus
 from shared.jobs.steps import QUIT_FAILURE, QUIT_SUCCESS, cap_output, run_steps, target_step
+from shared.messaging.messages import DoorbellMessage, RunMessage, decode_body, parse_message
+from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -118,7 +121,6 @@ class Executor:
     def _doorbell(self) -> ExecutionResult:
         """A doorbell plans the jobs the T-SQL procedures defined (claiming their slots) and
         dispatches; it never fails (the tick is the safety net) and is never poisoned."""
-        from shared.engine.scheduler import Scheduler
 
         now = self.clock()
         try:
@@ -338,7 +340,6 @@ class Executor:
         the token, create one execution per database and let the run wait for them (no lease, no
         worker slot) — one statement, with the hand-on dispatch of the first executions in queue
         mode. The execution that ends last moves the run on (shared/sql: progress_fleets)."""
-        from shared.engine.fleet import resolve_step_targets, targets_json
 
         store = self._store()
         run_id, token = run["run_id"], run["token"]
@@ -396,7 +397,6 @@ class Executor:
 
     def _fleet_moved(self, rows: list[dict[str, Any]]) -> None:
         """Runs whose target executions all ended, as progress_fleets moved them on."""
-        from shared.engine.fleet import report_moved_runs
 
         if report_moved_runs(rows, self.telemetry) and self.notifier is not None:
             self.notifier.wake()

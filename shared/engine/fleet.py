@@ -10,8 +10,10 @@ database in one statement (``fan_out_targets``).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable
 
+from shared.control.sqlerrors import describe
 from shared.control.store import Store
 from shared.jobs.run_model import RunStatus
 from shared.jobs.targets import Target, TargetMember, needs_listing, parse_targets, resolve, user_databases
@@ -88,3 +90,83 @@ def report_moved_runs(rows: list[dict[str, Any]], telemetry: Any) -> bool:
                          "error_message": row["last_error"], "targets": row["targets_total"],
                          "targets_failed": row["targets_failed"]}, operation_id=row["operation_id"])
     return ended
+
+
+ListingKey = tuple[str, "str | None", "str | None"]     # ('server' | 'pool', server, pool)
+
+
+@dataclass(frozen=True)
+class FleetStep:
+    job: str
+    step: int
+    setting: str                       # the setting its TARGETS came from, for messages
+    members: tuple[TargetMember, ...]
+    targets: tuple[Target, ...] = ()
+
+
+@dataclass
+class FleetResolution:
+    steps: list[FleetStep] = field(default_factory=list)
+    listed: list[ListingKey] = field(default_factory=list)          # every listing the steps need
+    listing_errors: dict[ListingKey, str] = field(default_factory=dict)
+
+    def targets(self) -> list[Target]:
+        """Every target of every step, once, sorted."""
+        return sorted({t for step in self.steps for t in step.targets}, key=lambda t: (t.server or "", t.database))
+
+    def steps_needing(self, key: ListingKey) -> list[FleetStep]:
+        return [step for step in self.steps if key in needs_listing(step.members)]
+
+
+def listing_text(key: ListingKey) -> str:
+    kind, server, pool = key
+    where = f"server {server}" if server else "the agent's own server"
+    return f"elastic pool {pool!r} on {where}" if kind == "pool" else f"the databases of {where}"
+
+
+def target_text(target: Target) -> str:
+    return f"db {target.database} on " + (f"server {target.server}" if target.server else "the agent's server")
+
+
+def fleet_steps(job: Any) -> list[FleetStep]:
+    """The steps of ``job`` (a JobDefinition) that run in fleet targets, members parsed."""
+    one_step = job.targets is not None
+    steps = []
+    for step in job.steps:
+        if not step.targets:
+            continue
+        setting = f"JOB__{job.name}__TARGETS" if one_step else f"JOB__{job.name}__STEPS__{step.step}__TARGETS"
+        steps.append(FleetStep(job.name, step.step, setting, parse_targets(setting, step.targets)))
+    return steps
+
+
+def resolve_fleet(steps: Iterable[FleetStep], *, dialect: str, control_store: Callable[[], Store],
+                  target_store: Callable[..., Store], keep_going: bool = False) -> FleetResolution:
+    """The steps with their targets resolved now: each listing once for all of them. A listing
+    that fails raises, or with ``keep_going`` is recorded (its steps resolve without it: their
+    plain db: members still count)."""
+
+    steps = list(steps)
+    resolution = FleetResolution()
+    listings: dict[ListingKey, list[str]] = {}
+    for step in steps:
+        for key in needs_listing(step.members):
+            if key in listings or key in resolution.listing_errors:
+                continue
+            resolution.listed.append(key)
+            kind, server, pool = key
+            try:
+                listings[key] = list_databases(kind, server, pool, dialect=dialect, control_store=control_store,
+                                               target_store=target_store)
+            except Exception as exc:
+                if not keep_going:
+                    raise
+                resolution.listing_errors[key] = describe(unwrap_cause(exc))
+    for step in steps:
+        resolution.steps.append(replace(step, targets=tuple(resolve(step.members, listings, dialect=dialect))))
+    return resolution
+
+
+def unwrap_cause(exc: BaseException) -> BaseException:
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc

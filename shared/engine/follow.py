@@ -21,8 +21,8 @@ import logging
 from datetime import datetime
 from typing import Any, Sequence
 
-from shared.settings import Settings
 from shared.engine.notify import enqueue_calls
+from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 FOLLOW_UP_QUERY = "start_follow_up_runs"

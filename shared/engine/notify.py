@@ -37,14 +37,14 @@ import ssl
 import threading
 import time
 import uuid
-from urllib.parse import urlsplit
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
-from shared.settings import Settings
+from shared.control.sqlerrors import describe
 from shared.errors import NotificationError
 from shared.jobs.run_model import RunStatus
-from shared.control.sqlerrors import describe
+from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc

@@ -21,20 +21,20 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from shared.control.db import DatabaseTarget, connector
+from shared.control.queries import split_statements
+from shared.control.sqlerrors import is_unique_violation
 from shared.engine.dispatch import dispatch
-from shared.errors import ConfigError, NotFoundError, UsageError
 from shared.engine.fleet import report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
 from shared.engine.notify import notifications_enabled
-from shared.control.queries import split_statements
+from shared.errors import ConfigError, NotFoundError, UsageError
 from shared.jobs.run_model import RunStatus
 from shared.jobs.schedules import parse_schedule
-from shared.control.sqlerrors import is_unique_violation
 from shared.telemetry.client import new_operation_id
 
 if TYPE_CHECKING:       # the agent calls request_run_now from here: a type only, no import cycle
-    from shared.engine.agent import Agent
     from shared.control.store import Store
+    from shared.engine.agent import Agent
 
 # run-now requests at the same millisecond: how many next milliseconds a request tries.
 RUN_NOW_KEY_TRIES = 16

@@ -29,10 +29,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from shared.settings import JOB_SETTING_PREFIX, schedule_problem
-from shared.errors import ConfigError
-from shared.jobs.schedules import parse_schedule, validate_timezone
 from shared.control.store import Store
+from shared.errors import ConfigError
+from shared.jobs.from_settings import schedule_problem
+from shared.jobs.model import JOB_SETTING_PREFIX
+from shared.jobs.schedules import parse_schedule, validate_timezone
+from shared.jobs.steps import one_fleet_step
+from shared.jobs.targets import DEFAULT_PARALLELISM, describe_members, dialect_problem, parse_targets
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -58,8 +61,6 @@ def fleet_step(job: dict[str, Any], dialect: str) -> tuple[str | None, str | Non
     raw = job.get("requested_targets")
     if raw is None:
         return None, None
-    from shared.jobs.steps import one_fleet_step
-    from shared.jobs.targets import DEFAULT_PARALLELISM, describe_members, dialect_problem, parse_targets
 
     parameter = f"{PROCEDURE} @targets"
     try:

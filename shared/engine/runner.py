@@ -26,9 +26,9 @@ import time
 from datetime import timezone
 from typing import Any, Callable
 
-from shared.messaging.port import HostQueueOptions, ReceivedMessage, host_queue_options, next_polling_interval
-from shared.jobs.schedules import CronSchedule
 from shared.control.sqlerrors import describe
+from shared.jobs.schedules import CronSchedule
+from shared.messaging.port import HostQueueOptions, ReceivedMessage, host_queue_options, next_polling_interval
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc

@@ -31,16 +31,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-from shared.settings import Settings
-from shared.engine.planning import plan_database_jobs, refused_settings_job_error, stand_in_name
+from shared.control.sqlerrors import classify, describe, is_lock_conflict
+from shared.control.store import Store
 from shared.engine.dispatch import PartialDispatchError, claim_horizon, dispatch, ring_doorbells, run_properties
-from shared.errors import AgentError, QueueError
-from shared.engine.fleet import report_moved_runs
+from shared.engine.fleet import fleet_steps, report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
+from shared.engine.planning import plan_database_jobs, refused_settings_job_error, stand_in_name
+from shared.errors import AgentError, QueueError
 from shared.jobs.run_model import RunStatus
 from shared.jobs.schedules import CronSchedule, parse_schedule
-from shared.control.store import Store
-from shared.control.sqlerrors import classify, describe, is_lock_conflict
+from shared.jobs.targets import describe_members, dialect_problem
+from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -539,8 +540,6 @@ def _invalid_row(key: str, message: str) -> dict[str, Any]:
 def fleet_problem(job, dialect: str) -> str | None:
     """Why this control database cannot run the job's fleet steps (one line naming the
     setting), or None."""
-    from shared.ops.fleet import fleet_steps
-    from shared.jobs.targets import describe_members, dialect_problem
 
     for step in fleet_steps(job):
         problem = dialect_problem(step.members, dialect)

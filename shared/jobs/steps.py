@@ -20,6 +20,8 @@ import re
 from typing import Any
 
 from shared.errors import ConfigError
+from shared.jobs.model import JOB_SETTING_PREFIX, MAX_STEPS, StepDefinition
+from shared.values import DATABASE_NAME_PATTERN, parse_int
 
 FLOW_ACTIONS = ("next", "quit_success", "quit_failure", "goto:<n>")
 _GOTO = re.compile(r"^goto:(\d+)$")
@@ -30,7 +32,6 @@ QUIT_FAILURE = "quit_failure"
 def one_fleet_step(command: str, *, max_attempts: int, timeout_seconds: int, targets: str, parallelism: int):
     """The step of a one-step fleet job (JOB__<name>__TARGETS, or agent.add_scheduled_job
     @targets): the executor runs fleets as steps. ``targets``: the normalised members."""
-    from shared.settings import StepDefinition
 
     return StepDefinition(step=1, command=command.strip(), database=None, max_attempts=max_attempts,
                           retry_interval_seconds=None, timeout_seconds=timeout_seconds, on_success=QUIT_SUCCESS,
@@ -41,7 +42,6 @@ def parse_steps(name: str, values: dict[str, tuple[str, str]], errors: list[str]
                 default_timeout_seconds: int, default_database: str | None, default_parallelism: int = 8):
     """The job's steps from its ``STEPS__<n>__<SUFFIX>`` entries of ``values`` (key, raw value),
     appending one line per problem to ``errors``."""
-    from shared.settings import DATABASE_NAME_PATTERN, JOB_SETTING_PREFIX, MAX_STEPS, StepDefinition, parse_int
 
     by_number: dict[int, dict[str, tuple[str, str]]] = {}
     for suffix, entry in values.items():
@@ -174,7 +174,6 @@ def target_step(action: str) -> int | None:
 
 def run_steps(run: dict[str, Any]):
     """The steps copied onto a run (None for a one-step job), as StepDefinitions."""
-    from shared.settings import StepDefinition
 
     text = run.get("steps")
     if not text:

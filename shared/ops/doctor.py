@@ -23,11 +23,19 @@ import os
 import socket
 import sqlite3
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from shared.control.azure_sql import DEFAULT_PORT, SQL_SCOPE, build_connection_string, explain_connect_error, shared_token_provider
+from shared.control.db import odbc_pairs
+from shared.control.sqlerrors import classify, diagnostic_records
+from shared.engine.fleet import fleet_steps, listing_text, resolve_fleet, target_text
 from shared.errors import AgentError
 from shared.jobs.run_model import RunStatus
+from shared.jobs.targets import dialect_problem, needs_listing
+from shared.ops.fleet import database_fleet_jobs, fast_target_store, probe_targets
+from shared.telemetry.client import new_operation_id
 
 __all__ = ["Check", "DoctorReport", "run_doctor", "CHECKS"]
 
@@ -109,7 +117,6 @@ class _Doctor:
         target = self.target
         if target.dialect == "sqlite":
             return f"sqlite3 {sqlite3.sqlite_version} (Python standard library; no ODBC driver needed)"
-        from shared.control.db import odbc_pairs
 
         if target.uses_token:
             from shared.control.azure_sql import DEFAULT_DRIVER
@@ -194,8 +201,6 @@ class _Doctor:
         return f"{file} is readable and writable"
 
     def _tcp_probe(self) -> str:
-        from shared.control.azure_sql import DEFAULT_PORT, build_connection_string
-        from shared.control.db import odbc_pairs
 
         target = self.target
         try:
@@ -215,9 +220,7 @@ class _Doctor:
         return f"{host}:{port_number} accepts TCP connections"
 
     def _entra_login(self) -> str:
-        from datetime import datetime, timezone
 
-        from shared.control.azure_sql import SQL_SCOPE, explain_connect_error, shared_token_provider
 
         target = self.target
         server, database = target.sql_server or "", target.sql_database or ""
@@ -332,7 +335,6 @@ class _Doctor:
     # ------------------------------------------------------------ 6. permissions
 
     def permissions(self) -> str:
-        from shared.telemetry.client import new_operation_id
 
         store = self.agent.store()
         now = self.agent.clock()
@@ -398,9 +400,6 @@ class _Doctor:
     def targets(self) -> str:
         """Every valid fleet job's targets, resolved now as a run would (one listing per server
         or pool), each tried once with SELECT 1, PROBE_PARALLELISM at a time."""
-        from shared.ops.fleet import (database_fleet_jobs, fast_target_store, fleet_steps, listing_text, probe_targets,
-                                resolve_fleet, target_text)
-        from shared.jobs.targets import dialect_problem
 
         dialect = self.target.dialect
         steps, skipped = [], []
@@ -537,7 +536,6 @@ def connection_allowance(row: Mapping[str, Any]) -> tuple[int | None, str]:
 
 
 def _needs(step: Any) -> list:
-    from shared.jobs.targets import needs_listing
 
     return needs_listing(step.members)
 
@@ -593,7 +591,6 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 
 def _one_line(exc: BaseException) -> str:
-    from shared.control.sqlerrors import classify
 
     info = classify(exc)
     code = f" [{info.number or info.sqlstate}]" if (info.number or info.sqlstate) else ""
@@ -602,7 +599,6 @@ def _one_line(exc: BaseException) -> str:
 
 def _is_login_error(exc: BaseException) -> bool:
     """The server was reached and refused the credentials (wrong user, password, role)."""
-    from shared.control.sqlerrors import diagnostic_records
 
     records = diagnostic_records(exc)
     if any(r.sqlstate in ("28000", "28P01") or (r.trusted and r.native == 18456) for r in records):

@@ -10,101 +10,31 @@ needs it, then the members turned into databases.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable, Iterable
 
-from shared.errors import UsageError
+from shared.control.db import connector
+from shared.control.sqlerrors import describe
 from shared.control.store import Store
-from shared.jobs.targets import Target, TargetMember, dialect_problem, needs_listing, parse_targets, resolve
+from shared.engine.fleet import FleetStep, fleet_steps, unwrap_cause
+from shared.engine.planning import PROCEDURE
+from shared.errors import UsageError
+from shared.jobs.steps import run_steps
+from shared.jobs.targets import Target, dialect_problem, parse_targets
 
-ListingKey = tuple[str, "str | None", "str | None"]     # ('server' | 'pool', server, pool)
 # doctor connects to this many targets at once.
 PROBE_PARALLELISM = 8
+
+
 # doctor tries each target once: a refusing database answers at once, and a check that waited
 # out every target's retries would take minutes on a large fleet. (A paused serverless target
 # answers 40613 and is reported with that reason; runs retry it.)
 PROBE_RETRY_SECONDS = 0.0
 
 
-@dataclass(frozen=True)
-class FleetStep:
-    job: str
-    step: int
-    setting: str                       # the setting its TARGETS came from, for messages
-    members: tuple[TargetMember, ...]
-    targets: tuple[Target, ...] = ()
-
-
-@dataclass
-class FleetResolution:
-    steps: list[FleetStep] = field(default_factory=list)
-    listed: list[ListingKey] = field(default_factory=list)          # every listing the steps need
-    listing_errors: dict[ListingKey, str] = field(default_factory=dict)
-
-    def targets(self) -> list[Target]:
-        """Every target of every step, once, sorted."""
-        return sorted({t for step in self.steps for t in step.targets}, key=lambda t: (t.server or "", t.database))
-
-    def steps_needing(self, key: ListingKey) -> list[FleetStep]:
-        return [step for step in self.steps if key in needs_listing(step.members)]
-
-
-def listing_text(key: ListingKey) -> str:
-    kind, server, pool = key
-    where = f"server {server}" if server else "the agent's own server"
-    return f"elastic pool {pool!r} on {where}" if kind == "pool" else f"the databases of {where}"
-
-
-def target_text(target: Target) -> str:
-    return f"db {target.database} on " + (f"server {target.server}" if target.server else "the agent's server")
-
-
-def fleet_steps(job: Any) -> list[FleetStep]:
-    """The steps of ``job`` (a JobDefinition) that run in fleet targets, members parsed."""
-    one_step = job.targets is not None
-    steps = []
-    for step in job.steps:
-        if not step.targets:
-            continue
-        setting = f"JOB__{job.name}__TARGETS" if one_step else f"JOB__{job.name}__STEPS__{step.step}__TARGETS"
-        steps.append(FleetStep(job.name, step.step, setting, parse_targets(setting, step.targets)))
-    return steps
-
-
-def resolve_fleet(steps: Iterable[FleetStep], *, dialect: str, control_store: Callable[[], Store],
-                  target_store: Callable[..., Store], keep_going: bool = False) -> FleetResolution:
-    """The steps with their targets resolved now: each listing once for all of them. A listing
-    that fails raises, or with ``keep_going`` is recorded (its steps resolve without it: their
-    plain db: members still count)."""
-    from shared.engine.fleet import list_databases
-    from shared.control.sqlerrors import describe
-
-    steps = list(steps)
-    resolution = FleetResolution()
-    listings: dict[ListingKey, list[str]] = {}
-    for step in steps:
-        for key in needs_listing(step.members):
-            if key in listings or key in resolution.listing_errors:
-                continue
-            resolution.listed.append(key)
-            kind, server, pool = key
-            try:
-                listings[key] = list_databases(kind, server, pool, dialect=dialect, control_store=control_store,
-                                               target_store=target_store)
-            except Exception as exc:
-                if not keep_going:
-                    raise
-                resolution.listing_errors[key] = describe(_unwrap(exc))
-    for step in steps:
-        resolution.steps.append(replace(step, targets=tuple(resolve(step.members, listings, dialect=dialect))))
-    return resolution
-
-
 def database_fleet_jobs(agent: Any) -> dict[str, list[FleetStep]]:
     """The fleet steps of the valid jobs defined from T-SQL (agent.add_scheduled_job @targets),
     as the engine planned them, by job name: one query."""
-    from shared.engine.planning import PROCEDURE
-    from shared.jobs.steps import run_steps
 
     fleets: dict[str, list[FleetStep]] = {}
     setting = f"{PROCEDURE} @targets"
@@ -150,14 +80,12 @@ def job_fleet(agent: Any, name: str) -> list[FleetStep]:
 
 def probe_target(agent_target: Any, target: Target) -> str | None:
     """Connect to ``target`` once and run SELECT 1: None when it answers, else why not."""
-    from shared.control.db import connector
-    from shared.control.sqlerrors import describe
 
     fast = replace(agent_target, connect_retry_seconds=PROBE_RETRY_SECONDS)
     try:
         connection = connector(fast, target.database, target.server)()
     except Exception as exc:
-        return describe(_unwrap(exc))
+        return describe(unwrap_cause(exc))
     try:
         cursor = connection.cursor()
         cursor.execute("SELECT 1")
@@ -165,7 +93,7 @@ def probe_target(agent_target: Any, target: Target) -> str | None:
         cursor.close()
         return None
     except Exception as exc:
-        return describe(_unwrap(exc))
+        return describe(unwrap_cause(exc))
     finally:
         try:
             connection.close()
@@ -186,7 +114,6 @@ def probe_targets(agent_target: Any, targets: Iterable[Target], *,
 
 def fast_target_store(agent: Any) -> Callable[..., Store]:
     """A target_store like Agent.target_store, trying each connection once (doctor)."""
-    from shared.control.db import connector
 
     fast = replace(agent.target, connect_retry_seconds=PROBE_RETRY_SECONDS)
 
@@ -194,8 +121,3 @@ def fast_target_store(agent: Any) -> Callable[..., Store]:
         return Store(fast, connector(fast, database, server), job_principal=agent.settings.agent.job_principal)
 
     return open_store
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, BaseException) else exc

@@ -20,6 +20,7 @@ literals as N'...' with ``'`` doubled, so no name can end the identifier and inj
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -319,6 +320,5 @@ def operator_sql(principal: str, *, dialect: str, app: str | None = None) -> str
 
 
 def _wrap(text: str, width: int = 96) -> list[str]:
-    import textwrap
 
     return textwrap.wrap(text, width)

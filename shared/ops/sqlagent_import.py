@@ -18,6 +18,9 @@ from datetime import date, datetime, time, timedelta
 from typing import Any, Iterable
 
 from shared.errors import ScriptError
+from shared.jobs.from_settings import parse_jobs
+from shared.jobs.schedules import validate_timezone
+from shared.values import DATABASE_NAME_PATTERN
 
 SYSTEM_DATABASES = {"master", "msdb", "model", "tempdb"}
 JOB_PROCEDURES = {"sp_add_job", "sp_update_job", "sp_add_jobstep", "sp_update_jobstep", "sp_add_jobschedule",
@@ -328,7 +331,6 @@ def setting_name(name: str, taken: set[str]) -> str:
 def convert_script(texts: Iterable[tuple[str, str]], timezone: str = "UTC", *,
                    today: date | None = None) -> list[Converted]:
     """(source, text) pairs -> one Converted per job (per schedule that could not share the job's)."""
-    from shared.jobs.schedules import validate_timezone
 
     validate_timezone(timezone)
     today = today or datetime.now(validate_timezone(timezone)).date()
@@ -343,7 +345,6 @@ def convert_script(texts: Iterable[tuple[str, str]], timezone: str = "UTC", *,
 
 
 def _convert_job(job: AgentJob, timezone: str, today: date, taken: set[str]) -> list[Converted]:
-    from shared.settings import DATABASE_NAME_PATTERN
 
     name = setting_name(job.name, taken)
     missing: list[dict[str, str]] = [{"what": what, "reason": reason} for what, reason in job.extra]
@@ -539,7 +540,6 @@ def _convert_job(job: AgentJob, timezone: str, today: date, taken: set[str]) -> 
         for result in results:
             result.emitted = False
     # The engine's own validation of each emitted job.
-    from shared.settings import parse_jobs
 
     for result in results:
         if result.emitted:

@@ -6,7 +6,7 @@ Pages: the jobs (one row each, as SQL Server Agent's Job Activity Monitor shows 
 timeline of its runs drawn as SVG by the server, its history and its events), a run, the poison
 messages and the stuck runs. Each has a JSON twin (``?format=json`` or ``Accept:
 application/json``) holding exactly what the CLI's ``--json`` prints: both come from
-shared/web/views.py.
+shared/engine/views.py.
 
 Safe by construction: only GET and HEAD are answered (anything else gets 405); the views run
 only SELECTs; every value from the database is HTML-escaped where it is written; every response
@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Mapping
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from shared.web import views
-from shared.errors import ConfigError, PageError
+from shared.engine import views
+from shared.engine.agent import default_agent
+from shared.errors import AgentError, ConfigError, PageError
 from shared.jobs.run_model import RunStatus
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def monitor_settings(environ: Mapping[str, str] | None = None) -> MonitorSetting
     raw = (env.get(REFRESH_SETTING) or "").strip()
     refresh = 30
     if raw:
-        from shared.settings import parse_int
+        from shared.values import parse_int
 
         refresh = parse_int(REFRESH_SETTING, raw, 0, 86400)
     group = (env.get(GROUP_SETTING) or "").strip() or None
@@ -723,7 +724,6 @@ def _is_database_error(exc: BaseException) -> bool:
     to a bug of the monitor's own."""
     import sqlite3
 
-    from shared.errors import AgentError
 
     pyodbc = sys.modules.get("pyodbc")
     return isinstance(exc, (sqlite3.Error, AgentError)) or (pyodbc is not None and isinstance(exc, pyodbc.Error))
@@ -795,7 +795,6 @@ def handle_azure_request(method: str, url: str, headers: Mapping[str, str]) -> R
     """The HTTP trigger's one call. App Service Authentication (infra/functionapp.bicep) signs
     the user in and admits only AGENT_MONITOR_ALLOWED_GROUP; this checks the same group again
     from the principal the platform passes, and refuses everyone while the setting is empty."""
-    from shared.engine.agent import default_agent
 
     split = urlsplit(url)
     path = split.path

@@ -12,7 +12,6 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-
 from tests.support.harness import ROOT, as_from_a_terminal
 
 

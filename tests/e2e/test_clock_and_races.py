@@ -17,9 +17,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from shared.messaging.memory import MemoryQueue
 from tests.support.clock_shift import instance_clock_shifted
 from tests.support.harness import ROOT, make_agent, query, runs_table
-from shared.messaging.memory import MemoryQueue
 
 UTC = timezone.utc
 MINUTELY = {"SCHEDULE": "0 * * * * *", "COMMAND": "SELECT 1"}
@@ -277,8 +277,8 @@ def test_a_real_deadlock_victim_is_a_lock_conflict_and_the_step_runs_again(pg_ur
 
     import pyodbc
 
-    from shared.engine.scheduler import Scheduler, TickReport
     from shared.control.sqlerrors import is_lock_conflict
+    from shared.engine.scheduler import Scheduler, TickReport
 
     agent = real_agent(pg_url)
     setup = pyodbc.connect(pg_url, autocommit=True)

@@ -34,10 +34,10 @@ import pytest
 from azure.functions.queue import QueueMessage
 from azure.functions.timer import TimerRequest
 
-from shared.engine.agent import reset_default_agent
-from shared.messaging.azure_storage import AzureStorageQueue
 from shared.cli.commands import main as cli
+from shared.engine.agent import reset_default_agent
 from shared.errors import AgentError, QueueError, TransientJobError
+from shared.messaging.azure_storage import AzureStorageQueue
 from shared.messaging.messages import parse_message
 from shared.messaging.port import host_queue_options
 from tests.support.azurite import (  # noqa: F401  (azurite, azurite_server: pytest fixtures)

@@ -34,8 +34,6 @@ from azure.functions.queue import QueueMessage
 from shared.engine.agent import reset_default_agent
 from shared.messaging.azure_storage import AzureStorageQueue
 from shared.messaging.port import host_queue_options
-from tests.support.azurite import Azurite, azurite, azurite_server  # noqa: F401  (pytest fixtures)
-from tests.support.harness import PG_BASE, execute, query
 from tests.e2e.test_e2e_azurite import (  # noqa: F401  (app: a pytest fixture)
     MARKER,
     App,
@@ -47,6 +45,8 @@ from tests.e2e.test_e2e_azurite import (  # noqa: F401  (app: a pytest fixture)
     runs_of,
     user_function,
 )
+from tests.support.azurite import Azurite, azurite, azurite_server  # noqa: F401  (pytest fixtures)
+from tests.support.harness import PG_BASE, execute, query
 
 UTC = timezone.utc
 HOST = host_queue_options()

@@ -16,11 +16,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from shared.settings import AfterOutcome, parse_jobs
 from shared.engine.dispatch import dispatch
-
-from tests.support.harness import ROOT, MSSQL_BASE, Clock, at, execute, fresh_database, make_agent, query, runs_table, work
+from shared.jobs.from_settings import parse_jobs
+from shared.jobs.model import AfterOutcome
 from shared.messaging.memory import MemoryQueue
+from tests.support.harness import MSSQL_BASE, ROOT, Clock, at, execute, fresh_database, make_agent, query, runs_table, work
 from tests.support.tsql_caller import CallError, call, connect, select
 
 
@@ -413,8 +413,8 @@ def test_the_link_is_shown_in_history_jobs_the_monitor_its_json_and_notification
     import re
 
     from shared.cli.commands import main as cli
-    from shared.web.monitor import Monitor, MonitorSettings
     from shared.engine.notify import notification_body
+    from shared.web.monitor import Monitor, MonitorSettings
 
     clock = Clock(at("2026-11-25T08:00:00"))
     agent = make_agent(db_url, {"load": {"COMMAND": "SELECT 1"},

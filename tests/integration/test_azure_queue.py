@@ -23,15 +23,15 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from shared.messaging.azure_storage import AZURITE_QUEUE_ENDPOINT, AzureStorageQueue
 from shared.errors import ConfigError, QueueError
+from shared.messaging.azure_storage import AZURITE_QUEUE_ENDPOINT, AzureStorageQueue
 from tests.support.azurite import (  # noqa: F401  (azurite, azurite_server: pytest fixtures)
     ACCOUNT_KEY,
     REPO,
     Azurite,
-    free_loopback_port,
     azurite,
     azurite_server,
+    free_loopback_port,
     launched_azurite,
 )
 

@@ -18,8 +18,8 @@ role, and drops it afterwards.
 from __future__ import annotations
 
 import subprocess
-import threading
 import sys
+import threading
 import time
 import uuid
 
@@ -183,8 +183,8 @@ def test_a_role_limit_below_the_cap_refuses_and_the_work_still_finishes(capped_r
 
 
 def test_connections_are_opened_for_work_and_closed_when_idle(capped_role, pg_url):
-    from shared.web.monitor import StorePool
     from shared.engine.runner import LocalRunner
+    from shared.web.monitor import StorePool
 
     make, sessions = capped_role
     url = make(20)

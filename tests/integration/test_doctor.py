@@ -12,12 +12,12 @@ import re
 
 import pytest
 
-from shared.engine.agent import Agent
 from shared.cli.commands import main as cli
-from shared.settings import load_settings
+from shared.engine.agent import Agent
 from shared.ops.doctor import CHECKS, run_doctor, server_description
+from shared.settings import load_settings
 from tests.support.azurite import ACCOUNT, ACCOUNT_KEY, azurite, azurite_server, free_loopback_port  # noqa: F401
-from tests.support.harness import db_dialect, PG_BASE, attempts_table, execute, make_agent, pg_admin_connection, query, service_missing
+from tests.support.harness import PG_BASE, attempts_table, db_dialect, execute, make_agent, pg_admin_connection, query, service_missing
 
 LINE = re.compile(r"^\[(?P<mark> OK |FAIL| -- )\] (?P<name>[a-z]+)\s+(?P<detail>.*)$")
 

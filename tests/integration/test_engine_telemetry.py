@@ -8,8 +8,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tests.support.appinsights_endpoint import AppInsightsEndpoint
 from shared.messaging.memory import MemoryQueue
+from tests.support.appinsights_endpoint import AppInsightsEndpoint
 from tests.support.harness import make_agent, work
 
 UTC = timezone.utc

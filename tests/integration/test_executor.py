@@ -12,8 +12,8 @@ import pytest
 
 from shared.cli.commands import main as cli
 from shared.errors import TransientJobError
-from shared.messaging.messages import RunMessage
 from shared.messaging.memory import MemoryQueue
+from shared.messaging.messages import RunMessage
 from tests.support.harness import Clock, at, execute, query, sql_for, tsql_delay, work
 
 UTC = timezone.utc

@@ -15,13 +15,23 @@ from datetime import datetime, timezone
 
 import pytest
 
-from shared.settings import parse_jobs
 from shared.control.db import connector
-from tests.support.harness import (MSSQL_BASE, babelfish_end_sessions, execute, fresh_database, make_agent,
-                                  mssql_connection, mssql_server_is_babelfish, pg_admin_connection, query,
-                                  tsql_delay, work)
-from tests.support.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
+from shared.jobs.from_settings import parse_jobs
 from shared.messaging.memory import MemoryQueue
+from tests.support.appinsights_endpoint import appinsights_endpoint  # noqa: F401 (fixture)
+from tests.support.harness import (
+    MSSQL_BASE,
+    babelfish_end_sessions,
+    execute,
+    fresh_database,
+    make_agent,
+    mssql_connection,
+    mssql_server_is_babelfish,
+    pg_admin_connection,
+    query,
+    tsql_delay,
+    work,
+)
 
 UTC = timezone.utc
 SERVER_DIALECTS = ["postgres"] + (["mssql"] if MSSQL_BASE else [])

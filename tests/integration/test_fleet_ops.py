@@ -19,12 +19,12 @@ import uuid
 import pytest
 
 from shared.cli.commands import main as cli
-from shared.ops.fleet import fleet_steps, resolve_fleet
-from shared.ops.grants import fleet_grant_scripts, render_fleet
+from shared.engine.fleet import fleet_steps, resolve_fleet
 from shared.jobs.targets import Target
+from shared.ops.grants import fleet_grant_scripts, render_fleet
+from tests.integration.test_doctor import LINE
 from tests.support.azurite import free_loopback_port
 from tests.support.harness import PG_BASE, make_agent, pg_admin_connection
-from tests.integration.test_doctor import LINE
 from tests.unit.test_grants import TRICKY_NAMES, _ident, _tokens, _words, parse_grant_statement, statements_of
 
 SCHEDULE = "0 0 2 * * *"
@@ -306,7 +306,7 @@ def test_doctor_on_sqlite_reports_fleet_jobs_it_cannot_run_without_failing(tmp_p
 
 
 def test_target_text_names_the_server():
-    from shared.ops.fleet import target_text
+    from shared.engine.fleet import target_text
 
     assert target_text(Target(None, "t1")) == "db t1 on the agent's server"
     assert target_text(Target("srv", "t1")) == "db t1 on server srv"

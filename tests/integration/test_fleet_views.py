@@ -1,6 +1,6 @@
 """Fleet runs as the operator sees them (issue 16, operations): `history` groups a fleet run's
 executions by target, `jobs` shows the last run's target count and failures, and the monitor's
-jobs, job and run pages show the fleet, each through shared/web/views.py with a fixed number of
+jobs, job and run pages show the fleet, each through shared/engine/views.py with a fixed number of
 queries (one list_run_targets for every execution of the runs shown, none without fleet runs).
 
 On PostgreSQL the engine runs a real fleet: target databases created here (one refusing
@@ -21,11 +21,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from shared.web import views
-from shared.web.monitor import Monitor, MonitorSettings
+from shared.engine import views
 from shared.telemetry.client import new_operation_id
-from tests.support.harness import (ROOT, create_pg_database, drop_pg_database, execute, make_agent, pg_admin_connection,
-                            work)
+from shared.web.monitor import Monitor, MonitorSettings
+from tests.support.harness import ROOT, create_pg_database, drop_pg_database, execute, make_agent, pg_admin_connection, work
 
 UTC = timezone.utc
 HOSTILE = "<b>no</b> & bye"

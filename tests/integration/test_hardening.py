@@ -22,8 +22,7 @@ from datetime import timezone
 
 import pytest
 
-from tests.support.harness import (ROOT, Clock, at, attempts_table, create_pg_database, drop_pg_database, execute, make_agent, query,
-                            runs_table, work)
+from tests.support.harness import ROOT, Clock, at, attempts_table, create_pg_database, drop_pg_database, execute, make_agent, query, runs_table, work
 
 UTC = timezone.utc
 
@@ -229,8 +228,8 @@ def test_a_job_runs_as_the_job_principal_and_cannot_write_the_agents_tables(pg_u
 
 
 def test_agent_job_principal_is_validated():
-    from shared.settings import load_settings
     from shared.errors import ConfigError
+    from shared.settings import load_settings
 
     with pytest.raises(ConfigError, match="AGENT_JOB_PRINCIPAL='x\"; DROP': expected a database user or role name"):
         load_settings(environ={"AGENT_JOB_PRINCIPAL": 'x"; DROP'})

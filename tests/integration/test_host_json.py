@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.settings import ENGINE_SETTINGS, JOB_DEFAULTS
 from shared.errors import ConfigError
+from shared.jobs.from_settings import JOB_DEFAULTS
 from shared.messaging.port import HOST_JSON, HostQueueOptions, host_queue_options, parse_timespan
+from shared.settings import ENGINE_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -166,9 +167,8 @@ def test_an_idle_queue_consumer_backs_off_as_the_host_does_up_to_max_polling_int
 
 def test_the_local_runners_queue_workers_poll_within_max_polling_interval(tmp_path: Path) -> None:
     from shared.engine.runner import LocalRunner
-    from tests.support.harness import make_agent
-
     from shared.messaging.memory import MemoryQueue
+    from tests.support.harness import make_agent
 
     agent = make_agent(f"sqlite:///{tmp_path / 'agent.db'}", queue=MemoryQueue(), AGENT_POLL_SECONDS="30")
     try:

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from shared.web import views
+from shared.engine import views
 from shared.web.monitor import OUTCOME_COLOURS, SECURITY_HEADERS, Monitor, MonitorSettings, monitor_settings
 from tests.support import monitor_scenario
 from tests.support.harness import ROOT, as_from_a_terminal, create_pg_database, drop_pg_database
@@ -440,8 +440,8 @@ def test_invalid_monitor_setting_is_one_line_and_exit_2(scenario):
 
 def test_a_database_it_cannot_read_is_one_line_503(tmp_path):
     """No schema (or no server): the page says so in one line, with the security headers."""
-    from shared.control.store import Store
     from shared.control.db import parse_database_url
+    from shared.control.store import Store
 
     store = Store(parse_database_url(f"sqlite:///{tmp_path / 'empty.db'}"))
     monitor = Monitor(lambda: contextlib.nullcontext(store), clock=lambda: datetime.now(UTC),

@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from shared.web.monitor import SECURITY_HEADERS, make_server
-
 from tests.support.harness import make_agent
 
 

@@ -11,7 +11,7 @@ import os
 import azure.functions as func
 import pytest
 
-from shared.web import views
+from shared.engine import views
 from shared.engine.agent import reset_default_agent
 from shared.web.monitor import SECURITY_HEADERS
 from tests.integration.test_monitor import scenario  # noqa: F401  (module-scoped fixture: SQLite and PostgreSQL)

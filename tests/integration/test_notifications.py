@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from shared.settings import load_settings
-from shared.errors import ConfigError
 from shared.engine.notify import MAX_DELIVERY_ATTEMPTS, Notifier
+from shared.errors import ConfigError
+from shared.settings import load_settings
 from tests.support.harness import Clock, query, sql_for, work
 
 UTC = timezone.utc

@@ -8,12 +8,11 @@ import re
 from datetime import datetime, timedelta, timezone
 
 from shared.cli.commands import main as cli
-from shared.settings import parse_jobs
+from shared.engine.views import jobs_view
 from shared.jobs.describe import describe_schedule
-from shared.web.monitor import Monitor, MonitorSettings
+from shared.jobs.from_settings import parse_jobs
 from shared.jobs.schedules import parse_schedule
-from shared.web.views import jobs_view
-
+from shared.web.monitor import Monitor, MonitorSettings
 from tests.support.harness import Clock, at, query, runs_table, work
 
 

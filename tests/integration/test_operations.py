@@ -10,8 +10,8 @@ import pytest
 
 from shared.engine import operations
 from shared.errors import ConfigError, NotFoundError, UsageError
-from tests.support.harness import query, runs_table
 from shared.messaging.memory import MemoryQueue
+from tests.support.harness import query, runs_table
 
 JOBS = {"adhoc": {"COMMAND": "SELECT 1", "OVERLAP": "skip"}, "broken": {"COMMAND": "SELECT 1", "SCHEDULE": "0 0 *"}}
 

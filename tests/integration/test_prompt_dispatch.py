@@ -14,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from shared.engine.runner import LocalRunner
-from tests.support.harness import Clock, at, execute, make_agent, query, sql_for, tsql_delay, work
 from shared.messaging.memory import MemoryQueue
+from tests.support.harness import Clock, at, execute, make_agent, query, sql_for, tsql_delay, work
 
 UTC = timezone.utc
 

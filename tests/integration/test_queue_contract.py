@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from tests.support.azurite import azurite, azurite_server  # noqa: F401  (pytest fixtures)
 from shared.messaging.memory import MemoryQueue
+from tests.support.azurite import azurite, azurite_server  # noqa: F401  (pytest fixtures)
 
 
 @pytest.fixture(params=["memory", "azurite"])

@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 
 from shared.errors import QueueError
-from tests.support.harness import at, make_agent, query, runs_table
 from shared.messaging.memory import MemoryQueue
+from tests.support.harness import at, make_agent, query, runs_table
 
 HOURLY = {"SCHEDULE": "0 0 * * * *", "COMMAND": "SELECT 1"}
 
@@ -231,7 +231,7 @@ def test_crash_between_claim_and_enqueue_is_redispatched_after_the_dispatch_leas
     # ...the process died here: the run is queued, no message was sent.
     assert agent.queue.run_messages() == 0
     # The reconciliation query shows it once its dispatch lease has lapsed.
-    from shared.web.views import stuck_view
+    from shared.engine.views import stuck_view
 
     stuck = stuck_view(store, at("2026-01-01T13:01:10"), older_than=3670)
     assert [(r["status"], r["job_name"]) for r in stuck] == [("queued", "hourly")]

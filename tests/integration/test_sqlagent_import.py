@@ -12,10 +12,9 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from shared.cli.commands import main as cli
-from shared.settings import parse_jobs
+from shared.jobs.from_settings import parse_jobs
 from shared.jobs.schedules import parse_schedule
 from shared.ops.sqlagent_import import ScriptError, convert_script, read_calls, report, setting_name
-
 from tests.support.harness import make_agent, query
 
 HERE = Path(__file__).parent / "sqlagent"

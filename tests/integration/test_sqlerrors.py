@@ -27,7 +27,6 @@ except ImportError as exc:  # unixODBC missing: a CI failure, a skip elsewhere
         raise
     pytest.skip(f"pyodbc cannot be imported ({exc}): apt-get install unixodbc odbc-postgresql", allow_module_level=True)
 
-from shared.errors import AgentError, ConfigError
 from shared.control.sqlerrors import (
     PERMANENT_SQLSERVER_NUMBERS,
     TRANSIENT_SQLSERVER_NUMBERS,
@@ -38,6 +37,7 @@ from shared.control.sqlerrors import (
     is_unique_violation,
     retry_transient,
 )
+from shared.errors import AgentError, ConfigError
 from tests.support.harness import PG_BASE, create_pg_database, drop_pg_database, pg_admin_connection, service_missing
 
 

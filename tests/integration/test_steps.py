@@ -10,9 +10,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from shared.settings import parse_jobs
-from tests.support.harness import Clock, execute, query, sql_for, tsql_delay, work
+from shared.jobs.from_settings import parse_jobs
 from shared.messaging.memory import MemoryQueue
+from tests.support.harness import Clock, execute, query, sql_for, tsql_delay, work
 
 UTC = timezone.utc
 

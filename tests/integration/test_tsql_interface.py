@@ -21,9 +21,8 @@ import pytest
 
 from shared.cli.commands import main as cli
 from shared.engine.runner import LocalRunner
-from tests.support.harness import (MSSQL_BASE, execute, fresh_database, make_agent, pg_admin_connection, query,
-                            sql_for, tsql_delay, work)
 from shared.messaging.memory import MemoryQueue
+from tests.support.harness import MSSQL_BASE, execute, fresh_database, make_agent, pg_admin_connection, query, sql_for, tsql_delay, work
 from tests.support.tsql_caller import CallError, call, connect, select
 
 UTC = timezone.utc
@@ -983,11 +982,11 @@ def test_the_operator_role_gets_execute_on_every_procedure_select_on_every_view_
 
 
 def test_tsql_modules_are_whole_batches_and_sqlfluff_catches_a_broken_one():
+    import re
+
     from sqlfluff.core import FluffConfig, Linter
 
     from shared.control.queries import split_statements
-
-    import re
 
     module = re.compile(r"^(?:CREATE|ALTER) (?:PROCEDURE|VIEW) agent\.(\w+)", re.M)
     modules = [s for s in split_statements(_migration_text("mssql"), tsql=True) if module.search(s)]

@@ -17,12 +17,11 @@ import jsonschema
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from shared.settings import load_settings
+from shared.engine.notify import BATCH, DELIVERY_TIMEOUT_SECONDS, NotificationError, claim_seconds, post_json, signature_headers
 from shared.errors import ConfigError
-from shared.engine.notify import (BATCH, DELIVERY_TIMEOUT_SECONDS, NotificationError, claim_seconds, post_json,
-                           signature_headers)
-from tests.support.harness import work
+from shared.settings import load_settings
 from tests.integration.test_notifications import Receiver, once
+from tests.support.harness import work
 
 UTC = timezone.utc
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs/schemas/notification.schema.json").read_text())

@@ -23,10 +23,10 @@ from datetime import datetime, timezone
 
 import pytest
 
+from shared.messaging.memory import MemoryQueue
 from shared.telemetry import client as telemetry
 from tests.support.appinsights_endpoint import AppInsightsEndpoint
 from tests.support.harness import ROOT, make_agent, work
-from shared.messaging.memory import MemoryQueue
 
 UTC = timezone.utc
 WORKBOOK = json.loads((ROOT / "infra" / "workbook.json").read_text(encoding="utf-8"))

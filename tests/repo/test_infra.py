@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from shared import settings as config
+from shared import settings, values
+from shared.jobs import from_settings, model
 from shared.telemetry import client as telemetry
 from tests.support.infra_helpers import (
     INFRA,
@@ -36,8 +37,8 @@ from tests.support.infra_helpers import (
     accessor_path,
     bicep,
     bicep_paths,
-    function_call,
     body,
+    function_call,
     inline_skips,
     is_loop,
     parse_errors,
@@ -230,25 +231,25 @@ def test_every_bicep_file_parses_with_checkovs_parser():
 
 
 def test_engine_settings_contract_values_are_known():
-    assert {spec.azure for spec in config.ENGINE_SETTINGS} <= {"required", "optional", "local"}
-    names = [spec.name for spec in config.ENGINE_SETTINGS]
+    assert {spec.azure for spec in settings.ENGINE_SETTINGS} <= {"required", "optional", "local"}
+    names = [spec.name for spec in settings.ENGINE_SETTINGS]
     assert len(names) == len(set(names)), "ENGINE_SETTINGS names a setting twice"
 
 
 def test_bicep_sets_every_setting_the_engine_requires_in_azure(app_settings: AppSettings):
-    required = {spec.name for spec in config.ENGINE_SETTINGS if spec.azure == "required"}
+    required = {spec.name for spec in settings.ENGINE_SETTINGS if spec.azure == "required"}
     missing = required - set(app_settings.literal)
     assert not missing, f"shared/settings.py marks these settings required in Azure, infra/functionapp.bicep does not set them: {sorted(missing)}"
 
 
 def test_bicep_sets_no_local_only_setting(app_settings: AppSettings):
-    local = {spec.name for spec in config.ENGINE_SETTINGS if spec.azure == "local"}
+    local = {spec.name for spec in settings.ENGINE_SETTINGS if spec.azure == "local"}
     wrongly_set = local & set(app_settings.literal)
     assert not wrongly_set, f"shared/settings.py marks these settings local-only, but infra/functionapp.bicep sets them: {sorted(wrongly_set)}"
 
 
 def test_every_setting_the_bicep_sets_has_a_known_reader(app_settings: AppSettings):
-    engine = {spec.name for spec in config.ENGINE_SETTINGS}
+    engine = {spec.name for spec in settings.ENGINE_SETTINGS}
     unknown = set(app_settings.literal) - engine - set(PLATFORM_APP_SETTINGS)
     assert not unknown, (
         f"infra/functionapp.bicep sets {sorted(unknown)}, which neither shared/settings.py "
@@ -300,9 +301,9 @@ def test_the_roles_the_bicep_grants_are_the_ones_docs_and_doctor_name():
 
 
 def test_job_settings_generated_from_jobs_parameter_match_engine_suffixes(app_settings: AppSettings):
-    assert app_settings.job_prefixes == {config.JOB_SETTING_PREFIX}
+    assert app_settings.job_prefixes == {model.JOB_SETTING_PREFIX}
     generated = set(app_settings.job_fields)
-    expected = set(config.JOB_SETTING_SUFFIXES)
+    expected = set(from_settings.JOB_SETTING_SUFFIXES)
     assert generated == expected, (
         f"job setting suffixes: Bicep generates {sorted(generated)}, the engine reads {sorted(expected)}; "
         f"missing in Bicep {sorted(expected - generated)}, unknown to the engine {sorted(generated - expected)}"
@@ -321,15 +322,15 @@ def test_no_job_field_is_required_in_bicep_but_the_name():
     # command is optional: a job has a command or steps (the engine refuses neither and both);
     # schedule too: a job without one runs on demand.
     assert plain == set()
-    assert plain | safe == {_lower_camel(suffix) for suffix in config.JOB_SETTING_SUFFIXES}
+    assert plain | safe == {_lower_camel(suffix) for suffix in from_settings.JOB_SETTING_SUFFIXES}
     step_plain = set(re.findall(r"value: s\.(\w+) \}", text))
     step_safe = set(re.findall(r"value: s\.\?(\w+) \}", text))
     assert step_plain == {"command"}
-    assert step_plain | step_safe == {_lower_camel(suffix) for suffix in config.STEP_SETTING_SUFFIXES}
+    assert step_plain | step_safe == {_lower_camel(suffix) for suffix in from_settings.STEP_SETTING_SUFFIXES}
 
 
 def test_step_settings_generated_from_job_steps_parameter_match_engine_suffixes(app_settings: AppSettings):
-    assert set(app_settings.step_fields) == set(config.STEP_SETTING_SUFFIXES)
+    assert set(app_settings.step_fields) == set(from_settings.STEP_SETTING_SUFFIXES)
     for suffix, key in app_settings.step_fields.items():
         assert _camel_to_upper_snake(key) == suffix, f"jobSteps[].{key} becomes __{suffix}"
 
@@ -341,9 +342,9 @@ def _lower_camel(suffix: str) -> str:
 
 def test_bicep_defaults_match_engine_defaults():
     main = bicep("main.bicep")
-    defaults = {spec.name: spec.default for spec in config.ENGINE_SETTINGS}
+    defaults = {spec.name: spec.default for spec in settings.ENGINE_SETTINGS}
     assert main.parameter_default("queueName") == defaults["AGENT_QUEUE_NAME"]
-    assert main.parameter_default("tickSchedule") == defaults["AGENT_TICK_SCHEDULE"] == config.DEFAULT_TICK_SCHEDULE
+    assert main.parameter_default("tickSchedule") == defaults["AGENT_TICK_SCHEDULE"] == settings.DEFAULT_TICK_SCHEDULE
     assert str(main.parameter_default("maxDequeueCount")) == defaults["AGENT_MAX_DEQUEUE_COUNT"]
 
 
@@ -489,7 +490,7 @@ def _job_settings_as_bicep_builds_them(jobs: list[dict[str, Any]], fields: dict[
                 continue
             value = job[key]
             text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-            settings[f"{config.JOB_SETTING_PREFIX}{job['name']}__{suffix}"] = text
+            settings[f"{model.JOB_SETTING_PREFIX}{job['name']}__{suffix}"] = text
     return settings
 
 
@@ -502,7 +503,7 @@ def test_example_jobs_in_parameters_file_are_valid_engine_jobs(app_settings: App
         assert set(job) <= known_keys, f"job {job.get('name')!r}: unknown keys {sorted(set(job) - known_keys)}"
         assert "name" in job, f"job {job!r} needs a name"
         assert APP_SETTING_SAFE_JOB_NAME.match(job["name"]), f"job name {job['name']!r}: use letters, digits, underscores"
-        assert config.JOB_NAME_PATTERN.match(job["name"])
+        assert values.JOB_NAME_PATTERN.match(job["name"])
     settings = _job_settings_as_bicep_builds_them(jobs, app_settings.job_fields)
     steps = _parameters_file().get("jobSteps", [])
     assert steps, "manual.parameters.json should show a multi-step job"
@@ -510,8 +511,8 @@ def test_example_jobs_in_parameters_file_are_valid_engine_jobs(app_settings: App
         assert set(step) <= {"job", "step", *app_settings.step_fields.values()}, step
         for suffix, key in app_settings.step_fields.items():
             if key in step:
-                settings[f"{config.JOB_SETTING_PREFIX}{step['job']}__STEPS__{step['step']}__{suffix}"] = str(step[key])
-    valid, invalid = config.parse_jobs(settings)
+                settings[f"{model.JOB_SETTING_PREFIX}{step['job']}__STEPS__{step['step']}__{suffix}"] = str(step[key])
+    valid, invalid = from_settings.parse_jobs(settings)
     assert not invalid, [bad.message for bad in invalid]
     assert sorted(job.name for job in valid) == sorted(job["name"] for job in jobs)
     by_name = {job.name: job for job in valid}
@@ -664,7 +665,7 @@ def test_main_outputs_what_azd_and_its_postprovision_hook_read():
     for name, path in AZD_OUTPUTS.items():
         assert name in main.outputs, f"main.bicep has no output {name}"
         assert accessor_path(main.outputs[name]["value"]) == path, f"output {name}: {main.outputs[name]['value']}"
-    engine = {spec.name for spec in config.ENGINE_SETTINGS}
+    engine = {spec.name for spec in settings.ENGINE_SETTINGS}
     assert {"AGENT_SQL_SERVER", "AGENT_SQL_DATABASE"} <= engine   # the CLI run by the hook reads them as is
     hook = (REPO / "scripts" / "azd" / "postprovision.sh").read_text(encoding="utf-8")
     for name in ("AZURE_SQL_SERVER_NAME", "AGENT_DATABASE_USER", "AZURE_RESOURCE_GROUP"):
@@ -817,8 +818,8 @@ def test_notification_alerts_follow_each_jobs_notify_on_events_the_engine_emits(
         assert call is not None and call["old_string"] == "{JOBS}"
     text = (INFRA / "notifications.bicep").read_text(encoding="utf-8")
     # The engine's default notify (on_failure) is the Bicep's default too.
-    assert text.count(f"job.?notify ?? '{config.JOB_DEFAULTS['NOTIFY']}'") == 2
-    assert set(re.findall(r"'(on_\w+)'", text)) <= set(config.NOTIFY_POLICIES)
+    assert text.count(f"job.?notify ?? '{from_settings.JOB_DEFAULTS['NOTIFY']}'") == 2
+    assert set(re.findall(r"'(on_\w+)'", text)) <= set(model.NOTIFY_POLICIES)
     assert set(_parameters_file().get("notifyEmails", [])) is not None
 
 

@@ -5,7 +5,8 @@ live in docs/configuration.md and the command table in docs/operations.md, both 
 from pathlib import Path
 
 from shared.cli.commands import COMMANDS, build_parser
-from shared.settings import ENGINE_SETTINGS, JOB_DEFAULTS, JOB_SETTING_SUFFIXES
+from shared.jobs.from_settings import JOB_DEFAULTS, JOB_SETTING_SUFFIXES
+from shared.settings import ENGINE_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -168,7 +168,7 @@ def reconcile(agent, labels: dict[str, int]) -> Reconciliation:
     straight from the tables."""
     from datetime import datetime, timezone
 
-    from shared.web.views import stuck_view
+    from shared.engine.views import stuck_view
 
     statuses = dict(query(agent, "SELECT status, COUNT(*) FROM agent.runs GROUP BY status"))
     doubled_slots = query(agent, "SELECT job_name, scheduled_for, COUNT(*) FROM agent.runs WHERE job_name IS NOT NULL "

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
+from shared.messaging.memory import MemoryQueue
 from shared.telemetry.client import new_operation_id
 from tests.support.harness import Clock, make_agent
-from shared.messaging.memory import MemoryQueue
 
 UTC = timezone.utc
 # An error message a page must show as text: markup, a script and entities (a table name, so

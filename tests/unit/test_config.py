@@ -6,8 +6,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from shared.settings import ENGINE_SETTINGS, JOB_DEFAULTS, load_settings
 from shared.errors import ConfigError
+from shared.jobs.from_settings import JOB_DEFAULTS
+from shared.settings import ENGINE_SETTINGS, load_settings
 
 
 def test_defaults():
@@ -140,7 +141,7 @@ def test_config_hash_changes_with_jobs():
 def test_the_parsers_jobs_equal_the_dataclasss_own_and_stay_frozen():
     import dataclasses
 
-    from shared.settings import JobDefinition
+    from shared.jobs.model import JobDefinition
 
     settings = load_settings(environ={
         "JOB__a__SCHEDULE": "0 0 * * * *", "JOB__a__COMMAND": "SELECT 1",

@@ -17,9 +17,9 @@ from sqlglot import exp
 from sqlglot.dialects.tsql import TSQL
 
 from shared.cli.commands import main as cli
+from shared.control.queries import split_statements
 from shared.errors import ConfigError
 from shared.ops.grants import grant_scripts, grant_sql, quote_name, quote_string, render
-from shared.control.queries import split_statements
 
 TRICKY_NAMES = [
     "func-agent-prod",

@@ -16,7 +16,7 @@ import pytest
 
 from shared.jobs.run_model import RUN_ENDING_OUTCOMES, AttemptError, Outcome, RunStatus
 
-MIGRATIONS = Path(__file__).resolve().parents[2] / "shared" / "sql" / "migrations"
+MIGRATIONS = Path(__file__).resolve().parents[2] / "shared" / "control" / "sql" / "migrations"
 
 
 def latest_status_check(dialect: str) -> set[str]:

@@ -116,7 +116,7 @@ def test_validation_and_planning_walk_croniter_once_per_distinct_schedule(monkey
     """Settings validation (schedule_problem) and the tick's planning share one next-slot cache
     keyed by (schedule, time zone): 3,000 jobs on three schedules cost three croniter walks."""
     from shared.jobs import schedules
-    from shared.settings import parse_jobs
+    from shared.jobs.from_settings import parse_jobs
 
     walks = []
     real_walk = schedules.CronSchedule._walk_next_after

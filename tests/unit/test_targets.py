@@ -9,8 +9,7 @@ import pytest
 
 from shared.control.db import with_server
 from shared.errors import ConfigError
-from shared.jobs.targets import (Target, TargetMember, describe_members, needs_listing, parse_targets, resolve,
-                            user_databases)
+from shared.jobs.targets import Target, TargetMember, describe_members, needs_listing, parse_targets, resolve, user_databases
 
 
 @pytest.mark.parametrize("raw, members", [

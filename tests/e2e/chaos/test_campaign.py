@@ -21,8 +21,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from shared.engine.runner import LocalRunner
-from tests.support.faults import (OutageProxy, clean_env, effect_sql, kill9, reconcile, start_cli,
-                                wait_until)
+from tests.support.faults import OutageProxy, clean_env, effect_sql, kill9, reconcile, start_cli, wait_until
 from tests.support.harness import ROOT, Clock, execute, make_agent, query
 
 UTC = timezone.utc

@@ -1,0 +1,124 @@
+"""What a job is, as the engine reads it: JobDefinition, StepDefinition, InvalidJob and the
+policies they take. Pure: no parsing of settings, no database."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import Enum
+
+from shared.jobs.schedules import parse_schedule
+
+JOB_SETTING_PREFIX = "JOB__"
+
+
+MAX_STEPS = 100
+
+
+NOTIFY_POLICIES = ("on_failure", "on_success", "on_completion", "never")
+
+
+# Column sizes of agent.jobs (every dialect): a longer value is refused at validation.
+MAX_SCHEDULE_LENGTH = 400
+
+
+# A schedule must have a slot within this many years of now, or it never runs (e.g. 30 February).
+SCHEDULE_HORIZON_YEARS = 50
+
+
+SCHEDULE_HORIZON = timedelta(days=366 * SCHEDULE_HORIZON_YEARS)
+
+
+MISFIRE_POLICIES = ("run-once", "skip")
+
+
+OVERLAP_POLICIES = ("skip", "queue", "allow")
+
+
+class AfterOutcome(str, Enum):
+    """JOB__<name>__AFTER_OUTCOME: which ends of a run of the job it follows start a run of this
+    one (SQL Agent's on-success / on-failure / either). A run ends succeeded, or failed (poisoned
+    counts as failed: its SQL never completed); a skipped slot or a cancelled (stopped) run did
+    not run to an end, and starts nothing."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    COMPLETED = "completed"
+
+    def __repr__(self) -> str:   # the config hash reprs every field: the value, stable across versions
+        return repr(self.value)
+
+
+AFTER_OUTCOMES = tuple(outcome.value for outcome in AfterOutcome)
+
+
+@dataclass(frozen=True)
+class StepDefinition:
+    """One step of a job. ``on_success`` / ``on_failure`` are resolved: ``quit_success``,
+    ``quit_failure`` or ``goto:<n>`` (a ``next`` becomes the goto of the following step, or
+    the quit SQL Agent takes after the last step)."""
+
+    step: int
+    command: str
+    database: str | None
+    max_attempts: int
+    retry_interval_seconds: int | None
+    timeout_seconds: int
+    on_success: str
+    on_failure: str
+    # A fleet step (shared/jobs/targets.py): its TARGETS as normalised members, and how many of one
+    # run's target executions run at once. None: the step runs in one database.
+    targets: str | None = None
+    target_parallelism: int = 8
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class JobDefinition:
+    name: str
+    schedule: str
+    command: str
+    timezone: str = "UTC"
+    enabled: bool = True
+    max_attempts: int = 3
+    timeout_seconds: int = 1800
+    lease_seconds: int = 60
+    misfire: str = "run-once"
+    grace_seconds: int = 86400
+    overlap: str = "skip"
+    database: str | None = None
+    # Several steps (JOB__<name>__STEPS__<n>__*); empty: a one-step job running COMMAND.
+    steps: tuple[StepDefinition, ...] = ()
+    notify: str = "on_failure"
+    notify_webhook_url: str | None = None
+    # JOB__<name>__TARGETS of a one-step fleet job (held as its one step's targets too).
+    targets: str | None = None
+    # JOB__<name>__AFTER: the job a run of which, ending with AFTER_OUTCOME, starts a run of this
+    # one (in the transaction that ends it). None: this job follows no job.
+    after: str | None = None
+    after_outcome: AfterOutcome = AfterOutcome.SUCCEEDED
+
+    def steps_json(self) -> str | None:
+        """What agent.jobs.steps holds: None for a one-step job (today's rows, unchanged)."""
+        return json.dumps([step.to_json() for step in self.steps]) if self.steps else None
+
+    def schedule_object(self):
+        return parse_schedule(self.schedule, self.timezone)
+
+
+@dataclass(frozen=True)
+class InvalidJob:
+    """A job whose settings do not parse. It is recorded (jobs output, history) and skipped;
+    the other jobs run. ``key`` is the name it is recorded under: its own name when the
+    database can hold it, else a unique, storable stand-in (the error names the real one)."""
+
+    name: str
+    errors: tuple[str, ...]
+    key: str = ""
+
+    @property
+    def message(self) -> str:
+        return "; ".join(self.errors)

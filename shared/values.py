@@ -1,0 +1,54 @@
+"""Values every layer parses the same way: integers and booleans in range, names the agent accepts,
+text made printable for an error message. Imports only shared.errors and the standard library."""
+
+from __future__ import annotations
+
+import re
+
+from shared.errors import ConfigError
+
+JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+DATABASE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_\-]{1,128}$")
+
+
+def parse_int(setting: str, raw: str | None, low: int, high: int) -> int:
+    try:
+        value = int(str(raw).strip())
+    except (TypeError, ValueError):
+        raise ConfigError(setting, raw, f"a whole number from {low} to {high}") from None
+    if not low <= value <= high:
+        raise ConfigError(setting, raw, f"a whole number from {low} to {high}")
+    return value
+
+
+def parse_bool(setting: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(setting, raw, "true or false")
+
+
+PRINCIPAL_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
+
+
+def printable(text: str, limit: int = 80) -> str:
+    """A value as it can be shown in a message: NULs and unencodable characters escaped, cut."""
+    shown = text.encode("utf-8", errors="backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
+
+
+def storable_problem(value: str) -> str | None:
+    """Why the database would refuse this text, or None: a NUL character (PostgreSQL refuses
+    it, SQLite cuts the value there) or a character that is not valid UTF-8 text (a byte that
+    is not UTF-8 in an environment variable arrives as a lone surrogate)."""
+    if "\x00" in value:
+        return f"a NUL character at position {value.index(chr(0))}"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"a byte that is not UTF-8 text at position {exc.start}"
+    return None
