@@ -7,7 +7,7 @@
 * 64 concurrent requests to the local server (target: p99 under 1 s), beside the standard
   library's listen backlog of 5.
 
-Each page is rendered by shared.web.monitor.Monitor exactly as both servers do (queries, HTML,
+Each page is rendered by shared.web.app.Monitor exactly as both servers do (queries, HTML,
 escaping), on one connection, after a warm-up; it prints the median and p95 in ms, the number
 of statements a page sends and the size of its HTML. Target: under 100 ms each on PostgreSQL.
 
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from shared.engine.agent import Agent  # noqa: E402
 from shared.settings import load_settings  # noqa: E402
-from shared.web.monitor import Monitor, MonitorSettings  # noqa: E402
+from shared.web.app import Monitor, MonitorSettings  # noqa: E402
 
 UTC = timezone.utc
 DEFAULT_PG = "Driver={PostgreSQL Unicode};Server=127.0.0.1;Port=5432;Uid=root;"
@@ -114,7 +114,7 @@ def burst(agent: Agent, run_id: int, concurrent: int = 64, rounds: int = 3, back
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
 
-    from shared.web.monitor import make_server
+    from shared.web.local_server import make_server
 
     server = make_server(agent, 0)
     if backlog is not None:

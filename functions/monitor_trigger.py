@@ -14,7 +14,7 @@ bp = func.Blueprint()
 
 @bp.route(route="monitor/{*path}", auth_level=func.AuthLevel.ANONYMOUS)
 def agent_monitor(req: func.HttpRequest) -> func.HttpResponse:
-    from shared.web.monitor import handle_azure_request
+    from shared.web.azure import handle_azure_request
 
     response = handle_azure_request(req.method, req.url, dict(req.headers))
     headers = {name: value for name, value in response.all_headers().items() if name != "Content-Type"}

@@ -127,7 +127,7 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("AGENT_RETRY_BACKOFF_SECONDS", "30",
                 "First retry delay after a failed attempt; doubles per attempt, capped at 1 h.",
                 "optional"),
-    # The monitor's (issue 17): read by shared/web/monitor.py alone, at each request, so a bad value
+    # The monitor's (issue 17): read by shared/web/app.py alone, at each request, so a bad value
     # breaks the monitor's pages (naming the setting), never the scheduler or the executor.
     SettingSpec("AGENT_MONITOR_REFRESH_SECONDS", "30",
                 "The Job Activity Monitor's pages reload themselves this often (a meta refresh); "

@@ -59,7 +59,8 @@ from shared.ops.grants import (
 )
 from shared.ops.sqlagent_import import ScriptError, apply_calls, convert_script, report
 from shared.settings import merged_environment
-from shared.web.monitor import make_server, monitor_settings
+from shared.web.app import monitor_settings
+from shared.web.local_server import make_server
 
 UTC = timezone.utc
 PROG = "sql-agent"

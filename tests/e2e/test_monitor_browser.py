@@ -18,7 +18,7 @@ import pytest
 
 from shared.engine.agent import Agent
 from shared.settings import load_settings
-from shared.web.monitor import make_server
+from shared.web.local_server import make_server
 from tests.support import monitor_scenario
 from tests.support.harness import ROOT, create_pg_database, drop_pg_database, service_missing
 

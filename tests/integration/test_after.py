@@ -414,7 +414,7 @@ def test_the_link_is_shown_in_history_jobs_the_monitor_its_json_and_notification
 
     from shared.cli.commands import main as cli
     from shared.engine.notify import notification_body
-    from shared.web.monitor import Monitor, MonitorSettings
+    from shared.web.app import Monitor, MonitorSettings
 
     clock = Clock(at("2026-11-25T08:00:00"))
     agent = make_agent(db_url, {"load": {"COMMAND": "SELECT 1"},

@@ -184,7 +184,7 @@ def test_a_role_limit_below_the_cap_refuses_and_the_work_still_finishes(capped_r
 
 def test_connections_are_opened_for_work_and_closed_when_idle(capped_role, pg_url):
     from shared.engine.runner import LocalRunner
-    from shared.web.monitor import StorePool
+    from shared.web.local_server import StorePool
 
     make, sessions = capped_role
     url = make(20)

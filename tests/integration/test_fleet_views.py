@@ -23,7 +23,7 @@ import pytest
 
 from shared.engine import views
 from shared.telemetry.client import new_operation_id
-from shared.web.monitor import Monitor, MonitorSettings
+from shared.web.app import Monitor, MonitorSettings
 from tests.support.harness import ROOT, create_pg_database, drop_pg_database, execute, make_agent, pg_admin_connection, work
 
 UTC = timezone.utc

@@ -1,4 +1,4 @@
-"""The Job Activity Monitor's pages (shared/web/monitor.py) on SQLite and PostgreSQL, over jobs in
+"""The Job Activity Monitor's pages (shared/web/app.py, pages.py) on SQLite and PostgreSQL, over jobs in
 every state built by the engine itself (tests/support/monitor_scenario.py): what each page shows, that
 every value from the database is escaped, that each JSON twin is what the CLI prints, the
 security headers, GET/HEAD only, a fixed number of SELECTs whatever the number of jobs, and the
@@ -20,7 +20,8 @@ from datetime import datetime, timezone
 import pytest
 
 from shared.engine import views
-from shared.web.monitor import OUTCOME_COLOURS, SECURITY_HEADERS, Monitor, MonitorSettings, monitor_settings
+from shared.web.app import SECURITY_HEADERS, Monitor, MonitorSettings, monitor_settings
+from shared.web.html import OUTCOME_COLOURS
 from tests.support import monitor_scenario
 from tests.support.harness import ROOT, as_from_a_terminal, create_pg_database, drop_pg_database
 

@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from shared.web.monitor import SECURITY_HEADERS, make_server
+from shared.web.app import SECURITY_HEADERS
+from shared.web.local_server import make_server
 from tests.support.harness import make_agent
 
 
@@ -121,7 +122,7 @@ def test_identical_requests_arriving_together_share_one_render_and_later_ones_re
     import contextlib
     from datetime import datetime, timezone
 
-    from shared.web.monitor import Monitor, MonitorSettings
+    from shared.web.app import Monitor, MonitorSettings
 
     server, _ = served
     lent = []

@@ -22,7 +22,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from shared.engine.operations import pause_job
-from shared.web.monitor import Monitor, MonitorSettings
+from shared.web.app import Monitor, MonitorSettings
 from tests.support import monitor_scenario
 from tests.support.harness import ROOT, Clock, create_pg_database, drop_pg_database, make_agent, work
 
@@ -87,7 +87,7 @@ def test_every_schema_is_a_valid_2020_12_schema_and_every_page_has_one():
         assert document["$schema"] == "https://json-schema.org/draft/2020-12/schema"
         assert document["$id"].endswith(f"monitor-{page}.schema.json") and document["description"]
     # The pages the monitor routes (its 404 names them): each has its schema.
-    source = (ROOT / "shared" / "web" / "monitor.py").read_text(encoding="utf-8")
+    source = (ROOT / "shared" / "web" / "app.py").read_text(encoding="utf-8")
     (routed,) = re.findall(r"\(pages: ([^)]*)\)", source)
     names = {"jobs": "jobs", "jobs/<name>": "job", "runs/<id>": "run", "poison": "poison", "stuck": "stuck"}
     assert {names[page.strip()] for page in routed.split(",")} == set(PAGES) - {"error"}

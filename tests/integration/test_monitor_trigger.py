@@ -13,7 +13,7 @@ import pytest
 
 from shared.engine import views
 from shared.engine.agent import reset_default_agent
-from shared.web.monitor import SECURITY_HEADERS
+from shared.web.app import SECURITY_HEADERS
 from tests.integration.test_monitor import scenario  # noqa: F401  (module-scoped fixture: SQLite and PostgreSQL)
 
 GROUP = "6f1c3a52-0d7e-4a8e-9b61-3c2f0e9a7d41"

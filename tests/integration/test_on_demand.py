@@ -12,7 +12,7 @@ from shared.engine.views import jobs_view
 from shared.jobs.describe import describe_schedule
 from shared.jobs.from_settings import parse_jobs
 from shared.jobs.schedules import parse_schedule
-from shared.web.monitor import Monitor, MonitorSettings
+from shared.web.app import Monitor, MonitorSettings
 from tests.support.harness import Clock, at, query, runs_table, work
 
 

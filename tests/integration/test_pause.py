@@ -22,7 +22,7 @@ from shared.engine.operations import pause_job, resume_job
 from shared.engine.scheduler import NOTE_CATCH_UP, NOTE_MISFIRE_GRACE, NOTE_MISFIRE_SKIP, NOTE_PAUSED
 from shared.engine.views import history_view, jobs_view
 from shared.errors import NotFoundError, UsageError
-from shared.web.monitor import Monitor, MonitorSettings
+from shared.web.app import Monitor, MonitorSettings
 from tests.support.harness import Clock, at, make_agent, pg_admin_connection, query, runs_table, work
 from tests.support.tsql_caller import CallError, call, select
 

@@ -131,7 +131,7 @@ def test_the_installed_command_runs_away_from_the_clone(wheel: Path, tmp_path: P
     assert init.returncode == 0, init.stderr
     document = json.loads(init.stdout)
     assert document["upgraded"] and document["schema_version"] >= 8, document
-    where = subprocess.run([str(python), "-c", "import shared.web.monitor as m, shared; print(shared.__file__); "
+    where = subprocess.run([str(python), "-c", "import shared.web.app as m, shared; print(shared.__file__); "
                             "print(len(m.STYLESHEET.read_text()))"], cwd=elsewhere, env=env,
                            capture_output=True, text=True, timeout=60)
     assert where.returncode == 0, where.stderr

@@ -1,0 +1,102 @@
+"""The monitor behind the Azure Functions HTTP trigger: App Service Authentication's principal
+headers, the allowed group, the base path /api/monitor."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+from urllib.parse import urlsplit
+
+from shared.engine.agent import default_agent
+from shared.errors import ConfigError
+from shared.web.app import ALLOWED_METHODS, GROUP_SETTING, Monitor, Response, monitor_settings
+
+PRINCIPAL_HEADER = "x-ms-client-principal"
+
+
+PRINCIPAL_NAME_HEADER = "x-ms-client-principal-name"
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str | None
+    groups: frozenset[str]
+
+
+def principal_from_headers(headers: Mapping[str, str]) -> Principal | None:
+    """The signed-in user as App Service Authentication passes it (X-MS-CLIENT-PRINCIPAL: base64
+    JSON of the token's claims). The platform strips these headers from incoming requests and
+    sets them itself, so only it can set them; None when absent or unreadable."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    encoded = lowered.get(PRINCIPAL_HEADER)
+    if not encoded:
+        return None
+    try:
+        document = json.loads(base64.b64decode(encoded + "=" * (-len(encoded) % 4)))
+    except (binascii.Error, ValueError):
+        return None
+    if not isinstance(document, dict):
+        return None
+    claims = [c for c in document.get("claims") or [] if isinstance(c, dict)]
+    groups = frozenset(str(c.get("val")) for c in claims if c.get("typ") == "groups")
+    name = lowered.get(PRINCIPAL_NAME_HEADER) or next(
+        (str(c.get("val")) for c in claims if c.get("typ") in ("name", "preferred_username", document.get("name_typ"))),
+        None)
+    return Principal(name=name, groups=groups)
+
+
+AZURE_BASE_PATH = "/api/monitor"
+
+
+def handle_azure_request(method: str, url: str, headers: Mapping[str, str]) -> Response:
+    """The HTTP trigger's one call. App Service Authentication (infra/functionapp.bicep) signs
+    the user in and admits only AGENT_MONITOR_ALLOWED_GROUP; this checks the same group again
+    from the principal the platform passes, and refuses everyone while the setting is empty."""
+
+    split = urlsplit(url)
+    path = split.path
+    if path.startswith(AZURE_BASE_PATH):
+        path = path[len(AZURE_BASE_PATH):]
+    lowered = {k.lower(): v for k, v in headers.items()}
+    accept = lowered.get("accept", "")
+
+    @contextlib.contextmanager
+    def thread_store() -> Iterator[Any]:
+        agent = default_agent()
+        try:
+            yield agent.store()
+        finally:
+            agent.release()   # the host's thread keeps no connection between requests
+
+    monitor = Monitor(thread_store, clock=lambda: default_agent().clock(), settings=monitor_settings,
+                      base_path=AZURE_BASE_PATH)
+    if method.upper() not in ALLOWED_METHODS:
+        return monitor.handle(method, path)
+    try:
+        settings = monitor_settings()
+    except ConfigError as exc:
+        return _refused(monitor, method, 500, f"the monitor's settings are invalid: {exc}")
+    if settings.allowed_group is None:
+        return _refused(monitor, method, 403, f"the monitor is closed: {GROUP_SETTING} names no Entra group (set it, "
+                                              "and App Service Authentication, as docs/monitor.md says)")
+    principal = principal_from_headers(headers)
+    if principal is None:
+        response = _refused(monitor, method, 401, "sign-in required (App Service Authentication with Entra ID)")
+        response.headers["WWW-Authenticate"] = 'Bearer realm="monitor"'
+        return response
+    if settings.allowed_group not in principal.groups:
+        return _refused(monitor, method, 403, f"{principal.name or 'this user'} is not a member of the Entra group "
+                                              f"the monitor admits ({GROUP_SETTING})")
+    return monitor.handle(method, path, split.query, accept, user=principal.name or "signed-in user")
+
+
+def _refused(monitor: Monitor, method: str, status: int, message: str) -> Response:
+    response = monitor.error_response(status, message, False, None, 0)
+    if method.upper() == "HEAD":
+        response.headers["Content-Length"] = str(len(response.body))
+        response.body = b""
+    return response

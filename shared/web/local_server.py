@@ -1,0 +1,154 @@
+"""The monitor on this machine (sql-agent monitor): a threading HTTP server on 127.0.0.1 and the
+pool of stores its requests borrow."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Any, Iterator, Mapping
+from urllib.parse import urlsplit
+
+from shared.errors import PageError
+from shared.web.app import Monitor, Response, monitor_settings
+
+
+class StorePool:
+    """Stores lent to the server's request threads, one request at a time, at most ``size`` at
+    once: a burst of requests waits for a free one instead of opening a connection each. The
+    connections themselves come from the process's pool (AGENT_MAX_CONNECTIONS, shared.control.pool),
+    shared with the workers and the tick: each request's connection goes back to it when the
+    request ends, and an idle one is closed after a minute, so a quiet monitor holds none."""
+
+    def __init__(self, agent, size: int = 4, idle_seconds: float = 60.0, wait_seconds: float = 30.0) -> None:
+        self.agent = agent
+        self.size = size
+        self.idle_seconds = idle_seconds
+        self.wait_seconds = wait_seconds
+        self._slots = threading.BoundedSemaphore(size)
+        self._idle: list[Any] = []      # Store objects without a connection, for the next request
+        self._lock = threading.Lock()
+        self.opened = 0                 # Store objects made (at most size)
+
+    @contextlib.contextmanager
+    def lend(self) -> Iterator[Any]:
+        if not self._slots.acquire(timeout=self.wait_seconds):
+            raise PageError(503, f"the monitor is busy: all {self.size} of its database connections stayed in use "
+                                 f"for {self.wait_seconds:.0f} s; try again")
+        try:
+            with self._lock:
+                store = self._idle.pop() if self._idle else None
+            if store is None:
+                store = self.agent.new_store()
+                self.opened += 1
+            try:
+                yield store
+            finally:
+                store.close()       # the connection back to the process's pool
+                with self._lock:
+                    self._idle.append(store)
+        finally:
+            self._slots.release()
+
+    def idle_count(self) -> int:
+        with self._lock:
+            return len(self._idle)
+
+    def connections(self) -> int:
+        """Connections the monitor's stores hold now (0 between requests)."""
+        with self._lock:
+            return sum(1 for store in self._idle if store.connected)
+
+    def close(self) -> None:
+        with self._lock:
+            stores, self._idle = list(self._idle), []
+        for store in stores:
+            store.close()
+
+
+def make_server(agent, port: int, environ: Mapping[str, str] | None = None):
+    """A ThreadingHTTPServer on 127.0.0.1:port serving the monitor (port 0: any free port).
+    Raises OSError when the port is taken."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    pool = StorePool(agent)
+    env = dict(os.environ if environ is None else environ)
+    monitor = Monitor(pool.lend, clock=agent.clock, settings=lambda: monitor_settings(env), base_path="")
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "agent-monitor"
+        sys_version = ""
+        protocol_version = "HTTP/1.1"
+        # A request line the library cannot read leaves the version at its default; at HTTP/0.9 the
+        # library writes an error body with no status line and no headers at all.
+        default_request_version = "HTTP/1.0"
+
+        def _answer(self) -> None:
+            port_now = self.server.server_address[1]
+            allowed = {f"127.0.0.1:{port_now}", f"localhost:{port_now}"}
+            host = (self.headers.get("Host") or "").strip().lower()
+            split = urlsplit(self.path)
+            if host not in allowed:
+                # DNS rebinding: a page of another site whose name now points here would reach
+                # the monitor with its own name as Host. Only the loopback names are served.
+                response = monitor.error_response(421, f"Host {host!r} is not served: open http://127.0.0.1:{port_now}/",
+                                          False, None, 0)
+                if self.command == "HEAD":
+                    response.headers["Content-Length"] = str(len(response.body))
+                    response.body = b""
+            else:
+                # X-MS-CLIENT-PRINCIPAL* are ignored here: locally nobody signs in, and a header
+                # a client sets itself proves nothing.
+                response = monitor.handle(self.command, split.path, split.query, self.headers.get("Accept", ""))
+            self._send(response)
+
+        def _send(self, response: Response) -> None:
+            self.send_response(response.status)
+            for name, value in response.all_headers().items():
+                self.send_header(name, value)
+            if "Content-Length" not in response.headers:
+                self.send_header("Content-Length", str(len(response.body)))
+            self.end_headers()
+            if response.body:
+                self.wfile.write(response.body)
+
+        def __getattr__(self, name: str):
+            # Every method, known to the standard library or not (TRACE, CONNECT, PROPFIND, FOO),
+            # reaches the monitor's own handler: 405 with Allow and the security headers, never
+            # the library's bare 501 page.
+            if name.startswith("do_"):
+                return self._answer
+            raise AttributeError(name)
+
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            # The library's own refusals (414 URI too long, 400 bad request line, 431 headers too
+            # large, 505 version) answered as the monitor answers: its page and security headers.
+            short, _ = self.responses.get(code, ("Error", ""))
+            response = monitor.error_response(code, message or short, False, None, 0)
+            self.close_connection = True
+            response.headers["Connection"] = "close"
+            if getattr(self, "command", None) == "HEAD" or code < 200 or code in (204, 304):
+                response.headers["Content-Length"] = str(len(response.body))
+                response.body = b""
+            try:
+                self._send(response)
+            except OSError:
+                pass  # the client is gone
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet: the runner logs beside it
+            pass
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        # The standard library listens with a backlog of 5: a burst of 64 browsers' requests waited
+        # in SYN retries for up to 28 s. A thread serves each connection; the store pool bounds
+        # the database connections they share.
+        request_queue_size = 128
+
+        def server_close(self) -> None:
+            super().server_close()
+            pool.close()
+
+    server = Server(("127.0.0.1", port), Handler)
+    server.store_pool = pool
+    return server
