@@ -20,7 +20,9 @@ import sys
 
 import pytest
 
-from shared.cli.commands import COMMANDS, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, build_parser, main
+from shared.cli.commands import COMMANDS, main
+from shared.cli.output import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from shared.cli.parser import build_parser
 from tests.support.harness import ROOT, make_agent
 
 SAMPLE_SCRIPT = ROOT / "tests" / "integration" / "sqlagent" / "nightly_maintenance.sql"

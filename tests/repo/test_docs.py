@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli.commands import build_parser
+from shared.cli.parser import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -4,7 +4,8 @@ live in docs/configuration.md and the command table in docs/operations.md, both 
 
 from pathlib import Path
 
-from shared.cli.commands import COMMANDS, build_parser
+from shared.cli.commands import COMMANDS
+from shared.cli.parser import build_parser
 from shared.jobs.from_settings import JOB_DEFAULTS, JOB_SETTING_SUFFIXES
 from shared.settings import ENGINE_SETTINGS
 
