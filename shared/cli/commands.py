@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import os
 import signal
 import sys
 from dataclasses import asdict, replace
@@ -45,6 +46,8 @@ from shared.cli.output import (
     warn,
 )
 from shared.cli.parser import build_parser
+from shared.control.sqlerrors import classify
+from shared.engine.agent import Agent
 from shared.engine.operations import (
     add_scheduled_jobs,
     cancel,
@@ -61,7 +64,7 @@ from shared.errors import AgentError, ConfigError, NotFoundError, UsageError
 from shared.jobs.run_model import RunStatus
 from shared.ops.doctor import run_doctor
 from shared.ops.sqlagent_import import ScriptError, apply_calls, convert_script, report
-from shared.settings import merged_environment
+from shared.settings import load_settings, merged_environment
 from shared.web.app import monitor_settings
 from shared.web.local_server import make_server
 
@@ -101,8 +104,6 @@ def _run(args: argparse.Namespace) -> int:
             return cmd_completion(None, args)           # the parser only
         if args.command == "import-sqlagent" and not args.apply:
             return cmd_import_sqlagent(None, args)      # reads files only: no settings, no database
-        from shared.engine.agent import Agent
-        from shared.settings import load_settings
 
         settings = load_settings(settings_file=args.settings)
         if args.command not in WAITING_COMMANDS:
@@ -133,13 +134,10 @@ def _run(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         # The reader went away (`| head`): stop quietly, as shell tools do; stdout goes to
         # /dev/null so that the interpreter's last flush does not fail again.
-        import os
-
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
     except Exception as exc:  # driver errors and the like: one line, classified
-        from shared.control.sqlerrors import classify
 
         info = classify(exc)
         code = f" [{info.number or info.sqlstate}]" if (info.number or info.sqlstate) else ""
@@ -513,6 +511,7 @@ def cmd_completion(agent, args) -> int:
     """The shell's completion script, made by shtab from this parser (commands, sub-commands,
     options and choices)."""
     try:
+        # shtab loads only for `sql-agent completion`
         import shtab
     except ImportError:
         raise UsageError("completion needs the shtab package (requirements-cli.txt; pip install . installs it)",

@@ -7,6 +7,7 @@ import argparse
 import re
 import sys
 from datetime import datetime
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,6 @@ def version() -> str:
 
 
     try:
-        from importlib import metadata
-
         dist = metadata.distribution(DISTRIBUTION)
         installed = Path(str(dist.locate_file("shared/__init__.py"))).resolve()
         if installed == Path(__file__).parent.parent.joinpath("__init__.py").resolve():

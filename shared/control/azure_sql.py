@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
+from shared.control import db  # the one connection-string builder: every value quoted
 from shared.control.pool import is_refusal
 from shared.control.sqlerrors import SqlErrorInfo, classify, diagnostic_records, retry_connect
 from shared.errors import ConfigError
@@ -106,6 +107,7 @@ class AccessTokenProvider:
 
     def _credential_locked(self) -> TokenCredentialLike:
         if self._credential is None:
+            # azure-identity loads on first use (cold start): only Entra ID needs it
             from azure.identity import DefaultAzureCredential
 
             if self._client_id:
@@ -184,9 +186,7 @@ def build_connection_string(
         raise ConfigError("AGENT_SQL_DATABASE", database, "the database name on the Azure SQL server")
     if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
         raise ConfigError("connection timeout", timeout, "a whole number of seconds >= 1")
-    from shared.control.db import build_connection_string as build  # the one builder: every value quoted
-
-    return build(None, "mssql", [
+    return db.build_connection_string(None, "mssql", [
         ("Driver", driver), ("Server", f"tcp:{host},{port}"), ("Database", database),
         ("Encrypt", "yes"), ("TrustServerCertificate", "no"), ("Connection Timeout", str(timeout)),
     ]).rstrip(";")
@@ -196,6 +196,7 @@ def check_odbc_environment(driver_name: str = DEFAULT_DRIVER) -> None:
     """Raise ConfigError (one line, how to fix it) unless pyodbc, unixODBC and ``driver_name``
     are all usable."""
     try:
+        # pyodbc loads on first use: not at import (cold start), and not at all on SQLite
         import pyodbc
     except ImportError as exc:
         text = str(exc)
@@ -244,6 +245,7 @@ def connect_azure_sql(
 
     check_odbc_environment(driver)
     connection_string = build_connection_string(server, database, driver=driver, timeout=timeout)
+    # pyodbc loads on first use: not at import (cold start), and not at all on SQLite
     import pyodbc
 
     host, _port = _split_server(server)

@@ -246,6 +246,7 @@ def sqlite_connect(path: str) -> sqlite3.Connection:
 
 def import_pyodbc():
     try:
+        # pyodbc loads on first use: not at import (cold start), and not at all on SQLite
         import pyodbc
     except ImportError as exc:
         text = str(exc)
@@ -312,6 +313,7 @@ def connector(target: DatabaseTarget, database: str | None = None, server: str |
         return lambda: sqlite_connect(target.location)
     control = database is None and server is None
     if target.uses_token:
+        # Entra ID only: azure_sql (which imports this module) loads when a token is needed
         from shared.control import azure_sql
 
         # One cached token for every server: Azure SQL's audience is the same for all of them.

@@ -12,16 +12,20 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from shared.control.clock import as_utc
+from shared.control.clock import DatabaseClock, as_utc
 from shared.control.db import DatabaseTarget, connector, resolve_database
 from shared.control.pool import ConnectionPool
 from shared.control.store import Store
 from shared.engine.executor import Executor
-from shared.engine.notify import notifications_enabled
+from shared.engine.notify import Notifier, notifications_enabled
 from shared.engine.operations import request_run_now
 from shared.engine.scheduler import Scheduler
+from shared.engine.supervisor import Supervisor
 from shared.errors import AgentError
+from shared.messaging.azure_storage import AzureStorageQueue
+from shared.messaging.port import host_queue_options
 from shared.settings import Settings, load_settings
+from shared.telemetry.client import create_telemetry
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -44,8 +48,6 @@ class Agent:
         self.system_clock = clock is None
         self.database_clock = None
         if clock is None:
-            from shared.control.clock import DatabaseClock
-
             self.database_clock = DatabaseClock(lambda: Store(
                 self.target, self._connect, job_principal=self.settings.agent.job_principal, pool=self.pool,
                 kind="clock"))
@@ -118,8 +120,6 @@ class Agent:
         if self._queue is None and self.settings.agent.uses_azure_queue:
             with self._lock:
                 if self._queue is None:
-                    from shared.messaging.azure_storage import AzureStorageQueue
-
                     agent = self.settings.agent
                     self._queue = AzureStorageQueue.from_settings(
                         connection_string=agent.storage_connection, queue_service_uri=agent.storage_queue_service_uri,
@@ -132,8 +132,6 @@ class Agent:
         if self._supervisor is None:
             with self._lock:
                 if self._supervisor is None:
-                    from shared.engine.supervisor import Supervisor
-
                     self._supervisor = Supervisor(lambda: self.new_store("lease"), self.clock)
         return self._supervisor
 
@@ -143,8 +141,6 @@ class Agent:
         if self._notifier is None:
             with self._lock:
                 if self._notifier is None:
-                    from shared.engine.notify import Notifier
-
                     self._notifier = Notifier(self.new_store, self.clock,
                                               secret=self.settings.agent.notify_webhook_secret)
         return self._notifier
@@ -165,8 +161,6 @@ class Agent:
     @property
     def telemetry(self) -> Any:
         if self._telemetry is None:
-            from shared.telemetry.client import create_telemetry
-
             agent = self.settings.agent
             self._telemetry = create_telemetry(
                 agent.appinsights_connection_string, exporter=agent.telemetry_exporter,
@@ -174,7 +168,6 @@ class Agent:
         return self._telemetry
 
     def scheduler(self):
-
         return Scheduler(self.store(), self.queue, self.settings, self.telemetry, clock=self.clock,
                          reference_clock=None if self.simulated_time else self.reference_clock)
 
@@ -187,7 +180,6 @@ class Agent:
             cached = getattr(self, "_executor", None)
             if cached is not None:
                 return cached
-            from shared.messaging.port import host_queue_options
 
             self._executor = self.executor(host_queue_options().visibility_timeout_seconds)
             return self._executor

@@ -29,7 +29,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from shared.control.db import ConnectError
-from shared.control.sqlerrors import classify, describe
+from shared.control.sqlerrors import classify, describe, retry_transient
 from shared.control.store import Store
 from shared.engine.dispatch import delay_until, dispatch
 from shared.engine.endings import ExecutionResult, RunEndings, target_properties
@@ -273,8 +273,6 @@ class Executor:
                     handed_on, moved = self.endings.finish(store, run, step, steps, output, reset=True)
             if not same_database:
                 # Work in another database has committed: at-least-once from here on.
-                from shared.control.sqlerrors import retry_transient
-
                 handed_on, moved = retry_transient(lambda: self.endings.finish_alone(run, step, steps, output),
                                                    what=f"completing run {run_id}")
         except LeaseLost:

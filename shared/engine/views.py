@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from shared.jobs.describe import describe_schedule
 from shared.jobs.run_model import RunStatus
@@ -128,8 +129,6 @@ def local_time(value: datetime | None, zone: str | None) -> str | None:
     if value is None:
         return None
     try:
-        from zoneinfo import ZoneInfo
-
         return value.astimezone(ZoneInfo(zone or "UTC")).isoformat()
     except Exception:
         return None

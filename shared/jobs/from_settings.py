@@ -30,6 +30,7 @@ from shared.jobs.model import (
     StepDefinition,
 )
 from shared.jobs.schedules import parse_schedule, validate_timezone
+from shared.jobs.steps import one_fleet_step, parse_steps
 from shared.jobs.targets import DEFAULT_PARALLELISM, MAX_PARALLELISM, describe_members, parse_targets
 from shared.values import DATABASE_NAME_PATTERN, JOB_NAME_PATTERN, parse_bool, parse_int, printable, storable_problem
 
@@ -388,8 +389,6 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         after, after_outcome = _after_settings(name, given, setting, errors)
         steps: tuple[StepDefinition, ...] = ()
         if has_steps and "COMMAND" not in values:
-            from shared.jobs.steps import parse_steps
-
             steps = parse_steps(name, values, errors, default_max_attempts=max_attempts,
                                 default_timeout_seconds=timeout_seconds, default_database=database,
                                 default_parallelism=parallelism)
@@ -397,8 +396,6 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         return None
     if targets is not None:
         # A one-step fleet job is a job of one fleet step (the executor runs fleets as steps).
-        from shared.jobs.steps import one_fleet_step
-
         steps = (one_fleet_step(command, max_attempts=max_attempts, timeout_seconds=timeout_seconds,
                                 targets=targets, parallelism=parallelism),)
     if steps:

@@ -51,13 +51,17 @@ def _croniter():
     the running interpreter is its pointer size, so it is given directly while croniter loads."""
     module = sys.modules.get("croniter")
     if module is None:
+        # only while croniter loads (see the docstring)
         import platform
+
+        # only while croniter loads (see the docstring)
         import struct
 
         asked = platform.architecture
         bits = f"{struct.calcsize('P') * 8}bit"
         platform.architecture = lambda *args, **kwargs: (bits, "")
         try:
+            # croniter loads on the first schedule that needs it (cold start; see the docstring)
             import croniter as module
         finally:
             platform.architecture = asked

@@ -21,6 +21,7 @@ from typing import Any
 
 from shared.errors import ConfigError
 from shared.jobs.model import JOB_SETTING_PREFIX, MAX_STEPS, StepDefinition
+from shared.jobs.targets import MAX_PARALLELISM, describe_members, parse_targets
 from shared.values import DATABASE_NAME_PATTERN, parse_int
 
 FLOW_ACTIONS = ("next", "quit_success", "quit_failure", "goto:<n>")
@@ -97,8 +98,6 @@ def parse_steps(name: str, values: dict[str, tuple[str, str]], errors: list[str]
             errors.append(str(ConfigError(key("DATABASE"), database, "a database name of letters, digits, '_' or '-'")))
         targets = None
         if value("TARGETS") is not None:
-            from shared.jobs.targets import describe_members, parse_targets
-
             try:
                 targets = describe_members(parse_targets(key("TARGETS"), value("TARGETS")))
             except ConfigError as exc:
@@ -107,7 +106,6 @@ def parse_steps(name: str, values: dict[str, tuple[str, str]], errors: list[str]
                 errors.append(f"{key('TARGETS')} and {key('DATABASE')} are both set: a step runs in its TARGETS "
                               "or in one DATABASE, not both")
             database = None
-        from shared.jobs.targets import MAX_PARALLELISM
 
         parallelism = number_setting("TARGET_PARALLELISM", default_parallelism, 1, MAX_PARALLELISM)
         flows = {}

@@ -21,6 +21,7 @@ from shared.errors import ConfigError, QueueError
 from shared.messaging.port import ReceivedMessage
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    # azure-storage-queue loads on first use (cold start): only queue mode needs it
     from azure.storage.queue import QueueClient, QueueServiceClient
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ def _make_decode_policy(encoding: str) -> Any:
     as "not UTF-8"); here it is delivered with U+FFFD for the bad bytes, which is never a valid
     doorbell either, so the executor poisons it as malformed on the first delivery.
     """
+    # azure-storage-queue loads on first use (cold start): only queue mode needs it
     from azure.storage.queue import TextBase64DecodePolicy
 
     if encoding == "none":
@@ -131,6 +133,7 @@ def _make_decode_policy(encoding: str) -> Any:
 
 
 def _make_encode_policy(encoding: str) -> Any:
+    # azure-storage-queue loads on first use (cold start): only queue mode needs it
     from azure.storage.queue import TextBase64EncodePolicy
 
     # base64: what the Functions queue trigger expects by default (messageEncoding "base64").
@@ -244,6 +247,7 @@ class AzureStorageQueue:
         `DefaultAzureCredential` otherwise (system-assigned identity in Azure, developer sign-in
         locally).
         """
+        # azure-storage-queue loads on first use (cold start): only queue mode needs it
         from azure.storage.queue import QueueServiceClient
 
         queue_name, encoding = _validated(queue_name, encoding)
@@ -307,15 +311,18 @@ class AzureStorageQueue:
     @staticmethod
     def _identity_credential(client_id: str | None) -> Any:
         if client_id:
+            # azure-identity loads on first use (cold start): only Entra ID needs it
             from azure.identity import ManagedIdentityCredential
 
             return ManagedIdentityCredential(client_id=client_id)
+        # azure-identity loads on first use (cold start): only Entra ID needs it
         from azure.identity import DefaultAzureCredential
 
         return DefaultAzureCredential()
 
     @staticmethod
     def _client_options() -> dict[str, Any]:
+        # azure-storage-queue loads on first use (cold start): only queue mode needs it
         from azure.storage.queue import LinearRetry
 
         return {
@@ -362,6 +369,7 @@ class AzureStorageQueue:
 
     def _error(self, error: Exception, action: str, queue: str | None = None) -> QueueError:
         """One clear line for a failure talking to the queue service."""
+        # azure-core (azure-storage-queue's) loads on first use (cold start)
         from azure.core.exceptions import (
             ClientAuthenticationError,
             HttpResponseError,
@@ -408,6 +416,7 @@ class AzureStorageQueue:
     # -- producer side --------------------------------------------------------------------------
 
     def ensure_exists(self) -> None:
+        # azure-core (azure-storage-queue's) loads on first use (cold start)
         from azure.core.exceptions import AzureError, ResourceExistsError
 
         try:
@@ -423,6 +432,7 @@ class AzureStorageQueue:
         seconds keeps message i invisible until then (a run's slot; at most 7 days), and
         ``time_to_live`` seconds bounds the life of each (default: the service's 7 days). On a
         failure raise QueueSendError whose `sent` counts the bodies already on the queue."""
+        # azure-core (azure-storage-queue's) loads on first use (cold start)
         from azure.core.exceptions import AzureError
 
         if delays is not None and len(delays) != len(bodies):
@@ -442,6 +452,7 @@ class AzureStorageQueue:
     def depth(self) -> int:
         """Messages in the queue, visible or not (the service's approximate count, as the
         Functions scale controller sees it)."""
+        # azure-core (azure-storage-queue's) loads on first use (cold start)
         from azure.core.exceptions import AzureError
 
         try:
@@ -471,6 +482,7 @@ class AzureStorageQueue:
 
     def _receive_batch(self, max_messages: int,
                        seconds: int) -> tuple[list[ReceivedMessage], list[ReceivedMessage]]:
+        # azure-core (azure-storage-queue's) loads on first use (cold start)
         from azure.core.exceptions import AzureError
 
         deliverable: list[ReceivedMessage] = []
@@ -509,6 +521,7 @@ class AzureStorageQueue:
                       self.poison_name, error)
 
     def delete(self, message: ReceivedMessage) -> None:
+        # azure-core (azure-storage-queue's) loads on first use (cold start)
         from azure.core.exceptions import AzureError
 
         try:
@@ -521,6 +534,7 @@ class AzureStorageQueue:
             raise self._error(error, "delete a message from") from error
 
     def release(self, message: ReceivedMessage, visibility_timeout: float) -> None:
+        # azure-core (azure-storage-queue's) loads on first use (cold start)
         from azure.core.exceptions import AzureError
 
         seconds = _seconds(visibility_timeout, minimum=0)
@@ -537,6 +551,7 @@ class AzureStorageQueue:
     def move_to_poison(self, message: ReceivedMessage) -> None:
         """Copy the body to "<name>-poison" (created on first use), then delete the original:
         what the host does after maxDequeueCount failed deliveries."""
+        # azure-core (azure-storage-queue's) loads on first use (cold start)
         from azure.core.exceptions import AzureError, ResourceExistsError, ResourceNotFoundError
 
         poison = self._poison()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sqlite3
 from dataclasses import dataclass, field
@@ -27,8 +28,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from shared.control.azure_sql import DEFAULT_PORT, SQL_SCOPE, build_connection_string, explain_connect_error, shared_token_provider
-from shared.control.db import odbc_pairs
+from shared.control.azure_sql import (
+    DEFAULT_DRIVER,
+    DEFAULT_PORT,
+    SQL_SCOPE,
+    build_connection_string,
+    check_odbc_environment,
+    explain_connect_error,
+    shared_token_provider,
+)
+from shared.control.db import import_pyodbc, odbc_pairs
 from shared.control.sqlerrors import classify, diagnostic_records
 from shared.engine.fleet import fleet_steps, listing_text, resolve_fleet, target_text
 from shared.errors import AgentError
@@ -119,17 +128,12 @@ class _Doctor:
             return f"sqlite3 {sqlite3.sqlite_version} (Python standard library; no ODBC driver needed)"
 
         if target.uses_token:
-            from shared.control.azure_sql import DEFAULT_DRIVER
-
             driver = DEFAULT_DRIVER
         else:
             driver = odbc_pairs(target.location).get("driver", "")
         try:
             if target.dialect == "mssql":
-                from shared.control.azure_sql import check_odbc_environment
-
                 check_odbc_environment(driver)
-            from shared.control.db import import_pyodbc
 
             pyodbc = import_pyodbc()
         except AgentError as exc:
@@ -201,7 +205,6 @@ class _Doctor:
         return f"{file} is readable and writable"
 
     def _tcp_probe(self) -> str:
-
         target = self.target
         try:
             server = odbc_pairs(build_connection_string(target.sql_server or "", target.sql_database or ""))["server"]
@@ -240,9 +243,6 @@ class _Doctor:
     def _connect_message(self, exc: BaseException) -> str:
         target = self.target
         if target.dialect == "mssql":
-            from shared.control.azure_sql import explain_connect_error
-            from shared.control.db import odbc_pairs
-
             pairs = odbc_pairs(target.location)
             return explain_connect_error(_unwrap(exc), pairs.get("server", "?"), pairs.get("database", "?"))
         return str(exc)
@@ -335,7 +335,6 @@ class _Doctor:
     # ------------------------------------------------------------ 6. permissions
 
     def permissions(self) -> str:
-
         store = self.agent.store()
         now = self.agent.clock()
         worker = f"doctor@{self.agent.settings.agent.worker_id}"[:200]
@@ -574,8 +573,6 @@ def server_description(version: str) -> str:
     if not lines:
         return "unknown"
     if "babelfish" in version.lower():
-        import re
-
         release = re.search(r"\(Babelfish ([0-9][^)]*)\)", version)
         postgres = re.search(r"PostgreSQL ([0-9][0-9.]*)", version)
         return ("Babelfish for PostgreSQL" + (f" {release.group(1)}" if release else "")

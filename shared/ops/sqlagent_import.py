@@ -51,8 +51,13 @@ def read_calls(text: str, source: str = "<script>") -> list[Call]:
     """The msdb job procedure calls of a script, in order, with variables resolved where they
     hold a literal (DECLARE @x ... = literal, SET @x = literal); OUTPUT variables stay Var."""
     try:
+        # sqlglot loads only for import-sqlagent (the engine never needs it)
         from sqlglot.dialects.tsql import TSQL
+
+        # sqlglot loads only for import-sqlagent (the engine never needs it)
         from sqlglot.errors import TokenError
+
+        # sqlglot loads only for import-sqlagent (the engine never needs it)
         from sqlglot.tokens import TokenType
     except ModuleNotFoundError:
         raise ScriptError("import-sqlagent reads T-SQL with sqlglot's tokenizer, which is not installed here: "

@@ -219,6 +219,7 @@ def create_telemetry(connection_string: str | None, *, role_name: str = "sql-age
     if connection_string is None or not connection_string.strip():
         return Telemetry()
     if exporter == "opentelemetry":
+        # the OpenTelemetry client loads only when chosen (cold start; it imports this module)
         from shared.telemetry.otel import OpenTelemetryTelemetry
         cls: type[Telemetry] = OpenTelemetryTelemetry
     else:
@@ -589,7 +590,10 @@ class _OpenCensus:
             # opencensus-ext-azure calls locale.getdefaultlocale() at import, deprecated since
             # Python 3.11; the library is frozen, so the warning is noise.
             warnings.simplefilter("ignore", DeprecationWarning)
+            # the opencensus exporter loads on first use (cold start), only when chosen
             from opencensus.ext.azure.common import utils
+
+            # the opencensus exporter loads on first use (cold start), only when chosen
             from opencensus.ext.azure.common.protocol import (
                 BaseObject,
                 Data,
@@ -599,6 +603,8 @@ class _OpenCensus:
                 MetricData,
                 RemoteDependency,
             )
+
+            # the opencensus exporter loads on first use (cold start), only when chosen
             from opencensus.ext.azure.common.storage import LocalFileStorage
         self.utils = utils
         self.BaseObject = BaseObject
@@ -634,6 +640,7 @@ class _Sender:
     resent later. Public APIs only; the library's ``LocalFileStorage`` keeps what waits."""
 
     def __init__(self, *, endpoint: str, credential: Any, timeout: float, storage: Any) -> None:
+        # opencensus's transport loads on first use (cold start), only when chosen
         import requests
 
         self._requests = requests

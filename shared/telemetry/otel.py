@@ -29,6 +29,7 @@ import atexit
 import contextlib
 import datetime as _dt
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -145,6 +146,7 @@ class OpenTelemetryTelemetry(_t.Telemetry):
             raise ValueError(f"retry_interval_seconds: expected zero or more, got {retry_interval_seconds!r}")
         client_id = _t.parse_authentication_string(authentication_string)
         if credential is None and client_id is not False:
+            # azure-identity loads on first use (cold start): only Entra ID needs it
             from azure.identity import ManagedIdentityCredential
             credential = ManagedIdentityCredential(client_id=client_id) if client_id \
                 else ManagedIdentityCredential()
@@ -161,6 +163,7 @@ class OpenTelemetryTelemetry(_t.Telemetry):
         # span export is off for the process (only this exporter reads that switch). An app
         # setting of any of these names wins.
         os.environ.setdefault(_RESOURCE_METRIC_SETTING, "true")
+        # the telemetry exporter loads on first use (cold start), only when telemetry is on
         from azure.monitor.opentelemetry.exporter import (
             AzureMonitorLogExporter,
             AzureMonitorMetricExporter,
@@ -175,7 +178,6 @@ class OpenTelemetryTelemetry(_t.Telemetry):
         self.dropped = 0
         self.storage_path: str | None = None
         if enable_local_storage:
-            import tempfile
             self.storage_path = os.path.abspath(storage_path or os.path.join(
                 tempfile.gettempdir(), _t.DEFAULT_STORAGE_DIR_NAME, settings.instrumentation_key))
         # The exporter parses the connection string itself; ours was validated above and is
@@ -220,7 +222,6 @@ class OpenTelemetryTelemetry(_t.Telemetry):
         atexit.register(self._flush_at_exit)
 
     # -- recording -------------------------------------------------------------------
-
     def event(self, name: str, properties: Mapping[str, object] | None = None, *,
               operation_id: str | None = None) -> None:
         _t._check_event_name(name)
@@ -228,6 +229,7 @@ class OpenTelemetryTelemetry(_t.Telemetry):
         dims = _t._dimensions(properties)
         if self._closed:
             return
+        # the telemetry exporter loads on first use (cold start), only when telemetry is on
         from opentelemetry._logs import SeverityNumber
         attributes = {**dims, "microsoft.custom_event.name": name}
         # Without an operation id the exporter would send the all-zero trace id, grouping
@@ -292,7 +294,6 @@ class OpenTelemetryTelemetry(_t.Telemetry):
             self.flush()
 
     # -- sending ---------------------------------------------------------------------
-
     def flush(self) -> None:
         """Export everything recorded so far, now, in this thread. Never raises."""
         try:
@@ -302,6 +303,7 @@ class OpenTelemetryTelemetry(_t.Telemetry):
             _t.log.warning("telemetry: flush failed; telemetry may be lost", exc_info=True)
 
     def _flush_locked(self) -> None:
+        # the telemetry exporter loads on first use (cold start), only when telemetry is on
         from opentelemetry.sdk.trace.export import SpanExportResult
 
         if time.monotonic() < self._network_paused_until:

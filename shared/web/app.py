@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sqlite3
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -32,8 +33,10 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Mapping
 from urllib.parse import parse_qs, unquote
 
+from shared.control.sqlerrors import classify
 from shared.engine import views
 from shared.errors import AgentError, ConfigError, PageError
+from shared.values import parse_int
 from shared.web.html import escape
 from shared.web.pages import Pages
 
@@ -80,8 +83,6 @@ def monitor_settings(environ: Mapping[str, str] | None = None) -> MonitorSetting
     raw = (env.get(REFRESH_SETTING) or "").strip()
     refresh = 30
     if raw:
-        from shared.values import parse_int
-
         refresh = parse_int(REFRESH_SETTING, raw, 0, 86400)
     group = (env.get(GROUP_SETTING) or "").strip() or None
     return MonitorSettings(refresh_seconds=refresh, allowed_group=group)
@@ -175,8 +176,6 @@ class Monitor:
             response = self.error_response(500, f"the monitor's settings are invalid: {exc}", wants_json, user, 0)
         except Exception as exc:  # one line, never a traceback in a page
             if _is_database_error(exc):
-                from shared.control.sqlerrors import classify
-
                 message = f"the control database could not be read: {type(exc).__name__}: {classify(exc).message}"
                 response = self.error_response(503, message, wants_json, user, refresh)
             else:
@@ -250,7 +249,6 @@ class Monitor:
 def _is_database_error(exc: BaseException) -> bool:
     """What the driver or the store raised (unreachable server, missing schema, ...), as opposed
     to a bug of the monitor's own."""
-    import sqlite3
 
 
     pyodbc = sys.modules.get("pyodbc")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator, Mapping
 from urllib.parse import urlsplit
 
@@ -69,7 +70,6 @@ class StorePool:
 def make_server(agent, port: int, environ: Mapping[str, str] | None = None):
     """A ThreadingHTTPServer on 127.0.0.1:port serving the monitor (port 0: any free port).
     Raises OSError when the port is taken."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     pool = StorePool(agent)
     env = dict(os.environ if environ is None else environ)
