@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class AgentError(Exception):
     """Base class: an error the agent explains in one line (the CLI prints it, no traceback)."""
@@ -86,3 +88,44 @@ class NotificationError(AgentError):
 class ScriptError(AgentError, ValueError):
     """A SQL Server Agent script that cannot be read (a syntax the tokenizer refuses, a procedure
     call cut short)."""
+
+
+class ConnectError(AgentError):
+    """Connecting to a database failed; ``cause`` is the driver's exception (for the classifier).
+    ``control_database`` is False for a job's own DATABASE (where "cannot open database" is a
+    configuration error, not a transient one)."""
+
+    def __init__(self, message: str, cause: BaseException, *, control_database: bool = True) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.control_database = control_database
+
+
+class PoolTimeout(AgentError):
+    pass
+
+
+class TransactionControlRefused(AgentError):
+    """A job's SQL tried to end (or take over) the agent's transaction."""
+
+
+class QueueSendError(QueueError):
+    """Sending a batch stopped part way. Bodies go out one by one in order, so exactly the
+    first `sent` of `total` are on the queue; the dispatcher puts the rest back to pending."""
+
+    def __init__(self, message: str, *, sent: int, total: int) -> None:
+        super().__init__(message)
+        self.sent = sent
+        self.total = total
+
+
+class PartialDispatchError(QueueError):
+    """The queue refused some of a dispatch: ``dispatched`` holds the runs whose messages went out."""
+
+    def __init__(self, message: str, dispatched: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.dispatched = dispatched
+
+
+class ClockSkewError(AgentError):
+    """The tick's time is further from the database's clock than AGENT_MAX_CLOCK_SKEW_SECONDS."""

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
-from shared.control import db  # the one connection-string builder: every value quoted
+from shared.control.connection_strings import build_connection_string as build  # the one builder
 from shared.control.pool import is_refusal
 from shared.control.sqlerrors import SqlErrorInfo, classify, diagnostic_records, retry_connect
 from shared.errors import ConfigError
@@ -186,7 +186,7 @@ def build_connection_string(
         raise ConfigError("AGENT_SQL_DATABASE", database, "the database name on the Azure SQL server")
     if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
         raise ConfigError("connection timeout", timeout, "a whole number of seconds >= 1")
-    return db.build_connection_string(None, "mssql", [
+    return build(None, "mssql", [
         ("Driver", driver), ("Server", f"tcp:{host},{port}"), ("Database", database),
         ("Encrypt", "yes"), ("TrustServerCertificate", "no"), ("Connection Timeout", str(timeout)),
     ]).rstrip(";")

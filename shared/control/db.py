@@ -12,17 +12,26 @@ unixODBC on the machine.
 
 from __future__ import annotations
 
-import re
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
+from shared.control import azure_sql
+from shared.control.connection_strings import (
+    is_freetds,
+    odbc_pairs,
+    redact,
+    with_database,
+    with_freetds_defaults,
+    with_postgres_defaults,
+    with_server,
+)
 from shared.control.pool import is_refusal
 from shared.control.sqlerrors import PERMANENT, SqlErrorInfo, classify, describe, retry_connect
-from shared.errors import AgentError, ConfigError
+from shared.errors import AgentError, ConfigError, ConnectError
 from shared.settings import AgentSettings
 
 SQLITE_PREFIX = "sqlite:///"
@@ -66,7 +75,7 @@ def parse_database_url(value: str, *, setting: str = "AGENT_DB") -> DatabaseTarg
     pairs = odbc_pairs(value)
     driver = pairs.get("driver", "")
     if not driver:
-        raise ConfigError(setting, _redact(value),
+        raise ConfigError(setting, redact(value),
                           "sqlite:///PATH or an ODBC connection string with Driver={...}")
     lowered = driver.lower()
     if "postgres" in lowered:
@@ -74,118 +83,10 @@ def parse_database_url(value: str, *, setting: str = "AGENT_DB") -> DatabaseTarg
     elif "sql server" in lowered or is_freetds(driver):
         dialect = "mssql"
     else:
-        raise ConfigError(setting, _redact(value),
+        raise ConfigError(setting, redact(value),
                           "an ODBC driver for PostgreSQL ('PostgreSQL Unicode'), SQL Server "
                           "('ODBC Driver 18 for SQL Server') or FreeTDS ('FreeTDS': SQL Server, Babelfish)")
-    return DatabaseTarget(dialect=dialect, location=value, display=_redact(value))
-
-
-def is_freetds(driver: str) -> bool:
-    """Whether an ODBC driver name (or library path) is FreeTDS's (Debian's tdsodbc registers
-    ``FreeTDS``, the library is libtdsodbc.so)."""
-    lowered = driver.lower()
-    return "freetds" in lowered or "tdsodbc" in lowered
-
-
-# key = value; the value either in braces (``;`` and ``}}`` inside) or bare up to the next ``;``,
-# spaces included (psqlODBC keeps a bare value's spaces; a database name may have them).
-_SEGMENT = re.compile(r"\s*([^=;]+?)\s*=(\s*\{(?:[^}]|\}\})*\}\s*(?=;|$)|[^;]*)(?:;|$)")
-
-
-def _segments(connection_string: str) -> list[tuple[str, str]]:
-    """``key=value`` segments of an ODBC connection string as (key, value exactly as written):
-    a value in braces may hold ``;`` and ``}}`` (ODBC's quoting rules)."""
-    return [(m.group(1).strip(), m.group(2)) for m in _SEGMENT.finditer(connection_string)
-            if m.group(1).strip()]
-
-
-def odbc_pairs(connection_string: str) -> dict[str, str]:
-    pairs: dict[str, str] = {}
-    for key, val in _segments(connection_string):
-        val = val.strip()
-        if val.startswith("{") and val.endswith("}"):
-            val = val[1:-1].replace("}}", "}")
-        pairs[key.lower()] = val
-    return pairs
-
-
-# Keys naming the same thing, so a value set from parts replaces every spelling in the base.
-_ALIASES = {
-    "database": ("database", "initial catalog"),
-    "server": ("server", "servername", "addr", "address", "data source"),
-    "servername": ("server", "servername", "addr", "address", "data source"),
-}
-
-PSQLODBC_EXPECTED = (
-    "a name the PostgreSQL ODBC driver can carry in a connection string: no ';' and no NUL, not "
-    "starting with '{' (after any spaces; psqlODBC keeps the braces of a quoted value, so such a value cannot be quoted); "
-    "nothing is opened for it, never another database or server")
-
-
-def odbc_value(value: str, *, dialect: str, key: str) -> str:
-    """``value`` as it must be written after ``key=`` in a connection string for ``dialect``'s
-    driver, or ConfigError when that driver cannot carry it exactly.
-
-    SQL Server's drivers follow the ODBC rule: a value in braces, ``}`` doubled, is taken
-    literally (``;``, ``=``, spaces and all). psqlODBC does not (13.02, tested by
-    tests/integration/test_connection_strings.py): it honours the braces when splitting the string but keeps
-    them in every value but the password, so ``Database={a;b}`` asks the server for a database
-    named ``{a;b}``. Its bare values are carried exactly up to the first ``;`` (quotes, spaces,
-    ``=``, ``}`` and any Unicode character included), except one starting with ``{`` (spaces
-    before it included: the driver would read on to a closing brace, over the keys after it). So on
-    PostgreSQL a value is written bare, and a value with ``;`` or a leading ``{`` is refused
-    instead of reaching another database or server."""
-    if not isinstance(value, str) or "\x00" in value:
-        raise ConfigError(key, value, "a value without NUL characters (no connection string can carry one)")
-    if dialect == "postgres":
-        if ";" in value or value.lstrip().startswith("{"):
-            raise ConfigError(key, value, PSQLODBC_EXPECTED)
-        return value
-    if value != value.strip() or not value or any(ch in value for ch in ";{}=") :
-        return "{" + value.replace("}", "}}") + "}"
-    return value
-
-
-def build_connection_string(base: str | None, dialect: str, parts: Iterable[tuple[str, str]] = (), *,
-                            drop: Iterable[str] = ()) -> str:
-    """THE way the agent makes an ODBC connection string: ``base`` (a connection string from the
-    settings, kept as written: driver, credentials, options) with ``parts`` (key, raw value) set
-    over it: every spelling of each part's key dropped from ``base``, then each part's value
-    quoted by :func:`odbc_value` for ``dialect`` (``driver`` values always in braces); keys in
-    ``drop`` are left out too. A value
-    that cannot be carried exactly raises ConfigError before anything is opened."""
-    parts = list(parts)
-    dropped = {key.lower() for key in drop}
-    for key, _ in parts:
-        dropped.update(_ALIASES.get(key.lower(), (key.lower(),)))
-    segments = [f"{key}={val}" for key, val in _segments(base or "") if key.lower() not in dropped]
-    for key, val in parts:
-        if key.lower() == "driver":
-            if not val or "}" in val:
-                raise ConfigError("ODBC driver", val, "an installed ODBC driver name such as 'ODBC Driver 18 for SQL Server'")
-            segments.append(f"{key}={{{val}}}")
-        else:
-            segments.append(f"{key}={odbc_value(val, dialect=dialect, key=key)}")
-    return ";".join(segments) + ";"
-
-
-def with_database(connection_string: str, database: str, dialect: str = "mssql") -> str:
-    """The same ODBC connection string pointing at another database on the same server."""
-    return build_connection_string(connection_string, dialect, [("Database", database)])
-
-
-def with_server(connection_string: str, server: str, dialect: str) -> str:
-    """The same ODBC connection string (driver, credentials, options) pointing at another
-    server: ``host[:port]`` for PostgreSQL, ``host[,port]`` (or ``tcp:host,port``) for SQL Server."""
-    if dialect == "postgres":
-        host, _, port = server.partition(":")
-        parts = [("Servername", host)] + ([("Port", port)] if port else [])
-        return build_connection_string(connection_string, dialect, parts, drop=("port",))
-    return build_connection_string(connection_string, dialect, [("Server", server)])
-
-
-def _redact(connection_string: str) -> str:
-    return re.sub(r"(?i)((?:pwd|password)\s*=\s*)(\{(?:[^}]|\}\})*\}|[^;]*)", r"\1***", connection_string)
+    return DatabaseTarget(dialect=dialect, location=value, display=redact(value))
 
 
 class SqliteConnection(sqlite3.Connection):
@@ -290,17 +191,6 @@ def odbc_connect(connection_string: str, *, display: str, retry_seconds: float =
                          classify_error=judge)
 
 
-class ConnectError(AgentError):
-    """Connecting to a database failed; ``cause`` is the driver's exception (for the classifier).
-    ``control_database`` is False for a job's own DATABASE (where "cannot open database" is a
-    configuration error, not a transient one)."""
-
-    def __init__(self, message: str, cause: BaseException, *, control_database: bool = True) -> None:
-        super().__init__(message)
-        self.cause = cause
-        self.control_database = control_database
-
-
 def connector(target: DatabaseTarget, database: str | None = None, server: str | None = None, *,
               retry_refusals: bool = True) -> Callable[[], Any]:
     """A function opening a new raw connection to the control database (or, with
@@ -313,9 +203,6 @@ def connector(target: DatabaseTarget, database: str | None = None, server: str |
         return lambda: sqlite_connect(target.location)
     control = database is None and server is None
     if target.uses_token:
-        # Entra ID only: azure_sql (which imports this module) loads when a token is needed
-        from shared.control import azure_sql
-
         # One cached token for every server: Azure SQL's audience is the same for all of them.
         provider = azure_sql.shared_token_provider(target.sql_client_id)
         name = database or target.sql_database or ""
@@ -335,37 +222,8 @@ def connector(target: DatabaseTarget, database: str | None = None, server: str |
     return _sql_server_session(opener) if target.dialect == "mssql" else _postgres_session(opener)
 
 
-# psqlODBC's defaults cost 4-5 round trips per statement (a server-side prepare on every new
-# cursor, then a DEALLOCATE inside a savepoint; a savepoint around every statement; BEGIN as a
-# message of its own). With these, a statement is one simple-protocol message, BEGIN rides on
-# the first one, and a batch of statements is one round trip. The Store already rolls back the
-# whole transaction on any error, so statement-level rollback buys nothing. A connection
-# string that sets either option keeps its own value.
-POSTGRES_DEFAULTS = (("UseServerSidePrepare", "0"), ("Protocol", "7.4-1"))
 # Agent statements wait this long for a lock, then fail (transient: retried); job SQL does not.
 LOCK_TIMEOUT_SECONDS = 30
-
-
-# FreeTDS speaks the protocol version it is told (freetds.conf, else its build default, often
-# 7.3 or "auto"): 7.4 is what SQL Server 2012 and later, Azure SQL and Babelfish speak, and 7.3 or
-# later is needed for DATETIME2 to travel as a date and time (older versions send it as text).
-FREETDS_DEFAULTS = (("TDS_Version", "7.4"),)
-
-
-def with_freetds_defaults(connection_string: str) -> str:
-    return _with_defaults(connection_string, FREETDS_DEFAULTS, "mssql")
-
-
-def with_postgres_defaults(connection_string: str) -> str:
-    return _with_defaults(connection_string, POSTGRES_DEFAULTS, "postgres")
-
-
-def _with_defaults(connection_string: str, defaults: tuple[tuple[str, str], ...], dialect: str) -> str:
-    present = odbc_pairs(connection_string)
-    extra = [(key, value) for key, value in defaults if key.lower() not in present]
-    if not extra:
-        return connection_string
-    return build_connection_string(connection_string, dialect, extra)
 
 
 def _postgres_session(opener: Callable[[], Any]) -> Callable[[], Any]:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from shared.control.sqlerrors import classify, describe, diagnostic_records
-from shared.errors import AgentError
+from shared.errors import PoolTimeout
 
 log = logging.getLogger("shared.control.pool")
 
@@ -71,10 +71,6 @@ def is_refusal(exc: BaseException) -> bool:
         return True
     info = classify(exc)
     return info.number in REFUSAL_NUMBERS or bool(_PG_REFUSAL.search(info.message or str(exc)))
-
-
-class PoolTimeout(AgentError):
-    pass
 
 
 @dataclass

@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from shared.control.db import DatabaseTarget, connector
 from shared.control.queries import Query, load_migrations, load_queries
 from shared.control.sqlerrors import classify, describe
-from shared.control.transaction_control import TransactionControlRefused, postgres_transaction_statement, refused_message
-from shared.errors import AgentError, OwnerError, SchemaError
+from shared.control.transaction_control import postgres_transaction_statement, refused_message
+from shared.errors import AgentError, OwnerError, SchemaError, TransactionControlRefused
 
 UTC = timezone.utc
 _TIME_SUFFIXES = ("_at", "_for", "_until")

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import re
 
-from shared.errors import AgentError
-
 # The transaction-local setting the agent sets before a job's SQL on PostgreSQL: still there
 # after the SQL means its transaction is still the agent's.
 PG_GUARD_SETTING = "agent.job_transaction"
@@ -38,10 +36,6 @@ PG_GUARD_SETTING = "agent.job_transaction"
 _REFUSED = ("COMMIT", "END", "ROLLBACK", "ABORT", "BEGIN", "START", "PREPARE")
 _WORD = re.compile(r"[A-Za-z_\u0080-\uffff][A-Za-z0-9_$\u0080-\uffff]*")
 _DOLLAR_TAG = re.compile(r"\$([A-Za-z_\u0080-\uffff][A-Za-z0-9_\u0080-\uffff]*)?\$")
-
-
-class TransactionControlRefused(AgentError):
-    """A job's SQL tried to end (or take over) the agent's transaction."""
 
 
 def refused_message(statement: str) -> str:

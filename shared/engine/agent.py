@@ -25,7 +25,7 @@ from shared.errors import AgentError
 from shared.messaging.azure_storage import AzureStorageQueue
 from shared.messaging.port import host_queue_options
 from shared.settings import Settings, load_settings
-from shared.telemetry.client import create_telemetry
+from shared.telemetry.factory import create_telemetry
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc

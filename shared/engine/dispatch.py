@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from shared.control.sqlerrors import describe
 from shared.control.store import Store
-from shared.errors import QueueError
+from shared.errors import PartialDispatchError, QueueError
 from shared.jobs.schedules import CronSchedule
 from shared.messaging.messages import DoorbellMessage, RunMessage
 from shared.settings import Settings
@@ -36,14 +36,6 @@ DOORBELL_STATE_KEY = "doorbell_chain"
 class DispatchOutcome:
     queued: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
-
-
-class PartialDispatchError(QueueError):
-    """The queue refused some of a dispatch: ``dispatched`` holds the runs whose messages went out."""
-
-    def __init__(self, message: str, dispatched: list[dict[str, Any]]) -> None:
-        super().__init__(message)
-        self.dispatched = dispatched
 
 
 def claim_horizon(settings: Settings, now: datetime) -> datetime:

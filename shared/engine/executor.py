@@ -28,7 +28,6 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-from shared.control.db import ConnectError
 from shared.control.sqlerrors import classify, describe, retry_transient
 from shared.control.store import Store
 from shared.engine.dispatch import delay_until, dispatch
@@ -36,7 +35,7 @@ from shared.engine.endings import ExecutionResult, RunEndings, target_properties
 from shared.engine.fleet import resolve_step_targets, targets_json
 from shared.engine.notify import notifications_enabled
 from shared.engine.scheduler import Scheduler
-from shared.errors import LeaseLost, MessageError
+from shared.errors import ConnectError, LeaseLost, MessageError
 from shared.jobs.model import StepDefinition
 from shared.jobs.run_model import RUN_ENDING_OUTCOMES, AttemptError, Outcome
 from shared.jobs.steps import QUIT_SUCCESS, cap_output, run_steps, target_step

@@ -33,11 +33,11 @@ from typing import Any, Callable
 
 from shared.control.sqlerrors import classify, describe, is_lock_conflict
 from shared.control.store import Store
-from shared.engine.dispatch import PartialDispatchError, claim_horizon, dispatch, ring_doorbells, run_properties
+from shared.engine.dispatch import claim_horizon, dispatch, ring_doorbells, run_properties
 from shared.engine.fleet import fleet_steps, report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
 from shared.engine.planning import plan_database_jobs, refused_settings_job_error, stand_in_name
-from shared.errors import AgentError, QueueError
+from shared.errors import AgentError, ClockSkewError, PartialDispatchError, QueueError
 from shared.jobs.run_model import RunStatus
 from shared.jobs.schedules import CronSchedule, parse_schedule
 from shared.jobs.targets import describe_members, dialect_problem
@@ -119,10 +119,6 @@ class TickReport:
             "errors": self.errors,
             "warnings": self.warnings,
         }
-
-
-class ClockSkewError(AgentError):
-    """The tick's time is further from the database's clock than AGENT_MAX_CLOCK_SKEW_SECONDS."""
 
 
 class Scheduler:

@@ -17,7 +17,7 @@ import re
 from typing import TYPE_CHECKING, Any, Sequence
 from urllib.parse import urlsplit
 
-from shared.errors import ConfigError, QueueError
+from shared.errors import ConfigError, QueueError, QueueSendError
 from shared.messaging.port import ReceivedMessage
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -71,16 +71,6 @@ _LOST_MESSAGE_CODES = frozenset({"MessageNotFound", "PopReceiptMismatch"})
 
 class _UndecodableText(str):
     """The raw text of a message that is not valid base64 on a base64 queue."""
-
-
-class QueueSendError(QueueError):
-    """Sending a batch stopped part way. Bodies go out one by one in order, so exactly the
-    first `sent` of `total` are on the queue; the dispatcher puts the rest back to pending."""
-
-    def __init__(self, message: str, *, sent: int, total: int) -> None:
-        super().__init__(message)
-        self.sent = sent
-        self.total = total
 
 
 def _strict_base64_text(content: str) -> str:

@@ -37,7 +37,8 @@ from shared.control.azure_sql import (
     explain_connect_error,
     shared_token_provider,
 )
-from shared.control.db import import_pyodbc, odbc_pairs
+from shared.control.connection_strings import odbc_pairs
+from shared.control.db import import_pyodbc
 from shared.control.sqlerrors import classify, diagnostic_records
 from shared.engine.fleet import fleet_steps, listing_text, resolve_fleet, target_text
 from shared.errors import AgentError

@@ -61,15 +61,23 @@ from shared.telemetry.exporters import EXPORTER_SETTING, EXPORTERS, parse_export
 
 log = logging.getLogger(__name__)
 
+
 CONNECTION_STRING_SETTING = "APPLICATIONINSIGHTS_CONNECTION_STRING"
+
+
 AUTHENTICATION_STRING_SETTING = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"
+
 
 EVENT_NAMES = ("RunClaimed", "RunDispatched", "RunStarted", "RunSucceeded", "RunFailed", "RunRetried",
                "LeaseExpired", "RunPoisoned", "MisfireSkipped", "OverlapSkipped", "JobConfigInvalid",
                "StaleMessage", "ClockSkewDetected", "StepSucceeded", "StepFailed", "TargetsResolved",
                "JobPaused", "JobResumed", "FollowUpStarted")
+
+
 METRIC_NAMES = ("TickDurationMs", "RunsDue", "RunsClaimed", "RunsDispatched", "ScheduleLagSeconds",
                 "RunDurationMs", "DequeueCount")
+
+
 # The dimension (customDimensions key) names the engine uses, so the README's KQL and the
 # engine agree. Not enforced: an event may carry other keys too.
 STANDARD_DIMENSIONS = ("job", "run_id", "attempt", "scheduled_for", "token", "kind", "outcome",
@@ -78,21 +86,34 @@ STANDARD_DIMENSIONS = ("job", "run_id", "attempt", "scheduled_for", "token", "ki
                        "targets", "targets_failed", "paused_until", "paused_by", "reason", "runs_skipped",
                        "followed_run_id")
 
+
 # Application Insights limits (data model): longer values are truncated by ingestion anyway;
 # truncating here keeps the POST small and the cut predictable.
 MAX_PROPERTY_KEY_LENGTH = 150
+
+
 MAX_PROPERTY_VALUE_LENGTH = 8192
+
+
 MAX_NAME_LENGTH = 1024
+
+
 MAX_DEPENDENCY_DATA_LENGTH = 8192
+
 
 # Used when the connection string names neither IngestionEndpoint nor EndpointSuffix
 # (the same fallback as opencensus-ext-azure).
 DEFAULT_INGESTION_ENDPOINT = "https://dc.services.visualstudio.com"
+
+
 # Where unsent envelopes wait when local storage is on and no storage_path is given: the
 # OS temp directory (on Azure Functions a per-instance writable /tmp), never the repo or home.
 DEFAULT_STORAGE_DIR_NAME = "sql-agent-telemetry"
 
+
 _OPERATION_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
 _GUID = re.compile(r"^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$")
 
 
@@ -195,52 +216,6 @@ class Telemetry:
                            properties: Mapping[str, object] | None, result_code: str | None,
                            started_at: _dt.datetime | None) -> None:
         """Hook for ``sql_call``; the no-op records nothing."""
-
-
-def create_telemetry(connection_string: str | None, *, role_name: str = "sql-agent",
-                     authentication_string: str | None = None, credential: Any = None,
-                     storage_path: str | None = None, enable_local_storage: bool = True,
-                     timeout_seconds: float = 3.0, retry_interval_seconds: float = 30.0,
-                     exporter: str | None = None) -> Telemetry:
-    """No-op ``Telemetry()`` when ``connection_string`` is None or blank, otherwise the
-    exporter's telemetry: ``exporter`` "opentelemetry" (the default: azure-monitor-opentelemetry-
-    exporter, ``shared.telemetry.otel``) or "opencensus" (``AppInsightsTelemetry``, the retired
-    opencensus-ext-azure), imported now; None reads AGENT_TELEMETRY_EXPORTER.
-
-    ``authentication_string`` is the value of APPLICATIONINSIGHTS_AUTHENTICATION_STRING
-    (``Authorization=AAD`` and optionally ``ClientId=<guid>`` of a user-assigned identity):
-    ingestion then uses an Entra ID token from a managed identity, as needed when the
-    Application Insights resource has local authentication disabled. ``credential`` (any
-    azure-core TokenCredential) takes precedence over it.
-
-    A malformed connection or authentication string raises ``shared.errors.ConfigError``
-    naming the setting, the offending part and what is expected."""
-    exporter = parse_exporter(os.environ.get(EXPORTER_SETTING) if exporter is None else exporter)
-    if connection_string is None or not connection_string.strip():
-        return Telemetry()
-    if exporter == "opentelemetry":
-        # the OpenTelemetry client loads only when chosen (cold start; it imports this module)
-        from shared.telemetry.otel import OpenTelemetryTelemetry
-        cls: type[Telemetry] = OpenTelemetryTelemetry
-    else:
-        cls = AppInsightsTelemetry
-    return cls(
-        connection_string, role_name=role_name, authentication_string=authentication_string,
-        credential=credential, storage_path=storage_path,
-        enable_local_storage=enable_local_storage, timeout_seconds=timeout_seconds,
-        retry_interval_seconds=retry_interval_seconds)
-
-
-def create_telemetry_from_env(environ: Mapping[str, str] | None = None, *,
-                              role_name: str | None = None) -> Telemetry:
-    """``create_telemetry`` from app settings: APPLICATIONINSIGHTS_CONNECTION_STRING,
-    APPLICATIONINSIGHTS_AUTHENTICATION_STRING, and the role name from WEBSITE_SITE_NAME (the
-    function app's name, which the Functions host's own telemetry uses) or "sql-agent"."""
-    env = os.environ if environ is None else environ
-    return create_telemetry(
-        env.get(CONNECTION_STRING_SETTING), exporter=parse_exporter(env.get(EXPORTER_SETTING)),
-        role_name=role_name or env.get("WEBSITE_SITE_NAME") or "sql-agent",
-        authentication_string=env.get(AUTHENTICATION_STRING_SETTING))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -580,8 +555,6 @@ class AppInsightsTelemetry(Telemetry):
         self.close()
 
 
-# -- opencensus, imported lazily ------------------------------------------------------
-
 class _OpenCensus:
     """The parts of opencensus-ext-azure this module uses, imported on first use."""
 
@@ -629,7 +602,11 @@ class _Status(enum.Enum):
 
 # Answers after which the same envelopes may succeed later (the ingestion API's retryable codes).
 _RETRYABLE = frozenset({206, 401, 403, 408, 429, 439, 500, 502, 503, 504})
+
+
 _MAX_REDIRECTS = 10
+
+
 _INGESTION_SCOPE = "https://monitor.azure.com//.default"
 
 
@@ -701,6 +678,8 @@ class _Sender:
 
 
 _lib: _OpenCensus | None = None
+
+
 _lib_lock = threading.Lock()
 
 
@@ -711,8 +690,6 @@ def _opencensus() -> _OpenCensus:
             _lib = _OpenCensus()
         return _lib
 
-
-# -- argument checks and conversions -------------------------------------------------
 
 def _check_event_name(name: object) -> None:
     if name not in EVENT_NAMES:
@@ -810,7 +787,7 @@ def _iso_utc(value: _dt.datetime) -> str:
 
 __all__ = [
     "EVENT_NAMES", "METRIC_NAMES", "STANDARD_DIMENSIONS", "Telemetry", "AppInsightsTelemetry",
-    "DependencyCall", "IngestionSettings", "create_telemetry", "create_telemetry_from_env",
+    "DependencyCall", "IngestionSettings",
     "EXPORTER_SETTING", "EXPORTERS", "parse_exporter",
     "new_operation_id", "is_valid_operation_id", "parse_connection_string",
     "parse_authentication_string",

@@ -251,7 +251,7 @@ def test_ensure_exists_is_idempotent(azurite: Azurite) -> None:
 
 def test_a_send_that_fails_part_way_says_how_many_were_sent(azurite: Azurite) -> None:
     """The dispatcher puts back exactly the unsent runs: `sent` counts the bodies on the queue."""
-    from shared.messaging.azure_storage import QueueSendError
+    from shared.errors import QueueSendError
 
     queue = azurite.queue()
     too_large = "x" * 70_000  # over the service's 64 KiB message limit: 413, not retried
@@ -265,7 +265,7 @@ def test_a_send_that_fails_part_way_says_how_many_were_sent(azurite: Azurite) ->
 
 
 def test_a_send_to_a_stopped_service_sent_nothing(azurite: Azurite) -> None:
-    from shared.messaging.azure_storage import QueueSendError
+    from shared.errors import QueueSendError
 
     queue = azurite.queue()
     azurite.stop()

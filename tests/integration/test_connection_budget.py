@@ -25,7 +25,7 @@ import uuid
 
 import pytest
 
-from shared.control.db import build_connection_string, odbc_pairs
+from shared.control.connection_strings import build_connection_string, odbc_pairs
 from tests.support.harness import PG_BASE, ROOT, job_env, make_agent, pg_admin_connection
 
 JOBS = 40
@@ -264,7 +264,8 @@ class _Server:
 
 
 def test_the_reserved_shares_stay_available_when_work_holds_its_whole_share(tmp_path):
-    from shared.control.pool import ConnectionPool, PoolTimeout
+    from shared.control.pool import ConnectionPool
+    from shared.errors import PoolTimeout
 
     server = _Server(tmp_path / "x.db", allowed=100)
     pool = ConnectionPool(server.connect, 4)

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from shared.control.db import build_connection_string, odbc_pairs, with_database, with_server
+from shared.control.connection_strings import build_connection_string, odbc_pairs, with_database, with_server
 from shared.errors import ConfigError
 from tests.support.harness import fresh_database, make_agent, pg_admin_connection, query, work
 

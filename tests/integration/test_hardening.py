@@ -168,7 +168,7 @@ def test_connecting_waits_out_a_database_that_refuses_connections(pg_url):
     """The control database refuses connections for 3 s (a serverless database resuming): the
     agent keeps trying within AGENT_CONNECT_RETRY_SECONDS and gets in; with a budget shorter
     than the outage it gives up with one line naming the database and the SQLSTATE."""
-    from shared.control.db import ConnectError
+    from shared.errors import ConnectError
     from tests.support.faults import OutageProxy
 
     make_agent(pg_url).close()

@@ -756,8 +756,8 @@ def test_a_permanent_connect_error_is_raised_at_once():
 
 
 def test_cannot_open_database_is_transient_for_the_control_database_only():
-    from shared.control.db import ConnectError
     from shared.control.sqlerrors import classify
+    from shared.errors import ConnectError
 
     cause = _odbc_error(4060, 'Cannot open database "tenant_x" requested by the login. The login failed.', "42000")
     assert classify(ConnectError("cannot connect to the control database", cause)).kind == "transient"

@@ -166,7 +166,7 @@ class AppInsightsEndpoint:
     def telemetry(self, **options: Any) -> Any:
         """``create_telemetry`` for this endpoint, with local storage in a folder of this
         endpoint's own (closed with the endpoint)."""
-        from shared.telemetry.client import create_telemetry
+        from shared.telemetry.factory import create_telemetry
 
         options.setdefault("storage_path", os.path.join(self._tmp, f"storage-{len(self._telemetries)}"))
         if self.exporter is not None:

@@ -74,7 +74,7 @@ def drop_pg_database(name: str) -> None:
 
 def mssql_connection(database: str):
     """An autocommit connection to ``database`` on the AGENT_TEST_MSSQL server."""
-    from shared.control.db import with_database
+    from shared.control.connection_strings import with_database
 
     try:
         import pyodbc
@@ -110,7 +110,7 @@ def mssql_database() -> Iterator[str]:
         pytest.skip("SQL Server cannot run on this machine: set AGENT_TEST_MSSQL to an ODBC connection "
                     "string (and AGENT_TEST_MSSQL_DATABASE for an existing Azure SQL database) to run "
                     "the conformance suite against SQL Server or Azure SQL")
-    from shared.control.db import with_database
+    from shared.control.connection_strings import with_database
 
     if MSSQL_DATABASE:
         # Azure SQL: CREATE DATABASE is slow and billed; reuse an empty database instead.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.control.db import with_server
+from shared.control.connection_strings import with_server
 from shared.errors import ConfigError
 from shared.jobs.targets import Target, TargetMember, describe_members, needs_listing, parse_targets, resolve, user_databases
 

@@ -27,13 +27,12 @@ from shared.telemetry.client import (
     METRIC_NAMES,
     AppInsightsTelemetry,
     Telemetry,
-    create_telemetry,
-    create_telemetry_from_env,
     is_valid_operation_id,
     new_operation_id,
     parse_authentication_string,
     parse_connection_string,
 )
+from shared.telemetry.factory import create_telemetry, create_telemetry_from_env
 from tests.support.appinsights_endpoint import (  # noqa: F401 (pytest fixtures)
     AppInsightsEndpoint,
     appinsights_endpoint,
@@ -130,7 +129,8 @@ def test_noop_does_not_import_opencensus_and_is_fast():
     no-op imports no exporter (nor requests/azure), and 20,000 calls take well under a second."""
     result = run_python("""
         import json, sys, time
-        from shared.telemetry.client import create_telemetry_from_env, new_operation_id, Telemetry
+        from shared.telemetry.client import new_operation_id, Telemetry
+        from shared.telemetry.factory import create_telemetry_from_env
         t = create_telemetry_from_env()
         assert type(t) is Telemetry, type(t)
         op = new_operation_id()
@@ -156,7 +156,7 @@ def test_importing_the_module_never_imports_an_exporter(appinsights_endpoint, tm
     AGENT_TELEMETRY_EXPORTER arrives when the real telemetry is created, and that one sends."""
     result = run_python("""
         import json, sys
-        import shared.telemetry.client as telemetry
+        import shared.telemetry.factory as telemetry
         def loaded():
             return sorted({m.split(".")[0] for m in sys.modules if m.split(".")[0] in ("opencensus", "opentelemetry")}
                           | {"azure.monitor" for m in sys.modules if m.startswith("azure.monitor")})
@@ -178,7 +178,7 @@ def test_importing_the_module_never_imports_an_exporter(appinsights_endpoint, tm
 
 
 def test_the_exporter_setting_is_validated_and_defaults_to_opentelemetry(appinsights_endpoint, monkeypatch):
-    from shared.telemetry.client import EXPORTER_SETTING, parse_exporter
+    from shared.telemetry.exporters import EXPORTER_SETTING, parse_exporter
 
     assert parse_exporter(None) == parse_exporter("  ") == "opentelemetry"
     assert parse_exporter(" OpenCensus ") == "opencensus"
@@ -408,7 +408,8 @@ def test_one_operation_id_from_timer_through_queue_to_worker_process(appinsights
 
     run_python("""
         import json, os, time
-        from shared.telemetry.client import create_telemetry_from_env, is_valid_operation_id
+        from shared.telemetry.client import is_valid_operation_id
+        from shared.telemetry.factory import create_telemetry_from_env
         message = json.loads(os.environ["MESSAGE"])
         op = message["operation_id"]
         assert is_valid_operation_id(op)
@@ -448,7 +449,7 @@ def test_without_flush_a_frozen_process_sends_nothing_but_a_normal_exit_does(app
            "TMPDIR": str(tmp_path), "AGENT_TELEMETRY_EXPORTER": appinsights_endpoint.exporter}
     code = """
         import os
-        from shared.telemetry.client import create_telemetry_from_env
+        from shared.telemetry.factory import create_telemetry_from_env
         t = create_telemetry_from_env()
         t.event("RunSucceeded", {"job": os.environ["HOW"]})
         if os.environ["HOW"] == "killed":

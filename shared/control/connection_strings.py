@@ -1,0 +1,151 @@
+"""ODBC connection strings built from parts: every value quoted by the ODBC rules (braces, doubled
+closing braces), so a database or server name the agent finds at run time can never add a key
+(;Database=other) or cut the string. The one builder every path uses: the control database,
+a job's DATABASE, fleet targets, doctor, grant-sql, the monitor, Entra ID connections."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from shared.errors import ConfigError
+
+
+def is_freetds(driver: str) -> bool:
+    """Whether an ODBC driver name (or library path) is FreeTDS's (Debian's tdsodbc registers
+    ``FreeTDS``, the library is libtdsodbc.so)."""
+    lowered = driver.lower()
+    return "freetds" in lowered or "tdsodbc" in lowered
+
+
+# key = value; the value either in braces (``;`` and ``}}`` inside) or bare up to the next ``;``,
+# spaces included (psqlODBC keeps a bare value's spaces; a database name may have them).
+_SEGMENT = re.compile(r"\s*([^=;]+?)\s*=(\s*\{(?:[^}]|\}\})*\}\s*(?=;|$)|[^;]*)(?:;|$)")
+
+
+def _segments(connection_string: str) -> list[tuple[str, str]]:
+    """``key=value`` segments of an ODBC connection string as (key, value exactly as written):
+    a value in braces may hold ``;`` and ``}}`` (ODBC's quoting rules)."""
+    return [(m.group(1).strip(), m.group(2)) for m in _SEGMENT.finditer(connection_string)
+            if m.group(1).strip()]
+
+
+def odbc_pairs(connection_string: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for key, val in _segments(connection_string):
+        val = val.strip()
+        if val.startswith("{") and val.endswith("}"):
+            val = val[1:-1].replace("}}", "}")
+        pairs[key.lower()] = val
+    return pairs
+
+
+# Keys naming the same thing, so a value set from parts replaces every spelling in the base.
+_ALIASES = {
+    "database": ("database", "initial catalog"),
+    "server": ("server", "servername", "addr", "address", "data source"),
+    "servername": ("server", "servername", "addr", "address", "data source"),
+}
+
+
+PSQLODBC_EXPECTED = (
+    "a name the PostgreSQL ODBC driver can carry in a connection string: no ';' and no NUL, not "
+    "starting with '{' (after any spaces; psqlODBC keeps the braces of a quoted value, so such a value cannot be quoted); "
+    "nothing is opened for it, never another database or server")
+
+
+def odbc_value(value: str, *, dialect: str, key: str) -> str:
+    """``value`` as it must be written after ``key=`` in a connection string for ``dialect``'s
+    driver, or ConfigError when that driver cannot carry it exactly.
+
+    SQL Server's drivers follow the ODBC rule: a value in braces, ``}`` doubled, is taken
+    literally (``;``, ``=``, spaces and all). psqlODBC does not (13.02, tested by
+    tests/integration/test_connection_strings.py): it honours the braces when splitting the string but keeps
+    them in every value but the password, so ``Database={a;b}`` asks the server for a database
+    named ``{a;b}``. Its bare values are carried exactly up to the first ``;`` (quotes, spaces,
+    ``=``, ``}`` and any Unicode character included), except one starting with ``{`` (spaces
+    before it included: the driver would read on to a closing brace, over the keys after it). So on
+    PostgreSQL a value is written bare, and a value with ``;`` or a leading ``{`` is refused
+    instead of reaching another database or server."""
+    if not isinstance(value, str) or "\x00" in value:
+        raise ConfigError(key, value, "a value without NUL characters (no connection string can carry one)")
+    if dialect == "postgres":
+        if ";" in value or value.lstrip().startswith("{"):
+            raise ConfigError(key, value, PSQLODBC_EXPECTED)
+        return value
+    if value != value.strip() or not value or any(ch in value for ch in ";{}=") :
+        return "{" + value.replace("}", "}}") + "}"
+    return value
+
+
+def build_connection_string(base: str | None, dialect: str, parts: Iterable[tuple[str, str]] = (), *,
+                            drop: Iterable[str] = ()) -> str:
+    """THE way the agent makes an ODBC connection string: ``base`` (a connection string from the
+    settings, kept as written: driver, credentials, options) with ``parts`` (key, raw value) set
+    over it: every spelling of each part's key dropped from ``base``, then each part's value
+    quoted by :func:`odbc_value` for ``dialect`` (``driver`` values always in braces); keys in
+    ``drop`` are left out too. A value
+    that cannot be carried exactly raises ConfigError before anything is opened."""
+    parts = list(parts)
+    dropped = {key.lower() for key in drop}
+    for key, _ in parts:
+        dropped.update(_ALIASES.get(key.lower(), (key.lower(),)))
+    segments = [f"{key}={val}" for key, val in _segments(base or "") if key.lower() not in dropped]
+    for key, val in parts:
+        if key.lower() == "driver":
+            if not val or "}" in val:
+                raise ConfigError("ODBC driver", val, "an installed ODBC driver name such as 'ODBC Driver 18 for SQL Server'")
+            segments.append(f"{key}={{{val}}}")
+        else:
+            segments.append(f"{key}={odbc_value(val, dialect=dialect, key=key)}")
+    return ";".join(segments) + ";"
+
+
+def with_database(connection_string: str, database: str, dialect: str = "mssql") -> str:
+    """The same ODBC connection string pointing at another database on the same server."""
+    return build_connection_string(connection_string, dialect, [("Database", database)])
+
+
+def with_server(connection_string: str, server: str, dialect: str) -> str:
+    """The same ODBC connection string (driver, credentials, options) pointing at another
+    server: ``host[:port]`` for PostgreSQL, ``host[,port]`` (or ``tcp:host,port``) for SQL Server."""
+    if dialect == "postgres":
+        host, _, port = server.partition(":")
+        parts = [("Servername", host)] + ([("Port", port)] if port else [])
+        return build_connection_string(connection_string, dialect, parts, drop=("port",))
+    return build_connection_string(connection_string, dialect, [("Server", server)])
+
+
+def redact(connection_string: str) -> str:
+    return re.sub(r"(?i)((?:pwd|password)\s*=\s*)(\{(?:[^}]|\}\})*\}|[^;]*)", r"\1***", connection_string)
+
+
+# psqlODBC's defaults cost 4-5 round trips per statement (a server-side prepare on every new
+# cursor, then a DEALLOCATE inside a savepoint; a savepoint around every statement; BEGIN as a
+# message of its own). With these, a statement is one simple-protocol message, BEGIN rides on
+# the first one, and a batch of statements is one round trip. The Store already rolls back the
+# whole transaction on any error, so statement-level rollback buys nothing. A connection
+# string that sets either option keeps its own value.
+POSTGRES_DEFAULTS = (("UseServerSidePrepare", "0"), ("Protocol", "7.4-1"))
+
+
+# FreeTDS speaks the protocol version it is told (freetds.conf, else its build default, often
+# 7.3 or "auto"): 7.4 is what SQL Server 2012 and later, Azure SQL and Babelfish speak, and 7.3 or
+# later is needed for DATETIME2 to travel as a date and time (older versions send it as text).
+FREETDS_DEFAULTS = (("TDS_Version", "7.4"),)
+
+
+def with_freetds_defaults(connection_string: str) -> str:
+    return _with_defaults(connection_string, FREETDS_DEFAULTS, "mssql")
+
+
+def with_postgres_defaults(connection_string: str) -> str:
+    return _with_defaults(connection_string, POSTGRES_DEFAULTS, "postgres")
+
+
+def _with_defaults(connection_string: str, defaults: tuple[tuple[str, str], ...], dialect: str) -> str:
+    present = odbc_pairs(connection_string)
+    extra = [(key, value) for key, value in defaults if key.lower() not in present]
+    if not extra:
+        return connection_string
+    return build_connection_string(connection_string, dialect, extra)
