@@ -44,7 +44,25 @@ class ExecutionResult:
     output: str = ""     # a one-step run's output, capped for telemetry
 
 
+@dataclass
+class Attempt:
+    """One attempt of a run, or of the step the run is at, as the executor hands it to its
+    endings: the run's row (updated in place when the run goes on to another step), the step and
+    the run's steps (None for a one-step job), what every event of the attempt carries, and the
+    queue message it came from (queue mode; None in direct mode)."""
+
+    run: dict[str, Any]
+    step: StepDefinition | None
+    steps: list[StepDefinition] | None
+    properties: dict[str, Any]
+    operation_id: str
+    body: str | None = None
+    dequeue_count: int | None = None
+    message_id: str | None = None
+
+
 class RunEndings:
+
     def __init__(self, *, settings: Settings, store: Callable[[], Store], telemetry: Any, queue: Any,
                  clock: Callable[[], datetime], worker: str, transient_delay_seconds: float, notifier: Any) -> None:
         self.settings = settings
@@ -60,15 +78,18 @@ class RunEndings:
         for (name, _), result in zip(calls, results):
             if name == "progress_fleets":
                 self.fleet_moved(result.rows)
+
     def fleet_moved(self, rows: list[dict[str, Any]]) -> None:
         """Runs whose target executions all ended, as progress_fleets moved them on."""
 
         if report_moved_runs(rows, self.telemetry) and self.notifier is not None:
             self.notifier.wake()
-    def after_transition(self, run: dict[str, Any], moved: dict[str, Any], properties: dict[str, Any],
-                          operation_id: str, *, error_message: str | None) -> ExecutionResult | None:
+
+    def after_transition(self, attempt: Attempt, moved: dict[str, Any], *,
+                         error_message: str | None) -> ExecutionResult | None:
         """Where a step transition left the run: on to another step (None: the caller runs it),
         a retry of the step later, or the end the flow reports."""
+        run, properties, operation_id = attempt.run, attempt.properties, attempt.operation_id
         run_id = run["run_id"]
         if moved["status"] == RunStatus.RUNNING:
             log.info("run %s (%s): on to step %s", run_id, properties["job"], moved["step"])
@@ -83,19 +104,24 @@ class RunEndings:
         self.telemetry.event("RunFailed", {**properties, "outcome": "failed", "error_message": detail},
                              operation_id=operation_id)
         return ExecutionResult(Outcome.FAILED, run_id, detail)
+
     def step_event(self, name: str, properties: dict[str, Any], outcome: str, output: list[str],
                     operation_id: str, **extra: Any) -> None:
         if self.telemetry.enabled:
             self.telemetry.event(name, {**properties, "outcome": outcome, **extra,
                                         "output": cap_output(output, TELEMETRY_OUTPUT_MAX_BYTES) or ""},
                                  operation_id=operation_id)
+
     def output_text(self, output: list[str]) -> str | None:
         return cap_output(output, self.settings.agent.step_output_max_bytes)
-    def transition(self, run: dict[str, Any], step: StepDefinition, steps: list[StepDefinition], now: datetime,
-                    *, outcome: str, action: str | None, retry_at: datetime | None, failures: int,
-                    output: list[str], error: AttemptError | None) -> dict[str, Any]:
+
+    def transition(self, attempt: Attempt, now: datetime, *, outcome: str, action: str | None,
+                   retry_at: datetime | None, failures: int, output: list[str],
+                   error: AttemptError | None) -> dict[str, Any]:
         """The parameters of step_transition: ``retry_at`` (the same step again, later) or
         ``action`` (a resolved flow action: goto:<n>, quit_success, quit_failure)."""
+        run, step, steps = attempt.run, attempt.step, attempt.steps or []
+        assert step is not None, "a step transition needs the step"
         params = {"run_id": run["run_id"], "token": run["token"], "now": now, "attempt": run["attempt"],
                   "step": step.step, "outcome": outcome, "error_number": error.number if error else None,
                   "error_sqlstate": error.sqlstate if error else None,
@@ -116,14 +142,15 @@ class RunEndings:
         else:
             params.update(run_status=RunStatus.FAILED)
         return params
-    def finish(self, store: Store, run: dict[str, Any], step: StepDefinition | None,
-                steps: list[StepDefinition] | None, output: list[str], *,
-                reset: bool) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+
+    def finish(self, store: Store, attempt: Attempt, output: list[str], *,
+               reset: bool) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """Inside the open transaction: (reset the session the job used,) complete the run — or,
         for a step, follow its ON_SUCCESS — fenced by its token, keep the attempt's output, and
         in queue mode dispatch what its end made runnable — one round trip on PostgreSQL.
         Raises LeaseLost (the caller rolls back) when the token moved on. Returns the hand-on
         rows and, for a step, where the run went."""
+        run, step = attempt.run, attempt.step
         now = self.clock()
         calls: list[tuple[str, dict[str, Any]]] = []
         if reset:
@@ -144,9 +171,8 @@ class RunEndings:
             ends = True
             calls += ending_calls(self.settings, now)
         else:
-            params = self.transition(run, step, steps, now, outcome="succeeded", action=step.on_success,
-                                      retry_at=None, failures=run["failures"], output=output,
-                                      error=None)
+            params = self.transition(attempt, now, outcome="succeeded", action=step.on_success, retry_at=None,
+                                     failures=run["failures"], output=output, error=None)
             calls.append(("step_transition", params))
             ends = params["run_status"] != RunStatus.RUNNING
             if ends:
@@ -159,11 +185,13 @@ class RunEndings:
         report_follow_ups(follow_up_rows(calls, results), self.telemetry)
         handed_on = results[-1].rows if self.queue is not None and ends else []
         return handed_on, (row if step is not None else None)
-    def finish_alone(self, run: dict[str, Any], step: StepDefinition | None, steps: list[StepDefinition] | None,
-                      output: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+
+    def finish_alone(self, attempt: Attempt, output: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """finish() in a transaction of its own (the job's work committed in another database)."""
         store = self._store()
         with store.transaction():
-            return self.finish(store, run, step, steps, output, reset=False)
+            return self.finish(store, attempt, output, reset=False)
+
     def chain_with_hand_on(self, store: Store, calls: list[tuple[str, dict[str, Any]]], now: datetime) -> list[Result]:
         """The calls, then (queue mode) the hand-on dispatch — with the start lock taken before
         the calls touch any row of agent.runs: the dispatch needs it, and a start holds it while
@@ -177,6 +205,7 @@ class RunEndings:
         results = store.chain(*calls[:at], ("lock_starts", {}), *calls[at:],
                               ("dispatch_runs", dispatch_params(self.settings, now)))
         return results[:at] + results[at + 1:]
+
     def send_handed_on(self, rows: list[dict[str, Any]]) -> None:
         """After the commit: the messages of the runs the finished one handed on."""
         if not rows or self.queue is None:
@@ -185,8 +214,11 @@ class RunEndings:
             send_dispatched(rows, self._store(), self.queue, self.clock(), self.telemetry)
         except QueueError as exc:  # the runs are back to pending, or their dispatch lease covers them
             log.error("hand-on dispatch: %s", describe(exc))
-    def fenced(self, run: dict[str, Any], properties: dict[str, Any], operation_id: str, why: str,
-                same_database: bool) -> ExecutionResult:
+
+    def fenced(self, attempt: Attempt, why: str, same_database: bool) -> ExecutionResult:
+        """The run's token moved on (another worker has it, or it was cancelled): this attempt's
+        work rolled back; its end is recorded in the history only."""
+        run, properties, operation_id = attempt.run, attempt.properties, attempt.operation_id
         store = self._store()
         handed_on: list[dict[str, Any]] = []
         try:
@@ -204,13 +236,13 @@ class RunEndings:
         self.telemetry.event("RunFailed", {**properties, "outcome": "lease_lost", "error_message": why},
                              operation_id=operation_id)
         return ExecutionResult(Outcome.LEASE_LOST, run["run_id"], why)
-    def failed(self, run: dict[str, Any], body: str | None, dequeue_count: int | None, message_id: str | None,
-                error: AttemptError, properties: dict[str, Any],
-                operation_id: str, same_database: bool, *, step: StepDefinition | None = None,
-                steps: list[StepDefinition] | None = None,
-                output: list[str] | None = None) -> ExecutionResult | None:
+
+    def failed(self, attempt: Attempt, error: AttemptError, same_database: bool, *,
+               output: list[str] | None = None) -> ExecutionResult | None:
         """A failed attempt. Returns the result, or None when a step's ON_FAILURE took the run on
-        to another step (``run`` is updated to it)."""
+        to another step (``attempt.run`` is updated to it)."""
+        run, properties, operation_id = attempt.run, attempt.properties, attempt.operation_id
+        body, dequeue_count, message_id = attempt.body, attempt.dequeue_count, attempt.message_id
         number, sqlstate, message = error.number, error.sqlstate, error.message
         output = output or []
         text = self.output_text(output)
@@ -218,7 +250,7 @@ class RunEndings:
                                               "attempt": run["attempt"], "step_output": text})]
                   if text is not None else [])
         store = self._store()
-        run_id, token, attempt = run["run_id"], run["token"], run["attempt"]
+        run_id, token, attempt_number = run["run_id"], run["token"], run["attempt"]
         now = self.clock()
         failure = {**properties, "error_number": number, "error_message": message}
         if output:
@@ -247,19 +279,17 @@ class RunEndings:
             with store.transaction():
                 results = self.chain_with_hand_on(store, reset + [call] + record, now)
             if not results[len(reset)].rows:
-                return self.fenced(run, properties, operation_id, f"transient error after the lease moved on: {message}",
-                                    same_database)
+                return self.fenced(attempt, f"transient error after the lease moved on: {message}", same_database)
             self.send_handed_on(results[-1].rows if self.queue is not None else [])
-            log.warning("run %s attempt %s: transient error (no attempt spent), %s: %s", run_id, attempt,
+            log.warning("run %s attempt %s: transient error (no attempt spent), %s: %s", run_id, attempt_number,
                         "the queue will redeliver" if dequeue_count is not None else "retried later", message)
             self.telemetry.event("RunRetried", {**failure, "outcome": "redeliver"}, operation_id=operation_id)
             if dequeue_count is not None:
                 raise TransientJobError(run_id, message)
             return ExecutionResult(Outcome.TRANSIENT, run_id, message)
         outcome = error.attempt_outcome
-        if step is not None:
-            return self.step_failed(run, step, steps or [], now, outcome, error, output,
-                                     properties, operation_id, reset)
+        if attempt.step is not None:
+            return self.step_failed(attempt, now, outcome, error, output, reset)
         interval = run.get("retry_interval_seconds")
         retry_at = now + timedelta(seconds=interval if interval is not None else self.backoff_seconds(run["failures"] + 1))
         calls = (reset + [("fail_run", {"run_id": run_id, "token": token, "now": now, "retry_at": retry_at,
@@ -269,13 +299,12 @@ class RunEndings:
             results = self.chain_with_hand_on(store, calls, now)
         row = results[len(reset)].one()
         if row is None:
-            return self.fenced(run, properties, operation_id, f"failed after the lease moved on: {message}",
-                                same_database)
+            return self.fenced(attempt, f"failed after the lease moved on: {message}", same_database)
         self.report_fleet_progress(calls, results)
         report_follow_ups(follow_up_rows(calls, results), self.telemetry)
         self.send_handed_on(results[-1].rows if self.queue is not None else [])
         if row["status"] == RunStatus.PENDING:
-            log.warning("run %s attempt %s failed (%s of MAX_ATTEMPTS=%s spent): %s; retry at %s", run_id, attempt,
+            log.warning("run %s attempt %s failed (%s of MAX_ATTEMPTS=%s spent): %s; retry at %s", run_id, attempt_number,
                         row["failures"], row["max_attempts"], message, retry_at.isoformat())
             self.telemetry.event("RunRetried", {**failure, "outcome": "retry_scheduled",
                                                 "retry_at": retry_at}, operation_id=operation_id)
@@ -283,13 +312,14 @@ class RunEndings:
         log.error("run %s failed after %s attempt(s): %s", run_id, row["failures"], message)
         self.telemetry.event("RunFailed", {**failure, "outcome": "failed"}, operation_id=operation_id)
         return ExecutionResult(Outcome.FAILED, run_id, message)
-    def step_failed(self, run: dict[str, Any], step: StepDefinition, steps: list[StepDefinition], now: datetime,
-                     outcome: str, error: AttemptError, output: list[str],
-                     properties: dict[str, Any], operation_id: str,
-                     reset: list[tuple[str, dict[str, Any]]]) -> ExecutionResult | None:
+
+    def step_failed(self, attempt: Attempt, now: datetime, outcome: str, error: AttemptError, output: list[str],
+                    reset: list[tuple[str, dict[str, Any]]]) -> ExecutionResult | None:
         """An error in a step's SQL (or its timeout) spends one of the step's MAX_ATTEMPTS: the
         step again after its RETRY_INTERVAL_SECONDS (default: the backoff) while attempts remain,
         else the step's ON_FAILURE — all fenced, in one transaction."""
+        run, step, properties, operation_id = attempt.run, attempt.step, attempt.properties, attempt.operation_id
+        assert step is not None, "a step's failure needs the step"
         number, message = error.number, error.message
         failures = run["failures"] + 1
         retry_at = None
@@ -297,8 +327,8 @@ class RunEndings:
             interval = (step.retry_interval_seconds if step.retry_interval_seconds is not None
                         else self.backoff_seconds(failures))
             retry_at = now + timedelta(seconds=interval)
-        params = self.transition(run, step, steps, now, outcome=outcome, action=step.on_failure, retry_at=retry_at,
-                                  failures=failures, output=output, error=error)
+        params = self.transition(attempt, now, outcome=outcome, action=step.on_failure, retry_at=retry_at,
+                                 failures=failures, output=output, error=error)
         store = self._store()
         ends = params["run_status"] != RunStatus.RUNNING
         calls = reset + [("step_transition", params)] + (ending_calls(self.settings, now) if ends else [])
@@ -306,8 +336,7 @@ class RunEndings:
             results = self.chain_with_hand_on(store, calls, now) if ends else store.chain(*calls)
         moved = results[len(reset)].one()
         if moved is None:
-            return self.fenced(run, properties, operation_id, f"failed after the lease moved on: {message}",
-                                bool(reset))
+            return self.fenced(attempt, f"failed after the lease moved on: {message}", bool(reset))
         report_follow_ups(follow_up_rows(calls, results), self.telemetry)
         self.send_handed_on(results[-1].rows if self.queue is not None and ends else [])
         failure = {**properties, "error_number": number, "error_message": message}
@@ -321,11 +350,12 @@ class RunEndings:
         else:
             log.warning("run %s step %s failed after %s attempt(s): %s; ON_FAILURE %s", run["run_id"], step.step,
                         failures, message, step.on_failure)
-        return self.after_transition(run, moved, properties, operation_id,
-                                      error_message=f"step {step.step}: {message}")
+        return self.after_transition(attempt, moved, error_message=f"step {step.step}: {message}")
+
     def backoff_seconds(self, failures: int) -> float:
         base = self.settings.agent.retry_backoff_seconds
         return float(min(MAX_BACKOFF_SECONDS, base * (2 ** max(0, failures - 1))))
+
     # ------------------------------------------------------------ poison
 
     def poison(self, *, run_id: int | None, token: int | None, body: str, dequeue_count: int,

@@ -31,7 +31,7 @@ from typing import Any, Callable
 from shared.control.sqlerrors import classify, describe, retry_transient
 from shared.control.store import Store
 from shared.engine.dispatch import delay_until, dispatch
-from shared.engine.endings import ExecutionResult, RunEndings, target_properties
+from shared.engine.endings import Attempt, ExecutionResult, RunEndings, target_properties
 from shared.engine.fleet import resolve_step_targets, targets_json
 from shared.engine.notify import notifications_enabled
 from shared.engine.scheduler import Scheduler
@@ -240,9 +240,9 @@ class Executor:
                       **target_properties(run)}
         if step is not None:
             properties["step"] = step.step
-            if step.targets:
-                return self._fan_out(run, step, steps or [], properties, body=body, dequeue_count=dequeue_count,
-                                     message_id=message_id, operation_id=operation_id)
+        attempt = Attempt(run, step, steps, properties, operation_id, body, dequeue_count, message_id)
+        if step is not None and step.targets:
+            return self._fan_out(attempt, step)
         command = step.command if step is not None else run["command"]
         database = step.database if step is not None else run["target_database"]
         timeout_seconds = step.timeout_seconds if step is not None else run["timeout_seconds"]
@@ -252,9 +252,8 @@ class Executor:
             work_store = store if same_database else self._target_store(database, server)
         except Exception as exc:  # e.g. DATABASE on the embedded SQLite database
             info = classify(exc)
-            return self.endings.failed(run, body, dequeue_count, message_id,
-                                AttemptError("permanent", info.number, info.sqlstate, info.message), properties,
-                                operation_id, False, step=step, steps=steps, output=[])
+            return self.endings.failed(attempt, AttemptError("permanent", info.number, info.sqlstate, info.message),
+                                       False, output=[])
         held = self.supervisor.hold(run_id, token, lease_seconds=run["lease_seconds"],
                                     timeout_seconds=timeout_seconds, cancel=work_store.cancel)
         store.operation_id = operation_id
@@ -269,18 +268,17 @@ class Executor:
                                              operation_id=operation_id, data=command[:1000]):
                     work_store.run_script(command, output, owner=owner)
                 if same_database:
-                    handed_on, moved = self.endings.finish(store, run, step, steps, output, reset=True)
+                    handed_on, moved = self.endings.finish(store, attempt, output, reset=True)
             if not same_database:
                 # Work in another database has committed: at-least-once from here on.
-                handed_on, moved = retry_transient(lambda: self.endings.finish_alone(run, step, steps, output),
+                handed_on, moved = retry_transient(lambda: self.endings.finish_alone(attempt, output),
                                                    what=f"completing run {run_id}")
         except LeaseLost:
-            return self.endings.fenced(run, properties, operation_id, "completion refused: the run's token moved on",
-                                same_database)
+            return self.endings.fenced(attempt, "completion refused: the run's token moved on", same_database)
         except Exception as exc:
             if held.reason == "lease":
-                return self.endings.fenced(run, properties, operation_id,
-                                    "work stopped: the lease was taken over or the run cancelled", same_database)
+                return self.endings.fenced(attempt, "work stopped: the lease was taken over or the run cancelled",
+                                           same_database)
             info = classify(exc)
             if run.get("parent_run_id") is not None and isinstance(exc, ConnectError) and info.kind == "transient":
                 # A fleet target that cannot be reached (after AGENT_CONNECT_RETRY_SECONDS of
@@ -294,8 +292,7 @@ class Executor:
                 if owner and repr(owner) not in message:    # e.g. "permission denied": whose rights
                     message = f"{message} (the job runs as its owner {owner!r}, who defined it from T-SQL)"
                 error = AttemptError(info.kind, info.number, info.sqlstate, message)
-            return self.endings.failed(run, body, dequeue_count, message_id, error, properties, operation_id, same_database,
-                                step=step, steps=steps, output=output)
+            return self.endings.failed(attempt, error, same_database, output=output)
         finally:
             store.operation_id = None
             self.supervisor.release(held)
@@ -305,7 +302,7 @@ class Executor:
         if step is None or moved is None:
             return ExecutionResult(Outcome.SUCCEEDED, run_id, output=cap_output(output, TELEMETRY_OUTPUT_MAX_BYTES) or "")
         self.endings.step_event("StepSucceeded", properties, "succeeded", output, operation_id)
-        return self.endings.after_transition(run, moved, properties, operation_id, error_message=None)
+        return self.endings.after_transition(attempt, moved, error_message=None)
 
     def _owner(self, store: Store, run: dict[str, Any]) -> str | None:
         """The principal a run's SQL runs as when it was defined from the database side
@@ -325,14 +322,13 @@ class Executor:
             return run["owner"] or None
         return store.execute("run_owner", run_id=run["run_id"]).scalar()
 
-    def _fan_out(self, run: dict[str, Any], step: StepDefinition, steps: list[StepDefinition],
-                 properties: dict[str, Any], *, body: str | None, dequeue_count: int | None, message_id: str | None,
-                 operation_id: str) -> ExecutionResult:
+    def _fan_out(self, attempt: Attempt, step: StepDefinition) -> ExecutionResult:
         """A fleet step: resolve its targets now (one listing per server or pool), then, fenced by
         the token, create one execution per database and let the run wait for them (no lease, no
         worker slot) — one statement, with the hand-on dispatch of the first executions in queue
         mode. The execution that ends last moves the run on (shared/sql: progress_fleets)."""
 
+        run, properties, operation_id = attempt.run, attempt.properties, attempt.operation_id
         store = self._store()
         run_id, token = run["run_id"], run["token"]
         held = self.supervisor.hold(run_id, token, lease_seconds=run["lease_seconds"],
@@ -349,15 +345,13 @@ class Executor:
                     # retries: the step's attempt fails (retried per its policy), as a target's
                     # execution does, rather than burning deliveries into poison.
                     info = replace(info, kind="permanent")
-                return self.endings.failed(run, body, dequeue_count, message_id,
-                                    AttemptError(info.kind, info.number, info.sqlstate,
-                                                 f"resolving the targets ({step.targets}): {info.message}"),
-                                    properties, operation_id, False, step=step, steps=steps, output=[])
+                return self.endings.failed(attempt, AttemptError(info.kind, info.number, info.sqlstate,
+                                                                 f"resolving the targets ({step.targets}): {info.message}"),
+                                           False, output=[])
             if not targets:
-                return self.endings.failed(run, body, dequeue_count, message_id,
-                                    AttemptError("permanent", None, None,
-                                                 f"the targets ({step.targets}) name no database now"),
-                                    properties, operation_id, False, step=step, steps=steps, output=[])
+                return self.endings.failed(attempt, AttemptError("permanent", None, None,
+                                                                 f"the targets ({step.targets}) name no database now"),
+                                           False, output=[])
             now = self.clock()
             params = {"run_id": run_id, "token": token, "now": now, "targets": targets_json(targets),
                       "target_count": len(targets), "parallelism": step.target_parallelism,
@@ -370,7 +364,7 @@ class Executor:
                 if results[0].one() is None:
                     raise LeaseLost()
         except LeaseLost:
-            return self.endings.fenced(run, properties, operation_id, "fan-out refused: the run's token moved on", False)
+            return self.endings.fenced(attempt, "fan-out refused: the run's token moved on", False)
         finally:
             self.supervisor.release(held)
         self.endings.send_handed_on(results[-1].rows if self.queue is not None else [])
@@ -381,7 +375,6 @@ class Executor:
                                                  "target_parallelism": step.target_parallelism},
                              operation_id=operation_id)
         return ExecutionResult(Outcome.FANNED_OUT, run_id, detail)
-
 
     def _late_cutoff(self, now: datetime) -> datetime:
         return now - timedelta(seconds=self.settings.agent.misfire_threshold_seconds)
