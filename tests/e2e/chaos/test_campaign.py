@@ -120,7 +120,9 @@ def test_an_outage_during_ticks_loses_and_doubles_no_slot(pg_url):
     database = pg_url.split("Database=")[1].rstrip(";")
     jobs = {"sec": {"SCHEDULE": "* * * * * *", "COMMAND": "SELECT 1", "OVERLAP": "allow"}}
     clock = Clock(datetime.now(UTC).replace(microsecond=0))
-    agent = make_agent(proxy.connection_string(database), jobs, clock=clock)
+    # Each tick during the outage waits out AGENT_CONNECT_RETRY_SECONDS before it fails (the
+    # default, 90 s, made this one test 3 minutes): 5 s still retries a few times.
+    agent = make_agent(proxy.connection_string(database), jobs, clock=clock, AGENT_CONNECT_RETRY_SECONDS="5")
     agent.tick()
     errors = 0
     for step in range(12):
