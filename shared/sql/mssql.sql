@@ -179,7 +179,13 @@ FROM OPENJSON(:jobs) WITH (
     notify NVARCHAR(16), notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64),
     after_outcome NVARCHAR(16)) AS j;
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
+-- The names compare case-insensitively (the default collation): a settings job may take back, in
+-- another letter case, the row of a removed job ('backup' removed, 'Backup' added). The row then
+-- takes the spelling in force, job_name = s.job_name, so the job reads as the settings write it
+-- (no foreign key refers to job_name; runs and events written under the old spelling still
+-- compare equal to it).
 UPDATE t SET
+    job_name = s.job_name,
     next_due_at = CASE
         WHEN t.schedule <> s.schedule
           OR t.timezone <> s.timezone
