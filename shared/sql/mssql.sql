@@ -1298,6 +1298,17 @@ WHERE w.run_id = (
     ORDER BY x.run_id)
   AND w.status = N'waiting';
 DECLARE @tail BIT = CASE WHEN EXISTS (SELECT 1 FROM @swapped) THEN 0 ELSE 1 END;
+-- Babelfish ignores the UPDLOCK, HOLDLOCK below: there two executions ending at once each saw
+-- the other still open and neither moved the run on (it waited for the next tick). So the
+-- tail takes the fleet-progress applock first, to the end of the transaction: on both engines
+-- the second waits for the first's commit and its later statements (new snapshots) read it.
+-- (Taken also when a waiting execution was let in instead, which then changes nothing more.)
+-- Only this statement takes it, after its execution's own row changed, and a holder's
+-- statements lock no execution that is still open (their conditions skip them), so none waits
+-- for a waiter: no deadlock. An EXEC needs an open transaction: the execution's end opened it.
+DECLARE @lock_result INT;
+EXEC @lock_result = sp_getapplock @Resource = N'agent.progress_fleets', @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 30000;
+IF @lock_result < 0 THROW 50001, N'the fleet-progress lock (sp_getapplock agent.progress_fleets) was not granted within 30 s', 1;
 DECLARE @locked TABLE (run_id BIGINT);
 INSERT INTO @locked (run_id)
 SELECT p.run_id FROM agent.runs AS p WITH (UPDLOCK, HOLDLOCK, ROWLOCK)
