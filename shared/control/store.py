@@ -664,16 +664,24 @@ def mssql_job_batch(job_principal: str | None) -> str:
     decrements @@TRANCOUNT and commits nothing (SQL Server commits only the outermost), and a
     changed count afterwards (its COMMIT or ROLLBACK) fails the attempt before anything else
     runs (the agent then rolls back); with a job principal (a job's owner, or AGENT_JOB_PRINCIPAL),
-    impersonation of that database user that only this batch's cookie reverts."""
+    impersonation of that database user that only this batch's cookie reverts.
+
+    The agent's sessions run with NOCOUNT ON; the job's SQL runs with NOCOUNT OFF, so its row
+    counts reach its output ("(2 row(s) affected)"), as SQL Server Agent's step output shows
+    them. The setting is made inside an outer sp_executesql scope, which SQL Server (and
+    Babelfish) restore when it returns, also after an error, so the agent's own statements never
+    see it; the job's text is passed on unchanged (a CREATE PROCEDURE must still be first)."""
     nest = "DECLARE @agent_trancount INT;\nBEGIN TRANSACTION;\nSET @agent_trancount = @@TRANCOUNT;\n"
+    run = ("EXEC sp_executesql N'SET NOCOUNT OFF; EXEC sp_executesql @agent_job;', N'@agent_job NVARCHAR(MAX)', "
+           "@agent_job = ?;\n")
     unnest = ("IF @@TRANCOUNT <> @agent_trancount THROW 50002, N'" + MSSQL_REFUSED.replace("'", "''")
               + "', 1;\nCOMMIT TRANSACTION;\n")
     if job_principal:
         name = "N'" + job_principal.replace("'", "''") + "'"
         return ("SET LOCK_TIMEOUT -1;\nDECLARE @agent_cookie VARBINARY(8000);\n" + nest
                 + f"EXECUTE AS USER = {name} WITH COOKIE INTO @agent_cookie;\n"
-                "EXEC sp_executesql ?;\nREVERT WITH COOKIE = @agent_cookie;\n" + unnest + "SET LOCK_TIMEOUT 30000;")
-    return "SET LOCK_TIMEOUT -1;\n" + nest + "EXEC sp_executesql ?;\n" + unnest + "SET LOCK_TIMEOUT 30000;"
+                + run + "REVERT WITH COOKIE = @agent_cookie;\n" + unnest + "SET LOCK_TIMEOUT 30000;")
+    return "SET LOCK_TIMEOUT -1;\n" + nest + run + unnest + "SET LOCK_TIMEOUT 30000;"
 
 
 # When the current transaction began, in microseconds since the epoch: a number no session

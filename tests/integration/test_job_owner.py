@@ -248,7 +248,8 @@ def test_the_sql_server_batch_impersonates_the_owner_with_a_cookie_and_parses(ow
     assert [t[1].upper() for t in tokens[-5:]] == ["COOKIE", "INTO", "@", "AGENT_COOKIE", ";"] or \
         [t[1].upper() for t in tokens[-4:]] == ["COOKIE", "INTO", "@AGENT_COOKIE", ";"], tokens
     assert "WITH COOKIE INTO @agent_cookie" in batch and "REVERT WITH COOKIE = @agent_cookie" in batch
-    assert batch.index("\nEXECUTE AS USER") < batch.index("\nEXEC sp_executesql ?") < batch.index("\nREVERT WITH COOKIE")
+    assert batch.index("\nEXECUTE AS USER") < batch.index("\nEXEC sp_executesql N'SET NOCOUNT OFF;") < \
+        batch.index("@agent_job = ?;") < batch.index("\nREVERT WITH COOKIE")
 
 
 def test_in_queue_mode_the_started_run_carries_its_owner(operator, pg_url):

@@ -32,18 +32,6 @@ def submit(agent, sql: str, order: int | None = None, max_attempts: int = 1):
                                  now=agent.clock(), operation_id=new_operation_id()).one()
 
 
-def run_for(agent, seconds: float, **runner_options) -> LocalRunner:
-    """The local runner (tick + workers) for ``seconds`` of real time, then stopped."""
-    runner = LocalRunner(agent, **runner_options)
-    thread = threading.Thread(target=runner.run, daemon=True)
-    thread.start()
-    time.sleep(seconds)
-    runner.stop()
-    thread.join(timeout=30)
-    assert not thread.is_alive()
-    return runner
-
-
 # ---------------------------------------------------------------- slots to the second
 
 
@@ -54,9 +42,23 @@ def test_every_five_seconds_runs_every_slot_within_two_seconds(db_url):
                                          "COMMAND": "INSERT INTO beats (at) VALUES (CURRENT_TIMESTAMP)"}},
                        AGENT_MAX_CONCURRENCY="2")
     execute(agent, "CREATE TABLE beats (at VARCHAR(40))")
-    started = datetime.now(UTC)
-    run_for(agent, 31, concurrency=2)
-    ended = datetime.now(UTC)
+    runner = LocalRunner(agent, concurrency=2)
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    try:
+        # Measured from the first run's end on: Babelfish compiles each batch at its first use on
+        # a connection (1-3 s, docs/azure-sql.md), which the first slot pays and the claim is not
+        # about; PostgreSQL and SQLite get there in milliseconds.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(r["status"] == "succeeded" for r in runs_of(agent, "beat")):
+            time.sleep(0.1)
+        started = datetime.now(UTC)
+        time.sleep(31)
+        ended = datetime.now(UTC)                           # the window the runner ran in
+    finally:
+        runner.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
     runs = [r for r in runs_of(agent, "beat") if started + timedelta(seconds=1) <= r["scheduled_for"] <= ended - timedelta(seconds=3)]
     assert len(runs) >= 5, runs
     slots = [r["scheduled_for"] for r in runs]
@@ -201,13 +203,17 @@ def test_a_row_inserted_behind_the_agents_back_starts_within_the_poll_interval(d
     try:
         time.sleep(1.5)                                       # the runner is idle now
         other = make_agent(db_url)                            # another process's connection
-        inserted = time.monotonic()
-        submit(other, "INSERT INTO behind (at) VALUES ('x')")
+        # Twice: the first run is untimed, as Babelfish compiles each batch at its first use on a
+        # connection (1-3 s, docs/azure-sql.md); the second measures the poll. Each is timed from
+        # its row's commit (submit returns), since no worker can see the row before.
+        for count in (1, 2):
+            submit(other, "INSERT INTO behind (at) VALUES ('x')")
+            inserted = time.monotonic()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and query(agent, "SELECT COUNT(*) FROM behind") != [(count,)]:
+                time.sleep(0.05)
+            assert query(agent, "SELECT COUNT(*) FROM behind") == [(count,)]
         other.close()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and query(agent, "SELECT COUNT(*) FROM behind") != [(1,)]:
-            time.sleep(0.05)
-        assert query(agent, "SELECT COUNT(*) FROM behind") == [(1,)]
         assert time.monotonic() - inserted < 1 + 1.0          # the poll interval, plus a little
     finally:
         runner.stop()

@@ -181,6 +181,22 @@ def test_disable_remove_and_reenable(agent_factory, db_url):
     back.close()
 
 
+def test_a_job_removed_and_added_back_in_another_letter_case_takes_that_spelling(agent_factory, db_url):
+    """SQL Server compares job names case-insensitively (its default collation; Babelfish too):
+    'backup' removed and 'Backup' added is the same row there, and the row takes the spelling of
+    the settings in force, so the job reads, claims and runs as 'Backup' on every dialect."""
+    agent = agent_factory({"backup": HOURLY})
+    agent.tick(at("2026-01-01T12:30:00"))
+    renamed = agent_factory({"Backup": HOURLY}, queue=MemoryQueue())
+    renamed.tick(at("2026-01-01T12:40:00"))                     # the sync: next slot 13:00
+    report = renamed.tick(at("2026-01-01T13:00:05"))
+    assert [r["job_name"] for r in report.claimed] == ["Backup"]
+    jobs = {r["job_name"]: r for r in renamed.store().execute("list_jobs").rows}
+    assert (jobs["Backup"]["configured"], jobs["Backup"]["valid"]) == (1, 1)
+    assert [name for name, row in jobs.items() if row["configured"] and name.casefold() == "backup"] == ["Backup"]
+    assert [r["job_name"] for r in runs_of(renamed) if r["scheduled_for"] == at("2026-01-01T13:00:00")] == ["Backup"]
+
+
 def test_statements_per_tick_do_not_grow_with_jobs(tmp_path, db_url):
     counts = []
     for n in (5, 60):

@@ -188,7 +188,10 @@ def test_the_tsql_batch_nests_the_job_and_parses():
         batch = mssql_job_batch(principal)
         # The job's one parameter, as sp_executesql receives it; the nesting around it.
         assert batch.count("?") == 1
-        before, after = batch.split("EXEC sp_executesql ?;")
+        # The job's SQL runs with NOCOUNT OFF (its row counts are its output) in a scope of its
+        # own, which ends with the call: the agent's statements after it keep NOCOUNT ON.
+        before, after = batch.split("EXEC sp_executesql N'SET NOCOUNT OFF; EXEC sp_executesql @agent_job;', "
+                                    "N'@agent_job NVARCHAR(MAX)', @agent_job = ?;")
         assert "BEGIN TRANSACTION;" in before and "SET @agent_trancount = @@TRANCOUNT;" in before
         assert after.index("IF @@TRANCOUNT <> @agent_trancount THROW 50002") < after.index("COMMIT TRANSACTION;")
         # sqlfluff knows no EXECUTE AS ... WITH COOKIE / REVERT WITH COOKIE: the rest must parse.

@@ -179,7 +179,13 @@ FROM OPENJSON(:jobs) WITH (
     notify NVARCHAR(16), notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64),
     after_outcome NVARCHAR(16)) AS j;
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
+-- The names compare case-insensitively (the default collation): a settings job may take back, in
+-- another letter case, the row of a removed job ('backup' removed, 'Backup' added). The row then
+-- takes the spelling in force, job_name = s.job_name, so the job reads as the settings write it
+-- (no foreign key refers to job_name; runs and events written under the old spelling still
+-- compare equal to it).
 UPDATE t SET
+    job_name = s.job_name,
     next_due_at = CASE
         WHEN t.schedule <> s.schedule
           OR t.timezone <> s.timezone
@@ -327,7 +333,13 @@ ORDER BY j.job_name;
 
 -- claim_slots --
 -- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one round trip; the duplicate probe holds key-range locks on the unique (job_name, scheduled_for) index it is forced to seek, so concurrent ticks insert nothing twice. A run becomes runnable at its slot, never before.
--- The rows inserted are read back by their operation ids (chosen first, into @slots) instead of through OUTPUT: Babelfish refuses INSERT ... OUTPUT INTO ... SELECT ... ORDER BY, and the ORDER BY stays, since it is what makes SQL Server compute the identity values (run ids) in that order ("INSERT (Transact-SQL)", https://learn.microsoft.com/sql/t-sql/statements/insert-transact-sql). On SQL Server the (UPDLOCK, HOLDLOCK) of the probe holds a key-range lock on each (job_name, scheduled_for) to the end of the transaction (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table): a concurrent tick waits, then finds the row. Babelfish ignores the hints: there the unique index runs_job_slot refuses the duplicate (2627), the claim of the losing tick rolls back, and its next tick finds the slots claimed.
+-- The rows inserted are read back by their operation ids (chosen first, into @slots) instead of through OUTPUT: Babelfish refuses INSERT ... OUTPUT INTO ... SELECT ... ORDER BY, and the ORDER BY stays, since it is what makes SQL Server compute the identity values (run ids) in that order ("INSERT (Transact-SQL)", https://learn.microsoft.com/sql/t-sql/statements/insert-transact-sql). On SQL Server the (UPDLOCK, HOLDLOCK) of the probe holds a key-range lock on each (job_name, scheduled_for) to the end of the transaction (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table): a concurrent tick waits, then finds the row. Babelfish ignores the hints, so the claims of concurrent ticks also take the claim lock first: an exclusive applock to the end of the transaction, under which a second tick waits for the first one's commit and its INSERT (a new statement, a new snapshot on Babelfish) then finds the slots claimed and inserts nothing, instead of meeting the unique index runs_job_slot (2627) and rolling back its whole claim. On SQL Server it orders what the key-range locks already decided. Only claims take it (after select_due_jobs' shared pauses applock, which takes no row lock), so a transaction waiting for it holds nothing its holder will wait for: no deadlock.
+-- A table is read first: an owner 'Transaction' applock needs an open transaction, and EXEC opens none.
+DECLARE @claims_read INT;
+SELECT @claims_read = COUNT(*) FROM agent.start_lock;
+DECLARE @lock_result INT;
+EXEC @lock_result = sp_getapplock @Resource = N'agent.claim_slots', @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 30000;
+IF @lock_result < 0 THROW 50001, N'the claim lock (sp_getapplock agent.claim_slots) was not granted within 30 s', 1;
 DECLARE @slots TABLE (job_name NVARCHAR(64), scheduled_for DATETIME2(6), status NVARCHAR(16), note NVARCHAR(MAX),
                       operation_id NVARCHAR(32));
 INSERT INTO @slots (job_name, scheduled_for, status, note, operation_id)
@@ -1286,6 +1298,17 @@ WHERE w.run_id = (
     ORDER BY x.run_id)
   AND w.status = N'waiting';
 DECLARE @tail BIT = CASE WHEN EXISTS (SELECT 1 FROM @swapped) THEN 0 ELSE 1 END;
+-- Babelfish ignores the UPDLOCK, HOLDLOCK below: there two executions ending at once each saw
+-- the other still open and neither moved the run on (it waited for the next tick). So the
+-- tail takes the fleet-progress applock first, to the end of the transaction: on both engines
+-- the second waits for the first's commit and its later statements (new snapshots) read it.
+-- (Taken also when a waiting execution was let in instead, which then changes nothing more.)
+-- Only this statement takes it, after its execution's own row changed, and a holder's
+-- statements lock no execution that is still open (their conditions skip them), so none waits
+-- for a waiter: no deadlock. An EXEC needs an open transaction: the execution's end opened it.
+DECLARE @lock_result INT;
+EXEC @lock_result = sp_getapplock @Resource = N'agent.progress_fleets', @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 30000;
+IF @lock_result < 0 THROW 50001, N'the fleet-progress lock (sp_getapplock agent.progress_fleets) was not granted within 30 s', 1;
 DECLARE @locked TABLE (run_id BIGINT);
 INSERT INTO @locked (run_id)
 SELECT p.run_id FROM agent.runs AS p WITH (UPDLOCK, HOLDLOCK, ROWLOCK)
