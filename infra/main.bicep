@@ -146,6 +146,19 @@ param notifyWebhookSecret string = ''
 @description('E-mail addresses the job notification alerts (failed runs; successful runs of jobs whose notify asks for them) are sent to; empty: an action group with no receivers.')
 param notifyEmails array = []
 
+// Flex Consumption runs Python 3.10 to 3.13 (Get-AzFunctionAppFlexConsumptionRuntime lists them); the
+// default is the newest. requirements.txt installs azure-functions 1.26 below 3.13 and 2.x (with the
+// pinned azure-functions-runtime) on 3.13; pyproject.toml and scripts/python-env.sh accept the same
+// versions (tests/repo/test_python_versions.py).
+@description('Python version the function app runs on (Flex Consumption): 3.10 to 3.13.')
+@allowed([
+  '3.10'
+  '3.11'
+  '3.12'
+  '3.13'
+])
+param pythonVersion string = '3.13'
+
 @description('Most instances the function app scales out to.')
 @minValue(1)
 @maxValue(1000)
@@ -260,6 +273,7 @@ module functionApp 'functionapp.bicep' = {
     identityType: identityType
     userAssignedIdentityName: identityName
     planName: '${prefix}-plan-${shortSuffix}'
+    pythonVersion: pythonVersion
     storageAccountName: storage.outputs.storageAccountName
     deploymentContainerName: storage.outputs.deploymentContainerName
     queueName: storage.outputs.queueName
