@@ -2,7 +2,7 @@
 //
 //   monitoring.bicep   Log Analytics workspace + workspace-based Application Insights
 //   storage.bicep      storage account (Entra ID only), task queue + poison queue, deployment container
-//   sql.bicep          Azure SQL logical server (Entra-only auth) + serverless control database
+//   sql.bicep          Azure SQL logical server (Entra-only auth) + the control database (sqlTier)
 //   functionapp.bicep  Flex Consumption plan + function app, app settings, the app's role assignments
 //   alerts.bicep       optional: dead-man's switch and poison alerts on the engine's custom events
 //   notifications.bicep optional: operators e-mailed of job outcomes per each job's notify (action group + log alerts)
@@ -59,7 +59,31 @@ param sqlAdminPrincipalType string = 'Group'
 @description('Control database name (AGENT_SQL_DATABASE).')
 param databaseName string = 'sqlagent'
 
-@description('Most vCores the serverless database scales up to.')
+// The control database's tier (sqlTier). Serverless (GP_S_Gen5) bills per vCore-second while the
+// database is online, at least its minimum vCores; S0 to S3 are provisioned DTU tiers at a flat
+// monthly price with 250 GB included; ServerlessFree is serverless with the Azure SQL Database free
+// offer (useFreeLimit: 100,000 vCore-seconds, 32 GB of data and 32 GB of backups free each month,
+// up to 10 such databases per subscription). docs/deploying.md ("The database tier") explains the
+// default from the list prices.
+@description('Tier of the control database: S0 (the default: provisioned, 10 DTUs, a flat price), S1, S2 or S3 (20, 50, 100 DTUs), Serverless (General Purpose serverless, GP_S_Gen5, billed per vCore-second while online) or ServerlessFree (the same with the free offer; only for a new database: an existing one cannot be converted).')
+@allowed([
+  'S0'
+  'S1'
+  'S2'
+  'S3'
+  'Serverless'
+  'ServerlessFree'
+])
+param sqlTier string = 'S0'
+
+@description('sqlTier ServerlessFree only: when the month\'s free amount is used up, BillOverUsage (the default) keeps the database online and bills the rest at serverless rates; AutoPause pauses it until the next month, and the agent runs no job until then.')
+@allowed([
+  'BillOverUsage'
+  'AutoPause'
+])
+param sqlFreeLimitExhaustionBehavior string = 'BillOverUsage'
+
+@description('Most vCores the serverless database scales up to (sqlTier Serverless, ServerlessFree).')
 @allowed([
   1
   2
@@ -73,7 +97,7 @@ param databaseName string = 'sqlagent'
 ])
 param sqlMaxVCores int = 1
 
-@description('Fewest vCores while the database is online, as a decimal string.')
+@description('Fewest vCores while the serverless database is online, as a decimal string (sqlTier Serverless, ServerlessFree).')
 @allowed([
   '0.5'
   '0.75'
@@ -85,12 +109,12 @@ param sqlMaxVCores int = 1
 ])
 param sqlMinVCores string = '0.5'
 
-@description('Minutes without activity before the serverless database pauses; -1 never pauses, otherwise at least 15. The engine ticks every minute by default, which keeps the database online: pausing saves money only with a sparse AGENT_TICK_SCHEDULE.')
+@description('Minutes without activity before the serverless database pauses (sqlTier Serverless, ServerlessFree); -1 never pauses, otherwise at least 15. The engine ticks every minute by default, which keeps the database online: pausing saves money only with a sparse AGENT_TICK_SCHEDULE.')
 @minValue(-1)
 @maxValue(10080)
 param sqlAutoPauseDelayMinutes int = 60
 
-@description('Largest size of the control database, in GB.')
+@description('Largest size of the serverless control database, in GB (sqlTier Serverless, ServerlessFree; at most 32 with the free offer\'s AutoPause). The S tiers get the 250 GB their price includes.')
 @minValue(1)
 @maxValue(1024)
 param sqlMaxSizeGB int = 32
@@ -255,6 +279,8 @@ module sql 'sql.bicep' = {
     adminLogin: sqlAdminLogin
     adminObjectId: sqlAdminObjectId
     adminPrincipalType: (sqlAdminPrincipalType == 'ServicePrincipal') ? 'Application' : sqlAdminPrincipalType
+    tier: sqlTier
+    freeLimitExhaustionBehavior: sqlFreeLimitExhaustionBehavior
     maxVCores: sqlMaxVCores
     minVCores: sqlMinVCores
     autoPauseDelayMinutes: sqlAutoPauseDelayMinutes

@@ -729,7 +729,7 @@ def test_storage_is_keyless_private_to_entra_and_has_the_queues():
     assert queues == {"queueName", "${queueName}-poison"}
 
 
-def test_sql_is_entra_only_tls12_and_serverless():
+def test_sql_is_entra_only_and_tls12():
     sql = bicep("sql.bicep")
     _, server = sql.only_resource("Microsoft.Sql/servers")
     properties = body(server)["properties"]
@@ -739,12 +739,54 @@ def test_sql_is_entra_only_tls12_and_serverless():
     assert administrators["administratorType"] == "ActiveDirectory"
     assert (administrators["login"], administrators["sid"]) == ("adminLogin", "adminObjectId")
     assert "administratorLoginPassword" not in properties and "administratorLogin" not in properties
-    _, database = sql.only_resource("Microsoft.Sql/servers/databases")
-    assert body(database)["sku"]["name"] == "GP_S_Gen5"
-    assert body(database)["properties"]["autoPauseDelay"] == "autoPauseDelayMinutes"
     assert "autoPauseDelayMinutes" in sql.parameters
     assert not any(parameter.get("decorators") and any(d["type"] == "secure" for d in parameter["decorators"])
                    for parameter in sql.parameters.values()), "no secrets: the server has no SQL password"
+
+
+SQL_TIERS = ["S0", "S1", "S2", "S3", "Serverless", "ServerlessFree"]
+
+
+def test_the_database_tier_is_one_parameter_and_the_free_offer_one_of_its_values():
+    """sqlTier: a provisioned S tier (the default, from the list prices: docs/deploying.md), or
+    serverless GP_S_Gen5 with or without the free offer. The free offer's properties are set for
+    ServerlessFree alone, the serverless properties for the serverless tiers alone, so no
+    combination the service refuses can be written."""
+    main, sql = bicep("main.bicep"), bicep("sql.bicep")
+    assert main.decorators("sqlTier")["allowed"] == sql.decorators("tier")["allowed"] == SQL_TIERS
+    assert main.parameter_default("sqlTier") == "S0"
+    assert main.decorators("sqlFreeLimitExhaustionBehavior")["allowed"] == sql.decorators("freeLimitExhaustionBehavior")["allowed"] \
+        == ["BillOverUsage", "AutoPause"]
+    # The scheduler keeps running when the free amount is used up, unless the deployer asks otherwise.
+    assert main.parameter_default("sqlFreeLimitExhaustionBehavior") == "BillOverUsage"
+    params = _module_params(main, "sql")
+    assert (params["tier"], params["freeLimitExhaustionBehavior"]) == ("sqlTier", "sqlFreeLimitExhaustionBehavior")
+
+    symbol, database = sql.only_resource("Microsoft.Sql/servers/databases")
+    declaration = body(database)
+    assert database["api_version"].endswith("-preview") and database["api_version"] >= "2023-02-01-preview", \
+        "useFreeLimit needs a preview API version (2023-02-01-preview or later)"
+    assert sql.variable("serverless") == {"operator": {"type": "or", "operands": {
+        "operand_1": {"operator": {"type": "equals", "operands": {"operand_1": "tier", "operand_2": "Serverless"}}},
+        "operand_2": {"operator": {"type": "equals", "operands": {"operand_1": "tier", "operand_2": "ServerlessFree"}}}}}}
+    assert sql.variable("useFreeLimit") == {"operator": {"type": "equals", "operands": {
+        "operand_1": "tier", "operand_2": "ServerlessFree"}}}
+    sku = _conditional(declaration["sku"])
+    assert sku["condition"] == "serverless"
+    assert sku["true_value"] == {"name": "GP_S_Gen5", "tier": "GeneralPurpose", "family": "Gen5", "capacity": "maxVCores"}
+    assert sku["false_value"] == {"name": "tier", "tier": "Standard"}     # S0..S3 are Standard-tier SKU names
+    properties = declaration["properties"]
+    for name in ("autoPauseDelay", "minCapacity", "maxSizeBytes"):
+        operands = _conditional(properties[name])
+        assert operands["condition"] == "serverless" and operands["false_value"] is None, name
+    assert properties["useFreeLimit"] == "useFreeLimit"
+    behaviour = _conditional(properties["freeLimitExhaustionBehavior"])
+    assert (behaviour["condition"], behaviour["true_value"], behaviour["false_value"]) == (
+        "useFreeLimit", "freeLimitExhaustionBehavior", None)
+    guide = (REPO / "docs" / "deploying.md").read_text(encoding="utf-8")
+    section = guide.split("## The database tier", 1)[1].split("\n## ", 1)[0]
+    for tier in SQL_TIERS + ["BillOverUsage", "AutoPause", "docs/cost.md"]:
+        assert tier in section, f"docs/deploying.md's database tier section does not name {tier}"
 
 
 def test_function_app_is_flex_consumption_python_with_its_managed_identity(functionapp: BicepFile):
