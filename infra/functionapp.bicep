@@ -37,6 +37,9 @@ param userAssignedIdentityName string
 @description('Flex Consumption plan name.')
 param planName string
 
+@description('Resource id of the subnet the app integrates with (networkProfile private: network.bicep); empty: no VNet integration.')
+param appSubnetId string = ''
+
 // Flex Consumption runs Python 3.10 to 3.13 (Get-AzFunctionAppFlexConsumptionRuntime lists them); the
 // default is the newest. requirements.txt installs azure-functions 1.26 below 3.13 and 2.x (with the
 // pinned azure-functions-runtime) on 3.13; pyproject.toml and scripts/python-env.sh accept the same
@@ -324,6 +327,10 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
   properties: {
     serverFarmId: plan.id
     httpsOnly: true
+    // Flex Consumption VNet integration (subnet delegated to Microsoft.App/environments): the app
+    // reaches SQL and storage through their private endpoints. The app itself stays public: the
+    // monitor is opened in a browser, behind Entra ID sign-in.
+    virtualNetworkSubnetId: empty(appSubnetId) ? null : appSubnetId
     siteConfig: {
       minTlsVersion: '1.2'
       scmMinTlsVersion: '1.2'

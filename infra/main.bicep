@@ -4,6 +4,7 @@
 //   storage.bicep      storage account (Entra ID only), task queue + poison queue, deployment container
 //   sql.bicep          Azure SQL logical server (Entra-only auth) + the control database (sqlTier)
 //   functionapp.bicep  Flex Consumption plan + function app, app settings, the app's role assignments
+//   network.bicep      networkProfile private: VNet integration, private endpoints, private DNS zones
 //   alerts.bicep       optional: dead-man's switch and poison alerts on the engine's custom events
 //   notifications.bicep optional: operators e-mailed of job outcomes per each job's notify (action group + log alerts)
 //
@@ -223,6 +224,34 @@ param alertEmail string = ''
 @maxValue(4)
 param alertSeverity int = 2
 
+@description('public (the default): the SQL server and the storage account keep public endpoints (Entra ID only, the SQL firewall admits Azure services). private: the app joins a virtual network, the SQL server and the storage account are reached through private endpoints, and their public network access is off (docs/deploying.md, "Private networking").')
+@allowed([
+  'public'
+  'private'
+])
+param networkProfile string = 'public'
+
+@description('networkProfile private: resource id of an existing virtual network in this region, whose subnets appSubnetName (delegated to Microsoft.App/environments, /27 or larger) and privateEndpointSubnetName exist; empty: the template creates the network.')
+param vnetId string = ''
+
+@description('networkProfile private, network created here: its address space.')
+param vnetAddressPrefix string = '10.90.0.0/16'
+
+@description('networkProfile private: the subnet the function app integrates with (created here, or existing in vnetId).')
+param appSubnetName string = 'sqlagent-app'
+
+@description('networkProfile private, network created here: the app subnet\'s address range.')
+param appSubnetPrefix string = '10.90.0.0/24'
+
+@description('networkProfile private: the subnet of the private endpoints (created here, or existing in vnetId).')
+param privateEndpointSubnetName string = 'sqlagent-endpoints'
+
+@description('networkProfile private, network created here: the private endpoint subnet\'s address range.')
+param privateEndpointSubnetPrefix string = '10.90.1.0/24'
+
+@description('networkProfile private: create the privatelink DNS zones (SQL, blob, queue, table) and link them to the network; false when your DNS (e.g. a hub\'s central zones) resolves the endpoints.')
+param createPrivateDnsZones bool = true
+
 // Resource names: the lowercase prefix, the kind of resource and 8 characters of a hash of the
 // resource group and prefix (globally unique names: function app, storage account, SQL server).
 var prefix = toLower(namePrefix)
@@ -232,6 +261,7 @@ var appName = empty(functionAppName) ? '${prefix}-func-${shortSuffix}' : functio
 var storageAccountName = take('st${replace(prefix, '-', '')}${suffix}', 24)
 var deploymentContainerName = 'app-package'
 var identityName = empty(userAssignedIdentityName) ? '${prefix}-id-${shortSuffix}' : userAssignedIdentityName
+var isPrivate = networkProfile == 'private'
 var allTags = empty(environmentName) ? tags : union(tags, {
   'azd-env-name': environmentName
 })
@@ -266,6 +296,7 @@ module storage 'storage.bicep' = {
     queueName: queueName
     deploymentContainerName: deploymentContainerName
     workspaceId: monitoring.outputs.workspaceId
+    networkProfile: networkProfile
   }
 }
 
@@ -287,6 +318,28 @@ module sql 'sql.bicep' = {
     maxSizeGB: sqlMaxSizeGB
     backupStorageRedundancy: sqlBackupStorageRedundancy
     workspaceId: monitoring.outputs.workspaceId
+    networkProfile: networkProfile
+  }
+}
+
+// networkProfile private: the network, the private endpoints of the SQL server and the storage
+// account, and their DNS zones.
+module network 'network.bicep' = if (isPrivate) {
+  name: 'network'
+  params: {
+    location: location
+    tags: allTags
+    namePrefix: prefix
+    vnetName: '${prefix}-vnet-${shortSuffix}'
+    vnetId: vnetId
+    vnetAddressPrefix: vnetAddressPrefix
+    appSubnetName: appSubnetName
+    appSubnetPrefix: appSubnetPrefix
+    privateEndpointSubnetName: privateEndpointSubnetName
+    privateEndpointSubnetPrefix: privateEndpointSubnetPrefix
+    createPrivateDnsZones: createPrivateDnsZones
+    sqlServerId: sql.outputs.sqlServerId
+    storageAccountId: storage.outputs.storageAccountId
   }
 }
 
@@ -300,6 +353,8 @@ module functionApp 'functionapp.bicep' = {
     userAssignedIdentityName: identityName
     planName: '${prefix}-plan-${shortSuffix}'
     pythonVersion: pythonVersion
+    // ARM evaluates only the branch taken: with the public profile the network module's output is never read.
+    appSubnetId: isPrivate ? network.outputs.appSubnetId : ''
     storageAccountName: storage.outputs.storageAccountName
     deploymentContainerName: storage.outputs.deploymentContainerName
     queueName: storage.outputs.queueName
@@ -355,6 +410,8 @@ output functionAppPrincipalId string = functionApp.outputs.principalId
 @description('The Job Activity Monitor (Entra sign-in, members of monitorAllowedGroupObjectId only).')
 output monitorUrl string = functionApp.outputs.monitorUrl
 output sqlServerFqdn string = sql.outputs.sqlServerFqdn
+@description('public or private: how the operator CLI reaches the SQL server (private: from inside the network; docs/deploying.md).')
+output AGENT_NETWORK_PROFILE string = networkProfile
 output sqlDatabaseName string = sql.outputs.databaseName
 output storageAccountName string = storage.outputs.storageAccountName
 output queueName string = storage.outputs.queueName

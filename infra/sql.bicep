@@ -99,11 +99,20 @@ param maxSizeGB int
 ])
 param backupStorageRedundancy string
 
+@description('public: the server\'s public endpoint, Entra ID logins only, the firewall admitting Azure services. private: public network access off; reached through a private endpoint (network.bicep).')
+@allowed([
+  'public'
+  'private'
+])
+param networkProfile string
+
+var isPrivate = networkProfile == 'private'
+
 @description('Resource id of the Log Analytics workspace that receives the SQL audit log.')
 param workspaceId string
 
 resource sqlServer 'Microsoft.Sql/servers@2023-08-01' = {
-  // checkov:skip=CKV_AZURE_113:Flex Consumption without VNet integration reaches SQL over the public endpoint; logins are Entra ID only and the firewall admits Azure services only.
+  // checkov:skip=CKV_AZURE_113:(networkProfile public) Flex Consumption without VNet integration reaches SQL over the public endpoint; logins are Entra ID only and the firewall admits Azure services only. networkProfile private turns public network access off.
   // checkov:skip=CKV_AZURE_24:The audit goes to Log Analytics and is kept for the workspace retention (logRetentionInDays, default 90); retentionDays applies to a storage target only.
   // checkov:skip=CKV_AZURE_25:Microsoft Defender for SQL (threat detection) is a paid plan that belongs to the subscription's Defender for Cloud settings, not to this template.
   name: sqlServerName
@@ -111,7 +120,7 @@ resource sqlServer 'Microsoft.Sql/servers@2023-08-01' = {
   tags: tags
   properties: {
     minimalTlsVersion: '1.2'
-    publicNetworkAccess: 'Enabled'
+    publicNetworkAccess: isPrivate ? 'Disabled' : 'Enabled'
     restrictOutboundNetworkAccess: 'Disabled'
     administrators: {
       administratorType: 'ActiveDirectory'
@@ -126,8 +135,9 @@ resource sqlServer 'Microsoft.Sql/servers@2023-08-01' = {
 
 // 0.0.0.0 - 0.0.0.0 is Azure's convention for "connections from Azure services": a Flex
 // Consumption app without VNet integration has no fixed outbound address. Logins still need
-// an Entra ID token for a user that exists in the database.
-resource allowAzureServices 'Microsoft.Sql/servers/firewallRules@2023-08-01' = {
+// an Entra ID token for a user that exists in the database. Not with the private profile: a server
+// whose public network access is off takes no firewall rule.
+resource allowAzureServices 'Microsoft.Sql/servers/firewallRules@2023-08-01' = if (!isPrivate) {
   parent: sqlServer
   name: 'AllowAllWindowsAzureIps'
   properties: {
@@ -205,5 +215,6 @@ resource auditDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-prev
 }
 
 output sqlServerName string = sqlServer.name
+output sqlServerId string = sqlServer.id
 output sqlServerFqdn string = sqlServer.properties.fullyQualifiedDomainName
 output databaseName string = database.name
