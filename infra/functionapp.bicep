@@ -1,6 +1,7 @@
-// The function app: Flex Consumption plan, Python (pythonVersion, 3.13 by default), a managed identity (the app's own
-// system-assigned one, or a user-assigned one this file creates: identityType), identity-based
-// storage, and every app setting the engine reads (shared/settings.py). Job schedules are app
+// The function app: Flex Consumption plan, Python (pythonVersion, 3.13 by default), a managed
+// identity (the app's own system-assigned one, or a user-assigned one this file creates:
+// identityType), identity-based storage, and every app setting the engine reads
+// (shared/settings.py). Job schedules are app
 // settings (JOB__<name>__<SETTING>) built from the `jobs` parameter, so a schedule can change
 // later with `az functionapp config appsettings set` and no code deploy.
 //
