@@ -1,6 +1,7 @@
-// The function app: Flex Consumption plan, Python 3.11, a managed identity (the app's own
-// system-assigned one, or a user-assigned one this file creates: identityType), identity-based
-// storage, and every app setting the engine reads (shared/settings.py). Job schedules are app
+// The function app: Flex Consumption plan, Python (pythonVersion, 3.13 by default), a managed
+// identity (the app's own system-assigned one, or a user-assigned one this file creates:
+// identityType), identity-based storage, and every app setting the engine reads
+// (shared/settings.py). Job schedules are app
 // settings (JOB__<name>__<SETTING>) built from the `jobs` parameter, so a schedule can change
 // later with `az functionapp config appsettings set` and no code deploy.
 //
@@ -36,6 +37,22 @@ param userAssignedIdentityName string
 
 @description('Flex Consumption plan name.')
 param planName string
+
+@description('Resource id of the subnet the app integrates with (networkProfile private: network.bicep); empty: no VNet integration.')
+param appSubnetId string = ''
+
+// Flex Consumption runs Python 3.10 to 3.13 (Get-AzFunctionAppFlexConsumptionRuntime lists them); the
+// default is the newest. requirements.txt installs azure-functions 1.26 below 3.13 and 2.x (with the
+// pinned azure-functions-runtime) on 3.13; pyproject.toml and scripts/python-env.sh accept the same
+// versions (tests/repo/test_python_versions.py).
+@description('Python version the function app runs on (Flex Consumption): 3.10 to 3.13.')
+@allowed([
+  '3.10'
+  '3.11'
+  '3.12'
+  '3.13'
+])
+param pythonVersion string = '3.13'
 
 @description('Storage account the host and the engine use (created by storage.bicep).')
 param storageAccountName string
@@ -311,6 +328,10 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
   properties: {
     serverFarmId: plan.id
     httpsOnly: true
+    // Flex Consumption VNet integration (subnet delegated to Microsoft.App/environments): the app
+    // reaches SQL and storage through their private endpoints. The app itself stays public: the
+    // monitor is opened in a browser, behind Entra ID sign-in.
+    virtualNetworkSubnetId: empty(appSubnetId) ? null : appSubnetId
     siteConfig: {
       minTlsVersion: '1.2'
       scmMinTlsVersion: '1.2'
@@ -334,7 +355,7 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
       }
       runtime: {
         name: 'python'
-        version: '3.11'
+        version: pythonVersion
       }
       scaleAndConcurrency: {
         maximumInstanceCount: maximumInstanceCount
@@ -362,7 +383,7 @@ resource authSettings 'Microsoft.Web/sites/config@2024-04-01' = {
   // checkov:skip=CKV_AZURE_63:authsettingsV2 has no logging properties; the Functions host logs every HTTP request to Application Insights.
   // checkov:skip=CKV_AZURE_65:authsettingsV2 has no error-page properties; detailed error pages are an IIS (Windows) feature and this is a Linux app.
   // checkov:skip=CKV_AZURE_66:authsettingsV2 has no tracing properties; failed request tracing is an IIS (Windows) feature, and the requests are traced in Application Insights.
-  // checkov:skip=CKV_AZURE_80:authsettingsV2 has no runtime properties, and the app runs Python 3.11, not .NET.
+  // checkov:skip=CKV_AZURE_80:authsettingsV2 has no runtime properties, and the app runs Python, not .NET.
   // checkov:skip=CKV_AZURE_88:authsettingsV2 has no storage properties; the app mounts no Azure Files share (Flex Consumption deploys from a blob container).
   // checkov:skip=CKV_AZURE_222:authsettingsV2 has no network properties; the monitor is opened by people in a browser, so the app stays public, behind Entra ID sign-in for every request.
   parent: functionApp

@@ -2,8 +2,9 @@
 //
 //   monitoring.bicep   Log Analytics workspace + workspace-based Application Insights
 //   storage.bicep      storage account (Entra ID only), task queue + poison queue, deployment container
-//   sql.bicep          Azure SQL logical server (Entra-only auth) + serverless control database
+//   sql.bicep          Azure SQL logical server (Entra-only auth) + the control database (sqlTier)
 //   functionapp.bicep  Flex Consumption plan + function app, app settings, the app's role assignments
+//   network.bicep      networkProfile private: VNet integration, private endpoints, private DNS zones
 //   alerts.bicep       optional: dead-man's switch and poison alerts on the engine's custom events
 //   notifications.bicep optional: operators e-mailed of job outcomes per each job's notify (action group + log alerts)
 //
@@ -59,7 +60,31 @@ param sqlAdminPrincipalType string = 'Group'
 @description('Control database name (AGENT_SQL_DATABASE).')
 param databaseName string = 'sqlagent'
 
-@description('Most vCores the serverless database scales up to.')
+// The control database's tier (sqlTier). Serverless (GP_S_Gen5) bills per vCore-second while the
+// database is online, at least its minimum vCores; S0 to S3 are provisioned DTU tiers at a flat
+// monthly price with 250 GB included; ServerlessFree is serverless with the Azure SQL Database free
+// offer (useFreeLimit: 100,000 vCore-seconds, 32 GB of data and 32 GB of backups free each month,
+// up to 10 such databases per subscription). docs/deploying.md ("The database tier") explains the
+// default from the list prices.
+@description('Tier of the control database: S0 (the default: provisioned, 10 DTUs, a flat price), S1, S2 or S3 (20, 50, 100 DTUs), Serverless (General Purpose serverless, GP_S_Gen5, billed per vCore-second while online) or ServerlessFree (the same with the free offer; only for a new database: an existing one cannot be converted).')
+@allowed([
+  'S0'
+  'S1'
+  'S2'
+  'S3'
+  'Serverless'
+  'ServerlessFree'
+])
+param sqlTier string = 'S0'
+
+@description('sqlTier ServerlessFree only: when the month\'s free amount is used up, BillOverUsage (the default) keeps the database online and bills the rest at serverless rates; AutoPause pauses it until the next month, and the agent runs no job until then.')
+@allowed([
+  'BillOverUsage'
+  'AutoPause'
+])
+param sqlFreeLimitExhaustionBehavior string = 'BillOverUsage'
+
+@description('Most vCores the serverless database scales up to (sqlTier Serverless, ServerlessFree).')
 @allowed([
   1
   2
@@ -73,7 +98,7 @@ param databaseName string = 'sqlagent'
 ])
 param sqlMaxVCores int = 1
 
-@description('Fewest vCores while the database is online, as a decimal string.')
+@description('Fewest vCores while the serverless database is online, as a decimal string (sqlTier Serverless, ServerlessFree).')
 @allowed([
   '0.5'
   '0.75'
@@ -85,12 +110,12 @@ param sqlMaxVCores int = 1
 ])
 param sqlMinVCores string = '0.5'
 
-@description('Minutes without activity before the serverless database pauses; -1 never pauses, otherwise at least 15. The engine ticks every minute by default, which keeps the database online: pausing saves money only with a sparse AGENT_TICK_SCHEDULE.')
+@description('Minutes without activity before the serverless database pauses (sqlTier Serverless, ServerlessFree); -1 never pauses, otherwise at least 15. The engine ticks every minute by default, which keeps the database online: pausing saves money only with a sparse AGENT_TICK_SCHEDULE.')
 @minValue(-1)
 @maxValue(10080)
 param sqlAutoPauseDelayMinutes int = 60
 
-@description('Largest size of the control database, in GB.')
+@description('Largest size of the serverless control database, in GB (sqlTier Serverless, ServerlessFree; at most 32 with the free offer\'s AutoPause). The S tiers get the 250 GB their price includes.')
 @minValue(1)
 @maxValue(1024)
 param sqlMaxSizeGB int = 32
@@ -146,6 +171,19 @@ param notifyWebhookSecret string = ''
 @description('E-mail addresses the job notification alerts (failed runs; successful runs of jobs whose notify asks for them) are sent to; empty: an action group with no receivers.')
 param notifyEmails array = []
 
+// Flex Consumption runs Python 3.10 to 3.13 (Get-AzFunctionAppFlexConsumptionRuntime lists them); the
+// default is the newest. requirements.txt installs azure-functions 1.26 below 3.13 and 2.x (with the
+// pinned azure-functions-runtime) on 3.13; pyproject.toml and scripts/python-env.sh accept the same
+// versions (tests/repo/test_python_versions.py).
+@description('Python version the function app runs on (Flex Consumption): 3.10 to 3.13.')
+@allowed([
+  '3.10'
+  '3.11'
+  '3.12'
+  '3.13'
+])
+param pythonVersion string = '3.13'
+
 @description('Most instances the function app scales out to.')
 @minValue(1)
 @maxValue(1000)
@@ -186,6 +224,34 @@ param alertEmail string = ''
 @maxValue(4)
 param alertSeverity int = 2
 
+@description('public (the default): the SQL server and the storage account keep public endpoints (Entra ID only, the SQL firewall admits Azure services). private: the app joins a virtual network, the SQL server and the storage account are reached through private endpoints, and their public network access is off (docs/deploying.md, "Private networking").')
+@allowed([
+  'public'
+  'private'
+])
+param networkProfile string = 'public'
+
+@description('networkProfile private: resource id of an existing virtual network in this region, whose subnets appSubnetName (delegated to Microsoft.App/environments, /27 or larger) and privateEndpointSubnetName exist; empty: the template creates the network.')
+param vnetId string = ''
+
+@description('networkProfile private, network created here: its address space.')
+param vnetAddressPrefix string = '10.90.0.0/16'
+
+@description('networkProfile private: the subnet the function app integrates with (created here, or existing in vnetId).')
+param appSubnetName string = 'sqlagent-app'
+
+@description('networkProfile private, network created here: the app subnet\'s address range.')
+param appSubnetPrefix string = '10.90.0.0/24'
+
+@description('networkProfile private: the subnet of the private endpoints (created here, or existing in vnetId).')
+param privateEndpointSubnetName string = 'sqlagent-endpoints'
+
+@description('networkProfile private, network created here: the private endpoint subnet\'s address range.')
+param privateEndpointSubnetPrefix string = '10.90.1.0/24'
+
+@description('networkProfile private: create the privatelink DNS zones (SQL, blob, queue, table) and link them to the network; false when your DNS (e.g. a hub\'s central zones) resolves the endpoints.')
+param createPrivateDnsZones bool = true
+
 // Resource names: the lowercase prefix, the kind of resource and 8 characters of a hash of the
 // resource group and prefix (globally unique names: function app, storage account, SQL server).
 var prefix = toLower(namePrefix)
@@ -195,6 +261,7 @@ var appName = empty(functionAppName) ? '${prefix}-func-${shortSuffix}' : functio
 var storageAccountName = take('st${replace(prefix, '-', '')}${suffix}', 24)
 var deploymentContainerName = 'app-package'
 var identityName = empty(userAssignedIdentityName) ? '${prefix}-id-${shortSuffix}' : userAssignedIdentityName
+var isPrivate = networkProfile == 'private'
 var allTags = empty(environmentName) ? tags : union(tags, {
   'azd-env-name': environmentName
 })
@@ -229,6 +296,7 @@ module storage 'storage.bicep' = {
     queueName: queueName
     deploymentContainerName: deploymentContainerName
     workspaceId: monitoring.outputs.workspaceId
+    networkProfile: networkProfile
   }
 }
 
@@ -242,12 +310,36 @@ module sql 'sql.bicep' = {
     adminLogin: sqlAdminLogin
     adminObjectId: sqlAdminObjectId
     adminPrincipalType: (sqlAdminPrincipalType == 'ServicePrincipal') ? 'Application' : sqlAdminPrincipalType
+    tier: sqlTier
+    freeLimitExhaustionBehavior: sqlFreeLimitExhaustionBehavior
     maxVCores: sqlMaxVCores
     minVCores: sqlMinVCores
     autoPauseDelayMinutes: sqlAutoPauseDelayMinutes
     maxSizeGB: sqlMaxSizeGB
     backupStorageRedundancy: sqlBackupStorageRedundancy
     workspaceId: monitoring.outputs.workspaceId
+    networkProfile: networkProfile
+  }
+}
+
+// networkProfile private: the network, the private endpoints of the SQL server and the storage
+// account, and their DNS zones.
+module network 'network.bicep' = if (isPrivate) {
+  name: 'network'
+  params: {
+    location: location
+    tags: allTags
+    namePrefix: prefix
+    vnetName: '${prefix}-vnet-${shortSuffix}'
+    vnetId: vnetId
+    vnetAddressPrefix: vnetAddressPrefix
+    appSubnetName: appSubnetName
+    appSubnetPrefix: appSubnetPrefix
+    privateEndpointSubnetName: privateEndpointSubnetName
+    privateEndpointSubnetPrefix: privateEndpointSubnetPrefix
+    createPrivateDnsZones: createPrivateDnsZones
+    sqlServerId: sql.outputs.sqlServerId
+    storageAccountId: storage.outputs.storageAccountId
   }
 }
 
@@ -260,6 +352,9 @@ module functionApp 'functionapp.bicep' = {
     identityType: identityType
     userAssignedIdentityName: identityName
     planName: '${prefix}-plan-${shortSuffix}'
+    pythonVersion: pythonVersion
+    // ARM evaluates only the branch taken: with the public profile the network module's output is never read.
+    appSubnetId: isPrivate ? network.outputs.appSubnetId : ''
     storageAccountName: storage.outputs.storageAccountName
     deploymentContainerName: storage.outputs.deploymentContainerName
     queueName: storage.outputs.queueName
@@ -315,6 +410,8 @@ output functionAppPrincipalId string = functionApp.outputs.principalId
 @description('The Job Activity Monitor (Entra sign-in, members of monitorAllowedGroupObjectId only).')
 output monitorUrl string = functionApp.outputs.monitorUrl
 output sqlServerFqdn string = sql.outputs.sqlServerFqdn
+@description('public or private: how the operator CLI reaches the SQL server (private: from inside the network; docs/deploying.md).')
+output AGENT_NETWORK_PROFILE string = networkProfile
 output sqlDatabaseName string = sql.outputs.databaseName
 output storageAccountName string = storage.outputs.storageAccountName
 output queueName string = storage.outputs.queueName

@@ -35,9 +35,18 @@ param deploymentContainerName string
 @description('Resource id of the Log Analytics workspace that receives the queue and blob access logs.')
 param workspaceId string
 
+@description('public: the account\'s public endpoint, Entra ID only. private: public network access off; the app reaches blob, queue and table through private endpoints (network.bicep).')
+@allowed([
+  'public'
+  'private'
+])
+param networkProfile string
+
+var isPrivate = networkProfile == 'private'
+
 resource storageAccount 'Microsoft.Storage/storageAccounts@2023-05-01' = {
-  // checkov:skip=CKV_AZURE_35:Flex Consumption without VNet integration reaches storage over the public endpoint; every request needs an Entra ID token (shared keys are off).
-  // checkov:skip=CKV_AZURE_59:Same reason as CKV_AZURE_35: public endpoint, Entra ID RBAC only; a VNet with private endpoints is a separate, larger design.
+  // checkov:skip=CKV_AZURE_35:(networkProfile public) Flex Consumption without VNet integration reaches storage over the public endpoint; every request needs an Entra ID token (shared keys are off). networkProfile private denies it.
+  // checkov:skip=CKV_AZURE_59:(networkProfile public) Same reason as CKV_AZURE_35: public endpoint, Entra ID RBAC only; networkProfile private turns public network access off.
   // checkov:skip=CKV_AZURE_206:Queue messages are doorbells and the package is rebuilt on publish; the database is the source of truth. Replication is the skuName parameter.
   // checkov:skip=CKV_AZURE_43:The name is the storageAccountName parameter, which main.bicep derives as lowercase 'st' + letters and digits, at most 24 characters.
   name: storageAccountName
@@ -57,10 +66,10 @@ resource storageAccount 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     isSftpEnabled: false
     minimumTlsVersion: 'TLS1_2'
     supportsHttpsTrafficOnly: true
-    publicNetworkAccess: 'Enabled'
+    publicNetworkAccess: isPrivate ? 'Disabled' : 'Enabled'
     networkAcls: {
       bypass: 'AzureServices'
-      defaultAction: 'Allow'
+      defaultAction: isPrivate ? 'Deny' : 'Allow'
     }
     encryption: {
       keySource: 'Microsoft.Storage'

@@ -5,7 +5,7 @@
 # both. Extra arguments go to `run`, e.g. --concurrency 2.
 #   AGENT_DB=...             another control database (e.g. PostgreSQL ODBC string)
 #   SETTINGS=path.json       another settings file (default local.settings.example.json)
-#   PYTHON=/path/to/python3.11  the Python that creates .venv (3.10-3.12; python3.11 preferred)
+#   PYTHON=/path/to/python3.11  the Python that creates .venv (3.10-3.13; python3.11 preferred)
 #   MONITOR_PORT=8080        the monitor's port on 127.0.0.1 (0: any free port; off: no monitor)
 set -euo pipefail
 script=$0

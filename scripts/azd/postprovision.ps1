@@ -7,7 +7,9 @@
 # AGENT_SQL_SERVER, AGENT_SQL_DATABASE, AGENT_DATABASE_USER. The CLI runs as `python -m shared.cli`
 # with the project's virtual environment (.venv\Scripts\python.exe; AGENT_PYTHON names another
 # interpreter). Optional: AGENT_DEPLOYER_IP, AGENT_FIREWALL_RULE; AGENT_DB instead of
-# AGENT_SQL_SERVER: a stand-in control database (grant-sql then prints the T-SQL).
+# AGENT_SQL_SERVER: a stand-in control database (grant-sql then prints the T-SQL). With
+# AGENT_NETWORK_PROFILE private (the template's networkProfile) no firewall rule is made: the CLI
+# reaches the server through its private endpoint, from inside the network.
 $ErrorActionPreference = 'Stop'
 
 Set-Location (Join-Path $PSScriptRoot (Join-Path '..' '..'))
@@ -34,6 +36,18 @@ if ($env:AGENT_SQL_SERVER) {
 }
 if (-not (Test-Path $python)) { Fail "${python}: no such interpreter. Create the project's virtual environment first (py -3.11 -m venv .venv; .venv\Scripts\pip install -r requirements.txt), or set AGENT_PYTHON" }
 if (-not (Get-Command az -ErrorAction SilentlyContinue)) { Fail 'the Azure CLI (az) is not on PATH: install it and run az login' }
+
+$networkProfile = if ($env:AGENT_NETWORK_PROFILE) { $env:AGENT_NETWORK_PROFILE } else { 'public' }
+if ($networkProfile -eq 'private') {
+    Write-Host 'postprovision: networkProfile private: no firewall rule (public network access is off); reaching the SQL server through its private endpoint, so this machine must be in the network'
+    Write-Host 'postprovision: init-db'
+    & $python -m shared.cli init-db
+    if ($LASTEXITCODE -ne 0) { exit $LASTEXITCODE }
+    Write-Host "postprovision: grant-sql --app-name $env:AGENT_DATABASE_USER $apply"
+    & $python -m shared.cli grant-sql --app-name $env:AGENT_DATABASE_USER @apply
+    exit $LASTEXITCODE
+}
+if ($networkProfile -ne 'public') { Fail "AGENT_NETWORK_PROFILE=${networkProfile}: expected public or private (the template's networkProfile)" }
 
 $ip = $env:AGENT_DEPLOYER_IP
 if (-not $ip) {

@@ -16,6 +16,11 @@
 # environment (.venv/bin/python; AGENT_PYTHON names another interpreter with requirements.txt
 # installed). It signs in to Azure SQL with your Azure CLI login (`az login`), as `az` does here.
 #
+# With the template's networkProfile private (output AGENT_NETWORK_PROFILE) the server's public
+# network access is off and it takes no firewall rule: steps 1 and 4 are skipped, and init-db and
+# grant-sql reach the server through its private endpoint, so this machine must be inside the
+# network (docs/deploying.md, "Private networking").
+#
 # Optional: AGENT_DEPLOYER_IP, the IPv4 address to admit (default: what https://api.ipify.org
 # sees); AGENT_FIREWALL_RULE, the rule's name. AGENT_DB instead of AGENT_SQL_SERVER: a stand-in
 # control database (PostgreSQL or SQLite; a rehearsal, or tests/repo/test_azd.py): init-db runs on it
@@ -46,6 +51,19 @@ else
 fi
 [ -x "$PYTHON" ] || fail "$PYTHON: no such interpreter. Create the project's virtual environment first (scripts/run-local.sh, or: python3.11 -m venv .venv && .venv/bin/pip install -r requirements.txt), or set AGENT_PYTHON"
 command -v az >/dev/null 2>&1 || fail "the Azure CLI (az) is not on PATH: install it and run az login"
+
+case "${AGENT_NETWORK_PROFILE:-public}" in
+    public) ;;
+    private)
+        echo "postprovision: networkProfile private: no firewall rule (public network access is off); reaching the SQL server through its private endpoint, so this machine must be in the network"
+        echo "postprovision: init-db"
+        "$PYTHON" -m shared.cli init-db
+        echo "postprovision: grant-sql --app-name $AGENT_DATABASE_USER $APPLY"
+        # shellcheck disable=SC2086  # APPLY is one word or none
+        "$PYTHON" -m shared.cli grant-sql --app-name "$AGENT_DATABASE_USER" $APPLY
+        exit 0 ;;
+    *) fail "AGENT_NETWORK_PROFILE=$AGENT_NETWORK_PROFILE: expected public or private (the template's networkProfile)" ;;
+esac
 
 IP=${AGENT_DEPLOYER_IP:-}
 if [ -z "$IP" ]; then

@@ -61,8 +61,8 @@ def read_calls(text: str, source: str = "<script>") -> list[Call]:
         from sqlglot.tokens import TokenType
     except ModuleNotFoundError:
         raise ScriptError("import-sqlagent reads T-SQL with sqlglot's tokenizer, which is not installed here: "
-                           "install the tools' requirements (.venv/bin/python -m pip install -r "
-                           "requirements-dev.txt; the function app does not need them)") from None
+                           "install the command line's requirements (pip install -r requirements-cli.txt; "
+                           "pip install . and pipx install . include them; the function app does not need them)") from None
 
     try:
         tokens = TSQL().tokenizer().tokenize(text)

@@ -235,6 +235,27 @@ def test_grant_sql_failing_still_closes_the_firewall(shims, tmp_path):
     assert "--app-name" in result.stderr
 
 
+def test_private_network_profile_makes_no_firewall_rule(shims, tmp_path):
+    """networkProfile private (output AGENT_NETWORK_PROFILE): the server takes no firewall rule, so
+    the hook makes none and runs init-db and grant-sql directly (through the private endpoint)."""
+    database = tmp_path / "agent.db"
+    result = _run_hook(_environment(shims, AGENT_DB=f"sqlite:///{database}", AGENT_NETWORK_PROFILE="private",
+                                    AGENT_DEPLOYER_IP=None))
+    assert result.returncode == 0, result.stderr
+    assert _calls(shims) == [INIT_DB, GRANT]
+    assert "private endpoint" in result.stdout and "firewall" not in " ".join(_calls(shims))
+    assert {"agent_runs", "agent_schema_version"} <= _agent_tables_sqlite(database)
+    failing = _run_hook(_environment(shims, AGENT_DB=f"sqlite:///{tmp_path / 'none' / 'agent.db'}",
+                                     AGENT_NETWORK_PROFILE="private"))
+    assert failing.returncode == 2                                   # init-db's failure fails the hook
+
+
+def test_an_unknown_network_profile_is_refused_naming_it(shims, tmp_path):
+    result = _run_hook(_environment(shims, AGENT_DB=f"sqlite:///{tmp_path / 'agent.db'}", AGENT_NETWORK_PROFILE="Private "))
+    assert result.returncode == 1 and _calls(shims) == []
+    assert "AGENT_NETWORK_PROFILE=Private : expected public or private" in result.stderr
+
+
 def test_a_failed_open_runs_nothing_and_still_removes_the_rule(shims, tmp_path):
     result = _run_hook(_environment(shims, AGENT_DB=f"sqlite:///{tmp_path / 'agent.db'}", AZ_CREATE_EXIT="3"))
     assert result.returncode == 3
@@ -335,7 +356,8 @@ def test_the_powershell_hook_makes_the_same_calls_and_closes_in_finally():
     assert attempt.index("firewall-rule create") < attempt.index("init-db") < attempt.index("grant-sql")
     assert "firewall-rule delete" in cleanup and "firewall-rule delete" not in attempt
     for name in ("AZURE_RESOURCE_GROUP", "AZURE_SQL_SERVER_NAME", "AGENT_DATABASE_USER", "AGENT_SQL_SERVER",
-                 "AGENT_SQL_DATABASE", "AGENT_DB", "AGENT_PYTHON", "AGENT_DEPLOYER_IP", "AGENT_FIREWALL_RULE"):
+                 "AGENT_SQL_DATABASE", "AGENT_DB", "AGENT_PYTHON", "AGENT_DEPLOYER_IP", "AGENT_FIREWALL_RULE",
+                 "AGENT_NETWORK_PROFILE"):
         assert f"$env:{name}" in ps1 and f"{name}" in sh, name
     assert "'azd-postprovision'" in ps1 and "azd-postprovision}" in sh
     assert "@('--apply')" in ps1

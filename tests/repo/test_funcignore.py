@@ -161,6 +161,12 @@ def build_working_tree(root: Path, *, git: str) -> list[str]:
         ".venv/lib/python3.11/site-packages/azure/functions/__init__.py": b"",
         ".venv/lib/python3.11/site-packages/pyodbc.cpython-311-x86_64-linux-gnu.so": 3 * megabytes,
         ".checkov-venv/bin/checkov": b"",
+        # scripts/test-313.sh's Python 3.13 environment, and the wheels scripts/test.sh keeps for
+        # tests/repo/test_cli_install.py
+        ".venv313/pyvenv.cfg": b"version = 3.13.0\n",
+        ".venv313/lib/python3.13/site-packages/azure_functions_runtime/loader.py": b"",
+        ".wheelhouse/KEY": b"1 3.11\n",
+        ".wheelhouse/pyodbc-5.5.0-cp311-cp311-manylinux_2_17_x86_64.whl": 1 * megabytes,
         ".checkov-venv/lib/python3.11/site-packages/checkov/main.py": 2 * megabytes,
         "node_modules/.package-lock.json": b"{}",
         "node_modules/.bin/azurite-queue": b"",

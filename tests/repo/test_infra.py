@@ -7,7 +7,7 @@ CLI (which cannot be installed here):
 - every role assignment uses a known built-in role, targets the app's managed identity and is
   scoped to the one resource it grants; the set of grants is the intended, narrow one;
 - the properties the design depends on (Entra-only SQL, keyless storage, Flex Consumption,
-  Python 3.11, ...) are there;
+  the Python version, ...) are there;
 - main.bicep passes every module exactly the parameters the module declares (what `bicep build`
   would check);
 - the alert queries use event and dimension names the engine emits;
@@ -31,6 +31,8 @@ from shared.jobs import from_settings, model
 from shared.telemetry import client as telemetry
 from tests.support.infra_helpers import (
     INFRA,
+    NETWORK_PROFILES,
+    PUBLIC_ONLY_SKIP,
     REPO,
     BicepFile,
     BicepShapeError,
@@ -42,6 +44,8 @@ from tests.support.infra_helpers import (
     inline_skips,
     is_loop,
     parse_errors,
+    render_infra,
+    render_profile,
     run_checkov,
     skip_comments,
 )
@@ -468,7 +472,12 @@ def test_the_two_parameters_files_tell_one_example():
     manual, azd = _parameters_file(MANUAL_PARAMETERS), _parameters_file(AZD_PARAMETERS)
     azd_only = {name for name, value in azd.items() if isinstance(value, str) and "${" in value}
     assert azd_only == {"environmentName", "location", "sqlAdminLogin", "sqlAdminObjectId",
-                        "sqlAdminPrincipalType", "identityType", "monitorEntraClientId", "monitorAllowedGroupObjectId"}
+                        "sqlAdminPrincipalType", "identityType", "monitorEntraClientId", "monitorAllowedGroupObjectId",
+                        "networkProfile", "sqlTier"}
+    # azd env set AGENT_NETWORK_PROFILE private / AGENT_SQL_TIER ...; unset, the template's defaults.
+    bicep_main = bicep("main.bicep")
+    assert azd["networkProfile"] == f"${{AGENT_NETWORK_PROFILE={bicep_main.parameter_default('networkProfile')}}}"
+    assert azd["sqlTier"] == f"${{AGENT_SQL_TIER={bicep_main.parameter_default('sqlTier')}}}"
     # The monitor's sign-in: `azd env set AGENT_MONITOR_CLIENT_ID ...`; unset, closed as by hand.
     assert {azd[name] for name in ("monitorEntraClientId", "monitorAllowedGroupObjectId")} == {
         "${AGENT_MONITOR_CLIENT_ID=}", "${AGENT_MONITOR_GROUP_ID=}"}
@@ -729,7 +738,7 @@ def test_storage_is_keyless_private_to_entra_and_has_the_queues():
     assert queues == {"queueName", "${queueName}-poison"}
 
 
-def test_sql_is_entra_only_tls12_and_serverless():
+def test_sql_is_entra_only_and_tls12():
     sql = bicep("sql.bicep")
     _, server = sql.only_resource("Microsoft.Sql/servers")
     properties = body(server)["properties"]
@@ -739,15 +748,119 @@ def test_sql_is_entra_only_tls12_and_serverless():
     assert administrators["administratorType"] == "ActiveDirectory"
     assert (administrators["login"], administrators["sid"]) == ("adminLogin", "adminObjectId")
     assert "administratorLoginPassword" not in properties and "administratorLogin" not in properties
-    _, database = sql.only_resource("Microsoft.Sql/servers/databases")
-    assert body(database)["sku"]["name"] == "GP_S_Gen5"
-    assert body(database)["properties"]["autoPauseDelay"] == "autoPauseDelayMinutes"
     assert "autoPauseDelayMinutes" in sql.parameters
     assert not any(parameter.get("decorators") and any(d["type"] == "secure" for d in parameter["decorators"])
                    for parameter in sql.parameters.values()), "no secrets: the server has no SQL password"
 
 
-def test_function_app_is_flex_consumption_python_311_with_its_managed_identity(functionapp: BicepFile):
+def test_the_private_network_profile_integrates_the_app_and_closes_sql_and_storage():
+    """networkProfile private (docs/deploying.md "Private networking"): the app joins a subnet
+    delegated to Microsoft.App/environments; the SQL server and the storage account's three
+    services the app uses (blob, queue, table: the services it is granted roles on) get private
+    endpoints, with privatelink DNS zones; both turn public network access off; the SQL firewall
+    rule for Azure services exists with the public profile only."""
+    main, network = bicep("main.bicep"), bicep("network.bicep")
+    assert main.decorators("networkProfile")["allowed"] == list(NETWORK_PROFILES)
+    assert main.parameter_default("networkProfile") == "public"
+    assert main.variable("isPrivate") == {"operator": {"type": "equals", "operands": {
+        "operand_1": "networkProfile", "operand_2": "private"}}}
+    assert main.modules["network"]["config"]["condition"] == "isPrivate"
+    params = _module_params(main, "network")
+    assert accessor_path(params["sqlServerId"]) == ["sql", "outputs", "sqlServerId"]
+    assert accessor_path(params["storageAccountId"]) == ["storage", "outputs", "storageAccountId"]
+    for module in ("storage", "sql"):
+        assert _module_params(main, module)["networkProfile"] == "networkProfile", module
+    subnet = _conditional(_module_params(main, "functionApp")["appSubnetId"])
+    assert subnet["condition"] == "isPrivate" and subnet["false_value"] == ""
+    assert accessor_path(subnet["true_value"]) == ["network", "outputs", "appSubnetId"]
+    site = body(_site(bicep("functionapp.bicep"))[1])["properties"]
+    integration = _conditional(site["virtualNetworkSubnetId"])
+    assert integration["true_value"] is None and integration["false_value"] == "appSubnetId"
+
+    # The subnets of a network created here; the app's delegated to Flex Consumption's service.
+    vnet = body(network.resources["virtualNetwork"])
+    subnets = {entry["name"]: entry["properties"] for entry in vnet["properties"]["subnets"]}
+    assert set(subnets) == {"appSubnetName", "privateEndpointSubnetName"}
+    assert [d["properties"]["serviceName"] for d in subnets["appSubnetName"]["delegations"]] == ["Microsoft.App/environments"]
+    assert all(properties["networkSecurityGroup"] for properties in subnets.values())
+    assert network.resources["virtualNetwork"]["config"]["condition"] == "createVnet"
+
+    # One endpoint per service, each with its privatelink zone.
+    endpoints = {entry["groupId"]: entry for entry in network.variable("endpoints")}
+    granted = {role.split()[1].lower() for role, _, _ in EXPECTED_GRANTS}
+    assert set(endpoints) == {"sqlServer"} | granted == {"sqlServer", "blob", "queue", "table"}
+    assert endpoints["sqlServer"]["serviceId"] == "sqlServerId"
+    assert {endpoints[service]["serviceId"] for service in granted} == {"storageAccountId"}
+    assert endpoints["sqlServer"]["zone"] == "privatelink${environment().suffixes.sqlServerHostname}"
+    for service in granted:
+        assert endpoints[service]["zone"] == f"privatelink.{service}.${{environment().suffixes.storage}}"
+    loop = network.resources["privateEndpoints"]["config"]
+    assert loop["loop_type"]["detail"]["array_name"] == "endpoints"
+    (connection,) = loop["config"]["properties"]["privateLinkServiceConnections"]
+    assert accessor_path(connection["properties"]["privateLinkServiceId"]) == ["endpoint", "serviceId"]
+    assert [accessor_path(g) for g in connection["properties"]["groupIds"]] == [["endpoint", "groupId"]]
+    for symbol in ("privateDnsZones", "privateDnsZoneLinks", "privateDnsZoneGroups"):
+        assert network.resources[symbol]["config"]["condition"] == "createPrivateDnsZones", symbol
+
+    # Public network access off on both with the private profile; the firewall rule public only.
+    sql, storage = bicep("sql.bicep"), bicep("storage.bicep")
+    server = body(sql.only_resource("Microsoft.Sql/servers")[1])["properties"]
+    account = body(storage.only_resource("Microsoft.Storage/storageAccounts")[1])["properties"]
+    for value, private in ((server["publicNetworkAccess"], "Disabled"), (account["publicNetworkAccess"], "Disabled"),
+                           (account["networkAcls"]["defaultAction"], "Deny")):
+        operands = _conditional(value)
+        assert operands["condition"] == "isPrivate" and operands["true_value"] == private, value
+    rule = sql.only_resource("Microsoft.Sql/servers/firewallRules")[1]
+    assert rule["config"]["condition"] == {"operator": {"type": "not", "operands": {"bool_value": "isPrivate"}}}
+    assert main.outputs["AGENT_NETWORK_PROFILE"]["value"] == "networkProfile"
+
+
+SQL_TIERS = ["S0", "S1", "S2", "S3", "Serverless", "ServerlessFree"]
+
+
+def test_the_database_tier_is_one_parameter_and_the_free_offer_one_of_its_values():
+    """sqlTier: a provisioned S tier (the default, from the list prices: docs/deploying.md), or
+    serverless GP_S_Gen5 with or without the free offer. The free offer's properties are set for
+    ServerlessFree alone, the serverless properties for the serverless tiers alone, so no
+    combination the service refuses can be written."""
+    main, sql = bicep("main.bicep"), bicep("sql.bicep")
+    assert main.decorators("sqlTier")["allowed"] == sql.decorators("tier")["allowed"] == SQL_TIERS
+    assert main.parameter_default("sqlTier") == "S0"
+    assert main.decorators("sqlFreeLimitExhaustionBehavior")["allowed"] == sql.decorators("freeLimitExhaustionBehavior")["allowed"] \
+        == ["BillOverUsage", "AutoPause"]
+    # The scheduler keeps running when the free amount is used up, unless the deployer asks otherwise.
+    assert main.parameter_default("sqlFreeLimitExhaustionBehavior") == "BillOverUsage"
+    params = _module_params(main, "sql")
+    assert (params["tier"], params["freeLimitExhaustionBehavior"]) == ("sqlTier", "sqlFreeLimitExhaustionBehavior")
+
+    symbol, database = sql.only_resource("Microsoft.Sql/servers/databases")
+    declaration = body(database)
+    assert database["api_version"].endswith("-preview") and database["api_version"] >= "2023-02-01-preview", \
+        "useFreeLimit needs a preview API version (2023-02-01-preview or later)"
+    assert sql.variable("serverless") == {"operator": {"type": "or", "operands": {
+        "operand_1": {"operator": {"type": "equals", "operands": {"operand_1": "tier", "operand_2": "Serverless"}}},
+        "operand_2": {"operator": {"type": "equals", "operands": {"operand_1": "tier", "operand_2": "ServerlessFree"}}}}}}
+    assert sql.variable("useFreeLimit") == {"operator": {"type": "equals", "operands": {
+        "operand_1": "tier", "operand_2": "ServerlessFree"}}}
+    sku = _conditional(declaration["sku"])
+    assert sku["condition"] == "serverless"
+    assert sku["true_value"] == {"name": "GP_S_Gen5", "tier": "GeneralPurpose", "family": "Gen5", "capacity": "maxVCores"}
+    assert sku["false_value"] == {"name": "tier", "tier": "Standard"}     # S0..S3 are Standard-tier SKU names
+    properties = declaration["properties"]
+    for name in ("autoPauseDelay", "minCapacity", "maxSizeBytes"):
+        operands = _conditional(properties[name])
+        assert operands["condition"] == "serverless" and operands["false_value"] is None, name
+    assert properties["useFreeLimit"] == "useFreeLimit"
+    behaviour = _conditional(properties["freeLimitExhaustionBehavior"])
+    assert (behaviour["condition"], behaviour["true_value"], behaviour["false_value"]) == (
+        "useFreeLimit", "freeLimitExhaustionBehavior", None)
+    guide = (REPO / "docs" / "deploying.md").read_text(encoding="utf-8")
+    section = guide.split("## The database tier", 1)[1].split("\n## ", 1)[0]
+    for tier in SQL_TIERS + ["BillOverUsage", "AutoPause", "docs/cost.md"]:
+        assert tier in section, f"docs/deploying.md's database tier section does not name {tier}"
+
+
+def test_function_app_is_flex_consumption_python_with_its_managed_identity(functionapp: BicepFile):
     _, plan = functionapp.only_resource("Microsoft.Web/serverfarms")
     assert body(plan)["sku"] == {"name": "FC1", "tier": "FlexConsumption"}
     _, site = _site(functionapp)
@@ -764,7 +877,7 @@ def test_function_app_is_flex_consumption_python_311_with_its_managed_identity(f
         "operand_1": "identityType", "operand_2": "UserAssigned"}}}
     assert declaration["properties"]["httpsOnly"] is True
     app_config = declaration["properties"]["functionAppConfig"]
-    assert app_config["runtime"] == {"name": "python", "version": "3.11"}
+    assert app_config["runtime"] == {"name": "python", "version": "pythonVersion"}   # tests/repo/test_python_versions.py
     storage = app_config["deployment"]["storage"]
     assert storage["type"] == "blobContainer"
     authentication = _conditional(storage["authentication"])
@@ -823,17 +936,25 @@ def test_notification_alerts_follow_each_jobs_notify_on_events_the_engine_emits(
     assert set(_parameters_file().get("notifyEmails", [])) is not None
 
 
-def test_checkov_reports_no_failed_checks():
-    result = run_checkov()
+@pytest.mark.parametrize("profile", NETWORK_PROFILES)
+def test_checkov_reports_no_failed_checks(profile: str, tmp_path: Path):
+    """Each network profile rendered (tests/support/infra_helpers.py render_infra: every
+    `isPrivate ? A : B` resolved; for private, the skips whose reason is "(networkProfile public)"
+    removed, so those checks run and must pass), then scanned from outside the repository."""
+    scanned = render_infra(profile, tmp_path / profile)
+    result = run_checkov(directory=scanned)
     assert result.summary.get("parsing_errors") == 0 and not result.parsing_errors, result.parsing_errors
     assert result.summary.get("resource_count", 0) > 0
 
-    skips = [skip for path in bicep_paths() for skip in inline_skips(path)]
+    sources = sorted(scanned.glob("*.bicep"))
+    skips = [skip for path in sources for skip in inline_skips(path)]
     assert all(skip.reason for skip in skips), \
         [f"{s.file}:{s.line} {s.check_id} has no reason" for s in skips if not s.reason]
     for record in result.skipped:
         reason = record["check_result"].get("suppress_comment", "")
         assert reason and reason != "No comment provided", f"{record['check_id']} on {record['resource']} skipped without a reason"
+    if profile == "private":
+        assert not [skip for skip in skips if PUBLIC_ONLY_SKIP in skip.reason]
 
     # Checkov 3.3.30 does not apply inline suppressions to its graph checks on Bicep (its Bicep
     # runner builds graph records without reading them; python checks are suppressed). A graph
@@ -843,7 +964,7 @@ def test_checkov_reports_no_failed_checks():
     still_failing, honoured_here = [], []
     for record in result.failed:
         first, last = record["file_line_range"]
-        path = INFRA / record["file_path"].lstrip("/")
+        path = scanned / record["file_path"].lstrip("/")
         lines = path.read_text(encoding="utf-8").splitlines()[first - 1:last]
         skipped_inline = any(
             skip.check_id == record["check_id"] and skip.reason
@@ -856,7 +977,7 @@ def test_checkov_reports_no_failed_checks():
         else:
             still_failing.append(f"{record['check_id']} {record['check_name']!r} on {record['resource']} "
                                  f"({record['file_path']}:{first}-{last})")
-    assert not still_failing, "Checkov failed checks:\n" + "\n".join(still_failing)
+    assert not still_failing, f"Checkov failed checks, network profile {profile}:\n" + "\n".join(still_failing)
 
     # No stale skip comments: each one names a check Checkov ran on that resource.
     evaluated = {(record["check_id"], record["file_path"].lstrip("/"), tuple(record["file_line_range"]))
@@ -865,6 +986,26 @@ def test_checkov_reports_no_failed_checks():
         assert any(check_id == skip.check_id and file == skip.file and first <= skip.line <= last
                    for check_id, file, (first, last) in evaluated), \
             f"{skip.file}:{skip.line}: checkov:skip={skip.check_id} does not match a check Checkov ran there (stale?)"
+
+
+def test_the_profile_renderer_resolves_every_profile_conditional_and_only_those():
+    """What the Checkov runs above rely on: the renderer picks the branch of each profile, leaves
+    everything else alone, and refuses a profile conditional it cannot read."""
+    text = ("publicNetworkAccess: isPrivate ? 'Disabled' : 'Enabled'\n"
+            "  // checkov:skip=CKV_AZURE_59:(networkProfile public) public endpoint\n"
+            "  // checkov:skip=CKV_AZURE_43:the name is derived\n"
+            "x: serverless ? 1 : 2\n")
+    private = render_profile(text, "private")
+    assert private == ("publicNetworkAccess: 'Disabled'\n  // checkov:skip=CKV_AZURE_43:the name is derived\n"
+                       "x: serverless ? 1 : 2\n")
+    public = render_profile(text, "public")
+    assert public.startswith("publicNetworkAccess: 'Enabled'\n  // checkov:skip=CKV_AZURE_59:")
+    with pytest.raises(BicepShapeError):
+        render_profile("value: isPrivate ? concat(a, b) : c\n", "private")
+    # Every profile-dependent value in infra/ is one the renderer resolves.
+    for path in bicep_paths():
+        for profile in NETWORK_PROFILES:
+            render_profile(path.read_text(encoding="utf-8"), profile)
 
 
 def test_plain_checkov_from_the_repository_root_reports_no_failed_checks():

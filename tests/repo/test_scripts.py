@@ -1,6 +1,6 @@
 """The two quick-start commands on a machine without a suitable Python.
 
-azure-functions==1.26.0 installs on Python 3.10-3.12 only. scripts/test.sh and
+azure-functions installs on Python 3.10 to 3.13 only (1.26 below 3.13, 2.x on 3.13). scripts/test.sh and
 scripts/run-local.sh must then stop in one line saying which Python is needed and how to point
 them at one (PYTHON=...), before creating a virtual environment or running pip.
 
@@ -69,16 +69,16 @@ def assert_one_line_naming_the_fix(result: subprocess.CompletedProcess, script: 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     (line,) = lines
-    assert "3.10, 3.11 or 3.12" in line and f"PYTHON=/path/to/python3.11 {script}" in line, line
+    assert "3.10, 3.11, 3.12 or 3.13" in line and f"PYTHON=/path/to/python3.11 {script}" in line, line
     return line
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_only_python_313_on_the_path_is_one_line_before_any_venv_or_pip(machine: Machine, script: str):
-    machine.fake_python(machine.bin / "python3", "3.13")
+def test_only_python_314_on_the_path_is_one_line_before_any_venv_or_pip(machine: Machine, script: str):
+    machine.fake_python(machine.bin / "python3", "3.14")
     result = machine.run(script)
     line = assert_one_line_naming_the_fix(result, script)
-    assert line.startswith(f"{script}: needs Python") and "python3 is 3.13" in line
+    assert line.startswith(f"{script}: needs Python") and "python3 is 3.14" in line
     assert not (machine.project / ".venv").exists()
     assert all("sys.version_info" in call for call in machine.calls()), machine.calls()   # no venv, no pip
 
@@ -102,7 +102,8 @@ def test_a_python_named_by_PYTHON_outside_the_range_is_refused(machine: Machine,
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_the_first_supported_python_on_the_path_creates_the_venv(machine: Machine, script: str):
-    machine.fake_python(machine.bin / "python3", "3.13")
+    machine.fake_python(machine.bin / "python3", "3.14")
+    machine.fake_python(machine.bin / "python3.13", "3.13")
     machine.fake_python(machine.bin / "python3.12", "3.12")
     machine.fake_python(machine.bin / "python3.11", "3.11")
     result = machine.run(script)
@@ -121,13 +122,51 @@ def test_PYTHON_in_the_range_is_used(machine: Machine, script: str):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_venv_made_with_an_unsupported_python_is_named(machine: Machine, script: str):
-    machine.fake_python(machine.project / ".venv" / "bin" / "python", "3.13")
+    machine.fake_python(machine.project / ".venv" / "bin" / "python", "3.14")
     machine.fake_python(machine.bin / "python3.11", "3.11")
     result = machine.run(script)
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
-    assert ".venv was made with Python 3.13" in line and "rm -rf .venv" in line and "3.10, 3.11 or 3.12" in line
+    assert ".venv was made with Python 3.14" in line and "rm -rf .venv" in line and "3.10, 3.11, 3.12 or 3.13" in line
     assert not [call for call in machine.calls() if "pip" in call or "-m venv" in call]
+
+
+TEST_313 = "scripts/test-313.sh"
+
+
+def test_the_313_leg_without_python_313_is_one_line_before_any_venv(machine: Machine):
+    """scripts/test-313.sh (the unit tests and the worker-indexing test on Python 3.13) on a
+    machine without 3.13: one line saying how to get one or point at one; CI fails on it."""
+    machine.fake_python(machine.bin / "python3.11", "3.11")
+    machine.fake_python(machine.bin / "python3.12", "3.12")
+    result = machine.run(TEST_313)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"{TEST_313}: needs Python 3.13") and f"PYTHON313=/path/to/python3.13 {TEST_313}" in line
+    assert "pyenv install 3.13" in line and "no python3.13 is on the PATH" in line
+    assert not (machine.project / ".venv313").exists() and not machine.calls()
+
+
+def test_the_313_leg_finds_python313_on_the_path_or_in_pyenv(machine: Machine):
+    pyenv = machine.fake_python(machine.project / ".pyenv" / "versions" / "3.13.5" / "bin" / "python3.13", "3.13")
+    result = machine.run(TEST_313)                       # HOME is the project: ~/.pyenv is the fake
+    assert result.returncode == 97
+    assert [call for call in machine.calls() if "-m venv" in call] == [f"{pyenv} -m venv .venv313"]
+    on_path = machine.fake_python(machine.bin / "python3.13", "3.13")
+    (machine.log).write_text("")
+    result = machine.run(TEST_313)
+    assert result.returncode == 97
+    assert [call for call in machine.calls() if "-m venv" in call] == [f"{on_path} -m venv .venv313"]
+
+
+def test_PYTHON313_of_another_version_is_refused(machine: Machine):
+    machine.fake_python(machine.bin / "python3.13", "3.13")          # a good one the user did not pick
+    chosen = machine.fake_python(machine.project / "py" / "python3", "3.12")
+    result = machine.run(TEST_313, PYTHON313=str(chosen))
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert f"PYTHON313={chosen} is 3.12" in line
+    assert not (machine.project / ".venv313").exists()
 
 
 def test_run_local_starts_the_monitor_beside_the_runner_and_ctrl_c_stops_both(tmp_path: Path):

@@ -218,15 +218,58 @@ class CheckovResult:
     command: list[str]
 
 
-def run_checkov(*, with_repo_config: bool = False) -> CheckovResult:
+# ------------------------------------------------------------------ network profiles
+#
+# Checkov reads Bicep without evaluating it: a value written `isPrivate ? 'Disabled' : 'Enabled'`
+# is neither 'Disabled' nor 'Enabled' to it. So each network profile (main.bicep's networkProfile,
+# handed to each module, which derives `var isPrivate = networkProfile == 'private'`) is rendered
+# before it is scanned: every `isPrivate ? A : B` becomes A (private) or B (public), and for the
+# private profile the inline skips that concern the public profile alone (their reason starts with
+# "(networkProfile public)") are removed, so Checkov runs those checks and they must pass.
+
+NETWORK_PROFILES = ("public", "private")
+PUBLIC_ONLY_SKIP = "(networkProfile public)"
+_OPERAND = r"(?:'[^'\n]*'|true|false|null|-?\d+|[A-Za-z_][\w.]*)"
+_PROFILE_CONDITIONAL = re.compile(rf"\bisPrivate \? ({_OPERAND}) : ({_OPERAND})")
+
+
+def render_profile(text: str, profile: str) -> str:
+    """One Bicep file's text as Checkov should see it for `profile`."""
+    if profile not in NETWORK_PROFILES:
+        raise ValueError(f"network profile {profile!r}: expected one of {NETWORK_PROFILES}")
+    index = 1 if profile == "private" else 2
+    rendered = _PROFILE_CONDITIONAL.sub(lambda match: match.group(index), text)
+    left = re.findall(r"[^\n]*\bisPrivate \?[^\n]*", rendered)
+    if left:
+        raise BicepShapeError(f"profile conditionals this renderer cannot resolve (write `isPrivate ? A : B` with "
+                              f"literal or name operands): {left}")
+    if profile == "private":
+        rendered = "\n".join(line for line in rendered.split("\n")
+                              if not (SKIP_COMMENT.search(line) and PUBLIC_ONLY_SKIP in line))
+    return rendered
+
+
+def render_infra(profile: str, destination: Path) -> Path:
+    """A copy of infra/ rendered for `profile` (see render_profile)."""
+    destination.mkdir(parents=True, exist_ok=True)
+    for path in INFRA.iterdir():
+        if path.suffix == ".bicep":
+            (destination / path.name).write_text(render_profile(path.read_text(encoding="utf-8"), profile), encoding="utf-8")
+        elif path.is_file():
+            (destination / path.name).write_bytes(path.read_bytes())
+    return destination
+
+
+def run_checkov(*, with_repo_config: bool = False, directory: Path | None = None) -> CheckovResult:
     """`checkov -d infra --framework bicep` with JSON output. --skip-download keeps it offline
     (no Prisma Cloud guideline download; the checks are the same). Run from the repository
     root it reads `.checkov.yaml` (the graph-check skips Checkov cannot take inline); without
-    ``with_repo_config`` it runs from elsewhere, so every skip must be an inline one."""
+    ``with_repo_config`` it runs from elsewhere, so every skip must be an inline one.
+    ``directory``: another folder to scan (a profile's rendering of infra/)."""
     require_checkov_venv()
     import tempfile
 
-    command = [str(CHECKOV_BIN), "-d", str(REPO / "infra"), "--framework", "bicep",
+    command = [str(CHECKOV_BIN), "-d", str(directory or REPO / "infra"), "--framework", "bicep",
                "--output", "json", "--compact", "--skip-download"]
     with tempfile.TemporaryDirectory() as elsewhere:
         completed = subprocess.run(command, cwd=REPO if with_repo_config else elsewhere, capture_output=True,
