@@ -175,7 +175,8 @@ def _convert_job(job: model.Job, msdb: model.Msdb, findings: list[Finding], time
     if isinstance(job.notify_level_eventlog, int) and job.notify_level_eventlog != 0:
         left_out(f"@notify_level_eventlog={job.notify_level_eventlog}",
                  "there is no Windows event log: every run is in the history and in Application Insights"
-                 + (" (2, on failure, is sp_add_job's default)" if job.notify_level_eventlog == 2 else ""))
+                 + (" (2, on failure, is also sp_add_job's default when the parameter is not given)"
+                    if job.notify_level_eventlog == 2 else ""))
     if isinstance(job.delete_level, int) and job.delete_level != 0:
         left_out(f"@delete_level={job.delete_level}", "jobs that delete themselves are not supported")
 
@@ -200,6 +201,9 @@ def _convert_job(job: model.Job, msdb: model.Msdb, findings: list[Finding], time
             left_out(f"{label} @{prop}", f"not known before the script runs ({reason}): the job is not emitted",
                      block=True)
         if unknown:
+            # Kept as one step (the job is not emitted) so that the other steps keep their numbers.
+            kept_steps.append(step)
+            pieces.append(Piece(step, step.command if isinstance(step.command, str) else "", None, True, True))
             continue
         subsystem = str(step.subsystem or "TSQL")
         if subsystem.upper() != "TSQL":
@@ -243,6 +247,8 @@ def _convert_job(job: model.Job, msdb: model.Msdb, findings: list[Finding], time
         if split.problem is not None:
             left_out(f"{label} GO", f"SQL Agent runs the command batch by batch, in one session; {split.problem}: "
                                     "the job is not emitted", block=True)
+            kept_steps.append(step)
+            pieces.append(Piece(step, command, None, True, True))
             continue
         if len(split.batches) > 1:
             if isinstance(step.retry_attempts, int) and step.retry_attempts > 0:
@@ -345,6 +351,10 @@ def _convert_job(job: model.Job, msdb: model.Msdb, findings: list[Finding], time
     groups: list[tuple[tuple, set[int], list[str], str | None]] = []  # (days, times, names, once)
     schedules = msdb.schedules_of(job.key)
     for schedule in schedules:
+        sharing = [msdb.jobs[j].name for j, s in msdb.attachments if s == schedule.schedule_id and j != job.key]
+        if sharing:
+            notes.append(f"schedule {schedule.name!r} is shared in SQL Agent with {', '.join(map(repr, sharing))}: "
+                         "here each job has its own SCHEDULE (a change to one is not a change to the others)")
         unknown = _unknown(msdb, "schedule", schedule.schedule_id)
         if unknown:
             left_out(f"schedule {schedule.name!r}", "; ".join(f"@{p} is not known before the script runs ({r})"

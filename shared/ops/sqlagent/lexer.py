@@ -25,8 +25,8 @@ STRING, NUMBER, BINARY, VARIABLE, GLOBAL, NAME, OPERATOR, OTHER = (
     "string", "number", "binary", "variable", "global", "name", "operator", "other")
 
 _TOKEN = re.compile(r"""
-    (?P<space>\s+)
-  | (?P<line_comment>--[^\r\n]*)
+    (?:\s+|--[^\r\n]*)*                  # white space and line comments before the token
+    (?:(?P<end>\Z)
   | (?P<block_comment>/\*)
   | (?P<string>[Nn]?'[^']*(?:''[^']*)*')
   | (?P<open_string>[Nn]?')
@@ -41,25 +41,30 @@ _TOKEN = re.compile(r"""
   | (?P<variable>@[\w@$#]*)
   | (?P<name>(?:[^\W\d]|\#)[\w@$#]*)
   | (?P<operator><>|!=|!<|!>|<=|>=|\+=|-=|\*=|/=|%=|&=|\^=|\|=|::|[-+*/%&|^~=<>(),.;:!])
-  | (?P<other>.)
+  | (?P<other>.))
 """, re.VERBOSE | re.DOTALL)
 _COMMENT_EDGE = re.compile(r"/\*|\*/")
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
-@dataclass(frozen=True, slots=True)
 class Token:
-    kind: str
-    text: str           # as written
-    value: Any          # strings and identifiers unquoted; numbers as int, Decimal or float; binary as bytes
-    start: int          # offset in the text
-    end: int
-    quoted: bool = False     # a delimited identifier ([x] or "x"): never a keyword
-    national: bool = False   # N'...'
+    """One token: kind, text as written, value (strings and identifiers unquoted; numbers as
+    int, Decimal or float; binary as bytes), offsets in the text; quoted: a delimited identifier
+    ([x] or "x", never a keyword); national: N'...'."""
+
+    __slots__ = ("kind", "text", "value", "start", "end", "quoted", "national")
+
+    def __init__(self, kind: str, text: str, value: Any, start: int, end: int, quoted: bool = False,
+                 national: bool = False) -> None:
+        self.kind, self.text, self.value, self.start, self.end = kind, text, value, start, end
+        self.quoted, self.national = quoted, national
 
     def word(self) -> str | None:
         """The keyword this token spells (upper case), or None for anything else."""
         return self.value.upper() if self.kind == NAME and not self.quoted else None
+
+    def __repr__(self) -> str:
+        return f"Token({self.kind}, {self.text!r})"
 
 
 class Lines:
@@ -84,45 +89,52 @@ def tokens(text: str, source: str = "<script>", lines: Lines | None = None) -> I
     while position < length:
         found = match(text, position)
         kind = found.lastgroup
-        end = found.end()
-        if kind == "space" or kind == "line_comment":
-            position = end
-            continue
-        if kind == "block_comment":
-            position = _comment_end(text, position, source, lines)
-            continue
-        if kind.startswith("open_"):
+        if kind == "end":
+            return
+        start, end = found.start(kind), found.end()
+        position = end
+        if kind == "name":
+            yield Token(NAME, found.group(kind), found.group(kind), start, end)
+        elif kind == "operator":
+            raw = found.group(kind)
+            yield Token(OPERATOR, raw, raw, start, end)
+        elif kind == "variable":
+            raw = found.group(kind)
+            yield Token(VARIABLE, raw, raw[1:].lower(), start, end)
+        elif kind == "string":
+            raw = found.group(kind)
+            national = raw[0] in "Nn"
+            yield Token(STRING, raw, raw[1 + national:-1].replace("''", "'"), start, end, national=national)
+        elif kind == "number":
+            raw = found.group(kind)
+            yield Token(NUMBER, raw, _number(raw), start, end)
+        elif kind == "block_comment":
+            position = _comment_end(text, start, source, lines)
+        elif kind == "bracket":
+            raw = found.group(kind)
+            yield Token(NAME, raw, raw[1:-1].replace("]]", "]"), start, end, quoted=True)
+        elif kind == "quoted":
+            raw = found.group(kind)
+            yield Token(NAME, raw, raw[1:-1].replace('""', '"'), start, end, quoted=True)
+        elif kind == "binary":
+            raw = found.group(kind)
+            digits = raw[2:]
+            yield Token(BINARY, raw, bytes.fromhex(digits if len(digits) % 2 == 0 else "0" + digits), start, end)
+        elif kind == "money":
+            raw = found.group(kind)
+            yield Token(NUMBER, raw, Decimal(raw[1:].replace(" ", "").replace("\t", "")), start, end)
+        elif kind == "global":
+            raw = found.group(kind)
+            yield Token(GLOBAL, raw, raw[2:].lower(), start, end)
+        elif kind.startswith("open_"):
             what = {"open_string": "string (a ' without its closing quote)",
                     "open_bracket": "[identifier] (a [ without its closing ])",
                     "open_quoted": '"identifier" (a " without its closing quote)'}[kind]
-            raise ScriptError(f"{source}, {(lines or Lines(text)).where(position)}: unterminated {what}: the file "
+            raise ScriptError(f"{source}, {(lines or Lines(text)).where(start)}: unterminated {what}: the file "
                               "is cut short, or the quote is missing")
-        raw = found.group()
-        if kind == "string":
-            national = raw[0] in "Nn"
-            yield Token(STRING, raw, raw[1 + national:-1].replace("''", "'"), position, end, national=national)
-        elif kind == "bracket":
-            yield Token(NAME, raw, raw[1:-1].replace("]]", "]"), position, end, quoted=True)
-        elif kind == "quoted":
-            yield Token(NAME, raw, raw[1:-1].replace('""', '"'), position, end, quoted=True)
-        elif kind == "binary":
-            digits = raw[2:]
-            yield Token(BINARY, raw, bytes.fromhex(digits if len(digits) % 2 == 0 else "0" + digits), position, end)
-        elif kind == "money":
-            yield Token(NUMBER, raw, Decimal(raw[1:].replace(" ", "").replace("\t", "")), position, end)
-        elif kind == "number":
-            yield Token(NUMBER, raw, _number(raw), position, end)
-        elif kind == "global":
-            yield Token(GLOBAL, raw, raw[2:].lower(), position, end)
-        elif kind == "variable":
-            yield Token(VARIABLE, raw, raw[1:].lower(), position, end)
-        elif kind == "name":
-            yield Token(NAME, raw, raw, position, end)
-        elif kind == "operator":
-            yield Token(OPERATOR, raw, raw, position, end)
         else:
-            yield Token(OTHER, raw, raw, position, end)
-        position = end
+            raw = found.group(kind)
+            yield Token(OTHER, raw, raw, start, end)
 
 
 def _number(raw: str):
@@ -178,28 +190,32 @@ def batches(text: str, source: str = "<script>", lines: Lines | None = None) -> 
             pending.append(token)
         return pending[k]
 
-    previous_end_line = 0
+    previous: Token | None = None
     while True:
         token = take()
         if token is None:
             break
-        line = lines.line(token.start)
-        if token.word() == "GO" and line > previous_end_line:
-            following, count = peek(0), 1
-            if following is not None and following.kind == NUMBER and lines.line(following.start) == line \
-                    and isinstance(following.value, int):
-                after = peek(1)
-                if after is None or lines.line(after.start) > line:
-                    count = following.value
-                    take()
-                    following = after
-            if following is None or lines.line(following.start) > line:
-                yield Batch(current, count, start, token.start, line)
-                current, start = [], token.end
-                previous_end_line = line
-                continue
+        if token.word() == "GO":
+            line = lines.line(token.start)
+            if previous is None or lines.line(previous.end - 1) < line:
+                following, count = peek(0), 1
+                if following is not None and following.kind == NUMBER and isinstance(following.value, int) \
+                        and lines.line(following.start) == line:
+                    after = peek(1)
+                    if after is None or lines.line(after.start) > line:
+                        count = following.value
+                        take()
+                        following = after
+                if following is None or lines.line(following.start) > line:
+                    yield Batch(current, count, start, token.start, line)
+                    # The next batch starts on the line after GO (the rest of the GO line is its
+                    # count and comment).
+                    current, previous = [], None
+                    next_line = line - lines.first_line + 1
+                    start = lines.starts[next_line] if next_line < len(lines.starts) else len(text)
+                    continue
         current.append(token)
-        previous_end_line = lines.line(token.end - 1) if token.end > token.start else line
+        previous = token
     if current or start < len(text):
         yield Batch(current, 1, start, len(text), None)
 

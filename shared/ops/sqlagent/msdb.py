@@ -291,6 +291,9 @@ class Msdb:
         self._owned: set[tuple[str, int]] = set()   # objects this model may change in place
         self.touched_jobs: set[int] = set()          # since this copy was made: for comparing copies
         self.touched_schedules: set[int] = set()
+        self.by_id: dict[uuid.UUID, int] = {}        # job_id -> key
+        self.by_name: dict[str, int] = {}            # text_key(name) -> key
+        self.by_uid: dict[uuid.UUID, int] = {}       # schedule_uid -> schedule_id
 
     def copy(self) -> "Msdb":
         """A copy that shares the jobs and schedules until one of the two changes them (the
@@ -298,6 +301,7 @@ class Msdb:
         other = Msdb.__new__(Msdb)
         other.jobs, other.schedules = dict(self.jobs), dict(self.schedules)
         other.attachments, other.unknown = list(self.attachments), dict(self.unknown)
+        other.by_id, other.by_name, other.by_uid = dict(self.by_id), dict(self.by_name), dict(self.by_uid)
         other.today, other._next_key, other._next_schedule = self.today, self._next_key, self._next_schedule
         other._owned = set()
         other.touched_jobs, other.touched_schedules = set(), set()
@@ -373,12 +377,12 @@ class Msdb:
         if (job_id is None) == (job_name is None):
             raise Refused(14294, "Supply either @job_id or @job_name to identify the job.")
         if job_id is not None:
-            found = next((j for j in self.jobs.values() if j.job_id == job_id), None)
+            found = self.jobs.get(self.by_id.get(job_id, 0))
             if found is None:
                 raise Refused(14262, f"The specified @job_id ('{str(job_id).upper()}') does not exist (no job "
                                      "of this import has it).")
         else:
-            found = next((j for j in self.jobs.values() if text_key(j.name) == text_key(job_name)), None)
+            found = self.jobs.get(self.by_name.get(text_key(job_name), 0))
             if found is None:
                 raise Refused(14262, f"The specified @job_name ('{job_name}') does not exist (no job of this import "
                                      "has that name).")
@@ -420,7 +424,7 @@ class Msdb:
         if name is None:
             raise Refused(515, "Cannot insert the value NULL into column 'name', table 'msdb.dbo.sysjobs'.")
         name = name.strip(" ")
-        if any(text_key(j.name) == text_key(name) for j in self.jobs.values()):
+        if text_key(name) in self.by_name:
             raise Refused(14261, f"The specified @name ('{name}') already exists.")
         if a["job_id"] is not None:
             raise Refused(14274, "Cannot add, update, or delete a job (or its steps or schedules) that originated "
@@ -435,6 +439,8 @@ class Msdb:
                   owner_login_name=a["owner_login_name"], delete_level=a["delete_level"], **levels)
         self._next_key += 1
         self.jobs[job.key] = job
+        self.by_id[job.job_id] = job.key
+        self.by_name[text_key(name)] = job.key
         self._owned.add(("job", job.key))
         self.touched_jobs.add(job.key)
         outcome.job_key = job.key
@@ -448,8 +454,7 @@ class Msdb:
             new_name = new_name.strip(" ") or None
         if isinstance(new_name, Unknown):
             raise NotFollowed(f"@new_name is not known before the script runs ({new_name.reason})")
-        if new_name is not None and any(text_key(j.name) == text_key(new_name) and j.key != job.key
-                                        for j in self.jobs.values()):
+        if new_name is not None and self.by_name.get(text_key(new_name), job.key) != job.key:
             raise Refused(14261, f"The specified @name ('{new_name}') already exists.")
         enabled = job.enabled if a["enabled"] is None else a["enabled"]
         _check_enabled(enabled)
@@ -464,7 +469,9 @@ class Msdb:
         delete_level = job.delete_level if a["delete_level"] is None else a["delete_level"]
         _check_level("@delete_level", delete_level)
         if new_name is not None:
+            del self.by_name[text_key(job.name)]
             job.name = new_name
+            self.by_name[text_key(new_name)] = job.key
         job.enabled, job.start_step_id, job.delete_level = enabled, start, delete_level
         for key in ("description", "category_name", "owner_login_name"):
             if a[key] is not None:
@@ -484,6 +491,8 @@ class Msdb:
                 if not any(s == schedule_id for _, s in self.attachments):
                     self._drop_schedule(schedule_id)
         del self.jobs[job.key]
+        del self.by_id[job.job_id]
+        del self.by_name[text_key(job.name)]
         self.unknown = {k: v for k, v in self.unknown.items() if not (k[0] == "job" and k[1] == job.key)}
 
     def _sp_add_jobserver(self, a: dict, outcome: Outcome, unknown: dict) -> None:
@@ -668,8 +677,7 @@ class Msdb:
         values = {k: a[k] for k in SCHEDULE_FIELDS}
         values = self._verify_schedule(name, values)
         uid = a["schedule_uid"]
-        existing = next((s for s in self.schedules.values() if uid is not None and s.uid == uid), None) \
-            if not isinstance(uid, Unknown) else None
+        existing = self.schedules.get(self.by_uid.get(uid, 0)) if isinstance(uid, uuid.UUID) else None
         if existing is not None:
             existing = self._own_schedule(existing)
             # A schedule_uid already in msdb: sp_add_schedule updates that schedule (how SSMS's
@@ -685,6 +693,7 @@ class Msdb:
                             name=name.strip(" ") if isinstance(name, str) else name, **values)
         self._next_schedule += 1
         self.schedules[schedule.schedule_id] = schedule
+        self.by_uid[schedule.uid] = schedule.schedule_id
         self._owned.add(("schedule", schedule.schedule_id))
         self.touched_schedules.add(schedule.schedule_id)
         outcome.outputs.update(schedule_id=schedule.schedule_id, schedule_uid=schedule.uid)
@@ -872,7 +881,9 @@ class Msdb:
 
     def _drop_schedule(self, schedule_id: int) -> None:
         self.touched_schedules.add(schedule_id)
-        self.schedules.pop(schedule_id, None)
+        dropped = self.schedules.pop(schedule_id, None)
+        if dropped is not None:
+            self.by_uid.pop(dropped.uid, None)
         self.unknown = {k: v for k, v in self.unknown.items() if not (k[0] == "schedule" and k[1] == schedule_id)}
 
     # ---------------------------------------------------------------- alerts
