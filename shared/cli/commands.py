@@ -515,14 +515,21 @@ def cmd_import_sqlagent(agent, args) -> int:
         result["warnings"] = warnings
     print(json.dumps(result, indent=2, ensure_ascii=False))
     if not args.json:
+        # One line each: names and commands from the script may hold line breaks, control or
+        # bidirectional characters; they are escaped so that a line is what it says.
         for missing in result["not_carried"]:
-            print(f"not carried: {missing['source']}, line {missing['line']}: {missing['what']}: {missing['reason']}",
-                  file=sys.stderr)
+            print(_one_line(f"not carried: {missing['source']}, line {missing['line']}: {missing['what']}: "
+                            f"{missing['reason']}"), file=sys.stderr)
         for item in result["jobs"]:
             for missing in item["not_carried"]:
-                print(f"not carried: {item['sql_agent_name']}: {missing['what']}: {missing['reason']}",
+                print(_one_line(f"not carried: {item['sql_agent_name']}: {missing['what']}: {missing['reason']}"),
                       file=sys.stderr)
     return EXIT_FAILURE if incomplete else EXIT_OK
+
+
+def _one_line(text: str) -> str:
+    return "".join(c if c.isprintable() and not ("\u202a" <= c <= "\u202e" or "\u2066" <= c <= "\u2069")
+                   else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def cmd_completion(agent, args) -> int:

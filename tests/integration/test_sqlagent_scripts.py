@@ -215,3 +215,84 @@ def test_out_of_range_schedule_values_are_refused_as_sql_server_does_never_clamp
     assert code == EXIT_FAILURE
     assert "SCHEDULE" not in settings_of(document, "j")
     assert property_ in json.dumps(document), document
+
+
+# ---------------------------------------------------------------- attacks on the importer itself
+
+
+def test_a_variable_used_before_any_declare_makes_sql_server_refuse_the_whole_batch(tmp_path, capsys):
+    text = plain_job(name="declared") + "GO\n" + plain_job(name="in the refused batch") + \
+        "EXEC msdb.dbo.sp_update_job @job_id = @never_declared, @enabled = 0\n"
+    code, document, err = run(tmp_path, capsys, text)
+    assert [j["sql_agent_name"] for j in document["jobs"]] == ["declared"]
+    ((entry),) = document["not_carried"]
+    assert entry["line"] == 14 and "@never_declared is used but not declared" in entry["reason"]
+    assert "error 137" in entry["reason"] and code == EXIT_FAILURE
+
+
+def test_loops_that_never_end_are_stopped_and_said(tmp_path, capsys):
+    text = plain_job(name="before") + """GO
+DECLARE @i int = 0
+again:
+SET @i += 1
+GOTO again
+GO
+WHILE 1 = 1 SET @i = 1
+GO
+DECLARE @i int = 0
+WHILE 1 = 1 BEGIN SET @i += 1 END
+GO
+SELECT 1
+GO 100000
+""" + plain_job(name="after")
+    code, document, err = run(tmp_path, capsys, text)
+    assert [j["sql_agent_name"] for j in document["jobs"]] == ["before", "after"]
+    whats = [(entry["line"], entry["what"]) for entry in document["not_carried"]]
+    assert whats == [(11, "GOTO again"), (13, "batch"), (16, "WHILE"), (19, "GO 100000")]
+    reasons = [entry["reason"] for entry in document["not_carried"]]
+    assert "jumps back more than 10,000 times" in reasons[0] and "@i is used but not declared" in reasons[1]
+    assert "has not ended after 10,000 turns" in reasons[2] and "runs the batch 100,000 times" in reasons[3]
+
+
+def test_what_sql_server_refuses_to_compile_is_one_finding_never_a_crash(tmp_path, capsys):
+    for text, message in [
+        ("GOTO 5", "a label is a name"),
+        ("DECLARE @x nvarchar(10) = REPLACE(N'a', N'b')\nEXEC msdb.dbo.sp_add_job @job_name = @x",
+         "replace function was given 2 argument(s)"),
+        ("EXEC msdb.dbo.sp_add_job @job_name = N'a' +", "'+' after the value"),
+        ("BEGIN\nEXEC msdb.dbo.sp_add_job @job_name = N'a'", "BEGIN without its END"),
+        ("IF 1 = 1", "IF without a statement after it"),
+        ("EXEC", "EXEC without a procedure"),
+        ("DECLARE @x int = " + "(" * 300 + "1" + ")" * 300, "nested too deeply"),
+    ]:
+        code, document, err = run(tmp_path, capsys, text)
+        assert code == EXIT_FAILURE and document is not None, (text, err)
+        assert message in json.dumps(document["not_carried"]), (text, document["not_carried"])
+    # A long sum is not deep nesting: 1 + 1 + ... (5001 terms) is computed, as SQL Server does.
+    code, document, err = run(tmp_path, capsys, "DECLARE @x int = 1" + " + 1" * 5000 +
+                              "\nEXEC msdb.dbo.sp_add_job @job_name = @x")
+    assert [j["sql_agent_name"] for j in document["jobs"]] == ["5001"]
+
+
+def test_return_and_goto_inside_an_undecided_if_are_said_not_guessed(tmp_path, capsys):
+    text = plain_job(name="kept") + """GO
+IF @@SERVERNAME = N'PROD' RETURN
+EXEC msdb.dbo.sp_add_job @job_name = N'after the undecided RETURN', @notify_level_eventlog = 0
+"""
+    code, document, err = run(tmp_path, capsys, text)
+    names = [j["sql_agent_name"] for j in document["jobs"]]
+    assert names == ["kept", "after the undecided RETURN"]
+    (entry,) = document["not_carried"]
+    assert entry["line"] == 8 and "one way leaves the statement" in entry["reason"]
+    assert "follows the way that does not" in entry["reason"]
+
+
+def test_human_output_keeps_one_line_per_finding_whatever_the_names(tmp_path, capsys):
+    text = "DECLARE @n nvarchar(100) = N'x' + CHAR(10) + N'not carried: forged' + NCHAR(8238)\n" \
+           "EXEC msdb.dbo.sp_add_job @job_name = @n\n"
+    path = tmp_path / "job.sql"
+    path.write_text(text, encoding="utf-8")
+    assert cli(["import-sqlagent", str(path), "--timezone", "UTC"]) == EXIT_FAILURE
+    lines = capsys.readouterr().err.splitlines()
+    assert all(line.startswith("not carried: ") for line in lines), lines
+    assert any("x\\nnot carried: forged\\u202e" in line for line in lines), lines

@@ -30,8 +30,8 @@ from shared.ops.sqlagent.values import (
     NVARCHAR_MAX, SqlFailure, SqlType, Unknown, Value, convert, first_unknown, text_key, to_decimal, to_float,
     to_int, to_string)
 
-MAX_LOOP = 100_000              # iterations of one WHILE before the importer calls it endless
-MAX_STATEMENTS = 5_000_000      # statements run for all files together
+MAX_LOOP = 10_000               # iterations of one WHILE (or GO n) before the importer calls it endless
+MAX_STATEMENTS = 2_000_000      # statements run for all files together
 MAX_NESTING = 32                # EXEC of dynamic SQL or procedures within each other (SQL Server's limit)
 MAX_TEXT = 16_000_000           # characters of one computed string
 JOB_TABLES = {"sysjobs", "sysjobs_view", "sysjobsteps", "sysschedules", "sysjobschedules", "sysjobservers",
@@ -98,6 +98,7 @@ class Frame:
     handlers: list[int] = field(default_factory=list)   # catch blocks of the TRYs the code is in
     return_value: Value = 0
     parent: "Frame | None" = None
+    back_jumps: int = 0             # GOTOs to an earlier label: a loop made of GOTO
 
 
 class Stop(Exception):
@@ -111,10 +112,6 @@ class Stop(Exception):
 
 class Disconnect(Exception):
     """RAISERROR WITH LOG of severity 20 or more: SQL Server closes the connection."""
-
-
-class Unstructured(Exception):
-    """While running one side of an undecided IF, control left it (GOTO out, RETURN, BREAK)."""
 
 
 class Raised(Exception):
@@ -251,6 +248,8 @@ class Interpreter:
         self.speculating = 0
         self.session = Session()
         self.stats = FileStats("")
+        self._compiled: dict[tuple, tuple] = {}
+        self._dynamic: dict[str, tuple] = {}
 
     # ------------------------------------------------------------ files and batches
 
@@ -263,7 +262,10 @@ class Interpreter:
                 if not batch.tokens:
                     continue
                 self.stats.batches += 1
-                for _ in range(max(batch.count, 0)):
+                if batch.count > MAX_LOOP:
+                    self.find(source, batch.go_line or 1, f"GO {batch.count}",
+                              f"runs the batch {batch.count:,} times: followed for the first {MAX_LOOP:,} only")
+                for _ in range(min(max(batch.count, 0), MAX_LOOP)):
                     self.run_batch(batch.tokens, text, lines, source, depth=0)
         except Disconnect:
             pass
@@ -277,8 +279,9 @@ class Interpreter:
     def run_batch(self, batch_tokens: list[Token], text: str, lines: Lines, source: str, *, depth: int,
                   variables: dict[str, Var] | None = None, parent: Frame | None = None) -> Frame | None:
         try:
-            statements = Parser(batch_tokens, text, lines, quoted_identifier=self.session.quoted_identifier) \
-                .statements()
+            statements, code, labels, parser = self.compiled(batch_tokens, text, lines)
+            if not any(isinstance(statement, Module) for statement in statements):
+                _check_declared(parser, batch_tokens, set(variables or ()))
         except BatchRefused as refused:
             self.find(source, lines.line(refused.offset), "batch",
                       f"SQL Server refuses to compile this batch ({refused.message}, at "
@@ -288,7 +291,6 @@ class Interpreter:
             self.find(source, lines.line(batch_tokens[0].start), "batch",
                       "nested too deeply for SQL Server (error 191): none of it runs, here either")
             return None
-        code, labels = compile_code(statements)
         frame = Frame(variables if variables is not None else {}, code, labels, text, lines, source, depth,
                       parent=parent)
         try:
@@ -297,6 +299,27 @@ class Interpreter:
             if stop.whole and depth > 0:
                 raise
         return frame
+
+    def compiled(self, batch_tokens: list[Token], text: str, lines: Lines):
+        """A batch parsed and compiled; kept for the batches run again (a procedure's body, the
+        same dynamic SQL in a loop). Raises BatchRefused (also when it is met again)."""
+        key = (id(batch_tokens), self.session.quoted_identifier)
+        cached = self._compiled.get(key)
+        if cached is None:
+            parser = Parser(batch_tokens, text, lines, quoted_identifier=self.session.quoted_identifier)
+            try:
+                statements = parser.statements()
+                code, labels = compile_code(statements)
+                result = (statements, code, labels, parser)
+            except BatchRefused as refused:
+                result = refused
+            if len(self._compiled) > 512:
+                self._compiled.clear()
+            cached = self._compiled[key] = (batch_tokens, result)       # the tokens kept: their id stays theirs
+        result = cached[1]
+        if isinstance(result, BatchRefused):
+            raise result
+        return result
 
     def find(self, source: str, line: int, what: str, reason: str, *, job: int | None = None,
              kind: str = "structural", job_name: str | None = None) -> None:
@@ -349,6 +372,13 @@ class Interpreter:
                 self.find(frame.source, self.line(frame, instruction.stmt.start), f"GOTO {instruction.stmt.label}",
                           "no such label in the batch: SQL Server refuses the batch (error 133)")
                 raise Stop()
+            if target <= pc:
+                frame.back_jumps += 1
+                if frame.back_jumps > MAX_LOOP:
+                    self.find(frame.source, self.line(frame, instruction.stmt.start), f"GOTO {instruction.stmt.label}",
+                              f"jumps back more than {MAX_LOOP:,} times: a loop that would not end on SQL Server "
+                              "either; the rest of the batch is not followed")
+                    raise Stop()
             return target
         if isinstance(instruction, CTry):
             frame.handlers.append(instruction.catch)
@@ -431,11 +461,21 @@ class Interpreter:
                 self.speculating -= 1
             results.append((self.snapshot(frame), self.findings[mark:], left))
             del self.findings[mark:]
-        if any(left for _, _, left in results):
-            self.restore(frame, base, copy=True)
-            self.find(frame.source, line, what,
-                      f"known only when the script runs ({why}), and one way leaves the statement (GOTO, RETURN, "
-                      "BREAK or an error): the importer cannot follow it; neither way is carried")
+        staying = [r for r in results if not r[2]]
+        if len(staying) < len(results):
+            # A way that leaves the statement (GOTO, RETURN, BREAK, an error) cannot be merged with
+            # one that goes on: the importer goes on the way that stays, and says so.
+            if not staying:
+                self.restore(frame, base, copy=True)
+                self.find(frame.source, line, what, f"known only when the script runs ({why}), and every way leaves "
+                          "the statement (GOTO, RETURN, BREAK or an error): not followed")
+                return
+            state, side_findings, _ = staying[0]
+            self.restore(frame, state, copy=False)
+            self.findings.extend(f for f in side_findings if f.kind != "failure")
+            self.find(frame.source, line, what, f"known only when the script runs ({why}), and one way leaves the "
+                      "statement (GOTO, RETURN, BREAK or an error): the importer follows the way that does not; what "
+                      "the other way does is not carried")
             return
         first = results[0][0]
         self.restore(frame, first, copy=False)
@@ -851,9 +891,20 @@ class Interpreter:
             self.find(frame.source, line, "EXEC", "nested more than 32 levels: SQL Server fails it (error 217)")
             return None
         source = f"{frame.source} (dynamic SQL at line {line})"
-        lines = Lines(text)
+        cached = self._dynamic.get(text)
+        if cached is None:
+            lines = Lines(text)
+            try:
+                cached = (lines, list(tokens(text, source, lines)))
+            except ScriptError as error:
+                cached = (lines, error)
+            if len(self._dynamic) > 512:
+                self._dynamic.clear()
+            self._dynamic[text] = cached
+        lines, batch_tokens = cached
         try:
-            batch_tokens = list(tokens(text, source, lines))
+            if isinstance(batch_tokens, ScriptError):
+                raise batch_tokens
         except ScriptError as error:
             self.find(frame.source, line, "EXEC (...)", f"the SQL it runs does not parse ({error}): SQL Server fails "
                       "it, nothing in it runs", kind="failure")
@@ -985,8 +1036,6 @@ class Interpreter:
         if statement.kind == "RETURN":
             if statement.value is not None:
                 frame.return_value = self.value(frame, statement.value, statement.start)
-            if self.speculating:
-                raise Unstructured()
             raise Stop()
         raise AssertionError(statement.kind)
 
@@ -1026,11 +1075,18 @@ class Interpreter:
             number = operand if isinstance(operand, (int, Decimal, float)) else to_decimal(operand)
             return -number if e.op == "-" else number
         if isinstance(e, Binary):
-            left = self.evaluate(frame, e.left, row=row)
-            right = self.evaluate(frame, e.right, row=row)
             if e.op in ("=", "<>", "!=", "<", ">", "<=", ">=", "!<", "!>"):
-                return compare(e.op, left, right)
-            return self.binary(e.op, left, right)
+                return compare(e.op, self.evaluate(frame, e.left, row=row), self.evaluate(frame, e.right, row=row))
+            # a + b + c + ... is a left-deep tree as long as the text: walk it without recursion.
+            chain = []
+            node: Expr = e
+            while isinstance(node, Binary) and node.op not in ("=", "<>", "!=", "<", ">", "<=", ">=", "!<", "!>"):
+                chain.append(node)
+                node = node.left
+            value = self.evaluate(frame, node, row=row)
+            for link in reversed(chain):
+                value = self.binary(link.op, value, self.evaluate(frame, link.right, row=row))
+            return value
         if isinstance(e, Logical):
             left = self.evaluate(frame, e.left, boolean=True, row=row)
             if e.op == "AND" and left is False:
@@ -1211,7 +1267,11 @@ class Interpreter:
             return Unknown(f"{name}()")
         if any(a is None for a in args):
             return None
-        return handler(*args)
+        try:
+            return handler(*args)
+        except TypeError:
+            raise SqlFailure(174, f"The {name.lower()} function was given {len(args)} argument(s): SQL Server refuses "
+                                  "it") from None
 
     # ------------------------------------------------------------ reading msdb's tables
 
@@ -1220,70 +1280,45 @@ class Interpreter:
         other source. query: a whole subquery (SELECT ... FROM ...), or the clauses after a
         SELECT's list (FROM ...)."""
         line = self.line(frame, offset)
-        unknown = Unknown(f"a value read from a table or view at line {line}")
-        select_list: list[Token] = []
-        if subquery:
-            words = [t.word() for t in query]
-            if "FROM" not in words:
-                # (SELECT expression): its value.
-                value = self.value(frame, Parser(query[1:], frame.text, frame.lines).expression(), offset)
-                return [{"__value__": value}]
-            select_list, query = query[1:words.index("FROM")], query[words.index("FROM"):]
-        if not query or query[0].word() != "FROM":
-            return unknown
-        reader = Parser(query[1:], frame.text, frame.lines)
-        parts = [p.lower() for p in reader.multipart_name()]
-        table = parts[-1] if parts else ""
-        if table not in JOB_TABLES or len(parts) > 3 or (len(parts) >= 2 and parts[-2] not in ("dbo", "")) \
-                or (len(parts) == 3 and parts[0] != "msdb") \
-                or (len(parts) < 3 and (self.session.database or "msdb").lower() != "msdb"):
-            return unknown
-        if reader.word() == "AS":
-            reader.i += 1
-        alias = None
-        token = reader.peek()
-        if token is not None and token.kind == "name" and token.word() not in (
-                "WHERE", "WITH", "ORDER", "JOIN", "INNER", "LEFT", "RIGHT", "FULL", "CROSS", "OUTER", "GROUP", "OPTION"):
-            alias = token.value.lower()
-            reader.i += 1
-        if reader.word() == "WITH" and reader.op(1) == "(":
-            reader.i += 1
-            reader.skip_parentheses()
-        condition = None
-        if reader.word() == "WHERE":
-            reader.i += 1
-            condition = reader.expression()
-        if reader.word() == "ORDER":
-            reader.skip_statement("ORDER")
-        if not reader.at_end() and reader.op() != ";":
-            return Unknown(f"rows of the query at line {line} (joins and groups are not evaluated)")
-        rows = self.table(table)
+        plan = self.query_plan(frame, query, subquery)
+        if plan.value is not None:
+            return [{"__value__": self.value(frame, plan.value, offset)}]
+        if plan.problem is not None:
+            return Unknown(plan.problem.format(line=line))
+        parts = plan.parts
+        if len(parts) < 3 and (self.session.database or "msdb").lower() != "msdb":
+            return Unknown(f"a value read from a table or view at line {line}")
+        rows = self.table(parts[-1])
         if isinstance(rows, Unknown):
             return rows
         selected = []
         for record in rows:
-            if alias:
-                record = dict(record, **{f"{alias}.{k}": v for k, v in record.items()})
-            if condition is not None:
-                test = self.evaluate(frame, condition, boolean=True, row=record)
+            if plan.alias:
+                record = dict(record, **{f"{plan.alias}.{k}": v for k, v in record.items()})
+            if plan.condition is not None:
+                test = self.evaluate(frame, plan.condition, boolean=True, row=record)
                 if isinstance(test, Unknown):
                     return Unknown(f"rows of the query at line {line} ({test.reason})")
                 if test is not True:
                     continue
             selected.append(record)
-        if select_list:
-            chooser = Parser(select_list, frame.text, frame.lines)
-            if chooser.word() == "TOP":
-                chooser.i += 1
-                if chooser.op() == "(":
-                    chooser.skip_parentheses()
-                else:
-                    chooser.i += 1
-            expression = chooser.expression()
-            if isinstance(expression, Func) and expression.name == "COUNT":
+        if plan.select is not None:
+            if isinstance(plan.select, Func) and plan.select.name == "COUNT":
                 return [{"__value__": len(selected)}]
-            return [{"__value__": self.value(frame, expression, offset, row=r)} for r in selected]
+            return [{"__value__": self.value(frame, plan.select, offset, row=r)} for r in selected]
         return selected
+
+    def query_plan(self, frame: Frame, query: list[Token], subquery: bool) -> "QueryPlan":
+        """A query read once (a loop may run it many times)."""
+        key = ("query", id(query), subquery)
+        cached = self._compiled.get(key)
+        if cached is not None:
+            return cached[1]
+        plan = _read_query(query, subquery, frame)
+        if len(self._compiled) > 512:
+            self._compiled.clear()
+        self._compiled[key] = (query, plan)
+        return plan
 
     def table(self, name: str):
         msdb = self.msdb
@@ -1327,6 +1362,80 @@ def differing_jobs(models: list[Msdb]) -> dict[int, str]:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+@dataclass
+class QueryPlan:
+    value: Expr | None = None           # (SELECT expression) without FROM
+    problem: str | None = None          # why the rows are not known ({line} filled in)
+    parts: list[str] = field(default_factory=list)
+    alias: str | None = None
+    condition: Expr | None = None
+    select: Expr | None = None
+
+
+def _read_query(query: list[Token], subquery: bool, frame: Frame) -> QueryPlan:
+    unknown = "a value read from a table or view at line {line}"
+    select_list: list[Token] = []
+    if subquery:
+        words = [t.word() for t in query]
+        if "FROM" not in words:
+            return QueryPlan(value=Parser(query[1:], frame.text, frame.lines).expression())
+        select_list, query = query[1:words.index("FROM")], query[words.index("FROM"):]
+    if not query or query[0].word() != "FROM":
+        return QueryPlan(problem=unknown)
+    reader = Parser(query[1:], frame.text, frame.lines)
+    parts = [p.lower() for p in reader.multipart_name()]
+    table = parts[-1] if parts else ""
+    if table not in JOB_TABLES or len(parts) > 3 or (len(parts) >= 2 and parts[-2] not in ("dbo", "")) \
+            or (len(parts) == 3 and parts[0] != "msdb"):
+        return QueryPlan(problem=unknown)
+    if reader.word() == "AS":
+        reader.i += 1
+    alias = None
+    token = reader.peek()
+    if token is not None and token.kind == "name" and token.word() not in (
+            "WHERE", "WITH", "ORDER", "JOIN", "INNER", "LEFT", "RIGHT", "FULL", "CROSS", "OUTER", "GROUP", "OPTION"):
+        alias = token.value.lower()
+        reader.i += 1
+    if reader.word() == "WITH" and reader.op(1) == "(":
+        reader.i += 1
+        reader.skip_parentheses()
+    condition = None
+    try:
+        if reader.word() == "WHERE":
+            reader.i += 1
+            condition = reader.expression()
+        if reader.word() == "ORDER":
+            reader.skip_statement("ORDER")
+    except BatchRefused:
+        return QueryPlan(problem=unknown)
+    if not reader.at_end() and reader.op() != ";":
+        return QueryPlan(problem="rows of the query at line {line} (joins and groups are not evaluated)")
+    select = None
+    if select_list:
+        chooser = Parser(select_list, frame.text, frame.lines)
+        if chooser.word() == "TOP":
+            chooser.i += 1
+            if chooser.op() == "(":
+                chooser.skip_parentheses()
+            else:
+                chooser.i += 1
+        select = chooser.expression()
+    return QueryPlan(parts=parts, alias=alias, condition=condition, select=select)
+
+
+def _check_declared(parser: Parser, batch_tokens: list[Token], declared: set[str]) -> None:
+    """T-SQL resolves variables when it compiles a batch: a variable used before any DECLARE of
+    it (in the text, whatever the control flow) makes SQL Server refuse the whole batch."""
+    for token in batch_tokens:
+        if token.kind != "variable" or token.start in parser.parameter_names:
+            continue
+        if token.start in parser.declarations:
+            declared.add(token.value)
+        elif token.value not in declared:
+            raise BatchRefused(token.start, f"{token.text} is used but not declared before it in the batch (SQL "
+                                            f"Server's error 137, 'Must declare the scalar variable \"{token.text}\"')")
 
 
 def _split_name(text: str) -> list[str]:

@@ -311,6 +311,8 @@ class Parser:
         self.lines = lines
         self.quoted_identifier = quoted_identifier
         self.depth = 0
+        self.declarations: set[int] = set()     # offsets of the @names DECLARE declares
+        self.parameter_names: set[int] = set()  # offsets of @param in EXEC p @param = value
 
     # ------------------------------------------------------------ token helpers
 
@@ -327,6 +329,8 @@ class Parser:
         return token.value if token is not None and token.kind == OPERATOR else None
 
     def take(self) -> Token:
+        if self.i >= len(self.t):
+            raise BatchRefused(self.offset(), "the batch ends in the middle of a statement")
         token = self.t[self.i]
         self.i += 1
         return token
@@ -468,6 +472,8 @@ class Parser:
     def _goto(self, start: int) -> Stmt:
         self.i += 1
         label = self.take()
+        if label.kind != NAME:
+            raise BatchRefused(label.start, f"GOTO {label.text}: a label is a name")
         return Jump(start, "GOTO", label.value.lower())
 
     def _break(self, start: int) -> Stmt:
@@ -501,6 +507,7 @@ class Parser:
             if token.kind != VARIABLE:
                 break
             self.i += 1
+            self.declarations.add(token.start)
             if self.word() == "AS":
                 self.i += 1
             if self.word() == "TABLE":
@@ -808,6 +815,7 @@ class Parser:
         token = self.peek()
         if token.kind == VARIABLE and self.op(1) == "=":
             name = token.value
+            self.parameter_names.add(token.start)
             self.i += 2
         value_token = self.peek()
         if value_token is None:
