@@ -296,3 +296,45 @@ def test_human_output_keeps_one_line_per_finding_whatever_the_names(tmp_path, ca
     lines = capsys.readouterr().err.splitlines()
     assert all(line.startswith("not carried: ") for line in lines), lines
     assert any("x\\nnot carried: forged\\u202e" in line for line in lines), lines
+
+
+def test_a_sqlcmd_mode_script_is_said_not_silently_taken_literally(tmp_path, capsys):
+    text = ":setvar JobName \"Nightly\"\r\n" + plain_job(name="$(JobName)")
+    code, document, err = run(tmp_path, capsys, text)
+    assert code == EXIT_FAILURE
+    (entry,) = document["not_carried"]
+    assert (entry["line"], entry["what"]) == (1, ":setvar") and "SQLCMD mode" in entry["reason"]
+
+
+def test_old_mac_line_ends_and_go_are_read_as_lines(tmp_path, capsys):
+    text = (plain_job(name="first") + "GO\n" + plain_job(name="second")).replace("\n", "\r")
+    code, document, err = run(tmp_path, capsys, text.encode("utf-8"))
+    assert code == EXIT_OK, document
+    assert [j["sql_agent_name"] for j in document["jobs"]] == ["first", "second"]
+    assert document["sources"][0]["batches"] == 2
+
+
+def test_a_utf8_file_with_a_byte_order_mark_and_a_broken_byte_is_an_error_naming_the_byte(tmp_path, capsys):
+    code, document, err = run(tmp_path, capsys, b"\xef\xbb\xbf" + plain_job().encode("utf-8") + b"-- \xff\n")
+    assert code == EXIT_USAGE and document is None
+    assert "not valid UTF-8 (byte order mark) at byte" in json.loads(err)["error"]
+
+
+def test_files_run_in_order_over_one_msdb_and_a_file_given_twice_is_said(tmp_path, capsys):
+    (tmp_path / "create.sql").write_text(plain_job(name="shared"), encoding="utf-8")
+    (tmp_path / "change.sql").write_text("EXEC msdb.dbo.sp_update_job @job_name = N'shared', @enabled = 0\n",
+                                         encoding="utf-8")
+    create, change = str(tmp_path / "create.sql"), str(tmp_path / "change.sql")
+    assert cli(["import-sqlagent", create, change, "--timezone", "UTC", "--json"]) == EXIT_OK
+    document = json.loads(capsys.readouterr().out)
+    assert document["settings"]["JOB__shared__ENABLED"] == "false"
+    # The other order: the change comes first and finds no job (as it would on SQL Server).
+    assert cli(["import-sqlagent", change, create, "--timezone", "UTC", "--json"]) == EXIT_FAILURE
+    document = json.loads(capsys.readouterr().out)
+    assert document["settings"]["JOB__shared__ENABLED"] == "true"
+    assert "error 14262" in document["not_carried"][0]["reason"]
+    # The same script twice: its second run cannot add the job again.
+    assert cli(["import-sqlagent", create, create, "--timezone", "UTC", "--json"]) == EXIT_FAILURE
+    document = json.loads(capsys.readouterr().out)
+    assert len(document["jobs"]) == 1
+    assert any("error 14261" in entry["reason"] for entry in document["jobs"][0]["not_carried"])

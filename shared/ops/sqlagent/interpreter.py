@@ -257,11 +257,19 @@ class Interpreter:
         self.session = Session()
         self.stats = FileStats(source)
         lines = Lines(text)
+        sqlcmd_said = False
         try:
             for batch in batches(text, source, lines):
                 if not batch.tokens:
                     continue
                 self.stats.batches += 1
+                command = None if sqlcmd_said else _sqlcmd_command(batch.tokens, lines)
+                if command is not None:
+                    sqlcmd_said = True
+                    self.find(source, lines.line(command.start), f":{command.value}",
+                              "a sqlcmd command: the script is meant for SQLCMD mode, whose :setvar, :r and $(variable) "
+                              "the importer does not run or replace (SQL Server refuses them as T-SQL); run the script "
+                              "through sqlcmd's preprocessing first, or write the values in")
                 if batch.count > MAX_LOOP:
                     self.find(source, batch.go_line or 1, f"GO {batch.count}",
                               f"runs the batch {batch.count:,} times: followed for the first {MAX_LOOP:,} only")
@@ -1362,6 +1370,24 @@ def differing_jobs(models: list[Msdb]) -> dict[int, str]:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+SQLCMD_COMMANDS = {"setvar", "r", "on", "connect", "out", "error", "exit", "quit", "listvar", "reset", "ed",
+                   "serverlist", "xml", "perftrace", "help", "list"}
+
+
+def _sqlcmd_command(batch_tokens: list[Token], lines: Lines) -> Token | None:
+    """A sqlcmd command (:setvar, :r, ...) at the start of a line, outside strings and comments."""
+    previous_line = 0
+    for index, token in enumerate(batch_tokens[:-1]):
+        line = lines.line(token.start)
+        if token.kind == "operator" and token.value == ":" and line > previous_line:
+            following = batch_tokens[index + 1]
+            if following.kind == "name" and following.value.lower() in SQLCMD_COMMANDS \
+                    and following.start == token.end:
+                return following
+        previous_line = lines.line(token.end - 1) if token.end > token.start else line
+    return None
 
 
 @dataclass
