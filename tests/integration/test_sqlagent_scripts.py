@@ -66,6 +66,15 @@ def test_every_spelling_of_the_procedure_name_creates_the_job(tmp_path, capsys, 
     assert settings_of(document, "j")["SCHEDULE"] == "0 0 2 * * *"
 
 
+@pytest.mark.parametrize("proc", ["master.dbo.sp_add_job", "tempdb..sp_add_job", "msdb.sys.sp_add_job"])
+def test_a_job_procedure_called_outside_msdb_fails_as_on_sql_server(tmp_path, capsys, proc):
+    code, document, err = run(tmp_path, capsys, f"EXEC {proc} @job_name = N'j'\n")
+    assert code == EXIT_FAILURE and document["jobs"] == []
+    assert "Could not find stored procedure" in document["not_carried"][0]["reason"]
+    code, document, err = run(tmp_path, capsys, "USE [master]\nGO\nEXEC sp_add_job @job_name = N'j'\n")
+    assert document["jobs"] == [] and "in database 'master'" in document["not_carried"][0]["reason"]
+
+
 def test_a_command_built_in_a_variable_is_carried_whole(tmp_path, capsys):
     text = """DECLARE @cmd nvarchar(max) = N'EXEC dbo.purge'
 SET @cmd = @cmd + N' @days = ' + CAST(30 AS nvarchar(10)) + N';' + CHAR(13) + CHAR(10)

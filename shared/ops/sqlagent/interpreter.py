@@ -122,7 +122,6 @@ class Raised(Exception):
 class FileStats:
     source: str
     batches: int = 0
-    statements: int = 0
     calls: int = 0                  # calls of msdb's job procedures
 
 
@@ -750,6 +749,10 @@ class Interpreter:
             self.run_procedure(frame, statement, user, line)
             return
         is_msdb = name in SIGNATURES or name in HARMLESS or name in NOT_FOLLOWED or name.startswith("sp_help")
+        if name in SIGNATURES and database not in ("", "msdb") and not server:
+            self.fail(frame, statement, line, name, 2812, f"Could not find stored procedure '{database}.{schema or 'dbo'}"
+                      f".{name}' (msdb's job procedures are only in msdb)")
+            return
         if database == "msdb" or (is_msdb and not database):
             where = database or (self.session.database or "").lower()
             if server:

@@ -218,9 +218,3 @@ def batches(text: str, source: str = "<script>", lines: Lines | None = None) -> 
         previous = token
     if current or start < len(text):
         yield Batch(current, 1, start, len(text), None)
-
-
-def go_lines(text: str) -> list[int]:
-    """The line numbers (1-based) of the GO lines of a text, outside strings and comments (for a
-    job step's command); ScriptError when the text cannot be cut into tokens."""
-    return [batch.go_line for batch in batches(text) if batch.go_line is not None]

@@ -274,7 +274,6 @@ class Outcome:
     outputs: dict[str, Value] = field(default_factory=dict)
     job_key: int | None = None      # the job the call concerns, when it names one
     not_followed: str | None = None
-    unknown: dict[str, str] = field(default_factory=dict)   # property -> why its value is not known
 
 
 class Msdb:

@@ -80,10 +80,6 @@ def sql_type(name: str, arguments: list[str] | None = None, *, in_cast: bool = F
     return SqlType(name)
 
 
-def is_unknown(value: Any) -> bool:
-    return isinstance(value, Unknown)
-
-
 def first_unknown(*values: Any) -> Unknown | None:
     for value in values:
         if isinstance(value, Unknown):
