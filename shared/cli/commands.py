@@ -63,6 +63,7 @@ from shared.engine.views import after_words, history_view, jobs_view, poison_vie
 from shared.errors import AgentError, ConfigError, NotFoundError, UsageError
 from shared.jobs.run_model import RunStatus
 from shared.ops.doctor import run_doctor
+from shared.ops.sqlagent.source import check_encoding, decode_script
 from shared.ops.sqlagent_import import ScriptError, apply_calls, convert_script, report
 from shared.settings import load_settings, merged_environment
 from shared.web.app import monitor_settings
@@ -458,9 +459,10 @@ def cmd_doctor(agent, args) -> int:
 
 
 def cmd_import_sqlagent(agent, args) -> int:
-    """SSMS's job scripts -> JOB__<name>__* settings (JSON on stdout); what could not be carried
-    over is listed per job and makes the exit code 1. --apply: agent.add_scheduled_job for the
-    one-step jobs; the others stay in the printed settings and are listed."""
+    """SQL Server Agent job scripts -> JOB__<name>__* settings (JSON on stdout); what could not be
+    carried over is listed per job (and for the script) and makes the exit code 1. --apply:
+    agent.add_scheduled_job for the one-step jobs; the others stay in the printed settings and are
+    listed."""
 
     timezone = args.timezone
     warnings: list[str] = []
@@ -468,7 +470,14 @@ def cmd_import_sqlagent(agent, args) -> int:
         timezone = "UTC"
         warn(args, warnings, "no --timezone: the schedules are taken as UTC; SQL Server Agent runs in the server's "
                               "local time (give --timezone Europe/Paris, America/New_York, ...)")
-    texts = []
+    if args.encoding is not None:
+        try:
+            check_encoding(args.encoding)
+        except ValueError as exc:
+            raise UsageError(f"import-sqlagent --encoding {args.encoding!r}: {exc}; expected an encoding name such "
+                             "as utf-8, utf-16, cp1252", setting="--encoding", value=args.encoding,
+                             expected="an encoding name (utf-8, utf-16, utf-16-le, cp1252, ...)") from None
+    texts, encodings = [], {}
     for path in args.files:
         try:
             with open(path, "rb") as handle:
@@ -476,12 +485,16 @@ def cmd_import_sqlagent(agent, args) -> int:
         except OSError as exc:
             raise UsageError(f"import-sqlagent: cannot read {path!r}: {exc.strerror}", setting="FILE.sql", value=path,
                              expected="a readable T-SQL script") from None
-        # SSMS saves scripts as UTF-16 (with a byte order mark) or UTF-8.
-        if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
-            text = raw.decode("utf-16")
-        else:
-            text = raw.decode("utf-8-sig", errors="replace")
-        texts.append((path, text))
+        try:
+            decoded = decode_script(raw, path, args.encoding)
+        except ScriptError as exc:
+            raise UsageError(f"import-sqlagent: {exc}", setting="FILE.sql", value=path,
+                             expected="a T-SQL script in UTF-8, UTF-16 or Windows-1252 (or the --encoding given)") \
+                from None
+        for message in decoded.warnings:
+            warn(args, warnings, message)
+        encodings[path] = decoded.encoding
+        texts.append((path, decoded.text))
     try:
         converted = convert_script(texts, timezone)
     except ScriptError as exc:
@@ -489,6 +502,8 @@ def cmd_import_sqlagent(agent, args) -> int:
     except ValueError as exc:       # the time zone
         raise UsageError(f"import-sqlagent --timezone {timezone!r}: {exc}; expected an IANA time zone name",
                          setting="--timezone", value=timezone, expected="an IANA time zone name") from None
+    for source in converted.sources:
+        source["encoding"] = encodings.get(source["file"])
     result = report(converted, timezone)
     incomplete = not result["complete"]
     if args.apply:
@@ -496,15 +511,25 @@ def cmd_import_sqlagent(agent, args) -> int:
         result["applied"] = [asdict(added) for added in add_scheduled_jobs(agent.target, calls)]
         result["not_applied"] = refused
         incomplete = incomplete or bool(refused)
-    if args.json:       # the same document, the warnings in it; each job's not_carried lists what was left
+    if args.json:       # the same document, the warnings in it; not_carried lists what was left
         result["warnings"] = warnings
     print(json.dumps(result, indent=2, ensure_ascii=False))
     if not args.json:
+        # One line each: names and commands from the script may hold line breaks, control or
+        # bidirectional characters; they are escaped so that a line is what it says.
+        for missing in result["not_carried"]:
+            print(_one_line(f"not carried: {missing['source']}, line {missing['line']}: {missing['what']}: "
+                            f"{missing['reason']}"), file=sys.stderr)
         for item in result["jobs"]:
             for missing in item["not_carried"]:
-                print(f"not carried: {item['sql_agent_name']}: {missing['what']}: {missing['reason']}",
+                print(_one_line(f"not carried: {item['sql_agent_name']}: {missing['what']}: {missing['reason']}"),
                       file=sys.stderr)
     return EXIT_FAILURE if incomplete else EXIT_OK
+
+
+def _one_line(text: str) -> str:
+    return "".join(c if c.isprintable() and not ("\u202a" <= c <= "\u202e" or "\u2066" <= c <= "\u2069")
+                   else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def cmd_completion(agent, args) -> int:

@@ -194,9 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     grant.add_argument("--apply", action="store_true",
                        help="run it on the control database (and on each job database) instead of printing it "
                             "(with --targets: on each target and master)")
-    importer = commands.add_parser("import-sqlagent", help="SQL Server Agent jobs scripted by SSMS (Script Job as -> "
-                                                           "CREATE To) as JOB__<name>__* app settings (JSON), or "
-                                                           "--apply: agent.add_scheduled_job on the control database")
+    importer = commands.add_parser("import-sqlagent", help="SQL Server Agent jobs from the T-SQL that creates them (SSMS's "
+                                                           "Script Job as -> CREATE To, or any script) as "
+                                                           "JOB__<name>__* app settings (JSON), or --apply: "
+                                                           "agent.add_scheduled_job on the control database")
     importer.add_argument("files", nargs="+", metavar="FILE.sql", help="T-SQL scripts (one or many jobs each)")
     importer.add_argument("--timezone", metavar="TZ",
                           help="IANA time zone of the SQL Server the jobs ran on (SQL Agent runs in server local "
@@ -204,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     importer.add_argument("--apply", action="store_true",
                           help="define the one-step jobs with agent.add_scheduled_job on the control database "
                                "(--db); jobs with steps are printed as settings and listed")
+    importer.add_argument("--encoding", metavar="NAME",
+                          help="the scripts' encoding (utf-8, utf-16, cp1252, ...); default: a byte order mark, else "
+                               "UTF-16/UTF-32 told by its NUL bytes, else UTF-8, else Windows-1252 with a warning")
     completion = commands.add_parser("completion", help="print the shell completion script for sql-agent "
                                                         "(e.g. sql-agent completion bash > ~/.local/share/"
                                                         "bash-completion/completions/sql-agent)")

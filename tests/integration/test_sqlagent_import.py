@@ -5,6 +5,7 @@ real PostgreSQL control database."""
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import date, datetime, timezone
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -14,7 +15,7 @@ import pytest
 from shared.cli.commands import main as cli
 from shared.jobs.from_settings import parse_jobs
 from shared.jobs.schedules import parse_schedule
-from shared.ops.sqlagent_import import ScriptError, convert_script, read_calls, report, setting_name
+from shared.ops.sqlagent_import import ScriptError, convert_script, report, setting_name
 from tests.support.harness import make_agent, query
 
 HERE = Path(__file__).parent / "sqlagent"
@@ -97,6 +98,9 @@ IF (@@ERROR <> 0 OR @ReturnCode <> 0) GOTO QuitWithRollback"""
 def schedule(name: str = "s", *, freq_type: int = 4, interval: int = 1, subday_type: int = 1, subday_interval: int = 0,
              relative: int = 0, factor: int = 0, start_date: int = 20260101, end_date: int = 99991231,
              start_time: int = 0, end_time: int = 235959, enabled: int = 1) -> str:
+    # SSMS writes each schedule's own schedule_uid: one shared by two calls is one schedule (the
+    # second sp_add_jobschedule updates it, as SQL Server does), so every schedule here gets its own.
+    uid = uuid.uuid5(uuid.NAMESPACE_OID, repr(sorted(locals().items())))
     return f"""EXEC @ReturnCode = msdb.dbo.sp_add_jobschedule @job_id=@jobId, @name=N'{name}',
 		@enabled={enabled},
 		@freq_type={freq_type},
@@ -109,7 +113,7 @@ def schedule(name: str = "s", *, freq_type: int = 4, interval: int = 1, subday_t
 		@active_end_date={end_date},
 		@active_start_time={start_time},
 		@active_end_time={end_time},
-		@schedule_uid=N'9c3f0c1e-2b57-4d0b-9a55-3c8e2f4b1a10'
+		@schedule_uid=N'{uid}'
 IF (@@ERROR <> 0 OR @ReturnCode <> 0) GOTO QuitWithRollback"""
 
 
@@ -223,7 +227,7 @@ def test_a_script_saved_as_utf16_by_ssms_is_read(tmp_path, capsys):
     # SQL Agent starts again at @active_start_time each day: every 7 hours is 00, 07, 14 and 21 h.
     (dict(freq_type=4, subday_type=8, subday_interval=7), "0 0 0-21/7 * * *"),
     (dict(freq_type=4, subday_type=4, subday_interval=20, start_time=80000, end_time=175959), "0 */20 8-17 * * *"),
-    (dict(freq_type=8, interval=2 | 8 | 32, start_time=63000), "0 30 6 * * 1,3,5"),
+    (dict(freq_type=8, interval=2 | 8 | 32, factor=1, start_time=63000), "0 30 6 * * 1,3,5"),
     (dict(freq_type=8, interval=1 | 64, factor=1, start_time=120000), "0 0 12 * * 0,6"),
     (dict(freq_type=16, interval=15, factor=1, start_time=10000), "0 0 1 15 * *"),
     (dict(freq_type=16, interval=1, factor=6, start_date=20260301), "0 0 0 1 3,9 *"),
@@ -252,7 +256,7 @@ def test_schedules_ncrontab_expresses_exactly(arguments, expected):
     (dict(freq_type=1, start_date=20250101, start_time=10000), "already past"),
     (dict(freq_type=128), "when the CPU is idle"),
     (dict(freq_type=4, enabled=0), "disabled in SQL Agent"),
-    (dict(freq_type=4, end_date=20250101), "is past: the schedule has ended"),
+    (dict(freq_type=4, start_date=20240101, end_date=20250101), "is past: the schedule has ended"),
     (dict(freq_type=4, subday_type=4, subday_interval=30, start_time=220000, end_time=20000), "across midnight"),
 ])
 def test_schedules_ncrontab_cannot_express_are_listed_and_the_job_becomes_on_demand(arguments, reason, capsys,
@@ -273,7 +277,8 @@ def test_schedules_ncrontab_cannot_express_are_listed_and_the_job_becomes_on_dem
 
 def test_an_expressible_schedule_is_kept_when_another_of_the_job_is_not():
     text = ssms("j", step(1, "SELECT 1"), schedule("a", start_time=10000) + "\n" +
-                schedule("b", freq_type=4, interval=3) + "\n" + schedule("c", freq_type=8, interval=1, start_time=10000))
+                schedule("b", freq_type=4, interval=3) + "\n" + schedule("c", freq_type=8, interval=1, factor=1,
+                                                                             start_time=10000))
     converted = one(text)
     assert [c.settings[f"JOB__{c.job}__SCHEDULE"] for c in converted] == ["0 0 1 * * *", "0 0 1 * * 0"]
     assert [item["what"] for item in converted[0].not_carried] == ["schedule 'b'"]
@@ -371,32 +376,44 @@ EXEC msdb.dbo.sp_add_jobserver @job_name = N'Post entries', @server_name = N'OTH
     assert converted.settings[p + "STEPS__1__DATABASE"] == "ledger"
     assert converted.settings[p + "STEPS__1__RETRY_INTERVAL_SECONDS"] == "60"
     assert converted.settings[p + "SCHEDULE"] == "0 5 * * * *"
-    whats = [item["what"] for item in converted.not_carried]
-    assert whats == ["schedule 'Not in this script'", "target server 'OTHERSERVER'"]
+    listed = {item["what"]: item["reason"] for item in converted.not_carried}
+    assert list(listed) == ["sp_attach_schedule", "target server 'OTHERSERVER'", "@notify_level_eventlog=2"]
+    # SQL Server refuses to attach a schedule msdb does not have; the import says so, at its line.
+    assert "error 14262" in listed["sp_attach_schedule"] and "'Not in this script'" in listed["sp_attach_schedule"]
+    assert [item.get("line") for item in converted.not_carried][0] == 13
+    assert "sp_add_job's default" in listed["@notify_level_eventlog=2"]
     assert_engine_accepts(converted.settings)
 
 
 def test_the_reader_uses_a_tokenizer_so_strings_and_comments_hide_nothing_and_invent_nothing():
-    text = """/* EXEC msdb.dbo.sp_add_job @job_name=N'commented out' */
+    text = """/* EXEC msdb.dbo.sp_add_job @job_name=N'commented out' /* nested */ still a comment */
 -- EXEC msdb.dbo.sp_add_job @job_name=N'also commented out'
+DECLARE @j uniqueidentifier
 EXEC msdb.dbo.sp_add_job @job_name=N'real', @job_id = @j OUTPUT
-EXEC msdb.dbo.sp_add_jobstep @job_id=@j, @step_id=1, @step_name=N's',
+EXEC msdb.dbo.sp_add_jobstep @job_id=@j, @step_id=1, @step_name=N's', @database_name=N'sales',
     @command=N'EXEC msdb.dbo.sp_add_job @job_name=N''inside a string''
 GO
 SELECT 1'
 """
-    calls = read_calls(text)
-    assert [(c.procedure, c.arguments.get("job_name")) for c in calls] == [("sp_add_job", "real"),
-                                                                           ("sp_add_jobstep", None)]
-    assert calls[1].arguments["command"] == "EXEC msdb.dbo.sp_add_job @job_name=N'inside a string'\nGO\nSELECT 1"
-    with pytest.raises(ScriptError, match="sp_add_jobstep names a job this script does not create"):
-        convert_script([("x.sql", "EXEC msdb.dbo.sp_add_jobstep @job_name=N'nope', @command=N'SELECT 1'")], "UTC")
-    with pytest.raises(ScriptError, match=r"line 2: @command of sp_add_jobstep: expected a literal or a variable, "
-                                          r"found an expression \('\+' after the value\)"):
-        convert_script([("x.sql", "EXEC msdb.dbo.sp_add_job @job_name=N'j', @job_id=@j OUTPUT\n"
-                                  "EXEC msdb.dbo.sp_add_jobstep @job_id=@j, @command=N'SELECT ' + N'1', @step_id=1")],
-                       "UTC")
-    with pytest.raises(ScriptError, match="x.sql"):
+    converted = convert_script([("x.sql", text)], "UTC", today=TODAY)
+    assert [c.sql_agent_name for c in converted] == ["real"]
+    settings = converted[0].settings
+    # The GO inside the string is the step's: SQL Agent runs its two batches (here two steps).
+    assert (settings["JOB__real__STEPS__1__COMMAND"], settings["JOB__real__STEPS__2__COMMAND"]) == (
+        "EXEC msdb.dbo.sp_add_job @job_name=N'inside a string'", "SELECT 1")
+    # A job the script does not create: the call fails on SQL Server (nothing to carry), and says so.
+    missing = convert_script([("x.sql", "EXEC msdb.dbo.sp_add_jobstep @job_name=N'nope', @step_name=N's', "
+                                        "@command=N'SELECT 1'")], "UTC", today=TODAY)
+    assert list(missing) == [] and "error 14262" in missing.not_carried[0]["reason"]
+    # An expression as an argument: SQL Server refuses to compile the batch; none of it runs.
+    refused = convert_script([("x.sql", "EXEC msdb.dbo.sp_add_job @job_name=N'j'\n"
+                                        "EXEC msdb.dbo.sp_add_jobstep @job_name=N'j', @step_name=N's', "
+                                        "@command=N'SELECT ' + N'1'")], "UTC", today=TODAY)
+    assert list(refused) == []
+    finding, nothing = refused.not_carried
+    assert (finding["line"], finding["what"]) == (2, "batch") and "'+' after the value" in finding["reason"]
+    assert "nothing to import" in nothing["reason"]
+    with pytest.raises(ScriptError, match=r"x.sql, line 1, column 36: unterminated string"):
         convert_script([("x.sql", "EXEC msdb.dbo.sp_add_job @job_name=N'unterminated")], "UTC")
 
 
@@ -448,17 +465,23 @@ def test_apply_defines_one_step_jobs_with_add_scheduled_job_on_postgres(pg_url, 
 
 
 def test_settings_the_agent_refuses_are_not_emitted_but_listed_with_the_agents_own_error():
-    text = ("EXEC msdb.dbo.sp_add_job @job_name=N'n', @job_id=@j OUTPUT\n"
-            "EXEC msdb.dbo.sp_add_jobstep @job_id=@j, @step_id=1, @command=N'SELECT 1\x00'\n"
+    text = ("DECLARE @j uniqueidentifier, @k uniqueidentifier\n"
+            "EXEC msdb.dbo.sp_add_job @job_name=N'n', @notify_level_eventlog=0, @job_id=@j OUTPUT\n"
+            "EXEC msdb.dbo.sp_add_jobstep @job_id=@j, @step_id=1, @step_name=N's', @database_name=N'd', "
+            "@command=N'SELECT 1\x00'\n"
             "EXEC msdb.dbo.sp_add_jobschedule @job_id=@j, @name=N's', @freq_type=4, @freq_interval=1\n"
-            "EXEC msdb.dbo.sp_add_job @job_name=N'ok', @job_id=@k OUTPUT\n"
-            "EXEC msdb.dbo.sp_add_jobstep @job_id=@k, @step_id=1, @command=N'SELECT 2'\n")
+            "EXEC msdb.dbo.sp_add_jobserver @job_id=@j\n"
+            "EXEC msdb.dbo.sp_add_job @job_name=N'ok', @notify_level_eventlog=0, @job_id=@k OUTPUT\n"
+            "EXEC msdb.dbo.sp_add_jobstep @job_id=@k, @step_id=1, @step_name=N's', @database_name=N'd', "
+            "@command=N'SELECT 2'\n"
+            "EXEC msdb.dbo.sp_add_jobserver @job_id=@k\n")
     converted = {c.job: c for c in one(text)}
     assert not converted["n"].emitted
     (item,) = converted["n"].not_carried
     assert item["what"] == "job n" and "NUL character" in item["reason"]
     settings = report(list(converted.values()), "UTC")["settings"]
-    assert set(settings) == {"JOB__ok__COMMAND", "JOB__ok__MAX_ATTEMPTS", "JOB__ok__TIMEZONE", "JOB__ok__ENABLED"}
+    assert set(settings) == {"JOB__ok__COMMAND", "JOB__ok__MAX_ATTEMPTS", "JOB__ok__TIMEZONE", "JOB__ok__ENABLED",
+                             "JOB__ok__DATABASE"}
 
 
 def test_apply_on_sqlite_is_refused_with_one_line(tmp_path, capsys):
