@@ -154,6 +154,11 @@ class Scheduler:
             return report
         now = (now or self.clock()).astimezone(UTC)
         report = TickReport(now=now, reference=reference, skew_seconds=(now - reference).total_seconds())
+        # The tick's time is only checked (check_clock): every other step decides on the database's
+        # clock (design invariant 11), so a time within the skew, ahead or behind, can make no slot
+        # look missed before it is, no live lease look lapsed, no job start from a slot before it
+        # was defined (issue 34 item 7). Without a reference (simulated time) the time given is it.
+        decided_at = reference if self.reference_clock is not None else now
         steps = [self.check_clock, self.sync_jobs, self.plan_database_jobs, self.expire_leases,
                  self.progress_fleets, self.recover_clock_jumps, self.claim_slots]
         if self.queue is not None:
@@ -161,7 +166,7 @@ class Scheduler:
         steps.append(self.purge_history)
         for step in steps:
             try:
-                self._run_step(step, now, report)
+                self._run_step(step, now if step == self.check_clock else decided_at, report)
             except ClockSkewError as exc:
                 report.errors.append(str(exc))
                 report.refused = True
