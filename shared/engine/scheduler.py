@@ -38,6 +38,8 @@ from shared.engine.fleet import fleet_steps, report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
 from shared.engine.planning import plan_database_jobs, refused_settings_job_error, stand_in_name
 from shared.errors import AgentError, ClockSkewError, PartialDispatchError, QueueError
+from shared.jobs.chains import find_cycles, run_order, show_chain
+from shared.jobs.model import JOB_SETTING_PREFIX
 from shared.jobs.run_model import RunStatus
 from shared.jobs.schedules import CronSchedule, parse_schedule
 from shared.jobs.targets import describe_members, dialect_problem
@@ -324,8 +326,8 @@ class Scheduler:
         with store.transaction():
             # Under the job-definitions lock the procedures take too: a name is held by one source.
             store.execute("lock_job_definitions")
-            held = {row["job_name"].casefold(): row["job_name"]
-                    for row in store.execute("list_database_job_names").rows}
+            database_jobs = store.execute("list_database_job_names").rows
+            held = {row["job_name"].casefold(): row["job_name"] for row in database_jobs}
             refused = []
             if held:
                 for index, row in enumerate(rows):
@@ -334,6 +336,7 @@ class Scheduler:
                         message = refused_settings_job_error(row["job_name"], holder)
                         rows[index] = _invalid_row(stand_in_name(row["job_name"]), message)
                         refused.append((row["job_name"], message))
+                refused += _refuse_cycles_through_database_jobs(rows, database_jobs)
             store.execute("record_config_events", jobs=rows, now=now)
             store.execute("skip_runs_of_changed_jobs", jobs=rows, now=now)
             store.execute("upsert_jobs", jobs=rows, now=now)
@@ -536,6 +539,45 @@ def _invalid_row(key: str, message: str) -> dict[str, Any]:
         "grace_seconds": 0, "overlap": "skip", "next_due_at": None,
         "steps": None, "notify": "never", "notify_webhook_url": None, "after_job": None, "after_outcome": None,
     }
+
+
+def _refuse_cycles_through_database_jobs(rows: list[dict[str, Any]],
+                                         database_jobs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Settings jobs whose AFTER closes a cycle through jobs defined in the database (issue 34
+    item 3): the settings were checked as a whole without the database (from_settings), and a
+    procedure checks each definition against every job, so a cycle that appears now goes
+    through this sync's AFTERs. Every settings job of such a cycle is made invalid (its own
+    config_error names the cycle); the sync goes on for the others, and the database's jobs
+    are left as they are. Names compare case-insensitively, as Azure SQL compares them. Runs
+    under the job-definitions lock the procedures take: one check sees both sources."""
+    follows: dict[str, str] = {}
+    shown: dict[str, str] = {}
+    for job in database_jobs:
+        shown[job["job_name"].casefold()] = job["job_name"]
+        if job.get("after_job"):
+            follows[job["job_name"].casefold()] = job["after_job"].casefold()
+    settings_jobs: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        if row["valid"] and row.get("after_job"):
+            key = row["job_name"].casefold()
+            settings_jobs[key] = index
+            shown[key] = row["job_name"]
+            follows[key] = row["after_job"].casefold()
+    refused: list[tuple[str, str]] = []
+    for key, cycle in find_cycles(follows).items():
+        index = settings_jobs.get(key)
+        if index is None:
+            continue
+        row = rows[index]
+        order = show_chain([shown.get(member, member) for member in run_order(cycle, key)])
+        defined_there = sorted(shown.get(member, member) for member in cycle if member not in settings_jobs)
+        message = (f"{JOB_SETTING_PREFIX}{row['job_name']}__AFTER={row['after_job']!r}: a cycle of jobs that follow "
+                   f"each other ({order}: a run of each would start the next, forever), through "
+                   f"{', '.join(defined_there)} (defined with agent.add_scheduled_job @after); expected a chain "
+                   "that ends: remove AFTER from one of them")
+        rows[index] = _invalid_row(row["job_name"], message)
+        refused.append((row["job_name"], message))
+    return refused
 
 
 def fleet_problem(job, dialect: str) -> str | None:

@@ -1044,8 +1044,8 @@ IF @lock_result < 0 THROW 50001, N'the job-definitions lock (sp_getapplock agent
 SELECT @lock_result AS locked;
 
 -- list_database_job_names --
--- Jobs defined in the database (agent.add_scheduled_job) and not removed: a settings job of the same name is refused.
-SELECT job_name FROM agent.jobs WHERE defined_in_database = 1 AND configured = 1 ORDER BY job_name;
+-- Jobs defined in the database (agent.add_scheduled_job) and not removed, with the job each follows (@after): a settings job of the same name is refused, and one whose AFTER would close a cycle through them.
+SELECT job_name, after_job FROM agent.jobs WHERE defined_in_database = 1 AND configured = 1 ORDER BY job_name;
 
 -- list_database_fleet_jobs --
 -- The valid jobs defined from T-SQL with fleet targets (agent.add_scheduled_job @targets), their one fleet step as planned: for doctor and grant-sql --targets.

@@ -1,0 +1,1 @@
+-- 0012 chains and pauses (issue 34, items 3 to 6); see the PostgreSQL file of the same number.
