@@ -266,6 +266,6 @@ def test_a_chain_longer_than_the_bound_stops_there_and_says_so(db_url):
     assert succeeded == [f"j{n:03d}" for n in range(MAX_CHAIN_JOBS)], succeeded[-3:]
     (last,) = [run for run in runs if run[2] == "skipped"]
     assert last[1] == f"j{MAX_CHAIN_JOBS:03d}"
-    assert f"the chain already holds {MAX_CHAIN_JOBS} jobs" in last[4], last[4]
+    assert f"the chain of runs already holds {MAX_CHAIN_JOBS} jobs" in last[4], last[4]
     assert len(runs) == MAX_CHAIN_JOBS + 1
     assert len(_events(agent, "follow_up_refused")) == 1

@@ -1155,34 +1155,62 @@ WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.status IN (N'succeeded', 
   AND NOT EXISTS (SELECT 1 FROM agent.notifications AS n WITH (UPDLOCK, HOLDLOCK) WHERE n.run_id = r.run_id);
 
 -- start_follow_up_runs --
--- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key). (SQL Server: the key-range locks of the probes keep a concurrent ending of the same run out.)
-DECLARE @followers TABLE (run_id BIGINT, job_name NVARCHAR(64), followed_run_id BIGINT, operation_id NVARCHAR(32));
+-- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. A follow-up of a job already in the ended run's chain of jobs (runs.chain; the default collation compares the names case-insensitively), or past :max_chain_jobs jobs, is recorded skipped with the reason (note 'chain: ...'), and a job event 'follow_up_refused' says so once per reason and definition. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key). (SQL Server: the key-range locks of the probes keep a concurrent ending of the same run out.)
+DECLARE @followers TABLE (run_id BIGINT, job_name NVARCHAR(64), followed_run_id BIGINT, operation_id NVARCHAR(32),
+                          status NVARCHAR(16), note NVARCHAR(MAX));
+DECLARE @max_chain_jobs INT = CAST(:max_chain_jobs AS INT);
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        operation_id, note, steps, followed_run_id)
-OUTPUT inserted.run_id, inserted.job_name, inserted.followed_run_id, inserted.operation_id INTO @followers
-SELECT s.job_name, N'manual', s.scheduled_for, N'pending', s.command, s.target_database, s.overlap, s.max_attempts,
-       s.timeout_seconds, s.lease_seconds, CAST(:now AS DATETIME2(6)), CAST(:now AS DATETIME2(6)), s.operation_id,
-       s.note, s.steps, s.followed_run_id
-FROM (SELECT f.job_name, f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds, f.lease_seconds,
-             f.steps, r.run_id AS followed_run_id, r.operation_id,
-             N'after run ' + CAST(r.run_id AS NVARCHAR(20)) + N' of ' + r.job_name + N' (' + r.status + N')' AS note,
-             DATEADD(MILLISECOND, CAST(ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) - 1 AS INT),
-                     CAST(:now AS DATETIME2(6))) AS scheduled_for
-      FROM agent.runs AS r
-      JOIN agent.jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
-      WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.kind <> N'target'
-        AND NOT EXISTS (SELECT 1 FROM agent.job_pauses AS p
-                        WHERE p.job_name = f.job_name
-                          AND (p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6))))
-        AND ((f.after_outcome = N'succeeded' AND r.status = N'succeeded')
-             OR (f.after_outcome = N'failed' AND r.status IN (N'failed', N'poisoned'))
-             OR (f.after_outcome = N'completed' AND r.status IN (N'succeeded', N'failed', N'poisoned')))) AS s
+                        finished_at, operation_id, note, steps, followed_run_id, chain)
+OUTPUT inserted.run_id, inserted.job_name, inserted.followed_run_id, inserted.operation_id, inserted.status,
+       inserted.note INTO @followers
+SELECT d.job_name, N'manual', d.scheduled_for, CASE WHEN d.refusal IS NULL THEN N'pending' ELSE N'skipped' END,
+       d.command, d.target_database, d.overlap, d.max_attempts,
+       d.timeout_seconds, d.lease_seconds, CAST(:now AS DATETIME2(6)), CAST(:now AS DATETIME2(6)),
+       CASE WHEN d.refusal IS NOT NULL THEN CAST(:now AS DATETIME2(6)) END, d.operation_id,
+       CASE WHEN d.refusal IS NULL
+            THEN N'after run ' + CAST(d.followed_run_id AS NVARCHAR(20)) + N' of ' + d.followed_job + N' (' + d.followed_status + N')'
+            ELSE N'chain: not started after run ' + CAST(d.followed_run_id AS NVARCHAR(20)) + N' of ' + d.followed_job
+                 + N': ' + d.refusal END,
+       d.steps, d.followed_run_id, d.chain
+FROM (SELECT w.*,
+             CASE WHEN CHARINDEX(N'/' + w.job_name + N'/', w.chain) > 0
+                  THEN N'job ' + w.job_name + N' is already in this chain of runs ('
+                       + REPLACE(SUBSTRING(w.chain, CHARINDEX(N'/' + w.job_name + N'/', w.chain) + 1, LEN(w.chain)), N'/', N' -> ')
+                       + w.job_name + N'); a chain of jobs that follow each other must end: check their AFTER'
+                  WHEN LEN(w.chain) - LEN(REPLACE(w.chain, N'/', N'')) - 1 >= @max_chain_jobs
+                  THEN N'the chain of runs already holds ' + CAST(@max_chain_jobs AS NVARCHAR(20))
+                       + N' jobs, the most one chain may hold' END AS refusal
+      FROM (SELECT f.job_name, f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds,
+                   f.lease_seconds, f.steps, r.run_id AS followed_run_id, r.job_name AS followed_job,
+                   r.status AS followed_status, r.operation_id,
+                   CAST(COALESCE(r.chain, N'/') + r.job_name + N'/' AS NVARCHAR(MAX)) AS chain,
+                   DATEADD(MILLISECOND, CAST(ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) - 1 AS INT),
+                           CAST(:now AS DATETIME2(6))) AS scheduled_for
+            FROM agent.runs AS r
+            JOIN agent.jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
+            WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.kind <> N'target'
+              AND NOT EXISTS (SELECT 1 FROM agent.job_pauses AS p
+                              WHERE p.job_name = f.job_name
+                                AND (p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6))))
+              AND ((f.after_outcome = N'succeeded' AND r.status = N'succeeded')
+                   OR (f.after_outcome = N'failed' AND r.status IN (N'failed', N'poisoned'))
+                   OR (f.after_outcome = N'completed' AND r.status IN (N'succeeded', N'failed', N'poisoned')))) AS w) AS d
 WHERE NOT EXISTS (SELECT 1 FROM agent.runs AS x WITH (UPDLOCK, HOLDLOCK)
-                  WHERE x.followed_run_id = s.followed_run_id AND x.job_name = s.job_name)
+                  WHERE x.followed_run_id = d.followed_run_id AND x.job_name = d.job_name)
   AND NOT EXISTS (SELECT 1 FROM agent.runs AS x WITH (UPDLOCK, HOLDLOCK)
-                  WHERE x.job_name = s.job_name AND x.scheduled_for = s.scheduled_for);
-SELECT run_id, job_name, followed_run_id, operation_id FROM @followers;
+                  WHERE x.job_name = d.job_name AND x.scheduled_for = d.scheduled_for);
+INSERT INTO agent.job_events (job_name, event_at, kind, detail)
+SELECT DISTINCT t.job_name, CAST(:now AS DATETIME2(6)), N'follow_up_refused', t.detail
+FROM (SELECT k.job_name, N'not started after job ' + r.job_name + N': '
+                 + SUBSTRING(k.note, LEN(N'chain: not started after run ' + CAST(r.run_id AS NVARCHAR(20)) + N' of ' + r.job_name + N': ') + 1, LEN(k.note)) AS detail
+      FROM @followers AS k JOIN agent.runs AS r ON r.run_id = k.followed_run_id
+      WHERE k.status = N'skipped') AS t
+JOIN agent.jobs AS j ON j.job_name = t.job_name
+WHERE NOT EXISTS (SELECT 1 FROM agent.job_events AS e
+                  WHERE e.job_name = t.job_name AND e.kind = N'follow_up_refused' AND e.event_at >= j.updated_at
+                    AND e.detail = t.detail);
+SELECT run_id, job_name, followed_run_id, operation_id, status, note FROM @followers;
 
 -- claim_notifications --
 -- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.

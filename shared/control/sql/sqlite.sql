@@ -857,27 +857,56 @@ WHERE r.finished_at = :now AND r.status IN ('succeeded', 'failed', 'poisoned')
 ON CONFLICT (run_id) DO NOTHING;
 
 -- start_follow_up_runs --
--- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key).
+-- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. A follow-up of a job already in the ended run's chain of jobs (runs.chain), or past :max_chain_jobs jobs, is recorded skipped with the reason (note 'chain: ...'), and a job event 'follow_up_refused' says so once per reason and definition. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key).
 INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        operation_id, note, steps, followed_run_id)
-SELECT f.job_name, 'manual',
-       strftime('%Y-%m-%d %H:%M:%f', :now,
-                '+' || ((ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) - 1) / 1000.0) || ' seconds'),
-       'pending', f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds, f.lease_seconds,
-       :now, :now, r.operation_id,
-       'after run ' || r.run_id || ' of ' || r.job_name || ' (' || r.status || ')', f.steps, r.run_id
-FROM agent_runs AS r
-JOIN agent_jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
-WHERE r.finished_at = :now AND r.kind <> 'target'
-  AND NOT EXISTS (SELECT 1 FROM agent_job_pauses AS p
-                  WHERE p.job_name = f.job_name AND (p.paused_until IS NULL OR p.paused_until > :now))
-  AND ((f.after_outcome = 'succeeded' AND r.status = 'succeeded')
-       OR (f.after_outcome = 'failed' AND r.status IN ('failed', 'poisoned'))
-       OR (f.after_outcome = 'completed' AND r.status IN ('succeeded', 'failed', 'poisoned')))
-ORDER BY f.job_name, r.run_id
+                        finished_at, operation_id, note, steps, followed_run_id, chain)
+SELECT d.job_name, 'manual',
+       strftime('%Y-%m-%d %H:%M:%f', :now, '+' || ((d.nth - 1) / 1000.0) || ' seconds'),
+       CASE WHEN d.refusal IS NULL THEN 'pending' ELSE 'skipped' END,
+       d.command, d.target_database, d.overlap, d.max_attempts, d.timeout_seconds, d.lease_seconds,
+       :now, :now, CASE WHEN d.refusal IS NOT NULL THEN :now END, d.operation_id,
+       CASE WHEN d.refusal IS NULL
+            THEN 'after run ' || d.followed_run_id || ' of ' || d.followed_job || ' (' || d.followed_status || ')'
+            ELSE 'chain: not started after run ' || d.followed_run_id || ' of ' || d.followed_job || ': ' || d.refusal END,
+       d.steps, d.followed_run_id, d.chain
+FROM (SELECT w.*,
+             CASE WHEN instr(lower(w.chain), '/' || lower(w.job_name) || '/') > 0
+                  THEN 'job ' || w.job_name || ' is already in this chain of runs ('
+                       || replace(substr(w.chain, instr(lower(w.chain), '/' || lower(w.job_name) || '/') + 1), '/', ' -> ')
+                       || w.job_name || '); a chain of jobs that follow each other must end: check their AFTER'
+                  WHEN length(w.chain) - length(replace(w.chain, '/', '')) - 1 >= :max_chain_jobs
+                  THEN 'the chain of runs already holds ' || :max_chain_jobs || ' jobs, the most one chain may hold' END AS refusal
+      FROM (SELECT f.job_name, f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds,
+                   f.lease_seconds, f.steps, r.run_id AS followed_run_id, r.job_name AS followed_job,
+                   r.status AS followed_status, r.operation_id,
+                   COALESCE(r.chain, '/') || r.job_name || '/' AS chain,
+                   ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) AS nth
+            FROM agent_runs AS r
+            JOIN agent_jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
+            WHERE r.finished_at = :now AND r.kind <> 'target'
+              AND NOT EXISTS (SELECT 1 FROM agent_job_pauses AS p
+                              WHERE p.job_name = f.job_name AND (p.paused_until IS NULL OR p.paused_until > :now))
+              AND ((f.after_outcome = 'succeeded' AND r.status = 'succeeded')
+                   OR (f.after_outcome = 'failed' AND r.status IN ('failed', 'poisoned'))
+                   OR (f.after_outcome = 'completed' AND r.status IN ('succeeded', 'failed', 'poisoned')))) AS w) AS d
+ORDER BY d.job_name, d.followed_run_id
 ON CONFLICT DO NOTHING
-RETURNING run_id, job_name, followed_run_id, operation_id;
+RETURNING run_id, job_name, followed_run_id, operation_id, status, note;
+INSERT INTO agent_job_events (job_name, event_at, kind, detail)
+SELECT DISTINCT s.job_name, :now, 'follow_up_refused',
+       'not started after job ' || r.job_name || ': ' || substr(s.note, length('chain: not started after run ' || r.run_id || ' of ' || r.job_name || ': ') + 1)
+FROM agent_jobs AS j
+-- From the jobs that follow one (the jobs_after_job index) to their runs of this instant (the
+-- (job_name, scheduled_for) index): nothing to read where no job follows another.
+JOIN agent_runs AS s ON s.job_name = j.job_name AND s.scheduled_for >= :now AND s.finished_at = :now
+                    AND s.status = 'skipped' AND s.followed_run_id IS NOT NULL AND s.note LIKE 'chain: %'
+JOIN agent_runs AS r ON r.run_id = s.followed_run_id
+WHERE j.after_job IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM agent_job_events AS e
+                  WHERE e.job_name = s.job_name AND e.kind = 'follow_up_refused' AND e.event_at >= j.updated_at
+                    AND e.detail = 'not started after job ' || r.job_name || ': '
+                                   || substr(s.note, length('chain: not started after run ' || r.run_id || ' of ' || r.job_name || ': ') + 1));
 
 -- claim_notifications --
 -- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.

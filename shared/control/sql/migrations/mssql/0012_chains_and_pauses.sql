@@ -279,3 +279,8 @@ BEGIN
     SELECT @name AS job_name, @action AS action;
 END
 GO
+
+-- Item 4: the chain of jobs a follow-up run carries (N'/a/b/': the jobs of the runs whose ends
+-- led to it, the first first; NULL for a run no end started).
+ALTER TABLE agent.runs ADD chain NVARCHAR(MAX) NULL;
+GO

@@ -216,3 +216,80 @@ BEGIN
     RETURN QUERY SELECT CAST(add_scheduled_job.name AS varchar), v_action;
 END
 $$;
+
+-- Item 4: the chain of jobs a follow-up run carries ('/a/b/': the jobs of the runs whose ends
+-- led to it, the first first; NULL for a run no end started).
+ALTER TABLE agent.runs ADD COLUMN chain TEXT NULL;
+
+-- start_follow_up_runs (0010) with the run-time guard: the follow-up of a job already in the
+-- chain of the run that ended, or one that would make the chain longer than p_max_chain_jobs,
+-- is recorded skipped with the reason instead of started (definitions may have changed while
+-- the chain's runs were in flight, or a row was written by hand: the chain ends there), and the
+-- job events say it once per reason and definition of the job (not at every recurrence).
+DROP FUNCTION agent.start_follow_up_runs(timestamp);
+CREATE FUNCTION agent.start_follow_up_runs(p_now timestamp, p_max_chain_jobs int)
+RETURNS TABLE (run_id bigint, job_name varchar, followed_run_id bigint, operation_id varchar, status varchar, note text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    -- Most control databases have no job that follows another: one probe of a partial index.
+    IF NOT EXISTS (SELECT 1 FROM agent.jobs AS x WHERE x.after_job IS NOT NULL) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH followers AS (
+        SELECT f.job_name, f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds,
+               f.lease_seconds, f.steps, r.run_id AS followed_run_id, r.job_name AS followed_job,
+               r.status AS followed_status, r.operation_id,
+               COALESCE(r.chain, '/') || r.job_name || '/' AS chain,
+               ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) AS nth
+        FROM agent.runs AS r
+        JOIN agent.jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
+        WHERE r.finished_at = p_now AND r.kind <> 'target'
+          AND NOT EXISTS (SELECT 1 FROM agent.job_pauses AS p
+                          WHERE p.job_name = f.job_name AND (p.paused_until IS NULL OR p.paused_until > p_now))
+          AND ((f.after_outcome = 'succeeded' AND r.status = 'succeeded')
+               OR (f.after_outcome = 'failed' AND r.status IN ('failed', 'poisoned'))
+               OR (f.after_outcome = 'completed' AND r.status IN ('succeeded', 'failed', 'poisoned')))),
+    judged AS (
+        SELECT w.*,
+               CASE WHEN position('/' || lower(w.job_name) || '/' IN lower(w.chain)) > 0
+                    THEN 'job ' || w.job_name || ' is already in this chain of runs ('
+                         || replace(substring(w.chain FROM position('/' || lower(w.job_name) || '/' IN lower(w.chain)) + 1), '/', ' -> ')
+                         || w.job_name || '); a chain of jobs that follow each other must end: check their AFTER'
+                    WHEN length(w.chain) - length(replace(w.chain, '/', '')) - 1 >= p_max_chain_jobs
+                    THEN 'the chain of runs already holds ' || CAST(p_max_chain_jobs AS varchar)
+                         || ' jobs, the most one chain may hold' END AS refusal
+        FROM followers AS w),
+    started AS (
+        INSERT INTO agent.runs AS n (job_name, kind, scheduled_for, status, command, target_database, overlap,
+                                     max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
+                                     finished_at, operation_id, note, steps, followed_run_id, chain)
+        SELECT d.job_name, 'manual', p_now + (d.nth - 1) * INTERVAL '1 millisecond',
+               CASE WHEN d.refusal IS NULL THEN 'pending' ELSE 'skipped' END,
+               d.command, d.target_database, d.overlap, d.max_attempts, d.timeout_seconds, d.lease_seconds,
+               p_now, p_now, CASE WHEN d.refusal IS NOT NULL THEN p_now END, d.operation_id,
+               CASE WHEN d.refusal IS NULL
+                    THEN 'after run ' || CAST(d.followed_run_id AS VARCHAR) || ' of ' || d.followed_job
+                         || ' (' || d.followed_status || ')'
+                    ELSE 'chain: not started after run ' || CAST(d.followed_run_id AS VARCHAR) || ' of '
+                         || d.followed_job || ': ' || d.refusal END,
+               d.steps, d.followed_run_id, d.chain
+        FROM judged AS d
+        ORDER BY d.job_name, d.followed_run_id
+        ON CONFLICT DO NOTHING
+        RETURNING n.run_id, n.job_name, n.followed_run_id, n.operation_id, n.status, n.note),
+    told AS (
+        INSERT INTO agent.job_events (job_name, event_at, kind, detail)
+        SELECT DISTINCT d.job_name, p_now, 'follow_up_refused',
+               'not started after job ' || d.followed_job || ': ' || d.refusal
+        FROM started AS s
+        JOIN judged AS d ON d.job_name = s.job_name AND d.followed_run_id = s.followed_run_id
+        JOIN agent.jobs AS j ON j.job_name = d.job_name
+        WHERE s.status = 'skipped'
+          AND NOT EXISTS (SELECT 1 FROM agent.job_events AS e
+                          WHERE e.job_name = d.job_name AND e.kind = 'follow_up_refused' AND e.event_at >= j.updated_at
+                            AND e.detail = 'not started after job ' || d.followed_job || ': ' || d.refusal))
+    SELECT s.run_id, s.job_name, s.followed_run_id, s.operation_id, s.status, s.note FROM started AS s;
+END
+$$;
