@@ -355,6 +355,8 @@ DUMMY_VALUES.update({
 })
 # Issue 27 (pause and resume).
 DUMMY_VALUES.update({"paused_by": "p", "paused_until": None})
+# Issue 34 (pauses settled again at each change).
+DUMMY_VALUES.update({"pause_start": _T, "pause_end": None})
 # Issue 16 (fleet jobs).
 DUMMY_VALUES.update({
     "pool": "p", "targets": [], "parallelism": 8, "next_on_success": 0, "next_on_failure": -1,

@@ -72,7 +72,7 @@ WHERE j.valid = 0
                     AND c.config_error = j.config_error);
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run.
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings).
 UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
     note = CASE WHEN j.job_name IS NULL THEN 'skipped: the job was removed from the settings after this slot was claimed'
                 WHEN j.valid = 0 THEN 'skipped: the job''s settings became invalid after this slot was claimed'
@@ -82,7 +82,9 @@ FROM agent.jobs AS c
 LEFT JOIN json_to_recordset(CAST(:jobs AS json)) AS j(job_name VARCHAR, schedule VARCHAR, timezone VARCHAR,
                                                       enabled INT, valid INT)
        ON j.job_name = c.job_name
-WHERE r.job_name = c.job_name AND r.kind = 'scheduled' AND r.status IN ('pending', 'queued')
+WHERE r.job_name = c.job_name AND r.kind = 'scheduled'
+  AND (r.status IN ('pending', 'queued')
+       OR (r.status = 'skipped' AND r.note = 'paused' AND r.attempt = 0 AND r.scheduled_for >= CAST(:now AS timestamp)))
   AND c.configured = 1 AND c.defined_in_database = 0
   AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule OR j.timezone <> c.timezone)
 RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id;
@@ -225,29 +227,32 @@ WHERE j.next_due_at <= CAST(:horizon AS timestamp) AND j.enabled = 1 AND j.valid
 ORDER BY j.job_name;
 
 -- claim_slots --
--- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot, never before.
+-- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before.
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note, steps)
 SELECT j.job_name, 'scheduled', CAST(s.scheduled_for AS timestamp), CASE WHEN p.paused = 1 THEN 'skipped' ELSE s.status END,
        j.command, j.target_database,
-       j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, CAST(s.scheduled_for AS timestamp),
+       j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds,
+       COALESCE(CAST(s.runnable_at AS timestamp), CAST(s.scheduled_for AS timestamp)),
        CAST(:now AS timestamp), CASE WHEN s.status = 'skipped' OR p.paused = 1 THEN CAST(:now AS timestamp) END,
        md5(random()::text || clock_timestamp()::text || j.job_name || s.scheduled_for),
        CASE WHEN p.paused = 1 THEN 'paused' ELSE s.note END, j.steps
-FROM json_to_recordset(CAST(:slots AS json)) AS s(job_name VARCHAR, scheduled_for VARCHAR, status VARCHAR, note TEXT)
+FROM json_to_recordset(CAST(:slots AS json)) AS s(job_name VARCHAR, scheduled_for VARCHAR, status VARCHAR, note TEXT,
+                                                   runnable_at VARCHAR)
 -- LATERAL with OFFSET 0 (kept as is, not flattened): one primary-key lookup per slot. The
 -- planner cannot size a JSON argument, and a scan of agent.jobs per slot would cost slots x jobs.
 CROSS JOIN LATERAL (
     SELECT * FROM agent.jobs AS x
     WHERE x.job_name = s.job_name AND x.enabled = 1 AND x.valid = 1 AND x.configured = 1 OFFSET 0) AS j
 -- A pause in force that select_due_jobs did not see (committed while it waited for the pauses
--- lock): a slot inside it is recorded skipped 'paused', never claimed.
+-- lock): a slot that would run before its end is recorded skipped 'paused', never claimed.
 LEFT JOIN LATERAL (
     SELECT 1 AS paused FROM agent.job_pauses AS y
-    WHERE y.job_name = s.job_name AND (y.paused_until IS NULL OR y.paused_until > CAST(:now AS timestamp))
-      AND CAST(s.scheduled_for AS timestamp) >= y.paused_at
-      AND (y.paused_until IS NULL OR CAST(s.scheduled_for AS timestamp) < y.paused_until) OFFSET 0) AS p ON TRUE
+    WHERE y.job_name = s.job_name AND y.paused_at <= CAST(:now AS timestamp)
+      AND (y.paused_until IS NULL OR y.paused_until > CAST(:now AS timestamp))
+      AND (y.paused_until IS NULL
+           OR COALESCE(CAST(s.runnable_at AS timestamp), CAST(s.scheduled_for AS timestamp)) < y.paused_until) OFFSET 0) AS p ON TRUE
 ORDER BY j.job_name, s.scheduled_for
 ON CONFLICT (job_name, scheduled_for) DO NOTHING
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
@@ -861,14 +866,10 @@ ON CONFLICT (job_name) DO UPDATE SET
     paused_until = EXCLUDED.paused_until, paused_by = EXCLUDED.paused_by, reason = EXCLUDED.reason
 RETURNING x.job_name, x.paused_at, x.paused_until, x.paused_by, x.reason;
 
--- skip_paused_slots --
--- The job's slots claimed ahead that fall inside its new pause (from :now to :paused_until, or on) are recorded skipped 'paused'; runs already running, and slots that came before the pause, go on.
-UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
-    note = 'paused'
-WHERE r.job_name = CAST(:job_name AS VARCHAR) AND r.kind = 'scheduled' AND r.status IN ('pending', 'queued')
-  AND r.scheduled_for >= CAST(:now AS timestamp)
-  AND (CAST(:paused_until AS timestamp) IS NULL OR r.scheduled_for < CAST(:paused_until AS timestamp))
-RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id;
+-- settle_paused_runs --
+-- After a pause changed (pause, a new --until, resume): decide again the job's scheduled slots that never started and that a pause decided or may decide, against the pause as it now stands, [:pause_start, :pause_end) (:pause_end NULL: until resumed; resume passes :now): held slots are recorded skipped 'paused', slots at or after its end run at their time (brought back if a pause had skipped them), and under run-once the last slot before a known end is the catch-up, runnable at the end. One row: how many runs it skipped, brought back, and made the catch-up. (agent.settle_paused_runs, a function of migration 0012, which agent.pause_job and agent.resume_job call too.) Under lock_job_pauses.
+SELECT runs_skipped, runs_resumed, runs_caught_up
+FROM agent.settle_paused_runs(CAST(:job_name AS VARCHAR), CAST(:now AS timestamp), CAST(:pause_start AS timestamp), CAST(:pause_end AS timestamp));
 
 -- resume_job --
 -- End a job's pause in force (no row: it is not paused); a pause that already ended is removed too. Under lock_job_pauses.

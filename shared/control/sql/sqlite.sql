@@ -72,7 +72,7 @@ WHERE json_extract(j.value, '$.valid') = 0
                     AND c.configured = 1 AND c.config_error = json_extract(j.value, '$.config_error'));
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run.
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings).
 UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL,
     note = CASE WHEN x.new_name IS NULL THEN 'skipped: the job was removed from the settings after this slot was claimed'
                 WHEN x.new_valid = 0 THEN 'skipped: the job''s settings became invalid after this slot was claimed'
@@ -85,7 +85,10 @@ FROM (SELECT c.job_name, json_extract(j.value, '$.job_name') AS new_name,
       FROM agent_jobs c
       LEFT JOIN json_each(:jobs) AS j ON json_extract(j.value, '$.job_name') = c.job_name
       WHERE c.configured = 1 AND c.defined_in_database = 0) AS x
-WHERE agent_runs.job_name = x.job_name AND agent_runs.kind = 'scheduled' AND agent_runs.status IN ('pending', 'queued')
+WHERE agent_runs.job_name = x.job_name AND agent_runs.kind = 'scheduled'
+  AND (agent_runs.status IN ('pending', 'queued')
+       OR (agent_runs.status = 'skipped' AND agent_runs.note = 'paused' AND agent_runs.attempt = 0
+           AND agent_runs.scheduled_for >= :now))
   AND (x.new_name IS NULL OR x.new_valid = 0 OR x.new_enabled = 0 OR x.new_schedule <> x.schedule
        OR x.new_timezone <> x.timezone)
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id;
@@ -216,24 +219,24 @@ WHERE j.next_due_at <= :horizon AND j.enabled = 1 AND j.valid = 1 AND j.configur
 ORDER BY j.job_name;
 
 -- claim_slots --
--- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot, never before.
+-- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before.
 INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note, steps)
 SELECT j.job_name, 'scheduled', json_extract(s.value, '$.scheduled_for'),
        CASE WHEN p.job_name IS NULL THEN json_extract(s.value, '$.status') ELSE 'skipped' END,
        j.command, j.target_database, j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds,
-       json_extract(s.value, '$.scheduled_for'), :now,
+       COALESCE(json_extract(s.value, '$.runnable_at'), json_extract(s.value, '$.scheduled_for')), :now,
        CASE WHEN json_extract(s.value, '$.status') = 'skipped' OR p.job_name IS NOT NULL THEN :now END,
        lower(hex(randomblob(16))), CASE WHEN p.job_name IS NULL THEN json_extract(s.value, '$.note') ELSE 'paused' END,
        j.steps
 FROM json_each(:slots) AS s
 JOIN agent_jobs AS j ON j.job_name = json_extract(s.value, '$.job_name')
--- A pause in force: a slot inside it is recorded skipped 'paused', never claimed (as on the servers).
+-- A pause in force: a slot that would run before its end is recorded skipped 'paused', never claimed (as on the servers).
 LEFT JOIN agent_job_pauses AS p
-       ON p.job_name = j.job_name AND (p.paused_until IS NULL OR p.paused_until > :now)
-      AND json_extract(s.value, '$.scheduled_for') >= p.paused_at
-      AND (p.paused_until IS NULL OR json_extract(s.value, '$.scheduled_for') < p.paused_until)
+       ON p.job_name = j.job_name AND p.paused_at <= :now AND (p.paused_until IS NULL OR p.paused_until > :now)
+      AND (p.paused_until IS NULL
+           OR COALESCE(json_extract(s.value, '$.runnable_at'), json_extract(s.value, '$.scheduled_for')) < p.paused_until)
 WHERE j.enabled = 1 AND j.valid = 1 AND j.configured = 1
 ORDER BY j.job_name, json_extract(s.value, '$.scheduled_for')
 ON CONFLICT (job_name, scheduled_for) DO NOTHING
@@ -1093,12 +1096,97 @@ ON CONFLICT (job_name) DO UPDATE SET
     paused_until = excluded.paused_until, paused_by = excluded.paused_by, reason = excluded.reason
 RETURNING job_name, paused_at, paused_until, paused_by, reason;
 
--- skip_paused_slots --
--- The job's slots claimed ahead that fall inside its new pause (from :now to :paused_until, or on) are recorded skipped 'paused'; runs already running, and slots that came before the pause, go on.
-UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL, note = 'paused'
-WHERE job_name = :job_name AND kind = 'scheduled' AND status IN ('pending', 'queued')
-  AND scheduled_for >= :now AND (:paused_until IS NULL OR scheduled_for < :paused_until)
-RETURNING run_id, job_name, scheduled_for, status, note, operation_id;
+-- settle_paused_runs --
+-- After a pause changed (pause, a new --until, resume): decide again the job's scheduled slots that never started and that a pause decided or may decide, against the pause as it now stands, [:pause_start, :pause_end) (:pause_end NULL: until resumed; resume passes :now): held slots are recorded skipped 'paused', slots at or after its end run at their time (brought back if a pause had skipped them), and under run-once the last slot before a known end is the catch-up, runnable at the end (as agent.settle_paused_runs does on the servers: see migration 0012). One row: how many runs it skipped, brought back, and made the catch-up, counted first (the same decisions the UPDATE then writes, in the same transaction). Under lock_job_pauses.
+WITH job AS (
+    SELECT j.misfire, j.grace_seconds, j.next_due_at,
+           CASE WHEN :pause_end IS NULL THEN NULL WHEN :pause_end > :now THEN :pause_end ELSE :now END AS resume_at
+    FROM agent_jobs AS j
+    WHERE j.job_name = :job_name AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1),
+candidate AS (
+    SELECT r.run_id, r.scheduled_for, r.status, r.note, r.runnable_at, r.finished_at
+    FROM agent_runs AS r
+    WHERE r.job_name = :job_name AND r.kind = 'scheduled' AND r.attempt = 0 AND EXISTS (SELECT 1 FROM job)
+      AND ((r.status = 'skipped' AND r.note = 'paused' AND r.scheduled_for >= :pause_start)
+           OR (r.status IN ('pending', 'queued') AND r.runnable_at >= :now))),
+latest AS (
+    SELECT MAX(c.scheduled_for) AS slot FROM candidate AS c WHERE :pause_end IS NOT NULL AND c.scheduled_for < :pause_end),
+judged AS (
+    SELECT c.*, j.resume_at,
+           CASE WHEN :pause_end IS NOT NULL AND c.scheduled_for >= :pause_end THEN 'slot'
+                WHEN c.scheduled_for = l.slot AND j.misfire = 'run-once'
+                     AND (j.next_due_at IS NULL OR j.next_due_at > :pause_end)
+                     AND NOT EXISTS (SELECT 1 FROM agent_runs AS e
+                                     WHERE e.job_name = :job_name AND e.kind = 'scheduled' AND e.scheduled_for = :pause_end)
+                THEN CASE WHEN strftime('%Y-%m-%d %H:%M:%f', c.scheduled_for, '+' || j.grace_seconds || ' seconds') >= j.resume_at
+                          THEN 'catch_up' WHEN :pause_end <= :now THEN 'too_late' ELSE 'held' END
+                ELSE 'held' END AS decision
+    FROM candidate AS c CROSS JOIN job AS j CROSS JOIN latest AS l),
+target AS (
+    SELECT d.run_id, d.status, d.note, d.runnable_at, d.finished_at,
+           CASE WHEN d.decision = 'slot' THEN
+                     CASE WHEN d.status = 'queued' AND d.runnable_at = d.scheduled_for THEN 'queued' ELSE 'pending' END
+                WHEN d.decision = 'catch_up' THEN
+                     CASE WHEN d.status = 'queued' AND d.runnable_at = d.resume_at THEN 'queued' ELSE 'pending' END
+                ELSE 'skipped' END AS to_status,
+           CASE d.decision WHEN 'slot' THEN NULL WHEN 'catch_up' THEN 'misfire: caught up late, once'
+                WHEN 'too_late' THEN 'misfire: slot older than the job''s GRACE_SECONDS; skipped'
+                ELSE 'paused' END AS to_note,
+           CASE d.decision WHEN 'slot' THEN d.scheduled_for WHEN 'catch_up' THEN d.resume_at
+                ELSE d.runnable_at END AS to_runnable
+    FROM judged AS d),
+changed AS (
+    SELECT t.* FROM target AS t
+    WHERE t.to_status <> t.status OR t.to_note IS NOT t.note OR t.to_runnable <> t.runnable_at)
+SELECT COALESCE(SUM(CASE WHEN c.to_status = 'skipped' AND c.status <> 'skipped' THEN 1 ELSE 0 END), 0) AS runs_skipped,
+       COALESCE(SUM(CASE WHEN c.to_status <> 'skipped' AND c.to_note IS NULL THEN 1 ELSE 0 END), 0) AS runs_resumed,
+       COALESCE(SUM(CASE WHEN c.to_status <> 'skipped' AND c.to_note IS NOT NULL THEN 1 ELSE 0 END), 0) AS runs_caught_up
+FROM changed AS c;
+WITH job AS (
+    SELECT j.misfire, j.grace_seconds, j.next_due_at,
+           CASE WHEN :pause_end IS NULL THEN NULL WHEN :pause_end > :now THEN :pause_end ELSE :now END AS resume_at
+    FROM agent_jobs AS j
+    WHERE j.job_name = :job_name AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1),
+candidate AS (
+    SELECT r.run_id, r.scheduled_for, r.status, r.note, r.runnable_at, r.finished_at
+    FROM agent_runs AS r
+    WHERE r.job_name = :job_name AND r.kind = 'scheduled' AND r.attempt = 0 AND EXISTS (SELECT 1 FROM job)
+      AND ((r.status = 'skipped' AND r.note = 'paused' AND r.scheduled_for >= :pause_start)
+           OR (r.status IN ('pending', 'queued') AND r.runnable_at >= :now))),
+latest AS (
+    SELECT MAX(c.scheduled_for) AS slot FROM candidate AS c WHERE :pause_end IS NOT NULL AND c.scheduled_for < :pause_end),
+judged AS (
+    SELECT c.*, j.resume_at,
+           CASE WHEN :pause_end IS NOT NULL AND c.scheduled_for >= :pause_end THEN 'slot'
+                WHEN c.scheduled_for = l.slot AND j.misfire = 'run-once'
+                     AND (j.next_due_at IS NULL OR j.next_due_at > :pause_end)
+                     AND NOT EXISTS (SELECT 1 FROM agent_runs AS e
+                                     WHERE e.job_name = :job_name AND e.kind = 'scheduled' AND e.scheduled_for = :pause_end)
+                THEN CASE WHEN strftime('%Y-%m-%d %H:%M:%f', c.scheduled_for, '+' || j.grace_seconds || ' seconds') >= j.resume_at
+                          THEN 'catch_up' WHEN :pause_end <= :now THEN 'too_late' ELSE 'held' END
+                ELSE 'held' END AS decision
+    FROM candidate AS c CROSS JOIN job AS j CROSS JOIN latest AS l),
+target AS (
+    SELECT d.run_id, d.status, d.note, d.runnable_at, d.finished_at,
+           CASE WHEN d.decision = 'slot' THEN
+                     CASE WHEN d.status = 'queued' AND d.runnable_at = d.scheduled_for THEN 'queued' ELSE 'pending' END
+                WHEN d.decision = 'catch_up' THEN
+                     CASE WHEN d.status = 'queued' AND d.runnable_at = d.resume_at THEN 'queued' ELSE 'pending' END
+                ELSE 'skipped' END AS to_status,
+           CASE d.decision WHEN 'slot' THEN NULL WHEN 'catch_up' THEN 'misfire: caught up late, once'
+                WHEN 'too_late' THEN 'misfire: slot older than the job''s GRACE_SECONDS; skipped'
+                ELSE 'paused' END AS to_note,
+           CASE d.decision WHEN 'slot' THEN d.scheduled_for WHEN 'catch_up' THEN d.resume_at
+                ELSE d.runnable_at END AS to_runnable
+    FROM judged AS d),
+changed AS (
+    SELECT t.* FROM target AS t
+    WHERE t.to_status <> t.status OR t.to_note IS NOT t.note OR t.to_runnable <> t.runnable_at)
+UPDATE agent_runs SET status = c.to_status, note = c.to_note, runnable_at = c.to_runnable,
+    finished_at = CASE WHEN c.to_status <> 'skipped' THEN NULL WHEN c.status = 'skipped' THEN c.finished_at ELSE :now END,
+    lease_expires_at = NULL, token = agent_runs.token + 1
+FROM changed AS c
+WHERE agent_runs.run_id = c.run_id;
 
 -- resume_job --
 -- End a job's pause in force (no row: it is not paused); a pause that already ended is removed too. Under lock_job_pauses.

@@ -284,3 +284,245 @@ GO
 -- led to it, the first first; NULL for a run no end started).
 ALTER TABLE agent.runs ADD chain NVARCHAR(MAX) NULL;
 GO
+
+-- Items 5 and 6: what a pause decided about a job's runs, decided again whenever the pause
+-- changes (pause_job, a new @until, resume_job), against the pause as it now stands: the window
+-- [@pause_start, @pause_end) (@pause_end NULL: until resumed; resume_job passes its own time).
+-- The runs looked at are the job's scheduled slots that never started and that a pause decided
+-- or may decide: those recorded skipped 'paused' from @pause_start on, and those waiting for a
+-- time to come (pending or queued, runnable from @now on). Each becomes: a slot at or after the
+-- end: pending (or left queued), runnable at its slot; under misfire run-once, the last slot
+-- before a known end, when every slot before the end is claimed, no slot falls at the end
+-- itself, and it is within GRACE_SECONDS of the end (or of now, if later): the catch-up,
+-- runnable at the end (at resume, outside the grace: skipped with the grace note); any other:
+-- skipped 'paused'. Only runs whose decision changes are written (with a new token, which
+-- fences a message sent before). A disabled, invalid or removed job has nothing brought back.
+-- The decisions are made into a table variable first, then written by one UPDATE; the counts
+-- come back in OUTPUT parameters (the settle_paused_runs named query reads them).
+CREATE PROCEDURE agent.settle_paused_runs
+    @job_name NVARCHAR(64),
+    @now DATETIME2(6),
+    @pause_start DATETIME2(6),
+    @pause_end DATETIME2(6),
+    @runs_skipped INT OUTPUT,
+    @runs_resumed INT OUTPUT,
+    @runs_caught_up INT OUTPUT
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @misfire NVARCHAR(16);
+    DECLARE @grace INT;
+    DECLARE @next_due DATETIME2(6);
+    DECLARE @active INT = 0;
+    SELECT @misfire = j.misfire, @grace = j.grace_seconds, @next_due = j.next_due_at, @active = 1
+    FROM agent.jobs AS j
+    WHERE j.job_name = @job_name AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1;
+    DECLARE @resume_at DATETIME2(6) = CASE WHEN @pause_end IS NULL THEN NULL WHEN @pause_end > @now THEN @pause_end ELSE @now END;
+    DECLARE @latest DATETIME2(6) = NULL;
+    IF @pause_end IS NOT NULL
+        SELECT @latest = MAX(r.scheduled_for) FROM agent.runs AS r
+        WHERE r.job_name = @job_name AND r.kind = N'scheduled' AND r.attempt = 0 AND @active = 1
+          AND ((r.status = N'skipped' AND r.note = N'paused' AND r.scheduled_for >= @pause_start)
+               OR (r.status IN (N'pending', N'queued') AND r.runnable_at >= @now))
+          AND r.scheduled_for < @pause_end;
+    DECLARE @catch_up INT = 0;
+    IF @latest IS NOT NULL AND @misfire = N'run-once' AND (@next_due IS NULL OR @next_due > @pause_end)
+       AND NOT EXISTS (SELECT 1 FROM agent.runs AS e
+                       WHERE e.job_name = @job_name AND e.kind = N'scheduled' AND e.scheduled_for = @pause_end)
+        SET @catch_up = CASE WHEN DATEADD(SECOND, @grace, @latest) >= @resume_at THEN 1
+                             WHEN @pause_end <= @now THEN 2 ELSE 0 END;
+    DECLARE @changed TABLE (run_id BIGINT PRIMARY KEY, was NVARCHAR(16), to_status NVARCHAR(16), to_note NVARCHAR(200),
+                            to_runnable DATETIME2(6));
+    INSERT INTO @changed (run_id, was, to_status, to_note, to_runnable)
+    SELECT t.run_id, t.status, t.to_status, t.to_note, t.to_runnable
+    FROM (SELECT d.run_id, d.status, d.note, d.runnable_at,
+                 CASE WHEN d.decision = N'slot' THEN
+                           CASE WHEN d.status = N'queued' AND d.runnable_at = d.scheduled_for THEN N'queued' ELSE N'pending' END
+                      WHEN d.decision = N'catch_up' THEN
+                           CASE WHEN d.status = N'queued' AND d.runnable_at = @resume_at THEN N'queued' ELSE N'pending' END
+                      ELSE N'skipped' END AS to_status,
+                 CASE d.decision WHEN N'slot' THEN NULL WHEN N'catch_up' THEN N'misfire: caught up late, once'
+                      WHEN N'too_late' THEN N'misfire: slot older than the job''s GRACE_SECONDS; skipped'
+                      ELSE N'paused' END AS to_note,
+                 CASE d.decision WHEN N'slot' THEN d.scheduled_for WHEN N'catch_up' THEN @resume_at
+                      ELSE d.runnable_at END AS to_runnable
+          FROM (SELECT r.run_id, r.scheduled_for, r.status, r.note, r.runnable_at,
+                       CASE WHEN @pause_end IS NOT NULL AND r.scheduled_for >= @pause_end THEN N'slot'
+                            WHEN r.scheduled_for = @latest AND @catch_up = 1 THEN N'catch_up'
+                            WHEN r.scheduled_for = @latest AND @catch_up = 2 THEN N'too_late'
+                            ELSE N'held' END AS decision
+                FROM agent.runs AS r
+                WHERE r.job_name = @job_name AND r.kind = N'scheduled' AND r.attempt = 0 AND @active = 1
+                  AND ((r.status = N'skipped' AND r.note = N'paused' AND r.scheduled_for >= @pause_start)
+                       OR (r.status IN (N'pending', N'queued') AND r.runnable_at >= @now))) AS d) AS t
+    WHERE t.to_status <> t.status OR t.runnable_at <> t.to_runnable
+       OR (t.note IS NULL AND t.to_note IS NOT NULL) OR (t.note IS NOT NULL AND t.to_note IS NULL)
+       OR t.note <> t.to_note;
+    UPDATE r SET status = c.to_status, note = c.to_note, runnable_at = c.to_runnable,
+        finished_at = CASE WHEN c.to_status <> N'skipped' THEN NULL WHEN c.was = N'skipped' THEN r.finished_at ELSE @now END,
+        lease_expires_at = NULL, token = r.token + 1
+    FROM agent.runs AS r, @changed AS c
+    WHERE c.run_id = r.run_id;
+    SELECT @runs_skipped = COUNT(CASE WHEN c.to_status = N'skipped' AND c.was <> N'skipped' THEN 1 END),
+           @runs_resumed = COUNT(CASE WHEN c.to_status <> N'skipped' AND c.to_note IS NULL THEN 1 END),
+           @runs_caught_up = COUNT(CASE WHEN c.to_status <> N'skipped' AND c.to_note IS NOT NULL THEN 1 END)
+    FROM @changed AS c;
+END
+GO
+
+-- agent.pause_job (0009) with the settled runs: what the new pause holds is recorded skipped
+-- 'paused', what it no longer holds (a new @until before a slot a longer pause held) comes back.
+ALTER PROCEDURE agent.pause_job
+    @job_name NVARCHAR(4000),
+    @until DATETIMEOFFSET = NULL,
+    @reason NVARCHAR(4000) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @now DATETIME2(6) = SYSUTCDATETIME();
+    DECLARE @until_utc DATETIME2(6) = CAST(SWITCHOFFSET(@until, '+00:00') AS DATETIME2(6));
+    DECLARE @by NVARCHAR(256) = USER_NAME();
+    DECLARE @message NVARCHAR(2048);
+    DECLARE @p NVARCHAR(40) = N'agent.pause_job: ';
+    IF @job_name IS NULL
+        THROW 51401, N'agent.pause_job: @job_name = NULL: expected the name of a job', 1;
+    IF @until_utc IS NOT NULL AND @until_utc <= @now
+    BEGIN
+        SET @message = @p + N'@until = ''' + CONVERT(NVARCHAR(40), @until, 127)
+            + N''': expected a time after now (the database''s clock: ' + CONVERT(NVARCHAR(40), @now, 126)
+            + N' UTC), or NULL (until agent.resume_job)';
+        THROW 51401, @message, 1;
+    END;
+    IF @reason IS NOT NULL AND LEN(@reason) > 400
+    BEGIN
+        SET @message = @p + N'@reason = ''' + REPLACE(LEFT(@reason, 80), N'''', N'''''')
+            + N'''...: expected NULL or at most 400 characters';
+        THROW 51401, @message, 1;
+    END;
+    BEGIN TRANSACTION;
+    DECLARE @lock_result INT;
+    EXEC @lock_result = sp_getapplock @Resource = N'agent.job_pauses', @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 30000;
+    IF @lock_result < 0 THROW 51409, N'agent.pause_job: the pauses lock (sp_getapplock agent.job_pauses) was not granted within 30 s', 1;
+    IF NOT EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = @job_name AND j.configured = 1)
+    BEGIN
+        SET @message = @p + N'@job_name = ''' + REPLACE(LEFT(@job_name, 80), N'''', N'''''')
+            + N''': expected the name of a job the agent knows; there is no such job (a job added to the settings is known after the agent''s next tick)';
+        THROW 51404, @message, 1;
+    END;
+    -- Update-then-insert under the lock (no MERGE: Babelfish refuses it).
+    UPDATE agent.job_pauses
+    SET paused_at = CASE WHEN paused_until IS NULL OR paused_until > @now THEN paused_at ELSE @now END,
+        paused_until = @until_utc, paused_by = @by, reason = @reason
+    WHERE job_name = @job_name;
+    IF @@ROWCOUNT = 0
+        INSERT INTO agent.job_pauses (job_name, paused_at, paused_until, paused_by, reason)
+        VALUES (@job_name, @now, @until_utc, @by, @reason);
+    DECLARE @start DATETIME2(6) = (SELECT x.paused_at FROM agent.job_pauses AS x WHERE x.job_name = @job_name);
+    DECLARE @skipped INT = 0;
+    DECLARE @resumed INT = 0;
+    DECLARE @caught_up INT = 0;
+    EXEC agent.settle_paused_runs @job_name = @job_name, @now = @now, @pause_start = @start, @pause_end = @until_utc,
+         @runs_skipped = @skipped OUTPUT, @runs_resumed = @resumed OUTPUT, @runs_caught_up = @caught_up OUTPUT;
+    INSERT INTO agent.job_events (job_name, event_at, kind, detail)
+    VALUES (@job_name, @now, N'paused',
+            N'paused by ' + COALESCE(@by, N'?') + N' (agent.pause_job) '
+            + COALESCE(N'until ' + CONVERT(NVARCHAR(19), @until_utc, 126) + N' UTC', N'until resumed')
+            + COALESCE(N': ' + @reason, N'') + N'; ' + CONVERT(NVARCHAR(20), @skipped) + N' claimed slot(s) skipped');
+    COMMIT TRANSACTION;
+    SELECT x.paused_at, x.paused_until, x.paused_by, @skipped AS runs_skipped
+    FROM agent.job_pauses AS x WHERE x.job_name = @job_name;
+END
+GO
+
+-- agent.resume_job (0009) with the settled runs: the slots claimed ahead that the pause had
+-- recorded skipped run at their time, and the misfire policy decides the last slot it held.
+ALTER PROCEDURE agent.resume_job
+    @job_name NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @now DATETIME2(6) = SYSUTCDATETIME();
+    DECLARE @message NVARCHAR(2048);
+    DECLARE @p NVARCHAR(40) = N'agent.resume_job: ';
+    IF @job_name IS NULL
+        THROW 51401, N'agent.resume_job: @job_name = NULL: expected the name of a job', 1;
+    BEGIN TRANSACTION;
+    DECLARE @lock_result INT;
+    EXEC @lock_result = sp_getapplock @Resource = N'agent.job_pauses', @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 30000;
+    IF @lock_result < 0 THROW 51409, N'agent.resume_job: the pauses lock (sp_getapplock agent.job_pauses) was not granted within 30 s', 1;
+    IF NOT EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = @job_name)
+    BEGIN
+        SET @message = @p + N'@job_name = ''' + REPLACE(LEFT(@job_name, 80), N'''', N'''''')
+            + N''': expected the name of a job the agent knows; there is no such job';
+        THROW 51404, @message, 1;
+    END;
+    DECLARE @paused_at DATETIME2(6);
+    SELECT @paused_at = x.paused_at FROM agent.job_pauses AS x
+    WHERE x.job_name = @job_name AND (x.paused_until IS NULL OR x.paused_until > @now);
+    IF @paused_at IS NULL
+    BEGIN
+        SET @message = @p + N'@job_name = ''' + REPLACE(@job_name, N'''', N'''''') + N''': expected a paused job; it is not paused';
+        THROW 51409, @message, 1;
+    END;
+    DELETE FROM agent.job_pauses WHERE job_name = @job_name;
+    DECLARE @skipped INT = 0;
+    DECLARE @resumed INT = 0;
+    DECLARE @caught_up INT = 0;
+    EXEC agent.settle_paused_runs @job_name = @job_name, @now = @now, @pause_start = @paused_at, @pause_end = @now,
+         @runs_skipped = @skipped OUTPUT, @runs_resumed = @resumed OUTPUT, @runs_caught_up = @caught_up OUTPUT;
+    INSERT INTO agent.job_events (job_name, event_at, kind, detail)
+    VALUES (@job_name, @now, N'resumed',
+            N'resumed by ' + COALESCE(USER_NAME(), N'?') + N' (agent.resume_job); paused since '
+            + CONVERT(NVARCHAR(19), @paused_at, 126) + N' UTC; ' + CONVERT(NVARCHAR(20), @resumed)
+            + N' slot(s) claimed ahead run at their time, ' + CONVERT(NVARCHAR(20), @caught_up) + N' caught up');
+    COMMIT TRANSACTION;
+    SELECT @paused_at AS paused_at, @now AS resumed_at;
+END
+GO
+
+-- agent.remove_scheduled_job (0005): the paused slots claimed ahead become slots of a removed
+-- job too (a resume must not bring them back: a job defined later under the name may differ).
+ALTER PROCEDURE agent.remove_scheduled_job
+    @name NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @now DATETIME2(6) = SYSUTCDATETIME();
+    DECLARE @message NVARCHAR(2048);
+    DECLARE @p NVARCHAR(40) = N'agent.remove_scheduled_job: ';
+    IF @name IS NULL
+        THROW 51401, N'agent.remove_scheduled_job: @name = NULL: expected the name of a job defined by agent.add_scheduled_job', 1;
+    BEGIN TRANSACTION;
+    DECLARE @lock_result INT;
+    EXEC @lock_result = sp_getapplock @Resource = N'agent.job_definitions', @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 30000;
+    IF @lock_result < 0 THROW 51409, N'agent.remove_scheduled_job: the job-definitions lock (sp_getapplock agent.job_definitions) was not granted within 30 s', 1;
+    DECLARE @existing_in_database SMALLINT;
+    SELECT @existing_in_database = j.defined_in_database FROM agent.jobs AS j WHERE j.job_name = @name AND j.configured = 1;
+    IF @existing_in_database IS NULL
+    BEGIN
+        SET @message = @p + N'@name = ''' + REPLACE(@name, N'''', N'''''')
+            + N''': expected the name of a job defined by agent.add_scheduled_job; there is no such job';
+        THROW 51404, @message, 1;
+    END;
+    IF @existing_in_database = 0
+    BEGIN
+        SET @message = @p + N'@name = ''' + @name + N''': expected a job defined in the database; this job is defined in the app settings (JOB__'
+            + @name + N'__*): remove it there';
+        THROW 51409, @message, 1;
+    END;
+    UPDATE agent.runs SET status = N'skipped', finished_at = @now, lease_expires_at = NULL,
+        note = N'skipped: the job was removed by agent.remove_scheduled_job after this slot was claimed'
+    WHERE job_name = @name AND kind = N'scheduled'
+      AND (status IN (N'pending', N'queued')
+           OR (status = N'skipped' AND note = N'paused' AND attempt = 0 AND scheduled_for >= @now));
+    DECLARE @skipped INT = @@ROWCOUNT;
+    UPDATE agent.jobs SET configured = 0, next_due_at = NULL, needs_planning = 0, updated_at = @now
+    WHERE job_name = @name;
+    DELETE FROM agent.state WHERE state_key = N'job_config_hash';
+    COMMIT TRANSACTION;
+    SELECT @name AS job_name, @skipped AS skipped_runs;
+END
+GO

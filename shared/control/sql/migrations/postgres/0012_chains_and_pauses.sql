@@ -293,3 +293,209 @@ BEGIN
     SELECT s.run_id, s.job_name, s.followed_run_id, s.operation_id, s.status, s.note FROM started AS s;
 END
 $$;
+
+-- Items 5 and 6: what a pause decided about a job's runs, decided again whenever the pause
+-- changes (pause_job, a new @until, resume_job), against the pause as it now stands: the window
+-- [p_start, p_end) (p_end NULL: until resumed; resume_job passes its own time). The runs looked
+-- at are the job's scheduled slots that never started and that a pause decided or may decide:
+-- those recorded skipped 'paused' from p_start on, and those waiting for a time to come
+-- (pending or queued, runnable from p_now on: slots claimed ahead, and a catch-up waiting for
+-- a pause's end). Each becomes:
+-- * a slot at or after the end: pending (or left queued), runnable at its slot, no note: the
+--   slots claimed ahead that a pause no longer holds run at their time (item 5);
+-- * under misfire run-once, the last slot before a known end, when every slot before the end
+--   is claimed (next_due_at past it), no slot falls at the end itself, and it is within
+--   GRACE_SECONDS of the end (or of now, if later): the catch-up, runnable at the end, note
+--   'misfire: caught up late, once' (at resume: outside the grace, skipped with the grace note);
+-- * any other: skipped 'paused'.
+-- Only runs whose decision changes are written (a queued run keeps its message when its
+-- decision stands; a changed one gets a new token, which fences a message sent before). A job
+-- that is disabled, invalid or removed has nothing brought back. One statement.
+CREATE FUNCTION agent.settle_paused_runs(p_job varchar, p_now timestamp, p_start timestamp, p_end timestamp)
+RETURNS TABLE (runs_skipped int, runs_resumed int, runs_caught_up int)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH job AS (
+        SELECT j.misfire, j.grace_seconds, j.next_due_at,
+               CASE WHEN p_end IS NULL THEN NULL WHEN p_end > p_now THEN p_end ELSE p_now END AS resume_at
+        FROM agent.jobs AS j
+        WHERE j.job_name = p_job AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1),
+    candidate AS (
+        SELECT r.run_id, r.scheduled_for, r.status, r.note, r.runnable_at, r.finished_at
+        FROM agent.runs AS r
+        WHERE r.job_name = p_job AND r.kind = 'scheduled' AND r.attempt = 0 AND EXISTS (SELECT 1 FROM job)
+          AND ((r.status = 'skipped' AND r.note = 'paused' AND r.scheduled_for >= p_start)
+               OR (r.status IN ('pending', 'queued') AND r.runnable_at >= p_now))),
+    latest AS (
+        SELECT MAX(c.scheduled_for) AS slot FROM candidate AS c WHERE p_end IS NOT NULL AND c.scheduled_for < p_end),
+    judged AS (
+        SELECT c.*, j.resume_at,
+               CASE WHEN p_end IS NOT NULL AND c.scheduled_for >= p_end THEN 'slot'
+                    WHEN c.scheduled_for = l.slot AND j.misfire = 'run-once'
+                         AND (j.next_due_at IS NULL OR j.next_due_at > p_end)
+                         AND NOT EXISTS (SELECT 1 FROM agent.runs AS e
+                                         WHERE e.job_name = p_job AND e.kind = 'scheduled' AND e.scheduled_for = p_end)
+                    THEN CASE WHEN c.scheduled_for + j.grace_seconds * INTERVAL '1 second' >= j.resume_at
+                              THEN 'catch_up' WHEN p_end <= p_now THEN 'too_late' ELSE 'held' END
+                    ELSE 'held' END AS decision
+        FROM candidate AS c CROSS JOIN job AS j CROSS JOIN latest AS l),
+    target AS (
+        SELECT d.run_id, d.status, d.note, d.runnable_at, d.finished_at,
+               CASE WHEN d.decision = 'slot' THEN
+                         CASE WHEN d.status = 'queued' AND d.runnable_at = d.scheduled_for THEN 'queued' ELSE 'pending' END
+                    WHEN d.decision = 'catch_up' THEN
+                         CASE WHEN d.status = 'queued' AND d.runnable_at = d.resume_at THEN 'queued' ELSE 'pending' END
+                    ELSE 'skipped' END AS to_status,
+               CASE d.decision WHEN 'slot' THEN NULL WHEN 'catch_up' THEN 'misfire: caught up late, once'
+                    WHEN 'too_late' THEN 'misfire: slot older than the job''s GRACE_SECONDS; skipped'
+                    ELSE 'paused' END AS to_note,
+               CASE d.decision WHEN 'slot' THEN d.scheduled_for WHEN 'catch_up' THEN d.resume_at
+                    ELSE d.runnable_at END AS to_runnable
+        FROM judged AS d),
+    changed AS (
+        UPDATE agent.runs AS r SET status = t.to_status, note = t.to_note, runnable_at = t.to_runnable,
+            finished_at = CASE WHEN t.to_status <> 'skipped' THEN NULL
+                               WHEN t.status = 'skipped' THEN t.finished_at ELSE p_now END,
+            lease_expires_at = NULL, token = r.token + 1
+        FROM target AS t
+        WHERE r.run_id = t.run_id
+          AND (t.to_status <> t.status OR t.to_note IS DISTINCT FROM t.note OR t.to_runnable <> t.runnable_at)
+        RETURNING t.status AS was, r.status, r.note)
+    SELECT CAST(COUNT(*) FILTER (WHERE c.status = 'skipped' AND c.was <> 'skipped') AS int),
+           CAST(COUNT(*) FILTER (WHERE c.status <> 'skipped' AND c.note IS NULL) AS int),
+           CAST(COUNT(*) FILTER (WHERE c.status <> 'skipped' AND c.note IS NOT NULL) AS int)
+    FROM changed AS c;
+END
+$$;
+
+-- agent.pause_job (0009) with the settled runs: what the new pause holds is recorded skipped
+-- 'paused', what it no longer holds (a new @until before a slot a longer pause held) comes back.
+CREATE OR REPLACE FUNCTION agent.pause_job(job_name varchar, until timestamptz DEFAULT NULL, reason varchar DEFAULT NULL)
+RETURNS TABLE (paused_at timestamp, paused_until timestamp, paused_by varchar, runs_skipped int)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamp := CAST(now() AT TIME ZONE 'UTC' AS timestamp);
+    v_until timestamp;
+    v_start timestamp;
+    v_skipped int := 0;
+    p text := 'agent.pause_job: ';
+BEGIN
+    IF pause_job.job_name IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@job_name = NULL: expected the name of a job';
+    END IF;
+    IF pause_job.until IS NOT NULL AND NOT (pause_job.until >= TIMESTAMPTZ '0001-01-01 00:00:00+00'
+                                            AND pause_job.until < TIMESTAMPTZ '10000-01-01 00:00:00+00') THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@until = '
+            || quote_literal(pause_job.until::text) || ': expected a date and time from 0001-01-01 to 9999-12-31 (UTC), or NULL (until agent.resume_job)';
+    END IF;
+    v_until := CAST(pause_job.until AT TIME ZONE 'UTC' AS timestamp);
+    IF v_until IS NOT NULL AND v_until <= v_now THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@until = '
+            || quote_literal(pause_job.until::text) || ': expected a time after now (the database''s clock: '
+            || to_char(v_now, 'YYYY-MM-DD"T"HH24:MI:SS') || ' UTC), or NULL (until agent.resume_job)';
+    END IF;
+    IF pause_job.reason IS NOT NULL AND length(pause_job.reason) > 400 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@reason = '
+            || quote_literal(left(pause_job.reason, 80)) || '...: expected NULL or at most 400 characters';
+    END IF;
+    PERFORM pg_advisory_xact_lock(7428015);
+    IF NOT EXISTS (SELECT 1 FROM agent.jobs j WHERE j.job_name = pause_job.job_name AND j.configured = 1) THEN
+        RAISE EXCEPTION USING ERRCODE = 'P0002', MESSAGE = p || '@job_name = ' || quote_literal(left(pause_job.job_name, 80))
+            || ': expected the name of a job the agent knows; there is no such job (a job added to the settings is known after the agent''s next tick)';
+    END IF;
+    INSERT INTO agent.job_pauses AS x (job_name, paused_at, paused_until, paused_by, reason)
+    VALUES (pause_job.job_name, v_now, v_until, CAST(session_user AS varchar), pause_job.reason)
+    ON CONFLICT ON CONSTRAINT job_pauses_pkey DO UPDATE SET
+        paused_at = CASE WHEN x.paused_until IS NULL OR x.paused_until > v_now THEN x.paused_at ELSE EXCLUDED.paused_at END,
+        paused_until = EXCLUDED.paused_until, paused_by = EXCLUDED.paused_by, reason = EXCLUDED.reason
+    RETURNING x.paused_at INTO v_start;
+    SELECT s.runs_skipped INTO v_skipped FROM agent.settle_paused_runs(pause_job.job_name, v_now, v_start, v_until) AS s;
+    INSERT INTO agent.job_events (job_name, event_at, kind, detail)
+    VALUES (pause_job.job_name, v_now, 'paused',
+            'paused by ' || CAST(session_user AS varchar) || ' (agent.pause_job) '
+            || COALESCE('until ' || to_char(v_until, 'YYYY-MM-DD"T"HH24:MI:SS') || ' UTC', 'until resumed')
+            || COALESCE(': ' || pause_job.reason, '') || '; ' || v_skipped || ' claimed slot(s) skipped');
+    RETURN QUERY SELECT x.paused_at, x.paused_until, x.paused_by, v_skipped
+    FROM agent.job_pauses AS x WHERE x.job_name = pause_job.job_name;
+END
+$$;
+
+-- agent.resume_job (0009) with the settled runs: the slots claimed ahead that the pause had
+-- recorded skipped run at their time, and the misfire policy decides the last slot it held.
+CREATE OR REPLACE FUNCTION agent.resume_job(job_name varchar)
+RETURNS TABLE (paused_at timestamp, resumed_at timestamp)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamp := CAST(now() AT TIME ZONE 'UTC' AS timestamp);
+    v_paused_at timestamp;
+    v_settled record;
+    p text := 'agent.resume_job: ';
+BEGIN
+    IF resume_job.job_name IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@job_name = NULL: expected the name of a job';
+    END IF;
+    PERFORM pg_advisory_xact_lock(7428015);
+    IF NOT EXISTS (SELECT 1 FROM agent.jobs j WHERE j.job_name = resume_job.job_name) THEN
+        RAISE EXCEPTION USING ERRCODE = 'P0002', MESSAGE = p || '@job_name = ' || quote_literal(left(resume_job.job_name, 80))
+            || ': expected the name of a job the agent knows; there is no such job';
+    END IF;
+    DELETE FROM agent.job_pauses AS x
+    WHERE x.job_name = resume_job.job_name AND (x.paused_until IS NULL OR x.paused_until > v_now)
+    RETURNING x.paused_at INTO v_paused_at;
+    IF v_paused_at IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = p || '@job_name = ' || quote_literal(resume_job.job_name)
+            || ': expected a paused job; it is not paused';
+    END IF;
+    SELECT * INTO v_settled FROM agent.settle_paused_runs(resume_job.job_name, v_now, v_paused_at, v_now);
+    INSERT INTO agent.job_events (job_name, event_at, kind, detail)
+    VALUES (resume_job.job_name, v_now, 'resumed',
+            'resumed by ' || CAST(session_user AS varchar) || ' (agent.resume_job); paused since '
+            || to_char(v_paused_at, 'YYYY-MM-DD"T"HH24:MI:SS') || ' UTC; ' || v_settled.runs_resumed
+            || ' slot(s) claimed ahead run at their time, ' || v_settled.runs_caught_up || ' caught up');
+    RETURN QUERY SELECT v_paused_at, v_now;
+END
+$$;
+
+-- agent.remove_scheduled_job (0005): the paused slots claimed ahead become slots of a removed
+-- job too (a resume must not bring them back: a job defined later under the name may differ).
+CREATE OR REPLACE FUNCTION agent.remove_scheduled_job(name varchar)
+RETURNS TABLE (job_name varchar, skipped_runs int)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamp := CAST(now() AT TIME ZONE 'UTC' AS timestamp);
+    v_existing record;
+    v_skipped int := 0;
+    p text := 'agent.remove_scheduled_job: ';
+BEGIN
+    IF remove_scheduled_job.name IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@name = NULL: expected the name of a job defined by agent.add_scheduled_job';
+    END IF;
+    PERFORM pg_advisory_xact_lock(7428014);
+    SELECT j.job_name, j.defined_in_database, j.configured INTO v_existing FROM agent.jobs j
+    WHERE j.job_name = remove_scheduled_job.name AND j.configured = 1;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'P0002', MESSAGE = p || '@name = ' || quote_literal(left(remove_scheduled_job.name, 80))
+            || ': expected the name of a job defined by agent.add_scheduled_job; there is no such job';
+    END IF;
+    IF v_existing.defined_in_database = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = p || '@name = ' || quote_literal(remove_scheduled_job.name)
+            || ': expected a job defined in the database; this job is defined in the app settings (JOB__'
+            || remove_scheduled_job.name || '__*): remove it there';
+    END IF;
+    UPDATE agent.runs AS r SET status = 'skipped', finished_at = v_now, lease_expires_at = NULL,
+        note = 'skipped: the job was removed by agent.remove_scheduled_job after this slot was claimed'
+    WHERE r.job_name = remove_scheduled_job.name AND r.kind = 'scheduled'
+      AND (r.status IN ('pending', 'queued')
+           OR (r.status = 'skipped' AND r.note = 'paused' AND r.attempt = 0 AND r.scheduled_for >= v_now));
+    GET DIAGNOSTICS v_skipped = ROW_COUNT;
+    UPDATE agent.jobs AS j SET configured = 0, next_due_at = NULL, needs_planning = 0, updated_at = v_now
+    WHERE j.job_name = remove_scheduled_job.name;
+    DELETE FROM agent.state AS s WHERE s.state_key = 'job_config_hash';
+    RETURN QUERY SELECT CAST(remove_scheduled_job.name AS varchar), v_skipped;
+END
+$$;
