@@ -482,11 +482,17 @@ class Scheduler:
                 slots += [{"job_name": job["job_name"], "scheduled_for": store.json_time(slot),
                            "status": status, "note": note, "runnable_at": store.json_time(runnable)}
                           for slot, status, note, runnable in planned]
-                # advance_jobs moves every job of one (schedule, time zone, next slot) together: the
-                # next slot depends on nothing else (a paused job's slots are claimed as skipped).
-                advances[key[:3]] = {"schedule": job["schedule"], "timezone": job["timezone"],
-                                     "from_due": store.json_time(job["next_due_at"]),
-                                     "next_due_at": store.json_time(following)}
+                # advance_jobs moves every job of one (schedule, time zone, next slot) together; a
+                # paused job moves alone: its next slot depends on its pause (run-once holds the
+                # last slot of a pause back while the pause's end is beyond the horizon).
+                paused = int(bool(job["paused"]))
+                advance = {"schedule": job["schedule"], "timezone": job["timezone"],
+                           "from_due": store.json_time(job["next_due_at"]), "next_due_at": store.json_time(following),
+                           "paused": paused}
+                if paused:
+                    advances[("job", job["job_name"])] = {**advance, "job_name": job["job_name"]}
+                else:
+                    advances[key[:3]] = advance
             claimed = store.execute("claim_slots", slots=slots, now=now).rows if slots else []
             store.execute("advance_jobs", advances=list(advances.values()), now=now)
         report.due_jobs = len(jobs)
@@ -685,37 +691,43 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
             planned.append((slot, RunStatus.PENDING, None, None))
         ahead += 1
         slot = following(slot)
-    _catch_up_the_pause(job, planned, slot, following, now, caught_up_missed)
-    return planned, slot
+    return _catch_up_the_pause(job, planned, slot, following, now, horizon, caught_up_missed)
 
 
 def _catch_up_the_pause(job: dict[str, Any], planned: list[SlotPlan], beyond: datetime | None,
-                        following: Callable[[datetime], datetime | None], now: datetime,
-                        caught_up_missed: bool) -> None:
+                        following: Callable[[datetime], datetime | None], now: datetime, horizon: datetime,
+                        caught_up_missed: bool) -> tuple[list[SlotPlan], datetime | None]:
     """Under misfire run-once, the last slot a pause held is caught up once when the pause's end
-    is known and this plan reaches it (the slot after it is planned too, or is ``beyond``):
-    runnable at the end (now, if it has passed), within GRACE_SECONDS of its slot. Not when a
-    slot falls at the end itself (it runs then), nor when a later missed slot is caught up."""
+    is known and this plan reaches that slot (the slot after it is planned too, or is
+    ``beyond``): runnable at the end (now, if it has passed), within GRACE_SECONDS of its slot.
+    Not when a slot falls at the end itself (it runs then), nor when a later missed slot is
+    caught up. While the end lies beyond the horizon the slot is held back, unclaimed (it stays
+    the job's next slot): a run pending for hours would hold back a queued overlap and show as
+    the job's next run; the tick whose horizon reaches the end claims it. Returns the plan and
+    the job's next slot."""
     end: datetime | None = job.get("paused_until")
     if job["misfire"] != "run-once" or end is None or job.get("paused_at") is None or caught_up_missed:
-        return
+        return planned, beyond
     held = [index for index, (_, status, note, _) in enumerate(planned)
             if status == RunStatus.SKIPPED and note is not None and note.startswith(NOTE_PAUSED)]
     if not held:
-        return
+        return planned, beyond
     index = held[-1]
     moment = planned[index][0]
     after = planned[index + 1][0] if index + 1 < len(planned) else beyond
     if after is None:
         after = following(moment)
     if after is not None and after < end:
-        return                          # the pause holds more slots than this plan reaches
+        return planned, beyond          # the pause holds more slots than this plan reaches
     if after == end:
-        return                          # the slot at the end runs at the end
+        return planned, beyond          # the slot at the end runs at the end
     runnable = max(end, now)
+    if runnable > horizon:
+        return planned[:index], moment  # held back until a tick's horizon reaches the end
     if runnable - moment > timedelta(seconds=int(job["grace_seconds"])):
-        return
+        return planned, beyond
     planned[index] = (moment, RunStatus.PENDING, NOTE_CATCH_UP, runnable)
+    return planned, beyond
 
 
 def _inside_pause(job: dict[str, Any], moment: datetime) -> bool:

@@ -750,3 +750,33 @@ def test_a_job_every_5_seconds_paused_and_resumed_at_once_runs_its_next_slot_on_
     skipped = query(agent, f"SELECT COUNT(*) FROM agent.runs WHERE job_name = 'five' AND status = 'skipped' "
                            f"AND scheduled_for > '{resumed_at.replace(tzinfo=None).isoformat(sep=' ')}'")
     assert skipped == [(0,)]
+
+
+def test_the_catch_up_of_a_far_end_is_claimed_when_the_end_is_near_and_run_now_is_not_held(agent_factory):
+    """Run-once, a pause until far ahead: the last slot it holds waits unclaimed (the job's next
+    slot) until the tick whose horizon reaches the end claims it, runnable at the end; meanwhile
+    a run-now of the paused job (overlap queue) is not held back behind a pending catch-up."""
+    clock = Clock(at("2026-11-25T09:30:00"))
+    agent = agent_factory({"hourly": {"SCHEDULE": HOURLY, "COMMAND": "SELECT 1", "OVERLAP": "queue"}}, clock=clock)
+    agent.tick()
+    end = at("2026-11-25T10:59:30")
+    pause_job(agent.store(), "hourly", now=clock.advance(60), until=end)
+    clock.now = at("2026-11-25T10:00:30")
+    agent.tick()
+    last_held = at("2026-11-25T10:00:00")
+    assert last_held not in runs_of(agent, "hourly")            # held back, unclaimed
+    assert agent.request_run_now("hourly")["status"] == "pending"
+    work(agent)
+    assert [r["status"] for r in runs_of(agent, "hourly").values() if r["kind"] == "manual"] == ["succeeded"]
+    clock.now = at("2026-11-25T10:58:30")
+    agent.tick()                                                  # its horizon reaches the end
+    caught = runs_of(agent, "hourly")[last_held]
+    assert (caught["status"], caught["note"]) == ("pending", NOTE_CATCH_UP)
+    clock.now = at("2026-11-25T10:59:00")
+    work(agent)
+    assert runs_of(agent, "hourly")[last_held]["status"] == "pending"     # not before the end
+    clock.now = at("2026-11-25T10:59:31")
+    work(agent)
+    assert runs_of(agent, "hourly")[last_held]["status"] == "succeeded"
+    agent.tick()
+    assert runs_of(agent, "hourly")[at("2026-11-25T11:00:00")]["status"] == "pending"

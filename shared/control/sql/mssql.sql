@@ -375,7 +375,7 @@ JOIN agent.runs AS r ON r.job_name = s.job_name AND r.scheduled_for = s.schedule
                     AND r.operation_id = s.operation_id;
 
 -- advance_jobs --
--- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy); a job another tick already moved is left as it is.
+-- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire, job_name}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy; job_name, when given: that job only, as for a paused job, whose next slot depends on its own pause); a job another tick already moved is left as it is.
 -- UPDATE ... FROM a derived table joined in the WHERE clause (Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with JOIN ... ON). The condition on next_due_at is the fence: an UPDATE qualifies its rows on their current committed version under update locks on SQL Server, and PostgreSQL re-checks it on the version a concurrent tick committed, so a job is moved once.
 DECLARE @advanced TABLE (job_name NVARCHAR(64));
 -- Lock order: the jobs are locked first in key order (an ordered scan of the clustered key), so racing ticks never deadlock.
@@ -391,11 +391,12 @@ UPDATE j SET next_due_at = a.next_due_at, advanced_at = CAST(:now AS DATETIME2(6
 OUTPUT inserted.job_name INTO @advanced
 FROM agent.jobs AS j,
      (SELECT agent.json_text(x.schedule) AS schedule, x.timezone, CONVERT(DATETIME2(6), x.from_due, 121) AS from_due,
-             CONVERT(DATETIME2(6), x.next_due_at, 121) AS next_due_at, x.paused, x.misfire
+             CONVERT(DATETIME2(6), x.next_due_at, 121) AS next_due_at, x.paused, x.misfire, x.job_name
       FROM OPENJSON(:advances) WITH (schedule NVARCHAR(400), timezone NVARCHAR(64), from_due NVARCHAR(40),
-                                     next_due_at NVARCHAR(40), paused INT, misfire NVARCHAR(16)) AS x) AS a
+                                     next_due_at NVARCHAR(40), paused INT, misfire NVARCHAR(16),
+                                     job_name NVARCHAR(64)) AS x) AS a
 WHERE j.next_due_at = a.from_due AND j.schedule = a.schedule AND j.timezone = a.timezone
-  AND (a.misfire IS NULL OR j.misfire = a.misfire)
+  AND (a.misfire IS NULL OR j.misfire = a.misfire) AND (a.job_name IS NULL OR j.job_name = a.job_name)
   AND (a.paused IS NULL OR a.paused = CASE WHEN EXISTS (
            SELECT 1 FROM agent.job_pauses AS p
            WHERE p.job_name = j.job_name

@@ -258,15 +258,16 @@ ON CONFLICT (job_name, scheduled_for) DO NOTHING
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
 
 -- advance_jobs --
--- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy); a job another tick already moved is left as it is.
+-- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire, job_name}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy; job_name, when given: that job only, as for a paused job, whose next slot depends on its own pause); a job another tick already moved is left as it is.
 -- The jobs are locked in key order first: racing ticks never lock them in different orders (a deadlock).
 UPDATE agent.jobs AS j SET next_due_at = CAST(a.next_due_at AS timestamp), advanced_at = CAST(:now AS timestamp)
 FROM (SELECT x.job_name, v.next_due_at, v.from_due
       FROM agent.jobs AS x
       JOIN json_to_recordset(CAST(:advances AS json)) AS v(schedule VARCHAR, timezone VARCHAR, from_due VARCHAR,
-                                                           next_due_at VARCHAR, paused INT, misfire VARCHAR)
+                                                           next_due_at VARCHAR, paused INT, misfire VARCHAR,
+                                                           job_name VARCHAR)
         ON x.next_due_at = CAST(v.from_due AS timestamp) AND x.schedule = v.schedule AND x.timezone = v.timezone
-       AND (v.misfire IS NULL OR x.misfire = v.misfire)
+       AND (v.misfire IS NULL OR x.misfire = v.misfire) AND (v.job_name IS NULL OR x.job_name = v.job_name)
        AND (v.paused IS NULL OR v.paused = CASE WHEN EXISTS (
                 SELECT 1 FROM agent.job_pauses AS p
                 WHERE p.job_name = x.job_name

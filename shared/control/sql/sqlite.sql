@@ -243,14 +243,15 @@ ON CONFLICT (job_name, scheduled_for) DO NOTHING
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
 
 -- advance_jobs --
--- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy); a job another tick already moved is left as it is.
+-- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire, job_name}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy; job_name, when given: that job only, as for a paused job, whose next slot depends on its own pause); a job another tick already moved is left as it is.
 UPDATE agent_jobs SET next_due_at = a.next_due_at, advanced_at = :now
 FROM (SELECT json_extract(x.value, '$.schedule') AS schedule, json_extract(x.value, '$.timezone') AS timezone,
              json_extract(x.value, '$.from_due') AS from_due, json_extract(x.value, '$.next_due_at') AS next_due_at,
-             json_extract(x.value, '$.paused') AS paused, json_extract(x.value, '$.misfire') AS misfire
+             json_extract(x.value, '$.paused') AS paused, json_extract(x.value, '$.misfire') AS misfire,
+             json_extract(x.value, '$.job_name') AS job_name
       FROM json_each(:advances) AS x) AS a
 WHERE agent_jobs.next_due_at = a.from_due AND agent_jobs.schedule = a.schedule AND agent_jobs.timezone = a.timezone
-  AND (a.misfire IS NULL OR agent_jobs.misfire = a.misfire)
+  AND (a.misfire IS NULL OR agent_jobs.misfire = a.misfire) AND (a.job_name IS NULL OR agent_jobs.job_name = a.job_name)
   AND (a.paused IS NULL OR a.paused = CASE WHEN EXISTS (
            SELECT 1 FROM agent_job_pauses AS p
            WHERE p.job_name = agent_jobs.job_name AND (p.paused_until IS NULL OR p.paused_until > :now))

@@ -231,13 +231,21 @@ BEGIN
         IF @closed = 1
         BEGIN
             -- In the order runs start each other (the walk reversed); a long cycle shows its first
-            -- and last four jobs and how many between (shared/jobs/chains.py, show_chain).
-            SELECT @cycle = STRING_AGG(s.x, N' -> ') WITHIN GROUP (ORDER BY s.ord DESC)
-            FROM (SELECT w.job_name AS x, CAST(w.ord AS DECIMAL(12, 1)) AS ord FROM @walk AS w
-                  WHERE @steps <= 8 OR w.ord > @steps - 4 OR w.ord <= 4
-                  UNION ALL
-                  SELECT N'... (' + CONVERT(NVARCHAR(20), @steps - 8) + N' more)', CAST(4.5 AS DECIMAL(12, 1))
-                  WHERE @steps > 8) AS s;
+            -- and last four jobs and how many between (shared/jobs/chains.py, show_chain). Put
+            -- together by position (Babelfish refuses STRING_AGG ... WITHIN GROUP): the last
+            -- four walked, then the first four (for 8 jobs or fewer, the ones below them).
+            DECLARE @long INT = CASE WHEN @steps > 8 THEN 1 ELSE 0 END;
+            SELECT @cycle = CONCAT(
+                       MAX(CASE WHEN w.ord = @steps THEN w.job_name END),
+                       MAX(CASE WHEN w.ord = @steps - 1 THEN N' -> ' + w.job_name END),
+                       MAX(CASE WHEN w.ord = @steps - 2 THEN N' -> ' + w.job_name END),
+                       MAX(CASE WHEN w.ord = @steps - 3 THEN N' -> ' + w.job_name END),
+                       CASE WHEN @long = 1 THEN N' -> ... (' + CONVERT(NVARCHAR(20), @steps - 8) + N' more)' END,
+                       MAX(CASE WHEN w.ord = CASE WHEN @long = 1 THEN 4 ELSE @steps - 4 END THEN N' -> ' + w.job_name END),
+                       MAX(CASE WHEN w.ord = CASE WHEN @long = 1 THEN 3 ELSE @steps - 5 END THEN N' -> ' + w.job_name END),
+                       MAX(CASE WHEN w.ord = CASE WHEN @long = 1 THEN 2 ELSE @steps - 6 END THEN N' -> ' + w.job_name END),
+                       MAX(CASE WHEN w.ord = CASE WHEN @long = 1 THEN 1 ELSE @steps - 7 END THEN N' -> ' + w.job_name END))
+            FROM @walk AS w;
             SET @message = @p + N'@after = ''' + @after
                 + N''': expected a chain that ends; this one is a cycle of jobs that follow each other ('
                 + @name + N' -> ' + @cycle + N' -> ' + @name + N': a run of each would start the next, forever)';

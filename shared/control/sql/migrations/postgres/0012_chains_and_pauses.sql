@@ -499,3 +499,9 @@ BEGIN
     RETURN QUERY SELECT CAST(remove_scheduled_job.name AS varchar), v_skipped;
 END
 $$;
+
+-- The engine's own functions of this migration are not the operators' (they are neither
+-- SECURITY DEFINER nor checked for an operator's arguments): closed to PUBLIC, as
+-- agent.cancel_fleet_executions is. agent.pause_job and agent.resume_job run as their owner.
+REVOKE ALL ON FUNCTION agent.settle_paused_runs(varchar, timestamp, timestamp, timestamp) FROM PUBLIC;
+REVOKE ALL ON FUNCTION agent.start_follow_up_runs(timestamp, int) FROM PUBLIC;
