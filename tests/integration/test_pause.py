@@ -23,7 +23,7 @@ from shared.engine.scheduler import NOTE_CATCH_UP, NOTE_MISFIRE_GRACE, NOTE_MISF
 from shared.engine.views import history_view, jobs_view
 from shared.errors import NotFoundError, UsageError
 from shared.web.app import Monitor, MonitorSettings
-from tests.support.harness import Clock, at, make_agent, pg_admin_connection, query, runs_table, work
+from tests.support.harness import MSSQL_BASE, Clock, at, make_agent, pg_admin_connection, query, runs_table, work
 from tests.support.tsql_caller import CallError, call, select
 
 UTC = timezone.utc
@@ -780,3 +780,40 @@ def test_the_catch_up_of_a_far_end_is_claimed_when_the_end_is_near_and_run_now_i
     assert runs_of(agent, "hourly")[last_held]["status"] == "succeeded"
     agent.tick()
     assert runs_of(agent, "hourly")[at("2026-11-25T11:00:00")]["status"] == "pending"
+
+
+@pytest.mark.parametrize("dialect", ["postgres"] + (["mssql"] if MSSQL_BASE else []))
+def test_tsql_pause_a_redefinition_and_resume_bring_back_only_the_new_definitions_slots(dialect):
+    """agent.pause_job, agent.add_scheduled_job (a new schedule) and agent.resume_job on a real
+    server: the slots the pause recorded ahead for the old schedule stay skipped (their note says
+    the job was redefined); the new schedule's slots, recorded 'paused' by the tick while the job
+    was paused, come back at the resume."""
+    from tests.support.harness import fresh_database
+    from tests.support.tsql_caller import connect
+
+    with fresh_database(dialect) as url:
+        agent = make_agent(url, simulated_time=False)
+        connection = connect(url)
+        try:
+            call(connection, "add_scheduled_job", name="five", sql="SELECT 1", schedule=EVERY_5_SECONDS)
+            agent.tick()                                  # plans it and claims its slots ahead
+            (paused,) = call(connection, "pause_job", job_name="five")
+            assert paused["runs_skipped"] >= 1
+            call(connection, "add_scheduled_job", name="five", sql="SELECT 1", schedule="2/10 * * * * *")
+            agent.tick()                                  # plans the new schedule: its slots held, ahead
+            call(connection, "resume_job", job_name="five")
+            now = agent.clock()
+            rows = select(connection, "SELECT scheduled_for, status, note FROM agent.runs WHERE job_name = 'five' "
+                                      "AND kind = 'scheduled' ORDER BY scheduled_for")
+            ahead = [(r["scheduled_for"], r["status"], r["note"]) for r in rows
+                     if r["scheduled_for"].replace(tzinfo=UTC) > now]
+            pending = [slot for slot, status, _ in ahead if status == "pending"]
+            assert pending and {slot.second % 10 for slot in pending} == {2}, ahead
+            old = [(status, note) for slot, status, note in ahead if slot.second % 10 != 2]
+            assert old and {status for status, _ in old} == {"skipped"}
+            assert all("redefined" in note for _, note in old), old
+            events = select(connection, "SELECT detail FROM agent.job_events WHERE job_name = 'five' AND kind = 'resumed'")
+            assert len(events) == 1 and "slot(s) claimed ahead run at their time" in events[0]["detail"]
+        finally:
+            connection.close()
+            agent.close()
