@@ -51,6 +51,7 @@ from shared.engine.agent import Agent
 from shared.engine.operations import (
     add_scheduled_jobs,
     cancel,
+    dispatch_now,
     pause_job,
     requeue,
     resume_job,
@@ -370,11 +371,14 @@ def cmd_resume(agent, args) -> int:
     store = agent.store()
     store.require_schema()
     resumed = resume_job(store, args.name, now=agent.clock(), resumed_by=_operator_name(), telemetry=agent.telemetry)
+    if resumed.runs_resumed or resumed.runs_caught_up:
+        dispatch_now(agent)     # queue mode: the slots given back go to the queue now, not at a doorbell
     if args.json:
         print_json(resumed.as_dict())
         return EXIT_OK
-    print(f"job {args.name} resumed (paused since {time_text(resumed.paused_at)}); its misfire policy decides "
-          "the slots it missed")
+    caught = "; the last slot it held is caught up now" if resumed.runs_caught_up else ""
+    print(f"job {args.name} resumed (paused since {time_text(resumed.paused_at)}); {resumed.runs_resumed} slot(s) "
+          f"claimed ahead run at their time{caught}")
     return EXIT_OK
 
 

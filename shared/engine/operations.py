@@ -115,10 +115,15 @@ class Resume:
     job_name: str
     paused_at: datetime
     resumed_at: datetime
+    # Slots the pause had recorded skipped ahead that run at their time again, and the catch-up
+    # of the last slot it held (misfire run-once): 0 or 1.
+    runs_resumed: int = 0
+    runs_caught_up: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"job_name": self.job_name, "paused": False, "paused_at": self.paused_at,
-                "resumed_at": self.resumed_at}
+                "resumed_at": self.resumed_at, "runs_resumed": self.runs_resumed,
+                "runs_caught_up": self.runs_caught_up}
 
 
 # --- runs and tasks --------------------------------------------------------------------------
@@ -260,20 +265,25 @@ def run_now(agent: Agent, job_name: str, *, operation_id: str | None = None) -> 
                         dispatched=None if skipped else dispatch_now(agent))
 
 
-# --- pause and resume (issue 27) -------------------------------------------------------------
+# --- pause and resume (issue 27, issue 34 items 5 and 6) ------------------------------------
 # The pause is a row of agent.job_pauses, state of its own that the settings sync never touches;
-# the tick reads it (select_due_jobs) and records each slot that comes while the job is paused as
-# a run skipped "paused" (shared/engine/scheduler.py, _plan_paused_slots). agent.pause_job and
-# agent.resume_job (migration 0009) do the same from T-SQL. Every time is the database's clock
-# (the caller passes the agent's clock, which is it). Starting a paused job by hand (run-now,
-# agent.start_job) is allowed, as SQL Server Agent starts a disabled job.
+# the tick reads it (select_due_jobs) and records each slot the pause holds as a run skipped
+# "paused", ahead up to the claim horizon as for any job (shared/engine/scheduler.py, _plan_slots),
+# and claims the slots after a known end (--until) runnable at their time. Every change of a
+# pause (pause, a new --until, resume) decides again, in the same transaction, the job's slots
+# that never started (settle_paused_runs): held ones are skipped "paused", those the pause no
+# longer holds come back, and the misfire policy's catch-up waits for the end. agent.pause_job
+# and agent.resume_job (migrations 0009, 0012) do the same from T-SQL. Every time is the
+# database's clock (the caller passes the agent's clock, which is it). Starting a paused job by
+# hand (run-now, agent.start_job) is allowed, as SQL Server Agent starts a disabled job.
 
 def pause_job(store: Store, name: str, *, now: datetime, until: datetime | None = None,
               paused_by: str | None = None, reason: str | None = None, telemetry: Any = None) -> Pause:
     """Pause ``name`` from ``now`` until ``until`` (None: until resumed). Pausing a paused job
     keeps its start and takes the new end and reason. The slots it had claimed inside the pause
     are recorded skipped "paused" in the same transaction, under the pauses lock a tick's claim
-    holds shared: once this returns, no slot inside the pause is claimed."""
+    holds shared: once this returns, no slot inside the pause is claimed; slots a longer pause
+    had skipped that this one no longer holds run at their time again."""
     if until is not None and until <= now:
         raise UsageError(f"--until {until.isoformat()}: expected a time after now (the database's clock: "
                          f"{now.isoformat()})", setting="--until", value=until.isoformat(),
@@ -288,14 +298,16 @@ def pause_job(store: Store, name: str, *, now: datetime, until: datetime | None 
                             reason=reason).one()
         if row is None:
             raise _unknown_job(store, name)
-        skipped = store.execute("skip_paused_slots", job_name=name, now=now, paused_until=until).rows
+        settled = store.execute("settle_paused_runs", job_name=name, now=now, pause_start=row["paused_at"],
+                                pause_end=row["paused_until"]).one()
+        skipped = int(settled["runs_skipped"])
         pause = Pause(job_name=name, paused_at=row["paused_at"], paused_until=row["paused_until"],
-                      paused_by=row["paused_by"], reason=row["reason"], runs_skipped=len(skipped))
+                      paused_by=row["paused_by"], reason=row["reason"], runs_skipped=skipped)
         store.execute("insert_job_events", now=now, events=[{
             "job_name": name, "kind": "paused",
             "detail": (f"paused by {paused_by or '?'} (sql-agent pause) "
                        f"{'until ' + _iso(until) if until else 'until resumed'}"
-                       f"{': ' + reason if reason else ''}; {len(skipped)} claimed slot(s) skipped")}])
+                       f"{': ' + reason if reason else ''}; {skipped} claimed slot(s) skipped")}])
     if telemetry is not None:
         telemetry.event("JobPaused", {"job": name, "outcome": "paused", "paused_until": pause.paused_until,
                                       "paused_by": pause.paused_by, "reason": pause.reason,
@@ -305,9 +317,10 @@ def pause_job(store: Store, name: str, *, now: datetime, until: datetime | None 
 
 def resume_job(store: Store, name: str, *, now: datetime, resumed_by: str | None = None,
                telemetry: Any = None) -> Resume:
-    """End the pause of ``name`` now. The slots it missed are the misfire policy's: under
-    run-once the latest one (held back, unrecorded) is caught up once within GRACE_SECONDS by
-    the next tick; under skip none runs. A job that is not paused is an error (exit code 2)."""
+    """End the pause of ``name`` now, in one transaction: the slots it had recorded skipped ahead
+    (from now on) are pending again, runnable at their time, with no tick in between; the slots
+    it held are the misfire policy's: under run-once the last one is caught up once, now, within
+    GRACE_SECONDS; under skip none runs. A job that is not paused is an error (exit code 2)."""
     with store.transaction():
         store.execute("lock_job_pauses")
         row = store.execute("resume_job", job_name=name, now=now).one()
@@ -317,12 +330,17 @@ def resume_job(store: Store, name: str, *, now: datetime, resumed_by: str | None
             ended = f" (its pause ended by itself at {_iso(row['paused_until'])})" if row is not None else ""
             raise UsageError(f"job {name!r} is not paused{ended}", setting="JOB", value=name,
                              expected="a paused job (sql-agent jobs shows them)")
+        settled = store.execute("settle_paused_runs", job_name=name, now=now, pause_start=row["paused_at"],
+                                pause_end=now).one()
+        resumed, caught_up = int(settled["runs_resumed"]), int(settled["runs_caught_up"])
         store.execute("insert_job_events", now=now, events=[{
             "job_name": name, "kind": "resumed",
-            "detail": f"resumed by {resumed_by or '?'} (sql-agent resume); paused since {_iso(row['paused_at'])}"}])
+            "detail": (f"resumed by {resumed_by or '?'} (sql-agent resume); paused since {_iso(row['paused_at'])}; "
+                       f"{resumed} slot(s) claimed ahead run at their time, {caught_up} caught up")}])
     if telemetry is not None:
         telemetry.event("JobResumed", {"job": name, "outcome": "resumed", "paused_by": resumed_by})
-    return Resume(job_name=name, paused_at=row["paused_at"], resumed_at=now)
+    return Resume(job_name=name, paused_at=row["paused_at"], resumed_at=now, runs_resumed=resumed,
+                  runs_caught_up=caught_up)
 
 
 def _unknown_job(store: Store, name: str) -> NotFoundError:

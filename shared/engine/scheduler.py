@@ -38,6 +38,8 @@ from shared.engine.fleet import fleet_steps, report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
 from shared.engine.planning import plan_database_jobs, refused_settings_job_error, stand_in_name
 from shared.errors import AgentError, ClockSkewError, PartialDispatchError, QueueError
+from shared.jobs.chains import find_cycles, run_order, show_chain
+from shared.jobs.model import JOB_SETTING_PREFIX
 from shared.jobs.run_model import RunStatus
 from shared.jobs.schedules import CronSchedule, parse_schedule
 from shared.jobs.targets import describe_members, dialect_problem
@@ -67,6 +69,8 @@ NOTE_MISFIRE_SUPERSEDED = "misfire: slot missed while the agent was down; caught
 NOTE_CATCH_UP = "misfire: caught up late, once"
 # A slot that came while its job was paused (sql-agent pause, agent.pause_job).
 NOTE_PAUSED = "paused"
+# One slot's decision: (slot, status, note, runnable_at); runnable_at None: at the slot itself.
+SlotPlan = tuple[datetime, RunStatus, "str | None", "datetime | None"]
 
 
 @dataclass
@@ -154,6 +158,11 @@ class Scheduler:
             return report
         now = (now or self.clock()).astimezone(UTC)
         report = TickReport(now=now, reference=reference, skew_seconds=(now - reference).total_seconds())
+        # The tick's time is only checked (check_clock): every other step decides on the database's
+        # clock (design invariant 11), so a time within the skew, ahead or behind, can make no slot
+        # look missed before it is, no live lease look lapsed, no job start from a slot before it
+        # was defined (issue 34 item 7). Without a reference (simulated time) the time given is it.
+        decided_at = reference if self.reference_clock is not None else now
         steps = [self.check_clock, self.sync_jobs, self.plan_database_jobs, self.expire_leases,
                  self.progress_fleets, self.recover_clock_jumps, self.claim_slots]
         if self.queue is not None:
@@ -161,7 +170,7 @@ class Scheduler:
         steps.append(self.purge_history)
         for step in steps:
             try:
-                self._run_step(step, now, report)
+                self._run_step(step, now if step == self.check_clock else decided_at, report)
             except ClockSkewError as exc:
                 report.errors.append(str(exc))
                 report.refused = True
@@ -319,8 +328,8 @@ class Scheduler:
         with store.transaction():
             # Under the job-definitions lock the procedures take too: a name is held by one source.
             store.execute("lock_job_definitions")
-            held = {row["job_name"].casefold(): row["job_name"]
-                    for row in store.execute("list_database_job_names").rows}
+            database_jobs = store.execute("list_database_job_names").rows
+            held = {row["job_name"].casefold(): row["job_name"] for row in database_jobs}
             refused = []
             if held:
                 for index, row in enumerate(rows):
@@ -329,6 +338,7 @@ class Scheduler:
                         message = refused_settings_job_error(row["job_name"], holder)
                         rows[index] = _invalid_row(stand_in_name(row["job_name"]), message)
                         refused.append((row["job_name"], message))
+                refused += _refuse_cycles_through_database_jobs(rows, database_jobs)
             store.execute("record_config_events", jobs=rows, now=now)
             store.execute("skip_runs_of_changed_jobs", jobs=rows, now=now)
             store.execute("upsert_jobs", jobs=rows, now=now)
@@ -458,29 +468,31 @@ class Scheduler:
             jobs = store.execute("select_due_jobs", horizon=horizon, now=now).rows
             if not jobs:
                 return
-            # Slots depend only on (schedule, time zone, next slot, misfire policy, grace, paused):
+            # Slots depend only on (schedule, time zone, next slot, misfire policy, grace, pause):
             # computed once per distinct one, then listed for each job.
-            plans: dict[tuple, tuple[list[tuple[datetime, str, str | None]], datetime | None]] = {}
+            plans: dict[tuple, tuple[list[SlotPlan], datetime | None]] = {}
             slots = []
             advances: dict[tuple, dict[str, Any]] = {}
             for job in jobs:
                 key = (job["schedule"], job["timezone"], job["next_due_at"], job["misfire"], job["grace_seconds"],
                        bool(job["paused"]), job["paused_at"], job["paused_until"])
                 if key not in plans:
-                    plans[key] = (_plan_paused_slots(job, now) if job["paused"]
-                                  else _plan_slots(job, now, horizon, late_cutoff))
+                    plans[key] = _plan_slots(job, now, horizon, late_cutoff)
                 planned, following = plans[key]
                 slots += [{"job_name": job["job_name"], "scheduled_for": store.json_time(slot),
-                           "status": status, "note": note} for slot, status, note in planned]
+                           "status": status, "note": note, "runnable_at": store.json_time(runnable)}
+                          for slot, status, note, runnable in planned]
                 # advance_jobs moves every job of one (schedule, time zone, next slot) together; a
-                # paused job moves apart from the others, and by its misfire policy (run-once holds
-                # its latest slot back).
+                # paused job moves alone: its next slot depends on its pause (run-once holds the
+                # last slot of a pause back while the pause's end is beyond the horizon).
                 paused = int(bool(job["paused"]))
-                misfire = job["misfire"] if paused else None
-                advances[key[:3] + (paused, misfire)] = {"schedule": job["schedule"], "timezone": job["timezone"],
-                                                         "from_due": store.json_time(job["next_due_at"]),
-                                                         "next_due_at": store.json_time(following),
-                                                         "paused": paused, "misfire": misfire}
+                advance = {"schedule": job["schedule"], "timezone": job["timezone"],
+                           "from_due": store.json_time(job["next_due_at"]), "next_due_at": store.json_time(following),
+                           "paused": paused}
+                if paused:
+                    advances[("job", job["job_name"])] = {**advance, "job_name": job["job_name"]}
+                else:
+                    advances[key[:3]] = advance
             claimed = store.execute("claim_slots", slots=slots, now=now).rows if slots else []
             store.execute("advance_jobs", advances=list(advances.values()), now=now)
         report.due_jobs = len(jobs)
@@ -533,6 +545,45 @@ def _invalid_row(key: str, message: str) -> dict[str, Any]:
     }
 
 
+def _refuse_cycles_through_database_jobs(rows: list[dict[str, Any]],
+                                         database_jobs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Settings jobs whose AFTER closes a cycle through jobs defined in the database (issue 34
+    item 3): the settings were checked as a whole without the database (from_settings), and a
+    procedure checks each definition against every job, so a cycle that appears now goes
+    through this sync's AFTERs. Every settings job of such a cycle is made invalid (its own
+    config_error names the cycle); the sync goes on for the others, and the database's jobs
+    are left as they are. Names compare case-insensitively, as Azure SQL compares them. Runs
+    under the job-definitions lock the procedures take: one check sees both sources."""
+    follows: dict[str, str] = {}
+    shown: dict[str, str] = {}
+    for job in database_jobs:
+        shown[job["job_name"].casefold()] = job["job_name"]
+        if job.get("after_job"):
+            follows[job["job_name"].casefold()] = job["after_job"].casefold()
+    settings_jobs: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        if row["valid"] and row.get("after_job"):
+            key = row["job_name"].casefold()
+            settings_jobs[key] = index
+            shown[key] = row["job_name"]
+            follows[key] = row["after_job"].casefold()
+    refused: list[tuple[str, str]] = []
+    for key, cycle in find_cycles(follows).items():
+        index = settings_jobs.get(key)
+        if index is None:
+            continue
+        row = rows[index]
+        order = show_chain([shown.get(member, member) for member in run_order(cycle, key)])
+        defined_there = sorted(shown.get(member, member) for member in cycle if member not in settings_jobs)
+        message = (f"{JOB_SETTING_PREFIX}{row['job_name']}__AFTER={row['after_job']!r}: a cycle of jobs that follow "
+                   f"each other ({order}: a run of each would start the next, forever), through "
+                   f"{', '.join(defined_there)} (defined with agent.add_scheduled_job @after); expected a chain "
+                   "that ends: remove AFTER from one of them")
+        rows[index] = _invalid_row(row["job_name"], message)
+        refused.append((row["job_name"], message))
+    return refused
+
+
 def fleet_problem(job, dialect: str) -> str | None:
     """Why this control database cannot run the job's fleet steps (one line naming the
     setting), or None."""
@@ -552,11 +603,23 @@ def _initial_due(schedule: str, timezone_name: str, now: datetime) -> datetime |
 
 
 def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
-                late_cutoff: datetime) -> tuple[list[tuple[datetime, RunStatus, str | None]], datetime | None]:
-    """The slots of one job from its next_due_at up to the horizon, each with its decision:
-    missed slots (older than the misfire threshold) are skipped, or — misfire run-once — the
-    latest one within the grace period is caught up once; the rest are pending, each runnable at
-    its own slot. Returns them and the job's next slot after them."""
+                late_cutoff: datetime) -> tuple[list[SlotPlan], datetime | None]:
+    """The slots of one job from its next_due_at up to the horizon, each with its decision, and
+    the job's next slot after them.
+
+    * Missed slots (older than the misfire threshold) are skipped, or — misfire run-once — the
+      latest one within the grace period is caught up once; the rest are pending, each runnable
+      at its own slot.
+    * A pause (select_due_jobs' paused, paused_at, paused_until) holds the slots that would run
+      inside it: while it is in force, every slot before its end (up to the horizon, recorded
+      ahead as `pause_job` records what was claimed before it), and after it ended, the slots
+      that fell inside it. Each is recorded skipped "paused". Slots after its end are claimed as
+      any other, runnable at their time: a pause with --until ends on the second, not at the
+      next tick (issue 34 item 6). When its end is known, the misfire policy decides what it
+      held: under run-once the last slot before the end is caught up once, runnable at the end,
+      if within GRACE_SECONDS and no slot falls at the end itself. A pause ended by `resume` is
+      decided by `resume` (settle_paused_runs), which also brings back the slots claimed ahead
+      that it no longer holds (item 5)."""
     try:
         schedule = parse_schedule(job["schedule"], job["timezone"])
     except (ValueError, OverflowError) as exc:
@@ -572,8 +635,18 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
                       slot.isoformat(), describe(exc))
             return None
 
+    pause_end: datetime | None = job.get("paused_until")
+    in_force = bool(job.get("paused"))
+
+    def held(slot: datetime) -> bool:
+        """Whether the pause holds the slot: in force, every slot before its end (one that came
+        before the pause would start now, inside it); ended, the slots inside it."""
+        if in_force:
+            return pause_end is None or slot < pause_end
+        return _inside_pause(job, slot)
+
     slot: datetime | None = job["next_due_at"]
-    planned: list[tuple[datetime, RunStatus, str | None]] = []
+    planned: list[SlotPlan] = []
     missed: list[datetime] = []
     scanned = 0
     latest_missed: datetime | None = None
@@ -585,92 +658,82 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
         slot = following(slot)
     if slot is not None and slot < late_cutoff:  # more missed than worth scanning
         slot = following(late_cutoff - timedelta(microseconds=1))
+    caught_up_missed = False
     if latest_missed is not None:
         if latest_missed not in missed:
             missed.append(latest_missed)
         unrecorded = scanned - len(missed)
         grace = timedelta(seconds=int(job["grace_seconds"]))
+        free = [moment for moment in missed if not held(moment)]
         for index, moment in enumerate(missed):
             last = index == len(missed) - 1
-            if job["misfire"] == "skip":
+            if held(moment):
+                status, note = RunStatus.SKIPPED, NOTE_PAUSED
+            elif job["misfire"] == "skip":
                 status, note = RunStatus.SKIPPED, NOTE_MISFIRE_SKIP
-            elif not last:
+            elif moment != free[-1]:
                 status, note = RunStatus.SKIPPED, NOTE_MISFIRE_SUPERSEDED
             elif moment + grace < now:
                 status, note = RunStatus.SKIPPED, NOTE_MISFIRE_GRACE
             else:
                 status, note = RunStatus.PENDING, NOTE_CATCH_UP
+                caught_up_missed = True
             if status == RunStatus.SKIPPED and _inside_pause(job, moment):
                 note = NOTE_PAUSED     # missed while its pause held (it ended by itself since)
             if last and unrecorded > 0:
                 note += f" ({unrecorded} earlier missed slot(s) since {_iso(job['next_due_at'])} not recorded one by one)"
-            planned.append((moment, status, note))
+            planned.append((moment, status, note, None))
     ahead = 0
     while slot is not None and slot <= horizon and ahead < MAX_SLOTS_PER_JOB:
-        # A slot that fell inside a pause which has ended by itself (its --until came since the
-        # last tick) did not run in it: recorded "paused", not claimed — but the slot a run-once
-        # job held back for the misfire policy (its next slot) is that policy's to run.
-        if _inside_pause(job, slot) and not (job["misfire"] == "run-once" and slot == job["next_due_at"]):
-            planned.append((slot, RunStatus.SKIPPED, NOTE_PAUSED))
+        if held(slot):
+            planned.append((slot, RunStatus.SKIPPED, NOTE_PAUSED, None))
         else:
-            planned.append((slot, RunStatus.PENDING, None))
+            planned.append((slot, RunStatus.PENDING, None, None))
         ahead += 1
         slot = following(slot)
-    return planned, slot
+    return _catch_up_the_pause(job, planned, slot, following, now, horizon, caught_up_missed)
+
+
+def _catch_up_the_pause(job: dict[str, Any], planned: list[SlotPlan], beyond: datetime | None,
+                        following: Callable[[datetime], datetime | None], now: datetime, horizon: datetime,
+                        caught_up_missed: bool) -> tuple[list[SlotPlan], datetime | None]:
+    """Under misfire run-once, the last slot a pause held is caught up once when the pause's end
+    is known and this plan reaches that slot (the slot after it is planned too, or is
+    ``beyond``): runnable at the end (now, if it has passed), within GRACE_SECONDS of its slot.
+    Not when a slot falls at the end itself (it runs then), nor when a later missed slot is
+    caught up. While the end lies beyond the horizon the slot is held back, unclaimed (it stays
+    the job's next slot): a run pending for hours would hold back a queued overlap and show as
+    the job's next run; the tick whose horizon reaches the end claims it. Returns the plan and
+    the job's next slot."""
+    end: datetime | None = job.get("paused_until")
+    if job["misfire"] != "run-once" or end is None or job.get("paused_at") is None or caught_up_missed:
+        return planned, beyond
+    held = [index for index, (_, status, note, _) in enumerate(planned)
+            if status == RunStatus.SKIPPED and note is not None and note.startswith(NOTE_PAUSED)]
+    if not held:
+        return planned, beyond
+    index = held[-1]
+    moment = planned[index][0]
+    after = planned[index + 1][0] if index + 1 < len(planned) else beyond
+    if after is None:
+        after = following(moment)
+    if after is not None and after < end:
+        return planned, beyond          # the pause holds more slots than this plan reaches
+    if after == end:
+        return planned, beyond          # the slot at the end runs at the end
+    runnable = max(end, now)
+    if runnable > horizon:
+        return planned[:index], moment  # held back until a tick's horizon reaches the end
+    if runnable - moment > timedelta(seconds=int(job["grace_seconds"])):
+        return planned, beyond
+    planned[index] = (moment, RunStatus.PENDING, NOTE_CATCH_UP, runnable)
+    return planned, beyond
 
 
 def _inside_pause(job: dict[str, Any], moment: datetime) -> bool:
     """Whether ``moment`` fell inside the job's last pause (select_due_jobs' paused_at/paused_until)."""
     start, end = job.get("paused_at"), job.get("paused_until")
     return start is not None and start <= moment and (end is None or moment < end)
-
-
-def _plan_paused_slots(job: dict[str, Any], now: datetime) -> tuple[list[tuple[datetime, str, str | None]],
-                                                                      datetime | None]:
-    """A paused job claims nothing: each of its slots that has come (up to ``now``) is recorded
-    skipped "paused", as many per tick as missed slots are (MAX_MISSED_RECORDED; the last one
-    says how many more there were), and nothing ahead is claimed. Under misfire run-once the
-    latest slot that came is held back instead (it stays the job's next slot, unrecorded): on
-    resume, or when the pause ends by itself, the misfire policy decides it, as for a slot
-    missed while the agent was down (caught up once within GRACE_SECONDS). Returns the slots
-    and the job's next slot."""
-    try:
-        schedule = parse_schedule(job["schedule"], job["timezone"])
-    except (ValueError, OverflowError):
-        return [], job["next_due_at"]     # _plan_slots says so when the job runs again
-
-    def following(slot: datetime) -> datetime | None:
-        try:
-            return schedule.next_after(slot)
-        except Exception:  # noqa: BLE001 - a schedule that ran out of slots
-            return None
-
-    slot: datetime | None = job["next_due_at"]
-    came: list[datetime] = []
-    scanned = 0
-    latest: datetime | None = None
-    while slot is not None and slot <= now and scanned < MAX_MISSED_SCAN:
-        scanned += 1
-        latest = slot
-        if len(came) < MAX_MISSED_RECORDED - 1:
-            came.append(slot)
-        slot = following(slot)
-    if slot is not None and slot <= now:      # more came than worth scanning
-        slot = following(now)
-    if latest is None:
-        return [], job["next_due_at"]
-    if latest not in came:
-        came.append(latest)
-    if job["misfire"] == "run-once":
-        came.remove(latest)
-        slot = latest                          # held back: the misfire policy decides it on resume
-    unrecorded = scanned - len(came) - (1 if slot == latest else 0)
-    planned: list[tuple[datetime, str, str | None]] = [(moment, "skipped", NOTE_PAUSED) for moment in came]
-    if planned and unrecorded > 0:
-        moment, status, note = planned[-1]
-        planned[-1] = (moment, status, f"{note} ({unrecorded} earlier slot(s) since {_iso(job['next_due_at'])} "
-                                       "not recorded one by one)")
-    return planned, slot
 
 
 def _iso(value: Any) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 from shared.errors import ConfigError
+from shared.jobs.chains import find_cycles, run_order, show_chain
 from shared.jobs.model import (
     AFTER_OUTCOMES,
     JOB_SETTING_PREFIX,
@@ -163,29 +164,12 @@ def _check_followers(parsed: list[tuple[str, str, JobDefinition | None, list[str
                                           f"the job's name as it is written: {leader!r}")))
         else:
             follows[name] = leader
-    # Each job follows at most one: walking from every job finds each cycle once, in order.
-    in_cycle: dict[str, list[str]] = {}
-    done: set[str] = set()
-    for start in follows:
-        path: list[str] = []
-        position: dict[str, int] = {}
-        current: str | None = start
-        while current is not None and current not in done and current not in position:
-            position[current] = len(path)
-            path.append(current)
-            current = follows.get(current)
-        if current is not None and current in position:
-            cycle = path[position[current]:]
-            for member in cycle:
-                in_cycle[member] = cycle
-        done.update(path)
+    in_cycle = find_cycles(follows)
     for name, _, job, errors in parsed:
         cycle = in_cycle.get(name)
         if cycle is None:
             continue
-        order = cycle[::-1]        # the order runs start each other in: a job's run starts its follower
-        at = order.index(name)
-        shown = " -> ".join(order[at:] + order[:at] + [name])
+        shown = show_chain(run_order(cycle, name))
         errors.append(f"{JOB_SETTING_PREFIX}{name}__AFTER={follows[name]!r}: a cycle of jobs that follow each other "
                       f"({shown}: a run of each would start the next, forever); expected a chain that ends: remove "
                       "AFTER from one of them")

@@ -444,8 +444,8 @@ def _next_slot(row: dict[str, Any]) -> str:
     if row.get("next_due_at") is None:
         return "-"
     if row.get("paused"):
-        # A paused job claims no slot; the one it waits for runs after the pause, if the misfire
-        # policy says so.
+        # A paused job runs no slot (each one the pause holds is recorded skipped); the slots
+        # after the pause run at their time.
         return f'<span class="pause">none while paused</span> (next: {when(row["next_due_at"])} UTC)'
 
     local = row.get("next_due_local")

@@ -19,7 +19,7 @@ import pytest
 
 from shared.messaging.memory import MemoryQueue
 from tests.support.clock_shift import instance_clock_shifted
-from tests.support.harness import ROOT, make_agent, query, runs_table
+from tests.support.harness import ROOT, execute, make_agent, query, runs_table, sql_for
 
 UTC = timezone.utc
 MINUTELY = {"SCHEDULE": "0 * * * * *", "COMMAND": "SELECT 1"}
@@ -65,6 +65,53 @@ def test_a_tick_whose_time_is_off_changes_nothing(db_url, offset):
     assert not within.refused and not within.recovered and not within.errors
     again = agent.tick()
     assert not again.recovered and not [r for r in again.claimed if r["status"] == "skipped"]
+
+
+def _times(agent, sql: str, count: int) -> list[tuple]:
+    """Rows of ``sql`` with their first ``count`` columns as aware UTC datetimes (SQLite answers text)."""
+    def as_time(value):
+        value = datetime.fromisoformat(value) if isinstance(value, str) else value
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+    return [tuple(as_time(v) if i < count else v for i, v in enumerate(row)) for row in query(agent, sql)]
+
+
+@pytest.mark.parametrize("offset", [1, 60, 279, -1, -60, -279])
+def test_a_tick_within_the_skew_decides_on_the_databases_clock(db_url, offset):
+    """Issue 34 item 7: a tick whose time is off the database's by less than the allowed skew
+    (an operator's ``tick --now``) decides every time on the database's clock: no slot looks
+    missed before it is (no false misfire, no late catch-up), none runs before its time, no
+    live lease is taken for lapsed, and a job it syncs gets no slot from before it existed."""
+    from shared.engine.scheduler import NOTE_CATCH_UP
+
+    agent = real_agent(db_url, {"often": {"SCHEDULE": "*/5 * * * * *", "COMMAND": "SELECT 1"}})
+    table = runs_table(agent)
+    before = database_now(agent)
+    if offset < 0:
+        # The first tick is the one behind: the job is new, and its first slot comes after
+        # the database's time, not from the tick's earlier one.
+        report = agent.tick(before + timedelta(seconds=offset))
+        assert not report.refused and not report.errors, report.errors
+    else:
+        first = agent.tick()
+        assert not first.refused and not first.errors, first.errors
+        # One claimed run is running under a live lease (60 s, renewed on the database's clock).
+        execute(agent, f"UPDATE {table} SET status = 'running', attempt = 1, lease_expires_at = "
+                       + sql_for(db_url, "strftime('%Y-%m-%d %H:%M:%f', 'now', '+60 seconds')",
+                                 "CAST(clock_timestamp() AT TIME ZONE 'UTC' AS timestamp) + INTERVAL '60 seconds'",
+                                 "DATEADD(SECOND, 60, SYSUTCDATETIME())")
+                       + f" WHERE run_id = (SELECT MIN(run_id) FROM {table})")
+        report = agent.tick(database_now(agent) + timedelta(seconds=offset))
+        assert not report.refused and not report.errors, report.errors
+    rows = _times(agent, f"SELECT scheduled_for, runnable_at, status, note FROM {table} ORDER BY scheduled_for", 2)
+    assert rows
+    assert [row for row in rows if row[2] == "skipped"] == [], "a false misfire"
+    assert [row for row in rows if row[3] == NOTE_CATCH_UP] == [], "a false catch-up"
+    if offset > 0:
+        assert report.expired == [], "a live lease taken for lapsed"
+        assert query(agent, f"SELECT COUNT(*) FROM {table} WHERE status = 'running'") == [(1,)]
+    # Nothing runnable before its slot, and no slot from before the tick (the database's time).
+    assert all(runnable >= slot for slot, runnable, _, _ in rows)
+    assert min(slot for slot, *_ in rows) >= before - timedelta(seconds=1), (before, rows[:3])
 
 
 def test_cli_tick_an_hour_behind_exits_non_zero_with_one_line(pg_url):

@@ -364,6 +364,7 @@ def test_a_fenced_worker_and_the_new_holder_ending_the_same_run_start_one_follow
 
 def _start_follow_ups_in_process(db_url: str, barrier, now_iso: str, results) -> None:
     from shared.engine.agent import Agent
+    from shared.engine.follow import follow_up_calls
     from shared.settings import load_settings
 
     agent = Agent(load_settings(environ={}), db=db_url, simulated_time=True)
@@ -371,7 +372,8 @@ def _start_follow_ups_in_process(db_url: str, barrier, now_iso: str, results) ->
     store.require_schema()
     barrier.wait(timeout=60)
     with store.transaction():
-        rows = store.execute("start_follow_up_runs", now=datetime.fromisoformat(now_iso)).rows
+        (name, params), = follow_up_calls(datetime.fromisoformat(now_iso))
+        rows = store.execute(name, **params).rows
     results.put(sorted(row["job_name"] for row in rows))
     agent.close()
 

@@ -333,7 +333,7 @@ DUMMY_VALUES = {
     "visible_at": _T, "stale_before": _T, "far": _T, "far_lease": _T, "horizon": _T, "lookahead_until": _T,
     "jobs": [], "advances": [], "runs": [], "run_ids": [], "bodies": [], "slots": [], "events": [], "held": [],
     "max_concurrency": 5, "batch": 1, "history_before": _T, "poison_before": _T, "ahead_limit": 5, "dispatch_lease_seconds": 60, "max_lapses": 3,
-    "run_id": 1, "token": 1, "limit": 5, "max_in_flight": 5, "dequeue_count": 1, "attempt": 1,
+    "max_chain_jobs": 100, "run_id": 1, "token": 1, "limit": 5, "max_in_flight": 5, "dequeue_count": 1, "attempt": 1,
     "version": 999999, "poison_id": 1, "max_attempts": 1, "timeout_seconds": 1, "lease_seconds": 1,
     "error_number": None, "task_order": None, "target_database": None,
     "command": "SELECT 1", "worker": "w", "body": "b", "reason": "r", "errors": "[]",
@@ -355,6 +355,8 @@ DUMMY_VALUES.update({
 })
 # Issue 27 (pause and resume).
 DUMMY_VALUES.update({"paused_by": "p", "paused_until": None})
+# Issue 34 (pauses settled again at each change).
+DUMMY_VALUES.update({"pause_start": _T, "pause_end": None})
 # Issue 16 (fleet jobs).
 DUMMY_VALUES.update({
     "pool": "p", "targets": [], "parallelism": 8, "next_on_success": 0, "next_on_failure": -1,

@@ -23,7 +23,7 @@ from shared.engine.scheduler import NOTE_CATCH_UP, NOTE_MISFIRE_GRACE, NOTE_MISF
 from shared.engine.views import history_view, jobs_view
 from shared.errors import NotFoundError, UsageError
 from shared.web.app import Monitor, MonitorSettings
-from tests.support.harness import Clock, at, make_agent, pg_admin_connection, query, runs_table, work
+from tests.support.harness import MSSQL_BASE, Clock, at, make_agent, pg_admin_connection, query, runs_table, work
 from tests.support.tsql_caller import CallError, call, select
 
 UTC = timezone.utc
@@ -73,8 +73,10 @@ def test_a_paused_job_claims_no_slot_and_each_slot_is_recorded_skipped_paused(ag
         assert not report.errors, report.errors
     often = runs_of(agent, "often")
     inside = sorted(slot for slot in often if slot >= paused_at)
-    # Every slot of the pause shows, once, skipped "paused": the gap is in the history.
-    assert inside == minutes("2026-11-25T08:01:00", 5)
+    # Every slot of the pause shows, once, skipped "paused": the gap is in the history (and the
+    # slots up to the last tick's horizon are recorded so ahead, as pause_job records those
+    # claimed before it).
+    assert inside[:5] == minutes("2026-11-25T08:01:00", 5) and inside[-1] <= clock.now + MINUTE * 2
     assert {(often[slot]["status"], often[slot]["note"]) for slot in inside} == {("skipped", NOTE_PAUSED)}
     # The other job of the same schedule kept its slots.
     other = runs_of(agent, "other")
@@ -84,10 +86,14 @@ def test_a_paused_job_claims_no_slot_and_each_slot_is_recorded_skipped_paused(ag
         "paused", True, paused_at, "tester", "maintenance")
     events = [e for e in history_view(agent.store(), "often", 50)["job_events"] if e["kind"] == "paused"]
     assert len(events) == 1 and "maintenance" in events[0]["detail"]
-    # Resumed: the next tick claims its slots again.
+    # Resumed: the slots recorded ahead are the job's again, at once (no tick in between).
     clock.advance(30)
     resumed = resume_job(agent.store(), "often", now=clock.now, resumed_by="tester")
     assert resumed.paused_at == paused_at
+    ahead = sorted(slot for slot in runs_of(agent, "often") if slot >= clock.now)
+    assert ahead and resumed.runs_resumed == len(ahead)
+    assert {(runs_of(agent, "often")[slot]["status"], runs_of(agent, "often")[slot]["note"]) for slot in ahead} == {
+        ("pending", None)}
     clock.advance(30)
     agent.tick()
     assert runs_of(agent, "often")[at("2026-11-25T08:06:00")]["status"] == "pending"
@@ -107,25 +113,28 @@ def test_on_resume_the_misfire_policy_decides_the_slots_the_pause_missed(agent_f
     for _ in range(3):
         clock.advance(3600)
         agent.tick()
-    # 09:00 and 10:00 are recorded "paused"; under run-once the latest slot (11:00) is held back.
+    # 09:00, 10:00 and 11:00 are recorded "paused", whatever the policy: the pause's end is not
+    # known yet.
     for name in names:
         runs = runs_of(agent, name)
-        for slot in (at("2026-11-25T09:00:00"), at("2026-11-25T10:00:00")):
+        for slot in (at("2026-11-25T09:00:00"), at("2026-11-25T10:00:00"), at("2026-11-25T11:00:00")):
             assert (runs[slot]["status"], runs[slot]["note"]) == ("skipped", NOTE_PAUSED), (name, slot)
-    assert at("2026-11-25T11:00:00") not in runs_of(agent, "catch_up")
-    assert at("2026-11-25T11:00:00") not in runs_of(agent, "short_grace")
-    assert runs_of(agent, "skipper")[at("2026-11-25T11:00:00")]["note"] == NOTE_PAUSED
     clock.advance(600)                      # 11:40
-    for name in names:
-        resume_job(agent.store(), name, now=clock.now)
-    clock.advance(60)
-    agent.tick()
+    resumed = {name: resume_job(agent.store(), name, now=clock.now) for name in names}
+    # Resume decides the last slot it held (11:00) by the misfire policy, at once: run-once
+    # catches it up now within GRACE_SECONDS, outside it the slot stays skipped, saying so.
     held = at("2026-11-25T11:00:00")
     caught = runs_of(agent, "catch_up")[held]
-    assert (caught["status"], caught["note"]) == ("pending", NOTE_CATCH_UP)
+    assert (caught["status"], caught["note"], resumed["catch_up"].runs_caught_up) == ("pending", NOTE_CATCH_UP, 1)
     late = runs_of(agent, "short_grace")[held]
-    assert (late["status"], late["note"]) == ("skipped", NOTE_MISFIRE_GRACE)
+    assert (late["status"], late["note"], resumed["short_grace"].runs_caught_up) == ("skipped", NOTE_MISFIRE_GRACE, 0)
     assert [r for r in runs_of(agent, "skipper").values() if r["status"] == "pending"] == []
+    work(agent)
+    assert runs_of(agent, "catch_up")[held]["status"] == "succeeded"
+    clock.advance(60)
+    agent.tick()
+    assert runs_of(agent, "catch_up")[held]["status"] == "succeeded"
+    assert [r for r in runs_of(agent, "skipper").values() if r["status"] not in ("skipped",)] == []
 
 
 def test_until_ends_the_pause_by_itself_at_the_database_time(agent_factory):
@@ -445,7 +454,7 @@ def test_a_pause_and_a_claim_in_flight_at_once_never_leave_a_slot_claimed_inside
 
     holder, other = (claim, pause) if first == "tick" else (pause, claim)
     _held_after(tick_store if first == "tick" else pause_store,
-                "claim_slots" if first == "tick" else "skip_paused_slots", reached, release)
+                "claim_slots" if first == "tick" else "settle_paused_runs", reached, release)
     held = threading.Thread(target=holder)
     held.start()
     try:
@@ -507,10 +516,10 @@ def test_pause_and_resume_send_their_telemetry_events_and_no_misfire_event_per_p
 
 @pytest.mark.parametrize("misfire", ["skip", "run-once"])
 def test_slots_inside_a_pause_that_ended_between_two_ticks_do_not_run(agent_factory, misfire):
-    """A job every 10 s paused until 08:03:30, ticks on the minute: the slots of 08:03:10 and
-    08:03:20 came after the last tick of the pause and before its end; the first tick after it
-    records them "paused". Under run-once the slot it held back (08:03:00) is the misfire
-    policy's, and within AGENT_MISFIRE_THRESHOLD_SECONDS it runs."""
+    """A job every 10 s paused until 08:03:30, ticks on the minute: the tick of 08:03, whose
+    horizon reaches past the end, records the slots up to 08:03:20 "paused" and claims 08:03:30
+    on, runnable at their time: the first slot after the pause runs at the end, not at the next
+    tick. Under run-once there is no catch-up: a slot falls at the end itself."""
     clock = Clock(at("2026-11-25T08:00:30"))
     agent = agent_factory({"tens": {"SCHEDULE": "*/10 * * * * *", "COMMAND": "SELECT 1", "MISFIRE": misfire}},
                           clock=clock)
@@ -524,7 +533,7 @@ def test_slots_inside_a_pause_that_ended_between_two_ticks_do_not_run(agent_fact
         assert (runs[at(f"2026-11-25T{second}")]["status"], runs[at(f"2026-11-25T{second}")]["note"]) == (
             "skipped", NOTE_PAUSED), second
     held = runs[at("2026-11-25T08:03:00")]
-    assert (held["status"], held["note"]) == (("pending", None) if misfire == "run-once" else ("skipped", NOTE_PAUSED))
+    assert (held["status"], held["note"]) == ("skipped", NOTE_PAUSED)
     after = [runs[slot]["status"] for slot in runs if slot >= at("2026-11-25T08:03:30")]
     assert after and set(after) == {"pending"}
     inside = [r for slot, r in runs.items() if at("2026-11-25T08:00:30") <= slot < at("2026-11-25T08:03:00")]
@@ -549,3 +558,262 @@ def test_with_a_queue_a_slot_already_dispatched_ahead_is_not_run_once_paused(age
     run = runs_of(agent, "often")[slot]
     assert (run["status"], run["note"], run["attempt"]) == ("skipped", NOTE_PAUSED, 0)
     assert queue.run_messages() == 0
+
+
+# ---------------------------------------------------------------- issue 34: what a pause decided, decided again
+
+EVERY_5_SECONDS = "*/5 * * * * *"
+
+
+def decided(agent, job: str, since: datetime) -> dict[datetime, tuple]:
+    """Each slot of the job from ``since`` on: (status, note)."""
+    return {slot: (run["status"], run["note"]) for slot, run in sorted(runs_of(agent, job).items()) if slot >= since}
+
+
+def test_pause_then_resume_at_once_loses_no_slot_and_the_next_slot_runs_with_no_tick(agent_factory):
+    """Issue 34 item 5: pause recorded every slot claimed ahead skipped, and a skipped slot is
+    never claimed again, so the slots after an immediate resume never ran."""
+    clock = Clock(at("2026-11-25T08:00:00"))
+    agent = agent_factory({"five": {"SCHEDULE": EVERY_5_SECONDS, "COMMAND": "SELECT 1"}}, clock=clock)
+    agent.tick()                                         # claims every slot up to the next tick (+ margin)
+    clock.advance(1)
+    pause = pause_job(agent.store(), "five", now=clock.now)
+    assert pause.runs_skipped >= 12
+    clock.advance(0.5)
+    resumed = resume_job(agent.store(), "five", now=clock.now)
+    after = decided(agent, "five", clock.now)
+    assert len(after) == pause.runs_skipped and set(after.values()) == {("pending", None)}, after
+    assert (resumed.runs_resumed, resumed.runs_caught_up) == (pause.runs_skipped, 0)
+    # No tick: each slot runs at its time.
+    for second in (5, 10, 15):
+        clock.now = at(f"2026-11-25T08:00:{second:02d}")
+        work(agent)
+        assert runs_of(agent, "five")[clock.now]["status"] == "succeeded", second
+    events = [e["kind"] for e in history_view(agent.store(), "five", 50)["job_events"]]
+    assert events.count("paused") == 1 and events.count("resumed") == 1
+
+
+def test_resume_after_a_long_pause_runs_the_next_slot_at_its_time_with_no_tick(agent_factory):
+    """Item 6: the ticks of a pause record its slots skipped ahead, up to their horizon, as the
+    pause records those claimed before it; a resume brings back the ones after it at once."""
+    clock = Clock(at("2026-11-25T08:00:00"))
+    agent = agent_factory({"five": {"SCHEDULE": EVERY_5_SECONDS, "COMMAND": "SELECT 1", "MISFIRE": "skip"}},
+                          clock=clock)
+    agent.tick()
+    clock.advance(1)
+    pause_job(agent.store(), "five", now=clock.now)
+    for minute in (1, 2, 3):
+        clock.now = at(f"2026-11-25T08:0{minute}:00")
+        agent.tick()
+    clock.now = at("2026-11-25T08:03:01")
+    resume_job(agent.store(), "five", now=clock.now)
+    clock.now = at("2026-11-25T08:03:05")
+    work(agent)                                          # no tick since 08:03:00
+    runs = runs_of(agent, "five")
+    assert runs[clock.now]["status"] == "succeeded"
+    inside = decided(agent, "five", at("2026-11-25T08:00:05"))
+    assert {value for slot, value in inside.items() if slot < at("2026-11-25T08:03:01")} == {("skipped", NOTE_PAUSED)}
+
+
+def test_every_change_of_a_pause_decides_its_slots_again(agent_factory):
+    """Item 5, the state machine: a pause with --until, the same pause lengthened, shortened,
+    made open-ended, resumed, resumed twice; after each change the slots it holds are skipped
+    "paused" and the others pending, whatever was decided before."""
+    clock = Clock(at("2026-11-25T08:00:00"))
+    agent = agent_factory({"five": {"SCHEDULE": EVERY_5_SECONDS, "COMMAND": "SELECT 1", "MISFIRE": "skip"}},
+                          clock=clock)
+    agent.tick()
+    start = at("2026-11-25T08:00:05")
+    clock.advance(1)
+    store = agent.store()
+
+    def expect(end: datetime | None) -> None:
+        for slot, value in decided(agent, "five", start).items():
+            held = end is None or slot < end
+            assert value == (("skipped", NOTE_PAUSED) if held else ("pending", None)), (slot, end, value)
+
+    first = pause_job(store, "five", now=clock.now, until=at("2026-11-25T08:00:40"))
+    expect(at("2026-11-25T08:00:40"))
+    longer = pause_job(store, "five", now=clock.now, until=at("2026-11-25T08:01:00"))
+    assert longer.paused_at == first.paused_at and longer.runs_skipped == 4       # 08:00:40 .. 08:00:55
+    expect(at("2026-11-25T08:01:00"))
+    shorter = pause_job(store, "five", now=clock.now, until=at("2026-11-25T08:00:20"))
+    assert shorter.runs_skipped == 0
+    expect(at("2026-11-25T08:00:20"))                  # 08:00:20 .. 08:00:55 run again
+    pause_job(store, "five", now=clock.now)            # until resumed
+    expect(None)
+    clock.advance(1)
+    resume_job(store, "five", now=clock.now)
+    expect(clock.now)
+    with pytest.raises(UsageError, match="is not paused"):
+        resume_job(store, "five", now=clock.now)
+    expect(clock.now)
+    # And the runs go: the first slot after the resume runs at its time.
+    clock.now = start
+    work(agent)
+    assert runs_of(agent, "five")[start]["status"] == "succeeded"
+
+
+def test_a_schedule_changed_while_paused_does_not_bring_back_the_old_slots(agent_factory):
+    clock = Clock(at("2026-11-25T08:00:00"))
+    old = agent_factory({"five": {"SCHEDULE": EVERY_5_SECONDS, "COMMAND": "SELECT 1"}}, clock=clock)
+    old.tick()
+    clock.advance(1)
+    pause_job(old.store(), "five", now=clock.now)
+    changed = agent_factory({"five": {"SCHEDULE": "2/10 * * * * *", "COMMAND": "SELECT 1"}}, clock=clock)
+    clock.advance(1)
+    changed.tick()                                     # sync: the old slots ahead are the old schedule's
+    clock.advance(1)
+    resume_job(changed.store(), "five", now=clock.now)
+    pending = sorted(slot for slot, value in decided(changed, "five", clock.now).items() if value[0] == "pending")
+    assert pending and {slot.second % 10 for slot in pending} == {2}, pending
+
+
+@pytest.mark.parametrize("misfire", ["skip", "run-once"])
+def test_until_claims_the_slots_after_the_pause_ahead_so_they_run_at_their_time(agent_factory, misfire):
+    """Item 6: the tick before --until comes claims the slots after it, runnable at their time;
+    none runs before the end, and no tick after it is needed. Under run-once the last slot the
+    pause held is caught up once, at the end."""
+    clock = Clock(at("2026-11-25T08:00:00"))
+    agent = agent_factory({"five": {"SCHEDULE": EVERY_5_SECONDS, "COMMAND": "SELECT 1", "MISFIRE": misfire}},
+                          clock=clock)
+    agent.tick()
+    clock.advance(1)
+    end = datetime.fromisoformat("2026-11-25T08:02:02.500000+00:00")
+    pause_job(agent.store(), "five", now=clock.now, until=end)
+    for minute in (1, 2):
+        clock.now = at(f"2026-11-25T08:0{minute}:00")
+        agent.tick()                                   # the last tick before the end
+    runs = runs_of(agent, "five")
+    last_held = at("2026-11-25T08:02:00")
+    first_after = at("2026-11-25T08:02:05")
+    assert (runs[first_after]["status"], runs[first_after]["note"]) == ("pending", None)
+    if misfire == "run-once":
+        assert (runs[last_held]["status"], runs[last_held]["note"]) == ("pending", NOTE_CATCH_UP)
+    else:
+        assert (runs[last_held]["status"], runs[last_held]["note"]) == ("skipped", NOTE_PAUSED)
+    clock.now = at("2026-11-25T08:02:02")               # still paused: nothing runs
+    work(agent)
+    assert [r for r in runs_of(agent, "five").values() if r["status"] == "succeeded"] == []
+    clock.now = at("2026-11-25T08:02:03")               # the end has come
+    work(agent)
+    caught = runs_of(agent, "five")[last_held]["status"]
+    assert caught == ("succeeded" if misfire == "run-once" else "skipped")
+    clock.now = first_after
+    work(agent)
+    assert runs_of(agent, "five")[first_after]["status"] == "succeeded"
+
+
+def _started_late_by(agent, job: str, after: datetime) -> list[float]:
+    rows = query(agent, f"SELECT scheduled_for, started_at FROM {runs_table(agent)} WHERE job_name = '{job}' "
+                        f"AND status = 'succeeded' AND scheduled_for > '{after.replace(tzinfo=None).isoformat(sep=' ')}' "
+                        "ORDER BY scheduled_for")
+    return [(started - slot).total_seconds() for slot, started in rows]
+
+
+@pytest.mark.parametrize("how", ["command", "tsql"])
+def test_a_job_every_5_seconds_paused_and_resumed_at_once_runs_its_next_slot_on_time(pg_url, how):
+    """Item 6, measured with the local runner on the database's clock: pause and resume at once
+    (the command line's operations, or agent.pause_job / agent.resume_job from another session);
+    the next slots start within a couple of seconds of their time (generous for CI load)."""
+    import threading
+
+    from shared.engine.runner import LocalRunner
+    from tests.support.tsql_caller import connect
+
+    agent = make_agent(pg_url, {"five": {"SCHEDULE": EVERY_5_SECONDS, "COMMAND": "SELECT 1", "MISFIRE": "skip"}},
+                       simulated_time=False)
+    runner = LocalRunner(agent, concurrency=2)          # AGENT_POLL_SECONDS as configured (10 s)
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    connection = connect(pg_url) if how == "tsql" else None
+    try:
+        deadline = time.monotonic() + 30
+        while not _started_late_by(agent, "five", datetime(2000, 1, 1, tzinfo=UTC)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        resumed_at = agent.clock()
+        if how == "tsql":
+            call(connection, "pause_job", job_name="five")
+            call(connection, "resume_job", job_name="five")
+        else:
+            pause_job(agent.store(), "five", now=agent.clock())
+            resume_job(agent.store(), "five", now=agent.clock())
+        time.sleep(12)
+    finally:
+        runner.stop()
+        thread.join(30)
+        if connection is not None:
+            connection.close()
+    late = _started_late_by(agent, "five", resumed_at)
+    assert len(late) >= 2, late                          # every slot after the resume ran
+    assert max(late) < 2.5, late
+    skipped = query(agent, f"SELECT COUNT(*) FROM agent.runs WHERE job_name = 'five' AND status = 'skipped' "
+                           f"AND scheduled_for > '{resumed_at.replace(tzinfo=None).isoformat(sep=' ')}'")
+    assert skipped == [(0,)]
+
+
+def test_the_catch_up_of_a_far_end_is_claimed_when_the_end_is_near_and_run_now_is_not_held(agent_factory):
+    """Run-once, a pause until far ahead: the last slot it holds waits unclaimed (the job's next
+    slot) until the tick whose horizon reaches the end claims it, runnable at the end; meanwhile
+    a run-now of the paused job (overlap queue) is not held back behind a pending catch-up."""
+    clock = Clock(at("2026-11-25T09:30:00"))
+    agent = agent_factory({"hourly": {"SCHEDULE": HOURLY, "COMMAND": "SELECT 1", "OVERLAP": "queue"}}, clock=clock)
+    agent.tick()
+    end = at("2026-11-25T10:59:30")
+    pause_job(agent.store(), "hourly", now=clock.advance(60), until=end)
+    clock.now = at("2026-11-25T10:00:30")
+    agent.tick()
+    last_held = at("2026-11-25T10:00:00")
+    assert last_held not in runs_of(agent, "hourly")            # held back, unclaimed
+    assert agent.request_run_now("hourly")["status"] == "pending"
+    work(agent)
+    assert [r["status"] for r in runs_of(agent, "hourly").values() if r["kind"] == "manual"] == ["succeeded"]
+    clock.now = at("2026-11-25T10:58:30")
+    agent.tick()                                                  # its horizon reaches the end
+    caught = runs_of(agent, "hourly")[last_held]
+    assert (caught["status"], caught["note"]) == ("pending", NOTE_CATCH_UP)
+    clock.now = at("2026-11-25T10:59:00")
+    work(agent)
+    assert runs_of(agent, "hourly")[last_held]["status"] == "pending"     # not before the end
+    clock.now = at("2026-11-25T10:59:31")
+    work(agent)
+    assert runs_of(agent, "hourly")[last_held]["status"] == "succeeded"
+    agent.tick()
+    assert runs_of(agent, "hourly")[at("2026-11-25T11:00:00")]["status"] == "pending"
+
+
+@pytest.mark.parametrize("dialect", ["postgres"] + (["mssql"] if MSSQL_BASE else []))
+def test_tsql_pause_a_redefinition_and_resume_bring_back_only_the_new_definitions_slots(dialect):
+    """agent.pause_job, agent.add_scheduled_job (a new schedule) and agent.resume_job on a real
+    server: the slots the pause recorded ahead for the old schedule stay skipped (their note says
+    the job was redefined); the new schedule's slots, recorded 'paused' by the tick while the job
+    was paused, come back at the resume."""
+    from tests.support.harness import fresh_database
+    from tests.support.tsql_caller import connect
+
+    with fresh_database(dialect) as url:
+        agent = make_agent(url, simulated_time=False)
+        connection = connect(url)
+        try:
+            call(connection, "add_scheduled_job", name="five", sql="SELECT 1", schedule=EVERY_5_SECONDS)
+            agent.tick()                                  # plans it and claims its slots ahead
+            (paused,) = call(connection, "pause_job", job_name="five")
+            assert paused["runs_skipped"] >= 1
+            call(connection, "add_scheduled_job", name="five", sql="SELECT 1", schedule="2/10 * * * * *")
+            agent.tick()                                  # plans the new schedule: its slots held, ahead
+            call(connection, "resume_job", job_name="five")
+            now = agent.clock()
+            rows = select(connection, "SELECT scheduled_for, status, note FROM agent.runs WHERE job_name = 'five' "
+                                      "AND kind = 'scheduled' ORDER BY scheduled_for")
+            ahead = [(r["scheduled_for"], r["status"], r["note"]) for r in rows
+                     if r["scheduled_for"].replace(tzinfo=UTC) > now]
+            pending = [slot for slot, status, _ in ahead if status == "pending"]
+            assert pending and {slot.second % 10 for slot in pending} == {2}, ahead
+            old = [(status, note) for slot, status, note in ahead if slot.second % 10 != 2]
+            assert old and {status for status, _ in old} == {"skipped"}
+            assert all("redefined" in note for _, note in old), old
+            events = select(connection, "SELECT detail FROM agent.job_events WHERE job_name = 'five' AND kind = 'resumed'")
+            assert len(events) == 1 and "slot(s) claimed ahead run at their time" in events[0]["detail"]
+        finally:
+            connection.close()
+            agent.close()

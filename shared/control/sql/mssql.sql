@@ -132,7 +132,7 @@ WHERE j.valid = 0
                     AND c.config_error = j.config_error);
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run.
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings).
 -- UPDATE ... FROM a derived table of the changed jobs (one row per job: the jobs key), joined in the WHERE clause: Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with JOIN ... ON. The locking on SQL Server is that of the UPDATE itself: update locks on the qualifying runs rows, current committed version (https://learn.microsoft.com/sql/t-sql/queries/update-transact-sql); the caller holds the job-definitions applock.
 DECLARE @skipped TABLE (run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6), status NVARCHAR(16),
                         note NVARCHAR(MAX), operation_id NVARCHAR(32));
@@ -152,7 +152,9 @@ FROM agent.runs AS r,
       WHERE c.configured = 1 AND c.defined_in_database = 0
         AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule
              OR j.timezone <> c.timezone)) AS d
-WHERE d.job_name = r.job_name AND r.kind = N'scheduled' AND r.status IN (N'pending', N'queued');
+WHERE d.job_name = r.job_name AND r.kind = N'scheduled'
+  AND (r.status IN (N'pending', N'queued')
+       OR (r.status = N'skipped' AND r.note = N'paused' AND r.attempt = 0 AND r.scheduled_for >= CAST(:now AS DATETIME2(6))));
 SELECT run_id, job_name, scheduled_for, status, note, operation_id FROM @skipped;
 
 -- upsert_jobs --
@@ -332,7 +334,7 @@ WHERE j.next_due_at <= CAST(:horizon AS DATETIME2(6)) AND j.enabled = 1 AND j.va
 ORDER BY j.job_name;
 
 -- claim_slots --
--- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one round trip; the duplicate probe holds key-range locks on the unique (job_name, scheduled_for) index it is forced to seek, so concurrent ticks insert nothing twice. A run becomes runnable at its slot, never before.
+-- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}) in one round trip; the duplicate probe holds key-range locks on the unique (job_name, scheduled_for) index it is forced to seek, so concurrent ticks insert nothing twice. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before.
 -- The rows inserted are read back by their operation ids (chosen first, into @slots) instead of through OUTPUT: Babelfish refuses INSERT ... OUTPUT INTO ... SELECT ... ORDER BY, and the ORDER BY stays, since it is what makes SQL Server compute the identity values (run ids) in that order ("INSERT (Transact-SQL)", https://learn.microsoft.com/sql/t-sql/statements/insert-transact-sql). On SQL Server the (UPDLOCK, HOLDLOCK) of the probe holds a key-range lock on each (job_name, scheduled_for) to the end of the transaction (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table): a concurrent tick waits, then finds the row. Babelfish ignores the hints, so the claims of concurrent ticks also take the claim lock first: an exclusive applock to the end of the transaction, under which a second tick waits for the first one's commit and its INSERT (a new statement, a new snapshot on Babelfish) then finds the slots claimed and inserts nothing, instead of meeting the unique index runs_job_slot (2627) and rolling back its whole claim. On SQL Server it orders what the key-range locks already decided. Only claims take it (after select_due_jobs' shared pauses applock, which takes no row lock), so a transaction waiting for it holds nothing its holder will wait for: no deadlock.
 -- A table is read first: an owner 'Transaction' applock needs an open transaction, and EXEC opens none.
 DECLARE @claims_read INT;
@@ -341,26 +343,28 @@ DECLARE @lock_result INT;
 EXEC @lock_result = sp_getapplock @Resource = N'agent.claim_slots', @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 30000;
 IF @lock_result < 0 THROW 50001, N'the claim lock (sp_getapplock agent.claim_slots) was not granted within 30 s', 1;
 DECLARE @slots TABLE (job_name NVARCHAR(64), scheduled_for DATETIME2(6), status NVARCHAR(16), note NVARCHAR(MAX),
-                      operation_id NVARCHAR(32));
-INSERT INTO @slots (job_name, scheduled_for, status, note, operation_id)
+                      operation_id NVARCHAR(32), runnable_at DATETIME2(6));
+INSERT INTO @slots (job_name, scheduled_for, status, note, operation_id, runnable_at)
 SELECT x.job_name, CONVERT(DATETIME2(6), x.scheduled_for, 121), x.status, agent.json_text(x.note),
-       LOWER(REPLACE(CONVERT(VARCHAR(36), NEWID()), '-', ''))
+       LOWER(REPLACE(CONVERT(VARCHAR(36), NEWID()), '-', '')),
+       COALESCE(CONVERT(DATETIME2(6), x.runnable_at, 121), CONVERT(DATETIME2(6), x.scheduled_for, 121))
 FROM OPENJSON(:slots) WITH (job_name NVARCHAR(64), scheduled_for NVARCHAR(40), status NVARCHAR(16),
-                            note NVARCHAR(MAX)) AS x;
+                            note NVARCHAR(MAX), runnable_at NVARCHAR(40)) AS x;
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note, steps)
 SELECT j.job_name, N'scheduled', s.scheduled_for, CASE WHEN p.job_name IS NULL THEN s.status ELSE N'skipped' END,
        j.command, j.target_database, j.overlap,
-       j.max_attempts, j.timeout_seconds, j.lease_seconds, s.scheduled_for, CAST(:now AS DATETIME2(6)),
+       j.max_attempts, j.timeout_seconds, j.lease_seconds, s.runnable_at, CAST(:now AS DATETIME2(6)),
        CASE WHEN s.status = N'skipped' OR p.job_name IS NOT NULL THEN CAST(:now AS DATETIME2(6)) END,
        s.operation_id, CASE WHEN p.job_name IS NULL THEN s.note ELSE N'paused' END, j.steps
 FROM @slots AS s
 JOIN agent.jobs AS j ON j.job_name = s.job_name AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
--- A pause in force: a slot inside it is recorded skipped 'paused', never claimed.
+-- A pause in force: a slot that would run before its end is recorded skipped 'paused', never claimed.
 LEFT JOIN agent.job_pauses AS p
-       ON p.job_name = s.job_name AND (p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6)))
-      AND s.scheduled_for >= p.paused_at AND (p.paused_until IS NULL OR s.scheduled_for < p.paused_until)
+       ON p.job_name = s.job_name AND p.paused_at <= CAST(:now AS DATETIME2(6))
+      AND (p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6)))
+      AND (p.paused_until IS NULL OR s.runnable_at < p.paused_until)
 WHERE NOT EXISTS (
     SELECT 1 FROM agent.runs AS e WITH (UPDLOCK, HOLDLOCK, FORCESEEK(runs_job_slot(job_name, scheduled_for)))
     WHERE e.job_name IS NOT NULL AND e.job_name = s.job_name AND e.scheduled_for = s.scheduled_for)
@@ -371,7 +375,7 @@ JOIN agent.runs AS r ON r.job_name = s.job_name AND r.scheduled_for = s.schedule
                     AND r.operation_id = s.operation_id;
 
 -- advance_jobs --
--- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy); a job another tick already moved is left as it is.
+-- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire, job_name}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy; job_name, when given: that job only, as for a paused job, whose next slot depends on its own pause); a job another tick already moved is left as it is.
 -- UPDATE ... FROM a derived table joined in the WHERE clause (Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with JOIN ... ON). The condition on next_due_at is the fence: an UPDATE qualifies its rows on their current committed version under update locks on SQL Server, and PostgreSQL re-checks it on the version a concurrent tick committed, so a job is moved once.
 DECLARE @advanced TABLE (job_name NVARCHAR(64));
 -- Lock order: the jobs are locked first in key order (an ordered scan of the clustered key), so racing ticks never deadlock.
@@ -387,11 +391,12 @@ UPDATE j SET next_due_at = a.next_due_at, advanced_at = CAST(:now AS DATETIME2(6
 OUTPUT inserted.job_name INTO @advanced
 FROM agent.jobs AS j,
      (SELECT agent.json_text(x.schedule) AS schedule, x.timezone, CONVERT(DATETIME2(6), x.from_due, 121) AS from_due,
-             CONVERT(DATETIME2(6), x.next_due_at, 121) AS next_due_at, x.paused, x.misfire
+             CONVERT(DATETIME2(6), x.next_due_at, 121) AS next_due_at, x.paused, x.misfire, x.job_name
       FROM OPENJSON(:advances) WITH (schedule NVARCHAR(400), timezone NVARCHAR(64), from_due NVARCHAR(40),
-                                     next_due_at NVARCHAR(40), paused INT, misfire NVARCHAR(16)) AS x) AS a
+                                     next_due_at NVARCHAR(40), paused INT, misfire NVARCHAR(16),
+                                     job_name NVARCHAR(64)) AS x) AS a
 WHERE j.next_due_at = a.from_due AND j.schedule = a.schedule AND j.timezone = a.timezone
-  AND (a.misfire IS NULL OR j.misfire = a.misfire)
+  AND (a.misfire IS NULL OR j.misfire = a.misfire) AND (a.job_name IS NULL OR j.job_name = a.job_name)
   AND (a.paused IS NULL OR a.paused = CASE WHEN EXISTS (
            SELECT 1 FROM agent.job_pauses AS p
            WHERE p.job_name = j.job_name
@@ -1044,8 +1049,8 @@ IF @lock_result < 0 THROW 50001, N'the job-definitions lock (sp_getapplock agent
 SELECT @lock_result AS locked;
 
 -- list_database_job_names --
--- Jobs defined in the database (agent.add_scheduled_job) and not removed: a settings job of the same name is refused.
-SELECT job_name FROM agent.jobs WHERE defined_in_database = 1 AND configured = 1 ORDER BY job_name;
+-- Jobs defined in the database (agent.add_scheduled_job) and not removed, with the job each follows (@after): a settings job of the same name is refused, and one whose AFTER would close a cycle through them.
+SELECT job_name, after_job FROM agent.jobs WHERE defined_in_database = 1 AND configured = 1 ORDER BY job_name;
 
 -- list_database_fleet_jobs --
 -- The valid jobs defined from T-SQL with fleet targets (agent.add_scheduled_job @targets), their one fleet step as planned: for doctor and grant-sql --targets.
@@ -1155,34 +1160,62 @@ WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.status IN (N'succeeded', 
   AND NOT EXISTS (SELECT 1 FROM agent.notifications AS n WITH (UPDLOCK, HOLDLOCK) WHERE n.run_id = r.run_id);
 
 -- start_follow_up_runs --
--- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key). (SQL Server: the key-range locks of the probes keep a concurrent ending of the same run out.)
-DECLARE @followers TABLE (run_id BIGINT, job_name NVARCHAR(64), followed_run_id BIGINT, operation_id NVARCHAR(32));
+-- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. A follow-up of a job already in the ended run's chain of jobs (runs.chain; the default collation compares the names case-insensitively), or past :max_chain_jobs jobs, is recorded skipped with the reason (note 'chain: ...'), and a job event 'follow_up_refused' says so once per reason and definition. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key). (SQL Server: the key-range locks of the probes keep a concurrent ending of the same run out.)
+DECLARE @followers TABLE (run_id BIGINT, job_name NVARCHAR(64), followed_run_id BIGINT, operation_id NVARCHAR(32),
+                          status NVARCHAR(16), note NVARCHAR(MAX));
+DECLARE @max_chain_jobs INT = CAST(:max_chain_jobs AS INT);
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        operation_id, note, steps, followed_run_id)
-OUTPUT inserted.run_id, inserted.job_name, inserted.followed_run_id, inserted.operation_id INTO @followers
-SELECT s.job_name, N'manual', s.scheduled_for, N'pending', s.command, s.target_database, s.overlap, s.max_attempts,
-       s.timeout_seconds, s.lease_seconds, CAST(:now AS DATETIME2(6)), CAST(:now AS DATETIME2(6)), s.operation_id,
-       s.note, s.steps, s.followed_run_id
-FROM (SELECT f.job_name, f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds, f.lease_seconds,
-             f.steps, r.run_id AS followed_run_id, r.operation_id,
-             N'after run ' + CAST(r.run_id AS NVARCHAR(20)) + N' of ' + r.job_name + N' (' + r.status + N')' AS note,
-             DATEADD(MILLISECOND, CAST(ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) - 1 AS INT),
-                     CAST(:now AS DATETIME2(6))) AS scheduled_for
-      FROM agent.runs AS r
-      JOIN agent.jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
-      WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.kind <> N'target'
-        AND NOT EXISTS (SELECT 1 FROM agent.job_pauses AS p
-                        WHERE p.job_name = f.job_name
-                          AND (p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6))))
-        AND ((f.after_outcome = N'succeeded' AND r.status = N'succeeded')
-             OR (f.after_outcome = N'failed' AND r.status IN (N'failed', N'poisoned'))
-             OR (f.after_outcome = N'completed' AND r.status IN (N'succeeded', N'failed', N'poisoned')))) AS s
+                        finished_at, operation_id, note, steps, followed_run_id, chain)
+OUTPUT inserted.run_id, inserted.job_name, inserted.followed_run_id, inserted.operation_id, inserted.status,
+       inserted.note INTO @followers
+SELECT d.job_name, N'manual', d.scheduled_for, CASE WHEN d.refusal IS NULL THEN N'pending' ELSE N'skipped' END,
+       d.command, d.target_database, d.overlap, d.max_attempts,
+       d.timeout_seconds, d.lease_seconds, CAST(:now AS DATETIME2(6)), CAST(:now AS DATETIME2(6)),
+       CASE WHEN d.refusal IS NOT NULL THEN CAST(:now AS DATETIME2(6)) END, d.operation_id,
+       CASE WHEN d.refusal IS NULL
+            THEN N'after run ' + CAST(d.followed_run_id AS NVARCHAR(20)) + N' of ' + d.followed_job + N' (' + d.followed_status + N')'
+            ELSE N'chain: not started after run ' + CAST(d.followed_run_id AS NVARCHAR(20)) + N' of ' + d.followed_job
+                 + N': ' + d.refusal END,
+       d.steps, d.followed_run_id, d.chain
+FROM (SELECT w.*,
+             CASE WHEN CHARINDEX(N'/' + w.job_name + N'/', w.chain) > 0
+                  THEN N'job ' + w.job_name + N' is already in this chain of runs ('
+                       + REPLACE(SUBSTRING(w.chain, CHARINDEX(N'/' + w.job_name + N'/', w.chain) + 1, LEN(w.chain)), N'/', N' -> ')
+                       + w.job_name + N'); a chain of jobs that follow each other must end: check their AFTER'
+                  WHEN LEN(w.chain) - LEN(REPLACE(w.chain, N'/', N'')) - 1 >= @max_chain_jobs
+                  THEN N'the chain of runs already holds ' + CAST(@max_chain_jobs AS NVARCHAR(20))
+                       + N' jobs, the most one chain may hold' END AS refusal
+      FROM (SELECT f.job_name, f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds,
+                   f.lease_seconds, f.steps, r.run_id AS followed_run_id, r.job_name AS followed_job,
+                   r.status AS followed_status, r.operation_id,
+                   CAST(COALESCE(r.chain, N'/') + r.job_name + N'/' AS NVARCHAR(MAX)) AS chain,
+                   DATEADD(MILLISECOND, CAST(ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) - 1 AS INT),
+                           CAST(:now AS DATETIME2(6))) AS scheduled_for
+            FROM agent.runs AS r
+            JOIN agent.jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
+            WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.kind <> N'target'
+              AND NOT EXISTS (SELECT 1 FROM agent.job_pauses AS p
+                              WHERE p.job_name = f.job_name
+                                AND (p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6))))
+              AND ((f.after_outcome = N'succeeded' AND r.status = N'succeeded')
+                   OR (f.after_outcome = N'failed' AND r.status IN (N'failed', N'poisoned'))
+                   OR (f.after_outcome = N'completed' AND r.status IN (N'succeeded', N'failed', N'poisoned')))) AS w) AS d
 WHERE NOT EXISTS (SELECT 1 FROM agent.runs AS x WITH (UPDLOCK, HOLDLOCK)
-                  WHERE x.followed_run_id = s.followed_run_id AND x.job_name = s.job_name)
+                  WHERE x.followed_run_id = d.followed_run_id AND x.job_name = d.job_name)
   AND NOT EXISTS (SELECT 1 FROM agent.runs AS x WITH (UPDLOCK, HOLDLOCK)
-                  WHERE x.job_name = s.job_name AND x.scheduled_for = s.scheduled_for);
-SELECT run_id, job_name, followed_run_id, operation_id FROM @followers;
+                  WHERE x.job_name = d.job_name AND x.scheduled_for = d.scheduled_for);
+INSERT INTO agent.job_events (job_name, event_at, kind, detail)
+SELECT DISTINCT t.job_name, CAST(:now AS DATETIME2(6)), N'follow_up_refused', t.detail
+FROM (SELECT k.job_name, N'not started after job ' + r.job_name + N': '
+                 + SUBSTRING(k.note, LEN(N'chain: not started after run ' + CAST(r.run_id AS NVARCHAR(20)) + N' of ' + r.job_name + N': ') + 1, LEN(k.note)) AS detail
+      FROM @followers AS k JOIN agent.runs AS r ON r.run_id = k.followed_run_id
+      WHERE k.status = N'skipped') AS t
+JOIN agent.jobs AS j ON j.job_name = t.job_name
+WHERE NOT EXISTS (SELECT 1 FROM agent.job_events AS e
+                  WHERE e.job_name = t.job_name AND e.kind = N'follow_up_refused' AND e.event_at >= j.updated_at
+                    AND e.detail = t.detail);
+SELECT run_id, job_name, followed_run_id, operation_id, status, note FROM @followers;
 
 -- claim_notifications --
 -- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
@@ -1448,17 +1481,19 @@ WHERE j.job_name = CAST(:job_name AS NVARCHAR(64)) AND j.configured = 1
 SELECT x.job_name, x.paused_at, x.paused_until, x.paused_by, x.reason
 FROM agent.job_pauses AS x WHERE x.job_name = CAST(:job_name AS NVARCHAR(64)) AND @known = 1;
 
--- skip_paused_slots --
--- The job's slots claimed ahead that fall inside its new pause (from :now to :paused_until, or on) are recorded skipped 'paused'; runs already running, and slots that came before the pause, go on.
-DECLARE @skipped TABLE (run_id BIGINT);
-UPDATE agent.runs SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
-    note = N'paused'
-OUTPUT inserted.run_id INTO @skipped
-WHERE job_name = CAST(:job_name AS NVARCHAR(64)) AND kind = N'scheduled' AND status IN (N'pending', N'queued')
-  AND scheduled_for >= CAST(:now AS DATETIME2(6))
-  AND (CAST(:paused_until AS DATETIME2(6)) IS NULL OR scheduled_for < CAST(:paused_until AS DATETIME2(6)));
-SELECT r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id
-FROM @skipped AS k JOIN agent.runs AS r ON r.run_id = k.run_id;
+-- settle_paused_runs --
+-- After a pause changed (pause, a new --until, resume): decide again the job's scheduled slots that never started and that a pause decided or may decide, against the pause as it now stands, [:pause_start, :pause_end) (:pause_end NULL: until resumed; resume passes :now): held slots are recorded skipped 'paused', slots at or after its end run at their time (brought back if a pause had skipped them), and under run-once the last slot before a known end is the catch-up, runnable at the end. One row: how many runs it skipped, brought back, and made the catch-up. (agent.settle_paused_runs, a procedure of migration 0012, which agent.pause_job and agent.resume_job call too.) Under lock_job_pauses.
+DECLARE @runs_skipped INT = 0;
+DECLARE @runs_resumed INT = 0;
+DECLARE @runs_caught_up INT = 0;
+DECLARE @settle_start DATETIME2(6) = CAST(:pause_start AS DATETIME2(6));
+DECLARE @settle_end DATETIME2(6) = CAST(:pause_end AS DATETIME2(6));
+DECLARE @settle_now DATETIME2(6) = CAST(:now AS DATETIME2(6));
+DECLARE @settle_job NVARCHAR(64) = CAST(:job_name AS NVARCHAR(64));
+EXEC agent.settle_paused_runs @job_name = @settle_job, @now = @settle_now, @pause_start = @settle_start,
+     @pause_end = @settle_end, @runs_skipped = @runs_skipped OUTPUT, @runs_resumed = @runs_resumed OUTPUT,
+     @runs_caught_up = @runs_caught_up OUTPUT;
+SELECT @runs_skipped AS runs_skipped, @runs_resumed AS runs_resumed, @runs_caught_up AS runs_caught_up;
 
 -- resume_job --
 -- End a job's pause in force (no row: it is not paused); a pause that already ended is removed too. Read, then deleted, under lock_job_pauses.

@@ -72,7 +72,7 @@ WHERE j.valid = 0
                     AND c.config_error = j.config_error);
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run.
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings).
 UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
     note = CASE WHEN j.job_name IS NULL THEN 'skipped: the job was removed from the settings after this slot was claimed'
                 WHEN j.valid = 0 THEN 'skipped: the job''s settings became invalid after this slot was claimed'
@@ -82,7 +82,9 @@ FROM agent.jobs AS c
 LEFT JOIN json_to_recordset(CAST(:jobs AS json)) AS j(job_name VARCHAR, schedule VARCHAR, timezone VARCHAR,
                                                       enabled INT, valid INT)
        ON j.job_name = c.job_name
-WHERE r.job_name = c.job_name AND r.kind = 'scheduled' AND r.status IN ('pending', 'queued')
+WHERE r.job_name = c.job_name AND r.kind = 'scheduled'
+  AND (r.status IN ('pending', 'queued')
+       OR (r.status = 'skipped' AND r.note = 'paused' AND r.attempt = 0 AND r.scheduled_for >= CAST(:now AS timestamp)))
   AND c.configured = 1 AND c.defined_in_database = 0
   AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule OR j.timezone <> c.timezone)
 RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id;
@@ -225,43 +227,47 @@ WHERE j.next_due_at <= CAST(:horizon AS timestamp) AND j.enabled = 1 AND j.valid
 ORDER BY j.job_name;
 
 -- claim_slots --
--- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot, never before.
+-- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before.
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note, steps)
 SELECT j.job_name, 'scheduled', CAST(s.scheduled_for AS timestamp), CASE WHEN p.paused = 1 THEN 'skipped' ELSE s.status END,
        j.command, j.target_database,
-       j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, CAST(s.scheduled_for AS timestamp),
+       j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds,
+       COALESCE(CAST(s.runnable_at AS timestamp), CAST(s.scheduled_for AS timestamp)),
        CAST(:now AS timestamp), CASE WHEN s.status = 'skipped' OR p.paused = 1 THEN CAST(:now AS timestamp) END,
        md5(random()::text || clock_timestamp()::text || j.job_name || s.scheduled_for),
        CASE WHEN p.paused = 1 THEN 'paused' ELSE s.note END, j.steps
-FROM json_to_recordset(CAST(:slots AS json)) AS s(job_name VARCHAR, scheduled_for VARCHAR, status VARCHAR, note TEXT)
+FROM json_to_recordset(CAST(:slots AS json)) AS s(job_name VARCHAR, scheduled_for VARCHAR, status VARCHAR, note TEXT,
+                                                   runnable_at VARCHAR)
 -- LATERAL with OFFSET 0 (kept as is, not flattened): one primary-key lookup per slot. The
 -- planner cannot size a JSON argument, and a scan of agent.jobs per slot would cost slots x jobs.
 CROSS JOIN LATERAL (
     SELECT * FROM agent.jobs AS x
     WHERE x.job_name = s.job_name AND x.enabled = 1 AND x.valid = 1 AND x.configured = 1 OFFSET 0) AS j
 -- A pause in force that select_due_jobs did not see (committed while it waited for the pauses
--- lock): a slot inside it is recorded skipped 'paused', never claimed.
+-- lock): a slot that would run before its end is recorded skipped 'paused', never claimed.
 LEFT JOIN LATERAL (
     SELECT 1 AS paused FROM agent.job_pauses AS y
-    WHERE y.job_name = s.job_name AND (y.paused_until IS NULL OR y.paused_until > CAST(:now AS timestamp))
-      AND CAST(s.scheduled_for AS timestamp) >= y.paused_at
-      AND (y.paused_until IS NULL OR CAST(s.scheduled_for AS timestamp) < y.paused_until) OFFSET 0) AS p ON TRUE
+    WHERE y.job_name = s.job_name AND y.paused_at <= CAST(:now AS timestamp)
+      AND (y.paused_until IS NULL OR y.paused_until > CAST(:now AS timestamp))
+      AND (y.paused_until IS NULL
+           OR COALESCE(CAST(s.runnable_at AS timestamp), CAST(s.scheduled_for AS timestamp)) < y.paused_until) OFFSET 0) AS p ON TRUE
 ORDER BY j.job_name, s.scheduled_for
 ON CONFLICT (job_name, scheduled_for) DO NOTHING
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
 
 -- advance_jobs --
--- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy); a job another tick already moved is left as it is.
+-- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire, job_name}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy; job_name, when given: that job only, as for a paused job, whose next slot depends on its own pause); a job another tick already moved is left as it is.
 -- The jobs are locked in key order first: racing ticks never lock them in different orders (a deadlock).
 UPDATE agent.jobs AS j SET next_due_at = CAST(a.next_due_at AS timestamp), advanced_at = CAST(:now AS timestamp)
 FROM (SELECT x.job_name, v.next_due_at, v.from_due
       FROM agent.jobs AS x
       JOIN json_to_recordset(CAST(:advances AS json)) AS v(schedule VARCHAR, timezone VARCHAR, from_due VARCHAR,
-                                                           next_due_at VARCHAR, paused INT, misfire VARCHAR)
+                                                           next_due_at VARCHAR, paused INT, misfire VARCHAR,
+                                                           job_name VARCHAR)
         ON x.next_due_at = CAST(v.from_due AS timestamp) AND x.schedule = v.schedule AND x.timezone = v.timezone
-       AND (v.misfire IS NULL OR x.misfire = v.misfire)
+       AND (v.misfire IS NULL OR x.misfire = v.misfire) AND (v.job_name IS NULL OR x.job_name = v.job_name)
        AND (v.paused IS NULL OR v.paused = CASE WHEN EXISTS (
                 SELECT 1 FROM agent.job_pauses AS p
                 WHERE p.job_name = x.job_name
@@ -639,8 +645,8 @@ WHERE j.job_name = CAST(:job_name AS VARCHAR);
 SELECT pg_advisory_xact_lock(7428014) AS locked;
 
 -- list_database_job_names --
--- Jobs defined in the database (agent.add_scheduled_job) and not removed: a settings job of the same name is refused.
-SELECT job_name FROM agent.jobs WHERE defined_in_database = 1 AND configured = 1 ORDER BY job_name;
+-- Jobs defined in the database (agent.add_scheduled_job) and not removed, with the job each follows (@after): a settings job of the same name is refused, and one whose AFTER would close a cycle through them.
+SELECT job_name, after_job FROM agent.jobs WHERE defined_in_database = 1 AND configured = 1 ORDER BY job_name;
 
 -- list_database_fleet_jobs --
 -- The valid jobs defined from T-SQL with fleet targets (agent.add_scheduled_job @targets), their one fleet step as planned: for doctor and grant-sql --targets.
@@ -736,8 +742,8 @@ WHERE r.finished_at = CAST(:now AS timestamp) AND r.status IN ('succeeded', 'fai
 ON CONFLICT (run_id) DO NOTHING;
 
 -- start_follow_up_runs --
--- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key). (agent.start_follow_up_runs, a function of migration 0010: planned once per session.)
-SELECT run_id, job_name, followed_run_id, operation_id FROM agent.start_follow_up_runs(CAST(:now AS TIMESTAMP));
+-- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. A follow-up of a job already in the ended run's chain of jobs (runs.chain), or past :max_chain_jobs jobs, is recorded skipped with the reason (note 'chain: ...'), and a job event 'follow_up_refused' says so once per reason and definition. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key). (agent.start_follow_up_runs, a function of migrations 0010 and 0012: planned once per session.)
+SELECT run_id, job_name, followed_run_id, operation_id, status, note FROM agent.start_follow_up_runs(CAST(:now AS TIMESTAMP), CAST(:max_chain_jobs AS INT));
 
 -- claim_notifications --
 -- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
@@ -861,14 +867,10 @@ ON CONFLICT (job_name) DO UPDATE SET
     paused_until = EXCLUDED.paused_until, paused_by = EXCLUDED.paused_by, reason = EXCLUDED.reason
 RETURNING x.job_name, x.paused_at, x.paused_until, x.paused_by, x.reason;
 
--- skip_paused_slots --
--- The job's slots claimed ahead that fall inside its new pause (from :now to :paused_until, or on) are recorded skipped 'paused'; runs already running, and slots that came before the pause, go on.
-UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
-    note = 'paused'
-WHERE r.job_name = CAST(:job_name AS VARCHAR) AND r.kind = 'scheduled' AND r.status IN ('pending', 'queued')
-  AND r.scheduled_for >= CAST(:now AS timestamp)
-  AND (CAST(:paused_until AS timestamp) IS NULL OR r.scheduled_for < CAST(:paused_until AS timestamp))
-RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id;
+-- settle_paused_runs --
+-- After a pause changed (pause, a new --until, resume): decide again the job's scheduled slots that never started and that a pause decided or may decide, against the pause as it now stands, [:pause_start, :pause_end) (:pause_end NULL: until resumed; resume passes :now): held slots are recorded skipped 'paused', slots at or after its end run at their time (brought back if a pause had skipped them), and under run-once the last slot before a known end is the catch-up, runnable at the end. One row: how many runs it skipped, brought back, and made the catch-up. (agent.settle_paused_runs, a function of migration 0012, which agent.pause_job and agent.resume_job call too.) Under lock_job_pauses.
+SELECT runs_skipped, runs_resumed, runs_caught_up
+FROM agent.settle_paused_runs(CAST(:job_name AS VARCHAR), CAST(:now AS timestamp), CAST(:pause_start AS timestamp), CAST(:pause_end AS timestamp));
 
 -- resume_job --
 -- End a job's pause in force (no row: it is not paused); a pause that already ended is removed too. Under lock_job_pauses.

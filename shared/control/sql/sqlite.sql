@@ -72,7 +72,7 @@ WHERE json_extract(j.value, '$.valid') = 0
                     AND c.configured = 1 AND c.config_error = json_extract(j.value, '$.config_error'));
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run.
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings).
 UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL,
     note = CASE WHEN x.new_name IS NULL THEN 'skipped: the job was removed from the settings after this slot was claimed'
                 WHEN x.new_valid = 0 THEN 'skipped: the job''s settings became invalid after this slot was claimed'
@@ -85,7 +85,10 @@ FROM (SELECT c.job_name, json_extract(j.value, '$.job_name') AS new_name,
       FROM agent_jobs c
       LEFT JOIN json_each(:jobs) AS j ON json_extract(j.value, '$.job_name') = c.job_name
       WHERE c.configured = 1 AND c.defined_in_database = 0) AS x
-WHERE agent_runs.job_name = x.job_name AND agent_runs.kind = 'scheduled' AND agent_runs.status IN ('pending', 'queued')
+WHERE agent_runs.job_name = x.job_name AND agent_runs.kind = 'scheduled'
+  AND (agent_runs.status IN ('pending', 'queued')
+       OR (agent_runs.status = 'skipped' AND agent_runs.note = 'paused' AND agent_runs.attempt = 0
+           AND agent_runs.scheduled_for >= :now))
   AND (x.new_name IS NULL OR x.new_valid = 0 OR x.new_enabled = 0 OR x.new_schedule <> x.schedule
        OR x.new_timezone <> x.timezone)
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id;
@@ -216,38 +219,39 @@ WHERE j.next_due_at <= :horizon AND j.enabled = 1 AND j.valid = 1 AND j.configur
 ORDER BY j.job_name;
 
 -- claim_slots --
--- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot, never before.
+-- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before.
 INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note, steps)
 SELECT j.job_name, 'scheduled', json_extract(s.value, '$.scheduled_for'),
        CASE WHEN p.job_name IS NULL THEN json_extract(s.value, '$.status') ELSE 'skipped' END,
        j.command, j.target_database, j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds,
-       json_extract(s.value, '$.scheduled_for'), :now,
+       COALESCE(json_extract(s.value, '$.runnable_at'), json_extract(s.value, '$.scheduled_for')), :now,
        CASE WHEN json_extract(s.value, '$.status') = 'skipped' OR p.job_name IS NOT NULL THEN :now END,
        lower(hex(randomblob(16))), CASE WHEN p.job_name IS NULL THEN json_extract(s.value, '$.note') ELSE 'paused' END,
        j.steps
 FROM json_each(:slots) AS s
 JOIN agent_jobs AS j ON j.job_name = json_extract(s.value, '$.job_name')
--- A pause in force: a slot inside it is recorded skipped 'paused', never claimed (as on the servers).
+-- A pause in force: a slot that would run before its end is recorded skipped 'paused', never claimed (as on the servers).
 LEFT JOIN agent_job_pauses AS p
-       ON p.job_name = j.job_name AND (p.paused_until IS NULL OR p.paused_until > :now)
-      AND json_extract(s.value, '$.scheduled_for') >= p.paused_at
-      AND (p.paused_until IS NULL OR json_extract(s.value, '$.scheduled_for') < p.paused_until)
+       ON p.job_name = j.job_name AND p.paused_at <= :now AND (p.paused_until IS NULL OR p.paused_until > :now)
+      AND (p.paused_until IS NULL
+           OR COALESCE(json_extract(s.value, '$.runnable_at'), json_extract(s.value, '$.scheduled_for')) < p.paused_until)
 WHERE j.enabled = 1 AND j.valid = 1 AND j.configured = 1
 ORDER BY j.job_name, json_extract(s.value, '$.scheduled_for')
 ON CONFLICT (job_name, scheduled_for) DO NOTHING
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
 
 -- advance_jobs --
--- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy); a job another tick already moved is left as it is.
+-- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire, job_name}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy; job_name, when given: that job only, as for a paused job, whose next slot depends on its own pause); a job another tick already moved is left as it is.
 UPDATE agent_jobs SET next_due_at = a.next_due_at, advanced_at = :now
 FROM (SELECT json_extract(x.value, '$.schedule') AS schedule, json_extract(x.value, '$.timezone') AS timezone,
              json_extract(x.value, '$.from_due') AS from_due, json_extract(x.value, '$.next_due_at') AS next_due_at,
-             json_extract(x.value, '$.paused') AS paused, json_extract(x.value, '$.misfire') AS misfire
+             json_extract(x.value, '$.paused') AS paused, json_extract(x.value, '$.misfire') AS misfire,
+             json_extract(x.value, '$.job_name') AS job_name
       FROM json_each(:advances) AS x) AS a
 WHERE agent_jobs.next_due_at = a.from_due AND agent_jobs.schedule = a.schedule AND agent_jobs.timezone = a.timezone
-  AND (a.misfire IS NULL OR agent_jobs.misfire = a.misfire)
+  AND (a.misfire IS NULL OR agent_jobs.misfire = a.misfire) AND (a.job_name IS NULL OR agent_jobs.job_name = a.job_name)
   AND (a.paused IS NULL OR a.paused = CASE WHEN EXISTS (
            SELECT 1 FROM agent_job_pauses AS p
            WHERE p.job_name = agent_jobs.job_name AND (p.paused_until IS NULL OR p.paused_until > :now))
@@ -764,8 +768,8 @@ WHERE j.job_name = :job_name;
 SELECT 1 AS locked;
 
 -- list_database_job_names --
--- Jobs defined in the database (agent.add_scheduled_job) and not removed: a settings job of the same name is refused.
-SELECT job_name FROM agent_jobs WHERE defined_in_database = 1 AND configured = 1 ORDER BY job_name;
+-- Jobs defined in the database (agent.add_scheduled_job) and not removed, with the job each follows (@after): a settings job of the same name is refused, and one whose AFTER would close a cycle through them.
+SELECT job_name, after_job FROM agent_jobs WHERE defined_in_database = 1 AND configured = 1 ORDER BY job_name;
 
 -- list_database_fleet_jobs --
 -- The valid jobs defined from T-SQL with fleet targets (agent.add_scheduled_job @targets), their one fleet step as planned: for doctor and grant-sql --targets.
@@ -857,27 +861,56 @@ WHERE r.finished_at = :now AND r.status IN ('succeeded', 'failed', 'poisoned')
 ON CONFLICT (run_id) DO NOTHING;
 
 -- start_follow_up_runs --
--- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key).
+-- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. A follow-up of a job already in the ended run's chain of jobs (runs.chain), or past :max_chain_jobs jobs, is recorded skipped with the reason (note 'chain: ...'), and a job event 'follow_up_refused' says so once per reason and definition. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key).
 INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        operation_id, note, steps, followed_run_id)
-SELECT f.job_name, 'manual',
-       strftime('%Y-%m-%d %H:%M:%f', :now,
-                '+' || ((ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) - 1) / 1000.0) || ' seconds'),
-       'pending', f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds, f.lease_seconds,
-       :now, :now, r.operation_id,
-       'after run ' || r.run_id || ' of ' || r.job_name || ' (' || r.status || ')', f.steps, r.run_id
-FROM agent_runs AS r
-JOIN agent_jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
-WHERE r.finished_at = :now AND r.kind <> 'target'
-  AND NOT EXISTS (SELECT 1 FROM agent_job_pauses AS p
-                  WHERE p.job_name = f.job_name AND (p.paused_until IS NULL OR p.paused_until > :now))
-  AND ((f.after_outcome = 'succeeded' AND r.status = 'succeeded')
-       OR (f.after_outcome = 'failed' AND r.status IN ('failed', 'poisoned'))
-       OR (f.after_outcome = 'completed' AND r.status IN ('succeeded', 'failed', 'poisoned')))
-ORDER BY f.job_name, r.run_id
+                        finished_at, operation_id, note, steps, followed_run_id, chain)
+SELECT d.job_name, 'manual',
+       strftime('%Y-%m-%d %H:%M:%f', :now, '+' || ((d.nth - 1) / 1000.0) || ' seconds'),
+       CASE WHEN d.refusal IS NULL THEN 'pending' ELSE 'skipped' END,
+       d.command, d.target_database, d.overlap, d.max_attempts, d.timeout_seconds, d.lease_seconds,
+       :now, :now, CASE WHEN d.refusal IS NOT NULL THEN :now END, d.operation_id,
+       CASE WHEN d.refusal IS NULL
+            THEN 'after run ' || d.followed_run_id || ' of ' || d.followed_job || ' (' || d.followed_status || ')'
+            ELSE 'chain: not started after run ' || d.followed_run_id || ' of ' || d.followed_job || ': ' || d.refusal END,
+       d.steps, d.followed_run_id, d.chain
+FROM (SELECT w.*,
+             CASE WHEN instr(lower(w.chain), '/' || lower(w.job_name) || '/') > 0
+                  THEN 'job ' || w.job_name || ' is already in this chain of runs ('
+                       || replace(substr(w.chain, instr(lower(w.chain), '/' || lower(w.job_name) || '/') + 1), '/', ' -> ')
+                       || w.job_name || '); a chain of jobs that follow each other must end: check their AFTER'
+                  WHEN length(w.chain) - length(replace(w.chain, '/', '')) - 1 >= :max_chain_jobs
+                  THEN 'the chain of runs already holds ' || :max_chain_jobs || ' jobs, the most one chain may hold' END AS refusal
+      FROM (SELECT f.job_name, f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds,
+                   f.lease_seconds, f.steps, r.run_id AS followed_run_id, r.job_name AS followed_job,
+                   r.status AS followed_status, r.operation_id,
+                   COALESCE(r.chain, '/') || r.job_name || '/' AS chain,
+                   ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) AS nth
+            FROM agent_runs AS r
+            JOIN agent_jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
+            WHERE r.finished_at = :now AND r.kind <> 'target'
+              AND NOT EXISTS (SELECT 1 FROM agent_job_pauses AS p
+                              WHERE p.job_name = f.job_name AND (p.paused_until IS NULL OR p.paused_until > :now))
+              AND ((f.after_outcome = 'succeeded' AND r.status = 'succeeded')
+                   OR (f.after_outcome = 'failed' AND r.status IN ('failed', 'poisoned'))
+                   OR (f.after_outcome = 'completed' AND r.status IN ('succeeded', 'failed', 'poisoned')))) AS w) AS d
+ORDER BY d.job_name, d.followed_run_id
 ON CONFLICT DO NOTHING
-RETURNING run_id, job_name, followed_run_id, operation_id;
+RETURNING run_id, job_name, followed_run_id, operation_id, status, note;
+INSERT INTO agent_job_events (job_name, event_at, kind, detail)
+SELECT DISTINCT s.job_name, :now, 'follow_up_refused',
+       'not started after job ' || r.job_name || ': ' || substr(s.note, length('chain: not started after run ' || r.run_id || ' of ' || r.job_name || ': ') + 1)
+FROM agent_jobs AS j
+-- From the jobs that follow one (the jobs_after_job index) to their runs of this instant (the
+-- (job_name, scheduled_for) index): nothing to read where no job follows another.
+JOIN agent_runs AS s ON s.job_name = j.job_name AND s.scheduled_for >= :now AND s.finished_at = :now
+                    AND s.status = 'skipped' AND s.followed_run_id IS NOT NULL AND s.note LIKE 'chain: %'
+JOIN agent_runs AS r ON r.run_id = s.followed_run_id
+WHERE j.after_job IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM agent_job_events AS e
+                  WHERE e.job_name = s.job_name AND e.kind = 'follow_up_refused' AND e.event_at >= j.updated_at
+                    AND e.detail = 'not started after job ' || r.job_name || ': '
+                                   || substr(s.note, length('chain: not started after run ' || r.run_id || ' of ' || r.job_name || ': ') + 1));
 
 -- claim_notifications --
 -- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
@@ -1064,12 +1097,97 @@ ON CONFLICT (job_name) DO UPDATE SET
     paused_until = excluded.paused_until, paused_by = excluded.paused_by, reason = excluded.reason
 RETURNING job_name, paused_at, paused_until, paused_by, reason;
 
--- skip_paused_slots --
--- The job's slots claimed ahead that fall inside its new pause (from :now to :paused_until, or on) are recorded skipped 'paused'; runs already running, and slots that came before the pause, go on.
-UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL, note = 'paused'
-WHERE job_name = :job_name AND kind = 'scheduled' AND status IN ('pending', 'queued')
-  AND scheduled_for >= :now AND (:paused_until IS NULL OR scheduled_for < :paused_until)
-RETURNING run_id, job_name, scheduled_for, status, note, operation_id;
+-- settle_paused_runs --
+-- After a pause changed (pause, a new --until, resume): decide again the job's scheduled slots that never started and that a pause decided or may decide, against the pause as it now stands, [:pause_start, :pause_end) (:pause_end NULL: until resumed; resume passes :now): held slots are recorded skipped 'paused', slots at or after its end run at their time (brought back if a pause had skipped them), and under run-once the last slot before a known end is the catch-up, runnable at the end (as agent.settle_paused_runs does on the servers: see migration 0012). One row: how many runs it skipped, brought back, and made the catch-up, counted first (the same decisions the UPDATE then writes, in the same transaction). Under lock_job_pauses.
+WITH job AS (
+    SELECT j.misfire, j.grace_seconds, j.next_due_at,
+           CASE WHEN :pause_end IS NULL THEN NULL WHEN :pause_end > :now THEN :pause_end ELSE :now END AS resume_at
+    FROM agent_jobs AS j
+    WHERE j.job_name = :job_name AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1),
+candidate AS (
+    SELECT r.run_id, r.scheduled_for, r.status, r.note, r.runnable_at, r.finished_at
+    FROM agent_runs AS r
+    WHERE r.job_name = :job_name AND r.kind = 'scheduled' AND r.attempt = 0 AND EXISTS (SELECT 1 FROM job)
+      AND ((r.status = 'skipped' AND r.note = 'paused' AND r.scheduled_for >= :pause_start)
+           OR (r.status IN ('pending', 'queued') AND r.runnable_at >= :now))),
+latest AS (
+    SELECT MAX(c.scheduled_for) AS slot FROM candidate AS c WHERE :pause_end IS NOT NULL AND c.scheduled_for < :pause_end),
+judged AS (
+    SELECT c.*, j.resume_at,
+           CASE WHEN :pause_end IS NOT NULL AND c.scheduled_for >= :pause_end THEN 'slot'
+                WHEN c.scheduled_for = l.slot AND j.misfire = 'run-once'
+                     AND (j.next_due_at IS NULL OR j.next_due_at > :pause_end)
+                     AND NOT EXISTS (SELECT 1 FROM agent_runs AS e
+                                     WHERE e.job_name = :job_name AND e.kind = 'scheduled' AND e.scheduled_for = :pause_end)
+                THEN CASE WHEN strftime('%Y-%m-%d %H:%M:%f', c.scheduled_for, '+' || j.grace_seconds || ' seconds') >= j.resume_at
+                          THEN 'catch_up' WHEN :pause_end <= :now THEN 'too_late' ELSE 'held' END
+                ELSE 'held' END AS decision
+    FROM candidate AS c CROSS JOIN job AS j CROSS JOIN latest AS l),
+target AS (
+    SELECT d.run_id, d.status, d.note, d.runnable_at, d.finished_at,
+           CASE WHEN d.decision = 'slot' THEN
+                     CASE WHEN d.status = 'queued' AND d.runnable_at = d.scheduled_for THEN 'queued' ELSE 'pending' END
+                WHEN d.decision = 'catch_up' THEN
+                     CASE WHEN d.status = 'queued' AND d.runnable_at = d.resume_at THEN 'queued' ELSE 'pending' END
+                ELSE 'skipped' END AS to_status,
+           CASE d.decision WHEN 'slot' THEN NULL WHEN 'catch_up' THEN 'misfire: caught up late, once'
+                WHEN 'too_late' THEN 'misfire: slot older than the job''s GRACE_SECONDS; skipped'
+                ELSE 'paused' END AS to_note,
+           CASE d.decision WHEN 'slot' THEN d.scheduled_for WHEN 'catch_up' THEN d.resume_at
+                ELSE d.runnable_at END AS to_runnable
+    FROM judged AS d),
+changed AS (
+    SELECT t.* FROM target AS t
+    WHERE t.to_status <> t.status OR t.to_note IS NOT t.note OR t.to_runnable <> t.runnable_at)
+SELECT COALESCE(SUM(CASE WHEN c.to_status = 'skipped' AND c.status <> 'skipped' THEN 1 ELSE 0 END), 0) AS runs_skipped,
+       COALESCE(SUM(CASE WHEN c.to_status <> 'skipped' AND c.to_note IS NULL THEN 1 ELSE 0 END), 0) AS runs_resumed,
+       COALESCE(SUM(CASE WHEN c.to_status <> 'skipped' AND c.to_note IS NOT NULL THEN 1 ELSE 0 END), 0) AS runs_caught_up
+FROM changed AS c;
+WITH job AS (
+    SELECT j.misfire, j.grace_seconds, j.next_due_at,
+           CASE WHEN :pause_end IS NULL THEN NULL WHEN :pause_end > :now THEN :pause_end ELSE :now END AS resume_at
+    FROM agent_jobs AS j
+    WHERE j.job_name = :job_name AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1),
+candidate AS (
+    SELECT r.run_id, r.scheduled_for, r.status, r.note, r.runnable_at, r.finished_at
+    FROM agent_runs AS r
+    WHERE r.job_name = :job_name AND r.kind = 'scheduled' AND r.attempt = 0 AND EXISTS (SELECT 1 FROM job)
+      AND ((r.status = 'skipped' AND r.note = 'paused' AND r.scheduled_for >= :pause_start)
+           OR (r.status IN ('pending', 'queued') AND r.runnable_at >= :now))),
+latest AS (
+    SELECT MAX(c.scheduled_for) AS slot FROM candidate AS c WHERE :pause_end IS NOT NULL AND c.scheduled_for < :pause_end),
+judged AS (
+    SELECT c.*, j.resume_at,
+           CASE WHEN :pause_end IS NOT NULL AND c.scheduled_for >= :pause_end THEN 'slot'
+                WHEN c.scheduled_for = l.slot AND j.misfire = 'run-once'
+                     AND (j.next_due_at IS NULL OR j.next_due_at > :pause_end)
+                     AND NOT EXISTS (SELECT 1 FROM agent_runs AS e
+                                     WHERE e.job_name = :job_name AND e.kind = 'scheduled' AND e.scheduled_for = :pause_end)
+                THEN CASE WHEN strftime('%Y-%m-%d %H:%M:%f', c.scheduled_for, '+' || j.grace_seconds || ' seconds') >= j.resume_at
+                          THEN 'catch_up' WHEN :pause_end <= :now THEN 'too_late' ELSE 'held' END
+                ELSE 'held' END AS decision
+    FROM candidate AS c CROSS JOIN job AS j CROSS JOIN latest AS l),
+target AS (
+    SELECT d.run_id, d.status, d.note, d.runnable_at, d.finished_at,
+           CASE WHEN d.decision = 'slot' THEN
+                     CASE WHEN d.status = 'queued' AND d.runnable_at = d.scheduled_for THEN 'queued' ELSE 'pending' END
+                WHEN d.decision = 'catch_up' THEN
+                     CASE WHEN d.status = 'queued' AND d.runnable_at = d.resume_at THEN 'queued' ELSE 'pending' END
+                ELSE 'skipped' END AS to_status,
+           CASE d.decision WHEN 'slot' THEN NULL WHEN 'catch_up' THEN 'misfire: caught up late, once'
+                WHEN 'too_late' THEN 'misfire: slot older than the job''s GRACE_SECONDS; skipped'
+                ELSE 'paused' END AS to_note,
+           CASE d.decision WHEN 'slot' THEN d.scheduled_for WHEN 'catch_up' THEN d.resume_at
+                ELSE d.runnable_at END AS to_runnable
+    FROM judged AS d),
+changed AS (
+    SELECT t.* FROM target AS t
+    WHERE t.to_status <> t.status OR t.to_note IS NOT t.note OR t.to_runnable <> t.runnable_at)
+UPDATE agent_runs SET status = c.to_status, note = c.to_note, runnable_at = c.to_runnable,
+    finished_at = CASE WHEN c.to_status <> 'skipped' THEN NULL WHEN c.status = 'skipped' THEN c.finished_at ELSE :now END,
+    lease_expires_at = NULL, token = agent_runs.token + 1
+FROM changed AS c
+WHERE agent_runs.run_id = c.run_id;
 
 -- resume_job --
 -- End a job's pause in force (no row: it is not paused); a pause that already ended is removed too. Under lock_job_pauses.
