@@ -27,6 +27,7 @@ from shared.engine.dispatch import dispatch
 from shared.engine.fleet import report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
 from shared.engine.notify import notifications_enabled
+from shared.engine.views import unknown_job
 from shared.errors import ConfigError, NotFoundError, UsageError
 from shared.jobs.run_model import RunStatus
 from shared.jobs.schedules import parse_schedule
@@ -287,7 +288,7 @@ def pause_job(store: Store, name: str, *, now: datetime, until: datetime | None 
         row = store.execute("pause_job", job_name=name, now=now, paused_until=until, paused_by=paused_by,
                             reason=reason).one()
         if row is None:
-            raise _unknown_job(store, name)
+            raise unknown_job(store, name)
         skipped = store.execute("skip_paused_slots", job_name=name, now=now, paused_until=until).rows
         pause = Pause(job_name=name, paused_at=row["paused_at"], paused_until=row["paused_until"],
                       paused_by=row["paused_by"], reason=row["reason"], runs_skipped=len(skipped))
@@ -313,7 +314,7 @@ def resume_job(store: Store, name: str, *, now: datetime, resumed_by: str | None
         row = store.execute("resume_job", job_name=name, now=now).one()
         if row is None or not row["in_force"]:
             if store.execute("get_job", job_name=name).one() is None:
-                raise _unknown_job(store, name)
+                raise unknown_job(store, name)
             ended = f" (its pause ended by itself at {_iso(row['paused_until'])})" if row is not None else ""
             raise UsageError(f"job {name!r} is not paused{ended}", setting="JOB", value=name,
                              expected="a paused job (sql-agent jobs shows them)")
@@ -323,14 +324,6 @@ def resume_job(store: Store, name: str, *, now: datetime, resumed_by: str | None
     if telemetry is not None:
         telemetry.event("JobResumed", {"job": name, "outcome": "resumed", "paused_by": resumed_by})
     return Resume(job_name=name, paused_at=row["paused_at"], resumed_at=now)
-
-
-def _unknown_job(store: Store, name: str) -> NotFoundError:
-    jobs = [r["job_name"] for r in store.execute("list_jobs").rows if r["configured"]]
-    known = ", ".join(jobs) or "none"
-    return NotFoundError(f"no job named {name!r} (jobs the agent knows: {known}; a job added to the settings is "
-                         "known after the agent's next tick)", setting="JOB", value=name,
-                         expected=f"one of the jobs the agent knows: {known}")
 
 
 def _iso(value: Any) -> str:
