@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(arguments)
         ErrorStyle.json = args.json
-        configure_logging(args)
+        configure_logging(args, process=argv is None)
         return _run(args)
     finally:
         ErrorStyle.json = False
