@@ -142,7 +142,9 @@ def _run(args: argparse.Namespace) -> int:
         info = classify(exc)
         code = f" [{info.number or info.sqlstate}]" if (info.number or info.sqlstate) else ""
         extra = {key: value for key, value in (("number", info.number), ("sqlstate", info.sqlstate)) if value}
-        print_error(f"{type(exc).__name__}{code}: {info.message}", "failure", **extra)
+        name = type(exc).__name__
+        said = info.message[len(name) + 2:] if info.message.startswith(f"{name}: ") else info.message
+        print_error(f"{name}{code}: {said}", "failure", **extra)
         return EXIT_FAILURE
     finally:
         if agent is not None:
@@ -464,10 +466,6 @@ def cmd_import_sqlagent(agent, args) -> int:
 
     timezone = args.timezone
     warnings: list[str] = []
-    if timezone is None:
-        timezone = "UTC"
-        warn(args, warnings, "no --timezone: the schedules are taken as UTC; SQL Server Agent runs in the server's "
-                              "local time (give --timezone Europe/Paris, America/New_York, ...)")
     texts = []
     for path in args.files:
         try:
@@ -482,6 +480,10 @@ def cmd_import_sqlagent(agent, args) -> int:
         else:
             text = raw.decode("utf-8-sig", errors="replace")
         texts.append((path, text))
+    if timezone is None:       # said once the files are read: an unreadable file is the one message
+        timezone = "UTC"
+        warn(args, warnings, "no --timezone: the schedules are taken as UTC; SQL Server Agent runs in the server's "
+                              "local time (give --timezone Europe/Paris, America/New_York, ...)")
     try:
         converted = convert_script(texts, timezone)
     except ScriptError as exc:

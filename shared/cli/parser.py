@@ -59,6 +59,13 @@ class _StoreOnce(argparse._StoreAction):
             expected = getattr(self.type, "expected", "a value")
             cause = _ArgumentValueError("--", expected, f"'--' is not {expected}")
             raise argparse.ArgumentError(self, str(cause)) from cause
+        if isinstance(values, str) and self.dest not in _PATHS and _UNDECODABLE.search(values):
+            # Bytes that are not UTF-8 on the command line (Python keeps them as lone surrogates):
+            # no name, SQL or text the database stores can hold them.
+            shown = values.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            cause = _ArgumentValueError(shown, "UTF-8 text", f"'{shown}' is not UTF-8 text (a byte no character is "
+                                                             "made of)")
+            raise argparse.ArgumentError(self, str(cause)) from cause
         given = namespace.__dict__.setdefault(_GIVEN, {})
         if self.dest in given and option_string is not None:
             cause = _ArgumentValueError(str(values), "the option given once",
@@ -70,6 +77,10 @@ class _StoreOnce(argparse._StoreAction):
 
 # Where _StoreOnce notes what it saw while a command line is parsed (removed before it returns).
 _GIVEN = "_options_given"
+# What Python makes of command-line bytes that are not UTF-8 (PEP 383), refused except in file
+# paths, whose bytes are the file system's.
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+_PATHS = frozenset({"settings", "db", "files"})
 
 
 class Parser(argparse.ArgumentParser):
@@ -172,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     requeue.add_argument("poison_id", type=ROW_ID, metavar="ID")
 
     run_now = commands.add_parser("run-now", help="run a job now, as the agent last synced it (its overlap policy applies)")
-    run_now.add_argument("name")
+    run_now.add_argument("name", metavar="NAME")
 
     pause = commands.add_parser("pause", help="pause a job: it claims no slot (each slot that comes is recorded "
                                               "skipped 'paused') until resumed or --until; its runs in flight finish")

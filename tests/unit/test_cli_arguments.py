@@ -204,3 +204,19 @@ def test_the_operations_page_gives_every_numeric_arguments_range():
         assert row is not None, f"docs/operations.md has no range for {written}"
         shown = f"above {number.low}, at most {number.high}" if number.above_low else f"{number.low} to {number.high}"
         assert shown in row, (written, shown, row)
+
+
+def test_bytes_that_are_not_utf8_are_a_usage_error_naming_the_argument(capsys):
+    """A command line's bytes that are not UTF-8 (Python keeps them as lone surrogates) cannot be
+    a job name, SQL or a reason the database stores: a usage error, not a driver's encoding failure
+    (exit 1); a file path keeps its bytes."""
+    for argv, name in ((["run-now", "\udcff"], "NAME"), (["history", "--job", "x\udcff"], "--job"),
+                       (["submit", "--sql", "SELECT '\udcff'"], "--sql"),
+                       (["pause", "job", "--reason", "\udce9t\udce9"], "--reason")):
+        code, out, err = _refused(capsys, ["--json", *argv])
+        error = json.loads(err)
+        assert (code, out, error["kind"], error["setting"]) == (EXIT_USAGE, "", "usage", name), error
+        assert "\\xff" in error["value"] or "\\xe9" in error["value"], error
+        assert error["expected"] == "UTF-8 text"
+    args = build_parser().parse_args(["import-sqlagent", "/tmp/\udcff.sql"])
+    assert args.files == ["/tmp/\udcff.sql"]
