@@ -59,13 +59,7 @@ class _StoreOnce(argparse._StoreAction):
             expected = getattr(self.type, "expected", "a value")
             cause = _ArgumentValueError("--", expected, f"'--' is not {expected}")
             raise argparse.ArgumentError(self, str(cause)) from cause
-        if isinstance(values, str) and self.dest not in _PATHS and _UNDECODABLE.search(values):
-            # Bytes that are not UTF-8 on the command line (Python keeps them as lone surrogates):
-            # no name, SQL or text the database stores can hold them.
-            shown = values.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-            cause = _ArgumentValueError(shown, "UTF-8 text", f"'{shown}' is not UTF-8 text (a byte no character is "
-                                                             "made of)")
-            raise argparse.ArgumentError(self, str(cause)) from cause
+        _refuse_undecodable(self, values)
         given = namespace.__dict__.setdefault(_GIVEN, {})
         if self.dest in given and option_string is not None:
             cause = _ArgumentValueError(str(values), "the option given once",
@@ -73,6 +67,25 @@ class _StoreOnce(argparse._StoreAction):
             raise argparse.ArgumentError(self, str(cause)) from cause
         given[self.dest] = values
         super().__call__(parser, namespace, values, option_string)
+
+
+class _AppendText(argparse._AppendAction):
+    """A repeatable option (--job-database, --execute-schema), its values UTF-8 text."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        _refuse_undecodable(self, values)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _refuse_undecodable(action: argparse.Action, values: Any) -> None:
+    """Bytes that are not UTF-8 on the command line (Python keeps them as lone surrogates): no
+    name, SQL or text the database stores can hold them. File paths keep theirs."""
+    for value in values if isinstance(values, list) else [values]:
+        if isinstance(value, str) and action.dest not in _PATHS and _UNDECODABLE.search(value):
+            shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            cause = _ArgumentValueError(shown, "UTF-8 text",
+                                        f"'{shown}' is not UTF-8 text (a byte no character is made of)")
+            raise argparse.ArgumentError(action, str(cause)) from cause
 
 
 # Where _StoreOnce notes what it saw while a command line is parsed (removed before it returns).
@@ -91,6 +104,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.register("action", None, _StoreOnce)
         self.register("action", "store", _StoreOnce)
+        self.register("action", "append", _AppendText)
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         namespace, rest = super().parse_known_args(args, namespace)

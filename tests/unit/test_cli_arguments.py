@@ -212,7 +212,8 @@ def test_bytes_that_are_not_utf8_are_a_usage_error_naming_the_argument(capsys):
     (exit 1); a file path keeps its bytes."""
     for argv, name in ((["run-now", "\udcff"], "NAME"), (["history", "--job", "x\udcff"], "--job"),
                        (["submit", "--sql", "SELECT '\udcff'"], "--sql"),
-                       (["pause", "job", "--reason", "\udce9t\udce9"], "--reason")):
+                       (["pause", "job", "--reason", "\udce9t\udce9"], "--reason"),
+                       (["grant-sql", "--app-name", "a", "--execute-schema", "s\udcff"], "--execute-schema")):
         code, out, err = _refused(capsys, ["--json", *argv])
         error = json.loads(err)
         assert (code, out, error["kind"], error["setting"]) == (EXIT_USAGE, "", "usage", name), error
