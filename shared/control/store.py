@@ -126,7 +126,9 @@ class Store:
         if connection is not None and pool is not None:
             self._connection = None
             try:
-                pool.discard(self.kind, connection)
+                # Never blocking: a finalizer that waits on a lock held by a thread frozen at
+                # interpreter exit hangs the process for good (six racing init-db did, 1 in 3).
+                pool.discard(self.kind, connection, wait_seconds=FINALIZER_LOCK_SECONDS)
             except Exception:  # noqa: BLE001 - at interpreter exit the pool may be half gone
                 pass
 
@@ -716,6 +718,11 @@ def _clear_authorizer(connection: Any) -> None:
 def _one_line(exc: BaseException) -> str:
 
     return describe(exc)
+
+
+# How long a dropped store's finalizer waits for the pool's lock before closing its connection
+# without the pool's bookkeeping.
+FINALIZER_LOCK_SECONDS = 1.0
 
 
 def drain_results(cursor: Any, output: list[str] | None = None, notices: "PostgresNotices | None" = None) -> list[str]:
