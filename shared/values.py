@@ -7,6 +7,17 @@ import re
 
 from shared.errors import ConfigError
 
+# The widest whole numbers the control database stores, on every dialect: ids (runs, poison
+# messages) are BIGINT, counts, orders and seconds INT (SQLite's INTEGER holds both).
+BIGINT_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1
+
+
+# A "runnable for longer than" age beyond a century would push the cut-off before year 1 (an
+# overflow, not a question): stuck --older-than and the monitor's older_than stop there.
+MAX_STUCK_AGE_SECONDS = 100 * 366 * 86400
+
+
 JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 

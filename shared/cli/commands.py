@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(arguments)
         ErrorStyle.json = args.json
-        configure_logging(args)
+        configure_logging(args, process=argv is None)
         return _run(args)
     finally:
         ErrorStyle.json = False
@@ -144,7 +144,9 @@ def _run(args: argparse.Namespace) -> int:
         info = classify(exc)
         code = f" [{info.number or info.sqlstate}]" if (info.number or info.sqlstate) else ""
         extra = {key: value for key, value in (("number", info.number), ("sqlstate", info.sqlstate)) if value}
-        print_error(f"{type(exc).__name__}{code}: {info.message}", "failure", **extra)
+        name = type(exc).__name__
+        said = info.message[len(name) + 2:] if info.message.startswith(f"{name}: ") else info.message
+        print_error(f"{name}{code}: {said}", "failure", **extra)
         return EXIT_FAILURE
     finally:
         if agent is not None:
@@ -470,10 +472,6 @@ def cmd_import_sqlagent(agent, args) -> int:
 
     timezone = args.timezone
     warnings: list[str] = []
-    if timezone is None:
-        timezone = "UTC"
-        warn(args, warnings, "no --timezone: the schedules are taken as UTC; SQL Server Agent runs in the server's "
-                              "local time (give --timezone Europe/Paris, America/New_York, ...)")
     if args.encoding is not None:
         try:
             check_encoding(args.encoding)
@@ -499,6 +497,10 @@ def cmd_import_sqlagent(agent, args) -> int:
             warn(args, warnings, message)
         encodings[path] = decoded.encoding
         texts.append((path, decoded.text))
+    if timezone is None:       # said once the files are read: an unreadable file is the one message
+        timezone = "UTC"
+        warn(args, warnings, "no --timezone: the schedules are taken as UTC; SQL Server Agent runs in the server's "
+                              "local time (give --timezone Europe/Paris, America/New_York, ...)")
     try:
         converted = convert_script(texts, timezone)
     except ScriptError as exc:

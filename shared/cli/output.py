@@ -7,6 +7,8 @@ import argparse
 import json
 import logging
 import sys
+import threading
+import traceback
 from datetime import datetime, timezone
 from typing import Any
 
@@ -24,17 +26,72 @@ class ErrorStyle:
     json = False
 
 
-def configure_logging(args: argparse.Namespace) -> None:
+def configure_logging(args: argparse.Namespace, *, process: bool = False) -> None:
+    """Every line a command writes to stderr besides its own messages is a log record in the
+    documented format (docs/operations.md, "Log records"): one line of text, or under --json one
+    JSON object, whoever wrote it: the agent, a library (http.server, the Azure SDK), Python's
+    warnings and, when ``process`` (the command is the program: not a test calling main()), an
+    error no code caught in a thread, in the command or while the interpreter cleans up (never a
+    raw traceback)."""
     handler = logging.StreamHandler(sys.stderr)
-    if args.json:       # stderr stays machine-readable: one JSON object per log record
-        handler.setFormatter(JsonLogFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonLogFormatter() if args.json else TextLogFormatter())
     logging.basicConfig(level=logging.INFO if args.verbose or args.command in ("run", "work") else logging.WARNING,
                         handlers=[handler])
+    if not process:
+        return
+    logging.captureWarnings(True)
+    sys.excepthook = _log_uncaught
+    threading.excepthook = lambda hook: _log_uncaught(hook.exc_type, hook.exc_value, hook.exc_traceback,
+                                                      f"thread {hook.thread.name if hook.thread else '?'}")
+    sys.unraisablehook = lambda hook: logging.getLogger("sql-agent").warning(
+        "%s: %s", hook.err_msg or "exception ignored", hook.object,
+        exc_info=(hook.exc_type, hook.exc_value, hook.exc_traceback) if hook.exc_value else None)
+
+
+def _log_uncaught(exc_type, exc_value, exc_traceback, where: str = "the command") -> None:
+    logger = logging.getLogger("sql-agent")
+    if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+        logger.warning("%s: interrupted", where)
+        return
+    if exc_type is not None and issubclass(exc_type, SystemExit):
+        return
+    logger.critical("%s ended by an unexpected error", where, exc_info=(exc_type, exc_value, exc_traceback))
+
+
+# C0 and C1 control characters (a line break, an escape sequence for the terminal) as \xNN: a
+# text log record stays on one line, and text the agent did not write cannot act on a terminal.
+_CONTROL = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7f, 0xa0))}
+_CONTROL.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+
+
+class TextLogFormatter(logging.Formatter):
+    """`TIME LEVEL LOGGER: MESSAGE` on one line; an exception adds `[TYPE: TEXT at FILE:LINE]`
+    (where it was raised) to the same line, its traceback being --json's."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{self.formatTime(record)} {record.levelname} {record.name}: {record.getMessage()}"
+        if record.exc_info and record.exc_info[1] is not None:
+            line += f" [{exception_summary(record.exc_info[1])}]"
+        return line.translate(_CONTROL)
+
+
+def exception_summary(exc: BaseException) -> str:
+    """An exception in one line: its type, its text and where it was raised."""
+    summary = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    if frames:
+        last = frames[-1]
+        summary += f" at {last.filename}:{last.lineno} in {last.name}"
+    return summary
 
 
 class JsonLogFormatter(logging.Formatter):
+    """One JSON object per record, on one line: time, level, logger, message, and the traceback
+    as `exception` when there is one."""
+
     def format(self, record: logging.LogRecord) -> str:
         document = {"time": datetime.fromtimestamp(record.created, UTC).isoformat(), "level": record.levelname,
                     "logger": record.name, "message": record.getMessage()}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import dataclass
 from datetime import datetime
 from importlib import metadata
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 from shared import __version__
 from shared.cli.output import EXIT_OK, EXIT_USAGE, UTC, ErrorStyle, print_error, print_json
+from shared.values import BIGINT_MAX, INT_MAX, MAX_STUCK_AGE_SECONDS
 
 PROG = "sql-agent"
 
@@ -47,18 +49,74 @@ class _ArgumentValueError(argparse.ArgumentTypeError):
         self.expected = expected
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse, whose usage errors become one JSON object on stderr under --json (exit 2)."""
+class _StoreOnce(argparse._StoreAction):
+    """An option that takes one value refuses a second (`--limit 5 --limit 10`): which one was
+    meant is the caller's to say, not ours to guess (options that may repeat say append)."""
 
+    def __call__(self, parser, namespace, values, option_string=None):
+        if self.nargs is None and isinstance(values, list):
+            # `--limit=--`: argparse drops a "--" value and hands on no value at all.
+            expected = getattr(self.type, "expected", "a value")
+            cause = _ArgumentValueError("--", expected, f"'--' is not {expected}")
+            raise argparse.ArgumentError(self, str(cause)) from cause
+        _refuse_undecodable(self, values)
+        given = namespace.__dict__.setdefault(_GIVEN, {})
+        if self.dest in given and option_string is not None:
+            cause = _ArgumentValueError(str(values), "the option given once",
+                                        f"given more than once ({given[self.dest]!r}, then {values!r}): give it once")
+            raise argparse.ArgumentError(self, str(cause)) from cause
+        given[self.dest] = values
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _AppendText(argparse._AppendAction):
+    """A repeatable option (--job-database, --execute-schema), its values UTF-8 text."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        _refuse_undecodable(self, values)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _refuse_undecodable(action: argparse.Action, values: Any) -> None:
+    """Bytes that are not UTF-8 on the command line (Python keeps them as lone surrogates): no
+    name, SQL or text the database stores can hold them. File paths keep theirs."""
+    for value in values if isinstance(values, list) else [values]:
+        if isinstance(value, str) and action.dest not in _PATHS and _UNDECODABLE.search(value):
+            shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            cause = _ArgumentValueError(shown, "UTF-8 text",
+                                        f"'{shown}' is not UTF-8 text (a byte no character is made of)")
+            raise argparse.ArgumentError(action, str(cause)) from cause
+
+
+# Where _StoreOnce notes what it saw while a command line is parsed (removed before it returns).
+_GIVEN = "_options_given"
+# What Python makes of command-line bytes that are not UTF-8 (PEP 383), refused except in file
+# paths, whose bytes are the file system's.
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+_PATHS = frozenset({"settings", "db", "files"})
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, whose usage errors are one line: `error: ...` on stderr, or under --json one JSON
+    object naming the argument, the value and what is expected (exit 2 either way)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+        self.register("action", "append", _AppendText)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        namespace, rest = super().parse_known_args(args, namespace)
+        namespace.__dict__.pop(_GIVEN, None)
+        return namespace, rest
 
     def error(self, message: str):  # type: ignore[override]
-        if not ErrorStyle.json:
-            super().error(message)
         details: dict[str, Any] = {}
         current = sys.exc_info()[1]
         if isinstance(current, argparse.ArgumentError):
             details["setting"] = current.argument_name
-            cause = current.__context__
+            cause = current.__cause__ or current.__context__
             if isinstance(cause, _ArgumentValueError):
                 details.update(value=cause.value, expected=cause.expected)
         else:
@@ -68,7 +126,10 @@ class Parser(argparse.ArgumentParser):
         invalid = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if invalid:
             details.update(value=invalid.group(1), expected=f"one of {invalid.group(2)}")
-        print_error(message, "usage", **details)
+        if ErrorStyle.json:
+            print_error(message, "usage", **details)
+        else:       # one line, as every other error (the usage is one --help away)
+            print_error(f"{self.prog}: {message} (see {self.prog} --help)", "usage")
         self.exit(EXIT_USAGE)
 
 
@@ -107,36 +168,36 @@ def build_parser() -> argparse.ArgumentParser:
     mode = work.add_mutually_exclusive_group(required=True)
     mode.add_argument("--once", action="store_true", help="one run (or message) on each of --concurrency workers")
     mode.add_argument("--until-idle", action="store_true", help="until nothing is runnable now")
-    work.add_argument("--concurrency", type=positive_int, help="workers in parallel (default AGENT_MAX_CONCURRENCY)")
-    work.add_argument("--visibility-timeout", type=non_negative_float, metavar="SECONDS",
+    work.add_argument("--concurrency", type=CONCURRENCY, help="workers in parallel (default AGENT_MAX_CONCURRENCY)")
+    work.add_argument("--visibility-timeout", type=VISIBILITY_SECONDS, metavar="SECONDS",
                       help="redelivery delay after a failure (default: host.json visibilityTimeout)")
-    work.add_argument("--max-seconds", type=non_negative_float, help="with --until-idle: stop after this long")
+    work.add_argument("--max-seconds", type=RUN_SECONDS, help="with --until-idle: stop after this long")
 
     run = commands.add_parser("run", help="run the agent locally: tick on schedule and work the queue (Ctrl-C stops)")
-    run.add_argument("--concurrency", type=positive_int, help="worker threads (default AGENT_MAX_CONCURRENCY)")
+    run.add_argument("--concurrency", type=CONCURRENCY, help="worker threads (default AGENT_MAX_CONCURRENCY)")
 
     commands.add_parser("jobs", help="the jobs as the agent last synced them: state, next slot and last run")
 
     history = commands.add_parser("history", help="runs, newest first, with attempts and job events")
     history.add_argument("--job", help="only this job")
-    history.add_argument("--limit", type=positive_int, default=50)
+    history.add_argument("--limit", type=ROW_LIMIT, default=50)
     history.add_argument("--output", action="store_true",
                          help="each attempt (each step's) with what the server said: messages and rows affected")
 
     stuck = commands.add_parser("stuck", help="reconciliation: runs past their lease or waiting too long")
-    stuck.add_argument("--older-than", type=positive_int, default=600, metavar="SECONDS",
+    stuck.add_argument("--older-than", type=AGE_SECONDS, default=600, metavar="SECONDS",
                        help="pending runs runnable for longer than this count as stuck (default 600)")
-    stuck.add_argument("--limit", type=positive_int, default=500, help="at most this many runs (default 500)")
+    stuck.add_argument("--limit", type=ROW_LIMIT, default=500, help="at most this many runs (default 500)")
 
     poison = commands.add_parser("poison", help="poison messages")
     poison_commands = poison.add_subparsers(dest="poison_command", metavar="ACTION", required=True)
     poison_list = poison_commands.add_parser("list", help="poison messages, newest first")
-    poison_list.add_argument("--limit", type=positive_int, default=50)
+    poison_list.add_argument("--limit", type=ROW_LIMIT, default=50)
     requeue = poison_commands.add_parser("requeue", help="give the poisoned run one more attempt")
-    requeue.add_argument("poison_id", type=positive_int, metavar="ID")
+    requeue.add_argument("poison_id", type=ROW_ID, metavar="ID")
 
     run_now = commands.add_parser("run-now", help="run a job now, as the agent last synced it (its overlap policy applies)")
-    run_now.add_argument("name")
+    run_now.add_argument("name", metavar="NAME")
 
     pause = commands.add_parser("pause", help="pause a job: it claims no slot (each slot that comes is recorded "
                                               "skipped 'paused') until resumed or --until; its runs in flight finish")
@@ -150,16 +211,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     submit = commands.add_parser("submit", help="queue ad-hoc SQL to run asynchronously")
     submit.add_argument("--sql", required=True, help="the SQL to run")
-    submit.add_argument("--order", type=non_negative_int, help="starts only after every task with a lower order finished")
-    submit.add_argument("--max-attempts", type=positive_int, default=1)
-    submit.add_argument("--timeout-seconds", type=positive_int, default=1800)
+    submit.add_argument("--order", type=TASK_ORDER, help="starts only after every task with a lower order finished")
+    submit.add_argument("--max-attempts", type=MAX_ATTEMPTS, default=1)
+    submit.add_argument("--timeout-seconds", type=TIMEOUT_SECONDS, default=1800)
 
     cancel = commands.add_parser("cancel", help="cancel a run that has not finished (a running one is stopped)")
-    cancel.add_argument("run_id", type=positive_int, metavar="RUN_ID")
+    cancel.add_argument("run_id", type=ROW_ID, metavar="RUN_ID")
 
     monitor = commands.add_parser("monitor", help="serve the read-only Job Activity Monitor on 127.0.0.1 "
                                                   "(Ctrl-C stops); see docs/monitor.md")
-    monitor.add_argument("--port", type=non_negative_int, default=8080,
+    monitor.add_argument("--port", type=PORT, default=8080,
                          help="TCP port on 127.0.0.1 (default 8080; 0 picks a free one)")
 
     stop = commands.add_parser("stop", help="stop a job (SQL Agent's sp_stop_job): cancel its runs in flight, the "
@@ -168,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser("doctor", help="check driver, connectivity, authentication, schema, session, "
                                                 "permissions and queue")
-    doctor.add_argument("--processes", type=positive_int, default=1,
+    doctor.add_argument("--processes", type=PROCESSES, default=1,
                         help="processes running the agent at once (Functions instances: maximumInstanceCount; "
                              "local runners): warns when AGENT_MAX_CONNECTIONS x this exceeds the server's limit")
 
@@ -229,33 +290,71 @@ def _json_everywhere(parser: argparse.ArgumentParser) -> None:
 
 
 def _iso_datetime(text: str) -> datetime:
+    expected = "an ISO-8601 date and time (e.g. 2026-01-31T02:00:00Z)"
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        # An offset can carry a time at either end of the calendar past it (0001-01-01T00:00+01:00).
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     except ValueError:
-        raise _ArgumentValueError(text, "an ISO-8601 date and time (e.g. 2026-01-31T02:00:00Z)",
-                                  f"{text!r} is not an ISO-8601 date and time (e.g. 2026-01-31T02:00:00Z)")
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        raise _ArgumentValueError(text, expected, f"{text!r} is not {expected}") from None
+    except OverflowError:
+        raise _ArgumentValueError(text, f"{expected} between years 1 and 9999 in UTC",
+                                  f"{text!r} is out of range: expected {expected} between years 1 and 9999 "
+                                  "in UTC") from None
 
 
-def _number_at_least(kind: type, minimum: int, what: str):
-    """An argparse type: a whole number (int) or a number (float) no smaller than minimum."""
+# A whole number as people write one (ASCII digits, a minus sign), and a number of seconds with an
+# optional fraction: no sign, exponent, hexadecimal, underscores, spaces, NaN, infinity or other
+# scripts' digits, which Python's int() and float() would take, each meaning something else or nothing.
+_WHOLE = re.compile(r"-?[0-9]+")
+_DECIMAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
 
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise _ArgumentValueError(text, f"{what}, {minimum} or more", f"{text!r} is not {what}")
-        if value < minimum:
-            raise _ArgumentValueError(text, f"{minimum} or more", f"{text!r}: expected {minimum} or more")
+
+@dataclass(frozen=True)
+class Number:
+    """An argparse type: a number from ``low`` to ``high`` (above ``low`` when ``above_low``),
+    whole or with a fraction (seconds). Anything else is a usage error naming the value and the
+    range, under --json with `value` and `expected`. Every numeric argument of every command
+    uses it (tests/integration/test_cli_numbers.py finds them in the parser)."""
+
+    low: int
+    high: int
+    whole: bool = True
+    above_low: bool = False
+    unit: str = ""
+
+    @property
+    def expected(self) -> str:
+        what = "a whole number" if self.whole else "a number"
+        unit = f" of {self.unit}" if self.unit else ""
+        if self.above_low:
+            return f"{what}{unit} above {self.low}, at most {self.high}"
+        return f"{what}{unit} from {self.low} to {self.high}"
+
+    def __call__(self, text: str) -> int | float:
+        grammar = _WHOLE if self.whole else _DECIMAL
+        if not grammar.fullmatch(text):
+            raise _ArgumentValueError(text, self.expected, f"{text!r} is not {self.expected}")
+        value: int | float = int(text) if self.whole else float(text)
+        if value < self.low or value > self.high or (self.above_low and value == self.low):
+            raise _ArgumentValueError(text, self.expected, f"{text!r} is out of range: expected {self.expected}")
         return value
 
-    return parse
+    def __repr__(self) -> str:       # argparse names the type in some messages
+        return "Number"
 
 
-positive_int = _number_at_least(int, 1, "a whole number")
-
-
-non_negative_int = _number_at_least(int, 0, "a whole number")
-
-
-non_negative_float = _number_at_least(float, 0, "a number")
+ROW_ID = Number(1, BIGINT_MAX)       # a run's or a poison message's id
+ROW_LIMIT = Number(1, INT_MAX)
+# What the app settings allow for the same things (AGENT_MAX_CONCURRENCY, a job's MAX_ATTEMPTS
+# and TIMEOUT_SECONDS), so that the command line takes what the settings take.
+CONCURRENCY = Number(1, 10000)
+MAX_ATTEMPTS = Number(1, 100)
+TIMEOUT_SECONDS = Number(1, 7 * 86400, unit="seconds")
+TASK_ORDER = Number(0, INT_MAX)
+AGE_SECONDS = Number(1, MAX_STUCK_AGE_SECONDS, unit="seconds")     # as the monitor's older_than
+# The longest a storage queue message may stay invisible (Azure Storage: 7 days).
+VISIBILITY_SECONDS = Number(0, 7 * 86400, whole=False, unit="seconds")
+RUN_SECONDS = Number(0, INT_MAX, whole=False, above_low=True, unit="seconds")
+PORT = Number(0, 65535)
+PROCESSES = Number(1, 10000)

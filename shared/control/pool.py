@@ -211,11 +211,17 @@ class ConnectionPool:
             self._open[kind] -= 1
         self._close_raw(connection)
 
-    def discard(self, kind: str, connection: Any) -> None:
-        """A connection that may be broken (or in an unknown state): closed, its place freed."""
-        with self._cond:
-            self._open[kind] -= 1
-            self._cond.notify_all()
+    def discard(self, kind: str, connection: Any, *, wait_seconds: float | None = None) -> None:
+        """A connection that may be broken (or in an unknown state): closed, its place freed.
+        ``wait_seconds``: how long to wait for the pool's lock at most (a finalizer's call: it
+        must never block, and at interpreter exit the reaper, a daemon thread, can be frozen
+        holding the lock for good); the connection is closed either way."""
+        if self._cond.acquire(timeout=-1 if wait_seconds is None else wait_seconds):
+            try:
+                self._open[kind] -= 1
+                self._cond.notify_all()
+            finally:
+                self._cond.release()
         self._close_raw(connection)
 
     # ------------------------------------------------------------ refusals

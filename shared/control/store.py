@@ -126,7 +126,9 @@ class Store:
         if connection is not None and pool is not None:
             self._connection = None
             try:
-                pool.discard(self.kind, connection)
+                # Never blocking: a finalizer that waits on a lock held by a thread frozen at
+                # interpreter exit hangs the process for good (six racing init-db did, 1 in 3).
+                pool.discard(self.kind, connection, wait_seconds=FINALIZER_LOCK_SECONDS)
             except Exception:  # noqa: BLE001 - at interpreter exit the pool may be half gone
                 pass
 
@@ -454,19 +456,19 @@ class Store:
                 # the job's transaction began: the same after its SQL, or its SQL ended it.
                 prefix = ["SELECT " + PG_TRANSACTION_BEGAN + " AS agent_began;\n",
                           "SET LOCAL lock_timeout = 0;\n"]
-                cursor.execute("".join(prefix) + sql)
+                heard = PostgresNotices()
+                cursor.execute("".join(prefix) + sql + heard.end_statement())
                 began = str(cursor.fetchone()[0])
-                notices = [0]
                 drained = False
                 for _ in prefix:   # past the agent's own statements
-                    # psqlODBC hands most notices of the batch to its first result: keep them.
-                    output += _messages(cursor, notices)
+                    # psqlODBC hands notices to whichever result it was reading: keep them all.
+                    output += heard.take(cursor)
                     if not cursor.nextset():
                         drained = True
                         break
                 if not drained:
-                    drain_results(cursor, output, notices)
-                _note_cut_notices(notices, output)
+                    drain_results(cursor, output, heard)
+                heard.note_cut(output)
                 if self._transaction_began(connection) != began:
                     raise TransactionControlRefused(
                         "the job's SQL ended the agent's transaction (a COMMIT or ROLLBACK got past the agent's "
@@ -524,27 +526,29 @@ class Store:
         self._set_active(cursor)
         try:
             try:
+                # The end notice is raised in the same statement as the job's: psqlODBC hands a
+                # statement's notices on together (see PostgresNotices).
                 cursor.execute(
-                    f"CREATE FUNCTION {function}(job_sql text) RETURNS void LANGUAGE plpgsql SECURITY DEFINER "
-                    "AS $agent$ BEGIN EXECUTE job_sql; END $agent$;\n"
-                    f"ALTER FUNCTION {function}(text) OWNER TO {role};")
+                    f"CREATE FUNCTION {function}(job_sql text, end_notice text) RETURNS void LANGUAGE plpgsql "
+                    "SECURITY DEFINER AS $agent$ BEGIN EXECUTE job_sql; RAISE NOTICE '%', end_notice; END $agent$;\n"
+                    f"ALTER FUNCTION {function}(text, text) OWNER TO {role};")
                 while cursor.nextset():
                     pass
             except Exception as exc:
                 raise OwnerError(f"{who} cannot run this job: {_one_line(exc)} (the role must exist, and the "
                                  "agent's login must be a member of it: GRANT it to the agent's login; "
                                  "grant-sql --operator prints this)") from exc
-            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?);\n"
-                           f"DROP FUNCTION IF EXISTS {function}(text);", sql)
-            notices = [0]
+            heard = PostgresNotices()
+            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?, ?);\n"
+                           f"DROP FUNCTION IF EXISTS {function}(text, text);", sql, heard.end_text)
             while True:
-                output += _messages(cursor, notices)
+                output += heard.take(cursor)
                 if cursor.description:
                     cursor.fetchall()
                 if not cursor.nextset():
                     break
-            output += _messages(cursor, notices)
-            _note_cut_notices(notices, output)
+            output += heard.take(cursor)
+            heard.note_cut(output)
         finally:
             self._set_active(None)
             with contextlib.suppress(Exception):
@@ -716,22 +720,38 @@ def _one_line(exc: BaseException) -> str:
     return describe(exc)
 
 
-def drain_results(cursor: Any, output: list[str] | None = None, notices: list[int] | None = None) -> list[str]:
+# How long a dropped store's finalizer waits for the pool's lock before closing its connection
+# without the pool's bookkeeping.
+FINALIZER_LOCK_SECONDS = 1.0
+
+
+def drain_results(cursor: Any, output: list[str] | None = None, notices: "PostgresNotices | None" = None) -> list[str]:
     """Read every result set of a job's batch to the end and return the server's messages and
     row counts. An error the server raises while a result set is being read (a conversion or a
     division by zero in its middle, with a driver that fetches incrementally) propagates: the job
     failed, and must never be recorded as succeeded. Lines are appended to ``output`` (when
-    given) as they come, so the messages before such an error are kept."""
+    given) as they come, so the messages before such an error are kept.
+
+    ``notices``: PostgreSQL's, read through :class:`PostgresNotices`; the batch's last result is
+    then the agent's end statement's, whose row count is not the job's (and meaningless)."""
     output = [] if output is None else output
+    take = notices.take if notices is not None else _messages
+    counted: str | None = None       # a result's row-count line, written once a result follows it
     while True:
-        output += _messages(cursor, notices)
+        if counted is not None:      # a result followed: the count was the job's
+            output.append(counted)
+            counted = None
+        output += take(cursor)
         if cursor.description:
             cursor.fetchall()
         elif cursor.rowcount >= 0:
-            output.append(f"({cursor.rowcount} row(s) affected)")
+            counted = f"({cursor.rowcount} row(s) affected)"
+        if notices is None and counted is not None:
+            output.append(counted)
+            counted = None
         if not cursor.nextset():
             break
-    output += _messages(cursor, notices)
+    output += take(cursor)
     return output
 
 
@@ -740,36 +760,66 @@ def drain_results(cursor: Any, output: list[str] | None = None, notices: list[in
 _DRIVER_PREFIX = re.compile(r"\[Microsoft\]\[ODBC Driver \d+ for SQL Server\]\[SQL Server\]|\[FreeTDS\]\[SQL Server\]")
 
 
-def _messages(cursor: Any, notices: list[int] | None = None) -> list[str]:
-    """The informational messages pyodbc collected for the current result (PRINT, notices).
-    ``notices``: a one-item counter the characters received are added to (PostgreSQL: see
-    _note_cut_notices)."""
-    lines = []
-    for _, text in getattr(cursor, "messages", None) or ():
-        text = str(text)
-        if notices is not None:
-            notices[0] += len(text)
-        lines.append(_DRIVER_PREFIX.sub("", text).strip())
-    return lines
+def _messages(cursor: Any) -> list[str]:
+    """The informational messages pyodbc collected for the current result (SQL Server's PRINT
+    and RAISERROR below 11: one message each)."""
+    return [_DRIVER_PREFIX.sub("", str(text)).strip() for _, text in getattr(cursor, "messages", None) or ()]
 
 
-def _note_cut_notices(notices: list[int], output: list[str]) -> None:
-    """PostgreSQL: psqlODBC keeps a batch's notices in one diagnostic text whose length travels in
-    ODBC's 16-bit SQLSMALLINT, handing parts of it to the batch's results as they come: past
-    PSQLODBC_NOTICE_LIMIT characters in all, the rest is lost without any error (docs/steps.md).
-    A job whose notices reach that size gets a note saying its output was cut, as for
-    AGENT_STEP_OUTPUT_MAX_BYTES."""
-    if notices[0] >= PSQLODBC_NOTICE_LIMIT:
-        output.append(PSQLODBC_CUT_NOTE.format(size=notices[0]))
+# psqlODBC joins the notices it holds for one result as "SEVERITY: text;SEVERITY: text", and hands
+# the text on in pieces of about 1 KB (one diagnostic record each, cut anywhere).
+_PG_NOTICE_BOUNDARY = re.compile(r";(?=(?:NOTICE|WARNING|INFO|LOG|DEBUG): )")
 
 
-# psqlODBC keeps the notices of one batch (a job's SQL is sent as one) in a text whose length is
-# a SQLSMALLINT (at most 32,767 characters): measured, 300 notices of 100 characters arrive as
-# 32,699 characters in all, split between the batch's first results; the rest is gone. What
-# arrives at this size was cut; a batch whose notices never arrive cannot be told apart.
-PSQLODBC_NOTICE_LIMIT = 32_000
-PSQLODBC_CUT_NOTE = ("[output cut by the PostgreSQL ODBC driver after {size} characters of notices: it keeps about "
-                     "32 KB of a batch's notices; write longer progress into a table]")
+class PostgresNotices:
+    """A PostgreSQL job's notices as psqlODBC hands them on: one line per notice, counted.
+
+    psqlODBC keeps the notices of each result in one text whose length it reports in ODBC's 16-bit
+    field: past 32,767 characters that length wraps, and what arrives is nothing (600 notices of
+    100 characters) or only the first few kilobytes (a 70,000-character notice arrives as its first
+    4,472), without any error. So the length of what arrived says nothing about what was sent;
+    instead the agent's batch ends with a notice of its own (``end_statement``), with a token
+    nobody else knows: when it arrives, the notices it came with arrived whole; when it does not,
+    they were cut, and ``note_cut`` says so, with what was kept (docs/steps.md)."""
+
+    def __init__(self) -> None:
+        self.token = uuid.uuid4().hex
+        self.kept = 0              # notices kept (the agent's own end notice not counted)
+        self.characters = 0        # their characters
+        self.ended = False         # the end notice arrived
+
+    def end_statement(self) -> str:
+        """The statement that ends the job's batch (after the job's SQL, on a line of its own:
+        a job's last line may be a comment)."""
+        tag = f"$agent_{self.token}$"
+        return f"\n;\nDO {tag} BEGIN RAISE NOTICE '{self.end_text}'; END {tag};"
+
+    @property
+    def end_text(self) -> str:
+        """The end notice's text (raised by ``end_statement``, or by the agent's own function)."""
+        return f"agent-output-end {self.token}"
+
+    def take(self, cursor: Any) -> list[str]:
+        """The notices of the current result, one line each, without the agent's end notice."""
+        text = "".join(str(piece) for _, piece in getattr(cursor, "messages", None) or ())
+        lines = []
+        for notice in _PG_NOTICE_BOUNDARY.split(text) if text else ():
+            if notice.strip() == f"NOTICE: {self.end_text}":
+                self.ended = True
+                continue
+            lines.append(notice.strip())
+            self.kept += 1
+            self.characters += len(notice)
+        return lines
+
+    def note_cut(self, output: list[str]) -> None:
+        """The batch ran to its end: when the end notice did not arrive, the driver cut notices."""
+        if not self.ended:
+            output.append(PSQLODBC_CUT_NOTE.format(kept=self.kept, characters=self.characters))
+
+
+PSQLODBC_CUT_NOTE = ("[output cut by the PostgreSQL ODBC driver: it drops the notices of a statement past about 32 KB; "
+                     "{kept} notice(s) of {characters} characters kept; write longer progress into a table]")
 
 
 def _merge(parts: Sequence[Result]) -> Result:

@@ -185,7 +185,8 @@ class Agent:
             return self._executor
         return Executor(settings=self.settings, store=self.store, target_store=self.target_store,
                         telemetry=self.telemetry, supervisor=self.supervisor, queue=self.queue, clock=self.clock,
-                        transient_delay_seconds=transient_delay_seconds, notifier=self.notifier)
+                        transient_delay_seconds=transient_delay_seconds, notifier=self.notifier,
+                        database_decides_now=self.database_clock is not None)
 
     # ------------------------------------------------------------ operations
 

@@ -53,10 +53,15 @@ class Executor:
     def __init__(self, *, settings: Settings, store: Callable[[], Store], target_store: Callable[[str], Store],
                  telemetry: Any, supervisor: Any, queue: Any = None,
                  clock: Callable[[], datetime] | None = None, transient_delay_seconds: float = 30.0,
-                 notifier: Any = None) -> None:
+                 notifier: Any = None, database_decides_now: bool = False) -> None:
         """``queue`` is the queue port in queue mode (re-sends, hand-on dispatch), None in
         direct mode. ``transient_delay_seconds``: how long a direct-mode run waits after a
-        transient error (the queue's redelivery delay, host.json visibilityTimeout)."""
+        transient error (the queue's redelivery delay, host.json visibilityTimeout).
+        ``database_decides_now``: ``clock`` is the database's (shared.control.clock), so a claim
+        asks the database's own clock whether a run is runnable instead of ``clock``'s reading,
+        which lags it by a round trip: a run made at the server's now (agent.start_job,
+        agent.exec_async, another process's run-now) is runnable at once, not a few
+        milliseconds later (when `work --until-idle` had already found nothing and ended)."""
         self.settings = settings
         self._store = store
         self._target_store = target_store
@@ -64,6 +69,7 @@ class Executor:
         self.supervisor = supervisor
         self.queue = queue
         self.clock = clock or (lambda: datetime.now(UTC))
+        self.database_decides_now = database_decides_now
         self.worker = settings.agent.worker_id
         self.transient_delay_seconds = transient_delay_seconds
         # Delivers the notification outbox off this worker's path (None: no webhook configured).
@@ -163,10 +169,11 @@ class Executor:
 
     def work_once(self, batch: int = 1) -> list[ExecutionResult]:
         """Claim up to ``batch`` runnable runs from agent.runs and execute them; an empty list
-        means nothing may start now."""
+        means nothing may start now, on the database's clock (``database_decides_now``)."""
         store = self._store()
         now = self.clock()
-        rows = store.execute("claim_runs", now=now, late_cutoff=self._late_cutoff(now), worker=self.worker,
+        rows = store.execute("claim_runs", now=None if self.database_decides_now else now,
+                             late_cutoff=self._late_cutoff(now), worker=self.worker,
                              max_concurrency=self.settings.agent.max_concurrency, batch=batch).rows
         results = []
         for run in rows:

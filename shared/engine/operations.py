@@ -27,6 +27,7 @@ from shared.engine.dispatch import dispatch
 from shared.engine.fleet import report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
 from shared.engine.notify import notifications_enabled
+from shared.engine.views import unknown_job
 from shared.errors import ConfigError, NotFoundError, UsageError
 from shared.jobs.run_model import RunStatus
 from shared.jobs.schedules import parse_schedule
@@ -297,7 +298,7 @@ def pause_job(store: Store, name: str, *, now: datetime, until: datetime | None 
         row = store.execute("pause_job", job_name=name, now=now, paused_until=until, paused_by=paused_by,
                             reason=reason).one()
         if row is None:
-            raise _unknown_job(store, name)
+            raise unknown_job(store, name)
         settled = store.execute("settle_paused_runs", job_name=name, now=now, pause_start=row["paused_at"],
                                 pause_end=row["paused_until"]).one()
         skipped = int(settled["runs_skipped"])
@@ -326,7 +327,7 @@ def resume_job(store: Store, name: str, *, now: datetime, resumed_by: str | None
         row = store.execute("resume_job", job_name=name, now=now).one()
         if row is None or not row["in_force"]:
             if store.execute("get_job", job_name=name).one() is None:
-                raise _unknown_job(store, name)
+                raise unknown_job(store, name)
             ended = f" (its pause ended by itself at {_iso(row['paused_until'])})" if row is not None else ""
             raise UsageError(f"job {name!r} is not paused{ended}", setting="JOB", value=name,
                              expected="a paused job (sql-agent jobs shows them)")
@@ -341,14 +342,6 @@ def resume_job(store: Store, name: str, *, now: datetime, resumed_by: str | None
         telemetry.event("JobResumed", {"job": name, "outcome": "resumed", "paused_by": resumed_by})
     return Resume(job_name=name, paused_at=row["paused_at"], resumed_at=now, runs_resumed=resumed,
                   runs_caught_up=caught_up)
-
-
-def _unknown_job(store: Store, name: str) -> NotFoundError:
-    jobs = [r["job_name"] for r in store.execute("list_jobs").rows if r["configured"]]
-    known = ", ".join(jobs) or "none"
-    return NotFoundError(f"no job named {name!r} (jobs the agent knows: {known}; a job added to the settings is "
-                         "known after the agent's next tick)", setting="JOB", value=name,
-                         expected=f"one of the jobs the agent knows: {known}")
 
 
 def _iso(value: Any) -> str:

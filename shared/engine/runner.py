@@ -26,7 +26,8 @@ import time
 from datetime import timezone
 from typing import Any, Callable
 
-from shared.control.sqlerrors import describe
+from shared.control.sqlerrors import classify, describe
+from shared.errors import ConnectError
 from shared.jobs.schedules import CronSchedule
 from shared.messaging.port import HostQueueOptions, ReceivedMessage, host_queue_options, next_polling_interval
 
@@ -35,6 +36,11 @@ UTC = timezone.utc
 # How long a received message stays hidden while it is processed (the host uses 10 min
 # and renews it; a run's own lease, not this, decides when a slow run is presumed dead).
 PROCESSING_VISIBILITY_SECONDS = 600
+# work --until-idle: a claim that failed with a transient error (a deadlock, a lock timeout, a
+# connection the server ended) is tried again this many times, after 0.25, 0.5, 1 s ...
+CLAIM_RETRIES = 3
+CLAIM_RETRY_DELAY = 0.25
+CLAIM_RETRY_MAX_DELAY = 5.0
 
 
 class LocalRunner:
@@ -138,33 +144,69 @@ class LocalRunner:
     # ------------------------------------------------------------ until idle (work command, tests)
 
     def work_once(self) -> int:
-        """One unit of work on each of up to ``concurrency`` threads, in parallel."""
+        """One unit of work on each of up to ``concurrency`` threads, in parallel. A claim or
+        receive that failed is raised (after the other threads ended): it found nothing out."""
         counts: list[int] = []
-        threads = [threading.Thread(target=lambda: counts.append(self._safe_work_one()), name=f"agent-work-{i}")
-                   for i in range(self.concurrency)]
+        failures: list[BaseException] = []
+
+        def one() -> None:
+            try:
+                counts.append(self.work_one())
+            except Exception as exc:  # noqa: BLE001 - raised below, once every thread ended
+                failures.append(exc)
+            finally:
+                self.agent.release()   # an idle worker holds no connection
+
+        threads = [threading.Thread(target=one, name=f"agent-work-{i}") for i in range(self.concurrency)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+        if failures:
+            raise failures[0]
         return sum(counts)
 
     def work_until_idle(self, max_seconds: float | None = None) -> int:
-        """Work until nothing is runnable now and no worker is busy (a run waiting for a later
-        slot, a retry backoff or a redelivery is not waited for)."""
+        """Work until the database says nothing is runnable now (a claim on its clock found
+        nothing) and no worker is busy; a run waiting for a later slot, a retry backoff or a
+        redelivery is not waited for. A claim or receive that failed found nothing out, so it is
+        never taken for "nothing to do": a transient error is tried again (CLAIM_RETRIES times,
+        backing off), anything else ends every worker and is raised, once they end."""
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         before = self.processed
+        failures: list[BaseException] = []
 
         def loop() -> None:
+            retries = 0
             try:
-                while not self.stop_event.is_set() and (deadline is None or time.monotonic() < deadline):
+                while not self.stop_event.is_set() and not failures and (
+                        deadline is None or time.monotonic() < deadline):
                     with self._changed:
                         seen = self._generation
                         self._busy += 1
                     try:
-                        count = self._safe_work_one()
+                        count = self.work_one()
+                        retries = 0
+                    except Exception as exc:  # noqa: BLE001 - retried or raised, never "idle"
+                        count = None
+                        retries += 1
+                        # A connection that could not be made was retried already (for
+                        # AGENT_CONNECT_RETRY_SECONDS): that is final here.
+                        if isinstance(exc, ConnectError) or not classify(exc).transient or retries > CLAIM_RETRIES:
+                            log.error("worker: claiming or receiving failed: %s", describe(exc))
+                            failures.append(exc)
+                        else:
+                            log.warning("worker: claiming or receiving failed (%s of %s, trying again): %s",
+                                        retries, CLAIM_RETRIES, describe(exc))
                     finally:
+                        self.agent.release()   # an idle worker holds no connection
                         with self._changed:
                             self._busy -= 1
+                    if count is None:        # failed: back off (or, after the last, stop everyone)
+                        self.notify()
+                        if not failures:
+                            self.stop_event.wait(min(CLAIM_RETRY_MAX_DELAY, CLAIM_RETRY_DELAY * 2 ** (retries - 1)))
+                        continue
                     if count:
                         self.notify()
                         continue
@@ -180,6 +222,8 @@ class LocalRunner:
                 self._release_thread_store()
 
         self._run_threads(loop)
+        if failures:
+            raise failures[0]
         return self.processed - before
 
     def _safe_work_one(self) -> int:

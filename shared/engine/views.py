@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from shared.errors import NotFoundError
 from shared.jobs.describe import describe_schedule
 from shared.jobs.run_model import RunStatus
 
@@ -137,6 +138,15 @@ def local_time(value: datetime | None, zone: str | None) -> str | None:
 # ---------------------------------------------------------------- one job
 
 
+def unknown_job(store, name: str, *, setting: str = "JOB") -> NotFoundError:
+    """The error for a job name the agent does not know, naming the jobs it does."""
+    jobs = [r["job_name"] for r in store.execute("list_jobs").rows if r["configured"]]
+    known = ", ".join(jobs) or "none"
+    return NotFoundError(f"no job named {name!r} (jobs the agent knows: {known}; a job added to the settings is "
+                         "known after the agent's next tick)", setting=setting, value=name,
+                         expected=f"one of the jobs the agent knows: {known}")
+
+
 def history_view(store, job_name: str | None, limit: int, *, with_output: bool = False) -> dict[str, Any]:
     """`history --json`: runs newest first, each with its attempts (and, ``with_output``, each
     attempt's output: up to AGENT_STEP_OUTPUT_MAX_BYTES each, so read only when asked for) and
@@ -145,6 +155,10 @@ def history_view(store, job_name: str | None, limit: int, *, with_output: bool =
     runs = store.execute("list_history", job_name=job_name, limit=limit).rows
     attempts = store.execute("list_attempts", run_ids=[r["run_id"] for r in runs]).rows if runs else []
     events = store.execute("list_job_events", job_name=job_name, limit=limit).rows
+    if job_name is not None and not runs and not events and store.execute("get_job", job_name=job_name).one() is None:
+        # A job with nothing to show yet is an empty history; a name no job has is an error
+        # (exit 2), as for run-now, pause or stop: a typo must not look like a quiet job.
+        raise unknown_job(store, job_name, setting="--job")
     if runs and with_output:
         _attach_output(store, [r["run_id"] for r in runs], attempts)
     targets = fleet_targets(store, runs)

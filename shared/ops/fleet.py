@@ -18,7 +18,7 @@ from shared.control.sqlerrors import describe
 from shared.control.store import Store
 from shared.engine.fleet import FleetStep, fleet_steps, unwrap_cause
 from shared.engine.planning import PROCEDURE
-from shared.errors import UsageError
+from shared.errors import NotFoundError, UsageError
 from shared.jobs.steps import run_steps
 from shared.jobs.targets import Target, dialect_problem, parse_targets
 
@@ -58,20 +58,24 @@ def job_fleet(agent: Any, name: str) -> list[FleetStep]:
     if job is None:
         invalid = next((bad for bad in agent.settings.invalid_jobs if bad.name == name), None)
         if invalid is not None:
-            raise UsageError(f"--targets {name}: the job is invalid: {invalid.message}")
+            raise UsageError(f"--targets {name}: the job is invalid: {invalid.message}", setting="--targets",
+                             value=name, expected="a valid job with fleet targets")
         defined_in_database = database_fleet_jobs(agent)
         if name not in defined_in_database:
             fleets = sorted({j.name for j in agent.settings.jobs if any(s.targets for s in j.steps)}
                             | set(defined_in_database))
-            raise UsageError(f"--targets {name}: no valid job named {name!r} with fleet targets in the settings or "
-                             f"defined from T-SQL (jobs with fleet targets: {', '.join(fleets) or 'none'})")
+            known = ", ".join(fleets) or "none"
+            raise NotFoundError(f"--targets {name}: no valid job named {name!r} with fleet targets in the settings or "
+                                f"defined from T-SQL (jobs with fleet targets: {known})", setting="--targets",
+                                value=name, expected=f"one of the jobs with fleet targets: {known}")
         steps = defined_in_database[name]
     else:
         steps = fleet_steps(job)
         if not steps:
             raise UsageError(f"--targets {name}: job {name!r} has no fleet step (expected JOB__{name}__TARGETS or "
                              f"JOB__{name}__STEPS__<n>__TARGETS; it runs in "
-                             f"{'database ' + repr(job.database) if job.database else 'the control database'})")
+                             f"{'database ' + repr(job.database) if job.database else 'the control database'})",
+                             setting="--targets", value=name, expected="a job with fleet targets")
     problem = dialect_problem([m for s in steps for m in s.members], agent.target.dialect)
     if problem:
         raise UsageError(f"--targets {name}: {problem} (the control database is {agent.target.display})")

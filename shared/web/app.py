@@ -36,7 +36,7 @@ from urllib.parse import parse_qs, unquote
 from shared.control.sqlerrors import classify
 from shared.engine import views
 from shared.errors import AgentError, ConfigError, PageError
-from shared.values import parse_int
+from shared.values import BIGINT_MAX, MAX_STUCK_AGE_SECONDS, parse_int
 from shared.web.html import escape
 from shared.web.pages import Pages
 
@@ -266,11 +266,7 @@ def _wants_json(params: dict[str, str], accept: str) -> bool:
 
 
 # Run ids are bigint; a larger number names no run (404), it is never sent to the database.
-MAX_RUN_ID = 2**63 - 1
-
-
-# older_than beyond a century would push the cut-off before year 1 (an overflow, not a question).
-MAX_STUCK_AGE_SECONDS = 100 * 366 * 86400
+MAX_RUN_ID = BIGINT_MAX
 
 
 def _int_param(name: str, raw: str, low: int, high: int | None = None) -> int:

@@ -4,7 +4,9 @@ pool of stores its requests borrow."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator, Mapping
@@ -12,6 +14,12 @@ from urllib.parse import urlsplit
 
 from shared.errors import PageError
 from shared.web.app import Monitor, Response, monitor_settings
+
+log = logging.getLogger(__name__)
+# How long a client may stay silent while sending its request or reading the answer.
+CLIENT_TIMEOUT_SECONDS = 30
+# A client that closed, reset or stalled its connection while being answered.
+CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)
 
 
 class StorePool:
@@ -82,6 +90,9 @@ def make_server(agent, port: int, environ: Mapping[str, str] | None = None):
         # A request line the library cannot read leaves the version at its default; at HTTP/0.9 the
         # library writes an error body with no status line and no headers at all.
         default_request_version = "HTTP/1.0"
+        # A client that sends or reads nothing for this long is let go (its socket times out):
+        # a slow or stalled client holds a thread, never the server.
+        timeout = CLIENT_TIMEOUT_SECONDS
 
         def _answer(self) -> None:
             port_now = self.server.server_address[1]
@@ -135,8 +146,13 @@ def make_server(agent, port: int, environ: Mapping[str, str] | None = None):
             except OSError:
                 pass  # the client is gone
 
-        def log_message(self, format: str, *args: Any) -> None:  # quiet: the runner logs beside it
-            pass
+        def log_request(self, code: Any = "-", size: Any = "-") -> None:
+            pass  # no access log: the runner logs beside it
+
+        def log_message(self, format: str, *args: Any) -> None:
+            # The library's own notes (a malformed request, a request that timed out): a log
+            # record like any other, never a line of the library's format on stderr.
+            log.info("monitor: %s: %s", self.address_string(), format % args)
 
     class Server(ThreadingHTTPServer):
         daemon_threads = True
@@ -148,6 +164,17 @@ def make_server(agent, port: int, environ: Mapping[str, str] | None = None):
         def server_close(self) -> None:
             super().server_close()
             pool.close()
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            # The library prints a traceback to stderr here. A client that went away mid-answer
+            # (it closed or reset the connection, or stalled past the timeout) is no error of the
+            # monitor's: one INFO record. Anything else: one ERROR record, its traceback --json's.
+            exc = sys.exc_info()[1]
+            client = client_address[0] if isinstance(client_address, tuple) else client_address
+            if isinstance(exc, CLIENT_GONE):
+                log.info("monitor: client %s went away (%s)", client, type(exc).__name__)
+            else:
+                log.error("monitor: a request from %s failed", client, exc_info=True)
 
     server = Server(("127.0.0.1", port), Handler)
     server.store_pool = pool

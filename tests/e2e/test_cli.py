@@ -50,7 +50,7 @@ def test_usage_and_configuration_errors_exit_2_with_one_line(tmp_path):
         (["tick", "--now", "yesterday"], {}, "ISO-8601"),
         (["init-db"], {"AGENT_MAX_DEQUEUE_COUNT": "zero"}, "AGENT_MAX_DEQUEUE_COUNT='zero'"),
         (["--db", "mysql://x", "init-db"], {}, "--db"),
-        (["submit", "--sql", "SELECT 1", "--order", "-1"], {}, "expected 0 or more"),
+        (["submit", "--sql", "SELECT 1", "--order", "-1"], {}, "expected a whole number from 0 to 2147483647"),
         (["run-now", "ghost"], {}, "no job named 'ghost'"),
     ]
     cli("init-db", cwd=tmp_path)
@@ -59,6 +59,7 @@ def test_usage_and_configuration_errors_exit_2_with_one_line(tmp_path):
         assert result.returncode == 2, (args, result.stderr)
         assert expected in result.stderr
         assert "Traceback" not in result.stderr
+        assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
 
 
 def test_runtime_failures_exit_1_with_one_line(tmp_path):

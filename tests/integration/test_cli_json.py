@@ -174,13 +174,20 @@ ERRORS = [
      "2000-01-01T00:00:00+00:00", "a time after"),
     (["pause", "hello", "--until", "soon"], {}, EXIT_USAGE, "usage", "--until", "soon", "ISO-8601"),
     (["resume", "ghost"], {}, EXIT_USAGE, "not_found", "JOB", "ghost", "hello"),
+    (["history", "--job", "ghost"], {}, EXIT_USAGE, "not_found", "--job", "ghost", "hello"),
+    (["grant-sql", "--app-name", "app", "--targets", "ghost"], {}, EXIT_USAGE, "not_found", "--targets", "ghost",
+     "fleet targets"),
+    (["history", "--limit", "1e20"], {}, EXIT_USAGE, "usage", "--limit", "1e20", "from 1 to 2147483647"),
+    (["cancel", "9223372036854775808"], {}, EXIT_USAGE, "usage", "RUN_ID", "9223372036854775808",
+     "from 1 to 9223372036854775807"),
+    (["monitor", "--port", "99999"], {}, EXIT_USAGE, "usage", "--port", "99999", "from 0 to 65535"),
     (["cancel", "999"], {}, EXIT_USAGE, "not_found", "RUN_ID", 999, "history"),
     (["cancel", "{poisoned_run}"], {}, EXIT_USAGE, "usage", "RUN_ID", None, "not finished"),
     (["poison", "requeue", "999"], {}, EXIT_USAGE, "not_found", "ID", 999, "poison"),
     (["poison", "requeue", "x"], {}, EXIT_USAGE, "usage", "ID", "x", "whole number"),
     (["submit", "--sql", "  "], {}, EXIT_USAGE, "usage", "--sql", "  ", "non-empty"),
     (["submit"], {}, EXIT_USAGE, "usage", "--sql", None, None),
-    (["history", "--limit", "0"], {}, EXIT_USAGE, "usage", "--limit", "0", "1 or more"),
+    (["history", "--limit", "0"], {}, EXIT_USAGE, "usage", "--limit", "0", "from 1 to 2147483647"),
     (["tick", "--now", "yesterday"], {}, EXIT_USAGE, "usage", "--now", "yesterday", "ISO-8601"),
     (["init-db"], {"AGENT_MAX_DEQUEUE_COUNT": "zero"}, EXIT_USAGE, "config", "AGENT_MAX_DEQUEUE_COUNT", "zero",
      "whole number"),
@@ -193,7 +200,7 @@ ERRORS = [
      "Mars/Olympus", "IANA"),
     (["completion", "fish"], {}, EXIT_USAGE, "usage", "shell", "fish", "bash"),
     (["no-such-command"], {}, EXIT_USAGE, "usage", "COMMAND", "no-such-command", "init-db"),
-    (["monitor", "--port", "-1"], {}, EXIT_USAGE, "usage", "--port", "-1", "0 or more"),
+    (["monitor", "--port", "-1"], {}, EXIT_USAGE, "usage", "--port", "-1", "from 0 to 65535"),
     (["work"], {}, EXIT_USAGE, "usage", None, None, None),
 ]
 
@@ -322,3 +329,34 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(setup):
     _, err = process.communicate(timeout=60)
     assert process.returncode == 141, err
     assert err == b""
+
+
+def test_the_ends_of_every_range_reach_the_database(db_url, tmp_path, capsys, monkeypatch):
+    """The largest id, limit, age, order, attempts and timeout the command line takes are what
+    the control database takes too (issue 34, item 9): a run or poison id at the BIGINT top is
+    "no such run" (exit 2, not_found), not a driver's overflow (exit 1); the INT-wide limits and
+    ages list, the task takes its values."""
+    from shared.values import BIGINT_MAX, INT_MAX, MAX_STUCK_AGE_SECONDS
+
+    for key in list(os.environ):
+        if key.startswith(("AGENT_", "JOB__")):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    base = ["--db", db_url, "--json"]
+    assert call(capsys, [*base, "init-db"])[0] == EXIT_OK
+    for arguments in (["cancel", str(BIGINT_MAX)], ["poison", "requeue", str(BIGINT_MAX)]):
+        code, out, err = call(capsys, [*base, *arguments])
+        error = one_error(err)
+        assert (code, out, error["kind"], error["value"]) == (EXIT_USAGE, "", "not_found", BIGINT_MAX), error
+    code, out, err = call(capsys, [*base, "submit", "--sql", "SELECT 1", "--order", str(INT_MAX), "--max-attempts",
+                                   "100", "--timeout-seconds", str(7 * 86400)])
+    assert (code, err) == (EXIT_OK, ""), err
+    submitted = one_document(out)
+    for arguments in (["history", "--limit", str(INT_MAX)], ["stuck", "--limit", str(INT_MAX), "--older-than",
+                                                            str(MAX_STUCK_AGE_SECONDS)], ["poison", "list", "--limit", str(INT_MAX)]):
+        code, out, err = call(capsys, [*base, *arguments])
+        assert (code, err) == (EXIT_OK, ""), (arguments, err)
+        one_document(out)
+    code, out, err = call(capsys, [*base, "history", "--limit", str(INT_MAX)])
+    (run,) = one_document(out)["runs"]
+    assert (run["run_id"], run["max_attempts"]) == (submitted["run_id"], 100), run

@@ -5,7 +5,16 @@ a bounded pool of database connections."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
 import socket
+import struct
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -147,3 +156,98 @@ def test_identical_requests_arriving_together_share_one_render_and_later_ones_re
     assert len(lent) == 2
     head = monitor.handle("HEAD", "/", "format=json")
     assert head.body == b"" and int(head.headers["Content-Length"]) > 0
+
+
+# ---------------------------------------------------------------- the log stays in its format (issue 34, item 11)
+
+TEXT_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.\-]+: \S")
+
+
+def _hostile_clients(port: int) -> None:
+    """Clients that reset the connection mid-answer, leave mid-request, send garbage, a request
+    line past the library's limit, a header block past its limit, or stop reading a large answer."""
+    def reset(request: bytes) -> None:
+        connection = socket.create_connection(("127.0.0.1", port), timeout=10)
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        connection.sendall(request)
+        connection.close()                  # RST: the server's write fails (reset or broken pipe)
+
+    for _ in range(15):
+        for target in ("/?format=json", "/monitor.css", "/jobs/nightly", "/runs/1", "/stuck", "/poison"):
+            reset(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    for request in (b"GET / HT", b"\x00\xff\x1b[31m garbage\r\n\r\n", b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n",
+                    b"GET / HTTP/1.1\r\n" + b"X-Big: " + b"b" * 70_000 + b"\r\n\r\n",
+                    b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X: y\r\n" * 200 + b"\r\n"):
+        connection = socket.create_connection(("127.0.0.1", port), timeout=10)
+        with contextlib.suppress(OSError):
+            connection.sendall(request)
+            time.sleep(0.05)
+        connection.close()
+    # A client that asks and never reads: the answer waits in the socket buffers, then it leaves.
+    for _ in range(5):
+        reset(f"GET /?format=json HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode() * 50)
+
+
+@pytest.mark.parametrize("form", ["--json", "text"])
+def test_the_monitors_stderr_is_log_records_whatever_its_clients_do(tmp_path, form):
+    """`monitor -v` (every record shown) under clients that disconnect, reset, stall and send
+    garbage: each stderr line is a log record in the documented format (a JSON object under
+    --json, `TIME LEVEL LOGGER: MESSAGE` otherwise), the library's traceback never; the monitor
+    goes on serving."""
+    from tests.support.harness import ROOT, as_from_a_terminal
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JOB__", "AGENT_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    db = f"sqlite:///{tmp_path / 'agent.db'}"
+    subprocess.run([sys.executable, "-m", "shared.cli", "--db", db, "init-db"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True, timeout=60)
+    flags = ["--json"] if form == "--json" else []
+    process = subprocess.Popen([sys.executable, "-m", "shared.cli", "--db", db, "-v", *flags, "monitor", "--port", "0"],
+                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, preexec_fn=as_from_a_terminal)
+    try:
+        if form == "--json":
+            port = json.loads(process.stdout.readline())["port"]
+        else:
+            announced = process.stderr.readline()
+            port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", announced).group(1))
+        _hostile_clients(port)
+        assert get(port, "/?format=json")[0] == 200           # still serving
+        time.sleep(0.5)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 0, err[-2000:]
+    lines = err.splitlines()
+    assert "Traceback" not in err and "Exception occurred" not in err, err[-3000:]
+    assert any("went away" in line for line in lines), err[-2000:]
+    if form == "--json":
+        assert out == ""
+        for line in lines:
+            record = json.loads(line)
+            assert set(record) >= {"time", "level", "logger", "message"}, line
+    else:
+        records = [line for line in lines if line != "monitor stopped"]
+        for line in records:
+            assert TEXT_RECORD.match(line), line
+        assert lines[-1] == "monitor stopped"
+
+
+def test_a_client_that_stalls_is_let_go_after_the_timeout_and_logged_as_a_record(served, caplog, monkeypatch):
+    server, port = served
+    monkeypatch.setattr(server.RequestHandlerClass, "timeout", 0.5)
+    with caplog.at_level(logging.INFO, logger="shared.web.local_server"):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+            connection.sendall(b"GET / HTTP/1.1\r\n")            # and then nothing
+            started = time.monotonic()
+            assert connection.recv(1024) == b""                  # the server closed it
+            assert time.monotonic() - started < 5
+        deadline = time.monotonic() + 5
+        while not any("timed out" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert any(r.name == "shared.web.local_server" and "timed out" in r.getMessage() for r in caplog.records), \
+        [r.getMessage() for r in caplog.records]
+    assert get(port, "/?format=json")[0] == 200

@@ -140,22 +140,126 @@ def test_step_events_carry_the_step_and_its_output(db_url, appinsights_endpoint)
         agent.close()
 
 
-def test_notices_the_postgresql_driver_cuts_are_recorded_as_cut(pg_url):
-    """psqlODBC keeps about 32 KB of one statement's notices (a 16-bit length) and drops the rest
-    without an error: a step whose notices reach that size says its output was cut, and one that
-    stays under it does not."""
-    chatty = "DO $$ BEGIN FOR i IN 1..{n} LOOP RAISE NOTICE '%', repeat('x', 100); END LOOP; END $$"
-    agent = make_agent(pg_url, {"big": {"SCHEDULE": _once(), "COMMAND": chatty.format(n=300)},
-                                "small": {"SCHEDULE": _once(), "COMMAND": chatty.format(n=30)}},
+# A DO block raising notices: n of `width` characters (after a numbered "small" ones when given).
+def _chatty(n: int, width: int, small: int = 0) -> str:
+    return ("DO $$ BEGIN FOR i IN 1..%d LOOP RAISE NOTICE 'small %%', i; END LOOP; "
+            "FOR i IN 1..%d LOOP RAISE NOTICE '%%', rpad(i::text, %d, 'x'); END LOOP; END $$") % (small, n, width)
+
+
+# (job SQL, notices that arrive whole (None: some are cut), whether the note is expected)
+NOTICE_CASES = {
+    # psqlODBC's 16-bit length wraps: 600 notices (65,399 characters) arrive as none or a few.
+    "600 notices": (_chatty(600, 100), None, True),
+    # One notice past 32 KB: nothing arrives (40,000) or its first 4,472 characters (70,000).
+    "one 40,000-character notice": (_chatty(1, 40_000), None, True),
+    "one 70,000-character notice": (_chatty(1, 70_000), None, True),
+    "many small and one big": (_chatty(1, 40_000, small=50), None, True),
+    # A procedure's, and a batch's last statement's.
+    "a procedure's 600 notices": ("CALL chatty_procedure(600)", None, True),
+    "after other statements": ("CREATE TEMP TABLE scratch (x int); INSERT INTO scratch VALUES (1); "
+                               + _chatty(600, 100), None, True),
+    # Just under the driver's limit (32,699 characters): every notice arrives, nothing to say.
+    "300 notices": (_chatty(300, 100), 300, False),
+    "30 notices": (_chatty(30, 100), 30, False),
+}
+
+
+def _job(case: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in case)
+
+
+def test_notices_the_postgresql_driver_drops_are_recorded_as_cut_with_what_was_kept(pg_url):
+    """psqlODBC drops a statement's notices past 32 KB without an error, and its length field wraps,
+    so the size of what arrived says nothing (600 notices arrive as 2, or none): the agent ends the
+    batch with a notice of its own, and when that did not arrive says the output was cut and how
+    many notices and characters it kept (issue 34, item 10). Each notice is one line."""
+    agent = make_agent(pg_url, {_job(name): {"SCHEDULE": _once(), "COMMAND": sql}
+                                for name, (sql, _, _) in NOTICE_CASES.items()},
                        AGENT_STEP_OUTPUT_MAX_BYTES="1000000")
+    execute(agent, "CREATE PROCEDURE chatty_procedure(n int) LANGUAGE plpgsql AS $$ BEGIN FOR i IN 1..n LOOP "
+                   "RAISE NOTICE '%', rpad(i::text, 100, 'x'); END LOOP; END $$")
     try:
         agent.tick(datetime.now(UTC))
         work(agent)
-        _, ((_, outcome, big),) = _outputs(agent, "big")
-        assert outcome == "succeeded"
-        assert any(line.startswith("[output cut by the PostgreSQL ODBC driver after 3") for line in big.splitlines())
-        assert big.count("NOTICE:") >= 250
-        _, ((_, _, small),) = _outputs(agent, "small")
-        assert small.count("NOTICE:") == 30 and "output cut" not in small
+        for name, (_, whole, cut) in NOTICE_CASES.items():
+            run, ((_, outcome, output),) = _outputs(agent, _job(name))
+            assert outcome == "succeeded", (name, run)
+            lines = (output or "").splitlines()
+            notices = [line for line in lines if line.startswith("NOTICE: ")]
+            notes = [line for line in lines if line.startswith("[output cut")]
+            assert not any("agent-output-end" in line for line in lines), name
+            if cut:
+                (note,) = notes
+                assert note.startswith("[output cut by the PostgreSQL ODBC driver"), (name, note)
+                kept = sum(len(line) for line in notices)
+                assert f" {len(notices)} notice(s) of {kept} characters kept" in note, (name, note, len(notices))
+                assert lines[-1] == note, name
+            else:
+                assert notes == [] and len(notices) == whole, (name, len(notices), notes)
+                assert notices[-1].startswith(f"NOTICE: {whole}x") and len(notices[-1]) == len("NOTICE: ") + 100
     finally:
+        agent.close()
+
+
+def test_a_job_run_as_its_owner_says_when_its_notices_were_cut(pg_url):
+    """The same for a job that runs as the principal that defined it (its SQL runs inside a
+    function of that owner's): 600 notices get the note, 30 arrive whole without it."""
+    import uuid
+
+    from tests.support.harness import pg_admin_connection
+
+    agent = make_agent(pg_url, AGENT_STEP_OUTPUT_MAX_BYTES="1000000")
+    role = f"owner_{uuid.uuid4().hex[:8]}"
+    admin = pg_admin_connection()
+    admin.cursor().execute(f'CREATE ROLE "{role}"')
+    try:
+        store = agent.store()
+        for sql, cut, whole in ((_chatty(600, 100), True, None), (_chatty(30, 100), False, 30)):
+            with store.transaction(immediate=False):
+                output = store.run_script(sql, owner=role)
+            notices = [line for line in output if line.startswith("NOTICE: ")]
+            notes = [line for line in output if line.startswith("[output cut")]
+            if cut:
+                assert len(notes) == 1 and notes[0].startswith("[output cut by the PostgreSQL ODBC driver"), output[-3:]
+            else:
+                assert notes == [] and len(notices) == whole, output[-3:]
+    finally:
+        agent.close()
+        execute(make_agent(pg_url), f'DROP OWNED BY "{role}"')
+        admin.cursor().execute(f'DROP ROLE IF EXISTS "{role}"')
+        admin.close()
+
+
+def test_output_exactly_at_the_cap_is_whole_and_one_byte_over_is_cut(db_url):
+    """AGENT_STEP_OUTPUT_MAX_BYTES: output of exactly that many bytes is kept without a note; one
+    byte more is cut with `[output cut at N bytes of M]`, on every dialect (SQLite's row counts,
+    PostgreSQL's notices and row counts)."""
+    # (Not a DO block on PostgreSQL: psqlODBC reports a DO's row count as whatever its memory held.)
+    command = sql_for(db_url, "UPDATE items SET n = n + 1; UPDATE items SET n = n + 1",
+                      "SELECT say('héllo ✓'); UPDATE items SET n = n + 1",
+                      "PRINT N'héllo ✓'; UPDATE items SET n = n + 1")
+    measured = make_agent(db_url, {"measure": {"SCHEDULE": _once(), "COMMAND": command}})
+    if measured.target.dialect == "postgres":
+        execute(measured, "CREATE FUNCTION say(t text) RETURNS int LANGUAGE plpgsql AS $$ BEGIN "
+                          "RAISE NOTICE '%', t; RETURN 1; END $$")
+    execute(measured, "CREATE TABLE items (n INT)")
+    execute(measured, "INSERT INTO items VALUES (1)")
+    measured.tick(datetime.now(UTC))
+    work(measured)
+    _, ((_, _, whole),) = _outputs(measured, "measure")
+    size = len(whole.encode("utf-8"))
+    assert "[output cut" not in whole and size > 10
+    if measured.target.dialect == "postgres":
+        assert "NOTICE: héllo ✓" in whole.splitlines()
+    measured.close()
+    for cap, cut in ((size, False), (size - 1, True)):
+        agent = make_agent(db_url, {f"cap_{cap}": {"SCHEDULE": _once(), "COMMAND": command}},
+                           AGENT_STEP_OUTPUT_MAX_BYTES=str(cap))
+        agent.tick(datetime.now(UTC))
+        work(agent)
+        _, ((_, _, output),) = _outputs(agent, f"cap_{cap}")
+        if cut:
+            assert output.endswith(f"\n[output cut at {cap} bytes of {size}]"), output
+        else:
+            assert output == whole
         agent.close()

@@ -575,24 +575,26 @@ LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
 LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1;
 
 -- claim_runs --
--- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened.
+-- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock).
 -- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
 -- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
 UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
+-- The claim's one time, read once the lock is held: what was committed before it is runnable by it.
+DECLARE @now DATETIME2(6) = COALESCE(CAST(:now AS DATETIME2(6)), SYSUTCDATETIME());
 DECLARE @claimed TABLE (decision NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
                         command NVARCHAR(MAX), target_database NVARCHAR(128), attempt INT, failures INT,
                         max_attempts INT, lapses INT, transient_errors INT, token BIGINT, timeout_seconds INT,
                         lease_seconds INT, operation_id NVARCHAR(32), scheduled_for DATETIME2(6),
                         runnable_at DATETIME2(6), started_at DATETIME2(6), note NVARCHAR(MAX), step INT,
                         steps NVARCHAR(MAX));
-UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
+UPDATE r SET status = N'skipped', finished_at = @now, lease_expires_at = NULL,
     note = CASE
         WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
              SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running')
         THEN N'overlap: the previous run of this job was still running; policy skip'
         WHEN EXISTS (
              SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
-               AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
+               AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= @now
                AND n.status NOT IN (N'skipped', N'cancelled'))
         THEN N'misfire: a later slot of this job is due too; caught up once, with the latest'
         WHEN EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name AND j.misfire = N'skip')
@@ -604,26 +606,26 @@ OUTPUT N'skipped', inserted.run_id, inserted.job_name, inserted.kind, inserted.c
        inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note, inserted.step,
        inserted.steps INTO @claimed
 FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
-WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6)) AND r.job_name IS NOT NULL
+WHERE r.status = N'pending' AND r.runnable_at <= @now AND r.job_name IS NOT NULL
   AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running'))
        OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND (
             EXISTS (SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
-                      AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
+                      AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= @now
                       AND n.status NOT IN (N'skipped', N'cancelled'))
             OR EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
                          AND (j.misfire = N'skip'
-                              OR DATEADD(second, j.grace_seconds, r.scheduled_for) < CAST(:now AS DATETIME2(6)))))));
+                              OR DATEADD(second, j.grace_seconds, r.scheduled_for) < @now)))));
 -- Picked with TOP and ORDER BY in a subselect, the UPDATE keyed on it, as in dispatch_runs (the
 -- same locks, the same reference; Babelfish refuses an UPDATE through a CTE).
 UPDATE agent.runs SET
     status = N'running',
     token = token + 1,
     attempt = attempt + 1,
-    dispatched_at = CAST(:now AS DATETIME2(6)),
-    started_at = CAST(:now AS DATETIME2(6)),
-    heartbeat_at = CAST(:now AS DATETIME2(6)),
-    lease_expires_at = DATEADD(second, lease_seconds, CAST(:now AS DATETIME2(6))),
+    dispatched_at = @now,
+    started_at = @now,
+    heartbeat_at = @now,
+    lease_expires_at = DATEADD(second, lease_seconds, @now),
     worker = CAST(:worker AS NVARCHAR(200)),
     dequeue_count = NULL
 OUTPUT N'start', inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
@@ -631,16 +633,16 @@ OUTPUT N'start', inserted.run_id, inserted.job_name, inserted.kind, inserted.com
        inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
        inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note, inserted.step,
        inserted.steps INTO @claimed
-WHERE status = N'pending' AND runnable_at <= CAST(:now AS DATETIME2(6)) AND run_id IN (
+WHERE status = N'pending' AND runnable_at <= @now AND run_id IN (
     SELECT TOP ((SELECT CASE WHEN cap.free > CAST(:batch AS INT) THEN CAST(:batch AS INT)
                              WHEN cap.free > 0 THEN cap.free ELSE 0 END
                  FROM (SELECT CAST(:max_concurrency AS INT)
                              - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running' AND f.awaiting_targets = 0)
                              - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'queued'
-                                   AND f.runnable_at <= CAST(:now AS DATETIME2(6))) AS free) AS cap))
+                                   AND f.runnable_at <= @now) AS free) AS cap))
            c.run_id
     FROM agent.runs AS c WITH (UPDLOCK, READPAST, ROWLOCK)
-    WHERE c.status = N'pending' AND c.runnable_at <= CAST(:now AS DATETIME2(6))
+    WHERE c.status = N'pending' AND c.runnable_at <= @now
       AND NOT (c.task_order IS NOT NULL AND EXISTS (
             SELECT 1 FROM agent.runs AS t
             WHERE t.kind = N'task' AND t.task_order < c.task_order AND t.status IN (N'pending', N'queued', N'running')))
@@ -649,12 +651,12 @@ WHERE status = N'pending' AND runnable_at <= CAST(:now AS DATETIME2(6)) AND run_
             WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
               AND ((c.overlap = N'queue' AND o.status = N'running')
                    OR (o.status IN (N'pending', N'queued')
-                       AND (c.overlap = N'queue' OR o.runnable_at <= CAST(:now AS DATETIME2(6)))
+                       AND (c.overlap = N'queue' OR o.runnable_at <= @now)
                        AND (o.scheduled_for < c.scheduled_for
                             OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
     ORDER BY c.runnable_at, c.run_id);
 INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
-SELECT s.run_id, s.attempt, s.token, CAST(:worker AS NVARCHAR(200)), NULL, CAST(:now AS DATETIME2(6)), N'running'
+SELECT s.run_id, s.attempt, s.token, CAST(:worker AS NVARCHAR(200)), NULL, @now, N'running'
 FROM @claimed AS s WHERE s.decision = N'start';
 SELECT s.decision, s.run_id, s.job_name, s.kind, s.command, s.target_database, s.attempt, s.failures,
        s.max_attempts, s.lapses, s.transient_errors, s.token, s.timeout_seconds, s.lease_seconds, s.operation_id,

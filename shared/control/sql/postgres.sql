@@ -297,12 +297,12 @@ SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c
 FROM agent.start_run(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:max_concurrency AS INT), CAST(:run_id AS BIGINT), CAST(:token AS BIGINT), CAST(:worker AS VARCHAR), CAST(:dequeue_count AS INT)) AS c;
 
 -- claim_runs --
--- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. owner: whom the run's SQL runs as ('' the agent's user); NULL when this statement's snapshot, taken before the function's own, cannot see the run (a fleet execution another worker created meanwhile): the executor then asks run_owner. (agent.claim_runs, a function of migration 0002, replaced in 0006: planned once per session.)
+-- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock). owner: whom the run's SQL runs as ('' the agent's user); NULL when this statement's snapshot, taken before the function's own, cannot see the run (a fleet execution another worker created meanwhile): the executor then asks run_owner. (agent.claim_runs, a function of migration 0002, replaced in 0006: planned once per session.)
 SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds,
        (SELECT COALESCE(r.owner, j.owner, '') FROM agent.runs r LEFT JOIN agent.runs p ON p.run_id = r.parent_run_id
         LEFT JOIN agent.jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
         WHERE r.run_id = c.run_id) AS owner
-FROM agent.claim_runs(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:batch AS INT), CAST(:max_concurrency AS INT), CAST(:worker AS VARCHAR)) AS c
+FROM agent.claim_runs(COALESCE(CAST(:now AS TIMESTAMP), CAST(clock_timestamp() AT TIME ZONE 'UTC' AS TIMESTAMP)), CAST(:late_cutoff AS TIMESTAMP), CAST(:batch AS INT), CAST(:max_concurrency AS INT), CAST(:worker AS VARCHAR)) AS c
 ORDER BY c.runnable_at, c.run_id;
 
 -- next_runnable_at --

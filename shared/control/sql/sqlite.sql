@@ -392,10 +392,12 @@ SELECT d.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r
 FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id;
 
 -- claim_runs --
--- Local runner: under SQLite's write lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent_runs (task order, overlap, the cap), each with a new token and its attempt opened.
+-- Local runner: under SQLite's write lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent_runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock), read once for the whole claim (temp.agent_claim_time).
 CREATE TEMP TABLE IF NOT EXISTS agent_decisions (run_id INTEGER PRIMARY KEY, decision TEXT NOT NULL);
 DELETE FROM temp.agent_decisions;
-UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL,
+CREATE TEMP TABLE IF NOT EXISTS agent_claim_time (id INTEGER PRIMARY KEY CHECK (id = 1), now TEXT NOT NULL);
+INSERT OR REPLACE INTO temp.agent_claim_time (id, now) VALUES (1, COALESCE(:now, strftime('%Y-%m-%d %H:%M:%f', 'now')));
+UPDATE agent_runs SET status = 'skipped', finished_at = (SELECT now FROM temp.agent_claim_time), lease_expires_at = NULL,
     note = CASE
         WHEN agent_runs.job_name IS NOT NULL AND agent_runs.overlap = 'skip' AND EXISTS (
              SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
@@ -403,23 +405,23 @@ UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at =
         THEN 'overlap: the previous run of this job was still running; policy skip'
         WHEN EXISTS (
              SELECT 1 FROM agent_runs n WHERE n.job_name = agent_runs.job_name AND n.kind = 'scheduled'
-               AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= :now
+               AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= (SELECT now FROM temp.agent_claim_time)
                AND n.status NOT IN ('skipped', 'cancelled'))
         THEN 'misfire: a later slot of this job is due too; caught up once, with the latest'
         WHEN EXISTS (SELECT 1 FROM agent_jobs j WHERE j.job_name = agent_runs.job_name AND j.misfire = 'skip')
         THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
         ELSE 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
-WHERE status = 'pending' AND runnable_at <= :now AND job_name IS NOT NULL
+WHERE status = 'pending' AND runnable_at <= (SELECT now FROM temp.agent_claim_time) AND job_name IS NOT NULL
   AND ((job_name IS NOT NULL AND overlap = 'skip' AND EXISTS (
             SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
               AND o.status = 'running'))
        OR (kind = 'scheduled' AND scheduled_for < :late_cutoff AND (
             EXISTS (SELECT 1 FROM agent_runs n WHERE n.job_name = agent_runs.job_name AND n.kind = 'scheduled'
-                      AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= :now
+                      AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= (SELECT now FROM temp.agent_claim_time)
                       AND n.status NOT IN ('skipped', 'cancelled'))
             OR EXISTS (SELECT 1 FROM agent_jobs j WHERE j.job_name = agent_runs.job_name
                          AND (j.misfire = 'skip'
-                              OR julianday(agent_runs.scheduled_for) + j.grace_seconds / 86400.0 < julianday(:now))))))
+                              OR julianday(agent_runs.scheduled_for) + j.grace_seconds / 86400.0 < julianday((SELECT now FROM temp.agent_claim_time)))))))
 RETURNING 'skipped' AS decision, run_id, job_name, kind, command, target_database, attempt, failures,
           max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds,
           operation_id, scheduled_for, runnable_at, started_at, note, step, steps, parent_run_id, parent_token,
@@ -427,7 +429,7 @@ RETURNING 'skipped' AS decision, run_id, job_name, kind, command, target_databas
 INSERT INTO temp.agent_decisions (run_id, decision)
 SELECT run_id, 'start' FROM (
     SELECT c.run_id FROM agent_runs c
-    WHERE c.status = 'pending' AND c.runnable_at <= :now
+    WHERE c.status = 'pending' AND c.runnable_at <= (SELECT now FROM temp.agent_claim_time)
       AND NOT (c.task_order IS NOT NULL AND EXISTS (
             SELECT 1 FROM agent_runs t
             WHERE t.kind = 'task' AND t.task_order < c.task_order AND t.status IN ('pending', 'queued', 'running')))
@@ -436,26 +438,26 @@ SELECT run_id, 'start' FROM (
             WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
               AND ((c.overlap = 'queue' AND o.status = 'running')
                    OR (o.status IN ('pending', 'queued')
-                       AND (c.overlap = 'queue' OR o.runnable_at <= :now)
+                       AND (c.overlap = 'queue' OR o.runnable_at <= (SELECT now FROM temp.agent_claim_time))
                        AND (o.scheduled_for < c.scheduled_for
                             OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
     ORDER BY c.runnable_at, c.run_id
     LIMIT min(:batch, max(0, :max_concurrency - (
         (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'running' AND f.awaiting_targets = 0)
-        + (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'queued' AND f.runnable_at <= :now)))));
+        + (SELECT COUNT(*) FROM agent_runs f WHERE f.status = 'queued' AND f.runnable_at <= (SELECT now FROM temp.agent_claim_time))))));
 UPDATE agent_runs SET
     status = 'running',
     token = token + 1,
     attempt = attempt + 1,
-    dispatched_at = :now,
-    started_at = :now,
-    heartbeat_at = :now,
-    lease_expires_at = strftime('%Y-%m-%d %H:%M:%f', julianday(:now) + lease_seconds / 86400.0),
+    dispatched_at = (SELECT now FROM temp.agent_claim_time),
+    started_at = (SELECT now FROM temp.agent_claim_time),
+    heartbeat_at = (SELECT now FROM temp.agent_claim_time),
+    lease_expires_at = strftime('%Y-%m-%d %H:%M:%f', julianday((SELECT now FROM temp.agent_claim_time)) + lease_seconds / 86400.0),
     worker = :worker,
     dequeue_count = NULL
 WHERE run_id IN (SELECT run_id FROM temp.agent_decisions WHERE decision = 'start');
 INSERT INTO agent_attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
-SELECT r.run_id, r.attempt, r.token, :worker, NULL, :now, 'running'
+SELECT r.run_id, r.attempt, r.token, :worker, NULL, (SELECT now FROM temp.agent_claim_time), 'running'
 FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id;
 SELECT d.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
        r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
