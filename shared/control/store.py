@@ -119,8 +119,9 @@ class Store:
                     connection.close()   # under the lock: never while cancel() is using it
         if connection is None or self.pool is None:
             return
-        # A cancel() in flight held the lock: none can reach this connection any more.
-        if keep and not (self.dialect == "sqlite" and getattr(connection, "in_transaction", False)):
+        # A cancel() in flight held the lock: none can reach this connection any more. The pool
+        # refuses one that is still inside a transaction (ConnectionPool.give).
+        if keep:
             self.pool.give(self.kind, connection)
         else:
             self.pool.discard(self.kind, connection)
