@@ -33,7 +33,7 @@ class Tally:
     commits: int = 0
     rollbacks: int = 0
     bytes_sent: int = 0
-    connects: int = 0
+    connections: int = 0          # connections counted: opened since, or idle in the pool then
     statements: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -139,13 +139,15 @@ def count_connections(agent: Any, tally: Tally) -> None:
 
     def open_counted() -> CountingConnection:
         with tally.lock:
-            tally.connects += 1
+            tally.connections += 1
         return CountingConnection(opener(), tally)
 
     with pool._cond:
         pool._connect = open_counted
         for kind, idle in pool._idle.items():
             pool._idle[kind] = [(CountingConnection(connection, tally), since) for connection, since in idle]
+            with tally.lock:
+                tally.connections += len(idle)
 
 
 # ---------------------------------------------------------------- T-SQL without a server
