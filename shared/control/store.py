@@ -10,6 +10,7 @@ import contextlib
 import json
 import re
 import sqlite3
+import sys
 import threading
 import time
 import uuid
@@ -128,7 +129,12 @@ class Store:
 
     def __del__(self) -> None:
         # A store dropped with a pooled connection (its thread ended without releasing it):
-        # the place in AGENT_MAX_CONNECTIONS is freed, the connection closed.
+        # the place in AGENT_MAX_CONNECTIONS is freed, the connection closed. Not while the
+        # interpreter is exiting: a daemon thread (the pool's reaper, woken by a discard) freezes
+        # there holding the pool's lock, and the next discard waited for it forever (a CLI
+        # command that never exited); the process's end closes its connections anyway.
+        if sys.is_finalizing():
+            return
         connection = getattr(self, "_connection", None)
         pool = getattr(self, "pool", None)
         if connection is not None and pool is not None:
