@@ -69,10 +69,10 @@ class Store:
         # commit_with() ran the open transaction's last calls: nothing more runs in it, and on
         # PostgreSQL (whose batch committed it) transaction() does not commit it again.
         self._transaction_ended = False
-        # PostgreSQL: when the transaction a job's SQL ran in began (microseconds since the epoch,
-        # read in the job's own batch), for check_work_transaction; None when there is nothing to
-        # compare (no job ran in this transaction, or it ran where it cannot end one).
-        self.work_began: int | None = None
+        # PostgreSQL: the id of the transaction a job's SQL ran in (taken in the job's own batch,
+        # before the job), for check_work_transaction; None when there is nothing to compare (no
+        # job ran in this transaction, or it ran where it cannot end one).
+        self.work_transaction: int | None = None
         # Guards _active_cursor: cancel() (another thread) never touches a cursor being closed.
         self._lock = threading.Lock()
         # Round trips sent (one per statement batch) and commits: the benchmark's counters.
@@ -359,7 +359,7 @@ class Store:
         if self._in_transaction:
             raise AgentError("nested transactions are not supported")
         connection = self.connection
-        self.work_began = None
+        self.work_transaction = None
         if self.dialect == "sqlite":
             connection.execute("BEGIN IMMEDIATE" if immediate else "BEGIN DEFERRED")
         elif self.dialect == "postgres":
@@ -504,13 +504,12 @@ class Store:
             else:
                 # Agent statements wait 30 s for a lock at most; the job's own SQL waits as long
                 # as its timeout allows; both SET LOCALs end with the transaction (and
-                # reset_session resets the role before the agent's own statements). First, when
-                # the job's transaction began: check_work_transaction, in the completion's batch,
+                # reset_session resets the role before the agent's own statements). First, the
+                # id of the job's transaction: check_work_transaction, in the completion's batch,
                 # compares it with the transaction the completion runs in (its SQL ended it, or not).
-                prefix = ["SELECT " + PG_TRANSACTION_BEGAN + " AS agent_began;\n",
-                          "SET LOCAL lock_timeout = 0;\n"]
+                prefix = ["SELECT txid_current() AS agent_transaction;\n", "SET LOCAL lock_timeout = 0;\n"]
                 cursor.execute("".join(prefix) + sql)
-                began = int(cursor.fetchone()[0])
+                transaction = int(cursor.fetchone()[0])
                 notices = [0]
                 drained = False
                 for _ in prefix:   # past the agent's own statements
@@ -522,7 +521,7 @@ class Store:
                 if not drained:
                     drain_results(cursor, output, notices)
                 _note_cut_notices(notices, output)
-                self.work_began = began
+                self.work_transaction = transaction
                 return output
             drain_results(cursor, output)
         finally:
@@ -727,9 +726,6 @@ def mssql_job_batch(job_principal: str | None) -> str:
     return "SET LOCK_TIMEOUT -1;\n" + nest + run + unnest + "SET LOCK_TIMEOUT 30000;"
 
 
-# When the current transaction began, in microseconds since the epoch: a number no session
-# setting of the job's (TimeZone, DateStyle, extra_float_digits) renders differently.
-PG_TRANSACTION_BEGAN = "CAST(extract(epoch FROM transaction_timestamp()) * 1000000 AS bigint)"
 MSSQL_REFUSED = ("the job's SQL may not end the agent's transaction (a COMMIT or ROLLBACK in it changed "
                  "@@TRANCOUNT): nothing it did is kept")
 

@@ -17,9 +17,9 @@ Each dialect refuses it, before it can take effect:
   TRANSACTION``, or ``PREPARE TRANSACTION`` is refused before any of it runs. Procedures and
   ``DO`` blocks cannot end the transaction at all: PostgreSQL refuses a ``COMMIT`` in them
   inside a transaction block ("invalid transaction termination"). A way around this reader
-  still fails the attempt: the batch that runs the job first reads when its transaction began,
-  and the completion's batch (check_work_transaction) refuses to record a success in any other
-  transaction, before its COMMIT.
+  still fails the attempt: the batch that runs the job first takes its transaction's id, and the
+  completion's batch (check_work_transaction) refuses to record a success in any other
+  transaction (a chained one too: ``COMMIT AND CHAIN``), before its COMMIT.
 * **SQL Server / Azure SQL**: the job runs through ``sp_executesql`` inside one more nested
   ``BEGIN TRANSACTION``, so a ``COMMIT`` in it only decrements ``@@TRANCOUNT`` and commits
   nothing; a changed ``@@TRANCOUNT`` afterwards (a ``COMMIT`` or ``ROLLBACK`` in the job) fails

@@ -157,10 +157,10 @@ class RunEndings:
         if reset:
             calls.append(("reset_session", {}))
             # The job worked in this transaction: it must still be active (on SQL Server its SQL can
-            # commit, roll back or doom it; on PostgreSQL it must be the transaction the job began
+            # commit, roll back or doom it; on PostgreSQL it must be the transaction the job ran
             # in). Not after work in another database: the completion then opens the control
             # database's transaction itself.
-            calls.append(("check_work_transaction", {"began": store.work_began}))
+            calls.append(("check_work_transaction", {"work_transaction": store.work_transaction}))
         position = len(calls)
         if step is None:
             calls.append(("finish_run", {"run_id": run["run_id"], "token": run["token"], "now": now}))

@@ -356,8 +356,8 @@ DUMMY_VALUES.update({
 })
 # Issue 27 (pause and resume).
 DUMMY_VALUES.update({"paused_by": "p", "paused_until": None})
-# Issue 35 (the hot path): when the job's transaction began (NULL: nothing to compare).
-DUMMY_VALUES.update({"began": None})
+# Issue 35 (the hot path): the id of the job's transaction (NULL: nothing to compare).
+DUMMY_VALUES.update({"work_transaction": None})
 # Issue 16 (fleet jobs).
 DUMMY_VALUES.update({
     "pool": "p", "targets": [], "parallelism": 8, "next_on_success": 0, "next_on_failure": -1,

@@ -765,8 +765,8 @@ WHERE notification_id = :notification_id AND claim_token = :claim_token
 RETURNING notification_id;
 
 -- check_work_transaction --
--- Before the success of a job or step that worked in the agent's own transaction is recorded there: the job's SQL was refused before it ran if it had a COMMIT, ROLLBACK or the like at its top level (shared/control/transaction_control.py); here, in the completion's batch, the transaction must still be the one the job began in (:began, read in the job's own batch by Store.run_script; NULL: nothing to compare), else an error (SQLSTATE AG002). (agent.check_work_transaction, a function of migration 0012.)
-SELECT active FROM agent.check_work_transaction(CAST(:began AS BIGINT));
+-- Before the success of a job or step that worked in the agent's own transaction is recorded there: the job's SQL was refused before it ran if it had a COMMIT, ROLLBACK or the like at its top level (shared/control/transaction_control.py); here, in the completion's batch, the transaction must still be the one the job ran in (:work_transaction, its id, taken in the job's own batch by Store.run_script; NULL: nothing to compare), else an error (SQLSTATE AG002). (agent.check_work_transaction, a function of migration 0012.)
+SELECT active FROM agent.check_work_transaction(CAST(:work_transaction AS BIGINT));
 
 -- purge_notifications --
 -- Retention, a bounded batch per tick (with purge_history): notifications delivered or given up older than AGENT_HISTORY_RETENTION_DAYS; one row back with the count.

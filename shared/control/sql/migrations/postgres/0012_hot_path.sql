@@ -11,7 +11,9 @@
 --   row: the completion can then end its batch with COMMIT (one round trip, not two), a zombie's
 --   batch stopping at the fence before it commits anything.
 -- * agent.check_work_transaction: the job's SQL did not end the agent's transaction (SQLSTATE
---   AG002), checked in the completion's batch (it was a round trip of its own after the job).
+--   AG002), checked in the completion's batch (it was a round trip of its own after the job), by
+--   the transaction's id: a transaction chained to the one the job ended (COMMIT AND CHAIN) began
+--   at the same statement time, which the check compared until now.
 
 DROP FUNCTION agent.claim_runs(timestamp, timestamp, int, int, varchar);
 CREATE FUNCTION agent.claim_runs(p_now timestamp, p_late_cutoff timestamp, p_batch int, p_max_concurrency int, p_worker varchar)
@@ -218,16 +220,16 @@ BEGIN
 END
 $$;
 
--- The job's SQL ran in the agent's transaction, which must still be the one it began in
--- (p_began: when it began, read in the batch that ran the job; NULL: nothing to compare, the
--- job ran where it cannot end a transaction). The job's own statements cannot forge this: the
--- value compared comes from the agent, and a transaction's start time is the server's.
-CREATE FUNCTION agent.check_work_transaction(p_began bigint)
+-- The job's SQL ran in the agent's transaction, which must still be the one it ran in
+-- (p_work_transaction: its id, txid_current(), taken in the batch that ran the job, before the
+-- job; NULL: nothing to compare, the job ran where it cannot end a transaction). Every
+-- transaction has an id of its own, a chained one too; the job's statements cannot forge it: the
+-- value compared comes from the agent, the id from the server.
+CREATE FUNCTION agent.check_work_transaction(p_work_transaction bigint)
 RETURNS TABLE (active int)
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF p_began IS NOT NULL
-       AND p_began <> CAST(extract(epoch FROM transaction_timestamp()) * 1000000 AS bigint) THEN
+    IF p_work_transaction IS NOT NULL AND p_work_transaction <> txid_current() THEN
         RAISE EXCEPTION USING ERRCODE = 'AG002',
             MESSAGE = 'agent: the job''s SQL ended the agent''s transaction (a COMMIT or ROLLBACK got past the '
                       'agent''s check): the attempt fails; what the SQL committed before that stays committed';
