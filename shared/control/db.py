@@ -242,6 +242,20 @@ def _postgres_session(opener: Callable[[], Any]) -> Callable[[], Any]:
     return open_session
 
 
+def transaction_open(dialect: str) -> Callable[[Any], bool]:
+    """Whether a connection of ``dialect`` that is not in a Store.transaction() has a transaction
+    open anyway (the pool refuses it), asked of the driver without a round trip. SQLite knows;
+    a PostgreSQL connection outside Store.transaction() is in autocommit mode (_postgres_session),
+    so one that is not may have begun one; SQL Server connections are never in autocommit mode
+    (the Store commits every statement, and discards a connection released inside its
+    transaction), so the driver cannot tell, and the Store's own bookkeeping stands alone."""
+    if dialect == "sqlite":
+        return lambda connection: bool(connection.in_transaction)
+    if dialect == "postgres":
+        return lambda connection: not connection.autocommit
+    return lambda connection: False
+
+
 def _sql_server_session(opener: Callable[[], Any]) -> Callable[[], Any]:
     """SQL Server sessions run with XACT_ABORT ON (any error aborts the whole transaction, so a
     failed batch can never leave half its work to be committed by a later statement), NOCOUNT

@@ -22,6 +22,11 @@ goes through one ConnectionPool, which never holds more than AGENT_MAX_CONNECTIO
   reserved share refused gets an idle work connection closed for it). With none of its share
   open, the taker tries again after each pause, for up to AGENT_CONNECT_RETRY_SECONDS, then
   raises the refusal.
+* **Never a connection inside a transaction.** A connection given back with a transaction open
+  (``in_transaction``: the dialect's own test, without a round trip) is closed, not lent again:
+  the next taker would run its statements inside that transaction and hold its locks (the start
+  lock: every other worker waits on it), and the server rolls back what a closed connection
+  left. That is a bug of the caller's, logged as an error.
 """
 
 from __future__ import annotations
@@ -89,11 +94,13 @@ class ConnectionPool:
 
     def __init__(self, connect: Callable[[], Any], limit: int, *, idle_seconds: float = IDLE_SECONDS,
                  retry_seconds: float = 90.0, close: Callable[[Any], None] | None = None,
-                 monotonic: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
+                 in_transaction: Callable[[Any], bool] | None = None) -> None:
         if limit < MIN_CONNECTIONS:
             raise ValueError(f"a connection pool needs at least {MIN_CONNECTIONS} connections, not {limit}")
         self._connect = connect
         self._close_raw = close or _close
+        self._in_transaction = in_transaction or (lambda connection: False)
         self.limit = limit
         self.idle_seconds = idle_seconds
         self.retry_seconds = retry_seconds
@@ -114,6 +121,7 @@ class ConnectionPool:
         self.peak = 0
         self.opened = 0
         self.refusals = 0
+        self.refused_back = 0    # connections given back inside a transaction (closed instead)
 
     # ------------------------------------------------------------ lending
 
@@ -189,7 +197,19 @@ class ConnectionPool:
             return connection
 
     def give(self, kind: str, connection: Any) -> None:
-        """Back to the pool, for the next taker (closed after ``idle_seconds`` unused)."""
+        """Back to the pool, for the next taker (closed after ``idle_seconds`` unused); closed
+        instead when it is inside a transaction (see the module's docstring)."""
+        try:
+            open_transaction = self._in_transaction(connection)
+        except Exception:  # noqa: BLE001 - a connection that cannot say is not lent again either
+            open_transaction = True
+        if open_transaction:
+            with self._cond:
+                self.refused_back += 1
+            log.error("a %s connection to the control database was given back inside a transaction: closed "
+                      "instead of lent again (the server rolls back what it held)", kind)
+            self.discard(kind, connection)
+            return
         with self._cond:
             if kind == WORK and self._room_wanted > 0 and not self._closed:
                 self._room_wanted -= 1

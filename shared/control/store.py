@@ -10,6 +10,7 @@ import contextlib
 import json
 import re
 import sqlite3
+import sys
 import threading
 import time
 import uuid
@@ -21,7 +22,7 @@ from shared.control.db import DatabaseTarget, connector
 from shared.control.queries import Query, load_migrations, load_queries
 from shared.control.sqlerrors import classify, describe
 from shared.control.transaction_control import postgres_transaction_statement, refused_message
-from shared.errors import AgentError, OwnerError, SchemaError, TransactionControlRefused
+from shared.errors import AgentError, LeaseLost, OwnerError, SchemaError, TransactionControlRefused
 
 UTC = timezone.utc
 _TIME_SUFFIXES = ("_at", "_for", "_until")
@@ -65,6 +66,13 @@ class Store:
         # of the current connection, asked before its first job (session_identity); None until then.
         self._session: tuple[int, bool, str] | None = None
         self._in_transaction = False
+        # commit_with() ran the open transaction's last calls: nothing more runs in it, and on
+        # PostgreSQL (whose batch committed it) transaction() does not commit it again.
+        self._transaction_ended = False
+        # PostgreSQL: the id of the transaction a job's SQL ran in (taken in the job's own batch,
+        # before the job), for check_work_transaction; None when there is nothing to compare (no
+        # job ran in this transaction, or it ran where it cannot end one).
+        self.work_transaction: int | None = None
         # Guards _active_cursor: cancel() (another thread) never touches a cursor being closed.
         self._lock = threading.Lock()
         # Round trips sent (one per statement batch) and commits: the benchmark's counters.
@@ -112,15 +120,21 @@ class Store:
                     connection.close()   # under the lock: never while cancel() is using it
         if connection is None or self.pool is None:
             return
-        # A cancel() in flight held the lock: none can reach this connection any more.
-        if keep and not (self.dialect == "sqlite" and getattr(connection, "in_transaction", False)):
+        # A cancel() in flight held the lock: none can reach this connection any more. The pool
+        # refuses one that is still inside a transaction (ConnectionPool.give).
+        if keep:
             self.pool.give(self.kind, connection)
         else:
             self.pool.discard(self.kind, connection)
 
     def __del__(self) -> None:
         # A store dropped with a pooled connection (its thread ended without releasing it):
-        # the place in AGENT_MAX_CONNECTIONS is freed, the connection closed.
+        # the place in AGENT_MAX_CONNECTIONS is freed, the connection closed. Not while the
+        # interpreter is exiting: a daemon thread (the pool's reaper, woken by a discard) freezes
+        # there holding the pool's lock, and the next discard waited for it forever (a CLI
+        # command that never exited); the process's end closes its connections anyway.
+        if sys.is_finalizing():
+            return
         connection = getattr(self, "_connection", None)
         pool = getattr(self, "pool", None)
         if connection is not None and pool is not None:
@@ -195,13 +209,30 @@ class Store:
         answers one result per statement, so each query's rows are found by counting its
         statements). SQL Server answers only the statements that return rows, so there, as on
         SQLite, the queries run one after another in the same transaction."""
+        return self._chain(calls, end=False)
+
+    def commit_with(self, *calls: tuple[str, Mapping[str, Any]]) -> list[Result]:
+        """Inside ``transaction()``: the last calls of the transaction. On PostgreSQL their batch
+        ends with ``COMMIT`` (one round trip, not two): a statement that raises stops the batch
+        before the COMMIT, and the transaction block rolls everything back; so on PostgreSQL
+        every call whose refusal must undo the work (a fence) has to raise in SQL, not merely
+        return no row. Elsewhere the transaction block's end commits, as for chain() (the
+        caller's checks of the results still come first). Nothing more may run in the
+        transaction after it."""
+        if not self._in_transaction:
+            raise AgentError("commit_with must run inside a transaction")
+        return self._chain(calls, end=True)
+
+    def _chain(self, calls: Sequence[tuple[str, Mapping[str, Any]]], *, end: bool) -> list[Result]:
+        if self._transaction_ended:
+            raise AgentError("the transaction was committed (commit_with): nothing more may run in it")
         queries = [(self._query(name, params), params) for name, params in calls]
         started = time.perf_counter()
         success = False
         try:
             single = len(queries) == 1 and len(queries[0][0].statements) == 1
             if self._in_transaction or single:
-                results = self._run(queries, commit=not self._in_transaction)
+                results = self._run(queries, commit=not self._in_transaction, end=end)
             else:
                 with self.transaction():
                     results = self._run(queries, commit=False)
@@ -223,10 +254,16 @@ class Store:
             raise TypeError(f"query {name!r} needs parameters {sorted(missing)}")
         return query
 
-    def _run(self, queries: Sequence[tuple[Query, Mapping[str, Any]]], *, commit: bool) -> list[Result]:
+    def _run(self, queries: Sequence[tuple[Query, Mapping[str, Any]]], *, commit: bool,
+             end: bool = False) -> list[Result]:
+        """``end``: commit the open transaction after the queries (commit_with)."""
         try:
             if self.dialect == "postgres":
                 sql = "\n".join(query.batch.sql for query, _ in queries)
+                if end:
+                    # The transaction's COMMIT rides on the batch: the server runs it only if every
+                    # statement before it succeeded (a failed one stops the batch there).
+                    sql += "\nCOMMIT;"
                 values = [self._convert_param(params[p]) for query, params in queries for p in query.batch.params]
                 parts = self._execute_statement(sql, values)
                 results, position = [], 0
@@ -249,10 +286,21 @@ class Store:
                     results.append(_merge(parts))
             if commit:
                 self._commit()
+            elif end:
+                self._end_transaction()
         except BaseException as exc:
             self._after_failure(exc)
+            refusal = _refusal(exc) if self.dialect == "postgres" else None
+            if refusal is not None:
+                raise refusal from exc
             raise
         return results
+
+    def _end_transaction(self) -> None:
+        """commit_with ran: on PostgreSQL the batch's COMMIT committed the transaction."""
+        if self.dialect == "postgres":
+            self.commits += 1
+        self._transaction_ended = True
 
     def _execute_statement(self, sql: str, values: Sequence[Any]) -> list[Result]:
         """One round trip; one Result per result the server sent (every result set is read,
@@ -313,6 +361,7 @@ class Store:
         if self._in_transaction:
             raise AgentError("nested transactions are not supported")
         connection = self.connection
+        self.work_transaction = None
         if self.dialect == "sqlite":
             connection.execute("BEGIN IMMEDIATE" if immediate else "BEGIN DEFERRED")
         elif self.dialect == "postgres":
@@ -322,6 +371,7 @@ class Store:
             yield self
         except BaseException as exc:
             self._in_transaction = False
+            self._transaction_ended = False
             if _connection_lost(exc):
                 self._discard_connection()
                 raise
@@ -340,8 +390,12 @@ class Store:
                 self._discard_connection()
             raise
         self._in_transaction = False
+        committed, self._transaction_ended = self._transaction_ended and self.dialect == "postgres", False
         try:
-            if self.dialect == "sqlite":
+            if committed:
+                if self.dialect == "postgres":
+                    connection.autocommit = True
+            elif self.dialect == "sqlite":
                 connection.execute("COMMIT")
             else:
                 connection.commit()
@@ -452,13 +506,13 @@ class Store:
             else:
                 # Agent statements wait 30 s for a lock at most; the job's own SQL waits as long
                 # as its timeout allows; both SET LOCALs end with the transaction (and
-                # reset_session resets the role before the agent's own statements). First, when
-                # the job's transaction began: the same after its SQL, or its SQL ended it.
-                prefix = ["SELECT " + PG_TRANSACTION_BEGAN + " AS agent_began;\n",
-                          "SET LOCAL lock_timeout = 0;\n"]
+                # reset_session resets the role before the agent's own statements). First, the
+                # id of the job's transaction: check_work_transaction, in the completion's batch,
+                # compares it with the transaction the completion runs in (its SQL ended it, or not).
+                prefix = ["SELECT txid_current() AS agent_transaction;\n", "SET LOCAL lock_timeout = 0;\n"]
                 heard = PostgresNotices()
                 cursor.execute("".join(prefix) + sql + heard.end_statement())
-                began = str(cursor.fetchone()[0])
+                transaction = int(cursor.fetchone()[0])
                 drained = False
                 for _ in prefix:   # past the agent's own statements
                     # psqlODBC hands notices to whichever result it was reading: keep them all.
@@ -469,10 +523,7 @@ class Store:
                 if not drained:
                     drain_results(cursor, output, heard)
                 heard.note_cut(output)
-                if self._transaction_began(connection) != began:
-                    raise TransactionControlRefused(
-                        "the job's SQL ended the agent's transaction (a COMMIT or ROLLBACK got past the agent's "
-                        "check): the attempt fails; what the SQL committed before that stays committed")
+                self.work_transaction = transaction
                 return output
             drain_results(cursor, output)
         finally:
@@ -554,15 +605,6 @@ class Store:
             with contextlib.suppress(Exception):
                 cursor.close()
         return output
-
-    def _transaction_began(self, connection: Any) -> str:
-        """PostgreSQL: when the current transaction began (one round trip)."""
-        cursor = connection.cursor()
-        try:
-            cursor.execute("SELECT " + PG_TRANSACTION_BEGAN)
-            return str(cursor.fetchone()[0])
-        finally:
-            cursor.close()
 
     def _set_active(self, cursor: Any) -> None:
         with self._lock:
@@ -688,9 +730,6 @@ def mssql_job_batch(job_principal: str | None) -> str:
     return "SET LOCK_TIMEOUT -1;\n" + nest + run + unnest + "SET LOCK_TIMEOUT 30000;"
 
 
-# When the current transaction began, in microseconds since the epoch: a number no session
-# setting of the job's (TimeZone, DateStyle, extra_float_digits) renders differently.
-PG_TRANSACTION_BEGAN = "CAST(extract(epoch FROM transaction_timestamp()) * 1000000 AS bigint)"
 MSSQL_REFUSED = ("the job's SQL may not end the agent's transaction (a COMMIT or ROLLBACK in it changed "
                  "@@TRANCOUNT): nothing it did is kept")
 
@@ -783,7 +822,7 @@ class PostgresNotices:
     they were cut, and ``note_cut`` says so, with what was kept (docs/steps.md)."""
 
     def __init__(self) -> None:
-        self.token = uuid.uuid4().hex
+        self.token = uuid.uuid4().hex[:16]     # 64 random bits: no job guesses it
         self.kept = 0              # notices kept (the agent's own end notice not counted)
         self.characters = 0        # their characters
         self.ended = False         # the end notice arrived
@@ -820,6 +859,24 @@ class PostgresNotices:
 
 PSQLODBC_CUT_NOTE = ("[output cut by the PostgreSQL ODBC driver: it drops the notices of a statement past about 32 KB; "
                      "{kept} notice(s) of {characters} characters kept; write longer progress into a table]")
+
+
+# PostgreSQL: what the agent's functions raise where a refusal must stop the batch (and the COMMIT
+# it may end with) before it takes effect (migration 0013).
+PG_FENCED_SQLSTATE = "AG001"            # agent.finish_run: the run's token moved on
+PG_WORK_TRANSACTION_ENDED_SQLSTATE = "AG002"   # agent.check_work_transaction
+WORK_TRANSACTION_ENDED = ("the job's SQL ended the agent's transaction (a COMMIT or ROLLBACK got past the agent's "
+                          "check): the attempt fails; what the SQL committed before that stays committed")
+
+
+def _refusal(exc: BaseException) -> BaseException | None:
+    """The engine's own error for a refusal one of the agent's statements raised, or None."""
+    sqlstate = classify(exc).sqlstate
+    if sqlstate == PG_FENCED_SQLSTATE:
+        return LeaseLost()
+    if sqlstate == PG_WORK_TRANSACTION_ENDED_SQLSTATE:
+        return TransactionControlRefused(WORK_TRANSACTION_ENDED)
+    return None
 
 
 def _merge(parts: Sequence[Result]) -> Result:

@@ -16,9 +16,10 @@ Each dialect refuses it, before it can take effect:
   ``COMMIT``, ``END``, ``ROLLBACK`` (not ``ROLLBACK TO``), ``ABORT``, ``BEGIN``, ``START
   TRANSACTION``, or ``PREPARE TRANSACTION`` is refused before any of it runs. Procedures and
   ``DO`` blocks cannot end the transaction at all: PostgreSQL refuses a ``COMMIT`` in them
-  inside a transaction block ("invalid transaction termination"). After the script, the agent
-  also checks that its transaction is still the one it opened (a transaction-local setting it
-  set before the job must still be there): a way around this reader still fails the attempt.
+  inside a transaction block ("invalid transaction termination"). A way around this reader
+  still fails the attempt: the batch that runs the job first takes its transaction's id, and the
+  completion's batch (check_work_transaction) refuses to record a success in any other
+  transaction (a chained one too: ``COMMIT AND CHAIN``), before its COMMIT.
 * **SQL Server / Azure SQL**: the job runs through ``sp_executesql`` inside one more nested
   ``BEGIN TRANSACTION``, so a ``COMMIT`` in it only decrements ``@@TRANCOUNT`` and commits
   nothing; a changed ``@@TRANCOUNT`` afterwards (a ``COMMIT`` or ``ROLLBACK`` in the job) fails
@@ -28,10 +29,6 @@ Each dialect refuses it, before it can take effect:
 from __future__ import annotations
 
 import re
-
-# The transaction-local setting the agent sets before a job's SQL on PostgreSQL: still there
-# after the SQL means its transaction is still the agent's.
-PG_GUARD_SETTING = "agent.job_transaction"
 
 _REFUSED = ("COMMIT", "END", "ROLLBACK", "ABORT", "BEGIN", "START", "PREPARE")
 _WORD = re.compile(r"[A-Za-z_\u0080-\uffff][A-Za-z0-9_$\u0080-\uffff]*")

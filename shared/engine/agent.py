@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from shared.control.clock import DatabaseClock, as_utc
-from shared.control.db import DatabaseTarget, connector, resolve_database
+from shared.control.db import DatabaseTarget, connector, resolve_database, transaction_open
 from shared.control.pool import ConnectionPool
 from shared.control.store import Store
 from shared.engine.executor import Executor
@@ -61,7 +61,8 @@ class Agent:
 
         # AGENT_MAX_CONNECTIONS: every connection this process opens to the control database.
         self.pool = ConnectionPool(self._connect, settings.agent.max_connections,
-                                   retry_seconds=self.target.connect_retry_seconds)
+                                   retry_seconds=self.target.connect_retry_seconds,
+                                   in_transaction=transaction_open(self.target.dialect))
         self._supervisor = None
         self._notifier = None
 

@@ -147,19 +147,20 @@ class RunEndings:
                reset: bool) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """Inside the open transaction: (reset the session the job used,) complete the run — or,
         for a step, follow its ON_SUCCESS — fenced by its token, keep the attempt's output, and
-        in queue mode dispatch what its end made runnable — one round trip on PostgreSQL.
-        Raises LeaseLost (the caller rolls back) when the token moved on. Returns the hand-on
-        rows and, for a step, where the run went."""
+        in queue mode dispatch what its end made runnable — one round trip on PostgreSQL, which
+        for a run's completion also commits (commit_with: finish_run raises when fenced, so a
+        zombie's batch stops before its COMMIT). Raises LeaseLost (the caller rolls back) when
+        the token moved on. Returns the hand-on rows and, for a step, where the run went."""
         run, step = attempt.run, attempt.step
         now = self.clock()
         calls: list[tuple[str, dict[str, Any]]] = []
         if reset:
             calls.append(("reset_session", {}))
-        if reset:
             # The job worked in this transaction: it must still be active (on SQL Server its SQL can
-            # commit, roll back or doom it). Not after work in another database: the completion
-            # then opens the control database's transaction itself.
-            calls.append(("check_work_transaction", {}))
+            # commit, roll back or doom it; on PostgreSQL it must be the transaction the job ran
+            # in). Not after work in another database: the completion then opens the control
+            # database's transaction itself.
+            calls.append(("check_work_transaction", {"work_transaction": store.work_transaction}))
         position = len(calls)
         if step is None:
             calls.append(("finish_run", {"run_id": run["run_id"], "token": run["token"], "now": now}))
@@ -177,7 +178,10 @@ class RunEndings:
             ends = params["run_status"] != RunStatus.RUNNING
             if ends:
                 calls += ending_calls(self.settings, now)
-        results = self.chain_with_hand_on(store, calls, now) if ends else store.chain(*calls)
+        if step is None:
+            results = self.chain_with_hand_on(store, calls, now, commit=True)
+        else:
+            results = self.chain_with_hand_on(store, calls, now) if ends else store.chain(*calls)
         row = results[position].one()
         if row is None:
             raise LeaseLost()
@@ -192,18 +196,20 @@ class RunEndings:
         with store.transaction():
             return self.finish(store, attempt, output, reset=False)
 
-    def chain_with_hand_on(self, store: Store, calls: list[tuple[str, dict[str, Any]]], now: datetime) -> list[Result]:
+    def chain_with_hand_on(self, store: Store, calls: list[tuple[str, dict[str, Any]]], now: datetime, *,
+                           commit: bool = False) -> list[Result]:
         """The calls, then (queue mode) the hand-on dispatch — with the start lock taken before
         the calls touch any row of agent.runs: the dispatch needs it, and a start holds it while
         it waits for a run's row (a fleet's last executions lock their run), so taking it last
-        could deadlock."""
+        could deadlock. ``commit``: and commit the open transaction with them (Store.commit_with)."""
+        run = store.commit_with if commit else store.chain
         if self.queue is None:
-            return store.chain(*calls)
+            return run(*calls)
         # After the session reset (the job may have run as AGENT_JOB_PRINCIPAL), before the rest.
         at = next((i for i, (name, _) in enumerate(calls) if name not in ("reset_session", "check_work_transaction")),
                   len(calls))
-        results = store.chain(*calls[:at], ("lock_starts", {}), *calls[at:],
-                              ("dispatch_runs", dispatch_params(self.settings, now)))
+        results = run(*calls[:at], ("lock_starts", {}), *calls[at:],
+                      ("dispatch_runs", dispatch_params(self.settings, now)))
         return results[:at] + results[at + 1:]
 
     def send_handed_on(self, rows: list[dict[str, Any]]) -> None:

@@ -321,10 +321,11 @@ class Executor:
         name since)."""
         if store.dialect == "sqlite":
             return None             # no procedures: nothing is defined from the database side
-        # The claim says '' for the agent's user. NULL: the claim could not see the run (on
-        # PostgreSQL its outer statement's snapshot predates the claim function's own, so a fleet
-        # execution another worker created meanwhile is claimed but not visible to it); never
-        # read as "no owner", which would run an operator's job with the agent's rights.
+        # The claim says '' for the agent's user. NULL: the claim could not tell (none does now:
+        # PostgreSQL's claim functions read it from the very row they claimed, migration 0013;
+        # until then the statement calling them read it with an older snapshot, and a fleet
+        # execution another worker created meanwhile was claimed unseen); never read as "no
+        # owner", which would run an operator's job with the agent's rights.
         if run.get("owner") is not None:
             return run["owner"] or None
         return store.execute("run_owner", run_id=run["run_id"]).scalar()

@@ -316,3 +316,46 @@ def test_idle_connections_close_after_the_idle_time(tmp_path):
     while server.open and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.open == 0 and pool.stats().open == 0
+
+
+def test_a_connection_given_back_inside_a_transaction_is_closed_not_lent_again(db_url):
+    """Issue 35: a connection handed back with a transaction open (a bug: here, PostgreSQL's
+    autocommit left off, or SQLite's BEGIN left open) holding the start lock would be lent to the
+    next worker, which would run inside that transaction, and every other worker would wait for the
+    lock (30 s, the bench's "lock timeout" lines). The pool closes it instead: the server rolls
+    back, the lock is free at once, and the next taker gets a connection with no transaction."""
+    agent = make_agent(db_url)
+    pool = agent.pool
+    postgres = agent.target.dialect == "postgres"
+    try:
+        leaked = pool.take("work")
+        idle = pool.stats().idle
+        if postgres:
+            leaked.autocommit = False
+            leaked.cursor().execute("LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE")
+        else:
+            leaked.execute("BEGIN IMMEDIATE")
+            leaked.execute("UPDATE agent_start_lock SET lock_id = lock_id")
+        pool.give("work", leaked)
+        assert pool.refused_back == 1 and pool.stats().idle == idle           # closed, not kept
+        taken = pool.take("work")
+        assert taken is not leaked
+        # The lock the leaked transaction held is free: another connection takes it at once.
+        if postgres:
+            taken.autocommit = False
+            cursor = taken.cursor()
+            cursor.execute("SET LOCAL lock_timeout = '2s'")
+            cursor.execute("LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE")
+            taken.rollback()
+            taken.autocommit = True
+        else:
+            taken.execute("PRAGMA busy_timeout = 2000")
+            taken.execute("BEGIN IMMEDIATE")
+            taken.execute("UPDATE agent_start_lock SET lock_id = lock_id")
+            taken.execute("ROLLBACK")
+            taken.execute("PRAGMA busy_timeout = 30000")
+        idle = pool.stats().idle
+        pool.give("work", taken)
+        assert pool.refused_back == 1 and pool.stats().idle == idle + 1      # a clean one goes back as ever
+    finally:
+        agent.close()

@@ -24,6 +24,7 @@ import sqlglot
 from sqlglot import exp
 
 from shared.control.queries import DIALECTS, SQL_DIR, Query, load_migrations, load_queries, split_statements
+from shared.control.sqlerrors import classify
 from tests.support.harness import make_agent
 
 UTC = timezone.utc
@@ -357,6 +358,8 @@ DUMMY_VALUES.update({
 DUMMY_VALUES.update({"paused_by": "p", "paused_until": None})
 # Issue 34 (pauses settled again at each change).
 DUMMY_VALUES.update({"pause_start": _T, "pause_end": None})
+# Issue 35 (the hot path): the id of the job's transaction (NULL: nothing to compare).
+DUMMY_VALUES.update({"work_transaction": None})
 # Issue 16 (fleet jobs).
 DUMMY_VALUES.update({
     "pool": "p", "targets": [], "parallelism": 8, "next_on_success": 0, "next_on_failure": -1,
@@ -370,6 +373,7 @@ def test_result_columns_match_the_real_database(db_url, tmp_path):
     store = agent.new_store()
     checked: list[str] = []
     undescribed: list[str] = []
+    refused: list[str] = []
     try:
         for name, query in sorted(store.queries.items()):
             expected = query_columns(query, store.dialect)
@@ -391,7 +395,13 @@ def test_result_columns_match_the_real_database(db_url, tmp_path):
                     for statement in sent:
                         values = [_bind(store, DUMMY_VALUES[p]) for p in statement.params]
                         cursor = store.connection.cursor()
-                        cursor.execute(statement.sql, values) if values else cursor.execute(statement.sql)
+                        try:
+                            cursor.execute(statement.sql, values) if values else cursor.execute(statement.sql)
+                        except Exception as exc:
+                            if classify(exc).sqlstate != REFUSED_WITH_DUMMY_VALUES.get((store.dialect, name)):
+                                raise
+                            refused.append(name)    # the fence raised, as it must for a run not running
+                            raise Rollback() from None
                         while True:
                             if cursor.description and not statement.sql.upper().startswith("SELECT PG_ADVISORY_UNLOCK_ALL"):
                                 described = [column[0].lower() for column in cursor.description]
@@ -399,6 +409,8 @@ def test_result_columns_match_the_real_database(db_url, tmp_path):
                                 break
                         cursor.close()
                     raise Rollback()
+            if name in refused:
+                continue
             if described is None and store.dialect == "postgres" and not query.text.lstrip().upper().startswith("SELECT"):
                 # psqlodbc describes no result set for an UPDATE/INSERT ... RETURNING that
                 # affected no row; such a statement is checked on the other databases.
@@ -411,8 +423,15 @@ def test_result_columns_match_the_real_database(db_url, tmp_path):
         agent.close()
     selects = [name for name, q in store.queries.items()
                if q.text.lstrip().upper().startswith("SELECT") and name not in ("lock_migrations", "release_migration_lock", "bootstrap_schema")]
-    assert set(selects) <= set(checked), sorted(set(selects) - set(checked))
+    assert set(selects) <= set(checked) | set(refused), sorted(set(selects) - set(checked) - set(refused))
+    assert refused == sorted(name for dialect, name in REFUSED_WITH_DUMMY_VALUES if dialect == store.dialect)
     assert len(checked) + len(undescribed) >= 20
+
+
+# Queries that raise with the dummy values, by design: PostgreSQL's finish_run is the fence, raising
+# (SQLSTATE AG001) for a run that is not running with the given token, so that a completion batch
+# ending with COMMIT stops before it. Their columns are compared by sqlglot above.
+REFUSED_WITH_DUMMY_VALUES = {("postgres", "finish_run"): "AG001"}
 
 
 def _bind(store, value):

@@ -511,13 +511,13 @@ def test_the_transaction_check_runs_only_where_the_job_worked(pg_url, monkeypatc
     from shared.control.store import Store
 
     calls: list[list[str]] = []
-    original = Store.chain
+    original = Store._chain
 
-    def recording(self, *named):
+    def recording(self, named, *, end):
         calls.append([name for name, _ in named])
-        return original(self, *named)
+        return original(self, named, end=end)
 
-    monkeypatch.setattr(Store, "chain", recording)
+    monkeypatch.setattr(Store, "_chain", recording)
     name, _ = create_pg_database()
     agent = make_agent(pg_url)
     try:

@@ -199,3 +199,46 @@ def test_the_tsql_batch_nests_the_job_and_parses():
                  if not line.startswith(("EXECUTE AS USER", "REVERT WITH COOKIE"))]
         parsed = linter.parse_string("\n".join(lines))
         assert not parsed.violations and "unparsable" not in parsed.tree.stringify(), parsed.violations
+
+
+# What a job may write to end the agent's transaction in one message, were the reader blind to
+# it: the check must tell each from a job that ran in the agent's transaction to its end. A
+# transaction chained to the one the job ended starts at the same statement time (one message).
+PAST_THE_READER = {"commit": ("COMMIT", [(1,), (2,)]), "rollback": ("ROLLBACK", [(2,)]),
+                   "commit_and_chain": ("COMMIT AND CHAIN", [(1,)]), "rollback_and_chain": ("ROLLBACK AND CHAIN", []),
+                   "end": ("END", [(1,), (2,)]), "abort": ("ABORT", [(2,)])}
+
+
+@pytest.mark.parametrize("queue_mode", [False, True], ids=["direct", "queue"])
+@pytest.mark.parametrize("shape", ["command", "step"])
+@pytest.mark.parametrize("ending", sorted(PAST_THE_READER))
+def test_a_commit_past_the_reader_still_fails_the_attempt_at_its_completion(pg_url, monkeypatch, shape, queue_mode,
+                                                                            ending):
+    """Defence in depth: were the reader ever blind to a COMMIT (here it is made so), the job's SQL
+    ends the agent's transaction and the completion must not record a success in the transaction
+    that follows, a chained one included. The check runs in the completion's own batch
+    (check_work_transaction, issue 35: it was a round trip of its own) and compares transaction
+    ids: the attempt fails naming the rule, and what the SQL committed before that stays
+    committed, as the message says; what ran after it in a transaction of its own is kept too
+    (the rest of a message runs in an implicit transaction), what ran in a chained one is not."""
+    from shared.messaging.memory import MemoryQueue
+
+    monkeypatch.setattr("shared.control.store.postgres_transaction_statement", lambda sql: None)
+    statement, kept = PAST_THE_READER[ending]
+    command = f"INSERT INTO items VALUES (1); {statement}; INSERT INTO items VALUES (2)"
+    job = {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "MAX_ATTEMPTS": "1"}
+    job.update({"COMMAND": command} if shape == "command" else
+               {"STEPS__1__COMMAND": command, "STEPS__2__COMMAND": "INSERT INTO items VALUES (3)"})
+    agent = make_agent(pg_url, {"past": job}, queue=MemoryQueue() if queue_mode else None)
+    try:
+        _table(agent)
+        agent.tick(datetime.now(UTC))
+        work(agent)
+        (run,) = agent.store().execute("list_history", job_name="past", limit=5).rows
+        assert run["status"] == "failed", run
+        assert "the job's SQL ended the agent's transaction" in run["last_error"], run["last_error"]
+        assert query(agent, "SELECT n FROM items ORDER BY n") == kept               # no step 2, nothing more
+        attempts = query(agent, f"SELECT outcome FROM agent.attempts WHERE run_id = {run['run_id']}")
+        assert attempts == [("failed",)], attempts
+    finally:
+        agent.close()

@@ -51,3 +51,42 @@ def test_a_close_from_another_thread_waits_for_the_running_statement(tmp_path):
                                capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, (completed.returncode, completed.stderr[-2000:])
     assert completed.stdout.startswith("ok"), completed.stdout
+
+
+
+def test_at_interpreter_exit_a_dropped_store_never_waits_for_the_pool(tmp_path, monkeypatch):
+    """A store still holding a pooled connection when the process ends gives it back in __del__.
+    At interpreter exit the daemon threads are frozen where they stand: the pool's reaper, woken
+    by a first discard, froze holding the pool's lock, and the next store's discard waited for it
+    forever (`init-db` hung at exit: one process in six of test_concurrent_first_init_db_runs_all_
+    succeed, stack "Garbage-collecting / Store.__del__ / pool.discard"). While the interpreter
+    exits, the store leaves its connection to the process's end instead."""
+    import threading
+
+    from tests.support.harness import make_agent
+
+    agent = make_agent(f"sqlite:///{tmp_path / 'agent.db'}")
+    store = agent.new_store()
+    store.connection                                     # holds a pooled connection
+    frozen, release = threading.Event(), threading.Event()
+
+    def frozen_reaper() -> None:
+        with agent.pool._cond:                           # the lock, held as the frozen reaper held it
+            frozen.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=frozen_reaper, daemon=True)
+    holder.start()
+    assert frozen.wait(10)
+    monkeypatch.setattr("shared.control.store.sys.is_finalizing", lambda: True)
+    dropped = threading.Thread(target=store.__del__, daemon=True)
+    dropped.start()
+    dropped.join(5)
+    finished = not dropped.is_alive()
+    release.set()
+    holder.join(10)
+    dropped.join(10)
+    monkeypatch.undo()
+    store.close()
+    agent.close()
+    assert finished, "a store dropped at interpreter exit waited for the pool's lock"

@@ -1261,9 +1261,9 @@ WHERE notification_id = :notification_id AND claim_token = :claim_token;
 SELECT notification_id FROM @recorded;
 
 -- check_work_transaction --
--- Before the success of a job or step that worked in the agent's own transaction is recorded there: a transaction the SQL committed, rolled back or doomed is never recorded as a success. (Not after work in another database: the completion opens the control database's transaction itself, where no transaction is active yet.)
+-- Before the success of a job or step that worked in the agent's own transaction is recorded there: a transaction the SQL committed, rolled back or doomed is never recorded as a success. (Not after work in another database: the completion opens the control database's transaction itself, where no transaction is active yet.) :work_transaction is PostgreSQL's (the id of the job's transaction); here XACT_STATE decides.
 IF XACT_STATE() <> 1 THROW 50001, N'the job''s transaction is no longer active (its SQL committed, rolled back or doomed it): it is not recorded as succeeded', 1;
-SELECT 1 AS active WHERE 1 = 0;
+SELECT 1 AS active WHERE 1 = 0 AND CAST(:work_transaction AS BIGINT) IS NULL;
 
 -- purge_notifications --
 -- Retention, a bounded batch per tick (with purge_history): notifications delivered or given up older than AGENT_HISTORY_RETENTION_DAYS; one row back with the count.

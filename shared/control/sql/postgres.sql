@@ -289,20 +289,14 @@ WHERE r.run_id = x.run_id AND r.token = x.token AND r.status = 'queued'
 RETURNING r.run_id;
 
 -- start_run --
--- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened. owner as claim_runs gives it ('' the agent's user, NULL unknown to this statement's snapshot). (agent.start_run, a function of migration 0002, replaced in 0006: planned once per session.)
-SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds,
-       (SELECT COALESCE(r.owner, j.owner, '') FROM agent.runs r LEFT JOIN agent.runs p ON p.run_id = r.parent_run_id
-        LEFT JOIN agent.jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
-        WHERE r.run_id = c.run_id) AS owner
+-- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened. owner as claim_runs gives it. (agent.start_run, a function of migration 0002, replaced in 0006 and 0013: planned once per session.)
+SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds, c.owner
 FROM agent.start_run(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:max_concurrency AS INT), CAST(:run_id AS BIGINT), CAST(:token AS BIGINT), CAST(:worker AS VARCHAR), CAST(:dequeue_count AS INT)) AS c;
 
 -- claim_runs --
--- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock). owner: whom the run's SQL runs as ('' the agent's user); NULL when this statement's snapshot, taken before the function's own, cannot see the run (a fleet execution another worker created meanwhile): the executor then asks run_owner. (agent.claim_runs, a function of migration 0002, replaced in 0006: planned once per session.)
-SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds,
-       (SELECT COALESCE(r.owner, j.owner, '') FROM agent.runs r LEFT JOIN agent.runs p ON p.run_id = r.parent_run_id
-        LEFT JOIN agent.jobs j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
-        WHERE r.run_id = c.run_id) AS owner
-FROM agent.claim_runs(COALESCE(CAST(:now AS TIMESTAMP), CAST(clock_timestamp() AT TIME ZONE 'UTC' AS TIMESTAMP)), CAST(:late_cutoff AS TIMESTAMP), CAST(:batch AS INT), CAST(:max_concurrency AS INT), CAST(:worker AS VARCHAR)) AS c
+-- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock). owner: whom the run's SQL runs as ('' the agent's user), read by the function from the very row it claimed (never unseen). (agent.claim_runs, a function of migration 0002, replaced in 0006 and 0013: planned once per session, the owner with it.)
+SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds, c.owner
+FROM agent.claim_runs(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:batch AS INT), CAST(:max_concurrency AS INT), CAST(:worker AS VARCHAR)) AS c
 ORDER BY c.runnable_at, c.run_id;
 
 -- next_runnable_at --
@@ -334,7 +328,7 @@ DISCARD TEMP;
 SET lock_timeout = '30s';
 
 -- finish_run --
--- Fenced completion in the job's transaction: the run and its open attempt succeed together, only for the current token (no row back: the lease was taken over; roll back). (agent.finish_run, a function of migration 0002: planned once per session.)
+-- Fenced completion in the job's transaction: the run and its open attempt succeed together, only for the current token; when the token moved on (the lease was taken over, or the run cancelled) it raises (SQLSTATE AG001), so that a batch ending with COMMIT stops before it. (agent.finish_run, a function of migration 0002, raising since 0013: planned once per session.)
 SELECT run_id FROM agent.finish_run(CAST(:run_id AS BIGINT), CAST(:token AS BIGINT), CAST(:now AS TIMESTAMP));
 
 -- fail_run --
@@ -777,8 +771,8 @@ WHERE notification_id = :notification_id AND claim_token = :claim_token
 RETURNING notification_id;
 
 -- check_work_transaction --
--- Before the success of a job or step that worked in the agent's own transaction is recorded there: on PostgreSQL the job's SQL was refused before it ran if it had a COMMIT, ROLLBACK or the like at its top level, and checked after it ran to still be in the transaction it began in (Store.run_script, shared/control/transaction_control.py); nothing more to check.
-SELECT 1 AS active WHERE FALSE;
+-- Before the success of a job or step that worked in the agent's own transaction is recorded there: the job's SQL was refused before it ran if it had a COMMIT, ROLLBACK or the like at its top level (shared/control/transaction_control.py); here, in the completion's batch, the transaction must still be the one the job ran in (:work_transaction, its id, taken in the job's own batch by Store.run_script; NULL: nothing to compare), else an error (SQLSTATE AG002). (agent.check_work_transaction, a function of migration 0013.)
+SELECT active FROM agent.check_work_transaction(CAST(:work_transaction AS BIGINT));
 
 -- purge_notifications --
 -- Retention, a bounded batch per tick (with purge_history): notifications delivered or given up older than AGENT_HISTORY_RETENTION_DAYS; one row back with the count.

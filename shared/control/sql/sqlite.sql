@@ -944,8 +944,8 @@ WHERE notification_id = :notification_id AND claim_token = :claim_token
 RETURNING notification_id;
 
 -- check_work_transaction --
--- Before the success of a job or step that worked in the agent's own transaction is recorded there: on SQLite every transaction statement of the job's SQL (BEGIN, COMMIT, END, ROLLBACK) is denied by an authorizer before it runs, failing the attempt (Store.run_script); nothing to check.
-SELECT 1 AS active WHERE 0;
+-- Before the success of a job or step that worked in the agent's own transaction is recorded there: on SQLite every transaction statement of the job's SQL (BEGIN, COMMIT, END, ROLLBACK) is denied by an authorizer before it runs, failing the attempt (Store.run_script); nothing to check (:work_transaction is PostgreSQL's).
+SELECT 1 AS active WHERE 0 AND :work_transaction IS NULL;
 
 -- purge_notifications --
 -- Retention, a bounded batch per tick (with purge_history): notifications delivered or given up older than AGENT_HISTORY_RETENTION_DAYS; one row back per notification purged.

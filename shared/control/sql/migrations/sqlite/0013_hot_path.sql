@@ -1,0 +1,4 @@
+-- 0013 the hot path (issue 35): changes only PostgreSQL's functions (the owner read inside
+-- agent.claim_runs and agent.start_run, a fenced agent.finish_run that raises, the job's
+-- transaction checked in the completion). Nothing to do here; the file keeps the versions of
+-- every dialect in step.
