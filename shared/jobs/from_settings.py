@@ -492,6 +492,8 @@ def schedule_problem(schedule) -> str | None:
         first = schedule.next_after(now)
     except Exception as exc:  # croniter's "failed to find next date" and friends
         return f"a schedule with a slot within {SCHEDULE_HORIZON_YEARS} years (none found: {exc})"
+    if first is None and getattr(schedule, "ends", None) is not None:
+        return None     # its ``until`` has passed: a job with no more slots, as a past @once
     if first is None or first > now + SCHEDULE_HORIZON:
         return f"a schedule with a slot within {SCHEDULE_HORIZON_YEARS} years (this one has none)"
     return None

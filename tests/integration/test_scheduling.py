@@ -266,3 +266,23 @@ def test_concurrency_cap_holds_runs_back(agent_factory):
     assert len(report.claimed) == 5 and len(report.dispatched) == 2
     statuses = sorted(r[0] for r in query(agent, f"SELECT status FROM {runs_table(agent)}"))
     assert statuses == ["pending"] * 3 + ["queued"] * 2
+
+
+def test_the_extended_schedule_form_is_claimed_slot_by_slot(agent_factory):
+    """SQL Agent's "last weekday of every 2nd month, 22:00" and "every 7 minutes from 08:03": the
+    claim follows the extended form's slots (issue 33), on every dialect."""
+    agent = agent_factory({
+        "month_end": {"SCHEDULE": "0 0 22 * * MON-FRI#L ; every 2 months ; from 2026-01-01", "COMMAND": "SELECT 1",
+                      "TIMEZONE": "Europe/London"},
+        "window": {"SCHEDULE": "* * 8-17 * * * ; every 7 minutes ; between 08:03 and 17:45", "COMMAND": "SELECT 1"},
+    })
+    agent.tick(at("2026-01-05T08:00:00"))
+    assert job_row(agent, "month_end")["next_due_at"] == at("2026-01-30T22:00:00")   # Friday 30 January
+    assert job_row(agent, "window")["next_due_at"] == at("2026-01-05T08:03:00")
+    agent.tick(at("2026-01-05T08:03:01"))
+    assert [r["scheduled_for"] for r in runs_of(agent, "window")] == [at("2026-01-05T08:03:00")]
+    assert job_row(agent, "window")["next_due_at"] == at("2026-01-05T08:10:00")
+    agent.tick(at("2026-01-30T22:00:01"))
+    assert [r["scheduled_for"] for r in runs_of(agent, "month_end")] == [at("2026-01-30T22:00:00")]
+    # March 31 is a Tuesday, and BST has not begun (29 March: it has: 22:00 BST = 21:00 UTC).
+    assert job_row(agent, "month_end")["next_due_at"] == at("2026-03-31T21:00:00")

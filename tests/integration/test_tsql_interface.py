@@ -330,6 +330,29 @@ def test_database_jobs_are_planned_by_the_engine_and_an_invalid_one_hurts_only_i
     assert agent.tick().planned == []
 
 
+def test_the_extended_schedule_form_is_defined_from_tsql_and_checked_by_name(system):
+    """agent.add_scheduled_job takes the extended form (L, W, #, clauses: issue 33); a bad clause is
+    that job's error, naming the parameter, the value and what is expected."""
+    build, connection, url = system
+    agent = build()
+    call(connection, "add_scheduled_job", name="month_end", sql="SELECT 1",
+         schedule="0 0 22 * * MON-FRI#L ; every 2 months ; from 2026-01-01", timezone="Europe/Paris")
+    call(connection, "add_scheduled_job", name="no_start", sql="SELECT 1", schedule="0 0 22 * * * ; every 2 weeks")
+    agent.tick()
+    jobs = {r["job_name"]: r for r in agent.store().execute("list_jobs").rows}
+    assert jobs["month_end"]["valid"] == 1, jobs["month_end"]["config_error"]
+    due = jobs["month_end"]["next_due_at"].astimezone(ZoneInfo("Europe/Paris"))
+    assert (due.hour, due.minute) == (22, 0) and due.weekday() < 5 and (due.month - 1) % 2 == 0
+    following = due + timedelta(days=1)
+    while following.month == due.month:
+        assert following.weekday() >= 5, f"{due} is not the last weekday of its month"
+        following += timedelta(days=1)
+    assert jobs["no_start"]["valid"] == 0 and jobs["no_start"]["config_error"] == (
+        "agent.add_scheduled_job @schedule='0 0 22 * * * ; every 2 weeks': expected a six-field NCRONTAB "
+        "expression (seconds first), e.g. '0 0 2 * * *' ('every 2 weeks' counts from a start date: add "
+        "'; from YYYY-MM-DD')")
+
+
 def test_a_database_job_is_stored_as_the_same_settings_job_would_be(system):
     build, connection, url = system
     agent = build({"twin": {"SCHEDULE": "*/30 * * * * *", "COMMAND": "SELECT 42", "TIMEZONE": "Asia/Tokyo",
