@@ -59,7 +59,15 @@ from shared.engine.operations import (
     submit,
 )
 from shared.engine.runner import LocalRunner
-from shared.engine.views import after_words, history_view, jobs_view, poison_view, stuck_view
+from shared.engine.views import (
+    MAX_NEXT_COUNT,
+    after_words,
+    history_view,
+    jobs_view,
+    next_view,
+    poison_view,
+    stuck_view,
+)
 from shared.errors import AgentError, ConfigError, NotFoundError, UsageError
 from shared.jobs.run_model import RunStatus
 from shared.ops.doctor import run_doctor
@@ -248,6 +256,29 @@ def cmd_jobs(agent, args) -> int:
                       time_text(row["next_due_at"]), row["status"], last, last_targets(row), row["config_error"] or ""])
     print_table(["JOB", "STATE", "DEFINED IN", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN",
                   "LAST TARGETS", "ERROR"], table)
+    return EXIT_OK
+
+
+def cmd_next(agent, args) -> int:
+
+    if args.count > MAX_NEXT_COUNT:
+        raise UsageError(f"--count {args.count}: expected 1 to {MAX_NEXT_COUNT}", setting="--count",
+                         value=args.count, expected=f"1 to {MAX_NEXT_COUNT}")
+    store = agent.store()
+    store.require_schema()
+    # The job as the agent last synced it (see cmd_jobs); its slots computed here, from its row.
+    view = next_view(store, args.name, args.start or agent.clock(), args.count)
+    if args.json:
+        print_json(view)
+        return EXIT_OK
+    print(f"{view['job_name']}: {view['schedule'] or 'on demand'} ({view['schedule_words']}), "
+          f"time zone {view['timezone']}")
+    if view["slots"]:
+        print_table(["#", "SLOT (UTC)", f"SLOT ({view['timezone']})"],
+                     [[k, time_text(slot["at"]), (slot["local"] or "").replace("T", " ")]
+                      for k, slot in enumerate(view["slots"], start=1)])
+    if view["note"]:
+        print(view["note"])
     return EXIT_OK
 
 
@@ -530,6 +561,7 @@ COMMANDS = {
     "work": cmd_work,
     "run": cmd_run,
     "jobs": cmd_jobs,
+    "next": cmd_next,
     "history": cmd_history,
     "stuck": cmd_stuck,
     "poison": cmd_poison,

@@ -15,8 +15,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from shared.errors import NotFoundError
 from shared.jobs.describe import describe_schedule
 from shared.jobs.run_model import RunStatus
+from shared.jobs.schedules import parse_schedule
 
 UTC = timezone.utc
 
@@ -40,6 +42,9 @@ DEFAULT_HISTORY_LIMIT = 50
 DEFAULT_POISON_LIMIT = 50
 DEFAULT_STUCK_LIMIT = 500
 DEFAULT_STUCK_AGE_SECONDS = 600
+# `next` and the job page's preview of the slots to come.
+DEFAULT_NEXT_COUNT = 10
+MAX_NEXT_COUNT = 1000
 RUN_POISON_LIMIT = 50
 
 
@@ -223,7 +228,63 @@ def job_view(store, name: str, now: datetime, window: str = DEFAULT_WINDOW,
     history = history_view(store, name, history_limit, with_output=True)
     return {"job": job, "window": window, "window_start": since, "window_end": now,
             "timeline": {"runs": timeline[:TIMELINE_LIMIT], "limit": TIMELINE_LIMIT, "cut": cut},
-            **history}
+            "next": upcoming_slots(job, now, DEFAULT_NEXT_COUNT), **history}
+
+
+# ---------------------------------------------------------------- the slots to come
+
+
+def next_view(store, name: str, start: datetime, count: int = DEFAULT_NEXT_COUNT) -> dict[str, Any]:
+    """`next JOB`: the job as the agent last synced it (get_job: one query) and its next ``count``
+    slots strictly after ``start``; NotFoundError names the jobs the agent knows."""
+    job = store.execute("get_job", job_name=name).one()
+    if job is None:
+        known = ", ".join(sorted(r["job_name"] for r in store.execute("list_jobs").rows)) or "none"
+        raise NotFoundError(f"no job named {name!r} (jobs the agent knows: {known})", setting="JOB", value=name,
+                            expected=f"one of the jobs the agent knows: {known}")
+    return upcoming_slots(job, start, count)
+
+
+def upcoming_slots(job: dict[str, Any], start: datetime, count: int) -> dict[str, Any]:
+    """A job row's next ``count`` slots strictly after ``start``, each in UTC and in the job's
+    time zone, from its schedule (calendar tokens and clauses included); computed here, in
+    Python, from the row: no query. ``note`` says why there are fewer than asked (on demand, a
+    one-time job already past, a schedule that ended) and what the slots do not show (a job
+    disabled, paused, invalid)."""
+    zone = job.get("timezone") or "UTC"
+    view: dict[str, Any] = {"job_name": job["job_name"], "schedule": job.get("schedule") or "", "timezone": zone,
+                            "schedule_words": describe_schedule(job.get("schedule")), "from": start, "count": count,
+                            "slots": [], "note": None}
+    if not job.get("valid", 1):
+        view["note"] = f"invalid: {job.get('config_error') or 'its settings are refused'}; it claims no slot"
+        return view
+    try:
+        schedule = parse_schedule(job.get("schedule") or "", zone)
+    except ValueError as exc:
+        view["note"] = f"its schedule is not understood here ({exc})"
+        return view
+    moment: datetime | None = start
+    for _ in range(count):
+        moment = schedule.next_after(moment) if moment is not None else None
+        if moment is None:
+            break
+        view["slots"].append({"at": moment, "local": local_time(moment, zone)})
+    notes = []
+    if getattr(schedule, "is_on_demand", False):
+        notes.append("on demand: no slot (it runs when started)")
+    elif not view["slots"] and schedule.is_once:
+        notes.append("a one-time job whose slot is not after this time")
+    elif len(view["slots"]) < count and getattr(schedule, "ends", None) is not None:
+        notes.append(f"its schedule ends on {schedule.ends.isoformat()}")
+    state = job_state(job, start)
+    if state in ("disabled", "removed"):
+        notes.append(f"{state}: these slots are not claimed")
+    elif state == "paused":
+        until = job.get("paused_until")
+        notes.append("paused" + (f" until {until.isoformat()}" if until else "")
+                     + ": a slot that comes while paused is recorded skipped")
+    view["note"] = "; ".join(notes) or None
+    return view
 
 
 # ---------------------------------------------------------------- one run, poison, stuck

@@ -95,6 +95,7 @@ class Pages:
             f'<strong>{escape(w)}</strong>' if w == data["window"]
             else f'<a href="{self.link("/jobs/" + quote(str(name), safe=""), window=w)}">{escape(w)}</a>'
             for w in views.TIMELINE_WINDOWS)
+        out.append(self.next_slots(data["next"]))
         out.append(f'<h2>Runs over the last {escape(data["window"])}</h2>\n<p class="windows">Window: {windows}</p>')
         out.append(self.timeline(data, now))
         out.append("<h2>History</h2>")
@@ -104,6 +105,20 @@ class Pages:
         out.append(self.table("events", EVENT_COLUMNS, data["job_events"]) if data["job_events"]
                    else "<p>No job events.</p>")
         return "\n".join(out) + "\n"
+
+    def next_slots(self, upcoming: dict[str, Any]) -> str:
+        """The slots to come (as `sql-agent next JOB`), in UTC and in the job's time zone."""
+        out = ["<h2>Next slots</h2>"]
+        if upcoming["slots"]:
+            rows = "".join(f'<tr><td>{k}</td><td>{when(slot["at"])}</td><td>{escape((slot["local"] or "").replace("T", " "))}</td></tr>'
+                           for k, slot in enumerate(upcoming["slots"], start=1))
+            out.append(f'<table class="next"><thead><tr><th>#</th><th>UTC</th><th>{escape(upcoming["timezone"])}</th>'
+                       f"</tr></thead><tbody>{rows}</tbody></table>")
+        elif not upcoming["note"]:
+            out.append("<p>No slot to come.</p>")
+        if upcoming["note"]:
+            out.append(f'<p class="note">{escape(upcoming["note"])}</p>')
+        return "\n".join(out)
 
     def timeline(self, data: dict[str, Any], now: datetime) -> str:
         """One bar per run: x from its start to its end (or now while it runs), colour by status,
