@@ -126,7 +126,10 @@ class CronSchedule:
         known = _NEXT_SLOT_CACHE.get(key)
         if known is not None and known[0] <= after < known[1]:
             return known[1]
-        found = self._walk_next_after(after)
+        try:
+            found = self._walk_next_after(after)
+        except OverflowError:   # the next slot would be past 9999-12-31: there is none
+            found = None
         if found is not None:
             if len(_NEXT_SLOT_CACHE) >= _NEXT_SLOT_CACHE_SIZE:
                 _NEXT_SLOT_CACHE.clear()  # many distinct schedules: start over rather than grow
@@ -246,8 +249,11 @@ def _instants(wall: datetime, zone: ZoneInfo, both_folds: bool) -> list[datetime
 
 def _offset_shift(zone: ZoneInfo, moment: datetime) -> timedelta:
     """How far the UTC offset changes within three hours either side of ``moment``."""
-    before = (moment - _DST_WINDOW).astimezone(zone).utcoffset()
-    after = (moment + _DST_WINDOW).astimezone(zone).utcoffset()
+    try:
+        before = (moment - _DST_WINDOW).astimezone(zone).utcoffset()
+        after = (moment + _DST_WINDOW).astimezone(zone).utcoffset()
+    except OverflowError:       # within three hours of year 1 or 9999: no daylight saving there
+        return timedelta(0)
     if before is None or after is None:
         return timedelta(0)
     return abs(after - before)
@@ -306,10 +312,15 @@ def is_extended(text: str) -> bool:
     return ";" in text or bool(_EXTENDED_TOKEN.search(_strip_names(" ".join(text.split()[:6]))))
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes other scripts' digits and superscripts."""
+    return bool(re.fullmatch(r"[0-9]+", text))
+
+
 def _number(text: str, low: int, high: int, names: dict[str, int], what: str) -> int:
     value = names.get(text.lower()) if names else None
     if value is None:
-        if not text.isdigit():
+        if not _digits(text):
             raise ValueError(f"{what} {text!r}: expected a number from {low} to {high}"
                              + (" or a name" if names else ""))
         value = int(text)
@@ -323,7 +334,7 @@ def _plain_values(item: str, low: int, high: int, names: dict[str, int], what: s
     base, slash, step_text = item.partition("/")
     step = 1
     if slash:
-        if not step_text.isdigit() or int(step_text) < 1:
+        if not _digits(step_text) or int(step_text) < 1:
             raise ValueError(f"{what} {item!r}: expected a step of 1 or more after '/'")
         step = int(step_text)
     if base == "*":
@@ -345,8 +356,9 @@ def _cron_weekday(day: date) -> int:
 
 
 def _last_day(day: date) -> int:
-    following = date(day.year + day.month // 12, day.month % 12 + 1, 1)
-    return (following - _DAY).day
+    if day.month == 12:
+        return 31
+    return (date(day.year, day.month + 1, 1) - _DAY).day
 
 
 def _nearest_weekday(day: date, target: int) -> int | None:
@@ -419,7 +431,7 @@ def _parse_day_of_month(field: str) -> _DayOfMonth | None:
             last = True
         elif upper == "LW":
             last_weekday = True
-        elif upper.endswith("W") and upper[:-1].isdigit():
+        elif upper.endswith("W") and _digits(upper[:-1]):
             nearest.add(_number(upper[:-1], 1, 31, {}, "day-of-month"))
         elif "L" in upper or "W" in upper or "#" in upper:
             raise ValueError(f"day-of-month {item!r}: expected L, LW, nW (a day 1-31 then W), or days")
@@ -469,14 +481,14 @@ def _parse_day_of_week(field: str) -> _DayOfWeek | None:
 
 
 def _clock_seconds(text: str, clause: str) -> int:
-    match = re.fullmatch(r"(\d{1,2}):(\d{2})(?::(\d{2}))?", text)
+    match = re.fullmatch(r"([0-9]{1,2}):([0-9]{2})(?::([0-9]{2}))?", text)
     if not match or int(match[1]) > 23 or int(match[2]) > 59 or int(match[3] or 0) > 59:
         raise ValueError(f"clause {clause!r}: {text!r} is not a time of day (HH:MM or HH:MM:SS, 00:00 to 23:59:59)")
     return int(match[1]) * 3600 + int(match[2]) * 60 + int(match[3] or 0)
 
 
 def _clause_date(text: str, clause: str) -> date:
-    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+    if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text):
         raise ValueError(f"clause {clause!r}: {text!r} is not a date (YYYY-MM-DD)")
     try:
         return date.fromisoformat(text)
@@ -533,7 +545,7 @@ class ScheduleRules:
         after_second = after_wall.hour * 3600 + after_wall.minute * 60 + after_wall.second
         # Near a daylight-saving change a wall time earlier than ``after``'s may be a later instant.
         margin = int(_offset_shift(zone, after).total_seconds())
-        day = after_day - _DAY
+        day = after_day - _DAY if after_day > date.min else after_day
         if self.start is not None and day < self.start:
             day = self.start
         best: datetime | None = None
@@ -551,7 +563,11 @@ class ScheduleRules:
                     wall = midnight + timedelta(seconds=times[index])
                     if stop_wall is not None and wall > stop_wall:
                         break
-                    for candidate in _instants(wall, zone, self.both_folds):
+                    try:
+                        instants = _instants(wall, zone, self.both_folds)
+                    except OverflowError:   # before year 1 or after 9999 in UTC: no such instant
+                        continue
+                    for candidate in instants:
                         if candidate > after and (best is None or candidate < best):
                             best = candidate
                             # A later wall time maps to an earlier instant only across a change:
@@ -594,7 +610,7 @@ def _parse_clauses(parts: list[str]) -> dict:
             clause = f"between {_clock(first)} and {_clock(last)}"
         elif words[0] == "every" and len(words) == 3 and words[2] in _UNITS:
             unit = _UNITS[words[2]]
-            if not words[1].isdigit() or int(words[1]) < 1:
+            if not _digits(words[1]) or int(words[1]) < 1:
                 raise ValueError(f"clause {clause!r}: expected a whole number of {unit} of 1 or more")
             every = int(words[1])
             if unit in _PERIOD_LIMITS:
@@ -662,7 +678,9 @@ def compile_rules(text: str) -> ScheduleRules:
     # of February, the fifth Monday of a month list that never has one, ...).
     first = start or date(2000, 1, 1)
     for offset in range(366 * 28 + 7):     # the calendar repeats every 28 years within 1901-2099
-        candidate = first + timedelta(days=offset)
+        candidate = first + timedelta(days=offset) if date.max - first >= timedelta(days=offset) else None
+        if candidate is None:
+            raise ValueError(f"the day fields select no day from {first.isoformat()} to {date.max.isoformat()}")
         if rules.fields_select(candidate):
             break
     else:

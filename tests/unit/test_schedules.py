@@ -341,3 +341,23 @@ def test_extended_form_through_settings_names_the_setting_and_value():
     assert len(invalid) == 1 and invalid[0].name == "bad"
     assert "JOB__bad__SCHEDULE" in invalid[0].errors[0] and "'every 2 weeks' counts from a start date" in \
         invalid[0].errors[0]
+
+
+@pytest.mark.parametrize("text", ["0 0 9 * * * ; every ٣ days ; from 2026-01-01", "0 0 9 * * * ; between ０8:00 and 09:00",
+                                  "0 0 9 1W * * ; from ٢٠٢٦-01-01", "0 0 9 ²W * *", "0 0 9 * * MON#٣"])
+def test_only_ascii_digits_are_numbers(text):
+    with pytest.raises(ValueError):
+        parse_schedule(text)
+
+
+def test_the_ends_of_the_calendar_give_no_slot_or_a_real_one_never_an_error():
+    start, end = datetime(1, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+    for text in ("0 0 9 * * *", "0 0 9 L * *", "0 0 23 * * * ; until 9999-12-31"):
+        for zone in ("UTC", "Pacific/Kiritimati", "Pacific/Pago_Pago"):
+            assert parse_schedule(text, zone).next_after(end) is None
+            first = parse_schedule(text, zone).next_after(start)
+            assert first is None or first > start
+    # the last day of year 9999, 09:00 at UTC+14, is 19:00 UTC the day before
+    assert parse_schedule("0 0 9 L * *", "Pacific/Kiritimati").next_after(u(9999, 12, 30)) == u(9999, 12, 30, 19)
+    with pytest.raises(ValueError, match="select no day from 9999-12-01 to 9999-12-31"):
+        parse_schedule("0 0 9 L 2 * ; from 9999-12-01")
