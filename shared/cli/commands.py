@@ -247,6 +247,8 @@ def cmd_jobs(agent, args) -> int:
     for row in rows:
         last = f"{row['last_status']} #{row['last_run_id']}" if row["last_run_id"] else "-"
         schedule = row["schedule"] or ("on demand" if row["valid"] else "-")
+        if row.get("calendar_words"):
+            schedule += f", {row['calendar_words']}"
         if after_words(row):
             schedule += f", {after_words(row)}"
         state = row["state"]
@@ -272,11 +274,16 @@ def cmd_next(agent, args) -> int:
         print_json(view)
         return EXIT_OK
     print(f"{view['job_name']}: {view['schedule'] or 'on demand'} ({view['schedule_words']}), "
-          f"time zone {view['timezone']}")
+          f"time zone {view['timezone']}" + (f"; {view['calendar_words']}" if view["calendar_words"] else ""))
     if view["slots"]:
-        print_table(["#", "SLOT (UTC)", f"SLOT ({view['timezone']})"],
-                     [[k, time_text(slot["at"]), (slot["local"] or "").replace("T", " ")]
+        print_table(["#", "SLOT (UTC)", f"SLOT ({view['timezone']})", "NOTE"],
+                     [[k, time_text(slot["at"]), (slot["local"] or "").replace("T", " "), slot["moved"] or ""]
                       for k, slot in enumerate(view["slots"], start=1)])
+    if view["removed"]:
+        print()
+        print_table(["REMOVED (UTC)", f"REMOVED ({view['timezone']})", "BY", "MOVED TO (UTC)"],
+                     [[time_text(slot["at"]), (slot["local"] or "").replace("T", " "), slot["calendar"],
+                       time_text(slot["moved_to"]) if slot["moved_to"] else "-"] for slot in view["removed"]])
     if view["note"]:
         print(view["note"])
     return EXIT_OK

@@ -29,6 +29,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from functools import lru_cache
 from typing import Any, Callable
 
 from shared.control.sqlerrors import classify, describe, is_lock_conflict
@@ -39,7 +40,8 @@ from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
 from shared.engine.planning import plan_database_jobs, refused_settings_job_error, stand_in_name
 from shared.errors import AgentError, ClockSkewError, PartialDispatchError, QueueError
 from shared.jobs.run_model import RunStatus
-from shared.jobs.schedules import CronSchedule, parse_schedule
+from shared.jobs.calendars import CalendarRules
+from shared.jobs.schedules import CronSchedule, parse_schedule, validate_timezone
 from shared.jobs.targets import describe_members, dialect_problem
 from shared.settings import Settings
 
@@ -67,6 +69,8 @@ NOTE_MISFIRE_SUPERSEDED = "misfire: slot missed while the agent was down; caught
 NOTE_CATCH_UP = "misfire: caught up late, once"
 # A slot that came while its job was paused (sql-agent pause, agent.pause_job).
 NOTE_PAUSED = "paused"
+# A slot a calendar excludes (JOB__<name>__EXCLUDE / ONLY): "calendar: <name>", "calendar: not in <names>".
+NOTE_CALENDAR = "calendar:"
 
 
 @dataclass
@@ -289,6 +293,7 @@ class Scheduler:
                 "grace_seconds": job.grace_seconds, "overlap": job.overlap,
                 "steps": job.steps_json(), "notify": job.notify, "notify_webhook_url": job.notify_webhook_url,
                 "after_job": job.after, "after_outcome": job.after_outcome.value if job.after else None,
+                "calendars": job.calendars or None,
                 "next_due_at": store.json_time(_initial_due(job.schedule, job.timezone, now)) if job.enabled else None,
             })
         for bad in self.settings.invalid_jobs:
@@ -465,7 +470,7 @@ class Scheduler:
             advances: dict[tuple, dict[str, Any]] = {}
             for job in jobs:
                 key = (job["schedule"], job["timezone"], job["next_due_at"], job["misfire"], job["grace_seconds"],
-                       bool(job["paused"]), job["paused_at"], job["paused_until"])
+                       bool(job["paused"]), job["paused_at"], job["paused_until"], job.get("calendars"))
                 if key not in plans:
                     plans[key] = (_plan_paused_slots(job, now) if job["paused"]
                                   else _plan_slots(job, now, horizon, late_cutoff))
@@ -491,8 +496,9 @@ class Scheduler:
             properties = run_properties(run, outcome=run["status"])
             if run["status"] == RunStatus.SKIPPED:
                 log.info("job %s slot %s skipped: %s", run["job_name"], run["scheduled_for"], run.get("note"))
-                # A slot of a paused job is not a misfire: its pause was told once (JobPaused).
-                if not str(run.get("note") or "").startswith(NOTE_PAUSED):
+                # A slot of a paused job is not a misfire: its pause was told once (JobPaused); nor is
+                # one a calendar excludes (its note says which).
+                if not str(run.get("note") or "").startswith((NOTE_PAUSED, NOTE_CALENDAR)):
                     self.telemetry.event("MisfireSkipped", properties, operation_id=run.get("operation_id"))
             else:
                 self.telemetry.event("RunClaimed", properties, operation_id=run.get("operation_id"))
@@ -530,6 +536,7 @@ def _invalid_row(key: str, message: str) -> dict[str, Any]:
         "max_attempts": 1, "timeout_seconds": 1, "lease_seconds": 60, "misfire": "skip",
         "grace_seconds": 0, "overlap": "skip", "next_due_at": None,
         "steps": None, "notify": "never", "notify_webhook_url": None, "after_job": None, "after_outcome": None,
+        "calendars": None,
     }
 
 
@@ -616,7 +623,49 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
             planned.append((slot, RunStatus.PENDING, None))
         ahead += 1
         slot = following(slot)
+    rules = _calendar_rules(job.get("calendars"))
+    if rules:
+        planned = _apply_calendars(planned, rules, validate_timezone(job["timezone"]))
     return planned, slot
+
+
+@lru_cache(maxsize=256)
+def _calendar_rules(text: str | None) -> CalendarRules:
+    try:
+        return CalendarRules.from_json(text)
+    except (ValueError, KeyError, TypeError) as exc:   # written by this code: should not happen
+        log.error("calendars %r cannot be read (%s); they are not applied", (text or "")[:200], describe(exc))
+        return CalendarRules()
+
+
+def _apply_calendars(planned: list[tuple[datetime, RunStatus, str | None]], rules: CalendarRules,
+                     zone) -> list[tuple[datetime, RunStatus, str | None]]:
+    """The job's calendars decide each slot that would run: one they exclude is recorded
+    skipped with the calendar's name (``calendar: uk_holidays``) or, with ON_EXCLUDED=next,
+    skipped with the time it moved to and a run claimed at that time (the first instant the
+    calendars allow; every slot of one excluded stretch moves to the same time, which runs once:
+    the unique (job, slot) key). A moved run lands on a slot of the schedule as that slot's run."""
+    decided: dict[datetime, tuple[datetime, RunStatus, str | None]] = {}
+    moved: list[tuple[datetime, RunStatus, str | None]] = []
+    for slot, status, note in planned:
+        why = rules.why_excluded(slot, zone) if status == RunStatus.PENDING else None
+        if why is None:
+            decided[slot] = (slot, status, note)
+            continue
+        if note:
+            why = f"{why} ({note})"
+        if rules.on_excluded == "next":
+            allowed = rules.next_allowed(slot, zone)
+            if allowed is None:
+                decided[slot] = (slot, RunStatus.SKIPPED, f"{why}; no allowed time within a year")
+                continue
+            decided[slot] = (slot, RunStatus.SKIPPED, f"{why}; moved to {allowed.isoformat()}")
+            moved.append((allowed, RunStatus.PENDING, f"{why}; moved from {slot.isoformat()}"))
+        else:
+            decided[slot] = (slot, RunStatus.SKIPPED, why)
+    for entry in moved:
+        decided.setdefault(entry[0], entry)
+    return sorted(decided.values(), key=lambda entry: entry[0])
 
 
 def _inside_pause(job: dict[str, Any], moment: datetime) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from shared.errors import NotFoundError
+from shared.jobs.calendars import CalendarRules
 from shared.jobs.describe import describe_schedule
 from shared.jobs.run_model import RunStatus
 from shared.jobs.schedules import parse_schedule
@@ -88,8 +89,22 @@ def _job_extras(row: dict[str, Any], now: datetime) -> dict[str, Any]:
         "source": row.get("source") or DEFAULT_JOB_SOURCE,
         "state": job_state(row, now),
         "schedule_words": describe_schedule(row.get("schedule")),
+        "calendar_words": calendar_words(row.get("calendars")),
         "next_due_local": local_time(row.get("next_due_at"), row.get("timezone")),
     }
+
+
+def calendar_words(text: str | None) -> str | None:
+    """A job's calendars in words ("excluding uk_holidays, freeze; an excluded slot moves to the
+    next allowed time"), or None when it has none (or they cannot be read: a page never fails)."""
+    try:
+        return _rules(text).describe() or None
+    except Exception:   # words are a courtesy
+        return None
+
+
+def _rules(text: str | None) -> CalendarRules:
+    return CalendarRules.from_json(text)
 
 
 def after_words(row: dict[str, Any]) -> str | None:
@@ -253,8 +268,9 @@ def upcoming_slots(job: dict[str, Any], start: datetime, count: int) -> dict[str
     disabled, paused, invalid)."""
     zone = job.get("timezone") or "UTC"
     view: dict[str, Any] = {"job_name": job["job_name"], "schedule": job.get("schedule") or "", "timezone": zone,
-                            "schedule_words": describe_schedule(job.get("schedule")), "from": start, "count": count,
-                            "slots": [], "note": None}
+                            "schedule_words": describe_schedule(job.get("schedule")),
+                            "calendar_words": calendar_words(job.get("calendars")), "from": start, "count": count,
+                            "slots": [], "removed": [], "note": None}
     if not job.get("valid", 1):
         view["note"] = f"invalid: {job.get('config_error') or 'its settings are refused'}; it claims no slot"
         return view
@@ -263,12 +279,31 @@ def upcoming_slots(job: dict[str, Any], start: datetime, count: int) -> dict[str
     except ValueError as exc:
         view["note"] = f"its schedule is not understood here ({exc})"
         return view
+    try:
+        rules, tz = _rules(job.get("calendars")), ZoneInfo(zone)
+    except Exception:
+        rules, tz = CalendarRules(), ZoneInfo("UTC")
+    runs: dict[datetime, str | None] = {}       # instant -> why it runs there (a moved slot)
+    latest: datetime | None = None
     moment: datetime | None = start
-    for _ in range(count):
+    # Every slot of a long excluded stretch is looked at (each is a removed slot): at most this many.
+    for _ in range(count * 20 if rules else count):
         moment = schedule.next_after(moment) if moment is not None else None
-        if moment is None:
+        if moment is None or (len(runs) >= count and latest is not None and moment > latest):
             break
-        view["slots"].append({"at": moment, "local": local_time(moment, zone)})
+        why = rules.why_excluded(moment, tz) if rules else None
+        if why is None:
+            runs.setdefault(moment, None)
+            latest = max(latest or moment, moment)
+            continue
+        moved = rules.next_allowed(moment, tz) if rules.on_excluded == "next" else None
+        if len(view["removed"]) < count:
+            view["removed"].append({"at": moment, "local": local_time(moment, zone), "calendar": why,
+                                    "moved_to": moved})
+        if moved is not None:
+            runs.setdefault(moved, f"{why}; moved from {moment.isoformat()}")
+            latest = max(latest or moved, moved)
+    view["slots"] = [{"at": at, "local": local_time(at, zone), "moved": runs[at]} for at in sorted(runs)[:count]]
     notes = []
     if getattr(schedule, "is_on_demand", False):
         notes.append("on demand: no slot (it runs when started)")

@@ -100,6 +100,9 @@ class JobDefinition:
     # one (in the transaction that ends it). None: this job follows no job.
     after: str | None = None
     after_outcome: AfterOutcome = AfterOutcome.SUCCEEDED
+    # JOB__<name>__EXCLUDE / ONLY / ON_EXCLUDED: the calendars the job's slots avoid or keep to,
+    # whole, as JSON (shared.jobs.calendars.CalendarRules); "" when it names none.
+    calendars: str = ""
 
     def steps_json(self) -> str | None:
         """What agent.jobs.steps holds: None for a one-step job (today's rows, unchanged)."""

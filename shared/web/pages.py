@@ -68,7 +68,7 @@ class Pages:
             lines.append(
                 f'<tr class="job" id="job-{escape(row["job_name"])}"><td>{self.job_link(row["job_name"])}</td>'
                 f'<td>{escape(row["source"])}</td><td>{state}</td>'
-                f'<td>{escape(row["schedule_words"])}<div><code>{escape(row["schedule"])}</code></div>{_after(self, row)}</td>'
+                f'<td>{escape(row["schedule_words"])}<div><code>{escape(row["schedule"])}</code></div>{_calendars(row)}{_after(self, row)}</td>'
                 f'<td>{escape(row["timezone"])}</td><td class="status">{status_text(row)}</td><td>{last}</td>'
                 f"<td>{_next_slot(row)}</td></tr>")
         lines.append("</tbody></table>")
@@ -81,7 +81,7 @@ class Pages:
                  + (f'<div class="error">{escape(job["config_error"])}</div>' if job["config_error"] else ""))
         facts = [
             ("Defined in", escape(job["source"])), ("State", state),
-            ("Schedule", f'{escape(job["schedule_words"])} <code>{escape(job["schedule"])}</code>{_after(self, job)}'),
+            ("Schedule", f'{escape(job["schedule_words"])} <code>{escape(job["schedule"])}</code>{_calendars(job)}{_after(self, job)}'),
             ("Time zone", escape(job["timezone"])), ("Status now", status_text(job)),
             ("Last outcome", f'{escape(job["last_status"] or "-")} {self.run_link(job["last_run_id"])} '
                              f'{when(job["last_finished_at"]) if job["last_run_id"] else ""}{_last_targets(job)}'),
@@ -110,10 +110,18 @@ class Pages:
         """The slots to come (as `sql-agent next JOB`), in UTC and in the job's time zone."""
         out = ["<h2>Next slots</h2>"]
         if upcoming["slots"]:
-            rows = "".join(f'<tr><td>{k}</td><td>{when(slot["at"])}</td><td>{escape((slot["local"] or "").replace("T", " "))}</td></tr>'
+            rows = "".join(f'<tr><td>{k}</td><td>{when(slot["at"])}</td><td>{escape((slot["local"] or "").replace("T", " "))}</td>'
+                           f'<td>{escape(slot["moved"] or "")}</td></tr>'
                            for k, slot in enumerate(upcoming["slots"], start=1))
             out.append(f'<table class="next"><thead><tr><th>#</th><th>UTC</th><th>{escape(upcoming["timezone"])}</th>'
-                       f"</tr></thead><tbody>{rows}</tbody></table>")
+                       f"<th>Note</th></tr></thead><tbody>{rows}</tbody></table>")
+        if upcoming["removed"]:
+            rows = "".join(f'<tr><td>{when(slot["at"])}</td><td>{escape((slot["local"] or "").replace("T", " "))}</td>'
+                           f'<td>{escape(slot["calendar"])}</td><td>{when(slot["moved_to"]) if slot["moved_to"] else "-"}</td></tr>'
+                           for slot in upcoming["removed"])
+            out.append(f'<p>Slots the calendars remove:</p><table class="removed"><thead><tr><th>UTC</th>'
+                       f'<th>{escape(upcoming["timezone"])}</th><th>By</th><th>Moved to (UTC)</th></tr></thead>'
+                       f"<tbody>{rows}</tbody></table>")
         elif not upcoming["note"]:
             out.append("<p>No slot to come.</p>")
         if upcoming["note"]:
@@ -349,6 +357,12 @@ def _run_kind(pages: Pages, run: dict[str, Any]) -> str:
     if run.get("followed_run_id") is None:
         return escape(run.get("kind"))
     return f'{escape(run.get("kind"))}, <span class="after">after run {pages.run_link(run["followed_run_id"])}</span>'
+
+
+def _calendars(job: dict[str, Any]) -> str:
+    """The job's calendars in words, as a line under its schedule; nothing when it has none."""
+    words = job.get("calendar_words")
+    return f'<div class="calendars">{escape(words)}</div>' if words else ""
 
 
 def _after(pages: Pages, job: dict[str, Any]) -> str:

@@ -1,0 +1,4 @@
+-- 0012 schedules beyond every scheduler (issue 33): a job's calendars (JOB__<name>__EXCLUDE, ONLY,
+-- ON_EXCLUDED), whole, as JSON (shared.jobs.calendars.CalendarRules): the claim reads them with
+-- the job (select_due_jobs) and computes its slots' decisions in Python; NULL: no calendar.
+ALTER TABLE agent.jobs ADD calendars NVARCHAR(MAX) NULL;
