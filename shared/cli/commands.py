@@ -277,7 +277,8 @@ def cmd_next(agent, args) -> int:
           f"time zone {view['timezone']}" + (f"; {view['calendar_words']}" if view["calendar_words"] else ""))
     if view["slots"]:
         print_table(["#", "SLOT (UTC)", f"SLOT ({view['timezone']})", "NOTE"],
-                     [[k, time_text(slot["at"]), (slot["local"] or "").replace("T", " "), slot["moved"] or ""]
+                     [[k, time_text(slot["at"]), (slot["local"] or "").replace("T", " "),
+                       slot["moved"] or (f"jitter +{slot['jitter_seconds']} s" if slot["jitter_seconds"] else "")]
                       for k, slot in enumerate(view["slots"], start=1)])
     if view["removed"]:
         print()

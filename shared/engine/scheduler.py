@@ -41,7 +41,7 @@ from shared.engine.planning import plan_database_jobs, refused_settings_job_erro
 from shared.errors import AgentError, ClockSkewError, PartialDispatchError, QueueError
 from shared.jobs.run_model import RunStatus
 from shared.jobs.calendars import CalendarRules
-from shared.jobs.schedules import CronSchedule, parse_schedule, validate_timezone
+from shared.jobs.schedules import CronSchedule, jitter_offset, parse_schedule, validate_timezone
 from shared.jobs.targets import describe_members, dialect_problem
 from shared.settings import Settings
 
@@ -293,7 +293,7 @@ class Scheduler:
                 "grace_seconds": job.grace_seconds, "overlap": job.overlap,
                 "steps": job.steps_json(), "notify": job.notify, "notify_webhook_url": job.notify_webhook_url,
                 "after_job": job.after, "after_outcome": job.after_outcome.value if job.after else None,
-                "calendars": job.calendars or None,
+                "calendars": job.calendars or None, "jitter_seconds": job.jitter_seconds,
                 "next_due_at": store.json_time(_initial_due(job.schedule, job.timezone, now)) if job.enabled else None,
             })
         for bad in self.settings.invalid_jobs:
@@ -475,6 +475,8 @@ class Scheduler:
                     plans[key] = (_plan_paused_slots(job, now) if job["paused"]
                                   else _plan_slots(job, now, horizon, late_cutoff))
                 planned, following = plans[key]
+                if job.get("jitter_seconds"):
+                    planned = _with_jitter(planned, job)
                 slots += [{"job_name": job["job_name"], "scheduled_for": store.json_time(slot),
                            "status": status, "note": note} for slot, status, note in planned]
                 # advance_jobs moves every job of one (schedule, time zone, next slot) together; a
@@ -536,7 +538,7 @@ def _invalid_row(key: str, message: str) -> dict[str, Any]:
         "max_attempts": 1, "timeout_seconds": 1, "lease_seconds": 60, "misfire": "skip",
         "grace_seconds": 0, "overlap": "skip", "next_due_at": None,
         "steps": None, "notify": "never", "notify_webhook_url": None, "after_job": None, "after_outcome": None,
-        "calendars": None,
+        "calendars": None, "jitter_seconds": 0,
     }
 
 
@@ -627,6 +629,26 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
     if rules:
         planned = _apply_calendars(planned, rules, validate_timezone(job["timezone"]))
     return planned, slot
+
+
+def _with_jitter(planned: list[tuple[datetime, RunStatus, str | None]],
+                 job: dict[str, Any]) -> list[tuple[datetime, RunStatus, str | None]]:
+    """Each slot the schedule gave that runs (pending, no note: not a catch-up, not moved by a
+    calendar) moved later by the job's jitter (schedules.jitter_offset): the run is keyed by the
+    jittered time, the same on every instance, and stays before the job's next slot."""
+    try:
+        schedule = parse_schedule(job["schedule"], job["timezone"])
+    except (ValueError, OverflowError):
+        return planned
+    out = []
+    for slot, status, note in planned:
+        if status == RunStatus.PENDING and note is None:
+            offset = jitter_offset(job["job_name"], slot, schedule.next_after(slot), int(job["jitter_seconds"]))
+            if offset:
+                out.append((slot + timedelta(seconds=offset), status, f"jitter: +{offset} s from {slot.isoformat()}"))
+                continue
+        out.append((slot, status, note))
+    return out
 
 
 @lru_cache(maxsize=256)

@@ -19,7 +19,7 @@ from shared.errors import NotFoundError
 from shared.jobs.calendars import CalendarRules
 from shared.jobs.describe import describe_schedule
 from shared.jobs.run_model import RunStatus
-from shared.jobs.schedules import parse_schedule
+from shared.jobs.schedules import jitter_offset, parse_schedule
 
 UTC = timezone.utc
 
@@ -303,7 +303,13 @@ def upcoming_slots(job: dict[str, Any], start: datetime, count: int) -> dict[str
         if moved is not None:
             runs.setdefault(moved, f"{why}; moved from {moment.isoformat()}")
             latest = max(latest or moved, moved)
-    view["slots"] = [{"at": at, "local": local_time(at, zone), "moved": runs[at]} for at in sorted(runs)[:count]]
+    jitter = int(job.get("jitter_seconds") or 0)
+    slots = []
+    for at in sorted(runs)[:count]:
+        offset = 0 if runs[at] is not None else jitter_offset(job["job_name"], at, schedule.next_after(at), jitter)
+        moment = at + timedelta(seconds=offset)
+        slots.append({"at": moment, "local": local_time(moment, zone), "moved": runs[at], "jitter_seconds": offset})
+    view["slots"] = slots
     notes = []
     if getattr(schedule, "is_on_demand", False):
         notes.append("on demand: no slot (it runs when started)")

@@ -30,7 +30,7 @@ from shared.jobs.model import (
     StepDefinition,
 )
 from shared.jobs.calendars import ON_EXCLUDED_POLICIES, Calendar, CalendarRules, CalendarSettings, parse_calendars
-from shared.jobs.schedules import parse_schedule, validate_timezone
+from shared.jobs.schedules import MAX_JITTER_SECONDS, parse_schedule, validate_timezone
 from shared.jobs.steps import one_fleet_step, parse_steps
 from shared.jobs.targets import DEFAULT_PARALLELISM, MAX_PARALLELISM, describe_members, parse_targets
 from shared.values import DATABASE_NAME_PATTERN, JOB_NAME_PATTERN, parse_bool, parse_int, printable, storable_problem
@@ -56,6 +56,7 @@ JOB_SETTING_SUFFIXES = (
     "EXCLUDE",
     "ONLY",
     "ON_EXCLUDED",
+    "JITTER_SECONDS",
 )
 
 
@@ -337,6 +338,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         steps: tuple[StepDefinition, ...] = ()
         after, after_outcome = None, AfterOutcome.SUCCEEDED
         calendar_rules = ""
+        jitter_seconds = 0
     else:
         def int_value(suffix: str, low: int, high: int) -> int:
             if suffix not in given and suffix in _DEFAULT_INTS:
@@ -395,6 +397,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
             parallelism = int_value("TARGET_PARALLELISM", 1, MAX_PARALLELISM)
         after, after_outcome = _after_settings(name, given, setting, errors)
         calendar_rules = _calendar_settings(given, setting, errors, calendars or CalendarSettings({}, {}))
+        jitter_seconds = int_value("JITTER_SECONDS", 0, MAX_JITTER_SECONDS) if "JITTER_SECONDS" in given else 0
         steps: tuple[StepDefinition, ...] = ()
         if has_steps and "COMMAND" not in values:
             steps = parse_steps(name, values, errors, default_max_attempts=max_attempts,
@@ -417,6 +420,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         lease_seconds=lease_seconds, misfire=misfire, grace_seconds=grace_seconds,
         overlap=overlap, database=database, steps=steps, notify=notify, notify_webhook_url=webhook,
         targets=targets, after=after, after_outcome=after_outcome, calendars=calendar_rules,
+        jitter_seconds=jitter_seconds,
     )
 
 

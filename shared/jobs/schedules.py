@@ -16,6 +16,7 @@ All datetimes crossing this module's boundary are timezone-aware UTC.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import sys
 from bisect import bisect_left
@@ -697,6 +698,27 @@ def _field_values(field: str, low: int, high: int, what: str, names: dict[str, i
     for item in field.split(","):
         values |= _plain_values(item, low, high, names or {}, what)
     return values
+
+
+# ---------------------------------------------------------------- jitter
+
+MAX_JITTER_SECONDS = 86400
+
+
+def jitter_offset(job_name: str, slot: datetime, following: datetime | None, jitter_seconds: int) -> int:
+    """How many seconds late a slot of a job with JOB__<name>__JITTER_SECONDS runs: fixed by the
+    job's name (case-insensitively) and the slot (SHA-256), so every instance computes the same
+    and the jittered slot is still claimed once; from 0 to ``jitter_seconds``, and always before
+    the job's next slot (``following``), so the runs keep their order and never share a slot."""
+    if jitter_seconds <= 0:
+        return 0
+    bound = jitter_seconds
+    if following is not None:
+        bound = min(bound, int((following - slot).total_seconds()) - 1)
+    if bound <= 0:
+        return 0
+    digest = hashlib.sha256(f"{job_name.lower()}\n{utc(slot).isoformat()}".encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:8], "big") % (bound + 1)
 
 
 # ---------------------------------------------------------------- SQL Server Agent's schedules

@@ -111,7 +111,7 @@ class Pages:
         out = ["<h2>Next slots</h2>"]
         if upcoming["slots"]:
             rows = "".join(f'<tr><td>{k}</td><td>{when(slot["at"])}</td><td>{escape((slot["local"] or "").replace("T", " "))}</td>'
-                           f'<td>{escape(slot["moved"] or "")}</td></tr>'
+                           f'<td>{escape(_slot_note(slot))}</td></tr>'
                            for k, slot in enumerate(upcoming["slots"], start=1))
             out.append(f'<table class="next"><thead><tr><th>#</th><th>UTC</th><th>{escape(upcoming["timezone"])}</th>'
                        f"<th>Note</th></tr></thead><tbody>{rows}</tbody></table>")
@@ -357,6 +357,13 @@ def _run_kind(pages: Pages, run: dict[str, Any]) -> str:
     if run.get("followed_run_id") is None:
         return escape(run.get("kind"))
     return f'{escape(run.get("kind"))}, <span class="after">after run {pages.run_link(run["followed_run_id"])}</span>'
+
+
+def _slot_note(slot: dict[str, Any]) -> str:
+    """What a slot to come says beside its time: where a calendar moved it from, or its jitter."""
+    if slot["moved"]:
+        return slot["moved"]
+    return f"jitter +{slot['jitter_seconds']} s" if slot["jitter_seconds"] else ""
 
 
 def _calendars(job: dict[str, Any]) -> str:

@@ -361,3 +361,49 @@ def test_the_ends_of_the_calendar_give_no_slot_or_a_real_one_never_an_error():
     assert parse_schedule("0 0 9 L * *", "Pacific/Kiritimati").next_after(u(9999, 12, 30)) == u(9999, 12, 30, 19)
     with pytest.raises(ValueError, match="select no day from 9999-12-01 to 9999-12-31"):
         parse_schedule("0 0 9 L 2 * ; from 9999-12-01")
+
+
+# ---------------------------------------------------------------- jitter
+
+def test_jitter_is_fixed_by_job_and_slot_bounded_and_before_the_next_slot():
+    from shared.jobs.schedules import jitter_offset
+
+    slot, following = u(2026, 1, 1, 2), u(2026, 1, 2, 2)
+    offsets = [jitter_offset(f"job{k}", slot, following, 600) for k in range(2000)]
+    assert all(0 <= d <= 600 for d in offsets)
+    assert len(set(offsets)) > 450                     # spread: 2000 jobs over 601 seconds
+    assert offsets == [jitter_offset(f"JOB{k}", slot, following, 600) for k in range(2000)]   # names fold
+    assert jitter_offset("a", slot, following, 0) == 0
+    # never at or past the next slot: every 10 s with 600 s of jitter stays within 9 s
+    every_10 = [jitter_offset(f"j{k}", slot, slot + timedelta(seconds=10), 600) for k in range(500)]
+    assert max(every_10) == 9 and min(every_10) == 0
+    assert jitter_offset("j", slot, slot + timedelta(seconds=1), 600) == 0
+    per_slot = {jitter_offset("nightly", slot + timedelta(days=k), None, 3600) for k in range(200)}
+    assert len(per_slot) > 150                         # each slot its own delay
+
+
+def test_every_process_computes_the_same_jitter():
+    """Instances agree whatever their hash seed: the offset is SHA-256 of the name and the slot."""
+    import subprocess
+    import sys
+
+    from shared.jobs.schedules import jitter_offset
+
+    code = ("from datetime import datetime, timezone; from shared.jobs.schedules import jitter_offset; "
+            "print([jitter_offset(f'job{k}', datetime(2026, 1, 1, 2, tzinfo=timezone.utc), None, 3600) for k in range(50)])")
+    here = [jitter_offset(f"job{k}", u(2026, 1, 1, 2), None, 3600) for k in range(50)]
+    for seed in ("1", "2", "random"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"}, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+        assert out.stdout.strip() == str(here)
+
+
+@pytest.mark.parametrize("value, expected", [("-1", "from 0 to 86400"), ("86401", "from 0 to 86400"),
+                                             ("ten", "from 0 to 86400"), ("1e3", "from 0 to 86400")])
+def test_jitter_setting_is_checked_by_name(value, expected):
+    from shared.jobs.from_settings import parse_jobs
+
+    jobs, invalid = parse_jobs({"JOB__x__SCHEDULE": "0 0 2 * * *", "JOB__x__COMMAND": "SELECT 1",
+                                "JOB__x__JITTER_SECONDS": value})
+    assert not jobs and invalid[0].errors[0].startswith(f"JOB__x__JITTER_SECONDS={value!r}")
+    assert expected in invalid[0].errors[0]

@@ -92,16 +92,16 @@ RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_i
 INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, enabled, valid,
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
-                        steps, notify, notify_webhook_url, after_job, after_outcome, calendars)
+                        steps, notify, notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds)
 SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid,
        j.config_error, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire,
        j.grace_seconds, j.overlap, CAST(j.next_due_at AS timestamp), CAST(:now AS timestamp), 1,
-       CAST(:now AS timestamp), j.steps, j.notify, j.notify_webhook_url, j.after_job, j.after_outcome, j.calendars
+       CAST(:now AS timestamp), j.steps, j.notify, j.notify_webhook_url, j.after_job, j.after_outcome, j.calendars, COALESCE(j.jitter_seconds, 0)
 FROM json_to_recordset(CAST(:jobs AS json)) AS j(
     job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, command TEXT, target_database VARCHAR,
     enabled INT, valid INT, config_error TEXT, max_attempts INT, timeout_seconds INT,
     lease_seconds INT, misfire VARCHAR, grace_seconds INT, overlap VARCHAR, next_due_at VARCHAR,
-    steps TEXT, notify VARCHAR, notify_webhook_url VARCHAR, after_job VARCHAR, after_outcome VARCHAR, calendars TEXT)
+    steps TEXT, notify VARCHAR, notify_webhook_url VARCHAR, after_job VARCHAR, after_outcome VARCHAR, calendars TEXT, jitter_seconds INT)
 ORDER BY j.job_name
 ON CONFLICT (job_name) DO UPDATE SET
     next_due_at = CASE
@@ -140,7 +140,8 @@ ON CONFLICT (job_name) DO UPDATE SET
     notify_webhook_url = EXCLUDED.notify_webhook_url,
     after_job = EXCLUDED.after_job,
     after_outcome = EXCLUDED.after_outcome,
-    calendars = EXCLUDED.calendars
+    calendars = EXCLUDED.calendars,
+    jitter_seconds = EXCLUDED.jitter_seconds
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 WHERE agent.jobs.defined_in_database = 0 OR agent.jobs.configured = 0;
 
@@ -215,7 +216,7 @@ RETURNING 'lease shortened' AS action, run_id, job_name, scheduled_for;
 -- select_due_jobs --
 -- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now and its window (one that ended names the slots missed inside it); their slots are computed in Python, for these jobs only.
 -- The pauses lock (advisory 7428015) is taken shared, to the claim's commit, before the scan (a scalar subquery: a one-time filter, evaluated even when no job is due; not EXISTS, whose select list the planner drops): a pause_job either committed before it (claim_slots, a later statement, sees the pause) or waits for this claim to commit (and skips what it claimed inside the pause).
-SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars,
+SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds,
        CASE WHEN p.job_name IS NULL THEN 0
             WHEN p.paused_until IS NULL OR p.paused_until > CAST(:now AS timestamp) THEN 1 ELSE 0 END AS paused,
        p.paused_at, p.paused_until
@@ -484,7 +485,7 @@ RETURNING run_id;
 -- list_jobs --
 -- Every known job with its configuration state, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
        CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source, j.needs_planning,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
@@ -622,7 +623,7 @@ ORDER BY run_id LIMIT :limit;
 -- get_job --
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
