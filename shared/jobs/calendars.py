@@ -5,6 +5,7 @@ A calendar is defined in settings::
 
     CALENDAR__<name>__DATES   2026-12-25, 2026-12-24..2026-12-26, ...   (dates and inclusive ranges)
     CALENDAR__<name>__WEEKLY  SAT-SUN, MON-FRI 18:00-24:00, FRI 22:00-06:00, ...
+    CALENDAR__<name>__ICS     holidays/uk.ics   (an iCalendar file: its events, recurring ones too)
 
 Dates and windows are read in the time zone of the job that uses the calendar (a holiday is a
 local date). A weekly window's start is included and its end is not; an end at or before the
@@ -23,7 +24,7 @@ from zoneinfo import ZoneInfo
 
 UTC = timezone.utc
 CALENDAR_SETTING_PREFIX = "CALENDAR__"
-CALENDAR_FIELDS = ("DATES", "WEEKLY")
+CALENDAR_FIELDS = ("DATES", "WEEKLY", "ICS")
 ON_EXCLUDED_POLICIES = ("skip", "next")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _DAYS = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
@@ -34,6 +35,11 @@ _MAX_STEPS = 2000
 # At most this many dates or ranges, and weekly windows, in one calendar (a job row carries it).
 MAX_DATE_ITEMS = 2000
 MAX_WEEKLY_ITEMS = 100
+MAX_EVENTS = 5000
+MAX_ICS_BYTES = 5 * 1024 * 1024
+# The recurring events of an iCalendar file are expanded from the start of last year to the end
+# of the year after next (read again whenever the settings are).
+ICS_YEARS_BACK, ICS_YEARS_AHEAD = 1, 2
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ class Calendar:
     name: str
     dates: tuple[tuple[date, date], ...] = ()        # inclusive ranges, sorted
     weekly: tuple[WeeklyWindow, ...] = ()
+    events: tuple[tuple[datetime, datetime], ...] = ()   # [start, end) instants (UTC), sorted
 
     # -- what it holds
 
@@ -79,6 +86,11 @@ class Calendar:
                     ends.append(_instant(datetime.combine(day, time()) + timedelta(days=1, seconds=window.end), zone))
                 elif (weekday - 1) % 7 in window.days and second < window.end:
                     ends.append(_instant(datetime.combine(day, time()) + timedelta(seconds=window.end), zone))
+        for start, end in self.events:
+            if start > instant:
+                break
+            if instant < end:
+                ends.append(end)
         later = [end for end in ends if end > instant]
         return max(later) if later else None
 
@@ -99,26 +111,34 @@ class Calendar:
                     moment = _instant(datetime.combine(day, time()) + timedelta(seconds=window.start), zone)
                     if moment >= instant:
                         starts.append(moment)
+        starts += [start for start, _end in self.events if start >= instant][:1]
         found = min(starts, default=None)
         return found if found is not None and found - instant <= MOVE_HORIZON else None
 
     # -- JSON (a job row's `calendars` column)
 
     def as_json(self) -> dict:
-        return {"name": self.name, "dates": [[a.isoformat(), b.isoformat()] for a, b in self.dates],
-                "weekly": [[sorted(w.days), w.start, w.end] for w in self.weekly]}
+        value: dict = {"name": self.name, "dates": [[a.isoformat(), b.isoformat()] for a, b in self.dates],
+                       "weekly": [[sorted(w.days), w.start, w.end] for w in self.weekly]}
+        if self.events:
+            value["events"] = [[a.isoformat(), b.isoformat()] for a, b in self.events]
+        return value
 
     @staticmethod
     def from_json(value: dict) -> Calendar:
         return Calendar(name=value["name"],
                         dates=tuple((date.fromisoformat(a), date.fromisoformat(b)) for a, b in value.get("dates", ())),
-                        weekly=tuple(WeeklyWindow(frozenset(d), s, e) for d, s, e in value.get("weekly", ())))
+                        weekly=tuple(WeeklyWindow(frozenset(d), s, e) for d, s, e in value.get("weekly", ())),
+                        events=tuple((datetime.fromisoformat(a), datetime.fromisoformat(b))
+                                     for a, b in value.get("events", ())))
 
     def describe(self) -> str:
         parts = [a.isoformat() if a == b else f"{a.isoformat()}..{b.isoformat()}" for a, b in self.dates[:5]]
         if len(self.dates) > 5:
             parts.append(f"... ({len(self.dates)} dates or ranges)")
         parts += [w.text() for w in self.weekly]
+        if self.events:
+            parts.append(f"{len(self.events)} timed event(s)")
         return ", ".join(parts) or "(empty)"
 
 
@@ -268,9 +288,10 @@ class CalendarSettings:
     invalid: dict[str, tuple[str, ...]]
 
 
-def parse_calendars(env: dict[str, str]) -> CalendarSettings:
-    """CALENDAR__<name>__DATES / __WEEKLY into calendars; a bad setting makes its calendar
-    invalid (the jobs that use it say so), never the others. Names compare case-insensitively."""
+def parse_calendars(env: dict[str, str], today: date | None = None) -> CalendarSettings:
+    """CALENDAR__<name>__DATES / __WEEKLY / __ICS into calendars; a bad setting makes its calendar
+    invalid (the jobs that use it say so), never the others. Names compare case-insensitively.
+    ``today`` fixes the window recurring iCalendar events are expanded in (default: today)."""
     given: dict[str, dict[str, tuple[str, str]]] = {}
     invalid: dict[str, list[str]] = {}
     for key, value in env.items():
@@ -292,15 +313,112 @@ def parse_calendars(env: dict[str, str]) -> CalendarSettings:
         display = next(iter(parts.values()))[2]
         dates: tuple = ()
         weekly: tuple = ()
+        events: tuple = ()
+        ics_dates: tuple = ()
         for part, (key, value, _) in parts.items():
             try:
                 if part == "DATES":
                     dates = parse_dates(value)
-                else:
+                elif part == "WEEKLY":
                     weekly = parse_weekly(value)
+                else:
+                    ics_dates, events = read_ics(value.strip(), today or datetime.now(UTC).date())
             except ValueError as exc:
                 shown = value if len(value) <= 200 else value[:200] + "..."
                 errors.append(f"{key}={shown!r}: {exc}")
         if not errors:
-            calendars[folded] = Calendar(name=display, dates=dates, weekly=weekly)
+            calendars[folded] = Calendar(name=display, dates=tuple(sorted(dates + ics_dates)), weekly=weekly,
+                                         events=events)
     return CalendarSettings(calendars, {name: tuple(errors) for name, errors in invalid.items() if errors})
+
+
+def read_ics(path: str, today: date) -> tuple[tuple[tuple[date, date], ...], tuple[tuple[datetime, datetime], ...]]:
+    """The events of an iCalendar file (RFC 5545) as dates (all-day events: DTSTART;VALUE=DATE,
+    their end excluded) and [start, end) instants (timed events; a time without a zone is UTC),
+    recurring ones (RRULE, RDATE, EXDATE) expanded from the start of last year to the end of the
+    year after next; cancelled events are left out. ``path``: a file, absolute or relative to the
+    current directory (the function app's root). ValueError says what is wrong."""
+    if not path:
+        raise ValueError("expected the path of an iCalendar (.ics) file")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_ICS_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"the file cannot be read ({exc.strerror or exc}); expected the path of an iCalendar "
+                         "file, absolute or relative to the app's root") from None
+    if len(data) > MAX_ICS_BYTES:
+        raise ValueError(f"the file is larger than {MAX_ICS_BYTES // (1024 * 1024)} MiB")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError("the file is not UTF-8 text (RFC 5545 calendars are UTF-8)") from None
+    # icalendar and recurring-ical-events load only for a calendar file (a cold start without one
+    # does not pay for them).
+    import icalendar
+    import recurring_ical_events
+
+    try:
+        calendar = icalendar.Calendar.from_ical(text)
+        start = date(today.year - ICS_YEARS_BACK, 1, 1)
+        end = date(today.year + ICS_YEARS_AHEAD + 1, 1, 1)
+        # Counted before they are expanded: an RRULE every second for four years would be
+        # expanded whole (recurring-ical-events expands a window at once).
+        estimate = sum(_most_occurrences(event.get("RRULE"), end - start) for event in calendar.walk("VEVENT"))
+        if estimate > MAX_EVENTS:
+            raise _TooMany()
+        occurrences = list(recurring_ical_events.of(calendar).between(start, end))
+        if len(occurrences) > MAX_EVENTS:
+            raise _TooMany()
+    except _TooMany:
+        raise ValueError(f"more than {MAX_EVENTS} events from {start} to {end}: expected at most {MAX_EVENTS}") from None
+    except Exception as exc:   # the libraries' many parse errors: one message
+        raise ValueError(f"not an iCalendar file that can be read ({type(exc).__name__}: {str(exc)[:200]})") from None
+    dates: list[tuple[date, date]] = []
+    events: list[tuple[datetime, datetime]] = []
+    for event in occurrences:
+        if str(event.get("STATUS", "")).upper() == "CANCELLED" or event.get("DTSTART") is None:
+            continue
+        first = event["DTSTART"].dt
+        last = event["DTEND"].dt if event.get("DTEND") is not None else None
+        if last is None and event.get("DURATION") is not None:
+            last = first + event["DURATION"].dt
+        if not isinstance(first, datetime):          # an all-day event: its dates, the end excluded
+            final = (last if isinstance(last, date) and not isinstance(last, datetime) else first + timedelta(days=1))
+            dates.append((first, max(first, final - timedelta(days=1))))
+            continue
+        last = last if isinstance(last, datetime) else first
+        first_utc = (first if first.tzinfo else first.replace(tzinfo=UTC)).astimezone(UTC)
+        last_utc = (last if last.tzinfo else last.replace(tzinfo=UTC)).astimezone(UTC)
+        if last_utc > first_utc:
+            events.append((first_utc, last_utc))
+    if len(dates) + len(events) > MAX_EVENTS:
+        raise ValueError(f"{len(dates) + len(events)} events from {start} to {end}: expected at most {MAX_EVENTS}")
+    return tuple(sorted(set(dates))), tuple(sorted(set(events)))
+
+
+class _TooMany(Exception):
+    """An iCalendar file with more events than MAX_EVENTS in its window."""
+
+
+_FREQ_SECONDS = {"SECONDLY": 1, "MINUTELY": 60, "HOURLY": 3600, "DAILY": 86400, "WEEKLY": 7 * 86400,
+                 "MONTHLY": 28 * 86400, "YEARLY": 365 * 86400}
+_BY_PARTS = ("BYSECOND", "BYMINUTE", "BYHOUR", "BYDAY", "BYMONTHDAY", "BYYEARDAY", "BYWEEKNO", "BYMONTH")
+
+
+def _most_occurrences(rule, window: timedelta) -> int:
+    """At most how many occurrences an event's RRULE has in ``window`` (1 without one): its
+    frequency and interval over the window (or its COUNT), times every BY list's length."""
+    if rule is None:
+        return 1
+    rules = rule if isinstance(rule, list) else [rule]
+    total = 0
+    for one in rules:
+        freq = str((one.get("FREQ") or ["YEARLY"])[0]).upper()
+        interval = max(int((one.get("INTERVAL") or [1])[0]), 1)
+        count = window.total_seconds() // (_FREQ_SECONDS.get(freq, 1) * interval) + 1
+        if one.get("COUNT"):
+            count = min(count, int(one["COUNT"][0]))
+        for part in _BY_PARTS:
+            count *= max(len(one.get(part) or []), 1)
+        total += int(count)
+    return total

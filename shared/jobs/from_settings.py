@@ -445,8 +445,8 @@ def _calendar_settings(given: dict[str, str], setting: Callable[[str], str], err
                 if calendars.calendars[folded] not in found:
                     found.append(calendars.calendars[folded])
             else:
-                errors.append(str(ConfigError(setting(suffix), raw, "names of calendars defined by CALENDAR__<name>__DATES "
-                                              f"or CALENDAR__<name>__WEEKLY, comma-separated (defined: {known})")))
+                errors.append(str(ConfigError(setting(suffix), raw, "names of calendars defined by CALENDAR__<name>__DATES, "
+                                              f"WEEKLY or ICS, comma-separated (defined: {known})")))
         chosen[suffix] = tuple(found)
     policy = (given.get("ON_EXCLUDED") or "skip").lower()
     if policy not in ON_EXCLUDED_POLICIES:

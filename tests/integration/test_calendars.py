@@ -144,3 +144,16 @@ def test_jobs_next_and_the_monitor_show_the_calendars_and_the_slots_they_remove(
     out = capsys.readouterr().out
     assert "2027-01-11 02:00:00" in out and "2027-01-12 02:00:00" in out
     assert "2027-01-09 02:00:00" in out and "calendar: not in business_days" in out   # removed, listed
+
+
+def test_an_ics_calendar_excludes_its_events(calendar_agent, tmp_path):
+    path = tmp_path / "holidays.ics"
+    path.write_text("BEGIN:VCALENDAR\r\nVERSION:2.0\r\nBEGIN:VEVENT\r\nUID:ny@test\r\n"
+                    "DTSTART;VALUE=DATE:20270101\r\nRRULE:FREQ=YEARLY\r\nSUMMARY:New Year\r\nEND:VEVENT\r\n"
+                    "END:VCALENDAR\r\n")
+    agent = calendar_agent({"nightly": daily(EXCLUDE="newyear")}, extra={"CALENDAR__newyear__ICS": str(path)})
+    for moment in ("2026-12-31T01:59:00", "2027-01-01T02:00:01", "2027-01-02T02:00:01"):
+        agent.tick(at(moment))
+    assert runs(agent, "nightly") == [(at("2026-12-31T02:00:00"), "ran", None),
+                                      (at("2027-01-01T02:00:00"), "skipped", "calendar: newyear"),
+                                      (at("2027-01-02T02:00:00"), "ran", None)]

@@ -164,5 +164,106 @@ def test_a_bad_calendar_setting_names_the_setting_and_spares_the_others():
     assert set(parsed.calendars) == {"good"}
     assert parsed.invalid["bad"] == ("CALENDAR__bad__WEEKLY='NOPE': 'NOPE': expected a day or days (MON, SAT-SUN) "
                                      "with an optional window HH:MM-HH:MM (MON-FRI 18:00-24:00)",)
-    assert "unknown calendar setting 'COLOUR' (expected DATES, WEEKLY)" in parsed.invalid["odd"][0]
+    assert "unknown calendar setting 'COLOUR' (expected DATES, WEEKLY, ICS)" in parsed.invalid["odd"][0]
     assert "expected a calendar name of 1 to 64 letters" in parsed.invalid["b@d"][0]
+
+
+# ---------------------------------------------------------------- iCalendar files
+
+ICS = """BEGIN:VCALENDAR\r
+VERSION:2.0\r
+PRODID:-//test//EN\r
+BEGIN:VEVENT\r
+UID:christmas@test\r
+DTSTART;VALUE=DATE:20251225\r
+DTEND;VALUE=DATE:20251227\r
+RRULE:FREQ=YEARLY\r
+SUMMARY:Christmas and Boxing Day\r
+END:VEVENT\r
+BEGIN:VEVENT\r
+UID:standup@test\r
+DTSTART;TZID=Europe/London:20260105T090000\r
+DTEND;TZID=Europe/London:20260105T100000\r
+RRULE:FREQ=WEEKLY;BYDAY=MO\r
+EXDATE;TZID=Europe/London:20260112T090000\r
+SUMMARY:Monday maintenance\r
+END:VEVENT\r
+BEGIN:VEVENT\r
+UID:cancelled@test\r
+DTSTART;VALUE=DATE:20260301\r
+STATUS:CANCELLED\r
+SUMMARY:Called off\r
+END:VEVENT\r
+BEGIN:VEVENT\r
+UID:floating@test\r
+DTSTART:20260401T120000\r
+DURATION:PT2H\r
+SUMMARY:Floating time: UTC\r
+END:VEVENT\r
+END:VCALENDAR\r
+"""
+
+
+def test_an_ics_file_holds_its_events_recurring_ones_included_over_two_years(tmp_path):
+    path = tmp_path / "uk.ics"
+    path.write_bytes(b"\xef\xbb\xbf" + ICS.encode())      # with a BOM, as some exports have
+    parsed = parse_calendars({"CALENDAR__uk__ICS": str(path)}, today=date(2026, 6, 1))
+    assert not parsed.invalid, parsed.invalid
+    rules = CalendarRules(exclude=(parsed.calendars["uk"],))
+    london = ZoneInfo("Europe/London")
+
+    def expected(moment):
+        local = moment.astimezone(london)
+        if (local.month, local.day) in ((12, 25), (12, 26)) and local.year >= 2025:
+            return True
+        if local.weekday() == 0 and local.hour == 9 and local.date() >= date(2026, 1, 5) \
+                and local.date() != date(2026, 1, 12):
+            return True
+        return datetime(2026, 4, 1, 12, tzinfo=UTC) <= moment < datetime(2026, 4, 1, 14, tzinfo=UTC)
+
+    moment = datetime(2025, 1, 1, tzinfo=UTC)
+    while moment < datetime(2028, 12, 31, tzinfo=UTC):     # the expansion window: 2025-01-01 to 2028-12-31
+        assert (rules.why_excluded(moment, london) is not None) == expected(moment), (moment, moment.astimezone(london))
+        moment += timedelta(minutes=30)
+    # the cancelled event holds nothing; the JSON keeps the events
+    assert rules.why_excluded(datetime(2026, 3, 1, 12, tzinfo=UTC), london) is None
+    assert CalendarRules.from_json(rules.as_json()) == rules
+    # moved past a Monday 09:00-10:00 London window: 10:00 London
+    assert rules.next_allowed(datetime(2026, 7, 6, 8, 30, tzinfo=UTC), london) == datetime(2026, 7, 6, 9, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, "the file cannot be read"),
+    (b"not a calendar at all", "not an iCalendar file that can be read"),
+    ("BEGIN:VCALENDAR\r\nEND:VCALENDAR\r\n".encode("utf-16"), "not UTF-8 text"),
+    (b"BEGIN:VCALENDAR\r\n" + b"X" * (5 * 1024 * 1024) + b"\r\nEND:VCALENDAR\r\n", "larger than 5 MiB"),
+    (("BEGIN:VCALENDAR\r\nVERSION:2.0\r\nBEGIN:VEVENT\r\nUID:x\r\nDTSTART:20260101T000000Z\r\n"
+      "DTEND:20260101T000100Z\r\nRRULE:FREQ=SECONDLY\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n").encode(),
+     "expected at most 5000"),
+    (("BEGIN:VCALENDAR\r\nVERSION:2.0\r\nBEGIN:VEVENT\r\nUID:x\r\nDTSTART:20260101T000000Z\r\n"
+      "DTEND:20260101T000100Z\r\nRRULE:FREQ=DAILY;BYHOUR=0,1,2,3,4,5,6,7,8,9,10,11;BYMINUTE=0,10,20,30,40,50\r\n"
+      "END:VEVENT\r\nEND:VCALENDAR\r\n").encode(), "expected at most 5000"),
+])
+def test_a_bad_ics_file_makes_its_calendar_invalid_naming_the_setting(tmp_path, content, expected):
+    path = tmp_path / "bad.ics"
+    if content is not None:
+        path.write_bytes(content)
+    parsed = parse_calendars({"CALENDAR__bad__ICS": str(path), "CALENDAR__good__DATES": "2026-12-25"},
+                             today=date(2026, 6, 1))
+    assert set(parsed.calendars) == {"good"}
+    (error,) = parsed.invalid["bad"]
+    assert error.startswith(f"CALENDAR__bad__ICS={str(path)!r}: ") and expected in error, error
+
+
+def test_an_endless_daily_maintenance_window_is_expanded_over_the_window_only(tmp_path):
+    path = tmp_path / "window.ics"
+    path.write_text("BEGIN:VCALENDAR\r\nVERSION:2.0\r\nBEGIN:VEVENT\r\nUID:w\r\n"
+                    "DTSTART;TZID=America/New_York:20250101T020000\r\nDTEND;TZID=America/New_York:20250101T030000\r\n"
+                    "RRULE:FREQ=DAILY\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n")
+    parsed = parse_calendars({"CALENDAR__w__ICS": str(path)}, today=date(2026, 6, 1))
+    calendar = parsed.calendars["w"]
+    assert 1400 < len(calendar.events) < 1470           # 2025-01-01 to 2028-12-31, daily
+    ny = ZoneInfo("America/New_York")
+    rules = CalendarRules(exclude=(calendar,))
+    assert rules.why_excluded(datetime(2027, 7, 4, 6, 30, tzinfo=UTC), ny) == "calendar: w"    # 02:30 EDT
+    assert rules.why_excluded(datetime(2027, 7, 4, 7, 30, tzinfo=UTC), ny) is None             # 03:30 EDT
