@@ -1059,24 +1059,30 @@ ORDER BY job_name;
 -- select_unplanned_jobs --
 -- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
 SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
-       requested_targets, requested_target_parallelism
+       requested_targets, requested_target_parallelism, requested_exclude, requested_only, requested_on_excluded
 FROM agent.jobs WHERE needs_planning = 1 ORDER BY job_name;
+
+-- list_calendars --
+-- The calendars defined from T-SQL (agent.add_calendar): read when a planned database job names one.
+SELECT name, dates, weekly FROM agent.calendars ORDER BY name;
 
 -- plan_jobs --
 -- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at, steps}; steps: a fleet job's one step, as the settings sync writes it) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
 -- UPDATE ... FROM a derived table joined in the WHERE clause (Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with JOIN ... ON); the fence is the condition on needs_planning and the definition, checked on the current committed version of each row (update locks on SQL Server, a re-check on PostgreSQL).
 DECLARE @planned TABLE (job_name NVARCHAR(64), valid SMALLINT, config_error NVARCHAR(MAX), next_due_at DATETIME2(6));
 UPDATE j SET needs_planning = 0, valid = p.valid, config_error = p.config_error,
-    next_due_at = p.next_due_at, advanced_at = CAST(:now AS DATETIME2(6)), steps = p.steps
+    next_due_at = p.next_due_at, advanced_at = CAST(:now AS DATETIME2(6)), steps = p.steps,
+    calendars = p.calendars
 OUTPUT inserted.job_name, inserted.valid, inserted.config_error, inserted.next_due_at INTO @planned
 FROM agent.jobs AS j,
      (SELECT x.job_name, agent.json_text(x.schedule) AS schedule, x.timezone, x.enabled,
              CONVERT(DATETIME2(6), x.updated_at, 121) AS updated_at, x.valid,
              agent.json_text(x.config_error) AS config_error, CONVERT(DATETIME2(6), x.next_due_at, 121) AS next_due_at,
-             agent.json_text(x.steps) AS steps
+             agent.json_text(x.steps) AS steps, agent.json_text(x.calendars) AS calendars
       FROM OPENJSON(:plans) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64),
                                   enabled SMALLINT, updated_at NVARCHAR(40), valid SMALLINT,
-                                  config_error NVARCHAR(MAX), next_due_at NVARCHAR(40), steps NVARCHAR(MAX)) AS x) AS p
+                                  config_error NVARCHAR(MAX), next_due_at NVARCHAR(40), steps NVARCHAR(MAX),
+                                  calendars NVARCHAR(MAX)) AS x) AS p
 WHERE j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = p.updated_at
   AND j.schedule = p.schedule AND j.timezone = p.timezone AND j.enabled = p.enabled;
 SELECT job_name, valid, config_error, next_due_at FROM @planned;

@@ -653,16 +653,21 @@ ORDER BY job_name;
 -- select_unplanned_jobs --
 -- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
 SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
-       requested_targets, requested_target_parallelism
+       requested_targets, requested_target_parallelism, requested_exclude, requested_only, requested_on_excluded
 FROM agent.jobs WHERE needs_planning = 1 ORDER BY job_name;
+
+-- list_calendars --
+-- The calendars defined from T-SQL (agent.add_calendar): read when a planned database job names one.
+SELECT name, dates, weekly FROM agent.calendars ORDER BY name;
 
 -- plan_jobs --
 -- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at, steps}; steps: a fleet job's one step, as the settings sync writes it) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
 UPDATE agent.jobs AS j SET needs_planning = 0, valid = p.valid, config_error = p.config_error,
-    next_due_at = CAST(p.next_due_at AS timestamp), advanced_at = CAST(:now AS timestamp), steps = p.steps
+    next_due_at = CAST(p.next_due_at AS timestamp), advanced_at = CAST(:now AS timestamp), steps = p.steps,
+    calendars = p.calendars
 FROM json_to_recordset(CAST(:plans AS json)) AS p(job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, enabled INT,
                                                   updated_at VARCHAR, valid INT, config_error TEXT, next_due_at VARCHAR,
-                                                  steps TEXT)
+                                                  steps TEXT, calendars TEXT)
 WHERE j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = CAST(p.updated_at AS timestamp)
   AND j.schedule = p.schedule AND j.timezone = p.timezone AND j.enabled = p.enabled
 RETURNING j.job_name, j.valid, j.config_error, j.next_due_at;

@@ -779,15 +779,19 @@ ORDER BY job_name;
 -- select_unplanned_jobs --
 -- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
 SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
-       requested_targets, requested_target_parallelism
+       requested_targets, requested_target_parallelism, requested_exclude, requested_only, requested_on_excluded
 FROM agent_jobs WHERE needs_planning = 1 ORDER BY job_name;
+
+-- list_calendars --
+-- The calendars defined from T-SQL (agent.add_calendar): read when a planned database job names one.
+SELECT name, dates, weekly FROM agent_calendars ORDER BY name;
 
 -- plan_jobs --
 -- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at, steps}; steps: a fleet job's one step, as the settings sync writes it) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
 UPDATE agent_jobs SET needs_planning = 0, valid = json_extract(p.value, '$.valid'),
     config_error = json_extract(p.value, '$.config_error'),
     next_due_at = json_extract(p.value, '$.next_due_at'), advanced_at = :now,
-    steps = json_extract(p.value, '$.steps')
+    steps = json_extract(p.value, '$.steps'), calendars = json_extract(p.value, '$.calendars')
 FROM json_each(:plans) AS p
 WHERE agent_jobs.job_name = json_extract(p.value, '$.job_name') AND agent_jobs.needs_planning = 1
   AND agent_jobs.updated_at = json_extract(p.value, '$.updated_at')
