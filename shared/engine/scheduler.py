@@ -627,7 +627,11 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
         slot = following(slot)
     rules = _calendar_rules(job.get("calendars"))
     if rules:
-        planned = _apply_calendars(planned, rules, validate_timezone(job["timezone"]))
+        try:
+            planned = _apply_calendars(planned, rules, validate_timezone(job["timezone"]))
+        except (ValueError, OverflowError) as exc:   # validated at sync: one job's surprise, not the tick's
+            log.error("job %s: its calendars cannot be applied (%s); its slots run as the schedule has them",
+                      job["job_name"], describe(exc))
     return planned, slot
 
 

@@ -236,6 +236,8 @@ def parse_dates(text: str) -> tuple[tuple[date, date], ...]:
         first_text, dots, last_text = item.partition("..")
         first = _date(first_text.strip(), item)
         last = _date(last_text.strip(), item) if dots else first
+        if last >= date.max:
+            raise ValueError(f"{item!r}: expected dates before {date.max.isoformat()}")
         if last < first:
             raise ValueError(f"{item!r}: the range ends before it starts (expected YYYY-MM-DD..a later YYYY-MM-DD)")
         ranges.append((first, last))
@@ -306,7 +308,12 @@ def parse_calendars(env: dict[str, str], today: date | None = None) -> CalendarS
             invalid.setdefault(name.lower(), []).append(
                 f"{key}: unknown calendar setting {part!r} (expected {', '.join(CALENDAR_FIELDS)})")
             continue
-        given.setdefault(name.lower(), {})[part.upper()] = (key, value, name)
+        earlier = given.setdefault(name.lower(), {}).get(part.upper())
+        if earlier is not None:
+            invalid.setdefault(name.lower(), []).append(
+                f"{key}: {earlier[0]} sets it too (calendar names compare case-insensitively): keep one")
+            continue
+        given[name.lower()][part.upper()] = (key, value, name)
     calendars: dict[str, Calendar] = {}
     for folded, parts in given.items():
         errors = invalid.setdefault(folded, [])
@@ -372,7 +379,9 @@ def read_ics(path: str, today: date) -> tuple[tuple[tuple[date, date], ...], tup
     except _TooMany:
         raise ValueError(f"more than {MAX_EVENTS} events from {start} to {end}: expected at most {MAX_EVENTS}") from None
     except Exception as exc:   # the libraries' many parse errors: one message
-        raise ValueError(f"not an iCalendar file that can be read ({type(exc).__name__}: {str(exc)[:200]})") from None
+        # Not the library's text: it quotes the file's lines, and this message reaches the job's
+        # config_error (jobs, the monitor): a path pointing at another file must not show it.
+        raise ValueError(f"not an iCalendar file that can be read ({type(exc).__name__})") from None
     dates: list[tuple[date, date]] = []
     events: list[tuple[datetime, datetime]] = []
     for event in occurrences:

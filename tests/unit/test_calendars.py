@@ -267,3 +267,26 @@ def test_an_endless_daily_maintenance_window_is_expanded_over_the_window_only(tm
     rules = CalendarRules(exclude=(calendar,))
     assert rules.why_excluded(datetime(2027, 7, 4, 6, 30, tzinfo=UTC), ny) == "calendar: w"    # 02:30 EDT
     assert rules.why_excluded(datetime(2027, 7, 4, 7, 30, tzinfo=UTC), ny) is None             # 03:30 EDT
+
+
+def test_attacks_on_calendar_settings():
+    # the same setting twice in another letter case: refused, not last-one-wins
+    parsed = parse_calendars({"CALENDAR__uk__DATES": "2026-12-25", "CALENDAR__UK__DATES": "2026-12-26"})
+    assert "uk" not in parsed.calendars and "compare case-insensitively" in parsed.invalid["uk"][0]
+    # DATES and WEEKLY of one calendar in two letter cases: one calendar
+    parsed = parse_calendars({"CALENDAR__uk__DATES": "2026-12-25", "CALENDAR__UK__WEEKLY": "SAT"})
+    assert parsed.calendars["uk"].dates and parsed.calendars["uk"].weekly
+    # the end of the calendar: refused at validation (a piece ending after 9999-12-31 has no end)
+    with pytest.raises(ValueError, match="expected dates before 9999-12-31"):
+        parse_dates("9999-12-30..9999-12-31")
+    assert parse_dates("9999-12-30") == ((date(9999, 12, 30), date(9999, 12, 30)),)
+
+
+def test_an_unreadable_ics_file_does_not_quote_its_lines(tmp_path):
+    """The error reaches config_error (jobs, the monitor): a path to another file (settings with
+    secrets) must not show its content."""
+    secret = tmp_path / "local.settings.json"
+    secret.write_text('{"Values": {"AGENT_SQL_PASSWORD": "hunter2-very-secret"}}\n')
+    parsed = parse_calendars({"CALENDAR__x__ICS": str(secret)}, today=date(2026, 6, 1))
+    (error,) = parsed.invalid["x"]
+    assert "hunter2" not in error and "AGENT_SQL_PASSWORD" not in error and "not an iCalendar file" in error
