@@ -46,6 +46,9 @@ DEFAULT_STUCK_AGE_SECONDS = 600
 # `next` and the job page's preview of the slots to come.
 DEFAULT_NEXT_COUNT = 10
 MAX_NEXT_COUNT = 1000
+# `next` lists this many slots of one excluded stretch, then the stretch's end (an every-second job
+# over a weekend would list 172,800).
+NEXT_STRETCH_SHOWN = 5
 RUN_POISON_LIMIT = 50
 
 
@@ -286,23 +289,34 @@ def upcoming_slots(job: dict[str, Any], start: datetime, count: int) -> dict[str
     runs: dict[datetime, str | None] = {}       # instant -> why it runs there (a moved slot)
     latest: datetime | None = None
     moment: datetime | None = start
-    # Every slot of a long excluded stretch is looked at (each is a removed slot): at most this many.
+    stretch = 0         # slots removed in a row: past a few, the walk jumps to the next allowed time
     for _ in range(count * 20 if rules else count):
         moment = schedule.next_after(moment) if moment is not None else None
         if moment is None or (len(runs) >= count and latest is not None and moment > latest):
             break
         why = rules.why_excluded(moment, tz) if rules else None
         if why is None:
+            stretch = 0
             runs.setdefault(moment, None)
             latest = max(latest or moment, moment)
             continue
-        moved = rules.next_allowed(moment, tz) if rules.on_excluded == "next" else None
+        allowed = rules.next_allowed(moment, tz)
+        moved = allowed if rules.on_excluded == "next" else None
+        stretch += 1
+        jump = stretch >= NEXT_STRETCH_SHOWN and allowed is not None
         if len(view["removed"]) < count:
-            view["removed"].append({"at": moment, "local": local_time(moment, zone), "calendar": why,
+            note = f"{why} (and every slot after it before {allowed.isoformat()})" if jump else why
+            view["removed"].append({"at": moment, "local": local_time(moment, zone), "calendar": note,
                                     "moved_to": moved})
         if moved is not None:
             runs.setdefault(moved, f"{why}; moved from {moment.isoformat()}")
             latest = max(latest or moved, moved)
+        if allowed is None:
+            notes_early = f"{why}: no allowed time within a year after {moment.isoformat()}"
+            view["note"] = notes_early
+            break
+        if jump:        # the rest of the stretch: the next slot at or after the allowed time
+            moment, stretch = allowed - timedelta(microseconds=1), 0
     jitter = int(job.get("jitter_seconds") or 0)
     slots = []
     for at in sorted(runs)[:count]:
@@ -324,6 +338,8 @@ def upcoming_slots(job: dict[str, Any], start: datetime, count: int) -> dict[str
         until = job.get("paused_until")
         notes.append("paused" + (f" until {until.isoformat()}" if until else "")
                      + ": a slot that comes while paused is recorded skipped")
+    if view["note"]:
+        notes.insert(0, view["note"])
     view["note"] = "; ".join(notes) or None
     return view
 

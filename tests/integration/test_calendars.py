@@ -157,3 +157,22 @@ def test_an_ics_calendar_excludes_its_events(calendar_agent, tmp_path):
     assert runs(agent, "nightly") == [(at("2026-12-31T02:00:00"), "ran", None),
                                       (at("2027-01-01T02:00:00"), "skipped", "calendar: newyear"),
                                       (at("2027-01-02T02:00:00"), "ran", None)]
+
+
+def test_next_steps_over_a_long_excluded_stretch_instead_of_listing_it_whole():
+    """An every-second job excluded for a weekend: `next` lists a few removed slots, says where the
+    stretch ends, and finds the slots after it at once (not 172,800 walks)."""
+    import time
+
+    from shared.engine.views import NEXT_STRETCH_SHOWN, upcoming_slots
+    from shared.jobs.calendars import CalendarRules, parse_calendars
+
+    weekend = parse_calendars({"CALENDAR__we__WEEKLY": "SAT-SUN"}).calendars["we"]
+    row = {"job_name": "sec", "schedule": "* * * * * *", "timezone": "Europe/Paris", "valid": 1, "enabled": 1,
+           "configured": 1, "calendars": CalendarRules(exclude=(weekend,)).as_json(), "jitter_seconds": 0}
+    started = time.monotonic()
+    view = upcoming_slots(row, at("2026-11-27T23:00:00"), 1000)      # Saturday 00:00 Paris
+    assert time.monotonic() - started < 10
+    assert view["slots"][0]["at"] == at("2026-11-29T23:00:00") and len(view["slots"]) == 1000   # Monday 00:00 Paris
+    assert len(view["removed"]) == NEXT_STRETCH_SHOWN
+    assert view["removed"][-1]["calendar"] == "calendar: we (and every slot after it before 2026-11-29T23:00:00+00:00)"
