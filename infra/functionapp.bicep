@@ -82,8 +82,11 @@ param tickSchedule string
 @maxValue(5)
 param maxDequeueCount int
 
-@description('Jobs: [{ name, schedule? (none: on demand), command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl?, targets?, targetParallelism?, after?, afterOutcome? }] (command, or steps in jobSteps; after: the job whose runs start this one).')
+@description('Jobs: [{ name, schedule? (none: on demand), command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl?, targets?, targetParallelism?, after?, afterOutcome?, exclude?, only?, onExcluded?, jitterSeconds? }] (command, or steps in jobSteps; after: the job whose runs start this one; exclude, only: calendar names).')
 param jobs array
+
+@description('Calendars the jobs name in exclude / only, turned into CALENDAR__<name>__<SETTING> app settings: [{ name, dates?, weekly?, ics? }] (docs/configuration.md).')
+param calendars array = []
 
 @description('Steps of multi-step jobs, one entry per step: [{ job, step, command, database?, maxAttempts?, retryIntervalSeconds?, timeoutSeconds?, onSuccess?, onFailure?, targets?, targetParallelism? }].')
 param jobSteps array
@@ -264,6 +267,13 @@ var jobTargetsSettings = [for job in jobs: { name: 'JOB__${job.name}__TARGETS', 
 var jobTargetParallelismSettings = [for job in jobs: { name: 'JOB__${job.name}__TARGET_PARALLELISM', value: job.?targetParallelism }]
 var jobAfterSettings = [for job in jobs: { name: 'JOB__${job.name}__AFTER', value: job.?after }]
 var jobAfterOutcomeSettings = [for job in jobs: { name: 'JOB__${job.name}__AFTER_OUTCOME', value: job.?afterOutcome }]
+var jobExcludeSettings = [for job in jobs: { name: 'JOB__${job.name}__EXCLUDE', value: job.?exclude }]
+var jobOnlySettings = [for job in jobs: { name: 'JOB__${job.name}__ONLY', value: job.?only }]
+var jobOnExcludedSettings = [for job in jobs: { name: 'JOB__${job.name}__ON_EXCLUDED', value: job.?onExcluded }]
+var jobJitterSecondsSettings = [for job in jobs: { name: 'JOB__${job.name}__JITTER_SECONDS', value: job.?jitterSeconds }]
+var calendarDatesSettings = [for c in calendars: { name: 'CALENDAR__${c.name}__DATES', value: c.?dates }]
+var calendarWeeklySettings = [for c in calendars: { name: 'CALENDAR__${c.name}__WEEKLY', value: c.?weekly }]
+var calendarIcsSettings = [for c in calendars: { name: 'CALENDAR__${c.name}__ICS', value: c.?ics }]
 
 // Steps of multi-step jobs (JOB__<job>__STEPS__<step>__<SETTING>): a flat list, one entry per
 // step naming its job, because Bicep cannot nest for-expressions (and Checkov's Bicep parser
@@ -278,7 +288,7 @@ var jobStepOnFailureSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS
 var jobStepTargetsSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__TARGETS', value: s.?targets }]
 var jobStepTargetParallelismSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__TARGET_PARALLELISM', value: s.?targetParallelism }]
 
-var jobSettingCandidates = concat(jobScheduleSettings, jobCommandSettings, jobTimezoneSettings, jobEnabledSettings, jobMaxAttemptsSettings, jobTimeoutSecondsSettings, jobLeaseSecondsSettings, jobMisfireSettings, jobGraceSecondsSettings, jobOverlapSettings, jobDatabaseSettings, jobNotifySettings, jobNotifyWebhookUrlSettings, jobTargetsSettings, jobTargetParallelismSettings, jobAfterSettings, jobAfterOutcomeSettings, jobStepCommandSettings, jobStepDatabaseSettings, jobStepMaxAttemptsSettings, jobStepRetryIntervalSecondsSettings, jobStepTimeoutSecondsSettings, jobStepOnSuccessSettings, jobStepOnFailureSettings, jobStepTargetsSettings, jobStepTargetParallelismSettings)
+var jobSettingCandidates = concat(jobScheduleSettings, jobCommandSettings, jobTimezoneSettings, jobEnabledSettings, jobMaxAttemptsSettings, jobTimeoutSecondsSettings, jobLeaseSecondsSettings, jobMisfireSettings, jobGraceSecondsSettings, jobOverlapSettings, jobDatabaseSettings, jobNotifySettings, jobNotifyWebhookUrlSettings, jobTargetsSettings, jobTargetParallelismSettings, jobAfterSettings, jobAfterOutcomeSettings, jobExcludeSettings, jobOnlySettings, jobOnExcludedSettings, jobJitterSecondsSettings, calendarDatesSettings, calendarWeeklySettings, calendarIcsSettings, jobStepCommandSettings, jobStepDatabaseSettings, jobStepMaxAttemptsSettings, jobStepRetryIntervalSecondsSettings, jobStepTimeoutSecondsSettings, jobStepOnSuccessSettings, jobStepOnFailureSettings, jobStepTargetsSettings, jobStepTargetParallelismSettings)
 var presentJobSettings = filter(jobSettingCandidates, setting => setting.value != null)
 
 // App settings are strings: booleans become 'true' / 'false' (string() would give 'True'),

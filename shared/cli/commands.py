@@ -60,7 +60,14 @@ from shared.engine.operations import (
     submit,
 )
 from shared.engine.runner import LocalRunner
-from shared.engine.views import after_words, history_view, jobs_view, poison_view, stuck_view
+from shared.engine.views import (
+    after_words,
+    history_view,
+    jobs_view,
+    next_view,
+    poison_view,
+    stuck_view,
+)
 from shared.errors import AgentError, ConfigError, NotFoundError, UsageError
 from shared.jobs.run_model import RunStatus
 from shared.ops.doctor import run_doctor
@@ -243,6 +250,8 @@ def cmd_jobs(agent, args) -> int:
     for row in rows:
         last = f"{row['last_status']} #{row['last_run_id']}" if row["last_run_id"] else "-"
         schedule = row["schedule"] or ("on demand" if row["valid"] else "-")
+        if row.get("calendar_words"):
+            schedule += f", {row['calendar_words']}"
         if after_words(row):
             schedule += f", {after_words(row)}"
         state = row["state"]
@@ -252,6 +261,32 @@ def cmd_jobs(agent, args) -> int:
                       time_text(row["next_due_at"]), row["status"], last, last_targets(row), row["config_error"] or ""])
     print_table(["JOB", "STATE", "DEFINED IN", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN",
                   "LAST TARGETS", "ERROR"], table)
+    return EXIT_OK
+
+
+def cmd_next(agent, args) -> int:
+    """The job's next slots (--count: 1 to 1000, checked by the parser's SLOT_COUNT)."""
+    store = agent.store()
+    store.require_schema()
+    # The job as the agent last synced it (see cmd_jobs); its slots computed here, from its row.
+    view = next_view(store, args.name, args.start or agent.clock(), args.count)
+    if args.json:
+        print_json(view)
+        return EXIT_OK
+    print(f"{view['job_name']}: {view['schedule'] or 'on demand'} ({view['schedule_words']}), "
+          f"time zone {view['timezone']}" + (f"; {view['calendar_words']}" if view["calendar_words"] else ""))
+    if view["slots"]:
+        print_table(["#", "SLOT (UTC)", f"SLOT ({view['timezone']})", "NOTE"],
+                     [[k, time_text(slot["at"]), (slot["local"] or "").replace("T", " "),
+                       slot["moved"] or (f"jitter +{slot['jitter_seconds']} s" if slot["jitter_seconds"] else "")]
+                      for k, slot in enumerate(view["slots"], start=1)])
+    if view["removed"]:
+        print()
+        print_table(["REMOVED (UTC)", f"REMOVED ({view['timezone']})", "BY", "MOVED TO (UTC)"],
+                     [[time_text(slot["at"]), (slot["local"] or "").replace("T", " "), slot["calendar"],
+                       time_text(slot["moved_to"]) if slot["moved_to"] else "-"] for slot in view["removed"]])
+    if view["note"]:
+        print(view["note"])
     return EXIT_OK
 
 
@@ -561,6 +596,7 @@ COMMANDS = {
     "work": cmd_work,
     "run": cmd_run,
     "jobs": cmd_jobs,
+    "next": cmd_next,
     "history": cmd_history,
     "stuck": cmd_stuck,
     "poison": cmd_poison,

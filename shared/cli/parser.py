@@ -178,6 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("jobs", help="the jobs as the agent last synced them: state, next slot and last run")
 
+    upcoming = commands.add_parser("next", help="a job's next slots (its schedule's calendar tokens and clauses "
+                                   "applied), in UTC and in the job's time zone")
+    upcoming.add_argument("name", metavar="JOB")
+    upcoming.add_argument("--count", type=SLOT_COUNT, default=10, help="how many slots (default 10, at most 1000)")
+    upcoming.add_argument("--from", dest="start", type=_iso_datetime, metavar="TIME",
+                          help="slots after this ISO-8601 time (default: now, the database's clock)")
+
     history = commands.add_parser("history", help="runs, newest first, with attempts and job events")
     history.add_argument("--job", help="only this job")
     history.add_argument("--limit", type=ROW_LIMIT, default=50)
@@ -358,3 +365,4 @@ VISIBILITY_SECONDS = Number(0, 7 * 86400, whole=False, unit="seconds")
 RUN_SECONDS = Number(0, INT_MAX, whole=False, above_low=True, unit="seconds")
 PORT = Number(0, 65535)
 PROCESSES = Number(1, 10000)
+SLOT_COUNT = Number(1, 1000)        # next --count: shared.engine.views.MAX_NEXT_COUNT

@@ -31,11 +31,13 @@ from typing import Any
 
 from shared.control.store import Store
 from shared.errors import ConfigError
+from shared.jobs.calendars import Calendar, CalendarRules, parse_dates, parse_weekly
 from shared.jobs.from_settings import schedule_problem
 from shared.jobs.model import JOB_SETTING_PREFIX
 from shared.jobs.schedules import parse_schedule, validate_timezone
 from shared.jobs.steps import one_fleet_step
 from shared.jobs.targets import DEFAULT_PARALLELISM, describe_members, dialect_problem, parse_targets
+from shared.values import printable
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -103,6 +105,53 @@ def verdict(job: dict[str, Any]) -> tuple[str | None, datetime | None]:
         return str(ConfigError(f"{PROCEDURE} {parameter}", text, f"a schedule with a next slot ({exc})")), None
 
 
+CALENDAR_PROCEDURE = "agent.set_job_calendars"
+
+
+def database_calendars(rows: list[dict[str, Any]]) -> dict[str, Calendar | str]:
+    """The calendars agent.add_calendar defined (list_calendars' rows), by folded name: each a
+    Calendar, or why it is not one (naming the procedure's parameter and the value)."""
+    out: dict[str, Calendar | str] = {}
+    for row in rows:
+        try:
+            dates = parse_dates(row["dates"]) if (row.get("dates") or "").strip() else ()
+        except ValueError as exc:
+            out[row["name"].lower()] = str(ConfigError("agent.add_calendar @dates", printable(row["dates"])[:200], str(exc)))
+            continue
+        try:
+            weekly = parse_weekly(row["weekly"]) if (row.get("weekly") or "").strip() else ()
+        except ValueError as exc:
+            out[row["name"].lower()] = str(ConfigError("agent.add_calendar @weekly", printable(row["weekly"])[:200], str(exc)))
+            continue
+        out[row["name"].lower()] = Calendar(name=row["name"], dates=dates, weekly=weekly)
+    return out
+
+
+def calendar_verdict(job: dict[str, Any], calendars: dict[str, Calendar | str]) -> tuple[str | None, str | None]:
+    """(error, agent.jobs.calendars JSON) of a database job's agent.set_job_calendars: the names
+    resolved against the calendars agent.add_calendar defined (None, None: it names none)."""
+    chosen: dict[str, tuple[Calendar, ...]] = {}
+    known = ", ".join(sorted(c.name for c in calendars.values() if isinstance(c, Calendar))) or "none is defined"
+    for parameter, raw in (("@exclude_calendars", job.get("requested_exclude")), ("@only_calendars", job.get("requested_only"))):
+        if not raw:
+            continue
+        found: list[Calendar] = []
+        for name in (part for part in raw.split(",") if part):
+            entry = calendars.get(name.lower())
+            if entry is None:
+                return str(ConfigError(f"{CALENDAR_PROCEDURE} {parameter}", raw, "names of calendars defined by "
+                                       f"agent.add_calendar, comma-separated (defined: {known})")), None
+            if isinstance(entry, str):
+                return str(ConfigError(f"{CALENDAR_PROCEDURE} {parameter}", raw,
+                                       f"valid calendars: {name!r} is not ({entry})")), None
+            if entry not in found:
+                found.append(entry)
+        chosen[parameter] = tuple(found)
+    rules = CalendarRules(exclude=chosen.get("@exclude_calendars", ()), only=chosen.get("@only_calendars", ()),
+                          on_excluded=job.get("requested_on_excluded") or "skip")
+    return None, (rules.as_json() if rules else None)
+
+
 def plan_database_jobs(store: Store, now: datetime, telemetry: Any) -> PlanReport:
     """Plan every job a procedure defined or changed since the last planning (see the module
     docstring). One statement when there is none."""
@@ -112,15 +161,22 @@ def plan_database_jobs(store: Store, now: datetime, telemetry: Any) -> PlanRepor
         if not jobs:
             return report
         plans = []
+        # One query more, only when a planned job names calendars (agent.set_job_calendars).
+        named = any(job.get("requested_exclude") or job.get("requested_only") for job in jobs)
+        calendars = database_calendars(store.execute("list_calendars").rows) if named else {}
         for job in jobs:
             error, steps = fleet_step(job, store.dialect)
             first = None
+            rules = None
             if error is None:
                 error, first = verdict(job)
+            if error is None:
+                error, rules = calendar_verdict(job, calendars)
             plans.append({"job_name": job["job_name"], "schedule": job["schedule"], "timezone": job["timezone"],
                           "enabled": int(job["enabled"]), "updated_at": store.json_time(job["updated_at"]),
                           "valid": 0 if error else 1, "config_error": error,
-                          "next_due_at": store.json_time(first), "steps": None if error else steps})
+                          "next_due_at": store.json_time(first), "steps": None if error else steps,
+                          "calendars": None if error else rules})
         report.planned = store.execute("plan_jobs", plans=plans, now=now).rows
         events = [{"job_name": job["job_name"], "kind": "config_invalid", "detail": job["config_error"]}
                   for job in report.invalid]

@@ -29,6 +29,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from functools import lru_cache
 from typing import Any, Callable
 
 from shared.control.sqlerrors import classify, describe, is_lock_conflict
@@ -41,7 +42,8 @@ from shared.errors import AgentError, ClockSkewError, PartialDispatchError, Queu
 from shared.jobs.chains import find_cycles, run_order, show_chain
 from shared.jobs.model import JOB_SETTING_PREFIX
 from shared.jobs.run_model import RunStatus
-from shared.jobs.schedules import CronSchedule, parse_schedule
+from shared.jobs.calendars import CalendarRules
+from shared.jobs.schedules import CronSchedule, jitter_offset, parse_schedule, validate_timezone
 from shared.jobs.targets import describe_members, dialect_problem
 from shared.settings import Settings
 
@@ -71,6 +73,8 @@ NOTE_CATCH_UP = "misfire: caught up late, once"
 NOTE_PAUSED = "paused"
 # One slot's decision: (slot, status, note, runnable_at); runnable_at None: at the slot itself.
 SlotPlan = tuple[datetime, RunStatus, "str | None", "datetime | None"]
+# A slot a calendar excludes (JOB__<name>__EXCLUDE / ONLY): "calendar: <name>", "calendar: not in <names>".
+NOTE_CALENDAR = "calendar:"
 
 
 @dataclass
@@ -298,6 +302,7 @@ class Scheduler:
                 "grace_seconds": job.grace_seconds, "overlap": job.overlap,
                 "steps": job.steps_json(), "notify": job.notify, "notify_webhook_url": job.notify_webhook_url,
                 "after_job": job.after, "after_outcome": job.after_outcome.value if job.after else None,
+                "calendars": job.calendars or None, "jitter_seconds": job.jitter_seconds,
                 "next_due_at": store.json_time(_initial_due(job.schedule, job.timezone, now)) if job.enabled else None,
             })
         for bad in self.settings.invalid_jobs:
@@ -475,10 +480,12 @@ class Scheduler:
             advances: dict[tuple, dict[str, Any]] = {}
             for job in jobs:
                 key = (job["schedule"], job["timezone"], job["next_due_at"], job["misfire"], job["grace_seconds"],
-                       bool(job["paused"]), job["paused_at"], job["paused_until"])
+                       bool(job["paused"]), job["paused_at"], job["paused_until"], job.get("calendars"))
                 if key not in plans:
                     plans[key] = _plan_slots(job, now, horizon, late_cutoff)
                 planned, following = plans[key]
+                if job.get("jitter_seconds"):
+                    planned = _with_jitter(planned, job)
                 slots += [{"job_name": job["job_name"], "scheduled_for": store.json_time(slot),
                            "status": status, "note": note, "runnable_at": store.json_time(runnable)}
                           for slot, status, note, runnable in planned]
@@ -503,8 +510,9 @@ class Scheduler:
             properties = run_properties(run, outcome=run["status"])
             if run["status"] == RunStatus.SKIPPED:
                 log.info("job %s slot %s skipped: %s", run["job_name"], run["scheduled_for"], run.get("note"))
-                # A slot of a paused job is not a misfire: its pause was told once (JobPaused).
-                if not str(run.get("note") or "").startswith(NOTE_PAUSED):
+                # A slot of a paused job is not a misfire: its pause was told once (JobPaused); nor is
+                # one a calendar excludes (its note says which).
+                if not str(run.get("note") or "").startswith((NOTE_PAUSED, NOTE_CALENDAR)):
                     self.telemetry.event("MisfireSkipped", properties, operation_id=run.get("operation_id"))
             else:
                 self.telemetry.event("RunClaimed", properties, operation_id=run.get("operation_id"))
@@ -542,6 +550,7 @@ def _invalid_row(key: str, message: str) -> dict[str, Any]:
         "max_attempts": 1, "timeout_seconds": 1, "lease_seconds": 60, "misfire": "skip",
         "grace_seconds": 0, "overlap": "skip", "next_due_at": None,
         "steps": None, "notify": "never", "notify_webhook_url": None, "after_job": None, "after_outcome": None,
+        "calendars": None, "jitter_seconds": 0,
     }
 
 
@@ -691,7 +700,15 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
             planned.append((slot, RunStatus.PENDING, None, None))
         ahead += 1
         slot = following(slot)
-    return _catch_up_the_pause(job, planned, slot, following, now, horizon, caught_up_missed)
+    planned, beyond = _catch_up_the_pause(job, planned, slot, following, now, horizon, caught_up_missed)
+    rules = _calendar_rules(job.get("calendars"))
+    if rules:
+        try:
+            planned = _apply_calendars(planned, rules, validate_timezone(job["timezone"]))
+        except (ValueError, OverflowError) as exc:   # validated at sync: one job's surprise, not the tick's
+            log.error("job %s: its calendars cannot be applied (%s); its slots run as the schedule has them",
+                      job["job_name"], describe(exc))
+    return planned, beyond
 
 
 def _catch_up_the_pause(job: dict[str, Any], planned: list[SlotPlan], beyond: datetime | None,
@@ -728,6 +745,64 @@ def _catch_up_the_pause(job: dict[str, Any], planned: list[SlotPlan], beyond: da
         return planned, beyond
     planned[index] = (moment, RunStatus.PENDING, NOTE_CATCH_UP, runnable)
     return planned, beyond
+
+
+def _with_jitter(planned: list[SlotPlan], job: dict[str, Any]) -> list[SlotPlan]:
+    """Each slot the schedule gave that runs (pending, no note: not a catch-up, not moved by a
+    calendar) moved later by the job's jitter (schedules.jitter_offset): the run is keyed by the
+    jittered time, the same on every instance, and stays before the job's next slot."""
+    try:
+        schedule = parse_schedule(job["schedule"], job["timezone"])
+    except (ValueError, OverflowError):
+        return planned
+    out: list[SlotPlan] = []
+    for slot, status, note, runnable in planned:
+        if status == RunStatus.PENDING and note is None and runnable is None:
+            offset = jitter_offset(job["job_name"], slot, schedule.next_after(slot), int(job["jitter_seconds"]))
+            if offset:
+                out.append((slot + timedelta(seconds=offset), status, f"jitter: +{offset} s from {slot.isoformat()}",
+                            None))
+                continue
+        out.append((slot, status, note, runnable))
+    return out
+
+
+@lru_cache(maxsize=256)
+def _calendar_rules(text: str | None) -> CalendarRules:
+    try:
+        return CalendarRules.from_json(text)
+    except (ValueError, KeyError, TypeError) as exc:   # written by this code: should not happen
+        log.error("calendars %r cannot be read (%s); they are not applied", (text or "")[:200], describe(exc))
+        return CalendarRules()
+
+
+def _apply_calendars(planned: list[SlotPlan], rules: CalendarRules, zone) -> list[SlotPlan]:
+    """The job's calendars decide each slot that would run: one they exclude is recorded
+    skipped with the calendar's name (``calendar: uk_holidays``) or, with ON_EXCLUDED=next,
+    skipped with the time it moved to and a run claimed at that time (the first instant the
+    calendars allow; every slot of one excluded stretch moves to the same time, which runs once:
+    the unique (job, slot) key). A moved run lands on a slot of the schedule as that slot's run."""
+    decided: dict[datetime, SlotPlan] = {}
+    moved: list[SlotPlan] = []
+    for slot, status, note, runnable in planned:
+        why = rules.why_excluded(slot, zone) if status == RunStatus.PENDING else None
+        if why is None:
+            decided[slot] = (slot, status, note, runnable)
+            continue
+        if note:
+            why = f"{why} ({note})"
+        if rules.on_excluded == "next":
+            allowed = rules.next_allowed(slot, zone)
+            if allowed is None:
+                decided[slot] = (slot, RunStatus.SKIPPED, f"{why}; no allowed time within a year", None)
+                continue
+            decided[slot] = (slot, RunStatus.SKIPPED, f"{why}; moved to {allowed.isoformat()}", None)
+            moved.append((allowed, RunStatus.PENDING, f"{why}; moved from {slot.isoformat()}", None))
+        else:
+            decided[slot] = (slot, RunStatus.SKIPPED, why, None)
+    for entry in moved:
+        decided.setdefault(entry[0], entry)
+    return sorted(decided.values(), key=lambda entry: entry[0])
 
 
 def _inside_pause(job: dict[str, Any], moment: datetime) -> bool:

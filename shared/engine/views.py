@@ -16,8 +16,10 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from shared.errors import NotFoundError
+from shared.jobs.calendars import CalendarRules
 from shared.jobs.describe import describe_schedule
 from shared.jobs.run_model import RunStatus
+from shared.jobs.schedules import jitter_offset, parse_schedule
 
 UTC = timezone.utc
 
@@ -41,6 +43,12 @@ DEFAULT_HISTORY_LIMIT = 50
 DEFAULT_POISON_LIMIT = 50
 DEFAULT_STUCK_LIMIT = 500
 DEFAULT_STUCK_AGE_SECONDS = 600
+# `next` and the job page's preview of the slots to come.
+DEFAULT_NEXT_COUNT = 10
+MAX_NEXT_COUNT = 1000
+# `next` lists this many slots of one excluded stretch, then the stretch's end (an every-second job
+# over a weekend would list 172,800).
+NEXT_STRETCH_SHOWN = 5
 RUN_POISON_LIMIT = 50
 
 
@@ -84,8 +92,22 @@ def _job_extras(row: dict[str, Any], now: datetime) -> dict[str, Any]:
         "source": row.get("source") or DEFAULT_JOB_SOURCE,
         "state": job_state(row, now),
         "schedule_words": describe_schedule(row.get("schedule")),
+        "calendar_words": calendar_words(row.get("calendars")),
         "next_due_local": local_time(row.get("next_due_at"), row.get("timezone")),
     }
+
+
+def calendar_words(text: str | None) -> str | None:
+    """A job's calendars in words ("excluding uk_holidays, freeze; an excluded slot moves to the
+    next allowed time"), or None when it has none (or they cannot be read: a page never fails)."""
+    try:
+        return _rules(text).describe() or None
+    except Exception:   # words are a courtesy
+        return None
+
+
+def _rules(text: str | None) -> CalendarRules:
+    return CalendarRules.from_json(text)
 
 
 def after_words(row: dict[str, Any]) -> str | None:
@@ -237,7 +259,102 @@ def job_view(store, name: str, now: datetime, window: str = DEFAULT_WINDOW,
     history = history_view(store, name, history_limit, with_output=True)
     return {"job": job, "window": window, "window_start": since, "window_end": now,
             "timeline": {"runs": timeline[:TIMELINE_LIMIT], "limit": TIMELINE_LIMIT, "cut": cut},
-            **history}
+            "next": upcoming_slots(job, now, DEFAULT_NEXT_COUNT), **history}
+
+
+# ---------------------------------------------------------------- the slots to come
+
+
+def next_view(store, name: str, start: datetime, count: int = DEFAULT_NEXT_COUNT) -> dict[str, Any]:
+    """`next JOB`: the job as the agent last synced it (get_job: one query) and its next ``count``
+    slots strictly after ``start``; NotFoundError names the jobs the agent knows."""
+    job = store.execute("get_job", job_name=name).one()
+    if job is None:
+        known = ", ".join(sorted(r["job_name"] for r in store.execute("list_jobs").rows)) or "none"
+        raise NotFoundError(f"no job named {name!r} (jobs the agent knows: {known})", setting="JOB", value=name,
+                            expected=f"one of the jobs the agent knows: {known}")
+    return upcoming_slots(job, start, count)
+
+
+def upcoming_slots(job: dict[str, Any], start: datetime, count: int) -> dict[str, Any]:
+    """A job row's next ``count`` slots strictly after ``start``, each in UTC and in the job's
+    time zone, from its schedule (calendar tokens and clauses included); computed here, in
+    Python, from the row: no query. ``note`` says why there are fewer than asked (on demand, a
+    one-time job already past, a schedule that ended) and what the slots do not show (a job
+    disabled, paused, invalid)."""
+    zone = job.get("timezone") or "UTC"
+    view: dict[str, Any] = {"job_name": job["job_name"], "schedule": job.get("schedule") or "", "timezone": zone,
+                            "schedule_words": describe_schedule(job.get("schedule")),
+                            "calendar_words": calendar_words(job.get("calendars")), "from": start, "count": count,
+                            "slots": [], "removed": [], "note": None}
+    if not job.get("valid", 1):
+        view["note"] = f"invalid: {job.get('config_error') or 'its settings are refused'}; it claims no slot"
+        return view
+    try:
+        schedule = parse_schedule(job.get("schedule") or "", zone)
+    except ValueError as exc:
+        view["note"] = f"its schedule is not understood here ({exc})"
+        return view
+    try:
+        rules, tz = _rules(job.get("calendars")), ZoneInfo(zone)
+    except Exception:
+        rules, tz = CalendarRules(), ZoneInfo("UTC")
+    runs: dict[datetime, str | None] = {}       # instant -> why it runs there (a moved slot)
+    latest: datetime | None = None
+    moment: datetime | None = start
+    stretch = 0         # slots removed in a row: past a few, the walk jumps to the next allowed time
+    for _ in range(count * 20 if rules else count):
+        moment = schedule.next_after(moment) if moment is not None else None
+        if moment is None or (len(runs) >= count and latest is not None and moment > latest):
+            break
+        why = rules.why_excluded(moment, tz) if rules else None
+        if why is None:
+            stretch = 0
+            runs.setdefault(moment, None)
+            latest = max(latest or moment, moment)
+            continue
+        allowed = rules.next_allowed(moment, tz)
+        moved = allowed if rules.on_excluded == "next" else None
+        stretch += 1
+        jump = stretch >= NEXT_STRETCH_SHOWN and allowed is not None
+        if len(view["removed"]) < count:
+            note = f"{why} (and every slot after it before {allowed.isoformat()})" if jump else why
+            view["removed"].append({"at": moment, "local": local_time(moment, zone), "calendar": note,
+                                    "moved_to": moved})
+        if moved is not None:
+            runs.setdefault(moved, f"{why}; moved from {moment.isoformat()}")
+            latest = max(latest or moved, moved)
+        if allowed is None:
+            notes_early = f"{why}: no allowed time within a year after {moment.isoformat()}"
+            view["note"] = notes_early
+            break
+        if jump:        # the rest of the stretch: the next slot at or after the allowed time
+            moment, stretch = allowed - timedelta(microseconds=1), 0
+    jitter = int(job.get("jitter_seconds") or 0)
+    slots = []
+    for at in sorted(runs)[:count]:
+        offset = 0 if runs[at] is not None else jitter_offset(job["job_name"], at, schedule.next_after(at), jitter)
+        moment = at + timedelta(seconds=offset)
+        slots.append({"at": moment, "local": local_time(moment, zone), "moved": runs[at], "jitter_seconds": offset})
+    view["slots"] = slots
+    notes = []
+    if getattr(schedule, "is_on_demand", False):
+        notes.append("on demand: no slot (it runs when started)")
+    elif not view["slots"] and schedule.is_once:
+        notes.append("a one-time job whose slot is not after this time")
+    elif len(view["slots"]) < count and getattr(schedule, "ends", None) is not None:
+        notes.append(f"its schedule ends on {schedule.ends.isoformat()}")
+    state = job_state(job, start)
+    if state in ("disabled", "removed"):
+        notes.append(f"{state}: these slots are not claimed")
+    elif state == "paused":
+        until = job.get("paused_until")
+        notes.append("paused" + (f" until {until.isoformat()}" if until else "")
+                     + ": a slot that comes while paused is recorded skipped")
+    if view["note"]:
+        notes.insert(0, view["note"])
+    view["note"] = "; ".join(notes) or None
+    return view
 
 
 # ---------------------------------------------------------------- one run, poison, stuck

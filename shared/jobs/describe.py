@@ -32,9 +32,20 @@ def describe_schedule(schedule: str | None) -> str:
     return str(schedule or "") if text is None else text
 
 
+_ORDINALS = {"1": "first", "2": "second", "3": "third", "4": "fourth", "5": "fifth", "L": "last"}
+_KINDS = {"MON-FRI": "weekday", "1-5": "weekday", "SAT-SUN": "weekend day", "6-7": "weekend day"}
+
+
 def _describe(expression: str) -> str | None:
     if not expression:
         return ON_DEMAND
+    if ";" in expression:
+        # The extended form: the six fields in words, then each clause as written.
+        cron, *clauses = expression.split(";")
+        head = _describe(cron.strip())
+        if head is None or head == cron.strip():
+            return None
+        return "; ".join([head, *(" ".join(c.split()) for c in clauses)])
     if expression.lower().startswith("@once"):
         moment = expression[len("@once"):].strip()
         return f"once, at {moment}" if moment else None
@@ -90,13 +101,14 @@ def _days(day: str, month: str, weekday: str) -> str | None:
     """The day part: "" for every day, words for the shapes we know, None otherwise."""
     parts = []
     if day != "*":
-        if not _NUMBER.match(day):
+        special = _day_token(day)
+        if special is None and not _NUMBER.match(day):
             return None
-        parts.append(f"on day {int(day)} of the month")
+        parts.append(special or f"on day {int(day)} of the month")
     if weekday != "*":
         if day != "*":
             return None
-        weekdays = _weekdays(weekday)
+        weekdays = _weekday_token(weekday) or _weekdays(weekday)
         if weekdays is None:
             return None
         parts.append(weekdays)
@@ -105,6 +117,40 @@ def _days(day: str, month: str, weekday: str) -> str | None:
             return None
         parts.append(f"in {_MONTHS[int(month) - 1]}")
     return " ".join(parts)
+
+
+def _day_token(field: str) -> str | None:
+    """L, LW, nW in words, or None."""
+    upper = field.upper()
+    if upper == "L":
+        return "on the last day of the month"
+    if upper == "LW":
+        return "on the last weekday of the month"
+    if upper.endswith("W") and _NUMBER.match(upper[:-1]):
+        return f"on the weekday nearest day {int(upper[:-1])} of the month"
+    return None
+
+
+def _weekday_token(field: str) -> str | None:
+    """d#n, dL, d#L, a-b#n (MON-FRI#2: the second weekday) in words, or None."""
+    upper = field.upper()
+    if "#" in upper:
+        kinds, _, which = upper.partition("#")
+    elif upper.endswith("L") and len(upper) > 1 and "-" not in upper:
+        kinds, which = upper[:-1], "L"
+    else:
+        return None
+    ordinal = _ORDINALS.get(which)
+    if ordinal is None:
+        return None
+    if kinds in _KINDS:
+        what = _KINDS[kinds]
+    else:
+        day = _weekday(kinds)
+        if day is None:
+            return None
+        what = _DAYS[day]
+    return f"on the {ordinal} {what} of the month"
 
 
 def _weekday(text: str) -> int | None:

@@ -30,7 +30,8 @@ from shared.jobs.model import (
     JobDefinition,
     StepDefinition,
 )
-from shared.jobs.schedules import parse_schedule, validate_timezone
+from shared.jobs.calendars import ON_EXCLUDED_POLICIES, Calendar, CalendarRules, CalendarSettings, parse_calendars
+from shared.jobs.schedules import MAX_JITTER_SECONDS, parse_schedule, validate_timezone
 from shared.jobs.steps import one_fleet_step, parse_steps
 from shared.jobs.targets import DEFAULT_PARALLELISM, MAX_PARALLELISM, describe_members, parse_targets
 from shared.values import DATABASE_NAME_PATTERN, JOB_NAME_PATTERN, parse_bool, parse_int, printable, storable_problem
@@ -53,6 +54,10 @@ JOB_SETTING_SUFFIXES = (
     "TARGET_PARALLELISM",
     "AFTER",
     "AFTER_OUTCOME",
+    "EXCLUDE",
+    "ONLY",
+    "ON_EXCLUDED",
+    "JITTER_SECONDS",
 )
 
 
@@ -107,6 +112,7 @@ def parse_jobs(env: Mapping[str, str]) -> tuple[tuple[JobDefinition, ...], tuple
                 f"{key}: expected JOB__<name>__<SETTING> with SETTING one of {', '.join(JOB_SETTING_SUFFIXES)}")
             continue
         raw.setdefault(name, {})[suffix.upper()] = (key, value)
+    calendars = parse_calendars(env)
     parsed: list[tuple[str, str, JobDefinition | None, list[str]]] = []
     # One verdict per distinct (schedule, time zone) for this parse: 10,000 jobs share a few
     # dozen schedules.
@@ -116,7 +122,7 @@ def parse_jobs(env: Mapping[str, str]) -> tuple[tuple[JobDefinition, ...], tuple
     by_fold: dict[str, list[str]] = {}
     for name in sorted(raw.keys() | stray.keys()):
         errors = list(stray[name]) if name in stray else []
-        job = _parse_job(name, raw.get(name, {}), errors, verdicts)
+        job = _parse_job(name, raw.get(name, {}), errors, verdicts, calendars)
         folded = name.casefold()
         parsed.append((name, folded, job, errors))
         by_fold.setdefault(folded, []).append(name)
@@ -231,7 +237,8 @@ _STEP_SUFFIXES = frozenset(STEP_SETTING_SUFFIXES)
 
 
 def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
-               verdicts: dict[tuple[str, str], str | None] | None = None) -> JobDefinition | None:
+               verdicts: dict[tuple[str, str], str | None] | None = None,
+               calendars: CalendarSettings | None = None) -> JobDefinition | None:
     """One job from its ``JOB__<name>__*`` settings (``values``: suffix -> (key, raw value)),
     or None with ``errors`` filled. ``verdicts``: schedule_problem's answers already found in
     this parse, by (schedule, time zone)."""
@@ -314,6 +321,8 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
          notify, webhook, targets, parallelism) = _PLAIN_DEFAULTS
         steps: tuple[StepDefinition, ...] = ()
         after, after_outcome = None, AfterOutcome.SUCCEEDED
+        calendar_rules = ""
+        jitter_seconds = 0
     else:
         def int_value(suffix: str, low: int, high: int) -> int:
             if suffix not in given and suffix in _DEFAULT_INTS:
@@ -371,6 +380,8 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         if ("TARGET_PARALLELISM" in given or "TARGET_PARALLELISM" in JOB_DEFAULTS) and value("TARGET_PARALLELISM") is not None:
             parallelism = int_value("TARGET_PARALLELISM", 1, MAX_PARALLELISM)
         after, after_outcome = _after_settings(name, given, setting, errors)
+        calendar_rules = _calendar_settings(given, setting, errors, calendars or CalendarSettings({}, {}))
+        jitter_seconds = int_value("JITTER_SECONDS", 0, MAX_JITTER_SECONDS) if "JITTER_SECONDS" in given else 0
         steps: tuple[StepDefinition, ...] = ()
         if has_steps and "COMMAND" not in values:
             steps = parse_steps(name, values, errors, default_max_attempts=max_attempts,
@@ -392,8 +403,45 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         enabled=enabled, max_attempts=max_attempts, timeout_seconds=timeout_seconds,
         lease_seconds=lease_seconds, misfire=misfire, grace_seconds=grace_seconds,
         overlap=overlap, database=database, steps=steps, notify=notify, notify_webhook_url=webhook,
-        targets=targets, after=after, after_outcome=after_outcome,
+        targets=targets, after=after, after_outcome=after_outcome, calendars=calendar_rules,
+        jitter_seconds=jitter_seconds,
     )
+
+
+def _calendar_settings(given: dict[str, str], setting: Callable[[str], str], errors: list[str],
+                       calendars: CalendarSettings) -> str:
+    """JOB__<name>__EXCLUDE, ONLY and ON_EXCLUDED of one job: the calendars they name, whole, as
+    the JSON agent.jobs.calendars holds ("" when the job names none)."""
+    chosen: dict[str, tuple[Calendar, ...]] = {}
+    known = ", ".join(sorted(c.name for c in calendars.calendars.values())) or "none is defined"
+    for suffix in ("EXCLUDE", "ONLY"):
+        raw = given.get(suffix)
+        if raw is None:
+            continue
+        names = [part.strip() for part in raw.split(",")]
+        found: list[Calendar] = []
+        for part in names:
+            folded = part.lower()
+            if folded in calendars.invalid:
+                errors.append(str(ConfigError(setting(suffix), raw, f"valid calendars: {part!r} is not ("
+                                              + "; ".join(calendars.invalid[folded]) + ")")))
+            elif folded in calendars.calendars:
+                if calendars.calendars[folded] not in found:
+                    found.append(calendars.calendars[folded])
+            else:
+                errors.append(str(ConfigError(setting(suffix), raw, "names of calendars defined by CALENDAR__<name>__DATES, "
+                                              f"WEEKLY or ICS, comma-separated (defined: {known})")))
+        chosen[suffix] = tuple(found)
+    policy = (given.get("ON_EXCLUDED") or "skip").lower()
+    if policy not in ON_EXCLUDED_POLICIES:
+        errors.append(str(ConfigError(setting("ON_EXCLUDED"), given.get("ON_EXCLUDED"),
+                                      "skip (an excluded slot is recorded skipped) or next (it runs at the next "
+                                      "allowed time)")))
+    elif "ON_EXCLUDED" in given and not chosen:
+        errors.append(str(ConfigError(setting("ON_EXCLUDED"), given.get("ON_EXCLUDED"),
+                                      f"a job with {setting('EXCLUDE')} or {setting('ONLY')} (this one has neither)")))
+    rules = CalendarRules(exclude=chosen.get("EXCLUDE", ()), only=chosen.get("ONLY", ()), on_excluded=policy)
+    return rules.as_json() if rules else ""
 
 
 def _after_settings(name: str, given: dict[str, str], setting: Callable[[str], str],
@@ -476,6 +524,8 @@ def schedule_problem(schedule) -> str | None:
         first = schedule.next_after(now)
     except Exception as exc:  # croniter's "failed to find next date" and friends
         return f"a schedule with a slot within {SCHEDULE_HORIZON_YEARS} years (none found: {exc})"
+    if first is None and getattr(schedule, "ends", None) is not None:
+        return None     # its ``until`` has passed: a job with no more slots, as a past @once
     if first is None or first > now + SCHEDULE_HORIZON:
         return f"a schedule with a slot within {SCHEDULE_HORIZON_YEARS} years (this one has none)"
     return None

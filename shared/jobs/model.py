@@ -100,6 +100,11 @@ class JobDefinition:
     # one (in the transaction that ends it). None: this job follows no job.
     after: str | None = None
     after_outcome: AfterOutcome = AfterOutcome.SUCCEEDED
+    # JOB__<name>__EXCLUDE / ONLY / ON_EXCLUDED: the calendars the job's slots avoid or keep to,
+    # whole, as JSON (shared.jobs.calendars.CalendarRules); "" when it names none.
+    calendars: str = ""
+    # JOB__<name>__JITTER_SECONDS: each slot runs 0 to this many seconds late (schedules.jitter_offset).
+    jitter_seconds: int = 0
 
     def steps_json(self) -> str | None:
         """What agent.jobs.steps holds: None for a one-step job (today's rows, unchanged)."""

@@ -68,7 +68,7 @@ class Pages:
             lines.append(
                 f'<tr class="job" id="job-{escape(row["job_name"])}"><td>{self.job_link(row["job_name"])}</td>'
                 f'<td>{escape(row["source"])}</td><td>{state}</td>'
-                f'<td>{escape(row["schedule_words"])}<div><code>{escape(row["schedule"])}</code></div>{_after(self, row)}</td>'
+                f'<td>{escape(row["schedule_words"])}<div><code>{escape(row["schedule"])}</code></div>{_calendars(row)}{_after(self, row)}</td>'
                 f'<td>{escape(row["timezone"])}</td><td class="status">{status_text(row)}</td><td>{last}</td>'
                 f"<td>{_next_slot(row)}</td></tr>")
         lines.append("</tbody></table>")
@@ -81,7 +81,7 @@ class Pages:
                  + (f'<div class="error">{escape(job["config_error"])}</div>' if job["config_error"] else ""))
         facts = [
             ("Defined in", escape(job["source"])), ("State", state),
-            ("Schedule", f'{escape(job["schedule_words"])} <code>{escape(job["schedule"])}</code>{_after(self, job)}'),
+            ("Schedule", f'{escape(job["schedule_words"])} <code>{escape(job["schedule"])}</code>{_calendars(job)}{_after(self, job)}'),
             ("Time zone", escape(job["timezone"])), ("Status now", status_text(job)),
             ("Last outcome", f'{escape(job["last_status"] or "-")} {self.run_link(job["last_run_id"])} '
                              f'{when(job["last_finished_at"]) if job["last_run_id"] else ""}{_last_targets(job)}'),
@@ -95,6 +95,7 @@ class Pages:
             f'<strong>{escape(w)}</strong>' if w == data["window"]
             else f'<a href="{self.link("/jobs/" + quote(str(name), safe=""), window=w)}">{escape(w)}</a>'
             for w in views.TIMELINE_WINDOWS)
+        out.append(self.next_slots(data["next"]))
         out.append(f'<h2>Runs over the last {escape(data["window"])}</h2>\n<p class="windows">Window: {windows}</p>')
         out.append(self.timeline(data, now))
         out.append("<h2>History</h2>")
@@ -104,6 +105,28 @@ class Pages:
         out.append(self.table("events", EVENT_COLUMNS, data["job_events"]) if data["job_events"]
                    else "<p>No job events.</p>")
         return "\n".join(out) + "\n"
+
+    def next_slots(self, upcoming: dict[str, Any]) -> str:
+        """The slots to come (as `sql-agent next JOB`), in UTC and in the job's time zone."""
+        out = ["<h2>Next slots</h2>"]
+        if upcoming["slots"]:
+            rows = "".join(f'<tr><td>{k}</td><td>{when(slot["at"])}</td><td>{escape((slot["local"] or "").replace("T", " "))}</td>'
+                           f'<td>{escape(_slot_note(slot))}</td></tr>'
+                           for k, slot in enumerate(upcoming["slots"], start=1))
+            out.append(f'<table class="next"><thead><tr><th>#</th><th>UTC</th><th>{escape(upcoming["timezone"])}</th>'
+                       f"<th>Note</th></tr></thead><tbody>{rows}</tbody></table>")
+        if upcoming["removed"]:
+            rows = "".join(f'<tr><td>{when(slot["at"])}</td><td>{escape((slot["local"] or "").replace("T", " "))}</td>'
+                           f'<td>{escape(slot["calendar"])}</td><td>{when(slot["moved_to"]) if slot["moved_to"] else "-"}</td></tr>'
+                           for slot in upcoming["removed"])
+            out.append(f'<p>Slots the calendars remove:</p><table class="removed"><thead><tr><th>UTC</th>'
+                       f'<th>{escape(upcoming["timezone"])}</th><th>By</th><th>Moved to (UTC)</th></tr></thead>'
+                       f"<tbody>{rows}</tbody></table>")
+        elif not upcoming["note"]:
+            out.append("<p>No slot to come.</p>")
+        if upcoming["note"]:
+            out.append(f'<p class="note">{escape(upcoming["note"])}</p>')
+        return "\n".join(out)
 
     def timeline(self, data: dict[str, Any], now: datetime) -> str:
         """One bar per run: x from its start to its end (or now while it runs), colour by status,
@@ -334,6 +357,19 @@ def _run_kind(pages: Pages, run: dict[str, Any]) -> str:
     if run.get("followed_run_id") is None:
         return escape(run.get("kind"))
     return f'{escape(run.get("kind"))}, <span class="after">after run {pages.run_link(run["followed_run_id"])}</span>'
+
+
+def _slot_note(slot: dict[str, Any]) -> str:
+    """What a slot to come says beside its time: where a calendar moved it from, or its jitter."""
+    if slot["moved"]:
+        return slot["moved"]
+    return f"jitter +{slot['jitter_seconds']} s" if slot["jitter_seconds"] else ""
+
+
+def _calendars(job: dict[str, Any]) -> str:
+    """The job's calendars in words, as a line under its schedule; nothing when it has none."""
+    words = job.get("calendar_words")
+    return f'<div class="calendars">{escape(words)}</div>' if words else ""
 
 
 def _after(pages: Pages, job: dict[str, Any]) -> str:

@@ -523,7 +523,7 @@ def schema_of(dialect: str) -> dict[str, dict]:
 def test_every_dialect_creates_the_same_tables_columns_and_indexes():
     schemas = {dialect: schema_of(dialect) for dialect in DIALECTS}
     assert set(schemas["postgres"]) == {"schema_version", "state", "jobs", "runs", "attempts", "job_events",
-                                         "poison_messages", "start_lock", "notifications", "job_pauses"}
+                                         "poison_messages", "start_lock", "notifications", "job_pauses", "calendars"}
     for dialect in ("sqlite", "mssql"):
         assert set(schemas[dialect]) == set(schemas["postgres"]), dialect
         for table, expected in schemas["postgres"].items():

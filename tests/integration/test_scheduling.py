@@ -4,7 +4,7 @@ recorded, bad settings isolated, constant statements per tick, nothing lost on d
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -266,3 +266,57 @@ def test_concurrency_cap_holds_runs_back(agent_factory):
     assert len(report.claimed) == 5 and len(report.dispatched) == 2
     statuses = sorted(r[0] for r in query(agent, f"SELECT status FROM {runs_table(agent)}"))
     assert statuses == ["pending"] * 3 + ["queued"] * 2
+
+
+def test_the_extended_schedule_form_is_claimed_slot_by_slot(agent_factory):
+    """SQL Agent's "last weekday of every 2nd month, 22:00" and "every 7 minutes from 08:03": the
+    claim follows the extended form's slots (issue 33), on every dialect."""
+    agent = agent_factory({
+        "month_end": {"SCHEDULE": "0 0 22 * * MON-FRI#L ; every 2 months ; from 2026-01-01", "COMMAND": "SELECT 1",
+                      "TIMEZONE": "Europe/London"},
+        "window": {"SCHEDULE": "* * 8-17 * * * ; every 7 minutes ; between 08:03 and 17:45", "COMMAND": "SELECT 1"},
+    })
+    agent.tick(at("2026-01-05T08:00:00"))
+    assert job_row(agent, "month_end")["next_due_at"] == at("2026-01-30T22:00:00")   # Friday 30 January
+    assert job_row(agent, "window")["next_due_at"] == at("2026-01-05T08:03:00")
+    agent.tick(at("2026-01-05T08:03:01"))
+    assert [r["scheduled_for"] for r in runs_of(agent, "window")] == [at("2026-01-05T08:03:00")]
+    assert job_row(agent, "window")["next_due_at"] == at("2026-01-05T08:10:00")
+    agent.tick(at("2026-01-30T22:00:01"))
+    assert [r["scheduled_for"] for r in runs_of(agent, "month_end")] == [at("2026-01-30T22:00:00")]
+    # March 31 is a Tuesday, and BST has not begun (29 March: it has: 22:00 BST = 21:00 UTC).
+    assert job_row(agent, "month_end")["next_due_at"] == at("2026-03-31T21:00:00")
+
+
+def test_jitter_moves_each_slot_by_its_own_delay_claimed_once_by_every_instance(agent_factory, db_url, capsys):
+    """JOB__<name>__JITTER_SECONDS (issue 33 item 3): the run of each slot is keyed by the slot
+    plus the job's delay for it; two instances claim it once; `next` shows the same times."""
+    from shared.cli.commands import main as cli
+    from shared.jobs.schedules import jitter_offset
+
+    jobs = {"spread": {"SCHEDULE": "0 0 * * * *", "COMMAND": "SELECT 1", "JITTER_SECONDS": "1800"},
+            "tight": {"SCHEDULE": "*/20 * * * * *", "COMMAND": "SELECT 1", "JITTER_SECONDS": "600"}}
+    agent = agent_factory(jobs)
+    other = make_agent(db_url, jobs, queue=MemoryQueue())
+    agent.tick(at("2026-01-01T00:30:00"))
+    capsys.readouterr()
+    assert cli(["--db", db_url, "next", "spread", "--count", "3", "--from", "2026-01-01T00:30:00Z", "--json"]) == 0
+    preview = [datetime.fromisoformat(s["at"]) for s in json.loads(capsys.readouterr().out)["slots"]]
+    notes = []
+    for hour in range(1, 4):
+        notes += [r["note"] for r in agent.tick(at(f"2026-01-01T0{hour}:00:00") + timedelta(seconds=1)).claimed
+                  if r["job_name"] == "spread"]
+        other.tick(at(f"2026-01-01T0{hour}:00:00") + timedelta(seconds=2))
+    other.close()
+    rows = [r for r in runs_of(agent, "spread") if r["scheduled_for"] >= at("2026-01-01T01:00:00")]
+    slots = [at(f"2026-01-01T0{h}:00:00") for h in range(1, 4)]
+    expected = [s + timedelta(seconds=jitter_offset("spread", s, s + timedelta(hours=1), 1800)) for s in slots]
+    assert [r["scheduled_for"] for r in rows] == expected == preview
+    assert all(0 <= (e - s).total_seconds() <= 1800 for e, s in zip(expected, slots))
+    assert len({(e - s).total_seconds() for e, s in zip(expected, slots)}) > 1
+    assert notes == [f"jitter: +{int((e - s).total_seconds())} s from {s.isoformat()}" if e != s else None
+                     for e, s in zip(expected, slots)]
+    # every 20 s with 600 s of jitter: each run before the next slot, in order, one per slot
+    tight = [r["scheduled_for"] for r in runs_of(agent, "tight")]
+    assert tight == sorted(tight) and len(tight) == len(set(tight))
+    assert all((t - t.replace(second=t.second // 20 * 20)).total_seconds() < 20 for t in tight)

@@ -101,7 +101,8 @@ def test_queue_trigger_at_threshold_poisons_instead_of_raising(app_settings, mon
 def test_cold_import_of_function_app_stays_light():
     """The engine's heavy dependencies load at first use, not at import."""
     code = ("import sys, function_app; heavy = [m for m in ('pyodbc', 'azure.identity', 'azure.storage.queue', "
-            "'opencensus', 'opentelemetry', 'azure.monitor', 'shared.telemetry.otel', 'croniter', 'shared.control.store') "
+            "'opencensus', 'opentelemetry', 'azure.monitor', 'shared.telemetry.otel', 'croniter', 'shared.control.store', "
+            "'icalendar', 'recurring_ical_events') "
             "if m in sys.modules]; print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

@@ -330,6 +330,86 @@ def test_database_jobs_are_planned_by_the_engine_and_an_invalid_one_hurts_only_i
     assert agent.tick().planned == []
 
 
+def test_the_extended_schedule_form_is_defined_from_tsql_and_checked_by_name(system):
+    """agent.add_scheduled_job takes the extended form (L, W, #, clauses: issue 33); a bad clause is
+    that job's error, naming the parameter, the value and what is expected."""
+    build, connection, url = system
+    agent = build()
+    call(connection, "add_scheduled_job", name="month_end", sql="SELECT 1",
+         schedule="0 0 22 * * MON-FRI#L ; every 2 months ; from 2026-01-01", timezone="Europe/Paris")
+    call(connection, "add_scheduled_job", name="no_start", sql="SELECT 1", schedule="0 0 22 * * * ; every 2 weeks")
+    agent.tick()
+    jobs = {r["job_name"]: r for r in agent.store().execute("list_jobs").rows}
+    assert jobs["month_end"]["valid"] == 1, jobs["month_end"]["config_error"]
+    due = jobs["month_end"]["next_due_at"].astimezone(ZoneInfo("Europe/Paris"))
+    assert (due.hour, due.minute) == (22, 0) and due.weekday() < 5 and (due.month - 1) % 2 == 0
+    following = due + timedelta(days=1)
+    while following.month == due.month:
+        assert following.weekday() >= 5, f"{due} is not the last weekday of its month"
+        following += timedelta(days=1)
+    assert jobs["no_start"]["valid"] == 0 and jobs["no_start"]["config_error"] == (
+        "agent.add_scheduled_job @schedule='0 0 22 * * * ; every 2 weeks': expected a six-field NCRONTAB "
+        "expression (seconds first), e.g. '0 0 2 * * *' ('every 2 weeks' counts from a start date: add "
+        "'; from YYYY-MM-DD')")
+
+
+def test_calendars_and_jitter_are_defined_from_tsql_and_checked_by_name(system):
+    """agent.add_calendar, remove_calendar and set_job_calendars (issue 33): a database job avoids
+    a calendar defined from T-SQL, with jitter; a bad calendar or name is that job's error, naming
+    the procedure's parameter; redefining a calendar plans its jobs again."""
+    build, connection, url = system
+    agent = build()
+    call(connection, "add_scheduled_job", name="nightly", sql="SELECT 1", schedule="0 0 2 * * *")
+    call(connection, "add_scheduled_job", name="other", sql="SELECT 1", schedule="0 0 3 * * *")
+    (row,) = call(connection, "add_calendar", name="Freeze", dates="2026-12-24..2026-12-26", weekly="SAT-SUN")
+    assert (row["calendar_name"], row["action"], row["jobs_replanned"]) == ("Freeze", "defined", 0)
+    (row,) = call(connection, "set_job_calendars", job_name="nightly", exclude_calendars="freeze",
+                  on_excluded="next", jitter_seconds=120)
+    assert (row["exclude_names"], row["excluded_policy"], row["jitter"]) == ("freeze", "next", 120)
+    call(connection, "set_job_calendars", job_name="other", only_calendars="nowhere")
+    agent.tick()
+    jobs = {r["job_name"]: r for r in agent.store().execute("list_jobs").rows}
+    assert jobs["nightly"]["valid"] == 1, jobs["nightly"]["config_error"]
+    assert json.loads(jobs["nightly"]["calendars"])["exclude"][0]["name"] == "Freeze"
+    assert jobs["nightly"]["jitter_seconds"] == 120
+    assert jobs["other"]["valid"] == 0 and jobs["other"]["config_error"] == (
+        "agent.set_job_calendars @only_calendars='nowhere': expected names of calendars defined by "
+        "agent.add_calendar, comma-separated (defined: Freeze)")
+    # The slots the calendar removes, as next shows them (the job's row, planned from T-SQL).
+    from shared.engine.views import upcoming_slots
+
+    view = upcoming_slots(jobs["nightly"], datetime(2026, 12, 23, 12, tzinfo=UTC), 2)
+    assert [(s["at"], s["calendar"]) for s in view["removed"]] == [
+        (datetime(2026, 12, 24, 2, tzinfo=UTC), "calendar: Freeze"), (datetime(2026, 12, 25, 2, tzinfo=UTC), "calendar: Freeze")]
+    assert view["slots"][0]["at"] == datetime(2026, 12, 28, 0, tzinfo=UTC)      # moved past the weekend, no jitter
+    # A bad calendar, redefined: its jobs are planned again and say so.
+    (row,) = call(connection, "add_calendar", name="FREEZE", dates="2026-12-26..2026-12-24")
+    assert (row["action"], row["jobs_replanned"]) == ("redefined", 1)
+    agent.tick()
+    nightly = job_row(agent, "nightly")
+    assert nightly["valid"] == 0 and nightly["config_error"] == (
+        "agent.set_job_calendars @exclude_calendars='freeze': expected valid calendars: 'freeze' is not "
+        "(agent.add_calendar @dates='2026-12-26..2026-12-24': expected '2026-12-26..2026-12-24': the range ends "
+        "before it starts (expected YYYY-MM-DD..a later YYYY-MM-DD))")
+    (row,) = call(connection, "remove_calendar", name="freeze")
+    assert row["jobs_replanned"] == 1
+    # The procedures' own checks, one per argument.
+    d = dialect(url)
+    for procedure, arguments, expected in [
+        ("add_calendar", dict(name="bad name"), "@name = 'bad name': expected a calendar name"),
+        ("add_calendar", dict(name="x"), "@dates = NULL, @weekly = NULL: expected dates"),
+        ("set_job_calendars", dict(job_name="nightly", exclude_calendars="a;DROP TABLE x"),
+         "@exclude_calendars = 'a;DROP TABLE x': expected NULL or calendar names"),
+        ("set_job_calendars", dict(job_name="nightly", on_excluded="later"), "@on_excluded = 'later': expected skip or next"),
+        ("set_job_calendars", dict(job_name="nightly", jitter_seconds=86401), "@jitter_seconds = 86401: expected"),
+        ("set_job_calendars", dict(job_name="ghost"), "@job_name = 'ghost': expected the name of a job defined by"),
+        ("remove_calendar", dict(name="ghost"), "@name = 'ghost': expected the name of a calendar"),
+    ]:
+        with pytest.raises(CallError) as caught:
+            call(connection, procedure, **arguments)
+        assert caught.value.code in (BAD_ARGUMENT[d], NOT_FOUND[d]) and expected in caught.value.message, caught.value
+
+
 def test_a_database_job_is_stored_as_the_same_settings_job_would_be(system):
     build, connection, url = system
     agent = build({"twin": {"SCHEDULE": "*/30 * * * * *", "COMMAND": "SELECT 42", "TIMEZONE": "Asia/Tokyo",

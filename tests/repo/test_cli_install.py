@@ -158,6 +158,12 @@ def check_jobs(sql_agent, workdir, state):
     assert [job["job_name"] for job in _json(result)] == ["hello"]
 
 
+def check_next(sql_agent, workdir, state):
+    result = run(sql_agent, workdir, "--json", "next", "hello", "--count", "2")
+    assert result.returncode == 0, result.stderr
+    assert _json(result)["job_name"] == "hello" and len(_json(result)["slots"]) == 2
+
+
 def check_run_now(sql_agent, workdir, state):
     result = run(sql_agent, workdir, "--json", "run-now", "hello")
     assert result.returncode == 0, result.stderr
@@ -276,6 +282,7 @@ INVOCATIONS = {
     ("init-db",): check_init_db,
     ("tick",): check_tick,
     ("jobs",): check_jobs,
+    ("next",): check_next,
     ("run-now",): check_run_now,
     ("work",): check_work,
     ("history",): check_history,

@@ -102,6 +102,7 @@ JOB_SETTING_TEMPLATE = re.compile(r"^(?P<prefix>[A-Za-z_]+)\$\{(?P<item>\w+)\.na
 # A step setting of the flat jobSteps list: JOB__${s.job}__STEPS__${s.step}__<SUFFIX>.
 STEP_SETTING_TEMPLATE = re.compile(r"^(?P<prefix>[A-Za-z_]+)\$\{(?P<item>\w+)\.job\}__STEPS__\$\{(?P=item)\.step\}__(?P<suffix>[A-Z_]+)$")
 APP_SETTING_SAFE_JOB_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+CALENDAR_SETTING_TEMPLATE = re.compile(r"^CALENDAR__\$\{(?P<item>\w+)\.name\}__(?P<suffix>[A-Z_]+)$")
 
 
 # ------------------------------------------------------------------ reading the app settings
@@ -132,6 +133,7 @@ class AppSettings:
         self.job_fields: dict[str, str] = {}  # suffix -> key of the jobs entry
         self.job_prefixes: set[str] = set()
         self.step_fields: dict[str, str] = {}  # step suffix -> key of the jobSteps entry
+        self.calendar_fields: dict[str, str] = {}  # CALENDAR__<name>__ suffix -> key of the calendars entry
         _, site = _site(functionapp)
         self._collect(body(site)["properties"]["siteConfig"]["appSettings"], via="appSettings")
 
@@ -143,6 +145,8 @@ class AppSettings:
                 self._job_loop(expression, value)
             elif is_loop(value) and value["loop_type"]["detail"].get("array_name") == "jobSteps":
                 self._step_loop(expression, value)
+            elif is_loop(value) and value["loop_type"]["detail"].get("array_name") == "calendars":
+                self._calendar_loop(expression, value)
             else:
                 self._collect(value, via=expression)
             return
@@ -197,6 +201,20 @@ class AppSettings:
             raise AssertionError(f"step setting suffix {suffix} is generated twice ({variable})")
         self.step_fields[suffix] = path[1]
         self.job_prefixes.add(match.group("prefix"))
+
+    def _calendar_loop(self, variable: str, loop: dict[str, Any]) -> None:
+        item = loop["loop_type"]["detail"]["item_name"]
+        name = loop["config"]["name"]
+        match = CALENDAR_SETTING_TEMPLATE.match(name) if isinstance(name, str) else None
+        if not match or match.group("item") != item:
+            raise BicepShapeError(f"{variable}: calendar setting name must look like "
+                                  f"'CALENDAR__${{{item}.name}}__SUFFIX', found {name!r}")
+        path = accessor_path(loop["config"]["value"])
+        if len(path) != 2 or path[0] != item:
+            raise BicepShapeError(f"{variable}: value must be `{item}.<field>` (or `{item}.?<field>`), found {path}")
+        if match.group("suffix") in self.calendar_fields:
+            raise AssertionError(f"calendar setting suffix {match.group('suffix')} is generated twice ({variable})")
+        self.calendar_fields[match.group("suffix")] = path[1]
 
     def _job_loop(self, variable: str, loop: dict[str, Any]) -> None:
         item = loop["loop_type"]["detail"]["item_name"]
@@ -314,6 +332,14 @@ def test_job_settings_generated_from_jobs_parameter_match_engine_suffixes(app_se
     )
     for suffix, key in app_settings.job_fields.items():
         assert _camel_to_upper_snake(key) == suffix, f"jobs[].{key} becomes __{suffix}, expected __{_camel_to_upper_snake(key)}"
+
+
+def test_calendar_settings_generated_from_calendars_parameter_match_the_engine(app_settings: AppSettings):
+    from shared.jobs.calendars import CALENDAR_FIELDS
+
+    assert set(app_settings.calendar_fields) == set(CALENDAR_FIELDS)
+    for suffix, key in app_settings.calendar_fields.items():
+        assert _camel_to_upper_snake(key) == suffix, f"calendars[].{key} becomes __{suffix}"
 
 
 def test_no_job_field_is_required_in_bicep_but_the_name():

@@ -20,6 +20,8 @@ PG_TYPES = {
     "grace_seconds": "int", "lease_seconds": "int", "job_name": "varchar", "run_id": "bigint",
     "poison_id": "bigint", "targets": "varchar", "target_parallelism": "int", "until": "timestamptz",
     "reason": "varchar", "after": "varchar", "after_outcome": "varchar",
+    "dates": "text", "weekly": "text", "exclude_calendars": "varchar", "only_calendars": "varchar",
+    "on_excluded": "varchar", "jitter_seconds": "int",
 }
 
 

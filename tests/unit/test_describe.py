@@ -28,6 +28,16 @@ from shared.jobs.describe import describe_schedule
     ("0 0 0 1 1 *", "at 00:00, on day 1 of the month in January"),
     ("0  30   2 * * *", "at 02:30 every day"),
     ("@once 2026-12-31T23:00:00", "once, at 2026-12-31T23:00:00"),
+    # SQL Server Agent's calendar (issue 33)
+    ("0 0 22 * * MON-FRI#L", "at 22:00, on the last weekday of the month"),
+    ("0 0 2 L * *", "at 02:00, on the last day of the month"),
+    ("0 0 2 LW * *", "at 02:00, on the last weekday of the month"),
+    ("0 0 2 15W * *", "at 02:00, on the weekday nearest day 15 of the month"),
+    ("0 0 9 * * 5#3", "at 09:00, on the third Friday of the month"),
+    ("0 0 9 * * FRIL", "at 09:00, on the last Friday of the month"),
+    ("0 0 9 * * SAT-SUN#1", "at 09:00, on the first weekend day of the month"),
+    ("0 0 9 * * MON,FRI ; every 2 weeks ; from 2026-01-05",
+     "at 09:00, on Monday and Friday; every 2 weeks; from 2026-01-05"),
 ])
 def test_common_shapes_in_words(expression, words):
     assert describe_schedule(expression) == words

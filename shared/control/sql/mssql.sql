@@ -164,22 +164,23 @@ DECLARE @s TABLE (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCH
                   target_database NVARCHAR(128), enabled SMALLINT, valid SMALLINT, config_error NVARCHAR(MAX),
                   max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16), grace_seconds INT,
                   overlap NVARCHAR(16), next_due_at DATETIME2(6), steps NVARCHAR(MAX), notify NVARCHAR(16),
-                  notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64), after_outcome NVARCHAR(16));
+                  notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64), after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT);
 INSERT INTO @s (job_name, schedule, timezone, command, target_database, enabled, valid, config_error, max_attempts,
                 timeout_seconds, lease_seconds, misfire, grace_seconds, overlap, next_due_at, steps, notify,
-                notify_webhook_url, after_job, after_outcome)
+                notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds)
 SELECT j.job_name, agent.json_text(j.schedule), j.timezone, agent.json_text(j.command), j.target_database,
        j.enabled, j.valid, agent.json_text(j.config_error),
        j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire, j.grace_seconds, j.overlap,
        CONVERT(DATETIME2(6), j.next_due_at, 121), agent.json_text(j.steps), j.notify,
-       agent.json_text(j.notify_webhook_url), j.after_job, j.after_outcome
+       agent.json_text(j.notify_webhook_url), j.after_job, j.after_outcome, agent.json_text(j.calendars),
+       COALESCE(j.jitter_seconds, 0)
 FROM OPENJSON(:jobs) WITH (
     job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), command NVARCHAR(MAX),
     target_database NVARCHAR(128), enabled SMALLINT, valid SMALLINT, config_error NVARCHAR(MAX),
     max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16),
     grace_seconds INT, overlap NVARCHAR(16), next_due_at NVARCHAR(40), steps NVARCHAR(MAX),
     notify NVARCHAR(16), notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64),
-    after_outcome NVARCHAR(16)) AS j;
+    after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT) AS j;
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 -- The names compare case-insensitively (the default collation): a settings job may take back, in
 -- another letter case, the row of a removed job ('backup' removed, 'Backup' added). The row then
@@ -223,17 +224,19 @@ UPDATE t SET
     notify = s.notify,
     notify_webhook_url = s.notify_webhook_url,
     after_job = s.after_job,
-    after_outcome = s.after_outcome
+    after_outcome = s.after_outcome,
+    calendars = s.calendars,
+    jitter_seconds = s.jitter_seconds
 FROM agent.jobs AS t WITH (UPDLOCK, HOLDLOCK), @s AS s
 WHERE t.job_name = s.job_name AND (t.defined_in_database = 0 OR t.configured = 0);
 INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, enabled, valid, config_error,
                         max_attempts, timeout_seconds, lease_seconds, misfire, grace_seconds, overlap,
                         next_due_at, advanced_at, configured, updated_at, steps, notify, notify_webhook_url,
-                        after_job, after_outcome)
+                        after_job, after_outcome, calendars, jitter_seconds)
 SELECT s.job_name, s.schedule, s.timezone, s.command, s.target_database, s.enabled, s.valid,
        s.config_error, s.max_attempts, s.timeout_seconds, s.lease_seconds, s.misfire,
        s.grace_seconds, s.overlap, s.next_due_at, CAST(:now AS DATETIME2(6)), 1, CAST(:now AS DATETIME2(6)),
-       s.steps, s.notify, s.notify_webhook_url, s.after_job, s.after_outcome
+       s.steps, s.notify, s.notify_webhook_url, s.after_job, s.after_outcome, s.calendars, s.jitter_seconds
 FROM @s AS s
 WHERE NOT EXISTS (SELECT 1 FROM agent.jobs AS e WITH (UPDLOCK, HOLDLOCK) WHERE e.job_name = s.job_name);
 
@@ -324,7 +327,7 @@ SELECT @pauses_read = COUNT(*) FROM agent.start_lock;
 DECLARE @lock_result INT;
 EXEC @lock_result = sp_getapplock @Resource = N'agent.job_pauses', @LockMode = N'Shared', @LockOwner = N'Transaction', @LockTimeout = 30000;
 IF @lock_result < 0 THROW 50001, N'the pauses lock (sp_getapplock agent.job_pauses) was not granted within 30 s', 1;
-SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds,
+SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds,
        CASE WHEN p.job_name IS NULL THEN 0
             WHEN p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6)) THEN 1 ELSE 0 END AS paused,
        p.paused_at, p.paused_until
@@ -885,7 +888,7 @@ SELECT run_id FROM @cancelled;
 -- list_jobs --
 -- Every known job with its configuration state, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
        CASE WHEN j.defined_in_database = 1 THEN N'database' ELSE N'settings' END AS source, j.needs_planning,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
@@ -1027,7 +1030,7 @@ ORDER BY run_id;
 -- get_job --
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
@@ -1063,24 +1066,30 @@ ORDER BY job_name;
 -- select_unplanned_jobs --
 -- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
 SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
-       requested_targets, requested_target_parallelism
+       requested_targets, requested_target_parallelism, requested_exclude, requested_only, requested_on_excluded
 FROM agent.jobs WHERE needs_planning = 1 ORDER BY job_name;
+
+-- list_calendars --
+-- The calendars defined from T-SQL (agent.add_calendar): read when a planned database job names one.
+SELECT name, dates, weekly FROM agent.calendars ORDER BY name;
 
 -- plan_jobs --
 -- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at, steps}; steps: a fleet job's one step, as the settings sync writes it) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
 -- UPDATE ... FROM a derived table joined in the WHERE clause (Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with JOIN ... ON); the fence is the condition on needs_planning and the definition, checked on the current committed version of each row (update locks on SQL Server, a re-check on PostgreSQL).
 DECLARE @planned TABLE (job_name NVARCHAR(64), valid SMALLINT, config_error NVARCHAR(MAX), next_due_at DATETIME2(6));
 UPDATE j SET needs_planning = 0, valid = p.valid, config_error = p.config_error,
-    next_due_at = p.next_due_at, advanced_at = CAST(:now AS DATETIME2(6)), steps = p.steps
+    next_due_at = p.next_due_at, advanced_at = CAST(:now AS DATETIME2(6)), steps = p.steps,
+    calendars = p.calendars
 OUTPUT inserted.job_name, inserted.valid, inserted.config_error, inserted.next_due_at INTO @planned
 FROM agent.jobs AS j,
      (SELECT x.job_name, agent.json_text(x.schedule) AS schedule, x.timezone, x.enabled,
              CONVERT(DATETIME2(6), x.updated_at, 121) AS updated_at, x.valid,
              agent.json_text(x.config_error) AS config_error, CONVERT(DATETIME2(6), x.next_due_at, 121) AS next_due_at,
-             agent.json_text(x.steps) AS steps
+             agent.json_text(x.steps) AS steps, agent.json_text(x.calendars) AS calendars
       FROM OPENJSON(:plans) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64),
                                   enabled SMALLINT, updated_at NVARCHAR(40), valid SMALLINT,
-                                  config_error NVARCHAR(MAX), next_due_at NVARCHAR(40), steps NVARCHAR(MAX)) AS x) AS p
+                                  config_error NVARCHAR(MAX), next_due_at NVARCHAR(40), steps NVARCHAR(MAX),
+                                  calendars NVARCHAR(MAX)) AS x) AS p
 WHERE j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = p.updated_at
   AND j.schedule = p.schedule AND j.timezone = p.timezone AND j.enabled = p.enabled;
 SELECT job_name, valid, config_error, next_due_at FROM @planned;

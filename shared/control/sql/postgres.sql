@@ -94,16 +94,16 @@ RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_i
 INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, enabled, valid,
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
-                        steps, notify, notify_webhook_url, after_job, after_outcome)
+                        steps, notify, notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds)
 SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid,
        j.config_error, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire,
        j.grace_seconds, j.overlap, CAST(j.next_due_at AS timestamp), CAST(:now AS timestamp), 1,
-       CAST(:now AS timestamp), j.steps, j.notify, j.notify_webhook_url, j.after_job, j.after_outcome
+       CAST(:now AS timestamp), j.steps, j.notify, j.notify_webhook_url, j.after_job, j.after_outcome, j.calendars, COALESCE(j.jitter_seconds, 0)
 FROM json_to_recordset(CAST(:jobs AS json)) AS j(
     job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, command TEXT, target_database VARCHAR,
     enabled INT, valid INT, config_error TEXT, max_attempts INT, timeout_seconds INT,
     lease_seconds INT, misfire VARCHAR, grace_seconds INT, overlap VARCHAR, next_due_at VARCHAR,
-    steps TEXT, notify VARCHAR, notify_webhook_url VARCHAR, after_job VARCHAR, after_outcome VARCHAR)
+    steps TEXT, notify VARCHAR, notify_webhook_url VARCHAR, after_job VARCHAR, after_outcome VARCHAR, calendars TEXT, jitter_seconds INT)
 ORDER BY j.job_name
 ON CONFLICT (job_name) DO UPDATE SET
     next_due_at = CASE
@@ -141,7 +141,9 @@ ON CONFLICT (job_name) DO UPDATE SET
     notify = EXCLUDED.notify,
     notify_webhook_url = EXCLUDED.notify_webhook_url,
     after_job = EXCLUDED.after_job,
-    after_outcome = EXCLUDED.after_outcome
+    after_outcome = EXCLUDED.after_outcome,
+    calendars = EXCLUDED.calendars,
+    jitter_seconds = EXCLUDED.jitter_seconds
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 WHERE agent.jobs.defined_in_database = 0 OR agent.jobs.configured = 0;
 
@@ -216,7 +218,7 @@ RETURNING 'lease shortened' AS action, run_id, job_name, scheduled_for;
 -- select_due_jobs --
 -- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now and its window (one that ended names the slots missed inside it); their slots are computed in Python, for these jobs only.
 -- The pauses lock (advisory 7428015) is taken shared, to the claim's commit, before the scan (a scalar subquery: a one-time filter, evaluated even when no job is due; not EXISTS, whose select list the planner drops): a pause_job either committed before it (claim_slots, a later statement, sees the pause) or waits for this claim to commit (and skips what it claimed inside the pause).
-SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds,
+SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds,
        CASE WHEN p.job_name IS NULL THEN 0
             WHEN p.paused_until IS NULL OR p.paused_until > CAST(:now AS timestamp) THEN 1 ELSE 0 END AS paused,
        p.paused_at, p.paused_until
@@ -483,7 +485,7 @@ RETURNING run_id;
 -- list_jobs --
 -- Every known job with its configuration state, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
        CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source, j.needs_planning,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
@@ -621,7 +623,7 @@ ORDER BY run_id LIMIT :limit;
 -- get_job --
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
@@ -651,16 +653,21 @@ ORDER BY job_name;
 -- select_unplanned_jobs --
 -- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
 SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
-       requested_targets, requested_target_parallelism
+       requested_targets, requested_target_parallelism, requested_exclude, requested_only, requested_on_excluded
 FROM agent.jobs WHERE needs_planning = 1 ORDER BY job_name;
+
+-- list_calendars --
+-- The calendars defined from T-SQL (agent.add_calendar): read when a planned database job names one.
+SELECT name, dates, weekly FROM agent.calendars ORDER BY name;
 
 -- plan_jobs --
 -- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at, steps}; steps: a fleet job's one step, as the settings sync writes it) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
 UPDATE agent.jobs AS j SET needs_planning = 0, valid = p.valid, config_error = p.config_error,
-    next_due_at = CAST(p.next_due_at AS timestamp), advanced_at = CAST(:now AS timestamp), steps = p.steps
+    next_due_at = CAST(p.next_due_at AS timestamp), advanced_at = CAST(:now AS timestamp), steps = p.steps,
+    calendars = p.calendars
 FROM json_to_recordset(CAST(:plans AS json)) AS p(job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, enabled INT,
                                                   updated_at VARCHAR, valid INT, config_error TEXT, next_due_at VARCHAR,
-                                                  steps TEXT)
+                                                  steps TEXT, calendars TEXT)
 WHERE j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = CAST(p.updated_at AS timestamp)
   AND j.schedule = p.schedule AND j.timezone = p.timezone AND j.enabled = p.enabled
 RETURNING j.job_name, j.valid, j.config_error, j.next_due_at;

@@ -98,7 +98,7 @@ RETURNING run_id, job_name, scheduled_for, status, note, operation_id;
 INSERT INTO agent_jobs (job_name, schedule, timezone, command, target_database, enabled, valid,
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
-                        steps, notify, notify_webhook_url, after_job, after_outcome)
+                        steps, notify, notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds)
 SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.timezone'), json_extract(j.value, '$.command'),
        json_extract(j.value, '$.target_database'), json_extract(j.value, '$.enabled'),
@@ -109,7 +109,8 @@ SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.next_due_at'), :now, 1, :now,
        json_extract(j.value, '$.steps'), json_extract(j.value, '$.notify'),
        json_extract(j.value, '$.notify_webhook_url'), json_extract(j.value, '$.after_job'),
-       json_extract(j.value, '$.after_outcome')
+       json_extract(j.value, '$.after_outcome'), json_extract(j.value, '$.calendars'),
+       COALESCE(json_extract(j.value, '$.jitter_seconds'), 0)
 FROM json_each(:jobs) AS j
 WHERE TRUE
 ON CONFLICT (job_name) DO UPDATE SET
@@ -148,7 +149,9 @@ ON CONFLICT (job_name) DO UPDATE SET
     notify = excluded.notify,
     notify_webhook_url = excluded.notify_webhook_url,
     after_job = excluded.after_job,
-    after_outcome = excluded.after_outcome
+    after_outcome = excluded.after_outcome,
+    calendars = excluded.calendars,
+    jitter_seconds = excluded.jitter_seconds
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 WHERE agent_jobs.defined_in_database = 0 OR agent_jobs.configured = 0;
 
@@ -209,7 +212,7 @@ RETURNING 'lease shortened' AS action, run_id, job_name, scheduled_for;
 
 -- select_due_jobs --
 -- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now and its window (one that ended names the slots missed inside it); their slots are computed in Python, for these jobs only. (SQLite's write lock, BEGIN IMMEDIATE, already keeps `pause` out of a claim.)
-SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds,
+SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds,
        CASE WHEN p.job_name IS NULL THEN 0
             WHEN p.paused_until IS NULL OR p.paused_until > :now THEN 1 ELSE 0 END AS paused,
        p.paused_at, p.paused_until
@@ -635,7 +638,7 @@ RETURNING run_id;
 -- list_jobs --
 -- Every known job with its configuration state, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
        CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source, j.needs_planning,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
@@ -752,7 +755,7 @@ ORDER BY run_id LIMIT :limit;
 -- get_job --
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
@@ -782,15 +785,19 @@ ORDER BY job_name;
 -- select_unplanned_jobs --
 -- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
 SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
-       requested_targets, requested_target_parallelism
+       requested_targets, requested_target_parallelism, requested_exclude, requested_only, requested_on_excluded
 FROM agent_jobs WHERE needs_planning = 1 ORDER BY job_name;
+
+-- list_calendars --
+-- The calendars defined from T-SQL (agent.add_calendar): read when a planned database job names one.
+SELECT name, dates, weekly FROM agent_calendars ORDER BY name;
 
 -- plan_jobs --
 -- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at, steps}; steps: a fleet job's one step, as the settings sync writes it) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
 UPDATE agent_jobs SET needs_planning = 0, valid = json_extract(p.value, '$.valid'),
     config_error = json_extract(p.value, '$.config_error'),
     next_due_at = json_extract(p.value, '$.next_due_at'), advanced_at = :now,
-    steps = json_extract(p.value, '$.steps')
+    steps = json_extract(p.value, '$.steps'), calendars = json_extract(p.value, '$.calendars')
 FROM json_each(:plans) AS p
 WHERE agent_jobs.job_name = json_extract(p.value, '$.job_name') AND agent_jobs.needs_planning = 1
   AND agent_jobs.updated_at = json_extract(p.value, '$.updated_at')

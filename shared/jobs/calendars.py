@@ -1,0 +1,433 @@
+"""Calendars: named sets of dates, date ranges and weekly windows that a job's slots avoid
+(``JOB__<name>__EXCLUDE``) or keep to (``JOB__<name>__ONLY``), issue 33.
+
+A calendar is defined in settings::
+
+    CALENDAR__<name>__DATES   2026-12-25, 2026-12-24..2026-12-26, ...   (dates and inclusive ranges)
+    CALENDAR__<name>__WEEKLY  SAT-SUN, MON-FRI 18:00-24:00, FRI 22:00-06:00, ...
+    CALENDAR__<name>__ICS     holidays/uk.ics   (an iCalendar file: its events, recurring ones too)
+
+Dates and windows are read in the time zone of the job that uses the calendar (a holiday is a
+local date). A weekly window's start is included and its end is not; an end at or before the
+start runs into the next day (FRI 22:00-06:00 is Friday 22:00 to Saturday 06:00); a day without
+times is the whole day. Pure: no database; a job row carries its calendars whole (JSON), so the
+claim and the views read them with the job.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import date, datetime, time, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+UTC = timezone.utc
+CALENDAR_SETTING_PREFIX = "CALENDAR__"
+CALENDAR_FIELDS = ("DATES", "WEEKLY", "ICS")
+ON_EXCLUDED_POLICIES = ("skip", "next")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_DAYS = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
+_DAY_NAMES = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
+# How far ON_EXCLUDED=next looks for an allowed time, and how many calendar pieces it steps over.
+MOVE_HORIZON = timedelta(days=366)
+_MAX_STEPS = 2000
+# At most this many dates or ranges, and weekly windows, in one calendar (a job row carries it).
+MAX_DATE_ITEMS = 2000
+MAX_WEEKLY_ITEMS = 100
+MAX_EVENTS = 5000
+MAX_ICS_BYTES = 5 * 1024 * 1024
+# The recurring events of an iCalendar file are expanded from the start of last year to the end
+# of the year after next (read again whenever the settings are).
+ICS_YEARS_BACK, ICS_YEARS_AHEAD = 1, 2
+
+
+@dataclass(frozen=True)
+class WeeklyWindow:
+    days: frozenset[int]       # 0 = Sunday, as cron counts
+    start: int                 # seconds since midnight, included
+    end: int                   # seconds since midnight, excluded; <= start: into the next day
+
+    def text(self) -> str:
+        days = ",".join(_DAY_NAMES[d] for d in sorted(self.days))
+        if self.start == 0 and self.end == 86400:
+            return days
+        return f"{days} {_clock(self.start)}-{_clock(self.end)}"
+
+
+@dataclass(frozen=True)
+class Calendar:
+    name: str
+    dates: tuple[tuple[date, date], ...] = ()        # inclusive ranges, sorted
+    weekly: tuple[WeeklyWindow, ...] = ()
+    events: tuple[tuple[datetime, datetime], ...] = ()   # [start, end) instants (UTC), sorted
+
+    # -- what it holds
+
+    def contains(self, instant: datetime, zone: ZoneInfo) -> bool:
+        return self._piece_end(instant, zone) is not None
+
+    def _piece_end(self, instant: datetime, zone: ZoneInfo) -> datetime | None:
+        """When the piece of this calendar that holds ``instant`` ends (the first instant after
+        it), or None when no piece holds it."""
+        wall = instant.astimezone(zone).replace(tzinfo=None)
+        day, second = wall.date(), wall.hour * 3600 + wall.minute * 60 + wall.second
+        ends = []
+        for first, last in self.dates:
+            if first <= day <= last:
+                ends.append(_instant(datetime.combine(last, time()) + timedelta(days=1), zone))
+        weekday = day.isoweekday() % 7
+        for window in self.weekly:
+            if window.end > window.start:
+                if weekday in window.days and window.start <= second < window.end:
+                    ends.append(_instant(datetime.combine(day, time()) + timedelta(seconds=window.end), zone))
+            else:       # into the next day
+                if weekday in window.days and second >= window.start:
+                    ends.append(_instant(datetime.combine(day, time()) + timedelta(days=1, seconds=window.end), zone))
+                elif (weekday - 1) % 7 in window.days and second < window.end:
+                    ends.append(_instant(datetime.combine(day, time()) + timedelta(seconds=window.end), zone))
+        for start, end in self.events:
+            if start > instant:
+                break
+            if instant < end:
+                ends.append(end)
+        later = [end for end in ends if end > instant]
+        return max(later) if later else None
+
+    def _next_start(self, instant: datetime, zone: ZoneInfo) -> datetime | None:
+        """The first instant at or after ``instant`` that this calendar holds (None: none within
+        MOVE_HORIZON)."""
+        if self.contains(instant, zone):
+            return instant
+        wall = instant.astimezone(zone).replace(tzinfo=None)
+        starts = []
+        for first, _last in self.dates:
+            if first > wall.date():
+                starts.append(_instant(datetime.combine(first, time()), zone))
+        for offset in range(8):
+            day = wall.date() + timedelta(days=offset)
+            for window in self.weekly:
+                if day.isoweekday() % 7 in window.days:
+                    moment = _instant(datetime.combine(day, time()) + timedelta(seconds=window.start), zone)
+                    if moment >= instant:
+                        starts.append(moment)
+        starts += [start for start, _end in self.events if start >= instant][:1]
+        found = min(starts, default=None)
+        return found if found is not None and found - instant <= MOVE_HORIZON else None
+
+    # -- JSON (a job row's `calendars` column)
+
+    def as_json(self) -> dict:
+        value: dict = {"name": self.name, "dates": [[a.isoformat(), b.isoformat()] for a, b in self.dates],
+                       "weekly": [[sorted(w.days), w.start, w.end] for w in self.weekly]}
+        if self.events:
+            value["events"] = [[a.isoformat(), b.isoformat()] for a, b in self.events]
+        return value
+
+    @staticmethod
+    def from_json(value: dict) -> Calendar:
+        return Calendar(name=value["name"],
+                        dates=tuple((date.fromisoformat(a), date.fromisoformat(b)) for a, b in value.get("dates", ())),
+                        weekly=tuple(WeeklyWindow(frozenset(d), s, e) for d, s, e in value.get("weekly", ())),
+                        events=tuple((datetime.fromisoformat(a), datetime.fromisoformat(b))
+                                     for a, b in value.get("events", ())))
+
+    def describe(self) -> str:
+        parts = [a.isoformat() if a == b else f"{a.isoformat()}..{b.isoformat()}" for a, b in self.dates[:5]]
+        if len(self.dates) > 5:
+            parts.append(f"... ({len(self.dates)} dates or ranges)")
+        parts += [w.text() for w in self.weekly]
+        if self.events:
+            parts.append(f"{len(self.events)} timed event(s)")
+        return ", ".join(parts) or "(empty)"
+
+
+@dataclass(frozen=True)
+class CalendarRules:
+    """A job's calendars: the slots they hold are excluded (``exclude``), or every slot outside
+    them is (``only``); an excluded slot is skipped, or moved to the next allowed time."""
+
+    exclude: tuple[Calendar, ...] = ()
+    only: tuple[Calendar, ...] = ()
+    on_excluded: str = "skip"
+    names: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __bool__(self) -> bool:
+        return bool(self.exclude or self.only)
+
+    def why_excluded(self, instant: datetime, zone: ZoneInfo) -> str | None:
+        """The note of an excluded slot (``calendar: <name>``, or ``calendar: not in <names>``
+        for a slot outside every ONLY calendar), or None when the slot may run."""
+        for calendar in self.exclude:
+            if calendar.contains(instant, zone):
+                return f"calendar: {calendar.name}"
+        if self.only and not any(calendar.contains(instant, zone) for calendar in self.only):
+            return "calendar: not in " + ",".join(calendar.name for calendar in self.only)
+        return None
+
+    def next_allowed(self, instant: datetime, zone: ZoneInfo) -> datetime | None:
+        """The first instant at or after ``instant`` that no EXCLUDE calendar holds and some ONLY
+        calendar does (None: none within MOVE_HORIZON)."""
+        moment = instant
+        for _ in range(_MAX_STEPS):
+            moved = False
+            for calendar in self.exclude:
+                end = calendar._piece_end(moment, zone)
+                if end is not None:
+                    moment, moved = end, True
+            if self.only and not any(calendar.contains(moment, zone) for calendar in self.only):
+                starts = [start for start in (c._next_start(moment, zone) for c in self.only) if start is not None]
+                if not starts:
+                    return None
+                moment, moved = min(starts), True
+            if moment - instant > MOVE_HORIZON:
+                return None
+            if not moved:
+                return moment
+        return None
+
+    def as_json(self) -> str:
+        return json.dumps({"exclude": [c.as_json() for c in self.exclude], "only": [c.as_json() for c in self.only],
+                           "on_excluded": self.on_excluded}, sort_keys=True, separators=(",", ":"))
+
+    @staticmethod
+    def from_json(text: str | None) -> CalendarRules:
+        if not text:
+            return CalendarRules()
+        value = json.loads(text)
+        return CalendarRules(exclude=tuple(Calendar.from_json(c) for c in value.get("exclude", ())),
+                             only=tuple(Calendar.from_json(c) for c in value.get("only", ())),
+                             on_excluded=value.get("on_excluded", "skip"))
+
+    def describe(self) -> str:
+        parts = []
+        if self.exclude:
+            parts.append("excluding " + ", ".join(c.name for c in self.exclude))
+        if self.only:
+            parts.append("only in " + ", ".join(c.name for c in self.only))
+        if parts and self.on_excluded == "next":
+            parts.append("an excluded slot moves to the next allowed time")
+        return "; ".join(parts)
+
+
+def _clock(seconds: int) -> str:
+    return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}"
+
+
+def _instant(wall: datetime, zone: ZoneInfo) -> datetime:
+    """A wall time in ``zone`` as an instant (a time a daylight-saving jump skips: the same offset
+    after it, as slots do)."""
+    return wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+
+
+# ---------------------------------------------------------------- settings
+
+
+def parse_dates(text: str) -> tuple[tuple[date, date], ...]:
+    """``2026-12-25, 2026-12-24..2026-12-26``: dates and inclusive ranges; ValueError says which
+    item and what is expected."""
+    ranges = []
+    items = [item.strip() for item in text.split(",")]
+    if len(items) > MAX_DATE_ITEMS:
+        raise ValueError(f"{len(items)} dates or ranges: expected at most {MAX_DATE_ITEMS}")
+    for item in items:
+        if not item:
+            raise ValueError("an empty item between commas (expected YYYY-MM-DD or YYYY-MM-DD..YYYY-MM-DD)")
+        first_text, dots, last_text = item.partition("..")
+        first = _date(first_text.strip(), item)
+        last = _date(last_text.strip(), item) if dots else first
+        if last >= date.max:
+            raise ValueError(f"{item!r}: expected dates before {date.max.isoformat()}")
+        if last < first:
+            raise ValueError(f"{item!r}: the range ends before it starts (expected YYYY-MM-DD..a later YYYY-MM-DD)")
+        ranges.append((first, last))
+    return tuple(sorted(ranges))
+
+
+def _date(text: str, item: str) -> date:
+    if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text):
+        raise ValueError(f"{item!r}: expected YYYY-MM-DD or YYYY-MM-DD..YYYY-MM-DD")
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{item!r}: {text} is not a date that exists") from None
+
+
+def parse_weekly(text: str) -> tuple[WeeklyWindow, ...]:
+    """``SAT-SUN, MON-FRI 18:00-24:00, FRI 22:00-06:00``: days (a day or a range, Sunday to
+    Saturday) each with an optional HH:MM-HH:MM window."""
+    windows = []
+    items = [item.strip() for item in text.split(",")]
+    if len(items) > MAX_WEEKLY_ITEMS:
+        raise ValueError(f"{len(items)} windows: expected at most {MAX_WEEKLY_ITEMS}")
+    for item in items:
+        match = re.fullmatch(r"([A-Za-z]{3})(?:-([A-Za-z]{3}))?(?:\s+([0-9]{2}):([0-9]{2})-([0-9]{2}):([0-9]{2}))?", item)
+        expected = "a day or days (MON, SAT-SUN) with an optional window HH:MM-HH:MM (MON-FRI 18:00-24:00)"
+        if not match:
+            raise ValueError(f"{item!r}: expected {expected}")
+        first, last = _DAYS.get(match[1].lower()), _DAYS.get((match[2] or match[1]).lower())
+        if first is None or last is None:
+            raise ValueError(f"{item!r}: expected day names SUN, MON, TUE, WED, THU, FRI, SAT")
+        days = frozenset(range(first, last + 1)) if first <= last else frozenset([*range(first, 7), *range(0, last + 1)])
+        if match[3] is None:
+            start, end = 0, 86400
+        else:
+            start_h, start_m, end_h, end_m = (int(match[k]) for k in (3, 4, 5, 6))
+            if start_h > 23 or start_m > 59 or end_m > 59 or end_h > 24 or (end_h == 24 and end_m):
+                raise ValueError(f"{item!r}: expected times from 00:00 to 23:59 (24:00 as an end)")
+            start, end = start_h * 3600 + start_m * 60, end_h * 3600 + end_m * 60
+            if start == end:
+                raise ValueError(f"{item!r}: the window is empty (the same start and end)")
+        windows.append(WeeklyWindow(days, start, end))
+    return tuple(windows)
+
+
+@dataclass(frozen=True)
+class CalendarSettings:
+    """Every CALENDAR__<name>__* of the settings: the calendars, and each invalid one's errors."""
+
+    calendars: dict[str, Calendar]
+    invalid: dict[str, tuple[str, ...]]
+
+
+def parse_calendars(env: dict[str, str], today: date | None = None) -> CalendarSettings:
+    """CALENDAR__<name>__DATES / __WEEKLY / __ICS into calendars; a bad setting makes its calendar
+    invalid (the jobs that use it say so), never the others. Names compare case-insensitively.
+    ``today`` fixes the window recurring iCalendar events are expanded in (default: today)."""
+    given: dict[str, dict[str, tuple[str, str]]] = {}
+    invalid: dict[str, list[str]] = {}
+    for key, value in env.items():
+        if not key.upper().startswith(CALENDAR_SETTING_PREFIX):
+            continue
+        name, _, part = key[len(CALENDAR_SETTING_PREFIX):].partition("__")
+        if not NAME_PATTERN.fullmatch(name or ""):
+            invalid.setdefault(name.lower(), []).append(
+                f"{key}: expected a calendar name of 1 to 64 letters, digits, '_', '.' or '-'")
+            continue
+        if part.upper() not in CALENDAR_FIELDS:
+            invalid.setdefault(name.lower(), []).append(
+                f"{key}: unknown calendar setting {part!r} (expected {', '.join(CALENDAR_FIELDS)})")
+            continue
+        earlier = given.setdefault(name.lower(), {}).get(part.upper())
+        if earlier is not None:
+            invalid.setdefault(name.lower(), []).append(
+                f"{key}: {earlier[0]} sets it too (calendar names compare case-insensitively): keep one")
+            continue
+        given[name.lower()][part.upper()] = (key, value, name)
+    calendars: dict[str, Calendar] = {}
+    for folded, parts in given.items():
+        errors = invalid.setdefault(folded, [])
+        display = next(iter(parts.values()))[2]
+        dates: tuple = ()
+        weekly: tuple = ()
+        events: tuple = ()
+        ics_dates: tuple = ()
+        for part, (key, value, _) in parts.items():
+            try:
+                if part == "DATES":
+                    dates = parse_dates(value)
+                elif part == "WEEKLY":
+                    weekly = parse_weekly(value)
+                else:
+                    ics_dates, events = read_ics(value.strip(), today or datetime.now(UTC).date())
+            except ValueError as exc:
+                shown = value if len(value) <= 200 else value[:200] + "..."
+                errors.append(f"{key}={shown!r}: {exc}")
+        if not errors:
+            calendars[folded] = Calendar(name=display, dates=tuple(sorted(dates + ics_dates)), weekly=weekly,
+                                         events=events)
+    return CalendarSettings(calendars, {name: tuple(errors) for name, errors in invalid.items() if errors})
+
+
+def read_ics(path: str, today: date) -> tuple[tuple[tuple[date, date], ...], tuple[tuple[datetime, datetime], ...]]:
+    """The events of an iCalendar file (RFC 5545) as dates (all-day events: DTSTART;VALUE=DATE,
+    their end excluded) and [start, end) instants (timed events; a time without a zone is UTC),
+    recurring ones (RRULE, RDATE, EXDATE) expanded from the start of last year to the end of the
+    year after next; cancelled events are left out. ``path``: a file, absolute or relative to the
+    current directory (the function app's root). ValueError says what is wrong."""
+    if not path:
+        raise ValueError("expected the path of an iCalendar (.ics) file")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_ICS_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"the file cannot be read ({exc.strerror or exc}); expected the path of an iCalendar "
+                         "file, absolute or relative to the app's root") from None
+    if len(data) > MAX_ICS_BYTES:
+        raise ValueError(f"the file is larger than {MAX_ICS_BYTES // (1024 * 1024)} MiB")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError("the file is not UTF-8 text (RFC 5545 calendars are UTF-8)") from None
+    # icalendar and recurring-ical-events load only for a calendar file (a cold start without one
+    # does not pay for them).
+    import icalendar
+    import recurring_ical_events
+
+    try:
+        calendar = icalendar.Calendar.from_ical(text)
+        start = date(today.year - ICS_YEARS_BACK, 1, 1)
+        end = date(today.year + ICS_YEARS_AHEAD + 1, 1, 1)
+        # Counted before they are expanded: an RRULE every second for four years would be
+        # expanded whole (recurring-ical-events expands a window at once).
+        estimate = sum(_most_occurrences(event.get("RRULE"), end - start) for event in calendar.walk("VEVENT"))
+        if estimate > MAX_EVENTS:
+            raise _TooMany()
+        occurrences = list(recurring_ical_events.of(calendar).between(start, end))
+        if len(occurrences) > MAX_EVENTS:
+            raise _TooMany()
+    except _TooMany:
+        raise ValueError(f"more than {MAX_EVENTS} events from {start} to {end}: expected at most {MAX_EVENTS}") from None
+    except Exception as exc:   # the libraries' many parse errors: one message
+        # Not the library's text: it quotes the file's lines, and this message reaches the job's
+        # config_error (jobs, the monitor): a path pointing at another file must not show it.
+        raise ValueError(f"not an iCalendar file that can be read ({type(exc).__name__})") from None
+    dates: list[tuple[date, date]] = []
+    events: list[tuple[datetime, datetime]] = []
+    for event in occurrences:
+        if str(event.get("STATUS", "")).upper() == "CANCELLED" or event.get("DTSTART") is None:
+            continue
+        first = event["DTSTART"].dt
+        last = event["DTEND"].dt if event.get("DTEND") is not None else None
+        if last is None and event.get("DURATION") is not None:
+            last = first + event["DURATION"].dt
+        if not isinstance(first, datetime):          # an all-day event: its dates, the end excluded
+            final = (last if isinstance(last, date) and not isinstance(last, datetime) else first + timedelta(days=1))
+            dates.append((first, max(first, final - timedelta(days=1))))
+            continue
+        last = last if isinstance(last, datetime) else first
+        first_utc = (first if first.tzinfo else first.replace(tzinfo=UTC)).astimezone(UTC)
+        last_utc = (last if last.tzinfo else last.replace(tzinfo=UTC)).astimezone(UTC)
+        if last_utc > first_utc:
+            events.append((first_utc, last_utc))
+    if len(dates) + len(events) > MAX_EVENTS:
+        raise ValueError(f"{len(dates) + len(events)} events from {start} to {end}: expected at most {MAX_EVENTS}")
+    return tuple(sorted(set(dates))), tuple(sorted(set(events)))
+
+
+class _TooMany(Exception):
+    """An iCalendar file with more events than MAX_EVENTS in its window."""
+
+
+_FREQ_SECONDS = {"SECONDLY": 1, "MINUTELY": 60, "HOURLY": 3600, "DAILY": 86400, "WEEKLY": 7 * 86400,
+                 "MONTHLY": 28 * 86400, "YEARLY": 365 * 86400}
+_BY_PARTS = ("BYSECOND", "BYMINUTE", "BYHOUR", "BYDAY", "BYMONTHDAY", "BYYEARDAY", "BYWEEKNO", "BYMONTH")
+
+
+def _most_occurrences(rule, window: timedelta) -> int:
+    """At most how many occurrences an event's RRULE has in ``window`` (1 without one): its
+    frequency and interval over the window (or its COUNT), times every BY list's length."""
+    if rule is None:
+        return 1
+    rules = rule if isinstance(rule, list) else [rule]
+    total = 0
+    for one in rules:
+        freq = str((one.get("FREQ") or ["YEARLY"])[0]).upper()
+        interval = max(int((one.get("INTERVAL") or [1])[0]), 1)
+        count = window.total_seconds() // (_FREQ_SECONDS.get(freq, 1) * interval) + 1
+        if one.get("COUNT"):
+            count = min(count, int(one["COUNT"][0]))
+        for part in _BY_PARTS:
+            count *= max(len(one.get(part) or []), 1)
+        total += int(count)
+    return total
