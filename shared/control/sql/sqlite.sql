@@ -94,11 +94,11 @@ WHERE agent_runs.job_name = x.job_name AND agent_runs.kind = 'scheduled'
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id;
 
 -- upsert_jobs --
--- Write every configured job in one statement; a new job, a changed schedule or time zone, or a job re-enabled starts from its new next_due_at.
+-- Write every configured job in one statement; a new job, a changed schedule or time zone, or a job re-enabled starts from its new next_due_at. A job whose definition (definition_hash: every setting the sync writes, from shared/engine/scheduler.py) is what the last sync wrote is left as it is: its updated_at stays the time its definition last changed (the follow-up refusals are told once per definition from it).
 INSERT INTO agent_jobs (job_name, schedule, timezone, command, target_database, enabled, valid,
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
-                        steps, notify, notify_webhook_url, after_job, after_outcome)
+                        steps, notify, notify_webhook_url, after_job, after_outcome, definition_hash)
 SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.timezone'), json_extract(j.value, '$.command'),
        json_extract(j.value, '$.target_database'), json_extract(j.value, '$.enabled'),
@@ -109,7 +109,7 @@ SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.next_due_at'), :now, 1, :now,
        json_extract(j.value, '$.steps'), json_extract(j.value, '$.notify'),
        json_extract(j.value, '$.notify_webhook_url'), json_extract(j.value, '$.after_job'),
-       json_extract(j.value, '$.after_outcome')
+       json_extract(j.value, '$.after_outcome'), json_extract(j.value, '$.definition_hash')
 FROM json_each(:jobs) AS j
 WHERE TRUE
 ON CONFLICT (job_name) DO UPDATE SET
@@ -148,9 +148,30 @@ ON CONFLICT (job_name) DO UPDATE SET
     notify = excluded.notify,
     notify_webhook_url = excluded.notify_webhook_url,
     after_job = excluded.after_job,
-    after_outcome = excluded.after_outcome
+    after_outcome = excluded.after_outcome,
+    definition_hash = excluded.definition_hash
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
-WHERE agent_jobs.defined_in_database = 0 OR agent_jobs.configured = 0;
+WHERE agent_jobs.configured = 0
+   OR (agent_jobs.defined_in_database = 0 AND agent_jobs.definition_hash IS NOT excluded.definition_hash);
+
+-- refresh_runs_of_changed_jobs --
+-- Runs claimed ahead that never started (pending or queued, attempt 0) of a settings job whose schedule, time zone and enabled state stand but whose other settings changed take the new ones (command, database, overlap, attempts, timeout, lease, steps): a slot after the change runs what the settings say now, not what they said when it was claimed. Before upsert_jobs (it compares with the job as stored).
+UPDATE agent_runs SET command = x.command, target_database = x.target_database, overlap = x.overlap,
+    max_attempts = x.max_attempts, timeout_seconds = x.timeout_seconds, lease_seconds = x.lease_seconds,
+    steps = x.steps
+FROM (SELECT c.job_name, json_extract(j.value, '$.command') AS command,
+             json_extract(j.value, '$.target_database') AS target_database, json_extract(j.value, '$.overlap') AS overlap,
+             json_extract(j.value, '$.max_attempts') AS max_attempts,
+             json_extract(j.value, '$.timeout_seconds') AS timeout_seconds,
+             json_extract(j.value, '$.lease_seconds') AS lease_seconds, json_extract(j.value, '$.steps') AS steps
+      FROM json_each(:jobs) AS j
+      JOIN agent_jobs AS c ON c.job_name = json_extract(j.value, '$.job_name')
+      WHERE c.configured = 1 AND c.defined_in_database = 0 AND c.valid = 1 AND c.enabled = 1
+        AND json_extract(j.value, '$.valid') = 1 AND json_extract(j.value, '$.enabled') = 1
+        AND json_extract(j.value, '$.schedule') = c.schedule AND json_extract(j.value, '$.timezone') = c.timezone
+        AND c.definition_hash IS NOT json_extract(j.value, '$.definition_hash')) AS x
+WHERE agent_runs.job_name = x.job_name AND agent_runs.kind = 'scheduled'
+  AND agent_runs.status IN ('pending', 'queued') AND agent_runs.attempt = 0;
 
 -- unconfigure_missing_jobs --
 -- Jobs no longer in the settings stop being scheduled; their history stays.
@@ -219,7 +240,29 @@ WHERE j.next_due_at <= :horizon AND j.enabled = 1 AND j.valid = 1 AND j.configur
 ORDER BY j.job_name;
 
 -- claim_slots --
--- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before.
+-- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}); the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before. A slot whose run a change of the job's definition recorded skipped (note 'skipped: the job ...': disabled, removed, redefined, schedule changed) and that never started is the job's again when a claim under the definition now in force plans it (enabled again, added back, a new schedule with a slot at the same instant): its run takes the planned decision and the definition's values in place (the same run id; a new token fences a message sent before, a new operation id), and is returned with the runs inserted.
+UPDATE agent_runs SET status = x.status, note = x.note, runnable_at = x.runnable_at,
+    finished_at = CASE WHEN x.status = 'skipped' THEN :now END, lease_expires_at = NULL, dispatched_at = NULL,
+    last_error = NULL, last_error_number = NULL, token = agent_runs.token + 1, created_at = :now,
+    operation_id = lower(hex(randomblob(16))), command = x.command, target_database = x.target_database,
+    overlap = x.overlap, max_attempts = x.max_attempts, timeout_seconds = x.timeout_seconds,
+    lease_seconds = x.lease_seconds, steps = x.steps
+FROM (SELECT j.job_name, json_extract(s.value, '$.scheduled_for') AS scheduled_for,
+             CASE WHEN p.job_name IS NULL THEN json_extract(s.value, '$.status') ELSE 'skipped' END AS status,
+             CASE WHEN p.job_name IS NULL THEN json_extract(s.value, '$.note') ELSE 'paused' END AS note,
+             COALESCE(json_extract(s.value, '$.runnable_at'), json_extract(s.value, '$.scheduled_for')) AS runnable_at,
+             j.command, j.target_database, j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.steps
+      FROM json_each(:slots) AS s
+      JOIN agent_jobs AS j ON j.job_name = json_extract(s.value, '$.job_name')
+      LEFT JOIN agent_job_pauses AS p
+             ON p.job_name = j.job_name AND p.paused_at <= :now AND (p.paused_until IS NULL OR p.paused_until > :now)
+            AND (p.paused_until IS NULL
+                 OR COALESCE(json_extract(s.value, '$.runnable_at'), json_extract(s.value, '$.scheduled_for')) < p.paused_until)
+      WHERE j.enabled = 1 AND j.valid = 1 AND j.configured = 1) AS x
+WHERE agent_runs.job_name = x.job_name AND agent_runs.scheduled_for = x.scheduled_for
+  AND agent_runs.kind = 'scheduled' AND agent_runs.status = 'skipped' AND agent_runs.attempt = 0
+  AND agent_runs.note LIKE 'skipped: the job%'
+RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
 INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note, steps)
