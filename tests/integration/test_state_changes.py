@@ -134,6 +134,51 @@ def test_a_new_schedule_whose_slots_fall_on_the_old_ones_runs_them(agent_factory
     assert decided(back, "five", clock.now)[clock.now] == ("succeeded", None)
 
 
+def test_a_time_zone_change_keeps_the_slots_of_a_schedule_that_falls_on_the_same_instants(agent_factory):
+    """Every 5 s in UTC and every 5 s in Europe/Paris are the same instants: the new definition
+    claims them all again."""
+    clock = Clock(at("2026-11-25T08:00:00"))
+    agent_factory({"five": FIVE}, clock=clock).tick()
+    clock.advance(1)
+    moved = agent_factory({"five": {**FIVE, "TIMEZONE": "Europe/Paris"}}, clock=clock)
+    assert moved.tick().synced
+    after = decided(moved, "five", clock.now)
+    assert len(after) >= 15 and set(after.values()) == {("pending", None)}, after
+
+
+def test_a_job_made_invalid_and_valid_again_in_the_settings_runs_every_slot_after_the_fix(agent_factory):
+    clock = Clock(at("2026-11-25T08:00:00"))
+    agent_factory({"five": FIVE}, clock=clock).tick()
+    clock.advance(1)
+    broken = agent_factory({"five": {**FIVE, "TIMEZONE": "Mars/Olympus"}}, clock=clock)
+    assert broken.tick().synced
+    invalid = decided(broken, "five", clock.now)
+    assert invalid and {status for status, _ in invalid.values()} == {"skipped"}
+    clock.advance(1)
+    fixed = agent_factory({"five": FIVE}, clock=clock)
+    assert fixed.tick().synced
+    after = decided(fixed, "five", clock.now)
+    assert len(after) >= 15 and set(after.values()) == {("pending", None)}, after
+    run_at(fixed, clock, at("2026-11-25T08:00:05"))
+    assert decided(fixed, "five", clock.now)[clock.now] == ("succeeded", None)
+
+
+@pytest.mark.parametrize("misfire", ["run-once", "skip"])
+def test_a_one_time_job_disabled_and_enabled_again_before_its_time_runs_at_its_time(agent_factory, misfire):
+    """@once: its one slot, claimed ahead, skipped by the disable, is its slot again."""
+    clock = Clock(at("2026-11-25T08:00:00"))
+    once = {"SCHEDULE": "@once 2026-11-25T08:00:40", "COMMAND": "SELECT 1", "MISFIRE": misfire}
+    agent_factory({"once": once}, clock=clock).tick()
+    clock.advance(10)
+    agent_factory({"once": {**once, "ENABLED": "false"}}, clock=clock).tick()
+    assert set(decided(agent_factory(clock=clock), "once", clock.now).values()) == {("skipped", NOTE_DISABLED)}
+    clock.advance(10)
+    back = agent_factory({"once": once}, clock=clock)
+    back.tick()
+    run_at(back, clock, at("2026-11-25T08:00:40"))
+    assert decided(back, "once", at("2026-11-25T08:00:00")) == {at("2026-11-25T08:00:40"): ("succeeded", None)}
+
+
 def test_disabled_twice_and_enabled_twice_in_the_settings(agent_factory):
     """The same change twice (each sync forced by another setting): the second disable skips
     nothing more and the second enable claims nothing twice; each slot after the enable runs once."""

@@ -250,7 +250,7 @@ ORDER BY j.job_name;
 
 -- claim_slots --
 -- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before. A slot whose run a change of the job's definition recorded skipped (note 'skipped: the job ...': disabled, removed, redefined, schedule changed) and that never started is the job's again when a claim under the definition now in force plans it (enabled again, added back, a new schedule with a slot at the same instant): its run takes the planned decision and the definition's values in place (the same run id; a new token fences a message sent before, a new operation id), and is returned with the runs inserted.
--- The revived runs are locked in key order first (racing ticks never lock them in different orders); the INSERT finds them (its conflict check sees the row whatever this statement did to it) and inserts nothing for them.
+-- The run of each slot is found by the unique (job_name, scheduled_for) index (a LATERAL with OFFSET 0: one index probe per slot, never a scan of the skipped runs, whatever the statistics say), then updated by its primary key (= ANY of their run ids: the UPDATE reads no other run; racing ticks lock them in the same order), checked again once locked (a racing tick that claimed one first leaves it pending); the INSERT finds them (its conflict check sees the row whatever this statement did to it) and inserts nothing for them.
 WITH planned AS MATERIALIZED (
     SELECT j.job_name, CAST(s.scheduled_for AS timestamp) AS scheduled_for,
            CASE WHEN p.paused = 1 THEN 'skipped' ELSE s.status END AS status,
@@ -274,6 +274,13 @@ WITH planned AS MATERIALIZED (
           AND (y.paused_until IS NULL
                OR COALESCE(CAST(s.runnable_at AS timestamp), CAST(s.scheduled_for AS timestamp)) < y.paused_until)
         OFFSET 0) AS p ON TRUE),
+found AS MATERIALIZED (
+    SELECT y.*, o.run_id
+    FROM planned AS y
+    CROSS JOIN LATERAL (
+        SELECT o.run_id, o.kind, o.status, o.attempt, o.note FROM agent.runs AS o
+        WHERE o.job_name = y.job_name AND o.scheduled_for = y.scheduled_for OFFSET 0) AS o
+    WHERE o.kind = 'scheduled' AND o.status = 'skipped' AND o.attempt = 0 AND o.note LIKE 'skipped: the job%'),
 revived AS (
     UPDATE agent.runs AS r SET status = x.status, note = x.note, runnable_at = x.runnable_at,
         finished_at = CASE WHEN x.status = 'skipped' THEN CAST(:now AS timestamp) END, lease_expires_at = NULL,
@@ -281,13 +288,8 @@ revived AS (
         created_at = CAST(:now AS timestamp), operation_id = x.operation_id, command = x.command,
         target_database = x.target_database, overlap = x.overlap, max_attempts = x.max_attempts,
         timeout_seconds = x.timeout_seconds, lease_seconds = x.lease_seconds, steps = x.steps
-    FROM planned AS x
-    WHERE r.job_name = x.job_name AND r.scheduled_for = x.scheduled_for
-      AND r.run_id IN (SELECT o.run_id FROM agent.runs AS o JOIN planned AS y
-                              ON o.job_name = y.job_name AND o.scheduled_for = y.scheduled_for
-                       WHERE o.kind = 'scheduled' AND o.status = 'skipped' AND o.attempt = 0
-                         AND o.note LIKE 'skipped: the job%'
-                       ORDER BY o.run_id FOR UPDATE OF o)
+    FROM found AS x
+    WHERE r.run_id = x.run_id AND r.run_id = ANY (ARRAY(SELECT f.run_id FROM found AS f))
       AND r.kind = 'scheduled' AND r.status = 'skipped' AND r.attempt = 0 AND r.note LIKE 'skipped: the job%'
     RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id, r.token),
 inserted AS (
