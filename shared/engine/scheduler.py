@@ -348,8 +348,8 @@ class Scheduler:
             # Slots claimed ahead: skipped when the job stops running them (disabled, invalid,
             # removed, another schedule), given the new settings when it still runs them; the
             # claim that follows takes back those the new definition runs (claim_slots).
-            store.execute("skip_runs_of_changed_jobs", jobs=rows, now=now)
-            store.execute("refresh_runs_of_changed_jobs", jobs=rows, now=now)
+            store.chain(("skip_runs_of_changed_jobs", {"jobs": rows, "now": now}),
+                        ("refresh_runs_of_changed_jobs", {"jobs": rows}))
             store.execute("upsert_jobs", jobs=rows, now=now)
             store.execute("unconfigure_missing_jobs", jobs=rows, now=now)
             store.execute("set_state", state_key=CONFIG_HASH_KEY, state_value=self.settings.config_hash, now=now)
