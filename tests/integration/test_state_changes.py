@@ -179,6 +179,27 @@ def test_a_one_time_job_disabled_and_enabled_again_before_its_time_runs_at_its_t
     assert decided(back, "once", at("2026-11-25T08:00:00")) == {at("2026-11-25T08:00:40"): ("succeeded", None)}
 
 
+@pytest.mark.parametrize("misfire", ["run-once", "skip"])
+def test_a_one_time_job_enabled_again_after_its_time_is_decided_by_its_misfire_policy(agent_factory, misfire):
+    """As a one-time job added after its moment: run-once catches it up (within GRACE_SECONDS),
+    skip records it skipped as a misfire; never left skipped as 'disabled' for a job now enabled."""
+    from shared.engine.scheduler import NOTE_CATCH_UP, NOTE_MISFIRE_SKIP
+
+    clock = Clock(at("2026-11-25T08:00:00"))
+    once = {"SCHEDULE": "@once 2026-11-25T08:00:40", "COMMAND": "SELECT 1", "MISFIRE": misfire}
+    agent_factory({"once": once}, clock=clock).tick()
+    clock.advance(10)
+    agent_factory({"once": {**once, "ENABLED": "false"}}, clock=clock).tick()
+    clock.now = at("2026-11-25T08:05:00")
+    back = agent_factory({"once": once}, clock=clock)
+    back.tick()
+    slot = at("2026-11-25T08:00:40")
+    expected = ("pending", NOTE_CATCH_UP) if misfire == "run-once" else ("skipped", NOTE_MISFIRE_SKIP)
+    assert decided(back, "once", slot) == {slot: expected}
+    work(back)
+    assert decided(back, "once", slot)[slot][0] == ("succeeded" if misfire == "run-once" else "skipped")
+
+
 def test_disabled_twice_and_enabled_twice_in_the_settings(agent_factory):
     """The same change twice (each sync forced by another setting): the second disable skips
     nothing more and the second enable claims nothing twice; each slot after the enable runs once."""
