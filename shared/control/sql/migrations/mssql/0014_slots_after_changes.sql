@@ -1,4 +1,4 @@
--- 0013 slots after a change of a job's state (issue 34, items 4 to 6 follow-up); see the
+-- 0014 slots after a change of a job's state (issue 34, items 4 to 6 follow-up); see the
 -- PostgreSQL file of the same number.
 --
 -- agent.enable_job @enabled = 1 gives back at once the slots its disable recorded skipped, when

@@ -1,4 +1,4 @@
--- 0013 slots after a change of a job's state (issue 34, items 4 to 6 follow-up).
+-- 0014 slots after a change of a job's state (issue 34, items 4 to 6 follow-up).
 --
 -- A change of a job's definition (disabled, removed, redefined, its schedule changed) records
 -- the slots it had claimed ahead skipped, and a skipped slot was never claimed again (the
