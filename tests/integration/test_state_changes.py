@@ -507,7 +507,9 @@ def test_a_job_every_5_seconds_disabled_and_enabled_again_runs_its_next_slots_on
     """Measured with the local runner on the database's clock: the job disabled and enabled again
     (in the settings, by agent.enable_job, or removed and added back by the procedures), at once
     or after 6 s; every slot after the enable starts within a couple of seconds of its time
-    (generous for CI load), no slot of the disabled stretch runs."""
+    (generous for CI load), no slot of the disabled stretch runs. AGENT_POLL_SECONDS=1 bounds what
+    the docs bound by it: the planning of a definition added back, and how long an idle worker
+    sleeps before it looks again (a change made by another process)."""
     from shared.engine.runner import LocalRunner
 
     jobs = {"five": {**FIVE, "MISFIRE": "skip"}} if how == "settings" else {}
