@@ -6,12 +6,15 @@ Every minute (AGENT_TICK_SCHEDULE) a tick:
    further from it than AGENT_MAX_CLOCK_SKEW_SECONDS, either way (an operator's `--now`, an
    explicit clock), changes nothing and says so; the state a clock far ahead left behind (an
    older version's tick on a runaway instance clock) is undone, against the database's clock;
-2. syncs the job settings (a job whose schedule changed or that was disabled gets its slots
-   claimed ahead recorded skipped);
+2. syncs the job settings, when they changed: a job whose schedule changed or that was disabled
+   gets its slots claimed ahead recorded skipped, one whose other settings changed gets them
+   into its slots claimed ahead, one whose settings stand is left as it is;
 3. expires leases whose holder stopped renewing them (a lapse, not a failure);
 4. claims every slot up to the next tick plus AGENT_LOOKAHEAD_MARGIN_SECONDS, one run per
    (job, slot): each becomes runnable at its slot, never before; slots missed while the agent
-   was down are recorded (skipped, or caught up once, per the job's misfire policy);
+   was down are recorded (skipped, or caught up once, per the job's misfire policy); a slot a
+   change of the job's definition had recorded skipped is claimed again, in place, when the
+   definition now in force plans it (enabled again, added back, a schedule with the same slot);
 5. in queue mode, dispatches (due runs up to the cap, and every run due within the lookahead
    as a message delayed until its slot) and leaves a chain of doorbells until the next tick.
 
@@ -24,6 +27,7 @@ well, with one run per (job, slot).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import time
@@ -344,8 +348,13 @@ class Scheduler:
                         rows[index] = _invalid_row(stand_in_name(row["job_name"]), message)
                         refused.append((row["job_name"], message))
                 refused += _refuse_cycles_through_database_jobs(rows, database_jobs)
+            rows = [_with_definition_hash(row) for row in rows]
             store.execute("record_config_events", jobs=rows, now=now)
-            store.execute("skip_runs_of_changed_jobs", jobs=rows, now=now)
+            # Slots claimed ahead: skipped when the job stops running them (disabled, invalid,
+            # removed, another schedule), given the new settings when it still runs them; the
+            # claim that follows takes back those the new definition runs (claim_slots).
+            store.chain(("skip_runs_of_changed_jobs", {"jobs": rows, "now": now}),
+                        ("refresh_runs_of_changed_jobs", {"jobs": rows}))
             store.execute("upsert_jobs", jobs=rows, now=now)
             store.execute("unconfigure_missing_jobs", jobs=rows, now=now)
             store.execute("set_state", state_key=CONFIG_HASH_KEY, state_value=self.settings.config_hash, now=now)
@@ -541,6 +550,18 @@ class Scheduler:
 
 class _Probe(Exception):
     """Rolls back a trial write that succeeded."""
+
+
+def _with_definition_hash(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with ``definition_hash``: a digest of every setting the sync writes for the job
+    (not its next slot, which the sync only proposes). upsert_jobs leaves a job whose digest is
+    the one stored as it is, so its updated_at is the time its definition last changed."""
+    definition = sorted((key, value) for key, value in row.items() if key not in _NOT_DEFINITION)
+    digest = hashlib.sha256(repr(definition).encode("utf-8", errors="surrogatepass")).hexdigest()
+    return {**row, "definition_hash": digest}
+
+
+_NOT_DEFINITION = frozenset({"next_due_at", "definition_hash"})
 
 
 def _invalid_row(key: str, message: str) -> dict[str, Any]:

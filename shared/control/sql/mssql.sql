@@ -158,29 +158,30 @@ WHERE d.job_name = r.job_name AND r.kind = N'scheduled'
 SELECT run_id, job_name, scheduled_for, status, note, operation_id FROM @skipped;
 
 -- upsert_jobs --
--- Write every configured job in one round trip; a new job, a changed schedule or time zone, or a job re-enabled starts from its new next_due_at.
+-- Write every configured job in one round trip; a new job, a changed schedule or time zone, or a job re-enabled starts from its new next_due_at. A job whose definition (definition_hash: every setting the sync writes, from shared/engine/scheduler.py) is what the last sync wrote is left as it is: its updated_at stays the time its definition last changed (the follow-up refusals are told once per definition from it).
 -- Update-then-insert under the lock the caller already holds (no MERGE: Babelfish refuses it). The settings sync runs it under the job-definitions applock (lock_job_definitions; the T-SQL procedures take it too), so no other writer defines a job meanwhile. Within that, on SQL Server the UPDATE and the NOT EXISTS probe of the insert hold key-range locks on every job name they look up to the end of the transaction (UPDLOCK, HOLDLOCK: "Table hints (Transact-SQL)", https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table), the guarantee MERGE ... WITH (HOLDLOCK) gave. The JSON is read once, into a table variable.
 DECLARE @s TABLE (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), command NVARCHAR(MAX),
                   target_database NVARCHAR(128), enabled SMALLINT, valid SMALLINT, config_error NVARCHAR(MAX),
                   max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16), grace_seconds INT,
                   overlap NVARCHAR(16), next_due_at DATETIME2(6), steps NVARCHAR(MAX), notify NVARCHAR(16),
-                  notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64), after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT);
+                  notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64), after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT,
+                  definition_hash NVARCHAR(64));
 INSERT INTO @s (job_name, schedule, timezone, command, target_database, enabled, valid, config_error, max_attempts,
                 timeout_seconds, lease_seconds, misfire, grace_seconds, overlap, next_due_at, steps, notify,
-                notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds)
+                notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds, definition_hash)
 SELECT j.job_name, agent.json_text(j.schedule), j.timezone, agent.json_text(j.command), j.target_database,
        j.enabled, j.valid, agent.json_text(j.config_error),
        j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire, j.grace_seconds, j.overlap,
        CONVERT(DATETIME2(6), j.next_due_at, 121), agent.json_text(j.steps), j.notify,
        agent.json_text(j.notify_webhook_url), j.after_job, j.after_outcome, agent.json_text(j.calendars),
-       COALESCE(j.jitter_seconds, 0)
+       COALESCE(j.jitter_seconds, 0), j.definition_hash
 FROM OPENJSON(:jobs) WITH (
     job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), command NVARCHAR(MAX),
     target_database NVARCHAR(128), enabled SMALLINT, valid SMALLINT, config_error NVARCHAR(MAX),
     max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16),
     grace_seconds INT, overlap NVARCHAR(16), next_due_at NVARCHAR(40), steps NVARCHAR(MAX),
     notify NVARCHAR(16), notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64),
-    after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT) AS j;
+    after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT, definition_hash NVARCHAR(64)) AS j;
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 -- The names compare case-insensitively (the default collation): a settings job may take back, in
 -- another letter case, the row of a removed job ('backup' removed, 'Backup' added). The row then
@@ -226,19 +227,43 @@ UPDATE t SET
     after_job = s.after_job,
     after_outcome = s.after_outcome,
     calendars = s.calendars,
-    jitter_seconds = s.jitter_seconds
+    jitter_seconds = s.jitter_seconds,
+    definition_hash = s.definition_hash
 FROM agent.jobs AS t WITH (UPDLOCK, HOLDLOCK), @s AS s
-WHERE t.job_name = s.job_name AND (t.defined_in_database = 0 OR t.configured = 0);
+WHERE t.job_name = s.job_name
+  AND (t.configured = 0
+       OR (t.defined_in_database = 0 AND (t.definition_hash IS NULL OR s.definition_hash IS NULL
+                                          OR t.definition_hash <> s.definition_hash)));
 INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, enabled, valid, config_error,
                         max_attempts, timeout_seconds, lease_seconds, misfire, grace_seconds, overlap,
                         next_due_at, advanced_at, configured, updated_at, steps, notify, notify_webhook_url,
-                        after_job, after_outcome, calendars, jitter_seconds)
+                        after_job, after_outcome, calendars, jitter_seconds, definition_hash)
 SELECT s.job_name, s.schedule, s.timezone, s.command, s.target_database, s.enabled, s.valid,
        s.config_error, s.max_attempts, s.timeout_seconds, s.lease_seconds, s.misfire,
        s.grace_seconds, s.overlap, s.next_due_at, CAST(:now AS DATETIME2(6)), 1, CAST(:now AS DATETIME2(6)),
-       s.steps, s.notify, s.notify_webhook_url, s.after_job, s.after_outcome, s.calendars, s.jitter_seconds
+       s.steps, s.notify, s.notify_webhook_url, s.after_job, s.after_outcome, s.calendars, s.jitter_seconds,
+       s.definition_hash
 FROM @s AS s
 WHERE NOT EXISTS (SELECT 1 FROM agent.jobs AS e WITH (UPDLOCK, HOLDLOCK) WHERE e.job_name = s.job_name);
+
+-- refresh_runs_of_changed_jobs --
+-- Runs claimed ahead that never started (pending or queued, attempt 0) of a settings job whose schedule, time zone and enabled state stand but whose other settings changed take the new ones (command, database, overlap, attempts, timeout, lease, steps): a slot after the change runs what the settings say now, not what they said when it was claimed. Before upsert_jobs (it compares with the job as stored).
+-- UPDATE ... FROM a derived table joined in the WHERE clause; the caller holds the job-definitions applock.
+UPDATE r SET command = x.command, target_database = x.target_database, overlap = x.overlap,
+    max_attempts = x.max_attempts, timeout_seconds = x.timeout_seconds, lease_seconds = x.lease_seconds,
+    steps = x.steps
+FROM agent.runs AS r,
+     (SELECT j.job_name, agent.json_text(j.command) AS command, j.target_database, j.overlap, j.max_attempts,
+             j.timeout_seconds, j.lease_seconds, agent.json_text(j.steps) AS steps
+      FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64),
+                                 command NVARCHAR(MAX), target_database NVARCHAR(128), enabled INT, valid INT,
+                                 max_attempts INT, timeout_seconds INT, lease_seconds INT, overlap NVARCHAR(16),
+                                 steps NVARCHAR(MAX), definition_hash NVARCHAR(64)) AS j
+      JOIN agent.jobs AS c ON c.job_name = j.job_name
+      WHERE c.configured = 1 AND c.defined_in_database = 0 AND c.valid = 1 AND c.enabled = 1
+        AND j.valid = 1 AND j.enabled = 1 AND agent.json_text(j.schedule) = c.schedule AND j.timezone = c.timezone
+        AND (c.definition_hash IS NULL OR j.definition_hash IS NULL OR c.definition_hash <> j.definition_hash)) AS x
+WHERE r.job_name = x.job_name AND r.kind = N'scheduled' AND r.status IN (N'pending', N'queued') AND r.attempt = 0;
 
 -- unconfigure_missing_jobs --
 -- Jobs no longer in the settings stop being scheduled; their history stays.
@@ -321,10 +346,12 @@ SELECT action, run_id, job_name, scheduled_for FROM @recovered;
 
 -- select_due_jobs --
 -- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now and its window (one that ended names the slots missed inside it); their slots are computed in Python, for these jobs only.
--- The pauses applock is taken shared first, to the claim's commit (a table is read first: an owner 'Transaction' applock needs an open transaction): a pause_job either committed before it (the claim sees the pause) or waits for this claim to commit (and skips what it claimed inside the pause).
+-- The job-definitions applock, then the pauses applock, are taken shared first, to the claim's commit (a table is read first: an owner 'Transaction' applock needs an open transaction; the order is the one agent.enable_job takes them in): a pause_job either committed before it (the claim sees the pause) or waits for this claim to commit (and skips what it claimed inside the pause); a definition (a settings sync, agent.add_scheduled_job, enable_job, remove_scheduled_job) either committed before it (the slots are computed from it) or waits for this claim to commit (and skips the slots it claimed under the old one).
 DECLARE @pauses_read INT;
 SELECT @pauses_read = COUNT(*) FROM agent.start_lock;
 DECLARE @lock_result INT;
+EXEC @lock_result = sp_getapplock @Resource = N'agent.job_definitions', @LockMode = N'Shared', @LockOwner = N'Transaction', @LockTimeout = 30000;
+IF @lock_result < 0 THROW 50001, N'the job-definitions lock (sp_getapplock agent.job_definitions) was not granted within 30 s', 1;
 EXEC @lock_result = sp_getapplock @Resource = N'agent.job_pauses', @LockMode = N'Shared', @LockOwner = N'Transaction', @LockTimeout = 30000;
 IF @lock_result < 0 THROW 50001, N'the pauses lock (sp_getapplock agent.job_pauses) was not granted within 30 s', 1;
 SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds,
@@ -337,7 +364,8 @@ WHERE j.next_due_at <= CAST(:horizon AS DATETIME2(6)) AND j.enabled = 1 AND j.va
 ORDER BY j.job_name;
 
 -- claim_slots --
--- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}) in one round trip; the duplicate probe holds key-range locks on the unique (job_name, scheduled_for) index it is forced to seek, so concurrent ticks insert nothing twice. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before.
+-- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}) in one round trip; the duplicate probe holds key-range locks on the unique (job_name, scheduled_for) index it is forced to seek, so concurrent ticks insert nothing twice. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before. A slot whose run a change of the job's definition recorded skipped (note 'skipped: the job ...': disabled, removed, redefined, schedule changed) and that never started is the job's again when a claim under the definition now in force plans it (enabled again, added back, a new schedule with a slot at the same instant): its run takes the planned decision and the definition's values in place (the same run id; a new token fences a message sent before; the operation id chosen for the slot, by which it is read back with the runs inserted).
+-- The revival is an UPDATE before the INSERT, under the claim lock, joined in the WHERE clause with no OUTPUT (Babelfish); the INSERT's probe then finds the run and inserts nothing for it.
 -- The rows inserted are read back by their operation ids (chosen first, into @slots) instead of through OUTPUT: Babelfish refuses INSERT ... OUTPUT INTO ... SELECT ... ORDER BY, and the ORDER BY stays, since it is what makes SQL Server compute the identity values (run ids) in that order ("INSERT (Transact-SQL)", https://learn.microsoft.com/sql/t-sql/statements/insert-transact-sql). On SQL Server the (UPDLOCK, HOLDLOCK) of the probe holds a key-range lock on each (job_name, scheduled_for) to the end of the transaction (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table): a concurrent tick waits, then finds the row. Babelfish ignores the hints, so the claims of concurrent ticks also take the claim lock first: an exclusive applock to the end of the transaction, under which a second tick waits for the first one's commit and its INSERT (a new statement, a new snapshot on Babelfish) then finds the slots claimed and inserts nothing, instead of meeting the unique index runs_job_slot (2627) and rolling back its whole claim. On SQL Server it orders what the key-range locks already decided. Only claims take it (after select_due_jobs' shared pauses applock, which takes no row lock), so a transaction waiting for it holds nothing its holder will wait for: no deadlock.
 -- A table is read first: an owner 'Transaction' applock needs an open transaction, and EXEC opens none.
 DECLARE @claims_read INT;
@@ -353,6 +381,25 @@ SELECT x.job_name, CONVERT(DATETIME2(6), x.scheduled_for, 121), x.status, agent.
        COALESCE(CONVERT(DATETIME2(6), x.runnable_at, 121), CONVERT(DATETIME2(6), x.scheduled_for, 121))
 FROM OPENJSON(:slots) WITH (job_name NVARCHAR(64), scheduled_for NVARCHAR(40), status NVARCHAR(16),
                             note NVARCHAR(MAX), runnable_at NVARCHAR(40)) AS x;
+UPDATE r SET status = d.status, note = d.note, runnable_at = d.runnable_at,
+    finished_at = CASE WHEN d.status = N'skipped' THEN CAST(:now AS DATETIME2(6)) END, lease_expires_at = NULL,
+    dispatched_at = NULL, last_error = NULL, last_error_number = NULL, token = r.token + 1,
+    created_at = CAST(:now AS DATETIME2(6)), operation_id = d.operation_id, command = d.command,
+    target_database = d.target_database, overlap = d.overlap, max_attempts = d.max_attempts,
+    timeout_seconds = d.timeout_seconds, lease_seconds = d.lease_seconds, steps = d.steps
+FROM agent.runs AS r WITH (FORCESEEK(runs_job_slot(job_name, scheduled_for))),
+     (SELECT s.job_name, s.scheduled_for, s.operation_id, s.runnable_at,
+             CASE WHEN p.job_name IS NULL THEN s.status ELSE N'skipped' END AS status,
+             CASE WHEN p.job_name IS NULL THEN s.note ELSE N'paused' END AS note,
+             j.command, j.target_database, j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.steps
+      FROM @slots AS s
+      JOIN agent.jobs AS j ON j.job_name = s.job_name AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
+      LEFT JOIN agent.job_pauses AS p
+             ON p.job_name = s.job_name AND p.paused_at <= CAST(:now AS DATETIME2(6))
+            AND (p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6)))
+            AND (p.paused_until IS NULL OR s.runnable_at < p.paused_until)) AS d
+WHERE r.job_name IS NOT NULL AND r.job_name = d.job_name AND r.scheduled_for = d.scheduled_for
+  AND r.kind = N'scheduled' AND r.status = N'skipped' AND r.attempt = 0 AND r.note LIKE N'skipped: the job%';
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note, steps)

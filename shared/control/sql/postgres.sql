@@ -90,20 +90,23 @@ WHERE r.job_name = c.job_name AND r.kind = 'scheduled'
 RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id;
 
 -- upsert_jobs --
--- Write every configured job in one statement; a new job, a changed schedule or time zone, or a job re-enabled starts from its new next_due_at.
+-- Write every configured job in one statement; a new job, a changed schedule or time zone, or a job re-enabled starts from its new next_due_at. A job whose definition (definition_hash: every setting the sync writes, from shared/engine/scheduler.py) is what the last sync wrote is left as it is: its updated_at stays the time its definition last changed (the follow-up refusals are told once per definition from it).
 INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, enabled, valid,
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
-                        steps, notify, notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds)
+                        steps, notify, notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds,
+                        definition_hash)
 SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid,
        j.config_error, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire,
        j.grace_seconds, j.overlap, CAST(j.next_due_at AS timestamp), CAST(:now AS timestamp), 1,
-       CAST(:now AS timestamp), j.steps, j.notify, j.notify_webhook_url, j.after_job, j.after_outcome, j.calendars, COALESCE(j.jitter_seconds, 0)
+       CAST(:now AS timestamp), j.steps, j.notify, j.notify_webhook_url, j.after_job, j.after_outcome, j.calendars, COALESCE(j.jitter_seconds, 0),
+       j.definition_hash
 FROM json_to_recordset(CAST(:jobs AS json)) AS j(
     job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, command TEXT, target_database VARCHAR,
     enabled INT, valid INT, config_error TEXT, max_attempts INT, timeout_seconds INT,
     lease_seconds INT, misfire VARCHAR, grace_seconds INT, overlap VARCHAR, next_due_at VARCHAR,
-    steps TEXT, notify VARCHAR, notify_webhook_url VARCHAR, after_job VARCHAR, after_outcome VARCHAR, calendars TEXT, jitter_seconds INT)
+    steps TEXT, notify VARCHAR, notify_webhook_url VARCHAR, after_job VARCHAR, after_outcome VARCHAR, calendars TEXT, jitter_seconds INT,
+    definition_hash VARCHAR)
 ORDER BY j.job_name
 ON CONFLICT (job_name) DO UPDATE SET
     next_due_at = CASE
@@ -143,9 +146,28 @@ ON CONFLICT (job_name) DO UPDATE SET
     after_job = EXCLUDED.after_job,
     after_outcome = EXCLUDED.after_outcome,
     calendars = EXCLUDED.calendars,
-    jitter_seconds = EXCLUDED.jitter_seconds
+    jitter_seconds = EXCLUDED.jitter_seconds,
+    definition_hash = EXCLUDED.definition_hash
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
-WHERE agent.jobs.defined_in_database = 0 OR agent.jobs.configured = 0;
+WHERE agent.jobs.configured = 0
+   OR (agent.jobs.defined_in_database = 0 AND agent.jobs.definition_hash IS DISTINCT FROM EXCLUDED.definition_hash);
+
+-- refresh_runs_of_changed_jobs --
+-- Runs claimed ahead that never started (pending or queued, attempt 0) of a settings job whose schedule, time zone and enabled state stand but whose other settings changed take the new ones (command, database, overlap, attempts, timeout, lease, steps): a slot after the change runs what the settings say now, not what they said when it was claimed. Before upsert_jobs (it compares with the job as stored).
+UPDATE agent.runs AS r SET command = x.command, target_database = x.target_database, overlap = x.overlap,
+    max_attempts = x.max_attempts, timeout_seconds = x.timeout_seconds, lease_seconds = x.lease_seconds,
+    steps = x.steps
+FROM (SELECT j.job_name, j.command, j.target_database, j.overlap, j.max_attempts, j.timeout_seconds,
+             j.lease_seconds, j.steps
+      FROM json_to_recordset(CAST(:jobs AS json)) AS j(
+          job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, command TEXT, target_database VARCHAR,
+          enabled INT, valid INT, max_attempts INT, timeout_seconds INT, lease_seconds INT, overlap VARCHAR,
+          steps TEXT, definition_hash VARCHAR)
+      JOIN agent.jobs AS c ON c.job_name = j.job_name
+      WHERE c.configured = 1 AND c.defined_in_database = 0 AND c.valid = 1 AND c.enabled = 1
+        AND j.valid = 1 AND j.enabled = 1 AND j.schedule = c.schedule AND j.timezone = c.timezone
+        AND c.definition_hash IS DISTINCT FROM j.definition_hash) AS x
+WHERE r.job_name = x.job_name AND r.kind = 'scheduled' AND r.status IN ('pending', 'queued') AND r.attempt = 0;
 
 -- unconfigure_missing_jobs --
 -- Jobs no longer in the settings stop being scheduled; their history stays.
@@ -217,7 +239,7 @@ RETURNING 'lease shortened' AS action, run_id, job_name, scheduled_for;
 
 -- select_due_jobs --
 -- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now and its window (one that ended names the slots missed inside it); their slots are computed in Python, for these jobs only.
--- The pauses lock (advisory 7428015) is taken shared, to the claim's commit, before the scan (a scalar subquery: a one-time filter, evaluated even when no job is due; not EXISTS, whose select list the planner drops): a pause_job either committed before it (claim_slots, a later statement, sees the pause) or waits for this claim to commit (and skips what it claimed inside the pause).
+-- The job-definitions lock (advisory 7428014), then the pauses lock (advisory 7428015), are taken shared, to the claim's commit, before the scan (a scalar subquery: a one-time filter, evaluated even when no job is due; not EXISTS, whose select list the planner drops; the concatenation takes them in that order, the order agent.enable_job takes them): a pause_job either committed before it (claim_slots, a later statement, sees the pause) or waits for this claim to commit (and skips what it claimed inside the pause); a definition (a settings sync, agent.add_scheduled_job, enable_job, remove_scheduled_job) either committed before it (the slots are computed from it) or waits for this claim to commit (and skips the slots it claimed under the old one), so no claim computed from a definition that is gone is written after it.
 SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds,
        CASE WHEN p.job_name IS NULL THEN 0
             WHEN p.paused_until IS NULL OR p.paused_until > CAST(:now AS timestamp) THEN 1 ELSE 0 END AS paused,
@@ -225,39 +247,68 @@ SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_sec
 FROM agent.jobs AS j
 LEFT JOIN agent.job_pauses AS p ON p.job_name = j.job_name
 WHERE j.next_due_at <= CAST(:horizon AS timestamp) AND j.enabled = 1 AND j.valid = 1 AND j.configured = 1
-  AND CAST((SELECT pg_advisory_xact_lock_shared(7428015)) AS text) IS NOT NULL
+  AND (SELECT CAST(pg_advisory_xact_lock_shared(7428014) AS text) || CAST(pg_advisory_xact_lock_shared(7428015) AS text))
+      IS NOT NULL
 ORDER BY j.job_name;
 
 -- claim_slots --
--- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before.
-INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
-                        max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        finished_at, operation_id, note, steps)
-SELECT j.job_name, 'scheduled', CAST(s.scheduled_for AS timestamp), CASE WHEN p.paused = 1 THEN 'skipped' ELSE s.status END,
-       j.command, j.target_database,
-       j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds,
-       COALESCE(CAST(s.runnable_at AS timestamp), CAST(s.scheduled_for AS timestamp)),
-       CAST(:now AS timestamp), CASE WHEN s.status = 'skipped' OR p.paused = 1 THEN CAST(:now AS timestamp) END,
-       md5(random()::text || clock_timestamp()::text || j.job_name || s.scheduled_for),
-       CASE WHEN p.paused = 1 THEN 'paused' ELSE s.note END, j.steps
-FROM json_to_recordset(CAST(:slots AS json)) AS s(job_name VARCHAR, scheduled_for VARCHAR, status VARCHAR, note TEXT,
-                                                   runnable_at VARCHAR)
--- LATERAL with OFFSET 0 (kept as is, not flattened): one primary-key lookup per slot. The
--- planner cannot size a JSON argument, and a scan of agent.jobs per slot would cost slots x jobs.
-CROSS JOIN LATERAL (
-    SELECT * FROM agent.jobs AS x
-    WHERE x.job_name = s.job_name AND x.enabled = 1 AND x.valid = 1 AND x.configured = 1 OFFSET 0) AS j
--- A pause in force that select_due_jobs did not see (committed while it waited for the pauses
--- lock): a slot that would run before its end is recorded skipped 'paused', never claimed.
-LEFT JOIN LATERAL (
-    SELECT 1 AS paused FROM agent.job_pauses AS y
-    WHERE y.job_name = s.job_name AND y.paused_at <= CAST(:now AS timestamp)
-      AND (y.paused_until IS NULL OR y.paused_until > CAST(:now AS timestamp))
-      AND (y.paused_until IS NULL
-           OR COALESCE(CAST(s.runnable_at AS timestamp), CAST(s.scheduled_for AS timestamp)) < y.paused_until) OFFSET 0) AS p ON TRUE
-ORDER BY j.job_name, s.scheduled_for
-ON CONFLICT (job_name, scheduled_for) DO NOTHING
-RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token;
+-- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before. A slot whose run a change of the job's definition recorded skipped (note 'skipped: the job ...': disabled, removed, redefined, schedule changed) and that never started is the job's again when a claim under the definition now in force plans it (enabled again, added back, a new schedule with a slot at the same instant): its run takes the planned decision and the definition's values in place (the same run id; a new token fences a message sent before, a new operation id), and is returned with the runs inserted.
+-- The run of each slot is found by the unique (job_name, scheduled_for) index (a LATERAL with OFFSET 0: one index probe per slot, never a scan of the skipped runs, whatever the statistics say), then updated by its primary key (= ANY of their run ids: the UPDATE reads no other run; racing ticks lock them in the same order), checked again once locked (a racing tick that claimed one first leaves it pending); the INSERT finds them (its conflict check sees the row whatever this statement did to it) and inserts nothing for them.
+WITH planned AS MATERIALIZED (
+    SELECT j.job_name, CAST(s.scheduled_for AS timestamp) AS scheduled_for,
+           CASE WHEN p.paused = 1 THEN 'skipped' ELSE s.status END AS status,
+           CASE WHEN p.paused = 1 THEN 'paused' ELSE s.note END AS note,
+           COALESCE(CAST(s.runnable_at AS timestamp), CAST(s.scheduled_for AS timestamp)) AS runnable_at,
+           md5(random()::text || clock_timestamp()::text || j.job_name || s.scheduled_for) AS operation_id,
+           j.command, j.target_database, j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.steps
+    FROM json_to_recordset(CAST(:slots AS json)) AS s(job_name VARCHAR, scheduled_for VARCHAR, status VARCHAR, note TEXT,
+                                                       runnable_at VARCHAR)
+    -- LATERAL with OFFSET 0 (kept as is, not flattened): one primary-key lookup per slot. The
+    -- planner cannot size a JSON argument, and a scan of agent.jobs per slot would cost slots x jobs.
+    CROSS JOIN LATERAL (
+        SELECT * FROM agent.jobs AS x
+        WHERE x.job_name = s.job_name AND x.enabled = 1 AND x.valid = 1 AND x.configured = 1 OFFSET 0) AS j
+    -- A pause in force that select_due_jobs did not see (committed while it waited for the pauses
+    -- lock): a slot that would run before its end is recorded skipped 'paused', never claimed.
+    LEFT JOIN LATERAL (
+        SELECT 1 AS paused FROM agent.job_pauses AS y
+        WHERE y.job_name = s.job_name AND y.paused_at <= CAST(:now AS timestamp)
+          AND (y.paused_until IS NULL OR y.paused_until > CAST(:now AS timestamp))
+          AND (y.paused_until IS NULL
+               OR COALESCE(CAST(s.runnable_at AS timestamp), CAST(s.scheduled_for AS timestamp)) < y.paused_until)
+        OFFSET 0) AS p ON TRUE),
+found AS MATERIALIZED (
+    SELECT y.*, o.run_id
+    FROM planned AS y
+    CROSS JOIN LATERAL (
+        SELECT o.run_id, o.kind, o.status, o.attempt, o.note FROM agent.runs AS o
+        WHERE o.job_name = y.job_name AND o.scheduled_for = y.scheduled_for OFFSET 0) AS o
+    WHERE o.kind = 'scheduled' AND o.status = 'skipped' AND o.attempt = 0 AND o.note LIKE 'skipped: the job%'),
+revived AS (
+    UPDATE agent.runs AS r SET status = x.status, note = x.note, runnable_at = x.runnable_at,
+        finished_at = CASE WHEN x.status = 'skipped' THEN CAST(:now AS timestamp) END, lease_expires_at = NULL,
+        dispatched_at = NULL, last_error = NULL, last_error_number = NULL, token = r.token + 1,
+        created_at = CAST(:now AS timestamp), operation_id = x.operation_id, command = x.command,
+        target_database = x.target_database, overlap = x.overlap, max_attempts = x.max_attempts,
+        timeout_seconds = x.timeout_seconds, lease_seconds = x.lease_seconds, steps = x.steps
+    FROM found AS x
+    WHERE r.run_id = x.run_id AND r.run_id = ANY (ARRAY(SELECT f.run_id FROM found AS f))
+      AND r.kind = 'scheduled' AND r.status = 'skipped' AND r.attempt = 0 AND r.note LIKE 'skipped: the job%'
+    RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id, r.token),
+inserted AS (
+    INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
+                            max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
+                            finished_at, operation_id, note, steps)
+    SELECT x.job_name, 'scheduled', x.scheduled_for, x.status, x.command, x.target_database, x.overlap,
+           x.max_attempts, x.timeout_seconds, x.lease_seconds, x.runnable_at, CAST(:now AS timestamp),
+           CASE WHEN x.status = 'skipped' THEN CAST(:now AS timestamp) END, x.operation_id, x.note, x.steps
+    FROM planned AS x
+    ORDER BY x.job_name, x.scheduled_for
+    ON CONFLICT (job_name, scheduled_for) DO NOTHING
+    RETURNING run_id, job_name, scheduled_for, status, note, operation_id, token)
+SELECT run_id, job_name, scheduled_for, status, note, operation_id, token FROM revived
+UNION ALL
+SELECT run_id, job_name, scheduled_for, status, note, operation_id, token FROM inserted;
 
 -- advance_jobs --
 -- Move jobs to their next slot, per schedule (a JSON array of {schedule, timezone, from_due, next_due_at, paused, misfire, job_name}; paused 1: only the jobs with a pause in force at :now, 0: only the others, absent: both; misfire, when given: only the jobs of that policy; job_name, when given: that job only, as for a paused job, whose next slot depends on its own pause); a job another tick already moved is left as it is.
