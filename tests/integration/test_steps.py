@@ -191,24 +191,46 @@ def test_one_step_jobs_keep_todays_rows(agent_factory, db_url):
     assert agent.store().execute("get_run", run_id=run["run_id"]).one()["steps"] is None
 
 
-def test_a_redefinition_never_changes_a_run_in_flight(agent_factory, db_url):
-    """Steps are copied onto the run when its slot is claimed."""
+def test_a_redefinition_reaches_a_run_claimed_ahead_that_never_started(agent_factory, db_url):
+    """Steps are copied onto the run when its slot is claimed; a change of the settings before
+    the run starts reaches it (SQL Server Agent too reads a job's steps when the job starts)."""
     old = steps(mark("old-1"), mark("old-2"))
     agent = build(agent_factory, "direct", {"nightly": old})
-    from shared.engine.agent import Agent
-    from shared.settings import load_settings
-    from tests.support.harness import job_env
-
     new = {**old, "STEPS__1__COMMAND": mark("new-1"), "STEPS__2__COMMAND": mark("new-2")}
-    changed = Agent(load_settings(environ=job_env({"nightly": new})), db=db_url)
-    try:
-        changed.tick(datetime.now(UTC) + timedelta(seconds=1))
-        work(changed, concurrency=1)
-    finally:
-        changed.close()
-    assert marks(agent) == ["old-1", "old-2"]
+    changed = agent_factory({"nightly": new})
+    changed.tick(datetime.now(UTC) + timedelta(seconds=1))
+    work(changed, concurrency=1)
+    assert marks(agent) == ["new-1", "new-2"]
+    assert the_run(agent, "nightly")["status"] == "succeeded"
+
+
+def test_a_redefinition_never_changes_a_run_in_flight(agent_factory, db_url):
+    """A run that started keeps the steps it started with, through a retry of a later step."""
+    clock = Clock(datetime.now(UTC))
+    flaky = sql_for(db_url,
+                    "SELECT json(CASE WHEN COUNT(*) < 2 THEN 'not json' ELSE '1' END) FROM marks",
+                    "SELECT 1 / (CASE WHEN COUNT(*) < 2 THEN 0 ELSE 1 END) FROM marks",
+                    "SELECT 1 / (CASE WHEN COUNT(*) < 2 THEN 0 ELSE 1 END) FROM marks")
+    old = {"SCHEDULE": "@once " + clock.now.isoformat(), "STEPS__1__COMMAND": mark("old-1"),
+           "STEPS__2__COMMAND": flaky, "STEPS__2__MAX_ATTEMPTS": "2",
+           "STEPS__2__RETRY_INTERVAL_SECONDS": "45"}
+    agent = agent_factory({"nightly": old}, clock=clock, AGENT_RETRY_BACKOFF_SECONDS="600")
+    setup_marks(agent)
+    agent.tick()
+    work(agent, concurrency=1)
+    run = the_run(agent, "nightly")
+    assert run["status"] == "pending" and run["step"] == 2 and run["failures"] == 1   # in flight
+    execute(agent, mark("extra"))   # step 2's retry succeeds
+    new = {**old, "STEPS__1__COMMAND": mark("new-1"), "STEPS__2__COMMAND": mark("new-2")}
+    changed = agent_factory({"nightly": new}, clock=clock, AGENT_RETRY_BACKOFF_SECONDS="600")
+    changed.tick()
+    clock.advance(46)
+    changed.tick()
+    work(changed, concurrency=1)
+    assert the_run(agent, "nightly")["status"] == "succeeded"
+    assert marks(agent) == ["old-1", "extra"]
     jobs = {row["job_name"]: row for row in agent.store().execute("list_jobs").rows}
-    assert jobs["nightly"]["valid"] == 1   # the new definition was synced; the claimed run kept the old one
+    assert jobs["nightly"]["valid"] == 1   # the new definition was synced; the started run kept the old one
 
 
 # ---------------------------------------------------------------- validation at sync
