@@ -17,6 +17,7 @@ round trip); SQLite runs them one by one inside the same transaction.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -27,7 +28,18 @@ DIALECTS = ("sqlite", "postgres", "mssql")
 _HEADER = re.compile(r"^-- ([a-z][a-z0-9_]*) --\s*$")
 # :name, but not ::type casts (PostgreSQL) and not inside time literals like '12:30'.
 _PARAM = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
-_STRING = re.compile(r"'(?:[^']|'')*'")
+# Where a ':name' is text, not a parameter: comments, string literals, quoted identifiers and
+# dollar-quoted bodies, scanned left to right so that whichever opens first wins (an apostrophe
+# in a comment opens no string, a '--' in a string starts no comment). Reading only string
+# literals once let an apostrophe in a comment swallow the text up to the next one, and every
+# :name in it was silently sent as text.
+_OPAQUE = re.compile(r"""
+      --[^\n]*                         # line comment
+    | /\*.*?\*/                        # block comment
+    | '(?:[^']|'')*'                   # string literal ('' escapes; N'' and E'' end the same)
+    | "(?:[^"]|"")*"                   # quoted identifier
+    | (\$[A-Za-z_]*\$).*?\1            # dollar-quoted body (PostgreSQL)
+""", re.VERBOSE | re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -55,23 +67,32 @@ class Query:
 
 
 def to_qmark(sql: str) -> Statement:
+    """``sql`` with its ``:name`` parameters as ``?`` placeholders, and their names in order."""
     names: list[str] = []
+    text = substitute_parameters(sql, lambda name: names.append(name) or "?")
+    return Statement(sql=text, params=tuple(names))
+
+
+def substitute_parameters(sql: str, placeholder: Callable[[str], str]) -> str:
+    """``sql`` with each ``:name`` parameter (in SQL text only) replaced by ``placeholder(name)``.
+    An unterminated string, identifier or comment is an error: it would hide the parameters
+    after it."""
     out: list[str] = []
     position = 0
-    for literal in _STRING.finditer(sql):
-        out.append(_replace_params(sql[position:literal.start()], names))
-        out.append(literal.group(0))
-        position = literal.end()
-    out.append(_replace_params(sql[position:], names))
-    return Statement(sql="".join(out), params=tuple(names))
+    for opaque in _OPAQUE.finditer(sql):
+        out.append(_replace_params(sql[position:opaque.start()], placeholder))
+        out.append(opaque.group(0))
+        position = opaque.end()
+    out.append(_replace_params(sql[position:], placeholder))
+    return "".join(out)
 
 
-def _replace_params(fragment: str, names: list[str]) -> str:
-    def repl(match: re.Match[str]) -> str:
-        names.append(match.group(1))
-        return "?"
-
-    return _PARAM.sub(repl, fragment)
+def _replace_params(fragment: str, placeholder: Callable[[str], str]) -> str:
+    for opener, what in (("'", "string literal"), ('"', "quoted identifier"), ("/*", "comment")):
+        if opener in fragment:
+            line = fragment[fragment.index(opener):].splitlines()[0]
+            raise ValueError(f"unterminated {what} at: {line[:80]!r}")
+    return _PARAM.sub(lambda match: placeholder(match.group(1)), fragment)
 
 
 # A T-SQL module (procedure, function, view, trigger) must be the whole of its batch: from its
@@ -145,7 +166,10 @@ def parse_query_file(text: str, *, source: str = "<sql>", tsql: bool = False) ->
             raise ValueError(f"{source}: query {name!r} is empty")
         if name in queries:
             raise ValueError(f"{source}: query {name!r} is defined twice")
-        statements = tuple(to_qmark(s) for s in split_statements(sql, tsql=tsql))
+        try:
+            statements = tuple(to_qmark(s) for s in split_statements(sql, tsql=tsql))
+        except ValueError as exc:
+            raise ValueError(f"{source}: query {name!r}: {exc}") from None
         queries[name] = Query(name=name, description=description, text=sql, statements=statements)
 
     for line in text.splitlines():

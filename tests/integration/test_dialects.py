@@ -547,15 +547,9 @@ def test_tsql_claim_index_is_unique_and_filtered_on_job_name():
 
 def _as_tsql_variables(sql: str) -> str:
     """:name parameters as @name (what the server receives through sp_prepexec), outside strings."""
-    from shared.control.queries import _PARAM, _STRING
+    from shared.control.queries import substitute_parameters
 
-    out, position = [], 0
-    for literal in _STRING.finditer(sql):
-        out.append(_PARAM.sub(lambda m: "@" + m.group(1), sql[position:literal.start()]))
-        out.append(literal.group(0))
-        position = literal.end()
-    out.append(_PARAM.sub(lambda m: "@" + m.group(1), sql[position:]))
-    return "".join(out)
+    return substitute_parameters(sql, lambda name: "@" + name)
 
 
 def _tsql_statements() -> list[tuple[str, str]]:
