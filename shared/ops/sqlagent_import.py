@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from shared.errors import ScriptError
 from shared.jobs.from_settings import parse_jobs
-from shared.jobs.schedules import validate_timezone
+from shared.jobs.schedules import schedule_from_sqlagent, validate_timezone
 from shared.ops.sqlagent import msdb as model
 from shared.ops.sqlagent.interpreter import Finding, Interpreter
 from shared.ops.sqlagent.steps import OLD_SYNTAX, replace_tokens, split_batches
@@ -361,12 +361,29 @@ def _convert_job(job: model.Job, msdb: model.Msdb, findings: list[Finding], time
                                                               for p, r in unknown.items()))
             continue
         result = schedule_to_parts(schedule, now)
+        if isinstance(result, Unexpressible):
+            # Beyond one NCRONTAB (every N days or weeks, the nth or last weekday, a time window
+            # that is not one product of fields, start and end dates): the schedule grammar's
+            # clauses say exactly what SQL Agent does, as a job of its own.
+            try:
+                expression = schedule_from_sqlagent(
+                    freq_type=schedule.freq_type, freq_interval=schedule.freq_interval,
+                    freq_subday_type=schedule.freq_subday_type or 1,
+                    freq_subday_interval=schedule.freq_subday_interval,
+                    freq_relative_interval=schedule.freq_relative_interval,
+                    freq_recurrence_factor=schedule.freq_recurrence_factor,
+                    active_start_date=schedule.active_start_date, active_end_date=schedule.active_end_date,
+                    active_start_time=schedule.active_start_time, active_end_time=schedule.active_end_time,
+                    today=now.date())
+            except ValueError as exc:
+                left_out(f"schedule {schedule.name!r}", str(exc))
+                continue
+            groups.append((("exact",), set(), [schedule.name], expression))
+            continue
         if isinstance(result, str):
             left_out(f"schedule {schedule.name!r}", result)
             continue
-        days, times, once, caveats = result
-        for caveat in caveats:
-            left_out(f"schedule {schedule.name!r}", caveat)
+        days, times, once = result
         if once is not None:
             groups.append((("once",), set(), [schedule.name], once))
             continue
@@ -396,7 +413,7 @@ def _convert_job(job: model.Job, msdb: model.Msdb, findings: list[Finding], time
         job_apply = None
         if apply is not None:
             job_apply = dict(apply, name=job_name, timezone=timezone, enabled=1 if enabled else 0)
-            if once is not None:
+            if days == ("once",):
                 job_apply["run_at"] = once[len("@once "):]
             else:
                 job_apply["schedule"] = expression
@@ -435,8 +452,16 @@ def _yyyymmdd(value: int) -> date:
     return date(value // 10000, value // 100 % 100, value % 100)
 
 
+@dataclass(frozen=True)
+class Unexpressible:
+    """A schedule one NCRONTAB cannot say, which schedule_from_sqlagent may (with clauses)."""
+    reason: str
+
+
 def schedule_to_parts(schedule: model.Schedule, now: datetime):
-    """(day spec, set of seconds-of-day, '@once ...' or None, caveats) or a reason (str). The
+    """(day spec, set of seconds-of-day, '@once ...' or None) when one NCRONTAB says
+    exactly what SQL Agent does (several such schedules of a job can share one); Unexpressible
+    when only the schedule grammar's clauses can; a reason (str) when nothing here runs it. The
     schedule's values are those msdb stores (sp_verify_schedule filled the defaults in)."""
     today = now.date()
     if schedule.enabled == 0:
@@ -451,7 +476,6 @@ def schedule_to_parts(schedule: model.Schedule, now: datetime):
     end_time = _hhmmss(schedule.active_end_time)
     start_date = _yyyymmdd(schedule.active_start_date)
     end_date = _yyyymmdd(schedule.active_end_date)
-    caveats: list[str] = []
     if freq_type == 64:
         return "@freq_type=64 (when SQL Server Agent starts): there is no such event here"
     if freq_type == 128:
@@ -461,15 +485,13 @@ def schedule_to_parts(schedule: model.Schedule, now: datetime):
         if moment <= now:
             return (f"@freq_type=1 (once) on {moment.isoformat()}: already past (the import stands for "
                     f"{now.replace(microsecond=0).isoformat()}), SQL Agent will not run it again")
-        return ("once",), set(), f"@once {moment.isoformat()}", caveats
+        return ("once",), set(), f"@once {moment.isoformat()}"
     if end_date < date(9999, 12, 31):
         if end_date < today:
             return f"@active_end_date={end_date:%Y%m%d} is past: the schedule has ended"
-        caveats.append(f"@active_end_date={end_date:%Y%m%d}: there is no end date here; the schedule carries on "
-                       "(disable or remove the job then)")
+        return Unexpressible(f"@active_end_date={end_date:%Y%m%d}: an end date")
     if start_date > today:
-        caveats.append(f"@active_start_date={start_date:%Y%m%d} is in the future: there is no start date here; "
-                       "the schedule starts at once")
+        return Unexpressible(f"@active_start_date={start_date:%Y%m%d}: a start date in the future")
 
     # Times of day.
     if subday_type == 1:
@@ -477,47 +499,41 @@ def schedule_to_parts(schedule: model.Schedule, now: datetime):
     else:
         step = subday_interval * {2: 1, 4: 60, 8: 3600}[subday_type]
         if end_time < start_time:
-            return (f"@active_start_time={schedule.active_start_time} after @active_end_time="
-                    f"{schedule.active_end_time} (a window across midnight): not one NCRONTAB")
+            return Unexpressible(f"@active_start_time={schedule.active_start_time} after @active_end_time="
+                                 f"{schedule.active_end_time} (a window across midnight)")
         times = set(range(start_time, end_time + 1, step))
     if _time_fields(times) is None:
         unit = {2: "second(s)", 4: "minute(s)", 8: "hour(s)"}.get(subday_type, "")
-        return (f"every {subday_interval} {unit} from {_clock(start_time)} to {_clock(end_time)}: these times are not "
-                "one NCRONTAB (the interval does not divide the hour or day evenly, or the window does not end on "
-                "a whole step); split it by hand into schedules that are")
+        return Unexpressible(f"every {subday_interval} {unit} from {_clock(start_time)} to {_clock(end_time)}")
 
     # Days.
     if freq_type == 4:
         if interval > 1:
-            return (f"every {interval} days (@freq_interval={interval}): NCRONTAB counts days within a month, "
-                    "not from a start date")
-        return ("*", "*", "*"), times, None, caveats
+            return Unexpressible(f"every {interval} days (@freq_interval={interval})")
+        return ("*", "*", "*"), times, None
     if freq_type == 8:
         if factor > 1:
-            return f"every {factor} weeks (@freq_recurrence_factor={factor}): NCRONTAB has no week count"
+            return Unexpressible(f"every {factor} weeks (@freq_recurrence_factor={factor})")
         days = [str(k) for k in range(7) if interval & (1 << k)]
-        return ("*", "*", ",".join(days)), times, None, caveats
+        return ("*", "*", ",".join(days)), times, None
     # Monthly (16) and monthly relative (32).
     months = "*"
     if factor > 1:
         if 12 % factor:
-            return f"every {factor} months (@freq_recurrence_factor={factor}): not a fixed set of months"
+            return Unexpressible(f"every {factor} months (@freq_recurrence_factor={factor})")
         day_of_month = interval if freq_type == 16 else {1: 1, 2: 2, 4: 3, 8: 4}.get(relative, 1)
         # SQL Agent's first run is the first such day on or after @active_start_date; then every N months.
         first = start_date.month if day_of_month >= start_date.day else start_date.month % 12 + 1
         months = ",".join(str(m) for m in sorted((first - 1 + k * factor) % 12 + 1 for k in range(12 // factor)))
     if freq_type == 16:
-        if interval > 28:
-            caveats.append(f"day {interval}: NCRONTAB runs only in months that have a day {interval}")
-        return (str(interval), months, "*"), times, None, caveats
+        return (str(interval), months, "*"), times, None
     ordinal = {1: 1, 2: 2, 4: 3, 8: 4}.get(relative)
     if interval == 8 and ordinal is not None:
-        return (str(ordinal), months, "*"), times, None, caveats
+        return (str(ordinal), months, "*"), times, None
     which = {1: "first", 2: "second", 4: "third", 8: "fourth", 16: "last"}.get(relative, f"#{relative}")
     what = DAY_NAMES[interval - 1] if 1 <= interval <= 7 else {8: "day", 9: "weekday", 10: "weekend day"}.get(
         interval, f"@freq_interval={interval}")
-    return (f"the {which} {what} of the month (@freq_type=32): the agent's NCRONTAB has no L or #, and a day "
-            "range with a day of the week means either one, not both")
+    return Unexpressible(f"the {which} {what} of the month (@freq_type=32)")
 
 
 def _clock(seconds: int) -> str:

@@ -89,11 +89,12 @@ def test_ssms_2016_two_jobs_share_a_schedule_and_tokens_are_replaced():
 
 def test_ssms_2022_schedules_one_time_disabled_and_last_friday():
     document = imported("ssms_2022_schedules.sql")
-    recurring, once = jobs(document)["Reports: month-end"]
+    recurring, last_friday, once = jobs(document)["Reports: month-end"]
     assert short(recurring)["SCHEDULE"] == "0 0 */4 * * *"
+    assert short(last_friday)["SCHEDULE"] == "0 0 18 * * FRI#L"     # a job of its own: its own NCRONTAB
     assert short(once)["SCHEDULE"] == "@once 2031-12-31T22:00:00"
     reasons = listed(recurring)
-    assert reasons["schedule 'Last Friday of the month'"].startswith("the last Friday of the month")
+    assert "schedule 'Last Friday of the month'" not in reasons
     assert reasons["schedule 'Paused for the audit'"].startswith("disabled in SQL Agent")
     assert script_level(document) == []
 
@@ -261,13 +262,14 @@ def test_hostile_schedules():
     not_here = {
         "once, in the past": "already past",
         "once, no date": "@freq_type=1 (once) on 2026-11-25T00:00:00: already past",
-        "every 3 days": "every 3 days",
         "across midnight": "a window across midnight",
         "at agent start": "when SQL Server Agent starts",
     }
     for name, reason in not_here.items():
         assert "SCHEDULE" not in short(found[name]) and reason in listed(found[name])["schedule 's'"], name
     assert short(found["every 15 minutes in business hours"])["SCHEDULE"] == "0 */15 8-17 * * 1,2,3,4,5"
+    # @active_start_date NULL: SQL Agent's is the day the schedule is made, the import's day here.
+    assert short(found["every 3 days"])["SCHEDULE"] == "0 0 0 * * * ; every 3 days ; from 2026-11-25"
     assert short(found["end time 0 is 23:59:59"])["SCHEDULE"] == "0 0 */6 * * *"
 
 

@@ -164,25 +164,26 @@ def test_a_multi_step_job_with_its_flow_retries_and_two_schedules_merged_into_on
 
 
 def test_several_jobs_in_one_file_and_what_is_not_carried_is_listed_per_job():
-    converted = {c.sql_agent_name: c for c in convert("several_jobs.sql")}
-    assert list(converted) == ["purge audit", "Month-end close"]
-    purge = converted["purge audit"]
-    assert purge.settings == {
-        "JOB__purge_audit__COMMAND": "DELETE TOP (5000) FROM dbo.audit_log WHERE logged_at < "
-                                     "DATEADD(day, -90, SYSUTCDATETIME());",
-        "JOB__purge_audit__MAX_ATTEMPTS": "4", "JOB__purge_audit__DATABASE": "audit",
-        "JOB__purge_audit__TIMEZONE": "Europe/Paris", "JOB__purge_audit__ENABLED": "false",
-        "JOB__purge_audit__NOTIFY": "on_failure",          # @notify_level_email=2: when it fails
-        "JOB__purge_audit__SCHEDULE": "0 */5 1-6 * * *"}
+    everything = convert("several_jobs.sql")
+    assert [(c.sql_agent_name, c.job) for c in everything] == [
+        ("purge audit", "purge_audit"), ("purge audit", "purge_audit_2"), ("Month-end close", "Month_end_close")]
+    purge, purge_fortnightly, close = everything
+    common = {"COMMAND": "DELETE TOP (5000) FROM dbo.audit_log WHERE logged_at < DATEADD(day, -90, SYSUTCDATETIME());",
+              "MAX_ATTEMPTS": "4", "DATABASE": "audit", "TIMEZONE": "Europe/Paris", "ENABLED": "false",
+              "NOTIFY": "on_failure"}          # @notify_level_email=2: when it fails
+    assert purge.settings == {**{f"JOB__purge_audit__{k}": v for k, v in common.items()},
+                              "JOB__purge_audit__SCHEDULE": "0 */5 1-6 * * *"}
+    # Its schedule 'every 2 weeks' (Mondays, @freq_recurrence_factor=2) is a job of its own.
+    assert purge_fortnightly.settings == {**{f"JOB__purge_audit_2__{k}": v for k, v in common.items()},
+                                          "JOB__purge_audit_2__SCHEDULE": "0 0 0 * * 1 ; every 2 weeks ; from 2025-03-01"}
     reasons = {item["what"]: item["reason"] for item in purge.not_carried}
     assert "operators are not carried" in reasons["@notify_level_email=2 to operator 'DBA team'"]
     assert reasons["step 2 ('export')"].startswith("subsystem PowerShell: only T-SQL steps")
-    assert "no week count" in reasons["schedule 'every 2 weeks'"]
-    close = converted["Month-end close"]
+    assert "schedule 'every 2 weeks'" not in reasons
     # sp_add_schedule + sp_attach_schedule; every 3 months from January: a fixed set of months.
     assert close.settings["JOB__Month_end_close__SCHEDULE"] == "0 0 6 1 1,4,7,10 *"
     assert close.settings["JOB__Month_end_close__MAX_ATTEMPTS"] == "2"
-    result = report(list(converted.values()), "Europe/Paris")
+    result = report(everything, "Europe/Paris")
     assert result["complete"] is False
     assert_engine_accepts(result["settings"])
 
@@ -201,7 +202,7 @@ def test_the_command_prints_json_and_exits_1_when_anything_was_left_out(capsys):
     assert "not carried: purge audit: step 2 ('export'): subsystem PowerShell" in captured.err
     assert {job["job"] for job in out["jobs"]} == {"Nightly_maintenance_O_Brien_s_DB",
                                                    "Nightly_maintenance_O_Brien_s_DB_2", "purge_audit",
-                                                   "Month_end_close"}
+                                                   "purge_audit_2", "Month_end_close"}
     # Bad input: one line naming what is wrong.
     assert cli(["import-sqlagent", str(HERE / "missing.sql")]) == 2
     assert "cannot read" in capsys.readouterr().err
@@ -233,6 +234,18 @@ def test_a_script_saved_as_utf16_by_ssms_is_read(tmp_path, capsys):
     (dict(freq_type=16, interval=1, factor=6, start_date=20260301), "0 0 0 1 3,9 *"),
     (dict(freq_type=32, interval=8, relative=2, factor=1, start_time=40000), "0 0 4 2 * *"),
     (dict(freq_type=1, start_date=20270115, start_time=213000), "@once 2027-01-15T21:30:00"),
+    # Beyond one NCRONTAB: the schedule grammar's clauses (shared/jobs/schedules.py), checked slot
+    # by slot against SQL Agent's semantics in tests/unit/test_schedules_sqlagent.py.
+    (dict(freq_type=4, interval=2), "0 0 0 * * * ; every 2 days ; from 2026-01-01"),
+    (dict(freq_type=8, interval=2, factor=2), "0 0 0 * * 1 ; every 2 weeks ; from 2026-01-01"),
+    (dict(freq_type=4, subday_type=4, subday_interval=15, start_time=80000, end_time=170000),
+     "* * 8-17 * * * ; every 15 minutes ; between 08:00:00 and 17:00:00"),
+    (dict(freq_type=4, subday_type=4, subday_interval=7), "* * * * * * ; every 7 minutes ; between 00:00:00 and 23:59:59"),
+    (dict(freq_type=16, interval=1, factor=5), "0 0 0 1 * * ; every 5 months ; from 2026-01-01"),
+    (dict(freq_type=32, interval=2, relative=1, factor=1), "0 0 0 * * MON#1"),
+    (dict(freq_type=32, interval=8, relative=16, factor=1), "0 0 0 L * *"),
+    (dict(freq_type=32, interval=9, relative=1, factor=1), "0 0 0 * * MON-FRI#1"),
+    (dict(freq_type=16, interval=31, factor=1, end_date=20271231), "0 0 0 31 * * ; until 2027-12-31"),
 ])
 def test_schedules_ncrontab_expresses_exactly(arguments, expected):
     converted = one(ssms("j", step(1, "SELECT 1"), schedule(**arguments)), "America/New_York")
@@ -242,16 +255,6 @@ def test_schedules_ncrontab_expresses_exactly(arguments, expected):
 
 
 @pytest.mark.parametrize("arguments, reason", [
-    (dict(freq_type=4, interval=2), "every 2 days"),
-    (dict(freq_type=8, interval=2, factor=2), "every 2 weeks"),
-    (dict(freq_type=4, subday_type=4, subday_interval=90), "every 90 minute(s) from 00:00:00 to 23:59:59"),
-    (dict(freq_type=4, subday_type=4, subday_interval=15, start_time=80000, end_time=170000),
-     "every 15 minute(s) from 08:00:00 to 17:00:00"),
-    (dict(freq_type=4, subday_type=4, subday_interval=7), "every 7 minute(s)"),
-    (dict(freq_type=16, interval=1, factor=5), "every 5 months"),
-    (dict(freq_type=32, interval=2, relative=1, factor=1), "the first Monday of the month"),
-    (dict(freq_type=32, interval=8, relative=16, factor=1), "the last day of the month"),
-    (dict(freq_type=32, interval=9, relative=1, factor=1), "the first weekday of the month"),
     (dict(freq_type=64), "when SQL Server Agent starts"),
     (dict(freq_type=1, start_date=20250101, start_time=10000), "already past"),
     (dict(freq_type=128), "when the CPU is idle"),
@@ -275,22 +278,23 @@ def test_schedules_ncrontab_cannot_express_are_listed_and_the_job_becomes_on_dem
     capsys.readouterr()
 
 
-def test_an_expressible_schedule_is_kept_when_another_of_the_job_is_not():
+def test_schedules_of_one_job_share_an_ncrontab_where_they_can_and_clauses_get_a_job_of_their_own():
     text = ssms("j", step(1, "SELECT 1"), schedule("a", start_time=10000) + "\n" +
                 schedule("b", freq_type=4, interval=3) + "\n" + schedule("c", freq_type=8, interval=1, factor=1,
-                                                                             start_time=10000))
+                                                                             start_time=10000) + "\n" +
+                schedule("d", freq_type=4, start_time=20000))
     converted = one(text)
-    assert [c.settings[f"JOB__{c.job}__SCHEDULE"] for c in converted] == ["0 0 1 * * *", "0 0 1 * * 0"]
-    assert [item["what"] for item in converted[0].not_carried] == ["schedule 'b'"]
+    assert [c.settings[f"JOB__{c.job}__SCHEDULE"] for c in converted] == [
+        "0 0 1,2 * * *", "0 0 0 * * * ; every 3 days ; from 2026-01-01", "0 0 1 * * 0"]
+    assert all(c.not_carried == [] and c.emitted for c in converted)
     assert_engine_accepts(report(converted, "UTC")["settings"])
 
 
-def test_schedule_caveats_are_listed_though_the_schedule_is_kept():
-    converted = one(ssms("j", step(1, "SELECT 1"),
-                         schedule("eom", freq_type=16, interval=31, factor=1, end_date=20271231)))
-    assert converted[0].emitted and converted[0].settings["JOB__j__SCHEDULE"] == "0 0 0 31 * *"
-    reasons = " | ".join(item["reason"] for item in converted[0].not_carried)
-    assert "only in months that have a day 31" in reasons and "there is no end date here" in reasons
+def test_a_schedule_nothing_here_runs_is_listed_and_the_others_are_kept():
+    converted = one(ssms("j", step(1, "SELECT 1"), schedule("a", start_time=10000) + "\n" +
+                         schedule("idle", freq_type=128)))
+    assert [c.settings[f"JOB__{c.job}__SCHEDULE"] for c in converted] == ["0 0 1 * * *"]
+    assert [item["what"] for item in converted[0].not_carried] == ["schedule 'idle'"]
 
 
 # ---------------------------------------------------------------- steps, names, the reader
@@ -444,7 +448,7 @@ def test_apply_defines_one_step_jobs_with_add_scheduled_job_on_postgres(pg_url, 
     code = cli(["--db", pg_url, "import-sqlagent", str(path), "--timezone", "Europe/Paris", "--apply"])
     out = json.loads(capsys.readouterr().out)
     assert code == 1                                      # things were left out, and one job was not applied
-    assert sorted(a["job"] for a in out["applied"]) == ["Month_end_close", "one_time", "purge_audit"]
+    assert sorted(a["job"] for a in out["applied"]) == ["Month_end_close", "one_time", "purge_audit", "purge_audit_2"]
     assert {r["job"]: r["reason"][:40] for r in out["not_applied"]} == {
         "two_steps": "agent.add_scheduled_job takes one comman", "by_hand": "agent.add_scheduled_job needs @schedule "}
     assert "JOB__by_hand__SCHEDULE" not in out["settings"] and "JOB__by_hand__COMMAND" in out["settings"]
