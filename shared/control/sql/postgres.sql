@@ -852,7 +852,7 @@ SELECT datname AS name FROM pg_catalog.pg_database WHERE NOT datistemplate ORDER
 SELECT CAST(NULL AS VARCHAR) AS name WHERE CAST(:pool AS VARCHAR) IS NULL AND FALSE;
 
 -- fan_out_targets --
--- A run reached a fleet step (fenced by its token): it waits for its targets (no lease, no worker slot) and one execution per target database is created in one statement (a JSON array of {n, target_server, target_database}, n from 1), the first :parallelism runnable now, the others waiting for the window. No row back: the lease was taken over; roll back.
+-- A run reached a fleet step (fenced by its token): it waits for its targets (no lease, no worker slot) and one execution per target database is created in one statement (a JSON array of {n, target_server, target_database}, n from 1), the first :parallelism let in, the others waiting for the window; execution n runnable from :now + (n - 1) * :stagger_seconds (TARGET_STAGGER_SECONDS), which the window keeps when it lets a waiting one in. No row back: the lease was taken over; roll back.
 WITH p AS (
     UPDATE agent.runs SET awaiting_targets = 1, lease_expires_at = NULL, heartbeat_at = CAST(:now AS timestamp),
         target_parallelism = CAST(:parallelism AS INT),
@@ -867,7 +867,8 @@ created AS (
     SELECT NULL, 'target', CAST(:now AS timestamp),
            CASE WHEN t.n <= CAST(:parallelism AS INT) THEN 'pending' ELSE 'waiting' END,
            CAST(:command AS TEXT), t.target_database, t.target_server, 'allow', CAST(:max_attempts AS INT),
-           CAST(:timeout_seconds AS INT), p.lease_seconds, CAST(:now AS timestamp), CAST(:now AS timestamp),
+           CAST(:timeout_seconds AS INT), p.lease_seconds,
+           CAST(:now AS timestamp) + (t.n - 1) * CAST(:stagger_seconds AS INT) * INTERVAL '1 second', CAST(:now AS timestamp),
            p.operation_id, 'target of run ' || p.run_id || ', step ' || CAST(:step AS INT), p.run_id, p.token,
            CAST(:retry_interval_seconds AS INT), CAST(:step AS INT)
     FROM p CROSS JOIN json_to_recordset(CAST(:targets AS json)) AS t(n INT, target_server VARCHAR, target_database VARCHAR)
@@ -875,7 +876,7 @@ created AS (
 SELECT p.run_id, (SELECT COUNT(*) FROM created) AS created FROM p;
 
 -- progress_fleets --
--- After an execution ended (:parent_run_id its run, :run_id at :token the execution, in the transaction that ends it) or at every tick (all NULL: every run waiting for its targets): the next waiting execution takes the ended one's place (no lock on the run); when none waits, and at ticks: cancel the executions of runs that no longer wait for them, let waiting executions in up to TARGET_PARALLELISM, and move on each run whose executions all ended (its next step runnable now, or its end). (agent.progress_fleets, a function of migration 0006: its statements run one after the other, the tail's under the runs' row locks.)
+-- After an execution ended (:parent_run_id its run, :run_id at :token the execution, in the transaction that ends it) or at every tick (all NULL: every run waiting for its targets): the next waiting execution takes the ended one's place (no lock on the run); when none waits, and at ticks: cancel the executions of runs that no longer wait for them, let waiting executions in up to TARGET_PARALLELISM, and move on each run whose executions all ended (its next step runnable now, or its end). (agent.progress_fleets, a function of migration 0006, replaced in 0016 so that an execution let in keeps its staggered start: its statements run one after the other, the tail's under the runs' row locks.)
 SELECT run_id, job_name, status, step, targets_total, targets_failed, last_error, operation_id
 FROM agent.progress_fleets(CAST(:parent_run_id AS BIGINT), CAST(:run_id AS BIGINT), CAST(:token AS BIGINT), CAST(:now AS TIMESTAMP));
 
