@@ -343,3 +343,28 @@ def work(agent, *, concurrency: int = 4, max_seconds: float = 60, visibility_tim
 
     runner = LocalRunner(agent, concurrency=concurrency, visibility_timeout=visibility_timeout, poll_interval=0.05)
     return runner.work_until_idle(max_seconds=max_seconds)
+
+
+@contextlib.contextmanager
+def least_privilege_database(login: str | None = None) -> Iterator[tuple[str, str, str]]:
+    """A fresh PostgreSQL control database and a login role with exactly the rights
+    ``sql-agent grant-sql --agent-login`` gives (created with CREATE ROLE's defaults: NOSUPERUSER
+    NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS; the script applied as the admin through the
+    CLI, as docs/deploying.md says); yields (URL as that login, the login, the admin's URL). The
+    database and the login are dropped afterwards."""
+    from shared.cli.commands import main as cli
+
+    name, admin_url = create_pg_database()
+    login = login or f"lp_{uuid.uuid4().hex[:10]}"
+    quoted = '"' + login.replace('"', '""') + '"'
+    admin = pg_admin_connection()
+    try:
+        admin.cursor().execute(f"CREATE ROLE {quoted} LOGIN")
+        assert cli(["--db", admin_url, "grant-sql", "--agent-login", login, "--apply"]) == 0
+        # psqlODBC takes Uid as written up to the next ';' (no braces): a test of a hostile name
+        # checks the script, not a connection.
+        yield admin_url.replace("Uid=root;", f"Uid={login};"), login, admin_url
+    finally:
+        drop_pg_database(name)
+        admin.cursor().execute(f"DROP ROLE IF EXISTS {quoted}")
+        admin.close()
