@@ -1,8 +1,11 @@
-"""T-SQL that gives the function app's managed identity least-privilege access.
+"""T-SQL that gives the function app's managed identity least-privilege access (and, for a
+PostgreSQL control database, the script for the agent's login role: agent_login_postgres).
 
-The app needs to read and write the rows of the control schema, nothing more: SELECT, INSERT,
-UPDATE and DELETE on schema ``agent`` (every table the migrations create there, now and later).
-It never creates or alters tables: ``init-db`` is run by a deployer. Azure SQL Database knows
+The app needs to read and write the rows of the control schema and run its procedures and
+functions, nothing more: SELECT, INSERT, UPDATE, DELETE and EXECUTE on schema ``agent`` (every
+object the migrations create there, now and later), and no fixed role that is more (db_owner,
+db_securityadmin, db_accessadmin: the script takes the user out of them). It never creates or
+alters tables: ``init-db`` is run by a deployer. Azure SQL Database knows
 an Entra identity only once a database user exists for it, created from the identity's name
 (the function app's name for its system-assigned identity, the identity resource's name for a
 user-assigned one) with ``CREATE USER [name] FROM EXTERNAL PROVIDER``, which only a Microsoft
@@ -32,6 +35,9 @@ __all__ = ["GrantScript", "grant_scripts", "grant_sql", "render", "quote_name", 
 
 SYSNAME_MAX = 128       # sysname: nvarchar(128); QUOTENAME returns NULL beyond it
 AGENT_DML = ("SELECT", "INSERT", "UPDATE", "DELETE")
+# Fixed database roles that make the agent's user more than the agent: db_owner is everything;
+# db_securityadmin and db_accessadmin grant rights and users, so a member can give itself any.
+TSQL_ROLES_REMOVED = ("db_owner", "db_securityadmin", "db_accessadmin")
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,20 @@ def _create_user(app: str) -> str:
             f"CREATE USER {quote_name(app)} FROM EXTERNAL PROVIDER;")
 
 
+def _agent_user_statements(app: str, schema: str) -> tuple[str, ...]:
+    """The agent's own user in the control database: created from the Entra identity when
+    missing; the rows of the control schema and its procedures and functions (EXECUTE: the
+    agent's queries call agent.json_text, its pause settles runs with agent.settle_paused_runs);
+    out of every fixed role that is more than that (TSQL_ROLES_REMOVED)."""
+    user = quote_name(app)
+    return (
+        _create_user(app),
+        f"GRANT {', '.join(AGENT_DML)}, EXECUTE ON SCHEMA::{quote_name(schema)} TO {user};",
+        *(f"IF IS_ROLEMEMBER({quote_string(role)}, {quote_string(app)}) = 1 "
+          f"ALTER ROLE {quote_name(role)} DROP MEMBER {user};" for role in TSQL_ROLES_REMOVED),
+    )
+
+
 def _job_principal(app: str, principal: str, schema: str | None) -> tuple[str, ...]:
     """The user jobs run as (AGENT_JOB_PRINCIPAL): no login, impersonated by the app with
     EXECUTE AS USER; in the control database denied every right on the agent's schema."""
@@ -119,19 +139,20 @@ def grant_scripts(app_name: str, *, schema: str = "agent", job_databases: Iterab
     control = GrantScript(
         database=None,
         statements=(
-            _create_user(app),
-            f"GRANT {', '.join(AGENT_DML)} ON SCHEMA::{quote_name(schema)} TO {user};",
+            *_agent_user_statements(app, schema),
             *(_job_principal(app, principal, schema) if principal else ()),
             *execute_grants,
         ),
         comment=(
             "-- In the CONTROL database (not master), as a Microsoft Entra admin of the server.\n"
-            f"-- The app reads and writes the rows of schema {quote_name(schema)}; init-db (run by a deployer)\n"
-            + (f"-- owns the tables. Job commands run as {runs_jobs} (AGENT_JOB_PRINCIPAL), which the app\n"
+            f"-- The app reads and writes the rows of schema {quote_name(schema)} and runs its procedures and\n"
+            "-- functions; it is in no role that is more (db_owner, db_securityadmin, db_accessadmin).\n"
+            "-- init-db, run by a deployer, made the schema (dbo owns it).\n"
+            + (f"-- Job commands run as {runs_jobs} (AGENT_JOB_PRINCIPAL), which the app\n"
                "-- impersonates and which has no right on the agent's schema: a job cannot rewrite the\n"
                "-- agent's bookkeeping. Grant it what your jobs need, e.g.\n"
                if principal else
-               "-- owns the tables. Job commands run as this user: a job in the control database can do\n"
+               "-- Job commands run as this user: a job in the control database can do\n"
                "-- only what is granted here (set AGENT_JOB_PRINCIPAL and --job-principal to keep jobs away\n"
                "-- from the agent's own tables). Grant what your jobs need, e.g.\n")
             + f"--   GRANT EXECUTE ON SCHEMA::[dbo] TO {runs_jobs};   (stored procedures; or --execute-schema dbo)\n"
@@ -330,9 +351,6 @@ def _wrap(text: str, width: int = 96) -> list[str]:
 # PostgreSQL truncates an identifier longer than NAMEDATALEN - 1 bytes (a NOTICE only): a longer
 # name would silently name another role.
 PG_NAME_MAX_BYTES = 63
-# Fixed database roles that make the agent's user more than the agent: db_owner is everything;
-# db_securityadmin and db_accessadmin grant rights and users, so a member can give itself any.
-TSQL_ROLES_REMOVED = ("db_owner", "db_securityadmin", "db_accessadmin")
 
 
 def _check_pg_name(value: object, setting: str, what: str) -> str:
@@ -484,12 +502,8 @@ def agent_login_tsql(app_name: str, *, schema: str = "agent", job_principal: str
     schema = _check_name(schema, "schema", "the control schema name")
     principal = (_check_name(job_principal, "--job-principal", "the database user jobs run as")
                  if job_principal else None)
-    user = quote_name(app)
     statements = [
-        _create_user(app),
-        f"GRANT {', '.join(AGENT_DML)}, EXECUTE ON SCHEMA::{quote_name(schema)} TO {user};",
-        *(f"IF IS_ROLEMEMBER({quote_string(role)}, {quote_string(app)}) = 1 "
-          f"ALTER ROLE {quote_name(role)} DROP MEMBER {user};" for role in TSQL_ROLES_REMOVED),
+        *_agent_user_statements(app, schema),
         *(_job_principal(app, principal, schema) if principal else ()),
     ]
     comment = (

@@ -14,17 +14,22 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import pyodbc
 import pytest
 
 from shared.cli.commands import main as cli
-from shared.engine.operations import pause_job, resume_job
+from shared.control.db import parse_database_url
+from shared.engine.agent import Agent
+from shared.engine.operations import apply_postgres_script, pause_job, resume_job
 from shared.messaging.memory import MemoryQueue
+from shared.ops.grants import agent_login_postgres
+from shared.settings import load_settings
 from shared.web.app import Monitor, MonitorSettings
 from tests.support import monitor_scenario
 from tests.support.harness import (
+    ROOT,
     Clock,
     create_pg_database,
     drop_pg_database,
@@ -103,9 +108,6 @@ def test_a_schema_an_admin_made_is_handed_over_and_upgraded_by_the_login():
     login = f"lp_{uuid.uuid4().hex[:10]}"
     admin = pg_admin_connection()
     try:
-        from shared.engine.agent import Agent
-        from shared.settings import load_settings
-
         setup = Agent(load_settings({"AGENT_DB": admin_url}))        # as root, one migration short
         try:
             setup.store().migrate(datetime.now(UTC), up_to=setup.store().latest_version() - 1)
@@ -289,21 +291,19 @@ def test_a_fleet_job_runs_on_its_targets_as_the_login(least):
 
 def test_the_script_refuses_a_login_that_reaches_a_superuser(least):
     """A login that is a member of a superuser role could SET ROLE to it: grant-sql --agent-login
-    --apply fails naming the role, and changes nothing."""
+    --apply fails naming the role, and changes nothing (its one transaction rolls back)."""
     url, login, admin_url = least
     admin = _admin(admin_url)
     try:
-        admin.cursor().execute(f'GRANT root TO "{login}"')
+        admin.cursor().execute(f'GRANT root TO "{login}"; ALTER ROLE "{login}" CREATEDB')
         with pytest.raises(pyodbc.Error) as raised:
-            from shared.engine.operations import apply_postgres_script
-            from shared.control.db import parse_database_url
-            from shared.ops.grants import agent_login_postgres
-
             apply_postgres_script(parse_database_url(admin_url), agent_login_postgres(login))
         assert f"login {login} reaches" in str(raised.value) and "root" in str(raised.value)
         assert cli(["--db", admin_url, "grant-sql", "--agent-login", login, "--apply"]) == 1
+        # The script's ALTER ROLE ... NOCREATEDB did not stay: nothing of it did.
+        assert query_admin(admin_url, "SELECT rolcreatedb::int FROM pg_roles WHERE rolname = ?", login) == [(1,)]
     finally:
-        admin.cursor().execute(f'REVOKE root FROM "{login}"')
+        admin.cursor().execute(f'REVOKE root FROM "{login}"; ALTER ROLE "{login}" NOCREATEDB')
         admin.close()
 
 
@@ -342,7 +342,7 @@ def test_init_db_says_what_to_do_when_agent_operator_is_missing_and_the_login_ca
         # The migration's own check, run as the login with the role renamed away for a moment.
         as_login = pyodbc.connect(url, autocommit=True, timeout=10)
         try:
-            text = open("shared/control/sql/migrations/postgres/0005_tsql_interface.sql", encoding="utf-8").read()
+            text = (ROOT / "shared/control/sql/migrations/postgres/0005_tsql_interface.sql").read_text(encoding="utf-8")
             block = text[text.index("DO $$\nBEGIN\n    IF NOT EXISTS"):]
             block = block[:block.index("$$;") + 3].replace("'agent_operator'", "'agent_operator_missing'")
             block = block.replace("CREATE ROLE agent_operator", "CREATE ROLE agent_operator_missing")
