@@ -6,7 +6,7 @@
 -- bootstrap_schema --
 -- Take the migration lock for the session (released by release_migration_lock after the migrations), then create the agent schema and the schema version table if missing: two first init-db runs cannot both create them (CREATE ... IF NOT EXISTS alone races on the catalog). The schema is created only when missing, because CREATE SCHEMA IF NOT EXISTS checks CREATE on the database first: a least-privilege login owns the schema an admin made for it (grant-sql --agent-login) and has no CREATE on the database.
 SELECT pg_advisory_lock(7428001) AS locked;
-DO $bootstrap$ BEGIN IF to_regnamespace('agent') IS NULL THEN CREATE SCHEMA agent; END IF; END $bootstrap$;
+DO $$ BEGIN IF to_regnamespace('agent') IS NULL THEN CREATE SCHEMA agent; END IF; END $$;
 CREATE TABLE IF NOT EXISTS agent.schema_version (
     version     INT PRIMARY KEY,
     description VARCHAR(200) NOT NULL,
