@@ -24,6 +24,7 @@ from shared.control.db import parse_database_url
 from shared.engine.agent import Agent
 from shared.engine.operations import apply_postgres_script, pause_job, resume_job
 from shared.messaging.memory import MemoryQueue
+from shared.ops.doctor import run_doctor
 from shared.ops.grants import agent_login_postgres
 from shared.settings import load_settings
 from shared.web.app import Monitor, MonitorSettings
@@ -354,3 +355,22 @@ def test_init_db_says_what_to_do_when_agent_operator_is_missing_and_the_login_ca
         drop_pg_database(name)
         admin.cursor().execute(f'DROP ROLE IF EXISTS "{login}"')
         admin.close()
+
+
+def test_doctor_warns_when_the_agent_connects_as_more_than_the_agent(least):
+    """doctor as the least-privilege login: every check passes and no warning about its rights;
+    as root (a superuser): a warning naming it and the fix."""
+    url, login, admin_url = least
+    for db, expected in ((url, None), (admin_url, "root (superuser)")):
+        agent = make_agent(db)
+        try:
+            report = run_doctor(agent)
+            assert report.ok, report.render()
+            said = [w for w in report.warnings if "which is or can become" in w]
+            if expected is None:
+                assert said == [], said
+            else:
+                (warning,) = said
+                assert "'root'" in warning and expected in warning and "grant-sql --agent-login" in warning
+        finally:
+            agent.close()
