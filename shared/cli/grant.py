@@ -181,11 +181,13 @@ def _grant_agent_login(agent, args) -> int:
     control database as the --db login, which must be an admin."""
     target = agent.target
     principal = args.job_principal or agent.settings.agent.job_principal
+    source = "--job-principal" if args.job_principal else "AGENT_JOB_PRINCIPAL"
     if target.dialect == "postgres":
-        dialect, sql = "postgres", agent_login_postgres(args.agent_login, job_principal=principal)
+        dialect, sql = "postgres", agent_login_postgres(args.agent_login, job_principal=principal,
+                                                        principal_setting=source)
         script = None
     else:
-        script = agent_login_tsql(args.agent_login, job_principal=principal)
+        script = agent_login_tsql(args.agent_login, job_principal=principal, principal_setting=source)
         dialect, sql = "mssql", render([script])
     if args.apply and target.dialect == "sqlite":
         raise UsageError(f"grant-sql --agent-login --apply: the control database is {target.display}; SQLite has no "

@@ -450,7 +450,8 @@ PG_GRANT_DATABASE = (
 )
 
 
-def agent_login_postgres(login: str, *, job_principal: str | None = None) -> str:
+def agent_login_postgres(login: str, *, job_principal: str | None = None,
+                         principal_setting: str = "--job-principal") -> str:
     """The PostgreSQL script that makes ``login`` the agent's least-privilege login, run once
     on the control database by an admin (a superuser, or a CREATEROLE role that is a member of
     ``login``), before the first init-db and again after any change; idempotent.
@@ -464,7 +465,7 @@ def agent_login_postgres(login: str, *, job_principal: str | None = None) -> str
     job, which needs the owner's rights (NOINHERIT would narrow nothing an escape reaches: a
     member can SET ROLE to the role either way)."""
     who = _check_pg_name(login, "--agent-login", "the agent's PostgreSQL login role")
-    principal = (_check_pg_name(job_principal, "--job-principal", "the role AGENT_JOB_PRINCIPAL's jobs run as")
+    principal = (_check_pg_name(job_principal, principal_setting, "the role AGENT_JOB_PRINCIPAL's jobs run as")
                  if job_principal else None)
     role = quote_pg_name(who)
     lines = [
@@ -488,7 +489,8 @@ def agent_login_postgres(login: str, *, job_principal: str | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
-def agent_login_tsql(app_name: str, *, schema: str = "agent", job_principal: str | None = None) -> GrantScript:
+def agent_login_tsql(app_name: str, *, schema: str = "agent", job_principal: str | None = None,
+                     principal_setting: str = "--job-principal") -> GrantScript:
     """The T-SQL that makes the app's database user the agent's least-privilege identity on the
     control database (Azure SQL / SQL Server): the rows of schema agent (SELECT, INSERT, UPDATE,
     DELETE) and its procedures and functions (EXECUTE; the agent's queries call agent.json_text
@@ -500,7 +502,7 @@ def agent_login_tsql(app_name: str, *, schema: str = "agent", job_principal: str
                       "the agent's database user: the function app's name (its system-assigned managed identity) "
                       "or the name of its user-assigned identity")
     schema = _check_name(schema, "schema", "the control schema name")
-    principal = (_check_name(job_principal, "--job-principal", "the database user jobs run as")
+    principal = (_check_name(job_principal, principal_setting, "the database user jobs run as")
                  if job_principal else None)
     statements = [
         *_agent_user_statements(app, schema),

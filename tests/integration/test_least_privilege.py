@@ -374,3 +374,34 @@ def test_doctor_warns_when_the_agent_connects_as_more_than_the_agent(least):
                 assert "'root'" in warning and expected in warning and "grant-sql --agent-login" in warning
         finally:
             agent.close()
+
+
+def test_an_escape_through_a_deferred_trigger_yields_no_role_under_the_least_privilege_login(operator, least):
+    """Issue 34's attack: a job leaves a DEFERRABLE INITIALLY DEFERRED constraint trigger behind,
+    which fires at COMMIT, after the owner's context. Whoever it runs as (the agent's login before
+    the owner boundary's fix, the owner after it), under this login it can neither create a role
+    nor give the operator CREATEROLE. (Whether the run fails or succeeds is the owner boundary's
+    business, not this test's.)"""
+    name, as_operator, agent, login = operator
+    _, _, admin_url = least
+    tag = uuid.uuid4().hex[:8]
+    victim = f"lp_evil_{tag}"
+    admin = _admin(admin_url)
+    try:
+        admin.cursor().execute(f'GRANT CREATE ON SCHEMA public TO "{name}"')
+        trap = (f"CREATE FUNCTION public.trap_{tag}() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN "
+                f"EXECUTE 'CREATE ROLE {victim}'; EXECUTE 'ALTER ROLE \"{name}\" CREATEROLE'; "
+                f"EXECUTE 'GRANT agent_operator TO {login}'; RETURN NULL; END $f$; "
+                f"CREATE TABLE public.trapped_{tag} (x int); "
+                f"CREATE CONSTRAINT TRIGGER fire_{tag} AFTER INSERT ON public.trapped_{tag} "
+                f"DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.trap_{tag}(); "
+                f"INSERT INTO public.trapped_{tag} VALUES (1)")
+        call(as_operator, "exec_async", sql=trap, execution_order=None, max_attempts=1)
+        work(agent, concurrency=1, max_seconds=20)
+        assert query_admin(admin_url, "SELECT COUNT(*) FROM pg_roles WHERE rolname = ?", victim) == [(0,)]
+        assert query_admin(admin_url, "SELECT rolcreaterole::int FROM pg_roles WHERE rolname = ?", name) == [(0,)]
+        assert query_admin(admin_url, "SELECT COUNT(*) FROM pg_auth_members WHERE roleid = 'agent_operator'::regrole "
+                                      "AND member = (SELECT oid FROM pg_roles WHERE rolname = ?)", login) == [(0,)]
+    finally:
+        admin.cursor().execute(f"DROP TABLE IF EXISTS public.trapped_{tag}; DROP FUNCTION IF EXISTS public.trap_{tag}()")
+        admin.close()
