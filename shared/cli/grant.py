@@ -165,7 +165,10 @@ def _grant_operator(agent, args) -> int:
         else:
             print(script, end="")
         return EXIT_OK
-    apply_operator_grant(target, script)
+    if target.dialect == "postgres":
+        apply_postgres_script(target, script)      # its own transaction, DO blocks: one batch
+    else:
+        apply_operator_grant(target, script)
     if args.json:
         print_json(document(True))
     else:

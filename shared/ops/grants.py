@@ -325,12 +325,21 @@ def operator_sql(principal: str, *, dialect: str, app: str | None = None) -> str
         # The agent runs the operator's jobs in a function owned by the operator's role: making it
         # the owner needs the agent's login to be a member (SESSION_USER: the login running this,
         # the agent's own with --apply). A superuser login needs nothing.
+        who = _check_pg_name(who, "--operator", "the operator's PostgreSQL login role")
+        runner = _check_pg_name(runner, "--app-name", "the agent's PostgreSQL login role") if runner else None
         member = quote_pg_name(runner) if runner else "SESSION_USER"
+        # One transaction that ends with the operator role's check (PG_CHECK_LOGIN): the agent's
+        # login becomes a member of it, so it would reach whatever privileged role the operator
+        # reaches (a superuser operator would make the agent one).
         return (f"-- On the PostgreSQL control database: {who!r} calls the agent's functions and reads its views;\n"
                 f"-- the agent's login ({runner or 'SESSION_USER: run this as that login, or pass --app-name'}) "
-                "becomes a member of it, to run its jobs as it.\n"
-                + warning + f"GRANT {OPERATOR_ROLE} TO {quote_pg_name(who)};\n"
-                + f"GRANT {quote_pg_name(who)} TO {member};\n")
+                "becomes a member of it, to run its jobs as it;\n"
+                "-- refused (nothing changes) when the operator's role is or reaches a privileged role.\n"
+                + warning + "BEGIN;\n"
+                + f"SELECT set_config('agent.grant_login', {quote_pg_literal(who)}, true);\n"
+                + f"GRANT {OPERATOR_ROLE} TO {quote_pg_name(who)};\n"
+                + f"GRANT {quote_pg_name(who)} TO {member};\n"
+                + PG_CHECK_LOGIN + "\nCOMMIT;\n")
     impersonate = (f"GRANT IMPERSONATE ON USER::{quote_name(who)} TO {quote_name(runner)};\n" if runner else
                    "-- Then, so the agent can run this operator's jobs as it: GRANT IMPERSONATE ON USER::<operator>\n"
                    "-- TO <the app's user> (grant-sql --operator PRINCIPAL --app-name APP prints it).\n")
@@ -391,10 +400,10 @@ PG_CHECK_LOGIN = (
     "      AND (r.rolsuper OR r.rolcreaterole OR r.rolcreatedb OR r.rolreplication OR r.rolbypassrls\n"
     "           OR r.rolname LIKE 'pg\\_%');\n"
     "    IF reached IS NOT NULL THEN\n"
-    "        RAISE EXCEPTION 'the agent''s login % reaches % (itself, or a role it can SET ROLE to): a superuser, "
-    "CREATEROLE, CREATEDB, REPLICATION, BYPASSRLS or predefined role; a job that escaped would hold it. "
-    "Remove that membership or attribute (as a superuser: ALTER ROLE ... NOSUPERUSER; REVOKE ... FROM ...)', "
-    "quote_ident(login), reached;\n"
+    "        RAISE EXCEPTION 'role % reaches % (itself, or a role it can SET ROLE to): a superuser, CREATEROLE, "
+    "CREATEDB, REPLICATION, BYPASSRLS or predefined role, which the agent''s login would hold (it is that role, "
+    "or becomes a member of it) and so would a job that escaped. Remove that membership or attribute (as a "
+    "superuser: ALTER ROLE ... NOSUPERUSER; REVOKE ... FROM ...)', quote_ident(login), reached;\n"
     "    END IF;\n"
     "END\n"
     "$agent_grant$;"

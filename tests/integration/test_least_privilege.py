@@ -299,7 +299,7 @@ def test_the_script_refuses_a_login_that_reaches_a_superuser(least):
         admin.cursor().execute(f'GRANT root TO "{login}"; ALTER ROLE "{login}" CREATEDB')
         with pytest.raises(pyodbc.Error) as raised:
             apply_postgres_script(parse_database_url(admin_url), agent_login_postgres(login))
-        assert f"login {login} reaches" in str(raised.value) and "root" in str(raised.value)
+        assert f"role {login} reaches" in str(raised.value) and "root" in str(raised.value)
         assert cli(["--db", admin_url, "grant-sql", "--agent-login", login, "--apply"]) == 1
         # The script's ALTER ROLE ... NOCREATEDB did not stay: nothing of it did.
         assert query_admin(admin_url, "SELECT rolcreatedb::int FROM pg_roles WHERE rolname = ?", login) == [(1,)]
@@ -404,4 +404,26 @@ def test_an_escape_through_a_deferred_trigger_yields_no_role_under_the_least_pri
                                       "AND member = (SELECT oid FROM pg_roles WHERE rolname = ?)", login) == [(0,)]
     finally:
         admin.cursor().execute(f"DROP TABLE IF EXISTS public.trapped_{tag}; DROP FUNCTION IF EXISTS public.trap_{tag}()")
+        admin.close()
+
+
+def test_an_operator_that_reaches_a_privileged_role_is_refused(least):
+    """grant-sql --operator makes the agent's login a member of the operator's role: an operator
+    that is (or can SET ROLE to) a CREATEROLE role would make the agent reach it, so the script
+    refuses, and neither membership stays."""
+    url, login, admin_url = least
+    operator, boss = f"op_{uuid.uuid4().hex[:8]}", f"boss_{uuid.uuid4().hex[:8]}"
+    admin = _admin(admin_url)
+    try:
+        admin.cursor().execute(f'CREATE ROLE "{boss}" NOLOGIN CREATEROLE; CREATE ROLE "{operator}" LOGIN; '
+                               f'GRANT "{boss}" TO "{operator}"')
+        assert cli(["--db", admin_url, "grant-sql", "--operator", operator, "--app-name", login, "--apply"]) == 1
+        assert query_admin(admin_url, "SELECT COUNT(*) FROM pg_auth_members WHERE member IN "
+                                      "(SELECT oid FROM pg_roles WHERE rolname IN (?, ?)) "
+                                      "AND roleid IN (SELECT oid FROM pg_roles WHERE rolname IN (?, 'agent_operator'))",
+                           login, operator, operator) == [(0,)]
+        admin.cursor().execute(f'REVOKE "{boss}" FROM "{operator}"')
+        assert cli(["--db", admin_url, "grant-sql", "--operator", operator, "--app-name", login, "--apply"]) == 0
+    finally:
+        admin.cursor().execute(f'DROP ROLE IF EXISTS "{operator}"; DROP ROLE IF EXISTS "{boss}"')
         admin.close()
