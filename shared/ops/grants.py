@@ -269,7 +269,7 @@ def fleet_postgres_scripts(app_name: str, targets: Iterable[tuple[str | None, st
     server, so also for a database that refuses connections now). Listing needs nothing there:
     pg_database is readable by every role. ``database`` None: run it in the control database
     (the agent's own server); 'postgres' on another server."""
-    role = _check_name(app_name, "--app-name", "the app's PostgreSQL login role")
+    role = _check_pg_name(app_name, "--app-name", "the app's PostgreSQL login role")
     where = f"job {job_name!r}" if job_name else "the job"
     by_server: dict[str | None, set[str]] = {}
     for server, database in targets:
