@@ -375,6 +375,21 @@ def apply_grant_scripts(target: DatabaseTarget, scripts: Sequence[Any],
     return applied
 
 
+def apply_postgres_script(target: DatabaseTarget, sql: str) -> None:
+    """grant-sql --agent-login --apply on PostgreSQL: the whole script (its own BEGIN and COMMIT,
+    DO blocks whose bodies hold ';') sent as one batch on an autocommit connection of the
+    control database, as the --db login (an admin)."""
+    connection = connector(target)()
+    try:
+        connection.autocommit = True
+        cursor = connection.cursor()
+        cursor.execute(sql)
+        while cursor.nextset():
+            pass
+    finally:
+        connection.close()
+
+
 def apply_operator_grant(target: DatabaseTarget, sql: str) -> None:
     """grant-sql --operator --apply: the operator role's membership, run on the control database."""
     connection = connector(target)()

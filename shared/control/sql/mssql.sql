@@ -1011,6 +1011,14 @@ SELECT N'runs' AS purged, COUNT(*) AS rows_purged FROM @old
 UNION ALL SELECT N'job_events', @events
 UNION ALL SELECT N'poison_messages', @poison;
 
+-- identity_rights --
+-- The doctor's view of what the agent's database user reaches beyond the agent's rights (docs/deploying.md, "What the agent's identity can do"): sysadmin, db_owner, db_securityadmin, db_accessadmin, or NULL (STUFF of an empty string is NULL).
+SELECT CAST(USER_NAME() AS NVARCHAR(128)) AS login_name,
+       STUFF(CONCAT(CASE WHEN IS_SRVROLEMEMBER(N'sysadmin') = 1 THEN N', sysadmin' END,
+                    CASE WHEN IS_ROLEMEMBER(N'db_owner') = 1 THEN N', db_owner' END,
+                    CASE WHEN IS_ROLEMEMBER(N'db_securityadmin') = 1 THEN N', db_securityadmin' END,
+                    CASE WHEN IS_ROLEMEMBER(N'db_accessadmin') = 1 THEN N', db_accessadmin' END), 1, 2, N'') AS reaches;
+
 -- connection_limit --
 -- The doctor's view of how many connections the server lets the agent hold (AGENT_MAX_CONNECTIONS x processes must fit): on Azure SQL Database the service objective and edition (the doctor maps them to the tier's documented worker limit: Basic 30, S0 60, GP_S_Gen5_1 75, ...; sys.dm_db_resource_stats shows how much of it is used), on SQL Server @@MAX_CONNECTIONS; the user sessions open now (only the caller's own without VIEW DATABASE STATE).
 SELECT CAST(@@MAX_CONNECTIONS AS INT) AS max_connections,

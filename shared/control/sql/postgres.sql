@@ -4,9 +4,9 @@
 -- in (CAST(:x AS timestamp)): the agent's clock, never the server's.
 
 -- bootstrap_schema --
--- Take the migration lock for the session (released by release_migration_lock after the migrations), then create the agent schema and the schema version table if missing: two first init-db runs cannot both create them (CREATE ... IF NOT EXISTS alone races on the catalog).
+-- Take the migration lock for the session (released by release_migration_lock after the migrations), then create the agent schema and the schema version table if missing: two first init-db runs cannot both create them (CREATE ... IF NOT EXISTS alone races on the catalog). The schema is created only when missing, because CREATE SCHEMA IF NOT EXISTS checks CREATE on the database first: a least-privilege login owns the schema an admin made for it (grant-sql --agent-login) and has no CREATE on the database.
 SELECT pg_advisory_lock(7428001) AS locked;
-CREATE SCHEMA IF NOT EXISTS agent;
+DO $$ BEGIN IF to_regnamespace('agent') IS NULL THEN CREATE SCHEMA agent; END IF; END $$;
 CREATE TABLE IF NOT EXISTS agent.schema_version (
     version     INT PRIMARY KEY,
     description VARCHAR(200) NOT NULL,
@@ -611,6 +611,17 @@ WITH old AS (
 gone AS (
     DELETE FROM agent.poison_messages AS p USING old WHERE p.poison_id = old.poison_id RETURNING p.poison_id)
 SELECT 'poison_messages' AS purged, COUNT(*) AS rows_purged FROM gone;
+
+-- identity_rights --
+-- The doctor's view of what the agent's login reaches beyond the agent's rights (docs/deploying.md, "What the agent's identity can do"): the privileged roles it is or can SET ROLE to (a superuser, CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS role, a predefined role, the database's owner through pg_database_owner), or NULL.
+SELECT CAST(session_user AS text) AS login_name,
+       (SELECT string_agg(r.rolname || CASE WHEN r.rolsuper THEN ' (superuser)' WHEN r.rolcreaterole THEN ' (CREATEROLE)'
+                                            WHEN r.rolcreatedb THEN ' (CREATEDB)' WHEN r.rolreplication THEN ' (REPLICATION)'
+                                            WHEN r.rolbypassrls THEN ' (BYPASSRLS)' ELSE '' END, ', ' ORDER BY r.rolname)
+        FROM pg_catalog.pg_roles AS r
+        WHERE pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER')
+          AND (r.rolsuper OR r.rolcreaterole OR r.rolcreatedb OR r.rolreplication OR r.rolbypassrls
+               OR r.rolname LIKE 'pg\_%')) AS reaches;
 
 -- connection_limit --
 -- The doctor's view of how many connections the server lets the agent's login hold (AGENT_MAX_CONNECTIONS x processes must fit): max_connections less the places reserved for superusers (superuser_reserved_connections, and reserved_connections from PostgreSQL 16) unless the login is a superuser, the role's CONNECTION LIMIT and the database's (-1: none), and the client connections open now.

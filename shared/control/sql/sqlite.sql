@@ -768,6 +768,10 @@ DELETE FROM agent_poison_messages WHERE poison_id IN (
     SELECT poison_id FROM agent_poison_messages WHERE poisoned_at < :poison_before ORDER BY poison_id LIMIT :batch)
 RETURNING 'poison_messages' AS purged, 1 AS rows_purged;
 
+-- identity_rights --
+-- The doctor's view of what the agent's login reaches beyond the agent's rights: an embedded SQLite file has no logins (whoever can open it can do everything).
+SELECT NULL AS login_name, NULL AS reaches;
+
 -- connection_limit --
 -- The doctor's view of the server's connection limit: an embedded SQLite file has none (one process owns it).
 SELECT NULL AS max_connections, 0 AS reserved_connections, -1 AS role_limit, -1 AS database_limit,
