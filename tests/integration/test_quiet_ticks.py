@@ -12,6 +12,7 @@ import pytest
 from shared.engine import quiet
 from shared.errors import ConfigError
 from shared.settings import load_settings
+from tests.support.azurite import azurite, azurite_server  # noqa: F401  (pytest fixtures)
 from tests.support.harness import Clock, execute, query, runs_table, work
 
 UTC = timezone.utc
@@ -111,8 +112,12 @@ def test_quiet_max_bounds_work_submitted_behind_the_agents_back(agent_factory, t
     assert report is None and not decision.connect
     if agent.store().dialect == "postgres":
         execute(agent, "SELECT agent.exec_async('SELECT 42')")
-    elif agent.store().dialect == "sqlite":
-        pytest.skip("no T-SQL interface on the embedded database")
+    else:   # the embedded database has no T-SQL interface: another process's submit, unannounced
+        from shared.engine.operations import submit
+
+        other = agent_factory({}, clock=clock)
+        submit(other, "SELECT 42", order=None, max_attempts=1, timeout_seconds=60)
+        other.release()
     agent.release()
     ran_at = None
     for _ in range(MAX_MINUTES + 2):
@@ -210,3 +215,27 @@ def test_quiet_max_minutes_is_validated(value):
     message = str(caught.value)
     assert "AGENT_QUIET_MAX_MINUTES" in message and value in message and "0 to 1440" in message
     assert _settings(AGENT_QUIET_MAX_MINUTES="").agent.quiet_max_minutes == 0
+
+
+def test_in_azure_the_record_is_metadata_of_a_queue_of_the_apps_storage(azurite):
+    """The record lives in the app's own storage account (the queue SDK the app already uses):
+    written by a connected tick, read by the next without the database, invalidated by the CLI."""
+    name = azurite.unique_name()
+    env = {**azurite.settings(), "AGENT_QUIET_MAX_MINUTES": str(MAX_MINUTES), "AGENT_QUEUE_NAME": name}
+    settings = load_settings(environ=env)
+    store = quiet.record_store(settings)
+    assert isinstance(store, quiet.QueueMetadataRecord)
+    now = datetime.now(UTC)
+    assert store.read() is None and quiet.should_connect(settings, now, store).connect   # no queue yet
+    quiet.record(settings, now + timedelta(minutes=10), now, "next_slot_at", store)
+    decision = quiet.should_connect(settings, now + timedelta(minutes=1), store)
+    assert not decision.connect and decision.wake_at == now + timedelta(minutes=10)
+    assert quiet.invalidate(settings, "sql-agent run-now", store)
+    assert quiet.should_connect(settings, now + timedelta(minutes=1), store).connect
+    # Storage away: the tick connects to the database instead of sleeping.
+    azurite.stop()
+    try:
+        decision = quiet.should_connect(settings, now + timedelta(minutes=1), quiet.record_store(settings))
+        assert decision.connect and "unreadable" in decision.reason
+    finally:
+        azurite.start()
