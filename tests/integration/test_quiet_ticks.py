@@ -239,3 +239,19 @@ def test_in_azure_the_record_is_metadata_of_a_queue_of_the_apps_storage(azurite)
         assert decision.connect and "unreadable" in decision.reason
     finally:
         azurite.start()
+
+
+def test_a_new_measurement_of_the_nightly_profile_gives_docs_cost_figures():
+    """bench/cost.py's stored figures (docs/cost.md) are what the engine does today."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "cost.py"
+    spec = importlib.util.spec_from_file_location("bench_cost", path)
+    cost = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cost)
+    stored = json.loads(cost.MEASURED.read_text(encoding="utf-8"))
+    name = "nightly jobs only (3 a night)"
+    fresh = cost.measure_profile(cost.profiles()[name], stored["quiet_max_minutes"])
+    for key in ("ticks", "connected_ticks", "runs", "active_minutes"):
+        assert fresh[key] == stored["profiles"][name][key], key
