@@ -270,9 +270,15 @@ def invalidate(settings: Settings, reason: str, store: RecordStore | None = None
         return False
 
 
-def after_tick(agent: Any, report: Any, store: RecordStore | None = None) -> Decision | None:
+def after_tick(agent: Any, report: Any, store: RecordStore | None = None,
+               instance_now: datetime | None = None) -> Decision | None:
     """After a connected tick: record the next wake time (not after a refused tick or one with
-    errors: the next tick connects again). Failures are logged, never raised."""
+    errors: the next tick connects again). Failures are logged, never raised.
+
+    The horizon is computed on the database's clock (the agent's one clock) and recorded on the
+    instance's (``instance_now``: its clock when the tick began, which is what the next timer
+    compares with), so an instance clock off by up to the allowed skew wakes neither late nor
+    early by that much."""
     settings = agent.settings
     if not enabled(settings):
         return None
@@ -281,9 +287,13 @@ def after_tick(agent: Any, report: Any, store: RecordStore | None = None) -> Dec
         if report.refused or report.errors:
             invalidate(settings, "the last tick did not finish cleanly", target)
             return None
-        written_at = report.reference or report.now
-        wake_at, why = horizon(agent.store(), settings, written_at)
-        record(settings, wake_at, written_at, why, target)
+        database_now = report.reference or report.now
+        wake_at, why = horizon(agent.store(), settings, database_now)
+        offset = (instance_now - database_now) if instance_now is not None else timedelta(0)
+        if abs(offset) > timedelta(seconds=settings.agent.max_clock_skew_seconds):
+            invalidate(settings, "the instance's clock is further from the database's than the allowed skew", target)
+            return None
+        record(settings, wake_at + offset, database_now + offset, why, target)
         return Decision(False, why, wake_at)
     except Exception as exc:  # noqa: BLE001 - the next tick simply connects
         log.warning("quiet ticks: could not record the horizon (%s); the next tick connects", describe(exc))
@@ -294,9 +304,10 @@ def timer_tick(agent: Any, now: datetime | None = None, store: RecordStore | Non
     """What the timer does: decide without the database, then (when it must) tick and record the
     next wake time. Returns the decision and the tick's report (None: the tick stayed quiet).
     ``now`` is a test's simulated time (the agent's simulated_time), the instance's clock otherwise."""
-    decision = should_connect(agent.settings, now, store)
+    instance_now = now or datetime.now(UTC)
+    decision = should_connect(agent.settings, instance_now, store)
     if not decision.connect:
         return decision, None
     report = agent.tick(now)
-    after_tick(agent, report, store)
+    after_tick(agent, report, store, instance_now)
     return decision, report

@@ -255,3 +255,23 @@ def test_a_new_measurement_of_the_nightly_profile_gives_docs_cost_figures():
     fresh = cost.measure_profile(cost.profiles()[name], stored["quiet_max_minutes"])
     for key in ("ticks", "connected_ticks", "runs", "active_minutes"):
         assert fresh[key] == stored["profiles"][name][key], key
+
+
+def test_the_horizon_is_recorded_on_the_instances_clock(agent_factory, tmp_path):
+    """Computed on the database's clock, recorded on the instance's: an instance 200 s behind
+    the database wakes 200 s earlier by its own clock, not 200 s late; one beyond the allowed
+    skew records nothing that could keep it away."""
+    base = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    clock = Clock(base)
+    agent = agent_factory(_nightly_profile(base), clock=clock, AGENT_QUIET_MAX_MINUTES=str(MAX_MINUTES))
+    record = quiet.FileRecord(tmp_path / "horizon.json")
+    report = agent.tick(base)
+    in_step = quiet.after_tick(agent, report, record, base)
+    behind = quiet.after_tick(agent, report, record, base - timedelta(seconds=200))
+    assert behind.wake_at == in_step.wake_at          # the decision, on the database's clock
+    written = json.loads(record.read())
+    assert quiet._time(written["wake_at"]) == in_step.wake_at - timedelta(seconds=200)
+    assert quiet._time(written["written_at"]) == base - timedelta(seconds=200)
+    far = agent.settings.agent.max_clock_skew_seconds + 1
+    assert quiet.after_tick(agent, report, record, base - timedelta(seconds=far)) is None
+    assert quiet.decide(agent.settings, record.read(), base - timedelta(seconds=far)).connect
