@@ -52,6 +52,8 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 UTC = timezone.utc
 RECORD_VERSION = 1
+# What this code writes is a few hundred characters; anything much longer is not read.
+MAX_RECORD_CHARS = 4096
 QUIET_SUFFIX = "-quiet"    # AGENT_QUEUE_NAME is at most 56 characters: 62, within a queue name's 63
 # Files whose change is a new deployment: the code the timer runs (stat only: no read at cold start).
 _DEPLOYMENT_FILES = ("function_app.py", "shared/__init__.py", "shared/engine/quiet.py", "requirements.txt")
@@ -169,6 +171,8 @@ def decide(settings: Settings, text: str | None, now: datetime) -> Decision:
         return Decision(True, "quiet ticks are off (AGENT_QUIET_MAX_MINUTES=0)")
     if text is None:
         return Decision(True, "no horizon recorded")
+    if len(text) > MAX_RECORD_CHARS:
+        return Decision(True, "horizon record too long to be one this code wrote")
     try:
         record = json.loads(text)
         if not isinstance(record, dict) or record.get("version") != RECORD_VERSION:

@@ -162,6 +162,7 @@ def test_a_hostile_record_never_keeps_the_timer_away():
         "other settings": _text(settings, now + timedelta(minutes=10), now, fingerprint="0" * 64),
         "invalidated": json.dumps({"version": quiet.RECORD_VERSION, "invalidated": "sql-agent run-now"}),
         "year 9999": _text(settings, now, now).replace("2026-11-26T12:00:00", "9999-12-31T23:59:59"),
+        "huge": _text(settings, now + timedelta(minutes=10), now, padding="x" * 10_000_000),
         "numbers": json.dumps({"version": 1, "wake_at": 1e308, "written_at": -1, "fingerprint": None}),
     }
     for name, text in hostile.items():
