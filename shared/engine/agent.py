@@ -143,7 +143,8 @@ class Agent:
             with self._lock:
                 if self._notifier is None:
                     self._notifier = Notifier(self.new_store, self.clock,
-                                              secret=self.settings.agent.notify_webhook_secret)
+                                              secret=self.settings.agent.notify_webhook_secret,
+                                              stop_when_idle=self.settings.agent.quiet_max_minutes > 0)
         return self._notifier
 
     def reference_clock(self) -> datetime:

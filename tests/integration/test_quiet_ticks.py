@@ -276,3 +276,36 @@ def test_the_horizon_is_recorded_on_the_instances_clock(agent_factory, tmp_path)
     far = agent.settings.agent.max_clock_skew_seconds + 1
     assert quiet.after_tick(agent, report, record, base - timedelta(seconds=far)) is None
     assert quiet.decide(agent.settings, record.read(), base - timedelta(seconds=far)).connect
+
+
+@pytest.mark.parametrize("quiet_minutes", ["0", str(MAX_MINUTES)])
+def test_with_quiet_ticks_the_notifier_does_not_keep_polling_the_database(agent_factory, quiet_minutes):
+    """A process that stays up between ticks (a warm Functions instance): with quiet ticks on, the
+    notifier's thread ends after a pass that found nothing due (it would otherwise look every
+    few seconds and keep a serverless database awake); a wake starts it again. Off: as before."""
+    import time
+
+    agent = agent_factory({}, AGENT_QUIET_MAX_MINUTES=quiet_minutes)
+    notifier = agent.notifier
+    notifier.poll_seconds = 0.05
+    agent.release()
+    counter = Counted(agent)
+    notifier.wake()
+    deadline = time.monotonic() + (0.5 if quiet_minutes == "0" else 5)
+    while notifier._thread is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if quiet_minutes == "0":
+        assert notifier._thread is not None and notifier._thread.is_alive()
+        assert counter.takes >= 2          # it keeps looking
+        return
+    assert notifier._thread is None, "the notifier's thread is still running"
+    taken = counter.takes
+    assert taken >= 1                      # the one pass it made
+    time.sleep(0.3)                        # six poll periods: nothing more
+    assert counter.takes == taken
+    notifier.wake()
+    assert notifier._thread is not None
+    deadline = time.monotonic() + 5
+    while counter.takes == taken and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert counter.takes > taken           # woken: it looked again
