@@ -309,3 +309,28 @@ def test_with_quiet_ticks_the_notifier_does_not_keep_polling_the_database(agent_
     while counter.takes == taken and time.monotonic() < deadline:
         time.sleep(0.02)
     assert counter.takes > taken           # woken: it looked again
+
+
+def test_the_lease_renewal_gives_its_connection_back_when_it_holds_no_run(agent_factory, db_url):
+    """An open session keeps a serverless database from pausing: after a run whose lease was
+    renewed, the lease thread's connection is back in the pool (which closes it when idle), not
+    checked out for as long as the process lives (a warm instance between quiet ticks)."""
+    import time
+
+    from tests.support.harness import sql_for
+
+    slow = sql_for(db_url, "SELECT agent_sleep(3)", "SELECT pg_sleep(3)")
+    agent = agent_factory({"slow": {"COMMAND": slow, "LEASE_SECONDS": "6"}})
+    agent.tick()
+    run = agent.request_run_now("slow")
+    assert run is not None
+    work(agent, concurrency=1, max_seconds=30)
+    assert query(agent, f"SELECT status FROM {runs_table(agent)}") == [("succeeded",)]
+    agent.release()
+    renewed = query(agent, f"SELECT heartbeat_at FROM {runs_table(agent)}")[0][0]
+    assert renewed is not None                        # the lease was renewed: the thread had a connection
+    deadline = time.monotonic() + 5
+    pool = agent.pool
+    while pool._open["lease"] != len(pool._idle["lease"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool._open["lease"] == len(pool._idle["lease"]), "the lease connection is still checked out"
