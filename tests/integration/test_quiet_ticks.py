@@ -334,3 +334,41 @@ def test_the_lease_renewal_gives_its_connection_back_when_it_holds_no_run(agent_
     while pool._open["lease"] != len(pool._idle["lease"]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert pool._open["lease"] == len(pool._idle["lease"]), "the lease connection is still checked out"
+
+
+def test_the_timer_function_stays_quiet_until_the_cli_invalidates(db_url, azurite, monkeypatch):
+    """The function app's own path (the real timer function, azure.functions' TimerRequest, the
+    record in Azurite): the first tick connects and records the horizon, the next does not
+    connect, a `submit` from the CLI (same storage settings) makes the next one connect."""
+    import os
+
+    from azure.functions.timer import TimerRequest
+
+    from functions import timer_trigger
+    from shared.cli.commands import main as cli
+    from shared.engine.agent import default_agent, reset_default_agent
+
+    for key in [k for k in list(os.environ) if k.startswith(("JOB__", "AGENT_"))]:
+        monkeypatch.delenv(key)
+    name = azurite.unique_name()
+    for key, value in {**azurite.settings(), "AGENT_DB": db_url, "AGENT_QUEUE_NAME": name,
+                       "AGENT_QUIET_MAX_MINUTES": str(MAX_MINUTES),
+                       "JOB__later__SCHEDULE": "0 0 3 1 1 *", "JOB__later__COMMAND": "SELECT 1"}.items():
+        monkeypatch.setenv(key, value)
+    reset_default_agent()
+    try:
+        azurite.queue(name).ensure_exists()
+        assert cli(["init-db"]) == 0
+        agent = default_agent()
+        counter = Counted(agent)
+        tick = timer_trigger.agent_tick.build().get_user_function()
+        tick(TimerRequest(past_due=False))
+        first = counter.takes
+        assert first >= 1
+        tick(TimerRequest(past_due=False))
+        assert counter.takes == first, "a quiet tick connected to the control database"
+        assert cli(["submit", "--sql", "SELECT 1"]) == 0
+        tick(TimerRequest(past_due=False))
+        assert counter.takes > first, "the tick after a submit did not connect"
+    finally:
+        reset_default_agent()
