@@ -108,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # Commands after which the function app's next timer tick connects to the control database
 # (quiet ticks, shared/engine/quiet.py): they created or changed work the tick may have to see.
-WORK_CHANGING_COMMANDS = frozenset({"run-now", "submit", "pause", "resume", "cancel", "stop", "poison", "init-db"})
+WORK_CHANGING_COMMANDS = frozenset({"run-now", "submit", "pause", "resume", "cancel", "stop", "poison", "init-db",
+                                    "import-sqlagent"})
 
 
 def _wake_the_timer(settings, args: argparse.Namespace) -> None:
