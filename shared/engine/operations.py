@@ -415,7 +415,7 @@ class ScheduledJobAdded:
 # agent.add_scheduled_job's parameters on PostgreSQL: named arguments need their types.
 ADD_SCHEDULED_JOB_PG_TYPES = {"name": "varchar", "sql": "text", "schedule": "varchar", "run_at": "timestamptz",
                               "timezone": "varchar", "enabled": "int", "max_attempts": "int",
-                              "database": "varchar"}
+                              "database": "varchar", "misfire": "varchar"}
 
 
 def add_scheduled_jobs(target: DatabaseTarget, calls: Sequence[dict[str, Any]]) -> list[ScheduledJobAdded]:
