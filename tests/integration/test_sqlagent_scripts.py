@@ -439,3 +439,10 @@ END TRY BEGIN CATCH ROLLBACK; END CATCH
     code, document, _ = run(tmp_path, capsys, text)
     assert code == EXIT_FAILURE
     assert any(entry["what"] == "SELECT" and "taken as succeeding" in entry["reason"] for entry in document["not_carried"])
+
+
+def test_a_binary_value_given_for_a_unicode_parameter_is_read_as_utf16(tmp_path, capsys):
+    """0x6A00 as @job_name (sysname) is N'j' on SQL Server (UTF-16 LE), not 'j\\x00'."""
+    code, document, _ = run(tmp_path, capsys, plain_job() + "GO\nEXEC msdb.dbo.sp_update_job @job_name = 0x6A00, "
+                                                           "@enabled = 0;\n")
+    assert code == 0 and document["settings"]["JOB__j__ENABLED"] == "false"
