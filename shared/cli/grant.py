@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from shared.cli.output import EXIT_OK, print_json, warn
+from shared.engine.audit import command_line_actor
 from shared.engine.fleet import resolve_fleet
 from shared.engine.operations import (
     apply_grant_scripts,
@@ -59,7 +60,7 @@ def cmd_grant_sql(agent, args) -> int:
                          f"(AGENT_SQL_SERVER and AGENT_SQL_DATABASE, or --db with a SQL Server ODBC driver); "
                          f"the control database is {target.display}", setting="--db", value=target.display,
                          expected="an Azure SQL / SQL Server control database")
-    applied = _apply_scripts(target, scripts, args)
+    applied = _apply_scripts(agent, target, scripts, args)
     if args.json:
         print_json(_scripts_document(scripts, render(scripts), applied_to=applied))
     return EXIT_OK
@@ -74,13 +75,14 @@ def _scripts_document(scripts, sql: str, *, applied_to: list[str] | None, warnin
             "warnings": list(warnings)}
 
 
-def _apply_scripts(target, scripts, args) -> list[str]:
+def _apply_scripts(agent, target, scripts, args) -> list[str]:
     """grant-sql --apply: each script in its own transaction, in its database (on its server);
     without --json, each one as it is applied."""
     def show(where: str, script) -> None:
         print(f"applied to {where}: " + " ".join(script.statements))
 
-    return apply_grant_scripts(target, scripts, on_applied=None if args.json else show)
+    return apply_grant_scripts(target, scripts, on_applied=None if args.json else show, store=agent.store(),
+                               now=agent.clock(), actor=command_line_actor())
 
 
 def _grant_targets(agent, args) -> int:
@@ -121,7 +123,7 @@ def _grant_targets(agent, args) -> int:
         else:
             print(text, end="")
         return EXIT_OK
-    applied = _apply_scripts(target, scripts, args)
+    applied = _apply_scripts(agent, target, scripts, args)
     if args.json:
         print_json(_scripts_document(scripts, text, applied_to=applied, warnings=warnings))
     return EXIT_OK
@@ -153,7 +155,8 @@ def _grant_operator(agent, args) -> int:
         else:
             print(script, end="")
         return EXIT_OK
-    apply_operator_grant(target, script)
+    apply_operator_grant(target, script, operator=args.operator, store=agent.store(), now=agent.clock(),
+                         actor=command_line_actor())
     if args.json:
         print_json(document(True))
     else:
