@@ -130,7 +130,7 @@ class Audit:
         return {"now": self.now, "principal": self.actor.principal, "fallback_principal": self.actor.os_user,
                 "client": self.actor.client, "source": self.actor.source.value, "action": self.action.value,
                 "job_name": self.job_name, "run_id": self.run_id, "arguments": bounded_arguments(self.arguments),
-                "outcome": outcome.value, "detail": (detail or None) and detail[:MAX_DETAIL_LENGTH]}
+                "audit_outcome": outcome.value, "detail": (detail or None) and detail[:MAX_DETAIL_LENGTH]}
 
     def write(self) -> None:
         """Inside the action's transaction, as its last statement: the row 'done'."""

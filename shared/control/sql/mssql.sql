@@ -983,7 +983,7 @@ VALUES (CAST(:now AS DATETIME2(6)),
         LEFT(COALESCE(CAST(:principal AS NVARCHAR(256)), ORIGINAL_LOGIN(), CAST(:fallback_principal AS NVARCHAR(256))), 256),
         LEFT(CAST(:client AS NVARCHAR(4000)), 400), CAST(:source AS NVARCHAR(16)), CAST(:action AS NVARCHAR(32)),
         LEFT(CAST(:job_name AS NVARCHAR(4000)), 200), CAST(:run_id AS BIGINT), CAST(:arguments AS NVARCHAR(MAX)),
-        CAST(:outcome AS NVARCHAR(8)), LEFT(CAST(:detail AS NVARCHAR(4000)), 2000));
+        CAST(:audit_outcome AS NVARCHAR(8)), LEFT(CAST(:detail AS NVARCHAR(4000)), 2000));
 
 -- list_audit --
 -- sql-agent audit and the monitor's audit page: the audit trail, newest first, optionally of one job and from a time on.

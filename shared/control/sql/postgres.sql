@@ -580,7 +580,7 @@ VALUES (CAST(:now AS timestamp),
         left(COALESCE(CAST(:principal AS varchar), CAST(session_user AS varchar), CAST(:fallback_principal AS varchar)), 256),
         left(CAST(:client AS varchar), 400), CAST(:source AS varchar), CAST(:action AS varchar),
         left(CAST(:job_name AS varchar), 200), CAST(:run_id AS bigint), CAST(:arguments AS text),
-        CAST(:outcome AS varchar), left(CAST(:detail AS varchar), 2000))
+        CAST(:audit_outcome AS varchar), left(CAST(:detail AS varchar), 2000))
 RETURNING audit_id;
 
 -- list_audit --

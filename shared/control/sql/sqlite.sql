@@ -740,7 +740,7 @@ ORDER BY event_id DESC LIMIT :limit;
 -- One row of the audit trail (shared/engine/audit.py), in the operator action's own transaction, or alone after it was refused: the principal is :principal when the front end signed its user in (the monitor), else :fallback_principal (the embedded database has no logins: the operating system's user); :client says from where.
 INSERT INTO agent_audit (acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail)
 VALUES (:now, substr(COALESCE(:principal, :fallback_principal), 1, 256), substr(:client, 1, 400), :source, :action,
-        substr(:job_name, 1, 200), :run_id, :arguments, :outcome, substr(:detail, 1, 2000))
+        substr(:job_name, 1, 200), :run_id, :arguments, :audit_outcome, substr(:detail, 1, 2000))
 RETURNING audit_id;
 
 -- list_audit --

@@ -94,7 +94,7 @@ BEGIN
     END CATCH;
 END
 GO
-REVOKE EXECUTE ON OBJECT::agent.exec_async_unaudited FROM agent_operator;
+REVOKE EXECUTE ON agent.exec_async_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.exec_async TO agent_operator;
 GO
 
@@ -145,7 +145,7 @@ BEGIN
     END CATCH;
 END
 GO
-REVOKE EXECUTE ON OBJECT::agent.add_scheduled_job_unaudited FROM agent_operator;
+REVOKE EXECUTE ON agent.add_scheduled_job_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.add_scheduled_job TO agent_operator;
 GO
 
@@ -180,7 +180,7 @@ BEGIN
     END CATCH;
 END
 GO
-REVOKE EXECUTE ON OBJECT::agent.remove_scheduled_job_unaudited FROM agent_operator;
+REVOKE EXECUTE ON agent.remove_scheduled_job_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.remove_scheduled_job TO agent_operator;
 GO
 
@@ -216,7 +216,7 @@ BEGIN
     END CATCH;
 END
 GO
-REVOKE EXECUTE ON OBJECT::agent.enable_job_unaudited FROM agent_operator;
+REVOKE EXECUTE ON agent.enable_job_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.enable_job TO agent_operator;
 GO
 
@@ -251,7 +251,7 @@ BEGIN
     END CATCH;
 END
 GO
-REVOKE EXECUTE ON OBJECT::agent.start_job_unaudited FROM agent_operator;
+REVOKE EXECUTE ON agent.start_job_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.start_job TO agent_operator;
 GO
 
@@ -286,7 +286,7 @@ BEGIN
     END CATCH;
 END
 GO
-REVOKE EXECUTE ON OBJECT::agent.stop_job_unaudited FROM agent_operator;
+REVOKE EXECUTE ON agent.stop_job_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.stop_job TO agent_operator;
 GO
 
@@ -321,7 +321,7 @@ BEGIN
     END CATCH;
 END
 GO
-REVOKE EXECUTE ON OBJECT::agent.cancel_run_unaudited FROM agent_operator;
+REVOKE EXECUTE ON agent.cancel_run_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.cancel_run TO agent_operator;
 GO
 
@@ -356,7 +356,7 @@ BEGIN
     END CATCH;
 END
 GO
-REVOKE EXECUTE ON OBJECT::agent.requeue_poison_unaudited FROM agent_operator;
+REVOKE EXECUTE ON agent.requeue_poison_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.requeue_poison TO agent_operator;
 GO
 
@@ -393,7 +393,7 @@ BEGIN
     END CATCH;
 END
 GO
-REVOKE EXECUTE ON OBJECT::agent.pause_job_unaudited FROM agent_operator;
+REVOKE EXECUTE ON agent.pause_job_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.pause_job TO agent_operator;
 GO
 
@@ -428,7 +428,7 @@ BEGIN
     END CATCH;
 END
 GO
-REVOKE EXECUTE ON OBJECT::agent.resume_job_unaudited FROM agent_operator;
+REVOKE EXECUTE ON agent.resume_job_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.resume_job TO agent_operator;
 GO
 
@@ -465,7 +465,7 @@ BEGIN
     END CATCH;
 END
 GO
-REVOKE EXECUTE ON OBJECT::agent.add_calendar_unaudited FROM agent_operator;
+REVOKE EXECUTE ON agent.add_calendar_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.add_calendar TO agent_operator;
 GO
 
@@ -500,7 +500,7 @@ BEGIN
     END CATCH;
 END
 GO
-REVOKE EXECUTE ON OBJECT::agent.remove_calendar_unaudited FROM agent_operator;
+REVOKE EXECUTE ON agent.remove_calendar_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.remove_calendar TO agent_operator;
 GO
 
@@ -539,7 +539,7 @@ BEGIN
     END CATCH;
 END
 GO
-REVOKE EXECUTE ON OBJECT::agent.set_job_calendars_unaudited FROM agent_operator;
+REVOKE EXECUTE ON agent.set_job_calendars_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.set_job_calendars TO agent_operator;
 GO
 
