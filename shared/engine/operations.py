@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from shared.control.db import DatabaseTarget, connector
 from shared.control.queries import split_statements
 from shared.control.sqlerrors import is_unique_violation
-from shared.engine.audit import Actor, AuditAction, audited, audited_if_installed
+from shared.engine.audit import Actor, AuditAction, audit_trail_exists, audited, audited_if_installed
 from shared.engine.dispatch import dispatch
 from shared.engine.fleet import report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
@@ -147,15 +147,18 @@ def dispatch_now(agent: Agent) -> int | None:
 def submit(agent: Agent, sql: str, *, order: int | None, max_attempts: int, timeout_seconds: int,
            operation_id: str | None = None, actor: Actor | None = None) -> Submitted:
     """An ad-hoc task run of ``sql`` on the control database, dispatched at once in queue mode."""
-    if not sql.strip():
-        raise UsageError("--sql: expected the SQL to run (non-empty)", setting="--sql", value=sql,
-                         expected="the SQL to run (non-empty)")
+    blank = None if sql.strip() else UsageError("--sql: expected the SQL to run (non-empty)", setting="--sql",
+                                                   value=sql, expected="the SQL to run (non-empty)")
     store = agent.store()
-    store.require_schema()      # after the argument's check: a bad --sql is a usage error, schema or not
+    if blank is not None and not audit_trail_exists(store):
+        raise blank             # a bad --sql is a usage error, schema or not
+    store.require_schema()
     now = agent.clock()
     with audited(store, actor, AuditAction.SUBMIT, now=now,
                  arguments={"sql": sql, "order": order, "max_attempts": max_attempts,
                             "timeout_seconds": timeout_seconds}) as audit:
+        if blank is not None:
+            raise blank         # refused, and recorded so
         with audit.transaction():
             row = store.execute("insert_task", command=sql, target_database=None, task_order=order,
                                 max_attempts=max_attempts, timeout_seconds=timeout_seconds, lease_seconds=60,
