@@ -208,7 +208,7 @@ def test_two_cli_processes_acting_at_once_write_two_rows(cli):
 
 
 def test_audit_json_is_one_document_with_the_filters_applied(cli, capsys):
-    run, agent = cli["run"], cli["agent"]
+    run = cli["run"]
     assert run(capsys, "run-now", "hello")[0] == EXIT_OK
     assert run(capsys, "submit", "--sql", "SELECT 1")[0] == EXIT_OK
     assert run(capsys, "stop", "ghost")[0] == EXIT_USAGE

@@ -977,13 +977,15 @@ OPTION (RECOMPILE);
 
 -- insert_audit --
 -- One row of the audit trail (shared/engine/audit.py), in the operator action's own transaction, or alone after it was refused: the principal is :principal when the front end signed its user in (the monitor), else the connection's login (ORIGINAL_LOGIN(): the Entra or SQL principal), else :fallback_principal; :client says from where. The time is the agent's clock (the database's).
+DECLARE @audited TABLE (audit_id BIGINT);
 INSERT INTO agent.audit (acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail)
-OUTPUT inserted.audit_id
+OUTPUT inserted.audit_id INTO @audited
 VALUES (CAST(:now AS DATETIME2(6)),
         LEFT(COALESCE(CAST(:principal AS NVARCHAR(256)), ORIGINAL_LOGIN(), CAST(:fallback_principal AS NVARCHAR(256))), 256),
         LEFT(CAST(:client AS NVARCHAR(4000)), 400), CAST(:source AS NVARCHAR(16)), CAST(:action AS NVARCHAR(32)),
         LEFT(CAST(:job_name AS NVARCHAR(4000)), 200), CAST(:run_id AS BIGINT), CAST(:arguments AS NVARCHAR(MAX)),
         CAST(:audit_outcome AS NVARCHAR(8)), LEFT(CAST(:detail AS NVARCHAR(4000)), 2000));
+SELECT audit_id FROM @audited;
 
 -- list_audit --
 -- sql-agent audit and the monitor's audit page: the audit trail, newest first, optionally of one job and from a time on.
