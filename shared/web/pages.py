@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 from shared.engine import views
 from shared.jobs.run_model import RunStatus
-from shared.web.html import OUTCOME_COLOURS, escape, when
+from shared.web.html import OUTCOME_COLOURS, escape, visible, when
 
 
 class Pages:
@@ -211,9 +211,9 @@ class Pages:
 
     def audit_page(self, rows: list[dict[str, Any]], job: str | None, since: datetime | None, limit: int) -> str:
         """The audit trail (as `sql-agent audit`), newest first. Every value came from an operator or a
-        script: escaped, and each in a <bdi> so that a right-to-left mark in one cannot reorder the
-        others."""
-        scope = (f" of job <bdi>{escape(job)}</bdi>" if job else "") + (f" since {when(since)} UTC" if since else "")
+        script: escaped, its invisible format characters shown (html.visible), and each in a <bdi>
+        so that one cannot reorder the others."""
+        scope = (f" of job <bdi>{visible(job)}</bdi>" if job else "") + (f" since {when(since)} UTC" if since else "")
         out = ["<h1>Audit trail</h1>",
                f"<p>Operator actions{scope}, newest first (at most {int(limit)}): from the command line and the "
                "T-SQL procedures; a refused action is recorded as refused.</p>"]
@@ -457,14 +457,14 @@ STUCK_COLUMNS = [("Run", lambda m, r: m.run_link(r["run_id"])),
 
 
 def _isolated(key: str) -> Callable[[Pages, dict[str, Any]], str]:
-    return lambda monitor, row: f"<bdi>{escape(row.get(key))}</bdi>" if row.get(key) not in (None, "") else "-"
+    return lambda monitor, row: f"<bdi>{visible(row.get(key))}</bdi>" if row.get(key) not in (None, "") else "-"
 
 
 def _audit_target(pages: Pages, row: dict[str, Any]) -> str:
     parts = []
     if row.get("job_name"):
         parts.append(f'job <bdi><a href="{pages.link("/jobs/" + quote(str(row["job_name"]), safe=""))}">'
-                     f'{escape(row["job_name"])}</a></bdi>')
+                     f'{visible(row["job_name"])}</a></bdi>')
     if row.get("run_id") is not None:
         parts.append(f"run {pages.run_link(row['run_id'])}")
     return ", ".join(parts) or "-"
@@ -474,7 +474,7 @@ def _audit_arguments(pages: Pages, row: dict[str, Any]) -> str:
     arguments = row.get("arguments") or {}
     if not arguments:
         return "-"
-    return f"<bdi><code>{escape(json.dumps(arguments, ensure_ascii=False, default=str))}</code></bdi>"
+    return f"<bdi><code>{visible(json.dumps(arguments, ensure_ascii=False, default=str))}</code></bdi>"
 
 
 AUDIT_COLUMNS = [("Id", _text("audit_id")), ("At (UTC)", _field("acted_at")), ("Principal", _isolated("principal")),

@@ -261,8 +261,9 @@ def test_the_monitor_page_shows_every_row_escaped(cli):
     page = response.body.decode()
     assert "<script>" not in page and "</td></tr><tr><td>" not in page and "it's \"quoted\"" not in page
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page and "a&amp;amp;b" in page
-    # The right-to-left override stays inside its own isolated cell.
-    assert "<bdi>\u202egnp.exe</bdi>" in page
+    # The right-to-left override is shown, not obeyed: "\u202egnp.exe" cannot pass for "exe.png".
+    assert "\u202e" not in page
+    assert '<bdi><span class="control">&lt;U+202E&gt;</span>gnp.exe</bdi>' in page
     assert page.count('<span class="audit-refused">refused</span>') == len(HOSTILE)
     twin = json.loads(monitor.handle("GET", "/audit", "format=json&limit=2", "").body)
     assert [row["principal"] for row in twin] == HOSTILE[::-1][:2]
