@@ -171,7 +171,7 @@ def audited(store: Store, actor: Actor | None, action: AuditAction, *, now: date
                   job_name=job_name, run_id=run_id)
     try:
         yield audit
-    except Exception as exc:
+    except (Exception, KeyboardInterrupt) as exc:     # Ctrl-C before the commit: refused, "interrupted"
         if audit.recorded:
             raise
         try:
@@ -208,5 +208,7 @@ def audited_if_installed(store: Store | None, actor: Actor | None, action: Audit
 
 
 def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted before it committed (Ctrl-C)"
     text = str(exc).strip() or type(exc).__name__
     return " ".join(text.split())[:MAX_DETAIL_LENGTH]

@@ -384,3 +384,20 @@ def test_an_operator_can_neither_skip_the_audit_nor_touch_the_table(operator):
             cursor.execute(statement)
         assert "42501" in str(caught.value), (statement, caught.value)     # insufficient privilege
     assert [r["action"] for r in trail(agent)] == ["grant"]
+
+
+def test_an_action_interrupted_before_its_commit_is_one_refused_row(cli, monkeypatch):
+    agent = cli["agent"]
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Audit, "write", interrupted)
+    before = len(trail(agent))
+    with pytest.raises(KeyboardInterrupt):
+        pause_job(agent.store(), "hello", now=agent.clock())
+    monkeypatch.undo()
+    rows = trail(agent)
+    assert len(rows) == before + 1 and (rows[0]["action"], rows[0]["outcome"]) == ("pause", "refused")
+    assert rows[0]["detail"] == "interrupted before it committed (Ctrl-C)"
+    assert not [row for row in views.jobs_view(agent.store(), agent.clock()) if row["paused"]]
