@@ -401,3 +401,40 @@ def test_an_action_interrupted_before_its_commit_is_one_refused_row(cli, monkeyp
     assert len(rows) == before + 1 and (rows[0]["action"], rows[0]["outcome"]) == ("pause", "refused")
     assert rows[0]["detail"] == "interrupted before it committed (Ctrl-C)"
     assert not [row for row in views.jobs_view(agent.store(), agent.clock()) if row["paused"]]
+
+
+# ---------------------------------------------------------------- SQL Server (parsed, not run here)
+
+
+def test_the_tsql_wrappers_parse_and_pass_every_parameter_on():
+    """SQL Server is not available here: each module of the audit migration parses with sqlfluff
+    (a broken one does not), and each wrapper passes every parameter of its procedure on by name
+    (OUTPUT ones as OUTPUT), audits with its action in both outcomes, and rethrows."""
+    import re
+
+    from sqlfluff.core import FluffConfig, Linter
+
+    from shared.control.queries import load_migrations, split_statements
+
+    (migration,) = [m for m in load_migrations("mssql") if m.description == "audit"]
+    modules = [s for s in split_statements(migration.path.read_text(encoding="utf-8"), tsql=True)
+               if re.search(r"^CREATE PROCEDURE agent\.", s, re.M)]
+    linter = Linter(config=FluffConfig(overrides={"dialect": "tsql", "large_file_skip_byte_limit": 0}))
+
+    def parses(sql: str) -> bool:
+        parsed = linter.parse_string(sql)
+        return not parsed.violations and parsed.tree is not None and "unparsable" not in parsed.tree.stringify()
+
+    wrappers = [m for m in modules if "_unaudited" in m]
+    assert len(wrappers) == 13 and len(modules) == 14
+    for module in modules:
+        assert parses(module), module[:200]
+    for wrapper in wrappers:
+        name = re.search(r"CREATE PROCEDURE agent\.(\w+)", wrapper).group(1)
+        head = wrapper.split("\nAS\n", 1)[0]
+        parameters = re.findall(r"^    @(\w+) [^\n]*?( OUTPUT)?,?$", head, re.M)
+        call = re.search(rf"EXEC agent\.{name}_unaudited (.*?);", wrapper).group(1)
+        assert call == ", ".join(f"@{p} = @{p}{output}" for p, output in parameters), (name, call)
+        assert wrapper.count("EXEC agent.audit_procedure_call") == 2 and "@outcome = N'refused'" in wrapper
+        assert wrapper.rstrip().endswith("THROW;\n    END CATCH;\nEND")
+    assert not parses(wrappers[0].replace("        COMMIT TRANSACTION;", "        COMMIT TRANSACTION;\n    END;", 1))
