@@ -48,7 +48,7 @@ from shared.cli.output import (
 from shared.cli.parser import build_parser
 from shared.control.sqlerrors import classify
 from shared.engine.agent import Agent
-from shared.engine.audit import command_line_actor
+from shared.engine.audit import AuditAction, command_line_actor, record_refusal
 from shared.engine.operations import (
     add_scheduled_jobs,
     cancel,
@@ -532,7 +532,19 @@ def cmd_import_sqlagent(agent, args) -> int:
     """SQL Server Agent job scripts -> JOB__<name>__* settings (JSON on stdout); what could not be
     carried over is listed per job (and for the script) and makes the exit code 1. --apply:
     agent.add_scheduled_job for the one-step jobs; the others stay in the printed settings and are
-    listed."""
+    listed. --apply is an audited action: refused before it ran (an unreadable script, a bad time
+    zone) it is recorded refused too."""
+    try:
+        return _import_sqlagent(agent, args)
+    except (AgentError, OSError) as exc:
+        if args.apply and agent is not None:
+            record_refusal(agent.store(), command_line_actor(), AuditAction.IMPORT, now=agent.clock(), error=exc,
+                           arguments={"files": list(args.files), "timezone": args.timezone,
+                                      "encoding": args.encoding})
+        raise
+
+
+def _import_sqlagent(agent, args) -> int:
 
     timezone = args.timezone
     warnings: list[str] = []

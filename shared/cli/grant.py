@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from shared.cli.output import EXIT_OK, print_json, warn
-from shared.engine.audit import command_line_actor
+from shared.engine.audit import AuditAction, command_line_actor, record_refusal
 from shared.engine.fleet import resolve_fleet
 from shared.engine.operations import (
     apply_grant_scripts,
     apply_operator_grant,
 )
-from shared.errors import UsageError
+from shared.errors import AgentError, UsageError
 from shared.ops.fleet import job_fleet
 from shared.ops.grants import (
     OPERATOR_WARNING,
@@ -27,6 +27,20 @@ from shared.ops.grants import (
 
 
 def cmd_grant_sql(agent, args) -> int:
+    """grant-sql; with --apply an audited action: refused before it ran (a bad combination of
+    options, a control database that cannot take it) is recorded refused too."""
+    try:
+        return _grant_sql(agent, args)
+    except (AgentError, OSError) as exc:
+        if args.apply:
+            record_refusal(agent.store(), command_line_actor(), AuditAction.GRANT, now=agent.clock(), error=exc,
+                           arguments={"app_name": args.app_name, "operator": args.operator, "targets": args.targets,
+                                      "job_database": args.job_database, "execute_schema": args.execute_schema,
+                                      "job_principal": args.job_principal})
+        raise
+
+
+def _grant_sql(agent, args) -> int:
 
     if args.operator is not None:
         if args.job_database or args.execute_schema or args.job_principal or args.targets:

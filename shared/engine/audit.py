@@ -172,15 +172,36 @@ def audited(store: Store, actor: Actor | None, action: AuditAction, *, now: date
     try:
         yield audit
     except (Exception, KeyboardInterrupt) as exc:     # Ctrl-C before the commit: refused, "interrupted"
-        if audit.recorded:
+        if audit.recorded or getattr(exc, AUDITED_MARK, False):
             raise
         try:
             store.execute("insert_audit", **audit.params(AuditOutcome.REFUSED, _error_text(exc)))
+            with contextlib.suppress(Exception):    # a front end's own check (record_refusal) knows
+                setattr(exc, AUDITED_MARK, True)
         except Exception as failure:   # never hide the action's own error
             log.warning("audit: the refused %s could not be recorded: %s", action.value, failure)
         raise
     if not audit.recorded:
         raise AssertionError(f"operator action {action.value} ended without its audit row")
+
+
+# Set on an exception whose refusal is recorded already: one row per action, however many layers
+# the error passes on its way out.
+AUDITED_MARK = "_sql_agent_audited"
+
+
+def record_refusal(store: Store | None, actor: Actor | None, action: AuditAction, *, now: datetime,
+                   arguments: dict[str, Any], error: BaseException) -> None:
+    """A front end refused an action before it reached its operation (grant-sql --apply on a
+    database that cannot take it, an unreadable import-sqlagent --apply script): its one row
+    'refused', unless the operation recorded it already, or there is no audit table."""
+    if getattr(error, AUDITED_MARK, False) or store is None:
+        return
+    with contextlib.suppress(Exception):
+        with audited_if_installed(store, actor, action, now=now, arguments=arguments):
+            raise error
+    with contextlib.suppress(Exception):
+        setattr(error, AUDITED_MARK, True)
 
 
 def audit_trail_exists(store: Store) -> bool:

@@ -438,3 +438,25 @@ def test_the_tsql_wrappers_parse_and_pass_every_parameter_on():
         assert wrapper.count("EXEC agent.audit_procedure_call") == 2 and "@outcome = N'refused'" in wrapper
         assert wrapper.rstrip().endswith("THROW;\n    END CATCH;\nEND")
     assert not parses(wrappers[0].replace("        COMMIT TRANSACTION;", "        COMMIT TRANSACTION;\n    END;", 1))
+
+
+def test_grant_and_import_refused_before_they_ran_are_one_refused_row_each(cli, capsys, tmp_path):
+    run, agent = cli["run"], cli["agent"]
+    cases = [(["grant-sql", "--app-name", "app", "--apply"], "grant", "needs an Azure SQL"),
+             (["grant-sql", "--operator", "ops", "--targets", "x", "--apply"], "grant", "takes no"),
+             (["import-sqlagent", str(tmp_path / "missing.sql"), "--apply"], "import", "cannot read"),
+             (["import-sqlagent", str(SAMPLE_SCRIPT), "--timezone", "Mars/Olympus", "--apply"], "import", "Mars")]
+    if agent.target.dialect == "sqlite":
+        cases.append((["grant-sql", "--operator", "ops", "--apply"], "grant", "SQLite has no roles"))
+    for args, action, said in cases:
+        before = len(trail(agent))
+        code, error = run(capsys, *args)
+        assert code == EXIT_USAGE and said in error["error"], (args, error)
+        rows = trail(agent)
+        assert len(rows) == before + 1, (args, rows[: len(rows) - before])
+        assert (rows[0]["action"], rows[0]["outcome"], rows[0]["source"]) == (action, "refused", "cli")
+        assert said in rows[0]["detail"], rows[0]
+    # Without --apply nothing is done: no row.
+    before = len(trail(agent))
+    assert run(capsys, "grant-sql", "--app-name", "app")[0] == EXIT_OK
+    assert len(trail(agent)) == before
