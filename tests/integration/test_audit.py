@@ -34,7 +34,7 @@ from shared.engine import views
 from shared.engine.audit import MAX_ARGUMENTS_LENGTH, Audit, bounded_arguments
 from shared.engine.operations import pause_job
 from shared.web.app import Monitor, MonitorSettings
-from tests.support.harness import ROOT, Clock, execute, make_agent, pg_admin_connection, query
+from tests.support.harness import ROOT, Clock, execute, make_agent, pg_admin_connection, query, runs_table, work
 from tests.support.tsql_caller import CallError, call
 
 UTC = timezone.utc
@@ -242,6 +242,21 @@ def test_the_purge_takes_audit_rows_as_old_as_the_history_it_purges(db_url):
     clock.advance(4000 * 86400)
     keep.tick(clock.now)
     assert len(trail(keep)) == 1
+
+
+def test_the_hot_path_writes_no_row(db_url):
+    """Ticks, claims, starts and ends of runs (scheduled, a follow-up, a task) are the agent's own
+    work, not an operator's action: no row."""
+    agent = make_agent(db_url, {"often": {"SCHEDULE": "*/1 * * * * *", "COMMAND": "SELECT 1"},
+                                "after": {"AFTER": "often", "COMMAND": "SELECT 2"}}, simulated_time=False)
+    agent.store().execute("insert_task", command="SELECT 3", target_database=None, task_order=None, max_attempts=1,
+                          timeout_seconds=60, lease_seconds=60, now=agent.clock(), operation_id="op")
+    agent.tick()
+    work(agent, concurrency=2, max_seconds=20)
+    agent.tick()
+    statuses = {row[0] for row in query(agent, f"SELECT status FROM {runs_table(agent)}")}
+    assert "succeeded" in statuses, statuses
+    assert trail(agent) == []
 
 
 HOSTILE = ["it's \"quoted\"", "<script>alert('x')</script>", "\u202egnp.exe", "a&amp;b", "</td></tr><tr><td>"]
