@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from shared.control.db import DatabaseTarget, connector
 from shared.control.queries import split_statements
 from shared.control.sqlerrors import is_unique_violation
-from shared.engine.audit import Actor, AuditAction, audit_trail_exists, audited, audited_if_installed
+from shared.engine.audit import Actor, Audit, AuditAction, audit_trail_exists, audited, audited_if_installed
 from shared.engine.dispatch import dispatch
 from shared.engine.fleet import report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
@@ -178,7 +178,7 @@ def cancel(agent: Agent, run_id: int, *, actor: Actor | None = None) -> Cancelle
         return _cancel(agent, store, audit, run_id, now)
 
 
-def _cancel(agent: Agent, store: Store, audit: Any, run_id: int, now: datetime) -> Cancelled:
+def _cancel(agent: Agent, store: Store, audit: Audit, run_id: int, now: datetime) -> Cancelled:
     run = store.execute("get_run", run_id=run_id).one()
     if run is None:
         raise NotFoundError(f"no run with id {run_id}", setting="RUN_ID", value=run_id,
@@ -235,7 +235,7 @@ def requeue(agent: Agent, poison_id: int, *, actor: Actor | None = None) -> Requ
     return replace(requeued, dispatched=dispatch_now(agent))
 
 
-def _requeue(agent: Agent, store: Store, audit: Any, poison_id: int) -> Requeued:
+def _requeue(agent: Agent, store: Store, audit: Audit, poison_id: int) -> Requeued:
     poison = store.execute("get_poison", poison_id=poison_id).one()
     if poison is None:
         raise NotFoundError(f"no poison message with id {poison_id}", setting="ID", value=poison_id,
@@ -258,7 +258,7 @@ def _requeue(agent: Agent, store: Store, audit: Any, poison_id: int) -> Requeued
 
 
 def request_run_now(agent: Agent, job_name: str, *, operation_id: str | None = None,
-                    audit: Any = None) -> dict[str, Any] | None:
+                    audit: Audit | None = None) -> dict[str, Any] | None:
     """A run of the job right away, keyed by the request time, its overlap policy decided under
     the start lock (None: no such valid job). Two requests at the same millisecond (SQLite's
     resolution; two operators, or a script) would share the key: the later one takes the next
@@ -346,7 +346,7 @@ def pause_job(store: Store, name: str, *, now: datetime, until: datetime | None 
     return pause
 
 
-def _pause(store: Store, audit: Any, name: str, now: datetime, until: datetime | None, paused_by: str | None,
+def _pause(store: Store, audit: Audit, name: str, now: datetime, until: datetime | None, paused_by: str | None,
            reason: str | None) -> Pause:
     if until is not None and until <= now:
         raise UsageError(f"--until {until.isoformat()}: expected a time after now (the database's clock: "
@@ -390,7 +390,7 @@ def resume_job(store: Store, name: str, *, now: datetime, resumed_by: str | None
     return resumed
 
 
-def _resume(store: Store, audit: Any, name: str, now: datetime, resumed_by: str | None) -> Resume:
+def _resume(store: Store, audit: Audit, name: str, now: datetime, resumed_by: str | None) -> Resume:
     with audit.transaction():
         store.execute("lock_job_pauses")
         row = store.execute("resume_job", job_name=name, now=now).one()
