@@ -264,6 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="instead: make PRINCIPAL a member of agent_operator (EXECUTE on the T-SQL interface's "
                             "procedures, SELECT on its views, nothing on the tables) and let the agent run its jobs as "
                             "it (with --app-name on SQL Server: IMPERSONATE for that user)")
+    grant.add_argument("--agent-login", metavar="NAME",
+                       help="instead: the agent's own login (PostgreSQL) or database user (Azure SQL) with the rights "
+                            "it needs on the control database and nothing else (no superuser, db_owner or CREATEROLE; "
+                            "docs/deploying.md says what it can do); --apply runs it as the --db login, an admin")
     grant.add_argument("--targets", metavar="JOB",
                        help="instead: the scripts for the fleet targets of JOB (resolved now: one per target "
                             "database, one per master that lists databases), grouped by server")

@@ -363,6 +363,7 @@ class Executor:
             now = self.clock()
             params = {"run_id": run_id, "token": token, "now": now, "targets": targets_json(targets),
                       "target_count": len(targets), "parallelism": step.target_parallelism,
+                      "stagger_seconds": step.target_stagger_seconds,
                       "next_on_success": flow_number(step.on_success), "next_on_failure": flow_number(step.on_failure),
                       "command": step.command, "max_attempts": step.max_attempts,
                       "timeout_seconds": step.timeout_seconds, "retry_interval_seconds": step.retry_interval_seconds,

@@ -459,12 +459,41 @@ def _apply_grant_scripts(target: DatabaseTarget, scripts: Sequence[Any],
     return applied
 
 
+def apply_postgres_script(target: DatabaseTarget, sql: str, *, store: Store | None = None,
+                          now: datetime | None = None, actor: Actor | None = None,
+                          arguments: dict[str, Any] | None = None, detail: str | None = None) -> None:
+    """grant-sql --agent-login --apply (and --operator --apply) on PostgreSQL: the whole script
+    (its own BEGIN and COMMIT, DO blocks whose bodies hold ';') sent as one batch on an autocommit
+    connection of the control database, as the --db login (an admin); audited there (``store``)
+    once it committed, or refused."""
+    with audited_if_installed(store, actor, AuditAction.GRANT, now=now or datetime.now(timezone.utc),
+                              arguments=arguments or {"statements": sql}) as audit:
+        connection = connector(target)()
+        try:
+            connection.autocommit = True
+            cursor = connection.cursor()
+            cursor.execute(sql)
+            while cursor.nextset():
+                pass
+        finally:
+            connection.close()
+        if audit is not None:
+            audit.detail = detail
+            audit.done()
+
+
 def apply_operator_grant(target: DatabaseTarget, sql: str, *, operator: str | None = None,
                          store: Store | None = None, now: datetime | None = None, actor: Actor | None = None) -> None:
     """grant-sql --operator --apply: the operator role's membership, run on the control database
-    (audited there once it committed, or refused)."""
+    (on PostgreSQL as one batch, apply_postgres_script); audited there once it committed, or
+    refused."""
+    arguments = {"operator": operator, "statements": sql}
+    detail = f"{operator or 'the principal'} is a member of agent_operator"
+    if target.dialect == "postgres":
+        apply_postgres_script(target, sql, store=store, now=now, actor=actor, arguments=arguments, detail=detail)
+        return
     with audited_if_installed(store, actor, AuditAction.GRANT, now=now or datetime.now(timezone.utc),
-                              arguments={"operator": operator, "statements": sql}) as audit:
+                              arguments=arguments) as audit:
         connection = connector(target)()
         try:
             cursor = connection.cursor()
@@ -474,7 +503,7 @@ def apply_operator_grant(target: DatabaseTarget, sql: str, *, operator: str | No
         finally:
             connection.close()
         if audit is not None:
-            audit.detail = f"{operator or 'the principal'} is a member of agent_operator"
+            audit.detail = detail
             audit.done()
 
 

@@ -33,7 +33,8 @@ from shared.jobs.model import (
 from shared.jobs.calendars import ON_EXCLUDED_POLICIES, Calendar, CalendarRules, CalendarSettings, parse_calendars
 from shared.jobs.schedules import MAX_JITTER_SECONDS, parse_schedule, validate_timezone
 from shared.jobs.steps import one_fleet_step, parse_steps
-from shared.jobs.targets import DEFAULT_PARALLELISM, MAX_PARALLELISM, describe_members, parse_targets
+from shared.jobs.targets import (DEFAULT_PARALLELISM, MAX_PARALLELISM, MAX_STAGGER_SECONDS, describe_members,
+                                 parse_targets)
 from shared.values import DATABASE_NAME_PATTERN, JOB_NAME_PATTERN, parse_bool, parse_int, printable, storable_problem
 
 JOB_SETTING_SUFFIXES = (
@@ -52,6 +53,7 @@ JOB_SETTING_SUFFIXES = (
     "NOTIFY_WEBHOOK_URL",
     "TARGETS",
     "TARGET_PARALLELISM",
+    "TARGET_STAGGER_SECONDS",
     "AFTER",
     "AFTER_OUTCOME",
     "EXCLUDE",
@@ -72,6 +74,7 @@ STEP_SETTING_SUFFIXES = (
     "ON_FAILURE",
     "TARGETS",
     "TARGET_PARALLELISM",
+    "TARGET_STAGGER_SECONDS",
 )
 
 
@@ -215,7 +218,7 @@ def _plain_defaults() -> tuple | None:
     """Every field but name, schedule, command and time zone of a job that sets nothing else,
     in _parse_job's order; None when a default would need a job's own validation (then every
     job takes the general path)."""
-    if {"DATABASE", "NOTIFY_WEBHOOK_URL", "TARGETS", "TARGET_PARALLELISM"} & JOB_DEFAULTS.keys():
+    if {"DATABASE", "NOTIFY_WEBHOOK_URL", "TARGETS", "TARGET_PARALLELISM", "TARGET_STAGGER_SECONDS"} & JOB_DEFAULTS.keys():
         return None
     try:
         ints = [_DEFAULT_INTS[s] for s in ("MAX_ATTEMPTS", "TIMEOUT_SECONDS", "LEASE_SECONDS", "GRACE_SECONDS")]
@@ -379,6 +382,10 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         parallelism = DEFAULT_PARALLELISM
         if ("TARGET_PARALLELISM" in given or "TARGET_PARALLELISM" in JOB_DEFAULTS) and value("TARGET_PARALLELISM") is not None:
             parallelism = int_value("TARGET_PARALLELISM", 1, MAX_PARALLELISM)
+        stagger_seconds = 0
+        if ("TARGET_STAGGER_SECONDS" in given or "TARGET_STAGGER_SECONDS" in JOB_DEFAULTS) \
+                and value("TARGET_STAGGER_SECONDS") is not None:
+            stagger_seconds = int_value("TARGET_STAGGER_SECONDS", 0, MAX_STAGGER_SECONDS)
         after, after_outcome = _after_settings(name, given, setting, errors)
         calendar_rules = _calendar_settings(given, setting, errors, calendars or CalendarSettings({}, {}))
         jitter_seconds = int_value("JITTER_SECONDS", 0, MAX_JITTER_SECONDS) if "JITTER_SECONDS" in given else 0
@@ -386,13 +393,13 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         if has_steps and "COMMAND" not in values:
             steps = parse_steps(name, values, errors, default_max_attempts=max_attempts,
                                 default_timeout_seconds=timeout_seconds, default_database=database,
-                                default_parallelism=parallelism)
+                                default_parallelism=parallelism, default_stagger_seconds=stagger_seconds)
     if errors:
         return None
     if targets is not None:
         # A one-step fleet job is a job of one fleet step (the executor runs fleets as steps).
         steps = (one_fleet_step(command, max_attempts=max_attempts, timeout_seconds=timeout_seconds,
-                                targets=targets, parallelism=parallelism),)
+                                targets=targets, parallelism=parallelism, stagger_seconds=stagger_seconds),)
     if steps:
         # The job's own columns describe its first step (what `jobs` shows and what a run's
         # columns hold before its first step starts).

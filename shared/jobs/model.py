@@ -71,9 +71,17 @@ class StepDefinition:
     # run's target executions run at once. None: the step runs in one database.
     targets: str | None = None
     target_parallelism: int = 8
+    # TARGET_STAGGER_SECONDS: execution n of a run's fleet step starts no earlier than (n - 1) times
+    # this after the step fanned out (0: as the window lets them in).
+    target_stagger_seconds: int = 0
 
     def to_json(self) -> dict:
-        return dict(self.__dict__)
+        entry = dict(self.__dict__)
+        if not entry["target_stagger_seconds"]:
+            # Left out when 0: the steps (and the definition hash) of every job that does not
+            # stagger stay what they were, and a run's steps still read in an older version.
+            del entry["target_stagger_seconds"]
+        return entry
 
 
 @dataclass(frozen=True)

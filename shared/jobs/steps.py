@@ -21,7 +21,7 @@ from typing import Any
 
 from shared.errors import ConfigError
 from shared.jobs.model import JOB_SETTING_PREFIX, MAX_STEPS, StepDefinition
-from shared.jobs.targets import MAX_PARALLELISM, describe_members, parse_targets
+from shared.jobs.targets import MAX_PARALLELISM, MAX_STAGGER_SECONDS, describe_members, parse_targets
 from shared.values import DATABASE_NAME_PATTERN, parse_int
 
 FLOW_ACTIONS = ("next", "quit_success", "quit_failure", "goto:<n>")
@@ -30,17 +30,20 @@ QUIT_SUCCESS = "quit_success"
 QUIT_FAILURE = "quit_failure"
 
 
-def one_fleet_step(command: str, *, max_attempts: int, timeout_seconds: int, targets: str, parallelism: int):
+def one_fleet_step(command: str, *, max_attempts: int, timeout_seconds: int, targets: str, parallelism: int,
+                   stagger_seconds: int = 0):
     """The step of a one-step fleet job (JOB__<name>__TARGETS, or agent.add_scheduled_job
     @targets): the executor runs fleets as steps. ``targets``: the normalised members."""
 
     return StepDefinition(step=1, command=command.strip(), database=None, max_attempts=max_attempts,
                           retry_interval_seconds=None, timeout_seconds=timeout_seconds, on_success=QUIT_SUCCESS,
-                          on_failure=QUIT_FAILURE, targets=targets, target_parallelism=parallelism)
+                          on_failure=QUIT_FAILURE, targets=targets, target_parallelism=parallelism,
+                          target_stagger_seconds=stagger_seconds)
 
 
 def parse_steps(name: str, values: dict[str, tuple[str, str]], errors: list[str], *, default_max_attempts: int,
-                default_timeout_seconds: int, default_database: str | None, default_parallelism: int = 8):
+                default_timeout_seconds: int, default_database: str | None, default_parallelism: int = 8,
+                default_stagger_seconds: int = 0):
     """The job's steps from its ``STEPS__<n>__<SUFFIX>`` entries of ``values`` (key, raw value),
     appending one line per problem to ``errors``."""
 
@@ -108,6 +111,7 @@ def parse_steps(name: str, values: dict[str, tuple[str, str]], errors: list[str]
             database = None
 
         parallelism = number_setting("TARGET_PARALLELISM", default_parallelism, 1, MAX_PARALLELISM)
+        stagger = number_setting("TARGET_STAGGER_SECONDS", default_stagger_seconds, 0, MAX_STAGGER_SECONDS)
         flows = {}
         for suffix, default in (("ON_SUCCESS", "next"), ("ON_FAILURE", QUIT_FAILURE)):
             raw = (value(suffix) or default).lower()
@@ -132,7 +136,8 @@ def parse_steps(name: str, values: dict[str, tuple[str, str]], errors: list[str]
             retry_interval_seconds=number_setting("RETRY_INTERVAL_SECONDS", None, 0, 86400),
             timeout_seconds=number_setting("TIMEOUT_SECONDS", default_timeout_seconds, 1, 7 * 86400),
             on_success=flows["ON_SUCCESS"], on_failure=flows["ON_FAILURE"], targets=targets,
-            target_parallelism=parallelism or default_parallelism))
+            target_parallelism=parallelism or default_parallelism,
+            target_stagger_seconds=stagger))
     if errors:
         return ()
     trapped = steps_without_exit(steps)

@@ -31,6 +31,8 @@ MEMBER_KINDS = ("db", "server", "pool")
 MAX_MEMBERS = 200
 DEFAULT_PARALLELISM = 8
 MAX_PARALLELISM = 1000
+# TARGET_STAGGER_SECONDS: at most an hour between two executions' starts.
+MAX_STAGGER_SECONDS = 3600
 # A database name (or pattern) and a server name as a member may spell them.
 _DB_PATTERN = re.compile(r"^[A-Za-z0-9_\-*?\[\]!]{1,128}$")
 _SERVER_PATTERN = re.compile(r"^[A-Za-z0-9_.\-:,]{1,253}$")

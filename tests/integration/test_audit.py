@@ -385,8 +385,8 @@ def test_each_procedure_writes_one_row_naming_its_caller(operator):
 def test_an_operator_can_neither_skip_the_audit_nor_touch_the_table(operator):
     name, connection, agent = operator
     cursor = connection.cursor()
-    for statement in ("SELECT * FROM agent_unaudited.exec_async('SELECT 1')",
-                      "SELECT * FROM agent_unaudited.stop_job('hello')",
+    for statement in ("SELECT * FROM agent.exec_async_unaudited('SELECT 1')",
+                      "SELECT * FROM agent.stop_job_unaudited('hello')",
                       "SELECT * FROM agent.audit",
                       "DELETE FROM agent.audit",
                       "UPDATE agent.audit SET principal = 'someone else'",

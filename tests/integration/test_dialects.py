@@ -362,7 +362,7 @@ DUMMY_VALUES.update({"pause_start": _T, "pause_end": None})
 DUMMY_VALUES.update({"work_transaction": None})
 # Issue 16 (fleet jobs).
 DUMMY_VALUES.update({
-    "pool": "p", "targets": [], "parallelism": 8, "next_on_success": 0, "next_on_failure": -1,
+    "pool": "p", "targets": [], "parallelism": 8, "stagger_seconds": 0, "next_on_success": 0, "next_on_failure": -1,
     "target_count": 0, "retry_interval_seconds": None, "parent_run_id": None,
 })
 

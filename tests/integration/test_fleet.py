@@ -274,6 +274,50 @@ def test_parallelism_is_never_exceeded_and_is_used(fleet, control):
     assert agent.store().execute("get_run", run_id=run_id).one()["status"] == "succeeded"
 
 
+def test_target_stagger_spaces_the_executions_starts_in_target_order_through_the_window(fleet, control):
+    """TARGET_STAGGER_SECONDS=1 with TARGET_PARALLELISM=2 over 5 databases: execution n is runnable
+    from the fan-out + (n - 1) s, exactly, and starts no earlier, also those the window lets in
+    later (which would otherwise start as soon as a place frees)."""
+    fleet.create(*[f"g{i}" for i in range(5)])
+    agent = make_agent(control, {"spread": {"SCHEDULE": "0 0 3 * * *", "TARGETS": f"db:{fleet.prefix}_g*",
+                                            "COMMAND": "SELECT 1", "TARGET_PARALLELISM": "2",
+                                            "TARGET_STAGGER_SECONDS": "1"}}, AGENT_MAX_CONCURRENCY="6")
+    agent.tick(datetime.now(UTC))
+    run_id = run_now(agent, "spread")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        work(agent, concurrency=4, max_seconds=30)
+        if agent.store().execute("get_run", run_id=run_id).one()["status"] == "succeeded":
+            break
+        time.sleep(0.2)
+    assert agent.store().execute("get_run", run_id=run_id).one()["status"] == "succeeded"
+    rows = query(agent, "SELECT runnable_at, started_at, created_at FROM agent.runs "
+                        f"WHERE parent_run_id = {int(run_id)} ORDER BY run_id")
+    assert len(rows) == 5
+    fanned_out = rows[0][2]
+    for n, (runnable_at, started_at, _) in enumerate(rows):
+        assert (runnable_at - fanned_out).total_seconds() == n, rows    # the plan, exactly
+        assert started_at >= runnable_at, rows                           # kept, through the window
+
+
+def test_target_stagger_is_validated_and_shown_on_the_step():
+    valid, invalid = parse_jobs({"JOB__a__SCHEDULE": "0 0 1 * * *", "JOB__a__COMMAND": "SELECT 1",
+                                 "JOB__a__TARGETS": "db:x*", "JOB__a__TARGET_STAGGER_SECONDS": "30",
+                                 "JOB__b__SCHEDULE": "0 0 1 * * *", "JOB__b__COMMAND": "SELECT 1",
+                                 "JOB__b__TARGETS": "db:x*", "JOB__b__TARGET_STAGGER_SECONDS": "3601",
+                                 "JOB__c__SCHEDULE": "0 0 1 * * *", "JOB__c__STEPS__1__COMMAND": "SELECT 1",
+                                 "JOB__c__STEPS__1__TARGETS": "db:x*", "JOB__c__TARGET_STAGGER_SECONDS": "5",
+                                 "JOB__c__STEPS__2__COMMAND": "SELECT 2", "JOB__c__STEPS__2__TARGETS": "db:y*",
+                                 "JOB__c__STEPS__2__TARGET_STAGGER_SECONDS": "0"})
+    jobs = {job.name: job for job in valid}
+    assert jobs["a"].steps[0].target_stagger_seconds == 30
+    assert [step.target_stagger_seconds for step in jobs["c"].steps] == [5, 0]   # the job's is the steps' default
+    (bad,) = invalid
+    assert bad.name == "b" and "JOB__b__TARGET_STAGGER_SECONDS='3601': expected a whole number from 0 to 3600" in bad.errors[0]
+    # 0 is left out of the steps' JSON: a job that does not stagger keeps its definition hash.
+    assert "target_stagger_seconds" not in jobs["c"].steps[1].to_json()
+
+
 # ---------------------------------------------------------------- statements per run
 
 

@@ -36,10 +36,9 @@ POSTGRES_SCHEMA = [
     """SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'agent'
        ORDER BY tablename, indexname""",
     """SELECT viewname, definition FROM pg_views WHERE schemaname = 'agent' ORDER BY viewname""",
-    # agent_unaudited (migration 0016): the operator functions' bodies, which agent's wrappers call.
-    """SELECT n.nspname, p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid)
-       FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname IN ('agent', 'agent_unaudited')
-       ORDER BY n.nspname, p.proname, 3""",
+    """SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid)
+       FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'agent'
+       ORDER BY p.proname, 2""",
     """SELECT r.rolname FROM pg_roles r WHERE r.rolname LIKE 'agent\\_%' ORDER BY r.rolname""",
     """SELECT c.relname, t.tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t
        JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace

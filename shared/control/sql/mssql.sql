@@ -1038,6 +1038,14 @@ UNION ALL SELECT N'job_events', @events
 UNION ALL SELECT N'poison_messages', @poison
 UNION ALL SELECT N'audit', @audit;
 
+-- identity_rights --
+-- The doctor's view of what the agent's database user reaches beyond the agent's rights (docs/deploying.md, "What the agent's identity can do"): sysadmin, db_owner, db_securityadmin, db_accessadmin, or NULL (STUFF of an empty string is NULL).
+SELECT CAST(USER_NAME() AS NVARCHAR(128)) AS login_name,
+       STUFF(CONCAT(CASE WHEN IS_SRVROLEMEMBER(N'sysadmin') = 1 THEN N', sysadmin' END,
+                    CASE WHEN IS_ROLEMEMBER(N'db_owner') = 1 THEN N', db_owner' END,
+                    CASE WHEN IS_ROLEMEMBER(N'db_securityadmin') = 1 THEN N', db_securityadmin' END,
+                    CASE WHEN IS_ROLEMEMBER(N'db_accessadmin') = 1 THEN N', db_accessadmin' END), 1, 2, N'') AS reaches;
+
 -- connection_limit --
 -- The doctor's view of how many connections the server lets the agent hold (AGENT_MAX_CONNECTIONS x processes must fit): on Azure SQL Database the service objective and edition (the doctor maps them to the tier's documented worker limit: Basic 30, S0 60, GP_S_Gen5_1 75, ...; sys.dm_db_resource_stats shows how much of it is used), on SQL Server @@MAX_CONNECTIONS; the user sessions open now (only the caller's own without VIEW DATABASE STATE).
 SELECT CAST(@@MAX_CONNECTIONS AS INT) AS max_connections,
@@ -1373,7 +1381,7 @@ WHERE o.elastic_pool_name = CAST(:pool AS NVARCHAR(128))
 ORDER BY d.name;
 
 -- fan_out_targets --
--- A run reached a fleet step (fenced by its token): it waits for its targets (no lease, no worker slot) and one execution per target database is created in one statement (a JSON array of {n, target_server, target_database}, n from 1), the first :parallelism runnable now, the others waiting for the window. No row back: the lease was taken over; roll back.
+-- A run reached a fleet step (fenced by its token): it waits for its targets (no lease, no worker slot) and one execution per target database is created in one statement (a JSON array of {n, target_server, target_database}, n from 1), the first :parallelism let in, the others waiting for the window; execution n runnable from :now + (n - 1) * :stagger_seconds (TARGET_STAGGER_SECONDS), which the window keeps when it lets a waiting one in. No row back: the lease was taken over; roll back.
 DECLARE @fanned TABLE (run_id BIGINT, token BIGINT, operation_id NVARCHAR(32), lease_seconds INT);
 UPDATE agent.runs SET awaiting_targets = 1, lease_expires_at = NULL, heartbeat_at = CAST(:now AS DATETIME2(6)),
     target_parallelism = CAST(:parallelism AS INT),
@@ -1389,7 +1397,8 @@ OUTPUT inserted.run_id INTO @created
 SELECT NULL, N'target', CAST(:now AS DATETIME2(6)),
        CASE WHEN t.n <= CAST(:parallelism AS INT) THEN N'pending' ELSE N'waiting' END,
        CAST(:command AS NVARCHAR(MAX)), t.target_database, t.target_server, N'allow', CAST(:max_attempts AS INT),
-       CAST(:timeout_seconds AS INT), p.lease_seconds, CAST(:now AS DATETIME2(6)), CAST(:now AS DATETIME2(6)),
+       CAST(:timeout_seconds AS INT), p.lease_seconds,
+       DATEADD(second, (t.n - 1) * CAST(:stagger_seconds AS INT), CAST(:now AS DATETIME2(6))), CAST(:now AS DATETIME2(6)),
        p.operation_id, CONCAT(N'target of run ', p.run_id, N', step ', CAST(:step AS INT)), p.run_id, p.token,
        CAST(:retry_interval_seconds AS INT), CAST(:step AS INT)
 FROM @fanned AS p
@@ -1397,11 +1406,11 @@ CROSS JOIN OPENJSON(:targets) WITH (n INT, target_server NVARCHAR(256), target_d
 SELECT p.run_id, (SELECT COUNT(*) FROM @created) AS created FROM @fanned AS p;
 
 -- progress_fleets --
--- After an execution ended (:parent_run_id its run, :run_id at :token the execution, in the transaction that ends it) or at every tick (all NULL: every run waiting for its targets). The next waiting execution takes the ended one's place (READPAST: no wait on the run's other executions, no lock on the run); only when none was waiting (@tail), and at ticks: cancel the executions of runs that no longer wait for them, let waiting executions in up to TARGET_PARALLELISM, and move on each run whose executions all ended (its next step runnable now, or its end). The waiting runs' rows are locked first (UPDLOCK, HOLDLOCK), so two executions ending at once are counted one after the other: each later statement reads what the other committed.
+-- After an execution ended (:parent_run_id its run, :run_id at :token the execution, in the transaction that ends it) or at every tick (all NULL: every run waiting for its targets). The next waiting execution takes the ended one's place (READPAST: no wait on the run's other executions, no lock on the run); only when none was waiting (@tail), and at ticks: cancel the executions of runs that no longer wait for them, let waiting executions in up to TARGET_PARALLELISM (each keeping its staggered start), and move on each run whose executions all ended (its next step runnable now, or its end). The waiting runs' rows are locked first (UPDLOCK, HOLDLOCK), so two executions ending at once are counted one after the other: each later statement reads what the other committed.
 DECLARE @parent BIGINT = CAST(:parent_run_id AS BIGINT);
 DECLARE @now DATETIME2(6) = CAST(:now AS DATETIME2(6));
 DECLARE @swapped TABLE (run_id BIGINT);
-UPDATE w SET status = N'pending', runnable_at = @now
+UPDATE w SET status = N'pending', runnable_at = CASE WHEN w.runnable_at > @now THEN w.runnable_at ELSE @now END
 OUTPUT inserted.run_id INTO @swapped
 FROM agent.runs AS w
 WHERE w.run_id = (
@@ -1440,7 +1449,7 @@ WHERE @tail = 1 AND c.parent_run_id IS NOT NULL AND (@parent IS NULL OR p.run_id
   AND (p.awaiting_targets = 0 OR p.status <> N'running' OR p.token <> c.parent_token);
 UPDATE agent.runs SET awaiting_targets = 0
 WHERE @tail = 1 AND awaiting_targets = 1 AND status <> N'running' AND (@parent IS NULL OR run_id = @parent);
-UPDATE c SET status = N'pending', runnable_at = @now
+UPDATE c SET status = N'pending', runnable_at = CASE WHEN c.runnable_at > @now THEN c.runnable_at ELSE @now END
 FROM agent.runs AS c
 JOIN (SELECT w.run_id
       FROM (SELECT p.run_id, p.token,

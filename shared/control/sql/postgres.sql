@@ -4,9 +4,9 @@
 -- in (CAST(:x AS timestamp)): the agent's clock, never the server's.
 
 -- bootstrap_schema --
--- Take the migration lock for the session (released by release_migration_lock after the migrations), then create the agent schema and the schema version table if missing: two first init-db runs cannot both create them (CREATE ... IF NOT EXISTS alone races on the catalog).
+-- Take the migration lock for the session (released by release_migration_lock after the migrations), then create the agent schema and the schema version table if missing: two first init-db runs cannot both create them (CREATE ... IF NOT EXISTS alone races on the catalog). The schema is created only when missing, because CREATE SCHEMA IF NOT EXISTS checks CREATE on the database first: a least-privilege login owns the schema an admin made for it (grant-sql --agent-login) and has no CREATE on the database.
 SELECT pg_advisory_lock(7428001) AS locked;
-CREATE SCHEMA IF NOT EXISTS agent;
+DO $$ BEGIN IF to_regnamespace('agent') IS NULL THEN CREATE SCHEMA agent; END IF; END $$;
 CREATE TABLE IF NOT EXISTS agent.schema_version (
     version     INT PRIMARY KEY,
     description VARCHAR(200) NOT NULL,
@@ -635,6 +635,17 @@ gone AS (
     DELETE FROM agent.audit AS a USING old WHERE a.audit_id = old.audit_id RETURNING a.audit_id)
 SELECT 'audit' AS purged, COUNT(*) AS rows_purged FROM gone;
 
+-- identity_rights --
+-- The doctor's view of what the agent's login reaches beyond the agent's rights (docs/deploying.md, "What the agent's identity can do"): the privileged roles it is or can SET ROLE to (a superuser, CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS role, a predefined role, the database's owner through pg_database_owner), or NULL.
+SELECT CAST(session_user AS text) AS login_name,
+       (SELECT string_agg(r.rolname || CASE WHEN r.rolsuper THEN ' (superuser)' WHEN r.rolcreaterole THEN ' (CREATEROLE)'
+                                            WHEN r.rolcreatedb THEN ' (CREATEDB)' WHEN r.rolreplication THEN ' (REPLICATION)'
+                                            WHEN r.rolbypassrls THEN ' (BYPASSRLS)' ELSE '' END, ', ' ORDER BY r.rolname)
+        FROM pg_catalog.pg_roles AS r
+        WHERE pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER')
+          AND (r.rolsuper OR r.rolcreaterole OR r.rolcreatedb OR r.rolreplication OR r.rolbypassrls
+               OR r.rolname LIKE 'pg\_%')) AS reaches;
+
 -- connection_limit --
 -- The doctor's view of how many connections the server lets the agent's login hold (AGENT_MAX_CONNECTIONS x processes must fit): max_connections less the places reserved for superusers (superuser_reserved_connections, and reserved_connections from PostgreSQL 16) unless the login is a superuser, the role's CONNECTION LIMIT and the database's (-1: none), and the client connections open now.
 SELECT CAST(current_setting('max_connections') AS INT) AS max_connections,
@@ -875,7 +886,7 @@ SELECT datname AS name FROM pg_catalog.pg_database WHERE NOT datistemplate ORDER
 SELECT CAST(NULL AS VARCHAR) AS name WHERE CAST(:pool AS VARCHAR) IS NULL AND FALSE;
 
 -- fan_out_targets --
--- A run reached a fleet step (fenced by its token): it waits for its targets (no lease, no worker slot) and one execution per target database is created in one statement (a JSON array of {n, target_server, target_database}, n from 1), the first :parallelism runnable now, the others waiting for the window. No row back: the lease was taken over; roll back.
+-- A run reached a fleet step (fenced by its token): it waits for its targets (no lease, no worker slot) and one execution per target database is created in one statement (a JSON array of {n, target_server, target_database}, n from 1), the first :parallelism let in, the others waiting for the window; execution n runnable from :now + (n - 1) * :stagger_seconds (TARGET_STAGGER_SECONDS), which the window keeps when it lets a waiting one in. No row back: the lease was taken over; roll back.
 WITH p AS (
     UPDATE agent.runs SET awaiting_targets = 1, lease_expires_at = NULL, heartbeat_at = CAST(:now AS timestamp),
         target_parallelism = CAST(:parallelism AS INT),
@@ -890,7 +901,8 @@ created AS (
     SELECT NULL, 'target', CAST(:now AS timestamp),
            CASE WHEN t.n <= CAST(:parallelism AS INT) THEN 'pending' ELSE 'waiting' END,
            CAST(:command AS TEXT), t.target_database, t.target_server, 'allow', CAST(:max_attempts AS INT),
-           CAST(:timeout_seconds AS INT), p.lease_seconds, CAST(:now AS timestamp), CAST(:now AS timestamp),
+           CAST(:timeout_seconds AS INT), p.lease_seconds,
+           CAST(:now AS timestamp) + (t.n - 1) * CAST(:stagger_seconds AS INT) * INTERVAL '1 second', CAST(:now AS timestamp),
            p.operation_id, 'target of run ' || p.run_id || ', step ' || CAST(:step AS INT), p.run_id, p.token,
            CAST(:retry_interval_seconds AS INT), CAST(:step AS INT)
     FROM p CROSS JOIN json_to_recordset(CAST(:targets AS json)) AS t(n INT, target_server VARCHAR, target_database VARCHAR)
@@ -898,7 +910,7 @@ created AS (
 SELECT p.run_id, (SELECT COUNT(*) FROM created) AS created FROM p;
 
 -- progress_fleets --
--- After an execution ended (:parent_run_id its run, :run_id at :token the execution, in the transaction that ends it) or at every tick (all NULL: every run waiting for its targets): the next waiting execution takes the ended one's place (no lock on the run); when none waits, and at ticks: cancel the executions of runs that no longer wait for them, let waiting executions in up to TARGET_PARALLELISM, and move on each run whose executions all ended (its next step runnable now, or its end). (agent.progress_fleets, a function of migration 0006: its statements run one after the other, the tail's under the runs' row locks.)
+-- After an execution ended (:parent_run_id its run, :run_id at :token the execution, in the transaction that ends it) or at every tick (all NULL: every run waiting for its targets): the next waiting execution takes the ended one's place (no lock on the run); when none waits, and at ticks: cancel the executions of runs that no longer wait for them, let waiting executions in up to TARGET_PARALLELISM, and move on each run whose executions all ended (its next step runnable now, or its end). (agent.progress_fleets, a function of migration 0006, replaced in 0016 so that an execution let in keeps its staggered start: its statements run one after the other, the tail's under the runs' row locks.)
 SELECT run_id, job_name, status, step, targets_total, targets_failed, last_error, operation_id
 FROM agent.progress_fleets(CAST(:parent_run_id AS BIGINT), CAST(:run_id AS BIGINT), CAST(:token AS BIGINT), CAST(:now AS TIMESTAMP));
 

@@ -784,6 +784,10 @@ DELETE FROM agent_audit WHERE audit_id IN (
     SELECT audit_id FROM agent_audit WHERE acted_at < :history_before ORDER BY audit_id LIMIT :batch)
 RETURNING 'audit' AS purged, 1 AS rows_purged;
 
+-- identity_rights --
+-- The doctor's view of what the agent's login reaches beyond the agent's rights: an embedded SQLite file has no logins (whoever can open it can do everything).
+SELECT NULL AS login_name, NULL AS reaches;
+
 -- connection_limit --
 -- The doctor's view of the server's connection limit: an embedded SQLite file has none (one process owns it).
 SELECT NULL AS max_connections, 0 AS reserved_connections, -1 AS role_limit, -1 AS database_limit,
@@ -1048,7 +1052,7 @@ SELECT name FROM pragma_database_list WHERE 1 = 0;
 SELECT name FROM pragma_database_list WHERE 1 = 0 AND :pool IS NULL;
 
 -- fan_out_targets --
--- Fleet targets are refused on the embedded database at sync; kept for parity with the servers: the run waits for its targets and one execution per target database is created (a JSON array of {n, target_server, target_database}), the first :parallelism runnable now. No row back: the lease was taken over.
+-- Fleet targets are refused on the embedded database at sync; kept for parity with the servers: the run waits for its targets and one execution per target database is created (a JSON array of {n, target_server, target_database}), the first :parallelism let in, execution n runnable from :now + (n - 1) * :stagger_seconds. No row back: the lease was taken over.
 UPDATE agent_runs SET awaiting_targets = 1, lease_expires_at = NULL, heartbeat_at = :now,
     target_parallelism = :parallelism, next_step_on_success = :next_on_success,
     next_step_on_failure = :next_on_failure, targets_total = COALESCE(targets_total, 0) + :target_count,
@@ -1060,7 +1064,9 @@ INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_d
 SELECT NULL, 'target', :now,
        CASE WHEN json_extract(t.value, '$.n') <= :parallelism THEN 'pending' ELSE 'waiting' END,
        :command, json_extract(t.value, '$.target_database'), json_extract(t.value, '$.target_server'), 'allow',
-       :max_attempts, :timeout_seconds, p.lease_seconds, :now, :now, p.operation_id,
+       :max_attempts, :timeout_seconds, p.lease_seconds,
+       strftime('%Y-%m-%d %H:%M:%f', julianday(:now) + (json_extract(t.value, '$.n') - 1) * :stagger_seconds / 86400.0),
+       :now, p.operation_id,
        'target of run ' || p.run_id || ', step ' || :step, p.run_id, p.token, :retry_interval_seconds, :step
 FROM agent_runs AS p, json_each(:targets) AS t
 WHERE p.run_id = :run_id AND p.token = :token AND p.status = 'running' AND p.awaiting_targets = 1
@@ -1070,8 +1076,8 @@ FROM agent_runs AS p
 WHERE p.run_id = :run_id AND p.token = :token AND p.status = 'running' AND p.awaiting_targets = 1;
 
 -- progress_fleets --
--- Fleet targets are refused on the embedded database at sync; kept for parity with the servers (SQLite's single writer serialises it): the next waiting execution takes the place of the one that ended (:run_id at :token), then cancel the executions of runs that no longer wait for them, let waiting executions in up to TARGET_PARALLELISM, and move on each run whose executions all ended.
-UPDATE agent_runs SET status = 'pending', runnable_at = :now
+-- Fleet targets are refused on the embedded database at sync; kept for parity with the servers (SQLite's single writer serialises it): the next waiting execution takes the place of the one that ended (:run_id at :token), then cancel the executions of runs that no longer wait for them, let waiting executions in up to TARGET_PARALLELISM (each keeping its staggered start), and move on each run whose executions all ended.
+UPDATE agent_runs SET status = 'pending', runnable_at = max(runnable_at, :now)
 WHERE run_id = (
     SELECT x.run_id
     FROM agent_runs AS e
@@ -1090,7 +1096,7 @@ WHERE parent_run_id IS NOT NULL AND (:parent_run_id IS NULL OR parent_run_id = :
                 AND (p.awaiting_targets = 0 OR p.status <> 'running' OR p.token <> agent_runs.parent_token));
 UPDATE agent_runs SET awaiting_targets = 0
 WHERE awaiting_targets = 1 AND status <> 'running' AND (:parent_run_id IS NULL OR run_id = :parent_run_id);
-UPDATE agent_runs SET status = 'pending', runnable_at = :now
+UPDATE agent_runs SET status = 'pending', runnable_at = max(runnable_at, :now)
 WHERE status = 'waiting' AND run_id IN (
     SELECT w.run_id FROM agent_runs AS w JOIN agent_runs AS p ON p.run_id = w.parent_run_id AND p.token = w.parent_token
     WHERE w.status = 'waiting' AND p.awaiting_targets = 1 AND p.status = 'running'

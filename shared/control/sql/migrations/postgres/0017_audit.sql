@@ -1,4 +1,4 @@
--- 0016 the audit trail (issue 32 item 4): every operator action — from the command line
+-- 0017 the audit trail (issue 32 item 4): every operator action — from the command line
 -- (shared/engine/audit.py writes the row in the action's own transaction) and from the agent's
 -- functions below — is one row of agent.audit: who (the database principal), from where, when
 -- (the database's clock), what, its arguments (JSON, bounded), and whether it was done or
@@ -45,32 +45,43 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 $$;
 REVOKE ALL ON FUNCTION agent.audit_procedure_call(varchar, varchar, bigint, jsonb, text) FROM PUBLIC;
 
--- Each operator function moves to the schema agent_unaudited (its body, checks and results
--- unchanged: its name stays, which its body uses to qualify its parameters; agent_operator has no
--- USAGE on that schema), and a function of the old name, parameters, defaults and results in
--- agent calls it and writes the audit row in the same transaction. A later migration that changes
--- what one of them does redefines agent_unaudited.<name>.
-CREATE SCHEMA agent_unaudited;
-REVOKE ALL ON SCHEMA agent_unaudited FROM PUBLIC;
--- (In a DO block: one statement that every SQL parser the tests use reads.)
+-- Each operator function becomes agent.<name>_unaudited, its body, checks and results unchanged
+-- (recreated from its own definition under the new name: a PL/pgSQL body qualifies its
+-- parameters by its function's name, <name>.<parameter>, so that qualifier follows the name;
+-- closed to PUBLIC and agent_operator), and a function of the old name, parameters, defaults and
+-- results calls it and writes the audit row in the same transaction. (No schema of its own: the
+-- agent's login may own schema agent and have no CREATE on the database, issue 34 item 2.) A
+-- later migration that changes what one of them does redefines agent.<name>_unaudited.
 DO $$
+DECLARE
+    f record;
+    v_definition text;
 BEGIN
-    ALTER FUNCTION agent.exec_async(text, int, varchar, timestamptz, int, int) SET SCHEMA agent_unaudited;
-    ALTER FUNCTION agent.add_scheduled_job(varchar, text, varchar, timestamptz, varchar, int, int, int, varchar, varchar, varchar, int, int, varchar, int, varchar, varchar) SET SCHEMA agent_unaudited;
-    ALTER FUNCTION agent.remove_scheduled_job(varchar) SET SCHEMA agent_unaudited;
-    ALTER FUNCTION agent.enable_job(varchar, int) SET SCHEMA agent_unaudited;
-    ALTER FUNCTION agent.start_job(varchar) SET SCHEMA agent_unaudited;
-    ALTER FUNCTION agent.stop_job(varchar) SET SCHEMA agent_unaudited;
-    ALTER FUNCTION agent.cancel_run(bigint) SET SCHEMA agent_unaudited;
-    ALTER FUNCTION agent.requeue_poison(bigint) SET SCHEMA agent_unaudited;
-    ALTER FUNCTION agent.pause_job(varchar, timestamptz, varchar) SET SCHEMA agent_unaudited;
-    ALTER FUNCTION agent.resume_job(varchar) SET SCHEMA agent_unaudited;
-    ALTER FUNCTION agent.add_calendar(varchar, text, text) SET SCHEMA agent_unaudited;
-    ALTER FUNCTION agent.remove_calendar(varchar) SET SCHEMA agent_unaudited;
-    ALTER FUNCTION agent.set_job_calendars(varchar, varchar, varchar, varchar, int) SET SCHEMA agent_unaudited;
+    FOR f IN SELECT * FROM (VALUES
+        ('exec_async', 'text, int, varchar, timestamptz, int, int'),
+        ('add_scheduled_job', 'varchar, text, varchar, timestamptz, varchar, int, int, int, varchar, varchar, varchar, int, int, varchar, int, varchar, varchar'),
+        ('remove_scheduled_job', 'varchar'),
+        ('enable_job', 'varchar, int'),
+        ('start_job', 'varchar'),
+        ('stop_job', 'varchar'),
+        ('cancel_run', 'bigint'),
+        ('requeue_poison', 'bigint'),
+        ('pause_job', 'varchar, timestamptz, varchar'),
+        ('resume_job', 'varchar'),
+        ('add_calendar', 'varchar, text, text'),
+        ('remove_calendar', 'varchar'),
+        ('set_job_calendars', 'varchar, varchar, varchar, varchar, int')) AS t(name, arguments)
+    LOOP
+        v_definition := pg_get_functiondef(CAST('agent.' || f.name || '(' || f.arguments || ')' AS regprocedure));
+        v_definition := regexp_replace(v_definition, '^CREATE OR REPLACE FUNCTION agent\.' || f.name || '\(',
+                                       'CREATE FUNCTION agent.' || f.name || '_unaudited(');
+        v_definition := regexp_replace(v_definition, '\m' || f.name || '\.', f.name || '_unaudited.', 'g');
+        EXECUTE v_definition;
+        EXECUTE 'REVOKE ALL ON FUNCTION agent.' || f.name || '_unaudited(' || f.arguments || ') FROM PUBLIC, agent_operator';
+        EXECUTE 'DROP FUNCTION agent.' || f.name || '(' || f.arguments || ')';
+    END LOOP;
 END
 $$;
-REVOKE ALL ON FUNCTION agent_unaudited.exec_async(text, int, varchar, timestamptz, int, int) FROM PUBLIC, agent_operator;
 CREATE FUNCTION agent.exec_async(sql text, execution_order int DEFAULT 0, "database" varchar DEFAULT NULL, run_at timestamptz DEFAULT NULL, max_attempts int DEFAULT 1, timeout_seconds int DEFAULT 1800)
 RETURNS TABLE (run_id bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -80,7 +91,7 @@ DECLARE
     v_status varchar;
     v_note text;
 BEGIN
-    FOR v_run IN SELECT r.run_id FROM agent_unaudited.exec_async($1, $2, $3, $4, $5, $6) AS r LOOP
+    FOR v_run IN SELECT r.run_id FROM agent.exec_async_unaudited($1, $2, $3, $4, $5, $6) AS r LOOP
         RETURN QUERY SELECT v_run;
     END LOOP;
     PERFORM agent.audit_procedure_call('submit', NULL, v_run, jsonb_build_object('sql', left($1, 2000), 'execution_order', $2, 'database', $3, 'run_at', $4, 'max_attempts', $5, 'timeout_seconds', $6), NULL);
@@ -90,7 +101,6 @@ $$;
 REVOKE ALL ON FUNCTION agent.exec_async(text, int, varchar, timestamptz, int, int) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agent.exec_async(text, int, varchar, timestamptz, int, int) TO agent_operator;
 
-REVOKE ALL ON FUNCTION agent_unaudited.add_scheduled_job(varchar, text, varchar, timestamptz, varchar, int, int, int, varchar, varchar, varchar, int, int, varchar, int, varchar, varchar) FROM PUBLIC, agent_operator;
 CREATE FUNCTION agent.add_scheduled_job(name varchar, sql text, schedule varchar DEFAULT NULL, run_at timestamptz DEFAULT NULL, timezone varchar DEFAULT 'UTC', enabled int DEFAULT 1, max_attempts int DEFAULT 3, timeout_seconds int DEFAULT 1800, overlap varchar DEFAULT 'skip', "database" varchar DEFAULT NULL, misfire varchar DEFAULT 'run-once', grace_seconds int DEFAULT 86400, lease_seconds int DEFAULT 60, targets varchar DEFAULT NULL, target_parallelism int DEFAULT 8, "after" varchar DEFAULT NULL, after_outcome varchar DEFAULT 'succeeded')
 RETURNS TABLE (job_name varchar, action text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -100,7 +110,7 @@ DECLARE
     v_status varchar;
     v_note text;
 BEGIN
-    RETURN QUERY SELECT * FROM agent_unaudited.add_scheduled_job($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17);
+    RETURN QUERY SELECT * FROM agent.add_scheduled_job_unaudited($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17);
     GET DIAGNOSTICS v_rows = ROW_COUNT;
     PERFORM agent.audit_procedure_call('define', $1, NULL, jsonb_build_object('name', left($1, 200), 'sql', left($2, 2000), 'schedule', left($3, 200), 'run_at', $4, 'timezone', left($5, 100), 'enabled', $6, 'max_attempts', $7, 'timeout_seconds', $8, 'overlap', left($9, 20), 'database', left($10, 200), 'misfire', left($11, 20), 'grace_seconds', $12, 'lease_seconds', $13, 'targets', left($14, 400), 'target_parallelism', $15, 'after', left($16, 400), 'after_outcome', left($17, 20)), v_rows || ' row(s)');
     RETURN;
@@ -109,7 +119,6 @@ $$;
 REVOKE ALL ON FUNCTION agent.add_scheduled_job(varchar, text, varchar, timestamptz, varchar, int, int, int, varchar, varchar, varchar, int, int, varchar, int, varchar, varchar) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agent.add_scheduled_job(varchar, text, varchar, timestamptz, varchar, int, int, int, varchar, varchar, varchar, int, int, varchar, int, varchar, varchar) TO agent_operator;
 
-REVOKE ALL ON FUNCTION agent_unaudited.remove_scheduled_job(varchar) FROM PUBLIC, agent_operator;
 CREATE FUNCTION agent.remove_scheduled_job(name varchar)
 RETURNS TABLE (job_name varchar, skipped_runs int)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -119,7 +128,7 @@ DECLARE
     v_status varchar;
     v_note text;
 BEGIN
-    RETURN QUERY SELECT * FROM agent_unaudited.remove_scheduled_job($1);
+    RETURN QUERY SELECT * FROM agent.remove_scheduled_job_unaudited($1);
     GET DIAGNOSTICS v_rows = ROW_COUNT;
     PERFORM agent.audit_procedure_call('remove', $1, NULL, jsonb_build_object('name', left($1, 200)), v_rows || ' row(s)');
     RETURN;
@@ -128,7 +137,6 @@ $$;
 REVOKE ALL ON FUNCTION agent.remove_scheduled_job(varchar) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agent.remove_scheduled_job(varchar) TO agent_operator;
 
-REVOKE ALL ON FUNCTION agent_unaudited.enable_job(varchar, int) FROM PUBLIC, agent_operator;
 CREATE FUNCTION agent.enable_job(name varchar, enabled int DEFAULT 1)
 RETURNS TABLE (job_name varchar, skipped_runs int, resumed_runs int)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -138,7 +146,7 @@ DECLARE
     v_status varchar;
     v_note text;
 BEGIN
-    RETURN QUERY SELECT * FROM agent_unaudited.enable_job($1, $2);
+    RETURN QUERY SELECT * FROM agent.enable_job_unaudited($1, $2);
     GET DIAGNOSTICS v_rows = ROW_COUNT;
     PERFORM agent.audit_procedure_call(CASE WHEN $2 = 0 THEN 'disable' ELSE 'enable' END, $1, NULL, jsonb_build_object('name', left($1, 200), 'enabled', $2), v_rows || ' row(s)');
     RETURN;
@@ -147,7 +155,6 @@ $$;
 REVOKE ALL ON FUNCTION agent.enable_job(varchar, int) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agent.enable_job(varchar, int) TO agent_operator;
 
-REVOKE ALL ON FUNCTION agent_unaudited.start_job(varchar) FROM PUBLIC, agent_operator;
 CREATE FUNCTION agent.start_job(job_name varchar)
 RETURNS TABLE (run_id bigint, status varchar, note text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -157,7 +164,7 @@ DECLARE
     v_status varchar;
     v_note text;
 BEGIN
-    FOR v_run, v_status, v_note IN SELECT r.run_id, r.status, r.note FROM agent_unaudited.start_job($1) AS r LOOP
+    FOR v_run, v_status, v_note IN SELECT r.run_id, r.status, r.note FROM agent.start_job_unaudited($1) AS r LOOP
         RETURN QUERY SELECT v_run, v_status, v_note;
     END LOOP;
     PERFORM agent.audit_procedure_call('run-now', $1, v_run, jsonb_build_object('job_name', left($1, 200)), v_status || COALESCE(': ' || v_note, ''));
@@ -167,7 +174,6 @@ $$;
 REVOKE ALL ON FUNCTION agent.start_job(varchar) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agent.start_job(varchar) TO agent_operator;
 
-REVOKE ALL ON FUNCTION agent_unaudited.stop_job(varchar) FROM PUBLIC, agent_operator;
 CREATE FUNCTION agent.stop_job(job_name varchar)
 RETURNS TABLE (cancelled_run_id bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -177,7 +183,7 @@ DECLARE
     v_status varchar;
     v_note text;
 BEGIN
-    RETURN QUERY SELECT * FROM agent_unaudited.stop_job($1);
+    RETURN QUERY SELECT * FROM agent.stop_job_unaudited($1);
     GET DIAGNOSTICS v_rows = ROW_COUNT;
     PERFORM agent.audit_procedure_call('stop', $1, NULL, jsonb_build_object('job_name', left($1, 200)), v_rows || ' row(s)');
     RETURN;
@@ -186,7 +192,6 @@ $$;
 REVOKE ALL ON FUNCTION agent.stop_job(varchar) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agent.stop_job(varchar) TO agent_operator;
 
-REVOKE ALL ON FUNCTION agent_unaudited.cancel_run(bigint) FROM PUBLIC, agent_operator;
 CREATE FUNCTION agent.cancel_run(run_id bigint)
 RETURNS TABLE (cancelled_run_id bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -196,7 +201,7 @@ DECLARE
     v_status varchar;
     v_note text;
 BEGIN
-    RETURN QUERY SELECT * FROM agent_unaudited.cancel_run($1);
+    RETURN QUERY SELECT * FROM agent.cancel_run_unaudited($1);
     GET DIAGNOSTICS v_rows = ROW_COUNT;
     PERFORM agent.audit_procedure_call('cancel', NULL, $1, jsonb_build_object('run_id', $1), v_rows || ' row(s)');
     RETURN;
@@ -205,7 +210,6 @@ $$;
 REVOKE ALL ON FUNCTION agent.cancel_run(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agent.cancel_run(bigint) TO agent_operator;
 
-REVOKE ALL ON FUNCTION agent_unaudited.requeue_poison(bigint) FROM PUBLIC, agent_operator;
 CREATE FUNCTION agent.requeue_poison(poison_id bigint)
 RETURNS TABLE (requeued_run_id bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -215,7 +219,7 @@ DECLARE
     v_status varchar;
     v_note text;
 BEGIN
-    FOR v_run IN SELECT r.requeued_run_id FROM agent_unaudited.requeue_poison($1) AS r LOOP
+    FOR v_run IN SELECT r.requeued_run_id FROM agent.requeue_poison_unaudited($1) AS r LOOP
         RETURN QUERY SELECT v_run;
     END LOOP;
     PERFORM agent.audit_procedure_call('requeue', NULL, v_run, jsonb_build_object('poison_id', $1), NULL);
@@ -225,7 +229,6 @@ $$;
 REVOKE ALL ON FUNCTION agent.requeue_poison(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agent.requeue_poison(bigint) TO agent_operator;
 
-REVOKE ALL ON FUNCTION agent_unaudited.pause_job(varchar, timestamptz, varchar) FROM PUBLIC, agent_operator;
 CREATE FUNCTION agent.pause_job(job_name varchar, until timestamptz DEFAULT NULL, reason varchar DEFAULT NULL)
 RETURNS TABLE (paused_at timestamp, paused_until timestamp, paused_by varchar, runs_skipped int)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -235,7 +238,7 @@ DECLARE
     v_status varchar;
     v_note text;
 BEGIN
-    RETURN QUERY SELECT * FROM agent_unaudited.pause_job($1, $2, $3);
+    RETURN QUERY SELECT * FROM agent.pause_job_unaudited($1, $2, $3);
     GET DIAGNOSTICS v_rows = ROW_COUNT;
     PERFORM agent.audit_procedure_call('pause', $1, NULL, jsonb_build_object('job_name', left($1, 200), 'until', $2, 'reason', left($3, 400)), v_rows || ' row(s)');
     RETURN;
@@ -244,7 +247,6 @@ $$;
 REVOKE ALL ON FUNCTION agent.pause_job(varchar, timestamptz, varchar) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agent.pause_job(varchar, timestamptz, varchar) TO agent_operator;
 
-REVOKE ALL ON FUNCTION agent_unaudited.resume_job(varchar) FROM PUBLIC, agent_operator;
 CREATE FUNCTION agent.resume_job(job_name varchar)
 RETURNS TABLE (paused_at timestamp, resumed_at timestamp)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -254,7 +256,7 @@ DECLARE
     v_status varchar;
     v_note text;
 BEGIN
-    RETURN QUERY SELECT * FROM agent_unaudited.resume_job($1);
+    RETURN QUERY SELECT * FROM agent.resume_job_unaudited($1);
     GET DIAGNOSTICS v_rows = ROW_COUNT;
     PERFORM agent.audit_procedure_call('resume', $1, NULL, jsonb_build_object('job_name', left($1, 200)), v_rows || ' row(s)');
     RETURN;
@@ -263,7 +265,6 @@ $$;
 REVOKE ALL ON FUNCTION agent.resume_job(varchar) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agent.resume_job(varchar) TO agent_operator;
 
-REVOKE ALL ON FUNCTION agent_unaudited.add_calendar(varchar, text, text) FROM PUBLIC, agent_operator;
 CREATE FUNCTION agent.add_calendar(name varchar, dates text DEFAULT NULL, weekly text DEFAULT NULL)
 RETURNS TABLE (calendar_name varchar, action varchar, jobs_replanned int)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -273,7 +274,7 @@ DECLARE
     v_status varchar;
     v_note text;
 BEGIN
-    RETURN QUERY SELECT * FROM agent_unaudited.add_calendar($1, $2, $3);
+    RETURN QUERY SELECT * FROM agent.add_calendar_unaudited($1, $2, $3);
     GET DIAGNOSTICS v_rows = ROW_COUNT;
     PERFORM agent.audit_procedure_call('define-calendar', NULL, NULL, jsonb_build_object('name', left($1, 200), 'dates', left($2, 1000), 'weekly', left($3, 400)), v_rows || ' row(s)');
     RETURN;
@@ -282,7 +283,6 @@ $$;
 REVOKE ALL ON FUNCTION agent.add_calendar(varchar, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agent.add_calendar(varchar, text, text) TO agent_operator;
 
-REVOKE ALL ON FUNCTION agent_unaudited.remove_calendar(varchar) FROM PUBLIC, agent_operator;
 CREATE FUNCTION agent.remove_calendar(name varchar)
 RETURNS TABLE (calendar_name varchar, jobs_replanned int)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -292,7 +292,7 @@ DECLARE
     v_status varchar;
     v_note text;
 BEGIN
-    RETURN QUERY SELECT * FROM agent_unaudited.remove_calendar($1);
+    RETURN QUERY SELECT * FROM agent.remove_calendar_unaudited($1);
     GET DIAGNOSTICS v_rows = ROW_COUNT;
     PERFORM agent.audit_procedure_call('remove-calendar', NULL, NULL, jsonb_build_object('name', left($1, 200)), v_rows || ' row(s)');
     RETURN;
@@ -301,7 +301,6 @@ $$;
 REVOKE ALL ON FUNCTION agent.remove_calendar(varchar) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agent.remove_calendar(varchar) TO agent_operator;
 
-REVOKE ALL ON FUNCTION agent_unaudited.set_job_calendars(varchar, varchar, varchar, varchar, int) FROM PUBLIC, agent_operator;
 CREATE FUNCTION agent.set_job_calendars(job_name varchar, exclude_calendars varchar DEFAULT NULL, only_calendars varchar DEFAULT NULL, on_excluded varchar DEFAULT 'skip', jitter_seconds int DEFAULT 0)
 RETURNS TABLE (job varchar, exclude_names varchar, only_names varchar, excluded_policy varchar, jitter int)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -311,7 +310,7 @@ DECLARE
     v_status varchar;
     v_note text;
 BEGIN
-    RETURN QUERY SELECT * FROM agent_unaudited.set_job_calendars($1, $2, $3, $4, $5);
+    RETURN QUERY SELECT * FROM agent.set_job_calendars_unaudited($1, $2, $3, $4, $5);
     GET DIAGNOSTICS v_rows = ROW_COUNT;
     PERFORM agent.audit_procedure_call('set-calendars', $1, NULL, jsonb_build_object('job_name', left($1, 200), 'exclude_calendars', left($2, 400), 'only_calendars', left($3, 400), 'on_excluded', left($4, 20), 'jitter_seconds', $5), v_rows || ' row(s)');
     RETURN;

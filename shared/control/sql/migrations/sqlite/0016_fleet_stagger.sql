@@ -1,0 +1,3 @@
+-- 0016 fleet stagger (issue 33 item 3): changes only the PostgreSQL dialect (agent.progress_fleets
+-- keeps a staggered start). Nothing to do here: this dialect's progress_fleets is a named query.
+-- The file keeps the versions of every dialect in step.
