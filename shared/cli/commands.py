@@ -538,7 +538,7 @@ def cmd_import_sqlagent(agent, args) -> int:
         return _import_sqlagent(agent, args)
     except (AgentError, OSError) as exc:
         if args.apply and agent is not None:
-            record_refusal(agent.store(), command_line_actor(), AuditAction.IMPORT, now=agent.clock(), error=exc,
+            record_refusal(agent.store(), command_line_actor(), AuditAction.IMPORT, clock=agent.clock, error=exc,
                            arguments={"files": list(args.files), "timezone": args.timezone,
                                       "encoding": args.encoding})
         raise

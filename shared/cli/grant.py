@@ -36,7 +36,7 @@ def cmd_grant_sql(agent, args) -> int:
         return _grant_sql(agent, args)
     except (AgentError, OSError) as exc:
         if args.apply:
-            record_refusal(agent.store(), command_line_actor(), AuditAction.GRANT, now=agent.clock(), error=exc,
+            record_refusal(agent.store(), command_line_actor(), AuditAction.GRANT, clock=agent.clock, error=exc,
                            arguments={"app_name": args.app_name, "operator": args.operator, "targets": args.targets,
                                       "agent_login": args.agent_login,
                                       "job_database": args.job_database, "execute_schema": args.execute_schema,

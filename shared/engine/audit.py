@@ -24,7 +24,7 @@ import socket
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     from shared.control.store import Store
@@ -190,15 +190,18 @@ def audited(store: Store, actor: Actor | None, action: AuditAction, *, now: date
 AUDITED_MARK = "_sql_agent_audited"
 
 
-def record_refusal(store: Store | None, actor: Actor | None, action: AuditAction, *, now: datetime,
+def record_refusal(store: Store | None, actor: Actor | None, action: AuditAction, *, clock: Callable[[], datetime],
                    arguments: dict[str, Any], error: BaseException) -> None:
     """A front end refused an action before it reached its operation (grant-sql --apply on a
     database that cannot take it, an unreadable import-sqlagent --apply script): its one row
-    'refused', unless the operation recorded it already, or there is no audit table."""
+    'refused', unless the operation recorded it already, or there is no audit table (then
+    ``clock``, the database's, is not even asked)."""
     if getattr(error, AUDITED_MARK, False) or store is None:
         return
     with contextlib.suppress(Exception):
-        with audited_if_installed(store, actor, action, now=now, arguments=arguments):
+        if not audit_trail_exists(store):
+            return
+        with audited(store, actor, action, now=clock(), arguments=arguments):
             raise error
     with contextlib.suppress(Exception):
         setattr(error, AUDITED_MARK, True)
@@ -209,6 +212,10 @@ def audit_trail_exists(store: Store) -> bool:
     before init-db, when there is nothing to write the row to."""
     from shared.control.queries import load_migrations
 
+    target = getattr(store, "target", None)
+    if store.dialect == "sqlite" and target is not None and target.location != ":memory:" \
+            and not os.path.exists(target.location):
+        return False            # asking would create the file: a refused command leaves no database behind
     try:
         version = next(m.version for m in load_migrations(store.dialect) if m.description == "audit")
         return store.schema_version() >= version
