@@ -7,7 +7,7 @@ and the change commit together or not at all. When the action is refused (a bad 
 unknown job, a run in the wrong state, a permission or driver error) its transaction rolled back,
 and :func:`audited` writes one row 'refused' with the error, in a small transaction of its own:
 never a second row for one action. The agent's T-SQL/PL/pgSQL procedures write their own rows
-(source 'tsql', migration 0019). The monitor's actions (issue 32 item 5) will come through here
+(source 'tsql', migration 0017). The monitor's actions (issue 32 item 5) will come through here
 with source 'monitor' and the signed-in principal.
 
 The hot path (claims, starts and ends of runs) writes no row.

@@ -1,4 +1,4 @@
--- 0019 the audit trail (issue 32 item 4): every operator action — from the command line
+-- 0017 the audit trail (issue 32 item 4): every operator action — from the command line
 -- (shared/engine/audit.py writes the row in the action's own transaction) and from the agent's
 -- procedures below — is one row of agent.audit: who (the login, ORIGINAL_LOGIN(): the Entra or
 -- SQL principal), from where (HOST_NAME(), APP_NAME()), when (the server's clock), what, its

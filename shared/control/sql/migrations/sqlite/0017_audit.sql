@@ -1,4 +1,4 @@
--- 0019 the audit trail (issue 32 item 4): every operator action from the command line is one row
+-- 0017 the audit trail (issue 32 item 4): every operator action from the command line is one row
 -- of agent_audit (shared/engine/audit.py), written in the action's own transaction; a refused
 -- action is one row 'refused', written after its transaction rolled back. The embedded database
 -- has no principals: the principal is the operating system's user that ran the command. Purged

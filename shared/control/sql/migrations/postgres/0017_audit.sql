@@ -1,4 +1,4 @@
--- 0019 the audit trail (issue 32 item 4): every operator action — from the command line
+-- 0017 the audit trail (issue 32 item 4): every operator action — from the command line
 -- (shared/engine/audit.py writes the row in the action's own transaction) and from the agent's
 -- functions below — is one row of agent.audit: who (the database principal), from where, when
 -- (the database's clock), what, its arguments (JSON, bounded), and whether it was done or
