@@ -181,10 +181,10 @@ def decide(settings: Settings, text: str | None, now: datetime) -> Decision:
             return Decision(True, f"horizon invalidated ({str(record.get('invalidated'))[:100]})")
         wake_at = _time(record["wake_at"])
         written_at = _time(record["written_at"])
-        print_ = record["fingerprint"]
+        recorded_fingerprint = record["fingerprint"]
     except (ValueError, TypeError, KeyError, OverflowError) as exc:
         return Decision(True, f"horizon record unreadable ({exc.__class__.__name__})")
-    if print_ != fingerprint(settings):
+    if recorded_fingerprint != fingerprint(settings):
         return Decision(True, "settings or deployment changed since the horizon was recorded")
     maximum = timedelta(minutes=settings.agent.quiet_max_minutes)
     skew = timedelta(seconds=settings.agent.max_clock_skew_seconds)
