@@ -108,6 +108,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         ErrorStyle.json = False
 
 
+# Commands after which the function app's next timer tick connects to the control database
+# (quiet ticks, shared/engine/quiet.py): they created or changed work the tick may have to see.
+WORK_CHANGING_COMMANDS = frozenset({"run-now", "submit", "pause", "resume", "cancel", "stop", "poison", "init-db",
+                                    "import-sqlagent"})
+
+
+def _wake_the_timer(settings, args: argparse.Namespace) -> None:
+    from shared.engine import quiet
+
+    if args.db:
+        settings = replace(settings, agent=replace(settings.agent, db=args.db))
+    quiet.invalidate(settings, f"sql-agent {args.command}")
+
+
 def _run(args: argparse.Namespace) -> int:
     agent = None
     try:
@@ -126,7 +140,10 @@ def _run(args: argparse.Namespace) -> int:
                                                           COMMAND_CONNECT_RETRY_SECONDS)))
         agent = Agent(settings, db=args.db)
         handler = COMMANDS[args.command]
-        return handler(agent, args)
+        code = handler(agent, args)
+        if args.command in WORK_CHANGING_COMMANDS:
+            _wake_the_timer(settings, args)
+        return code
     except ConfigError as exc:
         print_error(str(exc), "config", setting=exc.setting, value=exc.value, expected=exc.expected)
         return EXIT_USAGE

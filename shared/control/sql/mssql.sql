@@ -1598,3 +1598,14 @@ SELECT job_name, paused_at, paused_until,
 FROM agent.job_pauses WHERE job_name = CAST(:job_name AS NVARCHAR(64));
 DELETE FROM agent.job_pauses WHERE job_name = CAST(:job_name AS NVARCHAR(64));
 SELECT job_name, paused_at, paused_until, in_force FROM @resumed;
+
+-- quiet_horizon --
+-- What a quiet tick needs to know (shared/engine/quiet.py): the earliest time anything in the control database can come due: a job's next slot, a pending run (a retry, a delayed or held run), a lease in flight (its expiry), a pause's end, a notification's next delivery; and whether anything is due now or a fleet run waits (then every tick connects). One statement, whatever the job count.
+SELECT (SELECT MIN(next_due_at) FROM agent.jobs WHERE next_due_at IS NOT NULL) AS next_slot_at,
+       (SELECT MIN(runnable_at) FROM agent.runs WHERE status = N'pending') AS next_runnable_at,
+       (SELECT MIN(lease_expires_at) FROM agent.runs WHERE status IN (N'queued', N'running')) AS next_lease_at,
+       (SELECT COUNT(*) FROM agent.runs WHERE status IN (N'queued', N'running') AND lease_expires_at IS NULL) AS unleased,
+       (SELECT COUNT(*) FROM agent.runs WHERE status = N'waiting') AS waiting,
+       (SELECT MIN(paused_until) FROM agent.job_pauses WHERE paused_until > CAST(:now AS DATETIME2(6))) AS next_pause_end_at,
+       (SELECT MIN(CASE WHEN status = N'sending' THEN claimed_until ELSE next_attempt_at END) FROM agent.notifications
+        WHERE status IN (N'pending', N'sending')) AS next_notification_at;

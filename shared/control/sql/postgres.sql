@@ -965,3 +965,14 @@ DELETE FROM agent.job_pauses AS x
 WHERE x.job_name = CAST(:job_name AS VARCHAR)
 RETURNING x.job_name, x.paused_at, x.paused_until,
           CASE WHEN x.paused_until IS NULL OR x.paused_until > CAST(:now AS timestamp) THEN 1 ELSE 0 END AS in_force;
+
+-- quiet_horizon --
+-- What a quiet tick needs to know (shared/engine/quiet.py): the earliest time anything in the control database can come due: a job's next slot, a pending run (a retry, a delayed or held run), a lease in flight (its expiry), a pause's end, a notification's next delivery; and whether anything is due now or a fleet run waits (then every tick connects). One statement, whatever the job count.
+SELECT (SELECT MIN(next_due_at) FROM agent.jobs WHERE next_due_at IS NOT NULL) AS next_slot_at,
+       (SELECT MIN(runnable_at) FROM agent.runs WHERE status = 'pending') AS next_runnable_at,
+       (SELECT MIN(lease_expires_at) FROM agent.runs WHERE status IN ('queued', 'running')) AS next_lease_at,
+       (SELECT COUNT(*) FROM agent.runs WHERE status IN ('queued', 'running') AND lease_expires_at IS NULL) AS unleased,
+       (SELECT COUNT(*) FROM agent.runs WHERE status = 'waiting') AS waiting,
+       (SELECT MIN(paused_until) FROM agent.job_pauses WHERE paused_until > CAST(:now AS timestamp)) AS next_pause_end_at,
+       (SELECT MIN(CASE WHEN status = 'sending' THEN claimed_until ELSE next_attempt_at END) FROM agent.notifications
+        WHERE status IN ('pending', 'sending')) AS next_notification_at;

@@ -1286,3 +1286,14 @@ WHERE agent_runs.run_id = c.run_id;
 DELETE FROM agent_job_pauses WHERE job_name = :job_name
 RETURNING job_name, paused_at, paused_until,
           CASE WHEN paused_until IS NULL OR paused_until > :now THEN 1 ELSE 0 END AS in_force;
+
+-- quiet_horizon --
+-- What a quiet tick needs to know (shared/engine/quiet.py): the earliest time anything in the control database can come due: a job's next slot, a pending run (a retry, a delayed or held run), a lease in flight (its expiry), a pause's end, a notification's next delivery; and whether anything is due now or a fleet run waits (then every tick connects). One statement, whatever the job count.
+SELECT (SELECT MIN(next_due_at) FROM agent_jobs WHERE next_due_at IS NOT NULL) AS next_slot_at,
+       (SELECT MIN(runnable_at) FROM agent_runs WHERE status = 'pending') AS next_runnable_at,
+       (SELECT MIN(lease_expires_at) FROM agent_runs WHERE status IN ('queued', 'running')) AS next_lease_at,
+       (SELECT COUNT(*) FROM agent_runs WHERE status IN ('queued', 'running') AND lease_expires_at IS NULL) AS unleased,
+       (SELECT COUNT(*) FROM agent_runs WHERE status = 'waiting') AS waiting,
+       (SELECT MIN(paused_until) FROM agent_job_pauses WHERE paused_until > :now) AS next_pause_end_at,
+       (SELECT MIN(CASE WHEN status = 'sending' THEN claimed_until ELSE next_attempt_at END) FROM agent_notifications
+        WHERE status IN ('pending', 'sending')) AS next_notification_at;
