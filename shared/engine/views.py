@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 from shared.errors import NotFoundError
 from shared.jobs.calendars import CalendarRules
 from shared.jobs.describe import describe_schedule
+from shared.jobs.params import read_json
 from shared.jobs.run_model import RunStatus
 from shared.jobs.schedules import jitter_offset, parse_schedule
 
@@ -187,7 +188,9 @@ def history_view(store, job_name: str | None, limit: int, *, with_output: bool =
     by_run: dict[int, list[dict[str, Any]]] = {}
     for attempt in attempts:
         by_run.setdefault(attempt["run_id"], []).append(attempt)
-    return {"runs": [{**run, "attempts": by_run.get(run["run_id"], []), **_with_targets(targets.get(run["run_id"], []))}
+    # params: the values the run started with (agent.runs.params), as an object; None: none given.
+    return {"runs": [{**run, "params": read_json(run.get("params")) or None, "attempts": by_run.get(run["run_id"], []),
+                      **_with_targets(targets.get(run["run_id"], []))}
                      for run in runs],
             "job_events": events}
 

@@ -337,6 +337,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         after, after_outcome = None, AfterOutcome.SUCCEEDED
         calendar_rules = ""
         jitter_seconds = 0
+        params = ""
     else:
         def int_value(suffix: str, low: int, high: int) -> int:
             if suffix not in given and suffix in _DEFAULT_INTS:

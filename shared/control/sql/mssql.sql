@@ -847,7 +847,8 @@ SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, 
        attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
        runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
        last_error_number, last_error, note, step, steps, parent_run_id, parent_token, target_server,
-       retry_interval_seconds, awaiting_targets, targets_total, targets_failed, followed_run_id
+       retry_interval_seconds, awaiting_targets, targets_total, targets_failed, followed_run_id,
+       params
 FROM agent.runs WHERE run_id = :run_id;
 
 -- list_run_errors --

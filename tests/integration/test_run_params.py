@@ -1,0 +1,146 @@
+"""Run with parameters and SQL Agent's tokens at run time (issue 33 item 4), on SQLite and
+PostgreSQL: a job declares its parameters (JOB__<name>__PARAMS__<k>__DEFAULT / __REQUIRED), run-now
+gives values, the job's SQL reads them BOUND (SQLite @k, PostgreSQL current_setting('agent.param.k')),
+the values are recorded with the run; hostile values are read exactly and nothing else runs; the
+run-time tokens are replaced through their escape macros in the job's time zone."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from shared.engine.operations import run_now
+from shared.engine.views import history_view
+from shared.errors import UsageError
+from shared.jobs.tokens import job_id
+from tests.support.harness import db_dialect, execute, query, work
+
+UTC = timezone.utc
+
+HOSTILE = {
+    "quotes": "it's \"quoted\" ]] '' \\ \\' $1 %s ? :who @who",
+    "injection": "x'); DROP TABLE seen; --",
+    "dollar": "$$; DROP TABLE seen; $$ $(ESCAPE_NONE(JOBNAME))",
+    "unicode": "żółć 漢字 🙂 \u202e right-to-left",
+    "big": "é" * 10240,
+    "empty": "",
+    "newlines": "a\r\nGO\r\nDROP TABLE seen\n",
+}
+
+
+def read_param(dialect: str, name: str) -> str:
+    return f"current_setting('agent.param.{name}')" if dialect == "postgres" else f"@{name}"
+
+
+def build(agent_factory, jobs):
+    agent = agent_factory(jobs)
+    if agent.target.dialect == "sqlite":
+        execute(agent, "CREATE TABLE seen (id INTEGER PRIMARY KEY AUTOINCREMENT, label TEXT, v TEXT)")
+    else:
+        execute(agent, "CREATE TABLE seen (id SERIAL PRIMARY KEY, label TEXT, v TEXT)")
+    agent.tick(datetime.now(UTC))
+    return agent
+
+
+def seen(agent) -> list[tuple[str, str]]:
+    return [(label, v) for label, v in query(agent, "SELECT label, v FROM seen ORDER BY id")]
+
+
+def params_job(dialect: str) -> dict[str, str]:
+    # On demand (no schedule): it runs when started.
+    return {"COMMAND": f"INSERT INTO seen (label, v) VALUES ({read_param(dialect, 'label')}, "
+                       f"{read_param(dialect, 'who')})",
+            "PARAMS__label__DEFAULT": "default label", "PARAMS__who__REQUIRED": "true"}
+
+
+def test_hostile_values_are_read_exactly_and_nothing_else_runs(agent_factory, db_url):
+    agent = build(agent_factory, {"p": params_job(db_dialect(db_url))})
+    started = {}
+    for label, value in HOSTILE.items():
+        run = run_now(agent, "p", params=[f"label={label}", f"who={value}"])
+        assert run.params == {"label": label, "who": value}
+        started[run.run_id] = (label, value)
+        work(agent)
+    assert seen(agent) == list(HOSTILE.items())             # the table is there: no DROP ran
+    history = {run["run_id"]: run for run in history_view(agent.store(), "p", 50)["runs"]}
+    for run_id, (label, value) in started.items():
+        assert history[run_id]["status"] == "succeeded", history[run_id]
+        assert history[run_id]["params"] == {"label": label, "who": value}
+    # The default fills in; a name in another letter case is the declared one.
+    run = run_now(agent, "p", params=["WHO=w"])
+    work(agent)
+    assert seen(agent)[-1] == ("default label", "w")
+    assert run.params == {"label": "default label", "who": "w"}
+
+
+def test_bad_parameters_are_usage_errors_naming_what_is_wrong(agent_factory, db_url):
+    agent = build(agent_factory, {"p": params_job(db_dialect(db_url))})
+    cases = [
+        (["who=a", "nobody=1"], "--param nobody", "a parameter job 'p' declares (label, who)"),
+        ([], "--param who", "declares 'who' without a default"),
+        (["who"], "--param", "NAME=VALUE"),
+        (["1x=a", "who=b"], "--param", "NAME=VALUE with NAME a parameter name"),
+        (["who=a\x00b"], "--param who", "without NUL"),
+        (["who=a", "WHO=b"], "--param", "each parameter given once"),
+    ]
+    for given, setting, expected in cases:
+        with pytest.raises(UsageError) as caught:
+            run_now(agent, "p", params=given)
+        assert caught.value.setting == setting, (given, caught.value)
+        assert expected in str(caught.value), (given, str(caught.value))
+    assert agent.store().execute("list_history", job_name="p", limit=10).rows == []   # no run was made
+
+
+def test_a_scheduled_run_reads_the_defaults_and_one_without_a_value_fails_naming_it(agent_factory, db_url):
+    dialect = db_dialect(db_url)
+    now = datetime.now(UTC).isoformat()
+    agent = build(agent_factory, {
+        "d": {"SCHEDULE": "@once " + now, "PARAMS__who__DEFAULT": "o'default",
+              "COMMAND": f"INSERT INTO seen (label, v) VALUES ('d', {read_param(dialect, 'who')})"},
+        "r": {"SCHEDULE": "@once " + now, "PARAMS__who__REQUIRED": "true", "MAX_ATTEMPTS": "1",
+              "COMMAND": f"INSERT INTO seen (label, v) VALUES ('r', {read_param(dialect, 'who')})"}})
+    work(agent)
+    assert seen(agent) == [("d", "o'default")]
+    (failed,) = agent.store().execute("list_history", job_name="r", limit=5).rows
+    assert failed["status"] == "failed" and "'who'" in failed["last_error"] and "without a default" in failed["last_error"]
+
+
+def test_jobs_without_parameters_bind_nothing(agent_factory, db_url):
+    # A job without declarations keeps its text as it is: a :name or @name in it is the SQL's own.
+    agent = build(agent_factory, {"n": {"COMMAND": "INSERT INTO seen (label, v) VALUES ('n', '@who :x $(notatoken)')"}})
+    run_now(agent, "n")
+    work(agent)
+    assert seen(agent) == [("n", "@who :x $(notatoken)")]
+    (run,) = agent.store().execute("list_history", job_name="n", limit=5).rows
+    assert run["params"] is None
+
+
+def test_run_time_tokens_are_replaced_through_their_macros_in_the_job_time_zone(agent_factory, db_url):
+    zone = "Pacific/Kiritimati"      # UTC+14: the local date differs from UTC's half the day
+    agent = build(agent_factory, {
+        "tok": {"TIMEZONE": zone,
+                "STEPS__1__COMMAND": "INSERT INTO seen (label, v) VALUES ('1', "
+                                     "'$(ESCAPE_SQUOTE(JOBNAME))|$(ESCAPE_NONE(STEPID))|$(ESCAPE_SQUOTE(STRTDT))|"
+                                     "$(ESCAPE_SQUOTE(STRTTM))|$(ESCAPE_SQUOTE(JOBID))|$(ESCAPE_SQUOTE(DATE))')",
+                "STEPS__2__COMMAND": "INSERT INTO seen (label, v) VALUES ('2', '$(ESCAPE_NONE(STEPID))')"},
+        "bare": {"COMMAND": "INSERT INTO seen (label, v) VALUES ('bare', '$(JOBNAME)')", "MAX_ATTEMPTS": "1"},
+        "srvr": {"COMMAND": "INSERT INTO seen (label, v) VALUES ('srvr', '$(ESCAPE_SQUOTE(SRVR))')",
+                 "MAX_ATTEMPTS": "1"}})
+    for name in ("tok", "bare", "srvr"):
+        run_now(agent, name)
+    work(agent)
+    rows = dict(seen(agent))
+    assert set(rows) == {"1", "2"}
+    (run,) = agent.store().execute("list_history", job_name="tok", limit=5).rows
+    local = run["started_at"].replace(tzinfo=UTC).astimezone(ZoneInfo(zone))
+    name, step, strtdt, strttm, jobid, date = rows["1"].split("|")
+    assert (name, step, strtdt, strttm, jobid) == ("tok", "1", local.strftime("%Y%m%d"), local.strftime("%H%M%S"),
+                                                  job_id("tok"))
+    assert date in (local.strftime("%Y%m%d"), datetime.now(ZoneInfo(zone)).strftime("%Y%m%d"))
+    assert rows["2"] == "2"
+    for name, expected in (("bare", "a token without an escape macro"), ("srvr", "@@SERVERNAME")):
+        (failed,) = agent.store().execute("list_history", job_name=name, limit=5).rows
+        assert failed["status"] == "failed" and expected in failed["last_error"], failed
