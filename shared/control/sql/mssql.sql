@@ -622,11 +622,11 @@ SELECT s.decision, s.run_id, s.job_name, s.kind, s.command, s.target_database, s
        s.max_attempts, s.lapses, s.transient_errors, s.token, s.timeout_seconds, s.lease_seconds, s.operation_id,
        s.scheduled_for, s.runnable_at, s.started_at, s.note, s.step, s.steps, r.parent_run_id, r.parent_token,
        r.target_server, r.retry_interval_seconds, COALESCE(r.owner, j.owner, N'') AS owner,
-       r.params, jd.params AS job_params, jd.timezone AS job_timezone, jd.job_name AS run_job_name
+       r.params, jd.params AS job_params
 FROM @started AS s JOIN agent.runs AS r ON r.run_id = s.run_id
 LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
 LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
-LEFT JOIN agent.jobs AS jd ON jd.job_name = COALESCE(r.job_name, p.job_name);
+LEFT JOIN agent.jobs AS jd ON jd.job_name = r.job_name;
 
 -- claim_runs --
 -- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock).
@@ -716,11 +716,11 @@ SELECT s.decision, s.run_id, s.job_name, s.kind, s.command, s.target_database, s
        s.max_attempts, s.lapses, s.transient_errors, s.token, s.timeout_seconds, s.lease_seconds, s.operation_id,
        s.scheduled_for, s.runnable_at, s.started_at, s.note, s.step, s.steps, r.parent_run_id, r.parent_token,
        r.target_server, r.retry_interval_seconds, COALESCE(r.owner, j.owner, N'') AS owner,
-       r.params, jd.params AS job_params, jd.timezone AS job_timezone, jd.job_name AS run_job_name
+       r.params, jd.params AS job_params
 FROM @claimed AS s JOIN agent.runs AS r ON r.run_id = s.run_id
 LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
 LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
-LEFT JOIN agent.jobs AS jd ON jd.job_name = COALESCE(r.job_name, p.job_name)
+LEFT JOIN agent.jobs AS jd ON jd.job_name = r.job_name
 ORDER BY s.runnable_at, s.run_id;
 
 -- next_runnable_at --
@@ -1571,3 +1571,11 @@ SELECT job_name, paused_at, paused_until,
 FROM agent.job_pauses WHERE job_name = CAST(:job_name AS NVARCHAR(64));
 DELETE FROM agent.job_pauses WHERE job_name = CAST(:job_name AS NVARCHAR(64));
 SELECT job_name, paused_at, paused_until, in_force FROM @resumed;
+
+-- token_context --
+-- What a run's SQL Agent tokens need besides the run (shared/jobs/tokens.py): its job's name (a fleet execution's through its run) and time zone. Read only for a command that has a token.
+SELECT COALESCE(r.job_name, p.job_name) AS job_name, j.timezone
+FROM agent.runs AS r
+LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
+LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name)
+WHERE r.run_id = :run_id;

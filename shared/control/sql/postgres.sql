@@ -344,12 +344,12 @@ RETURNING r.run_id;
 
 -- start_run --
 -- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened. owner as claim_runs gives it. (agent.start_run, a function of migration 0002, replaced in 0006, 0013 and 0020: planned once per session.)
-SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds, c.owner, c.params, c.job_params, c.job_timezone, c.run_job_name
+SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds, c.owner, c.params, c.job_params
 FROM agent.start_run(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:max_concurrency AS INT), CAST(:run_id AS BIGINT), CAST(:token AS BIGINT), CAST(:worker AS VARCHAR), CAST(:dequeue_count AS INT)) AS c;
 
 -- claim_runs --
--- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock). owner: whom the run's SQL runs as ('' the agent's user), read by the function from the very row it claimed (never unseen). (agent.claim_runs, a function of migration 0002, replaced in 0006, 0013 and 0020: planned once per session, the owner with it; the run's params, the job's declared params and time zone with it.)
-SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds, c.owner, c.params, c.job_params, c.job_timezone, c.run_job_name
+-- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock). owner: whom the run's SQL runs as ('' the agent's user), read by the function from the very row it claimed (never unseen). (agent.claim_runs, a function of migration 0002, replaced in 0006, 0013 and 0020: planned once per session, the owner with it; the run's params and the job's declared ones with it.)
+SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds, c.owner, c.params, c.job_params
 FROM agent.claim_runs(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:batch AS INT), CAST(:max_concurrency AS INT), CAST(:worker AS VARCHAR)) AS c
 ORDER BY c.runnable_at, c.run_id;
 
@@ -934,3 +934,11 @@ DELETE FROM agent.job_pauses AS x
 WHERE x.job_name = CAST(:job_name AS VARCHAR)
 RETURNING x.job_name, x.paused_at, x.paused_until,
           CASE WHEN x.paused_until IS NULL OR x.paused_until > CAST(:now AS timestamp) THEN 1 ELSE 0 END AS in_force;
+
+-- token_context --
+-- What a run's SQL Agent tokens need besides the run (shared/jobs/tokens.py): its job's name (a fleet execution's through its run) and time zone. Read only for a command that has a token.
+SELECT COALESCE(r.job_name, p.job_name) AS job_name, j.timezone
+FROM agent.runs AS r
+LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
+LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name)
+WHERE r.run_id = CAST(:run_id AS BIGINT);

@@ -455,10 +455,9 @@ SELECT d.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r
        r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
        r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note, r.step, r.steps, r.parent_run_id,
        r.parent_token, r.target_server, r.retry_interval_seconds, r.owner,
-       r.params, jd.params AS job_params, jd.timezone AS job_timezone, jd.job_name AS run_job_name
+       r.params, jd.params AS job_params
 FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id
-LEFT JOIN agent_runs AS p ON p.run_id = r.parent_run_id
-LEFT JOIN agent_jobs AS jd ON jd.job_name = COALESCE(r.job_name, p.job_name);
+LEFT JOIN agent_jobs AS jd ON jd.job_name = r.job_name;
 
 -- claim_runs --
 -- Local runner: under SQLite's write lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent_runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock), read once for the whole claim (temp.agent_claim_time).
@@ -494,9 +493,7 @@ WHERE status = 'pending' AND runnable_at <= (SELECT now FROM temp.agent_claim_ti
 RETURNING 'skipped' AS decision, run_id, job_name, kind, command, target_database, attempt, failures,
           max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds,
           operation_id, scheduled_for, runnable_at, started_at, note, step, steps, parent_run_id, parent_token,
-          target_server, retry_interval_seconds, owner,
-          -- A skipped run runs nothing: the job's parameters and time zone are not needed.
-          params, NULL AS job_params, NULL AS job_timezone, job_name AS run_job_name;
+          target_server, retry_interval_seconds, owner, params, NULL AS job_params;
 INSERT INTO temp.agent_decisions (run_id, decision)
 SELECT run_id, 'start' FROM (
     SELECT c.run_id FROM agent_runs c
@@ -534,10 +531,9 @@ SELECT d.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r
        r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
        r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note, r.step, r.steps, r.parent_run_id,
        r.parent_token, r.target_server, r.retry_interval_seconds, r.owner,
-       r.params, jd.params AS job_params, jd.timezone AS job_timezone, jd.job_name AS run_job_name
+       r.params, jd.params AS job_params
 FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id
-LEFT JOIN agent_runs AS p ON p.run_id = r.parent_run_id
-LEFT JOIN agent_jobs AS jd ON jd.job_name = COALESCE(r.job_name, p.job_name)
+LEFT JOIN agent_jobs AS jd ON jd.job_name = r.job_name
 ORDER BY r.runnable_at, r.run_id;
 
 -- next_runnable_at --
@@ -1278,3 +1274,11 @@ WHERE agent_runs.run_id = c.run_id;
 DELETE FROM agent_job_pauses WHERE job_name = :job_name
 RETURNING job_name, paused_at, paused_until,
           CASE WHEN paused_until IS NULL OR paused_until > :now THEN 1 ELSE 0 END AS in_force;
+
+-- token_context --
+-- What a run's SQL Agent tokens need besides the run (shared/jobs/tokens.py): its job's name (a fleet execution's through its run) and time zone. Read only for a command that has a token.
+SELECT COALESCE(r.job_name, p.job_name) AS job_name, j.timezone
+FROM agent_runs AS r
+LEFT JOIN agent_runs AS p ON p.run_id = r.parent_run_id
+LEFT JOIN agent_jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name)
+WHERE r.run_id = :run_id;

@@ -6,17 +6,16 @@
 -- * agent.runs.params: the values a run was started with (run-now --param, agent.start_job's
 --   @params), the job's defaults filled in, as a JSON object; NULL: none given (a scheduled
 --   run reads the job's defaults). Recorded with the run and shown in history.
--- * agent.claim_runs and agent.start_run return the run's params, the job's declarations,
---   the job's time zone and name (a fleet execution's too, through its parent) in the claim's own statement (no round trip more for any run): the
---   executor binds the values (never pasted into the SQL) and replaces the run-time SQL Agent
---   tokens ($(ESCAPE_SQUOTE(STRTDT)) ...) in the job's time zone.
+-- * agent.claim_runs and agent.start_run return the run's params and the job's declarations in
+--   the claim's own statement (no round trip more for any run): the executor binds the values
+--   (never pasted into the SQL). A fleet execution carries its run's values, defaults filled in.
 
 ALTER TABLE agent.jobs ADD COLUMN params TEXT NULL;
 ALTER TABLE agent.runs ADD COLUMN params TEXT NULL;
 
 DROP FUNCTION agent.claim_runs(timestamp, timestamp, int, int, varchar);
 CREATE FUNCTION agent.claim_runs(p_now timestamp, p_late_cutoff timestamp, p_batch int, p_max_concurrency int, p_worker varchar)
-RETURNS TABLE (decision text, run_id bigint, job_name varchar, kind varchar, command text, target_database varchar, attempt int, failures int, max_attempts int, lapses int, transient_errors int, token bigint, timeout_seconds int, lease_seconds int, operation_id varchar, scheduled_for timestamp, runnable_at timestamp, started_at timestamp, note text, step int, steps text, parent_run_id bigint, parent_token bigint, target_server varchar, retry_interval_seconds int, owner varchar, params text, job_params text, job_timezone varchar, run_job_name varchar)
+RETURNS TABLE (decision text, run_id bigint, job_name varchar, kind varchar, command text, target_database varchar, attempt int, failures int, max_attempts int, lapses int, transient_errors int, token bigint, timeout_seconds int, lease_seconds int, operation_id varchar, scheduled_for timestamp, runnable_at timestamp, started_at timestamp, note text, step int, steps text, parent_run_id bigint, parent_token bigint, target_server varchar, retry_interval_seconds int, owner varchar, params text, job_params text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
@@ -60,10 +59,10 @@ BEGIN
            x.max_attempts, x.lapses, x.transient_errors, x.token, x.timeout_seconds, x.lease_seconds,
            x.operation_id, x.scheduled_for, x.runnable_at, x.started_at, x.note, x.step, x.steps,
            x.parent_run_id, x.parent_token, x.target_server, x.retry_interval_seconds,
-           COALESCE(x.owner, j.owner, '')::varchar, x.params, jd.params, jd.timezone, jd.job_name
+           COALESCE(x.owner, j.owner, '')::varchar, x.params, jd.params
     FROM changed AS x LEFT JOIN agent.runs AS p ON p.run_id = x.parent_run_id
     LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(x.job_name, p.job_name) AND j.defined_in_database = 1
-    LEFT JOIN agent.jobs AS jd ON jd.job_name = COALESCE(x.job_name, p.job_name);
+    LEFT JOIN agent.jobs AS jd ON jd.job_name = x.job_name;
     RETURN QUERY
     WITH picked AS (
         SELECT c.run_id FROM agent.runs c
@@ -107,17 +106,17 @@ BEGIN
            x.max_attempts, x.lapses, x.transient_errors, x.token, x.timeout_seconds, x.lease_seconds,
            x.operation_id, x.scheduled_for, x.runnable_at, x.started_at, x.note, x.step, x.steps,
            x.parent_run_id, x.parent_token, x.target_server, x.retry_interval_seconds,
-           COALESCE(x.owner, j.owner, '')::varchar, x.params, jd.params, jd.timezone, jd.job_name
+           COALESCE(x.owner, j.owner, '')::varchar, x.params, jd.params
     FROM s AS x LEFT JOIN agent.runs AS p ON p.run_id = x.parent_run_id
     LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(x.job_name, p.job_name) AND j.defined_in_database = 1
-    LEFT JOIN agent.jobs AS jd ON jd.job_name = COALESCE(x.job_name, p.job_name)
+    LEFT JOIN agent.jobs AS jd ON jd.job_name = x.job_name
     ORDER BY x.runnable_at, x.run_id;
 END
 $$;
 
 DROP FUNCTION agent.start_run(timestamp, timestamp, int, bigint, bigint, varchar, int);
 CREATE FUNCTION agent.start_run(p_now timestamp, p_late_cutoff timestamp, p_max_concurrency int, p_run_id bigint, p_token bigint, p_worker varchar, p_dequeue_count int)
-RETURNS TABLE (decision text, run_id bigint, job_name varchar, kind varchar, command text, target_database varchar, attempt int, failures int, max_attempts int, lapses int, transient_errors int, token bigint, timeout_seconds int, lease_seconds int, operation_id varchar, scheduled_for timestamp, runnable_at timestamp, started_at timestamp, note text, step int, steps text, parent_run_id bigint, parent_token bigint, target_server varchar, retry_interval_seconds int, owner varchar, params text, job_params text, job_timezone varchar, run_job_name varchar)
+RETURNS TABLE (decision text, run_id bigint, job_name varchar, kind varchar, command text, target_database varchar, attempt int, failures int, max_attempts int, lapses int, transient_errors int, token bigint, timeout_seconds int, lease_seconds int, operation_id varchar, scheduled_for timestamp, runnable_at timestamp, started_at timestamp, note text, step int, steps text, parent_run_id bigint, parent_token bigint, target_server varchar, retry_interval_seconds int, owner varchar, params text, job_params text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
@@ -191,9 +190,205 @@ BEGIN
            x.max_attempts, x.lapses, x.transient_errors, x.token, x.timeout_seconds, x.lease_seconds,
            x.operation_id, x.scheduled_for, x.runnable_at, x.started_at, x.note, x.step, x.steps,
            x.parent_run_id, x.parent_token, x.target_server, x.retry_interval_seconds,
-           COALESCE(x.owner, j.owner, '')::varchar, x.params, jd.params, jd.timezone, jd.job_name
+           COALESCE(x.owner, j.owner, '')::varchar, x.params, jd.params
     FROM s AS x LEFT JOIN agent.runs AS p ON p.run_id = x.parent_run_id
     LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(x.job_name, p.job_name) AND j.defined_in_database = 1
-    LEFT JOIN agent.jobs AS jd ON jd.job_name = COALESCE(x.job_name, p.job_name);
+    LEFT JOIN agent.jobs AS jd ON jd.job_name = x.job_name;
 END
 $$;
+
+-- The parameters' checks, shared by agent.start_job and agent.set_job_params (as
+-- shared/jobs/params.py checks them): a name is an identifier of at most 63 characters; names
+-- compare ignoring letter case; a value is text of at most 1,000,000 characters (a JSON string:
+-- PostgreSQL's text cannot hold U+0000, and json refuses \u0000 when it decodes it).
+CREATE FUNCTION agent.param_name_ok(name text) RETURNS boolean
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT name ~ '^[A-Za-z_][A-Za-z0-9_]{0,62}$'
+$$;
+
+-- agent.start_job: the run `run-now` makes (the insert_manual_run row), under the start lock, with
+-- the job's overlap policy; @params: its parameters as a JSON object {"name": "value"} (NULL: none
+-- given), checked against the job's declarations, the defaults filled in, recorded on the run
+-- (agent.runs.params). The values are data: the job's SQL reads them bound.
+DROP FUNCTION agent.start_job(varchar);
+CREATE FUNCTION agent.start_job(job_name varchar, params text DEFAULT NULL)
+RETURNS TABLE (run_id bigint, status varchar, note text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamp := CAST(now() AT TIME ZONE 'UTC' AS timestamp);
+    v_job record;
+    v_given json;
+    v_declared json;
+    v_values jsonb := '{}'::jsonb;
+    v_key text;
+    v_value json;
+    v_name text;
+    v_text text;
+    v_params text;
+    p text := 'agent.start_job: ';
+BEGIN
+    IF start_job.job_name IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@job_name = NULL: expected the name of a job';
+    END IF;
+    SELECT j.job_name, j.valid, j.config_error, j.params INTO v_job FROM agent.jobs j
+    WHERE j.job_name = start_job.job_name AND j.configured = 1;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'P0002', MESSAGE = p || '@job_name = ' || quote_literal(left(start_job.job_name, 80))
+            || ': expected the name of a job the agent knows; there is no such job (a job added to the settings is known after the agent''s next tick)';
+    END IF;
+    IF v_job.valid = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = p || '@job_name = ' || quote_literal(start_job.job_name)
+            || ': expected a valid job; it is invalid: ' || COALESCE(v_job.config_error, '?');
+    END IF;
+    v_declared := CAST(COALESCE(v_job.params, '{}') AS json);
+    IF start_job.params IS NOT NULL THEN
+        BEGIN
+            v_given := CAST(start_job.params AS json);
+        EXCEPTION WHEN others THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(start_job.params, 80))
+                || ': expected a JSON object {"name": "value", ...}';
+        END;
+        IF json_typeof(v_given) <> 'object' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(start_job.params, 80))
+                || ': expected a JSON object {"name": "value", ...}';
+        END IF;
+        FOR v_key, v_value IN SELECT e.key, e.value FROM json_each(v_given) AS e LOOP
+            SELECT d.key INTO v_name FROM json_each(v_declared) AS d WHERE lower(d.key) = lower(v_key);
+            IF v_name IS NULL THEN
+                RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params ' || quote_literal(left(v_key, 80))
+                    || ': expected a parameter job ' || quote_literal(start_job.job_name) || ' declares ('
+                    || COALESCE((SELECT string_agg(d.key, ', ' ORDER BY d.key) FROM json_each(v_declared) AS d), 'none') || ')';
+            END IF;
+            IF v_values ? v_name THEN
+                RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params ' || quote_literal(left(v_key, 80))
+                    || ': expected each parameter given once';
+            END IF;
+            IF json_typeof(v_value) <> 'string' THEN
+                RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params ' || quote_literal(v_name) || ' = '
+                    || left(CAST(v_value AS text), 80) || ': expected a JSON string (a value is text)';
+            END IF;
+            BEGIN
+                v_text := v_value #>> '{}';
+            EXCEPTION WHEN others THEN
+                RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params ' || quote_literal(v_name)
+                    || ': expected text without NUL (U+0000): ' || SQLERRM;
+            END;
+            IF length(v_text) > 1000000 THEN
+                RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params ' || quote_literal(v_name)
+                    || ': expected at most 1000000 characters (found ' || length(v_text) || ')';
+            END IF;
+            v_values := v_values || jsonb_build_object(v_name, v_text);
+            v_name := NULL;
+        END LOOP;
+    END IF;
+    FOR v_key, v_value IN SELECT d.key, d.value FROM json_each(v_declared) AS d LOOP
+        IF NOT v_values ? v_key THEN
+            IF json_typeof(v_value) = 'null' THEN
+                RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params ' || quote_literal(v_key)
+                    || ': expected a value: job ' || quote_literal(start_job.job_name) || ' declares ' || quote_literal(v_key)
+                    || ' without a default';
+            END IF;
+            v_values := v_values || jsonb_build_object(v_key, v_value #>> '{}');
+        END IF;
+    END LOOP;
+    v_params := CASE WHEN v_values = '{}'::jsonb THEN NULL ELSE CAST(v_values AS text) END;
+    LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;
+    RETURN QUERY
+    INSERT INTO agent.runs AS r (job_name, kind, scheduled_for, status, command, target_database, overlap,
+                                 max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
+                                 finished_at, operation_id, note, steps, params)
+    SELECT j.job_name, 'manual', v_now, d.decision, j.command, j.target_database,
+           j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, v_now, v_now,
+           CASE WHEN d.decision = 'skipped' THEN v_now END,
+           md5(random()::text || clock_timestamp()::text || j.job_name),
+           CASE WHEN d.decision = 'skipped'
+                THEN 'overlap: the previous run of this job was still in flight; policy skip'
+                ELSE 'run-now' END,
+           j.steps, v_params
+    FROM agent.jobs j
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN j.overlap = 'skip' AND EXISTS (
+                    SELECT 1 FROM agent.runs a
+                    WHERE a.job_name = j.job_name
+                      AND (a.status = 'running'
+                           OR (a.status IN ('pending', 'queued') AND (a.runnable_at <= v_now OR a.kind = 'manual'))))
+               THEN 'skipped' ELSE 'pending' END AS decision) AS d
+    WHERE j.job_name = start_job.job_name AND j.valid = 1 AND j.configured = 1
+    RETURNING r.run_id, r.status, r.note;
+END
+$$;
+
+-- agent.set_job_params: the parameters a job defined from the database declares (a settings job
+-- takes JOB__<name>__PARAMS__<k>__DEFAULT / __REQUIRED), as agent.set_job_calendars sets its
+-- calendars: @params a JSON object {"name": "default", or null: no default}; NULL or {}: none.
+-- A redefinition by agent.add_scheduled_job keeps them.
+CREATE FUNCTION agent.set_job_params(job_name varchar, params text)
+RETURNS TABLE (job varchar, declared text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    v_now timestamp := CAST(now() AT TIME ZONE 'UTC' AS timestamp);
+    v_given json;
+    v_declared jsonb := '{}'::jsonb;
+    v_key text;
+    v_value json;
+    v_text text;
+    v_params text;
+    p text := 'agent.set_job_params: ';
+BEGIN
+    IF set_job_params.params IS NOT NULL THEN
+        BEGIN
+            v_given := CAST(set_job_params.params AS json);
+        EXCEPTION WHEN others THEN
+            v_given := NULL;
+        END;
+        IF v_given IS NULL OR json_typeof(v_given) <> 'object' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(set_job_params.params, 80))
+                || ': expected a JSON object {"name": "default", or null for none}';
+        END IF;
+        FOR v_key, v_value IN SELECT e.key, e.value FROM json_each(v_given) AS e LOOP
+            IF NOT agent.param_name_ok(v_key) THEN
+                RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params ' || quote_literal(left(v_key, 80))
+                    || ': expected a parameter name: a letter or _, then letters, digits or _, at most 63 characters';
+            END IF;
+            IF EXISTS (SELECT 1 FROM jsonb_object_keys(v_declared) AS k WHERE lower(k) = lower(v_key)) THEN
+                RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params ' || quote_literal(v_key)
+                    || ': expected names that differ by more than letter case';
+            END IF;
+            IF json_typeof(v_value) NOT IN ('string', 'null') THEN
+                RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params ' || quote_literal(v_key) || ' = '
+                    || left(CAST(v_value AS text), 80) || ': expected a JSON string (the default) or null (no default)';
+            END IF;
+            BEGIN
+                v_text := v_value #>> '{}';
+            EXCEPTION WHEN others THEN
+                RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params ' || quote_literal(v_key)
+                    || ': expected text without NUL (U+0000): ' || SQLERRM;
+            END;
+            IF length(v_text) > 1000000 THEN
+                RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params ' || quote_literal(v_key)
+                    || ': expected a default of at most 1000000 characters';
+            END IF;
+            v_declared := v_declared || jsonb_build_object(v_key, v_text);
+        END LOOP;
+        IF (SELECT count(*) FROM jsonb_object_keys(v_declared)) > 50 THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params: expected at most 50 parameters';
+        END IF;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM agent.jobs j WHERE j.job_name = set_job_params.job_name AND j.configured = 1
+                                              AND j.defined_in_database = 1) THEN
+        RAISE EXCEPTION USING ERRCODE = 'P0002', MESSAGE = p || '@job_name = ' || COALESCE(quote_literal(left(set_job_params.job_name, 80)), 'NULL')
+            || ': expected the name of a job defined by agent.add_scheduled_job (a job of the settings takes '
+            || 'JOB__<name>__PARAMS__<k>__DEFAULT or __REQUIRED)';
+    END IF;
+    v_params := CASE WHEN v_declared = '{}'::jsonb THEN NULL ELSE CAST(v_declared AS text) END;
+    UPDATE agent.jobs AS j SET params = v_params, updated_at = v_now WHERE j.job_name = set_job_params.job_name;
+    RETURN QUERY SELECT set_job_params.job_name, v_params;
+END
+$$;
+
+REVOKE ALL ON FUNCTION agent.start_job(varchar, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION agent.start_job(varchar, text) TO agent_operator;
+REVOKE ALL ON FUNCTION agent.set_job_params(varchar, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION agent.set_job_params(varchar, text) TO agent_operator;
