@@ -144,3 +144,84 @@ def test_run_time_tokens_are_replaced_through_their_macros_in_the_job_time_zone(
     for name, expected in (("bare", "a token without an escape macro"), ("srvr", "@@SERVERNAME")):
         (failed,) = agent.store().execute("list_history", job_name=name, limit=5).rows
         assert failed["status"] == "failed" and expected in failed["last_error"], failed
+
+
+# ---------------------------------------------------------------- from T-SQL / PL/pgSQL (PostgreSQL)
+
+from tests.integration.test_job_owner import operator  # noqa: E402,F401  (the fixture)
+from tests.support.tsql_caller import CallError, call  # noqa: E402
+
+
+def test_start_job_with_params_runs_as_the_owner_reading_them_bound(operator):
+    """agent.set_job_params declares, agent.start_job @params gives: the job, run as its owner
+    (inside the owner's security-definer function), reads them with current_setting, exactly."""
+    name, as_operator, agent = operator
+    call(as_operator, "add_scheduled_job", name="owned", max_attempts=1,
+         sql="INSERT INTO owned_work SELECT current_setting('agent.param.who'), "
+             "current_setting('agent.param.Label') || ':' || current_user")
+    call(as_operator, "set_job_params", job_name="owned", params=json.dumps({"who": None, "Label": "lbl"}))
+    agent.tick(agent.clock())
+    value = HOSTILE["injection"] + HOSTILE["quotes"] + HOSTILE["unicode"]
+    (started,) = call(as_operator, "start_job", job_name="owned", params=json.dumps({"WHO": value}))
+    work(agent, concurrency=1)
+    run = agent.store().execute("get_run", run_id=started["run_id"]).one()
+    assert run["status"] == "succeeded", run
+    assert json.loads(run["params"]) == {"who": value, "Label": "lbl"}
+    assert query(agent, "SELECT who, login FROM owned_work") == [(value, f"lbl:{name}")]
+
+
+@pytest.mark.parametrize("params, expected", [
+    ('{"nobody": "x"}', "expected a parameter job 'owned' declares (who)"),
+    ("{}", "declares 'who' without a default"),
+    (None, "declares 'who' without a default"),
+    ('{"who": 1}', "expected a JSON string"),
+    ('{"who": "a\\u0000b"}', "without NUL"),
+    ("[1]", "expected a JSON object"),
+    ("not json", "expected a JSON object"),
+    ('{"who": "a", "WHO": "b"}', "each parameter given once"),
+])
+def test_start_job_refuses_bad_params_naming_them(operator, params, expected):
+    name, as_operator, agent = operator
+    call(as_operator, "add_scheduled_job", name="owned", sql="SELECT 1")
+    call(as_operator, "set_job_params", job_name="owned", params='{"who": null}')
+    with pytest.raises(CallError) as caught:
+        call(as_operator, "start_job", job_name="owned", params=params)
+    assert caught.value.code == "22023" and expected in caught.value.message, caught.value
+    assert query(agent, "SELECT COUNT(*) FROM agent.runs") == [(0,)]
+
+
+@pytest.mark.parametrize("params, expected", [
+    ('{"1x": null}', "expected a parameter name"),
+    ('{"a": 1}', "expected a JSON string (the default) or null"),
+    ('{"a": null, "A": "x"}', "differ by more than letter case"),
+    ("[]", "expected a JSON object"),
+])
+def test_set_job_params_refuses_bad_declarations(operator, params, expected):
+    name, as_operator, agent = operator
+    call(as_operator, "add_scheduled_job", name="owned", sql="SELECT 1")
+    with pytest.raises(CallError) as caught:
+        call(as_operator, "set_job_params", job_name="owned", params=params)
+    assert caught.value.code == "22023" and expected in caught.value.message, caught.value
+    with pytest.raises(CallError) as caught:
+        call(as_operator, "set_job_params", job_name="not_a_database_job", params="{}")
+    assert caught.value.code == "P0002"
+
+
+@pytest.mark.parametrize("names", [[], ["k"], ["who", "Label", "agent_job", "agent_param_1"]])
+def test_the_sql_server_batch_binds_params_and_parses(names):
+    """On SQL Server the job's SQL reads @k: sp_executesql declares each NVARCHAR(MAX); only the
+    names (identifiers) are in the text, every value a ? of its own after the job's SQL."""
+    from sqlfluff.core import FluffConfig, Linter
+
+    from shared.control.store import mssql_job_batch
+
+    params = {name: "x'; DROP TABLE t; --" for name in names}
+    batch = mssql_job_batch(None, params)
+    assert batch.count("?") == 1 + len(names) and "DROP" not in batch
+    linter = Linter(config=FluffConfig(overrides={"dialect": "tsql"}))
+    parsed = linter.parse_string(batch.replace("?", "N'SELECT 1'"))
+    assert not parsed.violations and "unparsable" not in parsed.tree.stringify(), parsed.tree.stringify()
+    for n, name in enumerate(names, 1):
+        assert f"@{name} NVARCHAR(MAX)" in batch and f"@{name} = @agent_param_{n}" in batch
+    with pytest.raises(Exception, match="parameter name"):
+        mssql_job_batch(None, {"x = 1; DROP TABLE t; --": "v"})

@@ -206,6 +206,13 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT name ~ '^[A-Za-z_][A-Za-z0-9_]{0,62}$'
 $$;
 
+-- Whether JSON text holds the escape \u0000 (NUL) outside an escaped backslash: json keeps it,
+-- and decoding it to text fails with PostgreSQL's own error; the procedures name it instead.
+CREATE FUNCTION agent.json_has_nul(doc text) RETURNS boolean
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT doc ~ '(^|[^\\])(\\\\)*\\u0000'
+$$;
+
 -- agent.start_job: the run `run-now` makes (the insert_manual_run row), under the start lock, with
 -- the job's overlap policy; @params: its parameters as a JSON object {"name": "value"} (NULL: none
 -- given), checked against the job's declarations, the defaults filled in, recorded on the run
@@ -252,6 +259,10 @@ BEGIN
         IF json_typeof(v_given) <> 'object' THEN
             RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(start_job.params, 80))
                 || ': expected a JSON object {"name": "value", ...}';
+        END IF;
+        IF agent.json_has_nul(start_job.params) THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(start_job.params, 80))
+                || ': expected text without NUL (\u0000): PostgreSQL''s text cannot hold it';
         END IF;
         FOR v_key, v_value IN SELECT e.key, e.value FROM json_each(v_given) AS e LOOP
             SELECT d.key INTO v_name FROM json_each(v_declared) AS d WHERE lower(d.key) = lower(v_key);
@@ -346,6 +357,10 @@ BEGIN
         IF v_given IS NULL OR json_typeof(v_given) <> 'object' THEN
             RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(set_job_params.params, 80))
                 || ': expected a JSON object {"name": "default", or null for none}';
+        END IF;
+        IF agent.json_has_nul(set_job_params.params) THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(set_job_params.params, 80))
+                || ': expected text without NUL (\u0000): PostgreSQL''s text cannot hold it';
         END IF;
         FOR v_key, v_value IN SELECT e.key, e.value FROM json_each(v_given) AS e LOOP
             IF NOT agent.param_name_ok(v_key) THEN
