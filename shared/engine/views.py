@@ -256,6 +256,8 @@ def job_view(store, name: str, now: datetime, window: str = DEFAULT_WINDOW,
         return None
     activity = store.execute("list_job_activity", job_name=name).rows
     (job,) = _with_activity([job], activity, now)
+    # The parameters it declares as an object (name -> default, None: no default); None: none.
+    job["params"] = read_json(job.get("params")) or None
     since = now - TIMELINE_WINDOWS[window]
     timeline = store.execute("list_job_timeline", job_name=name, since=since, limit=TIMELINE_LIMIT + 1).rows
     cut = len(timeline) > TIMELINE_LIMIT
@@ -385,6 +387,7 @@ def run_view(store, run_id: int) -> dict[str, Any] | None:
         row = store.execute("get_run", run_id=run["parent_run_id"]).one()
         parent = {key: row[key] for key in PARENT_KEYS} if row else None
     targets = fleet_targets(store, [run]).get(run_id, [])
+    run["params"] = read_json(run.get("params")) or None      # as history gives it
     return {"run": run, "attempts": attempts, "poison": poison, "parent": parent, **_with_targets(targets)}
 
 

@@ -13,7 +13,7 @@ How a job's SQL reads parameter ``k`` (shared/control/store.py binds them):
 
 Names are identifiers (a letter or _, then letters, digits or _, at most 63 characters: what a
 PostgreSQL setting's part may be), compared case-insensitively (T-SQL's variables and
-PostgreSQL's settings are). Values are text, at most MAX_VALUE_CHARS characters, without NUL
+PostgreSQL's settings are); not ``stmt`` or ``params``, sp_executesql's own parameters. Values are text, at most MAX_VALUE_CHARS characters, without NUL
 (PostgreSQL's text cannot hold U+0000; refused on every dialect so that a job behaves alike).
 
 Pure: no database.
@@ -31,7 +31,10 @@ from shared.values import storable_problem
 PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
 MAX_PARAMS = 50
 MAX_VALUE_CHARS = 1_000_000
-NAME_EXPECTED = "a parameter name: a letter or _, then letters, digits or _, at most 63 characters"
+NAME_EXPECTED = ("a parameter name: a letter or _, then letters, digits or _, at most 63 characters, not stmt or "
+                 "params (sp_executesql's own)")
+# sp_executesql's own parameters: a job parameter of that name would be given to it twice.
+RESERVED_NAMES = frozenset({"stmt", "params"})
 
 
 class ParamError(AgentError):
@@ -45,7 +48,7 @@ class ParamError(AgentError):
 
 
 def name_problem(name: str) -> str | None:
-    return None if PARAM_NAME.match(name) else NAME_EXPECTED
+    return None if PARAM_NAME.match(name) and name.casefold() not in RESERVED_NAMES else NAME_EXPECTED
 
 
 def value_problem(value: object) -> str | None:

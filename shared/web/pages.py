@@ -236,7 +236,7 @@ def _status(key: str = "status") -> Callable[[Pages, dict[str, Any]], str]:
 
 def _run_params(row: dict[str, Any]) -> str:
     """The values the run started with (agent.runs.params; read-only here), each escaped."""
-    values = read_json(row.get("params"))
+    values = row["params"] if isinstance(row.get("params"), dict) else read_json(row.get("params"))
     if not values:
         return "-"
     return "<dl class=\"params\">" + "".join(f"<dt>{escape(name)}</dt><dd><pre>{escape(value)}</pre></dd>"

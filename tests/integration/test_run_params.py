@@ -194,6 +194,7 @@ def test_start_job_refuses_bad_params_naming_them(operator, params, expected):
     ('{"1x": null}', "expected a parameter name"),
     ('{"a": 1}', "expected a JSON string (the default) or null"),
     ('{"a": null, "A": "x"}', "differ by more than letter case"),
+    ('{"STMT": null}', "not stmt or params"),
     ("[]", "expected a JSON object"),
 ])
 def test_set_job_params_refuses_bad_declarations(operator, params, expected):
@@ -225,3 +226,29 @@ def test_the_sql_server_batch_binds_params_and_parses(names):
         assert f"@{name} NVARCHAR(MAX)" in batch and f"@{name} = @agent_param_{n}" in batch
     with pytest.raises(Exception, match="parameter name"):
         mssql_job_batch(None, {"x = 1; DROP TABLE t; --": "v"})
+
+
+def test_the_run_page_shows_the_params_escaped(agent_factory, db_url):
+    import contextlib
+    import html
+
+    from shared.web.app import Monitor, MonitorSettings
+
+    agent = build(agent_factory, {"p": params_job(db_dialect(db_url))})
+    hostile = "<script>alert('x')</script> & \"q\""
+    run = run_now(agent, "p", params=[f"who={hostile}"])
+    store = agent.new_store()
+
+    @contextlib.contextmanager
+    def lend():
+        try:
+            yield store
+        finally:
+            store.close()
+
+    monitor = Monitor(lend, clock=lambda: datetime.now(UTC), settings=lambda: MonitorSettings())
+    response = monitor.handle("GET", f"/runs/{run.run_id}", "", "")
+    assert response.status == 200
+    body = response.body.decode()
+    assert "<dt>Parameters</dt>" in body and "<script>" not in body
+    assert f"<dt>who</dt><dd><pre>{html.escape(hostile)}</pre></dd>" in body or html.escape(hostile, quote=False) in body

@@ -110,7 +110,7 @@ def test_resolve_fills_defaults_and_refuses_what_is_wrong():
             resolve(declared, given, job="j")
         assert caught.value.setting == setting and expected in str(caught.value), caught.value
     assert parse_assignment("k=a=b") == ("k", "a=b") and parse_assignment("k=") == ("k", "")
-    for bad in ("k", "=v", "k-1=v", "é=v"):
+    for bad in ("k", "=v", "k-1=v", "é=v", "stmt=x", "Params=x"):
         with pytest.raises(ParamError):
             parse_assignment(bad)
 

@@ -145,11 +145,11 @@ BEGIN
     END;
     SELECT TOP (1) @bad = d.name FROM @declared AS d
     WHERE d.name = N'' OR LEN(d.name) > 63 OR d.name COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9_]%'
-       OR LEFT(d.name, 1) COLLATE Latin1_General_BIN2 LIKE N'[0-9]';
+       OR LEFT(d.name, 1) COLLATE Latin1_General_BIN2 LIKE N'[0-9]' OR d.name IN (N'stmt', N'params');
     IF @bad IS NOT NULL
     BEGIN
         SET @message = @p + N'@params ''' + REPLACE(LEFT(@bad, 80), N'''', N'''''')
-            + N''': expected a parameter name: a letter or _, then letters, digits or _, at most 63 characters';
+            + N''': expected a parameter name: a letter or _, then letters, digits or _, at most 63 characters, not stmt or params';
         THROW 51401, @message, 1;
     END;
     SELECT TOP (1) @bad = d.name FROM @declared AS d GROUP BY d.name HAVING COUNT(*) > 1;

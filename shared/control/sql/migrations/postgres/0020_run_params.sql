@@ -199,11 +199,12 @@ $$;
 
 -- The parameters' checks, shared by agent.start_job and agent.set_job_params (as
 -- shared/jobs/params.py checks them): a name is an identifier of at most 63 characters; names
--- compare ignoring letter case; a value is text of at most 1,000,000 characters (a JSON string:
+-- compare ignoring letter case; not stmt or params (sp_executesql's own parameters, refused on every
+-- dialect so that a job moves between them); a value is text of at most 1,000,000 characters (a JSON string:
 -- PostgreSQL's text cannot hold U+0000, and json refuses \u0000 when it decodes it).
 CREATE FUNCTION agent.param_name_ok(name text) RETURNS boolean
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT name ~ '^[A-Za-z_][A-Za-z0-9_]{0,62}$'
+    SELECT name ~ '^[A-Za-z_][A-Za-z0-9_]{0,62}$' AND lower(name) NOT IN ('stmt', 'params')
 $$;
 
 -- Whether JSON text holds the escape \u0000 (NUL) outside an escaped backslash: json keeps it,
@@ -365,7 +366,7 @@ BEGIN
         FOR v_key, v_value IN SELECT e.key, e.value FROM json_each(v_given) AS e LOOP
             IF NOT agent.param_name_ok(v_key) THEN
                 RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params ' || quote_literal(left(v_key, 80))
-                    || ': expected a parameter name: a letter or _, then letters, digits or _, at most 63 characters';
+                    || ': expected a parameter name: a letter or _, then letters, digits or _, at most 63 characters, not stmt or params';
             END IF;
             IF EXISTS (SELECT 1 FROM jsonb_object_keys(v_declared) AS k WHERE lower(k) = lower(v_key)) THEN
                 RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params ' || quote_literal(v_key)
