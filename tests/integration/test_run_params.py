@@ -252,3 +252,15 @@ def test_the_run_page_shows_the_params_escaped(agent_factory, db_url):
     body = response.body.decode()
     assert "<dt>Parameters</dt>" in body and "<script>" not in body
     assert f"<dt>who</dt><dd><pre>{html.escape(hostile)}</pre></dd>" in body or html.escape(hostile, quote=False) in body
+
+
+def test_every_step_of_a_run_reads_its_params(agent_factory, db_url):
+    """Each step runs in a transaction of its own: the values are bound in each."""
+    dialect = db_dialect(db_url)
+    read = read_param(dialect, "who")
+    agent = build(agent_factory, {"s": {"STEPS__1__COMMAND": f"INSERT INTO seen (label, v) VALUES ('1', {read})",
+                                        "STEPS__2__COMMAND": f"INSERT INTO seen (label, v) VALUES ('2', {read})",
+                                        "PARAMS__who__DEFAULT": "d"}})
+    run_now(agent, "s", params=["who=it's"])
+    work(agent)
+    assert seen(agent) == [("1", "it's"), ("2", "it's")]
