@@ -13,8 +13,9 @@ How a job's SQL reads parameter ``k`` (shared/control/store.py binds them):
 
 Names are identifiers (a letter or _, then letters, digits or _, at most 63 characters: what a
 PostgreSQL setting's part may be), compared case-insensitively (T-SQL's variables and
-PostgreSQL's settings are); not ``stmt`` or ``params``, sp_executesql's own parameters. Values are text, at most MAX_VALUE_CHARS characters, without NUL
-(PostgreSQL's text cannot hold U+0000; refused on every dialect so that a job behaves alike).
+PostgreSQL's settings are); not ``stmt`` or ``params``, sp_executesql's own parameters. Values
+are text, at most MAX_VALUE_CHARS characters, without NUL (PostgreSQL's text cannot hold U+0000;
+refused on every dialect so that a job behaves alike).
 
 Pure: no database.
 """
