@@ -191,6 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--output", action="store_true",
                          help="each attempt (each step's) with what the server said: messages and rows affected")
 
+    audit = commands.add_parser("audit", help="the audit trail, newest first: who did what (from the command line "
+                                              "and the T-SQL procedures), from where, when, with which arguments, "
+                                              "done or refused")
+    audit.add_argument("--job", help="only this job's actions")
+    audit.add_argument("--since", type=_iso_datetime, metavar="TIME",
+                       help="only actions at or after this time (ISO-8601; UTC when no offset is given)")
+    audit.add_argument("--limit", type=ROW_LIMIT, default=50)
+
     stuck = commands.add_parser("stuck", help="reconciliation: runs past their lease or waiting too long")
     stuck.add_argument("--older-than", type=AGE_SECONDS, default=600, metavar="SECONDS",
                        help="pending runs runnable for longer than this count as stuck (default 600)")
@@ -259,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="instead: make PRINCIPAL a member of agent_operator (EXECUTE on the T-SQL interface's "
                             "procedures, SELECT on its views, nothing on the tables) and let the agent run its jobs as "
                             "it (with --app-name on SQL Server: IMPERSONATE for that user)")
+    grant.add_argument("--agent-login", metavar="NAME",
+                       help="instead: the agent's own login (PostgreSQL) or database user (Azure SQL) with the rights "
+                            "it needs on the control database and nothing else (no superuser, db_owner or CREATEROLE; "
+                            "docs/deploying.md says what it can do); --apply runs it as the --db login, an admin")
     grant.add_argument("--targets", metavar="JOB",
                        help="instead: the scripts for the fleet targets of JOB (resolved now: one per target "
                             "database, one per master that lists databases), grouped by server")

@@ -333,6 +333,23 @@ class _Doctor:
                 f"allows: {allowed} ({why}); beyond it connections are refused and the agent slows down: lower "
                 f"AGENT_MAX_CONNECTIONS or the number of processes (maximumInstanceCount), or raise the limit"]
 
+    def identity_rights(self) -> list[str]:
+        """A warning when the identity the agent connects as is more than the agent needs (a
+        superuser, CREATEROLE, db_owner, ...: named query identity_rights): run as it, a job that
+        escaped the principal it runs as would hold those rights. None when it is not, or unknown."""
+        try:
+            row = self.agent.store().execute("identity_rights").one() or {}
+        except Exception as exc:  # noqa: BLE001 - a warning, never a failed check
+            return [f"what the agent's identity may do could not be read ({_one_line(exc)})"]
+        if not row.get("reaches"):
+            return []
+        fix = ("grant-sql --agent-login NAME, run by an admin" if self.target.dialect == "postgres"
+               else "grant-sql --app-name NAME (or --agent-login NAME), run by the Entra admin")
+        return [f"the agent connects as {row.get('login_name')!r}, which is or can become {row['reaches']}: run as it, "
+                "a job that escaped the principal it runs as would hold those rights. Fine for an admin's own "
+                f"command; give the agent itself a least-privilege identity: {fix} (docs/deploying.md, "
+                "\"What the agent's identity can do\")"]
+
     # ------------------------------------------------------------ 6. permissions
 
     def permissions(self) -> str:
@@ -370,11 +387,11 @@ class _Doctor:
     def _grant_fix(self) -> str:
         dialect = self.target.dialect
         if dialect == "mssql":
-            return (f"grant the app's database user DML on schema agent: `{GRANT_SQL}` "
+            return (f"grant the app's database user DML and EXECUTE on schema agent: `{GRANT_SQL}` "
                     "(run it as a Microsoft Entra admin of the server)")
         if dialect == "postgres":
-            return ("GRANT USAGE ON SCHEMA agent, SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA agent "
-                    "and USAGE ON ALL SEQUENCES IN SCHEMA agent to the login's role")
+            return ("make the agent's login the owner of schema agent and its objects: `sql-agent grant-sql "
+                    "--agent-login <login> --apply`, run by an admin (docs/deploying.md)")
         return "make the SQLite file and its folder writable for this user"
 
     # ------------------------------------------------------------ 7. queue
@@ -562,7 +579,7 @@ def run_doctor(agent: Any, *, tcp_timeout: float = 10.0, processes: int = 1) -> 
             break
         report.checks.append(Check(name, True, detail, lines=tuple(doctor.notes.pop(name, ()))))
         if name == "schema":
-            report.warnings = doctor.invalid_jobs() + doctor.connection_budget(processes)
+            report.warnings = doctor.invalid_jobs() + doctor.connection_budget(processes) + doctor.identity_rights()
     return report
 
 

@@ -1,8 +1,11 @@
-"""T-SQL that gives the function app's managed identity least-privilege access.
+"""T-SQL that gives the function app's managed identity least-privilege access (and, for a
+PostgreSQL control database, the script for the agent's login role: agent_login_postgres).
 
-The app needs to read and write the rows of the control schema, nothing more: SELECT, INSERT,
-UPDATE and DELETE on schema ``agent`` (every table the migrations create there, now and later).
-It never creates or alters tables: ``init-db`` is run by a deployer. Azure SQL Database knows
+The app needs to read and write the rows of the control schema and run its procedures and
+functions, nothing more: SELECT, INSERT, UPDATE, DELETE and EXECUTE on schema ``agent`` (every
+object the migrations create there, now and later), and no fixed role that is more (db_owner,
+db_securityadmin, db_accessadmin: the script takes the user out of them). It never creates or
+alters tables: ``init-db`` is run by a deployer. Azure SQL Database knows
 an Entra identity only once a database user exists for it, created from the identity's name
 (the function app's name for its system-assigned identity, the identity resource's name for a
 user-assigned one) with ``CREATE USER [name] FROM EXTERNAL PROVIDER``, which only a Microsoft
@@ -27,10 +30,14 @@ from typing import Iterable, Sequence
 from shared.errors import ConfigError
 
 __all__ = ["GrantScript", "grant_scripts", "grant_sql", "render", "quote_name", "quote_string",
+           "agent_login_postgres", "agent_login_tsql",
            "fleet_grant_scripts", "fleet_postgres_scripts"]
 
 SYSNAME_MAX = 128       # sysname: nvarchar(128); QUOTENAME returns NULL beyond it
 AGENT_DML = ("SELECT", "INSERT", "UPDATE", "DELETE")
+# Fixed database roles that make the agent's user more than the agent: db_owner is everything;
+# db_securityadmin and db_accessadmin grant rights and users, so a member can give itself any.
+TSQL_ROLES_REMOVED = ("db_owner", "db_securityadmin", "db_accessadmin")
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,20 @@ def _create_user(app: str) -> str:
             f"CREATE USER {quote_name(app)} FROM EXTERNAL PROVIDER;")
 
 
+def _agent_user_statements(app: str, schema: str) -> tuple[str, ...]:
+    """The agent's own user in the control database: created from the Entra identity when
+    missing; the rows of the control schema and its procedures and functions (EXECUTE: the
+    agent's queries call agent.json_text, its pause settles runs with agent.settle_paused_runs);
+    out of every fixed role that is more than that (TSQL_ROLES_REMOVED)."""
+    user = quote_name(app)
+    return (
+        _create_user(app),
+        f"GRANT {', '.join(AGENT_DML)}, EXECUTE ON SCHEMA::{quote_name(schema)} TO {user};",
+        *(f"IF IS_ROLEMEMBER({quote_string(role)}, {quote_string(app)}) = 1 "
+          f"ALTER ROLE {quote_name(role)} DROP MEMBER {user};" for role in TSQL_ROLES_REMOVED),
+    )
+
+
 def _job_principal(app: str, principal: str, schema: str | None) -> tuple[str, ...]:
     """The user jobs run as (AGENT_JOB_PRINCIPAL): no login, impersonated by the app with
     EXECUTE AS USER; in the control database denied every right on the agent's schema."""
@@ -118,19 +139,20 @@ def grant_scripts(app_name: str, *, schema: str = "agent", job_databases: Iterab
     control = GrantScript(
         database=None,
         statements=(
-            _create_user(app),
-            f"GRANT {', '.join(AGENT_DML)} ON SCHEMA::{quote_name(schema)} TO {user};",
+            *_agent_user_statements(app, schema),
             *(_job_principal(app, principal, schema) if principal else ()),
             *execute_grants,
         ),
         comment=(
             "-- In the CONTROL database (not master), as a Microsoft Entra admin of the server.\n"
-            f"-- The app reads and writes the rows of schema {quote_name(schema)}; init-db (run by a deployer)\n"
-            + (f"-- owns the tables. Job commands run as {runs_jobs} (AGENT_JOB_PRINCIPAL), which the app\n"
+            f"-- The app reads and writes the rows of schema {quote_name(schema)} and runs its procedures and\n"
+            "-- functions; it is in no role that is more (db_owner, db_securityadmin, db_accessadmin).\n"
+            "-- init-db, run by a deployer, made the schema (dbo owns it).\n"
+            + (f"-- Job commands run as {runs_jobs} (AGENT_JOB_PRINCIPAL), which the app\n"
                "-- impersonates and which has no right on the agent's schema: a job cannot rewrite the\n"
                "-- agent's bookkeeping. Grant it what your jobs need, e.g.\n"
                if principal else
-               "-- owns the tables. Job commands run as this user: a job in the control database can do\n"
+               "-- Job commands run as this user: a job in the control database can do\n"
                "-- only what is granted here (set AGENT_JOB_PRINCIPAL and --job-principal to keep jobs away\n"
                "-- from the agent's own tables). Grant what your jobs need, e.g.\n")
             + f"--   GRANT EXECUTE ON SCHEMA::[dbo] TO {runs_jobs};   (stored procedures; or --execute-schema dbo)\n"
@@ -247,7 +269,7 @@ def fleet_postgres_scripts(app_name: str, targets: Iterable[tuple[str | None, st
     server, so also for a database that refuses connections now). Listing needs nothing there:
     pg_database is readable by every role. ``database`` None: run it in the control database
     (the agent's own server); 'postgres' on another server."""
-    role = _check_name(app_name, "--app-name", "the app's PostgreSQL login role")
+    role = _check_pg_name(app_name, "--app-name", "the app's PostgreSQL login role")
     where = f"job {job_name!r}" if job_name else "the job"
     by_server: dict[str | None, set[str]] = {}
     for server, database in targets:
@@ -303,12 +325,21 @@ def operator_sql(principal: str, *, dialect: str, app: str | None = None) -> str
         # The agent runs the operator's jobs in a function owned by the operator's role: making it
         # the owner needs the agent's login to be a member (SESSION_USER: the login running this,
         # the agent's own with --apply). A superuser login needs nothing.
+        who = _check_pg_name(who, "--operator", "the operator's PostgreSQL login role")
+        runner = _check_pg_name(runner, "--app-name", "the agent's PostgreSQL login role") if runner else None
         member = quote_pg_name(runner) if runner else "SESSION_USER"
+        # One transaction that ends with the operator role's check (PG_CHECK_LOGIN): the agent's
+        # login becomes a member of it, so it would reach whatever privileged role the operator
+        # reaches (a superuser operator would make the agent one).
         return (f"-- On the PostgreSQL control database: {who!r} calls the agent's functions and reads its views;\n"
                 f"-- the agent's login ({runner or 'SESSION_USER: run this as that login, or pass --app-name'}) "
-                "becomes a member of it, to run its jobs as it.\n"
-                + warning + f"GRANT {OPERATOR_ROLE} TO {quote_pg_name(who)};\n"
-                + f"GRANT {quote_pg_name(who)} TO {member};\n")
+                "becomes a member of it, to run its jobs as it;\n"
+                "-- refused (nothing changes) when the operator's role is or reaches a privileged role.\n"
+                + warning + "BEGIN;\n"
+                + f"SELECT set_config('agent.grant_login', {quote_pg_literal(who)}, true);\n"
+                + f"GRANT {OPERATOR_ROLE} TO {quote_pg_name(who)};\n"
+                + f"GRANT {quote_pg_name(who)} TO {member};\n"
+                + PG_CHECK_LOGIN + "\nCOMMIT;\n")
     impersonate = (f"GRANT IMPERSONATE ON USER::{quote_name(who)} TO {quote_name(runner)};\n" if runner else
                    "-- Then, so the agent can run this operator's jobs as it: GRANT IMPERSONATE ON USER::<operator>\n"
                    "-- TO <the app's user> (grant-sql --operator PRINCIPAL --app-name APP prints it).\n")
@@ -322,3 +353,175 @@ def operator_sql(principal: str, *, dialect: str, app: str | None = None) -> str
 def _wrap(text: str, width: int = 96) -> list[str]:
 
     return textwrap.wrap(text, width)
+
+
+# ---------------------------------------------------------------- the agent's own identity (--agent-login)
+
+# PostgreSQL truncates an identifier longer than NAMEDATALEN - 1 bytes (a NOTICE only): a longer
+# name would silently name another role.
+PG_NAME_MAX_BYTES = 63
+
+
+def _check_pg_name(value: object, setting: str, what: str) -> str:
+    expected = (f"{what}: 1 to {PG_NAME_MAX_BYTES} bytes (UTF-8), no control characters and no leading "
+                "or trailing spaces (PostgreSQL would cut a longer name to another role's)")
+    if not isinstance(value, str) or not value or len(value.encode("utf-8")) > PG_NAME_MAX_BYTES:
+        raise ConfigError(setting, value, expected)
+    if value != value.strip() or any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise ConfigError(setting, value, expected)
+    return value
+
+
+def quote_pg_literal(text: str) -> str:
+    """``text`` as a PostgreSQL escape-string literal, E'...' with ' and \\ doubled: the same
+    value whatever standard_conforming_strings says."""
+    return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+# What a least-privilege agent login must not reach, checked by the PostgreSQL scripts: a role the
+# login can SET ROLE to (any role it is a member of, with or without INHERIT) that is a superuser
+# or may create roles or databases, replicate or bypass row security, or a predefined pg_* role
+# (pg_database_owner included: the login must not own the database).
+# The name to check is in the transaction's setting agent.grant_login (set_config), so the
+# body below is fixed text with no name spliced into it.
+PG_CHECK_LOGIN = (
+    "DO $agent_grant$\n"
+    "DECLARE\n"
+    "    login text := current_setting('agent.grant_login');\n"
+    "    reached text;\n"
+    "BEGIN\n"
+    "    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = login) THEN\n"
+    "        RAISE EXCEPTION 'role % does not exist: create the agent''s login first (CREATE ROLE ... LOGIN, or on "
+    "Azure Database for PostgreSQL pgaadauth_create_principal)', quote_ident(login);\n"
+    "    END IF;\n"
+    "    SELECT string_agg(quote_ident(r.rolname), ', ' ORDER BY r.rolname) INTO reached\n"
+    "    FROM pg_catalog.pg_roles AS r\n"
+    "    WHERE pg_catalog.pg_has_role(login, r.oid, 'MEMBER')\n"
+    "      AND (r.rolsuper OR r.rolcreaterole OR r.rolcreatedb OR r.rolreplication OR r.rolbypassrls\n"
+    "           OR r.rolname LIKE 'pg\\_%');\n"
+    "    IF reached IS NOT NULL THEN\n"
+    "        RAISE EXCEPTION 'role % reaches % (itself, or a role it can SET ROLE to): a superuser, CREATEROLE, "
+    "CREATEDB, REPLICATION, BYPASSRLS or predefined role, which the agent''s login would hold (it is that role, "
+    "or becomes a member of it) and so would a job that escaped. Remove that membership or attribute (as a "
+    "superuser: ALTER ROLE ... NOSUPERUSER; REVOKE ... FROM ...)', quote_ident(login), reached;\n"
+    "    END IF;\n"
+    "END\n"
+    "$agent_grant$;"
+)
+
+# Every object in schema agent handed to the agent's login (a schema init-db made as another role,
+# e.g. a superuser, before the login existed). A sequence that belongs to a column moves with its
+# table (ALTER SEQUENCE OWNER refuses it).
+PG_HAND_OVER_SCHEMA = (
+    "DO $agent_grant$\n"
+    "DECLARE\n"
+    "    login text := current_setting('agent.grant_login');\n"
+    "    item record;\n"
+    "BEGIN\n"
+    "    EXECUTE format('ALTER SCHEMA agent OWNER TO %I', login);\n"
+    "    FOR item IN\n"
+    "        SELECT CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'S' THEN 'SEQUENCE'\n"
+    "                              ELSE 'TABLE' END AS kind, c.oid::regclass::text AS name\n"
+    "        FROM pg_catalog.pg_class AS c\n"
+    "        WHERE c.relnamespace = 'agent'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'S')\n"
+    "          AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend AS d WHERE d.classid = 'pg_class'::regclass\n"
+    "                          AND d.objid = c.oid AND d.deptype IN ('a', 'i'))\n"
+    "          AND pg_catalog.pg_get_userbyid(c.relowner) <> login\n"
+    "        UNION ALL\n"
+    "        SELECT CASE p.prokind WHEN 'p' THEN 'PROCEDURE' WHEN 'a' THEN 'AGGREGATE' ELSE 'FUNCTION' END,\n"
+    "               p.oid::regprocedure::text\n"
+    "        FROM pg_catalog.pg_proc AS p\n"
+    "        WHERE p.pronamespace = 'agent'::regnamespace AND pg_catalog.pg_get_userbyid(p.proowner) <> login\n"
+    "    LOOP\n"
+    "        EXECUTE format('ALTER %s %s OWNER TO %I', item.kind, item.name, login);\n"
+    "    END LOOP;\n"
+    "END\n"
+    "$agent_grant$;"
+)
+
+PG_CREATE_OPERATOR_ROLE = (
+    "DO $agent_grant$\n"
+    "BEGIN\n"
+    "    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'agent_operator') THEN\n"
+    "        CREATE ROLE agent_operator NOLOGIN;\n"
+    "    END IF;\n"
+    "END\n"
+    "$agent_grant$;"
+)
+
+PG_GRANT_DATABASE = (
+    "DO $agent_grant$\n"
+    "BEGIN\n"
+    "    EXECUTE format('GRANT CONNECT, TEMPORARY ON DATABASE %I TO %I', current_database(),\n"
+    "                   current_setting('agent.grant_login'));\n"
+    "END\n"
+    "$agent_grant$;"
+)
+
+
+def agent_login_postgres(login: str, *, job_principal: str | None = None,
+                         principal_setting: str = "--job-principal") -> str:
+    """The PostgreSQL script that makes ``login`` the agent's least-privilege login, run once
+    on the control database by an admin (a superuser, or a CREATEROLE role that is a member of
+    ``login``), before the first init-db and again after any change; idempotent.
+
+    The login owns schema ``agent`` and everything in it, so it runs init-db itself (every
+    migration: only agent_operator, a role, needs CREATEROLE, and the script creates it). It
+    keeps no attribute beyond LOGIN and INHERIT and reaches no privileged role; it gets CONNECT
+    and TEMPORARY on the database (the owner's temporary function lives in pg_temp) and, per job
+    owner, membership of that owner's role (grant-sql --operator ... --app-name LOGIN; here only
+    AGENT_JOB_PRINCIPAL's). INHERIT: the agent drops the owner's temporary function after the
+    job, which needs the owner's rights (NOINHERIT would narrow nothing an escape reaches: a
+    member can SET ROLE to the role either way)."""
+    who = _check_pg_name(login, "--agent-login", "the agent's PostgreSQL login role")
+    principal = (_check_pg_name(job_principal, principal_setting, "the role AGENT_JOB_PRINCIPAL's jobs run as")
+                 if job_principal else None)
+    role = quote_pg_name(who)
+    lines = [
+        "-- On the PostgreSQL CONTROL database, as a superuser or a CREATEROLE admin that is a member of",
+        f"-- {role} (Azure Database for PostgreSQL's admin: GRANT {role} TO <admin> first), once before the",
+        "-- first init-db and again after a change. The login must exist (CREATE ROLE ... LOGIN PASSWORD ..., or",
+        "-- Entra: pgaadauth_create_principal). It owns schema agent and its objects, runs init-db itself, and",
+        "-- holds nothing else: no SUPERUSER, CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS, no predefined role.",
+        "-- Each operator whose jobs it runs: grant-sql --operator ROLE --app-name " + who.replace("\n", " "),
+        "BEGIN;",
+        f"SELECT set_config('agent.grant_login', {quote_pg_literal(who)}, true);",
+        f"ALTER ROLE {role} NOCREATEDB NOCREATEROLE INHERIT;",
+        PG_CREATE_OPERATOR_ROLE,
+        f"CREATE SCHEMA IF NOT EXISTS agent AUTHORIZATION {role};",
+        PG_HAND_OVER_SCHEMA,
+        PG_GRANT_DATABASE,
+    ]
+    if principal:
+        lines.append(f"GRANT {quote_pg_name(principal)} TO {role};")
+    lines += [PG_CHECK_LOGIN, "COMMIT;"]
+    return "\n".join(lines) + "\n"
+
+
+def agent_login_tsql(app_name: str, *, schema: str = "agent", job_principal: str | None = None,
+                     principal_setting: str = "--job-principal") -> GrantScript:
+    """The T-SQL that makes the app's database user the agent's least-privilege identity on the
+    control database (Azure SQL / SQL Server): the rows of schema agent (SELECT, INSERT, UPDATE,
+    DELETE) and its procedures and functions (EXECUTE; the agent's queries call agent.json_text
+    and agent.settle_paused_runs), IMPERSONATE on AGENT_JOB_PRINCIPAL's user, and out of the
+    fixed roles that are more than that (db_owner; db_securityadmin and db_accessadmin, which
+    could grant it anything). Nothing in master, nothing server-level; init-db is run by the
+    Entra admin (dbo owns the schema)."""
+    app = _check_name(app_name, "--agent-login",
+                      "the agent's database user: the function app's name (its system-assigned managed identity) "
+                      "or the name of its user-assigned identity")
+    schema = _check_name(schema, "schema", "the control schema name")
+    principal = (_check_name(job_principal, principal_setting, "the database user jobs run as")
+                 if job_principal else None)
+    statements = [
+        *_agent_user_statements(app, schema),
+        *(_job_principal(app, principal, schema) if principal else ()),
+    ]
+    comment = (
+        "-- In the CONTROL database (not master), as a Microsoft Entra admin of the server, after init-db\n"
+        "-- (which the admin runs: dbo owns schema [agent]). The agent's identity: the rows, procedures and\n"
+        f"-- functions of schema {quote_name(schema)}, IMPERSONATE on the users whose jobs it runs, nothing else\n"
+        "-- (no db_owner, no DDL, nothing in master or on the server). Each operator whose jobs it runs:\n"
+        f"--   grant-sql --operator PRINCIPAL --app-name {app.replace(chr(10), ' ')}   (IMPERSONATE on that user)"
+    )
+    return GrantScript(database=None, statements=tuple(statements), comment=comment)

@@ -136,7 +136,7 @@ def test_a_role_that_may_only_read_fails_the_permissions_check(pg_url, capsys):
         assert code == 1
         assert [checks[name][0] for name in CHECKS] == ["OK", "OK", "OK", "OK", "OK", "FAIL", "--", "--", "--"], out
         assert "permission denied for table runs" in checks["permissions"][1]
-        assert "GRANT USAGE ON SCHEMA agent, SELECT, INSERT, UPDATE, DELETE" in out
+        assert "grant-sql --agent-login <login> --apply" in out
     finally:
         cursor.execute(f"DROP OWNED BY {role}")
         cursor.execute(f"DROP ROLE {role}")

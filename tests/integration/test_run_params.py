@@ -168,6 +168,11 @@ def test_start_job_with_params_runs_as_the_owner_reading_them_bound(operator):
     assert run["status"] == "succeeded", run
     assert json.loads(run["params"]) == {"who": value, "Label": "lbl"}
     assert query(agent, "SELECT who, login FROM owned_work") == [(value, f"lbl:{name}")]
+    # Both calls are audited (0017's way), the values with the call.
+    audit = query(agent, "SELECT action, arguments FROM agent.audit WHERE action IN ('run-now', 'set-params') "
+                         "ORDER BY audit_id")
+    assert [row[0] for row in audit] == ["set-params", "run-now"]
+    assert json.loads(json.loads(audit[1][1])["params"]) == {"WHO": value}
 
 
 @pytest.mark.parametrize("params, expected", [

@@ -779,6 +779,24 @@ def test_sql_is_entra_only_and_tls12():
                    for parameter in sql.parameters.values()), "no secrets: the server has no SQL password"
 
 
+def test_the_sql_admin_is_a_deployer_parameter_never_the_apps_identity():
+    """The app's identity is not the server's Entra admin (which is sysadmin-like: every database,
+    every login): the admin is a parameter (a user, or better a group), and the app gets a database
+    user with grant-sql's rights after deployment (docs/deploying.md, "What the agent's identity
+    can do")."""
+    main = bicep("main.bicep")
+    params = _module_params(main, "sql")
+    assert (params["adminLogin"], params["adminObjectId"]) == ("sqlAdminLogin", "sqlAdminObjectId")
+    assert main.parameters["sqlAdminPrincipalType"].get("default") == "Group"
+    text = (INFRA / "sql.bicep").read_text(encoding="utf-8") + (INFRA / "main.bicep").read_text(encoding="utf-8")
+    assert not re.search(r"sid:\s*\S*(principalId|identity)", text, re.I), "the SQL admin's sid must be the parameter"
+    # No Azure role on the SQL server for the app (control plane: it could make itself admin).
+    for path in bicep_paths():
+        for _, assignment in bicep(path.name).resources_of_type("Microsoft.Authorization/roleAssignments").items():
+            scope = body(assignment).get("scope")
+            assert "sql" not in str(scope).lower(), f"{path.name}: a role assignment on {scope}"
+
+
 def test_the_private_network_profile_integrates_the_app_and_closes_sql_and_storage():
     """networkProfile private (docs/deploying.md "Private networking"): the app joins a subnet
     delegated to Microsoft.App/environments; the SQL server and the storage account's three

@@ -33,6 +33,10 @@ PG_BASE = os.environ.get("AGENT_TEST_PG", "Driver={PostgreSQL Unicode};Server=12
 IN_CI = os.environ.get("CI", "").lower() == "true"
 MSSQL_BASE = os.environ.get("AGENT_TEST_MSSQL", "").strip()
 MSSQL_DATABASE = os.environ.get("AGENT_TEST_MSSQL_DATABASE", "").strip()
+# AGENT_TEST_PG_LEAST_PRIVILEGE=1: every db_url's PostgreSQL database is reached as a login with
+# grant-sql --agent-login's rights (least_privilege_database), plus CREATE on schema public for the
+# tables the tests set up through the agent's own connection; the agent's paths then run as it.
+LEAST_PRIVILEGE = os.environ.get("AGENT_TEST_PG_LEAST_PRIVILEGE", "").strip().lower() in ("1", "true", "yes")
 UTC = timezone.utc
 
 
@@ -204,6 +208,10 @@ def fresh_database(dialect: str, tmp_path: Path | None = None) -> Iterator[str]:
         with mssql_database() as url:
             yield url
         return
+    if LEAST_PRIVILEGE:
+        with least_privilege_database(test_tables=True) as (url, _, _):
+            yield url
+        return
     name, url = create_pg_database()
     try:
         yield url
@@ -343,3 +351,42 @@ def work(agent, *, concurrency: int = 4, max_seconds: float = 60, visibility_tim
 
     runner = LocalRunner(agent, concurrency=concurrency, visibility_timeout=visibility_timeout, poll_interval=0.05)
     return runner.work_until_idle(max_seconds=max_seconds)
+
+
+@contextlib.contextmanager
+def least_privilege_database(login: str | None = None, *, test_tables: bool = False) -> Iterator[tuple[str, str, str]]:
+    """A fresh PostgreSQL control database and a login role with exactly the rights
+    ``sql-agent grant-sql --agent-login`` gives (created with CREATE ROLE's defaults: NOSUPERUSER
+    NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS; the script applied as the admin through the
+    CLI, as docs/deploying.md says); yields (URL as that login, the login, the admin's URL). The
+    database and the login are dropped afterwards. ``test_tables``: also CREATE on schema public,
+    for a test that makes its own tables through the agent's connection (not a right the agent
+    needs)."""
+    from shared.cli.commands import main as cli
+
+    name, admin_url = create_pg_database()
+    login = login or f"lp_{uuid.uuid4().hex[:10]}"
+    quoted = '"' + login.replace('"', '""') + '"'
+    admin = pg_admin_connection()
+    try:
+        admin.cursor().execute(f"CREATE ROLE {quoted} LOGIN")
+        assert cli(["--db", admin_url, "grant-sql", "--agent-login", login, "--apply"]) == 0
+        if test_tables:
+            database = pyodbc_connect(admin_url)
+            try:
+                database.cursor().execute(f"GRANT CREATE ON SCHEMA public TO {quoted}")
+            finally:
+                database.close()
+        # psqlODBC takes Uid as written up to the next ';' (no braces): a test of a hostile name
+        # checks the script, not a connection.
+        yield admin_url.replace("Uid=root;", f"Uid={login};"), login, admin_url
+    finally:
+        drop_pg_database(name)
+        admin.cursor().execute(f"DROP ROLE IF EXISTS {quoted}")
+        admin.close()
+
+
+def pyodbc_connect(url: str):
+    import pyodbc
+
+    return pyodbc.connect(url, autocommit=True, timeout=10)

@@ -52,7 +52,7 @@ def parse_grant_statement(statement: str) -> tuple:
     tokens = _tokens(statement)
     assert tokens[-1] == ("SEMICOLON", ";"), statement
     tokens = tokens[:-1]
-    if tokens[0][1].upper() == "IF":
+    if tokens[0][1].upper() == "IF" and tokens[1][1].upper() == "DATABASE_PRINCIPAL_ID":
         # IF DATABASE_PRINCIPAL_ID(N'<name>') IS NULL CREATE USER [<name>] FROM EXTERNAL PROVIDER
         (tree,) = sqlglot.parse(statement, read="tsql")
         assert isinstance(tree, exp.IfBlock)
@@ -70,6 +70,21 @@ def parse_grant_statement(statement: str) -> tuple:
         assert index == len(tokens), statement
         assert literal.name == user, "the existence check and CREATE USER name different principals"
         return ("create_user", user)
+    if tokens[0][1].upper() == "IF" and tokens[1][1].upper() == "IS_ROLEMEMBER":
+        # IF IS_ROLEMEMBER(N'<role>', N'<name>') = 1 ALTER ROLE [<role>] DROP MEMBER [<name>]
+        index = _words(tokens, 0, "IF", "IS_ROLEMEMBER", "(")
+        assert tokens[index][0] == "NATIONAL_STRING" and tokens[index + 2][0] == "NATIONAL_STRING", statement
+        role_literal, name_literal = tokens[index][1], tokens[index + 2][1]
+        index = _words(tokens, index + 1, ",")
+        index = _words(tokens, index + 1, ")", "=", "1", "ALTER", "ROLE")
+        role, index = _ident(tokens, index)
+        index = _words(tokens, index, "DROP", "MEMBER")
+        user, index = _ident(tokens, index)
+        assert index == len(tokens), statement
+        assert (role_literal, name_literal) == (role, user), "the check and the ALTER ROLE name different principals"
+        return ("drop_member", role, user)
+    if tokens[0][1].upper() == "IF":
+        raise AssertionError(f"not a statement the module may emit: {statement}")
     # GRANT <permission>[, <permission>]* ON SCHEMA::[<schema>] TO [<name>]
     index = _words(tokens, 0, "GRANT")
     permissions = []
@@ -97,12 +112,20 @@ def statements_of(sql: str) -> list[str]:
     return out
 
 
+def agent_user_shapes(app: str) -> list[tuple]:
+    """The agent's user in the control database: created, the rows and routines of schema agent,
+    out of the fixed roles that are more (docs/deploying.md, "What the agent's identity can do")."""
+    return [("create_user", app), ("grant", ("SELECT", "INSERT", "UPDATE", "DELETE", "EXECUTE"), "agent", app),
+            ("drop_member", "db_owner", app), ("drop_member", "db_securityadmin", app),
+            ("drop_member", "db_accessadmin", app)]
+
+
 @pytest.mark.parametrize("app", TRICKY_NAMES)
 def test_control_database_script_is_least_privilege_and_quotes_the_name(app):
     (control,) = grant_scripts(app)
     assert control.database is None
     shapes = [parse_grant_statement(s) for s in control.statements]
-    assert shapes == [("create_user", app), ("grant", ("SELECT", "INSERT", "UPDATE", "DELETE"), "agent", app)]
+    assert shapes == agent_user_shapes(app)
     # The printed script is made of exactly these statements.
     assert [parse_grant_statement(s) for s in statements_of(grant_sql(app))] == shapes
 
@@ -113,8 +136,7 @@ def test_job_databases_get_a_user_of_their_own_and_execute_grants_go_everywhere(
     assert [s.database for s in scripts] == [None, "archive", "reporting"]
     control, *targets = scripts
     assert [parse_grant_statement(s) for s in control.statements] == [
-        ("create_user", "func-agent"),
-        ("grant", ("SELECT", "INSERT", "UPDATE", "DELETE"), "agent", "func-agent"),
+        *agent_user_shapes("func-agent"),
         ("grant", ("EXECUTE",), "dbo", "func-agent"),
         ("grant", ("EXECUTE",), "maint]x", "func-agent"),
     ]
@@ -177,3 +199,88 @@ def test_cli_apply_needs_a_sql_server_control_database(capsys, tmp_path):
 def test_cli_refuses_a_bad_app_name(capsys, tmp_path):
     assert cli(["--db", f"sqlite:///{tmp_path / 'agent.db'}", "grant-sql", "--app-name", "x\ny"]) == 2
     assert "--app-name" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- grant-sql --agent-login
+
+@pytest.mark.parametrize("app", TRICKY_NAMES)
+def test_the_agents_tsql_user_gets_the_rows_and_routines_of_schema_agent_and_no_fixed_role(app):
+    from shared.ops.grants import agent_login_tsql
+
+    script = agent_login_tsql(app)
+    assert script.database is None
+    assert [parse_grant_statement(s) for s in script.statements] == agent_user_shapes(app)
+    assert [parse_grant_statement(s) for s in statements_of(render([script]))] == agent_user_shapes(app)
+    # Those statements and no other: nothing server-level, nothing in master, no role added.
+
+
+def test_the_agents_tsql_script_parses_as_tsql():
+    """sqlfluff's T-SQL grammar over the whole script, names that need no ]] (its lexer does not
+    take ]] inside brackets; the token test above covers those)."""
+    from sqlfluff.core import FluffConfig, Linter
+
+    from shared.ops.grants import agent_login_tsql
+
+    linter = Linter(config=FluffConfig(overrides={"dialect": "tsql"}))
+    for script in (agent_login_tsql("func-agent prod"), agent_login_tsql("func-agent", job_principal="job runner")):
+        parsed = linter.parse_string(render([script]))
+        assert not parsed.violations and "unparsable" not in parsed.tree.stringify(), parsed.tree.stringify()
+    assert "GRANT IMPERSONATE ON USER::[job runner] TO [func-agent];" in agent_login_tsql(
+        "func-agent", job_principal="job runner").statements
+
+
+@pytest.mark.parametrize("login", ['sql_agent', 'a"b; DROP ROLE root; --', "it's \\ $agent_grant$", "Ünïcode 名前"])
+def test_the_postgres_script_quotes_the_login_wherever_it_appears(login):
+    """The name appears as a quoted identifier (ALTER ROLE, CREATE SCHEMA ... AUTHORIZATION) and as
+    one E'' literal (set_config), never inside a DO body (those read current_setting)."""
+    from sqlglot.dialects.postgres import Postgres
+
+    from shared.ops.grants import agent_login_postgres, quote_pg_literal, quote_pg_name
+
+    def code_of(name: str) -> list[str]:
+        return [line for line in agent_login_postgres(name).splitlines() if not line.startswith("--")]
+
+    code = code_of(login)
+    named = [line for line in code if quote_pg_name(login) in line or quote_pg_literal(login) in line]
+    assert len(named) == 3, named
+    # Every other line is the same for any name: the DO bodies hold none.
+    assert [line for line in code if line not in named] == [
+        line for line in code_of("placeholder") if '"placeholder"' not in line and "'placeholder'" not in line]
+    tokens = [[(t.token_type.name, t.text) for t in Postgres().tokenize(line)] for line in named]
+    assert [t for t in tokens[0] if t[0] in ("STRING", "BYTE_STRING")] == [("STRING", "agent.grant_login"),
+                                                                           ("BYTE_STRING", login)]
+    assert [t[1].upper() for t in tokens[1][:2]] == ["ALTER", "ROLE"] and tokens[1][2] == ("IDENTIFIER", login)
+    assert [t[1].upper() for t in tokens[1][3:]] == ["NOCREATEDB", "NOCREATEROLE", "INHERIT", ";"]
+    assert tokens[2][-3:] == [("VAR", "AUTHORIZATION"), ("IDENTIFIER", login), ("SEMICOLON", ";")] or \
+        [t[1].upper() for t in tokens[2][-3:-1]] == ["AUTHORIZATION", login.upper()]
+    assert code[0] == "BEGIN;" and code[-1] == "COMMIT;"
+
+
+@pytest.mark.parametrize("bad", ["", " agent", "agent\n; DROP ROLE root", "a\x00b", "a" * 64, "é" * 32, None])
+def test_a_bad_postgres_login_name_is_refused_naming_the_option(bad):
+    from shared.ops.grants import agent_login_postgres
+
+    with pytest.raises(ConfigError) as caught:
+        agent_login_postgres(bad)
+    assert caught.value.setting == "--agent-login" and "63 bytes" in str(caught.value)
+    agent_login_postgres("é" * 31)          # 62 bytes: PostgreSQL keeps it whole
+
+
+def test_cli_agent_login_prints_tsql_for_sqlite_and_refuses_to_apply_there(capsys, tmp_path):
+    import json
+
+    from shared.ops.grants import agent_login_tsql
+
+    db = f"sqlite:///{tmp_path / 'agent.db'}"
+    assert cli(["--db", db, "grant-sql", "--agent-login", "func-agent"]) == 0
+    assert capsys.readouterr().out == render([agent_login_tsql("func-agent")])
+    assert cli(["--db", db, "grant-sql", "--agent-login", "func-agent", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["dialect"] == "mssql" and document["applied"] is False and "EXECUTE ON SCHEMA" in document["sql"]
+    assert cli(["--db", db, "grant-sql", "--agent-login", "func-agent", "--apply"]) == 2
+    assert "SQLite has no logins" in capsys.readouterr().err
+    assert cli(["--db", db, "grant-sql", "--agent-login", "x", "--targets", "nightly"]) == 2
+    assert "takes no --targets" in capsys.readouterr().err
+    assert cli(["--db", db, "grant-sql", "--agent-login", "x\ny"]) == 2
+    assert "--agent-login" in capsys.readouterr().err
+    assert not (tmp_path / "agent.db").exists()      # printing touches no database

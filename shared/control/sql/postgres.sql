@@ -4,9 +4,9 @@
 -- in (CAST(:x AS timestamp)): the agent's clock, never the server's.
 
 -- bootstrap_schema --
--- Take the migration lock for the session (released by release_migration_lock after the migrations), then create the agent schema and the schema version table if missing: two first init-db runs cannot both create them (CREATE ... IF NOT EXISTS alone races on the catalog).
+-- Take the migration lock for the session (released by release_migration_lock after the migrations), then create the agent schema and the schema version table if missing: two first init-db runs cannot both create them (CREATE ... IF NOT EXISTS alone races on the catalog). The schema is created only when missing, because CREATE SCHEMA IF NOT EXISTS checks CREATE on the database first: a least-privilege login owns the schema an admin made for it (grant-sql --agent-login) and has no CREATE on the database.
 SELECT pg_advisory_lock(7428001) AS locked;
-CREATE SCHEMA IF NOT EXISTS agent;
+DO $$ BEGIN IF to_regnamespace('agent') IS NULL THEN CREATE SCHEMA agent; END IF; END $$;
 CREATE TABLE IF NOT EXISTS agent.schema_version (
     version     INT PRIMARY KEY,
     description VARCHAR(200) NOT NULL,
@@ -576,6 +576,23 @@ SELECT event_id, job_name, event_at, kind, detail FROM agent.job_events
 WHERE (CAST(:job_name AS VARCHAR) IS NULL OR job_name = CAST(:job_name AS VARCHAR))
 ORDER BY event_id DESC LIMIT :limit;
 
+-- insert_audit --
+-- One row of the audit trail (shared/engine/audit.py), in the operator action's own transaction, or alone after it was refused: the principal is :principal when the front end signed its user in (the monitor), else the connection's login (session_user), else :fallback_principal; :client says from where. The time is the agent's clock (the database's).
+INSERT INTO agent.audit (acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail)
+VALUES (CAST(:now AS timestamp),
+        left(COALESCE(CAST(:principal AS varchar), CAST(session_user AS varchar), CAST(:fallback_principal AS varchar)), 256),
+        left(CAST(:client AS varchar), 400), CAST(:source AS varchar), CAST(:action AS varchar),
+        left(CAST(:job_name AS varchar), 200), CAST(:run_id AS bigint), CAST(:arguments AS text),
+        CAST(:audit_outcome AS varchar), left(CAST(:detail AS varchar), 2000))
+RETURNING audit_id;
+
+-- list_audit --
+-- sql-agent audit and the monitor's audit page: the audit trail, newest first, optionally of one job and from a time on.
+SELECT audit_id, acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail FROM agent.audit
+WHERE (CAST(:job_name AS VARCHAR) IS NULL OR job_name = CAST(:job_name AS VARCHAR))
+  AND (CAST(:since AS timestamp) IS NULL OR acted_at >= CAST(:since AS timestamp))
+ORDER BY audit_id DESC LIMIT CAST(:limit AS INT);
+
 -- count_runs_by_status --
 -- Runs per status (the doctor and the tests' reconciliation).
 SELECT status, COUNT(*) AS runs FROM agent.runs GROUP BY status;
@@ -586,7 +603,7 @@ DELETE FROM agent.attempts WHERE run_id = :run_id;
 DELETE FROM agent.runs WHERE run_id = :run_id;
 
 -- purge_history --
--- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job, and a run with a poison message not yet requeued, always stay — and poison messages older than AGENT_POISON_RETENTION_DAYS.
+-- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job, and a run with a poison message not yet requeued, always stay — and poison messages older than AGENT_POISON_RETENTION_DAYS; the audit trail is kept as long as the history.
 WITH old AS (
     SELECT r.run_id FROM agent.runs AS r
     WHERE r.finished_at < CAST(:history_before AS timestamp)
@@ -614,6 +631,23 @@ WITH old AS (
 gone AS (
     DELETE FROM agent.poison_messages AS p USING old WHERE p.poison_id = old.poison_id RETURNING p.poison_id)
 SELECT 'poison_messages' AS purged, COUNT(*) AS rows_purged FROM gone;
+WITH old AS (
+    SELECT audit_id FROM agent.audit WHERE acted_at < CAST(:history_before AS timestamp)
+    ORDER BY audit_id LIMIT CAST(:batch AS INT) FOR UPDATE SKIP LOCKED),
+gone AS (
+    DELETE FROM agent.audit AS a USING old WHERE a.audit_id = old.audit_id RETURNING a.audit_id)
+SELECT 'audit' AS purged, COUNT(*) AS rows_purged FROM gone;
+
+-- identity_rights --
+-- The doctor's view of what the agent's login reaches beyond the agent's rights (docs/deploying.md, "What the agent's identity can do"): the privileged roles it is or can SET ROLE to (a superuser, CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS role, a predefined role, the database's owner through pg_database_owner), or NULL.
+SELECT CAST(session_user AS text) AS login_name,
+       (SELECT string_agg(r.rolname || CASE WHEN r.rolsuper THEN ' (superuser)' WHEN r.rolcreaterole THEN ' (CREATEROLE)'
+                                            WHEN r.rolcreatedb THEN ' (CREATEDB)' WHEN r.rolreplication THEN ' (REPLICATION)'
+                                            WHEN r.rolbypassrls THEN ' (BYPASSRLS)' ELSE '' END, ', ' ORDER BY r.rolname)
+        FROM pg_catalog.pg_roles AS r
+        WHERE pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER')
+          AND (r.rolsuper OR r.rolcreaterole OR r.rolcreatedb OR r.rolreplication OR r.rolbypassrls
+               OR r.rolname LIKE 'pg\_%')) AS reaches;
 
 -- connection_limit --
 -- The doctor's view of how many connections the server lets the agent's login hold (AGENT_MAX_CONNECTIONS x processes must fit): max_connections less the places reserved for superusers (superuser_reserved_connections, and reserved_connections from PostgreSQL 16) unless the login is a superuser, the role's CONNECTION LIMIT and the database's (-1: none), and the client connections open now.

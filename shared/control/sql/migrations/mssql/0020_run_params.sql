@@ -6,11 +6,11 @@ ALTER TABLE agent.jobs ADD params NVARCHAR(MAX) NULL;
 ALTER TABLE agent.runs ADD params NVARCHAR(MAX) NULL;
 GO
 
--- agent.start_job (0011's) with @params: the run's parameters as a JSON object {"name": "value"}
+-- agent.start_job_unaudited (0011's start_job, renamed by 0017 behind the audited agent.start_job) with @params: the run's parameters as a JSON object {"name": "value"}
 -- (NULL: none given), checked against the job's declarations (names compare case-insensitively,
 -- as the default collation does), the defaults filled in, recorded on the run (agent.runs.params).
 -- The values are data: the job's SQL reads them as @name, bound by sp_executesql.
-ALTER PROCEDURE agent.start_job
+ALTER PROCEDURE agent.start_job_unaudited
     @job_name NVARCHAR(4000),
     @params NVARCHAR(MAX) = NULL
 AS
@@ -121,7 +121,7 @@ GO
 -- agent.set_job_params: the parameters a job defined from the database declares (a settings job
 -- takes JOB__<name>__PARAMS__<k>__DEFAULT / __REQUIRED): @params a JSON object {"name": "default",
 -- or null: no default}; NULL or {}: none. A redefinition by agent.add_scheduled_job keeps them.
-CREATE PROCEDURE agent.set_job_params
+CREATE PROCEDURE agent.set_job_params_unaudited
     @job_name NVARCHAR(4000),
     @params NVARCHAR(MAX)
 AS
@@ -186,4 +186,71 @@ BEGIN
 END
 GO
 
+-- The audited procedure of the name (0017's way): the call and its audit row in one transaction; a
+-- refused call recorded after the rollback.
+ALTER PROCEDURE agent.start_job
+    @job_name NVARCHAR(4000),
+    @params NVARCHAR(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @caller_transactions INT = @@TRANCOUNT;
+    DECLARE @audit_arguments NVARCHAR(MAX) = (SELECT LEFT(@job_name, 200) AS [job_name], LEFT(@params, 2000) AS [params]
+                                               FOR JSON PATH, WITHOUT_ARRAY_WRAPPER);
+    DECLARE @audit_action NVARCHAR(32) = N'run-now';
+    DECLARE @audit_error NVARCHAR(2000);
+    BEGIN TRY
+        BEGIN TRANSACTION;
+        EXEC agent.start_job_unaudited @job_name = @job_name, @params = @params;
+        EXEC agent.audit_procedure_call @action = @audit_action, @job_name = @job_name, @run_id = NULL,
+             @arguments = @audit_arguments, @outcome = N'done', @detail = NULL;
+        COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        SET @audit_error = LEFT(ERROR_MESSAGE(), 2000);
+        IF @caller_transactions = 0
+        BEGIN
+            IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+            EXEC agent.audit_procedure_call @action = @audit_action, @job_name = @job_name, @run_id = NULL,
+                 @arguments = @audit_arguments, @outcome = N'refused', @detail = @audit_error;
+        END;
+        THROW;
+    END CATCH;
+END
+GO
+
+-- The audited procedure of the name (0017's way): the call and its audit row in one transaction; a
+-- refused call recorded after the rollback.
+CREATE PROCEDURE agent.set_job_params
+    @job_name NVARCHAR(4000),
+    @params NVARCHAR(MAX)
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @caller_transactions INT = @@TRANCOUNT;
+    DECLARE @audit_arguments NVARCHAR(MAX) = (SELECT LEFT(@job_name, 200) AS [job_name], LEFT(@params, 2000) AS [params]
+                                               FOR JSON PATH, WITHOUT_ARRAY_WRAPPER);
+    DECLARE @audit_action NVARCHAR(32) = N'set-params';
+    DECLARE @audit_error NVARCHAR(2000);
+    BEGIN TRY
+        BEGIN TRANSACTION;
+        EXEC agent.set_job_params_unaudited @job_name = @job_name, @params = @params;
+        EXEC agent.audit_procedure_call @action = @audit_action, @job_name = @job_name, @run_id = NULL,
+             @arguments = @audit_arguments, @outcome = N'done', @detail = NULL;
+        COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        SET @audit_error = LEFT(ERROR_MESSAGE(), 2000);
+        IF @caller_transactions = 0
+        BEGIN
+            IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+            EXEC agent.audit_procedure_call @action = @audit_action, @job_name = @job_name, @run_id = NULL,
+                 @arguments = @audit_arguments, @outcome = N'refused', @detail = @audit_error;
+        END;
+        THROW;
+    END CATCH;
+END
+GO
 GRANT EXECUTE ON OBJECT::agent.set_job_params TO agent_operator;

@@ -465,10 +465,18 @@ WHERE (r.status IN ('queued', 'running') AND r.lease_expires_at < CAST(now() AT 
    OR (r.status = 'pending' AND r.runnable_at < CAST(now() AT TIME ZONE 'UTC' AS timestamp) - INTERVAL '600 seconds');
 
 -- Least privilege: agent_operator calls the functions and reads the views, nothing else. Roles
--- belong to the cluster: another database's init-db may have created it already.
+-- belong to the cluster: another database's init-db, or the admin's grant-sql --agent-login
+-- script, may have created it already. Looked up first: CREATE ROLE checks CREATEROLE before it
+-- looks for the name, and the agent's least-privilege login has no CREATEROLE.
 DO $$
 BEGIN
-    CREATE ROLE agent_operator NOLOGIN;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'agent_operator') THEN
+        BEGIN
+            CREATE ROLE agent_operator NOLOGIN;
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE EXCEPTION 'role agent_operator does not exist and the login running init-db (%) may not create roles: run the script of sql-agent grant-sql --agent-login % as an admin first', session_user, session_user;
+        END;
+    END IF;
 EXCEPTION WHEN duplicate_object OR unique_violation THEN
     NULL;
 END

@@ -218,8 +218,10 @@ $$;
 -- the job's overlap policy; @params: its parameters as a JSON object {"name": "value"} (NULL: none
 -- given), checked against the job's declarations, the defaults filled in, recorded on the run
 -- (agent.runs.params). The values are data: the job's SQL reads them bound.
+-- Since 0017 agent.start_job is the audited wrapper of agent.start_job_unaudited: both take @params now.
 DROP FUNCTION agent.start_job(varchar);
-CREATE FUNCTION agent.start_job(job_name varchar, params text DEFAULT NULL)
+DROP FUNCTION agent.start_job_unaudited(varchar);
+CREATE FUNCTION agent.start_job_unaudited(job_name varchar, params text DEFAULT NULL)
 RETURNS TABLE (run_id bigint, status varchar, note text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -236,40 +238,40 @@ DECLARE
     v_params text;
     p text := 'agent.start_job: ';
 BEGIN
-    IF start_job.job_name IS NULL THEN
+    IF start_job_unaudited.job_name IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@job_name = NULL: expected the name of a job';
     END IF;
     SELECT j.job_name, j.valid, j.config_error, j.params INTO v_job FROM agent.jobs j
-    WHERE j.job_name = start_job.job_name AND j.configured = 1;
+    WHERE j.job_name = start_job_unaudited.job_name AND j.configured = 1;
     IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'P0002', MESSAGE = p || '@job_name = ' || quote_literal(left(start_job.job_name, 80))
+        RAISE EXCEPTION USING ERRCODE = 'P0002', MESSAGE = p || '@job_name = ' || quote_literal(left(start_job_unaudited.job_name, 80))
             || ': expected the name of a job the agent knows; there is no such job (a job added to the settings is known after the agent''s next tick)';
     END IF;
     IF v_job.valid = 0 THEN
-        RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = p || '@job_name = ' || quote_literal(start_job.job_name)
+        RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = p || '@job_name = ' || quote_literal(start_job_unaudited.job_name)
             || ': expected a valid job; it is invalid: ' || COALESCE(v_job.config_error, '?');
     END IF;
     v_declared := CAST(COALESCE(v_job.params, '{}') AS json);
-    IF start_job.params IS NOT NULL THEN
+    IF start_job_unaudited.params IS NOT NULL THEN
         BEGIN
-            v_given := CAST(start_job.params AS json);
+            v_given := CAST(start_job_unaudited.params AS json);
         EXCEPTION WHEN others THEN
-            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(start_job.params, 80))
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(start_job_unaudited.params, 80))
                 || ': expected a JSON object {"name": "value", ...}';
         END;
         IF json_typeof(v_given) <> 'object' THEN
-            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(start_job.params, 80))
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(start_job_unaudited.params, 80))
                 || ': expected a JSON object {"name": "value", ...}';
         END IF;
-        IF agent.json_has_nul(start_job.params) THEN
-            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(start_job.params, 80))
+        IF agent.json_has_nul(start_job_unaudited.params) THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(start_job_unaudited.params, 80))
                 || ': expected text without NUL (\u0000): PostgreSQL''s text cannot hold it';
         END IF;
         FOR v_key, v_value IN SELECT e.key, e.value FROM json_each(v_given) AS e LOOP
             SELECT d.key INTO v_name FROM json_each(v_declared) AS d WHERE lower(d.key) = lower(v_key);
             IF v_name IS NULL THEN
                 RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params ' || quote_literal(left(v_key, 80))
-                    || ': expected a parameter job ' || quote_literal(start_job.job_name) || ' declares ('
+                    || ': expected a parameter job ' || quote_literal(start_job_unaudited.job_name) || ' declares ('
                     || COALESCE((SELECT string_agg(d.key, ', ' ORDER BY d.key) FROM json_each(v_declared) AS d), 'none') || ')';
             END IF;
             IF v_values ? v_name THEN
@@ -298,7 +300,7 @@ BEGIN
         IF NOT v_values ? v_key THEN
             IF json_typeof(v_value) = 'null' THEN
                 RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params ' || quote_literal(v_key)
-                    || ': expected a value: job ' || quote_literal(start_job.job_name) || ' declares ' || quote_literal(v_key)
+                    || ': expected a value: job ' || quote_literal(start_job_unaudited.job_name) || ' declares ' || quote_literal(v_key)
                     || ' without a default';
             END IF;
             v_values := v_values || jsonb_build_object(v_key, v_value #>> '{}');
@@ -326,7 +328,7 @@ BEGIN
                       AND (a.status = 'running'
                            OR (a.status IN ('pending', 'queued') AND (a.runnable_at <= v_now OR a.kind = 'manual'))))
                THEN 'skipped' ELSE 'pending' END AS decision) AS d
-    WHERE j.job_name = start_job.job_name AND j.valid = 1 AND j.configured = 1
+    WHERE j.job_name = start_job_unaudited.job_name AND j.valid = 1 AND j.configured = 1
     RETURNING r.run_id, r.status, r.note;
 END
 $$;
@@ -335,7 +337,7 @@ $$;
 -- takes JOB__<name>__PARAMS__<k>__DEFAULT / __REQUIRED), as agent.set_job_calendars sets its
 -- calendars: @params a JSON object {"name": "default", or null: no default}; NULL or {}: none.
 -- A redefinition by agent.add_scheduled_job keeps them.
-CREATE FUNCTION agent.set_job_params(job_name varchar, params text)
+CREATE FUNCTION agent.set_job_params_unaudited(job_name varchar, params text)
 RETURNS TABLE (job varchar, declared text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
@@ -349,18 +351,18 @@ DECLARE
     v_params text;
     p text := 'agent.set_job_params: ';
 BEGIN
-    IF set_job_params.params IS NOT NULL THEN
+    IF set_job_params_unaudited.params IS NOT NULL THEN
         BEGIN
-            v_given := CAST(set_job_params.params AS json);
+            v_given := CAST(set_job_params_unaudited.params AS json);
         EXCEPTION WHEN others THEN
             v_given := NULL;
         END;
         IF v_given IS NULL OR json_typeof(v_given) <> 'object' THEN
-            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(set_job_params.params, 80))
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(set_job_params_unaudited.params, 80))
                 || ': expected a JSON object {"name": "default", or null for none}';
         END IF;
-        IF agent.json_has_nul(set_job_params.params) THEN
-            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(set_job_params.params, 80))
+        IF agent.json_has_nul(set_job_params_unaudited.params) THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params = ' || quote_literal(left(set_job_params_unaudited.params, 80))
                 || ': expected text without NUL (\u0000): PostgreSQL''s text cannot hold it';
         END IF;
         FOR v_key, v_value IN SELECT e.key, e.value FROM json_each(v_given) AS e LOOP
@@ -392,19 +394,52 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@params: expected at most 50 parameters';
         END IF;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM agent.jobs j WHERE j.job_name = set_job_params.job_name AND j.configured = 1
+    IF NOT EXISTS (SELECT 1 FROM agent.jobs j WHERE j.job_name = set_job_params_unaudited.job_name AND j.configured = 1
                                               AND j.defined_in_database = 1) THEN
-        RAISE EXCEPTION USING ERRCODE = 'P0002', MESSAGE = p || '@job_name = ' || COALESCE(quote_literal(left(set_job_params.job_name, 80)), 'NULL')
+        RAISE EXCEPTION USING ERRCODE = 'P0002', MESSAGE = p || '@job_name = ' || COALESCE(quote_literal(left(set_job_params_unaudited.job_name, 80)), 'NULL')
             || ': expected the name of a job defined by agent.add_scheduled_job (a job of the settings takes '
             || 'JOB__<name>__PARAMS__<k>__DEFAULT or __REQUIRED)';
     END IF;
     v_params := CASE WHEN v_declared = '{}'::jsonb THEN NULL ELSE CAST(v_declared AS text) END;
-    UPDATE agent.jobs AS j SET params = v_params, updated_at = v_now WHERE j.job_name = set_job_params.job_name;
-    RETURN QUERY SELECT set_job_params.job_name, v_params;
+    UPDATE agent.jobs AS j SET params = v_params, updated_at = v_now WHERE j.job_name = set_job_params_unaudited.job_name;
+    RETURN QUERY SELECT set_job_params_unaudited.job_name, v_params;
 END
 $$;
 
+-- The audited functions of the old names (0017's way): the call and its audit row in one transaction.
+CREATE FUNCTION agent.start_job(job_name varchar, params text DEFAULT NULL)
+RETURNS TABLE (run_id bigint, status varchar, note text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_run bigint;
+    v_status varchar;
+    v_note text;
+BEGIN
+    FOR v_run, v_status, v_note IN SELECT r.run_id, r.status, r.note FROM agent.start_job_unaudited($1, $2) AS r LOOP
+        RETURN QUERY SELECT v_run, v_status, v_note;
+    END LOOP;
+    PERFORM agent.audit_procedure_call('run-now', $1, v_run,
+        jsonb_build_object('job_name', left($1, 200), 'params', left($2, 2000)), v_status || COALESCE(': ' || v_note, ''));
+    RETURN;
+END
+$$;
+
+CREATE FUNCTION agent.set_job_params(job_name varchar, params text)
+RETURNS TABLE (job varchar, declared text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM agent.set_job_params_unaudited($1, $2);
+    PERFORM agent.audit_procedure_call('set-params', $1, NULL,
+        jsonb_build_object('job_name', left($1, 200), 'params', left($2, 2000)), 'declared');
+END
+$$;
+
+REVOKE ALL ON FUNCTION agent.start_job_unaudited(varchar, text) FROM PUBLIC, agent_operator;
+REVOKE ALL ON FUNCTION agent.set_job_params_unaudited(varchar, text) FROM PUBLIC, agent_operator;
 REVOKE ALL ON FUNCTION agent.start_job(varchar, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agent.start_job(varchar, text) TO agent_operator;
 REVOKE ALL ON FUNCTION agent.set_job_params(varchar, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agent.set_job_params(varchar, text) TO agent_operator;
+-- The helpers are the procedures' own (called inside them, as their owner): nobody else's.
+REVOKE ALL ON FUNCTION agent.param_name_ok(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION agent.json_has_nul(text) FROM PUBLIC;

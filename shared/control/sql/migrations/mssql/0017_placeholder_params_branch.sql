@@ -1,2 +1,0 @@
--- 0017 placeholder on branch params ONLY: drop this file at merge (the numbers before 0020 belong to
--- other branches; the loader wants 1..n without gaps).
