@@ -329,6 +329,12 @@ def cmd_history(agent, args) -> int:
                       error[:120]])
     print_table(["RUN", "JOB", "KIND", "SCHEDULED (UTC)", "STATUS", "ATTEMPTS", "FINISHED", "ERROR / NOTE"], table)
     print_fleets(runs)
+    with_params = [run for run in runs if run.get("params")]
+    if with_params:
+        print()
+        print_table(["RUN", "PARAMETERS"], [[run["run_id"], ", ".join(f"{name}={value!r}" for name, value in
+                                                                       run["params"].items())[:300]]
+                                            for run in with_params])
     if args.output:
         print_attempt_output(runs, by_run)
     if events:
@@ -410,17 +416,17 @@ def cmd_poison(agent, args) -> int:
 def cmd_run_now(agent, args) -> int:
     agent.store().require_schema()
     # The job as the agent last synced it (see cmd_jobs): this machine's settings are not read.
-    run = run_now(agent, args.name, actor=command_line_actor())
+    run = run_now(agent, args.name, params=args.param, actor=command_line_actor())
     if run.skipped:
         if args.json:
             print_json({"run_id": run.run_id, "job_name": run.job_name, "status": run.status, "note": run.note,
-                         "dispatched": None})
+                         "dispatched": None, "params": run.params})
         else:
             print(f"run {run.run_id} of {run.job_name} skipped: {run.note}")
         return EXIT_OK
     if args.json:
         print_json({"run_id": run.run_id, "job_name": run.job_name, "status": run.status, "note": run.note,
-                     "dispatched": run.dispatched})
+                     "dispatched": run.dispatched, "params": run.params})
     else:
         print(f"run {run.run_id} of {run.job_name} created{dispatched_text(run.dispatched)}")
     return EXIT_OK

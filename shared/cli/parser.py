@@ -213,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run_now = commands.add_parser("run-now", help="run a job now, as the agent last synced it (its overlap policy applies)")
     run_now.add_argument("name", metavar="NAME")
+    run_now.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                         help="a value of a parameter the job declares (repeatable; JOB__<name>__PARAMS__<k>__*); "
+                              "the job's SQL reads it bound, never pasted into its text")
 
     pause = commands.add_parser("pause", help="pause a job: it claims no slot (each slot that comes is recorded "
                                               "skipped 'paused') until resumed or --until; its runs in flight finish")

@@ -23,6 +23,7 @@ from shared.control.queries import Query, load_migrations, load_queries
 from shared.control.sqlerrors import classify, describe
 from shared.control.transaction_control import postgres_transaction_statement, refused_message
 from shared.errors import AgentError, LeaseLost, OwnerError, SchemaError, TransactionControlRefused
+from shared.jobs.params import NAME_EXPECTED, name_problem
 
 UTC = timezone.utc
 _TIME_SUFFIXES = ("_at", "_for", "_until")
@@ -408,7 +409,8 @@ class Store:
 
     # ------------------------------------------------------------ user SQL
 
-    def run_script(self, sql: str, output: list[str] | None = None, *, owner: str | None = None) -> list[str]:
+    def run_script(self, sql: str, output: list[str] | None = None, *, owner: str | None = None,
+                   params: Mapping[str, str] | None = None) -> list[str]:
         """Run a job's SQL inside the current transaction (no commit here) and return what the
         server said while it ran: its messages (PRINT, RAISERROR below 11, notices) and the
         rows each statement affected, one line each.
@@ -426,7 +428,14 @@ class Store:
 
         ``owner``: the principal that defined the job from the database side (migration 0007);
         the SQL runs with that principal's rights and no more, as AGENT_JOB_PRINCIPAL's jobs do
-        (see :meth:`_run_as`)."""
+        (see :meth:`_run_as`).
+
+        ``params``: the run's parameters (shared/jobs/params.py), BOUND, never pasted into the SQL:
+        on SQL Server the job's SQL reads ``@k`` (its sp_executesql declares each as NVARCHAR(MAX));
+        on PostgreSQL ``current_setting('agent.param.k')`` (set_config(..., true) in this
+        transaction, one statement before the job's; visible inside the owner's function too);
+        on SQLite ``@k`` or ``:k``, named parameters of each statement. None or empty: the path
+        of every run without parameters, unchanged (no statement more)."""
         if not self._in_transaction:
             raise AgentError("run_script must run inside a transaction")
         connection = self.connection
@@ -444,7 +453,10 @@ class Store:
                     cursor = connection.cursor()
                     self._set_active(cursor)
                     try:
-                        cursor.execute(statement)
+                        if params:
+                            cursor.execute(statement, _SqliteParams(params))
+                        else:
+                            cursor.execute(statement)
                         cursor.fetchall()
                         if cursor.rowcount >= 0 and not cursor.description:
                             output.append(f"({cursor.rowcount} row(s) affected)")
@@ -462,6 +474,8 @@ class Store:
             refused = postgres_transaction_statement(sql)
             if refused is not None:
                 raise TransactionControlRefused(refused_message(refused))
+        if params and self.dialect == "postgres":
+            _set_postgres_params(connection, params)
         principal = owner or self.job_principal
         who = f"the job's owner {principal!r}" if owner else f"AGENT_JOB_PRINCIPAL {principal!r}"
         if principal and self.dialect == "postgres" and principal != self._session_user(connection):
@@ -493,7 +507,7 @@ class Store:
                     # IMPERSONATE, which the job's principal does not hold (SQL Server Agent's own
                     # rule for a non-sysadmin owner's job step).
                     try:
-                        _execute_tsql_job(cursor, mssql_job_batch(principal), sql)
+                        _execute_tsql_job(cursor, mssql_job_batch(principal, params), sql, params)
                     except Exception as exc:
                         if "15517" in str(exc) or "Cannot execute as the database principal" in str(exc):
                             raise OwnerError(f"{who} cannot run this job: {_one_line(exc)} (the user must exist in "
@@ -502,7 +516,7 @@ class Store:
                     drain_results(cursor, output)
                     self._discard_after_rollback = False
                     return output
-                _execute_tsql_job(cursor, mssql_job_batch(None), sql)
+                _execute_tsql_job(cursor, mssql_job_batch(None, params), sql, params)
             else:
                 # Agent statements wait 30 s for a lock at most; the job's own SQL waits as long
                 # as its timeout allows; both SET LOCALs end with the transaction (and
@@ -691,12 +705,12 @@ class Store:
             raise SchemaError(f"{self.target.display} has schema version {version}, newer than this code ({latest}): upgrade the agent")
 
 
-def _execute_tsql_job(cursor: Any, batch: str, sql: str) -> None:
+def _execute_tsql_job(cursor: Any, batch: str, sql: str, params: Mapping[str, str] | None = None) -> None:
     """Run a job's T-SQL batch; a COMMIT or ROLLBACK in it that the nesting caught (SQL Server's
     error 266 when sp_executesql returns with another @@TRANCOUNT, Babelfish's words for the same)
     is the rule in words, with the server's message after it."""
     try:
-        cursor.execute(batch, sql)
+        cursor.execute(batch, sql, *(params or {}).values())
     except Exception as exc:
         text = str(exc)
         if "(266)" in text or "Transaction count after EXECUTE" in text or "Transaction count after execution" in text:
@@ -704,7 +718,7 @@ def _execute_tsql_job(cursor: Any, batch: str, sql: str) -> None:
         raise
 
 
-def mssql_job_batch(job_principal: str | None) -> str:
+def mssql_job_batch(job_principal: str | None, params: Mapping[str, str] | None = None) -> str:
     """The T-SQL batch that runs a job's SQL (its one parameter) in the agent's transaction: the
     job's own lock timeout; one more nested transaction around it, so that a COMMIT in it only
     decrements @@TRANCOUNT and commits nothing (SQL Server commits only the outermost), and a
@@ -716,10 +730,25 @@ def mssql_job_batch(job_principal: str | None) -> str:
     counts reach its output ("(2 row(s) affected)"), as SQL Server Agent's step output shows
     them. The setting is made inside an outer sp_executesql scope, which SQL Server (and
     Babelfish) restore when it returns, also after an error, so the agent's own statements never
-    see it; the job's text is passed on unchanged (a CREATE PROCEDURE must still be first)."""
+    see it; the job's text is passed on unchanged (a CREATE PROCEDURE must still be first).
+
+    ``params``: the run's parameters, in this order after the job's text: the job's SQL reads
+    each as @name (NVARCHAR(MAX)). Only their NAMES are in the text (identifiers, checked by
+    shared/jobs/params.py; checked again here); their values are bound (@agent_param_n = ?)."""
+    names = list(params or {})
+    for name in names:
+        if name_problem(name):
+            raise AgentError(f"parameter name {name!r}: expected {NAME_EXPECTED}")
+    declare = "".join(f", @agent_param_{n} NVARCHAR(MAX)" for n in range(1, len(names) + 1))
+    bound = "".join(f", @agent_param_{n} = ?" for n in range(1, len(names) + 1))
+    inner = ""
+    if names:
+        # Inside the outer statement's N'...' literal: its quotes doubled.
+        inner = (", N''" + ", ".join(f"@{name} NVARCHAR(MAX)" for name in names) + "''"
+                 + "".join(f", @{name} = @agent_param_{n}" for n, name in enumerate(names, 1)))
     nest = "DECLARE @agent_trancount INT;\nBEGIN TRANSACTION;\nSET @agent_trancount = @@TRANCOUNT;\n"
-    run = ("EXEC sp_executesql N'SET NOCOUNT OFF; EXEC sp_executesql @agent_job;', N'@agent_job NVARCHAR(MAX)', "
-           "@agent_job = ?;\n")
+    run = (f"EXEC sp_executesql N'SET NOCOUNT OFF; EXEC sp_executesql @agent_job{inner};', "
+           f"N'@agent_job NVARCHAR(MAX){declare}', @agent_job = ?{bound};\n")
     unnest = ("IF @@TRANCOUNT <> @agent_trancount THROW 50002, N'" + MSSQL_REFUSED.replace("'", "''")
               + "', 1;\nCOMMIT TRANSACTION;\n")
     if job_principal:
@@ -732,6 +761,33 @@ def mssql_job_batch(job_principal: str | None) -> str:
 
 MSSQL_REFUSED = ("the job's SQL may not end the agent's transaction (a COMMIT or ROLLBACK in it changed "
                  "@@TRANCOUNT): nothing it did is kept")
+
+
+class _SqliteParams(dict):
+    """A run's parameters as sqlite3 binds named parameters (@k, :k): a name the statement
+    writes in another letter case finds its value (names ignore case, as on the other dialects);
+    one it does not declare is sqlite3's own error naming it."""
+
+    def __missing__(self, key: str) -> str:
+        for name, value in self.items():
+            if name.casefold() == key.casefold():
+                return value
+        raise KeyError(key)
+
+
+def _set_postgres_params(connection: Any, params: Mapping[str, str]) -> None:
+    """A run's parameters as settings of its transaction (set_config(name, value, true): gone
+    when it ends), names and values bound: one statement, before the job's SQL."""
+    cursor = connection.cursor()
+    try:
+        calls = ", ".join("set_config(?, ?, true)" for _ in params)
+        values: list[str] = []
+        for name, value in params.items():
+            values += [f"agent.param.{name.lower()}", value]
+        cursor.execute(f"SELECT {calls}", *values)
+        cursor.fetchall()
+    finally:
+        cursor.close()
 
 
 def _job_authorizer(denied: list[str]) -> Callable[..., int]:

@@ -53,6 +53,7 @@ class AuditAction(str, Enum):
     DEFINE_CALENDAR = "define-calendar"    # agent.add_calendar
     REMOVE_CALENDAR = "remove-calendar"    # agent.remove_calendar
     SET_CALENDARS = "set-calendars"        # agent.set_job_calendars
+    SET_PARAMS = "set-params"              # agent.set_job_params
     IMPORT = "import"                      # sql-agent import-sqlagent --apply
     GRANT = "grant"                        # sql-agent grant-sql --apply (and --operator --apply)
 

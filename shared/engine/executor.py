@@ -22,6 +22,7 @@ errors in the job's SQL and timeouts spend one of MAX_ATTEMPTS, retried after a 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import replace
@@ -38,6 +39,8 @@ from shared.engine.scheduler import Scheduler
 from shared.errors import ConnectError, LeaseLost, MessageError
 from shared.jobs.model import StepDefinition
 from shared.jobs.run_model import RUN_ENDING_OUTCOMES, AttemptError, Outcome
+from shared.jobs.params import ParamError, values_for_run
+from shared.jobs.tokens import TokenError, has_tokens, run_time_values, substitute_at_run
 from shared.jobs.steps import QUIT_SUCCESS, cap_output, run_steps, target_step
 from shared.messaging.messages import DoorbellMessage, RunMessage, decode_body, parse_message
 from shared.settings import Settings
@@ -251,6 +254,15 @@ class Executor:
         if step is not None and step.targets:
             return self._fan_out(attempt, step)
         command = step.command if step is not None else run["command"]
+        try:
+            # Parameters are bound (never in the text); SQL Agent's tokens are text, replaced
+            # through their escape macros. Both only for a run that has them: the others take
+            # the path they always took (no statement more, one substring search).
+            params = values_for_run(run.get("params"), run.get("job_params"))
+            if "$(" in command and has_tokens(command):
+                command = substitute_at_run(command, self._token_values(store, run, step))
+        except (ParamError, TokenError) as exc:
+            return self.endings.failed(attempt, AttemptError("permanent", None, None, str(exc)), False, output=[])
         database = step.database if step is not None else run["target_database"]
         timeout_seconds = step.timeout_seconds if step is not None else run["timeout_seconds"]
         same_database = not database
@@ -273,7 +285,7 @@ class Executor:
             with work_store.transaction(immediate=False):
                 with self.telemetry.sql_call(properties["job"], target=work_store.target.display,
                                              operation_id=operation_id, data=command[:1000]):
-                    work_store.run_script(command, output, owner=owner)
+                    work_store.run_script(command, output, owner=owner, params=params)
                 if same_database:
                     handed_on, moved = self.endings.finish(store, attempt, output, reset=True)
             if not same_database:
@@ -311,6 +323,17 @@ class Executor:
         self.endings.step_event("StepSucceeded", properties, "succeeded", output, operation_id)
         return self.endings.after_transition(attempt, moved, error_message=None)
 
+    def _token_values(self, store: Store, run: dict[str, Any], step: StepDefinition | None) -> dict[str, str]:
+        """The run-time SQL Agent tokens' values (shared/jobs/tokens.py): the run's start and the
+        current time in the job's time zone, its job's name (a fleet execution's: its run's job),
+        the step's number. The job's name and time zone are one indexed read (token_context), made
+        only for a command that has a token: every other run's path is what it was."""
+        context = store.execute("token_context", run_id=run["run_id"]).one() or {}
+        return run_time_values(job_name=context.get("job_name") or run.get("job_name") or "",
+                               step=step.step if step is not None else int(run.get("step") or 1),
+                               started_at=run.get("started_at") or self.clock(), now=self.clock(),
+                               time_zone=context.get("timezone"))
+
     def _owner(self, store: Store, run: dict[str, Any]) -> str | None:
         """The principal a run's SQL runs as when it was defined from the database side
         (agent.exec_async, agent.add_scheduled_job: migration 0007), else None (the agent's user,
@@ -339,6 +362,10 @@ class Executor:
         run, properties, operation_id = attempt.run, attempt.properties, attempt.operation_id
         store = self._store()
         run_id, token = run["run_id"], run["token"]
+        try:
+            values = values_for_run(run.get("params"), run.get("job_params"))
+        except ParamError as exc:
+            return self.endings.failed(attempt, AttemptError("permanent", None, None, str(exc)), False, output=[])
         held = self.supervisor.hold(run_id, token, lease_seconds=run["lease_seconds"],
                                     timeout_seconds=step.timeout_seconds, cancel=lambda: None)
         try:
@@ -367,7 +394,10 @@ class Executor:
                       "next_on_success": flow_number(step.on_success), "next_on_failure": flow_number(step.on_failure),
                       "command": step.command, "max_attempts": step.max_attempts,
                       "timeout_seconds": step.timeout_seconds, "retry_interval_seconds": step.retry_interval_seconds,
-                      "step": step.step}
+                      "step": step.step,
+                      # The run's parameters go with its executions, the job's defaults filled in
+                      # (an execution has no job of its own to read them from).
+                      "params": json.dumps(values, ensure_ascii=False) if values else None}
             with store.transaction():
                 results = self.endings.chain_with_hand_on(store, [("fan_out_targets", params)], now)
                 if results[0].one() is None:

@@ -20,9 +20,10 @@ This module imports no front end (the import contract in pyproject.toml says so)
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from shared.control.db import DatabaseTarget, connector
 from shared.control.queries import split_statements
@@ -34,6 +35,7 @@ from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
 from shared.engine.notify import notifications_enabled
 from shared.engine.views import unknown_job
 from shared.errors import ConfigError, NotFoundError, UsageError
+from shared.jobs.params import ParamError, parse_assignment, read_json, resolve
 from shared.jobs.run_model import RunStatus
 from shared.jobs.schedules import parse_schedule
 from shared.telemetry.client import new_operation_id
@@ -94,6 +96,8 @@ class RunNowResult:
     status: str
     note: str | None
     dispatched: int | None
+    # The values the run starts with (agent.runs.params), None: the job has no parameters.
+    params: dict[str, str] | None = None
 
     @property
     def skipped(self) -> bool:
@@ -258,19 +262,21 @@ def _requeue(agent: Agent, store: Store, audit: Audit, poison_id: int) -> Requeu
 
 
 def request_run_now(agent: Agent, job_name: str, *, operation_id: str | None = None,
-                    audit: Audit | None = None) -> dict[str, Any] | None:
+                    audit: Audit | None = None, params: str | None = None) -> dict[str, Any] | None:
     """A run of the job right away, keyed by the request time, its overlap policy decided under
     the start lock (None: no such valid job). Two requests at the same millisecond (SQLite's
     resolution; two operators, or a script) would share the key: the later one takes the next
     millisecond and meets the overlap policy like any other request. ``audit`` (run-now's): its
-    row is written in the transaction that made the run, when one was made."""
+    row is written in the transaction that made the run, when one was made. ``params``: the run's
+    parameters as agent.runs.params holds them (JSON, checked and completed by resolve_run_params;
+    None: none given)."""
     store = agent.store()
     now = agent.clock()
     operation_id = operation_id or new_operation_id()
     for nudge in range(RUN_NOW_KEY_TRIES):
         try:
             with store.transaction():
-                row = store.execute("insert_manual_run", job_name=job_name,
+                row = store.execute("insert_manual_run", job_name=job_name, params=params,
                                     now=now + timedelta(milliseconds=nudge), operation_id=operation_id).one()
                 if audit is not None and row is not None:
                     audit.run_id = row["run_id"]
@@ -287,18 +293,54 @@ def request_run_now(agent: Agent, job_name: str, *, operation_id: str | None = N
     return None
 
 
-def run_now(agent: Agent, job_name: str, *, operation_id: str | None = None, actor: Actor | None = None) -> RunNowResult:
+def resolve_run_params(agent: Agent, job_name: str, given: Sequence[str] | Mapping[str, str] | None) -> str | None:
+    """The parameters a run of the job starts with, as agent.runs.params holds them: ``given``
+    (``k=v`` texts of run-now --param, or a mapping) checked against what the job declares as
+    the agent last synced it, its defaults filled in. None: the job declares none and none was
+    given (the run's row as before). A name the job does not declare, a bad ``k=v``, a declared
+    parameter without a default and without a value: a UsageError naming it. One indexed read
+    of the job (run-now is an operator's command; the runs' own path is unchanged)."""
+    pairs: dict[str, str] = {}
+    try:
+        if isinstance(given, Mapping):
+            pairs = dict(given)
+        else:
+            for text in given or ():
+                name, value = parse_assignment(text)
+                if name.casefold() in {k.casefold() for k in pairs}:
+                    raise ParamError("--param", text, f"each parameter given once ({name!r} is given twice)")
+                pairs[name] = value
+        row = agent.store().execute("get_job", job_name=job_name).one()
+        if row is None:
+            return json.dumps(pairs, ensure_ascii=False) if pairs else None   # the insert finds no job: its error
+        declared = read_json(row.get("params"))
+        if not declared and not pairs:
+            return None
+        return json.dumps(resolve(declared, pairs, job=job_name), ensure_ascii=False)
+    except ParamError as exc:
+        raise UsageError(str(exc), setting=exc.setting, value=exc.value, expected=exc.expected) from None
+
+
+def run_now(agent: Agent, job_name: str, *, operation_id: str | None = None, actor: Actor | None = None,
+            params: Sequence[str] | Mapping[str, str] | None = None) -> RunNowResult:
     """run-now: :func:`request_run_now`, dispatched at once unless its overlap policy skipped it;
     when no run could be made, an error saying why (invalid, removed, or unknown). The job is as
-    the agent last synced it: the caller's own settings are not read."""
-    with audited(agent.store(), actor, AuditAction.RUN_NOW, now=agent.clock(), arguments={"job_name": job_name},
+    the agent last synced it: the caller's own settings are not read. ``params``: run-now
+    --param's ``k=v`` (resolve_run_params; refused ones are audited as refused, as any error)."""
+    arguments: dict[str, Any] = {"job_name": job_name}
+    if params:
+        arguments["params"] = dict(params) if isinstance(params, Mapping) else list(params)
+    with audited(agent.store(), actor, AuditAction.RUN_NOW, now=agent.clock(), arguments=arguments,
                  job_name=job_name) as audit:
-        row = request_run_now(agent, job_name, operation_id=operation_id or new_operation_id(), audit=audit)
+        values = resolve_run_params(agent, job_name, params)
+        row = request_run_now(agent, job_name, operation_id=operation_id or new_operation_id(), audit=audit,
+                              params=values)
         if row is None:
             _no_run_made(agent, job_name)
     skipped = row["status"] == RunStatus.SKIPPED
     return RunNowResult(run_id=row["run_id"], job_name=job_name, status=row["status"], note=row.get("note"),
-                        dispatched=None if skipped else dispatch_now(agent))
+                        dispatched=None if skipped else dispatch_now(agent),
+                        params=json.loads(values) if values else None)
 
 
 def _no_run_made(agent: Agent, job_name: str) -> None:

@@ -308,6 +308,8 @@ class Scheduler:
                 "after_job": job.after, "after_outcome": job.after_outcome.value if job.after else None,
                 "calendars": job.calendars or None, "jitter_seconds": job.jitter_seconds,
                 "next_due_at": store.json_time(_initial_due(job.schedule, job.timezone, now)) if job.enabled else None,
+                # Only when declared: the definition hash of every other job stays what it was.
+                **({"params": job.params} if job.params else {}),
             })
         for bad in self.settings.invalid_jobs:
             rows.append(_invalid_row(bad.key or bad.name, bad.message))

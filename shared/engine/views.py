@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 from shared.errors import NotFoundError
 from shared.jobs.calendars import CalendarRules
 from shared.jobs.describe import describe_schedule
+from shared.jobs.params import read_json
 from shared.jobs.run_model import RunStatus
 from shared.jobs.schedules import jitter_offset, parse_schedule
 
@@ -187,7 +188,9 @@ def history_view(store, job_name: str | None, limit: int, *, with_output: bool =
     by_run: dict[int, list[dict[str, Any]]] = {}
     for attempt in attempts:
         by_run.setdefault(attempt["run_id"], []).append(attempt)
-    return {"runs": [{**run, "attempts": by_run.get(run["run_id"], []), **_with_targets(targets.get(run["run_id"], []))}
+    # params: the values the run started with (agent.runs.params), as an object; None: none given.
+    return {"runs": [{**run, "params": read_json(run.get("params")) or None, "attempts": by_run.get(run["run_id"], []),
+                      **_with_targets(targets.get(run["run_id"], []))}
                      for run in runs],
             "job_events": events}
 
@@ -271,6 +274,8 @@ def job_view(store, name: str, now: datetime, window: str = DEFAULT_WINDOW,
         return None
     activity = store.execute("list_job_activity", job_name=name).rows
     (job,) = _with_activity([job], activity, now)
+    # The parameters it declares as an object (name -> default, None: no default); None: none.
+    job["params"] = read_json(job.get("params")) or None
     since = now - TIMELINE_WINDOWS[window]
     timeline = store.execute("list_job_timeline", job_name=name, since=since, limit=TIMELINE_LIMIT + 1).rows
     cut = len(timeline) > TIMELINE_LIMIT
@@ -400,6 +405,7 @@ def run_view(store, run_id: int) -> dict[str, Any] | None:
         row = store.execute("get_run", run_id=run["parent_run_id"]).one()
         parent = {key: row[key] for key in PARENT_KEYS} if row else None
     targets = fleet_targets(store, [run]).get(run_id, [])
+    run["params"] = read_json(run.get("params")) or None      # as history gives it
     return {"run": run, "attempts": attempts, "poison": poison, "parent": parent, **_with_targets(targets)}
 
 

@@ -31,6 +31,7 @@ from shared.jobs.model import (
     StepDefinition,
 )
 from shared.jobs.calendars import ON_EXCLUDED_POLICIES, Calendar, CalendarRules, CalendarSettings, parse_calendars
+from shared.jobs.params import MAX_PARAMS, NAME_EXPECTED, declarations_json, name_problem
 from shared.jobs.schedules import MAX_JITTER_SECONDS, parse_schedule, validate_timezone
 from shared.jobs.steps import one_fleet_step, parse_steps
 from shared.jobs.targets import (DEFAULT_PARALLELISM, MAX_PARALLELISM, MAX_STAGGER_SECONDS, describe_members,
@@ -78,6 +79,9 @@ STEP_SETTING_SUFFIXES = (
 )
 
 
+# JOB__<name>__PARAMS__<k>__DEFAULT / __REQUIRED: a parameter the job declares (shared/jobs/params.py).
+PARAM_SETTING_PATTERN = re.compile(r"^(?P<name>.+?)__PARAMS__(?P<param>.*)__(?P<suffix>[A-Za-z]+)$", re.IGNORECASE)
+PARAM_SETTING_SUFFIXES = ("DEFAULT", "REQUIRED")
 STEP_SETTING_PATTERN = re.compile(r"^(?P<name>.+?)__STEPS__(?P<number>[^_]*)__(?P<suffix>[A-Za-z_]+)$", re.IGNORECASE)
 
 
@@ -108,6 +112,11 @@ def parse_jobs(env: Mapping[str, str]) -> tuple[tuple[JobDefinition, ...], tuple
         step = STEP_SETTING_PATTERN.match(rest) if "__steps__" in rest.lower() else None
         if step:
             raw.setdefault(step["name"], {})[f"STEPS__{step['number']}__{step['suffix'].upper()}"] = (key, value)
+            continue
+        param = PARAM_SETTING_PATTERN.match(rest) if "__params__" in rest.lower() else None
+        if param:
+            # The parameter's name as written (it is how the job's SQL reads it).
+            raw.setdefault(param["name"], {})[f"PARAMS__{param['param']}__{param['suffix'].upper()}"] = (key, value)
             continue
         name, sep, suffix = rest.rpartition("__")
         if not sep or not name:
@@ -271,6 +280,8 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
                 errors.append(f"{printable(key)}={printable(raw)!r}: unknown step setting "
                               f"{printable(suffix.rpartition('__')[2])!r}; expected one of {', '.join(STEP_SETTING_SUFFIXES)}")
                 continue
+        elif suffix.startswith("PARAMS__"):
+            pass                    # _param_settings
         elif suffix not in _JOB_SUFFIXES:
             errors.append(f"{printable(key)}={printable(raw)!r}: unknown job setting {printable(suffix)!r}; "
                           f"expected one of {', '.join(JOB_SETTING_SUFFIXES)}")
@@ -326,6 +337,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         after, after_outcome = None, AfterOutcome.SUCCEEDED
         calendar_rules = ""
         jitter_seconds = 0
+        params = ""
     else:
         def int_value(suffix: str, low: int, high: int) -> int:
             if suffix not in given and suffix in _DEFAULT_INTS:
@@ -389,6 +401,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         after, after_outcome = _after_settings(name, given, setting, errors)
         calendar_rules = _calendar_settings(given, setting, errors, calendars or CalendarSettings({}, {}))
         jitter_seconds = int_value("JITTER_SECONDS", 0, MAX_JITTER_SECONDS) if "JITTER_SECONDS" in given else 0
+        params = _param_settings(values, errors)
         steps: tuple[StepDefinition, ...] = ()
         if has_steps and "COMMAND" not in values:
             steps = parse_steps(name, values, errors, default_max_attempts=max_attempts,
@@ -411,8 +424,50 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         lease_seconds=lease_seconds, misfire=misfire, grace_seconds=grace_seconds,
         overlap=overlap, database=database, steps=steps, notify=notify, notify_webhook_url=webhook,
         targets=targets, after=after, after_outcome=after_outcome, calendars=calendar_rules,
-        jitter_seconds=jitter_seconds,
+        jitter_seconds=jitter_seconds, params=params,
     )
+
+
+def _param_settings(values: dict[str, tuple[str, str]], errors: list[str]) -> str:
+    """JOB__<name>__PARAMS__<k>__DEFAULT (the default, as written: a value is data, an empty one
+    too) and __REQUIRED=true (no default: every run must be given one): the parameters the job
+    declares, as the JSON agent.jobs.params holds ("" when it declares none)."""
+    declared: dict[str, str | None] = {}
+    keys: dict[str, str] = {}
+    for suffix, (key, raw) in sorted(values.items()):
+        if not suffix.startswith("PARAMS__"):
+            continue
+        name, _, kind = suffix[len("PARAMS__"):].rpartition("__")
+        if kind not in PARAM_SETTING_SUFFIXES:
+            errors.append(str(ConfigError(key, raw, f"JOB__<name>__PARAMS__<parameter>__DEFAULT or __REQUIRED "
+                                                    f"(found {kind!r})")))
+            continue
+        if name_problem(name):
+            errors.append(str(ConfigError(key, raw, f"a setting whose <parameter> is {NAME_EXPECTED} "
+                                                    f"(found {name!r})")))
+            continue
+        if kind == "REQUIRED":
+            try:
+                required = parse_bool(key, raw)
+            except ConfigError:
+                errors.append(str(ConfigError(key, raw, "true (the parameter has no default: every run is given "
+                                                        "one) or false")))
+                continue
+            if not required:
+                continue
+            default = None
+        else:
+            default = raw
+        other = keys.get(name.casefold())
+        if other is not None:
+            errors.append(f"{key} and {other}: one parameter declared twice (a default and REQUIRED, or two "
+                          "spellings: names ignore letter case)")
+            continue
+        keys[name.casefold()] = key
+        declared[name] = default
+    if len(declared) > MAX_PARAMS:
+        errors.append(f"JOB__<name>__PARAMS__*: {len(declared)} parameters; expected at most {MAX_PARAMS}")
+    return declarations_json(declared) or ""
 
 
 def _calendar_settings(given: dict[str, str], setting: Callable[[str], str], errors: list[str],

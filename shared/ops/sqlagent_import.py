@@ -21,7 +21,8 @@ from shared.jobs.from_settings import parse_jobs
 from shared.jobs.schedules import schedule_from_sqlagent, validate_timezone
 from shared.ops.sqlagent import msdb as model
 from shared.ops.sqlagent.interpreter import Finding, Interpreter
-from shared.ops.sqlagent.steps import OLD_SYNTAX, replace_tokens, split_batches
+from shared.jobs.tokens import OLD_SYNTAX, RUN_TIME, replace_tokens, token_uses
+from shared.ops.sqlagent.steps import split_batches
 from shared.values import DATABASE_NAME_PATTERN
 
 __all__ = ["ScriptError", "Converted", "Imported", "convert_script", "report", "apply_calls", "setting_name"]
@@ -222,8 +223,11 @@ def _convert_job(job: model.Job, msdb: model.Msdb, findings: list[Finding], time
         if not isinstance(step.command, str) or not step.command.strip():
             left_out(label, "no @command")
             continue
-        command, problems = replace_tokens(step.command, {"JOBNAME": job.name, "STEPNAME": str(step.step_name),
-                                                          "STEPID": str(step.step_id)})
+        # The SQL Agent job's and step's name and the step's number are fixed now (a step cut at GO
+        # keeps its SQL Agent number); the run-time tokens are replaced when the step runs here.
+        fixed = {"JOBNAME": job.name, "STEPNAME": str(step.step_name), "STEPID": str(step.step_id)}
+        command, problems = replace_tokens(step.command, fixed, leave=set(RUN_TIME) - set(fixed))
+        left_to_run = sorted({use.base for use in token_uses(command) if use.macro and use.base in RUN_TIME})
         for written, reason in problems:
             left_out(f"{label} token {written}", f"{reason}: the job is not emitted", block=True)
         for old in sorted(set(OLD_SYNTAX.findall(command))):
@@ -232,6 +236,9 @@ def _convert_job(job: model.Job, msdb: model.Msdb, findings: list[Finding], time
         if command != step.command:
             notes.append(f"{label}: tokens replaced as SQL Agent replaces them (the job's and step's name, the step's "
                          "number)")
+        if left_to_run:
+            notes.append(f"{label}: {', '.join(left_to_run)} replaced when the step runs, as SQL Agent replaces them "
+                         "(docs/moving-from-sql-agent.md, Tokens)")
         started = START_JOB.search(command)
         if started:
             # A chain: SQL Agent jobs start the next job from a step. There is no msdb in Azure SQL

@@ -10,6 +10,7 @@ from typing import Any, Callable
 from urllib.parse import quote
 
 from shared.engine import views
+from shared.jobs.params import read_json
 from shared.jobs.run_model import RunStatus
 from shared.web.html import OUTCOME_COLOURS, escape, visible, when
 
@@ -244,6 +245,15 @@ def _status(key: str = "status") -> Callable[[Pages, dict[str, Any]], str]:
     return lambda monitor, row: f'<span class="outcome-{escape(row.get(key))}">{escape(row.get(key))}</span>'
 
 
+def _run_params(row: dict[str, Any]) -> str:
+    """The values the run started with (agent.runs.params; read-only here), each escaped."""
+    values = row["params"] if isinstance(row.get("params"), dict) else read_json(row.get("params"))
+    if not values:
+        return "-"
+    return "<dl class=\"params\">" + "".join(f"<dt>{escape(name)}</dt><dd><pre>{escape(value)}</pre></dd>"
+                                              for name, value in values.items()) + "</dl>"
+
+
 def _run_duration(pages: Pages, row: dict[str, Any]) -> str:
     if row.get("started_at") and row.get("finished_at"):
         return escape(_duration(row["finished_at"] - row["started_at"]))
@@ -442,6 +452,7 @@ RUN_FIELDS: list[tuple[str, Callable[[Pages, dict[str, Any]], str]]] = [
     ("Target database", _text("target_database")), ("Target server", _text("target_server")),
     ("Task order", _text("task_order")),
     ("Operation id", _text("operation_id")), ("Command", _pre("command")),
+    ("Parameters", lambda m, r: _run_params(r)),
     ("Last error", lambda m, r: (f'<pre class="error">{escape(r["last_error"])}</pre>' if r["last_error"] else "-")),
     ("Note", _text("note")),
 ]

@@ -98,3 +98,25 @@ def test_local_runner_runs_jobs_and_stops_cleanly_on_ctrl_c(tmp_path):
             process.kill()
     assert process.returncode == 0, err
     assert "agent stopped" in err and "Traceback" not in err
+
+
+def test_run_now_with_params_binds_them_and_history_shows_them(tmp_path):
+    """run-now --param through a real process: the value reaches the job's SQL as a bound value
+    (quotes and a statement in it are data), and history (text and --json) shows it."""
+    value = "x'); DROP TABLE seen; -- \"ü\""
+    settings = settings_file(tmp_path, {
+        "JOB__p__COMMAND": "CREATE TABLE IF NOT EXISTS seen (v TEXT); INSERT INTO seen VALUES (@who);",
+        "JOB__p__PARAMS__who__REQUIRED": "true"})
+    for args in (["init-db"], ["tick"], ["run-now", "p", "--param", f"who={value}"], ["work", "--until-idle"]):
+        result = cli("--settings", str(settings), *args, cwd=tmp_path)
+        assert result.returncode == 0, (args, result.stderr)
+    history = json.loads(cli("--settings", str(settings), "history", "--json", cwd=tmp_path).stdout)
+    (run,) = history["runs"]
+    assert (run["status"], run["params"]) == ("succeeded", {"who": value})
+    text = cli("--settings", str(settings), "history", cwd=tmp_path).stdout
+    assert "PARAMETERS" in text and repr(value) in text
+    import sqlite3
+    with sqlite3.connect(tmp_path / "agent.db") as db:
+        assert db.execute("SELECT v FROM seen").fetchall() == [(value,)]
+    missing = cli("--settings", str(settings), "run-now", "p", cwd=tmp_path)
+    assert missing.returncode == 2 and "declares 'who' without a default" in missing.stderr

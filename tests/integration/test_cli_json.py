@@ -38,7 +38,8 @@ def setup(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     settings = tmp_path / "local.settings.json"
     settings.write_text(json.dumps({"IsEncrypted": False, "Values": {
-        "JOB__hello__SCHEDULE": "0 0 3 * * *", "JOB__hello__COMMAND": "SELECT 1"}}))
+        "JOB__hello__SCHEDULE": "0 0 3 * * *", "JOB__hello__COMMAND": "SELECT 1",
+        "JOB__hello__PARAMS__who__DEFAULT": "world"}}))
     db = f"sqlite:///{tmp_path / 'agent.db'}"
     base = ["--db", db, "--settings", str(settings)]
     assert main([*base, "init-db"]) == EXIT_OK
@@ -95,7 +96,8 @@ SUCCESS = {
     "poison list": (["poison", "list"], lambda d: [row["poison_id"] for row in d] == [1]),
     "poison requeue": (["poison", "requeue", "{poison_id}"],
                        lambda d: d["requeued"] is True and d["run_id"] >= 1 and d["dispatched"] is None),
-    "run-now": (["run-now", "hello"], lambda d: d["job_name"] == "hello" and d["run_id"] >= 1),
+    "run-now": (["run-now", "hello"], lambda d: d["job_name"] == "hello" and d["run_id"] >= 1
+                and d["params"] == {"who": "world"}),
     "pause": (["pause", "hello", "--until", "2999-01-01T00:00:00Z", "--reason", "maintenance"],
               lambda d: d["job_name"] == "hello" and d["paused"] is True and d["reason"] == "maintenance"
               and d["paused_until"].startswith("2999-01-01") and d["runs_skipped"] >= 0),
@@ -172,6 +174,11 @@ def test_every_command_and_sub_command_accepts_json_before_and_after():
 ERRORS = [
     # (arguments, settings values, exit code, kind, setting, value, expected contains)
     (["run-now", "ghost"], {}, EXIT_USAGE, "not_found", "NAME", "ghost", "hello"),
+    (["run-now", "hello", "--param", "nobody=1"], {}, EXIT_USAGE, "usage", "--param nobody", "1",
+     "a parameter job 'hello' declares (who)"),
+    (["run-now", "hello", "--param", "who"], {}, EXIT_USAGE, "usage", "--param", "who", "NAME=VALUE"),
+    (["run-now", "hello", "--param", "who=a", "--param", "Who=b"], {}, EXIT_USAGE, "usage", "--param", "Who=b",
+     "each parameter given once"),
     (["stop", "ghost"], {}, EXIT_USAGE, "not_found", "JOB", "ghost", "hello"),
     (["pause", "ghost"], {}, EXIT_USAGE, "not_found", "JOB", "ghost", "hello"),
     (["pause", "hello", "--until", "2000-01-01T00:00:00Z"], {}, EXIT_USAGE, "usage", "--until",

@@ -365,6 +365,8 @@ DUMMY_VALUES.update({
     "pool": "p", "targets": [], "parallelism": 8, "stagger_seconds": 0, "next_on_success": 0, "next_on_failure": -1,
     "target_count": 0, "retry_interval_seconds": None, "parent_run_id": None,
 })
+# Issue 33 item 4 (run with parameters): a run's values, as JSON (NULL: none given).
+DUMMY_VALUES.update({"params": None})
 
 # Issue 32 item 4 (the audit trail).
 DUMMY_VALUES.update({"principal": None, "fallback_principal": "u", "client": "c", "source": "cli",

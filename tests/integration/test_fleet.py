@@ -920,3 +920,27 @@ def test_three_agent_processes_keep_one_runs_window_and_run_each_database_once(f
     workers_seen = query(agent, "SELECT DISTINCT a.worker FROM agent.attempts a JOIN agent.runs r "
                                 f"ON r.run_id = a.run_id WHERE r.parent_run_id = {int(run_id)}")
     assert len({worker for (worker,) in workers_seen}) >= 2, workers_seen
+
+
+def test_a_fleet_runs_params_and_tokens_reach_every_execution(pg_fleet, pg_control):
+    """Issue 33 item 4: the run's values (given, defaults filled in) go with its executions, bound
+    in each target database; a token names the fleet's job, not the execution (which has none)."""
+    from shared.engine.operations import run_now as start
+
+    pg_fleet.create("p0", "p1")
+    command = ("CREATE TABLE IF NOT EXISTS fleet_params (v text); INSERT INTO fleet_params "
+               "SELECT current_setting('agent.param.who') || '|' || current_setting('agent.param.day') "
+               "|| '|$(ESCAPE_SQUOTE(JOBNAME))'")
+    agent = make_agent(pg_control, {"fan": {"TARGETS": f"db:{pg_fleet.prefix}_p*", "COMMAND": command,
+                                            "PARAMS__who__REQUIRED": "true", "PARAMS__day__DEFAULT": "mon"}})
+    agent.tick(datetime.now(UTC))
+    run = start(agent, "fan", params=["who=it's"])
+    work(agent, concurrency=2, max_seconds=60)
+    assert agent.store().execute("get_run", run_id=run.run_id).one()["status"] == "succeeded"
+    for database in (pg_fleet.name("p0"), pg_fleet.name("p1")):
+        connection = connector(agent.target, database)()
+        try:
+            assert [r[0] for r in connection.cursor().execute("SELECT v FROM fleet_params").fetchall()] == \
+                ["it's|mon|fan"]
+        finally:
+            connection.close()

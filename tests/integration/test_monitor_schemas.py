@@ -54,7 +54,7 @@ def monitor(request, tmp_path_factory):
                                              "STEPS__2__COMMAND": "SELECT 2"}}, clock=clock)
     stepper.tick()
     step_run = stepper.store().execute("insert_manual_run", job_name="two_steps", now=clock(),
-                                       operation_id="op").one()["run_id"]
+                                       operation_id="op", params=None).one()["run_id"]
     work(stepper, concurrency=1)
     stepper.close()
     built = monitor_scenario.build(url)

@@ -179,10 +179,16 @@ def test_tokens_are_translated_where_known_and_listed_where_not(tmp_path, capsys
     code, document, err = run(tmp_path, capsys, text)
     assert code == EXIT_OK, err
     assert document["settings"]["JOB__O_Brien__COMMAND"] == "PRINT N'O''Brien step 1'"
+    # A run-time token is carried as written: the step's run replaces it (shared/jobs/tokens.py).
     text = plain_job(name="t", command="BACKUP DATABASE x TO DISK = N'x_$(ESCAPE_SQUOTE(DATE)).bak'")
     code, document, err = run(tmp_path, capsys, text)
+    assert code == EXIT_OK, err
+    assert document["settings"]["JOB__t__COMMAND"] == "BACKUP DATABASE x TO DISK = N'x_$(ESCAPE_SQUOTE(DATE)).bak'"
+    # One with no equivalent here (the server's name) is listed, and the job is not emitted.
+    text = plain_job(name="s", command="PRINT N'$(ESCAPE_SQUOTE(SRVR))'")
+    code, document, err = run(tmp_path, capsys, text)
     assert code == EXIT_FAILURE
-    assert "$(ESCAPE_SQUOTE(DATE))" in reasons(job(document, "t"))
+    assert "$(ESCAPE_SQUOTE(SRVR))" in reasons(job(document, "s"))
     assert not any("$(" in value for value in document["settings"].values())
 
 

@@ -80,7 +80,7 @@ def build(db: str, extra_jobs: int = 0) -> Scenario:
 
     def run_now(job: str, at: datetime) -> int:
         clock.now = at
-        row = store.execute("insert_manual_run", job_name=job, now=at, operation_id=new_operation_id()).one()
+        row = store.execute("insert_manual_run", job_name=job, now=at, operation_id=new_operation_id(), params=None).one()
         assert row is not None and row["status"] == "pending", (job, row)
         scenario.run_ids.setdefault(job, []).append(row["run_id"])
         return row["run_id"]

@@ -21,7 +21,7 @@ PG_TYPES = {
     "poison_id": "bigint", "targets": "varchar", "target_parallelism": "int", "until": "timestamptz",
     "reason": "varchar", "after": "varchar", "after_outcome": "varchar",
     "dates": "text", "weekly": "text", "exclude_calendars": "varchar", "only_calendars": "varchar",
-    "on_excluded": "varchar", "jitter_seconds": "int",
+    "on_excluded": "varchar", "jitter_seconds": "int", "params": "text",
 }
 
 

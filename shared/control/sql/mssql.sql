@@ -165,23 +165,24 @@ DECLARE @s TABLE (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCH
                   max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16), grace_seconds INT,
                   overlap NVARCHAR(16), next_due_at DATETIME2(6), steps NVARCHAR(MAX), notify NVARCHAR(16),
                   notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64), after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT,
-                  definition_hash NVARCHAR(64));
+                  definition_hash NVARCHAR(64), params NVARCHAR(MAX));
 INSERT INTO @s (job_name, schedule, timezone, command, target_database, enabled, valid, config_error, max_attempts,
                 timeout_seconds, lease_seconds, misfire, grace_seconds, overlap, next_due_at, steps, notify,
-                notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds, definition_hash)
+                notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds, definition_hash, params)
 SELECT j.job_name, agent.json_text(j.schedule), j.timezone, agent.json_text(j.command), j.target_database,
        j.enabled, j.valid, agent.json_text(j.config_error),
        j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire, j.grace_seconds, j.overlap,
        CONVERT(DATETIME2(6), j.next_due_at, 121), agent.json_text(j.steps), j.notify,
        agent.json_text(j.notify_webhook_url), j.after_job, j.after_outcome, agent.json_text(j.calendars),
-       COALESCE(j.jitter_seconds, 0), j.definition_hash
+       COALESCE(j.jitter_seconds, 0), j.definition_hash, agent.json_text(j.params)
 FROM OPENJSON(:jobs) WITH (
     job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), command NVARCHAR(MAX),
     target_database NVARCHAR(128), enabled SMALLINT, valid SMALLINT, config_error NVARCHAR(MAX),
     max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16),
     grace_seconds INT, overlap NVARCHAR(16), next_due_at NVARCHAR(40), steps NVARCHAR(MAX),
     notify NVARCHAR(16), notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64),
-    after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT, definition_hash NVARCHAR(64)) AS j;
+    after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT, definition_hash NVARCHAR(64),
+    params NVARCHAR(MAX)) AS j;
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 -- The names compare case-insensitively (the default collation): a settings job may take back, in
 -- another letter case, the row of a removed job ('backup' removed, 'Backup' added). The row then
@@ -228,7 +229,8 @@ UPDATE t SET
     after_outcome = s.after_outcome,
     calendars = s.calendars,
     jitter_seconds = s.jitter_seconds,
-    definition_hash = s.definition_hash
+    definition_hash = s.definition_hash,
+    params = s.params
 FROM agent.jobs AS t WITH (UPDLOCK, HOLDLOCK), @s AS s
 WHERE t.job_name = s.job_name
   AND (t.configured = 0
@@ -237,12 +239,12 @@ WHERE t.job_name = s.job_name
 INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, enabled, valid, config_error,
                         max_attempts, timeout_seconds, lease_seconds, misfire, grace_seconds, overlap,
                         next_due_at, advanced_at, configured, updated_at, steps, notify, notify_webhook_url,
-                        after_job, after_outcome, calendars, jitter_seconds, definition_hash)
+                        after_job, after_outcome, calendars, jitter_seconds, definition_hash, params)
 SELECT s.job_name, s.schedule, s.timezone, s.command, s.target_database, s.enabled, s.valid,
        s.config_error, s.max_attempts, s.timeout_seconds, s.lease_seconds, s.misfire,
        s.grace_seconds, s.overlap, s.next_due_at, CAST(:now AS DATETIME2(6)), 1, CAST(:now AS DATETIME2(6)),
        s.steps, s.notify, s.notify_webhook_url, s.after_job, s.after_outcome, s.calendars, s.jitter_seconds,
-       s.definition_hash
+       s.definition_hash, s.params
 FROM @s AS s
 WHERE NOT EXISTS (SELECT 1 FROM agent.jobs AS e WITH (UPDLOCK, HOLDLOCK) WHERE e.job_name = s.job_name);
 
@@ -619,10 +621,12 @@ FROM @started AS s WHERE s.decision = N'start';
 SELECT s.decision, s.run_id, s.job_name, s.kind, s.command, s.target_database, s.attempt, s.failures,
        s.max_attempts, s.lapses, s.transient_errors, s.token, s.timeout_seconds, s.lease_seconds, s.operation_id,
        s.scheduled_for, s.runnable_at, s.started_at, s.note, s.step, s.steps, r.parent_run_id, r.parent_token,
-       r.target_server, r.retry_interval_seconds, COALESCE(r.owner, j.owner, N'') AS owner
+       r.target_server, r.retry_interval_seconds, COALESCE(r.owner, j.owner, N'') AS owner,
+       r.params, jd.params AS job_params
 FROM @started AS s JOIN agent.runs AS r ON r.run_id = s.run_id
 LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
-LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1;
+LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
+LEFT JOIN agent.jobs AS jd ON jd.job_name = r.job_name;
 
 -- claim_runs --
 -- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock).
@@ -711,10 +715,12 @@ FROM @claimed AS s WHERE s.decision = N'start';
 SELECT s.decision, s.run_id, s.job_name, s.kind, s.command, s.target_database, s.attempt, s.failures,
        s.max_attempts, s.lapses, s.transient_errors, s.token, s.timeout_seconds, s.lease_seconds, s.operation_id,
        s.scheduled_for, s.runnable_at, s.started_at, s.note, s.step, s.steps, r.parent_run_id, r.parent_token,
-       r.target_server, r.retry_interval_seconds, COALESCE(r.owner, j.owner, N'') AS owner
+       r.target_server, r.retry_interval_seconds, COALESCE(r.owner, j.owner, N'') AS owner,
+       r.params, jd.params AS job_params
 FROM @claimed AS s JOIN agent.runs AS r ON r.run_id = s.run_id
 LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
 LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
+LEFT JOIN agent.jobs AS jd ON jd.job_name = r.job_name
 ORDER BY s.runnable_at, s.run_id;
 
 -- next_runnable_at --
@@ -841,7 +847,8 @@ SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, 
        attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
        runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
        last_error_number, last_error, note, step, steps, parent_run_id, parent_token, target_server,
-       retry_interval_seconds, awaiting_targets, targets_total, targets_failed, followed_run_id
+       retry_interval_seconds, awaiting_targets, targets_total, targets_failed, followed_run_id,
+       params
 FROM agent.runs WHERE run_id = :run_id;
 
 -- list_run_errors --
@@ -891,7 +898,7 @@ DECLARE @manual TABLE (run_id BIGINT, job_name NVARCHAR(64), status NVARCHAR(16)
                        operation_id NVARCHAR(32));
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        finished_at, operation_id, note, steps)
+                        finished_at, operation_id, note, steps, params)
 OUTPUT inserted.run_id, inserted.job_name, inserted.status, inserted.note, inserted.operation_id INTO @manual
 SELECT j.job_name, N'manual', CAST(:now AS DATETIME2(6)), d.decision, j.command, j.target_database,
        j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, CAST(:now AS DATETIME2(6)),
@@ -899,7 +906,7 @@ SELECT j.job_name, N'manual', CAST(:now AS DATETIME2(6)), d.decision, j.command,
        :operation_id,
        CASE WHEN d.decision = N'skipped'
             THEN N'overlap: the previous run of this job was still in flight; policy skip'
-            ELSE N'run-now' END, j.steps
+            ELSE N'run-now' END, j.steps, CAST(:params AS NVARCHAR(MAX))
 FROM agent.jobs AS j
 CROSS APPLY (
     SELECT CASE WHEN j.overlap = N'skip' AND EXISTS (
@@ -954,7 +961,8 @@ ORDER BY j.job_name;
 -- Runs, newest first, optionally of one job.
 SELECT TOP (:limit) run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
        created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id,
-       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed, followed_run_id
+       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed, followed_run_id,
+       params
 FROM agent.runs
 WHERE (CAST(:job_name AS NVARCHAR(64)) IS NULL OR job_name = CAST(:job_name AS NVARCHAR(64)))
 ORDER BY run_id DESC
@@ -1112,7 +1120,7 @@ ORDER BY run_id;
 -- get_job --
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds, j.params,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
@@ -1392,7 +1400,7 @@ WHERE run_id = :run_id AND token = :token AND status = N'running';
 DECLARE @created TABLE (run_id BIGINT);
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, target_server, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at, operation_id, note,
-                        parent_run_id, parent_token, retry_interval_seconds, step)
+                        parent_run_id, parent_token, retry_interval_seconds, step, params)
 OUTPUT inserted.run_id INTO @created
 SELECT NULL, N'target', CAST(:now AS DATETIME2(6)),
        CASE WHEN t.n <= CAST(:parallelism AS INT) THEN N'pending' ELSE N'waiting' END,
@@ -1400,7 +1408,7 @@ SELECT NULL, N'target', CAST(:now AS DATETIME2(6)),
        CAST(:timeout_seconds AS INT), p.lease_seconds,
        DATEADD(second, (t.n - 1) * CAST(:stagger_seconds AS INT), CAST(:now AS DATETIME2(6))), CAST(:now AS DATETIME2(6)),
        p.operation_id, CONCAT(N'target of run ', p.run_id, N', step ', CAST(:step AS INT)), p.run_id, p.token,
-       CAST(:retry_interval_seconds AS INT), CAST(:step AS INT)
+       CAST(:retry_interval_seconds AS INT), CAST(:step AS INT), CAST(:params AS NVARCHAR(MAX))
 FROM @fanned AS p
 CROSS JOIN OPENJSON(:targets) WITH (n INT, target_server NVARCHAR(256), target_database NVARCHAR(128)) AS t;
 SELECT p.run_id, (SELECT COUNT(*) FROM @created) AS created FROM @fanned AS p;
@@ -1609,3 +1617,11 @@ SELECT (SELECT MIN(next_due_at) FROM agent.jobs WHERE next_due_at IS NOT NULL) A
        (SELECT MIN(paused_until) FROM agent.job_pauses WHERE paused_until > CAST(:now AS DATETIME2(6))) AS next_pause_end_at,
        (SELECT MIN(CASE WHEN status = N'sending' THEN claimed_until ELSE next_attempt_at END) FROM agent.notifications
         WHERE status IN (N'pending', N'sending')) AS next_notification_at;
+
+-- token_context --
+-- What a run's SQL Agent tokens need besides the run (shared/jobs/tokens.py): its job's name (a fleet execution's through its run) and time zone. Read only for a command that has a token.
+SELECT COALESCE(r.job_name, p.job_name) AS job_name, j.timezone
+FROM agent.runs AS r
+LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
+LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name)
+WHERE r.run_id = :run_id;

@@ -95,18 +95,18 @@ INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, 
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
                         steps, notify, notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds,
-                        definition_hash)
+                        definition_hash, params)
 SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid,
        j.config_error, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire,
        j.grace_seconds, j.overlap, CAST(j.next_due_at AS timestamp), CAST(:now AS timestamp), 1,
        CAST(:now AS timestamp), j.steps, j.notify, j.notify_webhook_url, j.after_job, j.after_outcome, j.calendars, COALESCE(j.jitter_seconds, 0),
-       j.definition_hash
+       j.definition_hash, j.params
 FROM json_to_recordset(CAST(:jobs AS json)) AS j(
     job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, command TEXT, target_database VARCHAR,
     enabled INT, valid INT, config_error TEXT, max_attempts INT, timeout_seconds INT,
     lease_seconds INT, misfire VARCHAR, grace_seconds INT, overlap VARCHAR, next_due_at VARCHAR,
     steps TEXT, notify VARCHAR, notify_webhook_url VARCHAR, after_job VARCHAR, after_outcome VARCHAR, calendars TEXT, jitter_seconds INT,
-    definition_hash VARCHAR)
+    definition_hash VARCHAR, params TEXT)
 ORDER BY j.job_name
 ON CONFLICT (job_name) DO UPDATE SET
     next_due_at = CASE
@@ -147,7 +147,8 @@ ON CONFLICT (job_name) DO UPDATE SET
     after_outcome = EXCLUDED.after_outcome,
     calendars = EXCLUDED.calendars,
     jitter_seconds = EXCLUDED.jitter_seconds,
-    definition_hash = EXCLUDED.definition_hash
+    definition_hash = EXCLUDED.definition_hash,
+    params = EXCLUDED.params
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 WHERE agent.jobs.configured = 0
    OR (agent.jobs.defined_in_database = 0 AND agent.jobs.definition_hash IS DISTINCT FROM EXCLUDED.definition_hash);
@@ -342,13 +343,13 @@ WHERE r.run_id = x.run_id AND r.token = x.token AND r.status = 'queued'
 RETURNING r.run_id;
 
 -- start_run --
--- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened. owner as claim_runs gives it. (agent.start_run, a function of migration 0002, replaced in 0006 and 0013: planned once per session.)
-SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds, c.owner
+-- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened. owner as claim_runs gives it. (agent.start_run, a function of migration 0002, replaced in 0006, 0013 and 0018: planned once per session.)
+SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds, c.owner, c.params, c.job_params
 FROM agent.start_run(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:max_concurrency AS INT), CAST(:run_id AS BIGINT), CAST(:token AS BIGINT), CAST(:worker AS VARCHAR), CAST(:dequeue_count AS INT)) AS c;
 
 -- claim_runs --
--- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock). owner: whom the run's SQL runs as ('' the agent's user), read by the function from the very row it claimed (never unseen). (agent.claim_runs, a function of migration 0002, replaced in 0006 and 0013: planned once per session, the owner with it.)
-SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds, c.owner
+-- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock). owner: whom the run's SQL runs as ('' the agent's user), read by the function from the very row it claimed (never unseen). (agent.claim_runs, a function of migration 0002, replaced in 0006, 0013 and 0018: planned once per session, the owner with it; the run's params and the job's declared ones with it.)
+SELECT c.decision, c.run_id, c.job_name, c.kind, c.command, c.target_database, c.attempt, c.failures, c.max_attempts, c.lapses, c.transient_errors, c.token, c.timeout_seconds, c.lease_seconds, c.operation_id, c.scheduled_for, c.runnable_at, c.started_at, c.note, c.step, c.steps, c.parent_run_id, c.parent_token, c.target_server, c.retry_interval_seconds, c.owner, c.params, c.job_params
 FROM agent.claim_runs(CAST(:now AS TIMESTAMP), CAST(:late_cutoff AS TIMESTAMP), CAST(:batch AS INT), CAST(:max_concurrency AS INT), CAST(:worker AS VARCHAR)) AS c
 ORDER BY c.runnable_at, c.run_id;
 
@@ -455,7 +456,8 @@ SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, 
        attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
        runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
        last_error_number, last_error, note, step, steps, parent_run_id, parent_token, target_server,
-       retry_interval_seconds, awaiting_targets, targets_total, targets_failed, followed_run_id
+       retry_interval_seconds, awaiting_targets, targets_total, targets_failed, followed_run_id,
+       params
 FROM agent.runs WHERE run_id = :run_id;
 
 -- list_run_errors --
@@ -497,14 +499,14 @@ UPDATE agent.poison_messages SET requeued_at = CAST(:now AS timestamp) WHERE poi
 LOCK TABLE agent.start_lock IN SHARE ROW EXCLUSIVE MODE;
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        finished_at, operation_id, note, steps)
+                        finished_at, operation_id, note, steps, params)
 SELECT j.job_name, 'manual', CAST(:now AS timestamp), d.decision, j.command, j.target_database,
        j.overlap, j.max_attempts, j.timeout_seconds, j.lease_seconds, CAST(:now AS timestamp),
        CAST(:now AS timestamp), CASE WHEN d.decision = 'skipped' THEN CAST(:now AS timestamp) END,
        :operation_id,
        CASE WHEN d.decision = 'skipped'
             THEN 'overlap: the previous run of this job was still in flight; policy skip'
-            ELSE 'run-now' END, j.steps
+            ELSE 'run-now' END, j.steps, CAST(:params AS TEXT)
 FROM agent.jobs j
 CROSS JOIN LATERAL (
     SELECT CASE WHEN j.overlap = 'skip' AND EXISTS (
@@ -554,7 +556,8 @@ ORDER BY j.job_name;
 -- Runs, newest first, optionally of one job.
 SELECT run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
        created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id,
-       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed, followed_run_id
+       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed, followed_run_id,
+       params
 FROM agent.runs
 WHERE (CAST(:job_name AS VARCHAR) IS NULL OR job_name = CAST(:job_name AS VARCHAR))
 ORDER BY run_id DESC LIMIT :limit;
@@ -708,7 +711,7 @@ ORDER BY run_id LIMIT :limit;
 -- get_job --
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds, j.params,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
@@ -897,14 +900,14 @@ WITH p AS (
 created AS (
     INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, target_server, overlap,
                             max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at, operation_id, note,
-                            parent_run_id, parent_token, retry_interval_seconds, step)
+                            parent_run_id, parent_token, retry_interval_seconds, step, params)
     SELECT NULL, 'target', CAST(:now AS timestamp),
            CASE WHEN t.n <= CAST(:parallelism AS INT) THEN 'pending' ELSE 'waiting' END,
            CAST(:command AS TEXT), t.target_database, t.target_server, 'allow', CAST(:max_attempts AS INT),
            CAST(:timeout_seconds AS INT), p.lease_seconds,
            CAST(:now AS timestamp) + (t.n - 1) * CAST(:stagger_seconds AS INT) * INTERVAL '1 second', CAST(:now AS timestamp),
            p.operation_id, 'target of run ' || p.run_id || ', step ' || CAST(:step AS INT), p.run_id, p.token,
-           CAST(:retry_interval_seconds AS INT), CAST(:step AS INT)
+           CAST(:retry_interval_seconds AS INT), CAST(:step AS INT), CAST(:params AS TEXT)
     FROM p CROSS JOIN json_to_recordset(CAST(:targets AS json)) AS t(n INT, target_server VARCHAR, target_database VARCHAR)
     RETURNING run_id)
 SELECT p.run_id, (SELECT COUNT(*) FROM created) AS created FROM p;
@@ -976,3 +979,11 @@ SELECT (SELECT MIN(next_due_at) FROM agent.jobs WHERE next_due_at IS NOT NULL) A
        (SELECT MIN(paused_until) FROM agent.job_pauses WHERE paused_until > CAST(:now AS timestamp)) AS next_pause_end_at,
        (SELECT MIN(CASE WHEN status = 'sending' THEN claimed_until ELSE next_attempt_at END) FROM agent.notifications
         WHERE status IN ('pending', 'sending')) AS next_notification_at;
+
+-- token_context --
+-- What a run's SQL Agent tokens need besides the run (shared/jobs/tokens.py): its job's name (a fleet execution's through its run) and time zone. Read only for a command that has a token.
+SELECT COALESCE(r.job_name, p.job_name) AS job_name, j.timezone
+FROM agent.runs AS r
+LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
+LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name)
+WHERE r.run_id = CAST(:run_id AS BIGINT);

@@ -106,7 +106,7 @@ INSERT INTO agent_jobs (job_name, schedule, timezone, command, target_database, 
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
                         steps, notify, notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds,
-                        definition_hash)
+                        definition_hash, params)
 SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.timezone'), json_extract(j.value, '$.command'),
        json_extract(j.value, '$.target_database'), json_extract(j.value, '$.enabled'),
@@ -118,7 +118,8 @@ SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.steps'), json_extract(j.value, '$.notify'),
        json_extract(j.value, '$.notify_webhook_url'), json_extract(j.value, '$.after_job'),
        json_extract(j.value, '$.after_outcome'), json_extract(j.value, '$.calendars'),
-       COALESCE(json_extract(j.value, '$.jitter_seconds'), 0), json_extract(j.value, '$.definition_hash')
+       COALESCE(json_extract(j.value, '$.jitter_seconds'), 0), json_extract(j.value, '$.definition_hash'),
+       json_extract(j.value, '$.params')
 FROM json_each(:jobs) AS j
 WHERE TRUE
 ON CONFLICT (job_name) DO UPDATE SET
@@ -160,7 +161,8 @@ ON CONFLICT (job_name) DO UPDATE SET
     after_outcome = excluded.after_outcome,
     calendars = excluded.calendars,
     jitter_seconds = excluded.jitter_seconds,
-    definition_hash = excluded.definition_hash
+    definition_hash = excluded.definition_hash,
+    params = excluded.params
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 WHERE agent_jobs.configured = 0
    OR (agent_jobs.defined_in_database = 0 AND agent_jobs.definition_hash IS NOT excluded.definition_hash);
@@ -452,8 +454,10 @@ WHERE d.decision = 'start';
 SELECT d.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
        r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
        r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note, r.step, r.steps, r.parent_run_id,
-       r.parent_token, r.target_server, r.retry_interval_seconds, r.owner
-FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id;
+       r.parent_token, r.target_server, r.retry_interval_seconds, r.owner,
+       r.params, jd.params AS job_params
+FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id
+LEFT JOIN agent_jobs AS jd ON jd.job_name = r.job_name;
 
 -- claim_runs --
 -- Local runner: under SQLite's write lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent_runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock), read once for the whole claim (temp.agent_claim_time).
@@ -489,7 +493,7 @@ WHERE status = 'pending' AND runnable_at <= (SELECT now FROM temp.agent_claim_ti
 RETURNING 'skipped' AS decision, run_id, job_name, kind, command, target_database, attempt, failures,
           max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds,
           operation_id, scheduled_for, runnable_at, started_at, note, step, steps, parent_run_id, parent_token,
-          target_server, retry_interval_seconds, owner;
+          target_server, retry_interval_seconds, owner, params, NULL AS job_params;
 INSERT INTO temp.agent_decisions (run_id, decision)
 SELECT run_id, 'start' FROM (
     SELECT c.run_id FROM agent_runs c
@@ -526,8 +530,10 @@ FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id;
 SELECT d.decision, r.run_id, r.job_name, r.kind, r.command, r.target_database, r.attempt, r.failures,
        r.max_attempts, r.lapses, r.transient_errors, r.token, r.timeout_seconds, r.lease_seconds,
        r.operation_id, r.scheduled_for, r.runnable_at, r.started_at, r.note, r.step, r.steps, r.parent_run_id,
-       r.parent_token, r.target_server, r.retry_interval_seconds, r.owner
+       r.parent_token, r.target_server, r.retry_interval_seconds, r.owner,
+       r.params, jd.params AS job_params
 FROM agent_runs AS r JOIN temp.agent_decisions AS d ON d.run_id = r.run_id
+LEFT JOIN agent_jobs AS jd ON jd.job_name = r.job_name
 ORDER BY r.runnable_at, r.run_id;
 
 -- next_runnable_at --
@@ -619,7 +625,8 @@ SELECT run_id, job_name, kind, scheduled_for, status, command, target_database, 
        attempt, failures, lapses, transient_errors, max_attempts, token, lease_expires_at, heartbeat_at,
        runnable_at, created_at, dispatched_at, started_at, finished_at, worker, operation_id, dequeue_count,
        last_error_number, last_error, note, step, steps, parent_run_id, parent_token, target_server,
-       retry_interval_seconds, awaiting_targets, targets_total, targets_failed, followed_run_id
+       retry_interval_seconds, awaiting_targets, targets_total, targets_failed, followed_run_id,
+       params
 FROM agent_runs WHERE run_id = :run_id;
 
 -- list_run_errors --
@@ -660,14 +667,14 @@ UPDATE agent_poison_messages SET requeued_at = :now WHERE poison_id = :poison_id
 -- run-now: a run of a job right away, keyed by the request time; the job's overlap policy applies (SQLite's single writer decides it).
 INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        finished_at, operation_id, note, steps)
+                        finished_at, operation_id, note, steps, params)
 SELECT d.job_name, 'manual', :now, d.decision, d.command, d.target_database, d.overlap,
        d.max_attempts, d.timeout_seconds, d.lease_seconds, :now, :now,
        CASE WHEN d.decision = 'skipped' THEN :now END,
        :operation_id,
        CASE WHEN d.decision = 'skipped'
             THEN 'overlap: the previous run of this job was still in flight; policy skip'
-            ELSE 'run-now' END, d.steps
+            ELSE 'run-now' END, d.steps, :params
 FROM (
     SELECT j.*, CASE WHEN j.overlap = 'skip' AND EXISTS (
                     SELECT 1 FROM agent_runs a
@@ -717,7 +724,8 @@ ORDER BY j.job_name;
 -- Runs, newest first, optionally of one job.
 SELECT run_id, job_name, kind, scheduled_for, status, attempt, failures, lapses, max_attempts, token,
        created_at, started_at, finished_at, worker, last_error_number, last_error, note, operation_id,
-       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed, followed_run_id
+       step, failed_step, parent_run_id, target_server, target_database, targets_total, targets_failed, followed_run_id,
+       params
 FROM agent_runs
 WHERE (:job_name IS NULL OR job_name = :job_name)
 ORDER BY run_id DESC LIMIT :limit;
@@ -836,7 +844,7 @@ ORDER BY run_id LIMIT :limit;
 -- get_job --
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds, j.params,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
@@ -1060,14 +1068,14 @@ UPDATE agent_runs SET awaiting_targets = 1, lease_expires_at = NULL, heartbeat_a
 WHERE run_id = :run_id AND token = :token AND status = 'running';
 INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, target_server, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at, operation_id, note,
-                        parent_run_id, parent_token, retry_interval_seconds, step)
+                        parent_run_id, parent_token, retry_interval_seconds, step, params)
 SELECT NULL, 'target', :now,
        CASE WHEN json_extract(t.value, '$.n') <= :parallelism THEN 'pending' ELSE 'waiting' END,
        :command, json_extract(t.value, '$.target_database'), json_extract(t.value, '$.target_server'), 'allow',
        :max_attempts, :timeout_seconds, p.lease_seconds,
        strftime('%Y-%m-%d %H:%M:%f', julianday(:now) + (json_extract(t.value, '$.n') - 1) * :stagger_seconds / 86400.0),
        :now, p.operation_id,
-       'target of run ' || p.run_id || ', step ' || :step, p.run_id, p.token, :retry_interval_seconds, :step
+       'target of run ' || p.run_id || ', step ' || :step, p.run_id, p.token, :retry_interval_seconds, :step, :params
 FROM agent_runs AS p, json_each(:targets) AS t
 WHERE p.run_id = :run_id AND p.token = :token AND p.status = 'running' AND p.awaiting_targets = 1
   AND NOT EXISTS (SELECT 1 FROM agent_runs AS x WHERE x.parent_run_id = p.run_id AND x.parent_token = p.token);
@@ -1297,3 +1305,11 @@ SELECT (SELECT MIN(next_due_at) FROM agent_jobs WHERE next_due_at IS NOT NULL) A
        (SELECT MIN(paused_until) FROM agent_job_pauses WHERE paused_until > :now) AS next_pause_end_at,
        (SELECT MIN(CASE WHEN status = 'sending' THEN claimed_until ELSE next_attempt_at END) FROM agent_notifications
         WHERE status IN ('pending', 'sending')) AS next_notification_at;
+
+-- token_context --
+-- What a run's SQL Agent tokens need besides the run (shared/jobs/tokens.py): its job's name (a fleet execution's through its run) and time zone. Read only for a command that has a token.
+SELECT COALESCE(r.job_name, p.job_name) AS job_name, j.timezone
+FROM agent_runs AS r
+LEFT JOIN agent_runs AS p ON p.run_id = r.parent_run_id
+LEFT JOIN agent_jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name)
+WHERE r.run_id = :run_id;

@@ -3,9 +3,10 @@ tokens ($(ESCAPE_SQUOTE(JOBNAME)) ...), then runs the text batch by batch, split
 (a step may hold several batches, as a script for sqlcmd does; the first batch that fails
 fails the step, and the batches after it do not run).
 
-Here a token is replaced where its value is fixed when the job is defined (the job's and the
-step's name, the step's number); the others (the date, the server, the job's id, alert values)
-have no equivalent and are reported. A command with GO becomes one step per batch, unless its
+The tokens are shared/jobs/tokens.py's: the importer replaces those whose value is fixed when
+the job is defined (the SQL Agent job's and step's name, the step's number) and leaves the
+run-time ones (the date, the run's start, the job's id) to the executor, which replaces them when
+the step runs; the others (the server, alert values) have no equivalent and are reported. A command with GO becomes one step per batch, unless its
 batches share a session (a #temporary table, SET options, a transaction, USE in a batch with
 other statements), which separate steps here do not: that is reported.
 """
@@ -19,106 +20,7 @@ from shared.errors import ScriptError
 from shared.ops.sqlagent.lexer import Lines, Token, batches
 from shared.ops.sqlagent.parser import BatchRefused, Parser, SetOption, Skipped, Transaction, Use
 
-TRANSLATED = {"JOBNAME", "STEPNAME", "STEPID"}
-NO_EQUIVALENT = {
-    "DATE": "the current date (YYYYMMDD): use CONVERT(char(8), SYSDATETIME(), 112) in the step",
-    "TIME": "the current time (HHMMSS): use REPLACE(CONVERT(char(8), SYSDATETIME(), 108), ':', '') in the step",
-    "STRTDT": "the date the job started: the run's start is in the history; use CONVERT(char(8), SYSDATETIME(), 112)",
-    "STRTTM": "the time the job started: the run's start is in the history",
-    "JOBID": "SQL Agent's job_id: jobs here have no GUID",
-    "STEPCT": "how many times the step has run in this run: no equivalent",
-    "SRVR": "the SQL Server's name: use @@SERVERNAME in the step",
-    "INST": "the instance's name: use SERVERPROPERTY('InstanceName') in the step",
-    "MACH": "the computer's name: there is none in Azure SQL Database",
-    "MSSA": "the master SQL Agent's name: no multi-server administration here",
-    "OSCMD": "the CmdExec program prefix: no CmdExec here",
-    "SQLDIR": "SQL Server's install directory: no file system here",
-    "SQLLOGDIR": "SQL Server's error log directory: no file system here",
-    "A-DBN": "a database name from the alert that ran the job: alerts are not carried",
-    "A-SVR": "a server name from the alert that ran the job: alerts are not carried",
-    "A-ERR": "an error number from the alert that ran the job: alerts are not carried",
-    "A-SEV": "an error severity from the alert that ran the job: alerts are not carried",
-    "A-MSG": "an error message from the alert that ran the job: alerts are not carried",
-    "WMI": "a WMI event's property: WMI alerts are not carried",
-}
-MACROS = {"ESCAPE_SQUOTE": ("'", "''"), "ESCAPE_DQUOTE": ('"', '""'), "ESCAPE_RBRACKET": ("]", "]]"),
-          "ESCAPE_NONE": None}
-OLD_SYNTAX = re.compile(r"\[(STRTDT|STRTTM|JOBID|STEPID|STEPCT|SRVR|MACH|INST|SQLDIR|SQLLOGDIR|OSCMD|MSSA|"
-                        r"A-DBN|A-SVR|A-ERR|A-SEV|A-MSG)\]")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
 _GO_LINE = re.compile(r"^[ \t]*GO(?:[ \t]+\d+)?[ \t]*(?:--.*)?$", re.IGNORECASE | re.MULTILINE)
-
-
-@dataclass
-class TokenUse:
-    text: str                   # as written: $(ESCAPE_SQUOTE(DATE))
-    token: str                  # DATE, WMI(DatabaseName)
-    macro: str | None
-
-
-def token_uses(command: str) -> list[TokenUse]:
-    """Every $(...) in a command, as SQL Agent's token syntax reads it."""
-    uses = []
-    position = 0
-    while True:
-        start = command.find("$(", position)
-        if start == -1:
-            return uses
-        name = _NAME.match(command, start + 2)
-        if name is None:
-            position = start + 2
-            continue
-        end, word = name.end(), name.group()
-        macro = None
-        if word in MACROS and command.startswith("(", end):
-            inner = _NAME.match(command, end + 1)
-            if inner is None:
-                position = end
-                continue
-            macro, word, end = word, inner.group(), inner.end()
-        if command.startswith("(", end):            # WMI(property)
-            close = command.find(")", end)
-            if close == -1:
-                position = end
-                continue
-            word, end = command[start + 2 + (len(macro) + 1 if macro else 0):close + 1], close + 1
-        closing = "))" if macro else ")"
-        if command.startswith(closing, end):
-            end += len(closing)
-        uses.append(TokenUse(command[start:end], word, macro))
-        position = end
-
-
-def replace_tokens(command: str, values: dict[str, str]) -> tuple[str, list[tuple[str, str]]]:
-    """The command with the tokens whose value is fixed replaced as SQL Agent replaces them
-    (escaped by their macro), and the problems: (token as written, reason)."""
-    problems: list[tuple[str, str]] = []
-    out, position = [], 0
-    for use in token_uses(command):
-        start = command.find(use.text, position)
-        out.append(command[position:start])
-        position = start + len(use.text)
-        base = use.token.split("(")[0]
-        if base not in TRANSLATED and base not in NO_EQUIVALENT:
-            problems.append((use.text, f"not a SQL Agent token (tokens are case-sensitive: {', '.join(sorted(TRANSLATED | set(NO_EQUIVALENT)))}): "
-                                       f"SQL Server Agent refuses to start the step ('Variable {use.token} not "
-                                       "found')"))
-            out.append(use.text)
-            continue
-        if use.macro is None:
-            problems.append((use.text, "a token without an escape macro: SQL Server Agent (2005 SP1 and later) "
-                                       "fails a step that has one; write $(ESCAPE_SQUOTE(...)) or $(ESCAPE_NONE(...))"))
-            out.append(use.text)
-            continue
-        if base in NO_EQUIVALENT:
-            problems.append((use.text, f"SQL Agent replaces it with {NO_EQUIVALENT[base]}"))
-            out.append(use.text)
-            continue
-        value = values[base]
-        escape = MACROS[use.macro]
-        out.append(value.replace(*escape) if escape else value)
-    out.append(command[position:])
-    return "".join(out), problems
 
 
 @dataclass
