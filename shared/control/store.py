@@ -53,7 +53,12 @@ class Store:
         self.kind = kind
         # AGENT_JOB_PRINCIPAL: the principal a job's SQL runs as (no rights on schema agent).
         self.job_principal = job_principal
-        self._discard_after_rollback = False
+        # A job ran on this connection as another principal (its owner, AGENT_JOB_PRINCIPAL): once
+        # its transaction ends, committed or rolled back, the connection is closed, never reused,
+        # so that nothing the job left in the session (settings, cursors, prepared statements,
+        # temporary objects, listeners, session locks, loaded modules) is ever met by the agent's
+        # own statements (docs/tsql.md, "The owner boundary").
+        self._owned_session = False
         self.dialect = target.dialect
         self.queries: dict[str, Query] = load_queries(self.dialect)
         self._connect = connect or connector(target)
@@ -111,6 +116,7 @@ class Store:
         self._release(keep=not self._in_transaction)
 
     def _release(self, *, keep: bool) -> None:
+        keep, self._owned_session = keep and not self._owned_session, False
         with self._lock:
             connection, self._connection = self._connection, None
             self._active_cursor = None
@@ -385,8 +391,7 @@ class Store:
                         connection.autocommit = True
             except Exception:
                 self._discard_connection()
-            if self._discard_after_rollback:   # a job's impersonation may still be in force
-                self._discard_after_rollback = False
+            if self._owned_session:   # the job's session state (or impersonation) may still be there
                 self._discard_connection()
             raise
         self._in_transaction = False
@@ -405,6 +410,9 @@ class Store:
         except BaseException as exc:
             self._after_failure(exc)
             raise
+        finally:
+            if self._owned_session:
+                self._discard_connection()
 
     # ------------------------------------------------------------ user SQL
 
@@ -483,9 +491,11 @@ class Store:
             if self.dialect == "mssql":
                 if principal:
                     # With the cookie, only this batch can revert: the job's SQL cannot. A job
-                    # that fails leaves the batch before its REVERT, so the connection is
-                    # discarded after the rollback (_discard_after_rollback).
-                    self._discard_after_rollback = True
+                    # that fails leaves the batch before its REVERT; and what the job leaves in
+                    # the session (GLOBAL cursors, SESSION_CONTEXT, CONTEXT_INFO, #procedures,
+                    # session applocks) outlives sp_executesql's scope: the connection is closed
+                    # when the transaction ends, committed or not (_owned_session).
+                    self._owned_session = True
                     # The cookie is a local variable of this batch: sp_executesql runs the job's SQL
                     # in a module scope of its own, where a REVERT applies only to an EXECUTE AS of
                     # that scope and the variable cannot be read; the batch's context, set with
@@ -500,7 +510,6 @@ class Store:
                                              f"this database and the app's user needs IMPERSONATE on it)") from exc
                         raise
                     drain_results(cursor, output)
-                    self._discard_after_rollback = False
                     return output
                 _execute_tsql_job(cursor, mssql_job_batch(None), sql)
             else:
@@ -573,16 +582,23 @@ class Store:
 
         function = f"pg_temp.agent_job_{uuid.uuid4().hex}"
         role = '"' + principal.replace('"', '""') + '"'
+        # From here to the transaction's end the connection is the job's: closed afterwards.
+        self._owned_session = True
+        # Who calls agent.* from inside the job: its principal (agent.calling_principal, migration
+        # 0016), wherever the job runs: the control database, or a job's own database that is a
+        # control database too (a task's @database may name it).
+        literal = "'" + principal.replace("'", "''") + "'"
+        mark = _OWNED_SESSION_MARK.replace("{owner}", literal)
         cursor = connection.cursor()
         self._set_active(cursor)
         try:
             try:
                 # The end notice is raised in the same statement as the job's: psqlODBC hands a
                 # statement's notices on together (see PostgresNotices).
-                cursor.execute(
-                    f"CREATE FUNCTION {function}(job_sql text, end_notice text) RETURNS void LANGUAGE plpgsql "
-                    "SECURITY DEFINER AS $agent$ BEGIN EXECUTE job_sql; RAISE NOTICE '%', end_notice; END $agent$;\n"
-                    f"ALTER FUNCTION {function}(text, text) OWNER TO {role};")
+                create = (f"CREATE FUNCTION {function}(job_sql text, end_notice text) RETURNS void LANGUAGE plpgsql "
+                          f"SECURITY DEFINER AS $agent$\n{_OWNED_JOB_BODY}$agent$;\n"
+                          f"ALTER FUNCTION {function}(text, text) OWNER TO {role};\n{mark}")
+                cursor.execute(create)
                 while cursor.nextset():
                     pass
             except Exception as exc:
@@ -590,7 +606,7 @@ class Store:
                                  "agent's login must be a member of it: GRANT it to the agent's login; "
                                  "grant-sql --operator prints this)") from exc
             heard = PostgresNotices()
-            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?, ?);\n"
+            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?, ?);\n{_OWNED_SESSION_UNMARK}"
                            f"DROP FUNCTION IF EXISTS {function}(text, text);", sql, heard.end_text)
             while True:
                 output += heard.take(cursor)
@@ -689,6 +705,77 @@ class Store:
             raise SchemaError(f"{self.target.display} has schema version {version}, this code needs {latest}: run `init-db` to upgrade")
         if version > latest:
             raise SchemaError(f"{self.target.display} has schema version {version}, newer than this code ({latest}): upgrade the agent")
+
+
+# The row of agent.owned_sessions (migration 0016) that makes agent.calling_principal() the job's
+# owner while the job runs, written by the agent before the job and deleted after its function
+# returned. Only into a table the agent's own login owns (or a superuser does): in a database the
+# agent does not control, an operator's "agent.owned_sessions" could carry a trigger or a rule,
+# which the agent's INSERT would run with the agent's rights. No such table: nothing to mark (no
+# agent.* function there to call).
+_OWNED_SESSION_CHECK = ("SELECT 1 FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+                        "JOIN pg_catalog.pg_roles AS o ON o.oid = c.relowner "
+                        "WHERE n.nspname = 'agent' AND c.relname = 'owned_sessions' "
+                        "AND (o.rolname = session_user OR o.rolsuper)")
+_OWNED_SESSION_MARK = ("DO $mark$ BEGIN IF EXISTS (" + _OWNED_SESSION_CHECK + ") THEN "
+                       "INSERT INTO agent.owned_sessions (backend_pid, transaction_id, owner) "
+                       "VALUES (pg_catalog.pg_backend_pid(), pg_catalog.txid_current(), {owner}); END IF; END $mark$;\n")
+_OWNED_SESSION_UNMARK = ("DO $mark$ BEGIN IF EXISTS (" + _OWNED_SESSION_CHECK + ") THEN "
+                         "DELETE FROM agent.owned_sessions AS s WHERE s.backend_pid OPERATOR(pg_catalog.=) "
+                         "pg_catalog.pg_backend_pid(); END IF; END $mark$;\n")
+
+# How many rounds of SET CONSTRAINTS ALL IMMEDIATE an owned job's deferred triggers get to settle
+# in (see _OWNED_JOB_BODY); one that still writes rows after that many fails.
+OWNED_JOB_SETTLE_ROUNDS = 10
+
+# The body of the function an owned job's SQL runs in (PostgreSQL; Store._run_as), run as the
+# job's principal. Its own names are all schema-qualified, operators too: the job may have set
+# search_path (for the session or the transaction) to a schema of its own, with an `=` that lies.
+# After the job's SQL:
+# * every trigger event the job left pending (deferred constraint triggers, deferred foreign keys)
+#   fires NOW, still as the principal: at COMMIT it would fire as whoever the session is then,
+#   the agent's login. SET CONSTRAINTS ALL IMMEDIATE fires them; a trigger fired so can defer
+#   again (SET CONSTRAINTS ... DEFERRED) and write rows that queue new events, so rounds repeat
+#   until one writes no row at all: events are queued only by row writes (row-level triggers;
+#   only constraint triggers, always row-level, can be deferred), and every row write of the
+#   transaction, temporary tables and catalogs included, is counted in pg_stat_xact_all_tables
+#   (which needs track_counts, a setting only a superuser can change). A round without a write
+#   fired everything pending at its start and queued nothing: nothing is left for COMMIT. The
+#   triggers fire with the job's own search_path, as they would have at COMMIT;
+# * then the search_path is pg_catalog's for the rest of the transaction (SET LOCAL): the agent's
+#   statements after the job (DELETE of the session's mark, the completion) resolve nothing the
+#   job defined.
+_OWNED_JOB_BODY = f"""DECLARE
+    rounds int := 0;
+    written numeric;
+BEGIN
+    EXECUTE job_sql;
+    IF pg_catalog.current_setting('track_counts') OPERATOR(pg_catalog.<>) 'on' THEN
+        RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = 'track_counts is off: an owned job cannot be run, '
+            'because the agent could not tell that its deferred triggers have all fired as its owner '
+            '(turn track_counts on, the server''s default)';
+    END IF;
+    LOOP
+        written := (SELECT COALESCE(pg_catalog.sum(s.n_tup_ins OPERATOR(pg_catalog.+) s.n_tup_upd
+                                                   OPERATOR(pg_catalog.+) s.n_tup_del), 0)
+                    FROM pg_catalog.pg_stat_xact_all_tables AS s);
+        SET CONSTRAINTS ALL IMMEDIATE;
+        EXIT WHEN written OPERATOR(pg_catalog.=) (
+            SELECT COALESCE(pg_catalog.sum(s.n_tup_ins OPERATOR(pg_catalog.+) s.n_tup_upd
+                                           OPERATOR(pg_catalog.+) s.n_tup_del), 0)
+            FROM pg_catalog.pg_stat_xact_all_tables AS s);
+        rounds := rounds OPERATOR(pg_catalog.+) 1;
+        IF rounds OPERATOR(pg_catalog.>=) {OWNED_JOB_SETTLE_ROUNDS} THEN
+            RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = pg_catalog.format('the job''s deferred triggers did '
+                'not settle: after %s rounds of SET CONSTRAINTS ALL IMMEDIATE they still wrote rows and deferred '
+                'their constraints again; they must all fire before the job''s transaction ends, as its owner '
+                '(nothing the job did is kept)', rounds);
+        END IF;
+    END LOOP;
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    RAISE NOTICE '%', end_notice;
+END
+"""
 
 
 def _execute_tsql_job(cursor: Any, batch: str, sql: str) -> None:
