@@ -542,17 +542,18 @@ class Store:
         return output
 
     def _session_user(self, connection: Any) -> str:
-        """The login role of ``connection`` (asked once per connection)."""
+        """The login role of the store's connections (asked once per store: every connection of a
+        store logs in with the same connection string, and an owned run closes the one it used)."""
         cached = getattr(self, "_session_user_of", None)
-        if cached is None or cached[0] is not connection:
+        if cached is None:
             cursor = connection.cursor()
             try:
                 cursor.execute("SELECT CAST(session_user AS text)")
-                cached = (connection, cursor.fetchone()[0])
+                cached = cursor.fetchone()[0]
             finally:
                 cursor.close()
             self._session_user_of = cached
-        return cached[1]
+        return cached
 
     def _run_as(self, connection: Any, principal: str, who: str, sql: str, output: list[str]) -> list[str]:
         """PostgreSQL: run ``sql`` with ``principal``'s rights, in a way the SQL cannot undo.
@@ -596,7 +597,7 @@ class Store:
                 # The end notice is raised in the same statement as the job's: psqlODBC hands a
                 # statement's notices on together (see PostgresNotices).
                 create = (f"CREATE FUNCTION {function}(job_sql text, end_notice text) RETURNS void LANGUAGE plpgsql "
-                          f"SECURITY DEFINER AS $agent$\n{_OWNED_JOB_BODY}$agent$;\n"
+                          f"SECURITY DEFINER AS $agent$\n{_OWNED_JOB_BODY_SENT}$agent$;\n"
                           f"ALTER FUNCTION {function}(text, text) OWNER TO {role};\n{mark}")
                 cursor.execute(create)
                 while cursor.nextset():
@@ -709,20 +710,16 @@ class Store:
 
 # The row of agent.owned_sessions (migration 0016) that makes agent.calling_principal() the job's
 # owner while the job runs, written by the agent before the job and deleted after its function
-# returned. Only into a table the agent's own login owns (or a superuser does): in a database the
+# returned. Only into a table the agent's own login owns: in a database the
 # agent does not control, an operator's "agent.owned_sessions" could carry a trigger or a rule,
 # which the agent's INSERT would run with the agent's rights. No such table: nothing to mark (no
 # agent.* function there to call).
-_OWNED_SESSION_CHECK = ("SELECT 1 FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
-                        "JOIN pg_catalog.pg_roles AS o ON o.oid = c.relowner "
-                        "WHERE n.nspname = 'agent' AND c.relname = 'owned_sessions' "
-                        "AND (o.rolname = session_user OR o.rolsuper)")
-_OWNED_SESSION_MARK = ("DO $mark$ BEGIN IF EXISTS (" + _OWNED_SESSION_CHECK + ") THEN "
-                       "INSERT INTO agent.owned_sessions (backend_pid, transaction_id, owner) "
-                       "VALUES (pg_catalog.pg_backend_pid(), pg_catalog.txid_current(), {owner}); END IF; END $mark$;\n")
-_OWNED_SESSION_UNMARK = ("DO $mark$ BEGIN IF EXISTS (" + _OWNED_SESSION_CHECK + ") THEN "
-                         "DELETE FROM agent.owned_sessions AS s WHERE s.backend_pid OPERATOR(pg_catalog.=) "
-                         "pg_catalog.pg_backend_pid(); END IF; END $mark$;\n")
+_OWNED_SESSION_CHECK = ("SELECT 1 FROM pg_catalog.pg_tables AS t WHERE t.schemaname = 'agent' "
+                        "AND t.tablename = 'owned_sessions' AND t.tableowner = session_user")
+_OWNED_SESSION_MARK = ("DO $m$BEGIN IF EXISTS (" + _OWNED_SESSION_CHECK + ") THEN INSERT INTO agent.owned_sessions "
+                       "VALUES (pg_catalog.pg_backend_pid(), pg_catalog.txid_current(), {owner}); END IF; END$m$;\n")
+_OWNED_SESSION_UNMARK = ("DO $m$BEGIN IF EXISTS (" + _OWNED_SESSION_CHECK + ") THEN DELETE FROM agent.owned_sessions "
+                         "AS s WHERE s.backend_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid(); END IF; END$m$;\n")
 
 # How many rounds of SET CONSTRAINTS ALL IMMEDIATE an owned job's deferred triggers get to settle
 # in (see _OWNED_JOB_BODY); one that still writes rows after that many fails.
@@ -776,6 +773,8 @@ BEGIN
     RAISE NOTICE '%', end_notice;
 END
 """
+# As sent: each line without its indentation (the body travels with every owned run).
+_OWNED_JOB_BODY_SENT = "\n".join(line.strip() for line in _OWNED_JOB_BODY.splitlines()) + "\n"
 
 
 def _execute_tsql_job(cursor: Any, batch: str, sql: str) -> None:
