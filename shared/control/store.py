@@ -713,9 +713,10 @@ class Store:
 # returned. Only into a table the agent's own login owns: in a database the
 # agent does not control, an operator's "agent.owned_sessions" could carry a trigger or a rule,
 # which the agent's INSERT would run with the agent's rights. No such table: nothing to mark (no
-# agent.* function there to call).
-_OWNED_SESSION_CHECK = ("SELECT 1 FROM pg_catalog.pg_tables AS t WHERE t.schemaname = 'agent' "
-                        "AND t.tablename = 'owned_sessions' AND t.tableowner = session_user")
+# agent.* function there to call). Every name qualified, operators too: these run as the agent.
+_OWNED_SESSION_CHECK = ("SELECT 1 FROM pg_catalog.pg_tables AS t WHERE t.schemaname OPERATOR(pg_catalog.=) "
+                        "CAST('agent' AS name) AND t.tablename OPERATOR(pg_catalog.=) CAST('owned_sessions' AS name) "
+                        "AND t.tableowner OPERATOR(pg_catalog.=) session_user")
 _OWNED_SESSION_MARK = ("DO $m$BEGIN IF EXISTS (" + _OWNED_SESSION_CHECK + ") THEN INSERT INTO agent.owned_sessions "
                        "VALUES (pg_catalog.pg_backend_pid(), pg_catalog.txid_current(), {owner}); END IF; END$m$;\n")
 _OWNED_SESSION_UNMARK = ("DO $m$BEGIN IF EXISTS (" + _OWNED_SESSION_CHECK + ") THEN DELETE FROM agent.owned_sessions "
