@@ -572,8 +572,19 @@ class Store:
         * transaction control (COMMIT, ROLLBACK, a procedure that commits) is refused inside it,
           and so is DISCARD ALL: nothing the job did commits unless the whole run does;
         * the definer is the LOWER principal here (the function gives the owner's rights to the
-          agent's session, never the reverse), its body fixed text (``EXECUTE job_sql``), the
-          job's SQL a parameter.
+          agent's session, never the reverse), its body fixed text (``EXECUTE job_sql``, then
+          _OWNED_JOB_BODY's closing), the job's SQL a parameter;
+        * nothing the job leaves behind runs after the function returns, or as the agent: every
+          trigger event it left pending (deferred constraint triggers, deferred foreign keys)
+          fires inside the function, as the principal (_OWNED_JOB_BODY); the function ends with
+          ``search_path`` pinned to pg_catalog for the rest of the transaction; and the
+          connection is closed when the transaction ends (``_owned_session``), so no setting,
+          cursor, prepared statement, listener, session lock or temporary object of the job's
+          is ever met by the agent's own statements;
+        * agent.* called from inside the job records the principal as its caller, not the
+          agent's login (agent.owned_sessions, _OWNED_SESSION_MARK).
+
+        The whole argument, mechanism by mechanism: docs/tsql.md, "The owner boundary".
 
         Making the function the owner's needs the agent's login to be a member of the role
         (``GRANT owner TO agent``; ``grant-sql --operator`` prints it) and the owner to hold TEMP
@@ -588,8 +599,7 @@ class Store:
         # Who calls agent.* from inside the job: its principal (agent.calling_principal, migration
         # 0016), wherever the job runs: the control database, or a job's own database that is a
         # control database too (a task's @database may name it).
-        literal = "'" + principal.replace("'", "''") + "'"
-        mark = _OWNED_SESSION_MARK.replace("{owner}", literal)
+        mark = _OWNED_SESSION_MARK.replace("{function}", function)
         cursor = connection.cursor()
         self._set_active(cursor)
         try:
@@ -710,7 +720,8 @@ class Store:
 
 # The row of agent.owned_sessions (migration 0016) that makes agent.calling_principal() the job's
 # owner while the job runs, written by the agent before the job and deleted after its function
-# returned. Only into a table the agent's own login owns: in a database the
+# returned. The owner it records is the owner of the function the job runs in (no name is
+# spliced into the text): exactly the role the job's statements run as. Only into a table the agent's own login owns: in a database the
 # agent does not control, an operator's "agent.owned_sessions" could carry a trigger or a rule,
 # which the agent's INSERT would run with the agent's rights. No such table: nothing to mark (no
 # agent.* function there to call). Every name qualified, operators too: these run as the agent.
@@ -718,7 +729,9 @@ _OWNED_SESSION_CHECK = ("SELECT 1 FROM pg_catalog.pg_tables AS t WHERE t.scheman
                         "CAST('agent' AS name) AND t.tablename OPERATOR(pg_catalog.=) CAST('owned_sessions' AS name) "
                         "AND t.tableowner OPERATOR(pg_catalog.=) session_user")
 _OWNED_SESSION_MARK = ("DO $m$BEGIN IF EXISTS (" + _OWNED_SESSION_CHECK + ") THEN INSERT INTO agent.owned_sessions "
-                       "VALUES (pg_catalog.pg_backend_pid(), pg_catalog.txid_current(), {owner}); END IF; END$m$;\n")
+                       "SELECT pg_catalog.pg_backend_pid(), pg_catalog.txid_current(), r.rolname FROM pg_catalog.pg_proc "
+                       "AS p JOIN pg_catalog.pg_roles AS r ON r.oid OPERATOR(pg_catalog.=) p.proowner WHERE p.oid "
+                       "OPERATOR(pg_catalog.=) CAST('{function}(pg_catalog.text, pg_catalog.text)' AS pg_catalog.regprocedure); END IF; END$m$;\n")
 _OWNED_SESSION_UNMARK = ("DO $m$BEGIN IF EXISTS (" + _OWNED_SESSION_CHECK + ") THEN DELETE FROM agent.owned_sessions "
                          "AS s WHERE s.backend_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid(); END IF; END$m$;\n")
 

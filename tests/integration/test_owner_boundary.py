@@ -180,16 +180,23 @@ def test_what_a_job_asks_of_the_agent_is_asked_as_its_owner(operator, procedure)
         nested = (f"PERFORM agent.add_scheduled_job(name => 'nested', sql => 'CREATE ROLE {victim} SUPERUSER', "
                   "schedule => '0 0 4 * * *');")
         check = "SELECT owner FROM agent.jobs WHERE job_name = 'nested'"
-    (outer,) = call(as_operator, "exec_async", sql=f"DO $n$BEGIN {nested} END$n$", execution_order=None)
-    work(agent, concurrency=1)
-    assert _run(agent, outer["run_id"])["status"] == "succeeded", _run(agent, outer["run_id"])
-    assert query(agent, check) == [(name,)]
-    if procedure == "add_scheduled_job":
-        agent.tick(agent.clock())
-        call(as_operator, "start_job", job_name="nested")
-    work(agent, concurrency=1)
-    assert query(agent, f"SELECT COUNT(*) FROM pg_roles WHERE rolname = '{victim}'") == [(0,)]
-    _gained_nothing(agent, name)
+    try:
+        (outer,) = call(as_operator, "exec_async", sql=f"DO $n$BEGIN {nested} END$n$", execution_order=None)
+        work(agent, concurrency=1)
+        assert _run(agent, outer["run_id"])["status"] == "succeeded", _run(agent, outer["run_id"])
+        assert query(agent, check) == [(name,)]
+        if procedure == "add_scheduled_job":
+            agent.tick(agent.clock())
+            call(as_operator, "start_job", job_name="nested")
+        work(agent, concurrency=1)
+        assert query(agent, f"SELECT COUNT(*) FROM pg_roles WHERE rolname = '{victim}'") == [(0,)]
+        _gained_nothing(agent, name)
+    finally:   # an escape (before the fix) made a superuser: never leave it on the server
+        admin = pg_admin_connection()
+        try:
+            admin.cursor().execute(f'DROP ROLE IF EXISTS "{victim}"')
+        finally:
+            admin.close()
 
 
 def test_a_search_path_the_job_set_never_resolves_the_agents_names(operator):  # noqa: F811
