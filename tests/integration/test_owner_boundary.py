@@ -202,8 +202,9 @@ def test_what_a_job_asks_of_the_agent_is_asked_as_its_owner(operator, procedure)
 def test_a_search_path_the_job_set_never_resolves_the_agents_names(operator):  # noqa: F811
     """The job puts a schema of its own first in the session's search_path, with now(), an `=`
     for every type pair the agent compares and json functions that escalate when the agent's
-    later statements resolve them. None runs as the agent: the rest of the job's transaction
-    resolves in pg_catalog, and the connection is closed when it ends."""
+    later statements resolve them. None runs as the agent: the rest of the job's batch resolves
+    in pg_catalog, the completion resets every setting first, and the connection is closed when
+    the transaction ends."""
     name, as_operator, agent = operator
     schema = f"evil_{uuid.uuid4().hex[:8]}"
     execute(agent, f'DO $g$BEGIN EXECUTE format(\'GRANT CREATE ON DATABASE %I TO "{name}"\', current_database()); END$g$')

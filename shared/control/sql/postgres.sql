@@ -369,14 +369,13 @@ WHERE r.run_id = h.run_id AND r.token = h.token AND r.status = 'running' AND r.a
 RETURNING r.run_id;
 
 -- reset_session --
--- Undo what a job's SQL may have changed in the session (settings, role, temporary tables, cursors, listeners, advisory locks) before the agent's own statements; the job's transaction is still open. (Not DISCARD PLANS: the agent's functions keep their plans.) Then the rest of the transaction resolves names in pg_catalog only: nothing a job created in a schema of the default search_path is met by the agent's statements (docs/tsql.md, "The owner boundary").
+-- Undo what a job's SQL may have changed in the session (settings, role, temporary tables, cursors, listeners, advisory locks) before the agent's own statements; the job's transaction is still open. (Not DISCARD PLANS: the agent's functions keep their plans.)
 CLOSE ALL;
 RESET SESSION AUTHORIZATION;
 RESET ROLE;
 RESET ALL;
-SET LOCAL search_path = pg_catalog, pg_temp;
 UNLISTEN *;
-SELECT pg_catalog.pg_advisory_unlock_all() AS unlocked;
+SELECT pg_advisory_unlock_all() AS unlocked;
 DISCARD SEQUENCES;
 DISCARD TEMP;
 SET lock_timeout = '30s';
