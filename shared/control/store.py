@@ -43,11 +43,14 @@ class Result:
 
 class Store:
     def __init__(self, target: DatabaseTarget, connect: Callable[[], Any] | None = None, *,
-                 job_principal: str | None = None, pool: Any = None, kind: str = "work") -> None:
+                 job_principal: str | None = None, pool: Any = None, kind: str = "work",
+                 control: bool = True) -> None:
         """``pool``: the process's ConnectionPool (shared.control.pool): the connection is taken from it
         on the first statement and given back by close(), within AGENT_MAX_CONNECTIONS; ``kind``
         is the pool's share it comes from. Without one, ``connect`` opens a connection of the
-        store's own (a job's target database, a one-off command)."""
+        store's own (a job's target database, a one-off command). ``control``: False for a job's
+        own database (a task's @database, a fleet target), whose agent schema, if it has one, the
+        agent trusts only when its own login owns it (see _owned_session_mark)."""
         self.target = target
         self.pool = pool
         self.kind = kind
@@ -59,6 +62,7 @@ class Store:
         # temporary objects, listeners, session locks, loaded modules) is ever met by the agent's
         # own statements (docs/tsql.md, "The owner boundary").
         self._owned_session = False
+        self.control = control
         self.dialect = target.dialect
         self.queries: dict[str, Query] = load_queries(self.dialect)
         self._connect = connect or connector(target)
@@ -582,7 +586,7 @@ class Store:
           cursor, prepared statement, listener, session lock or temporary object of the job's
           is ever met by the agent's own statements;
         * agent.* called from inside the job records the principal as its caller, not the
-          agent's login (agent.owned_sessions, _OWNED_SESSION_MARK).
+          agent's login (agent.owned_sessions, _owned_session_mark).
 
         The whole argument, mechanism by mechanism: docs/tsql.md, "The owner boundary".
 
@@ -599,7 +603,7 @@ class Store:
         # Who calls agent.* from inside the job: its principal (agent.calling_principal, migration
         # 0016), wherever the job runs: the control database, or a job's own database that is a
         # control database too (a task's @database may name it).
-        mark = _OWNED_SESSION_MARK.replace("{function}", function)
+        mark, unmark = _owned_session_mark(function, trusted=self.control)
         cursor = connection.cursor()
         self._set_active(cursor)
         try:
@@ -617,7 +621,7 @@ class Store:
                                  "agent's login must be a member of it: GRANT it to the agent's login; "
                                  "grant-sql --operator prints this)") from exc
             heard = PostgresNotices()
-            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?, ?);\n{_OWNED_SESSION_UNMARK}"
+            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?, ?);\n{unmark}"
                            f"DROP FUNCTION IF EXISTS {function}(text, text);", sql, heard.end_text)
             while True:
                 output += heard.take(cursor)
@@ -718,22 +722,31 @@ class Store:
             raise SchemaError(f"{self.target.display} has schema version {version}, newer than this code ({latest}): upgrade the agent")
 
 
-# The row of agent.owned_sessions (migration 0016) that makes agent.calling_principal() the job's
-# owner while the job runs, written by the agent before the job and deleted after its function
-# returned. The owner it records is the owner of the function the job runs in (no name is
-# spliced into the text): exactly the role the job's statements run as. Only into a table the agent's own login owns: in a database the
-# agent does not control, an operator's "agent.owned_sessions" could carry a trigger or a rule,
-# which the agent's INSERT would run with the agent's rights. No such table: nothing to mark (no
-# agent.* function there to call). Every name qualified, operators too: these run as the agent.
-_OWNED_SESSION_CHECK = ("SELECT 1 FROM pg_catalog.pg_tables AS t WHERE t.schemaname OPERATOR(pg_catalog.=) "
-                        "CAST('agent' AS name) AND t.tablename OPERATOR(pg_catalog.=) CAST('owned_sessions' AS name) "
-                        "AND t.tableowner OPERATOR(pg_catalog.=) session_user")
-_OWNED_SESSION_MARK = ("DO $m$BEGIN IF EXISTS (" + _OWNED_SESSION_CHECK + ") THEN INSERT INTO agent.owned_sessions "
-                       "SELECT pg_catalog.pg_backend_pid(), pg_catalog.txid_current(), r.rolname FROM pg_catalog.pg_proc "
-                       "AS p JOIN pg_catalog.pg_roles AS r ON r.oid OPERATOR(pg_catalog.=) p.proowner WHERE p.oid "
-                       "OPERATOR(pg_catalog.=) CAST('{function}(pg_catalog.text, pg_catalog.text)' AS pg_catalog.regprocedure); END IF; END$m$;\n")
-_OWNED_SESSION_UNMARK = ("DO $m$BEGIN IF EXISTS (" + _OWNED_SESSION_CHECK + ") THEN DELETE FROM agent.owned_sessions "
-                         "AS s WHERE s.backend_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid(); END IF; END$m$;\n")
+def _owned_session_mark(function: str, *, trusted: bool) -> tuple[str, str]:
+    """The statements that write, and delete, the row of agent.owned_sessions (migration 0016)
+    that makes agent.calling_principal() the job's owner while the job runs: written before the
+    job, deleted after its function returned. The owner recorded is the owner of the function the
+    job runs in (no name is spliced into the text): exactly the role its statements run as.
+
+    ``trusted``: the control database, whose agent schema the agent writes all the time. In a
+    job's own database the table is written only if the agent's own login owns it: there an
+    operator's "agent.owned_sessions" could carry a trigger or a rule, which the agent's INSERT
+    would run with the agent's rights; no such table, nothing to mark (no agent.* to call). Every
+    name is qualified, operators too: these statements run as the agent."""
+    insert = ("INSERT INTO agent.owned_sessions SELECT pg_catalog.pg_backend_pid(), pg_catalog.txid_current(), "
+              "r.rolname FROM pg_catalog.pg_proc AS p JOIN pg_catalog.pg_roles AS r ON r.oid OPERATOR(pg_catalog.=) "
+              f"p.proowner WHERE p.oid OPERATOR(pg_catalog.=) CAST('{function}(pg_catalog.text, pg_catalog.text)' "
+              "AS pg_catalog.regprocedure)")
+    delete = ("DELETE FROM agent.owned_sessions AS s WHERE s.backend_pid OPERATOR(pg_catalog.=) "
+              "pg_catalog.pg_backend_pid()")
+    if trusted:
+        return insert + ";\n", delete + ";\n"
+    check = ("SELECT 1 FROM pg_catalog.pg_tables AS t WHERE t.schemaname OPERATOR(pg_catalog.=) CAST('agent' AS name) "
+             "AND t.tablename OPERATOR(pg_catalog.=) CAST('owned_sessions' AS name) "
+             "AND t.tableowner OPERATOR(pg_catalog.=) session_user")
+    return tuple(f"DO $m$BEGIN IF EXISTS ({check}) THEN {statement}; END IF; END$m$;\n"  # type: ignore[return-value]
+                 for statement in (insert, delete))
+
 
 # How many rounds of SET CONSTRAINTS ALL IMMEDIATE an owned job's deferred triggers get to settle
 # in (see _OWNED_JOB_BODY); one that still writes rows after that many fails.

@@ -265,3 +265,34 @@ def test_nothing_a_job_left_in_its_session_outlives_its_run(operator):  # noqa: 
         assert cursor.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE pid = ?", int(pid)).fetchone()[0] == 0
     finally:
         admin.close()
+
+
+def test_a_jobs_own_database_with_an_operators_agent_schema_is_never_written(operator):  # noqa: F811
+    """A task's @database where the operator made its own "agent.owned_sessions", with a trigger
+    that escalates whoever writes the table: the agent marks only a table its own login owns, so
+    the trigger never runs as the agent, and the task runs as the operator."""
+    import pyodbc
+
+    name, as_operator, agent = operator
+    database = "ob" + uuid.uuid4().hex[:8]
+    admin = pg_admin_connection()
+    try:
+        admin.cursor().execute(f"CREATE DATABASE {database}")
+        target = pyodbc.connect(PG_BASE + f"Database={database};", autocommit=True, timeout=5)
+        target.cursor().execute(
+            f'CREATE SCHEMA agent AUTHORIZATION "{name}"; SET ROLE "{name}"; '
+            "CREATE TABLE agent.owned_sessions (backend_pid int, transaction_id bigint, owner varchar(256)); "
+            "CREATE FUNCTION agent.hook() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$t$BEGIN ALTER ROLE \"{name}\" CREATEROLE; RETURN NEW; END$t$; "
+            "CREATE TRIGGER hook BEFORE INSERT OR DELETE ON agent.owned_sessions "
+            "FOR EACH ROW EXECUTE FUNCTION agent.hook(); RESET ROLE")
+        target.close()
+        (task,) = call(as_operator, "exec_async", sql="DO $d$BEGIN RAISE NOTICE 'ran as %', current_user; END$d$",
+                       database=database, execution_order=None)
+        work(agent, concurrency=1)
+        run = _run(agent, task["run_id"])
+        assert run["status"] == "succeeded", run
+        _gained_nothing(agent, name)
+    finally:
+        admin.cursor().execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        admin.close()
