@@ -766,6 +766,9 @@ OWNED_JOB_SETTLE_ROUNDS = 10
 #   (which needs track_counts, a setting only a superuser can change). A round without a write
 #   fired everything pending at its start and queued nothing: nothing is left for COMMIT. The
 #   triggers fire with the job's own search_path, as they would have at COMMIT;
+# * every cursor is closed: a cursor WITH HOLD still open at COMMIT runs its query to the end
+#   then, as the session's user, the agent's login (in a job's own database no completion's
+#   CLOSE ALL comes before that COMMIT);
 # * then the search_path is pg_catalog's for the rest of the transaction (SET LOCAL): the agent's
 #   statements after the job (DELETE of the session's mark, the completion) resolve nothing the
 #   job defined.
@@ -796,6 +799,7 @@ BEGIN
                 '(nothing the job did is kept)', rounds);
         END IF;
     END LOOP;
+    EXECUTE 'CLOSE ALL';
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
     RAISE NOTICE '%', end_notice;
 END

@@ -296,3 +296,29 @@ def test_a_jobs_own_database_with_an_operators_agent_schema_is_never_written(ope
     finally:
         admin.cursor().execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
         admin.close()
+
+
+def test_a_cursor_with_hold_in_a_jobs_own_database_never_runs_as_the_agent(operator):  # noqa: F811
+    """A held cursor still open at COMMIT runs its query then, as the session's user. In a task's
+    @database no completion closes it before that COMMIT: the owner's function does."""
+    import pyodbc
+
+    name, as_operator, agent = operator
+    database = "oc" + uuid.uuid4().hex[:8]
+    admin = pg_admin_connection()
+    try:
+        admin.cursor().execute(f"CREATE DATABASE {database}")
+        target = pyodbc.connect(PG_BASE + f"Database={database};", autocommit=True, timeout=5)
+        target.cursor().execute(f'GRANT CREATE ON SCHEMA public TO "{name}"')
+        target.close()
+        sql = ("CREATE FUNCTION escalate() RETURNS int LANGUAGE plpgsql AS "
+               f"$f$BEGIN ALTER ROLE \"{name}\" CREATEROLE; RETURN 1; END$f$; "
+               "DO $d$BEGIN EXECUTE 'DECLARE held CURSOR WITH HOLD FOR SELECT escalate()'; END$d$")
+        (task,) = call(as_operator, "exec_async", sql=sql, database=database, execution_order=None)
+        work(agent, concurrency=1)
+        run = _run(agent, task["run_id"])
+        assert run["status"] == "succeeded", run
+        _gained_nothing(agent, name)
+    finally:
+        admin.cursor().execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        admin.close()
