@@ -156,6 +156,11 @@ def import_pyodbc():
                 "pyodbc cannot load unixODBC (libodbc.so.2): install it, e.g. `apt-get install unixodbc`"
                 " (PostgreSQL also needs `odbc-postgresql`; SQL Server needs Microsoft ODBC Driver 18)") from None
         raise AgentError(f"pyodbc is not installed ({text}): pip install -r requirements.txt") from None
+    # No pooling by the ODBC driver manager: a connection the agent closes must end its session
+    # (the owner boundary closes the connection an owned job ran on, so that nothing the job left
+    # in the session is met again; a pooled one would be lent back with it). The process pools its
+    # own connections (shared/control/pool.py). Set before the first connection, as pyodbc needs.
+    pyodbc.pooling = False
     return pyodbc
 
 

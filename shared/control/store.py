@@ -44,17 +44,26 @@ class Result:
 
 class Store:
     def __init__(self, target: DatabaseTarget, connect: Callable[[], Any] | None = None, *,
-                 job_principal: str | None = None, pool: Any = None, kind: str = "work") -> None:
+                 job_principal: str | None = None, pool: Any = None, kind: str = "work",
+                 control: bool = True) -> None:
         """``pool``: the process's ConnectionPool (shared.control.pool): the connection is taken from it
         on the first statement and given back by close(), within AGENT_MAX_CONNECTIONS; ``kind``
         is the pool's share it comes from. Without one, ``connect`` opens a connection of the
-        store's own (a job's target database, a one-off command)."""
+        store's own (a job's target database, a one-off command). ``control``: False for a job's
+        own database (a task's @database, a fleet target), whose agent schema, if it has one, the
+        agent trusts only when its own login owns it (see _owned_session_mark)."""
         self.target = target
         self.pool = pool
         self.kind = kind
         # AGENT_JOB_PRINCIPAL: the principal a job's SQL runs as (no rights on schema agent).
         self.job_principal = job_principal
-        self._discard_after_rollback = False
+        # A job ran on this connection as another principal (its owner, AGENT_JOB_PRINCIPAL): once
+        # its transaction ends, committed or rolled back, the connection is closed, never reused,
+        # so that nothing the job left in the session (settings, cursors, prepared statements,
+        # temporary objects, listeners, session locks, loaded modules) is ever met by the agent's
+        # own statements (docs/tsql.md, "The owner boundary").
+        self._owned_session = False
+        self.control = control
         self.dialect = target.dialect
         self.queries: dict[str, Query] = load_queries(self.dialect)
         self._connect = connect or connector(target)
@@ -112,6 +121,7 @@ class Store:
         self._release(keep=not self._in_transaction)
 
     def _release(self, *, keep: bool) -> None:
+        keep, self._owned_session = keep and not self._owned_session, False
         with self._lock:
             connection, self._connection = self._connection, None
             self._active_cursor = None
@@ -386,8 +396,7 @@ class Store:
                         connection.autocommit = True
             except Exception:
                 self._discard_connection()
-            if self._discard_after_rollback:   # a job's impersonation may still be in force
-                self._discard_after_rollback = False
+            if self._owned_session:   # the job's session state (or impersonation) may still be there
                 self._discard_connection()
             raise
         self._in_transaction = False
@@ -406,6 +415,9 @@ class Store:
         except BaseException as exc:
             self._after_failure(exc)
             raise
+        finally:
+            if self._owned_session:
+                self._discard_connection()
 
     # ------------------------------------------------------------ user SQL
 
@@ -497,9 +509,11 @@ class Store:
             if self.dialect == "mssql":
                 if principal:
                     # With the cookie, only this batch can revert: the job's SQL cannot. A job
-                    # that fails leaves the batch before its REVERT, so the connection is
-                    # discarded after the rollback (_discard_after_rollback).
-                    self._discard_after_rollback = True
+                    # that fails leaves the batch before its REVERT; and what the job leaves in
+                    # the session (GLOBAL cursors, SESSION_CONTEXT, CONTEXT_INFO, #procedures,
+                    # session applocks) outlives sp_executesql's scope: the connection is closed
+                    # when the transaction ends, committed or not (_owned_session).
+                    self._owned_session = True
                     # The cookie is a local variable of this batch: sp_executesql runs the job's SQL
                     # in a module scope of its own, where a REVERT applies only to an EXECUTE AS of
                     # that scope and the variable cannot be read; the batch's context, set with
@@ -514,7 +528,6 @@ class Store:
                                              f"this database and the app's user needs IMPERSONATE on it)") from exc
                         raise
                     drain_results(cursor, output)
-                    self._discard_after_rollback = False
                     return output
                 _execute_tsql_job(cursor, mssql_job_batch(None, params), sql, params)
             else:
@@ -547,17 +560,18 @@ class Store:
         return output
 
     def _session_user(self, connection: Any) -> str:
-        """The login role of ``connection`` (asked once per connection)."""
+        """The login role of the store's connections (asked once per store: every connection of a
+        store logs in with the same connection string, and an owned run closes the one it used)."""
         cached = getattr(self, "_session_user_of", None)
-        if cached is None or cached[0] is not connection:
+        if cached is None:
             cursor = connection.cursor()
             try:
                 cursor.execute("SELECT CAST(session_user AS text)")
-                cached = (connection, cursor.fetchone()[0])
+                cached = cursor.fetchone()[0]
             finally:
                 cursor.close()
             self._session_user_of = cached
-        return cached[1]
+        return cached
 
     def _run_as(self, connection: Any, principal: str, who: str, sql: str, output: list[str]) -> list[str]:
         """PostgreSQL: run ``sql`` with ``principal``'s rights, in a way the SQL cannot undo.
@@ -576,8 +590,19 @@ class Store:
         * transaction control (COMMIT, ROLLBACK, a procedure that commits) is refused inside it,
           and so is DISCARD ALL: nothing the job did commits unless the whole run does;
         * the definer is the LOWER principal here (the function gives the owner's rights to the
-          agent's session, never the reverse), its body fixed text (``EXECUTE job_sql``), the
-          job's SQL a parameter.
+          agent's session, never the reverse), its body fixed text (``EXECUTE job_sql``, then
+          _OWNED_JOB_BODY's closing), the job's SQL a parameter;
+        * nothing the job leaves behind runs after the function returns, or as the agent: every
+          trigger event it left pending (deferred constraint triggers, deferred foreign keys)
+          fires inside the function, as the principal (_OWNED_JOB_BODY); the function ends with
+          ``search_path`` pinned to pg_catalog for the rest of the transaction; and the
+          connection is closed when the transaction ends (``_owned_session``), so no setting,
+          cursor, prepared statement, listener, session lock or temporary object of the job's
+          is ever met by the agent's own statements;
+        * agent.* called from inside the job records the principal as its caller, not the
+          agent's login (agent.owned_sessions, _owned_session_mark).
+
+        The whole argument, mechanism by mechanism: docs/tsql.md, "The owner boundary".
 
         Making the function the owner's needs the agent's login to be a member of the role
         (``GRANT owner TO agent``; ``grant-sql --operator`` prints it) and the owner to hold TEMP
@@ -587,16 +612,22 @@ class Store:
 
         function = f"pg_temp.agent_job_{uuid.uuid4().hex}"
         role = '"' + principal.replace('"', '""') + '"'
+        # From here to the transaction's end the connection is the job's: closed afterwards.
+        self._owned_session = True
+        # Who calls agent.* from inside the job: its principal (agent.calling_principal, migration
+        # 0019), wherever the job runs: the control database, or a job's own database that is a
+        # control database too (a task's @database may name it).
+        mark, unmark = _owned_session_mark(function, trusted=self.control)
         cursor = connection.cursor()
         self._set_active(cursor)
         try:
             try:
                 # The end notice is raised in the same statement as the job's: psqlODBC hands a
                 # statement's notices on together (see PostgresNotices).
-                cursor.execute(
-                    f"CREATE FUNCTION {function}(job_sql text, end_notice text) RETURNS void LANGUAGE plpgsql "
-                    "SECURITY DEFINER AS $agent$ BEGIN EXECUTE job_sql; RAISE NOTICE '%', end_notice; END $agent$;\n"
-                    f"ALTER FUNCTION {function}(text, text) OWNER TO {role};")
+                create = (f"CREATE FUNCTION {function}(job_sql text, end_notice text) RETURNS void LANGUAGE plpgsql "
+                          f"SECURITY DEFINER AS $agent$\n{_OWNED_JOB_BODY_SENT}$agent$;\n"
+                          f"ALTER FUNCTION {function}(text, text) OWNER TO {role};\n{mark}")
+                cursor.execute(create)
                 while cursor.nextset():
                     pass
             except Exception as exc:
@@ -604,7 +635,7 @@ class Store:
                                  "agent's login must be a member of it: GRANT it to the agent's login; "
                                  "grant-sql --operator prints this)") from exc
             heard = PostgresNotices()
-            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?, ?);\n"
+            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?, ?);\n{unmark}"
                            f"DROP FUNCTION IF EXISTS {function}(text, text);", sql, heard.end_text)
             while True:
                 output += heard.take(cursor)
@@ -703,6 +734,92 @@ class Store:
             raise SchemaError(f"{self.target.display} has schema version {version}, this code needs {latest}: run `init-db` to upgrade")
         if version > latest:
             raise SchemaError(f"{self.target.display} has schema version {version}, newer than this code ({latest}): upgrade the agent")
+
+
+def _owned_session_mark(function: str, *, trusted: bool) -> tuple[str, str]:
+    """The statements that write, and delete, the row of agent.owned_sessions (migration 0019)
+    that makes agent.calling_principal() the job's owner while the job runs: written before the
+    job, deleted after its function returned. The owner recorded is the owner of the function the
+    job runs in (no name is spliced into the text): exactly the role its statements run as.
+
+    ``trusted``: the control database, whose agent schema the agent writes all the time. In a
+    job's own database the table is written only if the agent's own login owns it: there an
+    operator's "agent.owned_sessions" could carry a trigger or a rule, which the agent's INSERT
+    would run with the agent's rights; no such table, nothing to mark (no agent.* to call). Every
+    name is qualified, operators too: these statements run as the agent."""
+    insert = ("INSERT INTO agent.owned_sessions SELECT pg_catalog.pg_backend_pid(), pg_catalog.txid_current(), "
+              "r.rolname FROM pg_catalog.pg_proc AS p JOIN pg_catalog.pg_roles AS r ON r.oid OPERATOR(pg_catalog.=) "
+              f"p.proowner WHERE p.oid OPERATOR(pg_catalog.=) CAST('{function}(pg_catalog.text, pg_catalog.text)' "
+              "AS pg_catalog.regprocedure)")
+    delete = ("DELETE FROM agent.owned_sessions AS s WHERE s.backend_pid OPERATOR(pg_catalog.=) "
+              "pg_catalog.pg_backend_pid()")
+    if trusted:
+        return insert + ";\n", delete + ";\n"
+    check = ("SELECT 1 FROM pg_catalog.pg_tables AS t WHERE t.schemaname OPERATOR(pg_catalog.=) CAST('agent' AS name) "
+             "AND t.tablename OPERATOR(pg_catalog.=) CAST('owned_sessions' AS name) "
+             "AND t.tableowner OPERATOR(pg_catalog.=) session_user")
+    return tuple(f"DO $m$BEGIN IF EXISTS ({check}) THEN {statement}; END IF; END$m$;\n"  # type: ignore[return-value]
+                 for statement in (insert, delete))
+
+
+# How many rounds of SET CONSTRAINTS ALL IMMEDIATE an owned job's deferred triggers get to settle
+# in (see _OWNED_JOB_BODY); one that still writes rows after that many fails.
+OWNED_JOB_SETTLE_ROUNDS = 10
+
+# The body of the function an owned job's SQL runs in (PostgreSQL; Store._run_as), run as the
+# job's principal. Its own names are all schema-qualified, operators too: the job may have set
+# search_path (for the session or the transaction) to a schema of its own, with an `=` that lies.
+# After the job's SQL:
+# * every trigger event the job left pending (deferred constraint triggers, deferred foreign keys)
+#   fires NOW, still as the principal: at COMMIT it would fire as whoever the session is then,
+#   the agent's login. SET CONSTRAINTS ALL IMMEDIATE fires them; a trigger fired so can defer
+#   again (SET CONSTRAINTS ... DEFERRED) and write rows that queue new events, so rounds repeat
+#   until one writes no row at all: events are queued only by row writes (row-level triggers;
+#   only constraint triggers, always row-level, can be deferred), and every row write of the
+#   transaction, temporary tables and catalogs included, is counted in pg_stat_xact_all_tables
+#   (which needs track_counts, a setting only a superuser can change). A round without a write
+#   fired everything pending at its start and queued nothing: nothing is left for COMMIT. The
+#   triggers fire with the job's own search_path, as they would have at COMMIT;
+# * every cursor is closed: a cursor WITH HOLD still open at COMMIT runs its query to the end
+#   then, as the session's user, the agent's login (in a job's own database no completion's
+#   CLOSE ALL comes before that COMMIT);
+# * then the search_path is pg_catalog's for the rest of the transaction (SET LOCAL): the agent's
+#   statements after the job (DELETE of the session's mark, the completion) resolve nothing the
+#   job defined.
+_OWNED_JOB_BODY = f"""DECLARE
+    rounds int := 0;
+    written numeric;
+BEGIN
+    EXECUTE job_sql;
+    IF pg_catalog.current_setting('track_counts') OPERATOR(pg_catalog.<>) 'on' THEN
+        RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = 'track_counts is off: an owned job cannot be run, '
+            'because the agent could not tell that its deferred triggers have all fired as its owner '
+            '(turn track_counts on, the server''s default)';
+    END IF;
+    LOOP
+        written := (SELECT COALESCE(pg_catalog.sum(s.n_tup_ins OPERATOR(pg_catalog.+) s.n_tup_upd
+                                                   OPERATOR(pg_catalog.+) s.n_tup_del), 0)
+                    FROM pg_catalog.pg_stat_xact_all_tables AS s);
+        SET CONSTRAINTS ALL IMMEDIATE;
+        EXIT WHEN written OPERATOR(pg_catalog.=) (
+            SELECT COALESCE(pg_catalog.sum(s.n_tup_ins OPERATOR(pg_catalog.+) s.n_tup_upd
+                                           OPERATOR(pg_catalog.+) s.n_tup_del), 0)
+            FROM pg_catalog.pg_stat_xact_all_tables AS s);
+        rounds := rounds OPERATOR(pg_catalog.+) 1;
+        IF rounds OPERATOR(pg_catalog.>=) {OWNED_JOB_SETTLE_ROUNDS} THEN
+            RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = pg_catalog.format('the job''s deferred triggers did '
+                'not settle: after %s rounds of SET CONSTRAINTS ALL IMMEDIATE they still wrote rows and deferred '
+                'their constraints again; they must all fire before the job''s transaction ends, as its owner '
+                '(nothing the job did is kept)', rounds);
+        END IF;
+    END LOOP;
+    EXECUTE 'CLOSE ALL';
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    RAISE NOTICE '%', end_notice;
+END
+"""
+# As sent: each line without its indentation (the body travels with every owned run).
+_OWNED_JOB_BODY_SENT = "\n".join(line.strip() for line in _OWNED_JOB_BODY.splitlines()) + "\n"
 
 
 def _execute_tsql_job(cursor: Any, batch: str, sql: str, params: Mapping[str, str] | None = None) -> None:

@@ -95,7 +95,7 @@ class Agent:
     def target_store(self, database: str, server: str | None = None) -> Store:
         """A store on a job's own database (``server``: on another server, a fleet target)."""
         return Store(self.target, connector(self.target, database, server),
-                     job_principal=self.settings.agent.job_principal)
+                     job_principal=self.settings.agent.job_principal, control=False)
 
     def _observed(self, store: Store) -> Store:
         """With Application Insights configured, every named query is a SQL dependency."""

@@ -122,6 +122,7 @@ def fast_target_store(agent: Any) -> Callable[..., Store]:
     fast = replace(agent.target, connect_retry_seconds=PROBE_RETRY_SECONDS)
 
     def open_store(database: str, server: str | None = None) -> Store:
-        return Store(fast, connector(fast, database, server), job_principal=agent.settings.agent.job_principal)
+        return Store(fast, connector(fast, database, server), job_principal=agent.settings.agent.job_principal,
+                     control=False)
 
     return open_store

@@ -1,0 +1,4 @@
+-- 0019 the owner boundary (issue 34, item 1): changes only PostgreSQL's functions (their caller
+-- is the owner of the job the session runs, agent.calling_principal). Nothing to do here: the
+-- T-SQL procedures record USER_NAME(), which inside the job's EXECUTE AS USER is the job's owner
+-- already. The file keeps the versions of every dialect in step.

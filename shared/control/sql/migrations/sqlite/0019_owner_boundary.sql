@@ -1,0 +1,2 @@
+-- 0019 the owner boundary (issue 34, item 1): changes only the PostgreSQL dialect (see its file
+-- of the same number). Nothing to do here; the file keeps the versions of every dialect in step.
