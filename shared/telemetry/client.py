@@ -71,7 +71,7 @@ AUTHENTICATION_STRING_SETTING = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"
 EVENT_NAMES = ("RunClaimed", "RunDispatched", "RunStarted", "RunSucceeded", "RunFailed", "RunRetried",
                "LeaseExpired", "RunPoisoned", "MisfireSkipped", "OverlapSkipped", "JobConfigInvalid",
                "StaleMessage", "ClockSkewDetected", "StepSucceeded", "StepFailed", "TargetsResolved",
-               "JobPaused", "JobResumed", "FollowUpStarted", "FollowUpRefused")
+               "JobPaused", "JobResumed", "FollowUpStarted", "FollowUpRefused", "AlertRaised")
 
 
 METRIC_NAMES = ("TickDurationMs", "RunsDue", "RunsClaimed", "RunsDispatched", "ScheduleLagSeconds",
