@@ -154,7 +154,7 @@ param tickSchedule string = '0 */1 * * * *'
 @maxValue(5)
 param maxDequeueCount int = 5
 
-@description('Jobs, turned into JOB__<name>__<SETTING> app settings: [{ name, schedule? (none: an on-demand job), command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl?, targets?, targetParallelism?, after?, afterOutcome?, exclude?, only?, onExcluded?, jitterSeconds? }] (a command, or steps in jobSteps; exclude, only: names of calendars; targets: fleet members, docs/fleet.md; after: the job whose runs start this one, docs/configuration.md). Names: letters, digits and underscores (app setting names allow no hyphens).')
+@description('Jobs, turned into JOB__<name>__<SETTING> app settings: [{ name, schedule? (none: an on-demand job), command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl?, targets?, targetParallelism?, after?, afterOutcome?, exclude?, only?, onExcluded?, jitterSeconds?, maxDurationSeconds?, stopAfterSeconds?, slowerThan?, deadlineSeconds? }] (a command, or steps in jobSteps; exclude, only: names of calendars; targets: fleet members, docs/fleet.md; after: the job whose runs start this one, docs/configuration.md). Names: letters, digits and underscores (app setting names allow no hyphens).')
 param jobs array = []
 
 @description('Steps of multi-step jobs, one entry per step: [{ job, step, command, database?, maxAttempts?, retryIntervalSeconds?, timeoutSeconds?, onSuccess?, onFailure?, targets?, targetParallelism? }] (JOB__<job>__STEPS__<step>__<SETTING>); onSuccess / onFailure: next, quit_success, quit_failure or goto:<n>.')

@@ -258,10 +258,25 @@ def cmd_jobs(agent, args) -> int:
         if row.get("paused") and row.get("paused_until"):
             state = f"paused until {time_text(row['paused_until'])}"
         table.append([row["job_name"], state, row["source"], schedule, row["timezone"],
-                      time_text(row["next_due_at"]), row["status"], last, last_targets(row), row["config_error"] or ""])
+                      time_text(row["next_due_at"]), row["status"], last, last_targets(row), alert_limits_text(row),
+                      row["config_error"] or ""])
     print_table(["JOB", "STATE", "DEFINED IN", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN",
-                  "LAST TARGETS", "ERROR"], table)
+                  "LAST TARGETS", "ALERTS", "ERROR"], table)
     return EXIT_OK
+
+
+def alert_limits_text(row: dict) -> str:
+    """The job's alert limits (shared/engine/alerts.py) in a few words, "-" when it asks for none."""
+    words = []
+    if row.get("max_duration_seconds"):
+        words.append(f"max {row['max_duration_seconds']} s")
+    if row.get("stop_after_seconds"):
+        words.append(f"stop {row['stop_after_seconds']} s")
+    if row.get("slower_than"):
+        words.append(f"slower {row['slower_than']:g}x p95")
+    if row.get("deadline_seconds"):
+        words.append(f"deadline {row['deadline_seconds']} s")
+    return ", ".join(words) or "-"
 
 
 def cmd_next(agent, args) -> int:

@@ -84,7 +84,7 @@ STANDARD_DIMENSIONS = ("job", "run_id", "attempt", "scheduled_for", "token", "ki
                        "error_number", "error_message", "duration_ms", "retry_at", "dequeue_count",
                        "poison_id", "step", "output", "target_database", "target_server", "parent_run_id",
                        "targets", "targets_failed", "paused_until", "paused_by", "reason", "runs_skipped",
-                       "followed_run_id")
+                       "followed_run_id", "alert")
 
 
 # Application Insights limits (data model): longer values are truncated by ingestion anyway;

@@ -300,3 +300,25 @@ def test_a_bad_alert_setting_names_the_setting_and_stops_only_its_job(suffix, ra
     assert settings.jobs[0].slower_than == 1.5 and settings.jobs[0].deadline_seconds == 60
     (bad,) = settings.invalid_jobs
     assert f"JOB__bad__{suffix}={raw!r}" in bad.message and expected in bad.message
+
+
+def test_jobs_lists_the_limits(agent_factory, db_url, receiver, capsys):
+    from shared.cli.commands import cmd_jobs
+    from shared.engine.views import jobs_view
+    agent = build(agent_factory, receiver, {
+        "etl": {"SCHEDULE": HOURLY, "COMMAND": "SELECT 1", "MAX_DURATION_SECONDS": "60", "STOP_AFTER_SECONDS": "300",
+                "SLOWER_THAN": "2.5", "DEADLINE_SECONDS": "900"},
+        "plain": {"SCHEDULE": HOURLY, "COMMAND": "SELECT 1"}})
+    agent.tick(at("2026-03-02T09:00:00"))
+    rows = {row["job_name"]: row for row in jobs_view(agent.store(), at("2026-03-02T09:00:00"))}
+    assert (rows["etl"]["max_duration_seconds"], rows["etl"]["stop_after_seconds"], rows["etl"]["slower_than"],
+            rows["etl"]["deadline_seconds"]) == (60, 300, 2.5, 900)
+    assert [rows["plain"][k] for k in ("max_duration_seconds", "stop_after_seconds", "slower_than",
+                                       "deadline_seconds")] == [None] * 4
+
+    class Args:
+        json = False
+
+    assert cmd_jobs(agent, Args()) == 0
+    out = capsys.readouterr().out
+    assert "max 60 s, stop 300 s, slower 2.5x p95, deadline 900 s" in out

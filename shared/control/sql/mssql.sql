@@ -945,6 +945,7 @@ SELECT run_id FROM @cancelled;
 -- Every known job with its configuration state, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
+       j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
        CASE WHEN j.defined_in_database = 1 THEN N'database' ELSE N'settings' END AS source, j.needs_planning,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
@@ -1095,6 +1096,7 @@ ORDER BY run_id;
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
+       j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
@@ -1583,15 +1585,14 @@ DELETE FROM agent.job_pauses WHERE job_name = CAST(:job_name AS NVARCHAR(64));
 SELECT job_name, paused_at, paused_until, in_force FROM @resumed;
 
 -- stop_overdue_runs --
--- STOP_AFTER_SECONDS (issue 32 item 1), in the tick: every run of a job with the limit still running that long after its attempt started is stopped as `stop JOB` stops a run (stop_job: cancelled, the token bump fences the worker, whose lease renewal finds it gone and stops the work), with a note naming the limit. One statement whatever the number of jobs; the update lock makes a second tick racing find the run no longer running.
+-- STOP_AFTER_SECONDS (issue 32 item 1), in the tick: every run of a job with the limit still running that long after its attempt started is stopped as `stop JOB` stops a run (stop_job: cancelled, the token bump fences the worker, whose lease renewal finds it gone and stops the work), with a note naming the limit. One statement whatever the number of jobs; the update lock makes a second tick racing find the run no longer running. (The join in the WHERE clause: Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with ON.)
 UPDATE r SET status = N'cancelled', token = r.token + 1, finished_at = CAST(:now AS DATETIME2(6)),
     lease_expires_at = NULL,
     note = CONCAT(N'stopped: running longer than STOP_AFTER_SECONDS=', j.stop_after_seconds, N' (since ',
                   CONVERT(NVARCHAR(19), r.started_at, 126), N'Z)')
 OUTPUT inserted.run_id, inserted.job_name, inserted.scheduled_for, inserted.status, inserted.note, inserted.operation_id
-FROM agent.runs AS r WITH (UPDLOCK, ROWLOCK)
-JOIN agent.jobs AS j ON j.job_name = r.job_name
-WHERE j.stop_after_seconds IS NOT NULL AND r.status = N'running'
+FROM agent.runs AS r WITH (UPDLOCK, ROWLOCK), agent.jobs AS j
+WHERE j.job_name = r.job_name AND j.stop_after_seconds IS NOT NULL AND r.status = N'running'
   AND r.started_at <= DATEADD(second, -j.stop_after_seconds, CAST(:now AS DATETIME2(6)));
 
 -- raise_alerts --
