@@ -48,6 +48,11 @@ MIN_HISTORY_RUNS = 5
 # stays the dead man's switch for an agent that stopped ticking).
 LOOKBACK_SECONDS = 3600
 
+# A run that ended (stopped, or slow) is found by its slot within this much before the lookback
+# (the runs table's (job, slot) index; longer than the longest limit, a week): a tick never scans
+# a job's whole history.
+OLDEST_SLOT = timedelta(days=8)
+
 ALERT_KINDS = ("duration", "stopped", "slower", "deadline")
 ALERT_SETTINGS = ("max_duration_seconds", "stop_after_seconds", "slower_than", "deadline_seconds")
 
@@ -70,7 +75,8 @@ def raise_alerts(store: Store, now: datetime, default_url: str | None) -> tuple[
         stopped = store.execute("stop_overdue_runs", now=now).rows
         if stopped:
             store.execute("progress_fleets", parent_run_id=None, run_id=None, token=None, now=now)
-        raised = store.execute("raise_alerts", now=now, since=now - timedelta(seconds=LOOKBACK_SECONDS),
+        since = now - timedelta(seconds=LOOKBACK_SECONDS)
+        raised = store.execute("raise_alerts", now=now, since=since, oldest_slot=since - OLDEST_SLOT,
                                default_url=default_url, history=HISTORY_RUNS, min_history=MIN_HISTORY_RUNS).rows
     return stopped, raised
 

@@ -1586,17 +1586,23 @@ SELECT job_name, paused_at, paused_until, in_force FROM @resumed;
 
 -- stop_overdue_runs --
 -- STOP_AFTER_SECONDS (issue 32 item 1), in the tick: every run of a job with the limit still running that long after its attempt started is stopped as `stop JOB` stops a run (stop_job: cancelled, the token bump fences the worker, whose lease renewal finds it gone and stops the work), with a note naming the limit. One statement whatever the number of jobs; the update lock makes a second tick racing find the run no longer running. (The join in the WHERE clause: Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with ON.)
+DECLARE @stopped TABLE (run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6), status NVARCHAR(16),
+                        note NVARCHAR(MAX), operation_id NVARCHAR(32));
 UPDATE r SET status = N'cancelled', token = r.token + 1, finished_at = CAST(:now AS DATETIME2(6)),
     lease_expires_at = NULL,
     note = CONCAT(N'stopped: running longer than STOP_AFTER_SECONDS=', j.stop_after_seconds, N' (since ',
                   CONVERT(NVARCHAR(19), r.started_at, 126), N'Z)')
 OUTPUT inserted.run_id, inserted.job_name, inserted.scheduled_for, inserted.status, inserted.note, inserted.operation_id
+    INTO @stopped
 FROM agent.runs AS r WITH (UPDLOCK, ROWLOCK), agent.jobs AS j
 WHERE j.job_name = r.job_name AND j.stop_after_seconds IS NOT NULL AND r.status = N'running'
   AND r.started_at <= DATEADD(second, -j.stop_after_seconds, CAST(:now AS DATETIME2(6)));
+SELECT run_id, job_name, scheduled_for, status, note, operation_id FROM @stopped;
 
 -- raise_alerts --
 -- The alerts of issue 32 items 1-2, in one statement whatever the number of jobs, each written to the outbox at most once per (run, kind): the unique index, and the key-range lock of the NOT EXISTS probe (UPDLOCK, HOLDLOCK) that keeps a racing tick out; see the PostgreSQL query of the same name. The p95 is the nearest rank over the job's last :history successful runs (CROSS APPLY TOP).
+DECLARE @raised TABLE (notification_id BIGINT, run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
+                       outcome NVARCHAR(16), detail NVARCHAR(MAX), status NVARCHAR(16));
 WITH recent AS (
     SELECT j.job_name, h.duration
     FROM agent.jobs AS j
@@ -1627,6 +1633,7 @@ alerts AS (
     SELECT r.run_id, r.job_name, N'stopped', r.status, r.note
     FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name
     WHERE j.stop_after_seconds IS NOT NULL AND r.status = N'cancelled' AND r.finished_at >= CAST(:since AS DATETIME2(6))
+      AND r.scheduled_for >= CAST(:oldest_slot AS DATETIME2(6))
       AND r.note LIKE N'stopped: running longer than STOP[_]AFTER[_]SECONDS=%'
     UNION ALL
     SELECT r.run_id, r.job_name, N'slower', r.status,
@@ -1635,7 +1642,8 @@ alerts AS (
                   CAST(p.p95_seconds AS DECIMAL(18, 1)), N' s)')
     FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name JOIN p95 AS p ON p.job_name = r.job_name
     WHERE r.started_at IS NOT NULL AND p.p95_seconds > 0
-      AND (r.status = N'running' OR (r.status IN (N'succeeded', N'failed') AND r.finished_at >= CAST(:since AS DATETIME2(6))))
+      AND (r.status = N'running' OR (r.status IN (N'succeeded', N'failed') AND r.finished_at >= CAST(:since AS DATETIME2(6))
+                                       AND r.scheduled_for >= CAST(:oldest_slot AS DATETIME2(6))))
       AND DATEDIFF_BIG(millisecond, r.started_at, COALESCE(r.finished_at, CAST(:now AS DATETIME2(6)))) / 1000.0
           > j.slower_than * p.p95_seconds
     UNION ALL
@@ -1651,7 +1659,7 @@ alerts AS (
       AND NOT (r.status = N'skipped' AND (r.note LIKE N'paused%' OR r.note LIKE N'calendar:%' OR r.note LIKE N'skipped: the job%')))
 INSERT INTO agent.notifications (run_id, job_name, kind, outcome, detail, url, status, attempts, created_at, next_attempt_at)
 OUTPUT inserted.notification_id, inserted.run_id, inserted.job_name, inserted.kind, inserted.outcome, inserted.detail,
-       inserted.status
+       inserted.status INTO @raised
 SELECT a.run_id, a.job_name, a.kind, a.outcome, a.detail,
        COALESCE(j.notify_webhook_url, CAST(:default_url AS NVARCHAR(2000)), N''),
        CASE WHEN COALESCE(j.notify_webhook_url, CAST(:default_url AS NVARCHAR(2000))) IS NULL THEN N'unsent' ELSE N'pending' END,
@@ -1659,6 +1667,7 @@ SELECT a.run_id, a.job_name, a.kind, a.outcome, a.detail,
 FROM alerts AS a JOIN agent.jobs AS j ON j.job_name = a.job_name
 WHERE NOT EXISTS (SELECT 1 FROM agent.notifications AS n WITH (UPDLOCK, HOLDLOCK)
                   WHERE n.run_id = a.run_id AND n.kind = a.kind);
+SELECT notification_id, run_id, job_name, kind, outcome, detail, status FROM @raised;
 
 -- next_alert_moment --
 -- The earliest moment after :now at which raise_alerts (or stop_overdue_runs) may have something new to say; see the PostgreSQL query of the same name.

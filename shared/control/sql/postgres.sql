@@ -960,7 +960,7 @@ WHERE j.job_name = r.job_name AND j.stop_after_seconds IS NOT NULL AND r.status 
 RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id;
 
 -- raise_alerts --
--- The alerts of issue 32 items 1-2, in one statement whatever the number of jobs, each written to the outbox at most once per (run, kind) by the unique index (a slot is one run: the unique (job, slot)), so ticks racing write it once: 'duration' (a run still running past MAX_DURATION_SECONDS since its attempt started), 'stopped' (a run STOP_AFTER_SECONDS stopped, ended since :since), 'slower' (a run running, or ended since :since, that took more than SLOWER_THAN times its job's p95: nearest rank over its last :history successful runs that ended before :since and were not told slower themselves, once it has :min_history), 'deadline' (a scheduled slot with no success within DEADLINE_SECONDS of it: failed, poisoned, stopped, still running, never started or skipped — not a slot its pause or calendar held, nor one a change of the job's definition skipped — whose deadline passed since :since). To the job's webhook, else :default_url; with neither, recorded 'unsent' (raised once, for telemetry; never claimed). Rows back: the alerts written now.
+-- The alerts of issue 32 items 1-2, in one statement whatever the number of jobs, each written to the outbox at most once per (run, kind) by the unique index (a slot is one run: the unique (job, slot)), so ticks racing write it once: 'duration' (a run still running past MAX_DURATION_SECONDS since its attempt started), 'stopped' (a run STOP_AFTER_SECONDS stopped, ended since :since), 'slower' (a run running, or ended since :since, that took more than SLOWER_THAN times its job's p95: nearest rank over its last :history successful runs that ended before :since and were not told slower themselves, once it has :min_history), 'deadline' (a scheduled slot with no success within DEADLINE_SECONDS of it: failed, poisoned, stopped, still running, never started or skipped — not a slot its pause or calendar held, nor one a change of the job's definition skipped — whose deadline passed since :since). The runs that ended are looked up by their slot too, from :oldest_slot (the (job, slot) index: a run whose slot is older than that when it ends is not judged), never by a scan of all history. To the job's webhook, else :default_url; with neither, recorded 'unsent' (raised once, for telemetry; never claimed). Rows back: the alerts written now.
 WITH recent AS (
     SELECT j.job_name, h.duration
     FROM agent.jobs AS j
@@ -991,6 +991,7 @@ alerts AS (
     SELECT r.run_id, r.job_name, 'stopped', r.status, r.note
     FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name
     WHERE j.stop_after_seconds IS NOT NULL AND r.status = 'cancelled' AND r.finished_at >= CAST(:since AS timestamp)
+      AND r.scheduled_for >= CAST(:oldest_slot AS timestamp)
       AND r.note LIKE 'stopped: running longer than STOP_AFTER_SECONDS=%'
     UNION ALL
     SELECT r.run_id, r.job_name, 'slower', r.status,
@@ -999,7 +1000,8 @@ alerts AS (
                || ROUND(CAST(p.p95_seconds AS NUMERIC), 1) || ' s)'
     FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name JOIN p95 AS p ON p.job_name = r.job_name
     WHERE r.started_at IS NOT NULL AND p.p95_seconds > 0
-      AND (r.status = 'running' OR (r.status IN ('succeeded', 'failed') AND r.finished_at >= CAST(:since AS timestamp)))
+      AND (r.status = 'running' OR (r.status IN ('succeeded', 'failed') AND r.finished_at >= CAST(:since AS timestamp)
+                                     AND r.scheduled_for >= CAST(:oldest_slot AS timestamp)))
       AND EXTRACT(EPOCH FROM (COALESCE(r.finished_at, CAST(:now AS timestamp)) - r.started_at)) > j.slower_than * p.p95_seconds
     UNION ALL
     SELECT r.run_id, r.job_name, 'deadline', r.status,

@@ -1319,6 +1319,7 @@ alerts AS (
     SELECT r.run_id, r.job_name, 'stopped', r.status, r.note
     FROM agent_runs AS r JOIN agent_jobs AS j ON j.job_name = r.job_name
     WHERE j.stop_after_seconds IS NOT NULL AND r.status = 'cancelled' AND r.finished_at >= :since
+      AND r.scheduled_for >= :oldest_slot
       AND r.note LIKE 'stopped: running longer than STOP_AFTER_SECONDS=%'
     UNION ALL
     SELECT r.run_id, r.job_name, 'slower', r.status,
@@ -1327,7 +1328,8 @@ alerts AS (
                || printf('%.1f', p.p95_seconds) || ' s)'
     FROM agent_runs AS r JOIN agent_jobs AS j ON j.job_name = r.job_name JOIN p95 AS p ON p.job_name = r.job_name
     WHERE r.started_at IS NOT NULL AND p.p95_seconds > 0
-      AND (r.status = 'running' OR (r.status IN ('succeeded', 'failed') AND r.finished_at >= :since))
+      AND (r.status = 'running' OR (r.status IN ('succeeded', 'failed') AND r.finished_at >= :since
+                                     AND r.scheduled_for >= :oldest_slot))
       AND (julianday(COALESCE(r.finished_at, :now)) - julianday(r.started_at)) * 86400.0 > j.slower_than * p.p95_seconds
     UNION ALL
     SELECT r.run_id, r.job_name, 'deadline', r.status,
