@@ -84,7 +84,9 @@ def raise_alerts(store: Store, now: datetime, default_url: str | None) -> tuple[
 def next_alert_moment(store: Store, now: datetime) -> datetime | None:
     """The earliest moment after ``now`` when a tick may find an alert due (a running run reaching
     MAX_DURATION_SECONDS or STOP_AFTER_SECONDS, a slot reaching its DEADLINE_SECONDS), or None.
-    One statement. A tick that sleeps until something is due (quiet ticks) wakes by then."""
+    One statement. A tick that sleeps until something is due (quiet ticks) wakes by then.
+    SLOWER_THAN has no fixed moment (the p95 moves): while a run of a job with SLOWER_THAN is
+    running, such a tick should not sleep past its period (see docs/configuration.md)."""
     value = store.execute("next_alert_moment", now=now).scalar()
     if value is None:
         return None

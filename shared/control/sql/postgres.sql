@@ -1025,7 +1025,7 @@ ON CONFLICT (run_id, kind) DO NOTHING
 RETURNING notification_id, run_id, job_name, kind, outcome, detail, status;
 
 -- next_alert_moment --
--- The earliest moment after :now at which raise_alerts (or stop_overdue_runs) may have something new to say, for a tick that sleeps until something is due: a running run reaching its MAX_DURATION_SECONDS or STOP_AFTER_SECONDS, a slot of a job with DEADLINE_SECONDS reaching its deadline (a slot claimed; one not yet claimed is at least the job's next slot plus its deadline). NULL: nothing pending. SLOWER_THAN is not a fixed moment (the p95 moves); a run it watches is running, so the tick's own lease expiry covers it.
+-- The earliest moment after :now at which raise_alerts (or stop_overdue_runs) may have something new to say, for a tick that sleeps until something is due: a running run reaching its MAX_DURATION_SECONDS or STOP_AFTER_SECONDS, a slot of a job with DEADLINE_SECONDS reaching its deadline (a slot claimed; one not yet claimed is at least the job's next slot plus its deadline). NULL: nothing pending. SLOWER_THAN is left out (its moment moves with the p95): while a run of a job with SLOWER_THAN is running, a tick that sleeps must still come each tick period (shared/engine/alerts.py, next_alert_moment).
 SELECT MIN(moment) AS next_alert_at FROM (
     SELECT r.started_at + j.max_duration_seconds * INTERVAL '1 second' AS moment
     FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name
