@@ -47,6 +47,7 @@ from shared.cli.output import (
 )
 from shared.cli.parser import build_parser
 from shared.control.sqlerrors import classify
+from shared.engine.alerts import alert_limits_text
 from shared.engine.agent import Agent
 from shared.engine.operations import (
     add_scheduled_jobs,
@@ -263,20 +264,6 @@ def cmd_jobs(agent, args) -> int:
     print_table(["JOB", "STATE", "DEFINED IN", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN",
                   "LAST TARGETS", "ALERTS", "ERROR"], table)
     return EXIT_OK
-
-
-def alert_limits_text(row: dict) -> str:
-    """The job's alert limits (shared/engine/alerts.py) in a few words, "-" when it asks for none."""
-    words = []
-    if row.get("max_duration_seconds"):
-        words.append(f"max {row['max_duration_seconds']} s")
-    if row.get("stop_after_seconds"):
-        words.append(f"stop {row['stop_after_seconds']} s")
-    if row.get("slower_than"):
-        words.append(f"slower {row['slower_than']:g}x p95")
-    if row.get("deadline_seconds"):
-        words.append(f"deadline {row['deadline_seconds']} s")
-    return ", ".join(words) or "-"
 
 
 def cmd_next(agent, args) -> int:

@@ -93,3 +93,17 @@ def next_alert_moment(store: Store, now: datetime) -> datetime | None:
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
     return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def alert_limits_text(row: dict[str, Any]) -> str:
+    """The job's alert limits (shared/engine/alerts.py) in a few words, "-" when it asks for none."""
+    words = []
+    if row.get("max_duration_seconds"):
+        words.append(f"max {row['max_duration_seconds']} s")
+    if row.get("stop_after_seconds"):
+        words.append(f"stop {row['stop_after_seconds']} s")
+    if row.get("slower_than"):
+        words.append(f"slower {row['slower_than']:g}x p95")
+    if row.get("deadline_seconds"):
+        words.append(f"deadline {row['deadline_seconds']} s")
+    return ", ".join(words) or "-"

@@ -322,3 +322,20 @@ def test_jobs_lists_the_limits(agent_factory, db_url, receiver, capsys):
     assert cmd_jobs(agent, Args()) == 0
     out = capsys.readouterr().out
     assert "max 60 s, stop 300 s, slower 2.5x p95, deadline 900 s" in out
+    # The monitor's job page says the same.
+    import contextlib
+    from datetime import datetime, timezone
+    from shared.web.app import Monitor, MonitorSettings
+
+    @contextlib.contextmanager
+    def lend():
+        store = agent.new_store()
+        try:
+            yield store
+        finally:
+            store.close()
+
+    monitor = Monitor(lend, clock=lambda: datetime.now(timezone.utc), settings=MonitorSettings, base_path="")
+    response = monitor.handle("GET", "/jobs/etl", "", "")
+    assert response.status == 200, response.body[:300]
+    assert "<dt>Alerts</dt><dd>max 60 s, stop 300 s, slower 2.5x p95, deadline 900 s</dd>" in response.body.decode()
