@@ -82,13 +82,13 @@ param tickSchedule string
 @maxValue(5)
 param maxDequeueCount int
 
-@description('Jobs: [{ name, schedule? (none: on demand), command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl?, targets?, targetParallelism?, after?, afterOutcome?, exclude?, only?, onExcluded?, jitterSeconds?, maxDurationSeconds?, stopAfterSeconds?, slowerThan?, deadlineSeconds? }] (command, or steps in jobSteps; after: the job whose runs start this one; exclude, only: calendar names).')
+@description('Jobs: [{ name, schedule? (none: on demand), command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl?, targets?, targetParallelism?, targetStaggerSeconds?, after?, afterOutcome?, exclude?, only?, onExcluded?, jitterSeconds?, maxDurationSeconds?, stopAfterSeconds?, slowerThan?, deadlineSeconds? }] (command, or steps in jobSteps; after: the job whose runs start this one; exclude, only: calendar names).')
 param jobs array
 
 @description('Calendars the jobs name in exclude / only, turned into CALENDAR__<name>__<SETTING> app settings: [{ name, dates?, weekly?, ics? }] (docs/configuration.md).')
 param calendars array = []
 
-@description('Steps of multi-step jobs, one entry per step: [{ job, step, command, database?, maxAttempts?, retryIntervalSeconds?, timeoutSeconds?, onSuccess?, onFailure?, targets?, targetParallelism? }].')
+@description('Steps of multi-step jobs, one entry per step: [{ job, step, command, database?, maxAttempts?, retryIntervalSeconds?, timeoutSeconds?, onSuccess?, onFailure?, targets?, targetParallelism?, targetStaggerSeconds? }].')
 param jobSteps array
 
 @description('Webhook the engine POSTs run outcomes to (AGENT_NOTIFY_WEBHOOK_URL); empty: none.')
@@ -265,6 +265,7 @@ var jobNotifySettings = [for job in jobs: { name: 'JOB__${job.name}__NOTIFY', va
 var jobNotifyWebhookUrlSettings = [for job in jobs: { name: 'JOB__${job.name}__NOTIFY_WEBHOOK_URL', value: job.?notifyWebhookUrl }]
 var jobTargetsSettings = [for job in jobs: { name: 'JOB__${job.name}__TARGETS', value: job.?targets }]
 var jobTargetParallelismSettings = [for job in jobs: { name: 'JOB__${job.name}__TARGET_PARALLELISM', value: job.?targetParallelism }]
+var jobTargetStaggerSecondsSettings = [for job in jobs: { name: 'JOB__${job.name}__TARGET_STAGGER_SECONDS', value: job.?targetStaggerSeconds }]
 var jobAfterSettings = [for job in jobs: { name: 'JOB__${job.name}__AFTER', value: job.?after }]
 var jobAfterOutcomeSettings = [for job in jobs: { name: 'JOB__${job.name}__AFTER_OUTCOME', value: job.?afterOutcome }]
 var jobExcludeSettings = [for job in jobs: { name: 'JOB__${job.name}__EXCLUDE', value: job.?exclude }]
@@ -291,8 +292,9 @@ var jobStepOnSuccessSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS
 var jobStepOnFailureSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__ON_FAILURE', value: s.?onFailure }]
 var jobStepTargetsSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__TARGETS', value: s.?targets }]
 var jobStepTargetParallelismSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__TARGET_PARALLELISM', value: s.?targetParallelism }]
+var jobStepTargetStaggerSecondsSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__TARGET_STAGGER_SECONDS', value: s.?targetStaggerSeconds }]
 
-var jobSettingCandidates = concat(jobScheduleSettings, jobCommandSettings, jobTimezoneSettings, jobEnabledSettings, jobMaxAttemptsSettings, jobTimeoutSecondsSettings, jobLeaseSecondsSettings, jobMisfireSettings, jobGraceSecondsSettings, jobOverlapSettings, jobDatabaseSettings, jobNotifySettings, jobNotifyWebhookUrlSettings, jobTargetsSettings, jobTargetParallelismSettings, jobAfterSettings, jobAfterOutcomeSettings, jobExcludeSettings, jobOnlySettings, jobOnExcludedSettings, jobJitterSecondsSettings, jobMaxDurationSecondsSettings, jobStopAfterSecondsSettings, jobSlowerThanSettings, jobDeadlineSecondsSettings, calendarDatesSettings, calendarWeeklySettings, calendarIcsSettings, jobStepCommandSettings, jobStepDatabaseSettings, jobStepMaxAttemptsSettings, jobStepRetryIntervalSecondsSettings, jobStepTimeoutSecondsSettings, jobStepOnSuccessSettings, jobStepOnFailureSettings, jobStepTargetsSettings, jobStepTargetParallelismSettings)
+var jobSettingCandidates = concat(jobScheduleSettings, jobCommandSettings, jobTimezoneSettings, jobEnabledSettings, jobMaxAttemptsSettings, jobTimeoutSecondsSettings, jobLeaseSecondsSettings, jobMisfireSettings, jobGraceSecondsSettings, jobOverlapSettings, jobDatabaseSettings, jobNotifySettings, jobNotifyWebhookUrlSettings, jobTargetsSettings, jobTargetParallelismSettings, jobTargetStaggerSecondsSettings, jobAfterSettings, jobAfterOutcomeSettings, jobExcludeSettings, jobOnlySettings, jobOnExcludedSettings, jobJitterSecondsSettings, jobMaxDurationSecondsSettings, jobStopAfterSecondsSettings, jobSlowerThanSettings, jobDeadlineSecondsSettings, calendarDatesSettings, calendarWeeklySettings, calendarIcsSettings, jobStepCommandSettings, jobStepDatabaseSettings, jobStepMaxAttemptsSettings, jobStepRetryIntervalSecondsSettings, jobStepTimeoutSecondsSettings, jobStepOnSuccessSettings, jobStepOnFailureSettings, jobStepTargetsSettings, jobStepTargetParallelismSettings, jobStepTargetStaggerSecondsSettings)
 var presentJobSettings = filter(jobSettingCandidates, setting => setting.value != null)
 
 // App settings are strings: booleans become 'true' / 'false' (string() would give 'True'),

@@ -154,10 +154,10 @@ param tickSchedule string = '0 */1 * * * *'
 @maxValue(5)
 param maxDequeueCount int = 5
 
-@description('Jobs, turned into JOB__<name>__<SETTING> app settings: [{ name, schedule? (none: an on-demand job), command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl?, targets?, targetParallelism?, after?, afterOutcome?, exclude?, only?, onExcluded?, jitterSeconds?, maxDurationSeconds?, stopAfterSeconds?, slowerThan?, deadlineSeconds? }] (a command, or steps in jobSteps; exclude, only: names of calendars; targets: fleet members, docs/fleet.md; after: the job whose runs start this one, docs/configuration.md). Names: letters, digits and underscores (app setting names allow no hyphens).')
+@description('Jobs, turned into JOB__<name>__<SETTING> app settings: [{ name, schedule? (none: an on-demand job), command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl?, targets?, targetParallelism?, targetStaggerSeconds?, after?, afterOutcome?, exclude?, only?, onExcluded?, jitterSeconds?, maxDurationSeconds?, stopAfterSeconds?, slowerThan?, deadlineSeconds? }] (a command, or steps in jobSteps; exclude, only: names of calendars; targets: fleet members, docs/fleet.md; after: the job whose runs start this one, docs/configuration.md). Names: letters, digits and underscores (app setting names allow no hyphens).')
 param jobs array = []
 
-@description('Steps of multi-step jobs, one entry per step: [{ job, step, command, database?, maxAttempts?, retryIntervalSeconds?, timeoutSeconds?, onSuccess?, onFailure?, targets?, targetParallelism? }] (JOB__<job>__STEPS__<step>__<SETTING>); onSuccess / onFailure: next, quit_success, quit_failure or goto:<n>.')
+@description('Steps of multi-step jobs, one entry per step: [{ job, step, command, database?, maxAttempts?, retryIntervalSeconds?, timeoutSeconds?, onSuccess?, onFailure?, targets?, targetParallelism?, targetStaggerSeconds? }] (JOB__<job>__STEPS__<step>__<SETTING>); onSuccess / onFailure: next, quit_success, quit_failure or goto:<n>.')
 param jobSteps array = []
 
 @description('Calendars (holidays, freezes, maintenance windows) the jobs name in exclude / only, turned into CALENDAR__<name>__<SETTING> app settings: [{ name, dates? (\'2026-12-25, 2026-12-24..2026-12-26\'), weekly? (\'SAT-SUN, FRI 22:00-06:00\'), ics? (an iCalendar file in the app package) }] (docs/configuration.md).')

@@ -92,6 +92,10 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("AGENT_LOOKAHEAD_MARGIN_SECONDS", "30",
                 "Each tick claims every slot up to the next tick plus this margin, and sends "
                 "each one's message delayed until its slot.", "optional"),
+    SettingSpec("AGENT_QUIET_MAX_MINUTES", "0",
+                "Quiet ticks (docs/cost.md): 0 (off) or 1-1440. When on, a timer tick does not connect to "
+                "the control database while nothing can be due; work submitted from T-SQL then waits at "
+                "most this many minutes.", "optional"),
     SettingSpec("AGENT_MAX_LAPSES", "3",
                 "Lease lapses a run survives (its worker died or lost the database); they do not "
                 "spend MAX_ATTEMPTS. One more lapse ends the run failed.", "optional"),
@@ -209,6 +213,7 @@ class AgentSettings:
     appinsights_authentication_string: str | None = None
     telemetry_exporter: str = "opentelemetry"
     max_connections: int = 10
+    quiet_max_minutes: int = 0
 
     @property
     def uses_azure_queue(self) -> bool:
@@ -344,6 +349,7 @@ def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
         worker_id=worker,
         appinsights_authentication_string=_get(env, "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"),
         telemetry_exporter=_telemetry_exporter(_get(env, "AGENT_TELEMETRY_EXPORTER")),
+        quiet_max_minutes=_int_setting(env, "AGENT_QUIET_MAX_MINUTES", 0, 1440),
     )
 
 

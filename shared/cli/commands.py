@@ -49,6 +49,7 @@ from shared.cli.parser import build_parser
 from shared.control.sqlerrors import classify
 from shared.engine.alerts import alert_limits_text
 from shared.engine.agent import Agent
+from shared.engine.audit import AuditAction, command_line_actor, record_refusal
 from shared.engine.operations import (
     add_scheduled_jobs,
     cancel,
@@ -63,6 +64,7 @@ from shared.engine.operations import (
 from shared.engine.runner import LocalRunner
 from shared.engine.views import (
     after_words,
+    audit_view,
     history_view,
     jobs_view,
     next_view,
@@ -107,6 +109,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         ErrorStyle.json = False
 
 
+# Commands after which the function app's next timer tick connects to the control database
+# (quiet ticks, shared/engine/quiet.py): they created or changed work the tick may have to see.
+WORK_CHANGING_COMMANDS = frozenset({"run-now", "submit", "pause", "resume", "cancel", "stop", "poison", "init-db",
+                                    "import-sqlagent"})
+
+
+def _wake_the_timer(settings, args: argparse.Namespace) -> None:
+    from shared.engine import quiet
+
+    if args.db:
+        settings = replace(settings, agent=replace(settings.agent, db=args.db))
+    quiet.invalidate(settings, f"sql-agent {args.command}")
+
+
 def _run(args: argparse.Namespace) -> int:
     agent = None
     try:
@@ -125,7 +141,10 @@ def _run(args: argparse.Namespace) -> int:
                                                           COMMAND_CONNECT_RETRY_SECONDS)))
         agent = Agent(settings, db=args.db)
         handler = COMMANDS[args.command]
-        return handler(agent, args)
+        code = handler(agent, args)
+        if args.command in WORK_CHANGING_COMMANDS:
+            _wake_the_timer(settings, args)
+        return code
     except ConfigError as exc:
         print_error(str(exc), "config", setting=exc.setting, value=exc.value, expected=exc.expected)
         return EXIT_USAGE
@@ -322,6 +341,32 @@ def cmd_history(agent, args) -> int:
     return EXIT_OK
 
 
+def cmd_audit(agent, args) -> int:
+    """The audit trail, newest first (--job, --since, --limit)."""
+    store = agent.store()
+    store.require_schema()
+    rows = audit_view(store, args.job, args.since, args.limit)
+    if args.json:
+        print_json(rows)
+        return EXIT_OK
+    if not rows:
+        print("no audited actions")
+        return EXIT_OK
+    # Names, arguments and errors come from operators and scripts: one line each, escaped.
+    print_table(["ID", "AT (UTC)", "PRINCIPAL", "FROM", "SOURCE", "ACTION", "TARGET", "OUTCOME", "DETAIL"],
+                 [[r["audit_id"], time_text(r["acted_at"]), _one_line(r["principal"] or ""),
+                   _one_line((r["client"] or "")[:60]), r["source"], r["action"], _one_line(_audit_target(r)),
+                   r["outcome"], _one_line((r["detail"] or "")[:120])] for r in rows])
+    if len(rows) == args.limit:
+        print(f"(the newest {args.limit}; --limit shows more)", file=sys.stderr)
+    return EXIT_OK
+
+
+def _audit_target(row) -> str:
+    parts = [f"job {row['job_name']}" if row["job_name"] else "", f"run {row['run_id']}" if row["run_id"] else ""]
+    return ", ".join(part for part in parts if part) or "-"
+
+
 def cmd_stuck(agent, args) -> int:
 
     store = agent.store()
@@ -355,7 +400,7 @@ def cmd_poison(agent, args) -> int:
         else:
             print("no poison messages")
         return EXIT_OK
-    requeued = requeue(agent, args.poison_id)
+    requeued = requeue(agent, args.poison_id, actor=command_line_actor())
     if args.json:
         print_json({"poison_id": requeued.poison_id, "run_id": requeued.run_id, "requeued": True,
                      "dispatched": requeued.dispatched})
@@ -367,7 +412,7 @@ def cmd_poison(agent, args) -> int:
 def cmd_run_now(agent, args) -> int:
     agent.store().require_schema()
     # The job as the agent last synced it (see cmd_jobs): this machine's settings are not read.
-    run = run_now(agent, args.name)
+    run = run_now(agent, args.name, actor=command_line_actor())
     if run.skipped:
         if args.json:
             print_json({"run_id": run.run_id, "job_name": run.job_name, "status": run.status, "note": run.note,
@@ -396,7 +441,7 @@ def cmd_pause(agent, args) -> int:
     store = agent.store()
     store.require_schema()
     pause = pause_job(store, args.name, now=agent.clock(), until=args.until, paused_by=_operator_name(),
-                      reason=args.reason, telemetry=agent.telemetry)
+                      reason=args.reason, telemetry=agent.telemetry, actor=command_line_actor())
     if args.json:
         print_json(pause.as_dict())
         return EXIT_OK
@@ -409,7 +454,8 @@ def cmd_pause(agent, args) -> int:
 def cmd_resume(agent, args) -> int:
     store = agent.store()
     store.require_schema()
-    resumed = resume_job(store, args.name, now=agent.clock(), resumed_by=_operator_name(), telemetry=agent.telemetry)
+    resumed = resume_job(store, args.name, now=agent.clock(), resumed_by=_operator_name(), telemetry=agent.telemetry,
+                         actor=command_line_actor())
     if resumed.runs_resumed or resumed.runs_caught_up:
         dispatch_now(agent)     # queue mode: the slots given back go to the queue now, not at a doorbell
     if args.json:
@@ -423,7 +469,7 @@ def cmd_resume(agent, args) -> int:
 
 def cmd_submit(agent, args) -> int:
     task = submit(agent, args.sql, order=args.order, max_attempts=args.max_attempts,
-                  timeout_seconds=args.timeout_seconds)
+                  timeout_seconds=args.timeout_seconds, actor=command_line_actor())
     if args.json:
         print_json({"run_id": task.run_id, "kind": "task", "order": task.order, "submitted": True,
                      "dispatched": task.dispatched})
@@ -435,7 +481,7 @@ def cmd_submit(agent, args) -> int:
 
 def cmd_cancel(agent, args) -> int:
     agent.store().require_schema()
-    cancelled = cancel(agent, args.run_id)
+    cancelled = cancel(agent, args.run_id, actor=command_line_actor())
     if args.json:
         print_json({"run_id": cancelled.run_id, "status": RunStatus.CANCELLED})
     else:
@@ -473,7 +519,7 @@ def cmd_monitor(agent, args) -> int:
 
 def cmd_stop(agent, args) -> int:
     agent.store().require_schema()
-    stopped = stop(agent, args.name)
+    stopped = stop(agent, args.name, actor=command_line_actor())
     ids = stopped.cancelled_run_ids
     if args.json:
         print_json({"job_name": stopped.job_name, "cancelled_run_ids": list(ids)})
@@ -505,7 +551,19 @@ def cmd_import_sqlagent(agent, args) -> int:
     """SQL Server Agent job scripts -> JOB__<name>__* settings (JSON on stdout); what could not be
     carried over is listed per job (and for the script) and makes the exit code 1. --apply:
     agent.add_scheduled_job for the one-step jobs; the others stay in the printed settings and are
-    listed."""
+    listed. --apply is an audited action: refused before it ran (an unreadable script, a bad time
+    zone) it is recorded refused too."""
+    try:
+        return _import_sqlagent(agent, args)
+    except (AgentError, OSError) as exc:
+        if args.apply and agent is not None:
+            record_refusal(agent.store(), command_line_actor(), AuditAction.IMPORT, clock=agent.clock, error=exc,
+                           arguments={"files": list(args.files), "timezone": args.timezone,
+                                      "encoding": args.encoding})
+        raise
+
+
+def _import_sqlagent(agent, args) -> int:
 
     timezone = args.timezone
     warnings: list[str] = []
@@ -551,7 +609,8 @@ def cmd_import_sqlagent(agent, args) -> int:
     incomplete = not result["complete"]
     if args.apply:
         calls, refused = apply_calls(converted)
-        result["applied"] = [asdict(added) for added in add_scheduled_jobs(agent.target, calls)]
+        result["applied"] = [asdict(added) for added in add_scheduled_jobs(
+            agent.target, calls, store=agent.store(), now=agent.clock(), actor=command_line_actor())]
         result["not_applied"] = refused
         incomplete = incomplete or bool(refused)
     if args.json:       # the same document, the warnings in it; not_carried lists what was left
@@ -600,6 +659,7 @@ COMMANDS = {
     "jobs": cmd_jobs,
     "next": cmd_next,
     "history": cmd_history,
+    "audit": cmd_audit,
     "stuck": cmd_stuck,
     "poison": cmd_poison,
     "run-now": cmd_run_now,

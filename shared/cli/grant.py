@@ -6,13 +6,14 @@ from __future__ import annotations
 from typing import Sequence
 
 from shared.cli.output import EXIT_OK, print_json, warn
+from shared.engine.audit import AuditAction, command_line_actor, record_refusal
 from shared.engine.fleet import resolve_fleet
 from shared.engine.operations import (
     apply_grant_scripts,
     apply_operator_grant,
     apply_postgres_script,
 )
-from shared.errors import UsageError
+from shared.errors import AgentError, UsageError
 from shared.ops.fleet import job_fleet
 from shared.ops.grants import (
     OPERATOR_WARNING,
@@ -29,6 +30,21 @@ from shared.ops.grants import (
 
 
 def cmd_grant_sql(agent, args) -> int:
+    """grant-sql; with --apply an audited action: refused before it ran (a bad combination of
+    options, a control database that cannot take it) is recorded refused too."""
+    try:
+        return _grant_sql(agent, args)
+    except (AgentError, OSError) as exc:
+        if args.apply:
+            record_refusal(agent.store(), command_line_actor(), AuditAction.GRANT, clock=agent.clock, error=exc,
+                           arguments={"app_name": args.app_name, "operator": args.operator, "targets": args.targets,
+                                      "agent_login": args.agent_login,
+                                      "job_database": args.job_database, "execute_schema": args.execute_schema,
+                                      "job_principal": args.job_principal})
+        raise
+
+
+def _grant_sql(agent, args) -> int:
 
     if args.agent_login is not None:
         others = [flag for flag, given in (("--operator", args.operator is not None), ("--targets", args.targets),
@@ -71,7 +87,7 @@ def cmd_grant_sql(agent, args) -> int:
                          f"(AGENT_SQL_SERVER and AGENT_SQL_DATABASE, or --db with a SQL Server ODBC driver); "
                          f"the control database is {target.display}", setting="--db", value=target.display,
                          expected="an Azure SQL / SQL Server control database")
-    applied = _apply_scripts(target, scripts, args)
+    applied = _apply_scripts(agent, target, scripts, args)
     if args.json:
         print_json(_scripts_document(scripts, render(scripts), applied_to=applied))
     return EXIT_OK
@@ -86,13 +102,14 @@ def _scripts_document(scripts, sql: str, *, applied_to: list[str] | None, warnin
             "warnings": list(warnings)}
 
 
-def _apply_scripts(target, scripts, args) -> list[str]:
+def _apply_scripts(agent, target, scripts, args) -> list[str]:
     """grant-sql --apply: each script in its own transaction, in its database (on its server);
     without --json, each one as it is applied."""
     def show(where: str, script) -> None:
         print(f"applied to {where}: " + " ".join(script.statements))
 
-    return apply_grant_scripts(target, scripts, on_applied=None if args.json else show)
+    return apply_grant_scripts(target, scripts, on_applied=None if args.json else show, store=agent.store(),
+                               now=agent.clock(), actor=command_line_actor())
 
 
 def _grant_targets(agent, args) -> int:
@@ -133,7 +150,7 @@ def _grant_targets(agent, args) -> int:
         else:
             print(text, end="")
         return EXIT_OK
-    applied = _apply_scripts(target, scripts, args)
+    applied = _apply_scripts(agent, target, scripts, args)
     if args.json:
         print_json(_scripts_document(scripts, text, applied_to=applied, warnings=warnings))
     return EXIT_OK
@@ -165,10 +182,8 @@ def _grant_operator(agent, args) -> int:
         else:
             print(script, end="")
         return EXIT_OK
-    if target.dialect == "postgres":
-        apply_postgres_script(target, script)      # its own transaction, DO blocks: one batch
-    else:
-        apply_operator_grant(target, script)
+    apply_operator_grant(target, script, operator=args.operator, store=agent.store(), now=agent.clock(),
+                         actor=command_line_actor())
     if args.json:
         print_json(document(True))
     else:
@@ -210,9 +225,11 @@ def _grant_agent_login(agent, args) -> int:
             print(sql, end="")
         return EXIT_OK
     if script is None:
-        apply_postgres_script(target, sql)
+        apply_postgres_script(target, sql, store=agent.store(), now=agent.clock(), actor=command_line_actor(),
+                              arguments={"agent_login": args.agent_login, "statements": sql},
+                              detail=f"{args.agent_login} has the agent's rights and no more")
     else:
-        apply_grant_scripts(target, [script])
+        apply_grant_scripts(target, [script], store=agent.store(), now=agent.clock(), actor=command_line_actor())
     if args.json:
         print_json(document(True))
     else:

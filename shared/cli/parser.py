@@ -191,6 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--output", action="store_true",
                          help="each attempt (each step's) with what the server said: messages and rows affected")
 
+    audit = commands.add_parser("audit", help="the audit trail, newest first: who did what (from the command line "
+                                              "and the T-SQL procedures), from where, when, with which arguments, "
+                                              "done or refused")
+    audit.add_argument("--job", help="only this job's actions")
+    audit.add_argument("--since", type=_iso_datetime, metavar="TIME",
+                       help="only actions at or after this time (ISO-8601; UTC when no offset is given)")
+    audit.add_argument("--limit", type=ROW_LIMIT, default=50)
+
     stuck = commands.add_parser("stuck", help="reconciliation: runs past their lease or waiting too long")
     stuck.add_argument("--older-than", type=AGE_SECONDS, default=600, metavar="SECONDS",
                        help="pending runs runnable for longer than this count as stuck (default 600)")

@@ -143,7 +143,8 @@ class Agent:
             with self._lock:
                 if self._notifier is None:
                     self._notifier = Notifier(self.new_store, self.clock,
-                                              secret=self.settings.agent.notify_webhook_secret)
+                                              secret=self.settings.agent.notify_webhook_secret,
+                                              stop_when_idle=self.settings.agent.quiet_max_minutes > 0)
         return self._notifier
 
     def reference_clock(self) -> datetime:
@@ -262,9 +263,16 @@ def run_timer_tick(past_due: bool = False) -> None:
     """What the timer trigger does. Raises when a step failed, so the invocation shows as
     failed in Application Insights; whatever the tick did commit stays done."""
 
+    from shared.engine import quiet
+
     agent = default_agent()
     try:
-        report = agent.tick()
+        decision, report = quiet.timer_tick(agent)
+        if report is None:
+            # Nothing in the control database can come due before the recorded wake time: this
+            # tick did not connect, so a serverless database may pause (docs/cost.md).
+            log.info("tick: quiet, not connecting to the control database: %s", decision.reason)
+            return
         if report.refused:
             # Its time was too far from the database's: nothing changed, and a retry would
             # not help; the next timer tick tries again. Logged, reported as an event, not raised.

@@ -182,7 +182,12 @@ class Notifier:
     def __init__(self, new_store: Callable[[], Any], clock: Callable[[], datetime], *,
                  post: Callable[..., None] = post_json,
                  timeout_seconds: float = DELIVERY_TIMEOUT_SECONDS, poll_seconds: float = POLL_SECONDS,
-                 secret: bytes | None = None) -> None:
+                 secret: bytes | None = None, stop_when_idle: bool = False) -> None:
+        """``stop_when_idle``: the thread ends after a pass that found nothing due, instead of
+        looking again every ``poll_seconds`` (quiet ticks: a process that stays up must not keep
+        a serverless database awake; the next wake() starts it again, and a connected tick wakes it
+        when a retry comes due, since the quiet horizon counts notifications)."""
+        self.stop_when_idle = stop_when_idle
         self._new_store = new_store
         self._clock = clock
         self._post = post
@@ -204,7 +209,8 @@ class Notifier:
                 self._stop.clear()
                 self._thread = threading.Thread(target=self._loop, name="agent-notifier", daemon=True)
                 self._thread.start()
-        self._wake.set()
+            # Under the lock: a thread ending because it is idle sees this wake, or is replaced.
+            self._wake.set()
 
     def stop(self, flush_seconds: float = 0.0) -> None:
         """Stop the thread; with ``flush_seconds``, first let it deliver what is due for at most
@@ -228,15 +234,25 @@ class Notifier:
                 self._wake.clear()
                 if self._stop.is_set():
                     break
+                delivered = 0
                 try:
-                    while self.deliver_due() and not self._stop.is_set():
-                        pass
+                    while not self._stop.is_set():
+                        claimed = self.deliver_due()
+                        delivered += claimed
+                        if not claimed:
+                            break
                 except Exception as exc:  # noqa: BLE001 - retried at the next wake
                     log.warning("notifications: delivery pass failed (retried later): %s", describe(exc))
                 finally:
                     self._close_store()   # no connection held between passes (AGENT_MAX_CONNECTIONS)
                 if self._flushing:
                     break
+                if self.stop_when_idle and not delivered:
+                    with self._lock:
+                        if not self._wake.is_set():
+                            if self._thread is threading.current_thread():
+                                self._thread = None
+                            break
         finally:
             self._close_store()
 

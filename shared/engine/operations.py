@@ -9,6 +9,10 @@ engine's errors (NotFoundError, UsageError, ConfigError) naming the argument, th
 what is expected. In queue mode an action that makes a run ready hands it to the queue at once
 (:func:`dispatch_now`), so it need not wait for a doorbell or the next tick.
 
+Every action writes one row of the audit trail (shared/engine/audit.py) in its own transaction,
+or one row 'refused' when it was refused; ``actor`` says who acts from where (None: the command
+line's user on this host).
+
 This module imports no front end (the import contract in pyproject.toml says so); it takes the
 :class:`shared.engine.agent.Agent` it acts through as an argument, and the agent's run-now
 (:meth:`Agent.request_run_now`) is :func:`request_run_now` here.
@@ -16,13 +20,14 @@ This module imports no front end (the import contract in pyproject.toml says so)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from shared.control.db import DatabaseTarget, connector
 from shared.control.queries import split_statements
 from shared.control.sqlerrors import is_unique_violation
+from shared.engine.audit import Actor, Audit, AuditAction, audit_trail_exists, audited, audited_if_installed
 from shared.engine.dispatch import dispatch
 from shared.engine.fleet import report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
@@ -140,31 +145,46 @@ def dispatch_now(agent: Agent) -> int | None:
 
 
 def submit(agent: Agent, sql: str, *, order: int | None, max_attempts: int, timeout_seconds: int,
-           operation_id: str | None = None) -> Submitted:
+           operation_id: str | None = None, actor: Actor | None = None) -> Submitted:
     """An ad-hoc task run of ``sql`` on the control database, dispatched at once in queue mode."""
-    if not sql.strip():
-        raise UsageError("--sql: expected the SQL to run (non-empty)", setting="--sql", value=sql,
-                         expected="the SQL to run (non-empty)")
+    blank = None if sql.strip() else UsageError("--sql: expected the SQL to run (non-empty)", setting="--sql",
+                                                   value=sql, expected="the SQL to run (non-empty)")
     store = agent.store()
-    store.require_schema()      # after the argument's check: a bad --sql is a usage error, schema or not
-    row = store.execute("insert_task", command=sql, target_database=None, task_order=order,
-                        max_attempts=max_attempts, timeout_seconds=timeout_seconds, lease_seconds=60,
-                        now=agent.clock(), operation_id=operation_id or new_operation_id()).one()
+    if blank is not None and not audit_trail_exists(store):
+        raise blank             # a bad --sql is a usage error, schema or not
+    store.require_schema()
+    now = agent.clock()
+    with audited(store, actor, AuditAction.SUBMIT, now=now,
+                 arguments={"sql": sql, "order": order, "max_attempts": max_attempts,
+                            "timeout_seconds": timeout_seconds}) as audit:
+        if blank is not None:
+            raise blank         # refused, and recorded so
+        with audit.transaction():
+            row = store.execute("insert_task", command=sql, target_database=None, task_order=order,
+                                max_attempts=max_attempts, timeout_seconds=timeout_seconds, lease_seconds=60,
+                                now=now, operation_id=operation_id or new_operation_id()).one()
+            audit.run_id = row["run_id"]
     return Submitted(run_id=row["run_id"], order=order, dispatched=dispatch_now(agent))
 
 
-def cancel(agent: Agent, run_id: int) -> Cancelled:
+def cancel(agent: Agent, run_id: int, *, actor: Actor | None = None) -> Cancelled:
     """Cancel a run that has not finished. In the same transaction, the run's fleet: a run
     waiting for its targets ends with its executions; for one of a fleet's executions, its run
     lets the next waiting one in or, when this was the last, moves on (its outcome notified and
     its followers started) at once, not at the next tick."""
     store = agent.store()
     now = agent.clock()
+    with audited(store, actor, AuditAction.CANCEL, now=now, arguments={"run_id": run_id}, run_id=run_id) as audit:
+        return _cancel(agent, store, audit, run_id, now)
+
+
+def _cancel(agent: Agent, store: Store, audit: Audit, run_id: int, now: datetime) -> Cancelled:
     run = store.execute("get_run", run_id=run_id).one()
     if run is None:
         raise NotFoundError(f"no run with id {run_id}", setting="RUN_ID", value=run_id,
                             expected="the id of a run (history)")
-    with store.transaction():
+    audit.job_name = run.get("job_name")
+    with audit.transaction():
         if not store.execute("cancel_run", run_id=run_id, now=now).rows:
             status = store.execute("get_run", run_id=run_id).one()["status"]
             raise UsageError(f"run {run_id} is already {status}", setting="RUN_ID", value=run_id,
@@ -183,27 +203,39 @@ def cancel(agent: Agent, run_id: int) -> Cancelled:
     return Cancelled(run_id=run_id, runs_moved=len(moved), follow_ups_started=len(followed), dispatched=dispatched)
 
 
-def stop(agent: Agent, job_name: str) -> Stopped:
+def stop(agent: Agent, job_name: str, *, actor: Actor | None = None) -> Stopped:
     """Cancel the job's runs in flight; their fleet target executions are cancelled with them
     (the NULL progress: every run no longer waiting for its targets). A running step notices at
     its worker's next lease renewal (every LEASE_SECONDS / 3)."""
     store = agent.store()
     now = agent.clock()
-    rows = store.chain(("stop_job", {"job_name": job_name, "now": now}),
-                       ("progress_fleets", {"parent_run_id": None, "run_id": None, "token": None,
-                                            "now": now}))[0].rows
-    if not rows:
-        jobs = {r["job_name"] for r in store.execute("list_jobs").rows}
-        if job_name not in jobs:
-            known = ", ".join(sorted(jobs)) or "none"
-            raise NotFoundError(f"no job named {job_name!r} (jobs the agent knows: {known})", setting="JOB",
-                                value=job_name, expected=f"one of the jobs the agent knows: {known}")
+    with audited(store, actor, AuditAction.STOP, now=now, arguments={"job_name": job_name},
+                 job_name=job_name) as audit:
+        with audit.transaction():
+            rows = store.chain(("stop_job", {"job_name": job_name, "now": now}),
+                               ("progress_fleets", {"parent_run_id": None, "run_id": None, "token": None,
+                                                    "now": now}))[0].rows
+            if not rows:
+                jobs = {r["job_name"] for r in store.execute("list_jobs").rows}
+                if job_name not in jobs:
+                    known = ", ".join(sorted(jobs)) or "none"
+                    raise NotFoundError(f"no job named {job_name!r} (jobs the agent knows: {known})",
+                                        setting="JOB", value=job_name,
+                                        expected=f"one of the jobs the agent knows: {known}")
+            audit.detail = f"{len(rows)} run(s) cancelled" + (
+                f": {', '.join(str(row['run_id']) for row in rows)}" if rows else "")
     return Stopped(job_name=job_name, cancelled_run_ids=tuple(row["run_id"] for row in rows))
 
 
-def requeue(agent: Agent, poison_id: int) -> Requeued:
+def requeue(agent: Agent, poison_id: int, *, actor: Actor | None = None) -> Requeued:
     """One more attempt for the run of a poison message, when the run is poisoned or failed."""
     store = agent.store()
+    with audited(store, actor, AuditAction.REQUEUE, now=agent.clock(), arguments={"poison_id": poison_id}) as audit:
+        requeued = _requeue(agent, store, audit, poison_id)
+    return replace(requeued, dispatched=dispatch_now(agent))
+
+
+def _requeue(agent: Agent, store: Store, audit: Audit, poison_id: int) -> Requeued:
     poison = store.execute("get_poison", poison_id=poison_id).one()
     if poison is None:
         raise NotFoundError(f"no poison message with id {poison_id}", setting="ID", value=poison_id,
@@ -212,58 +244,76 @@ def requeue(agent: Agent, poison_id: int) -> Requeued:
         raise UsageError(f"poison message {poison_id} belongs to no run (it was malformed: {poison['reason']}); "
                          "nothing to requeue", setting="ID", value=poison_id,
                          expected="a poison message of a run")
-    now = agent.clock()
-    with store.transaction():
+    now = audit.now
+    audit.run_id = poison["run_id"]
+    with audit.transaction():
         changed = bool(store.execute("requeue_run", run_id=poison["run_id"], now=now).rows)
-        if changed:
-            store.execute("mark_poison_requeued", poison_id=poison_id, now=now)
-    if not changed:
-        run = store.execute("get_run", run_id=poison["run_id"]).one()
-        status = run["status"] if run else "gone"
-        raise UsageError(f"run {poison['run_id']} is {status}; only a poisoned or failed run can be requeued",
-                         setting="ID", value=poison_id, expected="a poison message of a poisoned or failed run")
-    return Requeued(poison_id=poison_id, run_id=poison["run_id"], dispatched=dispatch_now(agent))
+        if not changed:
+            run = store.execute("get_run", run_id=poison["run_id"]).one()
+            status = run["status"] if run else "gone"
+            raise UsageError(f"run {poison['run_id']} is {status}; only a poisoned or failed run can be requeued",
+                             setting="ID", value=poison_id, expected="a poison message of a poisoned or failed run")
+        store.execute("mark_poison_requeued", poison_id=poison_id, now=now)
+    return Requeued(poison_id=poison_id, run_id=poison["run_id"], dispatched=None)
 
 
-def request_run_now(agent: Agent, job_name: str, *, operation_id: str | None = None) -> dict[str, Any] | None:
+def request_run_now(agent: Agent, job_name: str, *, operation_id: str | None = None,
+                    audit: Audit | None = None) -> dict[str, Any] | None:
     """A run of the job right away, keyed by the request time, its overlap policy decided under
     the start lock (None: no such valid job). Two requests at the same millisecond (SQLite's
     resolution; two operators, or a script) would share the key: the later one takes the next
-    millisecond and meets the overlap policy like any other request."""
+    millisecond and meets the overlap policy like any other request. ``audit`` (run-now's): its
+    row is written in the transaction that made the run, when one was made."""
     store = agent.store()
     now = agent.clock()
     operation_id = operation_id or new_operation_id()
     for nudge in range(RUN_NOW_KEY_TRIES):
         try:
             with store.transaction():
-                return store.execute("insert_manual_run", job_name=job_name,
-                                     now=now + timedelta(milliseconds=nudge), operation_id=operation_id).one()
+                row = store.execute("insert_manual_run", job_name=job_name,
+                                    now=now + timedelta(milliseconds=nudge), operation_id=operation_id).one()
+                if audit is not None and row is not None:
+                    audit.run_id = row["run_id"]
+                    audit.detail = row["status"] + (f": {row['note']}" if row.get("note") else "")
+                    audit.write()
+            if audit is not None and row is not None:
+                audit.recorded = True
+            return row
         except Exception as exc:
             if not is_unique_violation(exc) or nudge == RUN_NOW_KEY_TRIES - 1:
                 raise
+            if audit is not None:
+                audit.rewind()      # that transaction, and its row, rolled back: the next try writes it
     return None
 
 
-def run_now(agent: Agent, job_name: str, *, operation_id: str | None = None) -> RunNowResult:
+def run_now(agent: Agent, job_name: str, *, operation_id: str | None = None, actor: Actor | None = None) -> RunNowResult:
     """run-now: :func:`request_run_now`, dispatched at once unless its overlap policy skipped it;
     when no run could be made, an error saying why (invalid, removed, or unknown). The job is as
     the agent last synced it: the caller's own settings are not read."""
-    row = request_run_now(agent, job_name, operation_id=operation_id or new_operation_id())
-    if row is None:
-        jobs = {r["job_name"]: r for r in agent.store().execute("list_jobs").rows}
-        job = jobs.get(job_name)
-        if job is not None and not job["valid"]:
-            raise ConfigError(f"JOB__{job_name}__*", job_name, f"a valid job; it is invalid: {job['config_error']}")
-        if job is not None:
-            raise UsageError(f"job {job_name!r} was removed from the settings; it cannot run", setting="NAME",
-                             value=job_name, expected="a job in the settings")
-        known = ", ".join(name for name, r in jobs.items() if r["valid"] and r["configured"]) or "none"
-        raise NotFoundError(f"no job named {job_name!r} (jobs the agent knows: {known}; a job added to the "
-                            "settings is known after the agent's next tick)", setting="NAME", value=job_name,
-                            expected=f"one of the jobs the agent knows: {known}")
+    with audited(agent.store(), actor, AuditAction.RUN_NOW, now=agent.clock(), arguments={"job_name": job_name},
+                 job_name=job_name) as audit:
+        row = request_run_now(agent, job_name, operation_id=operation_id or new_operation_id(), audit=audit)
+        if row is None:
+            _no_run_made(agent, job_name)
     skipped = row["status"] == RunStatus.SKIPPED
     return RunNowResult(run_id=row["run_id"], job_name=job_name, status=row["status"], note=row.get("note"),
                         dispatched=None if skipped else dispatch_now(agent))
+
+
+def _no_run_made(agent: Agent, job_name: str) -> None:
+    """Why run-now made no run: an error naming the job (invalid, removed, or unknown)."""
+    jobs = {r["job_name"]: r for r in agent.store().execute("list_jobs").rows}
+    job = jobs.get(job_name)
+    if job is not None and not job["valid"]:
+        raise ConfigError(f"JOB__{job_name}__*", job_name, f"a valid job; it is invalid: {job['config_error']}")
+    if job is not None:
+        raise UsageError(f"job {job_name!r} was removed from the settings; it cannot run", setting="NAME",
+                         value=job_name, expected="a job in the settings")
+    known = ", ".join(name for name, r in jobs.items() if r["valid"] and r["configured"]) or "none"
+    raise NotFoundError(f"no job named {job_name!r} (jobs the agent knows: {known}; a job added to the "
+                        "settings is known after the agent's next tick)", setting="NAME", value=job_name,
+                        expected=f"one of the jobs the agent knows: {known}")
 
 
 # --- pause and resume (issue 27, issue 34 items 5 and 6) ------------------------------------
@@ -279,12 +329,25 @@ def run_now(agent: Agent, job_name: str, *, operation_id: str | None = None) -> 
 # hand (run-now, agent.start_job) is allowed, as SQL Server Agent starts a disabled job.
 
 def pause_job(store: Store, name: str, *, now: datetime, until: datetime | None = None,
-              paused_by: str | None = None, reason: str | None = None, telemetry: Any = None) -> Pause:
+              paused_by: str | None = None, reason: str | None = None, telemetry: Any = None,
+              actor: Actor | None = None) -> Pause:
     """Pause ``name`` from ``now`` until ``until`` (None: until resumed). Pausing a paused job
     keeps its start and takes the new end and reason. The slots it had claimed inside the pause
     are recorded skipped "paused" in the same transaction, under the pauses lock a tick's claim
     holds shared: once this returns, no slot inside the pause is claimed; slots a longer pause
     had skipped that this one no longer holds run at their time again."""
+    with audited(store, actor, AuditAction.PAUSE, now=now, job_name=name,
+                 arguments={"job_name": name, "until": until, "reason": reason, "paused_by": paused_by}) as audit:
+        pause = _pause(store, audit, name, now, until, paused_by, reason)
+    if telemetry is not None:
+        telemetry.event("JobPaused", {"job": name, "outcome": "paused", "paused_until": pause.paused_until,
+                                      "paused_by": pause.paused_by, "reason": pause.reason,
+                                      "runs_skipped": pause.runs_skipped})
+    return pause
+
+
+def _pause(store: Store, audit: Audit, name: str, now: datetime, until: datetime | None, paused_by: str | None,
+           reason: str | None) -> Pause:
     if until is not None and until <= now:
         raise UsageError(f"--until {until.isoformat()}: expected a time after now (the database's clock: "
                          f"{now.isoformat()})", setting="--until", value=until.isoformat(),
@@ -293,7 +356,7 @@ def pause_job(store: Store, name: str, *, now: datetime, until: datetime | None 
         raise UsageError(f"--reason: {len(reason)} characters; expected at most {MAX_REASON_LENGTH}",
                          setting="--reason", value=reason[:80], expected=f"at most {MAX_REASON_LENGTH} characters")
     paused_by = paused_by[:MAX_PAUSED_BY_LENGTH] if paused_by else None
-    with store.transaction():
+    with audit.transaction():
         store.execute("lock_job_pauses")
         row = store.execute("pause_job", job_name=name, now=now, paused_until=until, paused_by=paused_by,
                             reason=reason).one()
@@ -309,20 +372,26 @@ def pause_job(store: Store, name: str, *, now: datetime, until: datetime | None 
             "detail": (f"paused by {paused_by or '?'} (sql-agent pause) "
                        f"{'until ' + _iso(until) if until else 'until resumed'}"
                        f"{': ' + reason if reason else ''}; {skipped} claimed slot(s) skipped")}])
-    if telemetry is not None:
-        telemetry.event("JobPaused", {"job": name, "outcome": "paused", "paused_until": pause.paused_until,
-                                      "paused_by": pause.paused_by, "reason": pause.reason,
-                                      "runs_skipped": pause.runs_skipped})
+        audit.detail = f"{skipped} claimed slot(s) skipped"
     return pause
 
 
 def resume_job(store: Store, name: str, *, now: datetime, resumed_by: str | None = None,
-               telemetry: Any = None) -> Resume:
+               telemetry: Any = None, actor: Actor | None = None) -> Resume:
     """End the pause of ``name`` now, in one transaction: the slots it had recorded skipped ahead
     (from now on) are pending again, runnable at their time, with no tick in between; the slots
     it held are the misfire policy's: under run-once the last one is caught up once, now, within
     GRACE_SECONDS; under skip none runs. A job that is not paused is an error (exit code 2)."""
-    with store.transaction():
+    with audited(store, actor, AuditAction.RESUME, now=now, job_name=name,
+                 arguments={"job_name": name, "resumed_by": resumed_by}) as audit:
+        resumed = _resume(store, audit, name, now, resumed_by)
+    if telemetry is not None:
+        telemetry.event("JobResumed", {"job": name, "outcome": "resumed", "paused_by": resumed_by})
+    return resumed
+
+
+def _resume(store: Store, audit: Audit, name: str, now: datetime, resumed_by: str | None) -> Resume:
+    with audit.transaction():
         store.execute("lock_job_pauses")
         row = store.execute("resume_job", job_name=name, now=now).one()
         if row is None or not row["in_force"]:
@@ -338,8 +407,7 @@ def resume_job(store: Store, name: str, *, now: datetime, resumed_by: str | None
             "job_name": name, "kind": "resumed",
             "detail": (f"resumed by {resumed_by or '?'} (sql-agent resume); paused since {_iso(row['paused_at'])}; "
                        f"{resumed} slot(s) claimed ahead run at their time, {caught_up} caught up")}])
-    if telemetry is not None:
-        telemetry.event("JobResumed", {"job": name, "outcome": "resumed", "paused_by": resumed_by})
+        audit.detail = f"{resumed} slot(s) claimed ahead run at their time, {caught_up} caught up"
     return Resume(job_name=name, paused_at=row["paused_at"], resumed_at=now, runs_resumed=resumed,
                   runs_caught_up=caught_up)
 
@@ -351,10 +419,26 @@ def _iso(value: Any) -> str:
 # --- grants (grant-sql --apply) --------------------------------------------------------------
 
 def apply_grant_scripts(target: DatabaseTarget, scripts: Sequence[Any],
-                        on_applied: Callable[[str, Any], None] | None = None) -> list[str]:
+                        on_applied: Callable[[str, Any], None] | None = None, *, store: Store | None = None,
+                        now: datetime | None = None, actor: Actor | None = None) -> list[str]:
     """Each grant script in its own transaction, in its database (on its server), in order; the
     places applied to ("database 'x' on server y", or "the control database"). ``on_applied``
-    is told of each as it commits, so a failure later still shows what was done."""
+    is told of each as it commits, so a failure later still shows what was done. The grants are
+    one audited action, recorded in the control database (``store``) once they are applied, or
+    refused with the error (the scripts applied before it stay: each committed on its own)."""
+    arguments = {"scripts": [{"database": script.database, "server": getattr(script, "server", None),
+                              "statements": list(script.statements)} for script in scripts]}
+    with audited_if_installed(store, actor, AuditAction.GRANT, now=now or datetime.now(timezone.utc),
+                              arguments=arguments) as audit:
+        applied = _apply_grant_scripts(target, scripts, on_applied)
+        if audit is not None:
+            audit.detail = "applied to " + ", ".join(applied) if applied else "nothing to apply"
+            audit.done()
+    return applied
+
+
+def _apply_grant_scripts(target: DatabaseTarget, scripts: Sequence[Any],
+                         on_applied: Callable[[str, Any], None] | None) -> list[str]:
     applied = []
     for script in scripts:
         server = getattr(script, "server", None)
@@ -375,31 +459,52 @@ def apply_grant_scripts(target: DatabaseTarget, scripts: Sequence[Any],
     return applied
 
 
-def apply_postgres_script(target: DatabaseTarget, sql: str) -> None:
-    """grant-sql --agent-login --apply on PostgreSQL: the whole script (its own BEGIN and COMMIT,
-    DO blocks whose bodies hold ';') sent as one batch on an autocommit connection of the
-    control database, as the --db login (an admin)."""
-    connection = connector(target)()
-    try:
-        connection.autocommit = True
-        cursor = connection.cursor()
-        cursor.execute(sql)
-        while cursor.nextset():
-            pass
-    finally:
-        connection.close()
+def apply_postgres_script(target: DatabaseTarget, sql: str, *, store: Store | None = None,
+                          now: datetime | None = None, actor: Actor | None = None,
+                          arguments: dict[str, Any] | None = None, detail: str | None = None) -> None:
+    """grant-sql --agent-login --apply (and --operator --apply) on PostgreSQL: the whole script
+    (its own BEGIN and COMMIT, DO blocks whose bodies hold ';') sent as one batch on an autocommit
+    connection of the control database, as the --db login (an admin); audited there (``store``)
+    once it committed, or refused."""
+    with audited_if_installed(store, actor, AuditAction.GRANT, now=now or datetime.now(timezone.utc),
+                              arguments=arguments or {"statements": sql}) as audit:
+        connection = connector(target)()
+        try:
+            connection.autocommit = True
+            cursor = connection.cursor()
+            cursor.execute(sql)
+            while cursor.nextset():
+                pass
+        finally:
+            connection.close()
+        if audit is not None:
+            audit.detail = detail
+            audit.done()
 
 
-def apply_operator_grant(target: DatabaseTarget, sql: str) -> None:
-    """grant-sql --operator --apply: the operator role's membership, run on the control database."""
-    connection = connector(target)()
-    try:
-        cursor = connection.cursor()
-        for statement in split_statements(sql):
-            cursor.execute(statement)
-        connection.commit()
-    finally:
-        connection.close()
+def apply_operator_grant(target: DatabaseTarget, sql: str, *, operator: str | None = None,
+                         store: Store | None = None, now: datetime | None = None, actor: Actor | None = None) -> None:
+    """grant-sql --operator --apply: the operator role's membership, run on the control database
+    (on PostgreSQL as one batch, apply_postgres_script); audited there once it committed, or
+    refused."""
+    arguments = {"operator": operator, "statements": sql}
+    detail = f"{operator or 'the principal'} is a member of agent_operator"
+    if target.dialect == "postgres":
+        apply_postgres_script(target, sql, store=store, now=now, actor=actor, arguments=arguments, detail=detail)
+        return
+    with audited_if_installed(store, actor, AuditAction.GRANT, now=now or datetime.now(timezone.utc),
+                              arguments=arguments) as audit:
+        connection = connector(target)()
+        try:
+            cursor = connection.cursor()
+            for statement in split_statements(sql):
+                cursor.execute(statement)
+            connection.commit()
+        finally:
+            connection.close()
+        if audit is not None:
+            audit.detail = detail
+            audit.done()
 
 
 # --- jobs defined through the T-SQL interface (import-sqlagent --apply) ------------------------
@@ -415,12 +520,27 @@ class ScheduledJobAdded:
 # agent.add_scheduled_job's parameters on PostgreSQL: named arguments need their types.
 ADD_SCHEDULED_JOB_PG_TYPES = {"name": "varchar", "sql": "text", "schedule": "varchar", "run_at": "timestamptz",
                               "timezone": "varchar", "enabled": "int", "max_attempts": "int",
-                              "database": "varchar"}
+                              "database": "varchar", "misfire": "varchar"}
 
 
-def add_scheduled_jobs(target: DatabaseTarget, calls: Sequence[dict[str, Any]]) -> list[ScheduledJobAdded]:
+def add_scheduled_jobs(target: DatabaseTarget, calls: Sequence[dict[str, Any]], *, store: Store | None = None,
+                       now: datetime | None = None, actor: Actor | None = None) -> list[ScheduledJobAdded]:
     """Call agent.add_scheduled_job for each (its arguments by name), as an operator would, one
-    transaction each, in order: the T-SQL interface decides and records, as for any caller."""
+    transaction each, in order: the T-SQL interface decides and records, as for any caller (each
+    call is a 'define' row of the audit trail, written by the procedure). The import itself is
+    one 'import' row (``store``) once the calls are done, or refused with the error."""
+    arguments = {"jobs": [call.get("name") for call in calls]}
+    with audited_if_installed(store, actor, AuditAction.IMPORT, now=now or datetime.now(timezone.utc),
+                              arguments=arguments) as audit:
+        done = _add_scheduled_jobs(target, calls)
+        if audit is not None:
+            audit.detail = f"{len(done)} job(s) defined" + (
+                ": " + ", ".join(f"{added.job} ({added.action})" for added in done) if done else "")
+            audit.done()
+    return done
+
+
+def _add_scheduled_jobs(target: DatabaseTarget, calls: Sequence[dict[str, Any]]) -> list[ScheduledJobAdded]:
     if calls and target.dialect not in ("postgres", "mssql"):
         raise UsageError("import-sqlagent --apply needs a PostgreSQL or SQL Server control database "
                          f"(agent.add_scheduled_job); the control database is {target.display}", setting="--db",

@@ -360,6 +360,7 @@ class Scheduler:
                         rows[index] = _invalid_row(stand_in_name(row["job_name"]), message)
                         refused.append((row["job_name"], message))
                 refused += _refuse_cycles_through_database_jobs(rows, database_jobs)
+            rows = _spell_followed_jobs_as_defined(rows, held)
             rows = [_with_definition_hash(row) for row in rows]
             store.execute("record_config_events", jobs=rows, now=now)
             # Slots claimed ahead: skipped when the job stops running them (disabled, invalid,
@@ -602,6 +603,23 @@ def _invalid_row(key: str, message: str) -> dict[str, Any]:
         "steps": None, "notify": "never", "notify_webhook_url": None, "after_job": None, "after_outcome": None,
         "calendars": None, "jitter_seconds": 0,
     }
+
+
+def _spell_followed_jobs_as_defined(rows: list[dict[str, Any]], held: dict[str, str]) -> list[dict[str, Any]]:
+    """Each AFTER spelt as the job it names is: names compare case-insensitively (the cycle
+    check, the stand-in for a name a database job holds), but the run-time join of follow-ups
+    compares exactly, on its index; ``AFTER=T`` with the database's ``t`` would pass every check
+    and never fire. ``held``: the database jobs' names by casefold; a database job holds its
+    name against settings twins, so it is looked up first."""
+    spelt = {row["job_name"].casefold(): row["job_name"] for row in rows if row["valid"]}
+    spelt.update(held)
+    out = []
+    for row in rows:
+        after = row.get("after_job")
+        if after and spelt.get(after.casefold(), after) != after:
+            row = {**row, "after_job": spelt[after.casefold()]}
+        out.append(row)
+    return out
 
 
 def _refuse_cycles_through_database_jobs(rows: list[dict[str, Any]],

@@ -192,6 +192,24 @@ def history_view(store, job_name: str | None, limit: int, *, with_output: bool =
             "job_events": events}
 
 
+DEFAULT_AUDIT_LIMIT = 50
+
+
+def audit_view(store, job_name: str | None = None, since: datetime | None = None,
+               limit: int = DEFAULT_AUDIT_LIMIT) -> list[dict[str, Any]]:
+    """`audit --json` and the monitor's audit page: the audit trail newest first (one query),
+    each row's arguments as the JSON object they were recorded as. A job name no job has any more
+    is no error: a removed job's trail stays as long as the history."""
+    rows = store.execute("list_audit", job_name=job_name, since=since, limit=limit).rows
+    for row in rows:
+        text = row.get("arguments")
+        try:
+            row["arguments"] = json.loads(text) if text else {}
+        except ValueError:          # written by hand into the table: shown as it is
+            row["arguments"] = {"text": text}
+    return rows
+
+
 # The keys of an execution in a run's `targets` (list_run_targets' columns, `attempt` as `attempts`).
 TARGET_KEYS = ("target_server", "target_database", "run_id", "step", "parent_token", "status", "attempts",
                "max_attempts", "last_error_number", "last_error", "started_at", "finished_at")

@@ -323,7 +323,7 @@ def _convert_job(job: model.Job, msdb: model.Msdb, findings: list[Finding], time
             settings[prefix + "MAX_ATTEMPTS"] = str(attempts)
             if db_value:
                 settings[prefix + "DATABASE"] = db_value
-            apply = {"sql": piece.command, "max_attempts": attempts, "database": db_value}
+            apply = {"sql": piece.command, "max_attempts": attempts, "database": db_value, "misfire": "skip"}
         else:
             apply = None
             sp = f"{prefix}STEPS__{number}__"
@@ -340,6 +340,9 @@ def _convert_job(job: model.Job, msdb: model.Msdb, findings: list[Finding], time
     if not pieces:
         apply = None
     settings[prefix + "TIMEZONE"] = timezone
+    # SQL Server Agent never runs a slot it missed (agent stopped, a one-time moment already
+    # past when the job reaches the server): neither does the imported job.
+    settings[prefix + "MISFIRE"] = "skip"
     if notify_levels:
         settings[prefix + "NOTIFY"] = ("on_completion" if 3 in notify_levels or {1, 2} <= notify_levels
                                        else "on_success" if 1 in notify_levels else "on_failure")

@@ -4,7 +4,7 @@ database, served by the function app's HTTP trigger (/api/monitor/...) and, loca
 
 Pages: the jobs (one row each, as SQL Server Agent's Job Activity Monitor shows them), a job (a
 timeline of its runs drawn as SVG by the server, its history and its events), a run, the poison
-messages and the stuck runs. Each has a JSON twin (``?format=json`` or ``Accept:
+messages, the stuck runs and the audit trail (who did what). Each has a JSON twin (``?format=json`` or ``Accept:
 application/json``) holding exactly what the CLI's ``--json`` prints: both come from
 shared/engine/views.py.
 
@@ -201,8 +201,10 @@ class Monitor:
             page = "poison"
         elif parts == ["stuck"]:
             page = "stuck"
+        elif parts == ["audit"]:
+            page = "audit"
         else:
-            raise PageError(404, f"no page at {path!r} (pages: jobs, jobs/<name>, runs/<id>, poison, stuck)")
+            raise PageError(404, f"no page at {path!r} (pages: jobs, jobs/<name>, runs/<id>, poison, stuck, audit)")
         with self.store() as store:
             if page == "jobs":
                 data = views.jobs_view(store, now)
@@ -225,6 +227,12 @@ class Monitor:
                 limit = _int_param("limit", params.get("limit", str(views.DEFAULT_POISON_LIMIT)), 1, 10000)
                 data = views.poison_view(store, limit)
                 title, body = "Poison messages", self.pages.poison_page(data)
+            elif page == "audit":
+                limit = _int_param("limit", params.get("limit", str(views.DEFAULT_AUDIT_LIMIT)), 1, 10000)
+                job = params.get("job") or None
+                since = _time_param("since", params["since"]) if params.get("since") else None
+                data = views.audit_view(store, job, since, limit)
+                title, body = "Audit trail", self.pages.audit_page(data, job, since, limit)
             else:
                 older = _int_param("older_than", params.get("older_than", str(views.DEFAULT_STUCK_AGE_SECONDS)), 1,
                                    MAX_STUCK_AGE_SECONDS)
@@ -267,6 +275,15 @@ def _wants_json(params: dict[str, str], accept: str) -> bool:
 
 # Run ids are bigint; a larger number names no run (404), it is never sent to the database.
 MAX_RUN_ID = BIGINT_MAX
+
+
+def _time_param(name: str, raw: str) -> datetime:
+    """An ISO-8601 time from the query string (UTC when it has no offset)."""
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except (ValueError, OverflowError):
+        raise PageError(400, f"{name}={raw!r}: expected an ISO-8601 date and time (e.g. 2026-01-31T02:00:00Z)") from None
 
 
 def _int_param(name: str, raw: str, low: int, high: int | None = None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import unicodedata
 from datetime import datetime, timezone
 from typing import Any
 
@@ -32,3 +33,12 @@ def when(value: Any) -> str:
             value = value.astimezone(UTC)
         return value.isoformat(" ", "seconds")[:19]
     return "-" if value is None else escape(value)
+
+
+def visible(value: Any) -> str:
+    """escape(), and every invisible format character (Unicode category Cf: the bidirectional
+    overrides and isolates, zero-width marks) shown as <U+XXXX>: a name that an operator or a
+    script chose cannot pass for another ("\u202eexe.lmth" would read "html.exe")."""
+    text = "" if value is None else str(value)
+    return "".join(f'<span class="control">&lt;U+{ord(c):04X}&gt;</span>' if unicodedata.category(c) == "Cf"
+                   else escape(c) for c in text)

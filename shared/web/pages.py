@@ -12,7 +12,7 @@ from urllib.parse import quote
 from shared.engine import views
 from shared.engine.alerts import alert_limits_text
 from shared.jobs.run_model import RunStatus
-from shared.web.html import OUTCOME_COLOURS, escape, when
+from shared.web.html import OUTCOME_COLOURS, escape, visible, when
 
 
 class Pages:
@@ -46,7 +46,7 @@ class Pages:
             f"<title>{escape(title)} · SQL Agent monitor</title>\n{meta}"
             f'<link rel="stylesheet" href="{self.link("/monitor.css")}">\n</head>\n<body>\n'
             f'<header><nav><a href="{self.link("/")}">Jobs</a> <a href="{self.link("/poison")}">Poison</a> '
-            f'<a href="{self.link("/stuck")}">Stuck</a></nav> {who} {asof}</header>\n'
+            f'<a href="{self.link("/stuck")}">Stuck</a> <a href="{self.link("/audit")}">Audit</a></nav> {who} {asof}</header>\n'
             f"<main>\n{body}</main>\n"
             f'<footer><a href="{self.link(path if path.startswith("/") else "/" + path, **twin)}">JSON</a>{refreshing}'
             "</footer>\n</body>\n</html>\n")
@@ -210,6 +210,17 @@ class Pages:
                f"<p>Runs in flight past their lease, and runs runnable for more than {older_than} s "
                f"that have not started (at most {limit}).</p>"]
         out.append(self.table("stuck", STUCK_COLUMNS, rows) if rows else "<p>No stuck runs.</p>")
+        return "\n".join(out) + "\n"
+
+    def audit_page(self, rows: list[dict[str, Any]], job: str | None, since: datetime | None, limit: int) -> str:
+        """The audit trail (as `sql-agent audit`), newest first. Every value came from an operator or a
+        script: escaped, its invisible format characters shown (html.visible), and each in a <bdi>
+        so that one cannot reorder the others."""
+        scope = (f" of job <bdi>{visible(job)}</bdi>" if job else "") + (f" since {when(since)} UTC" if since else "")
+        out = ["<h1>Audit trail</h1>",
+               f"<p>Operator actions{scope}, newest first (at most {int(limit)}): from the command line and the "
+               "T-SQL procedures; a refused action is recorded as refused.</p>"]
+        out.append(self.table("audit", AUDIT_COLUMNS, rows) if rows else "<p>No audited actions.</p>")
         return "\n".join(out) + "\n"
 
     def table(self, name: str, columns: list[tuple[str, Callable[["Pages", dict[str, Any]], str]]],
@@ -446,6 +457,34 @@ STUCK_COLUMNS = [("Run", lambda m, r: m.run_link(r["run_id"])),
                  ("Kind", _text("kind")), ("Status", _status()), ("Step", _text("step")), ("Slot (UTC)", _field("scheduled_for")),
                  ("Runnable at", _field("runnable_at")), ("Lease expired", _field("lease_expires_at")),
                  ("Token", _text("token")), ("Attempt", _text("attempt"))]
+
+
+def _isolated(key: str) -> Callable[[Pages, dict[str, Any]], str]:
+    return lambda monitor, row: f"<bdi>{visible(row.get(key))}</bdi>" if row.get(key) not in (None, "") else "-"
+
+
+def _audit_target(pages: Pages, row: dict[str, Any]) -> str:
+    parts = []
+    if row.get("job_name"):
+        parts.append(f'job <bdi><a href="{pages.link("/jobs/" + quote(str(row["job_name"]), safe=""))}">'
+                     f'{visible(row["job_name"])}</a></bdi>')
+    if row.get("run_id") is not None:
+        parts.append(f"run {pages.run_link(row['run_id'])}")
+    return ", ".join(parts) or "-"
+
+
+def _audit_arguments(pages: Pages, row: dict[str, Any]) -> str:
+    arguments = row.get("arguments") or {}
+    if not arguments:
+        return "-"
+    return f"<bdi><code>{visible(json.dumps(arguments, ensure_ascii=False, default=str))}</code></bdi>"
+
+
+AUDIT_COLUMNS = [("Id", _text("audit_id")), ("At (UTC)", _field("acted_at")), ("Principal", _isolated("principal")),
+                 ("From", _isolated("client")), ("Source", _text("source")), ("Action", _text("action")),
+                 ("Target", _audit_target), ("Arguments", _audit_arguments),
+                 ("Outcome", lambda m, r: f'<span class="audit-{escape(r["outcome"])}">{escape(r["outcome"])}</span>'),
+                 ("Detail", _isolated("detail"))]
 
 
 def status_text(row: dict[str, Any]) -> str:

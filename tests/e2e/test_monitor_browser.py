@@ -184,6 +184,49 @@ def test_the_json_twins_the_browser_gets_equal_the_command_output(browser, site)
     assert {"runs": job["runs"], "job_events": job["job_events"]} == cli_json(scenario.db, "history", "--job", "retrying")
 
 
+AUDIT_HOSTILE = ["O'Brien \"ops\"", "<script>document.title='pwned'</script>", "\u202eexe.lmth", "</td><td>x"]
+
+
+def test_the_audit_page_shows_hostile_principals_and_names_as_text(browser, site):
+    """Rows of the audit trail whose principal, origin, job and arguments are hostile (quotes,
+    markup, a right-to-left override) beside one the CLI wrote: each cell shows the characters as
+    typed, no script runs, no markup is made of them; the JSON twin is `audit --json`."""
+    from datetime import datetime, timezone
+
+    from selenium.webdriver.common.by import By
+
+    scenario, url = site
+    store = scenario.agent.new_store()
+    try:
+        for n, text in enumerate(AUDIT_HOSTILE):
+            store.execute("insert_audit", now=datetime.now(timezone.utc), principal=text, fallback_principal="x",
+                          client=text, source="monitor", action="pause", job_name=text, run_id=None,
+                          arguments=json.dumps({"reason": text}), audit_outcome="refused" if n % 2 else "done",
+                          detail=text)
+    finally:
+        store.close()
+    cli_json(scenario.db, "stop", "nightly_ok")
+    browser.get(url + "/audit")
+    assert browser.title == "Audit trail · SQL Agent monitor"
+    assert browser.execute_script("return document.scripts.length") == 0
+    rows = browser.find_elements(By.CSS_SELECTOR, "table.audit tbody tr")
+    assert len(rows) == len(AUDIT_HOSTILE) + 1
+    cells = [[cell.get_attribute("textContent") for cell in row.find_elements(By.TAG_NAME, "td")] for row in rows]
+    assert cells[0][5] == "stop" and cells[0][6] == "job nightly_ok" and cells[0][8] == "done"
+    for text, row in zip(reversed(AUDIT_HOSTILE), cells[1:]):
+        # Principal, from, detail: as typed, an invisible control character shown by its code
+        # point ("\u202eexe.lmth" cannot read "html.exe").
+        shown = text.replace("\u202e", "<U+202E>")
+        assert (row[2], row[3], row[9]) == (shown, shown, shown), row
+        assert row[6] == f"job {shown}" and json.loads(row[7].replace("<U+202E>", "\\u202e")) == {"reason": text}
+    assert not browser.find_elements(By.CSS_SELECTOR, "table.audit td script, table.audit td td")
+    refused = browser.find_elements(By.CSS_SELECTOR, "span.audit-refused")
+    assert len(refused) == 2 and refused[0].value_of_css_property("color") == "rgba(198, 40, 40, 1)"
+    shot(browser, "audit")
+    browser.get(url + "/audit?format=json")
+    assert json.loads(browser.find_element(By.TAG_NAME, "body").text) == cli_json(scenario.db, "audit")
+
+
 def test_screenshots_were_saved(browser, site):
     for name in ("jobs", "job", "run", "poison", "stuck"):
         path = SCREENSHOTS / f"{name}.png"

@@ -280,6 +280,31 @@ def test_tsql_after_follows_a_settings_job_checks_names_and_refuses_cycles(contr
     assert [h["followed_run_id"] for h in history[1:]] == [history[0]["run_id"], history[1]["run_id"]]
 
 
+@pytest.mark.parametrize("dialect", ["postgres"] + (["mssql"] if MSSQL_BASE else []))
+def test_a_settings_after_in_another_letter_case_follows_the_job_it_names(dialect):
+    """AFTER=T names the database's t (names compare case-insensitively); the sync writes it as
+    t is spelt, so the follow-up fires (the run-time join compares exactly)."""
+    with fresh_database(dialect) as url:
+        agent = make_agent(url, {"load": {"COMMAND": "SELECT 1"}})
+        connection = connect(url)
+        try:
+            agent.tick()
+            (defined,) = call(connection, "add_scheduled_job", name="t", sql="SELECT 1")
+            assert defined["action"] == "defined"
+            follower = make_agent(url, {"s": {"COMMAND": "SELECT 2", "AFTER": "T"}, "T": {"COMMAND": "SELECT 3"}})
+            follower.tick()
+            jobs = {row["job_name"]: row for row in select(connection, "SELECT job_name, after_job, valid FROM agent.jobs")}
+            assert jobs["s"]["after_job"] == "t" and jobs["s"]["valid"] == 1
+            start(follower, "t")
+            work(follower)
+            history = select(connection, "SELECT job_name, outcome FROM agent.job_history ORDER BY run_id")
+            assert [(h["job_name"], h["outcome"]) for h in history] == [("t", "succeeded"), ("s", "succeeded")]
+            follower.close()
+        finally:
+            connection.close()
+            agent.close()
+
+
 # ---------------------------------------------------------------- exactly once, with processes (PostgreSQL)
 
 def _clean_env() -> dict:

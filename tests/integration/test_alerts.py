@@ -339,3 +339,24 @@ def test_jobs_lists_the_limits(agent_factory, db_url, receiver, capsys):
     response = monitor.handle("GET", "/jobs/etl", "", "")
     assert response.status == 200, response.body[:300]
     assert "<dt>Alerts</dt><dd>max 60 s, stop 300 s, slower 2.5x p95, deadline 900 s</dd>" in response.body.decode()
+
+
+def test_a_quiet_tick_wakes_for_a_deadline_nothing_else_would_wake_for(agent_factory, db_url, receiver):
+    """A slot whose run failed for good leaves nothing pending, leased or due: only its deadline
+    (next_alert_moment) keeps a quiet tick from sleeping past it."""
+    from shared.engine import quiet
+    slot = at("2026-03-02T10:00:00")
+    agent = build(agent_factory, receiver, {
+        "fails": {"SCHEDULE": "0 0 0 * * *", "COMMAND": "SELECT 1", "MAX_ATTEMPTS": "1", "DEADLINE_SECONDS": "3600"}},
+        AGENT_QUIET_MAX_MINUTES="120")
+    agent.tick(slot)                                                # the job synced; its next slot: midnight
+    day = at("2026-03-03T00:00:00")
+    agent.tick(day - timedelta(seconds=30))
+    start(agent, "fails", day)
+    fail(agent, "fails", day, day + timedelta(seconds=5))
+    now = day + timedelta(seconds=60)
+    agent.tick(now)
+    assert next_alert_moment(agent.store(), now) == day + timedelta(seconds=3600)
+    wake, why = quiet.horizon(agent.store(), agent.settings, now)
+    assert why == "next_alert_at" and wake <= day + timedelta(seconds=3600), (wake, why)
+    assert [a["kind"] for a in agent.tick(day + timedelta(seconds=3601)).alerts] == ["deadline"]

@@ -368,6 +368,10 @@ DUMMY_VALUES.update({
     "target_count": 0, "retry_interval_seconds": None, "parent_run_id": None,
 })
 
+# Issue 32 item 4 (the audit trail).
+DUMMY_VALUES.update({"principal": None, "fallback_principal": "u", "client": "c", "source": "cli",
+                     "action": "stop", "arguments": "{}", "detail": None, "audit_outcome": "done"})
+
 
 def test_result_columns_match_the_real_database(db_url, tmp_path):
     """The sqlglot extraction above agrees with what the driver reports, on each real database."""
@@ -525,7 +529,7 @@ def schema_of(dialect: str) -> dict[str, dict]:
 def test_every_dialect_creates_the_same_tables_columns_and_indexes():
     schemas = {dialect: schema_of(dialect) for dialect in DIALECTS}
     assert set(schemas["postgres"]) == {"schema_version", "state", "jobs", "runs", "attempts", "job_events",
-                                         "poison_messages", "start_lock", "notifications", "job_pauses", "calendars"}
+                                         "poison_messages", "start_lock", "notifications", "job_pauses", "calendars", "audit"}
     for dialect in ("sqlite", "mssql"):
         assert set(schemas[dialect]) == set(schemas["postgres"]), dialect
         for table, expected in schemas["postgres"].items():

@@ -61,7 +61,7 @@ def test_ssms_2008r2_drop_and_create():
     assert short(job) == {
         "STEPS__1__COMMAND": "EXECUTE [dbo].[DatabaseBackup] @Databases = 'USER_DATABASES', @BackupType = 'FULL'",
         "STEPS__1__MAX_ATTEMPTS": "2", "STEPS__1__RETRY_INTERVAL_SECONDS": "600", "STEPS__1__DATABASE": "DBA",
-        "STEPS__1__ON_SUCCESS": "next", "STEPS__1__ON_FAILURE": "quit_failure", "TIMEZONE": "UTC",
+        "STEPS__1__ON_SUCCESS": "next", "STEPS__1__ON_FAILURE": "quit_failure", "TIMEZONE": "UTC", "MISFIRE": "skip",
         "NOTIFY": "on_failure", "ENABLED": "true", "SCHEDULE": "0 0 23 * * *"}
     assert list(listed(job)) == [
         "@notify_level_email=2 to operator 'DBA Team'", "@notify_level_eventlog=2",
@@ -149,7 +149,7 @@ def test_a_script_written_from_the_documentation():
         "STEPS__1__ON_FAILURE": "quit_failure",
         "STEPS__2__COMMAND": "BACKUP DATABASE Sales TO DISK = N'D:\\Backup\\Sales.bak' WITH INIT",
         "STEPS__2__MAX_ATTEMPTS": "1", "STEPS__2__DATABASE": "Sales", "STEPS__2__ON_SUCCESS": "quit_success",
-        "STEPS__2__ON_FAILURE": "quit_failure", "TIMEZONE": "UTC", "ENABLED": "true", "SCHEDULE": "0 30 23 * * *"}
+        "STEPS__2__ON_FAILURE": "quit_failure", "TIMEZONE": "UTC", "MISFIRE": "skip", "ENABLED": "true", "SCHEDULE": "0 30 23 * * *"}
     assert document["complete"] is True
 
 

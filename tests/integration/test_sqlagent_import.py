@@ -169,7 +169,7 @@ def test_several_jobs_in_one_file_and_what_is_not_carried_is_listed_per_job():
         ("purge audit", "purge_audit"), ("purge audit", "purge_audit_2"), ("Month-end close", "Month_end_close")]
     purge, purge_fortnightly, close = everything
     common = {"COMMAND": "DELETE TOP (5000) FROM dbo.audit_log WHERE logged_at < DATEADD(day, -90, SYSUTCDATETIME());",
-              "MAX_ATTEMPTS": "4", "DATABASE": "audit", "TIMEZONE": "Europe/Paris", "ENABLED": "false",
+              "MAX_ATTEMPTS": "4", "DATABASE": "audit", "TIMEZONE": "Europe/Paris", "MISFIRE": "skip", "ENABLED": "false",
               "NOTIFY": "on_failure"}          # @notify_level_email=2: when it fails
     assert purge.settings == {**{f"JOB__purge_audit__{k}": v for k, v in common.items()},
                               "JOB__purge_audit__SCHEDULE": "0 */5 1-6 * * *"}
@@ -427,7 +427,7 @@ def test_a_job_with_no_t_sql_step_is_listed_not_emitted_and_one_with_no_schedule
     converted = one(ssms("adhoc", step(1, "SELECT 1"), ""))
     assert [c.on_demand for c in converted] == [True] and converted[0].not_carried == []
     assert converted[0].settings == {"JOB__adhoc__COMMAND": "SELECT 1", "JOB__adhoc__MAX_ATTEMPTS": "1",
-                                     "JOB__adhoc__DATABASE": "sales", "JOB__adhoc__TIMEZONE": "UTC",
+                                     "JOB__adhoc__DATABASE": "sales", "JOB__adhoc__TIMEZONE": "UTC", "JOB__adhoc__MISFIRE": "skip",
                                      "JOB__adhoc__ENABLED": "true"}
     assert report(converted, "UTC")["complete"] is True
     assert_engine_accepts(converted[0].settings)
@@ -484,7 +484,7 @@ def test_settings_the_agent_refuses_are_not_emitted_but_listed_with_the_agents_o
     (item,) = converted["n"].not_carried
     assert item["what"] == "job n" and "NUL character" in item["reason"]
     settings = report(list(converted.values()), "UTC")["settings"]
-    assert set(settings) == {"JOB__ok__COMMAND", "JOB__ok__MAX_ATTEMPTS", "JOB__ok__TIMEZONE", "JOB__ok__ENABLED",
+    assert set(settings) == {"JOB__ok__COMMAND", "JOB__ok__MAX_ATTEMPTS", "JOB__ok__TIMEZONE", "JOB__ok__MISFIRE", "JOB__ok__ENABLED",
                              "JOB__ok__DATABASE"}
 
 
@@ -531,3 +531,18 @@ def test_a_step_that_starts_another_job_is_listed_with_the_after_that_replaces_i
     assert converted.settings["JOB__load__STEPS__2__COMMAND"].startswith("EXEC msdb.dbo.sp_start_job")  # still copied
     untouched = one(ssms("plain", step(1, "SELECT 'EXEC of sp_start_job is only words here'"), schedule()))[0]
     assert untouched.not_carried == []
+
+
+def test_an_imported_job_never_runs_a_slot_it_missed_as_sql_agent_never_does(tmp_path):
+    """SQL Server Agent does not run a slot it missed (stopped, or a one-time moment already past
+    when the job reaches the server): the imported jobs say MISFIRE=skip, in the settings and
+    through --apply. Deployed after its moment, the one-time job is recorded skipped, not run."""
+    converted = one(ssms("j", step(1, "SELECT 1"), schedule(freq_type=1, start_date=20270115, start_time=150000)))
+    settings = converted[0].settings
+    assert settings["JOB__j__MISFIRE"] == "skip" and converted[0].apply["misfire"] == "skip"
+    (job,), invalid = parse_jobs(settings)
+    assert invalid == () and job.misfire == "skip"
+    agent = make_agent(f"sqlite:///{tmp_path / 'agent.db'}", {"j": {k[len("JOB__j__"):]: v for k, v in settings.items()}})
+    agent.tick(datetime(2027, 1, 15, 16, 0, tzinfo=UTC))       # an hour after the moment
+    (run,) = agent.store().execute("list_history", job_name="j", limit=5).rows
+    assert run["status"] == "skipped"

@@ -347,3 +347,102 @@ def test_files_run_in_order_over_one_msdb_and_a_file_given_twice_is_said(tmp_pat
     document = json.loads(capsys.readouterr().out)
     assert len(document["jobs"]) == 1
     assert any("error 14261" in entry["reason"] for entry in document["jobs"][0]["not_carried"])
+
+
+# ---------------------------------------------------------------- what the importer does not run is said
+
+
+@pytest.mark.parametrize("tail, what, needle", [
+    ("CREATE SYNONYM dbo.addstep FOR msdb.dbo.sp_add_jobstep;\nGO\n"
+     "EXEC dbo.addstep @job_name = N'j', @step_name = N's2', @command = N'DELETE FROM dbo.important';",
+     "EXEC dbo.addstep", "not a procedure this script creates nor one of msdb's"),
+    ("EXEC sp_MSforeachdb N'IF ''?'' = ''msdb'' EXEC msdb.dbo.sp_update_job @job_name = N''j'', @enabled = 0';",
+     "EXEC sp_MSforeachdb", "its arguments hold SQL calling sp_update_job"),
+    ("EXEC master..xp_cmdshell N'sqlcmd -E -Q \"EXEC msdb.dbo.sp_update_job @job_name = N''j'', @enabled = 0\"';",
+     "EXEC master..xp_cmdshell", "its arguments hold SQL calling sp_update_job"),
+    ("SELECT * FROM OPENROWSET('SQLNCLI', 'Server=(local);Trusted_Connection=yes;', "
+     "'EXEC msdb.dbo.sp_update_job @job_name = N''j'', @enabled = 0; SELECT 1 AS x');",
+     "SELECT naming sp_update_job", "is not run by the importer"),
+    ("EXEC dbo.usp_setup_jobs @enabled = 0;", "EXEC dbo.usp_setup_jobs", "what it does is not known"),
+])
+def test_a_call_the_importer_cannot_follow_is_listed_never_dropped(tmp_path, capsys, tail, what, needle):
+    """Synonyms, procedures that run SQL given as text, procedures the script does not create:
+    SQL Server may change jobs through them; the import lists them (exit 1)."""
+    code, document, _ = run(tmp_path, capsys, plain_job() + "GO\n" + tail + "\n")
+    assert code == EXIT_FAILURE and document["complete"] is False
+    listed = {entry["what"]: entry["reason"] for entry in document["not_carried"]}
+    assert what in listed and needle in listed[what], listed
+    assert job(document, "j") is not None
+
+
+@pytest.mark.parametrize("failing, enabled", [
+    ("DECLARE @x int = CAST('abc' AS int);", "true"),    # 245 in TRY: the CATCH rolls back
+    ("DECLARE @x int = 1 / 0;", "true"),                  # 8134
+    ("DECLARE @t tinyint = 300;", "true"),                # 220 on assignment
+])
+def test_a_run_time_error_inside_try_goes_to_the_catch(tmp_path, capsys, failing, enabled):
+    text = plain_job() + f"""GO
+BEGIN TRY
+  BEGIN TRAN;
+  EXEC msdb.dbo.sp_update_job @job_name = N'j', @enabled = 0;
+  {failing}
+  COMMIT;
+END TRY BEGIN CATCH ROLLBACK; END CATCH
+"""
+    _, document, _ = run(tmp_path, capsys, text)
+    assert document["settings"]["JOB__j__ENABLED"] == enabled
+
+
+def test_xact_abort_rolls_back_and_ends_the_batch_on_a_run_time_error(tmp_path, capsys):
+    text = plain_job() + """GO
+SET XACT_ABORT ON;
+BEGIN TRAN;
+EXEC msdb.dbo.sp_update_job @job_name = N'j', @enabled = 0;
+DECLARE @z int = 1 / 0;
+COMMIT;
+GO
+"""
+    _, document, _ = run(tmp_path, capsys, text)
+    assert document["settings"]["JOB__j__ENABLED"] == "true"
+
+
+def test_without_try_a_failing_statement_does_nothing_and_the_batch_goes_on(tmp_path, capsys):
+    text = plain_job() + """GO
+DECLARE @z int = 1 / 0;
+EXEC msdb.dbo.sp_update_job @job_name = N'j', @enabled = 0;
+GO
+"""
+    code, document, _ = run(tmp_path, capsys, text)
+    assert document["settings"]["JOB__j__ENABLED"] == "false" and code == 0
+    assert any("Divide by zero" in note for note in document["notes"])
+
+
+def test_a_conversion_error_outside_try_ends_the_batch(tmp_path, capsys):
+    text = plain_job() + """GO
+DECLARE @x int = CAST(N'abc' AS int);
+EXEC msdb.dbo.sp_update_job @job_name = N'j', @enabled = 0;
+GO
+"""
+    _, document, _ = run(tmp_path, capsys, text)
+    assert document["settings"]["JOB__j__ENABLED"] == "true"       # the batch ended before the update
+
+
+def test_a_statement_not_run_inside_try_is_listed(tmp_path, capsys):
+    text = plain_job() + """GO
+BEGIN TRY
+  BEGIN TRAN;
+  EXEC msdb.dbo.sp_update_job @job_name = N'j', @enabled = 0;
+  SELECT 1 / 0;
+  COMMIT;
+END TRY BEGIN CATCH ROLLBACK; END CATCH
+"""
+    code, document, _ = run(tmp_path, capsys, text)
+    assert code == EXIT_FAILURE
+    assert any(entry["what"] == "SELECT" and "taken as succeeding" in entry["reason"] for entry in document["not_carried"])
+
+
+def test_a_binary_value_given_for_a_unicode_parameter_is_read_as_utf16(tmp_path, capsys):
+    """0x6A00 as @job_name (sysname) is N'j' on SQL Server (UTF-16 LE), not 'j\\x00'."""
+    code, document, _ = run(tmp_path, capsys, plain_job() + "GO\nEXEC msdb.dbo.sp_update_job @job_name = 0x6A00, "
+                                                           "@enabled = 0;\n")
+    assert code == 0 and document["settings"]["JOB__j__ENABLED"] == "false"

@@ -213,6 +213,15 @@ def check_stop(sql_agent, workdir, state):
     _json(result)
 
 
+def check_audit(sql_agent, workdir, state):
+    """The actions the invocations before it took on `hello`, newest first: stop last."""
+    result = run(sql_agent, workdir, "--json", "audit", "--job", "hello")
+    assert result.returncode == 0, result.stderr
+    rows = _json(result)
+    assert rows and (rows[0]["action"], rows[0]["outcome"], rows[0]["source"]) == ("stop", "done", "cli"), rows
+    assert {"run-now", "pause", "resume", "stop"} <= {row["action"] for row in rows}, rows
+
+
 def check_stuck(sql_agent, workdir, state):
     result = run(sql_agent, workdir, "--json", "stuck")
     assert result.returncode == 0, result.stderr
@@ -291,6 +300,7 @@ INVOCATIONS = {
     ("pause",): check_pause,
     ("resume",): check_resume,
     ("stop",): check_stop,
+    ("audit",): check_audit,
     ("stuck",): check_stuck,
     ("poison", "list"): check_poison_list,
     ("poison", "requeue"): check_poison_requeue,

@@ -985,6 +985,27 @@ WHERE (CAST(:job_name AS NVARCHAR(64)) IS NULL OR job_name = CAST(:job_name AS N
 ORDER BY event_id DESC
 OPTION (RECOMPILE);
 
+-- insert_audit --
+-- One row of the audit trail (shared/engine/audit.py), in the operator action's own transaction, or alone after it was refused: the principal is :principal when the front end signed its user in (the monitor), else the connection's login (ORIGINAL_LOGIN(): the Entra or SQL principal), else :fallback_principal; :client says from where. The time is the agent's clock (the database's).
+DECLARE @audited TABLE (audit_id BIGINT);
+INSERT INTO agent.audit (acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail)
+OUTPUT inserted.audit_id INTO @audited
+VALUES (CAST(:now AS DATETIME2(6)),
+        LEFT(COALESCE(CAST(:principal AS NVARCHAR(256)), ORIGINAL_LOGIN(), CAST(:fallback_principal AS NVARCHAR(256))), 256),
+        LEFT(CAST(:client AS NVARCHAR(4000)), 400), CAST(:source AS NVARCHAR(16)), CAST(:action AS NVARCHAR(32)),
+        LEFT(CAST(:job_name AS NVARCHAR(4000)), 200), CAST(:run_id AS BIGINT), CAST(:arguments AS NVARCHAR(MAX)),
+        CAST(:audit_outcome AS NVARCHAR(8)), LEFT(CAST(:detail AS NVARCHAR(4000)), 2000));
+SELECT audit_id FROM @audited;
+
+-- list_audit --
+-- sql-agent audit and the monitor's audit page: the audit trail, newest first, optionally of one job and from a time on.
+SELECT TOP (CAST(:limit AS INT)) audit_id, acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail
+FROM agent.audit
+WHERE (CAST(:job_name AS NVARCHAR(200)) IS NULL OR job_name = CAST(:job_name AS NVARCHAR(200)))
+  AND (CAST(:since AS DATETIME2(6)) IS NULL OR acted_at >= CAST(:since AS DATETIME2(6)))
+ORDER BY audit_id DESC
+OPTION (RECOMPILE);
+
 -- count_runs_by_status --
 -- Runs per status (the doctor and the tests' reconciliation).
 SELECT status, COUNT(*) AS runs FROM agent.runs GROUP BY status;
@@ -995,7 +1016,7 @@ DELETE FROM agent.attempts WHERE run_id = :run_id;
 DELETE FROM agent.runs WHERE run_id = :run_id;
 
 -- purge_history --
--- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job, and a run with a poison message not yet requeued, always stay — and poison messages older than AGENT_POISON_RETENTION_DAYS. The runs are locked first (UPDLOCK), then their attempts and they go.
+-- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job, and a run with a poison message not yet requeued, always stay — and poison messages older than AGENT_POISON_RETENTION_DAYS; the audit trail is kept as long as the history. The runs are locked first (UPDLOCK), then their attempts and they go.
 DECLARE @old TABLE (run_id BIGINT PRIMARY KEY);
 INSERT INTO @old (run_id)
 SELECT TOP (CAST(:batch AS INT)) r.run_id FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
@@ -1017,9 +1038,15 @@ DELETE FROM agent.poison_messages WHERE poison_id IN (
     SELECT TOP (CAST(:batch AS INT)) poison_id FROM agent.poison_messages
     WHERE poisoned_at < CAST(:poison_before AS DATETIME2(6)) ORDER BY poison_id);
 SET @poison = @@ROWCOUNT;
+DECLARE @audit INT;
+DELETE FROM agent.audit WHERE audit_id IN (
+    SELECT TOP (CAST(:batch AS INT)) audit_id FROM agent.audit
+    WHERE acted_at < CAST(:history_before AS DATETIME2(6)) ORDER BY audit_id);
+SET @audit = @@ROWCOUNT;
 SELECT N'runs' AS purged, COUNT(*) AS rows_purged FROM @old
 UNION ALL SELECT N'job_events', @events
-UNION ALL SELECT N'poison_messages', @poison;
+UNION ALL SELECT N'poison_messages', @poison
+UNION ALL SELECT N'audit', @audit;
 
 -- identity_rights --
 -- The doctor's view of what the agent's database user reaches beyond the agent's rights (docs/deploying.md, "What the agent's identity can do"): sysadmin, db_owner, db_securityadmin, db_accessadmin, or NULL (STUFF of an empty string is NULL).
@@ -1690,3 +1717,14 @@ SELECT MIN(m.moment) AS next_alert_at FROM (
     SELECT DATEADD(second, j.deadline_seconds, j.next_due_at)
     FROM agent.jobs AS j
     WHERE j.deadline_seconds IS NOT NULL AND j.next_due_at IS NOT NULL AND j.enabled = 1 AND j.valid = 1) AS m;
+
+-- quiet_horizon --
+-- What a quiet tick needs to know (shared/engine/quiet.py): the earliest time anything in the control database can come due: a job's next slot, a pending run (a retry, a delayed or held run), a lease in flight (its expiry), a pause's end, a notification's next delivery; and whether anything is due now or a fleet run waits (then every tick connects). One statement, whatever the job count.
+SELECT (SELECT MIN(next_due_at) FROM agent.jobs WHERE next_due_at IS NOT NULL) AS next_slot_at,
+       (SELECT MIN(runnable_at) FROM agent.runs WHERE status = N'pending') AS next_runnable_at,
+       (SELECT MIN(lease_expires_at) FROM agent.runs WHERE status IN (N'queued', N'running')) AS next_lease_at,
+       (SELECT COUNT(*) FROM agent.runs WHERE status IN (N'queued', N'running') AND lease_expires_at IS NULL) AS unleased,
+       (SELECT COUNT(*) FROM agent.runs WHERE status = N'waiting') AS waiting,
+       (SELECT MIN(paused_until) FROM agent.job_pauses WHERE paused_until > CAST(:now AS DATETIME2(6))) AS next_pause_end_at,
+       (SELECT MIN(CASE WHEN status = N'sending' THEN claimed_until ELSE next_attempt_at END) FROM agent.notifications
+        WHERE status IN (N'pending', N'sending')) AS next_notification_at;

@@ -578,6 +578,23 @@ SELECT event_id, job_name, event_at, kind, detail FROM agent.job_events
 WHERE (CAST(:job_name AS VARCHAR) IS NULL OR job_name = CAST(:job_name AS VARCHAR))
 ORDER BY event_id DESC LIMIT :limit;
 
+-- insert_audit --
+-- One row of the audit trail (shared/engine/audit.py), in the operator action's own transaction, or alone after it was refused: the principal is :principal when the front end signed its user in (the monitor), else the connection's login (session_user), else :fallback_principal; :client says from where. The time is the agent's clock (the database's).
+INSERT INTO agent.audit (acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail)
+VALUES (CAST(:now AS timestamp),
+        left(COALESCE(CAST(:principal AS varchar), CAST(session_user AS varchar), CAST(:fallback_principal AS varchar)), 256),
+        left(CAST(:client AS varchar), 400), CAST(:source AS varchar), CAST(:action AS varchar),
+        left(CAST(:job_name AS varchar), 200), CAST(:run_id AS bigint), CAST(:arguments AS text),
+        CAST(:audit_outcome AS varchar), left(CAST(:detail AS varchar), 2000))
+RETURNING audit_id;
+
+-- list_audit --
+-- sql-agent audit and the monitor's audit page: the audit trail, newest first, optionally of one job and from a time on.
+SELECT audit_id, acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail FROM agent.audit
+WHERE (CAST(:job_name AS VARCHAR) IS NULL OR job_name = CAST(:job_name AS VARCHAR))
+  AND (CAST(:since AS timestamp) IS NULL OR acted_at >= CAST(:since AS timestamp))
+ORDER BY audit_id DESC LIMIT CAST(:limit AS INT);
+
 -- count_runs_by_status --
 -- Runs per status (the doctor and the tests' reconciliation).
 SELECT status, COUNT(*) AS runs FROM agent.runs GROUP BY status;
@@ -588,7 +605,7 @@ DELETE FROM agent.attempts WHERE run_id = :run_id;
 DELETE FROM agent.runs WHERE run_id = :run_id;
 
 -- purge_history --
--- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job, and a run with a poison message not yet requeued, always stay — and poison messages older than AGENT_POISON_RETENTION_DAYS.
+-- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job, and a run with a poison message not yet requeued, always stay — and poison messages older than AGENT_POISON_RETENTION_DAYS; the audit trail is kept as long as the history.
 WITH old AS (
     SELECT r.run_id FROM agent.runs AS r
     WHERE r.finished_at < CAST(:history_before AS timestamp)
@@ -616,6 +633,12 @@ WITH old AS (
 gone AS (
     DELETE FROM agent.poison_messages AS p USING old WHERE p.poison_id = old.poison_id RETURNING p.poison_id)
 SELECT 'poison_messages' AS purged, COUNT(*) AS rows_purged FROM gone;
+WITH old AS (
+    SELECT audit_id FROM agent.audit WHERE acted_at < CAST(:history_before AS timestamp)
+    ORDER BY audit_id LIMIT CAST(:batch AS INT) FOR UPDATE SKIP LOCKED),
+gone AS (
+    DELETE FROM agent.audit AS a USING old WHERE a.audit_id = old.audit_id RETURNING a.audit_id)
+SELECT 'audit' AS purged, COUNT(*) AS rows_purged FROM gone;
 
 -- identity_rights --
 -- The doctor's view of what the agent's login reaches beyond the agent's rights (docs/deploying.md, "What the agent's identity can do"): the privileged roles it is or can SET ROLE to (a superuser, CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS role, a predefined role, the database's owner through pg_database_owner), or NULL.
@@ -1045,3 +1068,14 @@ SELECT MIN(moment) AS next_alert_at FROM (
     SELECT j.next_due_at + j.deadline_seconds * INTERVAL '1 second'
     FROM agent.jobs AS j
     WHERE j.deadline_seconds IS NOT NULL AND j.next_due_at IS NOT NULL AND j.enabled = 1 AND j.valid = 1) AS m;
+
+-- quiet_horizon --
+-- What a quiet tick needs to know (shared/engine/quiet.py): the earliest time anything in the control database can come due: a job's next slot, a pending run (a retry, a delayed or held run), a lease in flight (its expiry), a pause's end, a notification's next delivery; and whether anything is due now or a fleet run waits (then every tick connects). One statement, whatever the job count.
+SELECT (SELECT MIN(next_due_at) FROM agent.jobs WHERE next_due_at IS NOT NULL) AS next_slot_at,
+       (SELECT MIN(runnable_at) FROM agent.runs WHERE status = 'pending') AS next_runnable_at,
+       (SELECT MIN(lease_expires_at) FROM agent.runs WHERE status IN ('queued', 'running')) AS next_lease_at,
+       (SELECT COUNT(*) FROM agent.runs WHERE status IN ('queued', 'running') AND lease_expires_at IS NULL) AS unleased,
+       (SELECT COUNT(*) FROM agent.runs WHERE status = 'waiting') AS waiting,
+       (SELECT MIN(paused_until) FROM agent.job_pauses WHERE paused_until > CAST(:now AS timestamp)) AS next_pause_end_at,
+       (SELECT MIN(CASE WHEN status = 'sending' THEN claimed_until ELSE next_attempt_at END) FROM agent.notifications
+        WHERE status IN ('pending', 'sending')) AS next_notification_at;

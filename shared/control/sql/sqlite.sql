@@ -744,6 +744,19 @@ SELECT event_id, job_name, event_at, kind, detail FROM agent_job_events
 WHERE (:job_name IS NULL OR job_name = :job_name)
 ORDER BY event_id DESC LIMIT :limit;
 
+-- insert_audit --
+-- One row of the audit trail (shared/engine/audit.py), in the operator action's own transaction, or alone after it was refused: the principal is :principal when the front end signed its user in (the monitor), else :fallback_principal (the embedded database has no logins: the operating system's user); :client says from where.
+INSERT INTO agent_audit (acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail)
+VALUES (:now, substr(COALESCE(:principal, :fallback_principal), 1, 256), substr(:client, 1, 400), :source, :action,
+        substr(:job_name, 1, 200), :run_id, :arguments, :audit_outcome, substr(:detail, 1, 2000))
+RETURNING audit_id;
+
+-- list_audit --
+-- sql-agent audit and the monitor's audit page: the audit trail, newest first, optionally of one job and from a time on.
+SELECT audit_id, acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail FROM agent_audit
+WHERE (:job_name IS NULL OR job_name = :job_name) AND (:since IS NULL OR acted_at >= :since)
+ORDER BY audit_id DESC LIMIT :limit;
+
 -- count_runs_by_status --
 -- Runs per status (the doctor and the tests' reconciliation).
 SELECT status, COUNT(*) AS runs FROM agent_runs GROUP BY status;
@@ -754,7 +767,7 @@ DELETE FROM agent_attempts WHERE run_id = :run_id;
 DELETE FROM agent_runs WHERE run_id = :run_id;
 
 -- purge_history --
--- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job, and a run with a poison message not yet requeued, always stay — and poison messages older than AGENT_POISON_RETENTION_DAYS.
+-- Retention, a bounded batch per tick: finished runs (with their attempts) and job events older than AGENT_HISTORY_RETENTION_DAYS — the latest run of each job, and a run with a poison message not yet requeued, always stay — and poison messages older than AGENT_POISON_RETENTION_DAYS; the audit trail is kept as long as the history.
 CREATE TEMP TABLE IF NOT EXISTS agent_purge (run_id INTEGER PRIMARY KEY);
 DELETE FROM temp.agent_purge;
 INSERT INTO temp.agent_purge (run_id)
@@ -775,6 +788,9 @@ RETURNING 'job_events' AS purged, 1 AS rows_purged;
 DELETE FROM agent_poison_messages WHERE poison_id IN (
     SELECT poison_id FROM agent_poison_messages WHERE poisoned_at < :poison_before ORDER BY poison_id LIMIT :batch)
 RETURNING 'poison_messages' AS purged, 1 AS rows_purged;
+DELETE FROM agent_audit WHERE audit_id IN (
+    SELECT audit_id FROM agent_audit WHERE acted_at < :history_before ORDER BY audit_id LIMIT :batch)
+RETURNING 'audit' AS purged, 1 AS rows_purged;
 
 -- identity_rights --
 -- The doctor's view of what the agent's login reaches beyond the agent's rights: an embedded SQLite file has no logins (whoever can open it can do everything).
@@ -1374,3 +1390,14 @@ SELECT strftime('%Y-%m-%d %H:%M:%f', MIN(moment)) AS next_alert_at FROM (
     SELECT julianday(j.next_due_at) + j.deadline_seconds / 86400.0
     FROM agent_jobs AS j
     WHERE j.deadline_seconds IS NOT NULL AND j.next_due_at IS NOT NULL AND j.enabled = 1 AND j.valid = 1) AS m;
+
+-- quiet_horizon --
+-- What a quiet tick needs to know (shared/engine/quiet.py): the earliest time anything in the control database can come due: a job's next slot, a pending run (a retry, a delayed or held run), a lease in flight (its expiry), a pause's end, a notification's next delivery; and whether anything is due now or a fleet run waits (then every tick connects). One statement, whatever the job count.
+SELECT (SELECT MIN(next_due_at) FROM agent_jobs WHERE next_due_at IS NOT NULL) AS next_slot_at,
+       (SELECT MIN(runnable_at) FROM agent_runs WHERE status = 'pending') AS next_runnable_at,
+       (SELECT MIN(lease_expires_at) FROM agent_runs WHERE status IN ('queued', 'running')) AS next_lease_at,
+       (SELECT COUNT(*) FROM agent_runs WHERE status IN ('queued', 'running') AND lease_expires_at IS NULL) AS unleased,
+       (SELECT COUNT(*) FROM agent_runs WHERE status = 'waiting') AS waiting,
+       (SELECT MIN(paused_until) FROM agent_job_pauses WHERE paused_until > :now) AS next_pause_end_at,
+       (SELECT MIN(CASE WHEN status = 'sending' THEN claimed_until ELSE next_attempt_at END) FROM agent_notifications
+        WHERE status IN ('pending', 'sending')) AS next_notification_at;

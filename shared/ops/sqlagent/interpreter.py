@@ -79,6 +79,7 @@ class Session:
     saves: list[tuple[str | None, Msdb, int]] = field(default_factory=list)   # (name, model, line)
     procedures: dict[str, UserProcedure] = field(default_factory=dict)
     assumed_msdb: bool = False
+    xact_abort: bool = False        # SET XACT_ABORT: a run-time error rolls back and ends the batch
 
     def copy(self) -> "Session":
         return replace(self, saves=list(self.saves), procedures=dict(self.procedures))
@@ -116,6 +117,24 @@ class Disconnect(Exception):
 
 class Raised(Exception):
     """An error inside a TRY: control goes to its CATCH."""
+
+
+class StatementFailed(Exception):
+    """A run-time error computing a statement's values (a conversion, a division by zero, an
+    overflow): SQL Server's error, raised where the statement is, decided by statement_failed."""
+
+    def __init__(self, failure: SqlFailure, offset: int) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+        self.offset = offset
+
+
+# Run-time errors that end the batch, not only the statement, outside TRY (conversion of a
+# string to a number or date: SQL Server's batch-aborting conversion errors).
+BATCH_ABORTING_ERRORS = frozenset({245, 241, 8114})
+# Errors SQL Server raises when it compiles the batch (a function given the wrong number of
+# arguments): the batch never runs.
+COMPILE_ERRORS = frozenset({174})
 
 
 @dataclass
@@ -409,7 +428,11 @@ class Interpreter:
     # ------------------------------------------------------------ IF, WHILE and undecided conditions
 
     def run_if(self, frame: Frame, instruction: CIf, pc: int) -> int:
-        condition = self.truth(frame, instruction.stmt.condition)
+        try:
+            condition = self.truth(frame, instruction.stmt.condition, instruction.stmt.start)
+        except StatementFailed as failed:
+            self.statement_failed(frame, failed)
+            return instruction.end          # the IF failed: neither side runs
         frame.error = 0
         if condition is True:
             return pc + 1
@@ -427,7 +450,11 @@ class Interpreter:
         iterations = 0
         body_end = instruction.end - 1              # the jump back to the head
         while True:
-            condition = self.truth(frame, instruction.stmt.condition)
+            try:
+                condition = self.truth(frame, instruction.stmt.condition, instruction.stmt.start)
+            except StatementFailed as failed:
+                self.statement_failed(frame, failed)
+                return instruction.end      # the WHILE failed: the loop ends
             frame.error = 0
             if condition is True:
                 iterations += 1
@@ -533,23 +560,74 @@ class Interpreter:
         text = re.sub(r"^(IF|WHILE)\s+", "", text, flags=re.IGNORECASE)
         return text[:100] + ("..." if len(text) > 100 else "")
 
-    def truth(self, frame: Frame, expression: Expr):
-        """True, False, None (SQL's unknown: NULL) or Unknown (not known before run time)."""
+    def truth(self, frame: Frame, expression: Expr, offset: int = 0):
+        """True, False, None (SQL's unknown: NULL) or Unknown (not known before run time). A
+        condition SQL Server fails computing raises StatementFailed."""
         try:
-            value = self.evaluate(frame, expression, boolean=True)
+            return self.evaluate(frame, expression, boolean=True)
         except SqlFailure as failure:
-            self.find(frame.source, self.line(frame, getattr(expression, "start", 0) or 0), "condition",
-                      f"SQL Server fails evaluating it ({failure.message})")
-            return Unknown(failure.message)
-        return value
+            raise StatementFailed(failure, getattr(expression, "start", 0) or offset) from None
+
+    def statement_failed(self, frame: Frame, failed: StatementFailed) -> None:
+        """A statement SQL Server fails at run time, as it does: inside TRY, control goes to the
+        CATCH; with XACT_ABORT on, the transaction rolls back and the batch ends; a conversion
+        error ends the batch; any other ends the statement only (what it would have done is not
+        done) and the batch goes on."""
+        failure, line = failed.failure, self.line(frame, failed.offset)
+        frame.error = failure.number
+        if failure.number in COMPILE_ERRORS:
+            # Found here while computing, but SQL Server refuses the batch before running any of it.
+            self.find(frame.source, line, "batch", f"SQL Server refuses to compile the batch ({failure.message}): "
+                      "none of it runs; the importer stops it here, what came before in it is not undone")
+            raise Stop(whole=True)
+        if self.in_try(frame):
+            raise Raised()
+        if self.session.xact_abort:
+            if self.session.trancount > 0:
+                target = self.session.saves[0][1]
+                self.report_undone(frame, line, self.msdb, target, f"error {failure.number} under XACT_ABORT")
+                self.msdb = target
+                self.session.trancount, self.session.saves = 0, []
+            self.find(frame.source, line, f"error {failure.number}",
+                      f"SQL Server fails this statement ({failure.message}) with XACT_ABORT on: the transaction rolls "
+                      "back and the batch ends here, here too", kind="note")
+            raise Stop(whole=True)
+        if failure.number in BATCH_ABORTING_ERRORS:
+            self.find(frame.source, line, f"error {failure.number}",
+                      f"SQL Server fails this statement ({failure.message}), which ends the batch: what follows in "
+                      "it does not run, here either", kind="note")
+            raise Stop(whole=True)
+        self.find(frame.source, line, f"error {failure.number}",
+                  f"SQL Server fails this statement ({failure.message}): it does nothing, the batch goes on, here too",
+                  kind="note")
 
     # ------------------------------------------------------------ statements
 
     def execute(self, frame: Frame, statement: Stmt) -> None:
         handler: Callable = getattr(self, "_" + type(statement).__name__.lower())
-        handler(frame, statement)
+        try:
+            handler(frame, statement)
+        except StatementFailed as failed:
+            self.statement_failed(frame, failed)
 
     def _skipped(self, frame: Frame, statement: Skipped) -> None:
+        # A statement the importer does not run (a query, a synonym, OPENROWSET, ...) that names a
+        # job procedure may change jobs when SQL Server runs it: said, never dropped silently.
+        if statement.end > statement.start:
+            named = _job_procedures_named(frame.text[statement.start:statement.end])
+            if named:
+                line = self.line(frame, statement.start)
+                self.find(frame.source, line, f"{statement.word} naming {', '.join(named)}",
+                          f"{self.snippet(frame, statement.start)!r} is not run by the importer: what it does to "
+                          "jobs when SQL Server runs it is not carried")
+            elif self.in_try(frame) or (self.session.xact_abort and self.session.trancount > 0):
+                # It may fail on SQL Server (a division by zero, a missing table), and there that
+                # sends control to the CATCH or rolls the transaction back: not knowable here.
+                line = self.line(frame, statement.start)
+                self.find(frame.source, line, statement.word,
+                          f"{self.snippet(frame, statement.start)!r} is not run by the importer; inside TRY (or under "
+                          "XACT_ABORT) its failure on SQL Server would change what the script does to the jobs: "
+                          "taken as succeeding")
         frame.error = 0
 
     def _declare(self, frame: Frame, statement: Declare) -> None:
@@ -591,7 +669,7 @@ class Interpreter:
         try:
             return convert(value, type_)
         except SqlFailure as failure:
-            return Unknown(f"SQL Server fails assigning @{name} at line {self.line(frame, offset)}: {failure.message}")
+            raise StatementFailed(failure, offset) from None
 
     def variable(self, frame: Frame, name: str, offset: int) -> Var | None:
         var = frame.variables.get(name)
@@ -612,6 +690,8 @@ class Interpreter:
                     self.session.quoted_identifier = state
                 elif word in ("NOEXEC", "PARSEONLY"):
                     self.session.noexec = state
+                elif word == "XACT_ABORT":
+                    self.session.xact_abort = state
         frame.error = 0
 
     def _use(self, frame: Frame, statement: Use) -> None:
@@ -796,11 +876,38 @@ class Interpreter:
             return
         if name in NOT_FOLLOWED:
             self.find(frame.source, line, name, f"{NOT_FOLLOWED[name]}: not followed by the importer")
-        # Any other procedure: it does not change msdb's jobs (a procedure the script creates is
-        # run above); what it hands back is known only at run time.
+        elif not (name in HARMLESS or name.startswith("sp_help")):
+            # A procedure neither msdb's nor created by the script (a synonym, sp_MSforeachdb,
+            # xp_cmdshell, one that exists only on the server): what it does is not known here,
+            # and it may change jobs (its SQL arguments say so when they name a job procedure).
+            held = [value for value in self.argument_texts(frame, statement)]
+            named = sorted({p for text in held for p in _job_procedures_named(text)})
+            full = ".".join(parts).lstrip(".")
+            self.find(frame.source, line, f"EXEC {full}",
+                      (f"its arguments hold SQL calling {', '.join(named)}, which the importer does not run: what "
+                       "that does to jobs is not carried") if named else
+                      ("not a procedure this script creates nor one of msdb's: what it does is not known to the "
+                       "importer; if it changes jobs, that is not carried"))
+        # What it hands back is known only at run time.
         self.unknown_outputs(frame, statement, line)
         frame.error = 0
         self.set_return(frame, statement, Unknown(f"the return code of {name} at line {line}"), line)
+
+    def argument_texts(self, frame: Frame, statement: Exec) -> list[str]:
+        """The arguments of a call that are known strings (never raises: an argument whose value
+        is not known, or whose computation fails, is left out)."""
+        texts = []
+        for argument in statement.arguments:
+            expression = getattr(argument, "value", None)
+            if expression is None:
+                continue
+            try:
+                value = self.value(frame, expression, statement.start)
+            except Exception:  # noqa: BLE001 - a look at the arguments, not their computation
+                continue
+            if isinstance(value, str):
+                texts.append(value)
+        return texts
 
     def unknown_outputs(self, frame: Frame, statement: Exec, line: int) -> None:
         for argument in statement.arguments:
@@ -1056,7 +1163,7 @@ class Interpreter:
         try:
             return self.evaluate(frame, expression, row=row)
         except SqlFailure as failure:
-            return Unknown(f"SQL Server fails computing it at line {self.line(frame, offset)}: {failure.message}")
+            raise StatementFailed(failure, offset) from None
         except RecursionError:
             return Unknown("an expression nested too deeply")
 
@@ -1465,6 +1572,15 @@ def _check_declared(parser: Parser, batch_tokens: list[Token], declared: set[str
         elif token.value not in declared:
             raise BatchRefused(token.start, f"{token.text} is used but not declared before it in the batch (SQL "
                                             f"Server's error 137, 'Must declare the scalar variable \"{token.text}\"')")
+
+
+_JOB_PROCEDURE = re.compile(r"\b(" + "|".join(sorted(map(re.escape, SIGNATURES), key=len, reverse=True)) + r")\b",
+                            re.IGNORECASE)
+
+
+def _job_procedures_named(text: str) -> list[str]:
+    """The msdb job procedures ``text`` names (the importer's model), in order, once each."""
+    return list(dict.fromkeys(match.group(1).lower() for match in _JOB_PROCEDURE.finditer(text)))
 
 
 def _split_name(text: str) -> list[str]:

@@ -260,6 +260,7 @@ class Change(Stmt):
 @dataclass
 class Skipped(Stmt):
     word: str
+    end: int = -1               # offset after its last token (-1: not known)
 
 
 @dataclass
@@ -378,7 +379,7 @@ class Parser:
             self.i += 1
             return Skipped(start, word)
         self.skip_statement(word or token.text)
-        return Skipped(start, word or token.text)
+        return Skipped(start, word or token.text, self.t[self.i - 1].end if self.i else -1)
 
     def _begin(self, start: int) -> Stmt:
         next_word = self.word(1)
@@ -670,7 +671,7 @@ class Parser:
         self.skip_statement("SELECT", consume_first=False)
         clause = self.t[clause_start:self.i]
         if not assigns:
-            return Skipped(start, "SELECT")
+            return Skipped(start, "SELECT", self.t[self.i - 1].end if self.i else -1)
         return Assign(start, targets, source=clause if clause else None)
 
     def _with(self, start: int) -> Stmt:
@@ -943,7 +944,7 @@ class Parser:
         kind = self.word(k)
         if kind not in MODULES:
             self.skip_statement("CREATE")
-            return Skipped(start, "CREATE")
+            return Skipped(start, "CREATE", self.t[self.i - 1].end if self.i else -1)
         self.i += k + 1
         name = self.multipart_name()
         params: list[tuple[str, SqlType | None, Expr | None, bool]] = []

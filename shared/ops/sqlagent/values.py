@@ -203,7 +203,12 @@ def convert(value: Value, target: SqlType) -> Value:
         if isinstance(value, int) and not isinstance(value, bool) and target.length is not None \
                 and len(str(value)) > target.length:
             return "*"          # T-SQL: an int too long for a character type becomes '*'
-        text = to_string(value)
+        if isinstance(value, bytes) and name in ("nchar", "nvarchar", "sysname"):
+            # Binary to a Unicode type: SQL Server reads the bytes as UTF-16 LE (0x4A00 is N'J');
+            # an odd last byte is dropped, as there.
+            text: Value = value[:len(value) - len(value) % 2].decode("utf-16-le", errors="replace")
+        else:
+            text = to_string(value)
         if isinstance(text, str) and target.length is not None:
             text = text[:target.length]
             if name in ("char", "nchar"):

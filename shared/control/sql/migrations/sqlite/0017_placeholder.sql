@@ -1,2 +1,0 @@
--- 0017: PLACEHOLDER on branch alerts only, so that 0021 loads without a gap (migrations are numbered 1..n).
--- The lead drops these four files at merge (other branches hold the real 0017-0020).
