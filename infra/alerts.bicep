@@ -80,6 +80,10 @@ customEvents
 | project timestamp, job = tostring(customDimensions.job), run_id = tostring(customDimensions.run_id), scheduled_for = tostring(customDimensions.scheduled_for)
 '''
 
+// The agent raises deadline alerts itself (JOB__<name>__DEADLINE_SECONDS, and duration alerts with
+// MAX_DURATION_SECONDS / STOP_AFTER_SECONDS / SLOWER_THAN: docs/configuration.md#alerts-on-duration-and-deadlines),
+// once per slot, through its webhook and the AlertRaised event. This rule stays: it is the dead
+// man's switch for an agent that stopped ticking (then nothing inside the agent can say so).
 resource deadMansSwitch 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = if (!empty(deadMansSwitchJobs)) {
   name: '${namePrefix}-job-missed-success'
   location: location

@@ -47,6 +47,7 @@ from shared.cli.output import (
 )
 from shared.cli.parser import build_parser
 from shared.control.sqlerrors import classify
+from shared.engine.alerts import alert_limits_text
 from shared.engine.agent import Agent
 from shared.engine.audit import AuditAction, command_line_actor, record_refusal
 from shared.engine.operations import (
@@ -277,9 +278,10 @@ def cmd_jobs(agent, args) -> int:
         if row.get("paused") and row.get("paused_until"):
             state = f"paused until {time_text(row['paused_until'])}"
         table.append([row["job_name"], state, row["source"], schedule, row["timezone"],
-                      time_text(row["next_due_at"]), row["status"], last, last_targets(row), row["config_error"] or ""])
+                      time_text(row["next_due_at"]), row["status"], last, last_targets(row), alert_limits_text(row),
+                      row["config_error"] or ""])
     print_table(["JOB", "STATE", "DEFINED IN", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN",
-                  "LAST TARGETS", "ERROR"], table)
+                  "LAST TARGETS", "ALERTS", "ERROR"], table)
     return EXIT_OK
 
 

@@ -1,4 +1,5 @@
-"""Notifications: a run's outcome POSTed as JSON to a webhook, once per run outcome.
+"""Notifications: a run's outcome POSTed as JSON to a webhook, once per run outcome; and the
+alerts the tick raises (shared/engine/alerts.py), once per (run, kind), through the same outbox.
 
 SQL Server Agent notifies operators when a job fails, succeeds or completes; here each job's
 ``NOTIFY`` (``on_failure`` by default, ``on_success``, ``on_completion``, ``never``) says which
@@ -6,7 +7,7 @@ outcomes go to its webhook (``JOB__<name>__NOTIFY_WEBHOOK_URL``, else
 ``AGENT_NOTIFY_WEBHOOK_URL``). Email goes through Azure Monitor instead (infra/alerts.bicep).
 
 An outbox: ``enqueue_notifications`` writes one row per run outcome in the very transaction
-that ends the run (the unique run_id makes a second enqueue a no-op), so an outcome is never
+that ends the run (the unique (run_id, kind) makes a second enqueue a no-op), so an outcome is never
 notified without having happened, nor lost once it happened. Delivery happens afterwards, off
 every worker's path: one daemon thread per process (``Notifier``), woken when a run ends and
 by each tick, claims due rows under a new claim token (two processes never send the same row),
@@ -89,6 +90,11 @@ def notification_body(notification: dict[str, Any], run: dict[str, Any]) -> dict
         "job": notification["job_name"],
         "run_id": notification["run_id"],
         "slot": _iso(run.get("scheduled_for")),
+        # "outcome": the run ended (NOTIFY); else an alert the tick raised (shared/engine/alerts.py):
+        # "duration", "stopped", "slower" or "deadline", "alert" saying what, "outcome" the run's
+        # status when it was raised.
+        "kind": notification.get("kind") or "outcome",
+        "alert": notification.get("detail"),
         "outcome": outcome,
         # A run its flow failed (quit_failure after a step that failed and was handled) keeps no
         # error of its own: the latest failed attempt's error and step say what went wrong.

@@ -4,7 +4,8 @@ nothing in it can come due, so that a serverless database can pause (docs/cost.m
 The last tick that connected asks the database, in one statement (``quiet_horizon``), for the
 earliest time anything there can come due — a job's next slot (calendars and jitter only ever
 move a slot later, so the stored next slot is never too late), a pending run (a retry, a run held
-or delayed), a lease in flight (its expiry), a pause's end, a notification's next delivery — and
+or delayed), a lease in flight (its expiry), a pause's end, a notification's next delivery, an alert a job asks for (shared/engine/alerts.py:
+next_alert_moment, one more statement only when a job has alert limits) — and
 records the *wake time*: that moment less one claim span (the next tick plus
 AGENT_LOOKAHEAD_MARGIN_SECONDS, so the tick that claims and dispatches it still connects) and
 one more tick period of slack, bounded by now + AGENT_QUIET_MAX_MINUTES. A later tick reads the
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from shared.control.sqlerrors import describe
+from shared.engine.alerts import has_alerts, next_alert_moment
 from shared.engine.dispatch import claim_horizon
 from shared.jobs.schedules import CronSchedule
 from shared.settings import Settings
@@ -228,7 +230,14 @@ def horizon(store: Any, settings: Settings, now: datetime) -> tuple[datetime, st
     if int(row.get("waiting") or 0) or int(row.get("unleased") or 0):
         return now, "a fleet run waits for its targets, or a run in flight holds no lease"
     candidates = [(maximum, "AGENT_QUIET_MAX_MINUTES")]
-    for name in ("next_slot_at", "next_runnable_at", "next_lease_at", "next_pause_end_at", "next_notification_at"):
+    if has_alerts(settings):
+        # A job's alert limits (issue 32): a running run reaching MAX_DURATION_SECONDS or
+        # STOP_AFTER_SECONDS, a slot reaching its DEADLINE_SECONDS (also one whose run failed or
+        # was skipped: nothing else wakes for it). SLOWER_THAN watches running runs, whose leases
+        # (next_lease_at) already wake the ticks. One more statement, only with alerts configured.
+        row = {**row, "next_alert_at": next_alert_moment(store, now)}
+    for name in ("next_slot_at", "next_runnable_at", "next_lease_at", "next_pause_end_at", "next_notification_at",
+                 "next_alert_at"):
         value = row.get(name)
         if isinstance(value, str):
             value = _time(value if "+" in value[10:] or value.endswith("Z") else value + "+00:00")

@@ -15,6 +15,9 @@ Every minute (AGENT_TICK_SCHEDULE) a tick:
    was down are recorded (skipped, or caught up once, per the job's misfire policy); a slot a
    change of the job's definition had recorded skipped is claimed again, in place, when the
    definition now in force plans it (enabled again, added back, a schedule with the same slot);
+4b. when a job asks for alerts (MAX_DURATION_SECONDS, STOP_AFTER_SECONDS, SLOWER_THAN,
+   DEADLINE_SECONDS), stops the runs past their STOP_AFTER_SECONDS and writes each alert due once
+   to the notification outbox (shared/engine/alerts.py);
 5. in queue mode, dispatches (due runs up to the cap, and every run due within the lookahead
    as a message delayed until its slot) and leaves a chain of doorbells until the next tick.
 
@@ -38,6 +41,7 @@ from typing import Any, Callable
 
 from shared.control.sqlerrors import classify, describe, is_lock_conflict
 from shared.control.store import Store
+from shared.engine.alerts import alert_columns, has_alerts, raise_alerts
 from shared.engine.dispatch import claim_horizon, dispatch, ring_doorbells, run_properties
 from shared.engine.fleet import fleet_steps, report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
@@ -98,6 +102,9 @@ class TickReport:
     skipped_at_start: list[dict[str, Any]] = field(default_factory=list)
     recovered: list[dict[str, Any]] = field(default_factory=list)
     planned: list[dict[str, Any]] = field(default_factory=list)
+    # Runs STOP_AFTER_SECONDS stopped, and the alerts this tick wrote (shared/engine/alerts.py).
+    stopped: list[dict[str, Any]] = field(default_factory=list)
+    alerts: list[dict[str, Any]] = field(default_factory=list)
     doorbells: int = 0
     purged: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -126,6 +133,8 @@ class TickReport:
             "clock_recovered": len(self.recovered),
             "history_purged": sum(self.purged.values()),
             "database_jobs_planned": len(self.planned),
+            "runs_stopped": len(self.stopped),
+            "alerts_raised": len(self.alerts),
             "statements": self.statements,
             "duration_ms": round(self.duration_ms, 1),
             "errors": self.errors,
@@ -173,6 +182,8 @@ class Scheduler:
         decided_at = reference if self.reference_clock is not None else now
         steps = [self.check_clock, self.sync_jobs, self.plan_database_jobs, self.expire_leases,
                  self.progress_fleets, self.recover_clock_jumps, self.claim_slots]
+        if has_alerts(self.settings):
+            steps.append(self.raise_alerts)
         if self.queue is not None:
             steps += [self.dispatch_runs, self.ring_doorbells]
         steps.append(self.purge_history)
@@ -307,6 +318,7 @@ class Scheduler:
                 "steps": job.steps_json(), "notify": job.notify, "notify_webhook_url": job.notify_webhook_url,
                 "after_job": job.after, "after_outcome": job.after_outcome.value if job.after else None,
                 "calendars": job.calendars or None, "jitter_seconds": job.jitter_seconds,
+                **alert_columns(job),
                 "next_due_at": store.json_time(_initial_due(job.schedule, job.timezone, now)) if job.enabled else None,
                 # Only when declared: the definition hash of every other job stays what it was.
                 **({"params": job.params} if job.params else {}),
@@ -528,6 +540,23 @@ class Scheduler:
                     self.telemetry.event("MisfireSkipped", properties, operation_id=run.get("operation_id"))
             else:
                 self.telemetry.event("RunClaimed", properties, operation_id=run.get("operation_id"))
+
+    # ------------------------------------------------------------ 4b. alerts
+
+    def raise_alerts(self, now: datetime, report: TickReport) -> None:
+        """Stop the runs past STOP_AFTER_SECONDS and write the alerts due (three statements,
+        whatever the number of jobs); tell telemetry of those this tick wrote (another tick
+        racing wrote the others, and tells them)."""
+        stopped, raised = raise_alerts(self.store, now, self.settings.agent.notify_webhook_url)
+        report.stopped, report.alerts = stopped, raised
+        for run in stopped:
+            log.warning("run %s (%s): %s", run["run_id"], run["job_name"], run["note"])
+        for alert in raised:
+            log.warning("alert %s: run %s (%s): %s", alert["kind"], alert["run_id"], alert["job_name"],
+                        alert["detail"])
+            self.telemetry.event("AlertRaised", {"job": alert["job_name"], "run_id": alert["run_id"],
+                                                 "alert": alert["kind"], "outcome": alert["outcome"],
+                                                 "error_message": alert["detail"]})
 
     # ------------------------------------------------------------ 4. queue mode
 

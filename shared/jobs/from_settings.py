@@ -61,7 +61,16 @@ JOB_SETTING_SUFFIXES = (
     "ONLY",
     "ON_EXCLUDED",
     "JITTER_SECONDS",
+    "MAX_DURATION_SECONDS",
+    "STOP_AFTER_SECONDS",
+    "SLOWER_THAN",
+    "DEADLINE_SECONDS",
 )
+
+# Alerts the agent raises itself (issue 32 items 1-2; shared/engine/alerts.py): a week at most
+# (longer than the longest TIMEOUT_SECONDS), SLOWER_THAN a multiple of the recent p95 in (1, 100].
+MAX_ALERT_SECONDS = 7 * 86400
+MAX_SLOWER_THAN = 100.0
 
 
 # JOB__<name>__STEPS__<n>__<SUFFIX>: one step of a multi-step job (SQL Agent's job steps).
@@ -338,6 +347,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         calendar_rules = ""
         jitter_seconds = 0
         params = ""
+        alert_limits: dict[str, Any] = dict(NO_ALERT_LIMITS)
     else:
         def int_value(suffix: str, low: int, high: int) -> int:
             if suffix not in given and suffix in _DEFAULT_INTS:
@@ -402,6 +412,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         calendar_rules = _calendar_settings(given, setting, errors, calendars or CalendarSettings({}, {}))
         jitter_seconds = int_value("JITTER_SECONDS", 0, MAX_JITTER_SECONDS) if "JITTER_SECONDS" in given else 0
         params = _param_settings(values, errors)
+        alert_limits = _alert_settings(given, setting, errors)
         steps: tuple[StepDefinition, ...] = ()
         if has_steps and "COMMAND" not in values:
             steps = parse_steps(name, values, errors, default_max_attempts=max_attempts,
@@ -424,7 +435,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         lease_seconds=lease_seconds, misfire=misfire, grace_seconds=grace_seconds,
         overlap=overlap, database=database, steps=steps, notify=notify, notify_webhook_url=webhook,
         targets=targets, after=after, after_outcome=after_outcome, calendars=calendar_rules,
-        jitter_seconds=jitter_seconds, params=params,
+        jitter_seconds=jitter_seconds, params=params, **alert_limits,
     )
 
 
@@ -468,6 +479,38 @@ def _param_settings(values: dict[str, tuple[str, str]], errors: list[str]) -> st
     if len(declared) > MAX_PARAMS:
         errors.append(f"JOB__<name>__PARAMS__*: {len(declared)} parameters; expected at most {MAX_PARAMS}")
     return declarations_json(declared) or ""
+
+
+NO_ALERT_LIMITS: Mapping[str, Any] = {"max_duration_seconds": None, "stop_after_seconds": None,
+                                      "slower_than": None, "deadline_seconds": None}
+
+
+def _alert_settings(given: dict[str, str], setting: Callable[[str], str], errors: list[str]) -> dict[str, Any]:
+    """MAX_DURATION_SECONDS, STOP_AFTER_SECONDS, DEADLINE_SECONDS (whole seconds, 1 to a week)
+    and SLOWER_THAN (a number above 1: a multiple of the job's recent p95) of one job; unset or
+    empty: no such alert. A bad value is an error of this job alone."""
+    limits = dict(NO_ALERT_LIMITS)
+    for suffix in ("MAX_DURATION_SECONDS", "STOP_AFTER_SECONDS", "DEADLINE_SECONDS"):
+        raw = given.get(suffix)
+        if raw is None or not raw.strip():
+            continue
+        try:
+            limits[suffix.lower()] = parse_int(setting(suffix), raw, 1, MAX_ALERT_SECONDS)
+        except ConfigError as exc:
+            errors.append(str(exc))
+    raw = given.get("SLOWER_THAN")
+    if raw is not None and raw.strip():
+        try:
+            factor = float(raw.strip())
+        except ValueError:
+            factor = float("nan")
+        if not (1.0 < factor <= MAX_SLOWER_THAN):   # also NaN and inf
+            errors.append(str(ConfigError(setting("SLOWER_THAN"), raw,
+                                          f"a number above 1 and at most {MAX_SLOWER_THAN:g} (a multiple of the job's "
+                                          "p95 duration over its recent successful runs, e.g. 2)")))
+        else:
+            limits["slower_than"] = factor
+    return limits
 
 
 def _calendar_settings(given: dict[str, str], setting: Callable[[str], str], errors: list[str],

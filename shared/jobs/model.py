@@ -116,6 +116,14 @@ class JobDefinition:
     # JOB__<name>__PARAMS__<k>__DEFAULT / __REQUIRED: the parameters the job declares, as the JSON
     # agent.jobs.params holds ({name: default or null}); "" when it declares none.
     params: str = ""
+    # Alerts the agent raises itself (shared/engine/alerts.py); None: not asked for.
+    # MAX_DURATION_SECONDS: a run still running past it is notified once; STOP_AFTER_SECONDS: it
+    # is stopped (as `stop`); SLOWER_THAN: a run slower than this multiple of the job's recent p95
+    # is notified once; DEADLINE_SECONDS: a slot without a success that long after it, once.
+    max_duration_seconds: int | None = None
+    stop_after_seconds: int | None = None
+    slower_than: float | None = None
+    deadline_seconds: int | None = None
 
     def steps_json(self) -> str | None:
         """What agent.jobs.steps holds: None for a one-step job (today's rows, unchanged)."""

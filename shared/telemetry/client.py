@@ -71,7 +71,7 @@ AUTHENTICATION_STRING_SETTING = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"
 EVENT_NAMES = ("RunClaimed", "RunDispatched", "RunStarted", "RunSucceeded", "RunFailed", "RunRetried",
                "LeaseExpired", "RunPoisoned", "MisfireSkipped", "OverlapSkipped", "JobConfigInvalid",
                "StaleMessage", "ClockSkewDetected", "StepSucceeded", "StepFailed", "TargetsResolved",
-               "JobPaused", "JobResumed", "FollowUpStarted", "FollowUpRefused")
+               "JobPaused", "JobResumed", "FollowUpStarted", "FollowUpRefused", "AlertRaised")
 
 
 METRIC_NAMES = ("TickDurationMs", "RunsDue", "RunsClaimed", "RunsDispatched", "ScheduleLagSeconds",
@@ -84,7 +84,7 @@ STANDARD_DIMENSIONS = ("job", "run_id", "attempt", "scheduled_for", "token", "ki
                        "error_number", "error_message", "duration_ms", "retry_at", "dequeue_count",
                        "poison_id", "step", "output", "target_database", "target_server", "parent_run_id",
                        "targets", "targets_failed", "paused_until", "paused_by", "reason", "runs_skipped",
-                       "followed_run_id")
+                       "followed_run_id", "alert")
 
 
 # Application Insights limits (data model): longer values are truncated by ingestion anyway;

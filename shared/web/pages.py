@@ -10,6 +10,7 @@ from typing import Any, Callable
 from urllib.parse import quote
 
 from shared.engine import views
+from shared.engine.alerts import alert_limits_text
 from shared.jobs.params import read_json
 from shared.jobs.run_model import RunStatus
 from shared.web.html import OUTCOME_COLOURS, escape, visible, when
@@ -88,6 +89,8 @@ class Pages:
                              f'{when(job["last_finished_at"]) if job["last_run_id"] else ""}{_last_targets(job)}'),
             ("Next slot", _next_slot(job)), ("Overlap / misfire", f'{escape(job["overlap"])} / {escape(job["misfire"])}'),
             ("Max attempts", escape(job["max_attempts"])),
+            # MAX_DURATION_SECONDS, STOP_AFTER_SECONDS, SLOWER_THAN, DEADLINE_SECONDS (docs/configuration.md).
+            ("Alerts", escape(alert_limits_text(job))),
         ]
         out = [f"<h1>Job {escape(name)}</h1>", '<dl class="facts">']
         out += [f"<dt>{label}</dt><dd>{value}</dd>" for label, value in facts]

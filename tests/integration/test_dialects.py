@@ -344,6 +344,8 @@ DUMMY_VALUES = {
 }
 # The monitor's queries (issue 17).
 DUMMY_VALUES.update({"since": _T})
+# raise_alerts (issue 32 items 1-2): the p95 history of SLOWER_THAN.
+DUMMY_VALUES.update({"history": 20, "min_history": 5, "oldest_slot": _T})
 
 # The T-SQL interface's planning of jobs defined in the database (issue 14).
 DUMMY_VALUES.update({"plans": []})

@@ -165,23 +165,27 @@ DECLARE @s TABLE (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCH
                   max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16), grace_seconds INT,
                   overlap NVARCHAR(16), next_due_at DATETIME2(6), steps NVARCHAR(MAX), notify NVARCHAR(16),
                   notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64), after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT,
+                  max_duration_seconds INT, stop_after_seconds INT, slower_than FLOAT, deadline_seconds INT,
                   definition_hash NVARCHAR(64), params NVARCHAR(MAX));
 INSERT INTO @s (job_name, schedule, timezone, command, target_database, enabled, valid, config_error, max_attempts,
                 timeout_seconds, lease_seconds, misfire, grace_seconds, overlap, next_due_at, steps, notify,
-                notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds, definition_hash, params)
+                notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds, max_duration_seconds, stop_after_seconds, slower_than,
+                deadline_seconds, definition_hash, params)
 SELECT j.job_name, agent.json_text(j.schedule), j.timezone, agent.json_text(j.command), j.target_database,
        j.enabled, j.valid, agent.json_text(j.config_error),
        j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire, j.grace_seconds, j.overlap,
        CONVERT(DATETIME2(6), j.next_due_at, 121), agent.json_text(j.steps), j.notify,
        agent.json_text(j.notify_webhook_url), j.after_job, j.after_outcome, agent.json_text(j.calendars),
-       COALESCE(j.jitter_seconds, 0), j.definition_hash, agent.json_text(j.params)
+       COALESCE(j.jitter_seconds, 0), j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
+       j.definition_hash, agent.json_text(j.params)
 FROM OPENJSON(:jobs) WITH (
     job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), command NVARCHAR(MAX),
     target_database NVARCHAR(128), enabled SMALLINT, valid SMALLINT, config_error NVARCHAR(MAX),
     max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16),
     grace_seconds INT, overlap NVARCHAR(16), next_due_at NVARCHAR(40), steps NVARCHAR(MAX),
     notify NVARCHAR(16), notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64),
-    after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT, definition_hash NVARCHAR(64),
+    after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT, max_duration_seconds INT, stop_after_seconds INT,
+    slower_than FLOAT, deadline_seconds INT, definition_hash NVARCHAR(64),
     params NVARCHAR(MAX)) AS j;
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 -- The names compare case-insensitively (the default collation): a settings job may take back, in
@@ -229,6 +233,10 @@ UPDATE t SET
     after_outcome = s.after_outcome,
     calendars = s.calendars,
     jitter_seconds = s.jitter_seconds,
+    max_duration_seconds = s.max_duration_seconds,
+    stop_after_seconds = s.stop_after_seconds,
+    slower_than = s.slower_than,
+    deadline_seconds = s.deadline_seconds,
     definition_hash = s.definition_hash,
     params = s.params
 FROM agent.jobs AS t WITH (UPDLOCK, HOLDLOCK), @s AS s
@@ -239,12 +247,13 @@ WHERE t.job_name = s.job_name
 INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, enabled, valid, config_error,
                         max_attempts, timeout_seconds, lease_seconds, misfire, grace_seconds, overlap,
                         next_due_at, advanced_at, configured, updated_at, steps, notify, notify_webhook_url,
-                        after_job, after_outcome, calendars, jitter_seconds, definition_hash, params)
+                        after_job, after_outcome, calendars, jitter_seconds, max_duration_seconds, stop_after_seconds,
+                        slower_than, deadline_seconds, definition_hash, params)
 SELECT s.job_name, s.schedule, s.timezone, s.command, s.target_database, s.enabled, s.valid,
        s.config_error, s.max_attempts, s.timeout_seconds, s.lease_seconds, s.misfire,
        s.grace_seconds, s.overlap, s.next_due_at, CAST(:now AS DATETIME2(6)), 1, CAST(:now AS DATETIME2(6)),
        s.steps, s.notify, s.notify_webhook_url, s.after_job, s.after_outcome, s.calendars, s.jitter_seconds,
-       s.definition_hash, s.params
+       s.max_duration_seconds, s.stop_after_seconds, s.slower_than, s.deadline_seconds, s.definition_hash, s.params
 FROM @s AS s
 WHERE NOT EXISTS (SELECT 1 FROM agent.jobs AS e WITH (UPDLOCK, HOLDLOCK) WHERE e.job_name = s.job_name);
 
@@ -943,6 +952,7 @@ SELECT run_id FROM @cancelled;
 -- Every known job with its configuration state, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
+       j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
        CASE WHEN j.defined_in_database = 1 THEN N'database' ELSE N'settings' END AS source, j.needs_planning,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
@@ -1121,6 +1131,7 @@ ORDER BY run_id;
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds, j.params,
+       j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
@@ -1258,7 +1269,7 @@ WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.status IN (N'succeeded', 
   AND (COALESCE(j.notify, N'on_failure') = N'on_completion'
        OR (COALESCE(j.notify, N'on_failure') = N'on_success' AND r.status = N'succeeded')
        OR (COALESCE(j.notify, N'on_failure') = N'on_failure' AND r.status IN (N'failed', N'poisoned')))
-  AND NOT EXISTS (SELECT 1 FROM agent.notifications AS n WITH (UPDLOCK, HOLDLOCK) WHERE n.run_id = r.run_id);
+  AND NOT EXISTS (SELECT 1 FROM agent.notifications AS n WITH (UPDLOCK, HOLDLOCK) WHERE n.run_id = r.run_id AND n.kind = N'outcome');
 
 -- start_follow_up_runs --
 -- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. A follow-up of a job already in the ended run's chain of jobs (runs.chain; the default collation compares the names case-insensitively), or past :max_chain_jobs jobs, is recorded skipped with the reason (note 'chain: ...'), and a job event 'follow_up_refused' says so once per reason and definition. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key). (SQL Server: the key-range locks of the probes keep a concurrent ending of the same run out.)
@@ -1321,11 +1332,12 @@ SELECT run_id, job_name, followed_run_id, operation_id, status, note FROM @follo
 -- claim_notifications --
 -- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
 -- UPDATE ... WHERE key IN (SELECT TOP (n) ... ORDER BY ...): TOP with ORDER BY in a subselect is how SQL Server orders the rows an UPDATE takes ("TOP (Transact-SQL)", https://learn.microsoft.com/sql/t-sql/queries/top-transact-sql; Babelfish refuses an UPDATE through a CTE). On SQL Server the (UPDLOCK, READPAST, ROWLOCK) of the subselect skips the rows another sender holds and keeps update locks on the ones it picks to the end of the transaction (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table), so two senders take disjoint rows. The outer WHERE repeats the due condition: Babelfish ignores the hints and two senders may pick the same row, but PostgreSQL re-checks that condition on the row the first one committed (claimed_until in the future), so the second takes nothing.
-DECLARE @taken TABLE (notification_id BIGINT, run_id BIGINT, job_name NVARCHAR(64), outcome NVARCHAR(16),
+DECLARE @taken TABLE (notification_id BIGINT, run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16), outcome NVARCHAR(16),
+                      detail NVARCHAR(MAX),
                       url NVARCHAR(2000), attempts INT, claim_token NVARCHAR(32));
 UPDATE agent.notifications SET status = N'sending', claim_token = CAST(:claim_token AS NVARCHAR(32)),
     claimed_until = CAST(:claimed_until AS DATETIME2(6)), attempts = attempts + 1
-OUTPUT inserted.notification_id, inserted.run_id, inserted.job_name, inserted.outcome, inserted.url,
+OUTPUT inserted.notification_id, inserted.run_id, inserted.job_name, inserted.kind, inserted.outcome, inserted.detail, inserted.url,
        inserted.attempts, inserted.claim_token INTO @taken
 WHERE ((status = N'pending' AND next_attempt_at <= CAST(:now AS DATETIME2(6)))
        OR (status = N'sending' AND claimed_until < CAST(:now AS DATETIME2(6))))
@@ -1335,7 +1347,7 @@ WHERE ((status = N'pending' AND next_attempt_at <= CAST(:now AS DATETIME2(6)))
     WHERE (p.status = N'pending' AND p.next_attempt_at <= CAST(:now AS DATETIME2(6)))
        OR (p.status = N'sending' AND p.claimed_until < CAST(:now AS DATETIME2(6)))
     ORDER BY p.notification_id);
-SELECT notification_id, run_id, job_name, outcome, url, attempts, claim_token FROM @taken;
+SELECT notification_id, run_id, job_name, kind, outcome, detail, url, attempts, claim_token FROM @taken;
 
 -- notification_runs --
 -- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id; and the latest failed attempt's error and step (a run its flow failed, quit_failure after a step that failed, keeps no error of its own).
@@ -1369,7 +1381,7 @@ SELECT 1 AS active WHERE 1 = 0 AND CAST(:work_transaction AS BIGINT) IS NULL;
 DECLARE @notifications INT;
 DELETE FROM agent.notifications WHERE notification_id IN (
     SELECT TOP (CAST(:batch AS INT)) notification_id FROM agent.notifications
-    WHERE status IN (N'sent', N'failed') AND next_attempt_at < CAST(:history_before AS DATETIME2(6))
+    WHERE status IN (N'sent', N'failed', N'unsent') AND next_attempt_at < CAST(:history_before AS DATETIME2(6))
     ORDER BY notification_id);
 SET @notifications = @@ROWCOUNT;
 SELECT N'notifications' AS purged, @notifications AS rows_purged;
@@ -1606,6 +1618,113 @@ SELECT job_name, paused_at, paused_until,
 FROM agent.job_pauses WHERE job_name = CAST(:job_name AS NVARCHAR(64));
 DELETE FROM agent.job_pauses WHERE job_name = CAST(:job_name AS NVARCHAR(64));
 SELECT job_name, paused_at, paused_until, in_force FROM @resumed;
+
+-- stop_overdue_runs --
+-- STOP_AFTER_SECONDS (issue 32 item 1), in the tick: every run of a job with the limit still running that long after its attempt started is stopped as `stop JOB` stops a run (stop_job: cancelled, the token bump fences the worker, whose lease renewal finds it gone and stops the work), with a note naming the limit. One statement whatever the number of jobs; the update lock makes a second tick racing find the run no longer running. (The join in the WHERE clause: Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with ON.)
+DECLARE @stopped TABLE (run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6), status NVARCHAR(16),
+                        note NVARCHAR(MAX), operation_id NVARCHAR(32));
+UPDATE r SET status = N'cancelled', token = r.token + 1, finished_at = CAST(:now AS DATETIME2(6)),
+    lease_expires_at = NULL,
+    note = CONCAT(N'stopped: running longer than STOP_AFTER_SECONDS=', j.stop_after_seconds, N' (since ',
+                  CONVERT(NVARCHAR(19), r.started_at, 126), N'Z)')
+OUTPUT inserted.run_id, inserted.job_name, inserted.scheduled_for, inserted.status, inserted.note, inserted.operation_id
+    INTO @stopped
+FROM agent.runs AS r WITH (UPDLOCK, ROWLOCK), agent.jobs AS j
+WHERE j.job_name = r.job_name AND j.stop_after_seconds IS NOT NULL AND r.status = N'running'
+  AND r.started_at <= DATEADD(second, -j.stop_after_seconds, CAST(:now AS DATETIME2(6)));
+SELECT run_id, job_name, scheduled_for, status, note, operation_id FROM @stopped;
+
+-- raise_alerts --
+-- The alerts of issue 32 items 1-2, in one statement whatever the number of jobs, each written to the outbox at most once per (run, kind): the unique index, and the key-range lock of the NOT EXISTS probe (UPDLOCK, HOLDLOCK) that keeps a racing tick out; see the PostgreSQL query of the same name. The p95 is the nearest rank over the job's last :history successful runs (CROSS APPLY TOP).
+DECLARE @raised TABLE (notification_id BIGINT, run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
+                       outcome NVARCHAR(16), detail NVARCHAR(MAX), status NVARCHAR(16));
+WITH recent AS (
+    SELECT j.job_name, h.duration
+    FROM agent.jobs AS j
+    CROSS APPLY (
+        SELECT TOP (CAST(:history AS INT)) DATEDIFF_BIG(millisecond, r.started_at, r.finished_at) / 1000.0 AS duration
+        FROM agent.runs AS r
+        WHERE r.job_name = j.job_name AND r.status = N'succeeded' AND r.started_at IS NOT NULL
+          AND r.finished_at < CAST(:since AS DATETIME2(6))
+          AND NOT EXISTS (SELECT 1 FROM agent.notifications AS n WHERE n.run_id = r.run_id AND n.kind = N'slower')
+        ORDER BY r.scheduled_for DESC) AS h
+    WHERE j.slower_than IS NOT NULL),
+ranked AS (
+    SELECT job_name, duration, ROW_NUMBER() OVER (PARTITION BY job_name ORDER BY duration) AS rank_no,
+           COUNT(*) OVER (PARTITION BY job_name) AS runs
+    FROM recent),
+p95 AS (
+    SELECT job_name, MIN(duration) AS p95_seconds FROM ranked
+    WHERE runs >= CAST(:min_history AS INT) AND rank_no >= (95 * runs + 99) / 100
+    GROUP BY job_name),
+alerts AS (
+    SELECT r.run_id, r.job_name, CAST(N'duration' AS NVARCHAR(16)) AS kind, r.status AS outcome,
+           CONCAT(N'running for more than MAX_DURATION_SECONDS=', j.max_duration_seconds, N' s (started ',
+                  CONVERT(NVARCHAR(19), r.started_at, 126), N'Z)') AS detail
+    FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name
+    WHERE j.max_duration_seconds IS NOT NULL AND r.status = N'running'
+      AND r.started_at <= DATEADD(second, -j.max_duration_seconds, CAST(:now AS DATETIME2(6)))
+    UNION ALL
+    SELECT r.run_id, r.job_name, N'stopped', r.status, r.note
+    FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name
+    WHERE j.stop_after_seconds IS NOT NULL AND r.status = N'cancelled' AND r.finished_at >= CAST(:since AS DATETIME2(6))
+      AND r.scheduled_for >= CAST(:oldest_slot AS DATETIME2(6))
+      AND r.note LIKE N'stopped: running longer than STOP[_]AFTER[_]SECONDS=%'
+    UNION ALL
+    SELECT r.run_id, r.job_name, N'slower', r.status,
+           CONCAT(N'took ', CAST(DATEDIFF_BIG(millisecond, r.started_at, COALESCE(r.finished_at, CAST(:now AS DATETIME2(6)))) / 1000.0 AS DECIMAL(18, 1)),
+                  N' s, more than SLOWER_THAN=', j.slower_than, N' x the p95 of its recent successful runs (',
+                  CAST(p.p95_seconds AS DECIMAL(18, 1)), N' s)')
+    FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name JOIN p95 AS p ON p.job_name = r.job_name
+    WHERE r.started_at IS NOT NULL AND p.p95_seconds > 0
+      AND (r.status = N'running' OR (r.status IN (N'succeeded', N'failed') AND r.finished_at >= CAST(:since AS DATETIME2(6))
+                                       AND r.scheduled_for >= CAST(:oldest_slot AS DATETIME2(6))))
+      AND DATEDIFF_BIG(millisecond, r.started_at, COALESCE(r.finished_at, CAST(:now AS DATETIME2(6)))) / 1000.0
+          > j.slower_than * p.p95_seconds
+    UNION ALL
+    SELECT r.run_id, r.job_name, N'deadline', r.status,
+           CONCAT(N'no success within DEADLINE_SECONDS=', j.deadline_seconds, N' s of the slot ',
+                  CONVERT(NVARCHAR(19), r.scheduled_for, 126), N'Z: the run is ', r.status,
+                  CASE WHEN r.note IS NOT NULL THEN CONCAT(N' (', r.note, N')') ELSE N'' END)
+    FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name
+    WHERE j.deadline_seconds IS NOT NULL AND r.kind = N'scheduled'
+      AND r.scheduled_for <= DATEADD(second, -j.deadline_seconds, CAST(:now AS DATETIME2(6)))
+      AND r.scheduled_for > DATEADD(second, -j.deadline_seconds, CAST(:since AS DATETIME2(6)))
+      AND NOT (r.status = N'succeeded' AND r.finished_at <= DATEADD(second, j.deadline_seconds, r.scheduled_for))
+      AND NOT (r.status = N'skipped' AND (r.note LIKE N'paused%' OR r.note LIKE N'calendar:%' OR r.note LIKE N'skipped: the job%')))
+INSERT INTO agent.notifications (run_id, job_name, kind, outcome, detail, url, status, attempts, created_at, next_attempt_at)
+OUTPUT inserted.notification_id, inserted.run_id, inserted.job_name, inserted.kind, inserted.outcome, inserted.detail,
+       inserted.status INTO @raised
+SELECT a.run_id, a.job_name, a.kind, a.outcome, a.detail,
+       COALESCE(j.notify_webhook_url, CAST(:default_url AS NVARCHAR(2000)), N''),
+       CASE WHEN COALESCE(j.notify_webhook_url, CAST(:default_url AS NVARCHAR(2000))) IS NULL THEN N'unsent' ELSE N'pending' END,
+       0, CAST(:now AS DATETIME2(6)), CAST(:now AS DATETIME2(6))
+FROM alerts AS a JOIN agent.jobs AS j ON j.job_name = a.job_name
+WHERE NOT EXISTS (SELECT 1 FROM agent.notifications AS n WITH (UPDLOCK, HOLDLOCK)
+                  WHERE n.run_id = a.run_id AND n.kind = a.kind);
+SELECT notification_id, run_id, job_name, kind, outcome, detail, status FROM @raised;
+
+-- next_alert_moment --
+-- The earliest moment after :now at which raise_alerts (or stop_overdue_runs) may have something new to say; see the PostgreSQL query of the same name.
+SELECT MIN(m.moment) AS next_alert_at FROM (
+    SELECT DATEADD(second, j.max_duration_seconds, r.started_at) AS moment
+    FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name
+    WHERE j.max_duration_seconds IS NOT NULL AND r.status = N'running'
+      AND DATEADD(second, j.max_duration_seconds, r.started_at) > CAST(:now AS DATETIME2(6))
+    UNION ALL
+    SELECT DATEADD(second, j.stop_after_seconds, r.started_at)
+    FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name
+    WHERE j.stop_after_seconds IS NOT NULL AND r.status = N'running'
+      AND DATEADD(second, j.stop_after_seconds, r.started_at) > CAST(:now AS DATETIME2(6))
+    UNION ALL
+    SELECT DATEADD(second, j.deadline_seconds, r.scheduled_for)
+    FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name
+    WHERE j.deadline_seconds IS NOT NULL AND r.kind = N'scheduled' AND r.status <> N'succeeded'
+      AND DATEADD(second, j.deadline_seconds, r.scheduled_for) > CAST(:now AS DATETIME2(6))
+    UNION ALL
+    SELECT DATEADD(second, j.deadline_seconds, j.next_due_at)
+    FROM agent.jobs AS j
+    WHERE j.deadline_seconds IS NOT NULL AND j.next_due_at IS NOT NULL AND j.enabled = 1 AND j.valid = 1) AS m;
 
 -- quiet_horizon --
 -- What a quiet tick needs to know (shared/engine/quiet.py): the earliest time anything in the control database can come due: a job's next slot, a pending run (a retry, a delayed or held run), a lease in flight (its expiry), a pause's end, a notification's next delivery; and whether anything is due now or a fleet run waits (then every tick connects). One statement, whatever the job count.

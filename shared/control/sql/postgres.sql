@@ -95,18 +95,18 @@ INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, 
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
                         steps, notify, notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds,
-                        definition_hash, params)
+                        max_duration_seconds, stop_after_seconds, slower_than, deadline_seconds, definition_hash, params)
 SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid,
        j.config_error, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire,
        j.grace_seconds, j.overlap, CAST(j.next_due_at AS timestamp), CAST(:now AS timestamp), 1,
        CAST(:now AS timestamp), j.steps, j.notify, j.notify_webhook_url, j.after_job, j.after_outcome, j.calendars, COALESCE(j.jitter_seconds, 0),
-       j.definition_hash, j.params
+       j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds, j.definition_hash, j.params
 FROM json_to_recordset(CAST(:jobs AS json)) AS j(
     job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, command TEXT, target_database VARCHAR,
     enabled INT, valid INT, config_error TEXT, max_attempts INT, timeout_seconds INT,
     lease_seconds INT, misfire VARCHAR, grace_seconds INT, overlap VARCHAR, next_due_at VARCHAR,
     steps TEXT, notify VARCHAR, notify_webhook_url VARCHAR, after_job VARCHAR, after_outcome VARCHAR, calendars TEXT, jitter_seconds INT,
-    definition_hash VARCHAR, params TEXT)
+    max_duration_seconds INT, stop_after_seconds INT, slower_than DOUBLE PRECISION, deadline_seconds INT, definition_hash VARCHAR, params TEXT)
 ORDER BY j.job_name
 ON CONFLICT (job_name) DO UPDATE SET
     next_due_at = CASE
@@ -147,6 +147,10 @@ ON CONFLICT (job_name) DO UPDATE SET
     after_outcome = EXCLUDED.after_outcome,
     calendars = EXCLUDED.calendars,
     jitter_seconds = EXCLUDED.jitter_seconds,
+    max_duration_seconds = EXCLUDED.max_duration_seconds,
+    stop_after_seconds = EXCLUDED.stop_after_seconds,
+    slower_than = EXCLUDED.slower_than,
+    deadline_seconds = EXCLUDED.deadline_seconds,
     definition_hash = EXCLUDED.definition_hash,
     params = EXCLUDED.params
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
@@ -539,6 +543,7 @@ RETURNING run_id;
 -- Every known job with its configuration state, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
+       j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
        CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source, j.needs_planning,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
@@ -712,6 +717,7 @@ ORDER BY run_id LIMIT :limit;
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds, j.params,
+       j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
@@ -817,7 +823,7 @@ WHERE a.run_id IN (SELECT CAST(x AS BIGINT) FROM json_array_elements_text(CAST(:
 ORDER BY a.run_id, a.attempt_id;
 
 -- enqueue_notifications --
--- The notification outbox, in the transaction that ends runs: one row for each run it ended (finished at :now) whose outcome its job's NOTIFY asks for and that has a webhook (the job's, else :default_url); a run already notified is left alone.
+-- The notification outbox, in the transaction that ends runs: one row for each run it ended (finished at :now) whose outcome its job's NOTIFY asks for and that has a webhook (the job's, else :default_url); a run already notified is left alone (kind 'outcome': the alerts of the same run are other rows, raise_alerts).
 INSERT INTO agent.notifications (run_id, job_name, outcome, url, status, attempts, created_at, next_attempt_at)
 SELECT r.run_id, r.job_name, r.status, COALESCE(j.notify_webhook_url, CAST(:default_url AS VARCHAR)), 'pending', 0,
        CAST(:now AS timestamp), CAST(:now AS timestamp)
@@ -828,7 +834,7 @@ WHERE r.finished_at = CAST(:now AS timestamp) AND r.status IN ('succeeded', 'fai
   AND (COALESCE(j.notify, 'on_failure') = 'on_completion'
        OR (COALESCE(j.notify, 'on_failure') = 'on_success' AND r.status = 'succeeded')
        OR (COALESCE(j.notify, 'on_failure') = 'on_failure' AND r.status IN ('failed', 'poisoned')))
-ON CONFLICT (run_id) DO NOTHING;
+ON CONFLICT (run_id, kind) DO NOTHING;
 
 -- start_follow_up_runs --
 -- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. A follow-up of a job already in the ended run's chain of jobs (runs.chain), or past :max_chain_jobs jobs, is recorded skipped with the reason (note 'chain: ...'), and a job event 'follow_up_refused' says so once per reason and definition. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key). (agent.start_follow_up_runs, a function of migrations 0010 and 0012: planned once per session.)
@@ -844,7 +850,7 @@ FROM (SELECT notification_id FROM agent.notifications
       ORDER BY notification_id LIMIT :batch
       FOR UPDATE SKIP LOCKED) AS d
 WHERE n.notification_id = d.notification_id
-RETURNING n.notification_id, n.run_id, n.job_name, n.outcome, n.url, n.attempts, n.claim_token;
+RETURNING n.notification_id, n.run_id, n.job_name, n.kind, n.outcome, n.detail, n.url, n.attempts, n.claim_token;
 
 -- notification_runs --
 -- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id; and the latest failed attempt's error and step (a run its flow failed, quit_failure after a step that failed, keeps no error of its own).
@@ -873,7 +879,7 @@ SELECT active FROM agent.check_work_transaction(CAST(:work_transaction AS BIGINT
 -- Retention, a bounded batch per tick (with purge_history): notifications delivered or given up older than AGENT_HISTORY_RETENTION_DAYS; one row back with the count.
 WITH old AS (
     SELECT notification_id FROM agent.notifications
-    WHERE status IN ('sent', 'failed') AND next_attempt_at < CAST(:history_before AS timestamp)
+    WHERE status IN ('sent', 'failed', 'unsent') AND next_attempt_at < CAST(:history_before AS timestamp)
     ORDER BY notification_id LIMIT CAST(:batch AS INT)),
 gone AS (
     DELETE FROM agent.notifications AS n USING old WHERE n.notification_id = old.notification_id
@@ -968,6 +974,103 @@ DELETE FROM agent.job_pauses AS x
 WHERE x.job_name = CAST(:job_name AS VARCHAR)
 RETURNING x.job_name, x.paused_at, x.paused_until,
           CASE WHEN x.paused_until IS NULL OR x.paused_until > CAST(:now AS timestamp) THEN 1 ELSE 0 END AS in_force;
+
+-- stop_overdue_runs --
+-- STOP_AFTER_SECONDS (issue 32 item 1), in the tick: every run of a job with the limit still running that long after its attempt started is stopped as `stop JOB` stops a run (stop_job: cancelled, the token bump fences the worker, whose lease renewal finds it gone and stops the work), with a note naming the limit. One statement whatever the number of jobs; a second tick racing finds the run no longer running.
+UPDATE agent.runs AS r SET status = 'cancelled', token = r.token + 1, finished_at = CAST(:now AS timestamp),
+    lease_expires_at = NULL,
+    note = 'stopped: running longer than STOP_AFTER_SECONDS=' || j.stop_after_seconds || ' (since ' || to_char(r.started_at, 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ')'
+FROM agent.jobs AS j
+WHERE j.job_name = r.job_name AND j.stop_after_seconds IS NOT NULL AND r.status = 'running'
+  AND r.started_at <= CAST(:now AS timestamp) - j.stop_after_seconds * INTERVAL '1 second'
+RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id;
+
+-- raise_alerts --
+-- The alerts of issue 32 items 1-2, in one statement whatever the number of jobs, each written to the outbox at most once per (run, kind) by the unique index (a slot is one run: the unique (job, slot)), so ticks racing write it once: 'duration' (a run still running past MAX_DURATION_SECONDS since its attempt started), 'stopped' (a run STOP_AFTER_SECONDS stopped, ended since :since), 'slower' (a run running, or ended since :since, that took more than SLOWER_THAN times its job's p95: nearest rank over its last :history successful runs that ended before :since and were not told slower themselves, once it has :min_history), 'deadline' (a scheduled slot with no success within DEADLINE_SECONDS of it: failed, poisoned, stopped, still running, never started or skipped — not a slot its pause or calendar held, nor one a change of the job's definition skipped — whose deadline passed since :since). The runs that ended are looked up by their slot too, from :oldest_slot (the (job, slot) index: a run whose slot is older than that when it ends is not judged), never by a scan of all history. To the job's webhook, else :default_url; with neither, recorded 'unsent' (raised once, for telemetry; never claimed). Rows back: the alerts written now.
+WITH recent AS (
+    SELECT j.job_name, h.duration
+    FROM agent.jobs AS j
+    CROSS JOIN LATERAL (
+        SELECT EXTRACT(EPOCH FROM (r.finished_at - r.started_at)) AS duration
+        FROM agent.runs AS r
+        WHERE r.job_name = j.job_name AND r.status = 'succeeded' AND r.started_at IS NOT NULL
+          AND r.finished_at < CAST(:since AS timestamp)
+          AND NOT EXISTS (SELECT 1 FROM agent.notifications AS n WHERE n.run_id = r.run_id AND n.kind = 'slower')
+        ORDER BY r.scheduled_for DESC LIMIT CAST(:history AS INT)) AS h
+    WHERE j.slower_than IS NOT NULL),
+ranked AS (
+    SELECT job_name, duration, ROW_NUMBER() OVER (PARTITION BY job_name ORDER BY duration) AS rank_no,
+           COUNT(*) OVER (PARTITION BY job_name) AS runs
+    FROM recent),
+p95 AS (
+    SELECT job_name, MIN(duration) AS p95_seconds FROM ranked
+    WHERE runs >= CAST(:min_history AS INT) AND rank_no >= (95 * runs + 99) / 100
+    GROUP BY job_name),
+alerts AS (
+    SELECT r.run_id, r.job_name, 'duration' AS kind, r.status AS outcome,
+           'running for more than MAX_DURATION_SECONDS=' || j.max_duration_seconds || ' s (started '
+               || to_char(r.started_at, 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ')' AS detail
+    FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name
+    WHERE j.max_duration_seconds IS NOT NULL AND r.status = 'running'
+      AND r.started_at <= CAST(:now AS timestamp) - j.max_duration_seconds * INTERVAL '1 second'
+    UNION ALL
+    SELECT r.run_id, r.job_name, 'stopped', r.status, r.note
+    FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name
+    WHERE j.stop_after_seconds IS NOT NULL AND r.status = 'cancelled' AND r.finished_at >= CAST(:since AS timestamp)
+      AND r.scheduled_for >= CAST(:oldest_slot AS timestamp)
+      AND r.note LIKE 'stopped: running longer than STOP_AFTER_SECONDS=%'
+    UNION ALL
+    SELECT r.run_id, r.job_name, 'slower', r.status,
+           'took ' || ROUND(CAST(EXTRACT(EPOCH FROM (COALESCE(r.finished_at, CAST(:now AS timestamp)) - r.started_at)) AS NUMERIC), 1)
+               || ' s, more than SLOWER_THAN=' || j.slower_than || ' x the p95 of its recent successful runs ('
+               || ROUND(CAST(p.p95_seconds AS NUMERIC), 1) || ' s)'
+    FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name JOIN p95 AS p ON p.job_name = r.job_name
+    WHERE r.started_at IS NOT NULL AND p.p95_seconds > 0
+      AND (r.status = 'running' OR (r.status IN ('succeeded', 'failed') AND r.finished_at >= CAST(:since AS timestamp)
+                                     AND r.scheduled_for >= CAST(:oldest_slot AS timestamp)))
+      AND EXTRACT(EPOCH FROM (COALESCE(r.finished_at, CAST(:now AS timestamp)) - r.started_at)) > j.slower_than * p.p95_seconds
+    UNION ALL
+    SELECT r.run_id, r.job_name, 'deadline', r.status,
+           'no success within DEADLINE_SECONDS=' || j.deadline_seconds || ' s of the slot '
+               || to_char(r.scheduled_for, 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ': the run is ' || r.status
+               || COALESCE(' (' || r.note || ')', '')
+    FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name
+    WHERE j.deadline_seconds IS NOT NULL AND r.kind = 'scheduled'
+      AND r.scheduled_for <= CAST(:now AS timestamp) - j.deadline_seconds * INTERVAL '1 second'
+      AND r.scheduled_for > CAST(:since AS timestamp) - j.deadline_seconds * INTERVAL '1 second'
+      AND NOT (r.status = 'succeeded' AND r.finished_at <= r.scheduled_for + j.deadline_seconds * INTERVAL '1 second')
+      AND NOT (r.status = 'skipped' AND (r.note LIKE 'paused%' OR r.note LIKE 'calendar:%' OR r.note LIKE 'skipped: the job%')))
+INSERT INTO agent.notifications (run_id, job_name, kind, outcome, detail, url, status, attempts, created_at, next_attempt_at)
+SELECT a.run_id, a.job_name, a.kind, a.outcome, a.detail,
+       COALESCE(j.notify_webhook_url, CAST(:default_url AS VARCHAR), ''),
+       CASE WHEN COALESCE(j.notify_webhook_url, CAST(:default_url AS VARCHAR)) IS NULL THEN 'unsent' ELSE 'pending' END,
+       0, CAST(:now AS timestamp), CAST(:now AS timestamp)
+FROM alerts AS a JOIN agent.jobs AS j ON j.job_name = a.job_name
+ORDER BY a.run_id, a.kind
+ON CONFLICT (run_id, kind) DO NOTHING
+RETURNING notification_id, run_id, job_name, kind, outcome, detail, status;
+
+-- next_alert_moment --
+-- The earliest moment after :now at which raise_alerts (or stop_overdue_runs) may have something new to say, for a tick that sleeps until something is due: a running run reaching its MAX_DURATION_SECONDS or STOP_AFTER_SECONDS, a slot of a job with DEADLINE_SECONDS reaching its deadline (a slot claimed; one not yet claimed is at least the job's next slot plus its deadline). NULL: nothing pending. SLOWER_THAN is left out (its moment moves with the p95): while a run of a job with SLOWER_THAN is running, a tick that sleeps must still come each tick period (shared/engine/alerts.py, next_alert_moment).
+SELECT MIN(moment) AS next_alert_at FROM (
+    SELECT r.started_at + j.max_duration_seconds * INTERVAL '1 second' AS moment
+    FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name
+    WHERE j.max_duration_seconds IS NOT NULL AND r.status = 'running'
+      AND r.started_at + j.max_duration_seconds * INTERVAL '1 second' > CAST(:now AS timestamp)
+    UNION ALL
+    SELECT r.started_at + j.stop_after_seconds * INTERVAL '1 second'
+    FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name
+    WHERE j.stop_after_seconds IS NOT NULL AND r.status = 'running'
+      AND r.started_at + j.stop_after_seconds * INTERVAL '1 second' > CAST(:now AS timestamp)
+    UNION ALL
+    SELECT r.scheduled_for + j.deadline_seconds * INTERVAL '1 second'
+    FROM agent.runs AS r JOIN agent.jobs AS j ON j.job_name = r.job_name
+    WHERE j.deadline_seconds IS NOT NULL AND r.kind = 'scheduled' AND r.status <> 'succeeded'
+      AND r.scheduled_for + j.deadline_seconds * INTERVAL '1 second' > CAST(:now AS timestamp)
+    UNION ALL
+    SELECT j.next_due_at + j.deadline_seconds * INTERVAL '1 second'
+    FROM agent.jobs AS j
+    WHERE j.deadline_seconds IS NOT NULL AND j.next_due_at IS NOT NULL AND j.enabled = 1 AND j.valid = 1) AS m;
 
 -- quiet_horizon --
 -- What a quiet tick needs to know (shared/engine/quiet.py): the earliest time anything in the control database can come due: a job's next slot, a pending run (a retry, a delayed or held run), a lease in flight (its expiry), a pause's end, a notification's next delivery; and whether anything is due now or a fleet run waits (then every tick connects). One statement, whatever the job count.

@@ -106,7 +106,7 @@ INSERT INTO agent_jobs (job_name, schedule, timezone, command, target_database, 
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
                         steps, notify, notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds,
-                        definition_hash, params)
+                        max_duration_seconds, stop_after_seconds, slower_than, deadline_seconds, definition_hash, params)
 SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.timezone'), json_extract(j.value, '$.command'),
        json_extract(j.value, '$.target_database'), json_extract(j.value, '$.enabled'),
@@ -118,7 +118,10 @@ SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.steps'), json_extract(j.value, '$.notify'),
        json_extract(j.value, '$.notify_webhook_url'), json_extract(j.value, '$.after_job'),
        json_extract(j.value, '$.after_outcome'), json_extract(j.value, '$.calendars'),
-       COALESCE(json_extract(j.value, '$.jitter_seconds'), 0), json_extract(j.value, '$.definition_hash'),
+       COALESCE(json_extract(j.value, '$.jitter_seconds'), 0),
+       json_extract(j.value, '$.max_duration_seconds'), json_extract(j.value, '$.stop_after_seconds'),
+       json_extract(j.value, '$.slower_than'), json_extract(j.value, '$.deadline_seconds'),
+       json_extract(j.value, '$.definition_hash'),
        json_extract(j.value, '$.params')
 FROM json_each(:jobs) AS j
 WHERE TRUE
@@ -161,6 +164,10 @@ ON CONFLICT (job_name) DO UPDATE SET
     after_outcome = excluded.after_outcome,
     calendars = excluded.calendars,
     jitter_seconds = excluded.jitter_seconds,
+    max_duration_seconds = excluded.max_duration_seconds,
+    stop_after_seconds = excluded.stop_after_seconds,
+    slower_than = excluded.slower_than,
+    deadline_seconds = excluded.deadline_seconds,
     definition_hash = excluded.definition_hash,
     params = excluded.params
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
@@ -707,6 +714,7 @@ RETURNING run_id;
 -- Every known job with its configuration state, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
+       j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
        CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source, j.needs_planning,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
@@ -845,6 +853,7 @@ ORDER BY run_id LIMIT :limit;
 -- One job as list_jobs shows it (the monitor's job page: one index lookup, not every job).
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds, j.params,
+       j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
@@ -956,7 +965,7 @@ WHERE r.finished_at = :now AND r.status IN ('succeeded', 'failed', 'poisoned')
   AND (COALESCE(j.notify, 'on_failure') = 'on_completion'
        OR (COALESCE(j.notify, 'on_failure') = 'on_success' AND r.status = 'succeeded')
        OR (COALESCE(j.notify, 'on_failure') = 'on_failure' AND r.status IN ('failed', 'poisoned')))
-ON CONFLICT (run_id) DO NOTHING;
+ON CONFLICT (run_id, kind) DO NOTHING;
 
 -- start_follow_up_runs --
 -- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. A follow-up of a job already in the ended run's chain of jobs (runs.chain), or past :max_chain_jobs jobs, is recorded skipped with the reason (note 'chain: ...'), and a job event 'follow_up_refused' says so once per reason and definition. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key).
@@ -1018,7 +1027,7 @@ WHERE notification_id IN (
     SELECT notification_id FROM agent_notifications
     WHERE (status = 'pending' AND next_attempt_at <= :now) OR (status = 'sending' AND claimed_until < :now)
     ORDER BY notification_id LIMIT :batch)
-RETURNING notification_id, run_id, job_name, outcome, url, attempts, claim_token;
+RETURNING notification_id, run_id, job_name, kind, outcome, detail, url, attempts, claim_token;
 
 -- notification_runs --
 -- What a notification says about its run (a JSON array of run ids): slot, outcome, failing step, error, when it first started and ended, operation id; and the latest failed attempt's error and step (a run its flow failed, quit_failure after a step that failed, keeps no error of its own).
@@ -1047,7 +1056,7 @@ SELECT 1 AS active WHERE 0 AND :work_transaction IS NULL;
 -- Retention, a bounded batch per tick (with purge_history): notifications delivered or given up older than AGENT_HISTORY_RETENTION_DAYS; one row back per notification purged.
 DELETE FROM agent_notifications WHERE notification_id IN (
     SELECT notification_id FROM agent_notifications
-    WHERE status IN ('sent', 'failed') AND next_attempt_at < :history_before
+    WHERE status IN ('sent', 'failed', 'unsent') AND next_attempt_at < :history_before
     ORDER BY notification_id LIMIT :batch)
 RETURNING 'notifications' AS purged, 1 AS rows_purged;
 
@@ -1294,6 +1303,101 @@ WHERE agent_runs.run_id = c.run_id;
 DELETE FROM agent_job_pauses WHERE job_name = :job_name
 RETURNING job_name, paused_at, paused_until,
           CASE WHEN paused_until IS NULL OR paused_until > :now THEN 1 ELSE 0 END AS in_force;
+
+-- stop_overdue_runs --
+-- STOP_AFTER_SECONDS (issue 32 item 1), in the tick: every run of a job with the limit still running that long after its attempt started is stopped as `stop JOB` stops a run (stop_job: cancelled, the token bump fences the worker, whose lease renewal finds it gone and stops the work), with a note naming the limit. One statement whatever the number of jobs.
+UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = :now, lease_expires_at = NULL,
+    note = 'stopped: running longer than STOP_AFTER_SECONDS='
+           || (SELECT j.stop_after_seconds FROM agent_jobs AS j WHERE j.job_name = agent_runs.job_name)
+           || ' (since ' || strftime('%Y-%m-%dT%H:%M:%SZ', started_at) || ')'
+WHERE status = 'running' AND job_name IN (SELECT job_name FROM agent_jobs WHERE stop_after_seconds IS NOT NULL)
+  AND julianday(started_at) + (SELECT j.stop_after_seconds FROM agent_jobs AS j WHERE j.job_name = agent_runs.job_name) / 86400.0
+      <= julianday(:now)
+RETURNING run_id, job_name, scheduled_for, status, note, operation_id;
+
+-- raise_alerts --
+-- The alerts of issue 32 items 1-2, in one statement whatever the number of jobs, each written to the outbox at most once per (run, kind) by the unique index; see the PostgreSQL query of the same name. The p95 is the nearest rank over the job's last :history successful runs (a window, as SQLite has no LATERAL).
+WITH recent AS (
+    SELECT r.job_name, (julianday(r.finished_at) - julianday(r.started_at)) * 86400.0 AS duration,
+           ROW_NUMBER() OVER (PARTITION BY r.job_name ORDER BY r.scheduled_for DESC) AS recency
+    FROM agent_runs AS r
+    WHERE r.job_name IN (SELECT job_name FROM agent_jobs WHERE slower_than IS NOT NULL)
+      AND r.status = 'succeeded' AND r.started_at IS NOT NULL AND r.finished_at < :since
+      AND NOT EXISTS (SELECT 1 FROM agent_notifications AS n WHERE n.run_id = r.run_id AND n.kind = 'slower')),
+ranked AS (
+    SELECT job_name, duration, ROW_NUMBER() OVER (PARTITION BY job_name ORDER BY duration) AS rank_no,
+           COUNT(*) OVER (PARTITION BY job_name) AS runs
+    FROM recent WHERE recency <= :history),
+p95 AS (
+    SELECT job_name, MIN(duration) AS p95_seconds FROM ranked
+    WHERE runs >= :min_history AND rank_no >= (95 * runs + 99) / 100
+    GROUP BY job_name),
+alerts AS (
+    SELECT r.run_id, r.job_name, 'duration' AS kind, r.status AS outcome,
+           'running for more than MAX_DURATION_SECONDS=' || j.max_duration_seconds || ' s (started '
+               || strftime('%Y-%m-%dT%H:%M:%SZ', r.started_at) || ')' AS detail
+    FROM agent_runs AS r JOIN agent_jobs AS j ON j.job_name = r.job_name
+    WHERE j.max_duration_seconds IS NOT NULL AND r.status = 'running'
+      AND julianday(r.started_at) + j.max_duration_seconds / 86400.0 <= julianday(:now)
+    UNION ALL
+    SELECT r.run_id, r.job_name, 'stopped', r.status, r.note
+    FROM agent_runs AS r JOIN agent_jobs AS j ON j.job_name = r.job_name
+    WHERE j.stop_after_seconds IS NOT NULL AND r.status = 'cancelled' AND r.finished_at >= :since
+      AND r.scheduled_for >= :oldest_slot
+      AND r.note LIKE 'stopped: running longer than STOP_AFTER_SECONDS=%'
+    UNION ALL
+    SELECT r.run_id, r.job_name, 'slower', r.status,
+           'took ' || printf('%.1f', (julianday(COALESCE(r.finished_at, :now)) - julianday(r.started_at)) * 86400.0)
+               || ' s, more than SLOWER_THAN=' || j.slower_than || ' x the p95 of its recent successful runs ('
+               || printf('%.1f', p.p95_seconds) || ' s)'
+    FROM agent_runs AS r JOIN agent_jobs AS j ON j.job_name = r.job_name JOIN p95 AS p ON p.job_name = r.job_name
+    WHERE r.started_at IS NOT NULL AND p.p95_seconds > 0
+      AND (r.status = 'running' OR (r.status IN ('succeeded', 'failed') AND r.finished_at >= :since
+                                     AND r.scheduled_for >= :oldest_slot))
+      AND (julianday(COALESCE(r.finished_at, :now)) - julianday(r.started_at)) * 86400.0 > j.slower_than * p.p95_seconds
+    UNION ALL
+    SELECT r.run_id, r.job_name, 'deadline', r.status,
+           'no success within DEADLINE_SECONDS=' || j.deadline_seconds || ' s of the slot '
+               || strftime('%Y-%m-%dT%H:%M:%SZ', r.scheduled_for) || ': the run is ' || r.status
+               || COALESCE(' (' || r.note || ')', '')
+    FROM agent_runs AS r JOIN agent_jobs AS j ON j.job_name = r.job_name
+    WHERE j.deadline_seconds IS NOT NULL AND r.kind = 'scheduled'
+      AND julianday(r.scheduled_for) + j.deadline_seconds / 86400.0 <= julianday(:now)
+      AND julianday(r.scheduled_for) + j.deadline_seconds / 86400.0 > julianday(:since)
+      AND NOT (r.status = 'succeeded' AND julianday(r.finished_at) <= julianday(r.scheduled_for) + j.deadline_seconds / 86400.0)
+      AND NOT (r.status = 'skipped' AND (r.note LIKE 'paused%' OR r.note LIKE 'calendar:%' OR r.note LIKE 'skipped: the job%')))
+INSERT INTO agent_notifications (run_id, job_name, kind, outcome, detail, url, status, attempts, created_at, next_attempt_at)
+SELECT a.run_id, a.job_name, a.kind, a.outcome, a.detail,
+       COALESCE(j.notify_webhook_url, :default_url, ''),
+       CASE WHEN COALESCE(j.notify_webhook_url, :default_url) IS NULL THEN 'unsent' ELSE 'pending' END,
+       0, :now, :now
+FROM alerts AS a JOIN agent_jobs AS j ON j.job_name = a.job_name
+WHERE TRUE
+ORDER BY a.run_id, a.kind
+ON CONFLICT (run_id, kind) DO NOTHING
+RETURNING notification_id, run_id, job_name, kind, outcome, detail, status;
+
+-- next_alert_moment --
+-- The earliest moment after :now at which raise_alerts (or stop_overdue_runs) may have something new to say; see the PostgreSQL query of the same name.
+SELECT strftime('%Y-%m-%d %H:%M:%f', MIN(moment)) AS next_alert_at FROM (
+    SELECT julianday(r.started_at) + j.max_duration_seconds / 86400.0 AS moment
+    FROM agent_runs AS r JOIN agent_jobs AS j ON j.job_name = r.job_name
+    WHERE j.max_duration_seconds IS NOT NULL AND r.status = 'running'
+      AND julianday(r.started_at) + j.max_duration_seconds / 86400.0 > julianday(:now)
+    UNION ALL
+    SELECT julianday(r.started_at) + j.stop_after_seconds / 86400.0
+    FROM agent_runs AS r JOIN agent_jobs AS j ON j.job_name = r.job_name
+    WHERE j.stop_after_seconds IS NOT NULL AND r.status = 'running'
+      AND julianday(r.started_at) + j.stop_after_seconds / 86400.0 > julianday(:now)
+    UNION ALL
+    SELECT julianday(r.scheduled_for) + j.deadline_seconds / 86400.0
+    FROM agent_runs AS r JOIN agent_jobs AS j ON j.job_name = r.job_name
+    WHERE j.deadline_seconds IS NOT NULL AND r.kind = 'scheduled' AND r.status <> 'succeeded'
+      AND julianday(r.scheduled_for) + j.deadline_seconds / 86400.0 > julianday(:now)
+    UNION ALL
+    SELECT julianday(j.next_due_at) + j.deadline_seconds / 86400.0
+    FROM agent_jobs AS j
+    WHERE j.deadline_seconds IS NOT NULL AND j.next_due_at IS NOT NULL AND j.enabled = 1 AND j.valid = 1) AS m;
 
 -- quiet_horizon --
 -- What a quiet tick needs to know (shared/engine/quiet.py): the earliest time anything in the control database can come due: a job's next slot, a pending run (a retry, a delayed or held run), a lease in flight (its expiry), a pause's end, a notification's next delivery; and whether anything is due now or a fleet run waits (then every tick connects). One statement, whatever the job count.
