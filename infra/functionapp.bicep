@@ -75,6 +75,11 @@ param sqlDatabaseName string
 @description('Six-field NCRONTAB of the engine tick (seconds first, UTC).')
 param tickSchedule string
 
+@description('AGENT_QUIET_MAX_MINUTES (0: quiet ticks off).')
+@minValue(0)
+@maxValue(1440)
+param quietMaxMinutes int = 0
+
 // At most host.json extensions.queues.maxDequeueCount (5): the host's own move to <queue>-poison
 // must not come before the engine's threshold. tests/repo/test_infra.py keeps the two equal.
 @description('Deliveries after which the engine poisons a message (AGENT_MAX_DEQUEUE_COUNT): 1 to host.json maxDequeueCount (5).')
@@ -176,6 +181,10 @@ var engineAppSettings = [
   {
     name: 'AGENT_TICK_SCHEDULE'
     value: tickSchedule
+  }
+  {
+    name: 'AGENT_QUIET_MAX_MINUTES'
+    value: string(quietMaxMinutes)
   }
   {
     name: 'AGENT_MAX_DEQUEUE_COUNT'

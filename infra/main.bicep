@@ -110,7 +110,7 @@ param sqlMaxVCores int = 1
 ])
 param sqlMinVCores string = '0.5'
 
-@description('Minutes without activity before the serverless database pauses (sqlTier Serverless, ServerlessFree); -1 never pauses, otherwise at least 15. The engine ticks every minute by default, which keeps the database online: pausing saves money only with a sparse AGENT_TICK_SCHEDULE.')
+@description('Minutes without activity before the serverless database pauses (sqlTier Serverless, ServerlessFree); -1 never pauses, otherwise at least 15. The engine ticks every minute by default, which keeps the database online: pausing saves money only with quiet ticks (quietMaxMinutes) or a sparse AGENT_TICK_SCHEDULE; docs/cost.md.')
 @minValue(-1)
 @maxValue(10080)
 param sqlAutoPauseDelayMinutes int = 60
@@ -144,6 +144,11 @@ param queueName string = 'agent-tasks'
 
 @description('Six-field NCRONTAB of the engine tick (AGENT_TICK_SCHEDULE): seconds first, UTC.')
 param tickSchedule string = '0 */1 * * * *'
+
+@description('AGENT_QUIET_MAX_MINUTES: quiet ticks, the timer does not connect to the control database while nothing can come due, for at most this many minutes (work submitted from T-SQL waits up to that long); 0: off, the default (docs/cost.md says when it pays).')
+@minValue(0)
+@maxValue(1440)
+param quietMaxMinutes int = 0
 
 // The host moves a message to <queueName>-poison after host.json extensions.queues.maxDequeueCount
 // failed deliveries (5), so the engine's threshold may not exceed it: @maxValue is that number,
@@ -365,6 +370,7 @@ module functionApp 'functionapp.bicep' = {
     sqlServerFqdn: sql.outputs.sqlServerFqdn
     sqlDatabaseName: sql.outputs.databaseName
     tickSchedule: tickSchedule
+    quietMaxMinutes: quietMaxMinutes
     maxDequeueCount: maxDequeueCount
     jobs: jobs
     jobSteps: jobSteps
