@@ -1886,3 +1886,16 @@ FROM agent.alerts ORDER BY alert_name;
 SELECT TOP (CAST(:limit AS INT)) firing_id, alert_name, kind, raised_at, detail, response_run_id, response_error
 FROM agent.alert_firings WHERE (CAST(:alert_name AS NVARCHAR(64)) IS NULL OR alert_name = CAST(:alert_name AS NVARCHAR(64)))
 ORDER BY firing_id DESC;
+
+-- set_probe_timeout --
+-- A probe's time limit: on SQL Server the ODBC query timeout of its connection (shared/engine/condition_alerts.py): nothing to do here.
+SELECT CAST(:timeout_ms AS NVARCHAR(20)) AS timeout_ms WHERE 1 = 0;
+
+-- prepare_probe --
+-- A temporary table for a probe's rows, in the probe's transaction (rolled back with it); the owner's batch writes to it.
+IF OBJECT_ID(N'tempdb..#agent_probe') IS NOT NULL DROP TABLE #agent_probe;
+CREATE TABLE #agent_probe (rows_json NVARCHAR(MAX) NULL);
+
+-- probe_rows --
+-- A probe's rows, as the JSON array its SELECT ... FOR JSON PATH wrote.
+SELECT TOP (1) rows_json FROM #agent_probe;

@@ -1218,3 +1218,15 @@ FROM agent.alerts ORDER BY alert_name;
 SELECT firing_id, alert_name, kind, raised_at, detail, response_run_id, response_error
 FROM agent.alert_firings WHERE (CAST(:alert_name AS VARCHAR) IS NULL OR alert_name = CAST(:alert_name AS VARCHAR))
 ORDER BY firing_id DESC LIMIT CAST(:limit AS INT);
+
+-- set_probe_timeout --
+-- A condition alert's probe stops after its TIMEOUT_SECONDS (statement_timeout, this transaction only: the probe's transaction is always rolled back).
+SELECT pg_catalog.set_config('statement_timeout', CAST(:timeout_ms AS text), true) AS timeout_ms;
+
+-- prepare_probe --
+-- Where a probe's rows are put (SQL Server: a temporary table). PostgreSQL's probe writes them to a setting of its transaction: nothing to do here.
+SELECT 1 AS prepared WHERE 1 = 0;
+
+-- probe_rows --
+-- A probe's rows: the JSON array the probe's SELECT wrote to the setting agent.probe_rows of its transaction (shared/engine/condition_alerts.py).
+SELECT pg_catalog.current_setting('agent.probe_rows', true) AS rows_json;

@@ -1535,3 +1535,15 @@ FROM agent_alerts ORDER BY alert_name;
 SELECT firing_id, alert_name, kind, raised_at, detail, response_run_id, response_error
 FROM agent_alert_firings WHERE (:alert_name IS NULL OR alert_name = :alert_name)
 ORDER BY firing_id DESC LIMIT :limit;
+
+-- set_probe_timeout --
+-- A probe's time limit (PostgreSQL: statement_timeout for its transaction). The embedded database bounds a probe with a progress handler instead: nothing to do here.
+SELECT :timeout_ms AS timeout_ms WHERE 1 = 0;
+
+-- prepare_probe --
+-- Where a probe's rows are put (SQL Server: a temporary table). The embedded database reads them from its cursor: nothing to do here.
+SELECT 1 AS prepared WHERE 1 = 0;
+
+-- probe_rows --
+-- A probe's rows as JSON (PostgreSQL: the setting the probe's SELECT wrote; SQL Server: the temporary table). The embedded database reads them from its cursor: none here.
+SELECT NULL AS rows_json WHERE 1 = 0;

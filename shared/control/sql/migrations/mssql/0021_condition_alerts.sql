@@ -88,7 +88,7 @@ BEGIN
        = (CASE WHEN NULLIF(LTRIM(RTRIM(COALESCE(@errors, N''))), N'') IS NULL THEN 1 ELSE 0 END)
         THROW 51401, N'agent.add_alert: @query and @errors: expected exactly one of them (a probe query whose rows are the alert, with @schedule; or error numbers and severities, e.g. ''50000,1205,severity>=16'')', 1;
     IF @query IS NOT NULL AND NULLIF(LTRIM(RTRIM(COALESCE(@schedule, N''))), N'') IS NULL
-        THROW 51401, N'agent.add_alert: @schedule = NULL: a probe (@query) needs a schedule, as a job''s (e.g. ''0 */5 * * * *'' or ''every 5 minutes'')', 1;
+        THROW 51401, N'agent.add_alert: @schedule = NULL: a probe (@query) needs a schedule, as a job''s (e.g. ''0 */5 * * * *'')', 1;
     IF LEN(@query) > 40000 OR LEN(@schedule) > 400 OR LEN(@errors) > 400
         THROW 51401, N'agent.add_alert: @query, @schedule or @errors: expected at most 40000, 400 and 400 characters', 1;
     IF @delay_between_responses_seconds IS NULL OR @delay_between_responses_seconds < 0 OR @delay_between_responses_seconds > 31536000

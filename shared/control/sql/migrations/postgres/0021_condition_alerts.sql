@@ -89,7 +89,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@query and @errors: expected exactly one of them (a probe query whose rows are the alert, with @schedule; or error numbers and severities, e.g. ''50000,1205,severity>=16'')';
     END IF;
     IF add_alert_unaudited.query IS NOT NULL AND NULLIF(btrim(COALESCE(add_alert_unaudited.schedule, '')), '') IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@schedule = NULL: a probe (@query) needs a schedule, as a job''s (e.g. ''0 */5 * * * *'' or ''every 5 minutes'')';
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@schedule = NULL: a probe (@query) needs a schedule, as a job''s (e.g. ''0 */5 * * * *'')';
     END IF;
     IF length(add_alert_unaudited.query) > 40000 OR length(add_alert_unaudited.schedule) > 400 OR length(add_alert_unaudited.errors) > 400 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@query, @schedule or @errors: expected at most 40000, 400 and 400 characters';
