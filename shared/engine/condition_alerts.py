@@ -55,6 +55,9 @@ from shared.jobs.schedules import parse_schedule
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
+# ERRORS alerts read the failures stamped up to this long before the tick: a failure's time is
+# taken before its transaction commits (see check_condition_alerts).
+FAILURE_SETTLE_SECONDS = 30
 
 def settings_rows(settings: Any) -> list[dict[str, Any]]:
     """The settings' alerts as sync_settings_alerts takes them (invalid ones with their reason)."""
@@ -296,15 +299,19 @@ def check_condition_alerts(store: Any, new_probe_store: Callable[[], Any], now: 
     if watching:
         marks = {name: _time(claimed[name]["checked_until"]) or now for name in watching}
         since = min(marks.values())
-        failures = store.execute("alert_failures", since=since, now=now, limit=MAX_FAILURES_READ).rows
-        until = now
+        # Up to a little before now: a failure is stamped with its worker's time before its
+        # transaction commits, so one stamped just before now may not be visible yet.
+        horizon = now - timedelta(seconds=FAILURE_SETTLE_SECONDS)
+        failures = store.execute("alert_failures", since=since, now=horizon, limit=MAX_FAILURES_READ).rows
+        until = horizon
         if len(failures) >= MAX_FAILURES_READ:
-            until = _time(failures[-1]["finished_at"]) or now
+            until = _time(failures[-1]["finished_at"]) or horizon
         for name, alert in watching.items():
             spec = parse_errors(name, alert["errors"])
             mark = marks[name]
             seen = [f for f in failures if (_time(f["finished_at"]) or now) > mark
-                    and (_time(f["finished_at"]) or now) <= until and spec.matches(f)]
+                    and (_time(f["finished_at"]) or now) <= until and spec.matches(f)
+                    and str(f.get("started_by_alert") or "").casefold() != name.casefold()]
             results[name] = {"alert_name": name, "triggered": int(bool(seen)), "error": None,
                              "checked_until": store.json_time(max(until, mark)), "next_response_at": None}
             if seen:
@@ -315,7 +322,7 @@ def check_condition_alerts(store: Any, new_probe_store: Callable[[], Any], now: 
                 payload = {"failures": carried, "failure_count": len(seen),
                            "failures_cut": (f"{len(seen)} failures: the first {MAX_FAILURES_CARRIED} are carried"
                                             if len(seen) > MAX_FAILURES_CARRIED else None)}
-                if until < now:
+                if until < horizon:
                     note = f"more than {MAX_FAILURES_READ} failures since the last check: the rest at the next tick"
                     payload["failures_cut"] = f"{payload['failures_cut']}; {note}" if payload["failures_cut"] else note
                 payloads[name] = _bounded(payload, "failures", "failures_cut")

@@ -1816,9 +1816,10 @@ WHERE a.alert_name = c.alert_name AND a.updated_at = c.updated_at
 SELECT alert_name, valid, checked_until FROM @claimed;
 
 -- alert_failures --
--- The attempts that failed with an error after :since and up to :now, oldest first, at most :limit (ERRORS alerts: shared/engine/condition_alerts.py matches each against each alert's list). One indexed range read.
+-- The attempts that failed with an error after :since and up to :now, oldest first, at most :limit (ERRORS alerts: shared/engine/condition_alerts.py matches each against each alert's list). One indexed range read; started_by_alert: the alert whose response started the run (its own response's failure does not trigger that alert again).
 SELECT TOP (CAST(:limit AS INT)) a.attempt_id, a.run_id, r.job_name, a.finished_at, a.outcome, a.error_number, a.error_sqlstate,
-       LEFT(a.error_message, 400) AS error_message
+       LEFT(a.error_message, 400) AS error_message,
+       (SELECT MIN(f.alert_name) FROM agent.alert_firings AS f WHERE f.response_run_id = a.run_id) AS started_by_alert
 FROM agent.attempts AS a JOIN agent.runs AS r ON r.run_id = a.run_id
 WHERE a.finished_at > CAST(:since AS DATETIME2(6)) AND a.finished_at <= CAST(:now AS DATETIME2(6))
   AND a.outcome NOT IN (N'running', N'succeeded') AND a.error_message IS NOT NULL

@@ -1157,9 +1157,10 @@ WHERE a.alert_name = c.alert_name AND a.updated_at = CAST(c.updated_at AS timest
 RETURNING a.alert_name, a.valid, a.checked_until;
 
 -- alert_failures --
--- The attempts that failed with an error after :since and up to :now, oldest first, at most :limit (ERRORS alerts: shared/engine/condition_alerts.py matches each against each alert's list). One indexed range read.
+-- The attempts that failed with an error after :since and up to :now, oldest first, at most :limit (ERRORS alerts: shared/engine/condition_alerts.py matches each against each alert's list). One indexed range read; started_by_alert: the alert whose response started the run (its own response's failure does not trigger that alert again).
 SELECT a.attempt_id, a.run_id, r.job_name, a.finished_at, a.outcome, a.error_number, a.error_sqlstate,
-       left(a.error_message, 400) AS error_message
+       left(a.error_message, 400) AS error_message,
+       (SELECT MIN(f.alert_name) FROM agent.alert_firings AS f WHERE f.response_run_id = a.run_id) AS started_by_alert
 FROM agent.attempts AS a JOIN agent.runs AS r ON r.run_id = a.run_id
 WHERE a.finished_at > CAST(:since AS timestamp) AND a.finished_at <= CAST(:now AS timestamp)
   AND a.outcome NOT IN ('running', 'succeeded') AND a.error_message IS NOT NULL

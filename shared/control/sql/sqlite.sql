@@ -1474,9 +1474,10 @@ WHERE agent_alerts.alert_name = c.alert_name AND agent_alerts.updated_at = c.upd
 RETURNING agent_alerts.alert_name, agent_alerts.valid, agent_alerts.checked_until;
 
 -- alert_failures --
--- The attempts that failed with an error after :since and up to :now, oldest first, at most :limit (ERRORS alerts: shared/engine/condition_alerts.py matches each against each alert's list). One indexed range read.
+-- The attempts that failed with an error after :since and up to :now, oldest first, at most :limit (ERRORS alerts: shared/engine/condition_alerts.py matches each against each alert's list). One indexed range read; started_by_alert: the alert whose response started the run (its own response's failure does not trigger that alert again).
 SELECT a.attempt_id, a.run_id, r.job_name, a.finished_at, a.outcome, a.error_number, a.error_sqlstate,
-       substr(a.error_message, 1, 400) AS error_message
+       substr(a.error_message, 1, 400) AS error_message,
+       (SELECT MIN(f.alert_name) FROM agent_alert_firings AS f WHERE f.response_run_id = a.run_id) AS started_by_alert
 FROM agent_attempts AS a JOIN agent_runs AS r ON r.run_id = a.run_id
 WHERE a.finished_at > :since AND a.finished_at <= :now AND a.outcome NOT IN ('running', 'succeeded')
   AND a.error_message IS NOT NULL

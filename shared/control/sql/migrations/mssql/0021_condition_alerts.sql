@@ -53,6 +53,7 @@ CREATE TABLE agent.alert_firings (
 GO
 CREATE INDEX alert_firings_alert ON agent.alert_firings (alert_name, firing_id);
 CREATE INDEX alert_firings_raised ON agent.alert_firings (raised_at);
+CREATE INDEX alert_firings_response ON agent.alert_firings (response_run_id);
 CREATE INDEX attempts_finished ON agent.attempts (finished_at);
 GO
 

@@ -56,6 +56,7 @@ CREATE TABLE agent.alert_firings (
 );
 CREATE INDEX alert_firings_alert ON agent.alert_firings (alert_name, firing_id);
 CREATE INDEX alert_firings_raised ON agent.alert_firings (raised_at);
+CREATE INDEX alert_firings_response ON agent.alert_firings (response_run_id);
 
 -- ERRORS alerts read the attempts that ended since their last check: by end time.
 CREATE INDEX attempts_finished ON agent.attempts (finished_at);

@@ -42,6 +42,7 @@ CREATE TABLE agent_alert_firings (
 );
 CREATE INDEX alert_firings_alert ON agent_alert_firings (alert_name, firing_id);
 CREATE INDEX alert_firings_raised ON agent_alert_firings (raised_at);
+CREATE INDEX alert_firings_response ON agent_alert_firings (response_run_id);
 
 CREATE INDEX attempts_finished ON agent_attempts (finished_at);
 
