@@ -1896,6 +1896,7 @@ SELECT CAST(:timeout_ms AS NVARCHAR(20)) AS timeout_ms WHERE 1 = 0;
 -- A temporary table for a probe's rows, in the probe's transaction (rolled back with it); the owner's batch writes to it.
 IF OBJECT_ID(N'tempdb..#agent_probe') IS NOT NULL DROP TABLE #agent_probe;
 CREATE TABLE #agent_probe (rows_json NVARCHAR(MAX) NULL);
+SELECT 1 AS prepared WHERE 1 = 0;
 
 -- probe_rows --
 -- A probe's rows, as the JSON array its SELECT ... FOR JSON PATH wrote.

@@ -14,7 +14,7 @@ CREATE TABLE agent.alerts (
     owner              NVARCHAR(256) NULL,
     probe_query        NVARCHAR(MAX) NULL,
     schedule           NVARCHAR(400) NULL,
-    timezone           NVARCHAR(64) NOT NULL CONSTRAINT alerts_timezone_default DEFAULT N'UTC',
+    timezone           NVARCHAR(64) NOT NULL CONSTRAINT alerts_timezone_default DEFAULT 'UTC',
     errors             NVARCHAR(400) NULL,
     timeout_seconds    INT NOT NULL CONSTRAINT alerts_timeout_default DEFAULT 30,
     delay_seconds      INT NOT NULL CONSTRAINT alerts_delay_default DEFAULT 300,

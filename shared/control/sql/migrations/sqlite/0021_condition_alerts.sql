@@ -46,8 +46,10 @@ CREATE INDEX alert_firings_response ON agent_alert_firings (response_run_id);
 
 CREATE INDEX attempts_finished ON agent_attempts (finished_at);
 
--- A response's run is audited as started by the alert: SQLite changes a CHECK by rebuilding the table.
-CREATE TABLE agent_audit_0021 (
+-- A response's run is audited as started by the alert: SQLite changes a CHECK by rebuilding the
+-- table (the old one renamed aside, its rows copied, then dropped with its indexes).
+ALTER TABLE agent_audit RENAME TO agent_audit_0017;
+CREATE TABLE agent_audit (
     audit_id   INTEGER PRIMARY KEY AUTOINCREMENT,
     acted_at   TEXT NOT NULL,
     principal  VARCHAR(256) NOT NULL,
@@ -62,9 +64,8 @@ CREATE TABLE agent_audit_0021 (
     CONSTRAINT audit_source CHECK (source IN ('cli', 'tsql', 'monitor', 'alert')),
     CONSTRAINT audit_outcome CHECK (outcome IN ('done', 'refused'))
 );
-INSERT INTO agent_audit_0021 (audit_id, acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail)
-SELECT audit_id, acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail FROM agent_audit;
-DROP TABLE agent_audit;
-ALTER TABLE agent_audit_0021 RENAME TO agent_audit;
+INSERT INTO agent_audit (audit_id, acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail)
+SELECT audit_id, acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail FROM agent_audit_0017;
+DROP TABLE agent_audit_0017;
 CREATE INDEX audit_at ON agent_audit (acted_at);
 CREATE INDEX audit_job ON agent_audit (job_name, audit_id);
