@@ -659,6 +659,8 @@ def _import_sqlagent(agent, args) -> int:
         calls, refused = apply_calls(converted)
         result["applied"] = [asdict(added) for added in add_scheduled_jobs(
             agent.target, calls, store=agent.store(), now=agent.clock(), actor=command_line_actor())]
+        refused += [{"alert": alert.alert, "reason": "agent.add_alert is not called by --apply: the alert goes in the "
+                     "app settings printed here (ALERT__<name>__*)"} for alert in converted.alerts if alert.emitted]
         result["not_applied"] = refused
         incomplete = incomplete or bool(refused)
     if args.json:       # the same document, the warnings in it; not_carried lists what was left
@@ -673,6 +675,10 @@ def _import_sqlagent(agent, args) -> int:
         for item in result["jobs"]:
             for missing in item["not_carried"]:
                 print(_one_line(f"not carried: {item['sql_agent_name']}: {missing['what']}: {missing['reason']}"),
+                      file=sys.stderr)
+        for item in result["alerts"]:
+            for missing in item["not_carried"]:
+                print(_one_line(f"not carried: alert {item['sql_agent_name']}: {missing['what']}: {missing['reason']}"),
                       file=sys.stderr)
     return EXIT_FAILURE if incomplete else EXIT_OK
 

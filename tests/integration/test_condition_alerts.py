@@ -279,3 +279,37 @@ def test_a_bad_alert_setting_names_the_setting(settings, expected):
     assert [a.name for a in alerts] == ["b"]
     (bad,) = invalid
     assert expected in bad.message, bad.message
+
+
+def test_import_sqlagent_carries_sp_add_alert_and_lists_what_it_cannot():
+    from shared.ops.sqlagent_import import convert_script, report
+    from shared.settings import load_settings
+
+    script = """
+EXEC msdb.dbo.sp_add_job @job_name = N'Nightly ETL';
+EXEC msdb.dbo.sp_add_jobstep @job_name = N'Nightly ETL', @step_name = N'run', @command = N'EXEC dbo.etl';
+EXEC msdb.dbo.sp_add_jobserver @job_name = N'Nightly ETL';
+GO
+EXEC msdb.dbo.sp_add_alert @name = N'Deadlocks', @message_id = 1205, @delay_between_responses = 600,
+     @job_name = N'Nightly ETL';
+EXEC msdb.dbo.sp_add_notification @alert_name = N'Deadlocks', @operator_name = N'DBA Team', @notification_method = 1;
+EXEC msdb.dbo.sp_add_alert @name = N'Quiet one', @message_id = 50001, @enabled = 0;
+EXEC msdb.dbo.sp_add_alert @name = N'Sev 19', @severity = 19;
+EXEC msdb.dbo.sp_add_alert @name = N'Log full', @performance_condition = N'SQLServer:Databases|Percent Log Used|_Total|>|90';
+EXEC msdb.dbo.sp_add_alert @name = N'Dropped', @message_id = 9002;
+EXEC msdb.dbo.sp_delete_alert @name = N'Dropped';
+"""
+    result = report(convert_script([("alerts.sql", script)], "UTC"), "UTC")
+    alerts = {a["sql_agent_name"]: a for a in result["alerts"]}
+    assert set(alerts) == {"Deadlocks", "Quiet one", "Sev 19", "Log full"}
+    assert alerts["Deadlocks"]["settings"] == {
+        "ALERT__Deadlocks__ERRORS": "1205", "ALERT__Deadlocks__DELAY_BETWEEN_RESPONSES_SECONDS": "600",
+        "ALERT__Deadlocks__RESPONSE_JOB": "Nightly_ETL", "ALERT__Deadlocks__NOTIFY": "true"}
+    assert alerts["Deadlocks"]["not_carried"] == []
+    assert alerts["Quiet_one" if False else "Quiet one"]["settings"]["ALERT__Quiet_one__ENABLED"] == "false"
+    for name, what in (("Sev 19", "@severity"), ("Log full", "@performance_condition")):
+        assert not alerts[name]["emitted"] and [m["what"] for m in alerts[name]["not_carried"]] == [what]
+    assert result["complete"] is False            # the CLI exits 1
+    # What it emits is read by the agent as valid alerts and jobs.
+    settings = load_settings(result["settings"])
+    assert sorted(a.name for a in settings.alerts) == ["Deadlocks", "Quiet_one"] and not settings.invalid_alerts
