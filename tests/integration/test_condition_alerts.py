@@ -313,3 +313,61 @@ EXEC msdb.dbo.sp_delete_alert @name = N'Dropped';
     # What it emits is read by the agent as valid alerts and jobs.
     settings = load_settings(result["settings"])
     assert sorted(a.name for a in settings.alerts) == ["Deadlocks", "Quiet_one"] and not settings.invalid_alerts
+
+
+def test_add_alert_runs_its_probe_as_its_owner_and_remove_alert_removes_it_both_audited(pg_url, receiver):
+    """PostgreSQL: agent.add_alert by an operator (a login in agent_operator only): its probe runs
+    with the operator's rights (a table it may not read is an alert error naming the permission; its
+    own table is read; current_user is the operator, not the agent), a bad schedule is recorded
+    invalid by the tick, agent.remove_alert removes it; each call is one audit row."""
+    import contextlib
+    import uuid
+
+    import pyodbc
+
+    from tests.integration.test_job_owner import _exists
+    from tests.support.harness import make_agent, pg_admin_connection
+    from tests.support.tsql_caller import CallError, call
+
+    agent = make_agent(pg_url, queue=MemoryQueue(), AGENT_NOTIFY_WEBHOOK_URL=receiver.url + "/ok")
+    agent._notifier = Silent()
+    name = f"op_{uuid.uuid4().hex[:10]}"
+    admin = pg_admin_connection()
+    admin.cursor().execute(f'CREATE ROLE "{name}" LOGIN')
+    execute(agent, f'GRANT agent_operator TO "{name}"; CREATE TABLE mine (x int); GRANT SELECT ON mine TO "{name}"; '
+                   f'CREATE TABLE secret (x int); INSERT INTO secret VALUES (42); INSERT INTO mine VALUES (7)')
+    operator = pyodbc.connect(pg_url.replace("Uid=root;", f"Uid={name};"), autocommit=True, timeout=10)
+    try:
+        call(operator, "add_alert", name="mine_rows", query="SELECT x, current_user AS who FROM mine",
+             schedule=EVERY_MINUTE, delay_between_responses_seconds=0)
+        call(operator, "add_alert", name="peek", query="SELECT x FROM secret", schedule=EVERY_MINUTE)
+        call(operator, "add_alert", name="broken", query="SELECT 1", schedule="whenever")
+        with pytest.raises(CallError, match="expected exactly one of them"):
+            call(operator, "add_alert", name="neither")
+        with pytest.raises(CallError, match="delay_between_responses_seconds = -5"):
+            call(operator, "add_alert", name="neg", errors="1205", delay_between_responses_seconds=-5)
+        reports = tick_every_minute(agent, T0, 3)
+        firings = [f for r in reports for f in r.condition_alerts]
+        mine = [f["body"] for f in firings if f["alert_name"] == "mine_rows"]
+        assert len(mine) == 2 and mine[0]["rows"] == [{"x": 7, "who": name}] and mine[0]["owner"] == name
+        assert mine[0]["source"] == "database"
+        (peek,) = [f["body"] for f in firings if f["alert_name"] == "peek"]
+        assert peek["kind"] == "alert_error" and "permission denied" in peek["error"]
+        listed = {a["alert_name"]: a for a in agent.store().execute("list_alerts").rows}
+        assert listed["broken"]["valid"] == 0 and "agent.add_alert @schedule='whenever'" in listed["broken"]["config_error"]
+        assert listed["mine_rows"]["owner"] == name
+        call(operator, "remove_alert", name="peek")
+        with pytest.raises(CallError, match="no alert of that name"):
+            call(operator, "remove_alert", name="peek")
+        assert "peek" not in {a["alert_name"] for a in agent.store().execute("list_alerts").rows}
+        audit = query(agent, "SELECT action, principal, outcome FROM agent.audit WHERE action LIKE '%alert' "
+                             "ORDER BY audit_id")
+        assert audit == [("define-alert", name, "done")] * 3 + [("remove-alert", name, "done")]
+    finally:
+        with contextlib.suppress(Exception):
+            operator.close()
+        if _exists(admin, name):
+            execute(agent, f'DROP OWNED BY "{name}"')
+        agent.close()
+        admin.cursor().execute(f'DROP ROLE IF EXISTS "{name}"')
+        admin.close()
