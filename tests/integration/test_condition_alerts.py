@@ -371,3 +371,35 @@ def test_add_alert_runs_its_probe_as_its_owner_and_remove_alert_removes_it_both_
         agent.close()
         admin.cursor().execute(f'DROP ROLE IF EXISTS "{name}"')
         admin.close()
+
+
+def test_the_monitor_and_the_cli_show_the_alerts_and_their_responses(agent_factory, db_url, receiver, capsys):
+    import contextlib
+
+    from jsonschema import Draft202012Validator
+
+    from shared.cli.commands import main
+    from shared.web.app import Monitor, MonitorSettings
+
+    agent = build(agent_factory, receiver, {
+        "backlog": {"QUERY": "SELECT 1 AS one", "SCHEDULE": EVERY_MINUTE},
+        "bad<b>": {"ERRORS": "1205"}})
+    tick_every_minute(agent, T0, 2)
+    store = agent.new_store()
+    monitor = Monitor(lambda: contextlib.nullcontext(store), clock=lambda: T0, settings=lambda: MonitorSettings())
+    page = monitor.handle("GET", "/alerts", "", "")
+    assert page.status == 200
+    html = page.body.decode()
+    assert "backlog" in html and "<b>" not in html and "1 row(s)" in html
+    document = json.loads(monitor.handle("GET", "/alerts", "format=json", "").body)
+    schema = json.loads((Path(__file__).resolve().parents[2] / "docs/schemas/monitor-alerts.schema.json").read_text())
+    assert not list(Draft202012Validator(schema).iter_errors(document))
+    assert {a["alert_name"]: a["state"] for a in document["alerts"]}["backlog"] == "ok"
+    assert [f["kind"] for f in document["firings"]] == ["condition"]
+    store.close()
+    assert main(["--db", db_url, "--json", "alerts"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [a["alert_name"] for a in listed["alerts"]][0] == "backlog"
+    assert main(["--db", db_url, "alerts"]) == 0
+    text = capsys.readouterr().out
+    assert "backlog" in text and "invalid" in text
