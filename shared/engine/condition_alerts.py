@@ -125,6 +125,11 @@ def run_probe(store: Any, alert: Mapping[str, Any], job_principal: str | None) -
             if dialect == "sqlite":
                 result.rows = _sqlite_probe(store, query, limit, timeout)
             elif dialect == "postgres":
+                if not (owner or job_principal):
+                    # Run as the agent itself: the transaction is read-only from its first statement,
+                    # so a write is refused, not merely rolled back. (An owned probe runs inside a
+                    # function made for it, which needs a writable transaction; it is rolled back.)
+                    store.execute("probe_read_only")
                 store.execute("set_probe_timeout", timeout_ms=str(timeout * 1000))
                 wrapped = ("SELECT pg_catalog.set_config('agent.probe_rows', (SELECT COALESCE(CAST(pg_catalog.json_agg("
                            f"pg_catalog.left(CAST(pg_catalog.row_to_json(p) AS text), {MAX_ROW_CHARS + 1})) AS text), '[]') "
@@ -185,6 +190,7 @@ def _sqlite_probe(store: Any, query: str, limit: int, timeout: int) -> list[Any]
         return 1 if time.monotonic() > deadline else 0
 
     connection.set_progress_handler(past_deadline, 10_000)
+    connection.execute("PRAGMA query_only = ON")        # a write is refused, not merely rolled back
     cursor = connection.cursor()
     try:
         try:
@@ -200,6 +206,7 @@ def _sqlite_probe(store: Any, query: str, limit: int, timeout: int) -> list[Any]
         return rows
     finally:
         connection.set_progress_handler(None, 0)
+        connection.execute("PRAGMA query_only = OFF")
         cursor.close()
 
 

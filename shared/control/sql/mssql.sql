@@ -1901,3 +1901,7 @@ SELECT 1 AS prepared WHERE 1 = 0;
 -- probe_rows --
 -- A probe's rows, as the JSON array its SELECT ... FOR JSON PATH wrote.
 SELECT TOP (1) rows_json FROM #agent_probe;
+
+-- probe_read_only --
+-- A condition alert's probe run as the agent itself: its transaction is read-only from the first statement (PostgreSQL); SQLite sets query_only on the probe's connection instead, SQL Server relies on the rollback.
+UPDATE agent.state SET state_value = state_value WHERE 1 = 0;

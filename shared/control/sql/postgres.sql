@@ -1231,3 +1231,7 @@ SELECT 1 AS prepared WHERE 1 = 0;
 -- probe_rows --
 -- A probe's rows: the JSON array the probe's SELECT wrote to the setting agent.probe_rows of its transaction (shared/engine/condition_alerts.py).
 SELECT pg_catalog.current_setting('agent.probe_rows', true) AS rows_json;
+
+-- probe_read_only --
+-- A condition alert's probe run as the agent itself: its transaction is read-only from the first statement (PostgreSQL); SQLite sets query_only on the probe's connection instead, SQL Server relies on the rollback.
+SET TRANSACTION READ ONLY;

@@ -1548,3 +1548,7 @@ SELECT 1 AS prepared WHERE 1 = 0;
 -- probe_rows --
 -- A probe's rows as JSON (PostgreSQL: the setting the probe's SELECT wrote; SQL Server: the temporary table). The embedded database reads them from its cursor: none here.
 SELECT NULL AS rows_json WHERE 1 = 0;
+
+-- probe_read_only --
+-- A condition alert's probe run as the agent itself: its transaction is read-only from the first statement (PostgreSQL); SQLite sets query_only on the probe's connection instead, SQL Server relies on the rollback.
+UPDATE agent_state SET state_value = state_value WHERE 1 = 0;
