@@ -58,6 +58,10 @@ UTC = timezone.utc
 # ERRORS alerts read the failures stamped up to this long before the tick: a failure's time is
 # taken before its transaction commits (see check_condition_alerts).
 FAILURE_SETTLE_SECONDS = 30
+# All the probes of one tick run within this long: each gets what is left of it (at most its own
+# TIMEOUT_SECONDS); one that finds nothing left is an alert error for that check, not a tick that
+# runs for as long as its probes like.
+PROBE_BUDGET_SECONDS = 120
 
 def settings_rows(settings: Any) -> list[dict[str, Any]]:
     """The settings' alerts as sync_settings_alerts takes them (invalid ones with their reason)."""
@@ -337,10 +341,18 @@ def check_condition_alerts(store: Any, new_probe_store: Callable[[], Any], now: 
     probes = [alert for alert in due.values() if not alert["errors"]]
     if probes:
         probe_store = new_probe_store()
+        budget_ends = time.monotonic() + PROBE_BUDGET_SECONDS
         try:
             for alert in probes:
                 name = alert["alert_name"]
-                outcome = run_probe(probe_store, alert, job_principal)
+                left = int(budget_ends - time.monotonic())
+                if left < 1:
+                    outcome = ProbeResult(error=f"not run at this check: the probes before it in this tick used the "
+                                                f"tick's {PROBE_BUDGET_SECONDS} s for probes (a probe that runs long "
+                                                "delays the others: lower its TIMEOUT_SECONDS)")
+                else:
+                    bounded = {**alert, "timeout_seconds": min(int(alert["timeout_seconds"] or DEFAULT_TIMEOUT_SECONDS), left)}
+                    outcome = run_probe(probe_store, bounded, job_principal)
                 # An owned probe's connection is closed after its transaction; the next probe
                 # (another owner, or the agent) starts on a connection of its own.
                 probe_store.close()

@@ -56,6 +56,7 @@ from shared.jobs.calendars import CalendarRules
 from shared.jobs.schedules import CronSchedule, jitter_offset, parse_schedule, validate_timezone
 from shared.jobs.targets import describe_members, dialect_problem
 from shared.settings import Settings
+from shared.values import printable
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -390,7 +391,7 @@ class Scheduler:
             log.error("alert %s of the settings (ALERT__%s__*) is not in force: an alert of that name was defined with "
                       "agent.add_alert, which holds the name", row["alert_name"], row["alert_name"])
         for bad in getattr(self.settings, "invalid_alerts", ()):
-            log.error("alert %s is invalid and will not run: %s", bad.name, bad.message)
+            log.error("alert %s is invalid and will not run: %s", printable(bad.name), bad.message)
 
     def _isolate_refused_jobs(self, rows: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
         """Only after the bulk write failed: try each job alone (rolled back) and turn those the
@@ -589,7 +590,7 @@ class Scheduler:
         report.condition_alerts_checked = outcome.checked
         report.condition_alerts = outcome.firings
         for name, problem in outcome.invalid:
-            log.error("alert %s is invalid and will not run: %s", name, problem)
+            log.error("alert %s is invalid and will not run: %s", printable(name), printable(problem, 2000))
         for message in outcome.probe_errors:
             report.warnings.append(message)
             log.warning("%s", message)

@@ -403,3 +403,27 @@ def test_the_monitor_and_the_cli_show_the_alerts_and_their_responses(agent_facto
     assert main(["--db", db_url, "alerts"]) == 0
     text = capsys.readouterr().out
     assert "backlog" in text and "invalid" in text
+
+
+def test_probes_that_run_forever_cannot_hold_the_tick_past_its_probe_budget(agent_factory, db_url, receiver,
+                                                                               monkeypatch):
+    import time
+
+    from shared.engine import condition_alerts
+
+    monkeypatch.setattr(condition_alerts, "PROBE_BUDGET_SECONDS", 2)
+    pg = not db_url.startswith("sqlite")
+    forever = ("SELECT pg_sleep(60)" if pg else
+               "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c) SELECT max(n) FROM c")
+    agent = build(agent_factory, receiver, {
+        "a_forever": {"QUERY": forever, "SCHEDULE": EVERY_MINUTE, "TIMEOUT_SECONDS": "600"},
+        "b_forever": {"QUERY": forever, "SCHEDULE": EVERY_MINUTE, "TIMEOUT_SECONDS": "600"}})
+    agent.tick(T0)
+    began = time.monotonic()
+    report = agent.tick(T0 + timedelta(minutes=1))
+    assert time.monotonic() - began < 15
+    assert not report.errors
+    (first,) = [w for w in report.warnings if "a_forever" in w]
+    (second,) = [w for w in report.warnings if "b_forever" in w]
+    assert "TIMEOUT_SECONDS=2" in first or "cancel" in first.lower(), first
+    assert "not run at this check" in second
