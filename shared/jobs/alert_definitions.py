@@ -150,7 +150,7 @@ def _storage_key(name: str) -> str:
     if ALERT_NAME.match(name):
         return name
     digest = hashlib.sha256(name.encode("utf-8", errors="surrogatepass")).hexdigest()[:8]
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:50]
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:46]      # "invalid-" + 46 + "-" + 8: 63 characters
     return f"invalid-{safe}-{digest}"
 
 
@@ -205,6 +205,13 @@ def _parse_alert(name: str, values: dict[str, tuple[str, str]], errors: list[str
         errors.append(str(ConfigError(setting("QUERY"), printable(query), f"a query of at most {MAX_QUERY_CHARS} characters")))
     schedule = given.get("SCHEDULE")
     zone = given.get("TIMEZONE", "UTC")
+    if schedule is not None and len(schedule) > 400:
+        errors.append(str(ConfigError(setting("SCHEDULE"), printable(schedule), "a schedule of at most 400 characters")))
+        schedule = None
+    if len(zone) > 64:
+        errors.append(str(ConfigError(setting("TIMEZONE"), printable(zone), "an IANA time zone name of at most 64 "
+                                      "characters")))
+        zone = "UTC"
     if query and not schedule:
         errors.append(str(ConfigError(setting("SCHEDULE"), None, "a schedule, as a job's (e.g. '0 */5 * * * *'): "
                                       "when the probe runs")))

@@ -230,7 +230,9 @@ def test_removal_and_a_bad_alert_stop_only_themselves(agent_factory, db_url, rec
     agent = build(agent_factory, receiver, {
         "good": {"QUERY": "SELECT 1 AS one", "SCHEDULE": EVERY_MINUTE},
         "bad": {"QUERY": "SELECT 1", "SCHEDULE": "every now and then"},
-        "x'; DROP TABLE agent_runs; --": {"ERRORS": "1205"}},
+        "x'; DROP TABLE agent_runs; --": {"ERRORS": "1205"},
+        "long_zone": {"QUERY": "SELECT 1", "SCHEDULE": EVERY_MINUTE, "TIMEZONE": "Z" * 100,
+                      "NOTIFY_WEBHOOK_URL": "https://example.invalid/" + "p" * 3000}},
         jobs={"etl": {"SCHEDULE": HOURLY, "COMMAND": "SELECT 1", "MAX_ATTEMPTS": "1"}})
     reports = tick_every_minute(agent, T0, 3)
     assert [f["alert_name"] for r in reports for f in r.condition_alerts] == ["good"]
@@ -238,6 +240,7 @@ def test_removal_and_a_bad_alert_stop_only_themselves(agent_factory, db_url, rec
     assert listed["bad"]["valid"] == 0 and "ALERT__bad__SCHEDULE='every now and then'" in listed["bad"]["config_error"]
     (hostile,) = [a for name, a in listed.items() if name.startswith("invalid-")]
     assert hostile["valid"] == 0 and "expected 1 to 64 letters" in hostile["config_error"]
+    assert listed["long_zone"]["valid"] == 0 and "TIMEZONE" in listed["long_zone"]["config_error"]
     assert agent.store().execute("list_jobs").rows          # the jobs stand
     # Removed from the settings: gone at the next sync.
     again = build(agent_factory, receiver, {}, jobs={"etl": {"SCHEDULE": HOURLY, "COMMAND": "SELECT 1",
@@ -272,6 +275,10 @@ def test_the_quiet_horizon_wakes_for_the_next_probe(agent_factory, db_url, recei
     ({"ALERT__a__QUERY": "SELECT 1", "ALERT__a__SCHEDULE": HOURLY, "ALERT__a__TIMEOUT_SECONDS": "0"},
      "ALERT__a__TIMEOUT_SECONDS='0': expected a whole number from 1 to 600"),
     ({"ALERT__a__ERRORS": "1", "ALERT__a__COLOUR": "red"}, "ALERT__a__COLOUR: expected ALERT__<name>__<SETTING>"),
+    ({"ALERT__a__QUERY": "SELECT 1", "ALERT__a__SCHEDULE": HOURLY, "ALERT__a__TIMEZONE": "X" * 100},
+     "expected an IANA time zone name of at most 64 characters"),
+    ({"ALERT__a__QUERY": "SELECT 1", "ALERT__a__SCHEDULE": "0 " * 300}, "expected a schedule of at most 400 characters"),
+    ({"ALERT__" + "n" * 300 + "__ERRORS": "1"}, "expected 1 to 64 letters"),
 ])
 def test_a_bad_alert_setting_names_the_setting(settings, expected):
     good = {"ALERT__b__ERRORS": "1205"}
@@ -279,6 +286,7 @@ def test_a_bad_alert_setting_names_the_setting(settings, expected):
     assert [a.name for a in alerts] == ["b"]
     (bad,) = invalid
     assert expected in bad.message, bad.message
+    assert len(bad.key) <= 64            # what the database stores it under fits
 
 
 def test_import_sqlagent_carries_sp_add_alert_and_lists_what_it_cannot():
