@@ -71,7 +71,8 @@ POLL_SECONDS = 10.0
 
 def notifications_enabled(settings: Settings) -> bool:
     """Whether any webhook is configured (otherwise the outbox is never written)."""
-    return bool(settings.agent.notify_webhook_url or any(job.notify_webhook_url for job in settings.jobs))
+    return bool(settings.agent.notify_webhook_url or any(job.notify_webhook_url for job in settings.jobs)
+                or any(alert.notify_webhook_url for alert in getattr(settings, "alerts", ())))
 
 
 def enqueue_calls(settings: Settings, now: datetime) -> list[tuple[str, dict[str, Any]]]:
