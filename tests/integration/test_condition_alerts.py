@@ -435,3 +435,26 @@ def test_probes_that_run_forever_cannot_hold_the_tick_past_its_probe_budget(agen
     (second,) = [w for w in report.warnings if "b_forever" in w]
     assert "TIMEOUT_SECONDS=2" in first or "cancel" in first.lower(), first
     assert "not run at this check" in second
+
+
+def test_each_response_is_one_alert_raised_event(agent_factory, db_url, receiver):
+    from shared.telemetry.client import Telemetry
+
+    class Recorder(Telemetry):
+        def __init__(self):
+            self.events = []
+
+        def event(self, name, properties=None, *, operation_id=None):
+            super().event(name, properties, operation_id=operation_id)      # the names and dimensions check
+            self.events.append((name, dict(properties or {})))
+
+    agent = build(agent_factory, receiver, {
+        "backlog": {"QUERY": "SELECT 1 AS one", "SCHEDULE": EVERY_MINUTE, "DELAY_BETWEEN_RESPONSES_SECONDS": "120"},
+        "broken": {"QUERY": "SELECT * FROM nowhere_at_all", "SCHEDULE": EVERY_MINUTE}})
+    recorder = Recorder()
+    agent._telemetry = recorder
+    tick_every_minute(agent, T0, 6)
+    raised = [(p["alert_name"], p["alert"]) for name, p in recorder.events if name == "AlertRaised"]
+    # Checks at 10:01 .. 10:05: a response at 10:01, 10:03, 10:05 (a 2-minute delay); the probe error once.
+    assert raised.count(("backlog", "condition")) == 3
+    assert raised.count(("broken", "alert_error")) == 1 and len(raised) == 4
