@@ -675,32 +675,28 @@ class Store:
         # 0019), wherever the job runs: the control database, or a job's own database that is a
         # control database too (a task's @database may name it).
         mark, unmark = _owned_session_mark(function, trusted=self.control)
-        # One round trip (issue 35): the function is made, given to the principal and the session
-        # marked in a DO block of the job's own batch, before the job. Its failure (no such role,
-        # the agent's login not a member) is told from the job's by its SQLSTATE: the block raises
-        # AG003 with the server's message (psqlODBC raises an error of any statement of a batch
-        # from execute(), so the statement cannot be told by its place). The end notice is raised
-        # in the same statement as the job's: psqlODBC hands a statement's notices on together
-        # (see PostgresNotices).
-        setup = (f"DO $agent_setup$ BEGIN\n"
-                 f"CREATE FUNCTION {function}(job_sql text, end_notice text) RETURNS void LANGUAGE plpgsql "
-                 f"SECURITY DEFINER AS $agent$\n{_OWNED_JOB_BODY_SENT}$agent$;\n"
-                 f"ALTER FUNCTION {function}(text, text) OWNER TO {role};\n{mark}"
-                 f"EXCEPTION WHEN OTHERS THEN RAISE EXCEPTION USING ERRCODE = '{PG_OWNER_SETUP_SQLSTATE}', "
-                 f"MESSAGE = SQLERRM;\nEND $agent_setup$;\n")
-        heard = PostgresNotices()
+        # A round trip of its own, not the job's batch: sent there (a DO block whose failure raised
+        # SQLSTATE AG003, tried for issue 35), psqlODBC handed the job's notices on twice, to the
+        # setup's result and to the next one (test_step_output: 60 notices for 30).
         cursor = connection.cursor()
         self._set_active(cursor)
         try:
             try:
-                cursor.execute(f"{setup}SET LOCAL lock_timeout = 0;\nSELECT {function}(?, ?);\n{unmark}"
-                               f"DROP FUNCTION IF EXISTS {function}(text, text);", sql, heard.end_text)
+                # The end notice is raised in the same statement as the job's: psqlODBC hands a
+                # statement's notices on together (see PostgresNotices).
+                create = (f"CREATE FUNCTION {function}(job_sql text, end_notice text) RETURNS void LANGUAGE plpgsql "
+                          f"SECURITY DEFINER AS $agent$\n{_OWNED_JOB_BODY_SENT}$agent$;\n"
+                          f"ALTER FUNCTION {function}(text, text) OWNER TO {role};\n{mark}")
+                cursor.execute(create)
+                while cursor.nextset():
+                    pass
             except Exception as exc:
-                if classify(exc).sqlstate == PG_OWNER_SETUP_SQLSTATE:
-                    raise OwnerError(f"{who} cannot run this job: {_one_line(exc)} (the role must exist, and the "
-                                     "agent's login must be a member of it: GRANT it to the agent's login; "
-                                     "grant-sql --operator prints this)") from exc
-                raise
+                raise OwnerError(f"{who} cannot run this job: {_one_line(exc)} (the role must exist, and the "
+                                 "agent's login must be a member of it: GRANT it to the agent's login; "
+                                 "grant-sql --operator prints this)") from exc
+            heard = PostgresNotices()
+            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?, ?);\n{unmark}"
+                           f"DROP FUNCTION IF EXISTS {function}(text, text);", sql, heard.end_text)
             while True:
                 output += heard.take(cursor)
                 if cursor.description:
@@ -1102,7 +1098,6 @@ PSQLODBC_CUT_NOTE = ("[output cut by the PostgreSQL ODBC driver: it drops the no
 # it may end with) before it takes effect (migration 0013).
 PG_FENCED_SQLSTATE = "AG001"            # agent.finish_run: the run's token moved on
 PG_WORK_TRANSACTION_ENDED_SQLSTATE = "AG002"   # agent.check_work_transaction
-PG_OWNER_SETUP_SQLSTATE = "AG003"       # Store._run_as: the owner's function could not be made theirs
 WORK_TRANSACTION_ENDED = ("the job's SQL ended the agent's transaction (a COMMIT or ROLLBACK got past the agent's "
                           "check): the attempt fails; what the SQL committed before that stays committed")
 
