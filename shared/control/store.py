@@ -536,7 +536,8 @@ class Store:
                 # reset_session resets the role before the agent's own statements). First, the
                 # id of the job's transaction: check_work_transaction, in the completion's batch,
                 # compares it with the transaction the completion runs in (its SQL ended it, or not).
-                prefix = ["SELECT txid_current() AS agent_transaction;\n", "SET LOCAL lock_timeout = 0;\n"]
+                prefix = ["SELECT pg_catalog.txid_current() AS agent_transaction;\n", "SET LOCAL lock_timeout = 0;\n",
+                          JOB_SEARCH_PATH]
                 heard = PostgresNotices()
                 cursor.execute("".join(prefix) + sql + heard.end_statement())
                 transaction = int(cursor.fetchone()[0])
@@ -635,7 +636,7 @@ class Store:
                                  "agent's login must be a member of it: GRANT it to the agent's login; "
                                  "grant-sql --operator prints this)") from exc
             heard = PostgresNotices()
-            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?, ?);\n{unmark}"
+            cursor.execute(f"SET LOCAL lock_timeout = 0;\n{JOB_SEARCH_PATH}SELECT {function}(?, ?);\n{unmark}"
                            f"DROP FUNCTION IF EXISTS {function}(text, text);", sql, heard.end_text)
             while True:
                 output += heard.take(cursor)
@@ -761,6 +762,22 @@ def _owned_session_mark(function: str, *, trusted: bool) -> tuple[str, str]:
     return tuple(f"DO $m$BEGIN IF EXISTS ({check}) THEN {statement}; END IF; END$m$;\n"  # type: ignore[return-value]
                  for statement in (insert, delete))
 
+
+# The search_path a job's SQL runs with, for its transaction only (set_config(..., true)): the one
+# the database's and role's settings give the agent's login (ALTER ROLE ... IN DATABASE, ALTER ROLE,
+# ALTER DATABASE, in PostgreSQL's order), else the server's built-in default ("$user", public).
+# The agent's sessions are pinned to pg_catalog, pg_temp (connection_strings.PINNED_SESSION_OPTIONS),
+# which the job would not expect: its unqualified names find what they found before the pin. An
+# owned job's function ends by pinning the path again, and reset_session's RESET ALL returns to the
+# pin before the agent's completion. This statement runs pinned itself: its names are pg_catalog's.
+JOB_SEARCH_PATH = (
+    "SELECT pg_catalog.set_config('search_path', COALESCE((SELECT pg_catalog.substr(c.setting, 13) "
+    "FROM pg_catalog.pg_db_role_setting AS s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting) "
+    "WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = pg_catalog.current_database())) "
+    "AND s.setrole IN (0, (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = session_user)) "
+    "AND c.setting LIKE 'search_path=%' "
+    "ORDER BY s.setrole <> 0 DESC, s.setdatabase <> 0 DESC LIMIT 1), "
+    "(SELECT g.boot_val FROM pg_catalog.pg_settings AS g WHERE g.name = 'search_path')), true) AS agent_job_path;\n")
 
 # How many rounds of SET CONSTRAINTS ALL IMMEDIATE an owned job's deferred triggers get to settle
 # in (see _OWNED_JOB_BODY); one that still writes rows after that many fails.
@@ -897,7 +914,7 @@ def _set_postgres_params(connection: Any, params: Mapping[str, str]) -> None:
     when it ends), names and values bound: one statement, before the job's SQL."""
     cursor = connection.cursor()
     try:
-        calls = ", ".join("set_config(?, ?, true)" for _ in params)
+        calls = ", ".join("pg_catalog.set_config(?, ?, true)" for _ in params)
         values: list[str] = []
         for name, value in params.items():
             values += [f"agent.param.{name.lower()}", value]

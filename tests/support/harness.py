@@ -315,6 +315,7 @@ def query(agent, sql: str) -> list[tuple]:
     store = agent.new_store()
     try:
         cursor = store.connection.cursor()
+        _test_search_path(store, cursor)
         cursor.execute(sql)
         rows = [tuple(r) for r in cursor.fetchall()]
         if store.dialect != "sqlite":
@@ -322,6 +323,14 @@ def query(agent, sql: str) -> list[tuple]:
         return rows
     finally:
         store.close()
+
+
+def _test_search_path(store, cursor) -> None:
+    """The agent's PostgreSQL sessions resolve names in pg_catalog only (the owner boundary pins
+    search_path); the tests' own tables are in public: this store's session (closed after the
+    test's statement) finds them, as a job's SQL does."""
+    if store.dialect == "postgres":
+        cursor.execute('SET search_path = "$user", public')
 
 
 def runs_table(agent) -> str:
@@ -337,6 +346,7 @@ def execute(agent, sql: str) -> None:
     store = agent.new_store()
     try:
         cursor = store.connection.cursor()
+        _test_search_path(store, cursor)
         cursor.execute(sql)
         if store.dialect != "sqlite":
             store.connection.commit()
