@@ -769,15 +769,13 @@ def _owned_session_mark(function: str, *, trusted: bool) -> tuple[str, str]:
 # The agent's sessions are pinned to pg_catalog, pg_temp (connection_strings.PINNED_SESSION_OPTIONS),
 # which the job would not expect: its unqualified names find what they found before the pin. An
 # owned job's function ends by pinning the path again, and reset_session's RESET ALL returns to the
-# pin before the agent's completion. This statement runs pinned itself: its names are pg_catalog's.
+# pin before the agent's completion. This statement runs pinned itself: its unqualified names are
+# pg_catalog's (kept short: it travels with every run).
 JOB_SEARCH_PATH = (
-    "SELECT pg_catalog.set_config('search_path', COALESCE((SELECT pg_catalog.substr(c.setting, 13) "
-    "FROM pg_catalog.pg_db_role_setting AS s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting) "
-    "WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = pg_catalog.current_database())) "
-    "AND s.setrole IN (0, (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = session_user)) "
-    "AND c.setting LIKE 'search_path=%' "
-    "ORDER BY s.setrole <> 0 DESC, s.setdatabase <> 0 DESC LIMIT 1), "
-    "(SELECT g.boot_val FROM pg_catalog.pg_settings AS g WHERE g.name = 'search_path')), true) AS agent_job_path;\n")
+    "SELECT pg_catalog.set_config('search_path',COALESCE((SELECT substr(c,13)FROM pg_db_role_setting,unnest(setconfig)c "
+    "WHERE setdatabase IN(0,(SELECT oid FROM pg_database WHERE datname=current_database()))AND setrole IN(0,"
+    "(SELECT oid FROM pg_roles WHERE rolname=session_user))AND c LIKE'search_path=%'ORDER BY setrole<>0 DESC,"
+    "setdatabase<>0 DESC LIMIT 1),boot_val),true)FROM pg_settings WHERE name='search_path';\n")
 
 # How many rounds of SET CONSTRAINTS ALL IMMEDIATE an owned job's deferred triggers get to settle
 # in (see _OWNED_JOB_BODY); one that still writes rows after that many fails.
