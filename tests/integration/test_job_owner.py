@@ -12,7 +12,8 @@ import uuid
 
 import pytest
 
-from tests.support.harness import execute, make_agent, pg_admin_connection, query, work
+from shared.cli.commands import main as cli
+from tests.support.harness import admin_execute, agent_login_of, execute, make_agent, pg_admin_connection, query, work
 from tests.support.tsql_caller import call
 
 ESCAPES = {
@@ -37,11 +38,21 @@ def operator(pg_url):
     admin.cursor().execute(f'CREATE ROLE "{name}" LOGIN')
     import pyodbc
 
-    execute(agent, f'GRANT agent_operator TO "{name}"; CREATE TABLE owned_work (who text, login text); '
-                   f'GRANT INSERT, SELECT ON owned_work TO "{name}"; GRANT CREATE ON SCHEMA public TO "{name}"; '
+    least = agent_login_of(pg_url)
+    if least:
+        # AGENT_TEST_PG_LEAST_PRIVILEGE=1: the agent is grant-sql --agent-login's login; the admin
+        # makes the operator one as docs/tsql.md says (grant-sql --operator ... --app-name LOGIN).
+        login, admin_url = least
+        assert cli(["--db", admin_url, "grant-sql", "--operator", name, "--app-name", login, "--apply"]) == 0
+        admin_execute(pg_url, f'GRANT CREATE ON SCHEMA public TO "{name}"')
+    else:
+        execute(agent, f'GRANT agent_operator TO "{name}"; GRANT CREATE ON SCHEMA public TO "{name}"')
+    execute(agent, f'CREATE TABLE owned_work (who text, login text); '
+                   f'GRANT INSERT, SELECT ON owned_work TO "{name}"; '
                    f'CREATE TABLE secret (x int); '
                    f'INSERT INTO secret VALUES (42)')
-    connection = pyodbc.connect(pg_url.replace("Uid=root;", f"Uid={name};"), autocommit=True, timeout=10)
+    user = least[0] if least else "root"
+    connection = pyodbc.connect(pg_url.replace(f"Uid={user};", f"Uid={name};"), autocommit=True, timeout=10)
     try:
         yield name, connection, agent
     finally:

@@ -300,13 +300,10 @@ def test_locks_and_listeners_a_job_leaves_do_not_hold_the_agent(operator):  # no
     agent.tick(agent.clock())
     second = _owned_job(as_operator, agent, "INSERT INTO owned_work SELECT current_user, 'after'")
     assert second["status"] == "succeeded", second
-    admin = pg_admin_connection()
-    try:
-        held = admin.cursor().execute("SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND objid IN "
-                                      f"({', '.join(map(str, keys))})").fetchone()[0]
-    finally:
-        admin.close()
-    assert held == 0
+    held = query(agent, "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+                        "(SELECT oid FROM pg_database WHERE datname = current_database()) AND objid IN "
+                        f"({', '.join(map(str, keys))})")
+    assert held == [(0,)]
     _gained_nothing(agent, name)
 
 

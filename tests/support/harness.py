@@ -389,11 +389,36 @@ def least_privilege_database(login: str | None = None, *, test_tables: bool = Fa
                 database.close()
         # psqlODBC takes Uid as written up to the next ';' (no braces): a test of a hostile name
         # checks the script, not a connection.
-        yield admin_url.replace("Uid=root;", f"Uid={login};"), login, admin_url
+        url = admin_url.replace("Uid=root;", f"Uid={login};")
+        LEAST_PRIVILEGE_LOGINS[url] = (login, admin_url)
+        yield url, login, admin_url
     finally:
+        LEAST_PRIVILEGE_LOGINS.pop(admin_url.replace("Uid=root;", f"Uid={login};"), None)
         drop_pg_database(name)
         admin.cursor().execute(f"DROP ROLE IF EXISTS {quoted}")
         admin.close()
+
+
+# The databases least_privilege_database made: URL as the login -> (the login, the admin's URL).
+LEAST_PRIVILEGE_LOGINS: dict[str, tuple[str, str]] = {}
+
+
+def agent_login_of(url: str) -> tuple[str, str] | None:
+    """(the least-privilege login, the admin's URL) when ``url`` is a least_privilege_database's,
+    else None (the agent connects as the admin, root)."""
+    return LEAST_PRIVILEGE_LOGINS.get(url)
+
+
+def admin_execute(url: str, sql: str) -> None:
+    """Run ``sql`` in ``url``'s database as the admin (root): what a deployer, not the agent, does
+    (CREATE on the database, a role's memberships). With the agent connected as root it is the
+    same connection rights the agent has."""
+    found = agent_login_of(url)
+    connection = pyodbc_connect(found[1] if found else url)
+    try:
+        connection.cursor().execute(sql)
+    finally:
+        connection.close()
 
 
 def pyodbc_connect(url: str):
