@@ -421,6 +421,22 @@ def admin_execute(url: str, sql: str) -> None:
         connection.close()
 
 
+def grant_operator_args(url: str, name: str) -> list[str]:
+    """The CLI arguments that make ``name`` an operator of ``url``'s agent, as docs/tsql.md says:
+    with the agent connected as root, ``grant-sql --operator NAME --apply`` on its own URL; with a
+    least-privilege login, the admin's ``grant-sql --operator NAME --app-name LOGIN --apply``."""
+    found = agent_login_of(url)
+    if found:
+        return ["--db", found[1], "grant-sql", "--operator", name, "--app-name", found[0], "--apply"]
+    return ["--db", url, "grant-sql", "--operator", name, "--apply"]
+
+
+def url_as(url: str, role: str) -> str:
+    """``url`` (the agent's) logging in as ``role`` instead."""
+    found = agent_login_of(url)
+    return url.replace(f"Uid={found[0] if found else 'root'};", f"Uid={role};")
+
+
 def pyodbc_connect(url: str):
     import pyodbc
 
