@@ -780,7 +780,7 @@ JOB_SEARCH_PATH = (
     "pg_catalog.set_config('search_path',COALESCE((SELECT substr(c,13)FROM pg_db_role_setting,unnest(setconfig)c "
     "WHERE setdatabase IN(0,(SELECT oid FROM pg_database WHERE datname=current_database()))AND setrole IN(0,"
     "(SELECT oid FROM pg_roles WHERE rolname=session_user))AND c LIKE'search_path=%'ORDER BY setrole<>0 DESC,"
-    "setdatabase<>0 DESC LIMIT 1),'\"$user\",public'),true)")
+    "setdatabase<>0 DESC LIMIT 1),'\"$user\", public'),true)")
 
 # How many rounds of SET CONSTRAINTS ALL IMMEDIATE an owned job's deferred triggers get to settle
 # in (see _OWNED_JOB_BODY); one that still writes rows after that many fails.
