@@ -38,7 +38,6 @@ from tests.support.harness import (
     ROOT,
     Clock,
     admin_execute,
-    execute,
     grant_operator_args,
     make_agent,
     pg_admin_connection,
