@@ -371,3 +371,14 @@ def test_a_job_cannot_queue_work_as_someone_else(operator):  # noqa: F811
     with pytest.raises(CallError):
         call(as_operator, "exec_async_unaudited", sql="SELECT 1", execution_order=None)
     _gained_nothing(agent, name)
+
+
+def test_every_function_an_operator_may_call_resolves_names_in_pg_catalog_first_and_pg_temp_last(operator):  # noqa: F811
+    """BLOCKED (migrations): every SECURITY DEFINER function of schema agent (they run with the
+    agent's login's rights, called by operators) pins search_path to pg_catalog, pg_temp: a caller's
+    temporary table or view can never stand in for a name the function resolves (pg_temp is
+    searched FIRST for tables when it is not named), nor a function of public for one it calls."""
+    _, _, agent = operator
+    assert query(agent, "SELECT p.oid::regprocedure::text FROM pg_proc AS p WHERE p.pronamespace = 'agent'::regnamespace "
+                        "AND p.prosecdef AND NOT COALESCE('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)") == []
+    assert query(agent, "SELECT COUNT(*) FROM pg_proc WHERE pronamespace = 'agent'::regnamespace AND prosecdef")[0][0] >= 10
