@@ -382,3 +382,20 @@ def test_every_function_an_operator_may_call_resolves_names_in_pg_catalog_first_
     assert query(agent, "SELECT p.oid::regprocedure::text FROM pg_proc AS p WHERE p.pronamespace = 'agent'::regnamespace "
                         "AND p.prosecdef AND NOT COALESCE('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)") == []
     assert query(agent, "SELECT COUNT(*) FROM pg_proc WHERE pronamespace = 'agent'::regnamespace AND prosecdef")[0][0] >= 10
+
+
+def test_dblink_an_admin_installed_never_connects_as_the_agent(operator):  # noqa: F811
+    """BLOCKED (dblink's own rule): with dblink installed by an admin in the control database, a
+    job's connection back to the server as the agent's login (trust authentication here, so no
+    password would be asked) is refused: a non-superuser's dblink must authenticate with a password."""
+    name, as_operator, agent = operator
+    from tests.support.harness import admin_execute
+
+    admin_execute(agent.target.location, "CREATE EXTENSION IF NOT EXISTS dblink")
+    login = _agent_login(agent)
+    run = _owned_job(as_operator, agent,
+                     "SELECT * FROM dblink('host=127.0.0.1 port=5432 dbname=' || current_database() || "
+                     f"' user={login}', 'ALTER ROLE \"{name}\" CREATEROLE') AS t(x text)")
+    assert run["status"] == "failed", run
+    assert "password is required" in run["last_error"] or "permission denied" in run["last_error"], run
+    _gained_nothing(agent, name)
