@@ -149,7 +149,8 @@ def with_freetds_defaults(connection_string: str) -> str:
 # statements run as its login. The job's own SQL gets the search_path the database's and role's
 # settings give (store.JOB_SEARCH_PATH), in its transaction only. docs/tsql.md, "The owner
 # boundary".
-PINNED_SESSION_OPTIONS = "-c search_path=pg_catalog,pg_temp -c role=none"
+PINNED_SEARCH_PATH = "pg_catalog,pg_temp"
+PINNED_SESSION_OPTIONS = f"-c search_path={PINNED_SEARCH_PATH} -c role=none"
 
 
 def with_postgres_defaults(connection_string: str) -> str:

@@ -201,3 +201,19 @@ def test_every_postgresql_session_is_pinned_whatever_the_connection_string_sets(
         assert tuple(cursor.fetchone()) == ("pg_catalog,pg_temp", 1)
     finally:
         connection.close()
+
+
+def test_a_session_that_did_not_start_pinned_is_refused(monkeypatch):
+    """Fail closed: when the startup options do not reach the server (a pooler dropping them, here
+    a connection string the agent did not add them to), the agent refuses the connection, naming
+    the search_path it got, rather than resolve names through it."""
+    from shared.control import db as db_module
+    from shared.control.db import DatabaseTarget, connector
+    from shared.errors import AgentError
+    from tests.support.harness import PG_BASE
+
+    monkeypatch.setattr(db_module, "with_postgres_defaults", lambda location: location)
+    target = DatabaseTarget(dialect="postgres", location=PG_BASE + "Database=postgres;", display="test")
+    with pytest.raises(AgentError) as refused:
+        connector(target)()
+    assert "did not reach the server" in str(refused.value) and "public" in str(refused.value)
