@@ -593,7 +593,8 @@ class Store:
                 # reset_session resets the role before the agent's own statements). First, the
                 # id of the job's transaction: check_work_transaction, in the completion's batch,
                 # compares it with the transaction the completion runs in (its SQL ended it, or not).
-                prefix = ["SELECT txid_current() AS agent_transaction;\n", "SET LOCAL lock_timeout = 0;\n"]
+                prefix = [f"SELECT pg_catalog.txid_current() AS agent_transaction, {JOB_SEARCH_PATH} AS job_path;\n",
+                          "SET LOCAL lock_timeout = 0;\n"]
                 heard = PostgresNotices()
                 cursor.execute("".join(prefix) + sql + heard.end_statement())
                 transaction = int(cursor.fetchone()[0])
@@ -695,7 +696,10 @@ class Store:
                                  "agent's login must be a member of it: GRANT it to the agent's login; "
                                  "grant-sql --operator prints this)") from exc
             heard = PostgresNotices()
-            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?, ?);\n{unmark}"
+            # The job's search_path is set before the function runs (a subquery in FROM is scanned
+            # before the target list is evaluated; set_config is volatile: never pulled up).
+            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?, ?) FROM (SELECT {JOB_SEARCH_PATH} "
+                           f"OFFSET 0) AS job_path;\n{unmark}"
                            f"DROP FUNCTION IF EXISTS {function}(text, text);", sql, heard.end_text)
             while True:
                 output += heard.take(cursor)
@@ -821,6 +825,22 @@ def _owned_session_mark(function: str, *, trusted: bool) -> tuple[str, str]:
     return tuple(f"DO $m$BEGIN IF EXISTS ({check}) THEN {statement}; END IF; END$m$;\n"  # type: ignore[return-value]
                  for statement in (insert, delete))
 
+
+# The search_path a job's SQL runs with, for its transaction only (set_config(..., true)): the one
+# the database's and role's settings give the agent's login (ALTER ROLE ... IN DATABASE, ALTER ROLE,
+# ALTER DATABASE, in PostgreSQL's order), else PostgreSQL's built-in default ("$user", public; a
+# search_path set in postgresql.conf is not visible to a non-superuser, so not honoured).
+# The agent's sessions are pinned to pg_catalog, pg_temp (connection_strings.PINNED_SESSION_OPTIONS),
+# which the job would not expect: its unqualified names find what they found before the pin. An
+# owned job's function ends by pinning the path again, and reset_session's RESET ALL returns to the
+# pin before the agent's completion. This statement runs pinned itself: its unqualified names are
+# pg_catalog's (kept short: it travels with every run). An expression, evaluated in a statement the
+# agent sends anyway (psqlODBC loses its footing over a job's notices after one result set more).
+JOB_SEARCH_PATH = (
+    "pg_catalog.set_config('search_path',COALESCE((SELECT substr(c,13)FROM pg_db_role_setting,unnest(setconfig)c "
+    "WHERE setdatabase IN(0,(SELECT oid FROM pg_database WHERE datname=current_database()))AND setrole IN(0,"
+    "(SELECT oid FROM pg_roles WHERE rolname=session_user))AND c LIKE'search_path=%'ORDER BY setrole<>0 DESC,"
+    "setdatabase<>0 DESC LIMIT 1),'\"$user\", public'),true)")
 
 # How many rounds of SET CONSTRAINTS ALL IMMEDIATE an owned job's deferred triggers get to settle
 # in (see _OWNED_JOB_BODY); one that still writes rows after that many fails.
@@ -957,7 +977,7 @@ def _set_postgres_params(connection: Any, params: Mapping[str, str]) -> None:
     when it ends), names and values bound: one statement, before the job's SQL."""
     cursor = connection.cursor()
     try:
-        calls = ", ".join("set_config(?, ?, true)" for _ in params)
+        calls = ", ".join("pg_catalog.set_config(?, ?, true)" for _ in params)
         values: list[str] = []
         for name, value in params.items():
             values += [f"agent.param.{name.lower()}", value]
