@@ -33,7 +33,7 @@ SCHEDULE_HORIZON = timedelta(days=366 * SCHEDULE_HORIZON_YEARS)
 MISFIRE_POLICIES = ("run-once", "skip")
 
 
-OVERLAP_POLICIES = ("skip", "queue", "allow")
+OVERLAP_POLICIES = ("skip", "queue", "allow", "buffer-one", "cancel-previous")
 
 
 class AfterOutcome(str, Enum):

@@ -359,6 +359,16 @@ WHERE status = 'pending' AND runnable_at <= :now AND job_name IS NOT NULL
                          AND (j.misfire = 'skip'
                               OR julianday(agent_runs.scheduled_for) + j.grace_seconds / 86400.0 < julianday(:now))))))
 RETURNING 'skipped' AS decision, run_id, token, job_name, kind, operation_id, scheduled_for, attempt, runnable_at, note;
+UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL,
+    note = 'overlap: a run of this job was running and another was already waiting; policy buffer-one'
+WHERE status = 'pending' AND runnable_at <= :now AND job_name IS NOT NULL AND overlap = 'buffer-one'
+  AND EXISTS (SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
+                AND o.status = 'running')
+  AND EXISTS (SELECT 1 FROM agent_runs w WHERE w.job_name = agent_runs.job_name AND w.run_id <> agent_runs.run_id
+                AND w.status IN ('pending', 'queued') AND w.runnable_at <= :now
+                AND (w.scheduled_for < agent_runs.scheduled_for
+                     OR (w.scheduled_for = agent_runs.scheduled_for AND w.run_id < agent_runs.run_id)))
+RETURNING 'skipped' AS decision, run_id, token, job_name, kind, operation_id, scheduled_for, attempt, runnable_at, note;
 UPDATE agent_runs SET
     status = 'queued',
     token = token + 1,
@@ -374,9 +384,9 @@ WHERE run_id IN (
           AND NOT (c.job_name IS NOT NULL AND c.overlap <> 'allow' AND EXISTS (
                 SELECT 1 FROM agent_runs o
                 WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-                  AND ((c.overlap = 'queue' AND o.status = 'running')
+                  AND ((c.overlap IN ('queue', 'buffer-one') AND o.status = 'running')
                        OR (o.status IN ('pending', 'queued')
-                           AND (c.overlap = 'queue' OR o.runnable_at <= :now)
+                           AND (c.overlap IN ('queue', 'buffer-one') OR o.runnable_at <= :now)
                            AND (o.scheduled_for < c.scheduled_for
                                 OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
         ORDER BY c.runnable_at, c.run_id
@@ -421,7 +431,14 @@ SELECT r.run_id,
             WHEN r.task_order IS NOT NULL AND EXISTS (
                  SELECT 1 FROM agent_runs t WHERE t.kind = 'task' AND t.task_order < r.task_order
                    AND t.status IN ('pending', 'queued', 'running')) THEN 'held-order'
-            WHEN r.job_name IS NOT NULL AND r.overlap = 'queue' AND EXISTS (
+            WHEN r.job_name IS NOT NULL AND r.overlap = 'buffer-one' AND EXISTS (
+                 SELECT 1 FROM agent_runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
+                   AND o.status = 'running') AND EXISTS (
+                 SELECT 1 FROM agent_runs w WHERE w.job_name = r.job_name AND w.run_id <> r.run_id
+                   AND w.status IN ('pending', 'queued') AND w.runnable_at <= :now
+                   AND (w.scheduled_for < r.scheduled_for
+                        OR (w.scheduled_for = r.scheduled_for AND w.run_id < r.run_id))) THEN 'skip-buffer'
+            WHEN r.job_name IS NOT NULL AND r.overlap IN ('queue', 'buffer-one') AND EXISTS (
                  SELECT 1 FROM agent_runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
                    AND (o.status = 'running'
                         OR (o.status IN ('pending', 'queued')
@@ -431,6 +448,24 @@ SELECT r.run_id,
             ELSE 'start' END
 FROM agent_runs AS r
 WHERE r.run_id = :run_id AND r.token = :token AND r.status = 'queued';
+-- Overlap cancel-previous: the runs of its job in flight before it are stopped, as `stop` stops them.
+UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = :now, lease_expires_at = NULL,
+    note = 'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
+WHERE parent_run_id IS NOT NULL AND status IN ('waiting', 'pending', 'queued', 'running')
+  AND parent_run_id IN (SELECT p.run_id FROM agent_runs p WHERE p.job_name IS NOT NULL AND p.status IN ('pending', 'queued', 'running')
+      AND (p.status = 'running' OR p.runnable_at <= :now OR p.attempt > 0)
+      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id
+                    AND c.overlap = 'cancel-previous' AND c.run_id IN (SELECT d.run_id FROM temp.agent_decisions d WHERE d.decision IN ('start', 'held-cap'))
+                    AND (p.scheduled_for < c.scheduled_for
+                         OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id))));
+UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = :now, lease_expires_at = NULL,
+    awaiting_targets = 0, note = 'stopped: a newer run of this job is due; policy cancel-previous'
+WHERE agent_runs.job_name IS NOT NULL AND agent_runs.status IN ('pending', 'queued', 'running')
+      AND (agent_runs.status = 'running' OR agent_runs.runnable_at <= :now OR agent_runs.attempt > 0)
+      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = agent_runs.job_name AND c.run_id <> agent_runs.run_id
+                    AND c.overlap = 'cancel-previous' AND c.run_id IN (SELECT d.run_id FROM temp.agent_decisions d WHERE d.decision IN ('start', 'held-cap'))
+                    AND (agent_runs.scheduled_for < c.scheduled_for
+                         OR (agent_runs.scheduled_for = c.scheduled_for AND agent_runs.run_id < c.run_id)));
 UPDATE agent_runs SET
     status = CASE WHEN d.decision = 'start' THEN 'running' WHEN d.decision LIKE 'skip-%' THEN 'skipped'
                   WHEN d.decision LIKE 'held-%' THEN 'pending' ELSE agent_runs.status END,
@@ -445,11 +480,14 @@ UPDATE agent_runs SET
     finished_at = CASE WHEN d.decision LIKE 'skip-%' THEN :now ELSE agent_runs.finished_at END,
     note = CASE d.decision
         WHEN 'skip-overlap' THEN 'overlap: the previous run of this job was still running; policy skip'
+        WHEN 'skip-buffer' THEN 'overlap: a run of this job was running and another was already waiting; policy buffer-one'
         WHEN 'skip-superseded' THEN 'misfire: a later slot of this job is due too; caught up once, with the latest'
         WHEN 'skip-misfire' THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
         WHEN 'skip-grace' THEN 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped'
         WHEN 'held-order' THEN 'held: waits for the tasks of a lower order to finish'
-        WHEN 'held-overlap' THEN 'held: waits for the previous run of this job (overlap queue)'
+        WHEN 'held-overlap' THEN CASE WHEN agent_runs.overlap = 'buffer-one'
+                                      THEN 'held: waits for the previous run of this job (overlap buffer-one)'
+                                      ELSE 'held: waits for the previous run of this job (overlap queue)' END
         WHEN 'held-cap' THEN 'held: AGENT_MAX_CONCURRENCY runs are executing'
         ELSE agent_runs.note END
 FROM temp.agent_decisions AS d
@@ -501,6 +539,40 @@ RETURNING 'skipped' AS decision, run_id, job_name, kind, command, target_databas
           max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds,
           operation_id, scheduled_for, runnable_at, started_at, note, step, steps, parent_run_id, parent_token,
           target_server, retry_interval_seconds, owner, params, NULL AS job_params;
+UPDATE agent_runs SET status = 'skipped', finished_at = (SELECT now FROM temp.agent_claim_time), lease_expires_at = NULL,
+    note = 'overlap: a run of this job was running and another was already waiting; policy buffer-one'
+WHERE status = 'pending' AND runnable_at <= (SELECT now FROM temp.agent_claim_time) AND job_name IS NOT NULL AND overlap = 'buffer-one'
+  AND EXISTS (SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
+                AND o.status = 'running')
+  AND EXISTS (SELECT 1 FROM agent_runs w WHERE w.job_name = agent_runs.job_name AND w.run_id <> agent_runs.run_id
+                AND w.status IN ('pending', 'queued') AND w.runnable_at <= (SELECT now FROM temp.agent_claim_time)
+                AND (w.scheduled_for < agent_runs.scheduled_for
+                     OR (w.scheduled_for = agent_runs.scheduled_for AND w.run_id < agent_runs.run_id)))
+RETURNING 'skipped' AS decision, run_id, job_name, kind, command, target_database, attempt, failures,
+          max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds,
+          operation_id, scheduled_for, runnable_at, started_at, note, step, steps, parent_run_id, parent_token,
+          target_server, retry_interval_seconds, owner, params, NULL AS job_params;
+UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = (SELECT now FROM temp.agent_claim_time), lease_expires_at = NULL,
+    note = 'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
+WHERE parent_run_id IS NOT NULL AND status IN ('waiting', 'pending', 'queued', 'running')
+  AND parent_run_id IN (SELECT p.run_id FROM agent_runs p WHERE p.job_name IS NOT NULL AND p.status IN ('pending', 'queued', 'running')
+      AND (p.status = 'running' OR p.runnable_at <= (SELECT now FROM temp.agent_claim_time) OR p.attempt > 0)
+      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id
+                    AND c.overlap = 'cancel-previous' AND c.status = 'pending' AND c.runnable_at <= (SELECT now FROM temp.agent_claim_time)
+                    AND (p.scheduled_for < c.scheduled_for
+                         OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id))));
+UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = (SELECT now FROM temp.agent_claim_time), lease_expires_at = NULL,
+    awaiting_targets = 0, note = 'stopped: a newer run of this job is due; policy cancel-previous'
+WHERE agent_runs.job_name IS NOT NULL AND agent_runs.status IN ('pending', 'queued', 'running')
+      AND (agent_runs.status = 'running' OR agent_runs.runnable_at <= (SELECT now FROM temp.agent_claim_time) OR agent_runs.attempt > 0)
+      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = agent_runs.job_name AND c.run_id <> agent_runs.run_id
+                    AND c.overlap = 'cancel-previous' AND c.status = 'pending' AND c.runnable_at <= (SELECT now FROM temp.agent_claim_time)
+                    AND (agent_runs.scheduled_for < c.scheduled_for
+                         OR (agent_runs.scheduled_for = c.scheduled_for AND agent_runs.run_id < c.run_id)))
+RETURNING 'cancelled' AS decision, run_id, job_name, kind, command, target_database, attempt, failures,
+          max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds,
+          operation_id, scheduled_for, runnable_at, started_at, note, step, steps, parent_run_id, parent_token,
+          target_server, retry_interval_seconds, owner, params, NULL AS job_params;
 INSERT INTO temp.agent_decisions (run_id, decision)
 SELECT run_id, 'start' FROM (
     SELECT c.run_id FROM agent_runs c
@@ -511,9 +583,9 @@ SELECT run_id, 'start' FROM (
       AND NOT (c.job_name IS NOT NULL AND c.overlap <> 'allow' AND EXISTS (
             SELECT 1 FROM agent_runs o
             WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-              AND ((c.overlap = 'queue' AND o.status = 'running')
+              AND ((c.overlap IN ('queue', 'buffer-one') AND o.status = 'running')
                    OR (o.status IN ('pending', 'queued')
-                       AND (c.overlap = 'queue' OR o.runnable_at <= (SELECT now FROM temp.agent_claim_time))
+                       AND (c.overlap IN ('queue', 'buffer-one') OR o.runnable_at <= (SELECT now FROM temp.agent_claim_time))
                        AND (o.scheduled_for < c.scheduled_for
                             OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
     ORDER BY c.runnable_at, c.run_id
