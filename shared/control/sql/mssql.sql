@@ -498,6 +498,19 @@ WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6)) AND 
             OR EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
                          AND (j.misfire = N'skip'
                               OR DATEADD(second, j.grace_seconds, r.scheduled_for) < CAST(:now AS DATETIME2(6)))))));
+-- Overlap buffer-one: a due run while one of its job runs and another already waits is skipped.
+UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
+    note = N'overlap: a run of this job was running and another was already waiting; policy buffer-one'
+OUTPUT N'skipped', inserted.run_id, inserted.token, inserted.job_name, inserted.kind, inserted.operation_id,
+       inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out
+FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
+WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6)) AND r.job_name IS NOT NULL AND r.overlap = N'buffer-one'
+  AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
+                AND o.status = N'running')
+  AND EXISTS (SELECT 1 FROM agent.runs AS w WHERE w.job_name = r.job_name AND w.run_id <> r.run_id
+                AND w.status IN (N'pending', N'queued') AND w.runnable_at <= CAST(:now AS DATETIME2(6))
+                AND (w.scheduled_for < r.scheduled_for
+                     OR (w.scheduled_for = r.scheduled_for AND w.run_id < r.run_id)));
 -- Picked with TOP and ORDER BY in a subselect, the UPDATE keyed on it ("TOP (Transact-SQL)",
 -- https://learn.microsoft.com/sql/t-sql/queries/top-transact-sql; Babelfish refuses an UPDATE through a CTE).
 -- The (UPDLOCK, READPAST, ROWLOCK) of the subselect keeps update locks on the picked rows to the end
@@ -525,9 +538,9 @@ WHERE status = N'pending' AND runnable_at <= CAST(:now AS DATETIME2(6)) AND run_
       AND NOT (c.job_name IS NOT NULL AND c.overlap <> N'allow' AND EXISTS (
             SELECT 1 FROM agent.runs AS o
             WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-              AND ((c.overlap = N'queue' AND o.status = N'running')
+              AND ((c.overlap IN (N'queue', N'buffer-one') AND o.status = N'running')
                    OR (o.status IN (N'pending', N'queued')
-                       AND (c.overlap = N'queue' OR o.runnable_at <= CAST(:now AS DATETIME2(6)))
+                       AND (c.overlap IN (N'queue', N'buffer-one') OR o.runnable_at <= CAST(:now AS DATETIME2(6)))
                        AND (o.scheduled_for < c.scheduled_for
                             OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
     ORDER BY c.runnable_at, c.run_id);
@@ -580,7 +593,14 @@ SELECT @decision = CASE
         WHEN r.task_order IS NOT NULL AND EXISTS (
              SELECT 1 FROM agent.runs AS t WHERE t.kind = N'task' AND t.task_order < r.task_order
                AND t.status IN (N'pending', N'queued', N'running')) THEN N'held-order'
-        WHEN r.job_name IS NOT NULL AND r.overlap = N'queue' AND EXISTS (
+        WHEN r.job_name IS NOT NULL AND r.overlap = N'buffer-one' AND EXISTS (
+             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
+               AND o.status = N'running') AND EXISTS (
+             SELECT 1 FROM agent.runs AS w WHERE w.job_name = r.job_name AND w.run_id <> r.run_id
+               AND w.status IN (N'pending', N'queued') AND w.runnable_at <= CAST(:now AS DATETIME2(6))
+               AND (w.scheduled_for < r.scheduled_for
+                    OR (w.scheduled_for = r.scheduled_for AND w.run_id < r.run_id))) THEN N'skip-buffer'
+        WHEN r.job_name IS NOT NULL AND r.overlap IN (N'queue', N'buffer-one') AND EXISTS (
              SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
                AND (o.status = N'running'
                     OR (o.status IN (N'pending', N'queued')
@@ -591,6 +611,26 @@ SELECT @decision = CASE
         ELSE N'start' END
 FROM agent.runs AS r WITH (UPDLOCK)
 WHERE r.run_id = :run_id AND r.token = :token AND r.status = N'queued';
+-- Overlap cancel-previous: the runs of its job in flight before it are stopped, as `stop` stops them.
+UPDATE x SET status = N'cancelled', token = x.token + 1, finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
+    note = N'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
+FROM agent.runs AS x
+WHERE x.parent_run_id IS NOT NULL AND x.status IN (N'waiting', N'pending', N'queued', N'running')
+  AND x.parent_run_id IN (SELECT p.run_id FROM agent.runs AS p WHERE p.job_name IS NOT NULL AND p.status IN (N'pending', N'queued', N'running')
+      AND (p.status = N'running' OR p.runnable_at <= CAST(:now AS DATETIME2(6)) OR p.attempt > 0)
+      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id
+                    AND c.overlap = N'cancel-previous' AND @decision IN (N'start', N'held-cap') AND c.run_id = :run_id
+                    AND (p.scheduled_for < c.scheduled_for
+                         OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id))));
+UPDATE o SET status = N'cancelled', token = o.token + 1, finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
+    awaiting_targets = 0, note = N'stopped: a newer run of this job is due; policy cancel-previous'
+FROM agent.runs AS o
+WHERE o.job_name IS NOT NULL AND o.status IN (N'pending', N'queued', N'running')
+      AND (o.status = N'running' OR o.runnable_at <= CAST(:now AS DATETIME2(6)) OR o.attempt > 0)
+      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = o.job_name AND c.run_id <> o.run_id
+                    AND c.overlap = N'cancel-previous' AND @decision IN (N'start', N'held-cap') AND c.run_id = :run_id
+                    AND (o.scheduled_for < c.scheduled_for
+                         OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id)));
 DECLARE @started TABLE (decision NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
                         command NVARCHAR(MAX), target_database NVARCHAR(128), attempt INT, failures INT,
                         max_attempts INT, lapses INT, transient_errors INT, token BIGINT, timeout_seconds INT,
@@ -610,11 +650,14 @@ UPDATE agent.runs SET
     finished_at = CASE WHEN @decision LIKE N'skip-%' THEN CAST(:now AS DATETIME2(6)) ELSE finished_at END,
     note = CASE @decision
         WHEN N'skip-overlap' THEN N'overlap: the previous run of this job was still running; policy skip'
+        WHEN N'skip-buffer' THEN N'overlap: a run of this job was running and another was already waiting; policy buffer-one'
         WHEN N'skip-superseded' THEN N'misfire: a later slot of this job is due too; caught up once, with the latest'
         WHEN N'skip-misfire' THEN N'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
         WHEN N'skip-grace' THEN N'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped'
         WHEN N'held-order' THEN N'held: waits for the tasks of a lower order to finish'
-        WHEN N'held-overlap' THEN N'held: waits for the previous run of this job (overlap queue)'
+        WHEN N'held-overlap' THEN CASE WHEN overlap = N'buffer-one'
+                                       THEN N'held: waits for the previous run of this job (overlap buffer-one)'
+                                       ELSE N'held: waits for the previous run of this job (overlap queue)' END
         WHEN N'held-cap' THEN N'held: AGENT_MAX_CONCURRENCY runs are executing'
         ELSE note END
 OUTPUT @decision, inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
@@ -679,6 +722,47 @@ WHERE r.status = N'pending' AND r.runnable_at <= @now AND r.job_name IS NOT NULL
             OR EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
                          AND (j.misfire = N'skip'
                               OR DATEADD(second, j.grace_seconds, r.scheduled_for) < @now)))));
+-- Overlap buffer-one: a due run while one of its job runs and another already waits is skipped.
+UPDATE r SET status = N'skipped', finished_at = @now, lease_expires_at = NULL,
+    note = N'overlap: a run of this job was running and another was already waiting; policy buffer-one'
+OUTPUT N'skipped', inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
+       inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
+       inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
+       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note, inserted.step,
+       inserted.steps INTO @claimed
+FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
+WHERE r.status = N'pending' AND r.runnable_at <= @now AND r.job_name IS NOT NULL AND r.overlap = N'buffer-one'
+  AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
+                AND o.status = N'running')
+  AND EXISTS (SELECT 1 FROM agent.runs AS w WHERE w.job_name = r.job_name AND w.run_id <> r.run_id
+                AND w.status IN (N'pending', N'queued') AND w.runnable_at <= @now
+                AND (w.scheduled_for < r.scheduled_for
+                     OR (w.scheduled_for = r.scheduled_for AND w.run_id < r.run_id)));
+-- Overlap cancel-previous: the runs of its job in flight before a due run are stopped, as `stop` stops them.
+UPDATE x SET status = N'cancelled', token = x.token + 1, finished_at = @now, lease_expires_at = NULL,
+    note = N'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
+FROM agent.runs AS x
+WHERE x.parent_run_id IS NOT NULL AND x.status IN (N'waiting', N'pending', N'queued', N'running')
+  AND x.parent_run_id IN (SELECT p.run_id FROM agent.runs AS p WHERE p.job_name IS NOT NULL AND p.status IN (N'pending', N'queued', N'running')
+      AND (p.status = N'running' OR p.runnable_at <= @now OR p.attempt > 0)
+      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id
+                    AND c.overlap = N'cancel-previous' AND c.status = N'pending' AND c.runnable_at <= @now
+                    AND (p.scheduled_for < c.scheduled_for
+                         OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id))));
+UPDATE o SET status = N'cancelled', token = o.token + 1, finished_at = @now, lease_expires_at = NULL,
+    awaiting_targets = 0, note = N'stopped: a newer run of this job is due; policy cancel-previous'
+OUTPUT N'cancelled', inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
+       inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
+       inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
+       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note, inserted.step,
+       inserted.steps INTO @claimed
+FROM agent.runs AS o
+WHERE o.job_name IS NOT NULL AND o.status IN (N'pending', N'queued', N'running')
+      AND (o.status = N'running' OR o.runnable_at <= @now OR o.attempt > 0)
+      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = o.job_name AND c.run_id <> o.run_id
+                    AND c.overlap = N'cancel-previous' AND c.status = N'pending' AND c.runnable_at <= @now
+                    AND (o.scheduled_for < c.scheduled_for
+                         OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id)));
 -- Picked with TOP and ORDER BY in a subselect, the UPDATE keyed on it, as in dispatch_runs (the
 -- same locks, the same reference; Babelfish refuses an UPDATE through a CTE).
 UPDATE agent.runs SET
@@ -712,9 +796,9 @@ WHERE status = N'pending' AND runnable_at <= @now AND run_id IN (
       AND NOT (c.job_name IS NOT NULL AND c.overlap <> N'allow' AND EXISTS (
             SELECT 1 FROM agent.runs AS o
             WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-              AND ((c.overlap = N'queue' AND o.status = N'running')
+              AND ((c.overlap IN (N'queue', N'buffer-one') AND o.status = N'running')
                    OR (o.status IN (N'pending', N'queued')
-                       AND (c.overlap = N'queue' OR o.runnable_at <= @now)
+                       AND (c.overlap IN (N'queue', N'buffer-one') OR o.runnable_at <= @now)
                        AND (o.scheduled_for < c.scheduled_for
                             OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
     ORDER BY c.runnable_at, c.run_id);

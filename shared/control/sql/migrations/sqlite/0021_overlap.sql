@@ -1,0 +1,3 @@
+-- 0021 overlap policies buffer-one and cancel-previous (issue 33 item 5): changes only the servers'
+-- procedures (see the PostgreSQL file of the same number); this dialect's claims are named queries
+-- (shared/control/sql/sqlite.sql). The file keeps the versions of every dialect in step.
