@@ -187,7 +187,7 @@ BAD_CALLS = [
     ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "enabled": 2}, BAD_ARGUMENT,
      "@enabled = 2: expected 1 (enabled) or 0 (disabled)"),
     ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "overlap": "never"},
-     BAD_ARGUMENT, "@overlap = 'never': expected skip, queue or allow"),
+     BAD_ARGUMENT, "@overlap = 'never': expected skip, queue, allow, buffer-one or cancel-previous"),
     ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "misfire": "later"},
      BAD_ARGUMENT, "@misfire = 'later': expected run-once or skip"),
     ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "lease_seconds": 5},
@@ -430,6 +430,17 @@ def test_a_database_job_is_stored_as_the_same_settings_job_would_be(system):
     agent.tick()
     assert job_row(agent, "once")["next_due_at"] == moment
     assert job_row(agent, "once")["schedule"].startswith("@once 2031-03-04T05:06:07")
+
+
+@pytest.mark.parametrize("overlap", ["buffer-one", "Cancel-Previous"])
+def test_the_new_overlap_policies_are_taken_from_the_procedure_as_from_the_settings(system, overlap):
+    build, connection, url = system
+    agent = build({"twin": {"SCHEDULE": "*/30 * * * * *", "COMMAND": "SELECT 42", "OVERLAP": overlap}})
+    call(connection, "add_scheduled_job", name="dbtwin", sql="SELECT 42", schedule="*/30 * * * * *", overlap=overlap)
+    agent.tick()
+    rows = {r["job_name"]: r for r in select(connection, "SELECT * FROM agent.jobs")}
+    assert rows["dbtwin"]["overlap"] == rows["twin"]["overlap"] == overlap.lower()
+    assert rows["twin"]["valid"] == 1
 
 
 def test_planning_costs_the_same_statements_for_1_or_40_jobs(system):
