@@ -68,6 +68,7 @@ from shared.engine.views import (
     history_view,
     jobs_view,
     next_view,
+    params_words,
     poison_view,
     stuck_view,
 )
@@ -279,9 +280,9 @@ def cmd_jobs(agent, args) -> int:
             state = f"paused until {time_text(row['paused_until'])}"
         table.append([row["job_name"], state, row["source"], schedule, row["timezone"],
                       time_text(row["next_due_at"]), row["status"], last, last_targets(row), alert_limits_text(row),
-                      row["config_error"] or ""])
+                      params_words(row.get("params")), row["config_error"] or ""])
     print_table(["JOB", "STATE", "DEFINED IN", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN",
-                  "LAST TARGETS", "ALERTS", "ERROR"], table)
+                  "LAST TARGETS", "ALERTS", "PARAMS", "ERROR"], table)
     return EXIT_OK
 
 
