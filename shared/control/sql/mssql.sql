@@ -152,7 +152,7 @@ FROM agent.runs AS r,
       WHERE c.configured = 1 AND c.defined_in_database = 0
         AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule
              OR j.timezone <> c.timezone)) AS d
-WHERE d.job_name = r.job_name AND r.kind = N'scheduled'
+WHERE d.job_name = r.job_name AND r.kind IN (N'scheduled', N'backfill')
   AND (r.status IN (N'pending', N'queued')
        OR (r.status = N'skipped' AND r.note = N'paused' AND r.attempt = 0 AND r.scheduled_for >= CAST(:now AS DATETIME2(6))));
 SELECT run_id, job_name, scheduled_for, status, note, operation_id FROM @skipped;
@@ -1010,6 +1010,39 @@ CROSS APPLY (
            THEN N'skipped' ELSE N'pending' END AS decision) AS d
 WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1;
 SELECT run_id, job_name, status, note, operation_id FROM @manual;
+
+-- backfill_runs --
+-- sql-agent backfill JOB --from --to: each slot of the past window (a JSON array of {scheduled_for, runnable_at}, oldest first, computed as the planner computes them: calendars and jitter applied) becomes a recorded run of its slot, kind 'backfill', runnable at once in slot order: a slot without a run gets one (the unique (job, slot) key: two backfills at once insert it once); a slot recorded skipped that never started is run now (its row, with the job's definition of now); a slot that ran, runs or waits is left alone. Backfill runs are outside the misfire rules (kind is not 'scheduled') and wait for each other (overlap queue; allow when the job allows). Rows back: the runs made, with how (inserted or rerun).
+DECLARE @made TABLE (run_id BIGINT, scheduled_for DATETIME2(6), action NVARCHAR(16));
+DECLARE @slots TABLE (scheduled_for DATETIME2(6) PRIMARY KEY, runnable_at DATETIME2(6));
+INSERT INTO @slots (scheduled_for, runnable_at)
+SELECT x.scheduled_for, x.runnable_at
+FROM OPENJSON(:slots) WITH (scheduled_for DATETIME2(6), runnable_at DATETIME2(6)) AS x;
+UPDATE r SET status = N'pending', kind = N'backfill', runnable_at = s.runnable_at, finished_at = NULL,
+    lease_expires_at = NULL, command = j.command, target_database = j.target_database,
+    overlap = CASE WHEN j.overlap = N'allow' THEN N'allow' ELSE N'queue' END, max_attempts = j.max_attempts,
+    timeout_seconds = j.timeout_seconds, lease_seconds = j.lease_seconds, steps = j.steps,
+    operation_id = :operation_id,
+    note = CAST(:note AS NVARCHAR(MAX)) + N' (the slot had been skipped: ' + COALESCE(r.note, N'') + N')'
+OUTPUT inserted.run_id, inserted.scheduled_for, N'rerun' INTO @made
+FROM agent.runs AS r WITH (UPDLOCK, HOLDLOCK)
+JOIN @slots AS s ON r.scheduled_for = s.scheduled_for
+JOIN agent.jobs AS j ON j.job_name = r.job_name
+WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
+  AND r.status = N'skipped' AND r.attempt = 0;
+INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
+                        max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
+                        operation_id, note, steps)
+OUTPUT inserted.run_id, inserted.scheduled_for, N'inserted' INTO @made
+SELECT j.job_name, N'backfill', s.scheduled_for, N'pending', j.command, j.target_database,
+       CASE WHEN j.overlap = N'allow' THEN N'allow' ELSE N'queue' END, j.max_attempts, j.timeout_seconds,
+       j.lease_seconds, s.runnable_at, CAST(:now AS DATETIME2(6)), :operation_id, CAST(:note AS NVARCHAR(MAX)), j.steps
+FROM @slots AS s
+CROSS JOIN agent.jobs AS j
+WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
+  AND NOT EXISTS (SELECT 1 FROM agent.runs AS r WITH (UPDLOCK, HOLDLOCK)
+                  WHERE r.job_name = j.job_name AND r.scheduled_for = s.scheduled_for);
+SELECT run_id, scheduled_for, action FROM @made;
 
 -- insert_task --
 -- submit: an ad-hoc task; it starts once every task of a lower order submitted before it has finished.

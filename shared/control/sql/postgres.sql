@@ -82,7 +82,7 @@ FROM agent.jobs AS c
 LEFT JOIN json_to_recordset(CAST(:jobs AS json)) AS j(job_name VARCHAR, schedule VARCHAR, timezone VARCHAR,
                                                       enabled INT, valid INT)
        ON j.job_name = c.job_name
-WHERE r.job_name = c.job_name AND r.kind = 'scheduled'
+WHERE r.job_name = c.job_name AND r.kind IN ('scheduled', 'backfill')
   AND (r.status IN ('pending', 'queued')
        OR (r.status = 'skipped' AND r.note = 'paused' AND r.attempt = 0 AND r.scheduled_for >= CAST(:now AS timestamp)))
   AND c.configured = 1 AND c.defined_in_database = 0
@@ -521,6 +521,37 @@ CROSS JOIN LATERAL (
            THEN 'skipped' ELSE 'pending' END AS decision) AS d
 WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
 RETURNING run_id, job_name, status, note, operation_id;
+
+-- backfill_runs --
+-- sql-agent backfill JOB --from --to: each slot of the past window (a JSON array of {scheduled_for, runnable_at}, oldest first, computed as the planner computes them: calendars and jitter applied) becomes a recorded run of its slot, kind 'backfill', runnable at once in slot order: a slot without a run gets one (the unique (job, slot) key: two backfills at once insert it once); a slot recorded skipped that never started is run now (its row, with the job's definition of now); a slot that ran, runs or waits is left alone. Backfill runs are outside the misfire rules (kind is not 'scheduled') and wait for each other (overlap queue; allow when the job allows). Rows back: the runs made, with how (inserted or rerun).
+WITH s AS (
+    SELECT CAST(x.scheduled_for AS timestamp) AS scheduled_for, CAST(x.runnable_at AS timestamp) AS runnable_at
+    FROM json_to_recordset(CAST(:slots AS json)) AS x(scheduled_for VARCHAR, runnable_at VARCHAR)),
+j AS (SELECT * FROM agent.jobs WHERE job_name = :job_name AND valid = 1 AND configured = 1),
+rerun AS (
+    UPDATE agent.runs AS r SET status = 'pending', kind = 'backfill', runnable_at = s.runnable_at, finished_at = NULL,
+        lease_expires_at = NULL, command = j.command, target_database = j.target_database,
+        overlap = CASE WHEN j.overlap = 'allow' THEN 'allow' ELSE 'queue' END, max_attempts = j.max_attempts,
+        timeout_seconds = j.timeout_seconds, lease_seconds = j.lease_seconds, steps = j.steps,
+        operation_id = :operation_id,
+        note = CAST(:note AS TEXT) || ' (the slot had been skipped: ' || COALESCE(r.note, '') || ')'
+    FROM s, j
+    WHERE r.job_name = j.job_name AND r.scheduled_for = s.scheduled_for AND r.status = 'skipped' AND r.attempt = 0
+    RETURNING r.run_id, r.scheduled_for, 'rerun'::text AS action),
+inserted AS (
+    INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
+                            max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
+                            operation_id, note, steps)
+    SELECT j.job_name, 'backfill', s.scheduled_for, 'pending', j.command, j.target_database,
+           CASE WHEN j.overlap = 'allow' THEN 'allow' ELSE 'queue' END, j.max_attempts, j.timeout_seconds,
+           j.lease_seconds, s.runnable_at, CAST(:now AS timestamp), :operation_id, CAST(:note AS TEXT), j.steps
+    FROM s CROSS JOIN j
+    ORDER BY s.scheduled_for
+    ON CONFLICT (job_name, scheduled_for) DO NOTHING
+    RETURNING run_id, scheduled_for, 'inserted'::text AS action)
+SELECT run_id, scheduled_for, action FROM rerun
+UNION ALL
+SELECT run_id, scheduled_for, action FROM inserted;
 
 -- insert_task --
 -- submit: an ad-hoc task; it starts once every task of a lower order submitted before it has finished.

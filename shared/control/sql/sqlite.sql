@@ -94,7 +94,7 @@ x AS MATERIALIZED (
     WHERE c.configured = 1 AND c.defined_in_database = 0 AND c.job_name NOT IN (SELECT g.job_name FROM given AS g))
 UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL, note = x.note
 FROM x
-WHERE agent_runs.job_name = x.job_name AND agent_runs.kind = 'scheduled'
+WHERE agent_runs.job_name = x.job_name AND agent_runs.kind IN ('scheduled', 'backfill')
   AND (agent_runs.status IN ('pending', 'queued')
        OR (agent_runs.status = 'skipped' AND agent_runs.note = 'paused' AND agent_runs.attempt = 0
            AND agent_runs.scheduled_for >= :now))
@@ -764,6 +764,33 @@ FROM (
     WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
 ) AS d
 RETURNING run_id, job_name, status, note, operation_id;
+
+-- backfill_runs --
+-- sql-agent backfill JOB --from --to: each slot of the past window (a JSON array of {scheduled_for, runnable_at}, oldest first, computed as the planner computes them: calendars and jitter applied) becomes a recorded run of its slot, kind 'backfill', runnable at once in slot order: a slot without a run gets one (the unique (job, slot) key: two backfills at once insert it once); a slot recorded skipped that never started is run now (its row, with the job's definition of now); a slot that ran, runs or waits is left alone. Backfill runs are outside the misfire rules (kind is not 'scheduled') and wait for each other (overlap queue; allow when the job allows). Rows back: the runs made, with how (inserted or rerun).
+UPDATE agent_runs SET status = 'pending', kind = 'backfill', runnable_at = s.runnable_at, finished_at = NULL,
+    lease_expires_at = NULL, command = j.command, target_database = j.target_database,
+    overlap = CASE WHEN j.overlap = 'allow' THEN 'allow' ELSE 'queue' END, max_attempts = j.max_attempts,
+    timeout_seconds = j.timeout_seconds, lease_seconds = j.lease_seconds, steps = j.steps, operation_id = :operation_id,
+    note = :note || ' (the slot had been skipped: ' || COALESCE(agent_runs.note, '') || ')'
+FROM (SELECT json_extract(x.value, '$.scheduled_for') AS scheduled_for, json_extract(x.value, '$.runnable_at') AS runnable_at
+      FROM json_each(:slots) AS x) AS s,
+     agent_jobs AS j
+WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
+  AND agent_runs.job_name = j.job_name AND agent_runs.scheduled_for = s.scheduled_for
+  AND agent_runs.status = 'skipped' AND agent_runs.attempt = 0
+RETURNING agent_runs.run_id, agent_runs.scheduled_for, 'rerun' AS action;
+INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
+                        max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
+                        operation_id, note, steps)
+SELECT j.job_name, 'backfill', s.scheduled_for, 'pending', j.command, j.target_database,
+       CASE WHEN j.overlap = 'allow' THEN 'allow' ELSE 'queue' END, j.max_attempts, j.timeout_seconds,
+       j.lease_seconds, s.runnable_at, :now, :operation_id, :note, j.steps
+FROM (SELECT json_extract(x.value, '$.scheduled_for') AS scheduled_for, json_extract(x.value, '$.runnable_at') AS runnable_at
+      FROM json_each(:slots) AS x) AS s
+CROSS JOIN agent_jobs AS j
+WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
+ON CONFLICT (job_name, scheduled_for) DO NOTHING
+RETURNING run_id, scheduled_for, 'inserted' AS action;
 
 -- insert_task --
 -- submit: an ad-hoc task; it starts once every task of a lower order submitted before it has finished.

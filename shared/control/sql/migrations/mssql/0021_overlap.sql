@@ -2,6 +2,11 @@
 -- of the same number. dispatch_runs, claim_runs and start_run are named queries in this dialect
 -- (shared/control/sql/mssql.sql); here agent.add_scheduled_job's @overlap (its body,
 -- agent.add_scheduled_job_unaudited: 0012's procedure, renamed by 0017) accepts both names.
+-- agent.runs.kind 'backfill': a run `sql-agent backfill` made for a slot of a past window.
+ALTER TABLE agent.runs DROP CONSTRAINT runs_kind_check;
+ALTER TABLE agent.runs ADD CONSTRAINT runs_kind_check CHECK (kind IN (N'scheduled', N'manual', N'task', N'target', N'backfill'));
+GO
+
 ALTER PROCEDURE agent.add_scheduled_job_unaudited
     @name NVARCHAR(4000),
     @sql NVARCHAR(MAX),

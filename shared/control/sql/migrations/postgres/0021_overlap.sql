@@ -12,6 +12,12 @@
 -- agent.start_run (their signatures unchanged: CREATE OR REPLACE keeps their grants), and
 -- accepted by agent.add_scheduled_job's @overlap (its body, agent.add_scheduled_job_unaudited,
 -- since 0017). agent.jobs.overlap and agent.runs.overlap (VARCHAR(16)) hold both names.
+--
+-- * agent.runs.kind 'backfill': a run `sql-agent backfill` made for a slot of a past window (keyed
+--   by its slot, as the scheduled run of that slot would be; outside the misfire rules).
+
+ALTER TABLE agent.runs DROP CONSTRAINT runs_kind_check;
+ALTER TABLE agent.runs ADD CONSTRAINT runs_kind_check CHECK (kind IN ('scheduled', 'manual', 'task', 'target', 'backfill'));
 
 CREATE OR REPLACE FUNCTION agent.dispatch_runs(p_now timestamp, p_late_cutoff timestamp, p_max_concurrency int, p_lookahead_until timestamp, p_ahead_limit int, p_dispatch_lease_seconds int)
 RETURNS TABLE (decision text, run_id bigint, token bigint, job_name varchar, kind varchar, operation_id varchar, scheduled_for timestamp, attempt int, runnable_at timestamp, note text)
