@@ -618,7 +618,7 @@ FROM agent.runs AS x
 WHERE x.parent_run_id IS NOT NULL AND x.status IN (N'waiting', N'pending', N'queued', N'running')
   AND x.parent_run_id IN (SELECT p.run_id FROM agent.runs AS p WHERE p.job_name IS NOT NULL AND p.status IN (N'pending', N'queued', N'running')
       AND (p.status = N'running' OR p.runnable_at <= CAST(:now AS DATETIME2(6)) OR p.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id
+      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id AND p.kind <> N'backfill'
                     AND c.overlap = N'cancel-previous' AND @decision IN (N'start', N'held-cap') AND c.run_id = :run_id
                     AND (p.scheduled_for < c.scheduled_for
                          OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id))));
@@ -627,7 +627,7 @@ UPDATE o SET status = N'cancelled', token = o.token + 1, finished_at = CAST(:now
 FROM agent.runs AS o
 WHERE o.job_name IS NOT NULL AND o.status IN (N'pending', N'queued', N'running')
       AND (o.status = N'running' OR o.runnable_at <= CAST(:now AS DATETIME2(6)) OR o.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = o.job_name AND c.run_id <> o.run_id
+      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = o.job_name AND c.run_id <> o.run_id AND o.kind <> N'backfill'
                     AND c.overlap = N'cancel-previous' AND @decision IN (N'start', N'held-cap') AND c.run_id = :run_id
                     AND (o.scheduled_for < c.scheduled_for
                          OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id)));
@@ -745,7 +745,7 @@ FROM agent.runs AS x
 WHERE x.parent_run_id IS NOT NULL AND x.status IN (N'waiting', N'pending', N'queued', N'running')
   AND x.parent_run_id IN (SELECT p.run_id FROM agent.runs AS p WHERE p.job_name IS NOT NULL AND p.status IN (N'pending', N'queued', N'running')
       AND (p.status = N'running' OR p.runnable_at <= @now OR p.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id
+      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id AND p.kind <> N'backfill'
                     AND c.overlap = N'cancel-previous' AND c.status = N'pending' AND c.runnable_at <= @now
                     AND (p.scheduled_for < c.scheduled_for
                          OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id))));
@@ -759,7 +759,7 @@ OUTPUT N'cancelled', inserted.run_id, inserted.job_name, inserted.kind, inserted
 FROM agent.runs AS o
 WHERE o.job_name IS NOT NULL AND o.status IN (N'pending', N'queued', N'running')
       AND (o.status = N'running' OR o.runnable_at <= @now OR o.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = o.job_name AND c.run_id <> o.run_id
+      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = o.job_name AND c.run_id <> o.run_id AND o.kind <> N'backfill'
                     AND c.overlap = N'cancel-previous' AND c.status = N'pending' AND c.runnable_at <= @now
                     AND (o.scheduled_for < c.scheduled_for
                          OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id)));

@@ -454,7 +454,7 @@ UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = :no
 WHERE parent_run_id IS NOT NULL AND status IN ('waiting', 'pending', 'queued', 'running')
   AND parent_run_id IN (SELECT p.run_id FROM agent_runs p WHERE p.job_name IS NOT NULL AND p.status IN ('pending', 'queued', 'running')
       AND (p.status = 'running' OR p.runnable_at <= :now OR p.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id
+      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id AND p.kind <> 'backfill'
                     AND c.overlap = 'cancel-previous' AND c.run_id IN (SELECT d.run_id FROM temp.agent_decisions d WHERE d.decision IN ('start', 'held-cap'))
                     AND (p.scheduled_for < c.scheduled_for
                          OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id))));
@@ -462,7 +462,7 @@ UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = :no
     awaiting_targets = 0, note = 'stopped: a newer run of this job is due; policy cancel-previous'
 WHERE agent_runs.job_name IS NOT NULL AND agent_runs.status IN ('pending', 'queued', 'running')
       AND (agent_runs.status = 'running' OR agent_runs.runnable_at <= :now OR agent_runs.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = agent_runs.job_name AND c.run_id <> agent_runs.run_id
+      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = agent_runs.job_name AND c.run_id <> agent_runs.run_id AND agent_runs.kind <> 'backfill'
                     AND c.overlap = 'cancel-previous' AND c.run_id IN (SELECT d.run_id FROM temp.agent_decisions d WHERE d.decision IN ('start', 'held-cap'))
                     AND (agent_runs.scheduled_for < c.scheduled_for
                          OR (agent_runs.scheduled_for = c.scheduled_for AND agent_runs.run_id < c.run_id)));
@@ -557,7 +557,7 @@ UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = (SE
 WHERE parent_run_id IS NOT NULL AND status IN ('waiting', 'pending', 'queued', 'running')
   AND parent_run_id IN (SELECT p.run_id FROM agent_runs p WHERE p.job_name IS NOT NULL AND p.status IN ('pending', 'queued', 'running')
       AND (p.status = 'running' OR p.runnable_at <= (SELECT now FROM temp.agent_claim_time) OR p.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id
+      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id AND p.kind <> 'backfill'
                     AND c.overlap = 'cancel-previous' AND c.status = 'pending' AND c.runnable_at <= (SELECT now FROM temp.agent_claim_time)
                     AND (p.scheduled_for < c.scheduled_for
                          OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id))));
@@ -565,7 +565,7 @@ UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = (SE
     awaiting_targets = 0, note = 'stopped: a newer run of this job is due; policy cancel-previous'
 WHERE agent_runs.job_name IS NOT NULL AND agent_runs.status IN ('pending', 'queued', 'running')
       AND (agent_runs.status = 'running' OR agent_runs.runnable_at <= (SELECT now FROM temp.agent_claim_time) OR agent_runs.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = agent_runs.job_name AND c.run_id <> agent_runs.run_id
+      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = agent_runs.job_name AND c.run_id <> agent_runs.run_id AND agent_runs.kind <> 'backfill'
                     AND c.overlap = 'cancel-previous' AND c.status = 'pending' AND c.runnable_at <= (SELECT now FROM temp.agent_claim_time)
                     AND (agent_runs.scheduled_for < c.scheduled_for
                          OR (agent_runs.scheduled_for = c.scheduled_for AND agent_runs.run_id < c.run_id)))

@@ -186,7 +186,7 @@ BEGIN
     WHERE x.parent_run_id IS NOT NULL AND x.status IN ('waiting', 'pending', 'queued', 'running')
       AND x.parent_run_id IN (SELECT p.run_id FROM agent.runs p WHERE p.job_name IS NOT NULL AND p.status IN ('pending', 'queued', 'running')
           AND (p.status = 'running' OR p.runnable_at <= CAST(p_now AS timestamp) OR p.attempt > 0)
-          AND EXISTS (SELECT 1 FROM agent.runs c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id
+          AND EXISTS (SELECT 1 FROM agent.runs c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id AND p.kind <> 'backfill'
                         AND c.overlap = 'cancel-previous' AND c.status = 'pending' AND c.runnable_at <= CAST(p_now AS timestamp)
                         AND (p.scheduled_for < c.scheduled_for
                              OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id))));
@@ -196,7 +196,7 @@ BEGIN
         awaiting_targets = 0, note = 'stopped: a newer run of this job is due; policy cancel-previous'
     WHERE r.job_name IS NOT NULL AND r.status IN ('pending', 'queued', 'running')
           AND (r.status = 'running' OR r.runnable_at <= CAST(p_now AS timestamp) OR r.attempt > 0)
-          AND EXISTS (SELECT 1 FROM agent.runs c WHERE c.job_name = r.job_name AND c.run_id <> r.run_id
+          AND EXISTS (SELECT 1 FROM agent.runs c WHERE c.job_name = r.job_name AND c.run_id <> r.run_id AND r.kind <> 'backfill'
                         AND c.overlap = 'cancel-previous' AND c.status = 'pending' AND c.runnable_at <= CAST(p_now AS timestamp)
                         AND (r.scheduled_for < c.scheduled_for
                              OR (r.scheduled_for = c.scheduled_for AND r.run_id < c.run_id)))
@@ -280,7 +280,7 @@ BEGIN
     WHERE x.parent_run_id IS NOT NULL AND x.status IN ('waiting', 'pending', 'queued', 'running')
       AND x.parent_run_id IN (SELECT p.run_id FROM agent.runs p WHERE p.job_name IS NOT NULL AND p.status IN ('pending', 'queued', 'running')
           AND (p.status = 'running' OR p.runnable_at <= CAST(p_now AS timestamp) OR p.attempt > 0)
-          AND EXISTS (SELECT 1 FROM agent.runs c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id
+          AND EXISTS (SELECT 1 FROM agent.runs c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id AND p.kind <> 'backfill'
                         AND c.overlap = 'cancel-previous' AND c.run_id = p_run_id AND c.token = p_token AND c.status = 'queued' AND c.runnable_at <= CAST(p_now AS timestamp)
                         AND NOT (c.kind = 'scheduled' AND c.scheduled_for < CAST(p_late_cutoff AS timestamp) AND (
                              EXISTS (SELECT 1 FROM agent.runs n WHERE n.job_name = c.job_name AND n.kind = 'scheduled'
@@ -298,7 +298,7 @@ BEGIN
         awaiting_targets = 0, note = 'stopped: a newer run of this job is due; policy cancel-previous'
     WHERE o.job_name IS NOT NULL AND o.status IN ('pending', 'queued', 'running')
           AND (o.status = 'running' OR o.runnable_at <= CAST(p_now AS timestamp) OR o.attempt > 0)
-          AND EXISTS (SELECT 1 FROM agent.runs c WHERE c.job_name = o.job_name AND c.run_id <> o.run_id
+          AND EXISTS (SELECT 1 FROM agent.runs c WHERE c.job_name = o.job_name AND c.run_id <> o.run_id AND o.kind <> 'backfill'
                         AND c.overlap = 'cancel-previous' AND c.run_id = p_run_id AND c.token = p_token AND c.status = 'queued' AND c.runnable_at <= CAST(p_now AS timestamp)
                         AND NOT (c.kind = 'scheduled' AND c.scheduled_for < CAST(p_late_cutoff AS timestamp) AND (
                              EXISTS (SELECT 1 FROM agent.runs n WHERE n.job_name = c.job_name AND n.kind = 'scheduled'
