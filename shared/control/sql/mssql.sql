@@ -165,18 +165,18 @@ DECLARE @s TABLE (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCH
                   max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16), grace_seconds INT,
                   overlap NVARCHAR(16), next_due_at DATETIME2(6), steps NVARCHAR(MAX), notify NVARCHAR(16),
                   notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64), after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT,
-                  max_duration_seconds INT, stop_after_seconds INT, slower_than FLOAT, deadline_seconds INT,
+                  max_duration_seconds INT, stop_after_seconds INT, slower_than FLOAT, deadline_seconds INT, catchup_seconds INT,
                   definition_hash NVARCHAR(64), params NVARCHAR(MAX));
 INSERT INTO @s (job_name, schedule, timezone, command, target_database, enabled, valid, config_error, max_attempts,
                 timeout_seconds, lease_seconds, misfire, grace_seconds, overlap, next_due_at, steps, notify,
                 notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds, max_duration_seconds, stop_after_seconds, slower_than,
-                deadline_seconds, definition_hash, params)
+                deadline_seconds, catchup_seconds, definition_hash, params)
 SELECT j.job_name, agent.json_text(j.schedule), j.timezone, agent.json_text(j.command), j.target_database,
        j.enabled, j.valid, agent.json_text(j.config_error),
        j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire, j.grace_seconds, j.overlap,
        CONVERT(DATETIME2(6), j.next_due_at, 121), agent.json_text(j.steps), j.notify,
        agent.json_text(j.notify_webhook_url), j.after_job, j.after_outcome, agent.json_text(j.calendars),
-       COALESCE(j.jitter_seconds, 0), j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
+       COALESCE(j.jitter_seconds, 0), j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds, COALESCE(j.catchup_seconds, 0),
        j.definition_hash, agent.json_text(j.params)
 FROM OPENJSON(:jobs) WITH (
     job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), command NVARCHAR(MAX),
@@ -185,7 +185,7 @@ FROM OPENJSON(:jobs) WITH (
     grace_seconds INT, overlap NVARCHAR(16), next_due_at NVARCHAR(40), steps NVARCHAR(MAX),
     notify NVARCHAR(16), notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64),
     after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT, max_duration_seconds INT, stop_after_seconds INT,
-    slower_than FLOAT, deadline_seconds INT, definition_hash NVARCHAR(64),
+    slower_than FLOAT, deadline_seconds INT, catchup_seconds INT, definition_hash NVARCHAR(64),
     params NVARCHAR(MAX)) AS j;
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 -- The names compare case-insensitively (the default collation): a settings job may take back, in
@@ -237,6 +237,7 @@ UPDATE t SET
     stop_after_seconds = s.stop_after_seconds,
     slower_than = s.slower_than,
     deadline_seconds = s.deadline_seconds,
+    catchup_seconds = s.catchup_seconds,
     definition_hash = s.definition_hash,
     params = s.params
 FROM agent.jobs AS t WITH (UPDLOCK, HOLDLOCK), @s AS s
@@ -248,12 +249,12 @@ INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, 
                         max_attempts, timeout_seconds, lease_seconds, misfire, grace_seconds, overlap,
                         next_due_at, advanced_at, configured, updated_at, steps, notify, notify_webhook_url,
                         after_job, after_outcome, calendars, jitter_seconds, max_duration_seconds, stop_after_seconds,
-                        slower_than, deadline_seconds, definition_hash, params)
+                        slower_than, deadline_seconds, catchup_seconds, definition_hash, params)
 SELECT s.job_name, s.schedule, s.timezone, s.command, s.target_database, s.enabled, s.valid,
        s.config_error, s.max_attempts, s.timeout_seconds, s.lease_seconds, s.misfire,
        s.grace_seconds, s.overlap, s.next_due_at, CAST(:now AS DATETIME2(6)), 1, CAST(:now AS DATETIME2(6)),
        s.steps, s.notify, s.notify_webhook_url, s.after_job, s.after_outcome, s.calendars, s.jitter_seconds,
-       s.max_duration_seconds, s.stop_after_seconds, s.slower_than, s.deadline_seconds, s.definition_hash, s.params
+       s.max_duration_seconds, s.stop_after_seconds, s.slower_than, s.deadline_seconds, s.catchup_seconds, s.definition_hash, s.params
 FROM @s AS s
 WHERE NOT EXISTS (SELECT 1 FROM agent.jobs AS e WITH (UPDLOCK, HOLDLOCK) WHERE e.job_name = s.job_name);
 
@@ -365,7 +366,7 @@ EXEC @lock_result = sp_getapplock @Resource = N'agent.job_definitions', @LockMod
 IF @lock_result < 0 THROW 50001, N'the job-definitions lock (sp_getapplock agent.job_definitions) was not granted within 30 s', 1;
 EXEC @lock_result = sp_getapplock @Resource = N'agent.job_pauses', @LockMode = N'Shared', @LockOwner = N'Transaction', @LockTimeout = 30000;
 IF @lock_result < 0 THROW 50001, N'the pauses lock (sp_getapplock agent.job_pauses) was not granted within 30 s', 1;
-SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds,
+SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds, j.catchup_seconds,
        CASE WHEN p.job_name IS NULL THEN 0
             WHEN p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6)) THEN 1 ELSE 0 END AS paused,
        p.paused_at, p.paused_until
@@ -491,7 +492,7 @@ FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
 WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6)) AND r.job_name IS NOT NULL
   AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running'))
-       OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND (
+       OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND (
             EXISTS (SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
                       AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
                       AND n.status NOT IN (N'skipped', N'cancelled'))
@@ -581,13 +582,13 @@ SELECT @decision = CASE
         WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
              SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
                AND o.status = N'running') THEN N'skip-overlap'
-        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND EXISTS (
+        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND EXISTS (
              SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
                AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
                AND n.status NOT IN (N'skipped', N'cancelled')) THEN N'skip-superseded'
-        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND EXISTS (
+        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND EXISTS (
              SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name AND j.misfire = N'skip') THEN N'skip-misfire'
-        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND EXISTS (
+        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND EXISTS (
              SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
                AND DATEADD(second, j.grace_seconds, r.scheduled_for) < CAST(:now AS DATETIME2(6))) THEN N'skip-grace'
         WHEN r.task_order IS NOT NULL AND EXISTS (
@@ -715,7 +716,7 @@ FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
 WHERE r.status = N'pending' AND r.runnable_at <= @now AND r.job_name IS NOT NULL
   AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running'))
-       OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND (
+       OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND (
             EXISTS (SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
                       AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= @now
                       AND n.status NOT IN (N'skipped', N'cancelled'))

@@ -95,18 +95,18 @@ INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, 
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
                         steps, notify, notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds,
-                        max_duration_seconds, stop_after_seconds, slower_than, deadline_seconds, definition_hash, params)
+                        max_duration_seconds, stop_after_seconds, slower_than, deadline_seconds, catchup_seconds, definition_hash, params)
 SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid,
        j.config_error, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire,
        j.grace_seconds, j.overlap, CAST(j.next_due_at AS timestamp), CAST(:now AS timestamp), 1,
        CAST(:now AS timestamp), j.steps, j.notify, j.notify_webhook_url, j.after_job, j.after_outcome, j.calendars, COALESCE(j.jitter_seconds, 0),
-       j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds, j.definition_hash, j.params
+       j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds, COALESCE(j.catchup_seconds, 0), j.definition_hash, j.params
 FROM json_to_recordset(CAST(:jobs AS json)) AS j(
     job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, command TEXT, target_database VARCHAR,
     enabled INT, valid INT, config_error TEXT, max_attempts INT, timeout_seconds INT,
     lease_seconds INT, misfire VARCHAR, grace_seconds INT, overlap VARCHAR, next_due_at VARCHAR,
     steps TEXT, notify VARCHAR, notify_webhook_url VARCHAR, after_job VARCHAR, after_outcome VARCHAR, calendars TEXT, jitter_seconds INT,
-    max_duration_seconds INT, stop_after_seconds INT, slower_than DOUBLE PRECISION, deadline_seconds INT, definition_hash VARCHAR, params TEXT)
+    max_duration_seconds INT, stop_after_seconds INT, slower_than DOUBLE PRECISION, deadline_seconds INT, catchup_seconds INT, definition_hash VARCHAR, params TEXT)
 ORDER BY j.job_name
 ON CONFLICT (job_name) DO UPDATE SET
     next_due_at = CASE
@@ -151,6 +151,7 @@ ON CONFLICT (job_name) DO UPDATE SET
     stop_after_seconds = EXCLUDED.stop_after_seconds,
     slower_than = EXCLUDED.slower_than,
     deadline_seconds = EXCLUDED.deadline_seconds,
+    catchup_seconds = EXCLUDED.catchup_seconds,
     definition_hash = EXCLUDED.definition_hash,
     params = EXCLUDED.params
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
@@ -245,7 +246,7 @@ RETURNING 'lease shortened' AS action, run_id, job_name, scheduled_for;
 -- select_due_jobs --
 -- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now and its window (one that ended names the slots missed inside it); their slots are computed in Python, for these jobs only.
 -- The job-definitions lock (advisory 7428014), then the pauses lock (advisory 7428015), are taken shared, to the claim's commit, before the scan (a scalar subquery: a one-time filter, evaluated even when no job is due; not EXISTS, whose select list the planner drops; the concatenation takes them in that order, the order agent.enable_job takes them): a pause_job either committed before it (claim_slots, a later statement, sees the pause) or waits for this claim to commit (and skips what it claimed inside the pause); a definition (a settings sync, agent.add_scheduled_job, enable_job, remove_scheduled_job) either committed before it (the slots are computed from it) or waits for this claim to commit (and skips the slots it claimed under the old one), so no claim computed from a definition that is gone is written after it.
-SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds,
+SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds, j.catchup_seconds,
        CASE WHEN p.job_name IS NULL THEN 0
             WHEN p.paused_until IS NULL OR p.paused_until > CAST(:now AS timestamp) THEN 1 ELSE 0 END AS paused,
        p.paused_at, p.paused_until

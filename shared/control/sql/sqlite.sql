@@ -106,7 +106,7 @@ INSERT INTO agent_jobs (job_name, schedule, timezone, command, target_database, 
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
                         steps, notify, notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds,
-                        max_duration_seconds, stop_after_seconds, slower_than, deadline_seconds, definition_hash, params)
+                        max_duration_seconds, stop_after_seconds, slower_than, deadline_seconds, catchup_seconds, definition_hash, params)
 SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.timezone'), json_extract(j.value, '$.command'),
        json_extract(j.value, '$.target_database'), json_extract(j.value, '$.enabled'),
@@ -121,6 +121,7 @@ SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        COALESCE(json_extract(j.value, '$.jitter_seconds'), 0),
        json_extract(j.value, '$.max_duration_seconds'), json_extract(j.value, '$.stop_after_seconds'),
        json_extract(j.value, '$.slower_than'), json_extract(j.value, '$.deadline_seconds'),
+       COALESCE(json_extract(j.value, '$.catchup_seconds'), 0),
        json_extract(j.value, '$.definition_hash'),
        json_extract(j.value, '$.params')
 FROM json_each(:jobs) AS j
@@ -168,6 +169,7 @@ ON CONFLICT (job_name) DO UPDATE SET
     stop_after_seconds = excluded.stop_after_seconds,
     slower_than = excluded.slower_than,
     deadline_seconds = excluded.deadline_seconds,
+    catchup_seconds = excluded.catchup_seconds,
     definition_hash = excluded.definition_hash,
     params = excluded.params
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
@@ -254,7 +256,7 @@ RETURNING 'lease shortened' AS action, run_id, job_name, scheduled_for;
 
 -- select_due_jobs --
 -- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now and its window (one that ended names the slots missed inside it); their slots are computed in Python, for these jobs only. (SQLite's write lock, BEGIN IMMEDIATE, already keeps `pause` out of a claim.)
-SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds,
+SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds, j.catchup_seconds,
        CASE WHEN p.job_name IS NULL THEN 0
             WHEN p.paused_until IS NULL OR p.paused_until > :now THEN 1 ELSE 0 END AS paused,
        p.paused_at, p.paused_until
@@ -351,7 +353,7 @@ WHERE status = 'pending' AND runnable_at <= :now AND job_name IS NOT NULL
   AND ((job_name IS NOT NULL AND overlap = 'skip' AND EXISTS (
             SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
               AND o.status = 'running'))
-       OR (kind = 'scheduled' AND scheduled_for < :late_cutoff AND (
+       OR (kind = 'scheduled' AND scheduled_for < :late_cutoff AND COALESCE(note, '') NOT LIKE 'catch-up:%' AND (
             EXISTS (SELECT 1 FROM agent_runs n WHERE n.job_name = agent_runs.job_name AND n.kind = 'scheduled'
                       AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= :now
                       AND n.status NOT IN ('skipped', 'cancelled'))
@@ -419,13 +421,13 @@ SELECT r.run_id,
             WHEN r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
                  SELECT 1 FROM agent_runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
                    AND o.status = 'running') THEN 'skip-overlap'
-            WHEN r.kind = 'scheduled' AND r.scheduled_for < :late_cutoff AND EXISTS (
+            WHEN r.kind = 'scheduled' AND r.scheduled_for < :late_cutoff AND COALESCE(r.note, '') NOT LIKE 'catch-up:%' AND EXISTS (
                  SELECT 1 FROM agent_runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
                    AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= :now
                    AND n.status NOT IN ('skipped', 'cancelled')) THEN 'skip-superseded'
-            WHEN r.kind = 'scheduled' AND r.scheduled_for < :late_cutoff AND EXISTS (
+            WHEN r.kind = 'scheduled' AND r.scheduled_for < :late_cutoff AND COALESCE(r.note, '') NOT LIKE 'catch-up:%' AND EXISTS (
                  SELECT 1 FROM agent_jobs j WHERE j.job_name = r.job_name AND j.misfire = 'skip') THEN 'skip-misfire'
-            WHEN r.kind = 'scheduled' AND r.scheduled_for < :late_cutoff AND EXISTS (
+            WHEN r.kind = 'scheduled' AND r.scheduled_for < :late_cutoff AND COALESCE(r.note, '') NOT LIKE 'catch-up:%' AND EXISTS (
                  SELECT 1 FROM agent_jobs j WHERE j.job_name = r.job_name
                    AND julianday(r.scheduled_for) + j.grace_seconds / 86400.0 < julianday(:now)) THEN 'skip-grace'
             WHEN r.task_order IS NOT NULL AND EXISTS (
@@ -528,7 +530,7 @@ WHERE status = 'pending' AND runnable_at <= (SELECT now FROM temp.agent_claim_ti
   AND ((job_name IS NOT NULL AND overlap = 'skip' AND EXISTS (
             SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
               AND o.status = 'running'))
-       OR (kind = 'scheduled' AND scheduled_for < :late_cutoff AND (
+       OR (kind = 'scheduled' AND scheduled_for < :late_cutoff AND COALESCE(note, '') NOT LIKE 'catch-up:%' AND (
             EXISTS (SELECT 1 FROM agent_runs n WHERE n.job_name = agent_runs.job_name AND n.kind = 'scheduled'
                       AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= (SELECT now FROM temp.agent_claim_time)
                       AND n.status NOT IN ('skipped', 'cancelled'))

@@ -2,6 +2,9 @@
 -- of the same number. dispatch_runs, claim_runs and start_run are named queries in this dialect
 -- (shared/control/sql/mssql.sql); here agent.add_scheduled_job's @overlap (its body,
 -- agent.add_scheduled_job_unaudited: 0012's procedure, renamed by 0017) accepts both names.
+-- agent.jobs.catchup_seconds: JOB__<name>__CATCHUP_SECONDS (0: none).
+ALTER TABLE agent.jobs ADD catchup_seconds INT NOT NULL CONSTRAINT jobs_catchup_seconds_default DEFAULT 0;
+GO
 -- agent.runs.kind 'backfill': a run `sql-agent backfill` made for a slot of a past window.
 ALTER TABLE agent.runs DROP CONSTRAINT runs_kind_check;
 ALTER TABLE agent.runs ADD CONSTRAINT runs_kind_check CHECK (kind IN (N'scheduled', N'manual', N'task', N'target', N'backfill'));

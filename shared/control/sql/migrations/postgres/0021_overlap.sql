@@ -16,6 +16,11 @@
 -- * agent.runs.kind 'backfill': a run `sql-agent backfill` made for a slot of a past window (keyed
 --   by its slot, as the scheduled run of that slot would be; outside the misfire rules).
 
+-- * agent.jobs.catchup_seconds (JOB__<name>__CATCHUP_SECONDS; 0: none): after downtime, every
+--   missed slot within that many seconds of now is claimed to run, oldest first (noted
+--   'catch-up: ...'), and a claim never skips such a run as a misfire; overlap and the cap apply.
+
+ALTER TABLE agent.jobs ADD COLUMN catchup_seconds INT NOT NULL DEFAULT 0;
 ALTER TABLE agent.runs DROP CONSTRAINT runs_kind_check;
 ALTER TABLE agent.runs ADD CONSTRAINT runs_kind_check CHECK (kind IN ('scheduled', 'manual', 'task', 'target', 'backfill'));
 
@@ -43,7 +48,7 @@ BEGIN
     WHERE r.status = 'pending' AND r.runnable_at <= CAST(p_now AS timestamp) AND r.job_name IS NOT NULL
       AND ((r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
                 SELECT 1 FROM agent.runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = 'running'))
-           OR (r.kind = 'scheduled' AND r.scheduled_for < CAST(p_late_cutoff AS timestamp) AND (
+           OR (r.kind = 'scheduled' AND r.scheduled_for < CAST(p_late_cutoff AS timestamp) AND COALESCE(r.note, '') NOT LIKE 'catch-up:%' AND (
                 EXISTS (SELECT 1 FROM agent.runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
                           AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(p_now AS timestamp)
                           AND n.status NOT IN ('skipped', 'cancelled'))
@@ -135,7 +140,7 @@ BEGIN
     WHERE r.status = 'pending' AND r.runnable_at <= CAST(p_now AS timestamp) AND r.job_name IS NOT NULL
       AND ((r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
                 SELECT 1 FROM agent.runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = 'running'))
-           OR (r.kind = 'scheduled' AND r.scheduled_for < CAST(p_late_cutoff AS timestamp) AND (
+           OR (r.kind = 'scheduled' AND r.scheduled_for < CAST(p_late_cutoff AS timestamp) AND COALESCE(r.note, '') NOT LIKE 'catch-up:%' AND (
                 EXISTS (SELECT 1 FROM agent.runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
                           AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(p_now AS timestamp)
                           AND n.status NOT IN ('skipped', 'cancelled'))
@@ -282,7 +287,7 @@ BEGIN
           AND (p.status = 'running' OR p.runnable_at <= CAST(p_now AS timestamp) OR p.attempt > 0)
           AND EXISTS (SELECT 1 FROM agent.runs c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id AND p.kind <> 'backfill'
                         AND c.overlap = 'cancel-previous' AND c.run_id = p_run_id AND c.token = p_token AND c.status = 'queued' AND c.runnable_at <= CAST(p_now AS timestamp)
-                        AND NOT (c.kind = 'scheduled' AND c.scheduled_for < CAST(p_late_cutoff AS timestamp) AND (
+                        AND NOT (c.kind = 'scheduled' AND c.scheduled_for < CAST(p_late_cutoff AS timestamp) AND COALESCE(c.note, '') NOT LIKE 'catch-up:%' AND (
                              EXISTS (SELECT 1 FROM agent.runs n WHERE n.job_name = c.job_name AND n.kind = 'scheduled'
                                        AND n.scheduled_for > c.scheduled_for AND n.scheduled_for <= CAST(p_now AS timestamp)
                                        AND n.status NOT IN ('skipped', 'cancelled'))
@@ -300,7 +305,7 @@ BEGIN
           AND (o.status = 'running' OR o.runnable_at <= CAST(p_now AS timestamp) OR o.attempt > 0)
           AND EXISTS (SELECT 1 FROM agent.runs c WHERE c.job_name = o.job_name AND c.run_id <> o.run_id AND o.kind <> 'backfill'
                         AND c.overlap = 'cancel-previous' AND c.run_id = p_run_id AND c.token = p_token AND c.status = 'queued' AND c.runnable_at <= CAST(p_now AS timestamp)
-                        AND NOT (c.kind = 'scheduled' AND c.scheduled_for < CAST(p_late_cutoff AS timestamp) AND (
+                        AND NOT (c.kind = 'scheduled' AND c.scheduled_for < CAST(p_late_cutoff AS timestamp) AND COALESCE(c.note, '') NOT LIKE 'catch-up:%' AND (
                              EXISTS (SELECT 1 FROM agent.runs n WHERE n.job_name = c.job_name AND n.kind = 'scheduled'
                                        AND n.scheduled_for > c.scheduled_for AND n.scheduled_for <= CAST(p_now AS timestamp)
                                        AND n.status NOT IN ('skipped', 'cancelled'))
@@ -319,13 +324,13 @@ BEGIN
                     WHEN r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
                          SELECT 1 FROM agent.runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
                            AND o.status = 'running') THEN 'skip-overlap'
-                    WHEN r.kind = 'scheduled' AND r.scheduled_for < CAST(p_late_cutoff AS timestamp) AND EXISTS (
+                    WHEN r.kind = 'scheduled' AND r.scheduled_for < CAST(p_late_cutoff AS timestamp) AND COALESCE(r.note, '') NOT LIKE 'catch-up:%' AND EXISTS (
                          SELECT 1 FROM agent.runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
                            AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(p_now AS timestamp)
                            AND n.status NOT IN ('skipped', 'cancelled')) THEN 'skip-superseded'
-                    WHEN r.kind = 'scheduled' AND r.scheduled_for < CAST(p_late_cutoff AS timestamp) AND EXISTS (
+                    WHEN r.kind = 'scheduled' AND r.scheduled_for < CAST(p_late_cutoff AS timestamp) AND COALESCE(r.note, '') NOT LIKE 'catch-up:%' AND EXISTS (
                          SELECT 1 FROM agent.jobs j WHERE j.job_name = r.job_name AND j.misfire = 'skip') THEN 'skip-misfire'
-                    WHEN r.kind = 'scheduled' AND r.scheduled_for < CAST(p_late_cutoff AS timestamp) AND EXISTS (
+                    WHEN r.kind = 'scheduled' AND r.scheduled_for < CAST(p_late_cutoff AS timestamp) AND COALESCE(r.note, '') NOT LIKE 'catch-up:%' AND EXISTS (
                          SELECT 1 FROM agent.jobs j WHERE j.job_name = r.job_name
                            AND r.scheduled_for + j.grace_seconds * INTERVAL '1 second' < CAST(p_now AS timestamp)) THEN 'skip-grace'
                     WHEN r.task_order IS NOT NULL AND EXISTS (

@@ -1,3 +1,4 @@
--- 0021 overlap policies buffer-one and cancel-previous (issue 33 item 5): changes only the servers'
--- procedures (see the PostgreSQL file of the same number); this dialect's claims are named queries
--- (shared/control/sql/sqlite.sql). The file keeps the versions of every dialect in step.
+-- 0021 overlap policies, catch-up and backfill (issue 33 item 5); see the PostgreSQL file of the
+-- same number. This dialect's claims are named queries (shared/control/sql/sqlite.sql).
+-- agent_jobs.catchup_seconds: JOB__<name>__CATCHUP_SECONDS (0: none).
+ALTER TABLE agent_jobs ADD COLUMN catchup_seconds INT NOT NULL DEFAULT 0;
