@@ -87,7 +87,7 @@ param quietMaxMinutes int = 0
 @maxValue(5)
 param maxDequeueCount int
 
-@description('Jobs: [{ name, schedule? (none: on demand), command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl?, targets?, targetParallelism?, targetStaggerSeconds?, after?, afterOutcome?, exclude?, only?, onExcluded?, jitterSeconds?, maxDurationSeconds?, stopAfterSeconds?, slowerThan?, deadlineSeconds? }] (command, or steps in jobSteps; after: the job whose runs start this one; exclude, only: calendar names).')
+@description('Jobs: [{ name, schedule? (none: on demand), command?, timezone?, enabled?, maxAttempts?, timeoutSeconds?, leaseSeconds?, misfire?, graceSeconds?, overlap?, database?, notify?, notifyWebhookUrl?, targets?, targetParallelism?, targetStaggerSeconds?, after?, afterOutcome?, exclude?, only?, onExcluded?, jitterSeconds?, catchupSeconds?, maxDurationSeconds?, stopAfterSeconds?, slowerThan?, deadlineSeconds? }] (command, or steps in jobSteps; after: the job whose runs start this one; exclude, only: calendar names).')
 param jobs array
 
 @description('Calendars the jobs name in exclude / only, turned into CALENDAR__<name>__<SETTING> app settings: [{ name, dates?, weekly?, ics? }] (docs/configuration.md).')
@@ -281,6 +281,7 @@ var jobExcludeSettings = [for job in jobs: { name: 'JOB__${job.name}__EXCLUDE', 
 var jobOnlySettings = [for job in jobs: { name: 'JOB__${job.name}__ONLY', value: job.?only }]
 var jobOnExcludedSettings = [for job in jobs: { name: 'JOB__${job.name}__ON_EXCLUDED', value: job.?onExcluded }]
 var jobJitterSecondsSettings = [for job in jobs: { name: 'JOB__${job.name}__JITTER_SECONDS', value: job.?jitterSeconds }]
+var jobCatchupSecondsSettings = [for job in jobs: { name: 'JOB__${job.name}__CATCHUP_SECONDS', value: job.?catchupSeconds }]
 var jobMaxDurationSecondsSettings = [for job in jobs: { name: 'JOB__${job.name}__MAX_DURATION_SECONDS', value: job.?maxDurationSeconds }]
 var jobStopAfterSecondsSettings = [for job in jobs: { name: 'JOB__${job.name}__STOP_AFTER_SECONDS', value: job.?stopAfterSeconds }]
 var jobSlowerThanSettings = [for job in jobs: { name: 'JOB__${job.name}__SLOWER_THAN', value: job.?slowerThan }]
@@ -303,7 +304,7 @@ var jobStepTargetsSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__
 var jobStepTargetParallelismSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__TARGET_PARALLELISM', value: s.?targetParallelism }]
 var jobStepTargetStaggerSecondsSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__TARGET_STAGGER_SECONDS', value: s.?targetStaggerSeconds }]
 
-var jobSettingCandidates = concat(jobScheduleSettings, jobCommandSettings, jobTimezoneSettings, jobEnabledSettings, jobMaxAttemptsSettings, jobTimeoutSecondsSettings, jobLeaseSecondsSettings, jobMisfireSettings, jobGraceSecondsSettings, jobOverlapSettings, jobDatabaseSettings, jobNotifySettings, jobNotifyWebhookUrlSettings, jobTargetsSettings, jobTargetParallelismSettings, jobTargetStaggerSecondsSettings, jobAfterSettings, jobAfterOutcomeSettings, jobExcludeSettings, jobOnlySettings, jobOnExcludedSettings, jobJitterSecondsSettings, jobMaxDurationSecondsSettings, jobStopAfterSecondsSettings, jobSlowerThanSettings, jobDeadlineSecondsSettings, calendarDatesSettings, calendarWeeklySettings, calendarIcsSettings, jobStepCommandSettings, jobStepDatabaseSettings, jobStepMaxAttemptsSettings, jobStepRetryIntervalSecondsSettings, jobStepTimeoutSecondsSettings, jobStepOnSuccessSettings, jobStepOnFailureSettings, jobStepTargetsSettings, jobStepTargetParallelismSettings, jobStepTargetStaggerSecondsSettings)
+var jobSettingCandidates = concat(jobScheduleSettings, jobCommandSettings, jobTimezoneSettings, jobEnabledSettings, jobMaxAttemptsSettings, jobTimeoutSecondsSettings, jobLeaseSecondsSettings, jobMisfireSettings, jobGraceSecondsSettings, jobOverlapSettings, jobDatabaseSettings, jobNotifySettings, jobNotifyWebhookUrlSettings, jobTargetsSettings, jobTargetParallelismSettings, jobTargetStaggerSecondsSettings, jobAfterSettings, jobAfterOutcomeSettings, jobExcludeSettings, jobOnlySettings, jobOnExcludedSettings, jobJitterSecondsSettings, jobCatchupSecondsSettings, jobMaxDurationSecondsSettings, jobStopAfterSecondsSettings, jobSlowerThanSettings, jobDeadlineSecondsSettings, calendarDatesSettings, calendarWeeklySettings, calendarIcsSettings, jobStepCommandSettings, jobStepDatabaseSettings, jobStepMaxAttemptsSettings, jobStepRetryIntervalSecondsSettings, jobStepTimeoutSecondsSettings, jobStepOnSuccessSettings, jobStepOnFailureSettings, jobStepTargetsSettings, jobStepTargetParallelismSettings, jobStepTargetStaggerSecondsSettings)
 var presentJobSettings = filter(jobSettingCandidates, setting => setting.value != null)
 
 // App settings are strings: booleans become 'true' / 'false' (string() would give 'True'),
