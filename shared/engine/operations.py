@@ -317,6 +317,9 @@ def request_run_now(agent: Agent, job_name: str, *, operation_id: str | None = N
 # sql-agent backfill: at most this many slots in one window (each becomes a run, all runnable at
 # once: a bigger window is a flood for the queue and the cap; backfill it in parts).
 MAX_BACKFILL_SLOTS = 1000
+# Slots before this are not backfilled (the agent keeps no run of them, and the drivers write years
+# before 1000 in forms they do not read back).
+EARLIEST_BACKFILL = datetime(2000, 1, 1, tzinfo=timezone.utc)
 
 
 def backfill_slots(job: dict[str, Any], start: datetime, end: datetime,
@@ -334,7 +337,8 @@ def backfill_slots(job: dict[str, Any], start: datetime, end: datetime,
         raise UsageError(f"job {name!r}: its schedule {job['schedule']!r} cannot be read ({exc})", setting="JOB",
                          value=name, expected="a job with a schedule the agent reads") from None
     raw: list[datetime] = []
-    moment: datetime | None = start - timedelta(microseconds=1)
+    # From the window's start (a slot at it included), and from EARLIEST_BACKFILL at the earliest.
+    moment: datetime | None = max(start, EARLIEST_BACKFILL) - timedelta(microseconds=1)
     while True:
         try:
             moment = schedule.next_after(moment) if moment is not None else None
@@ -350,11 +354,16 @@ def backfill_slots(job: dict[str, Any], start: datetime, end: datetime,
                 f"{MAX_BACKFILL_SLOTS} slots", setting="--to", value=end.isoformat(),
                 expected=f"a window of at most {MAX_BACKFILL_SLOTS} slots of the job")
     planned = [(slot, RunStatus.PENDING, None, None) for slot in raw]
-    rules = _calendar_rules(job.get("calendars"))
-    if rules:
-        planned = _apply_calendars(planned, rules, validate_timezone(job["timezone"]))
-    if job.get("jitter_seconds"):
-        planned = _with_jitter(planned, job)
+    try:
+        rules = _calendar_rules(job.get("calendars"))
+        if rules:
+            planned = _apply_calendars(planned, rules, validate_timezone(job["timezone"]))
+        if job.get("jitter_seconds"):
+            planned = _with_jitter(planned, job)
+    except (ValueError, OverflowError) as exc:
+        raise UsageError(f"job {name!r}: the slots of the window {start.isoformat()} to {end.isoformat()} cannot be "
+                         f"computed ({exc})", setting="--from", value=start.isoformat(),
+                         expected="a window of times the job's schedule and calendars reach") from None
     # A slot its jitter or a calendar moved later stays the run of its slot (keyed by the moved
     # time, as the planner keys it), when that time has come by ``now``.
     keep = [slot for slot, status, _, _ in planned if status == RunStatus.PENDING and start <= slot <= now]

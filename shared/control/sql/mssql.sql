@@ -1026,10 +1026,9 @@ UPDATE r SET status = N'pending', kind = N'backfill', runnable_at = s.runnable_a
     operation_id = :operation_id,
     note = CAST(:note AS NVARCHAR(MAX)) + N' (the slot had been skipped: ' + COALESCE(r.note, N'') + N')'
 OUTPUT inserted.run_id, inserted.scheduled_for, N'rerun' INTO @made
-FROM agent.runs AS r WITH (UPDLOCK, HOLDLOCK)
-JOIN @slots AS s ON r.scheduled_for = s.scheduled_for
-JOIN agent.jobs AS j ON j.job_name = r.job_name
-WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
+FROM agent.runs AS r WITH (UPDLOCK, HOLDLOCK), @slots AS s, agent.jobs AS j
+WHERE r.scheduled_for = s.scheduled_for AND j.job_name = r.job_name
+  AND j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
   AND r.status = N'skipped' AND r.attempt = 0;
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
