@@ -443,6 +443,22 @@ def test_the_new_overlap_policies_are_taken_from_the_procedure_as_from_the_setti
     assert rows["twin"]["valid"] == 1
 
 
+def test_removing_a_database_job_mid_backfill_skips_its_backfill_runs(system):
+    from datetime import timedelta as _td
+
+    from shared.engine.operations import backfill
+    build, connection, url = system
+    agent = build()
+    call(connection, "add_scheduled_job", name="dbjob", sql="SELECT 1", schedule="0 0 * * * *")
+    agent.tick()
+    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    done = backfill(agent, "dbjob", now - _td(hours=5), now - _td(hours=1))
+    assert len(done.made) == 5
+    call(connection, "remove_scheduled_job", name="dbjob")
+    rows = select(connection, "SELECT status, note FROM agent.runs WHERE job_name = 'dbjob' AND kind = 'backfill'")
+    assert len(rows) == 5 and {r["status"] for r in rows} == {"skipped"}, rows
+
+
 def test_planning_costs_the_same_statements_for_1_or_40_jobs(system):
     build, connection, url = system
     agent = build()

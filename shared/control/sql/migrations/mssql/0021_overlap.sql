@@ -282,3 +282,48 @@ BEGIN
     SELECT @name AS job_name, @action AS action;
 END
 GO
+
+-- agent.remove_scheduled_job (its body, agent.remove_scheduled_job_unaudited, since 0017): the
+-- job's backfill runs not yet started are skipped with its slots claimed ahead.
+ALTER PROCEDURE agent.remove_scheduled_job_unaudited
+    @name NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @now DATETIME2(6) = SYSUTCDATETIME();
+    DECLARE @message NVARCHAR(2048);
+    DECLARE @p NVARCHAR(40) = N'agent.remove_scheduled_job: ';
+    IF @name IS NULL
+        THROW 51401, N'agent.remove_scheduled_job: @name = NULL: expected the name of a job defined by agent.add_scheduled_job', 1;
+    BEGIN TRANSACTION;
+    DECLARE @lock_result INT;
+    EXEC @lock_result = sp_getapplock @Resource = N'agent.job_definitions', @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 30000;
+    IF @lock_result < 0 THROW 51409, N'agent.remove_scheduled_job: the job-definitions lock (sp_getapplock agent.job_definitions) was not granted within 30 s', 1;
+    DECLARE @existing_in_database SMALLINT;
+    SELECT @existing_in_database = j.defined_in_database FROM agent.jobs AS j WHERE j.job_name = @name AND j.configured = 1;
+    IF @existing_in_database IS NULL
+    BEGIN
+        SET @message = @p + N'@name = ''' + REPLACE(@name, N'''', N'''''')
+            + N''': expected the name of a job defined by agent.add_scheduled_job; there is no such job';
+        THROW 51404, @message, 1;
+    END;
+    IF @existing_in_database = 0
+    BEGIN
+        SET @message = @p + N'@name = ''' + @name + N''': expected a job defined in the database; this job is defined in the app settings (JOB__'
+            + @name + N'__*): remove it there';
+        THROW 51409, @message, 1;
+    END;
+    UPDATE agent.runs SET status = N'skipped', finished_at = @now, lease_expires_at = NULL,
+        note = N'skipped: the job was removed by agent.remove_scheduled_job after this slot was claimed'
+    WHERE job_name = @name AND kind IN (N'scheduled', N'backfill')
+      AND (status IN (N'pending', N'queued')
+           OR (status = N'skipped' AND note = N'paused' AND attempt = 0 AND scheduled_for >= @now));
+    DECLARE @skipped INT = @@ROWCOUNT;
+    UPDATE agent.jobs SET configured = 0, next_due_at = NULL, needs_planning = 0, updated_at = @now
+    WHERE job_name = @name;
+    DELETE FROM agent.state WHERE state_key = N'job_config_hash';
+    COMMIT TRANSACTION;
+    SELECT @name AS job_name, @skipped AS skipped_runs;
+END
+GO

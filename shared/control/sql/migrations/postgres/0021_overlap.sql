@@ -599,3 +599,43 @@ BEGIN
     RETURN QUERY SELECT CAST(add_scheduled_job_unaudited.name AS varchar), v_action;
 END
 $$;
+
+-- agent.remove_scheduled_job (its body since 0017): the job's backfill runs not yet started are
+-- skipped with its slots claimed ahead (a removed job runs nothing more of a backfill).
+CREATE OR REPLACE FUNCTION agent.remove_scheduled_job_unaudited(name varchar)
+RETURNS TABLE (job_name varchar, skipped_runs int)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamp := CAST(now() AT TIME ZONE 'UTC' AS timestamp);
+    v_existing record;
+    v_skipped int := 0;
+    p text := 'agent.remove_scheduled_job: ';
+BEGIN
+    IF remove_scheduled_job_unaudited.name IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@name = NULL: expected the name of a job defined by agent.add_scheduled_job';
+    END IF;
+    PERFORM pg_advisory_xact_lock(7428014);
+    SELECT j.job_name, j.defined_in_database, j.configured INTO v_existing FROM agent.jobs j
+    WHERE j.job_name = remove_scheduled_job_unaudited.name AND j.configured = 1;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'P0002', MESSAGE = p || '@name = ' || quote_literal(left(remove_scheduled_job_unaudited.name, 80))
+            || ': expected the name of a job defined by agent.add_scheduled_job; there is no such job';
+    END IF;
+    IF v_existing.defined_in_database = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = p || '@name = ' || quote_literal(remove_scheduled_job_unaudited.name)
+            || ': expected a job defined in the database; this job is defined in the app settings (JOB__'
+            || remove_scheduled_job_unaudited.name || '__*): remove it there';
+    END IF;
+    UPDATE agent.runs AS r SET status = 'skipped', finished_at = v_now, lease_expires_at = NULL,
+        note = 'skipped: the job was removed by agent.remove_scheduled_job after this slot was claimed'
+    WHERE r.job_name = remove_scheduled_job_unaudited.name AND r.kind IN ('scheduled', 'backfill')
+      AND (r.status IN ('pending', 'queued')
+           OR (r.status = 'skipped' AND r.note = 'paused' AND r.attempt = 0 AND r.scheduled_for >= v_now));
+    GET DIAGNOSTICS v_skipped = ROW_COUNT;
+    UPDATE agent.jobs AS j SET configured = 0, next_due_at = NULL, needs_planning = 0, updated_at = v_now
+    WHERE j.job_name = remove_scheduled_job_unaudited.name;
+    DELETE FROM agent.state AS s WHERE s.state_key = 'job_config_hash';
+    RETURN QUERY SELECT CAST(remove_scheduled_job_unaudited.name AS varchar), v_skipped;
+END
+$$;
