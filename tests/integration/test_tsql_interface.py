@@ -459,6 +459,24 @@ def test_removing_a_database_job_mid_backfill_skips_its_backfill_runs(system):
     assert len(rows) == 5 and {r["status"] for r in rows} == {"skipped"}, rows
 
 
+def test_a_fleet_job_defined_from_the_procedure_staggers_as_the_settings_one(system):
+    build, connection, url = system
+    agent = build({"twin": {"SCHEDULE": "0 0 2 * * *", "COMMAND": "SELECT 1", "TARGETS": "db:tenant_*",
+                            "TARGET_PARALLELISM": "4", "TARGET_STAGGER_SECONDS": "30"}})
+    call(connection, "add_scheduled_job", name="dbtwin", sql="SELECT 1", schedule="0 0 2 * * *",
+         targets="db:tenant_*", target_parallelism=4, target_stagger_seconds=30)
+    agent.tick()
+    rows = {r["job_name"]: r for r in select(connection, "SELECT job_name, steps, valid FROM agent.jobs")}
+    assert rows["dbtwin"]["valid"] == 1
+    assert json.loads(rows["dbtwin"]["steps"]) == json.loads(rows["twin"]["steps"])
+    assert json.loads(rows["dbtwin"]["steps"])[0]["target_stagger_seconds"] == 30
+    for bad in (-1, 3601, None):
+        with pytest.raises(CallError) as caught:
+            call(connection, "add_scheduled_job", name="bad", sql="SELECT 1", schedule="0 0 2 * * *",
+                 targets="db:tenant_*", target_stagger_seconds=bad)
+        assert "@target_stagger_seconds = " in caught.value.message and "0 to 3600" in caught.value.message
+
+
 def test_planning_costs_the_same_statements_for_1_or_40_jobs(system):
     build, connection, url = system
     agent = build()

@@ -1,9 +1,14 @@
 -- 0021 overlap policies buffer-one and cancel-previous (issue 33 item 5); see the PostgreSQL file
 -- of the same number. dispatch_runs, claim_runs and start_run are named queries in this dialect
 -- (shared/control/sql/mssql.sql); here agent.add_scheduled_job's @overlap (its body,
--- agent.add_scheduled_job_unaudited: 0012's procedure, renamed by 0017) accepts both names.
+-- agent.add_scheduled_job_unaudited: 0012's procedure, renamed by 0017) accepts both names, and
+-- @target_stagger_seconds.
 -- agent.jobs.catchup_seconds: JOB__<name>__CATCHUP_SECONDS (0: none).
 ALTER TABLE agent.jobs ADD catchup_seconds INT NOT NULL CONSTRAINT jobs_catchup_seconds_default DEFAULT 0;
+GO
+-- agent.jobs.requested_target_stagger_seconds: agent.add_scheduled_job's @target_stagger_seconds
+-- (TARGET_STAGGER_SECONDS of a fleet job defined from T-SQL), planned into its fleet step.
+ALTER TABLE agent.jobs ADD requested_target_stagger_seconds INT NULL;
 GO
 -- agent.runs.kind 'backfill': a run `sql-agent backfill` made for a slot of a past window.
 ALTER TABLE agent.runs DROP CONSTRAINT runs_kind_check;
@@ -27,7 +32,8 @@ ALTER PROCEDURE agent.add_scheduled_job_unaudited
     @targets NVARCHAR(4000) = NULL,
     @target_parallelism INT = 8,
     @after NVARCHAR(4000) = NULL,
-    @after_outcome NVARCHAR(4000) = N'succeeded'
+    @after_outcome NVARCHAR(4000) = N'succeeded',
+    @target_stagger_seconds INT = 0
 AS
 BEGIN
     SET NOCOUNT ON;
@@ -129,6 +135,12 @@ BEGIN
     BEGIN
         SET @message = @p + N'@target_parallelism = ' + COALESCE(CONVERT(NVARCHAR(20), @target_parallelism), N'NULL')
             + N': expected a whole number from 1 to 1000 (how many target databases of one run at once)';
+        THROW 51401, @message, 1;
+    END;
+    IF @target_stagger_seconds IS NULL OR @target_stagger_seconds NOT BETWEEN 0 AND 3600
+    BEGIN
+        SET @message = @p + N'@target_stagger_seconds = ' + COALESCE(CONVERT(NVARCHAR(20), @target_stagger_seconds), N'NULL')
+            + N': expected a whole number from 0 to 3600 (execution n of a run starts (n - 1) times this many seconds after the fan-out; 0: as the window lets them in)';
         THROW 51401, @message, 1;
     END;
     IF @after IS NOT NULL AND (@after = N'' OR LEN(@after) > 64 OR @after COLLATE Latin1_General_BIN2 LIKE N'%[^-A-Za-z0-9_.]%')
@@ -266,18 +278,21 @@ BEGIN
             defined_in_database = 1, needs_planning = 1, steps = NULL,
             requested_targets = LTRIM(RTRIM(@targets)), requested_target_parallelism = @target_parallelism,
             owner = USER_NAME(), after_job = @leader,
-            after_outcome = CASE WHEN @leader IS NOT NULL THEN LOWER(@after_outcome) END
+            after_outcome = CASE WHEN @leader IS NOT NULL THEN LOWER(@after_outcome) END,
+            requested_target_stagger_seconds = NULLIF(@target_stagger_seconds, 0)
         WHERE job_name = @name;
     ELSE
         INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, enabled, valid,
                                 config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                                 grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
                                 defined_in_database, needs_planning, steps, requested_targets,
-                                requested_target_parallelism, owner, after_job, after_outcome)
+                                requested_target_parallelism, owner, after_job, after_outcome,
+                                requested_target_stagger_seconds)
         VALUES (@name, @stored_schedule, @timezone, @sql, @database, @enabled, 1, NULL, @max_attempts,
                 @timeout_seconds, @lease_seconds, LOWER(@misfire), @grace_seconds, LOWER(@overlap), NULL, NULL, 1,
                 @now, 1, 1, NULL, LTRIM(RTRIM(@targets)), @target_parallelism, USER_NAME(),
-                @leader, CASE WHEN @leader IS NOT NULL THEN LOWER(@after_outcome) END);
+                @leader, CASE WHEN @leader IS NOT NULL THEN LOWER(@after_outcome) END,
+                NULLIF(@target_stagger_seconds, 0));
     COMMIT TRANSACTION;
     SELECT @name AS job_name, @action AS action;
 END
@@ -325,5 +340,53 @@ BEGIN
     DELETE FROM agent.state WHERE state_key = N'job_config_hash';
     COMMIT TRANSACTION;
     SELECT @name AS job_name, @skipped AS skipped_runs;
+END
+GO
+
+-- agent.add_scheduled_job (0017's audited procedure) passes @target_stagger_seconds on.
+ALTER PROCEDURE agent.add_scheduled_job
+    @name NVARCHAR(4000),
+    @sql NVARCHAR(MAX),
+    @schedule NVARCHAR(4000) = NULL,
+    @run_at DATETIMEOFFSET = NULL,
+    @timezone NVARCHAR(4000) = N'UTC',
+    @enabled INT = 1,
+    @max_attempts INT = 3,
+    @timeout_seconds INT = 1800,
+    @overlap NVARCHAR(4000) = N'skip',
+    @database NVARCHAR(4000) = NULL,
+    @misfire NVARCHAR(4000) = N'run-once',
+    @grace_seconds INT = 86400,
+    @lease_seconds INT = 60,
+    @targets NVARCHAR(4000) = NULL,
+    @target_parallelism INT = 8,
+    @after NVARCHAR(4000) = NULL,
+    @after_outcome NVARCHAR(4000) = N'succeeded',
+    @target_stagger_seconds INT = 0
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @caller_transactions INT = @@TRANCOUNT;
+    DECLARE @audit_arguments NVARCHAR(MAX) = (SELECT LEFT(@name, 200) AS [name], LEFT(@sql, 2000) AS [sql], LEFT(@schedule, 200) AS [schedule], @run_at AS [run_at], LEFT(@timezone, 100) AS [timezone], @enabled AS [enabled], @max_attempts AS [max_attempts], @timeout_seconds AS [timeout_seconds], LEFT(@overlap, 20) AS [overlap], LEFT(@database, 200) AS [database], LEFT(@misfire, 20) AS [misfire], @grace_seconds AS [grace_seconds], @lease_seconds AS [lease_seconds], LEFT(@targets, 400) AS [targets], @target_parallelism AS [target_parallelism], LEFT(@after, 400) AS [after], LEFT(@after_outcome, 20) AS [after_outcome], @target_stagger_seconds AS [target_stagger_seconds] FOR JSON PATH, WITHOUT_ARRAY_WRAPPER);
+    DECLARE @audit_action NVARCHAR(32) = N'define';
+    DECLARE @audit_error NVARCHAR(2000);
+    BEGIN TRY
+        BEGIN TRANSACTION;
+        EXEC agent.add_scheduled_job_unaudited @name = @name, @sql = @sql, @schedule = @schedule, @run_at = @run_at, @timezone = @timezone, @enabled = @enabled, @max_attempts = @max_attempts, @timeout_seconds = @timeout_seconds, @overlap = @overlap, @database = @database, @misfire = @misfire, @grace_seconds = @grace_seconds, @lease_seconds = @lease_seconds, @targets = @targets, @target_parallelism = @target_parallelism, @after = @after, @after_outcome = @after_outcome, @target_stagger_seconds = @target_stagger_seconds;
+        EXEC agent.audit_procedure_call @action = @audit_action, @job_name = @name, @run_id = NULL,
+             @arguments = @audit_arguments, @outcome = N'done', @detail = NULL;
+        COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        SET @audit_error = LEFT(ERROR_MESSAGE(), 2000);
+        IF @caller_transactions = 0
+        BEGIN
+            IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+            EXEC agent.audit_procedure_call @action = @audit_action, @job_name = @name, @run_id = NULL,
+                 @arguments = @audit_arguments, @outcome = N'refused', @detail = @audit_error;
+        END;
+        THROW;
+    END CATCH;
 END
 GO

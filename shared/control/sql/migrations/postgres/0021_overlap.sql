@@ -400,14 +400,22 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION agent.add_scheduled_job_unaudited(name varchar, sql text, schedule varchar DEFAULT NULL,
+-- agent.add_scheduled_job takes @target_stagger_seconds (issue 33's loose end: TARGET_STAGGER_SECONDS
+-- for a fleet job defined from T-SQL; agent.jobs.requested_target_stagger_seconds, planned into its
+-- fleet step as @target_parallelism is) and @overlap's two new names: a parameter more, so the
+-- audited function and its body are dropped and created again (0017's way), with their grants.
+ALTER TABLE agent.jobs ADD COLUMN requested_target_stagger_seconds INT NULL;
+DROP FUNCTION agent.add_scheduled_job(varchar, text, varchar, timestamptz, varchar, int, int, int, varchar, varchar, varchar, int, int, varchar, int, varchar, varchar);
+DROP FUNCTION agent.add_scheduled_job_unaudited(varchar, text, varchar, timestamptz, varchar, int, int, int, varchar, varchar, varchar, int, int, varchar, int, varchar, varchar);
+CREATE FUNCTION agent.add_scheduled_job_unaudited(name varchar, sql text, schedule varchar DEFAULT NULL,
                                         run_at timestamptz DEFAULT NULL, timezone varchar DEFAULT 'UTC',
                                         enabled int DEFAULT 1, max_attempts int DEFAULT 3,
                                         timeout_seconds int DEFAULT 1800, overlap varchar DEFAULT 'skip',
                                         "database" varchar DEFAULT NULL, misfire varchar DEFAULT 'run-once',
                                         grace_seconds int DEFAULT 86400, lease_seconds int DEFAULT 60,
                                         targets varchar DEFAULT NULL, target_parallelism int DEFAULT 8,
-                                        "after" varchar DEFAULT NULL, after_outcome varchar DEFAULT 'succeeded')
+                                        "after" varchar DEFAULT NULL, after_outcome varchar DEFAULT 'succeeded',
+                                        target_stagger_seconds int DEFAULT 0)
 RETURNS TABLE (job_name varchar, action text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -490,6 +498,10 @@ BEGIN
     IF add_scheduled_job_unaudited.target_parallelism IS NULL OR add_scheduled_job_unaudited.target_parallelism NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@target_parallelism = '
             || COALESCE(add_scheduled_job_unaudited.target_parallelism::text, 'NULL') || ': expected a whole number from 1 to 1000 (how many target databases of one run at once)';
+    END IF;
+    IF add_scheduled_job_unaudited.target_stagger_seconds IS NULL OR add_scheduled_job_unaudited.target_stagger_seconds NOT BETWEEN 0 AND 3600 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@target_stagger_seconds = '
+            || COALESCE(add_scheduled_job_unaudited.target_stagger_seconds::text, 'NULL') || ': expected a whole number from 0 to 3600 (execution n of a run starts (n - 1) times this many seconds after the fan-out; 0: as the window lets them in)';
     END IF;
     IF add_scheduled_job_unaudited."after" IS NOT NULL AND add_scheduled_job_unaudited."after" !~ '^[A-Za-z0-9_.-]{1,64}$' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = p || '@after = '
@@ -578,14 +590,16 @@ BEGIN
                                  config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                                  grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
                                  defined_in_database, needs_planning, steps, requested_targets,
-                                 requested_target_parallelism, owner, after_job, after_outcome)
+                                 requested_target_parallelism, owner, after_job, after_outcome,
+                                 requested_target_stagger_seconds)
     VALUES (add_scheduled_job_unaudited.name, v_schedule, add_scheduled_job_unaudited.timezone, add_scheduled_job_unaudited.sql,
             add_scheduled_job_unaudited."database", add_scheduled_job_unaudited.enabled, 1, NULL, add_scheduled_job_unaudited.max_attempts,
             add_scheduled_job_unaudited.timeout_seconds, add_scheduled_job_unaudited.lease_seconds, lower(add_scheduled_job_unaudited.misfire),
             add_scheduled_job_unaudited.grace_seconds, lower(add_scheduled_job_unaudited.overlap), NULL, NULL, 1, v_now, 1, 1, NULL,
             btrim(add_scheduled_job_unaudited.targets), add_scheduled_job_unaudited.target_parallelism,
             agent.calling_principal(), v_leader,
-            CASE WHEN v_leader IS NOT NULL THEN lower(add_scheduled_job_unaudited.after_outcome) END)
+            CASE WHEN v_leader IS NOT NULL THEN lower(add_scheduled_job_unaudited.after_outcome) END,
+            NULLIF(add_scheduled_job_unaudited.target_stagger_seconds, 0))
     ON CONFLICT (job_name) DO UPDATE SET
         schedule = EXCLUDED.schedule, timezone = EXCLUDED.timezone, command = EXCLUDED.command,
         target_database = EXCLUDED.target_database, enabled = EXCLUDED.enabled, valid = 1, config_error = NULL,
@@ -595,10 +609,27 @@ BEGIN
         updated_at = EXCLUDED.updated_at, defined_in_database = 1, needs_planning = EXCLUDED.needs_planning,
         steps = NULL, requested_targets = EXCLUDED.requested_targets,
         requested_target_parallelism = EXCLUDED.requested_target_parallelism, owner = EXCLUDED.owner,
-        after_job = EXCLUDED.after_job, after_outcome = EXCLUDED.after_outcome;
+        after_job = EXCLUDED.after_job, after_outcome = EXCLUDED.after_outcome,
+        requested_target_stagger_seconds = EXCLUDED.requested_target_stagger_seconds;
     RETURN QUERY SELECT CAST(add_scheduled_job_unaudited.name AS varchar), v_action;
 END
 $$;
+REVOKE ALL ON FUNCTION agent.add_scheduled_job_unaudited(varchar, text, varchar, timestamptz, varchar, int, int, int, varchar, varchar, varchar, int, int, varchar, int, varchar, varchar, int) FROM PUBLIC, agent_operator;
+
+CREATE FUNCTION agent.add_scheduled_job(name varchar, sql text, schedule varchar DEFAULT NULL, run_at timestamptz DEFAULT NULL, timezone varchar DEFAULT 'UTC', enabled int DEFAULT 1, max_attempts int DEFAULT 3, timeout_seconds int DEFAULT 1800, overlap varchar DEFAULT 'skip', "database" varchar DEFAULT NULL, misfire varchar DEFAULT 'run-once', grace_seconds int DEFAULT 86400, lease_seconds int DEFAULT 60, targets varchar DEFAULT NULL, target_parallelism int DEFAULT 8, "after" varchar DEFAULT NULL, after_outcome varchar DEFAULT 'succeeded', target_stagger_seconds int DEFAULT 0)
+RETURNS TABLE (job_name varchar, action text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_rows bigint;
+BEGIN
+    RETURN QUERY SELECT * FROM agent.add_scheduled_job_unaudited($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18);
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    PERFORM agent.audit_procedure_call('define', $1, NULL, jsonb_build_object('name', left($1, 200), 'sql', left($2, 2000), 'schedule', left($3, 200), 'run_at', $4, 'timezone', left($5, 100), 'enabled', $6, 'max_attempts', $7, 'timeout_seconds', $8, 'overlap', left($9, 20), 'database', left($10, 200), 'misfire', left($11, 20), 'grace_seconds', $12, 'lease_seconds', $13, 'targets', left($14, 400), 'target_parallelism', $15, 'after', left($16, 400), 'after_outcome', left($17, 20), 'target_stagger_seconds', $18), v_rows || ' row(s)');
+    RETURN;
+END
+$$;
+REVOKE ALL ON FUNCTION agent.add_scheduled_job(varchar, text, varchar, timestamptz, varchar, int, int, int, varchar, varchar, varchar, int, int, varchar, int, varchar, varchar, int) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION agent.add_scheduled_job(varchar, text, varchar, timestamptz, varchar, int, int, int, varchar, varchar, varchar, int, int, varchar, int, varchar, varchar, int) TO agent_operator;
 
 -- agent.remove_scheduled_job (its body since 0017): the job's backfill runs not yet started are
 -- skipped with its slots claimed ahead (a removed job runs nothing more of a backfill).
