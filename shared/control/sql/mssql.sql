@@ -478,6 +478,9 @@ UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), leas
         WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
              SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running')
         THEN N'overlap: the previous run of this job was still running; policy skip'
+        WHEN r.overlap = N'buffer-one' AND NOT (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6))
+                                                AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%')
+        THEN N'overlap: a run of this job was running and another was already waiting; policy buffer-one'
         WHEN EXISTS (
              SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
                AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
@@ -490,7 +493,13 @@ OUTPUT N'skipped', inserted.run_id, inserted.token, inserted.job_name, inserted.
        inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out
 FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
 WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6)) AND r.job_name IS NOT NULL
-  AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
+  AND ((r.overlap = N'buffer-one' AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name
+                AND o.run_id <> r.run_id AND o.status = N'running')
+             AND EXISTS (SELECT 1 FROM agent.runs AS w WHERE w.job_name = r.job_name AND w.run_id <> r.run_id
+                AND w.status IN (N'pending', N'queued') AND w.runnable_at <= CAST(:now AS DATETIME2(6))
+                AND NOT (w.kind = N'scheduled' AND w.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(w.note, N'') NOT LIKE N'catch-up:%')
+                AND (w.scheduled_for < r.scheduled_for OR (w.scheduled_for = r.scheduled_for AND w.run_id < r.run_id))))
+       OR (r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running'))
        OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND (
             EXISTS (SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
@@ -499,19 +508,6 @@ WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6)) AND 
             OR EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
                          AND (j.misfire = N'skip'
                               OR DATEADD(second, j.grace_seconds, r.scheduled_for) < CAST(:now AS DATETIME2(6)))))));
--- Overlap buffer-one: a due run while one of its job runs and another already waits is skipped.
-UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
-    note = N'overlap: a run of this job was running and another was already waiting; policy buffer-one'
-OUTPUT N'skipped', inserted.run_id, inserted.token, inserted.job_name, inserted.kind, inserted.operation_id,
-       inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out
-FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
-WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6)) AND r.job_name IS NOT NULL AND r.overlap = N'buffer-one'
-  AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
-                AND o.status = N'running')
-  AND EXISTS (SELECT 1 FROM agent.runs AS w WHERE w.job_name = r.job_name AND w.run_id <> r.run_id
-                AND w.status IN (N'pending', N'queued') AND w.runnable_at <= CAST(:now AS DATETIME2(6))
-                AND (w.scheduled_for < r.scheduled_for
-                     OR (w.scheduled_for = r.scheduled_for AND w.run_id < r.run_id)));
 -- Picked with TOP and ORDER BY in a subselect, the UPDATE keyed on it ("TOP (Transact-SQL)",
 -- https://learn.microsoft.com/sql/t-sql/queries/top-transact-sql; Babelfish refuses an UPDATE through a CTE).
 -- The (UPDLOCK, READPAST, ROWLOCK) of the subselect keeps update locks on the picked rows to the end
@@ -613,25 +609,16 @@ SELECT @decision = CASE
 FROM agent.runs AS r WITH (UPDLOCK)
 WHERE r.run_id = :run_id AND r.token = :token AND r.status = N'queued';
 -- Overlap cancel-previous: the runs of its job in flight before it are stopped, as `stop` stops them.
-UPDATE x SET status = N'cancelled', token = x.token + 1, finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
-    note = N'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
-FROM agent.runs AS x
-WHERE x.parent_run_id IS NOT NULL AND x.status IN (N'waiting', N'pending', N'queued', N'running')
-  AND x.parent_run_id IN (SELECT p.run_id FROM agent.runs AS p WHERE p.job_name IS NOT NULL AND p.status IN (N'pending', N'queued', N'running')
-      AND (p.status = N'running' OR p.runnable_at <= CAST(:now AS DATETIME2(6)) OR p.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id AND p.kind <> N'backfill'
-                    AND c.overlap = N'cancel-previous' AND @decision IN (N'start', N'held-cap') AND c.run_id = :run_id
-                    AND (p.scheduled_for < c.scheduled_for
-                         OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id))));
-UPDATE o SET status = N'cancelled', token = o.token + 1, finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
-    awaiting_targets = 0, note = N'stopped: a newer run of this job is due; policy cancel-previous'
+UPDATE o SET status = N'cancelled', token = o.token + 1, finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL, awaiting_targets = 0,
+    note = CASE WHEN o.job_name IS NULL THEN N'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
+                ELSE N'stopped: a newer run of this job is due; policy cancel-previous' END
 FROM agent.runs AS o
-WHERE o.job_name IS NOT NULL AND o.status IN (N'pending', N'queued', N'running')
-      AND (o.status = N'running' OR o.runnable_at <= CAST(:now AS DATETIME2(6)) OR o.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = o.job_name AND c.run_id <> o.run_id AND o.kind <> N'backfill'
-                    AND c.overlap = N'cancel-previous' AND @decision IN (N'start', N'held-cap') AND c.run_id = :run_id
-                    AND (o.scheduled_for < c.scheduled_for
-                         OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id)));
+WHERE o.status IN (N'waiting', N'pending', N'queued', N'running') AND EXISTS (
+    SELECT 1 FROM agent.runs AS p, agent.runs AS c WHERE p.run_id IN (o.run_id, o.parent_run_id) AND p.job_name IS NOT NULL
+      AND p.kind <> N'backfill' AND p.status IN (N'pending', N'queued', N'running')
+      AND (p.status = N'running' OR p.runnable_at <= CAST(:now AS DATETIME2(6)) OR p.attempt > 0)
+      AND c.job_name = p.job_name AND c.run_id <> p.run_id AND c.overlap = N'cancel-previous' AND @decision IN (N'start', N'held-cap') AND c.run_id = :run_id
+      AND (p.scheduled_for < c.scheduled_for OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id)));
 DECLARE @started TABLE (decision NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
                         command NVARCHAR(MAX), target_database NVARCHAR(128), attempt INT, failures INT,
                         max_attempts INT, lapses INT, transient_errors INT, token BIGINT, timeout_seconds INT,
@@ -699,6 +686,9 @@ UPDATE r SET status = N'skipped', finished_at = @now, lease_expires_at = NULL,
         WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
              SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running')
         THEN N'overlap: the previous run of this job was still running; policy skip'
+        WHEN r.overlap = N'buffer-one' AND NOT (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6))
+                                                AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%')
+        THEN N'overlap: a run of this job was running and another was already waiting; policy buffer-one'
         WHEN EXISTS (
              SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
                AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= @now
@@ -714,7 +704,13 @@ OUTPUT N'skipped', inserted.run_id, inserted.job_name, inserted.kind, inserted.c
        inserted.steps INTO @claimed
 FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
 WHERE r.status = N'pending' AND r.runnable_at <= @now AND r.job_name IS NOT NULL
-  AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
+  AND ((r.overlap = N'buffer-one' AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name
+                AND o.run_id <> r.run_id AND o.status = N'running')
+             AND EXISTS (SELECT 1 FROM agent.runs AS w WHERE w.job_name = r.job_name AND w.run_id <> r.run_id
+                AND w.status IN (N'pending', N'queued') AND w.runnable_at <= @now
+                AND NOT (w.kind = N'scheduled' AND w.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(w.note, N'') NOT LIKE N'catch-up:%')
+                AND (w.scheduled_for < r.scheduled_for OR (w.scheduled_for = r.scheduled_for AND w.run_id < r.run_id))))
+       OR (r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running'))
        OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND (
             EXISTS (SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
@@ -723,47 +719,22 @@ WHERE r.status = N'pending' AND r.runnable_at <= @now AND r.job_name IS NOT NULL
             OR EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
                          AND (j.misfire = N'skip'
                               OR DATEADD(second, j.grace_seconds, r.scheduled_for) < @now)))));
--- Overlap buffer-one: a due run while one of its job runs and another already waits is skipped.
-UPDATE r SET status = N'skipped', finished_at = @now, lease_expires_at = NULL,
-    note = N'overlap: a run of this job was running and another was already waiting; policy buffer-one'
-OUTPUT N'skipped', inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
-       inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
-       inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
-       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note, inserted.step,
-       inserted.steps INTO @claimed
-FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
-WHERE r.status = N'pending' AND r.runnable_at <= @now AND r.job_name IS NOT NULL AND r.overlap = N'buffer-one'
-  AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
-                AND o.status = N'running')
-  AND EXISTS (SELECT 1 FROM agent.runs AS w WHERE w.job_name = r.job_name AND w.run_id <> r.run_id
-                AND w.status IN (N'pending', N'queued') AND w.runnable_at <= @now
-                AND (w.scheduled_for < r.scheduled_for
-                     OR (w.scheduled_for = r.scheduled_for AND w.run_id < r.run_id)));
 -- Overlap cancel-previous: the runs of its job in flight before a due run are stopped, as `stop` stops them.
-UPDATE x SET status = N'cancelled', token = x.token + 1, finished_at = @now, lease_expires_at = NULL,
-    note = N'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
-FROM agent.runs AS x
-WHERE x.parent_run_id IS NOT NULL AND x.status IN (N'waiting', N'pending', N'queued', N'running')
-  AND x.parent_run_id IN (SELECT p.run_id FROM agent.runs AS p WHERE p.job_name IS NOT NULL AND p.status IN (N'pending', N'queued', N'running')
-      AND (p.status = N'running' OR p.runnable_at <= @now OR p.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id AND p.kind <> N'backfill'
-                    AND c.overlap = N'cancel-previous' AND c.status = N'pending' AND c.runnable_at <= @now
-                    AND (p.scheduled_for < c.scheduled_for
-                         OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id))));
-UPDATE o SET status = N'cancelled', token = o.token + 1, finished_at = @now, lease_expires_at = NULL,
-    awaiting_targets = 0, note = N'stopped: a newer run of this job is due; policy cancel-previous'
+UPDATE o SET status = N'cancelled', token = o.token + 1, finished_at = @now, lease_expires_at = NULL, awaiting_targets = 0,
+    note = CASE WHEN o.job_name IS NULL THEN N'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
+                ELSE N'stopped: a newer run of this job is due; policy cancel-previous' END
 OUTPUT N'cancelled', inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
        inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
        inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
        inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note, inserted.step,
        inserted.steps INTO @claimed
 FROM agent.runs AS o
-WHERE o.job_name IS NOT NULL AND o.status IN (N'pending', N'queued', N'running')
-      AND (o.status = N'running' OR o.runnable_at <= @now OR o.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent.runs AS c WHERE c.job_name = o.job_name AND c.run_id <> o.run_id AND o.kind <> N'backfill'
-                    AND c.overlap = N'cancel-previous' AND c.status = N'pending' AND c.runnable_at <= @now
-                    AND (o.scheduled_for < c.scheduled_for
-                         OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id)));
+WHERE o.status IN (N'waiting', N'pending', N'queued', N'running') AND EXISTS (
+    SELECT 1 FROM agent.runs AS p, agent.runs AS c WHERE p.run_id IN (o.run_id, o.parent_run_id) AND p.job_name IS NOT NULL
+      AND p.kind <> N'backfill' AND p.status IN (N'pending', N'queued', N'running')
+      AND (p.status = N'running' OR p.runnable_at <= @now OR p.attempt > 0)
+      AND c.job_name = p.job_name AND c.run_id <> p.run_id AND c.overlap = N'cancel-previous' AND c.status = N'pending' AND c.runnable_at <= @now
+      AND (p.scheduled_for < c.scheduled_for OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id)));
 -- Picked with TOP and ORDER BY in a subselect, the UPDATE keyed on it, as in dispatch_runs (the
 -- same locks, the same reference; Babelfish refuses an UPDATE through a CTE).
 UPDATE agent.runs SET

@@ -341,6 +341,9 @@ UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at =
              SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
                AND o.status = 'running')
         THEN 'overlap: the previous run of this job was still running; policy skip'
+        WHEN agent_runs.overlap = 'buffer-one' AND NOT (agent_runs.kind = 'scheduled' AND agent_runs.scheduled_for < :late_cutoff
+                                                AND COALESCE(agent_runs.note, '') NOT LIKE 'catch-up:%')
+        THEN 'overlap: a run of this job was running and another was already waiting; policy buffer-one'
         WHEN EXISTS (
              SELECT 1 FROM agent_runs n WHERE n.job_name = agent_runs.job_name AND n.kind = 'scheduled'
                AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= :now
@@ -350,7 +353,13 @@ UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at =
         THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
         ELSE 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
 WHERE status = 'pending' AND runnable_at <= :now AND job_name IS NOT NULL
-  AND ((job_name IS NOT NULL AND overlap = 'skip' AND EXISTS (
+  AND ((agent_runs.overlap = 'buffer-one' AND EXISTS (SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name
+                AND o.run_id <> agent_runs.run_id AND o.status = 'running')
+             AND EXISTS (SELECT 1 FROM agent_runs w WHERE w.job_name = agent_runs.job_name AND w.run_id <> agent_runs.run_id
+                AND w.status IN ('pending', 'queued') AND w.runnable_at <= :now
+                AND NOT (w.kind = 'scheduled' AND w.scheduled_for < :late_cutoff AND COALESCE(w.note, '') NOT LIKE 'catch-up:%')
+                AND (w.scheduled_for < agent_runs.scheduled_for OR (w.scheduled_for = agent_runs.scheduled_for AND w.run_id < agent_runs.run_id))))
+       OR (job_name IS NOT NULL AND overlap = 'skip' AND EXISTS (
             SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
               AND o.status = 'running'))
        OR (kind = 'scheduled' AND scheduled_for < :late_cutoff AND COALESCE(note, '') NOT LIKE 'catch-up:%' AND (
@@ -360,16 +369,6 @@ WHERE status = 'pending' AND runnable_at <= :now AND job_name IS NOT NULL
             OR EXISTS (SELECT 1 FROM agent_jobs j WHERE j.job_name = agent_runs.job_name
                          AND (j.misfire = 'skip'
                               OR julianday(agent_runs.scheduled_for) + j.grace_seconds / 86400.0 < julianday(:now))))))
-RETURNING 'skipped' AS decision, run_id, token, job_name, kind, operation_id, scheduled_for, attempt, runnable_at, note;
-UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL,
-    note = 'overlap: a run of this job was running and another was already waiting; policy buffer-one'
-WHERE status = 'pending' AND runnable_at <= :now AND job_name IS NOT NULL AND overlap = 'buffer-one'
-  AND EXISTS (SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
-                AND o.status = 'running')
-  AND EXISTS (SELECT 1 FROM agent_runs w WHERE w.job_name = agent_runs.job_name AND w.run_id <> agent_runs.run_id
-                AND w.status IN ('pending', 'queued') AND w.runnable_at <= :now
-                AND (w.scheduled_for < agent_runs.scheduled_for
-                     OR (w.scheduled_for = agent_runs.scheduled_for AND w.run_id < agent_runs.run_id)))
 RETURNING 'skipped' AS decision, run_id, token, job_name, kind, operation_id, scheduled_for, attempt, runnable_at, note;
 UPDATE agent_runs SET
     status = 'queued',
@@ -451,23 +450,15 @@ SELECT r.run_id,
 FROM agent_runs AS r
 WHERE r.run_id = :run_id AND r.token = :token AND r.status = 'queued';
 -- Overlap cancel-previous: the runs of its job in flight before it are stopped, as `stop` stops them.
-UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = :now, lease_expires_at = NULL,
-    note = 'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
-WHERE parent_run_id IS NOT NULL AND status IN ('waiting', 'pending', 'queued', 'running')
-  AND parent_run_id IN (SELECT p.run_id FROM agent_runs p WHERE p.job_name IS NOT NULL AND p.status IN ('pending', 'queued', 'running')
+UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = :now, lease_expires_at = NULL, awaiting_targets = 0,
+    note = CASE WHEN agent_runs.job_name IS NULL THEN 'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
+                ELSE 'stopped: a newer run of this job is due; policy cancel-previous' END
+WHERE agent_runs.status IN ('waiting', 'pending', 'queued', 'running') AND EXISTS (
+    SELECT 1 FROM agent_runs p, agent_runs c WHERE p.run_id IN (agent_runs.run_id, agent_runs.parent_run_id) AND p.job_name IS NOT NULL
+      AND p.kind <> 'backfill' AND p.status IN ('pending', 'queued', 'running')
       AND (p.status = 'running' OR p.runnable_at <= :now OR p.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id AND p.kind <> 'backfill'
-                    AND c.overlap = 'cancel-previous' AND c.run_id IN (SELECT d.run_id FROM temp.agent_decisions d WHERE d.decision IN ('start', 'held-cap'))
-                    AND (p.scheduled_for < c.scheduled_for
-                         OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id))));
-UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = :now, lease_expires_at = NULL,
-    awaiting_targets = 0, note = 'stopped: a newer run of this job is due; policy cancel-previous'
-WHERE agent_runs.job_name IS NOT NULL AND agent_runs.status IN ('pending', 'queued', 'running')
-      AND (agent_runs.status = 'running' OR agent_runs.runnable_at <= :now OR agent_runs.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = agent_runs.job_name AND c.run_id <> agent_runs.run_id AND agent_runs.kind <> 'backfill'
-                    AND c.overlap = 'cancel-previous' AND c.run_id IN (SELECT d.run_id FROM temp.agent_decisions d WHERE d.decision IN ('start', 'held-cap'))
-                    AND (agent_runs.scheduled_for < c.scheduled_for
-                         OR (agent_runs.scheduled_for = c.scheduled_for AND agent_runs.run_id < c.run_id)));
+      AND c.job_name = p.job_name AND c.run_id <> p.run_id AND c.overlap = 'cancel-previous' AND c.run_id IN (SELECT d.run_id FROM temp.agent_decisions d WHERE d.decision IN ('start', 'held-cap'))
+      AND (p.scheduled_for < c.scheduled_for OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id)));
 UPDATE agent_runs SET
     status = CASE WHEN d.decision = 'start' THEN 'running' WHEN d.decision LIKE 'skip-%' THEN 'skipped'
                   WHEN d.decision LIKE 'held-%' THEN 'pending' ELSE agent_runs.status END,
@@ -518,6 +509,9 @@ UPDATE agent_runs SET status = 'skipped', finished_at = (SELECT now FROM temp.ag
              SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
                AND o.status = 'running')
         THEN 'overlap: the previous run of this job was still running; policy skip'
+        WHEN agent_runs.overlap = 'buffer-one' AND NOT (agent_runs.kind = 'scheduled' AND agent_runs.scheduled_for < :late_cutoff
+                                                AND COALESCE(agent_runs.note, '') NOT LIKE 'catch-up:%')
+        THEN 'overlap: a run of this job was running and another was already waiting; policy buffer-one'
         WHEN EXISTS (
              SELECT 1 FROM agent_runs n WHERE n.job_name = agent_runs.job_name AND n.kind = 'scheduled'
                AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= (SELECT now FROM temp.agent_claim_time)
@@ -527,7 +521,13 @@ UPDATE agent_runs SET status = 'skipped', finished_at = (SELECT now FROM temp.ag
         THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
         ELSE 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
 WHERE status = 'pending' AND runnable_at <= (SELECT now FROM temp.agent_claim_time) AND job_name IS NOT NULL
-  AND ((job_name IS NOT NULL AND overlap = 'skip' AND EXISTS (
+  AND ((agent_runs.overlap = 'buffer-one' AND EXISTS (SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name
+                AND o.run_id <> agent_runs.run_id AND o.status = 'running')
+             AND EXISTS (SELECT 1 FROM agent_runs w WHERE w.job_name = agent_runs.job_name AND w.run_id <> agent_runs.run_id
+                AND w.status IN ('pending', 'queued') AND w.runnable_at <= (SELECT now FROM temp.agent_claim_time)
+                AND NOT (w.kind = 'scheduled' AND w.scheduled_for < :late_cutoff AND COALESCE(w.note, '') NOT LIKE 'catch-up:%')
+                AND (w.scheduled_for < agent_runs.scheduled_for OR (w.scheduled_for = agent_runs.scheduled_for AND w.run_id < agent_runs.run_id))))
+       OR (job_name IS NOT NULL AND overlap = 'skip' AND EXISTS (
             SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
               AND o.status = 'running'))
        OR (kind = 'scheduled' AND scheduled_for < :late_cutoff AND COALESCE(note, '') NOT LIKE 'catch-up:%' AND (
@@ -541,36 +541,15 @@ RETURNING 'skipped' AS decision, run_id, job_name, kind, command, target_databas
           max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds,
           operation_id, scheduled_for, runnable_at, started_at, note, step, steps, parent_run_id, parent_token,
           target_server, retry_interval_seconds, owner, params, NULL AS job_params;
-UPDATE agent_runs SET status = 'skipped', finished_at = (SELECT now FROM temp.agent_claim_time), lease_expires_at = NULL,
-    note = 'overlap: a run of this job was running and another was already waiting; policy buffer-one'
-WHERE status = 'pending' AND runnable_at <= (SELECT now FROM temp.agent_claim_time) AND job_name IS NOT NULL AND overlap = 'buffer-one'
-  AND EXISTS (SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
-                AND o.status = 'running')
-  AND EXISTS (SELECT 1 FROM agent_runs w WHERE w.job_name = agent_runs.job_name AND w.run_id <> agent_runs.run_id
-                AND w.status IN ('pending', 'queued') AND w.runnable_at <= (SELECT now FROM temp.agent_claim_time)
-                AND (w.scheduled_for < agent_runs.scheduled_for
-                     OR (w.scheduled_for = agent_runs.scheduled_for AND w.run_id < agent_runs.run_id)))
-RETURNING 'skipped' AS decision, run_id, job_name, kind, command, target_database, attempt, failures,
-          max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds,
-          operation_id, scheduled_for, runnable_at, started_at, note, step, steps, parent_run_id, parent_token,
-          target_server, retry_interval_seconds, owner, params, NULL AS job_params;
-UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = (SELECT now FROM temp.agent_claim_time), lease_expires_at = NULL,
-    note = 'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
-WHERE parent_run_id IS NOT NULL AND status IN ('waiting', 'pending', 'queued', 'running')
-  AND parent_run_id IN (SELECT p.run_id FROM agent_runs p WHERE p.job_name IS NOT NULL AND p.status IN ('pending', 'queued', 'running')
+UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = (SELECT now FROM temp.agent_claim_time), lease_expires_at = NULL, awaiting_targets = 0,
+    note = CASE WHEN agent_runs.job_name IS NULL THEN 'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
+                ELSE 'stopped: a newer run of this job is due; policy cancel-previous' END
+WHERE agent_runs.status IN ('waiting', 'pending', 'queued', 'running') AND EXISTS (
+    SELECT 1 FROM agent_runs p, agent_runs c WHERE p.run_id IN (agent_runs.run_id, agent_runs.parent_run_id) AND p.job_name IS NOT NULL
+      AND p.kind <> 'backfill' AND p.status IN ('pending', 'queued', 'running')
       AND (p.status = 'running' OR p.runnable_at <= (SELECT now FROM temp.agent_claim_time) OR p.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = p.job_name AND c.run_id <> p.run_id AND p.kind <> 'backfill'
-                    AND c.overlap = 'cancel-previous' AND c.status = 'pending' AND c.runnable_at <= (SELECT now FROM temp.agent_claim_time)
-                    AND (p.scheduled_for < c.scheduled_for
-                         OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id))));
-UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = (SELECT now FROM temp.agent_claim_time), lease_expires_at = NULL,
-    awaiting_targets = 0, note = 'stopped: a newer run of this job is due; policy cancel-previous'
-WHERE agent_runs.job_name IS NOT NULL AND agent_runs.status IN ('pending', 'queued', 'running')
-      AND (agent_runs.status = 'running' OR agent_runs.runnable_at <= (SELECT now FROM temp.agent_claim_time) OR agent_runs.attempt > 0)
-      AND EXISTS (SELECT 1 FROM agent_runs c WHERE c.job_name = agent_runs.job_name AND c.run_id <> agent_runs.run_id AND agent_runs.kind <> 'backfill'
-                    AND c.overlap = 'cancel-previous' AND c.status = 'pending' AND c.runnable_at <= (SELECT now FROM temp.agent_claim_time)
-                    AND (agent_runs.scheduled_for < c.scheduled_for
-                         OR (agent_runs.scheduled_for = c.scheduled_for AND agent_runs.run_id < c.run_id)))
+      AND c.job_name = p.job_name AND c.run_id <> p.run_id AND c.overlap = 'cancel-previous' AND c.status = 'pending' AND c.runnable_at <= (SELECT now FROM temp.agent_claim_time)
+      AND (p.scheduled_for < c.scheduled_for OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id)))
 RETURNING 'cancelled' AS decision, run_id, job_name, kind, command, target_database, attempt, failures,
           max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds,
           operation_id, scheduled_for, runnable_at, started_at, note, step, steps, parent_run_id, parent_token,
