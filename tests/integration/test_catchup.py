@@ -118,3 +118,21 @@ def test_zero_is_no_window():
     jobs, invalid = parse_jobs({"JOB__j__SCHEDULE": "0 0 * * * *", "JOB__j__COMMAND": "SELECT 1",
                                 "JOB__j__CATCHUP_SECONDS": "0"})
     assert not invalid and jobs[0].catchup_seconds == 0
+
+
+def test_queue_mode_dispatches_and_starts_the_caught_up_slots(agent_factory):
+    """dispatch_runs and start_run never skip a caught-up slot as a misfire either."""
+    from shared.messaging.memory import MemoryQueue
+    agent = agent_factory({"h": {**HOURLY, "CATCHUP_SECONDS": str(3 * 3600), "OVERLAP": "allow"}}, queue=MemoryQueue())
+    agent.tick(at("2026-01-01T00:30:00"))
+    report = agent.tick(at("2026-01-01T10:10:00"))
+    dispatched = sorted(r["scheduled_for"] for r in report.dispatched)
+    assert [at(f"2026-01-01T{h:02d}:00:00") for h in (8, 9, 10)] == [s for s in dispatched if s.hour in (8, 9, 10)]
+    now = at("2026-01-01T10:15:00")                               # long past the misfire threshold
+    for run in runs_of(agent, "h"):
+        if run["status"] != "queued":
+            continue
+        (row,) = agent.store().execute("start_run", run_id=run["run_id"], token=run["token"], now=now, worker="w",
+                                       dequeue_count=1, max_concurrency=100,
+                                       late_cutoff=now - timedelta(seconds=120)).rows
+        assert row["decision"] == "start", row
