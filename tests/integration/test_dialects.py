@@ -375,6 +375,9 @@ DUMMY_VALUES.update({"note": "backfill: test"})
 # Issue 32 item 4 (the audit trail).
 DUMMY_VALUES.update({"principal": None, "fallback_principal": "u", "client": "c", "source": "cli",
                      "action": "stop", "arguments": "{}", "detail": None, "audit_outcome": "done"})
+# Issue 32 item 3 (condition alerts).
+DUMMY_VALUES.update({"alerts": [], "checks": [], "results": [], "firings": [], "limit": 10, "alert_name": None,
+                     "firing_id": 1, "response_error": None, "timeout_ms": "1000"})
 
 
 def test_result_columns_match_the_real_database(db_url, tmp_path):
@@ -540,7 +543,7 @@ def test_every_dialect_creates_the_same_tables_columns_and_indexes():
     schemas = {dialect: schema_of(dialect) for dialect in DIALECTS}
     assert set(schemas["postgres"]) == {"schema_version", "state", "jobs", "runs", "attempts", "job_events",
                                          "poison_messages", "start_lock", "notifications", "job_pauses", "calendars", "audit",
-                                         *POSTGRES_ONLY_TABLES}
+                                         "alerts", "alert_firings", *POSTGRES_ONLY_TABLES}
     for table in POSTGRES_ONLY_TABLES:
         del schemas["postgres"][table]
     for dialect in ("sqlite", "mssql"):

@@ -1,4 +1,4 @@
--- 0021 overlap policies buffer-one and cancel-previous (issue 33 item 5).
+-- 0022 overlap policies buffer-one and cancel-previous (issue 33 item 5).
 --
 -- * buffer-one: a due run waits while a run of its job is running (as queue), but at most one
 --   waits: a due run while one runs and another (older) already waits is skipped, its note

@@ -1,4 +1,4 @@
--- 0021 overlap policies buffer-one and cancel-previous (issue 33 item 5); see the PostgreSQL file
+-- 0022 overlap policies buffer-one and cancel-previous (issue 33 item 5); see the PostgreSQL file
 -- of the same number. dispatch_runs, claim_runs and start_run are named queries in this dialect
 -- (shared/control/sql/mssql.sql); here agent.add_scheduled_job's @overlap (its body,
 -- agent.add_scheduled_job_unaudited: 0012's procedure, renamed by 0017) accepts both names, and
