@@ -369,6 +369,8 @@ DUMMY_VALUES.update({
 })
 # Issue 33 item 4 (run with parameters): a run's values, as JSON (NULL: none given).
 DUMMY_VALUES.update({"params": None})
+# Issue 33 item 5 (backfill): the note its runs carry, the slots as JSON.
+DUMMY_VALUES.update({"note": "backfill: test"})
 
 # Issue 32 item 4 (the audit trail).
 DUMMY_VALUES.update({"principal": None, "fallback_principal": "u", "client": "c", "source": "cli",

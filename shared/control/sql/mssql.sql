@@ -152,7 +152,7 @@ FROM agent.runs AS r,
       WHERE c.configured = 1 AND c.defined_in_database = 0
         AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule
              OR j.timezone <> c.timezone)) AS d
-WHERE d.job_name = r.job_name AND r.kind = N'scheduled'
+WHERE d.job_name = r.job_name AND r.kind IN (N'scheduled', N'backfill')
   AND (r.status IN (N'pending', N'queued')
        OR (r.status = N'skipped' AND r.note = N'paused' AND r.attempt = 0 AND r.scheduled_for >= CAST(:now AS DATETIME2(6))));
 SELECT run_id, job_name, scheduled_for, status, note, operation_id FROM @skipped;
@@ -165,18 +165,18 @@ DECLARE @s TABLE (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCH
                   max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16), grace_seconds INT,
                   overlap NVARCHAR(16), next_due_at DATETIME2(6), steps NVARCHAR(MAX), notify NVARCHAR(16),
                   notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64), after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT,
-                  max_duration_seconds INT, stop_after_seconds INT, slower_than FLOAT, deadline_seconds INT,
+                  max_duration_seconds INT, stop_after_seconds INT, slower_than FLOAT, deadline_seconds INT, catchup_seconds INT,
                   definition_hash NVARCHAR(64), params NVARCHAR(MAX));
 INSERT INTO @s (job_name, schedule, timezone, command, target_database, enabled, valid, config_error, max_attempts,
                 timeout_seconds, lease_seconds, misfire, grace_seconds, overlap, next_due_at, steps, notify,
                 notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds, max_duration_seconds, stop_after_seconds, slower_than,
-                deadline_seconds, definition_hash, params)
+                deadline_seconds, catchup_seconds, definition_hash, params)
 SELECT j.job_name, agent.json_text(j.schedule), j.timezone, agent.json_text(j.command), j.target_database,
        j.enabled, j.valid, agent.json_text(j.config_error),
        j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire, j.grace_seconds, j.overlap,
        CONVERT(DATETIME2(6), j.next_due_at, 121), agent.json_text(j.steps), j.notify,
        agent.json_text(j.notify_webhook_url), j.after_job, j.after_outcome, agent.json_text(j.calendars),
-       COALESCE(j.jitter_seconds, 0), j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
+       COALESCE(j.jitter_seconds, 0), j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds, COALESCE(j.catchup_seconds, 0),
        j.definition_hash, agent.json_text(j.params)
 FROM OPENJSON(:jobs) WITH (
     job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), command NVARCHAR(MAX),
@@ -185,7 +185,7 @@ FROM OPENJSON(:jobs) WITH (
     grace_seconds INT, overlap NVARCHAR(16), next_due_at NVARCHAR(40), steps NVARCHAR(MAX),
     notify NVARCHAR(16), notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64),
     after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT, max_duration_seconds INT, stop_after_seconds INT,
-    slower_than FLOAT, deadline_seconds INT, definition_hash NVARCHAR(64),
+    slower_than FLOAT, deadline_seconds INT, catchup_seconds INT, definition_hash NVARCHAR(64),
     params NVARCHAR(MAX)) AS j;
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 -- The names compare case-insensitively (the default collation): a settings job may take back, in
@@ -237,6 +237,7 @@ UPDATE t SET
     stop_after_seconds = s.stop_after_seconds,
     slower_than = s.slower_than,
     deadline_seconds = s.deadline_seconds,
+    catchup_seconds = s.catchup_seconds,
     definition_hash = s.definition_hash,
     params = s.params
 FROM agent.jobs AS t WITH (UPDLOCK, HOLDLOCK), @s AS s
@@ -248,12 +249,12 @@ INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, 
                         max_attempts, timeout_seconds, lease_seconds, misfire, grace_seconds, overlap,
                         next_due_at, advanced_at, configured, updated_at, steps, notify, notify_webhook_url,
                         after_job, after_outcome, calendars, jitter_seconds, max_duration_seconds, stop_after_seconds,
-                        slower_than, deadline_seconds, definition_hash, params)
+                        slower_than, deadline_seconds, catchup_seconds, definition_hash, params)
 SELECT s.job_name, s.schedule, s.timezone, s.command, s.target_database, s.enabled, s.valid,
        s.config_error, s.max_attempts, s.timeout_seconds, s.lease_seconds, s.misfire,
        s.grace_seconds, s.overlap, s.next_due_at, CAST(:now AS DATETIME2(6)), 1, CAST(:now AS DATETIME2(6)),
        s.steps, s.notify, s.notify_webhook_url, s.after_job, s.after_outcome, s.calendars, s.jitter_seconds,
-       s.max_duration_seconds, s.stop_after_seconds, s.slower_than, s.deadline_seconds, s.definition_hash, s.params
+       s.max_duration_seconds, s.stop_after_seconds, s.slower_than, s.deadline_seconds, s.catchup_seconds, s.definition_hash, s.params
 FROM @s AS s
 WHERE NOT EXISTS (SELECT 1 FROM agent.jobs AS e WITH (UPDLOCK, HOLDLOCK) WHERE e.job_name = s.job_name);
 
@@ -365,7 +366,7 @@ EXEC @lock_result = sp_getapplock @Resource = N'agent.job_definitions', @LockMod
 IF @lock_result < 0 THROW 50001, N'the job-definitions lock (sp_getapplock agent.job_definitions) was not granted within 30 s', 1;
 EXEC @lock_result = sp_getapplock @Resource = N'agent.job_pauses', @LockMode = N'Shared', @LockOwner = N'Transaction', @LockTimeout = 30000;
 IF @lock_result < 0 THROW 50001, N'the pauses lock (sp_getapplock agent.job_pauses) was not granted within 30 s', 1;
-SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds,
+SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds, j.catchup_seconds,
        CASE WHEN p.job_name IS NULL THEN 0
             WHEN p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6)) THEN 1 ELSE 0 END AS paused,
        p.paused_at, p.paused_until
@@ -477,6 +478,9 @@ UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), leas
         WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
              SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running')
         THEN N'overlap: the previous run of this job was still running; policy skip'
+        WHEN r.overlap = N'buffer-one' AND NOT (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6))
+                                                AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%')
+        THEN N'overlap: a run of this job was running and another was already waiting; policy buffer-one'
         WHEN EXISTS (
              SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
                AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
@@ -489,9 +493,15 @@ OUTPUT N'skipped', inserted.run_id, inserted.token, inserted.job_name, inserted.
        inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out
 FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
 WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6)) AND r.job_name IS NOT NULL
-  AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
+  AND ((r.overlap = N'buffer-one' AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name
+                AND o.run_id <> r.run_id AND o.status = N'running')
+             AND EXISTS (SELECT 1 FROM agent.runs AS w WHERE w.job_name = r.job_name AND w.run_id <> r.run_id
+                AND w.status IN (N'pending', N'queued') AND w.runnable_at <= CAST(:now AS DATETIME2(6))
+                AND NOT (w.kind = N'scheduled' AND w.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(w.note, N'') NOT LIKE N'catch-up:%')
+                AND (w.scheduled_for < r.scheduled_for OR (w.scheduled_for = r.scheduled_for AND w.run_id < r.run_id))))
+       OR (r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running'))
-       OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND (
+       OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND (
             EXISTS (SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
                       AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
                       AND n.status NOT IN (N'skipped', N'cancelled'))
@@ -525,9 +535,9 @@ WHERE status = N'pending' AND runnable_at <= CAST(:now AS DATETIME2(6)) AND run_
       AND NOT (c.job_name IS NOT NULL AND c.overlap <> N'allow' AND EXISTS (
             SELECT 1 FROM agent.runs AS o
             WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-              AND ((c.overlap = N'queue' AND o.status = N'running')
+              AND ((c.overlap IN (N'queue', N'buffer-one') AND o.status = N'running')
                    OR (o.status IN (N'pending', N'queued')
-                       AND (c.overlap = N'queue' OR o.runnable_at <= CAST(:now AS DATETIME2(6)))
+                       AND (c.overlap IN (N'queue', N'buffer-one') OR o.runnable_at <= CAST(:now AS DATETIME2(6)))
                        AND (o.scheduled_for < c.scheduled_for
                             OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
     ORDER BY c.runnable_at, c.run_id);
@@ -568,19 +578,26 @@ SELECT @decision = CASE
         WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
              SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
                AND o.status = N'running') THEN N'skip-overlap'
-        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND EXISTS (
+        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND EXISTS (
              SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
                AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
                AND n.status NOT IN (N'skipped', N'cancelled')) THEN N'skip-superseded'
-        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND EXISTS (
+        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND EXISTS (
              SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name AND j.misfire = N'skip') THEN N'skip-misfire'
-        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND EXISTS (
+        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND EXISTS (
              SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
                AND DATEADD(second, j.grace_seconds, r.scheduled_for) < CAST(:now AS DATETIME2(6))) THEN N'skip-grace'
         WHEN r.task_order IS NOT NULL AND EXISTS (
              SELECT 1 FROM agent.runs AS t WHERE t.kind = N'task' AND t.task_order < r.task_order
                AND t.status IN (N'pending', N'queued', N'running')) THEN N'held-order'
-        WHEN r.job_name IS NOT NULL AND r.overlap = N'queue' AND EXISTS (
+        WHEN r.job_name IS NOT NULL AND r.overlap = N'buffer-one' AND EXISTS (
+             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
+               AND o.status = N'running') AND EXISTS (
+             SELECT 1 FROM agent.runs AS w WHERE w.job_name = r.job_name AND w.run_id <> r.run_id
+               AND w.status IN (N'pending', N'queued') AND w.runnable_at <= CAST(:now AS DATETIME2(6))
+               AND (w.scheduled_for < r.scheduled_for
+                    OR (w.scheduled_for = r.scheduled_for AND w.run_id < r.run_id))) THEN N'skip-buffer'
+        WHEN r.job_name IS NOT NULL AND r.overlap IN (N'queue', N'buffer-one') AND EXISTS (
              SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
                AND (o.status = N'running'
                     OR (o.status IN (N'pending', N'queued')
@@ -591,6 +608,17 @@ SELECT @decision = CASE
         ELSE N'start' END
 FROM agent.runs AS r WITH (UPDLOCK)
 WHERE r.run_id = :run_id AND r.token = :token AND r.status = N'queued';
+-- Overlap cancel-previous: the runs of its job in flight before it are stopped, as `stop` stops them.
+UPDATE o SET status = N'cancelled', token = o.token + 1, finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL, awaiting_targets = 0,
+    note = CASE WHEN o.job_name IS NULL THEN N'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
+                ELSE N'stopped: a newer run of this job is due; policy cancel-previous' END
+FROM agent.runs AS o
+WHERE o.status IN (N'waiting', N'pending', N'queued', N'running') AND EXISTS (
+    SELECT 1 FROM agent.runs AS p, agent.runs AS c WHERE p.run_id IN (o.run_id, o.parent_run_id) AND p.job_name IS NOT NULL
+      AND p.kind <> N'backfill' AND p.status IN (N'pending', N'queued', N'running')
+      AND (p.status = N'running' OR p.runnable_at <= CAST(:now AS DATETIME2(6)) OR p.attempt > 0)
+      AND c.job_name = p.job_name AND c.run_id <> p.run_id AND c.overlap = N'cancel-previous' AND @decision IN (N'start', N'held-cap') AND c.run_id = :run_id
+      AND (p.scheduled_for < c.scheduled_for OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id)));
 DECLARE @started TABLE (decision NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
                         command NVARCHAR(MAX), target_database NVARCHAR(128), attempt INT, failures INT,
                         max_attempts INT, lapses INT, transient_errors INT, token BIGINT, timeout_seconds INT,
@@ -610,11 +638,14 @@ UPDATE agent.runs SET
     finished_at = CASE WHEN @decision LIKE N'skip-%' THEN CAST(:now AS DATETIME2(6)) ELSE finished_at END,
     note = CASE @decision
         WHEN N'skip-overlap' THEN N'overlap: the previous run of this job was still running; policy skip'
+        WHEN N'skip-buffer' THEN N'overlap: a run of this job was running and another was already waiting; policy buffer-one'
         WHEN N'skip-superseded' THEN N'misfire: a later slot of this job is due too; caught up once, with the latest'
         WHEN N'skip-misfire' THEN N'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
         WHEN N'skip-grace' THEN N'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped'
         WHEN N'held-order' THEN N'held: waits for the tasks of a lower order to finish'
-        WHEN N'held-overlap' THEN N'held: waits for the previous run of this job (overlap queue)'
+        WHEN N'held-overlap' THEN CASE WHEN overlap = N'buffer-one'
+                                       THEN N'held: waits for the previous run of this job (overlap buffer-one)'
+                                       ELSE N'held: waits for the previous run of this job (overlap queue)' END
         WHEN N'held-cap' THEN N'held: AGENT_MAX_CONCURRENCY runs are executing'
         ELSE note END
 OUTPUT @decision, inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
@@ -655,6 +686,9 @@ UPDATE r SET status = N'skipped', finished_at = @now, lease_expires_at = NULL,
         WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
              SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running')
         THEN N'overlap: the previous run of this job was still running; policy skip'
+        WHEN r.overlap = N'buffer-one' AND NOT (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6))
+                                                AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%')
+        THEN N'overlap: a run of this job was running and another was already waiting; policy buffer-one'
         WHEN EXISTS (
              SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
                AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= @now
@@ -670,15 +704,37 @@ OUTPUT N'skipped', inserted.run_id, inserted.job_name, inserted.kind, inserted.c
        inserted.steps INTO @claimed
 FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
 WHERE r.status = N'pending' AND r.runnable_at <= @now AND r.job_name IS NOT NULL
-  AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
+  AND ((r.overlap = N'buffer-one' AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name
+                AND o.run_id <> r.run_id AND o.status = N'running')
+             AND EXISTS (SELECT 1 FROM agent.runs AS w WHERE w.job_name = r.job_name AND w.run_id <> r.run_id
+                AND w.status IN (N'pending', N'queued') AND w.runnable_at <= @now
+                AND NOT (w.kind = N'scheduled' AND w.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(w.note, N'') NOT LIKE N'catch-up:%')
+                AND (w.scheduled_for < r.scheduled_for OR (w.scheduled_for = r.scheduled_for AND w.run_id < r.run_id))))
+       OR (r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running'))
-       OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND (
+       OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND (
             EXISTS (SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
                       AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= @now
                       AND n.status NOT IN (N'skipped', N'cancelled'))
             OR EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
                          AND (j.misfire = N'skip'
                               OR DATEADD(second, j.grace_seconds, r.scheduled_for) < @now)))));
+-- Overlap cancel-previous: the runs of its job in flight before a due run are stopped, as `stop` stops them.
+UPDATE o SET status = N'cancelled', token = o.token + 1, finished_at = @now, lease_expires_at = NULL, awaiting_targets = 0,
+    note = CASE WHEN o.job_name IS NULL THEN N'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
+                ELSE N'stopped: a newer run of this job is due; policy cancel-previous' END
+OUTPUT N'cancelled', inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
+       inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
+       inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
+       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note, inserted.step,
+       inserted.steps INTO @claimed
+FROM agent.runs AS o
+WHERE o.status IN (N'waiting', N'pending', N'queued', N'running') AND EXISTS (
+    SELECT 1 FROM agent.runs AS p, agent.runs AS c WHERE p.run_id IN (o.run_id, o.parent_run_id) AND p.job_name IS NOT NULL
+      AND p.kind <> N'backfill' AND p.status IN (N'pending', N'queued', N'running')
+      AND (p.status = N'running' OR p.runnable_at <= @now OR p.attempt > 0)
+      AND c.job_name = p.job_name AND c.run_id <> p.run_id AND c.overlap = N'cancel-previous' AND c.status = N'pending' AND c.runnable_at <= @now
+      AND (p.scheduled_for < c.scheduled_for OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id)));
 -- Picked with TOP and ORDER BY in a subselect, the UPDATE keyed on it, as in dispatch_runs (the
 -- same locks, the same reference; Babelfish refuses an UPDATE through a CTE).
 UPDATE agent.runs SET
@@ -712,9 +768,9 @@ WHERE status = N'pending' AND runnable_at <= @now AND run_id IN (
       AND NOT (c.job_name IS NOT NULL AND c.overlap <> N'allow' AND EXISTS (
             SELECT 1 FROM agent.runs AS o
             WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-              AND ((c.overlap = N'queue' AND o.status = N'running')
+              AND ((c.overlap IN (N'queue', N'buffer-one') AND o.status = N'running')
                    OR (o.status IN (N'pending', N'queued')
-                       AND (c.overlap = N'queue' OR o.runnable_at <= @now)
+                       AND (c.overlap IN (N'queue', N'buffer-one') OR o.runnable_at <= @now)
                        AND (o.scheduled_for < c.scheduled_for
                             OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
     ORDER BY c.runnable_at, c.run_id);
@@ -927,6 +983,38 @@ CROSS APPLY (
 WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1;
 SELECT run_id, job_name, status, note, operation_id FROM @manual;
 
+-- backfill_runs --
+-- sql-agent backfill JOB --from --to: each slot of the past window (a JSON array of {scheduled_for, runnable_at}, oldest first, computed as the planner computes them: calendars and jitter applied) becomes a recorded run of its slot, kind 'backfill', runnable at once in slot order: a slot without a run gets one (the unique (job, slot) key: two backfills at once insert it once); a slot recorded skipped that never started is run now (its row, with the job's definition of now); a slot that ran, runs or waits is left alone. Backfill runs are outside the misfire rules (kind is not 'scheduled') and wait for each other (overlap queue; allow when the job allows). Rows back: the runs made, with how (inserted or rerun).
+DECLARE @made TABLE (run_id BIGINT, scheduled_for DATETIME2(6), action NVARCHAR(16));
+DECLARE @slots TABLE (scheduled_for DATETIME2(6) PRIMARY KEY, runnable_at DATETIME2(6));
+INSERT INTO @slots (scheduled_for, runnable_at)
+SELECT x.scheduled_for, x.runnable_at
+FROM OPENJSON(:slots) WITH (scheduled_for DATETIME2(6), runnable_at DATETIME2(6)) AS x;
+UPDATE r SET status = N'pending', kind = N'backfill', runnable_at = s.runnable_at, finished_at = NULL,
+    lease_expires_at = NULL, command = j.command, target_database = j.target_database,
+    overlap = CASE WHEN j.overlap = N'allow' THEN N'allow' ELSE N'queue' END, max_attempts = j.max_attempts,
+    timeout_seconds = j.timeout_seconds, lease_seconds = j.lease_seconds, steps = j.steps,
+    operation_id = :operation_id,
+    note = CAST(:note AS NVARCHAR(MAX)) + N' (the slot had been skipped: ' + COALESCE(r.note, N'') + N')'
+OUTPUT inserted.run_id, inserted.scheduled_for, N'rerun' INTO @made
+FROM agent.runs AS r WITH (UPDLOCK, HOLDLOCK), @slots AS s, agent.jobs AS j
+WHERE r.scheduled_for = s.scheduled_for AND j.job_name = r.job_name
+  AND j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
+  AND r.status = N'skipped' AND r.attempt = 0;
+INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
+                        max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
+                        operation_id, note, steps)
+OUTPUT inserted.run_id, inserted.scheduled_for, N'inserted' INTO @made
+SELECT j.job_name, N'backfill', s.scheduled_for, N'pending', j.command, j.target_database,
+       CASE WHEN j.overlap = N'allow' THEN N'allow' ELSE N'queue' END, j.max_attempts, j.timeout_seconds,
+       j.lease_seconds, s.runnable_at, CAST(:now AS DATETIME2(6)), :operation_id, CAST(:note AS NVARCHAR(MAX)), j.steps
+FROM @slots AS s
+CROSS JOIN agent.jobs AS j
+WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
+  AND NOT EXISTS (SELECT 1 FROM agent.runs AS r WITH (UPDLOCK, HOLDLOCK)
+                  WHERE r.job_name = j.job_name AND r.scheduled_for = s.scheduled_for);
+SELECT run_id, scheduled_for, action FROM @made;
+
 -- insert_task --
 -- submit: an ad-hoc task; it starts once every task of a lower order submitted before it has finished.
 DECLARE @task TABLE (run_id BIGINT, status NVARCHAR(16), operation_id NVARCHAR(32));
@@ -949,9 +1037,9 @@ WHERE run_id = :run_id AND status IN (N'pending', N'queued', N'running', N'waiti
 SELECT run_id FROM @cancelled;
 
 -- list_jobs --
--- Every known job with its configuration state, next slot and latest run.
+-- Every known job with its configuration state, the parameters it declares, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds, j.params,
        j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
        CASE WHEN j.defined_in_database = 1 THEN N'database' ELSE N'settings' END AS source, j.needs_planning,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
@@ -1167,7 +1255,7 @@ ORDER BY job_name;
 -- select_unplanned_jobs --
 -- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
 SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
-       requested_targets, requested_target_parallelism, requested_exclude, requested_only, requested_on_excluded
+       requested_targets, requested_target_parallelism, requested_target_stagger_seconds, requested_exclude, requested_only, requested_on_excluded
 FROM agent.jobs WHERE needs_planning = 1 ORDER BY job_name;
 
 -- list_calendars --
