@@ -42,7 +42,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from shared.engine.audit import Actor, AuditAction, AuditSource, record_refusal
 from shared.engine.operations import cancel, dispatch_now, pause_job, requeue, resume_job, run_now, stop
-from shared.errors import AgentError, ConfigError, NotFoundError, PageError, UsageError
+from shared.errors import AgentError, NotFoundError, PageError, UsageError
 from shared.web.html import escape
 
 log = logging.getLogger(__name__)
@@ -289,12 +289,13 @@ class Actions:
         agent = self.agent()
         try:
             message = self._perform(kind, agent, target, form, caller)
-        except (NotFoundError,) as exc:
-            return Outcome(404, "Refused", str(exc), back)
-        except (UsageError, ConfigError) as exc:
-            return Outcome(409, "Refused", str(exc), back)
         except AgentError as exc:
-            return Outcome(409, "Refused", str(exc), back)
+            # Refused: recorded by the operation, or here when the form was refused before it
+            # reached one (a bad until) — one row either way (record_refusal knows).
+            arguments = {kind.target: target, **{k: v for k, v in form.items() if k not in ("token", "confirm")}}
+            record_refusal(agent.store(), self._actor(caller), kind.audit, clock=agent.clock, arguments=arguments,
+                           error=exc)
+            return Outcome(404 if isinstance(exc, NotFoundError) else 409, "Refused", str(exc), back)
         finally:
             release = getattr(agent, "release", None)
             if release is not None:

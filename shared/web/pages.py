@@ -82,12 +82,12 @@ class Pages:
             out.append(act.form("stop", name))
         if row.get("paused"):
             out.append(act.form("resume", name))
-        elif full:
+        if full:        # pausing a paused job keeps its start and takes the new end and reason
             out.append(act.form("pause", name,
                                 '<label>until (UTC) <input type="text" name="until" placeholder="2026-01-31 02:00; empty: '
                                 'until resumed"></label> <label>reason <input type="text" name="reason" maxlength="400">'
                                 "</label> "))
-        else:
+        elif not row.get("paused"):
             out.append(act.form("pause", name))
         return f'<div class="actions">{"".join(out)}</div>'
 
