@@ -61,7 +61,9 @@ SECURITY_HEADERS = {
     "Content-Security-Policy": ("default-src 'none'; style-src 'self'; img-src 'self' data:; base-uri 'none'; "
                                 "form-action 'self'; frame-ancestors 'none'"),
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # same-origin, not no-referrer: under no-referrer Chromium sends "Origin: null" on the
+    # operators' own form POSTs, which the Origin check (shared/web/actions.py) must refuse.
+    "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
