@@ -128,6 +128,9 @@ param monitorEntraClientId string
 @description('Object id of the Entra group whose members may open the monitor (AGENT_MONITOR_ALLOWED_GROUP); empty keeps the app closed.')
 param monitorAllowedGroupObjectId string
 
+@description('Object id of the Entra group whose members may act from the monitor (AGENT_MONITOR_OPERATOR_GROUP); empty: nobody acts.')
+param monitorOperatorGroupObjectId string = ''
+
 @description('Name of an app setting holding the app registration\'s client secret (set it yourself after deploying); empty signs in with ID tokens alone.')
 param monitorClientSecretSettingName string
 
@@ -216,6 +219,11 @@ var engineAppSettings = [
     // everyone while this is empty.
     name: 'AGENT_MONITOR_ALLOWED_GROUP'
     value: monitorAllowedGroupObjectId
+  }
+  {
+    // The operators: they may also act from the monitor's pages (shared/web/actions.py).
+    name: 'AGENT_MONITOR_OPERATOR_GROUP'
+    value: monitorOperatorGroupObjectId
   }
   {
     // Empty reads as unset: no webhook.
@@ -454,8 +462,11 @@ resource authSettings 'Microsoft.Web/sites/config@2024-04-01' = {
           ]
           defaultAuthorizationPolicy: {
             allowedPrincipals: {
-              groups: [
+              groups: empty(monitorOperatorGroupObjectId) ? [
                 monitorAllowedGroupObjectId
+              ] : [
+                monitorAllowedGroupObjectId
+                monitorOperatorGroupObjectId
               ]
             }
           }

@@ -283,6 +283,9 @@ param monitorEntraClientId string = ''
 @description('Job Activity Monitor: object id of the Entra group whose members may open it; empty keeps it closed.')
 param monitorAllowedGroupObjectId string = ''
 
+@description('Job Activity Monitor: object id of the Entra group whose members may also act from it (start, stop, pause, resume, cancel, requeue); empty: nobody acts.')
+param monitorOperatorGroupObjectId string = ''
+
 @description('Job Activity Monitor: name of an app setting holding the app registration\'s client secret, set after deploying; empty signs in with ID tokens alone.')
 param monitorClientSecretSettingName string = ''
 
@@ -385,6 +388,7 @@ module functionApp 'functionapp.bicep' = {
     instanceMemoryMB: instanceMemoryMB
     monitorEntraClientId: monitorEntraClientId
     monitorAllowedGroupObjectId: monitorAllowedGroupObjectId
+    monitorOperatorGroupObjectId: monitorOperatorGroupObjectId
     monitorClientSecretSettingName: monitorClientSecretSettingName
   }
 }

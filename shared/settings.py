@@ -141,6 +141,10 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
                 "Object id of the Entra group whose members may open the monitor in Azure (the "
                 "Bicep's monitorAllowedGroupObjectId); empty: the monitor refuses everyone.",
                 "required"),
+    SettingSpec("AGENT_MONITOR_OPERATOR_GROUP", None,
+                "Object id of the Entra group whose members may also act from the monitor in Azure "
+                "(start, stop, pause, resume, cancel, requeue; the Bicep's monitorOperatorGroupObjectId); "
+                "empty: nobody acts.", "optional"),
     SettingSpec("AGENT_STEP_OUTPUT_MAX_BYTES", "65536",
                 "Most bytes of a step attempt's output (messages such as PRINT, RAISERROR below 11 "
                 "and PostgreSQL notices, and rows affected) kept in the history; longer output is "

@@ -51,6 +51,7 @@ from shared.engine.alerts import alert_limits_text
 from shared.engine.condition_alerts import condition_alert_text
 from shared.engine.agent import Agent
 from shared.engine.audit import AuditAction, command_line_actor, record_refusal
+from shared.engine.liveness import liveness
 from shared.engine.operations import (
     add_scheduled_jobs,
     backfill,
@@ -266,7 +267,12 @@ def cmd_jobs(agent, args) -> int:
     store.require_schema()
     # What the agent last synced (its tick syncs the settings): never this machine's settings,
     # which would mark the production jobs removed when run from an operator's laptop.
-    rows = jobs_view(store, agent.clock())
+    now = agent.clock()
+    rows = jobs_view(store, now)
+    alive = liveness(store, now)
+    if alive["late"]:
+        # At the top, before the table; with --json on stderr, stdout staying the one document.
+        print(f"WARNING: {alive['message']}", file=sys.stderr if args.json else sys.stdout, flush=True)
     if args.json:
         print_json(rows)
         return EXIT_OK
@@ -562,7 +568,7 @@ def cmd_monitor(agent, args) -> int:
     monitor_settings(environ)            # a bad AGENT_MONITOR_* value: one line, exit 2
     agent.store().require_schema()
     try:
-        server = make_server(agent, args.port, environ)
+        server = make_server(agent, args.port, environ, operator=args.operator)
     except OSError as exc:
         raise UsageError(f"--port {args.port}: cannot listen on 127.0.0.1:{args.port} ({exc.strerror or exc}); "
                          "pick another port, or 0 for any free one", setting="--port", value=args.port,
@@ -573,7 +579,8 @@ def cmd_monitor(agent, args) -> int:
         if args.json:       # the one document, at start: where it listens (with --port 0, the port picked)
             print(json.dumps({"monitor": f"http://{host}:{port}/", "host": host, "port": port}), flush=True)
         else:
-            print(f"monitor: http://{host}:{port}/ (read-only; Ctrl-C stops)", file=sys.stderr, flush=True)
+            mode = "with the operator's actions" if args.operator else "read-only"
+            print(f"monitor: http://{host}:{port}/ ({mode}; Ctrl-C stops)", file=sys.stderr, flush=True)
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
         pass

@@ -248,10 +248,13 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = commands.add_parser("cancel", help="cancel a run that has not finished (a running one is stopped)")
     cancel.add_argument("run_id", type=ROW_ID, metavar="RUN_ID")
 
-    monitor = commands.add_parser("monitor", help="serve the read-only Job Activity Monitor on 127.0.0.1 "
+    monitor = commands.add_parser("monitor", help="serve the Job Activity Monitor on 127.0.0.1 "
                                                   "(Ctrl-C stops); see docs/monitor.md")
     monitor.add_argument("--port", type=PORT, default=8080,
                          help="TCP port on 127.0.0.1 (default 8080; 0 picks a free one)")
+    monitor.add_argument("--operator", action="store_true",
+                         help="show the operator's buttons (start, stop, pause, resume, cancel, requeue) and take "
+                              "the actions, audited as this host's user; without it the monitor is read-only")
 
     stop = commands.add_parser("stop", help="stop a job (SQL Agent's sp_stop_job): cancel its runs in flight, the "
                                             "running step included; its future slots stay")

@@ -47,6 +47,7 @@ from shared.engine.dispatch import claim_horizon, dispatch, ring_doorbells, run_
 from shared.engine.fleet import fleet_steps, report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
 from shared.engine.operations import start_for_alert
+from shared.engine.liveness import LAST_TICK_KEY, tick_period_seconds, tick_record
 from shared.engine.planning import plan_database_jobs, refused_settings_job_error, stand_in_name
 from shared.errors import AgentError, ClockSkewError, PartialDispatchError, QueueError
 from shared.jobs.chains import find_cycles, run_order, show_chain
@@ -485,7 +486,12 @@ class Scheduler:
         AGENT_POISON_RETENTION_DAYS), at most PURGE_BATCH rows of each kind per tick, in one
         statement batch. 0 days keeps that kind forever."""
         agent = self.settings.agent
+        # The tick's liveness record (shared/engine/liveness.py) rides in this step's batch: on
+        # PostgreSQL no round trip of its own.
+        record = ("set_state", {"state_key": LAST_TICK_KEY, "now": now, "state_value": tick_record(
+            now, tick_period_seconds(agent.tick_schedule, agent.quiet_max_minutes, now))})
         if not agent.history_retention_days and not agent.poison_retention_days:
+            self.store.execute(record[0], **record[1])
             return
         # A retention of 0 is "forever": a cut-off no row can be older than.
         forever = datetime(1900, 1, 1, tzinfo=UTC)
@@ -495,8 +501,9 @@ class Scheduler:
             results = self.store.chain(
                 ("purge_history", {"history_before": history_before, "poison_before": poison_before,
                                    "batch": PURGE_BATCH}),
-                ("purge_notifications", {"history_before": history_before, "batch": PURGE_BATCH}))
-            rows = [row for result in results for row in result.rows]
+                ("purge_notifications", {"history_before": history_before, "batch": PURGE_BATCH}),
+                record)
+            rows = [row for result in results[:2] for row in result.rows]
         purged: dict[str, int] = {}
         for row in rows:
             purged[row["purged"]] = purged.get(row["purged"], 0) + int(row["rows_purged"])

@@ -37,8 +37,10 @@ from shared.control.sqlerrors import classify
 from shared.engine import views
 from shared.errors import AgentError, ConfigError, PageError
 from shared.values import BIGINT_MAX, MAX_STUCK_AGE_SECONDS, parse_int
+from shared.engine.liveness import liveness
+from shared.web.actions import ACTIONS, Actions, Caller, new_session, result_page, session_cookie
 from shared.web.html import escape
-from shared.web.pages import Pages
+from shared.web.pages import ActForms, Pages
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +56,14 @@ ALLOWED_METHODS = ("GET", "HEAD")
 
 SECURITY_HEADERS = {
     # No script may run, whatever a value from the database holds; styles and images only from
-    # the app (the stylesheet) or inline data: URIs; no form posts, no framing, no base tricks.
+    # the app (the stylesheet) or inline data: URIs; forms post only to the app itself (an
+    # operator's actions); no framing, no base tricks.
     "Content-Security-Policy": ("default-src 'none'; style-src 'self'; img-src 'self' data:; base-uri 'none'; "
-                                "form-action 'none'; frame-ancestors 'none'"),
+                                "form-action 'self'; frame-ancestors 'none'"),
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # same-origin, not no-referrer: under no-referrer Chromium sends "Origin: null" on the
+    # operators' own form POSTs, which the Origin check (shared/web/actions.py) must refuse.
+    "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
@@ -70,10 +75,14 @@ REFRESH_SETTING = "AGENT_MONITOR_REFRESH_SECONDS"
 GROUP_SETTING = "AGENT_MONITOR_ALLOWED_GROUP"
 
 
+OPERATOR_GROUP_SETTING = "AGENT_MONITOR_OPERATOR_GROUP"
+
+
 @dataclass(frozen=True)
 class MonitorSettings:
     refresh_seconds: int = 30
     allowed_group: str | None = None
+    operator_group: str | None = None
 
 
 def monitor_settings(environ: Mapping[str, str] | None = None) -> MonitorSettings:
@@ -85,7 +94,8 @@ def monitor_settings(environ: Mapping[str, str] | None = None) -> MonitorSetting
     if raw:
         refresh = parse_int(REFRESH_SETTING, raw, 0, 86400)
     group = (env.get(GROUP_SETTING) or "").strip() or None
-    return MonitorSettings(refresh_seconds=refresh, allowed_group=group)
+    operators = (env.get(OPERATOR_GROUP_SETTING) or "").strip() or None
+    return MonitorSettings(refresh_seconds=refresh, allowed_group=group, operator_group=operators)
 
 
 @dataclass
@@ -115,12 +125,15 @@ class Monitor:
     ("/api/monitor" in Azure, "" locally); every link carries it."""
 
     def __init__(self, store: Callable[[], ContextManager[Any]], *, clock: Callable[[], datetime],
-                 settings: Callable[[], MonitorSettings], base_path: str = "") -> None:
+                 settings: Callable[[], MonitorSettings], base_path: str = "",
+                 actions: Actions | None = None) -> None:
         self.store = store
         self.clock = clock
         self.settings = settings
         self.base_path = base_path.rstrip("/")
         self.pages = Pages(self.base_path)
+        # The operators' actions (shared/web/actions.py); None: nobody acts here.
+        self.actions = actions
         # Single flight: a request that arrives while an identical one is being rendered waits for
         # that render and shares it (a burst of 64 browsers on the 1,000-job page cost 64 renders
         # of ~70 ms each under one GIL: p99 ~2.9 s). A request arriving after it renders anew, so
@@ -128,12 +141,25 @@ class Monitor:
         self._flights: dict[tuple, "_Flight"] = {}
         self._flights_lock = threading.Lock()
 
-    def handle(self, method: str, path: str, query: str = "", accept: str = "", user: str | None = None) -> Response:
-        """``path``: below the base path ("/", "/jobs/nightly", ...)."""
+    def handle(self, method: str, path: str, query: str = "", accept: str = "", user: str | None = None, *,
+               caller: Caller | None = None, body: bytes = b"", content_type: str | None = None) -> Response:
+        """``path``: below the base path ("/", "/jobs/nightly", ...). ``caller``: who asks (as the
+        front end established it; by default a reader named ``user``); ``body`` and
+        ``content_type``: a POSTed form."""
         method = method.upper()
+        caller = caller or Caller(name=user)
+        user = caller.name
+        if method == "POST" and is_action(path):
+            return self._post(path, caller, body, content_type)
         if method not in ALLOWED_METHODS:
             return self._handle(method, path, query, accept, user)
-        key = (path, query, accept, user)
+        session, cookie = caller.session, None
+        if caller.operator and self.actions is not None and session is None:
+            session = new_session()
+            cookie = session_cookie(session, caller.secure, self.base_path)
+        act = (ActForms(self.base_path, lambda action, target: self.actions.form_token(caller, session, action, target))
+               if caller.operator and self.actions is not None else None)
+        key = (path, query, accept, user, session if act is not None else None)
         with self._flights_lock:
             flight = self._flights.get(key)
             leader = flight is None
@@ -141,7 +167,7 @@ class Monitor:
                 flight = self._flights[key] = _Flight()
         if leader:
             try:
-                flight.response = self._handle("GET", path, query, accept, user)
+                flight.response = self._handle("GET", path, query, accept, user, act)
             finally:
                 with self._flights_lock:
                     self._flights.pop(key, None)
@@ -152,14 +178,18 @@ class Monitor:
         if rendered is None:   # the leader's render raised (it logged why)
             rendered = self.error_response(500, "internal error; the log has the details", False, user, 0)
         response = Response(rendered.status, rendered.body, rendered.content_type, dict(rendered.headers))
+        if cookie is not None:
+            response.headers["Set-Cookie"] = cookie
         if method == "HEAD":
             response.headers["Content-Length"] = str(len(response.body))
             response.body = b""
         return response
 
-    def _handle(self, method: str, path: str, query: str, accept: str, user: str | None) -> Response:
+    def _handle(self, method: str, path: str, query: str, accept: str, user: str | None,
+                act: ActForms | None = None) -> Response:
         if method not in ALLOWED_METHODS:
-            response = self.error_response(405, f"the monitor is read-only: {method} is not allowed (GET or HEAD)", False, None, 0)
+            response = self.error_response(405, f"the monitor's pages are read-only: {method} is not allowed (GET or HEAD; "
+                                                "an operator's actions are POSTed to actions/<name>)", False, None, 0)
             response.headers["Allow"] = ", ".join(ALLOWED_METHODS)
             return response
         params = {key: values[-1] for key, values in parse_qs(query, keep_blank_values=True).items()}
@@ -169,7 +199,7 @@ class Monitor:
             wants_json = _wants_json(params, accept)
             settings = self.settings()
             refresh = settings.refresh_seconds
-            response = self._route(path or "/", params, wants_json, user, refresh)
+            response = self._route(path or "/", params, wants_json, user, refresh, act)
         except PageError as exc:
             response = self.error_response(exc.status, exc.message, wants_json, user, refresh)
         except ConfigError as exc:
@@ -186,7 +216,39 @@ class Monitor:
 
     # ------------------------------------------------------------ routing
 
-    def _route(self, path: str, params: dict[str, str], wants_json: bool, user: str | None, refresh: int) -> Response:
+    def _post(self, path: str, caller: Caller, body: bytes, content_type: str | None) -> Response:
+        """An action POSTed from a page (shared/web/actions.py): its result, its confirmation
+        step, or the refusal in words."""
+        name = unquote(path.strip("/").split("/", 1)[1])
+        wants_json = False
+        try:
+            if self.actions is None:
+                raise PageError(403, "this monitor takes no actions")
+            outcome = self.actions.handle(name, caller, caller.session, body, content_type)
+        except PageError as exc:
+            return self.error_response(exc.status, exc.message, wants_json, caller.name, 0)
+        except Exception as exc:  # one line, never a traceback in a page
+            if _is_database_error(exc):
+                return self.error_response(503, f"the control database could not be reached: {type(exc).__name__}: "
+                                                f"{classify(exc).message}", False, caller.name, 0)
+            log.exception("monitor: action %s failed", name)
+            return self.error_response(500, f"internal error ({type(exc).__name__}); the log has the details",
+                                       False, caller.name, 0)
+        session = caller.session or ""
+
+        def hidden_form(fields: dict[str, str]) -> str:
+            kind = ACTIONS[name]
+            forms = ActForms(self.base_path, lambda action, target: self.actions.form_token(caller, session, action, target))
+            extra = {k: v for k, v in fields.items() if k != kind.target}
+            return forms.form(name, fields[kind.target], hidden=extra)
+
+        body_html = result_page(outcome, lambda p: self.pages.link(p), hidden_form)
+        title = {"Done": "Done", "Confirm": "Confirm"}.get(outcome.title, "Refused")
+        return Response(outcome.status, self.pages.document(title, body_html, "/", {}, caller.name, 0, None).encode(),
+                        "text/html; charset=utf-8")
+
+    def _route(self, path: str, params: dict[str, str], wants_json: bool, user: str | None, refresh: int,
+               act: ActForms | None = None) -> Response:
         parts = [unquote(part) for part in path.strip("/").split("/")] if path.strip("/") else []
         if parts == ["monitor.css"]:
             return Response(200, STYLESHEET.read_bytes(), "text/css; charset=utf-8")
@@ -208,9 +270,11 @@ class Monitor:
         else:
             raise PageError(404, f"no page at {path!r} (pages: jobs, jobs/<name>, runs/<id>, poison, stuck, audit, alerts)")
         with self.store() as store:
+            alive = liveness(store, now)
+            pages = Pages(self.base_path, act=act, alive=alive)
             if page == "jobs":
                 data = views.jobs_view(store, now)
-                title, body = "Jobs", self.pages.jobs_page(data)
+                title, body = "Jobs", pages.jobs_page(data)
             elif page == "job":
                 window = params.get("window", views.DEFAULT_WINDOW)
                 if window not in views.TIMELINE_WINDOWS:
@@ -218,36 +282,40 @@ class Monitor:
                 data = views.job_view(store, parts[1], now, window)
                 if data is None:
                     raise PageError(404, f"no job named {parts[1]!r}")
-                title, body = f"Job {parts[1]}", self.pages.job_page(data, now)
+                title, body = f"Job {parts[1]}", pages.job_page(data, now)
             elif page == "run":
                 run_id = _int_param("run id", parts[1], 1, MAX_RUN_ID)
                 data = views.run_view(store, run_id)
                 if data is None:
                     raise PageError(404, f"no run with id {run_id}")
-                title, body = f"Run {run_id}", self.pages.run_page(data)
+                title, body = f"Run {run_id}", pages.run_page(data)
             elif page == "poison":
                 limit = _int_param("limit", params.get("limit", str(views.DEFAULT_POISON_LIMIT)), 1, 10000)
                 data = views.poison_view(store, limit)
-                title, body = "Poison messages", self.pages.poison_page(data)
+                title, body = "Poison messages", pages.poison_page(data)
             elif page == "audit":
                 limit = _int_param("limit", params.get("limit", str(views.DEFAULT_AUDIT_LIMIT)), 1, 10000)
                 job = params.get("job") or None
                 since = _time_param("since", params["since"]) if params.get("since") else None
                 data = views.audit_view(store, job, since, limit)
-                title, body = "Audit trail", self.pages.audit_page(data, job, since, limit)
+                title, body = "Audit trail", pages.audit_page(data, job, since, limit)
             elif page == "alerts":
                 data = views.alerts_view(store)
-                title, body = "Condition alerts", self.pages.alerts_page(data)
+                title, body = "Condition alerts", pages.alerts_page(data)
             else:
                 older = _int_param("older_than", params.get("older_than", str(views.DEFAULT_STUCK_AGE_SECONDS)), 1,
                                    MAX_STUCK_AGE_SECONDS)
                 limit = _int_param("limit", params.get("limit", str(views.DEFAULT_STUCK_LIMIT)), 1, 10000)
                 data = views.stuck_view(store, now, older, limit)
-                title, body = "Stuck runs", self.pages.stuck_page(data, older, limit)
+                title, body = "Stuck runs", pages.stuck_page(data, older, limit)
+        # Every answer says whether the agent is late (shared/engine/liveness.py): the pages in a
+        # banner at their top, the JSON twins (whose documents keep their shape) in this header.
+        late = {"Agent-Liveness": _liveness_header(alive)}
         if wants_json:
-            return Response(200, (views.to_json(data, compact=True) + "\n").encode(), "application/json; charset=utf-8")
-        return Response(200, self.pages.document(title, body, path, params, user, refresh, now).encode(),
-                        "text/html; charset=utf-8")
+            return Response(200, (views.to_json(data, compact=True) + "\n").encode(), "application/json; charset=utf-8",
+                            late)
+        return Response(200, pages.document(title, body, path, params, user, refresh, now).encode(),
+                        "text/html; charset=utf-8", late)
 
     def error_response(self, status: int, message: str, wants_json: bool, user: str | None, refresh: int) -> Response:
         if wants_json:
@@ -257,6 +325,17 @@ class Monitor:
                         "text/html; charset=utf-8")
 
 
+
+
+def is_action(path: str) -> bool:
+    parts = path.strip("/").split("/")
+    return len(parts) == 2 and parts[0] == "actions"
+
+
+def _liveness_header(alive: dict[str, Any]) -> str:
+    """``ok; last-tick=...`` or ``late; last-tick=...; since ...`` (ASCII: a header)."""
+    at = alive["last_tick_at"].isoformat() if alive.get("last_tick_at") else "none"
+    return f"{'late' if alive['late'] else 'ok'}; last-tick={at}; period-seconds={alive.get('period_seconds') or 0}"
 
 
 def _is_database_error(exc: BaseException) -> bool:

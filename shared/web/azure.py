@@ -13,7 +13,16 @@ from urllib.parse import urlsplit
 
 from shared.engine.agent import default_agent
 from shared.errors import ConfigError
-from shared.web.app import ALLOWED_METHODS, GROUP_SETTING, Monitor, Response, monitor_settings
+from shared.web.actions import Actions, Caller, own_origin, session_from_cookies
+from shared.web.app import (
+    ALLOWED_METHODS,
+    GROUP_SETTING,
+    OPERATOR_GROUP_SETTING,
+    Monitor,
+    Response,
+    is_action,
+    monitor_settings,
+)
 
 PRINCIPAL_HEADER = "x-ms-client-principal"
 
@@ -52,10 +61,15 @@ def principal_from_headers(headers: Mapping[str, str]) -> Principal | None:
 AZURE_BASE_PATH = "/api/monitor"
 
 
-def handle_azure_request(method: str, url: str, headers: Mapping[str, str]) -> Response:
+# The form tokens' one-use record, for this process (shared/web/actions.py).
+_ACTIONS = Actions(default_agent)
+
+
+def handle_azure_request(method: str, url: str, headers: Mapping[str, str], body: bytes = b"") -> Response:
     """The HTTP trigger's one call. App Service Authentication (infra/functionapp.bicep) signs
-    the user in and admits only AGENT_MONITOR_ALLOWED_GROUP; this checks the same group again
-    from the principal the platform passes, and refuses everyone while the setting is empty."""
+    the user in and admits only AGENT_MONITOR_ALLOWED_GROUP and AGENT_MONITOR_OPERATOR_GROUP;
+    this checks the same groups again from the principal the platform passes (the operators may
+    act, the readers only read), and refuses everyone while the readers' setting is empty."""
 
     split = urlsplit(url)
     path = split.path
@@ -73,8 +87,9 @@ def handle_azure_request(method: str, url: str, headers: Mapping[str, str]) -> R
             agent.release()   # the host's thread keeps no connection between requests
 
     monitor = Monitor(thread_store, clock=lambda: default_agent().clock(), settings=monitor_settings,
-                      base_path=AZURE_BASE_PATH)
-    if method.upper() not in ALLOWED_METHODS:
+                      base_path=AZURE_BASE_PATH, actions=_ACTIONS)
+    posting = method.upper() == "POST" and is_action(path)
+    if method.upper() not in ALLOWED_METHODS and not posting:
         return monitor.handle(method, path)
     try:
         settings = monitor_settings()
@@ -88,10 +103,21 @@ def handle_azure_request(method: str, url: str, headers: Mapping[str, str]) -> R
         response = _refused(monitor, method, 401, "sign-in required (App Service Authentication with Entra ID)")
         response.headers["WWW-Authenticate"] = 'Bearer realm="monitor"'
         return response
-    if settings.allowed_group not in principal.groups:
-        return _refused(monitor, method, 403, f"{principal.name or 'this user'} is not a member of the Entra group "
-                                              f"the monitor admits ({GROUP_SETTING})")
-    return monitor.handle(method, path, split.query, accept, user=principal.name or "signed-in user")
+    operator = settings.operator_group is not None and settings.operator_group in principal.groups
+    if settings.allowed_group not in principal.groups and not operator:
+        return _refused(monitor, method, 403, f"{principal.name or 'this user'} is not a member of the Entra groups "
+                                              f"the monitor admits ({GROUP_SETTING}, {OPERATOR_GROUP_SETTING})")
+    # The origin the browser addresses: App Service ends TLS in front of the app and says so.
+    scheme = (lowered.get("x-forwarded-proto") or split.scheme or "https").split(",")[0].strip().lower()
+    host = (lowered.get("host") or split.netloc).strip()
+    secure = scheme == "https"
+    forwarded_for = (lowered.get("x-forwarded-for") or "").split(",")[0].strip()
+    caller = Caller(name=principal.name or "signed-in user", operator=operator,
+                    client=f"monitor at {host}" + (f" from {forwarded_for}" if forwarded_for else ""),
+                    session=session_from_cookies(lowered.get("cookie"), secure), origin=lowered.get("origin"),
+                    own_origin=own_origin(scheme, host), secure=secure)
+    return monitor.handle(method, path, split.query, accept, caller=caller, body=body,
+                          content_type=lowered.get("content-type"))
 
 
 def _refused(monitor: Monitor, method: str, status: int, message: str) -> Response:

@@ -6,13 +6,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator, Mapping
 from urllib.parse import urlsplit
 
+from shared.engine.audit import _os_user
 from shared.errors import PageError
+from shared.web.actions import MAX_BODY_BYTES, Actions, Caller, own_origin, session_from_cookies
 from shared.web.app import Monitor, Response, monitor_settings
 
 log = logging.getLogger(__name__)
@@ -75,13 +78,17 @@ class StorePool:
             store.close()
 
 
-def make_server(agent, port: int, environ: Mapping[str, str] | None = None):
+def make_server(agent, port: int, environ: Mapping[str, str] | None = None, *, operator: bool = False):
     """A ThreadingHTTPServer on 127.0.0.1:port serving the monitor (port 0: any free port).
-    Raises OSError when the port is taken."""
+    ``operator`` (`monitor --operator`): the pages carry the operator's buttons and the actions
+    are taken, as this host's user. Raises OSError when the port is taken."""
 
     pool = StorePool(agent)
     env = dict(os.environ if environ is None else environ)
-    monitor = Monitor(pool.lend, clock=agent.clock, settings=lambda: monitor_settings(env), base_path="")
+    actions = Actions(lambda: agent) if operator else None
+    monitor = Monitor(pool.lend, clock=agent.clock, settings=lambda: monitor_settings(env), base_path="",
+                      actions=actions)
+    user = _os_user()
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "agent-monitor"
@@ -109,8 +116,25 @@ def make_server(agent, port: int, environ: Mapping[str, str] | None = None):
                     response.body = b""
             else:
                 # X-MS-CLIENT-PRINCIPAL* are ignored here: locally nobody signs in, and a header
-                # a client sets itself proves nothing.
-                response = monitor.handle(self.command, split.path, split.query, self.headers.get("Accept", ""))
+                # a client sets itself proves nothing. The session is the cookie this server set
+                # (shared/web/actions.py); the one who acts is the user who started the server.
+                body = b""
+                if self.command == "POST":
+                    length = self.headers.get("Content-Length") or "0"
+                    if not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY_BYTES:
+                        self.close_connection = True
+                        response = monitor.error_response(413, f"Content-Length {length!r}: expected at most "
+                                                               f"{MAX_BODY_BYTES} bytes", False, None, 0)
+                        response.headers["Connection"] = "close"
+                        self._send(response)
+                        return
+                    body = self.rfile.read(int(length))
+                caller = Caller(name=user if operator else None, operator=operator,
+                                client=f"monitor on 127.0.0.1:{port_now} ({socket.gethostname()})",
+                                session=session_from_cookies(self.headers.get("Cookie"), False),
+                                origin=self.headers.get("Origin"), own_origin=own_origin("http", host))
+                response = monitor.handle(self.command, split.path, split.query, self.headers.get("Accept", ""),
+                                          caller=caller, body=body, content_type=self.headers.get("Content-Type"))
             self._send(response)
 
         def _send(self, response: Response) -> None:

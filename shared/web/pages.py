@@ -20,8 +20,12 @@ class Pages:
     """The monitor's HTML pages, every link under ``base_path`` ("/api/monitor" in Azure, ""
     locally). Rendering only: the rows come from shared.engine.views."""
 
-    def __init__(self, base_path: str = "") -> None:
+    def __init__(self, base_path: str = "", act: "ActForms | None" = None, alive: dict[str, Any] | None = None) -> None:
         self.base_path = base_path.rstrip("/")
+        # The operator's forms (None: a reader, who sees no button); the agent's liveness (the
+        # banner at the top of every page when it is late).
+        self.act = act
+        self.alive = alive
 
     def link(self, path: str, **params: str) -> str:
         query = "&".join(f"{quote(k)}={quote(str(v), safe='')}" for k, v in params.items())
@@ -49,9 +53,44 @@ class Pages:
             f'<header><nav><a href="{self.link("/")}">Jobs</a> <a href="{self.link("/poison")}">Poison</a> '
             f'<a href="{self.link("/stuck")}">Stuck</a> <a href="{self.link("/audit")}">Audit</a> '
             f'<a href="{self.link("/alerts")}">Alerts</a></nav> {who} {asof}</header>\n'
-            f"<main>\n{body}</main>\n"
+            f"{self.liveness_banner()}<main>\n{body}</main>\n"
             f'<footer><a href="{self.link(path if path.startswith("/") else "/" + path, **twin)}">JSON</a>{refreshing}'
             "</footer>\n</body>\n</html>\n")
+
+    def liveness_banner(self) -> str:
+        alive = self.alive
+        if not alive or not alive.get("late"):
+            return ""
+        return f'<div class="liveness late" role="alert"><strong>Agent late:</strong> {escape(alive["message"])}</div>\n'
+
+    def job_buttons(self, row: dict[str, Any], *, full: bool) -> str:
+        """An operator's buttons for a job: start (with its parameters on the job page), stop
+        (while runs are in flight), pause (with until and reason on the job page) or resume."""
+        act = self.act
+        if act is None or row.get("job_name") is None:
+            return ""
+        name = row["job_name"]
+        out = []
+        if row.get("valid") and row.get("configured"):
+            fields = ""
+            if full:
+                for param, default in (row.get("params") or {}).items():
+                    hint = f"default: {default}" if default is not None else "required"
+                    fields += (f'<label>{escape(param)} <input type="text" name="{escape("param." + param)}" '
+                               f'placeholder="{escape(hint)}"></label> ')
+            out.append(act.form("start", name, fields))
+        if row.get("runs_in_flight"):
+            out.append(act.form("stop", name))
+        if row.get("paused"):
+            out.append(act.form("resume", name))
+        if full:        # pausing a paused job keeps its start and takes the new end and reason
+            out.append(act.form("pause", name,
+                                '<label>until (UTC) <input type="text" name="until" placeholder="2026-01-31 02:00; empty: '
+                                'until resumed"></label> <label>reason <input type="text" name="reason" maxlength="400">'
+                                "</label> "))
+        elif not row.get("paused"):
+            out.append(act.form("pause", name))
+        return f'<div class="actions">{"".join(out)}</div>'
 
     def jobs_page(self, rows: list[dict[str, Any]]) -> str:
         lines = ["<h1>Jobs</h1>"]
@@ -59,7 +98,8 @@ class Pages:
             lines.append("<p>No jobs yet: the agent records the jobs of its settings at its next tick.</p>")
             return "\n".join(lines) + "\n"
         lines.append('<table class="jobs">\n<thead><tr><th>Job</th><th>Defined in</th><th>State</th><th>Schedule</th>'
-                     "<th>Time zone</th><th>Status now</th><th>Last outcome</th><th>Next slot</th></tr></thead>\n<tbody>")
+                     "<th>Time zone</th><th>Status now</th><th>Last outcome</th><th>Next slot</th>"
+                     + ("<th>Actions</th>" if self.act else "") + "</tr></thead>\n<tbody>")
         for row in rows:
             state = f'<span class="state-{escape(row["state"])}">{escape(row["state"])}</span>' + _pause_text(row)
             if row["config_error"]:
@@ -73,7 +113,7 @@ class Pages:
                 f'<td>{escape(row["source"])}</td><td>{state}</td>'
                 f'<td>{escape(row["schedule_words"])}<div><code>{escape(row["schedule"])}</code></div>{_calendars(row)}{_after(self, row)}</td>'
                 f'<td>{escape(row["timezone"])}</td><td class="status">{status_text(row)}</td><td>{last}</td>'
-                f"<td>{_next_slot(row)}</td></tr>")
+                f"<td>{_next_slot(row)}</td>{'<td>' + self.job_buttons(row, full=False) + '</td>' if self.act else ''}</tr>")
         lines.append("</tbody></table>")
         return "\n".join(lines) + "\n"
 
@@ -93,7 +133,7 @@ class Pages:
             # MAX_DURATION_SECONDS, STOP_AFTER_SECONDS, SLOWER_THAN, DEADLINE_SECONDS (docs/configuration.md).
             ("Alerts", escape(alert_limits_text(job))),
         ]
-        out = [f"<h1>Job {escape(name)}</h1>", '<dl class="facts">']
+        out = [f"<h1>Job {escape(name)}</h1>", self.job_buttons(job, full=True), '<dl class="facts">']
         out += [f"<dt>{label}</dt><dd>{value}</dd>" for label, value in facts]
         out.append("</dl>")
         windows = " ".join(
@@ -186,7 +226,10 @@ class Pages:
 
     def run_page(self, data: dict[str, Any]) -> str:
         run = data["run"]
-        out = [f'<h1>Run {escape(run["run_id"])}</h1>', '<dl class="facts">']
+        out = [f'<h1>Run {escape(run["run_id"])}</h1>']
+        if self.act is not None and run.get("status") in UNFINISHED:
+            out.append(f'<div class="actions">{self.act.form("cancel", run["run_id"])}</div>')
+        out.append('<dl class="facts">')
         facts = {**run, "parent": data.get("parent"), "target_statuses": data.get("target_statuses") or {}}
         for label, render in RUN_FIELDS:
             out.append(f"<dt>{escape(label)}</dt><dd>{render(self, facts)}</dd>")
@@ -204,7 +247,8 @@ class Pages:
         out = ["<h1>Poison messages</h1>",
                "<p>Messages taken out of circulation, newest first; "
                "<code>sql-agent poison requeue ID</code> gives the run one more attempt.</p>"]
-        out.append(self.table("poison", POISON_COLUMNS, rows) if rows else "<p>No poison messages.</p>")
+        columns = POISON_COLUMNS + ([("Action", _requeue_button)] if self.act is not None else [])
+        out.append(self.table("poison", columns, rows) if rows else "<p>No poison messages.</p>")
         return "\n".join(out) + "\n"
 
     def stuck_page(self, rows: list[dict[str, Any]], older_than: int, limit: int) -> str:
@@ -243,6 +287,37 @@ class Pages:
         body = "\n".join("<tr>" + "".join(f"<td>{render(self, row)}</td>" for _, render in columns) + "</tr>"
                          for row in rows)
         return f'<table class="{escape(name)}">\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody></table>'
+
+
+# A run an operator may cancel (operations.cancel takes these).
+UNFINISHED = ("pending", "queued", "running", "waiting")
+
+
+class ActForms:
+    """An operator's forms: each POSTs one action with its target and a token made for this
+    session, this principal, this action and this target (shared/web/actions.py)."""
+
+    def __init__(self, base_path: str, token: Callable[[str, Any], str]) -> None:
+        self.base_path = base_path.rstrip("/")
+        self.token = token
+
+    def form(self, action: str, target: Any, fields: str = "", hidden: dict[str, str] | None = None) -> str:
+        from shared.web.actions import ACTIONS
+
+        kind = ACTIONS[action]
+        values = {kind.target: str(target), **(hidden or {})}
+        inputs = "".join(f'<input type="hidden" name="{escape(k)}" value="{escape(v)}">' for k, v in values.items())
+        button = "Yes, " + kind.button.lower() if (hidden or {}).get("confirm") == "yes" else kind.button
+        return (f'<form class="action action-{escape(action)}" method="post" '
+                f'action="{escape(self.base_path + "/actions/" + action)}">{inputs}'
+                f'<input type="hidden" name="token" value="{escape(self.token(action, target))}">{fields}'
+                f'<button type="submit" class="act-{escape(action)}">{escape(button)}</button></form>')
+
+
+def _requeue_button(pages: Pages, row: dict[str, Any]) -> str:
+    if pages.act is None or row.get("run_id") is None or row.get("requeued_at") is not None:
+        return "-"
+    return pages.act.form("requeue", row["poison_id"])
 
 
 def _field(key: str) -> Callable[[Pages, dict[str, Any]], str]:

@@ -232,3 +232,31 @@ def test_screenshots_were_saved(browser, site):
         path = SCREENSHOTS / f"{name}.png"
         assert path.exists() and path.stat().st_size > 5000, path
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_operator_clicks_start_and_stop_and_a_reader_sees_no_button(browser, site):
+    """Issue 32 items 5 and 8, in the local server: the operator's buttons clicked in Chromium
+    (stop asks first), the result shown in words; the read-only server shows no form."""
+    from selenium.webdriver.common.by import By
+
+    scenario, url = site
+    operator = make_server(scenario.agent, 0, environ={}, operator=True)
+    thread = threading.Thread(target=operator.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{operator.server_address[1]}"
+        browser.get(base + "/jobs/nightly_ok")
+        browser.find_element(By.CSS_SELECTOR, "button.act-start").click()
+        assert browser.find_element(By.TAG_NAME, "h1").text == "Done"
+        assert "job 'nightly_ok' started: run" in text_of(browser)
+        browser.get(base + "/jobs/running_long")
+        browser.find_element(By.CSS_SELECTOR, "button.act-stop").click()
+        assert browser.find_element(By.TAG_NAME, "h1").text == "Confirm"
+        browser.find_element(By.CSS_SELECTOR, "button.act-stop").click()
+        assert "job 'running_long' stopped: run(s)" in text_of(browser)
+        shot(browser, "action-done")
+    finally:
+        operator.shutdown()
+        operator.server_close()
+    browser.get(url + "/jobs/nightly_ok")
+    assert not browser.find_elements(By.TAG_NAME, "form")

@@ -300,13 +300,14 @@ def test_fixed_number_of_selects_whatever_the_number_of_jobs(scenario, tmp_path)
         recorder.statements.clear()
         page(monitor, path)
         counts[path] = len(recorder.statements)
-    assert counts["/"] == 2
-    assert counts["/jobs/nightly_ok"] <= 7          # job, activity, timeline, runs, attempts, output, events
-    assert counts["/poison"] == counts["/stuck"] == 1
+    # Each page reads the agent's liveness once (agent.state's last_tick: shared/engine/liveness.py).
+    assert counts["/"] == 3
+    assert counts["/jobs/nightly_ok"] <= 8          # liveness, job, activity, timeline, runs, attempts, output, events
+    assert counts["/poison"] == counts["/stuck"] == 2
     (run_id,) = scenario.run_ids["poison_me"]
     recorder.statements.clear()
     page(monitor, f"/runs/{run_id}")
-    assert len(recorder.statements) == 3
+    assert len(recorder.statements) == 4
     # the same pages over six times as many jobs (the scenario plus 50 idle jobs), same dialect
     pg_name = None
     if scenario.db.startswith("sqlite"):

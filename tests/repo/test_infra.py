@@ -529,7 +529,7 @@ def test_the_two_parameters_files_tell_one_example():
     azd_only = {name for name, value in azd.items() if isinstance(value, str) and "${" in value}
     assert azd_only == {"environmentName", "location", "sqlAdminLogin", "sqlAdminObjectId",
                         "sqlAdminPrincipalType", "identityType", "monitorEntraClientId", "monitorAllowedGroupObjectId",
-                        "networkProfile", "sqlTier"}
+                        "monitorOperatorGroupObjectId", "networkProfile", "sqlTier"}
     # azd env set AGENT_NETWORK_PROFILE private / AGENT_SQL_TIER ...; unset, the template's defaults.
     bicep_main = bicep("main.bicep")
     assert azd["networkProfile"] == f"${{AGENT_NETWORK_PROFILE={bicep_main.parameter_default('networkProfile')}}}"
@@ -538,6 +538,8 @@ def test_the_two_parameters_files_tell_one_example():
     assert {azd[name] for name in ("monitorEntraClientId", "monitorAllowedGroupObjectId")} == {
         "${AGENT_MONITOR_CLIENT_ID=}", "${AGENT_MONITOR_GROUP_ID=}"}
     assert manual["monitorEntraClientId"] == manual["monitorAllowedGroupObjectId"] == ""
+    assert azd["monitorOperatorGroupObjectId"] == "${AGENT_MONITOR_OPERATOR_GROUP_ID=}"
+    assert manual["monitorOperatorGroupObjectId"] == ""
     assert not any(isinstance(value, str) and "${" in value for value in manual.values())
     shared = set(manual) - azd_only
     assert shared <= set(azd), f"{AZD_PARAMETERS} lacks {sorted(shared - set(azd))}"
@@ -1124,9 +1126,13 @@ def test_monitor_sign_in_is_entra_id_for_one_parameterised_group(functionapp: Bi
     assert entra["enabled"] == "monitorConfigured"
     assert all(provider == {"enabled": False} for provider in providers.values()), providers
     assert entra["registration"]["clientId"] == "monitorEntraClientId"
-    assert entra["validation"]["defaultAuthorizationPolicy"]["allowedPrincipals"] == {
-        "groups": ["monitorAllowedGroupObjectId"]}
+    # The readers' group, and the operators' beside it when one is given (issue 32 item 5).
+    groups = entra["validation"]["defaultAuthorizationPolicy"]["allowedPrincipals"]["groups"]["operator"]["operands"]
+    assert groups["condition"]["function"]["parameters"]["item_to_test"] == "monitorOperatorGroupObjectId"
+    assert groups["true_value"] == ["monitorAllowedGroupObjectId"]
+    assert groups["false_value"] == ["monitorAllowedGroupObjectId", "monitorOperatorGroupObjectId"]
     assert app_settings.literal["AGENT_MONITOR_ALLOWED_GROUP"] == "monitorAllowedGroupObjectId"
+    assert app_settings.literal["AGENT_MONITOR_OPERATOR_GROUP"] == "monitorOperatorGroupObjectId"
     main = bicep("main.bicep")
     for parameter in ("monitorEntraClientId", "monitorAllowedGroupObjectId", "monitorClientSecretSettingName"):
         assert parameter in functionapp.parameters and main.parameters[parameter].get("default") == ""

@@ -61,6 +61,18 @@ class Scenario:
     def close(self) -> None:
         self.agent.close()
 
+    def ticked(self, at: datetime | None = None, period_seconds: int = 60) -> None:
+        """Record a tick of the agent at ``at`` (default: the real now) as the tick's last step does
+        (shared/engine/liveness.py), without running one (a tick would move the scenario on)."""
+        from shared.engine.liveness import LAST_TICK_KEY, tick_record
+
+        at = at or datetime.now(UTC)
+        store = self.agent.new_store()
+        try:
+            store.execute("set_state", state_key=LAST_TICK_KEY, state_value=tick_record(at, period_seconds), now=at)
+        finally:
+            store.close()
+
 
 def build(db: str, extra_jobs: int = 0) -> Scenario:
     """The scenario on ``db`` (an empty control database). ``extra_jobs``: that many more idle
