@@ -34,6 +34,7 @@ from shared.engine.dispatch import dispatch
 from shared.engine.fleet import report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
 from shared.engine.notify import notifications_enabled
+from shared.engine.slots import apply_calendars, calendar_rules, with_jitter
 from shared.engine.views import unknown_job
 from shared.errors import ConfigError, NotFoundError, UsageError
 from shared.jobs.params import ParamError, parse_assignment, read_json, resolve
@@ -329,7 +330,6 @@ def backfill_slots(job: dict[str, Any], start: datetime, end: datetime,
     the planner keys them (its calendars applied, excluded slots left out and counted, a slot
     moved by ON_EXCLUDED=next kept at its new time when inside the window; its jitter applied), oldest first.
     Raises UsageError past MAX_BACKFILL_SLOTS slots."""
-    from shared.engine.scheduler import _apply_calendars, _calendar_rules, _with_jitter
     from shared.jobs.schedules import validate_timezone
     name = job["job_name"]
     try:
@@ -356,11 +356,11 @@ def backfill_slots(job: dict[str, Any], start: datetime, end: datetime,
                 expected=f"a window of at most {MAX_BACKFILL_SLOTS} slots of the job")
     planned = [(slot, RunStatus.PENDING, None, None) for slot in raw]
     try:
-        rules = _calendar_rules(job.get("calendars"))
+        rules = calendar_rules(job.get("calendars"))
         if rules:
-            planned = _apply_calendars(planned, rules, validate_timezone(job["timezone"]))
+            planned = apply_calendars(planned, rules, validate_timezone(job["timezone"]))
         if job.get("jitter_seconds"):
-            planned = _with_jitter(planned, job)
+            planned = with_jitter(planned, job)
     except (ValueError, OverflowError) as exc:
         raise UsageError(f"job {name!r}: the slots of the window {start.isoformat()} to {end.isoformat()} cannot be "
                          f"computed ({exc})", setting="--from", value=start.isoformat(),

@@ -36,7 +36,6 @@ import random
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from functools import lru_cache
 from typing import Any, Callable
 
 from shared.control.sqlerrors import classify, describe, is_lock_conflict
@@ -48,13 +47,13 @@ from shared.engine.fleet import fleet_steps, report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
 from shared.engine.operations import start_for_alert
 from shared.engine.liveness import LAST_TICK_KEY, tick_period_seconds, tick_record
+from shared.engine.slots import SlotPlan, apply_calendars, calendar_rules, with_jitter
 from shared.engine.planning import plan_database_jobs, refused_settings_job_error, stand_in_name
 from shared.errors import AgentError, ClockSkewError, PartialDispatchError, QueueError
 from shared.jobs.chains import find_cycles, run_order, show_chain
 from shared.jobs.model import JOB_SETTING_PREFIX
 from shared.jobs.run_model import RunStatus
-from shared.jobs.calendars import CalendarRules
-from shared.jobs.schedules import CronSchedule, jitter_offset, parse_schedule, validate_timezone
+from shared.jobs.schedules import CronSchedule, parse_schedule, validate_timezone
 from shared.jobs.targets import describe_members, dialect_problem
 from shared.settings import Settings
 from shared.values import printable
@@ -90,7 +89,6 @@ MAX_CATCHUP_SLOTS = 1000
 # A slot that came while its job was paused (sql-agent pause, agent.pause_job).
 NOTE_PAUSED = "paused"
 # One slot's decision: (slot, status, note, runnable_at); runnable_at None: at the slot itself.
-SlotPlan = tuple[datetime, RunStatus, "str | None", "datetime | None"]
 # A slot a calendar excludes (JOB__<name>__EXCLUDE / ONLY): "calendar: <name>", "calendar: not in <names>".
 NOTE_CALENDAR = "calendar:"
 
@@ -541,7 +539,7 @@ class Scheduler:
                     plans[key] = _plan_slots(job, now, horizon, late_cutoff)
                 planned, following = plans[key]
                 if job.get("jitter_seconds"):
-                    planned = _with_jitter(planned, job)
+                    planned = with_jitter(planned, job)
                 slots += [{"job_name": job["job_name"], "scheduled_for": store.json_time(slot),
                            "status": status, "note": note, "runnable_at": store.json_time(runnable)}
                           for slot, status, note, runnable in planned]
@@ -873,10 +871,10 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
         ahead += 1
         slot = following(slot)
     planned, beyond = _catch_up_the_pause(job, planned, slot, following, now, horizon, caught_up_missed)
-    rules = _calendar_rules(job.get("calendars"))
+    rules = calendar_rules(job.get("calendars"))
     if rules:
         try:
-            planned = _apply_calendars(planned, rules, validate_timezone(job["timezone"]))
+            planned = apply_calendars(planned, rules, validate_timezone(job["timezone"]))
         except (ValueError, OverflowError) as exc:   # validated at sync: one job's surprise, not the tick's
             log.error("job %s: its calendars cannot be applied (%s); its slots run as the schedule has them",
                       job["job_name"], describe(exc))
@@ -917,64 +915,6 @@ def _catch_up_the_pause(job: dict[str, Any], planned: list[SlotPlan], beyond: da
         return planned, beyond
     planned[index] = (moment, RunStatus.PENDING, NOTE_CATCH_UP, runnable)
     return planned, beyond
-
-
-def _with_jitter(planned: list[SlotPlan], job: dict[str, Any]) -> list[SlotPlan]:
-    """Each slot the schedule gave that runs (pending, no note: not a catch-up, not moved by a
-    calendar) moved later by the job's jitter (schedules.jitter_offset): the run is keyed by the
-    jittered time, the same on every instance, and stays before the job's next slot."""
-    try:
-        schedule = parse_schedule(job["schedule"], job["timezone"])
-    except (ValueError, OverflowError):
-        return planned
-    out: list[SlotPlan] = []
-    for slot, status, note, runnable in planned:
-        if status == RunStatus.PENDING and note is None and runnable is None:
-            offset = jitter_offset(job["job_name"], slot, schedule.next_after(slot), int(job["jitter_seconds"]))
-            if offset:
-                out.append((slot + timedelta(seconds=offset), status, f"jitter: +{offset} s from {slot.isoformat()}",
-                            None))
-                continue
-        out.append((slot, status, note, runnable))
-    return out
-
-
-@lru_cache(maxsize=256)
-def _calendar_rules(text: str | None) -> CalendarRules:
-    try:
-        return CalendarRules.from_json(text)
-    except (ValueError, KeyError, TypeError) as exc:   # written by this code: should not happen
-        log.error("calendars %r cannot be read (%s); they are not applied", (text or "")[:200], describe(exc))
-        return CalendarRules()
-
-
-def _apply_calendars(planned: list[SlotPlan], rules: CalendarRules, zone) -> list[SlotPlan]:
-    """The job's calendars decide each slot that would run: one they exclude is recorded
-    skipped with the calendar's name (``calendar: uk_holidays``) or, with ON_EXCLUDED=next,
-    skipped with the time it moved to and a run claimed at that time (the first instant the
-    calendars allow; every slot of one excluded stretch moves to the same time, which runs once:
-    the unique (job, slot) key). A moved run lands on a slot of the schedule as that slot's run."""
-    decided: dict[datetime, SlotPlan] = {}
-    moved: list[SlotPlan] = []
-    for slot, status, note, runnable in planned:
-        why = rules.why_excluded(slot, zone) if status == RunStatus.PENDING else None
-        if why is None:
-            decided[slot] = (slot, status, note, runnable)
-            continue
-        if note:
-            why = f"{why} ({note})"
-        if rules.on_excluded == "next":
-            allowed = rules.next_allowed(slot, zone)
-            if allowed is None:
-                decided[slot] = (slot, RunStatus.SKIPPED, f"{why}; no allowed time within a year", None)
-                continue
-            decided[slot] = (slot, RunStatus.SKIPPED, f"{why}; moved to {allowed.isoformat()}", None)
-            moved.append((allowed, RunStatus.PENDING, f"{why}; moved from {slot.isoformat()}", None))
-        else:
-            decided[slot] = (slot, RunStatus.SKIPPED, why, None)
-    for entry in moved:
-        decided.setdefault(entry[0], entry)
-    return sorted(decided.values(), key=lambda entry: entry[0])
 
 
 def _inside_pause(job: dict[str, Any], moment: datetime) -> bool:

@@ -183,6 +183,15 @@ def check_history(sql_agent, workdir, state):
     assert runs[state["run_now"]]["status"] == "succeeded", runs
 
 
+def check_backfill(sql_agent, workdir, state):
+    # hello runs at 03:00 every day: three slots in this window, each a recorded run.
+    result = run(sql_agent, workdir, "--json", "backfill", "hello", "--from", "2026-01-01T00:00:00Z",
+                 "--to", "2026-01-03T12:00:00Z")
+    assert result.returncode == 0, result.stderr
+    document = _json(result)
+    assert document["slots"] == 3 and len(document["runs"]) + document["already_run"] == 3, document
+
+
 def check_submit(sql_agent, workdir, state):
     result = run(sql_agent, workdir, "--json", "submit", "--sql", "SELECT 1", "--order", "1")
     assert result.returncode == 0, result.stderr
@@ -301,6 +310,7 @@ INVOCATIONS = {
     ("run-now",): check_run_now,
     ("work",): check_work,
     ("history",): check_history,
+    ("backfill",): check_backfill,
     ("submit",): check_submit,
     ("cancel",): check_cancel,
     ("pause",): check_pause,
