@@ -3,7 +3,9 @@ driven by Selenium; nothing is downloaded at test time) against the local server
 over jobs in every state (tests/support/monitor_scenario.py). The tests assert what a person sees: the
 text, the number of bars, the colour of a failed run, a hostile error message shown as text with
 no script run; and they compare each JSON twin, as the browser receives it, with the CLI's
-`--json`. Screenshots go to .scratch/monitor-screenshots/ (docs/images/ holds copies).
+`--json`. Screenshots go to .scratch/monitor-screenshots/; docs/images/ holds copies: monitor-jobs,
+-job, -confirm and -stuck (with the late-agent banner) are an operator's pages through the Azure
+adapter (azure-*.png), monitor-run, -poison and -audit a reader's in the local server.
 
 With CI=true a missing Chromium fails these tests; elsewhere they are skipped."""
 
@@ -74,11 +76,12 @@ def site():
 
 
 def shot(driver, name: str) -> None:
-    """The whole page, as tall as it is (Chromium's own capture beyond the viewport)."""
+    """The whole page, as tall as its content (Chromium's own capture beyond the viewport; a
+    short page is not padded to the window's height)."""
     import base64
 
     width, height = driver.execute_script(
-        "return [document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+        "return [document.documentElement.scrollWidth, Math.ceil(document.body.getBoundingClientRect().bottom) + 8]")
     capture = driver.execute_cdp_cmd("Page.captureScreenshot", {
         "format": "png", "captureBeyondViewport": True,
         "clip": {"x": 0, "y": 0, "width": width, "height": min(height, 4000), "scale": 1}})
@@ -469,6 +472,7 @@ def test_azure_an_operator_clicks_start_and_stop_and_both_are_audited(browser, a
     browser.find_element(By.CSS_SELECTOR, "button.act-stop").click()
     assert browser.find_element(By.TAG_NAME, "h1").text == "Confirm"
     assert not [r for r in monitor_audit(scenario) if r["action"] == "stop"]   # asked, not done
+    shot(browser, "azure-confirm")
     browser.find_element(By.CSS_SELECTOR, "button.act-stop").click()
     assert browser.find_element(By.TAG_NAME, "h1").text == "Done"
     assert "job 'running_long' stopped: run(s)" in text_of(browser)
@@ -487,4 +491,5 @@ def test_azure_an_operator_clicks_start_and_stop_and_both_are_audited(browser, a
     browser.get(base + "/stuck")
     banner = browser.find_element(By.CSS_SELECTOR, ".liveness.late")
     assert banner.text.startswith("Agent late:") and "has not ticked since" in banner.text
+    assert banner.value_of_css_property("background-color") == "rgba(255, 235, 238, 1)"   # styled, not plain text
     shot(browser, "azure-stuck-late")
