@@ -223,7 +223,8 @@ def test_jobs_json_keeps_the_old_keys_and_adds_the_monitors(scenario):
            "paused", "paused_at", "paused_until", "paused_by", "pause_reason",     # issue 27: pause and resume
            "after_job", "after_outcome",                      # issue 27: whom the job follows
            "calendars", "calendar_words", "jitter_seconds",   # issue 33: the job's calendars, jitter
-           "max_duration_seconds", "stop_after_seconds", "slower_than", "deadline_seconds"}   # issue 32: alerts
+           "max_duration_seconds", "stop_after_seconds", "slower_than", "deadline_seconds",   # issue 32: alerts
+           "params"}                                          # issue 32: the parameters start asks for
     for row in rows:
         assert set(row) == old | new
     by_name = {row["job_name"]: row for row in rows}
