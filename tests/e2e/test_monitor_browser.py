@@ -394,6 +394,7 @@ def test_azure_a_reader_sees_no_button_and_a_forged_post_is_403_audited(browser,
     (same origin, so only the role stops it) gets 403 in words, does nothing, and is audited as
     refused with the reader's name; a form posted from another origin gets 403 and writes nothing."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.wait import WebDriverWait
 
     scenario, front = azure_site
     scenario.ticked()
@@ -412,7 +413,11 @@ def test_azure_a_reader_sees_no_button_and_a_forged_post_is_403_audited(browser,
         "const f = document.createElement('form'); f.method = 'post'; f.action = arguments[0];"
         "for (const [k, v] of [['job', 'nightly_ok'], ['token', 'forged']]) {"
         "  const i = document.createElement('input'); i.type = 'hidden'; i.name = k; i.value = v; f.appendChild(i); }"
-        "document.body.appendChild(f); f.submit();", "/api/monitor/actions/start")
+        "const b = document.createElement('button'); b.type = 'submit'; b.id = 'forged'; b.textContent = 'Start';"
+        "f.appendChild(b); document.body.appendChild(f);", "/api/monitor/actions/start")
+    browser.find_element(By.ID, "forged").click()
+    WebDriverWait(browser, 30).until(lambda d: d.current_url.endswith("/api/monitor/actions/start")
+                                     and d.find_elements(By.TAG_NAME, "h1"))
     assert browser.find_element(By.TAG_NAME, "h1").text == "403"
     assert "ada@example.com may read the monitor but not act" in text_of(browser)
     assert front.posts()[-1] == ("POST", "/api/monitor/actions/start", 403)
@@ -431,6 +436,7 @@ def test_azure_a_reader_sees_no_button_and_a_forged_post_is_403_audited(browser,
         audited, posted = len(monitor_audit(scenario)), len(front.posts())
         browser.get(evil.url + "/api/monitor/")
         browser.find_element(By.ID, "go").click()
+        WebDriverWait(browser, 30).until(lambda d: d.current_url.startswith(base) and d.find_elements(By.TAG_NAME, "h1"))
         assert "cross-origin request refused" in text_of(browser)
         assert len(front.posts()) == posted + 1
         assert front.posts()[-1] == ("POST", "/api/monitor/actions/start", 403)
