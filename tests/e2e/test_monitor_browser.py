@@ -3,7 +3,9 @@ driven by Selenium; nothing is downloaded at test time) against the local server
 over jobs in every state (tests/support/monitor_scenario.py). The tests assert what a person sees: the
 text, the number of bars, the colour of a failed run, a hostile error message shown as text with
 no script run; and they compare each JSON twin, as the browser receives it, with the CLI's
-`--json`. Screenshots go to .scratch/monitor-screenshots/ (docs/images/ holds copies).
+`--json`. Screenshots go to .scratch/monitor-screenshots/; docs/images/ holds copies: monitor-jobs,
+-job, -confirm and -stuck (with the late-agent banner) are an operator's pages through the Azure
+adapter (azure-*.png), monitor-run, -poison and -audit a reader's in the local server.
 
 With CI=true a missing Chromium fails these tests; elsewhere they are skipped."""
 
@@ -74,11 +76,12 @@ def site():
 
 
 def shot(driver, name: str) -> None:
-    """The whole page, as tall as it is (Chromium's own capture beyond the viewport)."""
+    """The whole page, as tall as its content (Chromium's own capture beyond the viewport; a
+    short page is not padded to the window's height)."""
     import base64
 
     width, height = driver.execute_script(
-        "return [document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+        "return [document.documentElement.scrollWidth, Math.ceil(document.body.getBoundingClientRect().bottom) + 8]")
     capture = driver.execute_cdp_cmd("Page.captureScreenshot", {
         "format": "png", "captureBeyondViewport": True,
         "clip": {"x": 0, "y": 0, "width": width, "height": min(height, 4000), "scale": 1}})
@@ -260,3 +263,239 @@ def test_an_operator_clicks_start_and_stop_and_a_reader_sees_no_button(browser, 
         operator.server_close()
     browser.get(url + "/jobs/nightly_ok")
     assert not browser.find_elements(By.TAG_NAME, "form")
+
+
+# ---------------------------------------------------------------- through the Azure adapter
+
+READERS = "6f1c3a52-0d7e-4a8e-9b61-3c2f0e9a7d41"
+OPERATORS = "0b7e2f44-8c1d-4f3a-a2e9-5d6c7b8a9f10"
+STRIP_PREFIX = "x-ms-client-principal"
+
+
+def principal_header(group: str, name: str) -> str:
+    """X-MS-CLIENT-PRINCIPAL as App Service Authentication sets it: base64 JSON of the claims."""
+    import base64
+
+    claims = [{"typ": "groups", "val": group}, {"typ": "name", "val": name}]
+    return base64.b64encode(json.dumps({"auth_typ": "aad", "claims": claims, "name_typ": "name"}).encode()).decode()
+
+
+class AppServiceFront:
+    """What stands in front of the function in Azure, on a loopback port: App Service
+    Authentication (it strips any X-MS-CLIENT-PRINCIPAL* header a client sends and sets its own
+    for the signed-in user, here ``signed_in``) and the Functions host (it makes each request a
+    real azure.functions.HttpRequest for the HTTP trigger functions/monitor_trigger.py and sends
+    its HttpResponse back). The browser speaks plain HTTP to it, so the front says so
+    (X-Forwarded-Proto: http): the adapter then sees the origin the browser really uses."""
+
+    def __init__(self, function) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import parse_qsl, urlsplit
+
+        import azure.functions as func
+
+        front = self
+        self.signed_in: tuple[str, str] | None = None
+        self.requests: list[tuple[str, str, int]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def relay(self) -> None:
+                split = urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                if not (split.path == "/api/monitor" or split.path.startswith("/api/monitor/")):
+                    self.send_error(404)
+                    return
+                headers = {k: v for k, v in self.headers.items() if not k.lower().startswith(STRIP_PREFIX)}
+                headers["X-Forwarded-Proto"] = "http"
+                if front.signed_in is not None:
+                    group, name = front.signed_in
+                    headers["X-MS-CLIENT-PRINCIPAL"] = principal_header(group, name)
+                    headers["X-MS-CLIENT-PRINCIPAL-NAME"] = name
+                    headers["X-MS-CLIENT-PRINCIPAL-IDP"] = "aad"
+                request = func.HttpRequest(self.command, f"http://{self.headers['Host']}{self.path}", headers=headers,
+                                           params=dict(parse_qsl(split.query)),
+                                           route_params={"path": split.path[len("/api/monitor/"):]}, body=body)
+                response = function(request)
+                payload = response.get_body()
+                front.requests.append((self.command, self.path, response.status_code))
+                self.send_response(response.status_code)
+                sent = {k.lower() for k in response.headers.keys()}
+                for name, value in response.headers.items():
+                    if name.lower() not in ("content-length", "connection"):
+                        self.send_header(name, value)
+                if "content-type" not in sent:
+                    self.send_header("Content-Type", f"{response.mimetype}; charset={response.charset}")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
+
+            do_GET = do_HEAD = do_POST = relay
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+        self.thread.start()
+
+    def posts(self) -> list[tuple[str, str, int]]:
+        return [request for request in self.requests if request[0] == "POST"]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def azure_site():
+    """A scenario of its own, served by the HTTP trigger itself (the Functions app's settings in
+    the environment: AGENT_DB and both groups) behind an AppServiceFront."""
+    import os
+
+    from shared.engine.agent import reset_default_agent
+
+    name, url = create_pg_database()
+    scenario = monitor_scenario.build(url)
+    with pytest.MonkeyPatch.context() as patch:
+        for key in [k for k in os.environ if k.startswith(("JOB__", "AGENT_", "ALERT__"))]:
+            patch.delenv(key)
+        patch.setenv("AGENT_DB", url)
+        patch.setenv("AGENT_MONITOR_ALLOWED_GROUP", READERS)
+        patch.setenv("AGENT_MONITOR_OPERATOR_GROUP", OPERATORS)
+        reset_default_agent()
+        from functions import monitor_trigger
+
+        front = AppServiceFront(monitor_trigger.agent_monitor.build().get_user_function())
+        try:
+            yield scenario, front
+        finally:
+            front.close()
+            reset_default_agent()
+            scenario.close()
+            drop_pg_database(name)
+
+
+def monitor_audit(scenario) -> list[dict]:
+    store = scenario.agent.new_store()
+    try:
+        rows = store.execute("list_audit", job_name=None, since=None, limit=1000).rows
+    finally:
+        store.close()
+    return [dict(row) for row in rows if row["source"] == "monitor"]
+
+
+def test_azure_a_reader_sees_no_button_and_a_forged_post_is_403_audited(browser, azure_site):
+    """Issue 32 item 8 through the Azure adapter: a reader signed in by App Service
+    Authentication reads every page and sees no form; a POST forged in the reader's own page
+    (same origin, so only the role stops it) gets 403 in words, does nothing, and is audited as
+    refused with the reader's name; a form posted from another origin gets 403 and writes nothing."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    scenario, front = azure_site
+    scenario.ticked()
+    front.signed_in = (READERS, "ada@example.com")
+    base = front.url + "/api/monitor"
+    for path in ("/", "/jobs/nightly_ok", "/jobs/running_long", "/poison", "/stuck", "/audit", "/alerts"):
+        browser.get(base + path)
+        assert "Signed in as ada@example.com" in text_of(browser), path
+        assert not browser.find_elements(By.TAG_NAME, "form"), path
+        assert not browser.find_elements(By.TAG_NAME, "button"), path
+        assert not browser.find_elements(By.CSS_SELECTOR, ".liveness"), path
+    runs_before = len(cli_json(scenario.db, "history", "--job", "nightly_ok")["runs"])
+    browser.get(base + "/jobs/nightly_ok")
+    # The reader builds the operator's form by hand in the monitor's own page and submits it.
+    browser.execute_script(
+        "const f = document.createElement('form'); f.method = 'post'; f.action = arguments[0];"
+        "for (const [k, v] of [['job', 'nightly_ok'], ['token', 'forged']]) {"
+        "  const i = document.createElement('input'); i.type = 'hidden'; i.name = k; i.value = v; f.appendChild(i); }"
+        "const b = document.createElement('button'); b.type = 'submit'; b.id = 'forged'; b.textContent = 'Start';"
+        "f.appendChild(b); document.body.appendChild(f);", "/api/monitor/actions/start")
+    browser.find_element(By.ID, "forged").click()
+    WebDriverWait(browser, 30).until(lambda d: d.current_url.endswith("/api/monitor/actions/start")
+                                     and d.find_elements(By.TAG_NAME, "h1"))
+    assert browser.find_element(By.TAG_NAME, "h1").text == "403"
+    assert "ada@example.com may read the monitor but not act" in text_of(browser)
+    assert front.posts()[-1] == ("POST", "/api/monitor/actions/start", 403)
+    (row,) = [r for r in monitor_audit(scenario) if r["principal"] == "ada@example.com"]
+    # refused on the role, before the form is read: the row names the action, not the target
+    assert (row["action"], row["outcome"], row["job_name"]) == ("run-now", "refused", None), row
+    assert "ada@example.com is a reader, not an operator" in str(row), row
+    assert row["client"] == f"monitor at {front.url[len('http://'):]}", row
+    assert len(cli_json(scenario.db, "history", "--job", "nightly_ok")["runs"]) == runs_before
+    # A page of another origin (another port of 127.0.0.1: the same site, so the cookie goes)
+    # posts to the monitor: refused before anything is recorded.
+    evil = AppServiceFront(lambda request: __import__("azure.functions").functions.HttpResponse(
+        f'<form method="post" action="{base}/actions/start"><input type="hidden" name="job" value="nightly_ok">'
+        '<button type="submit" id="go">win</button></form>', mimetype="text/html"))
+    try:
+        audited, posted = len(monitor_audit(scenario)), len(front.posts())
+        browser.get(evil.url + "/api/monitor/")
+        browser.find_element(By.ID, "go").click()
+        WebDriverWait(browser, 30).until(lambda d: d.current_url.startswith(base) and d.find_elements(By.TAG_NAME, "h1"))
+        assert "cross-origin request refused" in text_of(browser)
+        assert len(front.posts()) == posted + 1
+        assert front.posts()[-1] == ("POST", "/api/monitor/actions/start", 403)
+        assert len(monitor_audit(scenario)) == audited
+    finally:
+        evil.close()
+
+
+def test_azure_an_operator_clicks_start_and_stop_and_both_are_audited(browser, azure_site):
+    """Issue 32 item 8 through the Azure adapter: an operator signed in by App Service
+    Authentication clicks Start (the result says which run), and Stop, which asks first; each is
+    one audit row naming the Entra user and the host. The pages for the docs are taken here:
+    what an operator sees in Azure (docs/images/monitor-*.png, copied from .scratch)."""
+    from datetime import datetime, timedelta, timezone
+
+    from selenium.webdriver.common.by import By
+
+    scenario, front = azure_site
+    scenario.ticked()
+    front.signed_in = (OPERATORS, "grace@example.com")
+    base = front.url + "/api/monitor"
+    host = front.url[len("http://"):]
+    browser.get(base + "/")
+    assert "Signed in as grace@example.com" in text_of(browser)
+    assert browser.find_elements(By.CSS_SELECTOR, "#job-nightly_ok button.act-start")
+    assert browser.find_element(By.LINK_TEXT, "Alerts").get_attribute("href") == base + "/alerts"
+    assert not browser.find_elements(By.CSS_SELECTOR, ".liveness")
+    shot(browser, "azure-jobs")
+    browser.get(base + "/jobs/nightly_ok")
+    shot(browser, "azure-job")
+    runs_before = {run["run_id"] for run in cli_json(scenario.db, "history", "--job", "nightly_ok")["runs"]}
+    browser.find_element(By.CSS_SELECTOR, "button.act-start").click()
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Done"
+    assert "job 'nightly_ok' started: run" in text_of(browser)
+    (new_run,) = [run for run in cli_json(scenario.db, "history", "--job", "nightly_ok")["runs"]
+                  if run["run_id"] not in runs_before]
+    assert f"run {new_run['run_id']}" in text_of(browser)
+    browser.get(base + "/jobs/running_long")
+    browser.find_element(By.CSS_SELECTOR, "button.act-stop").click()
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Confirm"
+    assert not [r for r in monitor_audit(scenario) if r["action"] == "stop"]   # asked, not done
+    shot(browser, "azure-confirm")
+    browser.find_element(By.CSS_SELECTOR, "button.act-stop").click()
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Done"
+    assert "job 'running_long' stopped: run(s)" in text_of(browser)
+    shot(browser, "azure-action-done")
+    rows = [r for r in monitor_audit(scenario) if r["principal"] == "grace@example.com"]
+    assert sorted((r["action"], r["outcome"], r["job_name"], r["client"]) for r in rows) == [
+        ("run-now", "done", "nightly_ok", f"monitor at {host}"),
+        ("stop", "done", "running_long", f"monitor at {host}")], rows
+    browser.get(base + "/audit")
+    cells = [[cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+             for row in browser.find_elements(By.CSS_SELECTOR, "table.audit tbody tr")]
+    assert cells[0][2] == "grace@example.com" and cells[0][5] == "stop" and cells[0][8] == "done", cells[0]
+    shot(browser, "azure-audit")
+    # The agent stops ticking: every page says so at its top.
+    scenario.ticked(at=datetime.now(timezone.utc) - timedelta(hours=1))
+    browser.get(base + "/stuck")
+    banner = browser.find_element(By.CSS_SELECTOR, ".liveness.late")
+    assert banner.text.startswith("Agent late:") and "has not ticked since" in banner.text
+    assert banner.value_of_css_property("background-color") == "rgba(255, 235, 238, 1)"   # styled, not plain text
+    shot(browser, "azure-stuck-late")
