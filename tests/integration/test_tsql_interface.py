@@ -1297,6 +1297,28 @@ def test_catchup_seconds_from_the_procedure_is_stored_shown_and_audited_as_the_s
     table = capsys.readouterr().out
     line = next(line for line in table.splitlines() if line.startswith("dbtwin "))
     assert code == 0 and "catch-up 3600 s" in line, table
+    # The monitor: the jobs page and the job page under the schedule, and both JSON twins.
+    import contextlib
+
+    from shared.web.app import Monitor, MonitorSettings
+
+    @contextlib.contextmanager
+    def lend():
+        store = agent.new_store()
+        try:
+            yield store
+        finally:
+            store.close()
+
+    monitor = Monitor(lend, clock=lambda: datetime.now(UTC), settings=lambda: MonitorSettings())
+    listing = monitor.handle("GET", "/jobs", "", "").body.decode()
+    row = listing[listing.index('id="job-dbtwin"'):]
+    assert '<div class="catchup">catch-up 3600 s</div>' in row[:row.index("</tr>")]
+    assert '<div class="catchup">catch-up 3600 s</div>' in monitor.handle("GET", "/jobs/dbtwin", "", "").body.decode()
+    document = json.loads(monitor.handle("GET", "/jobs/dbtwin", "format=json", "").body)
+    assert document["job"]["catchup_seconds"] == 3600
+    listed = {r["job_name"]: r for r in json.loads(monitor.handle("GET", "/jobs", "format=json", "").body)}
+    assert listed["dbtwin"]["catchup_seconds"] == 3600
     # Redefined without it: no window, and `jobs` says nothing of one.
     call(connection, "add_scheduled_job", name="dbtwin", sql="SELECT 1", schedule="0 0 * * * *", overlap="queue")
     assert select(connection, "SELECT catchup_seconds FROM agent.jobs WHERE job_name = 'dbtwin'")[0]["catchup_seconds"] == 0
@@ -1304,6 +1326,7 @@ def test_catchup_seconds_from_the_procedure_is_stored_shown_and_audited_as_the_s
     table = capsys.readouterr().out
     line = next(line for line in table.splitlines() if line.startswith("dbtwin "))
     assert "catch-up" not in line, table
+    assert 'class="catchup"' not in monitor.handle("GET", "/jobs/dbtwin", "", "").body.decode()
 
 
 @pytest.mark.parametrize("arguments, expected", [
