@@ -69,6 +69,7 @@ from shared.engine.views import (
     after_words,
     alerts_view,
     audit_view,
+    catchup_words,
     history_view,
     jobs_view,
     next_view,
@@ -284,6 +285,8 @@ def cmd_jobs(agent, args) -> int:
             schedule += f", {row['calendar_words']}"
         if after_words(row):
             schedule += f", {after_words(row)}"
+        if catchup_words(row):
+            schedule += f", {catchup_words(row)}"
         state = row["state"]
         if row.get("paused") and row.get("paused_until"):
             state = f"paused until {time_text(row['paused_until'])}"

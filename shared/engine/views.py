@@ -140,6 +140,14 @@ def after_words(row: dict[str, Any]) -> str | None:
     return f"after {leader}" + ("" if outcome == "succeeded" else f" {outcome}")
 
 
+def catchup_words(row: dict[str, Any]) -> str | None:
+    """A job's catch-up window in words ("catch-up 3600 s": after downtime, every missed slot
+    within that many seconds runs), or None when it has none (JOB__<name>__CATCHUP_SECONDS,
+    agent.add_scheduled_job @catchup_seconds)."""
+    seconds = int(row.get("catchup_seconds") or 0)
+    return f"catch-up {seconds} s" if seconds > 0 else None
+
+
 def status_now(groups: list[dict[str, Any]], now: datetime) -> dict[str, Any]:
     """A job's status from its list_job_activity groups: the most active state wins (running,
     then queued, then retrying, then waiting, then due), with the number of runs in flight."""

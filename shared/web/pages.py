@@ -111,7 +111,8 @@ class Pages:
             lines.append(
                 f'<tr class="job" id="job-{escape(row["job_name"])}"><td>{self.job_link(row["job_name"])}</td>'
                 f'<td>{escape(row["source"])}</td><td>{state}</td>'
-                f'<td>{escape(row["schedule_words"])}<div><code>{escape(row["schedule"])}</code></div>{_calendars(row)}{_after(self, row)}</td>'
+                f'<td>{escape(row["schedule_words"])}<div><code>{escape(row["schedule"])}</code></div>'
+                f'{_calendars(row)}{_after(self, row)}{_catchup(row)}</td>'
                 f'<td>{escape(row["timezone"])}</td><td class="status">{status_text(row)}</td><td>{last}</td>'
                 f"<td>{_next_slot(row)}</td>{'<td>' + self.job_buttons(row, full=False) + '</td>' if self.act else ''}</tr>")
         lines.append("</tbody></table>")
@@ -124,7 +125,8 @@ class Pages:
                  + (f'<div class="error">{escape(job["config_error"])}</div>' if job["config_error"] else ""))
         facts = [
             ("Defined in", escape(job["source"])), ("State", state),
-            ("Schedule", f'{escape(job["schedule_words"])} <code>{escape(job["schedule"])}</code>{_calendars(job)}{_after(self, job)}'),
+            ("Schedule", f'{escape(job["schedule_words"])} <code>{escape(job["schedule"])}</code>'
+                         f'{_calendars(job)}{_after(self, job)}{_catchup(job)}'),
             ("Time zone", escape(job["timezone"])), ("Status now", status_text(job)),
             ("Last outcome", f'{escape(job["last_status"] or "-")} {self.run_link(job["last_run_id"])} '
                              f'{when(job["last_finished_at"]) if job["last_run_id"] else ""}{_last_targets(job)}'),
@@ -482,6 +484,12 @@ def _calendars(job: dict[str, Any]) -> str:
     """The job's calendars in words, as a line under its schedule; nothing when it has none."""
     words = job.get("calendar_words")
     return f'<div class="calendars">{escape(words)}</div>' if words else ""
+
+
+def _catchup(job: dict[str, Any]) -> str:
+    """The job's catch-up window (CATCHUP_SECONDS), as a line under its schedule; nothing when none."""
+    words = views.catchup_words(job)
+    return f'<div class="catchup">{escape(words)}</div>' if words else ""
 
 
 def _after(pages: Pages, job: dict[str, Any]) -> str:

@@ -136,3 +136,48 @@ def test_queue_mode_dispatches_and_starts_the_caught_up_slots(agent_factory):
                                        dequeue_count=1, max_concurrency=100,
                                        late_cutoff=now - timedelta(seconds=120)).rows
         assert row["decision"] == "start", row
+
+
+def test_a_job_defined_from_the_procedure_catches_up_as_the_settings_one(pg_url):
+    """agent.add_scheduled_job @catchup_seconds (migration 0024) on PostgreSQL: the job defined
+    from T-SQL and its settings twin claim the same slots after the same downtime, the window's
+    runnable (noted catch-up), the older ones skipped, and claims start them oldest first."""
+    from datetime import datetime, timezone
+
+    from tests.support.harness import make_agent
+    from tests.support.tsql_caller import call, connect
+
+    agent = make_agent(pg_url, {"twin": {**HOURLY, "CATCHUP_SECONDS": str(5 * 3600), "OVERLAP": "queue"}})
+    try:
+        connection = connect(pg_url)
+        try:
+            call(connection, "add_scheduled_job", name="db", sql="SELECT 1", schedule="0 0 * * * *",
+                 lease_seconds=3600, overlap="queue", catchup_seconds=5 * 3600)
+        finally:
+            connection.close()
+        # The procedure stamps the definition with the server's clock: the first tick is now.
+        start = datetime.now(timezone.utc)
+        agent.tick(start)
+        top = start.replace(minute=0, second=0, microsecond=0)
+        back = top + timedelta(hours=10, minutes=10)              # down for ten hours
+        agent.tick(back)
+        slots = [top + timedelta(hours=h) for h in range(1, 11)]
+        window, older = slots[5:], slots[:5]                     # within 5 h of back, and before
+        seen = {job: [(r["scheduled_for"], r["status"], r["note"]) for r in runs_of(agent, job)
+                      if r["scheduled_for"] > start] for job in ("db", "twin")}
+        assert seen["db"] == seen["twin"], seen
+        statuses = {slot: (status, note) for slot, status, note in seen["db"]}
+        assert sorted(statuses) == slots, statuses
+        assert all(statuses[s][0] == "pending" and statuses[s][1].startswith("catch-up:") for s in window), statuses
+        assert all(statuses[s][0] == "skipped" and "CATCHUP_SECONDS" in statuses[s][1] for s in older), statuses
+        now = back + timedelta(seconds=5)
+        started = []
+        for _ in range(len(window)):
+            rows = [r for r in claim(agent, now) if r["job_name"] == "db"]
+            assert [r["decision"] for r in rows] == ["start"], rows      # queue: one at a time, never skipped
+            started.append(rows[0]["scheduled_for"])
+            finish(agent, [r["run_id"] for r in runs_of(agent, "db") + runs_of(agent, "twin") if r["status"] == "running"])
+            now += timedelta(minutes=5)                              # long past the misfire threshold
+        assert started == window
+    finally:
+        agent.close()

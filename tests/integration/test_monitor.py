@@ -224,7 +224,8 @@ def test_jobs_json_keeps_the_old_keys_and_adds_the_monitors(scenario):
            "after_job", "after_outcome",                      # issue 27: whom the job follows
            "calendars", "calendar_words", "jitter_seconds",   # issue 33: the job's calendars, jitter
            "max_duration_seconds", "stop_after_seconds", "slower_than", "deadline_seconds",   # issue 32: alerts
-           "params"}                                           # issue 33: declared parameters
+           "params",                                          # issue 33 item 4: the parameters it declares
+           "catchup_seconds"}                                 # issue 33 item 5: its catch-up window (0: none)
     for row in rows:
         assert set(row) == old | new
     by_name = {row["job_name"]: row for row in rows}

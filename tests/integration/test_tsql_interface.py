@@ -1271,3 +1271,94 @@ def test_grant_sql_operator_prints_the_warning_and_refuses_to_apply_to_sqlite(tm
     code = cli(["--db", f"sqlite:///{tmp_path / 'a.db'}", "grant-sql", "--operator", "ops", "--app-name", "app"])
     captured = capsys.readouterr()
     assert code == 0 and "GRANT IMPERSONATE ON USER::[ops] TO [app];" in captured.out
+
+
+def test_catchup_seconds_from_the_procedure_is_stored_shown_and_audited_as_the_setting(system, capsys):
+    """agent.add_scheduled_job's @catchup_seconds (migration 0024) is JOB__<name>__CATCHUP_SECONDS:
+    stored on the job, audited with the call, shown by `jobs`, `jobs --json` and the monitor's
+    JSON; a redefinition without it removes the window."""
+    build, connection, url = system
+    agent = build({"twin": {"SCHEDULE": "0 0 * * * *", "COMMAND": "SELECT 1", "CATCHUP_SECONDS": "3600",
+                            "OVERLAP": "queue"}})
+    call(connection, "add_scheduled_job", name="dbtwin", sql="SELECT 1", schedule="0 0 * * * *",
+         overlap="queue", catchup_seconds=3600)
+    agent.tick()
+    rows = {r["job_name"]: r for r in select(connection, "SELECT job_name, catchup_seconds, valid FROM agent.jobs")}
+    assert rows["dbtwin"]["catchup_seconds"] == rows["twin"]["catchup_seconds"] == 3600
+    assert rows["dbtwin"]["valid"] == 1
+    (audited,) = [r for r in select(connection, "SELECT job_name, action, arguments FROM agent.audit")
+                  if r["job_name"] == "dbtwin" and r["action"] == "define"]
+    arguments = audited["arguments"] if isinstance(audited["arguments"], dict) else json.loads(audited["arguments"])
+    assert arguments["catchup_seconds"] == 3600
+    code = cli(["--db", url, "--json", "jobs"])
+    shown = {r["job_name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert code == 0 and shown["dbtwin"]["catchup_seconds"] == shown["twin"]["catchup_seconds"] == 3600
+    code = cli(["--db", url, "jobs"])
+    table = capsys.readouterr().out
+    line = next(line for line in table.splitlines() if line.startswith("dbtwin "))
+    assert code == 0 and "catch-up 3600 s" in line, table
+    # The monitor: the jobs page and the job page under the schedule, and both JSON twins.
+    import contextlib
+
+    from shared.web.app import Monitor, MonitorSettings
+
+    @contextlib.contextmanager
+    def lend():
+        store = agent.new_store()
+        try:
+            yield store
+        finally:
+            store.close()
+
+    monitor = Monitor(lend, clock=lambda: datetime.now(UTC), settings=lambda: MonitorSettings())
+    listing = monitor.handle("GET", "/jobs", "", "").body.decode()
+    row = listing[listing.index('id="job-dbtwin"'):]
+    assert '<div class="catchup">catch-up 3600 s</div>' in row[:row.index("</tr>")]
+    assert '<div class="catchup">catch-up 3600 s</div>' in monitor.handle("GET", "/jobs/dbtwin", "", "").body.decode()
+    document = json.loads(monitor.handle("GET", "/jobs/dbtwin", "format=json", "").body)
+    assert document["job"]["catchup_seconds"] == 3600
+    listed = {r["job_name"]: r for r in json.loads(monitor.handle("GET", "/jobs", "format=json", "").body)}
+    assert listed["dbtwin"]["catchup_seconds"] == 3600
+    # Redefined without it: no window, and `jobs` says nothing of one.
+    call(connection, "add_scheduled_job", name="dbtwin", sql="SELECT 1", schedule="0 0 * * * *", overlap="queue")
+    assert select(connection, "SELECT catchup_seconds FROM agent.jobs WHERE job_name = 'dbtwin'")[0]["catchup_seconds"] == 0
+    cli(["--db", url, "jobs"])
+    table = capsys.readouterr().out
+    line = next(line for line in table.splitlines() if line.startswith("dbtwin "))
+    assert "catch-up" not in line, table
+    assert 'class="catchup"' not in monitor.handle("GET", "/jobs/dbtwin", "", "").body.decode()
+
+
+@pytest.mark.parametrize("arguments, expected", [
+    ({"catchup_seconds": -1}, "@catchup_seconds = -1: expected a whole number from 0 to 31622400"),
+    ({"catchup_seconds": 31622401, "grace_seconds": 31622400},
+     "@catchup_seconds = 31622401: expected a whole number from 0 to 31622400"),
+    ({"catchup_seconds": None}, "@catchup_seconds = NULL: expected a whole number from 0 to 31622400"),
+    ({"catchup_seconds": 3600, "schedule": None}, "@catchup_seconds = 3600: expected 0 for a job without a @schedule"),
+    ({"catchup_seconds": 3600, "misfire": "Skip"}, "@catchup_seconds = 3600 and @misfire = 'skip' conflict"),
+    ({"catchup_seconds": 7200, "grace_seconds": 3600}, "@catchup_seconds = 7200: expected at most @grace_seconds = 3600"),
+    ({"catchup_seconds": 3600, "overlap": None}, "@overlap = NULL: expected skip, queue"),
+    ({"catchup_seconds": 3600, "overlap": "skip"}, "@catchup_seconds = 3600 and @overlap = 'skip' conflict"),
+    ({"catchup_seconds": 3600, "overlap": "Cancel-Previous"},
+     "@catchup_seconds = 3600 and @overlap = 'cancel-previous' conflict"),
+])
+def test_bad_catchup_seconds_from_the_procedure_is_refused_naming_the_arguments(system, arguments, expected):
+    build, connection, url = system
+    build()
+    given = {"name": "bad", "sql": "SELECT 1", "schedule": "0 0 * * * *", "overlap": "queue", **arguments}
+    if given["schedule"] is None:
+        del given["schedule"]
+    with pytest.raises(CallError) as caught:
+        call(connection, "add_scheduled_job", **given)
+    assert caught.value.code == BAD_ARGUMENT[dialect(url)]
+    assert expected in caught.value.message, caught.value.message
+    assert select(connection, "SELECT job_name FROM agent.jobs WHERE job_name = 'bad'") == []
+
+
+@pytest.mark.parametrize("overlap", ["queue", "allow", "buffer-one"])
+def test_catchup_seconds_from_the_procedure_accepts_the_overlaps_that_run_every_slot(system, overlap):
+    build, connection, url = system
+    build()
+    call(connection, "add_scheduled_job", name="ok", sql="SELECT 1", schedule="0 0 * * * *", overlap=overlap,
+         catchup_seconds=86400, grace_seconds=86400)
+    assert select(connection, "SELECT catchup_seconds FROM agent.jobs WHERE job_name = 'ok'")[0]["catchup_seconds"] == 86400

@@ -1,0 +1,3 @@
+-- 0024 agent.add_scheduled_job's @catchup_seconds (issue 33 item 5): procedures exist on the
+-- servers only (PostgreSQL and SQL Server); agent_jobs.catchup_seconds is 0022's. Nothing to do
+-- here (kept so that every dialect has the same migration numbers).
