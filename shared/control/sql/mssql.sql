@@ -465,87 +465,8 @@ WHERE j.next_due_at = a.from_due AND j.schedule = a.schedule AND j.timezone = a.
 SELECT job_name FROM @advanced;
 
 -- dispatch_runs --
--- Queue mode: under the start lock, skip the slots that may not run, then hand the queue every due run that may start (task order, overlap 'queue', the cap counting runs executing or due on the queue) and every run due within the lookahead (a delayed message; it holds no place). Each gets a new token and a dispatch lease.
--- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
--- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
-UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
-DECLARE @out TABLE (decision NVARCHAR(20), run_id BIGINT, token BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
-                    operation_id NVARCHAR(32), scheduled_for DATETIME2(6), attempt INT, runnable_at DATETIME2(6),
-                    note NVARCHAR(MAX));
-UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
-    note = CASE
-        WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
-             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running')
-        THEN N'overlap: the previous run of this job was still running; policy skip'
-        WHEN EXISTS (
-             SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
-               AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
-               AND n.status NOT IN (N'skipped', N'cancelled'))
-        THEN N'misfire: a later slot of this job is due too; caught up once, with the latest'
-        WHEN EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name AND j.misfire = N'skip')
-        THEN N'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
-        ELSE N'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
-OUTPUT N'skipped', inserted.run_id, inserted.token, inserted.job_name, inserted.kind, inserted.operation_id,
-       inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out
-FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
-WHERE r.status = N'pending' AND r.runnable_at <= CAST(:now AS DATETIME2(6)) AND r.job_name IS NOT NULL
-  AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
-            SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running'))
-       OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND (
-            EXISTS (SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
-                      AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
-                      AND n.status NOT IN (N'skipped', N'cancelled'))
-            OR EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
-                         AND (j.misfire = N'skip'
-                              OR DATEADD(second, j.grace_seconds, r.scheduled_for) < CAST(:now AS DATETIME2(6)))))));
--- Picked with TOP and ORDER BY in a subselect, the UPDATE keyed on it ("TOP (Transact-SQL)",
--- https://learn.microsoft.com/sql/t-sql/queries/top-transact-sql; Babelfish refuses an UPDATE through a CTE).
--- The (UPDLOCK, READPAST, ROWLOCK) of the subselect keeps update locks on the picked rows to the end
--- of the transaction and skips rows another worker holds; the outer WHERE repeats the pending
--- condition, which PostgreSQL re-checks on a row another starter committed meanwhile.
-UPDATE agent.runs SET
-    status = N'queued',
-    token = token + 1,
-    lease_expires_at = DATEADD(second, CAST(:dispatch_lease_seconds AS INT), CAST(:now AS DATETIME2(6))),
-    dispatched_at = CAST(:now AS DATETIME2(6))
-OUTPUT N'queued', inserted.run_id, inserted.token, inserted.job_name, inserted.kind, inserted.operation_id,
-       inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out
-WHERE status = N'pending' AND runnable_at <= CAST(:now AS DATETIME2(6)) AND run_id IN (
-    SELECT TOP ((SELECT CASE WHEN cap.free > 0 THEN cap.free ELSE 0 END
-                 FROM (SELECT CAST(:max_concurrency AS INT)
-                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running' AND f.awaiting_targets = 0)
-                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'queued'
-                                   AND f.runnable_at <= CAST(:now AS DATETIME2(6))) AS free) AS cap))
-           c.run_id
-    FROM agent.runs AS c WITH (UPDLOCK, READPAST, ROWLOCK)
-    WHERE c.status = N'pending' AND c.runnable_at <= CAST(:now AS DATETIME2(6))
-      AND NOT (c.task_order IS NOT NULL AND EXISTS (
-            SELECT 1 FROM agent.runs AS t
-            WHERE t.kind = N'task' AND t.task_order < c.task_order AND t.status IN (N'pending', N'queued', N'running')))
-      AND NOT (c.job_name IS NOT NULL AND c.overlap <> N'allow' AND EXISTS (
-            SELECT 1 FROM agent.runs AS o
-            WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-              AND ((c.overlap = N'queue' AND o.status = N'running')
-                   OR (o.status IN (N'pending', N'queued')
-                       AND (c.overlap = N'queue' OR o.runnable_at <= CAST(:now AS DATETIME2(6)))
-                       AND (o.scheduled_for < c.scheduled_for
-                            OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
-    ORDER BY c.runnable_at, c.run_id);
-UPDATE agent.runs SET
-    status = N'queued',
-    token = token + 1,
-    lease_expires_at = DATEADD(second, CAST(:dispatch_lease_seconds AS INT), runnable_at),
-    dispatched_at = CAST(:now AS DATETIME2(6))
-OUTPUT N'queued', inserted.run_id, inserted.token, inserted.job_name, inserted.kind, inserted.operation_id,
-       inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out
-WHERE status = N'pending' AND runnable_at > CAST(:now AS DATETIME2(6))
-  AND runnable_at <= CAST(:lookahead_until AS DATETIME2(6)) AND run_id IN (
-    SELECT TOP (CAST(:ahead_limit AS INT)) c.run_id
-    FROM agent.runs AS c WITH (UPDLOCK, READPAST, ROWLOCK)
-    WHERE c.status = N'pending' AND c.runnable_at > CAST(:now AS DATETIME2(6))
-      AND c.runnable_at <= CAST(:lookahead_until AS DATETIME2(6))
-    ORDER BY c.runnable_at, c.run_id);
-SELECT decision, run_id, token, job_name, kind, operation_id, scheduled_for, attempt, runnable_at, note FROM @out;
+-- Queue mode: under the start lock, skip the slots that may not run, then hand the queue every due run that may start (task order, overlap 'queue', the cap counting runs executing or due on the queue) and every run due within the lookahead (a delayed message; it holds no place). Each gets a new token and a dispatch lease. (agent.dispatch_runs, a procedure of migration 0021.)
+EXEC agent.dispatch_runs :now, :late_cutoff, :max_concurrency, :lookahead_until, :ahead_limit, :dispatch_lease_seconds;
 
 -- release_dispatch --
 -- Put back runs whose queue message could not be sent (a JSON array of {run_id, token}); a later dispatch sends them again.
@@ -558,179 +479,12 @@ WHERE r.status = N'queued';
 SELECT run_id FROM @released;
 
 -- start_run --
--- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened.
--- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
--- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
-UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
-DECLARE @decision NVARCHAR(20);
-SELECT @decision = CASE
-        WHEN r.runnable_at > CAST(:now AS DATETIME2(6)) THEN N'early'
-        WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
-             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
-               AND o.status = N'running') THEN N'skip-overlap'
-        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND EXISTS (
-             SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
-               AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(:now AS DATETIME2(6))
-               AND n.status NOT IN (N'skipped', N'cancelled')) THEN N'skip-superseded'
-        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND EXISTS (
-             SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name AND j.misfire = N'skip') THEN N'skip-misfire'
-        WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND EXISTS (
-             SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
-               AND DATEADD(second, j.grace_seconds, r.scheduled_for) < CAST(:now AS DATETIME2(6))) THEN N'skip-grace'
-        WHEN r.task_order IS NOT NULL AND EXISTS (
-             SELECT 1 FROM agent.runs AS t WHERE t.kind = N'task' AND t.task_order < r.task_order
-               AND t.status IN (N'pending', N'queued', N'running')) THEN N'held-order'
-        WHEN r.job_name IS NOT NULL AND r.overlap = N'queue' AND EXISTS (
-             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
-               AND (o.status = N'running'
-                    OR (o.status IN (N'pending', N'queued')
-                        AND (o.scheduled_for < r.scheduled_for
-                             OR (o.scheduled_for = r.scheduled_for AND o.run_id < r.run_id))))) THEN N'held-overlap'
-        WHEN (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running' AND f.awaiting_targets = 0)
-             >= CAST(:max_concurrency AS INT) THEN N'held-cap'
-        ELSE N'start' END
-FROM agent.runs AS r WITH (UPDLOCK)
-WHERE r.run_id = :run_id AND r.token = :token AND r.status = N'queued';
-DECLARE @started TABLE (decision NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
-                        command NVARCHAR(MAX), target_database NVARCHAR(128), attempt INT, failures INT,
-                        max_attempts INT, lapses INT, transient_errors INT, token BIGINT, timeout_seconds INT,
-                        lease_seconds INT, operation_id NVARCHAR(32), scheduled_for DATETIME2(6),
-                        runnable_at DATETIME2(6), started_at DATETIME2(6), note NVARCHAR(MAX), step INT,
-                        steps NVARCHAR(MAX));
-UPDATE agent.runs SET
-    status = CASE WHEN @decision = N'start' THEN N'running' WHEN @decision LIKE N'skip-%' THEN N'skipped'
-                  WHEN @decision LIKE N'held-%' THEN N'pending' ELSE status END,
-    attempt = CASE WHEN @decision = N'start' THEN attempt + 1 ELSE attempt END,
-    started_at = CASE WHEN @decision = N'start' THEN CAST(:now AS DATETIME2(6)) ELSE started_at END,
-    heartbeat_at = CASE WHEN @decision = N'start' THEN CAST(:now AS DATETIME2(6)) ELSE heartbeat_at END,
-    lease_expires_at = CASE WHEN @decision = N'start' THEN DATEADD(second, lease_seconds, CAST(:now AS DATETIME2(6)))
-                            WHEN @decision = N'early' THEN lease_expires_at END,
-    worker = CASE WHEN @decision = N'start' THEN CAST(:worker AS NVARCHAR(200)) ELSE worker END,
-    dequeue_count = CASE WHEN @decision = N'start' THEN CAST(:dequeue_count AS INT) ELSE dequeue_count END,
-    finished_at = CASE WHEN @decision LIKE N'skip-%' THEN CAST(:now AS DATETIME2(6)) ELSE finished_at END,
-    note = CASE @decision
-        WHEN N'skip-overlap' THEN N'overlap: the previous run of this job was still running; policy skip'
-        WHEN N'skip-superseded' THEN N'misfire: a later slot of this job is due too; caught up once, with the latest'
-        WHEN N'skip-misfire' THEN N'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
-        WHEN N'skip-grace' THEN N'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped'
-        WHEN N'held-order' THEN N'held: waits for the tasks of a lower order to finish'
-        WHEN N'held-overlap' THEN N'held: waits for the previous run of this job (overlap queue)'
-        WHEN N'held-cap' THEN N'held: AGENT_MAX_CONCURRENCY runs are executing'
-        ELSE note END
-OUTPUT @decision, inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
-       inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
-       inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
-       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note, inserted.step,
-       inserted.steps INTO @started
-WHERE run_id = :run_id AND token = :token AND status = N'queued' AND @decision IS NOT NULL;
-INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
-SELECT s.run_id, s.attempt, s.token, CAST(:worker AS NVARCHAR(200)), CAST(:dequeue_count AS INT),
-       CAST(:now AS DATETIME2(6)), N'running'
-FROM @started AS s WHERE s.decision = N'start';
-SELECT s.decision, s.run_id, s.job_name, s.kind, s.command, s.target_database, s.attempt, s.failures,
-       s.max_attempts, s.lapses, s.transient_errors, s.token, s.timeout_seconds, s.lease_seconds, s.operation_id,
-       s.scheduled_for, s.runnable_at, s.started_at, s.note, s.step, s.steps, r.parent_run_id, r.parent_token,
-       r.target_server, r.retry_interval_seconds, COALESCE(r.owner, j.owner, N'') AS owner,
-       r.params, jd.params AS job_params
-FROM @started AS s JOIN agent.runs AS r ON r.run_id = s.run_id
-LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
-LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
-LEFT JOIN agent.jobs AS jd ON jd.job_name = r.job_name;
+-- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened. owner as claim_runs gives it. (agent.start_run, a procedure of migration 0021, in a transaction of its own.)
+EXEC agent.start_run :now, :late_cutoff, :max_concurrency, :run_id, :token, :worker, :dequeue_count;
 
 -- claim_runs --
--- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock).
--- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
--- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
-UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
--- The claim's one time, read once the lock is held: what was committed before it is runnable by it.
-DECLARE @now DATETIME2(6) = COALESCE(CAST(:now AS DATETIME2(6)), SYSUTCDATETIME());
-DECLARE @claimed TABLE (decision NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
-                        command NVARCHAR(MAX), target_database NVARCHAR(128), attempt INT, failures INT,
-                        max_attempts INT, lapses INT, transient_errors INT, token BIGINT, timeout_seconds INT,
-                        lease_seconds INT, operation_id NVARCHAR(32), scheduled_for DATETIME2(6),
-                        runnable_at DATETIME2(6), started_at DATETIME2(6), note NVARCHAR(MAX), step INT,
-                        steps NVARCHAR(MAX));
-UPDATE r SET status = N'skipped', finished_at = @now, lease_expires_at = NULL,
-    note = CASE
-        WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
-             SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running')
-        THEN N'overlap: the previous run of this job was still running; policy skip'
-        WHEN EXISTS (
-             SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
-               AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= @now
-               AND n.status NOT IN (N'skipped', N'cancelled'))
-        THEN N'misfire: a later slot of this job is due too; caught up once, with the latest'
-        WHEN EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name AND j.misfire = N'skip')
-        THEN N'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
-        ELSE N'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
-OUTPUT N'skipped', inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
-       inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
-       inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
-       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note, inserted.step,
-       inserted.steps INTO @claimed
-FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
-WHERE r.status = N'pending' AND r.runnable_at <= @now AND r.job_name IS NOT NULL
-  AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
-            SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running'))
-       OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(:late_cutoff AS DATETIME2(6)) AND (
-            EXISTS (SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
-                      AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= @now
-                      AND n.status NOT IN (N'skipped', N'cancelled'))
-            OR EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
-                         AND (j.misfire = N'skip'
-                              OR DATEADD(second, j.grace_seconds, r.scheduled_for) < @now)))));
--- Picked with TOP and ORDER BY in a subselect, the UPDATE keyed on it, as in dispatch_runs (the
--- same locks, the same reference; Babelfish refuses an UPDATE through a CTE).
-UPDATE agent.runs SET
-    status = N'running',
-    token = token + 1,
-    attempt = attempt + 1,
-    dispatched_at = @now,
-    started_at = @now,
-    heartbeat_at = @now,
-    lease_expires_at = DATEADD(second, lease_seconds, @now),
-    worker = CAST(:worker AS NVARCHAR(200)),
-    dequeue_count = NULL
-OUTPUT N'start', inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
-       inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
-       inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
-       inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note, inserted.step,
-       inserted.steps INTO @claimed
-WHERE status = N'pending' AND runnable_at <= @now AND run_id IN (
-    SELECT TOP ((SELECT CASE WHEN cap.free > CAST(:batch AS INT) THEN CAST(:batch AS INT)
-                             WHEN cap.free > 0 THEN cap.free ELSE 0 END
-                 FROM (SELECT CAST(:max_concurrency AS INT)
-                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'running' AND f.awaiting_targets = 0)
-                             - (SELECT COUNT(*) FROM agent.runs AS f WHERE f.status = N'queued'
-                                   AND f.runnable_at <= @now) AS free) AS cap))
-           c.run_id
-    FROM agent.runs AS c WITH (UPDLOCK, READPAST, ROWLOCK)
-    WHERE c.status = N'pending' AND c.runnable_at <= @now
-      AND NOT (c.task_order IS NOT NULL AND EXISTS (
-            SELECT 1 FROM agent.runs AS t
-            WHERE t.kind = N'task' AND t.task_order < c.task_order AND t.status IN (N'pending', N'queued', N'running')))
-      AND NOT (c.job_name IS NOT NULL AND c.overlap <> N'allow' AND EXISTS (
-            SELECT 1 FROM agent.runs AS o
-            WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-              AND ((c.overlap = N'queue' AND o.status = N'running')
-                   OR (o.status IN (N'pending', N'queued')
-                       AND (c.overlap = N'queue' OR o.runnable_at <= @now)
-                       AND (o.scheduled_for < c.scheduled_for
-                            OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
-    ORDER BY c.runnable_at, c.run_id);
-INSERT INTO agent.attempts (run_id, attempt, token, worker, dequeue_count, started_at, outcome)
-SELECT s.run_id, s.attempt, s.token, CAST(:worker AS NVARCHAR(200)), NULL, @now, N'running'
-FROM @claimed AS s WHERE s.decision = N'start';
-SELECT s.decision, s.run_id, s.job_name, s.kind, s.command, s.target_database, s.attempt, s.failures,
-       s.max_attempts, s.lapses, s.transient_errors, s.token, s.timeout_seconds, s.lease_seconds, s.operation_id,
-       s.scheduled_for, s.runnable_at, s.started_at, s.note, s.step, s.steps, r.parent_run_id, r.parent_token,
-       r.target_server, r.retry_interval_seconds, COALESCE(r.owner, j.owner, N'') AS owner,
-       r.params, jd.params AS job_params
-FROM @claimed AS s JOIN agent.runs AS r ON r.run_id = s.run_id
-LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
-LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name) AND j.defined_in_database = 1
-LEFT JOIN agent.jobs AS jd ON jd.job_name = r.job_name
-ORDER BY s.runnable_at, s.run_id;
+-- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock). owner: whom the run's SQL runs as ('' the agent's user). (agent.claim_runs, a procedure of migration 0021, in a transaction of its own: one round trip, no COMMIT after it.)
+EXEC agent.claim_runs :now, :late_cutoff, :batch, :max_concurrency, :worker;
 
 -- next_runnable_at --
 -- When the next pending run becomes runnable (the local runner's idle workers sleep until then, or the poll interval).
@@ -765,17 +519,8 @@ SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 SELECT 1 AS unlocked WHERE 1 = 0;
 
 -- finish_run --
--- Fenced completion (in the job's transaction, after check_work_transaction, or alone after work in another database): the run and its open attempt succeed together, only for the current token (no row back: the lease was taken over; roll back).
-DECLARE @done TABLE (run_id BIGINT, token BIGINT);
-UPDATE agent.runs SET status = N'succeeded', finished_at = CAST(:now AS DATETIME2(6)),
-    lease_expires_at = NULL, last_error = NULL, last_error_number = NULL
-OUTPUT inserted.run_id, inserted.token INTO @done
-WHERE run_id = :run_id AND token = :token AND status = N'running';
-UPDATE a SET outcome = N'succeeded', finished_at = CAST(:now AS DATETIME2(6))
-FROM agent.attempts AS a
-JOIN @done AS d ON a.run_id = d.run_id AND a.token = d.token
-WHERE a.outcome = N'running';
-SELECT run_id FROM @done;
+-- Fenced completion (in the job's transaction, after check_work_transaction, or alone after work in another database): the run and its open attempt succeed together, only for the current token; when the token moved on (the lease was taken over, or the run cancelled) it raises (50003), so that a batch ending with COMMIT stops before it. (agent.finish_run, a procedure of migration 0021.)
+EXEC agent.finish_run :run_id, :token, :now;
 
 -- fail_run --
 -- Fenced failure (an error in the job's SQL, or its timeout): spends one of max_attempts; back to pending at :retry_at while attempts remain, else failed; the attempt closes with the error.
@@ -1272,62 +1017,8 @@ WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.status IN (N'succeeded', 
   AND NOT EXISTS (SELECT 1 FROM agent.notifications AS n WITH (UPDLOCK, HOLDLOCK) WHERE n.run_id = r.run_id AND n.kind = N'outcome');
 
 -- start_follow_up_runs --
--- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME (succeeded: succeeded; failed: failed or poisoned; completed: any of them; a skipped or cancelled run starts nothing), pending and runnable now, with the chain's operation id and the run it followed; a disabled, invalid, removed or paused follower starts nothing. A follow-up of a job already in the ended run's chain of jobs (runs.chain; the default collation compares the names case-insensitively), or past :max_chain_jobs jobs, is recorded skipped with the reason (note 'chain: ...'), and a job event 'follow_up_refused' says so once per reason and definition. The unique (followed_run_id, job_name) makes a second ending of the same run start nothing more. Two runs of one job ended together start one follow-up each, a millisecond apart (the (job_name, scheduled_for) key). (SQL Server: the key-range locks of the probes keep a concurrent ending of the same run out.)
-DECLARE @followers TABLE (run_id BIGINT, job_name NVARCHAR(64), followed_run_id BIGINT, operation_id NVARCHAR(32),
-                          status NVARCHAR(16), note NVARCHAR(MAX));
-DECLARE @max_chain_jobs INT = CAST(:max_chain_jobs AS INT);
-INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
-                        max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
-                        finished_at, operation_id, note, steps, followed_run_id, chain)
-OUTPUT inserted.run_id, inserted.job_name, inserted.followed_run_id, inserted.operation_id, inserted.status,
-       inserted.note INTO @followers
-SELECT d.job_name, N'manual', d.scheduled_for, CASE WHEN d.refusal IS NULL THEN N'pending' ELSE N'skipped' END,
-       d.command, d.target_database, d.overlap, d.max_attempts,
-       d.timeout_seconds, d.lease_seconds, CAST(:now AS DATETIME2(6)), CAST(:now AS DATETIME2(6)),
-       CASE WHEN d.refusal IS NOT NULL THEN CAST(:now AS DATETIME2(6)) END, d.operation_id,
-       CASE WHEN d.refusal IS NULL
-            THEN N'after run ' + CAST(d.followed_run_id AS NVARCHAR(20)) + N' of ' + d.followed_job + N' (' + d.followed_status + N')'
-            ELSE N'chain: not started after run ' + CAST(d.followed_run_id AS NVARCHAR(20)) + N' of ' + d.followed_job
-                 + N': ' + d.refusal END,
-       d.steps, d.followed_run_id, d.chain
-FROM (SELECT w.*,
-             CASE WHEN CHARINDEX(N'/' + w.job_name + N'/', w.chain) > 0
-                  THEN N'job ' + w.job_name + N' is already in this chain of runs ('
-                       + REPLACE(SUBSTRING(w.chain, CHARINDEX(N'/' + w.job_name + N'/', w.chain) + 1, LEN(w.chain)), N'/', N' -> ')
-                       + w.job_name + N'); a chain of jobs that follow each other must end: check their AFTER'
-                  WHEN LEN(w.chain) - LEN(REPLACE(w.chain, N'/', N'')) - 1 >= @max_chain_jobs
-                  THEN N'the chain of runs already holds ' + CAST(@max_chain_jobs AS NVARCHAR(20))
-                       + N' jobs, the most one chain may hold' END AS refusal
-      FROM (SELECT f.job_name, f.command, f.target_database, f.overlap, f.max_attempts, f.timeout_seconds,
-                   f.lease_seconds, f.steps, r.run_id AS followed_run_id, r.job_name AS followed_job,
-                   r.status AS followed_status, r.operation_id,
-                   CAST(COALESCE(r.chain, N'/') + r.job_name + N'/' AS NVARCHAR(MAX)) AS chain,
-                   DATEADD(MILLISECOND, CAST(ROW_NUMBER() OVER (PARTITION BY f.job_name ORDER BY r.run_id) - 1 AS INT),
-                           CAST(:now AS DATETIME2(6))) AS scheduled_for
-            FROM agent.runs AS r
-            JOIN agent.jobs AS f ON f.after_job = r.job_name AND f.enabled = 1 AND f.valid = 1 AND f.configured = 1
-            WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.kind <> N'target'
-              AND NOT EXISTS (SELECT 1 FROM agent.job_pauses AS p
-                              WHERE p.job_name = f.job_name
-                                AND (p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6))))
-              AND ((f.after_outcome = N'succeeded' AND r.status = N'succeeded')
-                   OR (f.after_outcome = N'failed' AND r.status IN (N'failed', N'poisoned'))
-                   OR (f.after_outcome = N'completed' AND r.status IN (N'succeeded', N'failed', N'poisoned')))) AS w) AS d
-WHERE NOT EXISTS (SELECT 1 FROM agent.runs AS x WITH (UPDLOCK, HOLDLOCK)
-                  WHERE x.followed_run_id = d.followed_run_id AND x.job_name = d.job_name)
-  AND NOT EXISTS (SELECT 1 FROM agent.runs AS x WITH (UPDLOCK, HOLDLOCK)
-                  WHERE x.job_name = d.job_name AND x.scheduled_for = d.scheduled_for);
-INSERT INTO agent.job_events (job_name, event_at, kind, detail)
-SELECT DISTINCT t.job_name, CAST(:now AS DATETIME2(6)), N'follow_up_refused', t.detail
-FROM (SELECT k.job_name, N'not started after job ' + r.job_name + N': '
-                 + SUBSTRING(k.note, LEN(N'chain: not started after run ' + CAST(r.run_id AS NVARCHAR(20)) + N' of ' + r.job_name + N': ') + 1, LEN(k.note)) AS detail
-      FROM @followers AS k JOIN agent.runs AS r ON r.run_id = k.followed_run_id
-      WHERE k.status = N'skipped') AS t
-JOIN agent.jobs AS j ON j.job_name = t.job_name
-WHERE NOT EXISTS (SELECT 1 FROM agent.job_events AS e
-                  WHERE e.job_name = t.job_name AND e.kind = N'follow_up_refused' AND e.event_at >= j.updated_at
-                    AND e.detail = t.detail);
-SELECT run_id, job_name, followed_run_id, operation_id, status, note FROM @followers;
+-- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME; a follow-up of a job already in the ended run's chain of jobs, or past :max_chain_jobs jobs, is recorded skipped with the reason (note 'chain: ...') and a job event 'follow_up_refused'. (agent.start_follow_up_runs, a procedure of migration 0021: the statements of 0020's named query.)
+EXEC agent.start_follow_up_runs :now, :max_chain_jobs;
 
 -- claim_notifications --
 -- Take up to :batch notifications due for delivery (new, a retry whose time came, or one whose sender died mid-way) under a new claim token, so that two processes never send the same one.
@@ -1372,9 +1063,8 @@ WHERE notification_id = :notification_id AND claim_token = :claim_token;
 SELECT notification_id FROM @recorded;
 
 -- check_work_transaction --
--- Before the success of a job or step that worked in the agent's own transaction is recorded there: a transaction the SQL committed, rolled back or doomed is never recorded as a success. (Not after work in another database: the completion opens the control database's transaction itself, where no transaction is active yet.) :work_transaction is PostgreSQL's (the id of the job's transaction); here XACT_STATE decides.
-IF XACT_STATE() <> 1 THROW 50001, N'the job''s transaction is no longer active (its SQL committed, rolled back or doomed it): it is not recorded as succeeded', 1;
-SELECT 1 AS active WHERE 1 = 0 AND CAST(:work_transaction AS BIGINT) IS NULL;
+-- Before the success of a job or step that worked in the agent's own transaction is recorded there: a transaction the SQL committed, rolled back or doomed is never recorded as a success (XACT_STATE decides; :work_transaction is PostgreSQL's). (agent.check_work_transaction, a procedure of migration 0021.)
+EXEC agent.check_work_transaction :work_transaction;
 
 -- purge_notifications --
 -- Retention, a bounded batch per tick (with purge_history): notifications delivered or given up older than AGENT_HISTORY_RETENTION_DAYS; one row back with the count.
@@ -1551,10 +1241,8 @@ WHERE e.parent_run_id IN (SELECT CAST(x.value AS BIGINT) FROM OPENJSON(:run_ids)
 ORDER BY e.parent_run_id, e.run_id;
 
 -- lock_starts --
--- Queue mode, first in a chain that ends with the hand-on dispatch: the start lock before any row (a completion that locked its rows, then waited for the start lock, deadlocked with a start holding the start lock and waiting for one of those rows: a run's last executions lock the run itself).
--- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
--- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
-UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
+-- Queue mode, first in a chain that ends with the hand-on dispatch: the start lock before any row (a completion that locked its rows, then waited for the start lock, deadlocked with a start holding the start lock and waiting for one of those rows: a run's last executions lock the run itself). (agent.lock_starts, a procedure of migration 0021: the lock is held to the end of the caller's transaction.)
+EXEC agent.lock_starts;
 
 -- run_owner --
 -- Whom a run's SQL runs as (migration 0007): a task's own owner (agent.exec_async), else its job's when a procedure defined the job (agent.add_scheduled_job; also its agent.start_job runs and fleet executions). No row: the agent's user, or AGENT_JOB_PRINCIPAL.
