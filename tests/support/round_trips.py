@@ -199,10 +199,21 @@ class RecordingTsqlCursor:
         self._rows: list[tuple] = []
 
     def execute(self, sql: str, *params: Any) -> "RecordingTsqlCursor":
+        from shared.control.store import TSQL_RESULT_SETS
+
         self._connection.tally.sent(sql, _params(params))
-        name = self._connection.names.get(sql)
-        answer = self._connection.answer(name) if name is not None else None
-        self._show(answer)
+        names = self._connection.split(sql)
+        if len(names) == 1:
+            self._results = [self._connection.answer(names[0])]
+        else:
+            # A batch of several named queries (Store._run_tsql): each answers its count of result
+            # sets, an empty one with a column still (as SQL Server describes it).
+            self._results = []
+            for name in names:
+                columns, rows = self._connection.answer(name) or ([], [])
+                if TSQL_RESULT_SETS.get(name, 1):
+                    self._results.append((columns or ["_"], rows))
+        self._show(self._results.pop(0) if self._results else None)
         return self
 
     def _show(self, answer: tuple[list[str], list[tuple]] | None) -> None:
@@ -222,7 +233,10 @@ class RecordingTsqlCursor:
         return self._rows.pop(0) if self._rows else None
 
     def nextset(self) -> bool:
-        return False
+        if not self._results:
+            return False
+        self._show(self._results.pop(0))
+        return True
 
     def cancel(self) -> None:
         pass
@@ -243,6 +257,23 @@ class RecordingTsqlConnection:
         self.fixed = fixed
         self.autocommit = False
         self.names = {query.batch.sql: name for name, query in load_queries("mssql").items()}
+
+    def split(self, sql: str) -> list[str]:
+        """The named queries a batch holds, in order (the Store's BEGIN and COMMIT around them
+        aside): none for SQL that is no named query (a job's batch, a COMMIT)."""
+        if sql in self.names:
+            return [self.names[sql]]
+        text = sql.removeprefix("BEGIN TRANSACTION;\n").removesuffix("\nCOMMIT TRANSACTION;")
+        if text in self.names:
+            return [self.names[text]]
+        found: list[str] = []
+        while text:
+            match = next((known for known in self.names if text == known or text.startswith(known + "\n")), None)
+            if match is None:
+                return []
+            found.append(self.names[match])
+            text = text[len(match) + 1:]
+        return found
 
     def answer(self, name: str) -> tuple[list[str], list[tuple]] | None:
         if name in self.fixed:
