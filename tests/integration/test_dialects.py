@@ -128,9 +128,38 @@ def result_columns(tree: exp.Expression) -> list[str] | None:
     return None
 
 
+_TSQL_EXEC = re.compile(r"^\s*EXEC\s+agent\.(\w+)\b", re.IGNORECASE)
+
+
+def tsql_procedure_statements(name: str) -> list[str]:
+    """The statements of the body of procedure agent.<name>, as the latest migration creating it
+    has them (the hot path's procedures, migration 0021)."""
+    found: list[str] = []
+    for migration in load_migrations("mssql"):
+        for statement in migration.statements():
+            match = re.search(r"^CREATE PROCEDURE agent\." + name + r"\b.*?^AS\s*\nBEGIN\s*\n(.*)^END\s*$",
+                              _code(statement), re.MULTILINE | re.DOTALL)
+            if match:
+                found = [s.strip() for s in split_statements(match.group(1), tsql=True)]
+    return found
+
+
 def query_columns(query: Query, dialect: str) -> list[str] | None:
     """Like the Store: the rows of every statement that returns rows, so they must all return
-    the same columns."""
+    the same columns. A T-SQL query that calls a procedure of the agent returns its body's."""
+    if dialect == "mssql" and len(query.statements) == 1 and (call := _TSQL_EXEC.match(_code(query.statements[0].sql))):
+        body = tsql_procedure_statements(call.group(1))
+        assert body, f"{query.name}: no migration creates procedure agent.{call.group(1)}"
+        columns = None
+        for statement in body:
+            if _code(statement).upper().startswith(("SET ", "BEGIN TRANSACTION", "COMMIT TRANSACTION", "IF ", "THROW ")):
+                continue
+            for tree in parse_strict(statement, dialect):
+                found = result_columns(tree)
+                if found is not None:
+                    assert columns is None or found == columns, (query.name, columns, found)
+                    columns = found
+        return columns
     columns = None
     for statement in query.statements:
         for tree in parse_strict(statement.sql, dialect):
@@ -597,3 +626,24 @@ def test_the_sqlfluff_check_fails_on_broken_tsql():
     linter = Linter(config=FluffConfig(overrides={"dialect": "tsql"}))
     parsed = linter.parse_string("UPDATE agent.runs SET WHERE run_id = @run_id;")
     assert parsed.violations or "unparsable" in parsed.tree.stringify()
+
+
+def test_tsql_hot_path_procedures_keep_to_what_babelfish_accepts_too():
+    """The procedures of migration 0021 (the claim, the start, the completion's calls): every
+    statement of their bodies sqlglot reads is free of what Babelfish refuses, and each named
+    query that calls one returns its body's columns (test_same_result_columns_as_postgres)."""
+    calls = {m.group(1) for q in load_queries("mssql").values() if len(q.statements) == 1
+             and (m := _TSQL_EXEC.match(_code(q.statements[0].sql)))}
+    assert {"claim_runs", "start_run", "finish_run", "start_follow_up_runs", "dispatch_runs"} <= calls
+    refused = {}
+    for name in sorted(calls):
+        body = tsql_procedure_statements(name)
+        assert body, name
+        for statement in body:
+            if _code(statement).upper().startswith(("SET ", "BEGIN TRANSACTION", "COMMIT TRANSACTION", "IF ", "THROW ")):
+                continue
+            if found := _babelfish_refusals(statement):
+                refused[name] = found
+        migration = "\n".join(p.read_text() for p in sorted((SQL_DIR / "migrations" / "mssql").glob("0021_*.sql")))
+        assert "CREATE OR ALTER" not in _code(migration).upper() and "MERGE " not in _code(migration).upper()
+    assert not refused, refused
