@@ -600,7 +600,10 @@ class Store:
                         raise
                     drain_results(cursor, output)
                     return output
-                _execute_tsql_job(cursor, self._tsql_begun(mssql_job_batch(None, params)), sql, params)
+                # The path of most runs (no principal, no parameters): agent.run_job (migration
+                # 0021), the same batch as a procedure; else the batch itself.
+                batch = TSQL_RUN_JOB if not params else mssql_job_batch(None, params)
+                _execute_tsql_job(cursor, self._tsql_begun(batch), sql, params)
             else:
                 # Agent statements wait 30 s for a lock at most; the job's own SQL waits as long
                 # as its timeout allows; both SET LOCALs end with the transaction (and
@@ -948,6 +951,10 @@ def mssql_job_batch(job_principal: str | None, params: Mapping[str, str] | None 
                 + f"EXECUTE AS USER = {name} WITH COOKIE INTO @agent_cookie;\n"
                 + run + "REVERT WITH COOKIE = @agent_cookie;\n" + unnest + "SET LOCK_TIMEOUT 30000;")
     return "SET LOCK_TIMEOUT -1;\n" + nest + run + unnest + "SET LOCK_TIMEOUT 30000;"
+
+
+# mssql_job_batch(None) as a procedure of migration 0021 (test_step_transactions compares them).
+TSQL_RUN_JOB = "EXEC agent.run_job ?;"
 
 
 MSSQL_REFUSED = ("the job's SQL may not end the agent's transaction (a COMMIT or ROLLBACK in it changed "

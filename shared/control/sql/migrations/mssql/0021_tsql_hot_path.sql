@@ -431,3 +431,26 @@ BEGIN
     UPDATE agent.start_lock WITH (TABLOCKX) SET lock_id = lock_id;
 END
 GO
+-- run_job (a job's SQL in the agent's transaction, for a job that runs as the agent's own user and
+-- without parameters: the path of most runs): the batch of shared/control/store.py's
+-- mssql_job_batch(None), as a procedure, so that 0.7 KB of nesting does not travel with every run.
+-- One more nested transaction around the job's SQL, so that a COMMIT in it only decrements
+-- @@TRANCOUNT and commits nothing (SQL Server commits only the outermost), and a changed count
+-- afterwards (its COMMIT or ROLLBACK) fails the attempt (50002; the engine says why in words, and
+-- rolls back); the job's own lock timeout (none) for the procedure's scope (the completion's
+-- reset_session sets the agent's again); the job's SQL with NOCOUNT OFF, in a scope of its own.
+-- A job with an owner or AGENT_JOB_PRINCIPAL never comes here: its EXECUTE AS USER ... WITH COOKIE
+-- must be in the batch that reverts it (docs/tsql.md, the owner boundary).
+CREATE PROCEDURE agent.run_job
+    @agent_job NVARCHAR(MAX)
+AS
+BEGIN
+    SET LOCK_TIMEOUT -1;
+    DECLARE @agent_trancount INT;
+    BEGIN TRANSACTION;
+    SET @agent_trancount = @@TRANCOUNT;
+    EXEC sp_executesql N'SET NOCOUNT OFF; EXEC sp_executesql @agent_job;', N'@agent_job NVARCHAR(MAX)', @agent_job = @agent_job;
+    IF @@TRANCOUNT <> @agent_trancount THROW 50002, N'agent: transaction control', 1;
+    COMMIT TRANSACTION;
+END
+GO
