@@ -906,7 +906,7 @@ def _execute_tsql_job(cursor: Any, batch: str, sql: str, params: Mapping[str, st
         text = str(exc)
         if "(266)" in text or "Transaction count after EXECUTE" in text or "Transaction count after execution" in text:
             raise TransactionControlRefused(f"{MSSQL_REFUSED} ({_one_line(exc)})") from exc
-        if "(50002)" in text or "agent: transaction control" in text:
+        if "agent: transaction control" in text:   # the nesting's THROW 50002 (a job's own 50002 is its error)
             raise TransactionControlRefused(MSSQL_REFUSED) from exc
         raise
 
