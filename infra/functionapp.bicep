@@ -93,6 +93,9 @@ param jobs array
 @description('Calendars the jobs name in exclude / only, turned into CALENDAR__<name>__<SETTING> app settings: [{ name, dates?, weekly?, ics? }] (docs/configuration.md).')
 param calendars array = []
 
+@description('Condition alerts, turned into ALERT__<name>__<SETTING> app settings: [{ name, query? (a probe whose rows are the alert, with schedule), schedule?, timezone?, errors? (\'50000,1205,severity>=16\'), delayBetweenResponsesSeconds?, notify?, notifyWebhookUrl?, responseJob?, timeoutSeconds?, enabled? }] (docs/monitoring.md#condition-alerts).')
+param alerts array = []
+
 @description('Steps of multi-step jobs, one entry per step: [{ job, step, command, database?, maxAttempts?, retryIntervalSeconds?, timeoutSeconds?, onSuccess?, onFailure?, targets?, targetParallelism?, targetStaggerSeconds? }].')
 param jobSteps array
 
@@ -288,6 +291,16 @@ var jobDeadlineSecondsSettings = [for job in jobs: { name: 'JOB__${job.name}__DE
 var calendarDatesSettings = [for c in calendars: { name: 'CALENDAR__${c.name}__DATES', value: c.?dates }]
 var calendarWeeklySettings = [for c in calendars: { name: 'CALENDAR__${c.name}__WEEKLY', value: c.?weekly }]
 var calendarIcsSettings = [for c in calendars: { name: 'CALENDAR__${c.name}__ICS', value: c.?ics }]
+var alertQuerySettings = [for a in alerts: { name: 'ALERT__${a.name}__QUERY', value: a.?query }]
+var alertScheduleSettings = [for a in alerts: { name: 'ALERT__${a.name}__SCHEDULE', value: a.?schedule }]
+var alertTimezoneSettings = [for a in alerts: { name: 'ALERT__${a.name}__TIMEZONE', value: a.?timezone }]
+var alertErrorsSettings = [for a in alerts: { name: 'ALERT__${a.name}__ERRORS', value: a.?errors }]
+var alertDelayBetweenResponsesSecondsSettings = [for a in alerts: { name: 'ALERT__${a.name}__DELAY_BETWEEN_RESPONSES_SECONDS', value: a.?delayBetweenResponsesSeconds }]
+var alertNotifySettings = [for a in alerts: { name: 'ALERT__${a.name}__NOTIFY', value: a.?notify }]
+var alertNotifyWebhookUrlSettings = [for a in alerts: { name: 'ALERT__${a.name}__NOTIFY_WEBHOOK_URL', value: a.?notifyWebhookUrl }]
+var alertResponseJobSettings = [for a in alerts: { name: 'ALERT__${a.name}__RESPONSE_JOB', value: a.?responseJob }]
+var alertTimeoutSecondsSettings = [for a in alerts: { name: 'ALERT__${a.name}__TIMEOUT_SECONDS', value: a.?timeoutSeconds }]
+var alertEnabledSettings = [for a in alerts: { name: 'ALERT__${a.name}__ENABLED', value: a.?enabled }]
 
 // Steps of multi-step jobs (JOB__<job>__STEPS__<step>__<SETTING>): a flat list, one entry per
 // step naming its job, because Bicep cannot nest for-expressions (and Checkov's Bicep parser
@@ -303,7 +316,7 @@ var jobStepTargetsSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__
 var jobStepTargetParallelismSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__TARGET_PARALLELISM', value: s.?targetParallelism }]
 var jobStepTargetStaggerSecondsSettings = [for s in jobSteps: { name: 'JOB__${s.job}__STEPS__${s.step}__TARGET_STAGGER_SECONDS', value: s.?targetStaggerSeconds }]
 
-var jobSettingCandidates = concat(jobScheduleSettings, jobCommandSettings, jobTimezoneSettings, jobEnabledSettings, jobMaxAttemptsSettings, jobTimeoutSecondsSettings, jobLeaseSecondsSettings, jobMisfireSettings, jobGraceSecondsSettings, jobOverlapSettings, jobDatabaseSettings, jobNotifySettings, jobNotifyWebhookUrlSettings, jobTargetsSettings, jobTargetParallelismSettings, jobTargetStaggerSecondsSettings, jobAfterSettings, jobAfterOutcomeSettings, jobExcludeSettings, jobOnlySettings, jobOnExcludedSettings, jobJitterSecondsSettings, jobMaxDurationSecondsSettings, jobStopAfterSecondsSettings, jobSlowerThanSettings, jobDeadlineSecondsSettings, calendarDatesSettings, calendarWeeklySettings, calendarIcsSettings, jobStepCommandSettings, jobStepDatabaseSettings, jobStepMaxAttemptsSettings, jobStepRetryIntervalSecondsSettings, jobStepTimeoutSecondsSettings, jobStepOnSuccessSettings, jobStepOnFailureSettings, jobStepTargetsSettings, jobStepTargetParallelismSettings, jobStepTargetStaggerSecondsSettings)
+var jobSettingCandidates = concat(jobScheduleSettings, jobCommandSettings, jobTimezoneSettings, jobEnabledSettings, jobMaxAttemptsSettings, jobTimeoutSecondsSettings, jobLeaseSecondsSettings, jobMisfireSettings, jobGraceSecondsSettings, jobOverlapSettings, jobDatabaseSettings, jobNotifySettings, jobNotifyWebhookUrlSettings, jobTargetsSettings, jobTargetParallelismSettings, jobTargetStaggerSecondsSettings, jobAfterSettings, jobAfterOutcomeSettings, jobExcludeSettings, jobOnlySettings, jobOnExcludedSettings, jobJitterSecondsSettings, jobMaxDurationSecondsSettings, jobStopAfterSecondsSettings, jobSlowerThanSettings, jobDeadlineSecondsSettings, calendarDatesSettings, calendarWeeklySettings, calendarIcsSettings, alertQuerySettings, alertScheduleSettings, alertTimezoneSettings, alertErrorsSettings, alertDelayBetweenResponsesSecondsSettings, alertNotifySettings, alertNotifyWebhookUrlSettings, alertResponseJobSettings, alertTimeoutSecondsSettings, alertEnabledSettings, jobStepCommandSettings, jobStepDatabaseSettings, jobStepMaxAttemptsSettings, jobStepRetryIntervalSecondsSettings, jobStepTimeoutSecondsSettings, jobStepOnSuccessSettings, jobStepOnFailureSettings, jobStepTargetsSettings, jobStepTargetParallelismSettings, jobStepTargetStaggerSecondsSettings)
 var presentJobSettings = filter(jobSettingCandidates, setting => setting.value != null)
 
 // App settings are strings: booleans become 'true' / 'false' (string() would give 'True'),

@@ -168,6 +168,9 @@ param jobSteps array = []
 @description('Calendars (holidays, freezes, maintenance windows) the jobs name in exclude / only, turned into CALENDAR__<name>__<SETTING> app settings: [{ name, dates? (\'2026-12-25, 2026-12-24..2026-12-26\'), weekly? (\'SAT-SUN, FRI 22:00-06:00\'), ics? (an iCalendar file in the app package) }] (docs/configuration.md).')
 param calendars array = []
 
+@description('Condition alerts, as SQL Server Agent\'s sp_add_alert, turned into ALERT__<name>__<SETTING> app settings: [{ name, query? (a probe whose rows are the alert; with schedule), schedule?, timezone?, errors? (error numbers, sqlstate=, severity>=N: \'50000,1205,severity>=16\'), delayBetweenResponsesSeconds?, notify?, notifyWebhookUrl?, responseJob?, timeoutSeconds?, enabled? }] (docs/monitoring.md#condition-alerts). Names: letters, digits and underscores.')
+param alerts array = []
+
 @description('Webhook the engine POSTs run outcomes to, per each job\'s notify (AGENT_NOTIFY_WEBHOOK_URL): https://; empty: none.')
 @secure()
 param notifyWebhookUrl string = ''
@@ -375,6 +378,7 @@ module functionApp 'functionapp.bicep' = {
     jobs: jobs
     jobSteps: jobSteps
     calendars: calendars
+    alerts: alerts
     notifyWebhookUrl: notifyWebhookUrl
     notifyWebhookSecret: notifyWebhookSecret
     maximumInstanceCount: maximumInstanceCount

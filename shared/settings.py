@@ -14,13 +14,14 @@ every other job keeps running (invariant 7).
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import os
 import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from shared.errors import ConfigError
 from shared.jobs.from_settings import config_hash, parse_jobs, webhook_secret, webhook_setting
@@ -226,6 +227,9 @@ class Settings:
     jobs: tuple[JobDefinition, ...] = ()
     invalid_jobs: tuple[InvalidJob, ...] = ()
     config_hash: str = field(default="")
+    # Condition alerts (ALERT__<name>__*, shared/engine/condition_alerts.py), synced with the jobs.
+    alerts: tuple[Any, ...] = ()
+    invalid_alerts: tuple[Any, ...] = ()
 
     def job(self, name: str) -> JobDefinition | None:
         return next((job for job in self.jobs if job.name == name), None)
@@ -278,7 +282,14 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
     finally:
         if collecting:
             gc.enable()
-    return Settings(agent=agent, jobs=jobs, invalid_jobs=invalid, config_hash=hashed)
+    from shared.jobs.alert_definitions import alerts_hash, parse_alerts
+
+    alerts, invalid_alerts = parse_alerts(env)
+    alerts_digest = alerts_hash(alerts, invalid_alerts)
+    if alerts_digest:   # settings without alerts keep the hash they had
+        hashed = hashlib.sha256(f"{hashed}|{alerts_digest}".encode()).hexdigest()
+    return Settings(agent=agent, jobs=jobs, invalid_jobs=invalid, config_hash=hashed, alerts=alerts,
+                    invalid_alerts=invalid_alerts)
 
 
 def _get(env: Mapping[str, str], name: str) -> str | None:

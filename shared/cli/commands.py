@@ -48,6 +48,7 @@ from shared.cli.output import (
 from shared.cli.parser import build_parser
 from shared.control.sqlerrors import classify
 from shared.engine.alerts import alert_limits_text
+from shared.engine.condition_alerts import condition_alert_text
 from shared.engine.agent import Agent
 from shared.engine.audit import AuditAction, command_line_actor, record_refusal
 from shared.engine.operations import (
@@ -64,6 +65,7 @@ from shared.engine.operations import (
 from shared.engine.runner import LocalRunner
 from shared.engine.views import (
     after_words,
+    alerts_view,
     audit_view,
     history_view,
     jobs_view,
@@ -368,6 +370,46 @@ def cmd_audit(agent, args) -> int:
     return EXIT_OK
 
 
+def cmd_alerts(agent, args) -> int:
+    """The condition alerts (ALERT__<name>__*, agent.add_alert) with their state, and the latest
+    responses."""
+    store = agent.store()
+    store.require_schema()
+    view = alerts_view(store, args.limit)
+    if args.json:
+        print_json(view)
+        return EXIT_OK
+    if not view["alerts"]:
+        print("no condition alerts (ALERT__<name>__QUERY or __ERRORS in the settings, or agent.add_alert)")
+        return EXIT_OK
+    # Names, queries and errors come from settings and callers: one line each, escaped.
+    print_table(["ALERT", "FROM", "WATCHES", "DELAY S", "RESPONSE", "STATE", "NEXT CHECK (UTC)", "LAST RESPONSE (UTC)",
+                 "SEEN/ANSWERED", "PROBLEM"],
+                [[_one_line(a["alert_name"]), a["source"] + (f" ({_one_line(a['owner'])})" if a["owner"] else ""),
+                  _one_line(condition_alert_text(a)), a["delay_seconds"],
+                  _one_line(", ".join(part for part in ("notify" if a["notify"] else "",
+                                                         f"start {a['response_job']}" if a["response_job"] else "")
+                                      if part)),
+                  a["state"], time_text(a["next_check_at"]) if not a["errors"] else "each tick",
+                  time_text(a["last_response_at"]), f"{a['occurrences']}/{a['responses']}",
+                  _one_line((a["config_error"] or a["last_error"] or "")[:160])] for a in view["alerts"]])
+    if view["firings"]:
+        print()
+        print_table(["FIRING", "ALERT", "AT (UTC)", "KIND", "SAID", "RESPONSE RUN"],
+                    [[f["firing_id"], _one_line(f["alert_name"]), time_text(f["raised_at"]), f["kind"],
+                      _one_line(_firing_text(f["detail"] or {}))[:120],
+                      f["response_run_id"] or _one_line(f["response_error"] or "-")] for f in view["firings"]])
+    return EXIT_OK
+
+
+def _firing_text(body: dict) -> str:
+    if body.get("kind") == "condition":
+        return f"{body.get('row_count', 0)} row(s)" + (f" ({body['rows_cut']})" if body.get("rows_cut") else "")
+    if body.get("kind") == "errors":
+        return f"{body.get('failure_count', 0)} failure(s) matching {body.get('condition')}"
+    return f"probe failed: {body.get('error')}"
+
+
 def _audit_target(row) -> str:
     parts = [f"job {row['job_name']}" if row["job_name"] else "", f"run {row['run_id']}" if row["run_id"] else ""]
     return ", ".join(part for part in parts if part) or "-"
@@ -617,6 +659,8 @@ def _import_sqlagent(agent, args) -> int:
         calls, refused = apply_calls(converted)
         result["applied"] = [asdict(added) for added in add_scheduled_jobs(
             agent.target, calls, store=agent.store(), now=agent.clock(), actor=command_line_actor())]
+        refused += [{"alert": alert.alert, "reason": "agent.add_alert is not called by --apply: the alert goes in the "
+                     "app settings printed here (ALERT__<name>__*)"} for alert in converted.alerts if alert.emitted]
         result["not_applied"] = refused
         incomplete = incomplete or bool(refused)
     if args.json:       # the same document, the warnings in it; not_carried lists what was left
@@ -631,6 +675,10 @@ def _import_sqlagent(agent, args) -> int:
         for item in result["jobs"]:
             for missing in item["not_carried"]:
                 print(_one_line(f"not carried: {item['sql_agent_name']}: {missing['what']}: {missing['reason']}"),
+                      file=sys.stderr)
+        for item in result["alerts"]:
+            for missing in item["not_carried"]:
+                print(_one_line(f"not carried: alert {item['sql_agent_name']}: {missing['what']}: {missing['reason']}"),
                       file=sys.stderr)
     return EXIT_FAILURE if incomplete else EXIT_OK
 
@@ -666,6 +714,7 @@ COMMANDS = {
     "next": cmd_next,
     "history": cmd_history,
     "audit": cmd_audit,
+    "alerts": cmd_alerts,
     "stuck": cmd_stuck,
     "poison": cmd_poison,
     "run-now": cmd_run_now,

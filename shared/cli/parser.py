@@ -199,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only actions at or after this time (ISO-8601; UTC when no offset is given)")
     audit.add_argument("--limit", type=ROW_LIMIT, default=50)
 
+    alerts = commands.add_parser("alerts", help="the condition alerts (ALERT__<name>__*, agent.add_alert): what each "
+                                                "watches, its state and responses, and the latest responses")
+    alerts.add_argument("--limit", type=ROW_LIMIT, default=20, help="the latest responses shown (default 20)")
+
     stuck = commands.add_parser("stuck", help="reconciliation: runs past their lease or waiting too long")
     stuck.add_argument("--older-than", type=AGE_SECONDS, default=600, metavar="SECONDS",
                        help="pending runs runnable for longer than this count as stuck (default 600)")

@@ -227,28 +227,79 @@ class Store:
         SQLite, the queries run one after another in the same transaction."""
         return self._chain(calls, end=False)
 
-    def commit_with(self, *calls: tuple[str, Mapping[str, Any]]) -> list[Result]:
+    def commit_with(self, *calls: tuple[str, Mapping[str, Any]],
+                    then: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> list[Result]:
         """Inside ``transaction()``: the last calls of the transaction. On PostgreSQL their batch
         ends with ``COMMIT`` (one round trip, not two): a statement that raises stops the batch
         before the COMMIT, and the transaction block rolls everything back; so on PostgreSQL
         every call whose refusal must undo the work (a fence) has to raise in SQL, not merely
         return no row. Elsewhere the transaction block's end commits, as for chain() (the
         caller's checks of the results still come first). Nothing more may run in the
-        transaction after it."""
+        transaction after it.
+
+        ``then`` (PostgreSQL only, see :meth:`can_run_after_commit`): calls that ride on the same
+        batch AFTER its COMMIT, each statement in an implicit transaction of its own that the
+        server commits at the batch's end; their results follow the calls'. They run only if the
+        COMMIT did (a refusal before it stops the batch). One of them that fails after the COMMIT
+        is raised as :class:`AfterCommitFailed` (the transaction committed; what they did rolled
+        back), never as the transaction's failure."""
         if not self._in_transaction:
             raise AgentError("commit_with must run inside a transaction")
-        return self._chain(calls, end=True)
+        if not then:
+            return self._chain(calls, end=True)
+        if not self.can_run_after_commit():
+            raise AgentError("commit_with(then=...) runs on PostgreSQL only, after a job's work in this transaction")
+        work_transaction = self.work_transaction
+        try:
+            return self._chain(calls, end=True, then=then)
+        except (LeaseLost, TransactionControlRefused):
+            raise                     # raised before the COMMIT, by design (the fences)
+        except Exception as exc:
+            # psqlODBC raises an error of any statement of the batch from execute(), and the
+            # results before it are lost: whether the COMMIT ran is asked of the server (the
+            # job's transaction id: committed, or not). Only on this rare path: a round trip more.
+            if _connection_lost(exc) or not self._committed(work_transaction):
+                raise
+            self._end_transaction()
+            raise AfterCommitFailed(exc) from exc
 
-    def _chain(self, calls: Sequence[tuple[str, Mapping[str, Any]]], *, end: bool) -> list[Result]:
+    def can_run_after_commit(self) -> bool:
+        """commit_with(then=...) may be used: PostgreSQL, a job's work in this transaction (its
+        id known, so that a failure after the COMMIT can be told from one before it), and a
+        session that is the agent's own (not the one an owned run used: that connection is
+        closed after the transaction, and the agent's own statements never run in it after)."""
+        return (self.dialect == "postgres" and self._in_transaction and self.work_transaction is not None
+                and not self._owned_session and not self._transaction_ended)
+
+    def _committed(self, transaction: int | None) -> bool:
+        """PostgreSQL, after a batch with a COMMIT failed: did ``transaction`` commit?"""
+        if transaction is None:
+            return False
+        try:
+            cursor = self.connection.cursor()
+            try:
+                # Refused (25P02) while the failed transaction block is still open: not committed.
+                cursor.execute("SELECT txid_status(CAST(? AS BIGINT))", transaction)
+                self.statements_executed += 1
+                row = cursor.fetchone()
+            finally:
+                cursor.close()
+        except Exception:  # noqa: BLE001 - cannot tell: the failure is raised as it came
+            return False
+        return bool(row) and row[0] == "committed"
+
+    def _chain(self, calls: Sequence[tuple[str, Mapping[str, Any]]], *, end: bool,
+               then: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> list[Result]:
         if self._transaction_ended:
             raise AgentError("the transaction was committed (commit_with): nothing more may run in it")
         queries = [(self._query(name, params), params) for name, params in calls]
+        after = [(self._query(name, params), params) for name, params in then]
         started = time.perf_counter()
         success = False
         try:
             single = len(queries) == 1 and len(queries[0][0].statements) == 1
             if self._in_transaction or single:
-                results = self._run(queries, commit=not self._in_transaction, end=end)
+                results = self._run(queries, commit=not self._in_transaction, end=end, after=after)
             else:
                 with self.transaction():
                     # SQL Server: BEGIN and COMMIT ride on the batch when it can carry them (one
@@ -259,9 +310,9 @@ class Store:
         finally:
             if self.observer is not None:
                 elapsed = (time.perf_counter() - started) * 1000
-                for query, _ in queries:
+                for query, _ in [*queries, *after]:
                     with contextlib.suppress(Exception):  # telemetry never breaks the work
-                        self.observer(query.name, elapsed / len(queries), success, self.operation_id)
+                        self.observer(query.name, elapsed / (len(queries) + len(after)), success, self.operation_id)
 
     def _query(self, name: str, params: Mapping[str, Any]) -> Query:
         query = self.queries.get(name)
@@ -273,8 +324,9 @@ class Store:
         return query
 
     def _run(self, queries: Sequence[tuple[Query, Mapping[str, Any]]], *, commit: bool,
-             end: bool = False) -> list[Result]:
-        """``end``: commit the open transaction after the queries (commit_with)."""
+             end: bool = False, after: Sequence[tuple[Query, Mapping[str, Any]]] = ()) -> list[Result]:
+        """``end``: commit the open transaction after the queries (commit_with); ``after``
+        (PostgreSQL, with ``end``): queries of the same batch after its COMMIT."""
         try:
             if self.dialect == "postgres":
                 sql = "\n".join(query.batch.sql for query, _ in queries)
@@ -282,10 +334,15 @@ class Store:
                     # The transaction's COMMIT rides on the batch: the server runs it only if every
                     # statement before it succeeded (a failed one stops the batch there).
                     sql += "\nCOMMIT;"
-                values = [self._convert_param(params[p]) for query, params in queries for p in query.batch.params]
+                    if after:
+                        sql += "\n" + "\n".join(query.batch.sql for query, _ in after)
+                values = [self._convert_param(params[p]) for query, params in [*queries, *after]
+                          for p in query.batch.params]
                 parts = self._execute_statement(sql, values)
                 results, position = [], 0
-                for query, _ in queries:
+                for index, (query, _) in enumerate([*queries, *after]):
+                    if index == len(queries):
+                        position += 1          # the COMMIT's own result
                     count = len(query.statements)
                     results.append(_merge(parts[position:position + count]))
                     position += count
@@ -601,7 +658,7 @@ class Store:
                     drain_results(cursor, output)
                     return output
                 # The path of most runs (no principal, no parameters): agent.run_job (migration
-                # 0021), the same batch as a procedure; else the batch itself.
+                # 0022), the same batch as a procedure; else the batch itself.
                 batch = TSQL_RUN_JOB if not params else mssql_job_batch(None, params)
                 _execute_tsql_job(cursor, self._tsql_begun(batch), sql, params)
             else:
@@ -692,6 +749,9 @@ class Store:
         # 0019), wherever the job runs: the control database, or a job's own database that is a
         # control database too (a task's @database may name it).
         mark, unmark = _owned_session_mark(function, trusted=self.control)
+        # A round trip of its own, not the job's batch: sent there (a DO block whose failure raised
+        # SQLSTATE AG003, tried for issue 35), psqlODBC handed the job's notices on twice, to the
+        # setup's result and to the next one (test_step_output: 60 notices for 30).
         cursor = connection.cursor()
         self._set_active(cursor)
         try:
@@ -953,7 +1013,7 @@ def mssql_job_batch(job_principal: str | None, params: Mapping[str, str] | None 
     return "SET LOCK_TIMEOUT -1;\n" + nest + run + unnest + "SET LOCK_TIMEOUT 30000;"
 
 
-# mssql_job_batch(None) as a procedure of migration 0021 (test_step_transactions compares them).
+# mssql_job_batch(None) as a procedure of migration 0022 (test_step_transactions compares them).
 TSQL_RUN_JOB = "EXEC agent.run_job ?;"
 
 
@@ -1119,11 +1179,11 @@ PSQLODBC_CUT_NOTE = ("[output cut by the PostgreSQL ODBC driver: it drops the no
 # it may end with) before it takes effect (migration 0013).
 PG_FENCED_SQLSTATE = "AG001"            # agent.finish_run: the run's token moved on
 PG_WORK_TRANSACTION_ENDED_SQLSTATE = "AG002"   # agent.check_work_transaction
-TSQL_FENCED_NUMBER = 50003               # agent.finish_run (T-SQL, migration 0021): the token moved on
+TSQL_FENCED_NUMBER = 50003               # agent.finish_run (T-SQL, migration 0022): the token moved on
 TSQL_ROLLBACK = "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;"
 # SQL Server answers only the statements that return rows (sessions run with NOCOUNT ON), so a
 # batch of several queries is read by each one's count of result sets: the procedures of
-# migration 0021 return exactly one (lock_starts none), and these ad-hoc queries as many as their
+# migration 0022 return exactly one (lock_starts none), and these ad-hoc queries as many as their
 # SELECTs. A query not named here runs in a batch of its own.
 TSQL_RESULT_SETS = {
     "reset_session": 1, "check_work_transaction": 1, "lock_starts": 0, "finish_run": 1,
@@ -1140,6 +1200,14 @@ def _code_start(sql: str) -> str:
     return ""
 WORK_TRANSACTION_ENDED = ("the job's SQL ended the agent's transaction (a COMMIT or ROLLBACK got past the agent's "
                           "check): the attempt fails; what the SQL committed before that stays committed")
+
+
+class AfterCommitFailed(AgentError):
+    """commit_with(then=...): the transaction committed; a call after its COMMIT failed."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"after the commit: {describe(cause)}")
+        self.cause = cause
 
 
 def _refusal(exc: BaseException) -> BaseException | None:

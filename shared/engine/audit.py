@@ -56,6 +56,8 @@ class AuditAction(str, Enum):
     SET_PARAMS = "set-params"              # agent.set_job_params
     IMPORT = "import"                      # sql-agent import-sqlagent --apply
     GRANT = "grant"                        # sql-agent grant-sql --apply (and --operator --apply)
+    DEFINE_ALERT = "define-alert"          # agent.add_alert
+    REMOVE_ALERT = "remove-alert"          # agent.remove_alert
 
 
 class AuditSource(str, Enum):
@@ -63,6 +65,7 @@ class AuditSource(str, Enum):
     CLI = "cli"
     TSQL = "tsql"
     MONITOR = "monitor"
+    ALERT = "alert"        # a condition alert's RESPONSE_JOB (shared/engine/condition_alerts.py)
 
 
 class AuditOutcome(str, Enum):

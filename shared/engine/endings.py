@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from shared.control.sqlerrors import describe
-from shared.control.store import Result, Store
+from shared.control.store import AfterCommitFailed, Result, Store
 from shared.engine.dispatch import dispatch, dispatch_params, send_dispatched
 from shared.engine.fleet import report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
@@ -143,14 +143,22 @@ class RunEndings:
             params.update(run_status=RunStatus.FAILED)
         return params
 
-    def finish(self, store: Store, attempt: Attempt, output: list[str], *,
-               reset: bool) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    def finish(self, store: Store, attempt: Attempt, output: list[str], *, reset: bool,
+               ahead: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
+               ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """Inside the open transaction: (reset the session the job used,) complete the run — or,
         for a step, follow its ON_SUCCESS — fenced by its token, keep the attempt's output, and
         in queue mode dispatch what its end made runnable — one round trip on PostgreSQL, which
         for a run's completion also commits (commit_with: finish_run raises when fenced, so a
         zombie's batch stops before its COMMIT). Raises LeaseLost (the caller rolls back) when
-        the token moved on. Returns the hand-on rows and, for a step, where the run went."""
+        the token moved on. Returns the hand-on rows and, for a step, where the run went.
+
+        ``ahead`` (direct mode on PostgreSQL, a run's completion: Executor._claim_ahead):
+        (claim_runs' parameters, a list): the same batch, after its COMMIT, claims the worker's
+        next run (Store.commit_with's ``then``) and the rows it claimed are appended to the list
+        (the worker runs them next: two round trips a task, not three). A claim that failed after
+        the COMMIT claims nothing here (the run did complete; the worker's next claim, a round trip
+        of its own, meets the error again or not)."""
         run, step = attempt.run, attempt.step
         now = self.clock()
         calls: list[tuple[str, dict[str, Any]]] = []
@@ -179,7 +187,19 @@ class RunEndings:
             if ends:
                 calls += ending_calls(self.settings, now)
         if step is None:
-            results = self.chain_with_hand_on(store, calls, now, commit=True)
+            then = [("claim_runs", ahead[0])] if ahead is not None and store.can_run_after_commit() else []
+            try:
+                results = self.chain_with_hand_on(store, calls, now, commit=True, then=then)
+            except AfterCommitFailed as exc:
+                # Committed: the run succeeded. What the batch answered is lost with the error
+                # (psqlODBC), so its follow-ups' telemetry events are not sent (the runs exist).
+                log.warning("run %s completed; claiming the next run in the same batch failed (the next claim "
+                            "tries again; events for any follow-up it started are not sent): %s",
+                            run["run_id"], describe(exc.cause))
+                return [], None
+            if then:
+                ahead[1].extend(results[-1].rows)
+                results = results[:-1]
         else:
             results = self.chain_with_hand_on(store, calls, now) if ends else store.chain(*calls)
         row = results[position].one()
@@ -197,11 +217,17 @@ class RunEndings:
             return self.finish(store, attempt, output, reset=False)
 
     def chain_with_hand_on(self, store: Store, calls: list[tuple[str, dict[str, Any]]], now: datetime, *,
-                           commit: bool = False) -> list[Result]:
+                           commit: bool = False, then: list[tuple[str, dict[str, Any]]] | None = None
+                           ) -> list[Result]:
         """The calls, then (queue mode) the hand-on dispatch — with the start lock taken before
         the calls touch any row of agent.runs: the dispatch needs it, and a start holds it while
         it waits for a run's row (a fleet's last executions lock their run), so taking it last
-        could deadlock. ``commit``: and commit the open transaction with them (Store.commit_with)."""
+        could deadlock. ``commit``: and commit the open transaction with them (Store.commit_with),
+        then run ``then`` after the COMMIT (direct mode only: their results come last)."""
+        if then:
+            if self.queue is not None or not commit:
+                raise ValueError("calls after the commit: direct mode, with commit=True only")
+            return store.commit_with(*calls, then=then)
         run = store.commit_with if commit else store.chain
         if self.queue is None:
             return run(*calls)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -81,6 +82,12 @@ class Executor:
         self.endings = RunEndings(settings=settings, store=store, telemetry=telemetry, queue=queue, clock=self.clock,
                                   worker=self.worker, transient_delay_seconds=transient_delay_seconds,
                                   notifier=self.notifier)
+        # Direct mode: called in a worker's thread as a run completes, True when the worker will
+        # go on claiming (the local runner's loops): then, on PostgreSQL, the completion's batch
+        # claims the worker's next run after its COMMIT (_claim_ahead). None: never.
+        self.claim_ahead: Callable[[], bool] | None = None
+        # Per worker thread: runs the last completion claimed, not yet executed.
+        self._ahead = threading.local()
 
     # ------------------------------------------------------------ queue mode
 
@@ -172,12 +179,23 @@ class Executor:
 
     def work_once(self, batch: int = 1) -> list[ExecutionResult]:
         """Claim up to ``batch`` runnable runs from agent.runs and execute them; an empty list
-        means nothing may start now, on the database's clock (``database_decides_now``)."""
-        store = self._store()
-        now = self.clock()
-        rows = store.execute("claim_runs", now=None if self.database_decides_now else now,
-                             late_cutoff=self._late_cutoff(now), worker=self.worker,
-                             max_concurrency=self.settings.agent.max_concurrency, batch=batch).rows
+        means nothing may start now, on the database's clock (``database_decides_now``). Runs
+        this thread's last completion claimed already (``claim_ahead``) are executed first,
+        instead of a claim."""
+        rows = self.take_claimed_ahead()
+        if not rows:
+            store = self._store()
+            rows = store.execute("claim_runs", **self._claim_params(batch)).rows
+        return self._run_claimed(rows)
+
+    def take_claimed_ahead(self) -> list[dict[str, Any]]:
+        """The runs this thread's last completion claimed (and forgets them): a worker that stops
+        runs them first (shared/engine/runner.py), as it would any run it had claimed."""
+        rows = getattr(self._ahead, "rows", None) or []
+        self._ahead.rows = []
+        return rows
+
+    def _run_claimed(self, rows: list[dict[str, Any]]) -> list[ExecutionResult]:
         results = []
         for run in rows:
             if run["decision"] == "skipped":
@@ -187,6 +205,33 @@ class Executor:
             if run["decision"] == "start":
                 results.append(self._execute(run, body=None, dequeue_count=None, message_id=None))
         return results
+
+    def _claim_params(self, batch: int) -> dict[str, Any]:
+        now = self.clock()
+        return {"now": None if self.database_decides_now else now, "late_cutoff": self._late_cutoff(now),
+                "worker": self.worker, "max_concurrency": self.settings.agent.max_concurrency, "batch": batch}
+
+    def _claim_ahead(self, store: Store, owner: str | None) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        """Whether this completion also claims the worker's next run, in its batch after the
+        COMMIT (RunEndings.finish's ``ahead``): direct mode on PostgreSQL, a worker that goes on
+        claiming (``claim_ahead``), a run that worked in the agent's own transaction with the
+        agent's rights (Store.can_run_after_commit: not an owned run, whose session is closed).
+
+        The semantics are the claim's own, a moment earlier: the claim runs after the COMMIT, in
+        a transaction of its own, exactly as the claim the worker would have sent next on the same
+        connection. It sees this run's end (the place it freed under AGENT_MAX_CONCURRENCY, the
+        next task of an order it made runnable, the follow-ups it started), decides on the
+        database's clock under the start lock, and commits before the batch returns. It runs
+        only if the COMMIT ran: the fence (agent.finish_run) and the transaction check
+        (agent.check_work_transaction) raise in SQL and stop the batch before both. The run it
+        claims is this worker's as a claimed run always is (its token, its lease from now),
+        executed next; a worker that stops first runs it before it ends (LocalRunner). Claimed
+        with the completion's reading of the clock, which is the next claim's less one round trip."""
+        if self.queue is not None or self.claim_ahead is None or owner or store.dialect != "postgres":
+            return None
+        if getattr(self._ahead, "rows", None) or not self.claim_ahead():
+            return None               # one run ahead at most (work_once with a batch of several)
+        return self._claim_params(1), []
 
     # ------------------------------------------------------------ the attempt
 
@@ -287,7 +332,10 @@ class Executor:
                                              operation_id=operation_id, data=command[:1000]):
                     work_store.run_script(command, output, owner=owner, params=params)
                 if same_database:
-                    handed_on, moved = self.endings.finish(store, attempt, output, reset=True)
+                    ahead = self._claim_ahead(store, owner) if step is None else None
+                    handed_on, moved = self.endings.finish(store, attempt, output, reset=True, ahead=ahead)
+                    if ahead is not None and ahead[1]:
+                        self._ahead.rows = ahead[1]
             if not same_database:
                 # Work in another database has committed: at-least-once from here on.
                 handed_on, moved = retry_transient(lambda: self.endings.finish_alone(attempt, output),

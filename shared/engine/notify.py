@@ -44,6 +44,7 @@ from urllib.parse import urlsplit
 
 from shared.control.sqlerrors import describe
 from shared.errors import NotificationError
+from shared.jobs.alert_definitions import CONDITION_KINDS
 from shared.jobs.run_model import RunStatus
 from shared.settings import Settings
 
@@ -70,7 +71,8 @@ POLL_SECONDS = 10.0
 
 def notifications_enabled(settings: Settings) -> bool:
     """Whether any webhook is configured (otherwise the outbox is never written)."""
-    return bool(settings.agent.notify_webhook_url or any(job.notify_webhook_url for job in settings.jobs))
+    return bool(settings.agent.notify_webhook_url or any(job.notify_webhook_url for job in settings.jobs)
+                or any(alert.notify_webhook_url for alert in getattr(settings, "alerts", ())))
 
 
 def enqueue_calls(settings: Settings, now: datetime) -> list[tuple[str, dict[str, Any]]]:
@@ -83,6 +85,14 @@ def enqueue_calls(settings: Settings, now: datetime) -> list[tuple[str, dict[str
 
 def notification_body(notification: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     """What the webhook receives."""
+    if notification.get("kind") in CONDITION_KINDS:
+        # A condition alert (shared/engine/condition_alerts.py): the body was written with the
+        # firing (its run_id is the firing's id, not a run's).
+        try:
+            body = json.loads(notification.get("detail") or "{}")
+        except ValueError:
+            body = {"alert": notification["job_name"], "kind": notification["kind"], "error": "unreadable detail"}
+        return {**body, "firing_id": notification["run_id"]}
     started, finished = run.get("first_started_at"), run.get("finished_at")
     duration = round((finished - started).total_seconds(), 3) if started and finished else None
     outcome = notification["outcome"]
@@ -273,8 +283,8 @@ class Notifier:
                                 claimed_until=now + timedelta(seconds=self.claim_seconds), batch=BATCH).rows
         if not claimed:
             return 0
-        runs = {row["run_id"]: row for row in store.execute(
-            "notification_runs", run_ids=[n["run_id"] for n in claimed]).rows}
+        run_ids = [n["run_id"] for n in claimed if n.get("kind") not in CONDITION_KINDS]
+        runs = {row["run_id"]: row for row in store.execute("notification_runs", run_ids=run_ids).rows} if run_ids else {}
         for notification in claimed:
             self._deliver(store, notification, runs.get(notification["run_id"], {}), token)
         return len(claimed)

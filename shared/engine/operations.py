@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from shared.control.db import DatabaseTarget, connector
 from shared.control.queries import split_statements
 from shared.control.sqlerrors import is_unique_violation
-from shared.engine.audit import Actor, Audit, AuditAction, audit_trail_exists, audited, audited_if_installed
+from shared.engine.audit import (Actor, Audit, AuditAction, AuditSource, audit_trail_exists, audited,
+                                 audited_if_installed)
 from shared.engine.dispatch import dispatch
 from shared.engine.fleet import report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
@@ -291,6 +292,48 @@ def request_run_now(agent: Agent, job_name: str, *, operation_id: str | None = N
             if audit is not None:
                 audit.rewind()      # that transaction, and its row, rolled back: the next try writes it
     return None
+
+
+def start_for_alert(store: Store, now: datetime, job_name: str, alert_name: str, firing_id: int) -> dict[str, Any]:
+    """A condition alert's response (RESPONSE_JOB): a run of the job right away with run-now's
+    semantics (its overlap policy decides; a paused job starts, as SQL Server Agent starts a
+    disabled one), audited as run-now from source 'alert', principal ``alert:<name>``; the job's
+    declared parameters take their defaults. Raises NotFoundError (audited 'refused') when the
+    job cannot run."""
+    actor = Actor(source=AuditSource.ALERT, client=f"condition alert {alert_name} (firing {firing_id})"[:400],
+                  os_user=f"alert:{alert_name}", principal=f"alert:{alert_name}")
+    with audited(store, actor, AuditAction.RUN_NOW, now=now, job_name=job_name,
+                 arguments={"job_name": job_name, "alert": alert_name, "firing_id": firing_id}) as audit:
+        params = None
+        job = store.execute("get_job", job_name=job_name).one()
+        declared = read_json(job.get("params")) if job else None
+        if declared:
+            try:
+                params = json.dumps(resolve(declared, {}, job=job_name), ensure_ascii=False)
+            except ParamError as exc:
+                raise UsageError(str(exc), setting=exc.setting, value=exc.value, expected=exc.expected) from None
+        row = None
+        for nudge in range(RUN_NOW_KEY_TRIES):
+            try:
+                with store.transaction():
+                    row = store.execute("insert_manual_run", job_name=job_name, params=params,
+                                        now=now + timedelta(milliseconds=nudge), operation_id=new_operation_id()).one()
+                    if row is not None:
+                        audit.run_id = row["run_id"]
+                        audit.detail = row["status"] + (f": {row['note']}" if row.get("note") else "")
+                        audit.write()
+                if row is not None:
+                    audit.recorded = True
+                break
+            except Exception as exc:
+                if not is_unique_violation(exc) or nudge == RUN_NOW_KEY_TRIES - 1:
+                    raise
+                audit.rewind()
+        if row is None:
+            raise NotFoundError(f"RESPONSE_JOB {job_name!r} of alert {alert_name!r}: no valid job of that name (it is "
+                                "unknown, invalid, or removed from the settings)", setting="RESPONSE_JOB",
+                                value=job_name, expected="a valid job the agent knows")
+    return row
 
 
 def resolve_run_params(agent: Agent, job_name: str, given: Sequence[str] | Mapping[str, str] | None) -> str | None:

@@ -5,7 +5,8 @@ The last tick that connected asks the database, in one statement (``quiet_horizo
 earliest time anything there can come due — a job's next slot (calendars and jitter only ever
 move a slot later, so the stored next slot is never too late), a pending run (a retry, a run held
 or delayed), a lease in flight (its expiry), a pause's end, a notification's next delivery, an alert a job asks for (shared/engine/alerts.py:
-next_alert_moment, one more statement only when a job has alert limits) — and
+next_alert_moment, one more statement only when a job has alert limits), a condition alert's next
+probe (shared/engine/condition_alerts.py; in the same statement) — and
 records the *wake time*: that moment less one claim span (the next tick plus
 AGENT_LOOKAHEAD_MARGIN_SECONDS, so the tick that claims and dispatches it still connects) and
 one more tick period of slack, bounded by now + AGENT_QUIET_MAX_MINUTES. A later tick reads the
@@ -236,8 +237,10 @@ def horizon(store: Any, settings: Settings, now: datetime) -> tuple[datetime, st
         # was skipped: nothing else wakes for it). SLOWER_THAN watches running runs, whose leases
         # (next_lease_at) already wake the ticks. One more statement, only with alerts configured.
         row = {**row, "next_alert_at": next_alert_moment(store, now)}
+    # next_condition_alert_at: a condition alert's probe next due, an alert defined with
+    # agent.add_alert not yet checked, or a failure an ERRORS alert has not looked at (now).
     for name in ("next_slot_at", "next_runnable_at", "next_lease_at", "next_pause_end_at", "next_notification_at",
-                 "next_alert_at"):
+                 "next_alert_at", "next_condition_alert_at"):
         value = row.get(name)
         if isinstance(value, str):
             value = _time(value if "+" in value[10:] or value.endswith("Z") else value + "+00:00")

@@ -53,6 +53,10 @@ class LocalRunner:
         self.visibility_timeout = (self.host.visibility_timeout_seconds if visibility_timeout is None
                                    else visibility_timeout)
         self.executor = agent.executor(self.visibility_timeout)
+        # Direct mode on PostgreSQL: a worker's completion also claims its next run (two round
+        # trips a task, not three) while the worker goes on working: inside the loops below,
+        # until stop(). A run claimed so is run before the worker ends (_run_claimed_ahead).
+        self.executor.claim_ahead = self._claims_ahead
         self.stop_event = threading.Event()
         self.processed = 0
         self._changed = threading.Condition()
@@ -76,6 +80,27 @@ class LocalRunner:
     def stop(self) -> None:
         self.stop_event.set()
         self.notify()
+
+    def _claims_ahead(self) -> bool:
+        return bool(getattr(self._poll_state, "looping", False)) and not self.stop_event.is_set()
+
+    def _run_claimed_ahead(self) -> None:
+        """A worker leaves its loop: the run its last completion claimed is its own (token and
+        lease), so it runs it now rather than leave it to lapse."""
+        self._poll_state.looping = False
+        if self.agent.queue_mode:
+            return
+        try:
+            rows = self.executor.take_claimed_ahead()
+            if rows:
+                count = len(self.executor._run_claimed(rows))
+                with self._changed:
+                    self.processed += count
+                self.notify()
+        except Exception as exc:  # noqa: BLE001 - the run's lease lapses and it is taken back
+            log.error("worker: running the run claimed with the last completion failed: %s", describe(exc))
+        finally:
+            self.agent.release()
 
     # ------------------------------------------------------------ one unit of work
 
@@ -178,6 +203,7 @@ class LocalRunner:
 
         def loop() -> None:
             retries = 0
+            self._poll_state.looping = True
             try:
                 while not self.stop_event.is_set() and not failures and (
                         deadline is None or time.monotonic() < deadline):
@@ -219,6 +245,7 @@ class LocalRunner:
                             continue  # a sibling finished something since: look again
                         self._changed.wait(0.5)
             finally:
+                self._run_claimed_ahead()
                 self._release_thread_store()
 
         self._run_threads(loop)
@@ -329,6 +356,7 @@ class LocalRunner:
             self.agent.release()
 
     def _worker_loop(self) -> None:
+        self._poll_state.looping = True
         try:
             while not self.stop_event.is_set():
                 with self._changed:
@@ -341,6 +369,7 @@ class LocalRunner:
                     continue
                 self._wait(seen, self._next_wait())
         finally:
+            self._run_claimed_ahead()
             self._release_thread_store()
 
     def _release_thread_store(self) -> None:

@@ -42,9 +42,11 @@ from typing import Any, Callable
 from shared.control.sqlerrors import classify, describe, is_lock_conflict
 from shared.control.store import Store
 from shared.engine.alerts import alert_columns, has_alerts, raise_alerts
+from shared.engine.condition_alerts import check_condition_alerts, settings_rows
 from shared.engine.dispatch import claim_horizon, dispatch, ring_doorbells, run_properties
 from shared.engine.fleet import fleet_steps, report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
+from shared.engine.operations import start_for_alert
 from shared.engine.planning import plan_database_jobs, refused_settings_job_error, stand_in_name
 from shared.errors import AgentError, ClockSkewError, PartialDispatchError, QueueError
 from shared.jobs.chains import find_cycles, run_order, show_chain
@@ -54,6 +56,7 @@ from shared.jobs.calendars import CalendarRules
 from shared.jobs.schedules import CronSchedule, jitter_offset, parse_schedule, validate_timezone
 from shared.jobs.targets import describe_members, dialect_problem
 from shared.settings import Settings
+from shared.values import printable
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -105,6 +108,9 @@ class TickReport:
     # Runs STOP_AFTER_SECONDS stopped, and the alerts this tick wrote (shared/engine/alerts.py).
     stopped: list[dict[str, Any]] = field(default_factory=list)
     alerts: list[dict[str, Any]] = field(default_factory=list)
+    # Condition alerts (shared/engine/condition_alerts.py): those checked, and what they answered.
+    condition_alerts_checked: list[str] = field(default_factory=list)
+    condition_alerts: list[dict[str, Any]] = field(default_factory=list)
     doorbells: int = 0
     purged: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -135,6 +141,8 @@ class TickReport:
             "database_jobs_planned": len(self.planned),
             "runs_stopped": len(self.stopped),
             "alerts_raised": len(self.alerts),
+            "condition_alerts_checked": len(self.condition_alerts_checked),
+            "condition_alerts_raised": len(self.condition_alerts),
             "statements": self.statements,
             "duration_ms": round(self.duration_ms, 1),
             "errors": self.errors,
@@ -184,6 +192,7 @@ class Scheduler:
                  self.progress_fleets, self.recover_clock_jumps, self.claim_slots]
         if has_alerts(self.settings):
             steps.append(self.raise_alerts)
+        steps.append(self.check_condition_alerts)
         if self.queue is not None:
             steps += [self.dispatch_runs, self.ring_doorbells]
         steps.append(self.purge_history)
@@ -372,10 +381,17 @@ class Scheduler:
                         ("refresh_runs_of_changed_jobs", {"jobs": rows}))
             store.execute("upsert_jobs", jobs=rows, now=now)
             store.execute("unconfigure_missing_jobs", jobs=rows, now=now)
+            # The settings' condition alerts, with the jobs (an ALERT__ change changes the hash).
+            held_alerts = store.execute("sync_settings_alerts", alerts=settings_rows(self.settings), now=now).rows
             store.execute("set_state", state_key=CONFIG_HASH_KEY, state_value=self.settings.config_hash, now=now)
         for name, message in refused:
             log.error("job %s is invalid and will not run: %s", name, message)
             self.telemetry.event("JobConfigInvalid", {"job": name, "outcome": "invalid", "error_message": message})
+        for row in held_alerts:
+            log.error("alert %s of the settings (ALERT__%s__*) is not in force: an alert of that name was defined with "
+                      "agent.add_alert, which holds the name", row["alert_name"], row["alert_name"])
+        for bad in getattr(self.settings, "invalid_alerts", ()):
+            log.error("alert %s is invalid and will not run: %s", printable(bad.name), bad.message)
 
     def _isolate_refused_jobs(self, rows: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
         """Only after the bulk write failed: try each job alone (rolled back) and turn those the
@@ -557,6 +573,45 @@ class Scheduler:
             self.telemetry.event("AlertRaised", {"job": alert["job_name"], "run_id": alert["run_id"],
                                                  "alert": alert["kind"], "outcome": alert["outcome"],
                                                  "error_message": alert["detail"]})
+
+    # ------------------------------------------------------------ 4c. condition alerts
+
+    def check_condition_alerts(self, now: datetime, report: TickReport) -> None:
+        """Condition alerts (shared/engine/condition_alerts.py): one statement when none is due;
+        a probe's failure is the alert's (a warning of the tick), never the tick's."""
+        store = self.store
+
+        def start_job(job_name: str, alert_name: str, firing_id: int) -> dict[str, Any]:
+            return start_for_alert(store, now, job_name, alert_name, firing_id)
+
+        outcome = check_condition_alerts(store, self._probe_store, now,
+                                         default_url=self.settings.agent.notify_webhook_url,
+                                         job_principal=self.settings.agent.job_principal, start_job=start_job)
+        report.condition_alerts_checked = outcome.checked
+        report.condition_alerts = outcome.firings
+        for name, problem in outcome.invalid:
+            log.error("alert %s is invalid and will not run: %s", printable(name), printable(problem, 2000))
+        for message in outcome.probe_errors:
+            report.warnings.append(message)
+            log.warning("%s", message)
+        for firing in outcome.firings:
+            body = firing["body"]
+            words = {"condition": f"{body.get('row_count', 0)} row(s)", "errors": f"{body.get('failure_count', 0)} "
+                     "failure(s) of the ERRORS list", "alert_error": f"its probe failed: {body.get('error')}"}[firing["kind"]]
+            if firing.get("response_run_id"):
+                words += f"; started {body.get('response_job')} (run {firing['response_run_id']})"
+            if firing.get("response_error"):
+                words += f"; RESPONSE_JOB {body.get('response_job')}: {firing['response_error']}"
+            log.warning("condition alert %s (%s): %s", firing["alert_name"], firing["kind"], words)
+            self.telemetry.event("AlertRaised", {"job": body.get("response_job"), "alert": firing["kind"],
+                                                 "alert_name": firing["alert_name"], "firing_id": firing["firing_id"],
+                                                 "run_id": firing.get("response_run_id"), "outcome": "raised",
+                                                 "error_message": words})
+
+    def _probe_store(self) -> Store:
+        """A store for the probes: its own connection, closed after each owned probe."""
+        store = self.store
+        return Store(store.target, store._connect, job_principal=store.job_principal, pool=store.pool)
 
     # ------------------------------------------------------------ 4. queue mode
 

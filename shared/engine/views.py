@@ -441,3 +441,22 @@ def to_json(value: Any, *, compact: bool = False) -> str:
     if compact:
         return json.dumps(value, default=_json_default, separators=(",", ":"))
     return json.dumps(value, indent=2, default=_json_default)
+
+
+def alerts_view(store, firings: int = 20) -> dict[str, Any]:
+    """`alerts --json` and the monitor's alerts page: every condition alert (issue 32 item 3) with
+    its state, and the latest responses with what each said (two statements)."""
+    alerts = store.execute("list_alerts").rows
+    latest = store.execute("list_alert_firings", alert_name=None, limit=firings).rows
+    for row in latest:
+        text = row.get("detail")
+        try:
+            row["detail"] = json.loads(text) if text else None
+        except ValueError:
+            row["detail"] = {"text": text}
+    for row in alerts:
+        row["enabled"] = bool(row["enabled"])
+        row["notify"] = bool(row["notify"])
+        row["state"] = ("invalid" if row["valid"] == 0 else "unchecked" if row["valid"] is None
+                        else "disabled" if not row["enabled"] else "failing" if row["last_error"] else "ok")
+    return {"alerts": alerts, "firings": latest}

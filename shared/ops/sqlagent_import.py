@@ -17,6 +17,7 @@ from datetime import date, datetime, time, timedelta
 from typing import Any, Iterable
 
 from shared.errors import ScriptError
+from shared.jobs.alert_definitions import KNOWN_SEVERITY
 from shared.jobs.from_settings import parse_jobs
 from shared.jobs.schedules import schedule_from_sqlagent, validate_timezone
 from shared.ops.sqlagent import msdb as model
@@ -65,6 +66,21 @@ class Converted:
                 "settings": self.settings, "not_carried": self.not_carried, "notes": self.notes}
 
 
+@dataclass
+class ConvertedAlert:
+    """One sp_add_alert as ALERT__<alert>__* settings (issue 32 item 3)."""
+    sql_agent_name: str
+    alert: str                                 # the ALERT__<alert>__ name
+    settings: dict[str, str]
+    emitted: bool
+    not_carried: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"sql_agent_name": self.sql_agent_name, "alert": self.alert, "emitted": self.emitted,
+                "settings": self.settings, "not_carried": self.not_carried, "notes": self.notes}
+
+
 class Imported(list):
     """The jobs converted (one Converted per job, per schedule that could not share the job's),
     with what the scripts did that belongs to no job: not_carried (each a dict with source, line,
@@ -75,6 +91,7 @@ class Imported(list):
         self.not_carried: list[dict[str, Any]] = not_carried or []
         self.notes: list[str] = notes or []
         self.sources: list[dict[str, Any]] = sources or []
+        self.alerts: list[ConvertedAlert] = []
 
 
 def setting_name(name: str, taken: set[str]) -> str:
@@ -129,7 +146,96 @@ def convert_script(texts: Iterable[tuple[str, str]], timezone: str = "UTC", *, t
     out = Imported(not_carried=script_level, notes=notes, sources=sources)
     for job in msdb.jobs.values():
         out.extend(_convert_job(job, msdb, by_job.get(job.key, []), timezone, now, taken))
+    job_names = {}
+    for item in out:
+        if item.emitted:
+            job_names.setdefault(item.sql_agent_name, item.job)
+    alert_names: set[str] = set()
+    for alert in msdb.alerts.values():
+        out.alerts.append(_convert_alert(alert, msdb, job_names, alert_names))
     return out
+
+
+def _convert_alert(alert: dict[str, Any], msdb: model.Msdb, job_names: dict[str, str],
+                   taken: set[str]) -> ConvertedAlert:
+    """sp_add_alert (+ sp_add_notification) as ALERT__<name>__*: @message_id becomes ERRORS=<n>,
+    @severity (at most 16) ERRORS=severity>=<n>; @delay_between_responses, @enabled, @job_name
+    (RESPONSE_JOB) and the operators notified (NOTIFY) carry over. A performance condition, a WMI
+    event, a severity above 16, a database or keyword filter and a custom message do not: each is
+    listed, and what cannot fire here is not emitted."""
+    name = setting_name(alert["name"], taken)
+    key = f"ALERT__{name}__"
+    settings: dict[str, str] = {}
+    missing: list[dict[str, Any]] = []
+    notes: list[str] = []
+    emitted = True
+
+    def left_out(what: str, reason: str, *, block: bool = False) -> None:
+        nonlocal emitted
+        missing.append({"what": what, "reason": reason})
+        emitted = emitted and not block
+
+    if name != alert["name"]:
+        notes.append(f"alert {alert['name']!r} is ALERT__{name}__* (setting names take letters, digits and '_')")
+    for prop, reason in alert.get("unknown", {}).items():
+        left_out(f"@{prop}", f"not known before the script runs ({reason})", block=True)
+    message_id, severity = alert.get("message_id") or 0, alert.get("severity") or 0
+    if alert.get("performance_condition"):
+        left_out("@performance_condition", f"{alert['performance_condition']!r}: a performance counter alert has no "
+                 "equivalent here; an ALERT__<name>__QUERY probe on sys.dm_os_performance_counters (or an Azure "
+                 "Monitor metric alert) is the way", block=True)
+    elif alert.get("wmi_query") or alert.get("wmi_namespace"):
+        left_out("@wmi_query", "a WMI event alert has no equivalent here (Azure SQL has no WMI)", block=True)
+    elif isinstance(message_id, int) and message_id > 0:
+        settings[key + "ERRORS"] = str(message_id)
+        notes.append(f"@message_id {message_id}: fires when a run of a job this agent runs fails with error "
+                     f"{message_id}, not on every error the server raises or logs")
+    elif isinstance(severity, int) and 0 < severity <= KNOWN_SEVERITY:
+        settings[key + "ERRORS"] = f"severity>={severity}"
+        left_out("@severity", f"severity {severity}: the drivers do not report an error's severity and the agent counts "
+                 f"every failure as severity {KNOWN_SEVERITY}, so ERRORS=severity>={severity} fires on every failed run "
+                 f"of its jobs (not on severity {severity} exactly, nor on errors outside its jobs)")
+    elif isinstance(severity, int) and severity > KNOWN_SEVERITY:
+        left_out("@severity", f"severity {severity} (resource and system errors): the agent cannot tell an error's "
+                 f"severity above {KNOWN_SEVERITY}; use Azure Monitor's alerts on the database", block=True)
+    else:
+        left_out("@message_id / @severity", "the alert names no error number and no severity", block=True)
+    if alert.get("database_name"):
+        left_out("@database_name", f"{alert['database_name']!r}: the alert here watches the failures of every job, "
+                 "in any database")
+    if alert.get("event_description_keyword"):
+        left_out("@event_description_keyword", f"{alert['event_description_keyword']!r}: the message text is not "
+                 "filtered here")
+    if alert.get("notification_message"):
+        left_out("@notification_message", "a custom message: the notification's body is the agent's (it names the "
+                 "alert and carries the failures)")
+    if alert.get("enabled") == 0:
+        settings[key + "ENABLED"] = "false"
+    delay = alert.get("delay_between_responses")
+    if isinstance(delay, int) and delay > 0:
+        settings[key + "DELAY_BETWEEN_RESPONSES_SECONDS"] = str(min(delay, 31_536_000))
+    else:
+        settings[key + "DELAY_BETWEEN_RESPONSES_SECONDS"] = "0"
+    job_key = alert.get("job_key")
+    if job_key is not None:
+        job = msdb.jobs.get(job_key)
+        target = job_names.get(job.name) if job is not None else None
+        if target is None:
+            left_out("@job_name", f"the job it starts ({job.name if job else job_key!r}) is not carried itself")
+        else:
+            settings[key + "RESPONSE_JOB"] = target
+    operators = [o for o in alert.get("operators", ()) if o]
+    if operators:
+        settings[key + "NOTIFY"] = "true"
+        notes.append(f"operators {', '.join(operators)} (sp_add_notification): told through the agent's webhook or "
+                     "Action Group (AGENT_NOTIFY_WEBHOOK_URL), not by e-mail or pager from here")
+    elif key + "RESPONSE_JOB" in settings:
+        settings[key + "NOTIFY"] = "false"
+    else:
+        settings[key + "NOTIFY"] = "true"
+        notes.append("no operator and no job: SQL Server Agent only counted it; here it notifies (a response is needed)")
+    return ConvertedAlert(sql_agent_name=alert["name"], alert=name, settings=settings if emitted else {},
+                          emitted=emitted, not_carried=missing, notes=notes)
 
 
 def _unknown(msdb: model.Msdb, kind: str, key: Any) -> dict[str, str]:
@@ -592,12 +698,18 @@ def report(converted: list[Converted], timezone: str) -> dict[str, Any]:
     for item in converted:
         if item.emitted:
             settings.update(item.settings)
+    alerts = list(getattr(converted, "alerts", []))
+    for alert in alerts:
+        if alert.emitted:
+            settings.update(alert.settings)
     not_carried = list(getattr(converted, "not_carried", []))
     return {"timezone": timezone, "settings": settings, "jobs": [item.as_json() for item in converted],
+            "alerts": [alert.as_json() for alert in alerts],
             "not_carried": not_carried, "notes": list(getattr(converted, "notes", [])),
             "sources": list(getattr(converted, "sources", [])),
-            "complete": bool(converted) and not not_carried
-            and all(item.emitted and not item.not_carried for item in converted)}
+            "complete": (bool(converted) or bool(alerts)) and not not_carried
+            and all(item.emitted and not item.not_carried for item in converted)
+            and all(alert.emitted and not alert.not_carried for alert in alerts)}
 
 
 def apply_calls(converted: list[Converted]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:

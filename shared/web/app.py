@@ -203,8 +203,10 @@ class Monitor:
             page = "stuck"
         elif parts == ["audit"]:
             page = "audit"
+        elif parts == ["alerts"]:
+            page = "alerts"
         else:
-            raise PageError(404, f"no page at {path!r} (pages: jobs, jobs/<name>, runs/<id>, poison, stuck, audit)")
+            raise PageError(404, f"no page at {path!r} (pages: jobs, jobs/<name>, runs/<id>, poison, stuck, audit, alerts)")
         with self.store() as store:
             if page == "jobs":
                 data = views.jobs_view(store, now)
@@ -233,6 +235,9 @@ class Monitor:
                 since = _time_param("since", params["since"]) if params.get("since") else None
                 data = views.audit_view(store, job, since, limit)
                 title, body = "Audit trail", self.pages.audit_page(data, job, since, limit)
+            elif page == "alerts":
+                data = views.alerts_view(store)
+                title, body = "Condition alerts", self.pages.alerts_page(data)
             else:
                 older = _int_param("older_than", params.get("older_than", str(views.DEFAULT_STUCK_AGE_SECONDS)), 1,
                                    MAX_STUCK_AGE_SECONDS)

@@ -47,7 +47,8 @@ class Pages:
             f"<title>{escape(title)} · SQL Agent monitor</title>\n{meta}"
             f'<link rel="stylesheet" href="{self.link("/monitor.css")}">\n</head>\n<body>\n'
             f'<header><nav><a href="{self.link("/")}">Jobs</a> <a href="{self.link("/poison")}">Poison</a> '
-            f'<a href="{self.link("/stuck")}">Stuck</a> <a href="{self.link("/audit")}">Audit</a></nav> {who} {asof}</header>\n'
+            f'<a href="{self.link("/stuck")}">Stuck</a> <a href="{self.link("/audit")}">Audit</a> '
+            f'<a href="{self.link("/alerts")}">Alerts</a></nav> {who} {asof}</header>\n'
             f"<main>\n{body}</main>\n"
             f'<footer><a href="{self.link(path if path.startswith("/") else "/" + path, **twin)}">JSON</a>{refreshing}'
             "</footer>\n</body>\n</html>\n")
@@ -222,6 +223,18 @@ class Pages:
                f"<p>Operator actions{scope}, newest first (at most {int(limit)}): from the command line and the "
                "T-SQL procedures; a refused action is recorded as refused.</p>"]
         out.append(self.table("audit", AUDIT_COLUMNS, rows) if rows else "<p>No audited actions.</p>")
+        return "\n".join(out) + "\n"
+
+    def alerts_page(self, data: dict[str, Any]) -> str:
+        """The condition alerts (as `sql-agent alerts`) and their latest responses. Names, queries and
+        errors came from settings and callers: escaped, isolated."""
+        out = ["<h1>Condition alerts</h1>",
+               "<p>Probes whose rows are the alert, and error watches over every run's failures, each answered at "
+               "most once per its delay (docs/monitoring.md, Condition alerts).</p>"]
+        out.append(self.table("alerts", ALERT_COLUMNS, data["alerts"]) if data["alerts"]
+                   else "<p>No condition alerts (ALERT__&lt;name&gt;__QUERY or __ERRORS, or agent.add_alert).</p>")
+        out.append("<h2>Latest responses</h2>")
+        out.append(self.table("firings", FIRING_COLUMNS, data["firings"]) if data["firings"] else "<p>None yet.</p>")
         return "\n".join(out) + "\n"
 
     def table(self, name: str, columns: list[tuple[str, Callable[["Pages", dict[str, Any]], str]]],
@@ -551,3 +564,43 @@ def _duration(delta: timedelta) -> str:
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min" if hours else f"{minutes} min {secs} s"
+
+
+def _alert_watches(pages: Pages, row: dict[str, Any]) -> str:
+    if row.get("errors"):
+        return f"errors <bdi><code>{visible(row['errors'])}</code></bdi>"
+    return (f"<bdi><code>{visible(row.get('probe_query'))}</code></bdi> at <bdi>{visible(row.get('schedule'))}</bdi> "
+            f"({escape(row.get('timezone') or 'UTC')})")
+
+
+def _alert_response(pages: Pages, row: dict[str, Any]) -> str:
+    parts = ["notify"] if row.get("notify") else []
+    if row.get("response_job"):
+        parts.append(f'start <bdi><a href="{pages.link("/jobs/" + quote(str(row["response_job"]), safe=""))}">'
+                     f'{visible(row["response_job"])}</a></bdi>')
+    return ", ".join(parts) or "-"
+
+
+def _firing_said(pages: Pages, row: dict[str, Any]) -> str:
+    body = row.get("detail") or {}
+    if row.get("kind") == "condition":
+        text = f"{body.get('row_count', 0)} row(s)" + (f" ({body['rows_cut']})" if body.get("rows_cut") else "")
+    elif row.get("kind") == "errors":
+        text = f"{body.get('failure_count', 0)} failure(s) matching {body.get('condition')}"
+    else:
+        text = f"probe failed: {body.get('error')}"
+    return f"<bdi>{visible(text)}</bdi>"
+
+
+ALERT_COLUMNS = [("Alert", _isolated("alert_name")), ("Defined in", _text("source")), ("Owner", _isolated("owner")),
+                 ("Watches", _alert_watches), ("Delay (s)", _text("delay_seconds")), ("Response", _alert_response),
+                 ("State", lambda m, r: f'<span class="alert-{escape(r["state"])}">{escape(r["state"])}</span>'),
+                 ("Next check (UTC)", _field("next_check_at")), ("Last response (UTC)", _field("last_response_at")),
+                 ("Seen / answered", lambda m, r: f'{escape(r["occurrences"])} / {escape(r["responses"])}'),
+                 ("Problem", lambda m, r: f"<bdi>{visible(r.get('config_error') or r.get('last_error'))}</bdi>"
+                  if (r.get("config_error") or r.get("last_error")) else "-")]
+
+FIRING_COLUMNS = [("Firing", _text("firing_id")), ("Alert", _isolated("alert_name")), ("At (UTC)", _field("raised_at")),
+                  ("Kind", _text("kind")), ("Said", _firing_said),
+                  ("Response run", lambda m, r: m.run_link(r["response_run_id"]) if r.get("response_run_id")
+                   else (f"<bdi>{visible(r['response_error'])}</bdi>" if r.get("response_error") else "-"))]

@@ -90,6 +90,7 @@ SUCCESS = {
     "history": (["history", "--limit", "5"], lambda d: {"runs", "job_events"} <= set(d)),
     "stuck": (["stuck"], lambda d: isinstance(d, list)),
     "audit": (["audit", "--since", "2000-01-01T00:00:00Z", "--limit", "5"], lambda d: isinstance(d, list)),
+    "alerts": (["alerts", "--limit", "5"], lambda d: d == {"alerts": [], "firings": []}),
     "next": (["next", "hello", "--count", "3", "--from", "2026-01-01T00:00:00Z"],
              lambda d: [s["at"] for s in d["slots"]] == ["2026-01-01T03:00:00+00:00", "2026-01-02T03:00:00+00:00",
                                                          "2026-01-03T03:00:00+00:00"] and d["note"] is None),

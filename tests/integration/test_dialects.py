@@ -133,7 +133,7 @@ _TSQL_EXEC = re.compile(r"^\s*EXEC\s+agent\.(\w+)\b", re.IGNORECASE)
 
 def tsql_procedure_statements(name: str) -> list[str]:
     """The statements of the body of procedure agent.<name>, as the latest migration creating it
-    has them (the hot path's procedures, migration 0021)."""
+    has them (the hot path's procedures, migration 0022)."""
     found: list[str] = []
     for migration in load_migrations("mssql"):
         for statement in migration.statements():
@@ -402,6 +402,9 @@ DUMMY_VALUES.update({"params": None})
 # Issue 32 item 4 (the audit trail).
 DUMMY_VALUES.update({"principal": None, "fallback_principal": "u", "client": "c", "source": "cli",
                      "action": "stop", "arguments": "{}", "detail": None, "audit_outcome": "done"})
+# Issue 32 item 3 (condition alerts).
+DUMMY_VALUES.update({"alerts": [], "checks": [], "results": [], "firings": [], "limit": 10, "alert_name": None,
+                     "firing_id": 1, "response_error": None, "timeout_ms": "1000"})
 
 
 def test_result_columns_match_the_real_database(db_url, tmp_path):
@@ -471,7 +474,7 @@ def test_result_columns_match_the_real_database(db_url, tmp_path):
 
 # Queries that raise with the dummy values, by design: PostgreSQL's finish_run is the fence, raising
 # (SQLSTATE AG001) for a run that is not running with the given token, so that a completion batch
-# ending with COMMIT stops before it; T-SQL's since migration 0021 too (THROW 50003). Their columns
+# ending with COMMIT stops before it; T-SQL's since migration 0022 too (THROW 50003). Their columns
 # are compared by sqlglot above.
 REFUSED_WITH_DUMMY_VALUES: dict[tuple[str, str], str | int] = {("postgres", "finish_run"): "AG001",
                                                                ("mssql", "finish_run"): 50003}
@@ -573,7 +576,7 @@ def test_every_dialect_creates_the_same_tables_columns_and_indexes():
     schemas = {dialect: schema_of(dialect) for dialect in DIALECTS}
     assert set(schemas["postgres"]) == {"schema_version", "state", "jobs", "runs", "attempts", "job_events",
                                          "poison_messages", "start_lock", "notifications", "job_pauses", "calendars", "audit",
-                                         *POSTGRES_ONLY_TABLES}
+                                         "alerts", "alert_firings", *POSTGRES_ONLY_TABLES}
     for table in POSTGRES_ONLY_TABLES:
         del schemas["postgres"][table]
     for dialect in ("sqlite", "mssql"):
@@ -635,7 +638,7 @@ def test_the_sqlfluff_check_fails_on_broken_tsql():
 
 
 def test_tsql_hot_path_procedures_keep_to_what_babelfish_accepts_too():
-    """The procedures of migration 0021 (the claim, the start, the completion's calls): every
+    """The procedures of migration 0022 (the claim, the start, the completion's calls): every
     statement of their bodies sqlglot reads is free of what Babelfish refuses, and each named
     query that calls one returns its body's columns (test_same_result_columns_as_postgres)."""
     calls = {m.group(1) for q in load_queries("mssql").values() if len(q.statements) == 1
@@ -650,6 +653,6 @@ def test_tsql_hot_path_procedures_keep_to_what_babelfish_accepts_too():
                 continue
             if found := _babelfish_refusals(statement):
                 refused[name] = found
-        migration = "\n".join(p.read_text() for p in sorted((SQL_DIR / "migrations" / "mssql").glob("0021_*.sql")))
+        migration = "\n".join(p.read_text() for p in sorted((SQL_DIR / "migrations" / "mssql").glob("0022_*.sql")))
         assert "CREATE OR ALTER" not in _code(migration).upper() and "MERGE " not in _code(migration).upper()
     assert not refused, refused

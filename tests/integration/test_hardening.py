@@ -513,9 +513,9 @@ def test_the_transaction_check_runs_only_where_the_job_worked(pg_url, monkeypatc
     calls: list[list[str]] = []
     original = Store._chain
 
-    def recording(self, named, *, end):
+    def recording(self, named, *, end, then=()):
         calls.append([name for name, _ in named])
-        return original(self, named, end=end)
+        return original(self, named, end=end, then=then)
 
     monkeypatch.setattr(Store, "_chain", recording)
     name, _ = create_pg_database()

@@ -28,7 +28,7 @@ from tests.support.harness import ROOT, Clock, create_pg_database, drop_pg_datab
 
 UTC = timezone.utc
 SCHEMAS = ROOT / "docs" / "schemas"
-PAGES = ("jobs", "job", "run", "poison", "stuck", "audit", "error")
+PAGES = ("jobs", "job", "run", "poison", "stuck", "audit", "alerts", "error")
 
 
 def schema(page: str) -> dict:
@@ -90,7 +90,7 @@ def test_every_schema_is_a_valid_2020_12_schema_and_every_page_has_one():
     source = (ROOT / "shared" / "web" / "app.py").read_text(encoding="utf-8")
     (routed,) = re.findall(r"\(pages: ([^)]*)\)", source)
     names = {"jobs": "jobs", "jobs/<name>": "job", "runs/<id>": "run", "poison": "poison", "stuck": "stuck",
-             "audit": "audit"}
+             "audit": "audit", "alerts": "alerts"}
     assert {names[page.strip()] for page in routed.split(",")} == set(PAGES) - {"error"}
     # The monitor's page documents them.
     assert all(f"schemas/monitor-{page}.schema.json" in (ROOT / "docs" / "monitor.md").read_text(encoding="utf-8")
@@ -121,6 +121,7 @@ def test_every_json_twin_validates_against_its_schema(monitor):
     audit = get(monitor, "/audit")
     assert any(row["action"] == "pause" and row["outcome"] == "done" for row in audit), audit
     validate("audit", audit)
+    validate("alerts", get(monitor, "/alerts"))
 
 
 def test_json_errors_validate_against_the_error_schema(monitor):

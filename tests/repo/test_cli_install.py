@@ -222,6 +222,12 @@ def check_audit(sql_agent, workdir, state):
     assert {"run-now", "pause", "resume", "stop"} <= {row["action"] for row in rows}, rows
 
 
+def check_alerts(sql_agent, workdir, state):
+    result = run(sql_agent, workdir, "--json", "alerts")
+    assert result.returncode == 0, result.stderr
+    assert _json(result) == {"alerts": [], "firings": []}
+
+
 def check_stuck(sql_agent, workdir, state):
     result = run(sql_agent, workdir, "--json", "stuck")
     assert result.returncode == 0, result.stderr
@@ -301,6 +307,7 @@ INVOCATIONS = {
     ("resume",): check_resume,
     ("stop",): check_stop,
     ("audit",): check_audit,
+    ("alerts",): check_alerts,
     ("stuck",): check_stuck,
     ("poison", "list"): check_poison_list,
     ("poison", "requeue"): check_poison_requeue,

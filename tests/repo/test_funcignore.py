@@ -32,9 +32,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 FUNCIGNORE = REPO / ".funcignore"
-# The package must stay small: the app's code and SQL are a few hundred kB. The tree the
-# tests build holds far more than this in .venv and node_modules alone.
-MAX_PACKAGE_BYTES = 2 * 1024 * 1024
+# The package must stay small: the app's code and SQL are about 2.2 MB (three dialects' SQL and
+# migrations are half of it; issue 32 item 3's condition alerts took it past 2 MiB). The tree the
+# tests build holds far more than this in .venv and node_modules alone, which is what this catches.
+MAX_PACKAGE_BYTES = 3 * 1024 * 1024
 # What the app needs at the root; everything under these folders is the app's code and data.
 ROOT_FILES = {"function_app.py", "host.json", "requirements.txt"}
 APP_FOLDERS = ("functions/", "shared/")

@@ -103,6 +103,7 @@ JOB_SETTING_TEMPLATE = re.compile(r"^(?P<prefix>[A-Za-z_]+)\$\{(?P<item>\w+)\.na
 STEP_SETTING_TEMPLATE = re.compile(r"^(?P<prefix>[A-Za-z_]+)\$\{(?P<item>\w+)\.job\}__STEPS__\$\{(?P=item)\.step\}__(?P<suffix>[A-Z_]+)$")
 APP_SETTING_SAFE_JOB_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 CALENDAR_SETTING_TEMPLATE = re.compile(r"^CALENDAR__\$\{(?P<item>\w+)\.name\}__(?P<suffix>[A-Z_]+)$")
+ALERT_SETTING_TEMPLATE = re.compile(r"^ALERT__\$\{(?P<item>\w+)\.name\}__(?P<suffix>[A-Z_]+)$")
 
 
 # ------------------------------------------------------------------ reading the app settings
@@ -134,6 +135,7 @@ class AppSettings:
         self.job_prefixes: set[str] = set()
         self.step_fields: dict[str, str] = {}  # step suffix -> key of the jobSteps entry
         self.calendar_fields: dict[str, str] = {}  # CALENDAR__<name>__ suffix -> key of the calendars entry
+        self.alert_fields: dict[str, str] = {}  # ALERT__<name>__ suffix -> key of the alerts entry
         _, site = _site(functionapp)
         self._collect(body(site)["properties"]["siteConfig"]["appSettings"], via="appSettings")
 
@@ -147,6 +149,8 @@ class AppSettings:
                 self._step_loop(expression, value)
             elif is_loop(value) and value["loop_type"]["detail"].get("array_name") == "calendars":
                 self._calendar_loop(expression, value)
+            elif is_loop(value) and value["loop_type"]["detail"].get("array_name") == "alerts":
+                self._alert_loop(expression, value)
             else:
                 self._collect(value, via=expression)
             return
@@ -215,6 +219,20 @@ class AppSettings:
         if match.group("suffix") in self.calendar_fields:
             raise AssertionError(f"calendar setting suffix {match.group('suffix')} is generated twice ({variable})")
         self.calendar_fields[match.group("suffix")] = path[1]
+
+    def _alert_loop(self, variable: str, loop: dict[str, Any]) -> None:
+        item = loop["loop_type"]["detail"]["item_name"]
+        name = loop["config"]["name"]
+        match = ALERT_SETTING_TEMPLATE.match(name) if isinstance(name, str) else None
+        if not match or match.group("item") != item:
+            raise BicepShapeError(f"{variable}: alert setting name must look like "
+                                  f"'ALERT__${{{item}.name}}__SUFFIX', found {name!r}")
+        path = accessor_path(loop["config"]["value"])
+        if len(path) != 2 or path[0] != item:
+            raise BicepShapeError(f"{variable}: value must be `{item}.<field>` (or `{item}.?<field>`), found {path}")
+        if match.group("suffix") in self.alert_fields:
+            raise AssertionError(f"alert setting suffix {match.group('suffix')} is generated twice ({variable})")
+        self.alert_fields[match.group("suffix")] = path[1]
 
     def _job_loop(self, variable: str, loop: dict[str, Any]) -> None:
         item = loop["loop_type"]["detail"]["item_name"]
@@ -340,6 +358,18 @@ def test_calendar_settings_generated_from_calendars_parameter_match_the_engine(a
     assert set(app_settings.calendar_fields) == set(CALENDAR_FIELDS)
     for suffix, key in app_settings.calendar_fields.items():
         assert _camel_to_upper_snake(key) == suffix, f"calendars[].{key} becomes __{suffix}"
+
+
+def test_alert_settings_generated_from_alerts_parameter_match_the_engine(app_settings: AppSettings):
+    """Condition alerts (issue 32 item 3): every ALERT__<name>__<SUFFIX> the engine reads is generated
+    from the `alerts` parameter, and main.bicep passes it through."""
+    from shared.jobs.alert_definitions import ALERT_SETTING_SUFFIXES
+
+    assert set(app_settings.alert_fields) == set(ALERT_SETTING_SUFFIXES)
+    for suffix, key in app_settings.alert_fields.items():
+        assert _camel_to_upper_snake(key) == suffix, f"alerts[].{key} becomes __{suffix}"
+    main = (REPO / "infra" / "main.bicep").read_text(encoding="utf-8")
+    assert "param alerts array = []" in main and "    alerts: alerts\n" in main
 
 
 def test_no_job_field_is_required_in_bicep_but_the_name():

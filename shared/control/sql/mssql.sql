@@ -465,7 +465,7 @@ WHERE j.next_due_at = a.from_due AND j.schedule = a.schedule AND j.timezone = a.
 SELECT job_name FROM @advanced;
 
 -- dispatch_runs --
--- Queue mode: under the start lock, skip the slots that may not run, then hand the queue every due run that may start (task order, overlap 'queue', the cap counting runs executing or due on the queue) and every run due within the lookahead (a delayed message; it holds no place). Each gets a new token and a dispatch lease. (agent.dispatch_runs, a procedure of migration 0021.)
+-- Queue mode: under the start lock, skip the slots that may not run, then hand the queue every due run that may start (task order, overlap 'queue', the cap counting runs executing or due on the queue) and every run due within the lookahead (a delayed message; it holds no place). Each gets a new token and a dispatch lease. (agent.dispatch_runs, a procedure of migration 0022.)
 EXEC agent.dispatch_runs :now, :late_cutoff, :max_concurrency, :lookahead_until, :ahead_limit, :dispatch_lease_seconds;
 
 -- release_dispatch --
@@ -479,11 +479,11 @@ WHERE r.status = N'queued';
 SELECT run_id FROM @released;
 
 -- start_run --
--- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened. owner as claim_runs gives it. (agent.start_run, a procedure of migration 0021, in a transaction of its own.)
+-- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened. owner as claim_runs gives it. (agent.start_run, a procedure of migration 0022, in a transaction of its own.)
 EXEC agent.start_run :now, :late_cutoff, :max_concurrency, :run_id, :token, :worker, :dequeue_count;
 
 -- claim_runs --
--- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock). owner: whom the run's SQL runs as ('' the agent's user). (agent.claim_runs, a procedure of migration 0021, in a transaction of its own: one round trip, no COMMIT after it.)
+-- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock). owner: whom the run's SQL runs as ('' the agent's user). (agent.claim_runs, a procedure of migration 0022, in a transaction of its own: one round trip, no COMMIT after it.)
 EXEC agent.claim_runs :now, :late_cutoff, :batch, :max_concurrency, :worker;
 
 -- next_runnable_at --
@@ -519,7 +519,7 @@ SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 SELECT 1 AS unlocked WHERE 1 = 0;
 
 -- finish_run --
--- Fenced completion (in the job's transaction, after check_work_transaction, or alone after work in another database): the run and its open attempt succeed together, only for the current token; when the token moved on (the lease was taken over, or the run cancelled) it raises (50003), so that a batch ending with COMMIT stops before it. (agent.finish_run, a procedure of migration 0021.)
+-- Fenced completion (in the job's transaction, after check_work_transaction, or alone after work in another database): the run and its open attempt succeed together, only for the current token; when the token moved on (the lease was taken over, or the run cancelled) it raises (50003), so that a batch ending with COMMIT stops before it. (agent.finish_run, a procedure of migration 0022.)
 EXEC agent.finish_run :run_id, :token, :now;
 
 -- fail_run --
@@ -1017,7 +1017,7 @@ WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.status IN (N'succeeded', 
   AND NOT EXISTS (SELECT 1 FROM agent.notifications AS n WITH (UPDLOCK, HOLDLOCK) WHERE n.run_id = r.run_id AND n.kind = N'outcome');
 
 -- start_follow_up_runs --
--- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME; a follow-up of a job already in the ended run's chain of jobs, or past :max_chain_jobs jobs, is recorded skipped with the reason (note 'chain: ...') and a job event 'follow_up_refused'. (agent.start_follow_up_runs, a procedure of migration 0021: the statements of 0020's named query.)
+-- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME; a follow-up of a job already in the ended run's chain of jobs, or past :max_chain_jobs jobs, is recorded skipped with the reason (note 'chain: ...') and a job event 'follow_up_refused'. (agent.start_follow_up_runs, a procedure of migration 0022: the statements of 0020's named query.)
 EXEC agent.start_follow_up_runs :now, :max_chain_jobs;
 
 -- claim_notifications --
@@ -1063,7 +1063,7 @@ WHERE notification_id = :notification_id AND claim_token = :claim_token;
 SELECT notification_id FROM @recorded;
 
 -- check_work_transaction --
--- Before the success of a job or step that worked in the agent's own transaction is recorded there: a transaction the SQL committed, rolled back or doomed is never recorded as a success (XACT_STATE decides; :work_transaction is PostgreSQL's). (agent.check_work_transaction, a procedure of migration 0021.)
+-- Before the success of a job or step that worked in the agent's own transaction is recorded there: a transaction the SQL committed, rolled back or doomed is never recorded as a success (XACT_STATE decides; :work_transaction is PostgreSQL's). (agent.check_work_transaction, a procedure of migration 0022.)
 EXEC agent.check_work_transaction :work_transaction;
 
 -- purge_notifications --
@@ -1075,6 +1075,12 @@ DELETE FROM agent.notifications WHERE notification_id IN (
     ORDER BY notification_id);
 SET @notifications = @@ROWCOUNT;
 SELECT N'notifications' AS purged, @notifications AS rows_purged;
+DECLARE @firings INT;
+DELETE FROM agent.alert_firings WHERE firing_id IN (
+    SELECT TOP (CAST(:batch AS INT)) firing_id FROM agent.alert_firings
+    WHERE raised_at < CAST(:history_before AS DATETIME2(6)) ORDER BY firing_id);
+SET @firings = @@ROWCOUNT;
+SELECT N'alert firings' AS purged, @firings AS rows_purged;
 
 -- list_server_databases --
 -- Fleet targets, run in the server's master: its databases, for server: members and db: globs (the system databases are left out by the caller; resolved at every run).
@@ -1241,7 +1247,7 @@ WHERE e.parent_run_id IN (SELECT CAST(x.value AS BIGINT) FROM OPENJSON(:run_ids)
 ORDER BY e.parent_run_id, e.run_id;
 
 -- lock_starts --
--- Queue mode, first in a chain that ends with the hand-on dispatch: the start lock before any row (a completion that locked its rows, then waited for the start lock, deadlocked with a start holding the start lock and waiting for one of those rows: a run's last executions lock the run itself). (agent.lock_starts, a procedure of migration 0021: the lock is held to the end of the caller's transaction.)
+-- Queue mode, first in a chain that ends with the hand-on dispatch: the start lock before any row (a completion that locked its rows, then waited for the start lock, deadlocked with a start holding the start lock and waiting for one of those rows: a run's last executions lock the run itself). (agent.lock_starts, a procedure of migration 0022: the lock is held to the end of the caller's transaction.)
 EXEC agent.lock_starts;
 
 -- run_owner --
@@ -1423,7 +1429,12 @@ SELECT (SELECT MIN(next_due_at) FROM agent.jobs WHERE next_due_at IS NOT NULL) A
        (SELECT COUNT(*) FROM agent.runs WHERE status = N'waiting') AS waiting,
        (SELECT MIN(paused_until) FROM agent.job_pauses WHERE paused_until > CAST(:now AS DATETIME2(6))) AS next_pause_end_at,
        (SELECT MIN(CASE WHEN status = N'sending' THEN claimed_until ELSE next_attempt_at END) FROM agent.notifications
-        WHERE status IN (N'pending', N'sending')) AS next_notification_at;
+        WHERE status IN (N'pending', N'sending')) AS next_notification_at,
+       (SELECT MIN(CASE WHEN a.valid IS NULL THEN CAST(:now AS DATETIME2(6))
+                        WHEN a.probe_query IS NOT NULL THEN COALESCE(a.next_check_at, CAST(:now AS DATETIME2(6)))
+                        WHEN EXISTS (SELECT 1 FROM agent.attempts AS t WHERE t.finished_at > a.checked_until
+                                     AND t.outcome NOT IN (N'running', N'succeeded')) THEN CAST(:now AS DATETIME2(6)) END)
+        FROM agent.alerts AS a WHERE a.enabled = 1 AND (a.valid IS NULL OR a.valid = 1)) AS next_condition_alert_at;
 
 -- token_context --
 -- What a run's SQL Agent tokens need besides the run (shared/jobs/tokens.py): its job's name (a fleet execution's through its run) and time zone. Read only for a command that has a token.
@@ -1432,3 +1443,153 @@ FROM agent.runs AS r
 LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
 LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name)
 WHERE r.run_id = :run_id;
+
+-- sync_settings_alerts --
+-- Condition alerts from the settings (a JSON array of {alert_name, probe_query, schedule, timezone, errors, timeout_seconds, delay_seconds, notify, notify_webhook_url, response_job, enabled, valid, config_error}): each written as source 'settings', checked again by the next tick when its definition changed (valid NULL), its counters and times kept; a name an alert defined with agent.add_alert holds is left to that alert; settings alerts no longer in the settings are removed. Returns the names a database alert holds.
+DECLARE @given TABLE (alert_name NVARCHAR(64) PRIMARY KEY, probe_query NVARCHAR(MAX), schedule NVARCHAR(400), timezone NVARCHAR(64),
+                      errors NVARCHAR(400), timeout_seconds INT, delay_seconds INT, notify INT, notify_webhook_url NVARCHAR(2000),
+                      response_job NVARCHAR(64), enabled INT, valid INT, config_error NVARCHAR(MAX));
+INSERT INTO @given
+SELECT agent.json_text(x.alert_name), agent.json_text(x.probe_query), agent.json_text(x.schedule), x.timezone,
+       agent.json_text(x.errors), x.timeout_seconds, x.delay_seconds, x.notify, agent.json_text(x.notify_webhook_url),
+       agent.json_text(x.response_job), x.enabled, CASE WHEN x.valid = 0 THEN 0 END, agent.json_text(x.config_error)
+FROM OPENJSON(:alerts) WITH (alert_name NVARCHAR(200), probe_query NVARCHAR(MAX), schedule NVARCHAR(800), timezone NVARCHAR(64),
+                             errors NVARCHAR(800), timeout_seconds INT, delay_seconds INT, notify INT,
+                             notify_webhook_url NVARCHAR(4000), response_job NVARCHAR(200), enabled INT, valid INT,
+                             config_error NVARCHAR(MAX)) AS x;
+UPDATE a SET probe_query = g.probe_query, schedule = g.schedule, timezone = g.timezone, errors = g.errors,
+       timeout_seconds = g.timeout_seconds, delay_seconds = g.delay_seconds, notify = g.notify,
+       notify_webhook_url = g.notify_webhook_url, response_job = g.response_job, enabled = g.enabled, valid = g.valid,
+       config_error = g.config_error, next_check_at = NULL, updated_at = CAST(:now AS DATETIME2(6))
+FROM agent.alerts AS a WITH (UPDLOCK, HOLDLOCK), @given AS g
+WHERE a.alert_name = g.alert_name AND a.source = N'settings'
+  AND (EXISTS (SELECT a.probe_query, a.schedule, a.timezone, a.errors, a.timeout_seconds, a.delay_seconds, a.notify,
+                      a.notify_webhook_url, a.response_job, a.enabled, a.config_error
+               EXCEPT SELECT g.probe_query, g.schedule, g.timezone, g.errors, g.timeout_seconds, g.delay_seconds, g.notify,
+                             g.notify_webhook_url, g.response_job, g.enabled, g.config_error)
+       OR a.valid = 0);
+INSERT INTO agent.alerts (alert_name, source, owner, probe_query, schedule, timezone, errors, timeout_seconds, delay_seconds,
+                          notify, notify_webhook_url, response_job, enabled, valid, config_error, created_at, updated_at)
+SELECT g.alert_name, N'settings', NULL, g.probe_query, g.schedule, g.timezone, g.errors, g.timeout_seconds, g.delay_seconds,
+       g.notify, g.notify_webhook_url, g.response_job, g.enabled, g.valid, g.config_error,
+       CAST(:now AS DATETIME2(6)), CAST(:now AS DATETIME2(6))
+FROM @given AS g
+WHERE NOT EXISTS (SELECT 1 FROM agent.alerts AS a WITH (UPDLOCK, HOLDLOCK) WHERE a.alert_name = g.alert_name);
+DELETE FROM agent.alerts WHERE source = N'settings' AND alert_name NOT IN (SELECT alert_name FROM @given);
+SELECT a.alert_name FROM agent.alerts AS a WHERE a.source = N'database' AND a.alert_name IN (SELECT alert_name FROM @given);
+
+-- select_alert_work --
+-- The condition alerts a tick looks at (shared/engine/condition_alerts.py): every enabled alert not yet checked (valid NULL), every valid probe due at :now, and every valid ERRORS alert (each tick reads the failures since its last check). One statement, whatever the number of alerts.
+SELECT alert_name, source, owner, probe_query, schedule, timezone, errors, timeout_seconds, delay_seconds, notify,
+       notify_webhook_url, response_job, valid, next_check_at, checked_until, updated_at
+FROM agent.alerts
+WHERE enabled = 1 AND (valid IS NULL OR (valid = 1 AND (errors IS NOT NULL OR next_check_at IS NULL
+                                                       OR next_check_at <= CAST(:now AS DATETIME2(6)))))
+ORDER BY alert_name;
+
+-- claim_alert_checks --
+-- Claim this tick's checks (a JSON array of {alert_name, seen_check_at, updated_at, next_check_at, valid, config_error}): each alert's next check moves on (and a definition checked records valid and why not), only where no other tick moved it since it was read and the definition is the one read; the alerts returned are this tick's to check. An ERRORS alert starts watching the failures from its first check.
+DECLARE @claimed TABLE (alert_name NVARCHAR(64), valid INT, checked_until DATETIME2(6));
+UPDATE a SET next_check_at = c.next_check_at, valid = c.valid, config_error = c.config_error,
+       checked_until = CASE WHEN c.valid = 1 THEN COALESCE(a.checked_until, CAST(:now AS DATETIME2(6))) END
+OUTPUT inserted.alert_name, inserted.valid, inserted.checked_until INTO @claimed
+FROM agent.alerts AS a,
+     (SELECT agent.json_text(x.alert_name) AS alert_name, CONVERT(DATETIME2(6), x.seen_check_at, 121) AS seen_check_at,
+             CONVERT(DATETIME2(6), x.updated_at, 121) AS updated_at, CONVERT(DATETIME2(6), x.next_check_at, 121) AS next_check_at,
+             x.valid, agent.json_text(x.config_error) AS config_error
+      FROM OPENJSON(:checks) WITH (alert_name NVARCHAR(200), seen_check_at NVARCHAR(40), updated_at NVARCHAR(40),
+                                   next_check_at NVARCHAR(40), valid INT, config_error NVARCHAR(MAX)) AS x) AS c
+WHERE a.alert_name = c.alert_name AND a.updated_at = c.updated_at
+  AND (a.next_check_at = c.seen_check_at OR (a.next_check_at IS NULL AND c.seen_check_at IS NULL));
+SELECT alert_name, valid, checked_until FROM @claimed;
+
+-- alert_failures --
+-- The attempts that failed with an error after :since and up to :now, oldest first, at most :limit (ERRORS alerts: shared/engine/condition_alerts.py matches each against each alert's list). One indexed range read; started_by_alert: the alert whose response started the run (its own response's failure does not trigger that alert again).
+SELECT TOP (CAST(:limit AS INT)) a.attempt_id, a.run_id, r.job_name, a.finished_at, a.outcome, a.error_number, a.error_sqlstate,
+       LEFT(a.error_message, 400) AS error_message,
+       (SELECT MIN(f.alert_name) FROM agent.alert_firings AS f WHERE f.response_run_id = a.run_id) AS started_by_alert
+FROM agent.attempts AS a JOIN agent.runs AS r ON r.run_id = a.run_id
+WHERE a.finished_at > CAST(:since AS DATETIME2(6)) AND a.finished_at <= CAST(:now AS DATETIME2(6))
+  AND a.outcome NOT IN (N'running', N'succeeded') AND a.error_message IS NOT NULL
+ORDER BY a.finished_at, a.attempt_id;
+
+-- record_alert_results --
+-- What this tick's checks found (a JSON array of {alert_name, triggered, error, checked_until, next_response_at}), in one statement: counts and times of occurrences; the probe's error (error_since: when it started failing); the failures looked at; and a response where one occurred and the delay since the last response has passed (next_response_at <= :now). Returns each alert with fired 1 when this check responds, and failing 1 when its probe has just started failing.
+DECLARE @now DATETIME2(6) = CAST(:now AS DATETIME2(6));
+DECLARE @recorded TABLE (alert_name NVARCHAR(64), fired INT, failing INT);
+UPDATE a SET
+    last_checked_at = @now,
+    last_error = r.error,
+    error_since = CASE WHEN r.error IS NULL THEN NULL ELSE COALESCE(a.error_since, @now) END,
+    occurrences = a.occurrences + r.triggered,
+    last_occurred_at = CASE WHEN r.triggered = 1 THEN @now ELSE a.last_occurred_at END,
+    checked_until = COALESCE(r.checked_until, a.checked_until),
+    last_response_at = CASE WHEN r.triggered = 1 AND (a.next_response_at IS NULL OR a.next_response_at <= @now)
+                            THEN @now ELSE a.last_response_at END,
+    responses = a.responses + CASE WHEN r.triggered = 1 AND (a.next_response_at IS NULL OR a.next_response_at <= @now)
+                                   THEN 1 ELSE 0 END,
+    next_response_at = CASE WHEN r.triggered = 1 AND (a.next_response_at IS NULL OR a.next_response_at <= @now)
+                            THEN r.next_response_at ELSE a.next_response_at END
+OUTPUT inserted.alert_name, CASE WHEN inserted.last_response_at = @now THEN 1 ELSE 0 END,
+       CASE WHEN inserted.last_error IS NOT NULL AND inserted.error_since = @now THEN 1 ELSE 0 END INTO @recorded
+FROM agent.alerts AS a,
+     (SELECT agent.json_text(x.alert_name) AS alert_name, x.triggered, agent.json_text(x.error) AS error,
+             CONVERT(DATETIME2(6), x.checked_until, 121) AS checked_until,
+             CONVERT(DATETIME2(6), x.next_response_at, 121) AS next_response_at
+      FROM OPENJSON(:results) WITH (alert_name NVARCHAR(200), triggered INT, error NVARCHAR(MAX), checked_until NVARCHAR(40),
+                                    next_response_at NVARCHAR(40)) AS x) AS r
+WHERE a.alert_name = r.alert_name;
+SELECT alert_name, fired, failing FROM @recorded;
+
+-- insert_alert_firings --
+-- The responses of this tick (a JSON array of {alert_name, kind, detail, url, notify}): one row of agent.alert_firings each and, when it notifies, its notification in the outbox (run_id: the firing's id, kind 'condition', 'errors' or 'alert_error'; with no webhook, recorded 'unsent'). Returns each firing.
+DECLARE @fired TABLE (firing_id BIGINT, alert_name NVARCHAR(64), kind NVARCHAR(16), detail NVARCHAR(MAX));
+DECLARE @x TABLE (alert_name NVARCHAR(64), kind NVARCHAR(16), detail NVARCHAR(MAX), url NVARCHAR(2000), notify INT);
+INSERT INTO @x
+SELECT agent.json_text(v.alert_name), v.kind, agent.json_text(v.detail), agent.json_text(v.url), v.notify
+FROM OPENJSON(:firings) WITH (alert_name NVARCHAR(200), kind NVARCHAR(16), detail NVARCHAR(MAX), url NVARCHAR(4000), notify INT) AS v;
+INSERT INTO agent.alert_firings (alert_name, kind, raised_at, detail)
+OUTPUT inserted.firing_id, inserted.alert_name, inserted.kind, inserted.detail INTO @fired
+SELECT x.alert_name, x.kind, CAST(:now AS DATETIME2(6)), x.detail FROM @x AS x;
+INSERT INTO agent.notifications (run_id, job_name, outcome, url, status, attempts, created_at, next_attempt_at, kind, detail)
+SELECT f.firing_id, f.alert_name, N'alert', COALESCE(x.url, N''), CASE WHEN x.url IS NULL THEN N'unsent' ELSE N'pending' END,
+       0, CAST(:now AS DATETIME2(6)), CAST(:now AS DATETIME2(6)), f.kind, f.detail
+FROM @fired AS f JOIN @x AS x ON x.alert_name = f.alert_name AND x.kind = f.kind
+WHERE x.notify = 1;
+SELECT firing_id, alert_name, kind FROM @fired ORDER BY firing_id;
+
+-- set_alert_response --
+-- The run a firing started (RESPONSE_JOB), or why none was started.
+UPDATE agent.alert_firings SET response_run_id = CAST(:run_id AS BIGINT), response_error = CAST(:response_error AS NVARCHAR(MAX))
+WHERE firing_id = CAST(:firing_id AS BIGINT);
+
+-- list_alerts --
+-- sql-agent alerts and the monitor: every condition alert with its state, by name.
+SELECT alert_name, source, owner, probe_query, schedule, timezone, errors, timeout_seconds, delay_seconds, notify,
+       notify_webhook_url, response_job, enabled, valid, config_error, next_check_at, last_checked_at, last_occurred_at,
+       last_response_at, next_response_at, occurrences, responses, last_error, error_since, updated_at
+FROM agent.alerts ORDER BY alert_name;
+
+-- list_alert_firings --
+-- The latest responses of condition alerts (optionally of one alert), newest first.
+SELECT TOP (CAST(:limit AS INT)) firing_id, alert_name, kind, raised_at, detail, response_run_id, response_error
+FROM agent.alert_firings WHERE (CAST(:alert_name AS NVARCHAR(64)) IS NULL OR alert_name = CAST(:alert_name AS NVARCHAR(64)))
+ORDER BY firing_id DESC;
+
+-- set_probe_timeout --
+-- A probe's time limit: on SQL Server the ODBC query timeout of its connection (shared/engine/condition_alerts.py): nothing to do here.
+SELECT CAST(:timeout_ms AS NVARCHAR(20)) AS timeout_ms WHERE 1 = 0;
+
+-- prepare_probe --
+-- A temporary table for a probe's rows, in the probe's transaction (rolled back with it); the owner's batch writes to it.
+IF OBJECT_ID(N'tempdb..#agent_probe') IS NOT NULL DROP TABLE #agent_probe;
+CREATE TABLE #agent_probe (rows_json NVARCHAR(MAX) NULL);
+SELECT 1 AS prepared WHERE 1 = 0;
+
+-- probe_rows --
+-- A probe's rows, as the JSON array its SELECT ... FOR JSON PATH wrote.
+SELECT TOP (1) rows_json FROM #agent_probe;
+
+-- probe_read_only --
+-- A condition alert's probe run as the agent itself: its transaction is read-only from the first statement (PostgreSQL); SQLite sets query_only on the probe's connection instead, SQL Server relies on the rollback.
+UPDATE agent.state SET state_value = state_value WHERE 1 = 0;

@@ -885,6 +885,12 @@ gone AS (
     DELETE FROM agent.notifications AS n USING old WHERE n.notification_id = old.notification_id
     RETURNING n.notification_id)
 SELECT 'notifications' AS purged, COUNT(*) AS rows_purged FROM gone;
+WITH old AS (
+    SELECT firing_id FROM agent.alert_firings WHERE raised_at < CAST(:history_before AS timestamp)
+    ORDER BY firing_id LIMIT CAST(:batch AS INT)),
+gone AS (
+    DELETE FROM agent.alert_firings AS f USING old WHERE f.firing_id = old.firing_id RETURNING f.firing_id)
+SELECT 'alert firings' AS purged, COUNT(*) AS rows_purged FROM gone;
 
 -- list_server_databases --
 -- Fleet targets: the databases of this server, for server: members and db: globs (templates excluded; resolved at every run).
@@ -1081,7 +1087,12 @@ SELECT (SELECT MIN(next_due_at) FROM agent.jobs WHERE next_due_at IS NOT NULL) A
        (SELECT COUNT(*) FROM agent.runs WHERE status = 'waiting') AS waiting,
        (SELECT MIN(paused_until) FROM agent.job_pauses WHERE paused_until > CAST(:now AS timestamp)) AS next_pause_end_at,
        (SELECT MIN(CASE WHEN status = 'sending' THEN claimed_until ELSE next_attempt_at END) FROM agent.notifications
-        WHERE status IN ('pending', 'sending')) AS next_notification_at;
+        WHERE status IN ('pending', 'sending')) AS next_notification_at,
+       (SELECT MIN(CASE WHEN a.valid IS NULL THEN CAST(:now AS timestamp)
+                        WHEN a.probe_query IS NOT NULL THEN COALESCE(a.next_check_at, CAST(:now AS timestamp))
+                        WHEN EXISTS (SELECT 1 FROM agent.attempts AS t WHERE t.finished_at > a.checked_until
+                                     AND t.outcome NOT IN ('running', 'succeeded')) THEN CAST(:now AS timestamp) END)
+        FROM agent.alerts AS a WHERE a.enabled = 1 AND (a.valid IS NULL OR a.valid = 1)) AS next_condition_alert_at;
 
 -- token_context --
 -- What a run's SQL Agent tokens need besides the run (shared/jobs/tokens.py): its job's name (a fleet execution's through its run) and time zone. Read only for a command that has a token.
@@ -1090,3 +1101,137 @@ FROM agent.runs AS r
 LEFT JOIN agent.runs AS p ON p.run_id = r.parent_run_id
 LEFT JOIN agent.jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name)
 WHERE r.run_id = CAST(:run_id AS BIGINT);
+
+-- sync_settings_alerts --
+-- Condition alerts from the settings (a JSON array of {alert_name, probe_query, schedule, timezone, errors, timeout_seconds, delay_seconds, notify, notify_webhook_url, response_job, enabled, valid, config_error}): each written as source 'settings', checked again by the next tick when its definition changed (valid NULL), its counters and times kept; a name an alert defined with agent.add_alert holds is left to that alert; settings alerts no longer in the settings are removed. Returns the names a database alert holds.
+INSERT INTO agent.alerts (alert_name, source, owner, probe_query, schedule, timezone, errors, timeout_seconds, delay_seconds,
+                          notify, notify_webhook_url, response_job, enabled, valid, config_error, created_at, updated_at)
+SELECT x.alert_name, 'settings', NULL, x.probe_query, x.schedule, x.timezone, x.errors, x.timeout_seconds, x.delay_seconds,
+       x.notify, x.notify_webhook_url, x.response_job, x.enabled, CASE WHEN x.valid = 0 THEN 0 END, x.config_error,
+       CAST(:now AS timestamp), CAST(:now AS timestamp)
+FROM json_to_recordset(CAST(:alerts AS json)) AS x(alert_name VARCHAR, probe_query TEXT, schedule VARCHAR, timezone VARCHAR,
+                                                   errors VARCHAR, timeout_seconds INT, delay_seconds INT, notify INT,
+                                                   notify_webhook_url VARCHAR, response_job VARCHAR, enabled INT, valid INT,
+                                                   config_error TEXT)
+ORDER BY x.alert_name
+ON CONFLICT (alert_name) DO UPDATE SET
+    probe_query = excluded.probe_query, schedule = excluded.schedule, timezone = excluded.timezone, errors = excluded.errors,
+    timeout_seconds = excluded.timeout_seconds, delay_seconds = excluded.delay_seconds, notify = excluded.notify,
+    notify_webhook_url = excluded.notify_webhook_url, response_job = excluded.response_job, enabled = excluded.enabled,
+    valid = excluded.valid, config_error = excluded.config_error, next_check_at = NULL, updated_at = CAST(:now AS timestamp)
+WHERE agent.alerts.source = 'settings'
+  AND (agent.alerts.probe_query IS DISTINCT FROM excluded.probe_query OR agent.alerts.schedule IS DISTINCT FROM excluded.schedule
+       OR agent.alerts.timezone IS DISTINCT FROM excluded.timezone OR agent.alerts.errors IS DISTINCT FROM excluded.errors
+       OR agent.alerts.timeout_seconds IS DISTINCT FROM excluded.timeout_seconds
+       OR agent.alerts.delay_seconds IS DISTINCT FROM excluded.delay_seconds
+       OR agent.alerts.notify IS DISTINCT FROM excluded.notify
+       OR agent.alerts.notify_webhook_url IS DISTINCT FROM excluded.notify_webhook_url
+       OR agent.alerts.response_job IS DISTINCT FROM excluded.response_job OR agent.alerts.enabled IS DISTINCT FROM excluded.enabled
+       OR agent.alerts.config_error IS DISTINCT FROM excluded.config_error OR agent.alerts.valid = 0);
+DELETE FROM agent.alerts WHERE source = 'settings'
+  AND alert_name NOT IN (SELECT x.alert_name FROM json_to_recordset(CAST(:alerts AS json)) AS x(alert_name VARCHAR));
+SELECT a.alert_name FROM agent.alerts AS a
+WHERE a.source = 'database' AND lower(a.alert_name) IN (SELECT lower(x.alert_name) FROM json_to_recordset(CAST(:alerts AS json)) AS x(alert_name VARCHAR));
+
+-- select_alert_work --
+-- The condition alerts a tick looks at (shared/engine/condition_alerts.py): every enabled alert not yet checked (valid NULL), every valid probe due at :now, and every valid ERRORS alert (each tick reads the failures since its last check). One statement, whatever the number of alerts.
+SELECT alert_name, source, owner, probe_query, schedule, timezone, errors, timeout_seconds, delay_seconds, notify,
+       notify_webhook_url, response_job, valid, next_check_at, checked_until, updated_at
+FROM agent.alerts
+WHERE enabled = 1 AND (valid IS NULL OR (valid = 1 AND (errors IS NOT NULL OR next_check_at IS NULL
+                                                       OR next_check_at <= CAST(:now AS timestamp))))
+ORDER BY alert_name;
+
+-- claim_alert_checks --
+-- Claim this tick's checks (a JSON array of {alert_name, seen_check_at, updated_at, next_check_at, valid, config_error}): each alert's next check moves on (and a definition checked records valid and why not), only where no other tick moved it since it was read and the definition is the one read; the alerts returned are this tick's to check. An ERRORS alert starts watching the failures from its first check. Locked in name order (racing ticks never deadlock).
+UPDATE agent.alerts AS a SET next_check_at = CAST(c.next_check_at AS timestamp), valid = c.valid, config_error = c.config_error,
+    checked_until = CASE WHEN c.valid = 1 THEN COALESCE(a.checked_until, CAST(:now AS timestamp)) END
+FROM (SELECT x.alert_name, v.seen_check_at, v.updated_at, v.next_check_at, v.valid, v.config_error
+      FROM agent.alerts AS x
+      JOIN json_to_recordset(CAST(:checks AS json)) AS v(alert_name VARCHAR, seen_check_at VARCHAR, updated_at VARCHAR,
+                                                         next_check_at VARCHAR, valid INT, config_error TEXT)
+        ON x.alert_name = v.alert_name
+      ORDER BY x.alert_name FOR UPDATE OF x) AS c
+WHERE a.alert_name = c.alert_name AND a.updated_at = CAST(c.updated_at AS timestamp)
+  AND a.next_check_at IS NOT DISTINCT FROM CAST(c.seen_check_at AS timestamp)
+RETURNING a.alert_name, a.valid, a.checked_until;
+
+-- alert_failures --
+-- The attempts that failed with an error after :since and up to :now, oldest first, at most :limit (ERRORS alerts: shared/engine/condition_alerts.py matches each against each alert's list). One indexed range read; started_by_alert: the alert whose response started the run (its own response's failure does not trigger that alert again).
+SELECT a.attempt_id, a.run_id, r.job_name, a.finished_at, a.outcome, a.error_number, a.error_sqlstate,
+       left(a.error_message, 400) AS error_message,
+       (SELECT MIN(f.alert_name) FROM agent.alert_firings AS f WHERE f.response_run_id = a.run_id) AS started_by_alert
+FROM agent.attempts AS a JOIN agent.runs AS r ON r.run_id = a.run_id
+WHERE a.finished_at > CAST(:since AS timestamp) AND a.finished_at <= CAST(:now AS timestamp)
+  AND a.outcome NOT IN ('running', 'succeeded') AND a.error_message IS NOT NULL
+ORDER BY a.finished_at, a.attempt_id LIMIT CAST(:limit AS INT);
+
+-- record_alert_results --
+-- What this tick's checks found (a JSON array of {alert_name, triggered, error, checked_until, next_response_at}), in one statement: counts and times of occurrences; the probe's error (error_since: when it started failing); the failures looked at; and a response where one occurred and the delay since the last response has passed (next_response_at <= :now). Returns each alert with fired 1 when this check responds, and failing 1 when its probe has just started failing.
+UPDATE agent.alerts AS a SET
+    last_checked_at = CAST(:now AS timestamp),
+    last_error = r.error,
+    error_since = CASE WHEN r.error IS NULL THEN NULL ELSE COALESCE(a.error_since, CAST(:now AS timestamp)) END,
+    occurrences = a.occurrences + r.triggered,
+    last_occurred_at = CASE WHEN r.triggered = 1 THEN CAST(:now AS timestamp) ELSE a.last_occurred_at END,
+    checked_until = COALESCE(CAST(r.checked_until AS timestamp), a.checked_until),
+    last_response_at = CASE WHEN r.triggered = 1 AND (a.next_response_at IS NULL OR a.next_response_at <= CAST(:now AS timestamp))
+                            THEN CAST(:now AS timestamp) ELSE a.last_response_at END,
+    responses = a.responses + CASE WHEN r.triggered = 1 AND (a.next_response_at IS NULL OR a.next_response_at <= CAST(:now AS timestamp))
+                                   THEN 1 ELSE 0 END,
+    next_response_at = CASE WHEN r.triggered = 1 AND (a.next_response_at IS NULL OR a.next_response_at <= CAST(:now AS timestamp))
+                            THEN CAST(r.next_response_at AS timestamp) ELSE a.next_response_at END
+FROM json_to_recordset(CAST(:results AS json)) AS r(alert_name VARCHAR, triggered INT, error TEXT, checked_until VARCHAR,
+                                                    next_response_at VARCHAR)
+WHERE a.alert_name = r.alert_name
+RETURNING a.alert_name, CASE WHEN a.last_response_at = CAST(:now AS timestamp) THEN 1 ELSE 0 END AS fired,
+          CASE WHEN a.last_error IS NOT NULL AND a.error_since = CAST(:now AS timestamp) THEN 1 ELSE 0 END AS failing;
+
+-- insert_alert_firings --
+-- The responses of this tick (a JSON array of {alert_name, kind, detail, url, notify}): one row of agent.alert_firings each and, when it notifies, its notification in the outbox (run_id: the firing's id, kind 'condition', 'errors' or 'alert_error'; with no webhook, recorded 'unsent'). Returns each firing.
+WITH x AS (SELECT * FROM json_to_recordset(CAST(:firings AS json)) AS v(alert_name VARCHAR, kind VARCHAR, detail TEXT,
+                                                                       url VARCHAR, notify INT)),
+f AS (INSERT INTO agent.alert_firings (alert_name, kind, raised_at, detail)
+      SELECT x.alert_name, x.kind, CAST(:now AS timestamp), x.detail FROM x
+      RETURNING firing_id, alert_name, kind, detail),
+n AS (INSERT INTO agent.notifications (run_id, job_name, outcome, url, status, attempts, created_at, next_attempt_at, kind, detail)
+      SELECT f.firing_id, f.alert_name, 'alert', COALESCE(x.url, ''), CASE WHEN x.url IS NULL THEN 'unsent' ELSE 'pending' END,
+             0, CAST(:now AS timestamp), CAST(:now AS timestamp), f.kind, f.detail
+      FROM f JOIN x ON x.alert_name = f.alert_name AND x.kind = f.kind
+      WHERE x.notify = 1
+      ON CONFLICT (run_id, kind) DO NOTHING)
+SELECT firing_id, alert_name, kind FROM f ORDER BY firing_id;
+
+-- set_alert_response --
+-- The run a firing started (RESPONSE_JOB), or why none was started.
+UPDATE agent.alert_firings SET response_run_id = CAST(:run_id AS BIGINT), response_error = CAST(:response_error AS TEXT)
+WHERE firing_id = CAST(:firing_id AS BIGINT);
+
+-- list_alerts --
+-- sql-agent alerts and the monitor: every condition alert with its state, by name.
+SELECT alert_name, source, owner, probe_query, schedule, timezone, errors, timeout_seconds, delay_seconds, notify,
+       notify_webhook_url, response_job, enabled, valid, config_error, next_check_at, last_checked_at, last_occurred_at,
+       last_response_at, next_response_at, occurrences, responses, last_error, error_since, updated_at
+FROM agent.alerts ORDER BY alert_name;
+
+-- list_alert_firings --
+-- The latest responses of condition alerts (optionally of one alert), newest first.
+SELECT firing_id, alert_name, kind, raised_at, detail, response_run_id, response_error
+FROM agent.alert_firings WHERE (CAST(:alert_name AS VARCHAR) IS NULL OR alert_name = CAST(:alert_name AS VARCHAR))
+ORDER BY firing_id DESC LIMIT CAST(:limit AS INT);
+
+-- set_probe_timeout --
+-- A condition alert's probe stops after its TIMEOUT_SECONDS (statement_timeout, this transaction only: the probe's transaction is always rolled back).
+SELECT pg_catalog.set_config('statement_timeout', CAST(:timeout_ms AS text), true) AS timeout_ms;
+
+-- prepare_probe --
+-- Where a probe's rows are put (SQL Server: a temporary table). PostgreSQL's probe writes them to a setting of its transaction: nothing to do here.
+SELECT 1 AS prepared WHERE 1 = 0;
+
+-- probe_rows --
+-- A probe's rows: the JSON array the probe's SELECT wrote to the setting agent.probe_rows of its transaction (shared/engine/condition_alerts.py).
+SELECT pg_catalog.current_setting('agent.probe_rows', true) AS rows_json;
+
+-- probe_read_only --
+-- A condition alert's probe run as the agent itself: its transaction is read-only from the first statement (PostgreSQL); SQLite sets query_only on the probe's connection instead, SQL Server relies on the rollback.
+SET TRANSACTION READ ONLY;

@@ -1059,6 +1059,9 @@ DELETE FROM agent_notifications WHERE notification_id IN (
     WHERE status IN ('sent', 'failed', 'unsent') AND next_attempt_at < :history_before
     ORDER BY notification_id LIMIT :batch)
 RETURNING 'notifications' AS purged, 1 AS rows_purged;
+DELETE FROM agent_alert_firings WHERE firing_id IN (
+    SELECT firing_id FROM agent_alert_firings WHERE raised_at < :history_before ORDER BY firing_id LIMIT :batch)
+RETURNING 'alert firings' AS purged, 1 AS rows_purged;
 
 -- list_server_databases --
 -- Fleet targets are refused on the embedded database (no server to list); no rows.
@@ -1408,7 +1411,12 @@ SELECT (SELECT MIN(next_due_at) FROM agent_jobs WHERE next_due_at IS NOT NULL) A
        (SELECT COUNT(*) FROM agent_runs WHERE status = 'waiting') AS waiting,
        (SELECT MIN(paused_until) FROM agent_job_pauses WHERE paused_until > :now) AS next_pause_end_at,
        (SELECT MIN(CASE WHEN status = 'sending' THEN claimed_until ELSE next_attempt_at END) FROM agent_notifications
-        WHERE status IN ('pending', 'sending')) AS next_notification_at;
+        WHERE status IN ('pending', 'sending')) AS next_notification_at,
+       (SELECT MIN(CASE WHEN a.valid IS NULL THEN :now
+                        WHEN a.probe_query IS NOT NULL THEN COALESCE(a.next_check_at, :now)
+                        WHEN EXISTS (SELECT 1 FROM agent_attempts AS t WHERE t.finished_at > a.checked_until
+                                     AND t.outcome NOT IN ('running', 'succeeded')) THEN :now END)
+        FROM agent_alerts AS a WHERE a.enabled = 1 AND (a.valid IS NULL OR a.valid = 1)) AS next_condition_alert_at;
 
 -- token_context --
 -- What a run's SQL Agent tokens need besides the run (shared/jobs/tokens.py): its job's name (a fleet execution's through its run) and time zone. Read only for a command that has a token.
@@ -1417,3 +1425,130 @@ FROM agent_runs AS r
 LEFT JOIN agent_runs AS p ON p.run_id = r.parent_run_id
 LEFT JOIN agent_jobs AS j ON j.job_name = COALESCE(r.job_name, p.job_name)
 WHERE r.run_id = :run_id;
+
+-- sync_settings_alerts --
+-- Condition alerts from the settings (a JSON array of {alert_name, probe_query, schedule, timezone, errors, timeout_seconds, delay_seconds, notify, notify_webhook_url, response_job, enabled, valid, config_error}): each written as source 'settings', checked again by the next tick when its definition changed (valid NULL), its counters and times kept; a name an alert defined with agent.add_alert holds is left to that alert; settings alerts no longer in the settings are removed. Returns the names a database alert holds.
+INSERT INTO agent_alerts (alert_name, source, owner, probe_query, schedule, timezone, errors, timeout_seconds, delay_seconds,
+                          notify, notify_webhook_url, response_job, enabled, valid, config_error, created_at, updated_at)
+SELECT json_extract(x.value, '$.alert_name'), 'settings', NULL, json_extract(x.value, '$.probe_query'),
+       json_extract(x.value, '$.schedule'), json_extract(x.value, '$.timezone'), json_extract(x.value, '$.errors'),
+       json_extract(x.value, '$.timeout_seconds'), json_extract(x.value, '$.delay_seconds'), json_extract(x.value, '$.notify'),
+       json_extract(x.value, '$.notify_webhook_url'), json_extract(x.value, '$.response_job'), json_extract(x.value, '$.enabled'),
+       CASE WHEN json_extract(x.value, '$.valid') = 0 THEN 0 END, json_extract(x.value, '$.config_error'), :now, :now
+FROM json_each(:alerts) AS x WHERE true
+ON CONFLICT (alert_name) DO UPDATE SET
+    probe_query = excluded.probe_query, schedule = excluded.schedule, timezone = excluded.timezone, errors = excluded.errors,
+    timeout_seconds = excluded.timeout_seconds, delay_seconds = excluded.delay_seconds, notify = excluded.notify,
+    notify_webhook_url = excluded.notify_webhook_url, response_job = excluded.response_job, enabled = excluded.enabled,
+    valid = excluded.valid, config_error = excluded.config_error, next_check_at = NULL, updated_at = :now
+WHERE agent_alerts.source = 'settings'
+  AND (agent_alerts.probe_query IS NOT excluded.probe_query OR agent_alerts.schedule IS NOT excluded.schedule
+       OR agent_alerts.timezone IS NOT excluded.timezone OR agent_alerts.errors IS NOT excluded.errors
+       OR agent_alerts.timeout_seconds IS NOT excluded.timeout_seconds OR agent_alerts.delay_seconds IS NOT excluded.delay_seconds
+       OR agent_alerts.notify IS NOT excluded.notify OR agent_alerts.notify_webhook_url IS NOT excluded.notify_webhook_url
+       OR agent_alerts.response_job IS NOT excluded.response_job OR agent_alerts.enabled IS NOT excluded.enabled
+       OR agent_alerts.config_error IS NOT excluded.config_error OR agent_alerts.valid = 0);
+DELETE FROM agent_alerts WHERE source = 'settings'
+  AND alert_name NOT IN (SELECT json_extract(x.value, '$.alert_name') FROM json_each(:alerts) AS x);
+SELECT a.alert_name FROM agent_alerts AS a
+WHERE a.source = 'database' AND a.alert_name IN (SELECT json_extract(x.value, '$.alert_name') FROM json_each(:alerts) AS x);
+
+-- select_alert_work --
+-- The condition alerts a tick looks at (shared/engine/condition_alerts.py): every enabled alert not yet checked (valid NULL), every valid probe due at :now, and every valid ERRORS alert (each tick reads the failures since its last check). One statement, whatever the number of alerts.
+SELECT alert_name, source, owner, probe_query, schedule, timezone, errors, timeout_seconds, delay_seconds, notify,
+       notify_webhook_url, response_job, valid, next_check_at, checked_until, updated_at
+FROM agent_alerts
+WHERE enabled = 1 AND (valid IS NULL OR (valid = 1 AND (errors IS NOT NULL OR next_check_at IS NULL OR next_check_at <= :now)))
+ORDER BY alert_name;
+
+-- claim_alert_checks --
+-- Claim this tick's checks (a JSON array of {alert_name, seen_check_at, updated_at, next_check_at, valid, config_error}): each alert's next check moves on (and a definition checked records valid and why not), only where no other tick moved it since it was read and the definition is the one read; the alerts returned are this tick's to check. An ERRORS alert starts watching the failures from its first check.
+UPDATE agent_alerts SET next_check_at = c.next_check_at, valid = c.valid, config_error = c.config_error,
+    checked_until = CASE WHEN c.valid = 1 THEN COALESCE(agent_alerts.checked_until, :now) END
+FROM (SELECT json_extract(x.value, '$.alert_name') AS alert_name, json_extract(x.value, '$.seen_check_at') AS seen_check_at,
+             json_extract(x.value, '$.updated_at') AS updated_at, json_extract(x.value, '$.next_check_at') AS next_check_at,
+             json_extract(x.value, '$.valid') AS valid, json_extract(x.value, '$.config_error') AS config_error
+      FROM json_each(:checks) AS x) AS c
+WHERE agent_alerts.alert_name = c.alert_name AND agent_alerts.updated_at = c.updated_at
+  AND agent_alerts.next_check_at IS c.seen_check_at
+RETURNING agent_alerts.alert_name, agent_alerts.valid, agent_alerts.checked_until;
+
+-- alert_failures --
+-- The attempts that failed with an error after :since and up to :now, oldest first, at most :limit (ERRORS alerts: shared/engine/condition_alerts.py matches each against each alert's list). One indexed range read; started_by_alert: the alert whose response started the run (its own response's failure does not trigger that alert again).
+SELECT a.attempt_id, a.run_id, r.job_name, a.finished_at, a.outcome, a.error_number, a.error_sqlstate,
+       substr(a.error_message, 1, 400) AS error_message,
+       (SELECT MIN(f.alert_name) FROM agent_alert_firings AS f WHERE f.response_run_id = a.run_id) AS started_by_alert
+FROM agent_attempts AS a JOIN agent_runs AS r ON r.run_id = a.run_id
+WHERE a.finished_at > :since AND a.finished_at <= :now AND a.outcome NOT IN ('running', 'succeeded')
+  AND a.error_message IS NOT NULL
+ORDER BY a.finished_at, a.attempt_id LIMIT :limit;
+
+-- record_alert_results --
+-- What this tick's checks found (a JSON array of {alert_name, triggered, error, checked_until, next_response_at}), in one statement: counts and times of occurrences; the probe's error (error_since: when it started failing); the failures looked at; and a response where one occurred and the delay since the last response has passed (next_response_at <= :now). Returns each alert with fired 1 when this check responds, and failing 1 when its probe has just started failing.
+UPDATE agent_alerts SET
+    last_checked_at = :now,
+    last_error = r.error,
+    error_since = CASE WHEN r.error IS NULL THEN NULL ELSE COALESCE(agent_alerts.error_since, :now) END,
+    occurrences = agent_alerts.occurrences + r.triggered,
+    last_occurred_at = CASE WHEN r.triggered = 1 THEN :now ELSE agent_alerts.last_occurred_at END,
+    checked_until = COALESCE(r.checked_until, agent_alerts.checked_until),
+    last_response_at = CASE WHEN r.triggered = 1 AND (agent_alerts.next_response_at IS NULL OR agent_alerts.next_response_at <= :now)
+                            THEN :now ELSE agent_alerts.last_response_at END,
+    responses = agent_alerts.responses + CASE WHEN r.triggered = 1 AND (agent_alerts.next_response_at IS NULL OR agent_alerts.next_response_at <= :now)
+                                              THEN 1 ELSE 0 END,
+    next_response_at = CASE WHEN r.triggered = 1 AND (agent_alerts.next_response_at IS NULL OR agent_alerts.next_response_at <= :now)
+                            THEN r.next_response_at ELSE agent_alerts.next_response_at END
+FROM (SELECT json_extract(x.value, '$.alert_name') AS alert_name, json_extract(x.value, '$.triggered') AS triggered,
+             json_extract(x.value, '$.error') AS error, json_extract(x.value, '$.checked_until') AS checked_until,
+             json_extract(x.value, '$.next_response_at') AS next_response_at
+      FROM json_each(:results) AS x) AS r
+WHERE agent_alerts.alert_name = r.alert_name
+RETURNING agent_alerts.alert_name, CASE WHEN agent_alerts.last_response_at = :now THEN 1 ELSE 0 END AS fired,
+          CASE WHEN agent_alerts.last_error IS NOT NULL AND agent_alerts.error_since = :now THEN 1 ELSE 0 END AS failing;
+
+-- insert_alert_firings --
+-- The responses of this tick (a JSON array of {alert_name, kind, detail, url, notify}): one row of agent_alert_firings each and, when it notifies, its notification in the outbox (run_id: the firing's id, kind 'condition', 'errors' or 'alert_error'; with no webhook, recorded 'unsent'). Returns each firing.
+INSERT INTO agent_alert_firings (alert_name, kind, raised_at, detail)
+SELECT json_extract(x.value, '$.alert_name'), json_extract(x.value, '$.kind'), :now, json_extract(x.value, '$.detail')
+FROM json_each(:firings) AS x ORDER BY x.key
+RETURNING firing_id, alert_name, kind;
+INSERT INTO agent_notifications (run_id, job_name, outcome, url, status, attempts, created_at, next_attempt_at, kind, detail)
+SELECT f.firing_id, f.alert_name, 'alert', COALESCE(json_extract(x.value, '$.url'), ''),
+       CASE WHEN json_extract(x.value, '$.url') IS NULL THEN 'unsent' ELSE 'pending' END, 0, :now, :now, f.kind, f.detail
+FROM agent_alert_firings AS f
+JOIN json_each(:firings) AS x ON json_extract(x.value, '$.alert_name') = f.alert_name AND json_extract(x.value, '$.kind') = f.kind
+WHERE f.raised_at = :now AND json_extract(x.value, '$.notify') = 1
+ON CONFLICT (run_id, kind) DO NOTHING;
+
+-- set_alert_response --
+-- The run a firing started (RESPONSE_JOB), or why none was started.
+UPDATE agent_alert_firings SET response_run_id = :run_id, response_error = :response_error WHERE firing_id = :firing_id;
+
+-- list_alerts --
+-- sql-agent alerts and the monitor: every condition alert with its state, by name.
+SELECT alert_name, source, owner, probe_query, schedule, timezone, errors, timeout_seconds, delay_seconds, notify,
+       notify_webhook_url, response_job, enabled, valid, config_error, next_check_at, last_checked_at, last_occurred_at,
+       last_response_at, next_response_at, occurrences, responses, last_error, error_since, updated_at
+FROM agent_alerts ORDER BY alert_name;
+
+-- list_alert_firings --
+-- The latest responses of condition alerts (optionally of one alert), newest first.
+SELECT firing_id, alert_name, kind, raised_at, detail, response_run_id, response_error
+FROM agent_alert_firings WHERE (:alert_name IS NULL OR alert_name = :alert_name)
+ORDER BY firing_id DESC LIMIT :limit;
+
+-- set_probe_timeout --
+-- A probe's time limit (PostgreSQL: statement_timeout for its transaction). The embedded database bounds a probe with a progress handler instead: nothing to do here.
+SELECT :timeout_ms AS timeout_ms WHERE 1 = 0;
+
+-- prepare_probe --
+-- Where a probe's rows are put (SQL Server: a temporary table). The embedded database reads them from its cursor: nothing to do here.
+SELECT 1 AS prepared WHERE 1 = 0;
+
+-- probe_rows --
+-- A probe's rows as JSON (PostgreSQL: the setting the probe's SELECT wrote; SQL Server: the temporary table). The embedded database reads them from its cursor: none here.
+SELECT NULL AS rows_json WHERE 1 = 0;
+
+-- probe_read_only --
+-- A condition alert's probe run as the agent itself: its transaction is read-only from the first statement (PostgreSQL); SQLite sets query_only on the probe's connection instead, SQL Server relies on the rollback.
+UPDATE agent_state SET state_value = state_value WHERE 1 = 0;

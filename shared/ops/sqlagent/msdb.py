@@ -118,6 +118,10 @@ SIGNATURES: dict[str, tuple[Param, ...]] = {
     "sp_add_jobserver": _params(
         ("job_id", GUID), ("job_name", SYSNAME), ("server_name", SYSNAME), ("automatic_post", BIT, 1)),
     "sp_delete_jobserver": _params(("job_id", GUID), ("job_name", SYSNAME), ("server_name", SYSNAME, REQUIRED)),
+    "sp_add_notification": _params(
+        ("alert_name", SYSNAME, REQUIRED), ("operator_name", SYSNAME, REQUIRED), ("notification_method", TINYINT, REQUIRED)),
+    "sp_delete_notification": _params(("alert_name", SYSNAME, REQUIRED), ("operator_name", SYSNAME, REQUIRED)),
+    "sp_delete_alert": _params(("name", SYSNAME, REQUIRED)),
     "sp_add_alert": _params(
         ("name", SYSNAME, REQUIRED), ("message_id", INT, 0), ("severity", INT, 0), ("enabled", TINYINT, 1),
         ("delay_between_responses", INT, 0), ("notification_message", _nv(512)),
@@ -138,8 +142,7 @@ SIGNATURES: dict[str, tuple[Param, ...]] = {
 # elsewhere): calls to them succeed and change nothing here.
 HARMLESS = {
     "sp_add_category", "sp_update_category", "sp_delete_category", "sp_add_operator", "sp_update_operator",
-    "sp_delete_operator", "sp_add_notification", "sp_update_notification", "sp_delete_notification",
-    "sp_delete_alert", "sp_add_proxy", "sp_update_proxy", "sp_delete_proxy", "sp_grant_proxy_to_subsystem",
+    "sp_delete_operator", "sp_update_notification", "sp_add_proxy", "sp_update_proxy", "sp_delete_proxy", "sp_grant_proxy_to_subsystem",
     "sp_grant_login_to_proxy", "sp_revoke_login_from_proxy", "sp_revoke_proxy_from_subsystem", "sp_send_dbmail",
     "sp_purge_jobhistory", "sp_delete_backuphistory", "sp_delete_database_backuphistory", "sp_cycle_agent_errorlog",
     "sp_set_sqlagent_properties", "sp_stop_job", "sp_start_job", "sp_executesql", "sp_addrolemember",
@@ -293,6 +296,9 @@ class Msdb:
         self.by_id: dict[uuid.UUID, int] = {}        # job_id -> key
         self.by_name: dict[str, int] = {}            # text_key(name) -> key
         self.by_uid: dict[uuid.UUID, int] = {}       # schedule_uid -> schedule_id
+        # sp_add_alert's alerts (issue 32 item 3), by text_key(name): each a dict replaced, never
+        # changed in place (copies share them); "operators": the operators sp_add_notification named.
+        self.alerts: dict[str, dict] = {}
 
     def copy(self) -> "Msdb":
         """A copy that shares the jobs and schedules until one of the two changes them (the
@@ -301,6 +307,7 @@ class Msdb:
         other.jobs, other.schedules = dict(self.jobs), dict(self.schedules)
         other.attachments, other.unknown = list(self.attachments), dict(self.unknown)
         other.by_id, other.by_name, other.by_uid = dict(self.by_id), dict(self.by_name), dict(self.by_uid)
+        other.alerts = dict(self.alerts)
         other.today, other._next_key, other._next_schedule = self.today, self._next_key, self._next_schedule
         other._owned = set()
         other.touched_jobs, other.touched_schedules = set(), set()
@@ -888,17 +895,63 @@ class Msdb:
     # ---------------------------------------------------------------- alerts
 
     def _sp_add_alert(self, a: dict, outcome: Outcome, unknown: dict) -> None:
-        if a["job_id"] is None and a["job_name"] is None:
-            return
-        job = self._job(a, outcome)
-        job.alerts.append((f"alert {a['name']!r}", "SQL Agent alerts (an error number, a severity, a performance "
-                           "condition or a WMI event that starts the job) have no equivalent here; use Azure Monitor "
-                           "alerts, and run-now or agent.start_job"))
+        """An alert (converted by shared/ops/sqlagent_import.py into ALERT__<name>__*): what it
+        watches, its delay and the job it starts, as msdb.dbo.sysalerts holds them."""
+        name = a["name"]
+        if isinstance(name, Unknown):
+            raise NotFollowed(f"@name is not known before the script runs ({name.reason})")
+        name = (name or "").strip(" ")
+        if text_key(name) in self.alerts:
+            raise Refused(14261, f"The specified @name ('{name}') already exists.")
+        job_key = None
+        if a["job_id"] is not None or a["job_name"] is not None:
+            job_key = self._job(a, outcome).key
+        self.alerts[text_key(name)] = {**{k: v for k, v in a.items() if k not in ("job_id", "job_name")},
+                                       "name": name, "job_key": job_key, "operators": (), "unknown": dict(unknown)}
 
     def _sp_update_alert(self, a: dict, outcome: Outcome, unknown: dict) -> None:
-        if a["job_id"] is None and a["job_name"] is None:
-            return
-        self._sp_add_alert(a, outcome, unknown)
+        name = a["name"]
+        if isinstance(name, Unknown):
+            raise NotFollowed(f"@name is not known before the script runs ({name.reason})")
+        current = self.alerts.get(text_key((name or "").strip(" ")))
+        if current is None:
+            raise Refused(14262, f"The specified @name ('{name}') does not exist.")
+        changed = {k: v for k, v in a.items() if v is not None and k not in ("name", "new_name", "job_id", "job_name")}
+        updated = {**current, **changed, "unknown": {**current["unknown"], **unknown}}
+        if a["job_id"] is not None or a["job_name"] is not None:
+            updated["job_key"] = self._job(a, outcome).key
+        del self.alerts[text_key(current["name"])]
+        if isinstance(a["new_name"], str) and a["new_name"].strip(" "):
+            updated["name"] = a["new_name"].strip(" ")
+        self.alerts[text_key(updated["name"])] = updated
+
+    def _sp_delete_alert(self, a: dict, outcome: Outcome, unknown: dict) -> None:
+        name = a["name"]
+        if isinstance(name, Unknown):
+            raise NotFollowed(f"@name is not known before the script runs ({name.reason})")
+        if self.alerts.pop(text_key((name or "").strip(" ")), None) is None:
+            raise Refused(14262, f"The specified @name ('{name}') does not exist.")
+
+    def _sp_add_notification(self, a: dict, outcome: Outcome, unknown: dict) -> None:
+        """An operator told of an alert: here, the alert notifies (the agent's webhook / Action Group)."""
+        name, operator = a["alert_name"], a["operator_name"]
+        if isinstance(name, Unknown):
+            raise NotFollowed(f"@alert_name is not known before the script runs ({name.reason})")
+        current = self.alerts.get(text_key((name or "").strip(" ")))
+        if current is None:
+            raise Refused(14262, f"The specified @alert_name ('{name}') does not exist.")
+        shown = operator if isinstance(operator, str) else "(an operator not known before the script runs)"
+        self.alerts[text_key(current["name"])] = {**current, "operators": (*current["operators"], shown)}
+
+    def _sp_delete_notification(self, a: dict, outcome: Outcome, unknown: dict) -> None:
+        name, operator = a["alert_name"], a["operator_name"]
+        if isinstance(name, Unknown):
+            raise NotFollowed(f"@alert_name is not known before the script runs ({name.reason})")
+        current = self.alerts.get(text_key((name or "").strip(" ")))
+        if current is None:
+            raise Refused(14262, f"The specified @alert_name ('{name}') does not exist.")
+        kept = tuple(o for o in current["operators"] if not (isinstance(operator, str) and text_key(o) == text_key(operator)))
+        self.alerts[text_key(current["name"])] = {**current, "operators": kept}
 
     # ---------------------------------------------------------------- helpers
 

@@ -1,4 +1,4 @@
--- 0021 the T-SQL hot path as stored procedures (issue 35 item 3). The claim, the start and the
+-- 0022 the T-SQL hot path as stored procedures (issue 35 item 3). The claim, the start and the
 -- completion of a run were ad-hoc batches: about 8 round trips and 21 KB sent per task on the
 -- local path, 10 and 32 KB on the queue path (the claim alone was 6,800 characters, parsed and
 -- looked up in the plan cache on every call). Here they become procedures of the agent schema,
@@ -9,13 +9,13 @@
 --   check_work_transaction, lock_starts (queue mode), finish_run, start_follow_up_runs and
 --   dispatch_runs (queue mode), then COMMIT; finish_run raises (50003) when fenced, so the
 --   COMMIT is never reached and XACT_ABORT rolls the job's work back.
--- The bodies are the named queries of 0020, their :name parameters the procedures' @name (the
+-- The bodies are the named queries of 0021, their :name parameters the procedures' @name (the
 -- same statements, the same locks, the same OUTPUT ... INTO discipline). No CREATE OR ALTER, no
 -- MERGE (Babelfish). Each procedure returns exactly one result set (its last SELECT), except
 -- lock_starts (none): the Store reads a completion's results by that count.
 -- Not granted to anyone: the agent's own user runs them (it owns the schema); a job's owner, run
 -- through EXECUTE AS USER ... WITH COOKIE, has no EXECUTE on schema agent (docs/tsql.md).
--- claim_runs (the local runner's claim): the named query claim_runs of 0020, its :now the parameter @at
+-- claim_runs (the local runner's claim): the named query claim_runs of 0021, its :now the parameter @at
 -- (the body declares the claim's @now, read once the start lock is held).
 CREATE PROCEDURE agent.claim_runs
     @at DATETIME2(6),
@@ -123,7 +123,7 @@ BEGIN
     COMMIT TRANSACTION;
 END
 GO
--- start_run (the queue trigger's fenced start of the run a message names): the named query of 0020.
+-- start_run (the queue trigger's fenced start of the run a message names): the named query of 0021.
 CREATE PROCEDURE agent.start_run
     @now DATETIME2(6),
     @late_cutoff DATETIME2(6),
@@ -218,7 +218,7 @@ BEGIN
 END
 GO
 -- dispatch_runs (queue mode: the tick's dispatch, and the hand-on dispatch in a run's completion): the
--- named query of 0020.
+-- named query of 0021.
 CREATE PROCEDURE agent.dispatch_runs
     @now DATETIME2(6),
     @late_cutoff DATETIME2(6),
@@ -314,7 +314,7 @@ BEGIN
     COMMIT TRANSACTION;
 END
 GO
--- start_follow_up_runs (in every transaction that ends runs): the named query of 0020, its :max_chain_jobs
+-- start_follow_up_runs (in every transaction that ends runs): the named query of 0021, its :max_chain_jobs
 -- the parameter @chain_limit (the body declares @max_chain_jobs).
 CREATE PROCEDURE agent.start_follow_up_runs
     @now DATETIME2(6),
@@ -382,7 +382,7 @@ BEGIN
     COMMIT TRANSACTION;
 END
 GO
--- finish_run (the fenced completion, in the job's transaction): the named query of 0020, raising (50003)
+-- finish_run (the fenced completion, in the job's transaction): the named query of 0021, raising (50003)
 -- when the token moved on, as PostgreSQL's agent.finish_run raises AG001: the completion's batch ends
 -- with its COMMIT, which a raise stops (XACT_ABORT ON rolls the job's work back).
 CREATE PROCEDURE agent.finish_run
@@ -407,7 +407,7 @@ BEGIN
 END
 GO
 -- check_work_transaction (first in a completion after a job ran in the agent's transaction): the named
--- query of 0020 (XACT_STATE decides; @work_transaction is PostgreSQL's).
+-- query of 0021 (XACT_STATE decides; @work_transaction is PostgreSQL's).
 CREATE PROCEDURE agent.check_work_transaction
     @work_transaction BIGINT
 AS
