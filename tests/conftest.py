@@ -21,7 +21,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.support.harness import AGENTS_MADE, DIALECT_PARAMS, create_pg_database, drop_pg_database, fresh_database, make_agent  # noqa: E402
+from tests.support.harness import (  # noqa: E402
+    AGENTS_MADE,
+    DIALECT_PARAMS,
+    LEAST_PRIVILEGE,
+    create_pg_database,
+    drop_pg_database,
+    fresh_database,
+    least_privilege_database,
+    make_agent,
+)
 
 
 @pytest.fixture(params=DIALECT_PARAMS)
@@ -33,6 +42,10 @@ def db_url(request, tmp_path) -> Iterator[str]:
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
+    if LEAST_PRIVILEGE:   # AGENT_TEST_PG_LEAST_PRIVILEGE=1: the agent connects as grant-sql --agent-login's login
+        with least_privilege_database(test_tables=True) as (url, _, _):
+            yield url
+        return
     name, url = create_pg_database()
     try:
         yield url

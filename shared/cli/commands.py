@@ -53,6 +53,7 @@ from shared.engine.agent import Agent
 from shared.engine.audit import AuditAction, command_line_actor, record_refusal
 from shared.engine.operations import (
     add_scheduled_jobs,
+    backfill,
     cancel,
     dispatch_now,
     pause_job,
@@ -70,6 +71,7 @@ from shared.engine.views import (
     history_view,
     jobs_view,
     next_view,
+    params_words,
     poison_view,
     stuck_view,
 )
@@ -113,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # Commands after which the function app's next timer tick connects to the control database
 # (quiet ticks, shared/engine/quiet.py): they created or changed work the tick may have to see.
-WORK_CHANGING_COMMANDS = frozenset({"run-now", "submit", "pause", "resume", "cancel", "stop", "poison", "init-db",
+WORK_CHANGING_COMMANDS = frozenset({"run-now", "backfill", "submit", "pause", "resume", "cancel", "stop", "poison", "init-db",
                                     "import-sqlagent"})
 
 
@@ -281,9 +283,9 @@ def cmd_jobs(agent, args) -> int:
             state = f"paused until {time_text(row['paused_until'])}"
         table.append([row["job_name"], state, row["source"], schedule, row["timezone"],
                       time_text(row["next_due_at"]), row["status"], last, last_targets(row), alert_limits_text(row),
-                      row["config_error"] or ""])
+                      params_words(row.get("params")), row["config_error"] or ""])
     print_table(["JOB", "STATE", "DEFINED IN", "SCHEDULE", "TIMEZONE", "NEXT DUE (UTC)", "NOW", "LAST RUN",
-                  "LAST TARGETS", "ALERTS", "ERROR"], table)
+                  "LAST TARGETS", "ALERTS", "PARAMS", "ERROR"], table)
     return EXIT_OK
 
 
@@ -475,6 +477,23 @@ def cmd_run_now(agent, args) -> int:
         print(f"run {run.run_id} of {run.job_name} created{dispatched_text(run.dispatched)}")
     return EXIT_OK
 
+
+
+def cmd_backfill(agent, args) -> int:
+    agent.store().require_schema()
+    # The job as the agent last synced it (see cmd_jobs): this machine's settings are not read.
+    done = backfill(agent, args.name, args.start, args.end, actor=command_line_actor())
+    if args.json:
+        print_json(done.as_dict())
+        return EXIT_OK
+    print(f"{done.job_name}: {done.slots} slot(s) from {time_text(done.start)} to {time_text(done.end)}: "
+          f"{len(done.made)} run(s) made, {done.already} already run or in flight, "
+          f"{done.excluded} excluded by a calendar{dispatched_text(done.dispatched)}")
+    if done.made:
+        print_table(["RUN", "SLOT (UTC)", "HOW"], [[row["run_id"], time_text(row["scheduled_for"]),
+                                                     "rerun (was skipped)" if row["action"] == "rerun" else "new run"]
+                                                    for row in done.made])
+    return EXIT_OK
 
 def _operator_name() -> str:
     """Who pauses or resumes from this command line: the operating system's user."""
@@ -711,6 +730,7 @@ COMMANDS = {
     "work": cmd_work,
     "run": cmd_run,
     "jobs": cmd_jobs,
+    "backfill": cmd_backfill,
     "next": cmd_next,
     "history": cmd_history,
     "audit": cmd_audit,

@@ -221,6 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
                          help="a value of a parameter the job declares (repeatable; JOB__<name>__PARAMS__<k>__*); "
                               "the job's SQL reads it bound, never pasted into its text")
 
+    backfill = commands.add_parser("backfill", help="run the slots of a past window as recorded runs, oldest first "
+                                   "(a slot that already ran is not run twice; at most 1000 slots)")
+    backfill.add_argument("name", metavar="JOB")
+    backfill.add_argument("--from", dest="start", type=_iso_datetime, metavar="TIME", required=True,
+                          help="the window's start, included (ISO-8601; UTC when no offset is given)")
+    backfill.add_argument("--to", dest="end", type=_iso_datetime, metavar="TIME", required=True,
+                          help="the window's end, included, at or before now (ISO-8601; UTC when no offset is given)")
+
     pause = commands.add_parser("pause", help="pause a job: it claims no slot (each slot that comes is recorded "
                                               "skipped 'paused') until resumed or --until; its runs in flight finish")
     pause.add_argument("name", metavar="JOB")

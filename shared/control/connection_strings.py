@@ -139,8 +139,33 @@ def with_freetds_defaults(connection_string: str) -> str:
     return _with_defaults(connection_string, FREETDS_DEFAULTS, "mssql")
 
 
+# Every PostgreSQL session of the agent's (the control database, a job's database, fleet targets)
+# starts with search_path and role pinned in the connection's startup packet (libpq's options,
+# psqlODBC's pqopt): settings given by the client there outrank every database and role setting
+# (ALTER DATABASE/ROLE ... SET, which the owner of a job's database may make), and RESET ALL
+# returns to them. So no name the agent writes unqualified (a function, an operator, a type, a
+# table) resolves anywhere but in pg_catalog (functions and operators are never looked up in
+# pg_temp), whatever an operator creates in public or in a schema of its own, and the agent's
+# statements run as its login. The job's own SQL gets the search_path the database's and role's
+# settings give (store.JOB_SEARCH_PATH), in its transaction only. docs/tsql.md, "The owner
+# boundary".
+PINNED_SEARCH_PATH = "pg_catalog,pg_temp"
+PINNED_SESSION_OPTIONS = f"-c search_path={PINNED_SEARCH_PATH} -c role=none"
+
+
 def with_postgres_defaults(connection_string: str) -> str:
-    return _with_defaults(connection_string, POSTGRES_DEFAULTS, "postgres")
+    connection_string = _with_defaults(connection_string, POSTGRES_DEFAULTS, "postgres")
+    present = odbc_pairs(connection_string).get("pqopt")
+    if present is not None and PINNED_SESSION_OPTIONS not in present:
+        if re.search(r"(?i)\boptions\s*=", present):
+            raise ConfigError("pqopt", present, "libpq options without 'options=': the agent sets the server "
+                              f"options of its sessions itself ({PINNED_SESSION_OPTIONS}); keep other keys "
+                              "(keepalives=1, sslmode=...)")
+        segments = [f"{key}={val}" for key, val in _segments(connection_string) if key.lower() != "pqopt"]
+        return ";".join(segments + [f"pqopt={{{present} options='{PINNED_SESSION_OPTIONS}'}}"]) + ";"
+    if present is not None:
+        return connection_string
+    return connection_string.rstrip(";") + f";pqopt={{options='{PINNED_SESSION_OPTIONS}'}};"
 
 
 def _with_defaults(connection_string: str, defaults: tuple[tuple[str, str], ...], dialect: str) -> str:

@@ -26,6 +26,7 @@ from shared.control.connection_strings import (
     redact,
     with_database,
     with_freetds_defaults,
+    PINNED_SEARCH_PATH,
     with_postgres_defaults,
     with_server,
 )
@@ -235,8 +236,19 @@ def _postgres_session(opener: Callable[[], Any]) -> Callable[[], Any]:
     def open_session() -> Any:
         connection = opener()
         cursor = connection.cursor()
-        cursor.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_SECONDS}s'")
+        # The same round trip checks that the session started pinned (connection_strings.
+        # PINNED_SESSION_OPTIONS): a connection pooler that drops the startup packet's options
+        # would leave the agent resolving names through the database's search_path; it fails closed.
+        cursor.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_SECONDS}s';\n"
+                       "SELECT pg_catalog.current_setting('search_path') AS path")
+        path = cursor.fetchone()[0] if cursor.description else (cursor.nextset() and cursor.fetchone()[0])
         cursor.close()
+        if path != PINNED_SEARCH_PATH:
+            connection.close()
+            raise AgentError(f"the PostgreSQL session started with search_path {path!r}, not {PINNED_SEARCH_PATH!r}: "
+                             "the connection's startup options (pqopt, added by the agent) did not reach the server "
+                             "(a connection pooler that drops them? connect to the server itself); the agent never "
+                             "runs with a search_path an operator could add to (docs/tsql.md, \"The owner boundary\")")
         connection.commit()  # a SET in a transaction that rolls back would be undone
         # Outside Store.transaction() each batch is one implicit transaction the server commits
         # itself: a statement costs one round trip, not two (the Store turns this off for a

@@ -658,7 +658,7 @@ class Store:
                     drain_results(cursor, output)
                     return output
                 # The path of most runs (no principal, no parameters): agent.run_job (migration
-                # 0022), the same batch as a procedure; else the batch itself.
+                # 0023), the same batch as a procedure; else the batch itself.
                 batch = TSQL_RUN_JOB if not params else mssql_job_batch(None, params)
                 _execute_tsql_job(cursor, self._tsql_begun(batch), sql, params)
             else:
@@ -667,7 +667,8 @@ class Store:
                 # reset_session resets the role before the agent's own statements). First, the
                 # id of the job's transaction: check_work_transaction, in the completion's batch,
                 # compares it with the transaction the completion runs in (its SQL ended it, or not).
-                prefix = ["SELECT txid_current() AS agent_transaction;\n", "SET LOCAL lock_timeout = 0;\n"]
+                prefix = [f"SELECT pg_catalog.txid_current() AS agent_transaction, {JOB_SEARCH_PATH} AS job_path;\n",
+                          "SET LOCAL lock_timeout = 0;\n"]
                 heard = PostgresNotices()
                 cursor.execute("".join(prefix) + sql + heard.end_statement())
                 transaction = int(cursor.fetchone()[0])
@@ -769,7 +770,10 @@ class Store:
                                  "agent's login must be a member of it: GRANT it to the agent's login; "
                                  "grant-sql --operator prints this)") from exc
             heard = PostgresNotices()
-            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?, ?);\n{unmark}"
+            # The job's search_path is set before the function runs (a subquery in FROM is scanned
+            # before the target list is evaluated; set_config is volatile: never pulled up).
+            cursor.execute(f"SET LOCAL lock_timeout = 0;\nSELECT {function}(?, ?) FROM (SELECT {JOB_SEARCH_PATH} "
+                           f"OFFSET 0) AS job_path;\n{unmark}"
                            f"DROP FUNCTION IF EXISTS {function}(text, text);", sql, heard.end_text)
             while True:
                 output += heard.take(cursor)
@@ -896,6 +900,22 @@ def _owned_session_mark(function: str, *, trusted: bool) -> tuple[str, str]:
                  for statement in (insert, delete))
 
 
+# The search_path a job's SQL runs with, for its transaction only (set_config(..., true)): the one
+# the database's and role's settings give the agent's login (ALTER ROLE ... IN DATABASE, ALTER ROLE,
+# ALTER DATABASE, in PostgreSQL's order), else PostgreSQL's built-in default ("$user", public; a
+# search_path set in postgresql.conf is not visible to a non-superuser, so not honoured).
+# The agent's sessions are pinned to pg_catalog, pg_temp (connection_strings.PINNED_SESSION_OPTIONS),
+# which the job would not expect: its unqualified names find what they found before the pin. An
+# owned job's function ends by pinning the path again, and reset_session's RESET ALL returns to the
+# pin before the agent's completion. This statement runs pinned itself: its unqualified names are
+# pg_catalog's (kept short: it travels with every run). An expression, evaluated in a statement the
+# agent sends anyway (psqlODBC loses its footing over a job's notices after one result set more).
+JOB_SEARCH_PATH = (
+    "pg_catalog.set_config('search_path',COALESCE((SELECT substr(c,13)FROM pg_db_role_setting,unnest(setconfig)c "
+    "WHERE setdatabase IN(0,(SELECT oid FROM pg_database WHERE datname=current_database()))AND setrole IN(0,"
+    "(SELECT oid FROM pg_roles WHERE rolname=session_user))AND c LIKE'search_path=%'ORDER BY setrole<>0 DESC,"
+    "setdatabase<>0 DESC LIMIT 1),'\"$user\", public'),true)")
+
 # How many rounds of SET CONSTRAINTS ALL IMMEDIATE an owned job's deferred triggers get to settle
 # in (see _OWNED_JOB_BODY); one that still writes rows after that many fails.
 OWNED_JOB_SETTLE_ROUNDS = 10
@@ -1013,7 +1033,7 @@ def mssql_job_batch(job_principal: str | None, params: Mapping[str, str] | None 
     return "SET LOCK_TIMEOUT -1;\n" + nest + run + unnest + "SET LOCK_TIMEOUT 30000;"
 
 
-# mssql_job_batch(None) as a procedure of migration 0022 (test_step_transactions compares them).
+# mssql_job_batch(None) as a procedure of migration 0023 (test_step_transactions compares them).
 TSQL_RUN_JOB = "EXEC agent.run_job ?;"
 
 
@@ -1038,7 +1058,7 @@ def _set_postgres_params(connection: Any, params: Mapping[str, str]) -> None:
     when it ends), names and values bound: one statement, before the job's SQL."""
     cursor = connection.cursor()
     try:
-        calls = ", ".join("set_config(?, ?, true)" for _ in params)
+        calls = ", ".join("pg_catalog.set_config(?, ?, true)" for _ in params)
         values: list[str] = []
         for name, value in params.items():
             values += [f"agent.param.{name.lower()}", value]
@@ -1179,11 +1199,11 @@ PSQLODBC_CUT_NOTE = ("[output cut by the PostgreSQL ODBC driver: it drops the no
 # it may end with) before it takes effect (migration 0013).
 PG_FENCED_SQLSTATE = "AG001"            # agent.finish_run: the run's token moved on
 PG_WORK_TRANSACTION_ENDED_SQLSTATE = "AG002"   # agent.check_work_transaction
-TSQL_FENCED_NUMBER = 50003               # agent.finish_run (T-SQL, migration 0022): the token moved on
+TSQL_FENCED_NUMBER = 50003               # agent.finish_run (T-SQL, migration 0023): the token moved on
 TSQL_ROLLBACK = "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;"
 # SQL Server answers only the statements that return rows (sessions run with NOCOUNT ON), so a
 # batch of several queries is read by each one's count of result sets: the procedures of
-# migration 0022 return exactly one (lock_starts none), and these ad-hoc queries as many as their
+# migration 0023 return exactly one (lock_starts none), and these ad-hoc queries as many as their
 # SELECTs. A query not named here runs in a batch of its own.
 TSQL_RESULT_SETS = {
     "reset_session": 1, "check_work_transaction": 1, "lock_starts": 0, "finish_run": 1,

@@ -41,6 +41,7 @@ class AuditAction(str, Enum):
     """What an operator did (agent.audit.action)."""
     SUBMIT = "submit"                      # sql-agent submit, agent.exec_async
     RUN_NOW = "run-now"                    # sql-agent run-now, agent.start_job
+    BACKFILL = "backfill"                  # sql-agent backfill
     STOP = "stop"                          # sql-agent stop, agent.stop_job
     CANCEL = "cancel"                      # sql-agent cancel, agent.cancel_run
     PAUSE = "pause"                        # sql-agent pause, agent.pause_job

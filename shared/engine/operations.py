@@ -137,6 +137,27 @@ class Resume:
                 "runs_caught_up": self.runs_caught_up}
 
 
+@dataclass(frozen=True)
+class Backfilled:
+    """The runs `backfill` made for the slots of a past window: ``made`` (run_id, slot, how:
+    inserted, or rerun — a slot recorded skipped that never started), the slots left alone
+    because they already have a run that ran, runs or waits (``already``), and those the job's
+    calendars exclude (``excluded``)."""
+    job_name: str
+    start: datetime
+    end: datetime
+    slots: int
+    made: tuple[dict[str, Any], ...]
+    already: int
+    excluded: int
+    dispatched: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"job_name": self.job_name, "from": self.start, "to": self.end, "slots": self.slots,
+                "runs": [dict(row) for row in self.made], "already_run": self.already,
+                "excluded_by_calendar": self.excluded, "dispatched": self.dispatched}
+
+
 # --- runs and tasks --------------------------------------------------------------------------
 
 def dispatch_now(agent: Agent) -> int | None:
@@ -292,6 +313,119 @@ def request_run_now(agent: Agent, job_name: str, *, operation_id: str | None = N
             if audit is not None:
                 audit.rewind()      # that transaction, and its row, rolled back: the next try writes it
     return None
+
+
+# sql-agent backfill: at most this many slots in one window (each becomes a run, all runnable at
+# once: a bigger window is a flood for the queue and the cap; backfill it in parts).
+MAX_BACKFILL_SLOTS = 1000
+# Slots before this are not backfilled (the agent keeps no run of them, and the drivers write years
+# before 1000 in forms they do not read back).
+EARLIEST_BACKFILL = datetime(2000, 1, 1, tzinfo=timezone.utc)
+
+
+def backfill_slots(job: dict[str, Any], start: datetime, end: datetime,
+                   now: datetime) -> tuple[list[datetime], int]:
+    """The slots of ``job`` (a list_jobs row) from ``start`` to ``end`` (both included), keyed as
+    the planner keys them (its calendars applied, excluded slots left out and counted, a slot
+    moved by ON_EXCLUDED=next kept at its new time when inside the window; its jitter applied), oldest first.
+    Raises UsageError past MAX_BACKFILL_SLOTS slots."""
+    from shared.engine.scheduler import _apply_calendars, _calendar_rules, _with_jitter
+    from shared.jobs.schedules import validate_timezone
+    name = job["job_name"]
+    try:
+        schedule = parse_schedule(job["schedule"], job["timezone"])
+    except (ValueError, OverflowError) as exc:
+        raise UsageError(f"job {name!r}: its schedule {job['schedule']!r} cannot be read ({exc})", setting="JOB",
+                         value=name, expected="a job with a schedule the agent reads") from None
+    raw: list[datetime] = []
+    # From the window's start (a slot at it included), and from EARLIEST_BACKFILL at the earliest.
+    moment: datetime | None = max(start, EARLIEST_BACKFILL) - timedelta(microseconds=1)
+    while True:
+        try:
+            moment = schedule.next_after(moment) if moment is not None else None
+        except (ValueError, OverflowError):
+            moment = None
+        if moment is None or moment > end:
+            break
+        raw.append(moment)
+        if len(raw) > MAX_BACKFILL_SLOTS:
+            raise UsageError(
+                f"the window {start.isoformat()} to {end.isoformat()} holds more than {MAX_BACKFILL_SLOTS} slots of "
+                f"job {name!r} (its schedule {job['schedule']!r}); backfill it in parts of at most "
+                f"{MAX_BACKFILL_SLOTS} slots", setting="--to", value=end.isoformat(),
+                expected=f"a window of at most {MAX_BACKFILL_SLOTS} slots of the job")
+    planned = [(slot, RunStatus.PENDING, None, None) for slot in raw]
+    try:
+        rules = _calendar_rules(job.get("calendars"))
+        if rules:
+            planned = _apply_calendars(planned, rules, validate_timezone(job["timezone"]))
+        if job.get("jitter_seconds"):
+            planned = _with_jitter(planned, job)
+    except (ValueError, OverflowError) as exc:
+        raise UsageError(f"job {name!r}: the slots of the window {start.isoformat()} to {end.isoformat()} cannot be "
+                         f"computed ({exc})", setting="--from", value=start.isoformat(),
+                         expected="a window of times the job's schedule and calendars reach") from None
+    # A slot its jitter or a calendar moved later stays the run of its slot (keyed by the moved
+    # time, as the planner keys it), when that time has come by ``now``.
+    keep = [slot for slot, status, _, _ in planned if status == RunStatus.PENDING and start <= slot <= now]
+    excluded = sum(1 for _, status, _, _ in planned if status != RunStatus.PENDING)
+    return sorted(keep), excluded
+
+
+def backfill(agent: Agent, job_name: str, start: datetime, end: datetime, *,
+             actor: Actor | None = None) -> Backfilled:
+    """`sql-agent backfill JOB --from --to`: each slot of the job's schedule in the past window
+    becomes a recorded run of its slot (kind 'backfill'), runnable at once, oldest first; a slot
+    that already ran (or runs, or waits) is not run twice: the unique (job, slot) key decides,
+    so two backfills at once make each run once. A slot recorded skipped that never started
+    (a misfire, an overlap skip, a pause) is run now. The runs wait for each other (overlap
+    queue; side by side up to the cap when the job's OVERLAP is allow). Audited."""
+    store = agent.store()
+    now = agent.clock()
+    arguments = {"job_name": job_name, "from": start.isoformat(), "to": end.isoformat()}
+    with audited(store, actor, AuditAction.BACKFILL, now=now, arguments=arguments, job_name=job_name) as audit:
+        if not start < end:
+            raise UsageError(f"--from {start.isoformat()} is not before --to {end.isoformat()}", setting="--from",
+                             value=start.isoformat(), expected="a time before --to")
+        if end > now:
+            raise UsageError(f"--to {end.isoformat()} is in the future (now is {now.isoformat()}): backfill runs the "
+                             "slots of a past window; the schedule runs the slots to come", setting="--to",
+                             value=end.isoformat(), expected=f"a time at or before now ({now.isoformat()})")
+        job = next((r for r in store.execute("list_jobs").rows if r["job_name"] == job_name and r["configured"]), None)
+        if job is None:
+            raise unknown_job(store, job_name)
+        if not job["valid"]:
+            raise UsageError(f"job {job_name!r} is invalid ({job['config_error']}): fix its definition first",
+                             setting="JOB", value=job_name, expected="a valid job")
+        if not job["schedule"]:
+            raise UsageError(f"job {job_name!r} runs on demand (no schedule): it has no slots to backfill; use run-now",
+                             setting="JOB", value=job_name, expected="a job with a schedule")
+        slots, excluded = backfill_slots(job, start, end, now)
+        operation_id = new_operation_id()
+        note = f"backfill: slot of {start.isoformat()} to {end.isoformat()} run by sql-agent backfill"
+        # Runnable at once, a microsecond apart in slot order: the claims take them oldest first.
+        payload = [{"scheduled_for": store.json_time(slot), "runnable_at": store.json_time(now + timedelta(microseconds=i))}
+                   for i, slot in enumerate(slots)]
+        made: list[dict[str, Any]] = []
+        with audit.transaction():
+            if payload:
+                made = [dict(row) for row in store.execute("backfill_runs", job_name=job_name, now=now,
+                                                           slots=payload, note=note, operation_id=operation_id).rows]
+            made.sort(key=lambda row: _aware(row["scheduled_for"]))
+            audit.detail = (f"{len(slots)} slot(s): {sum(1 for r in made if r['action'] == 'inserted')} run(s) made, "
+                            f"{sum(1 for r in made if r['action'] == 'rerun')} skipped slot(s) rerun, "
+                            f"{len(slots) - len(made)} already run or in flight, {excluded} excluded by a calendar")
+    dispatched = dispatch_now(agent) if made else None
+    for row in made:
+        row["scheduled_for"] = _aware(row["scheduled_for"])
+    return Backfilled(job_name=job_name, start=start, end=end, slots=len(slots), made=tuple(made),
+                      already=len(slots) - len(made), excluded=excluded, dispatched=dispatched)
+
+
+def _aware(value: Any) -> datetime:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
 def start_for_alert(store: Store, now: datetime, job_name: str, alert_name: str, firing_id: int) -> dict[str, Any]:

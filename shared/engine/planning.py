@@ -74,7 +74,8 @@ def fleet_step(job: dict[str, Any], dialect: str) -> tuple[str | None, str | Non
         return str(ConfigError(parameter, raw, problem)), None
     step = one_fleet_step(job["command"], max_attempts=job["max_attempts"], timeout_seconds=job["timeout_seconds"],
                           targets=describe_members(members),
-                          parallelism=job.get("requested_target_parallelism") or DEFAULT_PARALLELISM)
+                          parallelism=job.get("requested_target_parallelism") or DEFAULT_PARALLELISM,
+                          stagger_seconds=int(job.get("requested_target_stagger_seconds") or 0))
     return None, json.dumps([step.to_json()])
 
 

@@ -80,6 +80,12 @@ NOTE_MISFIRE_SKIP = "misfire: slot missed by more than AGENT_MISFIRE_THRESHOLD_S
 NOTE_MISFIRE_GRACE = "misfire: slot older than the job's GRACE_SECONDS; skipped"
 NOTE_MISFIRE_SUPERSEDED = "misfire: slot missed while the agent was down; caught up once, with the latest missed slot"
 NOTE_CATCH_UP = "misfire: caught up late, once"
+# CATCHUP_SECONDS: a missed slot within the window runs (a claim never skips it as a misfire: the
+# note's prefix "catch-up:" says so to dispatch_runs, claim_runs and start_run); one before it is skipped.
+NOTE_CATCHUP_WINDOW = "catch-up: missed slot within CATCHUP_SECONDS={seconds}; run late, oldest first"
+NOTE_CATCHUP_OLDER = "misfire: slot missed before the job's CATCHUP_SECONDS window; skipped"
+# At most this many missed slots of one catch-up window run (the latest of them).
+MAX_CATCHUP_SLOTS = 1000
 # A slot that came while its job was paused (sql-agent pause, agent.pause_job).
 NOTE_PAUSED = "paused"
 # One slot's decision: (slot, status, note, runnable_at); runnable_at None: at the slot itself.
@@ -328,6 +334,8 @@ class Scheduler:
                 "after_job": job.after, "after_outcome": job.after_outcome.value if job.after else None,
                 "calendars": job.calendars or None, "jitter_seconds": job.jitter_seconds,
                 **alert_columns(job),
+                # Only when set: the definition hash of every other job stays what it was.
+                **({"catchup_seconds": job.catchup_seconds} if job.catchup_seconds else {}),
                 "next_due_at": store.json_time(_initial_due(job.schedule, job.timezone, now)) if job.enabled else None,
                 # Only when declared: the definition hash of every other job stays what it was.
                 **({"params": job.params} if job.params else {}),
@@ -520,7 +528,8 @@ class Scheduler:
             advances: dict[tuple, dict[str, Any]] = {}
             for job in jobs:
                 key = (job["schedule"], job["timezone"], job["next_due_at"], job["misfire"], job["grace_seconds"],
-                       bool(job["paused"]), job["paused_at"], job["paused_until"], job.get("calendars"))
+                       bool(job["paused"]), job["paused_at"], job["paused_until"], job.get("calendars"),
+                       job.get("catchup_seconds"))
                 if key not in plans:
                     plans[key] = _plan_slots(job, now, horizon, late_cutoff)
                 planned, following = plans[key]
@@ -784,14 +793,34 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
     missed: list[datetime] = []
     scanned = 0
     latest_missed: datetime | None = None
-    while slot is not None and slot < late_cutoff and scanned < MAX_MISSED_SCAN:
+    # CATCHUP_SECONDS: the missed slots from here on are each run (planned below, after the misfire
+    # policy decided the older ones); None: the misfire policy decides every missed slot.
+    catchup = int(job.get("catchup_seconds") or 0)
+    window_start = now - timedelta(seconds=catchup) if catchup > 0 else None
+    missed_end = late_cutoff if window_start is None else min(late_cutoff, window_start)
+    while slot is not None and slot < missed_end and scanned < MAX_MISSED_SCAN:
         scanned += 1
         latest_missed = slot
         if len(missed) < MAX_MISSED_RECORDED - 1:
             missed.append(slot)
         slot = following(slot)
-    if slot is not None and slot < late_cutoff:  # more missed than worth scanning
-        slot = following(late_cutoff - timedelta(microseconds=1))
+    if slot is not None and slot < missed_end:  # more missed than worth scanning
+        slot = following(missed_end - timedelta(microseconds=1))
+    window: list[datetime] = []
+    dropped = 0
+    if window_start is not None:
+        # Every missed slot of the window, oldest first; past MAX_CATCHUP_SLOTS only the latest
+        # that many (a huge window of a frequent schedule is not a flood of runs).
+        window_scanned = 0
+        while slot is not None and slot < late_cutoff and window_scanned < MAX_MISSED_SCAN:
+            window_scanned += 1
+            window.append(slot)
+            if len(window) > MAX_CATCHUP_SLOTS:
+                window.pop(0)
+                dropped += 1
+            slot = following(slot)
+        if slot is not None and slot < late_cutoff:
+            slot = following(late_cutoff - timedelta(microseconds=1))
     caught_up_missed = False
     if latest_missed is not None:
         if latest_missed not in missed:
@@ -803,6 +832,8 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
             last = index == len(missed) - 1
             if held(moment):
                 status, note = RunStatus.SKIPPED, NOTE_PAUSED
+            elif window_start is not None:
+                status, note = RunStatus.SKIPPED, NOTE_CATCHUP_OLDER
             elif job["misfire"] == "skip":
                 status, note = RunStatus.SKIPPED, NOTE_MISFIRE_SKIP
             elif moment != free[-1]:
@@ -817,6 +848,15 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
             if last and unrecorded > 0:
                 note += f" ({unrecorded} earlier missed slot(s) since {_iso(job['next_due_at'])} not recorded one by one)"
             planned.append((moment, status, note, None))
+    for index, moment in enumerate(window):
+        if held(moment):
+            planned.append((moment, RunStatus.SKIPPED, NOTE_PAUSED, None))
+            continue
+        note = NOTE_CATCHUP_WINDOW.format(seconds=catchup)
+        if index == 0 and dropped:
+            note += f" ({dropped} older slot(s) of the window not run: at most {MAX_CATCHUP_SLOTS} are caught up)"
+        planned.append((moment, RunStatus.PENDING, note, None))
+        caught_up_missed = True
     ahead = 0
     while slot is not None and slot <= horizon and ahead < MAX_SLOTS_PER_JOB:
         if held(slot):

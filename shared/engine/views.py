@@ -85,6 +85,22 @@ def _with_activity(jobs: list[dict[str, Any]], activity: list[dict[str, Any]], n
 PAUSE_KEYS = ("paused_at", "paused_until", "paused_by", "pause_reason")
 
 
+def declared_params(value: Any) -> dict[str, Any] | None:
+    """agent.jobs.params as stored (JSON text; a dict when already read) as an object, None: none."""
+    if isinstance(value, dict):
+        return value or None
+    return read_json(value) or None
+
+
+def params_words(params: dict[str, Any] | None) -> str:
+    """A job's declared parameters in a few words: ``k=default`` or ``k (required)``; "-": none."""
+    if not params:
+        return "-"
+    words = [f"{name}={value}" if value is not None else f"{name} (required)" for name, value in params.items()]
+    text = ", ".join(words)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def _job_extras(row: dict[str, Any], now: datetime) -> dict[str, Any]:
     paused = pause_in_force(row, now)
     return {
@@ -94,6 +110,9 @@ def _job_extras(row: dict[str, Any], now: datetime) -> dict[str, Any]:
         "state": job_state(row, now),
         "schedule_words": describe_schedule(row.get("schedule")),
         "calendar_words": calendar_words(row.get("calendars")),
+        # The parameters it declares as an object (name -> default, None: none, a run must give it);
+        # None: it declares none. `jobs --json`, the jobs page and a job page alike.
+        "params": declared_params(row.get("params")),
         "next_due_local": local_time(row.get("next_due_at"), row.get("timezone")),
     }
 
@@ -274,8 +293,6 @@ def job_view(store, name: str, now: datetime, window: str = DEFAULT_WINDOW,
         return None
     activity = store.execute("list_job_activity", job_name=name).rows
     (job,) = _with_activity([job], activity, now)
-    # The parameters it declares as an object (name -> default, None: no default); None: none.
-    job["params"] = read_json(job.get("params")) or None
     since = now - TIMELINE_WINDOWS[window]
     timeline = store.execute("list_job_timeline", job_name=name, since=since, limit=TIMELINE_LIMIT + 1).rows
     cut = len(timeline) > TIMELINE_LIMIT

@@ -61,6 +61,7 @@ JOB_SETTING_SUFFIXES = (
     "ONLY",
     "ON_EXCLUDED",
     "JITTER_SECONDS",
+    "CATCHUP_SECONDS",
     "MAX_DURATION_SECONDS",
     "STOP_AFTER_SECONDS",
     "SLOWER_THAN",
@@ -346,6 +347,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         after, after_outcome = None, AfterOutcome.SUCCEEDED
         calendar_rules = ""
         jitter_seconds = 0
+        catchup_seconds = 0
         params = ""
         alert_limits: dict[str, Any] = dict(NO_ALERT_LIMITS)
     else:
@@ -411,6 +413,10 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         after, after_outcome = _after_settings(name, given, setting, errors)
         calendar_rules = _calendar_settings(given, setting, errors, calendars or CalendarSettings({}, {}))
         jitter_seconds = int_value("JITTER_SECONDS", 0, MAX_JITTER_SECONDS) if "JITTER_SECONDS" in given else 0
+        catchup_seconds = 0
+        if "CATCHUP_SECONDS" in given:
+            catchup_seconds = int_value("CATCHUP_SECONDS", 0, MAX_CATCHUP_SECONDS)
+            _check_catchup(catchup_seconds, misfire, overlap, grace_seconds, schedule, setting, errors)
         params = _param_settings(values, errors)
         alert_limits = _alert_settings(given, setting, errors)
         steps: tuple[StepDefinition, ...] = ()
@@ -435,9 +441,37 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         lease_seconds=lease_seconds, misfire=misfire, grace_seconds=grace_seconds,
         overlap=overlap, database=database, steps=steps, notify=notify, notify_webhook_url=webhook,
         targets=targets, after=after, after_outcome=after_outcome, calendars=calendar_rules,
-        jitter_seconds=jitter_seconds, params=params, **alert_limits,
+        jitter_seconds=jitter_seconds, params=params, catchup_seconds=catchup_seconds, **alert_limits,
     )
 
+
+
+# JOB__<name>__CATCHUP_SECONDS: a year at most (GRACE_SECONDS' own bound; the window may not
+# exceed the job's GRACE_SECONDS anyway).
+MAX_CATCHUP_SECONDS = 366 * 86400
+
+
+def _check_catchup(catchup_seconds: int, misfire: str, overlap: str, grace_seconds: int, schedule: str | None,
+                   setting, errors: list[str]) -> None:
+    """CATCHUP_SECONDS beside the misfire and overlap policies: the combinations that would
+    run none or only one of the missed slots it asks to run are refused, naming both settings."""
+    if not catchup_seconds:
+        return
+    key = setting("CATCHUP_SECONDS")
+    if not schedule:
+        errors.append(f"{key}={catchup_seconds}: expected 0 for a job without a SCHEDULE (it has no slot to miss)")
+    if misfire == "skip":
+        errors.append(f"{key}={catchup_seconds} and {setting('MISFIRE')}=skip conflict: skip records every missed "
+                      "slot skipped, the catch-up window runs them; expected MISFIRE=run-once (the default) with a "
+                      "catch-up window, or no CATCHUP_SECONDS")
+    if catchup_seconds > grace_seconds:
+        errors.append(f"{key}={catchup_seconds}: expected at most {setting('GRACE_SECONDS')}={grace_seconds} (a slot "
+                      "older than the grace period never runs)")
+    if overlap in ("skip", "cancel-previous"):
+        errors.append(f"{key}={catchup_seconds} and {setting('OVERLAP')}={overlap} conflict: the missed slots are due "
+                      f"together, and {overlap} would run only one of them; expected OVERLAP=queue (one after "
+                      "another, oldest first), allow (side by side, up to AGENT_MAX_CONCURRENCY) or buffer-one "
+                      "(the oldest and one more)")
 
 def _param_settings(values: dict[str, tuple[str, str]], errors: list[str]) -> str:
     """JOB__<name>__PARAMS__<k>__DEFAULT (the default, as written: a value is data, an empty one

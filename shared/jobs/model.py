@@ -33,7 +33,7 @@ SCHEDULE_HORIZON = timedelta(days=366 * SCHEDULE_HORIZON_YEARS)
 MISFIRE_POLICIES = ("run-once", "skip")
 
 
-OVERLAP_POLICIES = ("skip", "queue", "allow")
+OVERLAP_POLICIES = ("skip", "queue", "allow", "buffer-one", "cancel-previous")
 
 
 class AfterOutcome(str, Enum):
@@ -113,6 +113,9 @@ class JobDefinition:
     calendars: str = ""
     # JOB__<name>__JITTER_SECONDS: each slot runs 0 to this many seconds late (schedules.jitter_offset).
     jitter_seconds: int = 0
+    # JOB__<name>__CATCHUP_SECONDS: after downtime, every missed slot within this many seconds of
+    # now runs, oldest first (0: none; the misfire policy decides the missed slots).
+    catchup_seconds: int = 0
     # JOB__<name>__PARAMS__<k>__DEFAULT / __REQUIRED: the parameters the job declares, as the JSON
     # agent.jobs.params holds ({name: default or null}); "" when it declares none.
     params: str = ""

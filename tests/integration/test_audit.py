@@ -34,7 +34,18 @@ from shared.engine import views
 from shared.engine.audit import MAX_ARGUMENTS_LENGTH, Audit, bounded_arguments
 from shared.engine.operations import pause_job
 from shared.web.app import Monitor, MonitorSettings
-from tests.support.harness import ROOT, Clock, execute, make_agent, pg_admin_connection, query, runs_table, work
+from tests.support.harness import (
+    ROOT,
+    Clock,
+    admin_execute,
+    grant_operator_args,
+    make_agent,
+    pg_admin_connection,
+    query,
+    runs_table,
+    url_as,
+    work,
+)
 from tests.support.tsql_caller import CallError, call
 
 UTC = timezone.utc
@@ -313,13 +324,13 @@ def operator(pg_url):
     name = f"op_{uuid.uuid4().hex[:10]}"
     admin = pg_admin_connection()
     admin.cursor().execute(f'CREATE ROLE "{name}" LOGIN')
-    assert main(["--db", pg_url, "grant-sql", "--operator", name, "--apply"]) == EXIT_OK
-    connection = pyodbc.connect(pg_url.replace("Uid=root;", f"Uid={name};"), autocommit=True, timeout=10)
+    assert main(grant_operator_args(pg_url, name)) == EXIT_OK
+    connection = pyodbc.connect(url_as(pg_url, name), autocommit=True, timeout=10)
     try:
         yield name, connection, agent
     finally:
         connection.close()
-        execute(agent, f'DROP OWNED BY "{name}"')
+        admin_execute(pg_url, f'DROP OWNED BY "{name}"')
         agent.close()
         admin.cursor().execute(f'DROP ROLE IF EXISTS "{name}"')
         admin.close()

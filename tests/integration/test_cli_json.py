@@ -107,6 +107,9 @@ SUCCESS = {
     "submit": (["submit", "--sql", "SELECT 2", "--order", "3"],
                lambda d: d["run_id"] >= 1 and d["order"] == 3 and d["submitted"] is True),
     "cancel": (["cancel", "{pending_run}"], lambda d: d["status"] == "cancelled"),
+    "backfill": (["backfill", "hello", "--from", "2026-01-01T00:00:00Z", "--to", "2026-01-03T12:00:00Z"],
+                 lambda d: d["job_name"] == "hello" and d["slots"] == 3 and len(d["runs"]) + d["already_run"] == 3
+                 and all(r["action"] in ("inserted", "rerun") for r in d["runs"])),
     "stop": (["stop", "hello"], lambda d: d["job_name"] == "hello" and isinstance(d["cancelled_run_ids"], list)),
     "doctor": (["doctor"], lambda d: d["ok"] is True and d["failed"] is None
                and [c["name"] for c in d["checks"]][:2] == ["driver", "connectivity"]),
@@ -181,6 +184,12 @@ ERRORS = [
     (["run-now", "hello", "--param", "who=a", "--param", "Who=b"], {}, EXIT_USAGE, "usage", "--param", "Who=b",
      "each parameter given once"),
     (["stop", "ghost"], {}, EXIT_USAGE, "not_found", "JOB", "ghost", "hello"),
+    (["backfill", "ghost", "--from", "2026-01-01T00:00:00Z", "--to", "2026-01-02T00:00:00Z"], {}, EXIT_USAGE,
+     "not_found", "JOB", "ghost", "hello"),
+    (["backfill", "hello", "--from", "2026-01-02T00:00:00Z", "--to", "2026-01-01T00:00:00Z"], {}, EXIT_USAGE,
+     "usage", "--from", "2026-01-02T00:00:00+00:00", "a time before --to"),
+    (["backfill", "hello", "--from", "2026-01-01T00:00:00Z", "--to", "2999-01-01T00:00:00Z"], {}, EXIT_USAGE,
+     "usage", "--to", "2999-01-01T00:00:00+00:00", "at or before now"),
     (["pause", "ghost"], {}, EXIT_USAGE, "not_found", "JOB", "ghost", "hello"),
     (["pause", "hello", "--until", "2000-01-01T00:00:00Z"], {}, EXIT_USAGE, "usage", "--until",
      "2000-01-01T00:00:00+00:00", "a time after"),

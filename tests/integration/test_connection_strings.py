@@ -172,3 +172,48 @@ def test_a_tds_server_through_freetds_is_the_t_sql_dialect():
         assert "secret" not in target.display
     with pytest.raises(ConfigError, match=r"or FreeTDS \('FreeTDS': SQL Server, Babelfish\)"):
         parse_database_url("Driver={Some Other Driver};Server=x;")
+
+
+def test_every_postgresql_session_is_pinned_whatever_the_connection_string_sets():
+    """The owner boundary's construction 4 (docs/tsql.md): the agent adds search_path and role to
+    every PostgreSQL connection's startup options; a pqopt of the deployer's keeps its keys, one
+    that sets options itself is refused naming it; a connection really starts pinned, and RESET
+    ALL returns to the pin."""
+    import pyodbc
+
+    from shared.control.connection_strings import PINNED_SESSION_OPTIONS, with_postgres_defaults
+    from tests.support.harness import PG_BASE
+
+    plain = with_postgres_defaults("Driver={PostgreSQL Unicode};Server=db;Uid=agent;")
+    assert odbc_pairs(plain)["pqopt"] == f"options='{PINNED_SESSION_OPTIONS}'"
+    assert with_postgres_defaults(plain) == plain
+    kept = odbc_pairs(with_postgres_defaults("Driver={PostgreSQL Unicode};Server=db;pqopt={keepalives=1};"))
+    assert kept["pqopt"] == f"keepalives=1 options='{PINNED_SESSION_OPTIONS}'"
+    with pytest.raises(ConfigError) as refused:
+        with_postgres_defaults("Driver={PostgreSQL Unicode};Server=db;pqopt={options='-c search_path=public'};")
+    assert "pqopt" in str(refused.value) and "search_path=public" in str(refused.value)
+    connection = pyodbc.connect(with_postgres_defaults(PG_BASE + "Database=postgres;"), autocommit=True, timeout=10)
+    try:
+        cursor = connection.cursor()
+        cursor.execute("SET search_path = public")
+        cursor.execute("RESET ALL")
+        cursor.execute("SELECT current_setting('search_path'), CAST(current_user = session_user AS int)")
+        assert tuple(cursor.fetchone()) == ("pg_catalog,pg_temp", 1)
+    finally:
+        connection.close()
+
+
+def test_a_session_that_did_not_start_pinned_is_refused(monkeypatch):
+    """Fail closed: when the startup options do not reach the server (a pooler dropping them, here
+    a connection string the agent did not add them to), the agent refuses the connection, naming
+    the search_path it got, rather than resolve names through it."""
+    from shared.control import db as db_module
+    from shared.control.db import DatabaseTarget, connector
+    from shared.errors import AgentError
+    from tests.support.harness import PG_BASE
+
+    monkeypatch.setattr(db_module, "with_postgres_defaults", lambda location: location)
+    target = DatabaseTarget(dialect="postgres", location=PG_BASE + "Database=postgres;", display="test")
+    with pytest.raises(AgentError) as refused:
+        connector(target)()
+    assert "did not reach the server" in str(refused.value) and "public" in str(refused.value)

@@ -133,7 +133,7 @@ _TSQL_EXEC = re.compile(r"^\s*EXEC\s+agent\.(\w+)\b", re.IGNORECASE)
 
 def tsql_procedure_statements(name: str) -> list[str]:
     """The statements of the body of procedure agent.<name>, as the latest migration creating it
-    has them (the hot path's procedures, migration 0022)."""
+    has them (the hot path's procedures, migration 0023)."""
     found: list[str] = []
     for migration in load_migrations("mssql"):
         for statement in migration.statements():
@@ -398,6 +398,8 @@ DUMMY_VALUES.update({
 })
 # Issue 33 item 4 (run with parameters): a run's values, as JSON (NULL: none given).
 DUMMY_VALUES.update({"params": None})
+# Issue 33 item 5 (backfill): the note its runs carry, the slots as JSON.
+DUMMY_VALUES.update({"note": "backfill: test"})
 
 # Issue 32 item 4 (the audit trail).
 DUMMY_VALUES.update({"principal": None, "fallback_principal": "u", "client": "c", "source": "cli",
@@ -474,7 +476,7 @@ def test_result_columns_match_the_real_database(db_url, tmp_path):
 
 # Queries that raise with the dummy values, by design: PostgreSQL's finish_run is the fence, raising
 # (SQLSTATE AG001) for a run that is not running with the given token, so that a completion batch
-# ending with COMMIT stops before it; T-SQL's since migration 0022 too (THROW 50003). Their columns
+# ending with COMMIT stops before it; T-SQL's since migration 0023 too (THROW 50003). Their columns
 # are compared by sqlglot above.
 REFUSED_WITH_DUMMY_VALUES: dict[tuple[str, str], str | int] = {("postgres", "finish_run"): "AG001",
                                                                ("mssql", "finish_run"): 50003}
@@ -638,7 +640,7 @@ def test_the_sqlfluff_check_fails_on_broken_tsql():
 
 
 def test_tsql_hot_path_procedures_keep_to_what_babelfish_accepts_too():
-    """The procedures of migration 0022 (the claim, the start, the completion's calls): every
+    """The procedures of migration 0023 (the claim, the start, the completion's calls): every
     statement of their bodies sqlglot reads is free of what Babelfish refuses, and each named
     query that calls one returns its body's columns (test_same_result_columns_as_postgres)."""
     calls = {m.group(1) for q in load_queries("mssql").values() if len(q.statements) == 1
@@ -653,6 +655,6 @@ def test_tsql_hot_path_procedures_keep_to_what_babelfish_accepts_too():
                 continue
             if found := _babelfish_refusals(statement):
                 refused[name] = found
-        migration = "\n".join(p.read_text() for p in sorted((SQL_DIR / "migrations" / "mssql").glob("0022_*.sql")))
+        migration = "\n".join(p.read_text() for p in sorted((SQL_DIR / "migrations" / "mssql").glob("0023_*.sql")))
         assert "CREATE OR ALTER" not in _code(migration).upper() and "MERGE " not in _code(migration).upper()
     assert not refused, refused

@@ -120,7 +120,7 @@ class Fleet:
 
     def marks(self, agent, name: str) -> list[int]:
         """What the job left in one target database: the run ids it ran for, in order."""
-        connection = connector(agent.target, name)()
+        connection = _peek(agent.target, name)
         try:
             cursor = connection.cursor()
             cursor.execute("SELECT run_id FROM fleet_marks ORDER BY id")
@@ -142,6 +142,17 @@ def fleet(request):
 def control(fleet, tmp_path):
     with fresh_database(fleet.dialect, tmp_path) as url:
         yield url
+
+
+
+def _peek(target, database: str):
+    """A connection to a target database for the test's own look at its tables: the agent's
+    sessions resolve names in pg_catalog only (docs/tsql.md, "The owner boundary"), the tests'
+    tables are in public."""
+    connection = connector(target, database)()
+    if target.dialect == "postgres":
+        connection.cursor().execute('SET search_path = "$user", public')
+    return connection
 
 
 def mark_sql(dialect: str, extra: str = "") -> str:
@@ -256,7 +267,7 @@ def test_parallelism_is_never_exceeded_and_is_used(fleet, control):
         watcher.join(10)
     spans = []
     for name in names:
-        connection = connector(agent.target, name)()
+        connection = _peek(agent.target, name)
         try:
             cursor = connection.cursor()
             cursor.execute(read)
@@ -403,7 +414,7 @@ def test_a_killed_workers_execution_is_taken_back_and_finished(fleet, control):
                 "THEN 60 ELSE 0 END); ")
     else:
         slow = f"IF OBJECT_ID(N'dbo.slow_flag') IS NOT NULL {tsql_delay(60)}; "
-    flag = connector(make_agent(control).target, slow_one)()
+    flag = _peek(make_agent(control).target, slow_one)
     flag.cursor().execute("CREATE TABLE slow_flag (x INT)")
     flag.commit()
     agent = make_agent(control, {"crash": {"SCHEDULE": "0 0 3 * * *", "TARGETS": f"db:{fleet.prefix}_k*",
@@ -690,7 +701,7 @@ def test_a_target_connection_terminated_mid_execution_is_retried_without_spendin
                 "THEN 30 ELSE 0 END); ")
     else:
         slow = f"IF OBJECT_ID(N'dbo.slow_flag') IS NOT NULL {tsql_delay(30)}; "
-    setup = connector(make_agent(control).target, cut)()
+    setup = _peek(make_agent(control).target, cut)
     setup.autocommit = True
     setup.cursor().execute("CREATE TABLE slow_flag (x INT)")
     agent = make_agent(control, {"cut": {"SCHEDULE": "0 0 3 * * *", "TARGETS": f"db:{fleet.prefix}_x*",
@@ -900,7 +911,7 @@ def test_three_agent_processes_keep_one_runs_window_and_run_each_database_once(f
     assert run["status"] == "succeeded" and run["targets_total"] == 12, run
     spans = []
     for name in names:
-        connection = connector(agent.target, name)()
+        connection = _peek(agent.target, name)
         try:
             cursor = connection.cursor()
             cursor.execute("SELECT started, ended FROM spans")
@@ -938,7 +949,7 @@ def test_a_fleet_runs_params_and_tokens_reach_every_execution(pg_fleet, pg_contr
     work(agent, concurrency=2, max_seconds=60)
     assert agent.store().execute("get_run", run_id=run.run_id).one()["status"] == "succeeded"
     for database in (pg_fleet.name("p0"), pg_fleet.name("p1")):
-        connection = connector(agent.target, database)()
+        connection = _peek(agent.target, database)
         try:
             assert [r[0] for r in connection.cursor().execute("SELECT v FROM fleet_params").fetchall()] == \
                 ["it's|mon|fan"]

@@ -12,7 +12,8 @@ import uuid
 
 import pytest
 
-from tests.support.harness import execute, make_agent, pg_admin_connection, query, work
+from shared.cli.commands import main as cli
+from tests.support.harness import admin_execute, agent_login_of, execute, make_agent, pg_admin_connection, query, work
 from tests.support.tsql_caller import call
 
 ESCAPES = {
@@ -37,21 +38,36 @@ def operator(pg_url):
     admin.cursor().execute(f'CREATE ROLE "{name}" LOGIN')
     import pyodbc
 
-    execute(agent, f'GRANT agent_operator TO "{name}"; CREATE TABLE owned_work (who text, login text); '
-                   f'GRANT INSERT, SELECT ON owned_work TO "{name}"; GRANT CREATE ON SCHEMA public TO "{name}"; '
+    least = agent_login_of(pg_url)
+    if least:
+        # AGENT_TEST_PG_LEAST_PRIVILEGE=1: the agent is grant-sql --agent-login's login; the admin
+        # makes the operator one as docs/tsql.md says (grant-sql --operator ... --app-name LOGIN).
+        login, admin_url = least
+        assert cli(["--db", admin_url, "grant-sql", "--operator", name, "--app-name", login, "--apply"]) == 0
+        admin_execute(pg_url, f'GRANT CREATE ON SCHEMA public TO "{name}"')
+    else:
+        execute(agent, f'GRANT agent_operator TO "{name}"; GRANT CREATE ON SCHEMA public TO "{name}"')
+    execute(agent, f'CREATE TABLE owned_work (who text, login text); '
+                   f'GRANT INSERT, SELECT ON owned_work TO "{name}"; '
                    f'CREATE TABLE secret (x int); '
                    f'INSERT INTO secret VALUES (42)')
-    connection = pyodbc.connect(pg_url.replace("Uid=root;", f"Uid={name};"), autocommit=True, timeout=10)
+    user = least[0] if least else "root"
+    connection = pyodbc.connect(pg_url.replace(f"Uid={user};", f"Uid={name};"), autocommit=True, timeout=10)
     try:
         yield name, connection, agent
     finally:
         with contextlib.suppress(Exception):      # a test may have closed it
             connection.close()
         if _exists(admin, name):
-            execute(agent, f'DROP OWNED BY "{name}"')   # its grants in the test database
+            admin_execute(pg_url, f'DROP OWNED BY "{name}"')   # its grants in the test database
         agent.close()
         admin.cursor().execute(f'DROP ROLE IF EXISTS "{name}"')
         admin.close()
+
+
+def _login(agent) -> str:
+    """The agent's login: root, or grant-sql --agent-login's (AGENT_TEST_PG_LEAST_PRIVILEGE=1)."""
+    return query(agent, "SELECT CAST(session_user AS text)")[0][0]
 
 
 def _exists(admin, role: str) -> bool:
@@ -74,7 +90,7 @@ def test_a_task_runs_as_the_operator_who_queued_it_and_cannot_create_roles(opera
     work(agent, concurrency=2)
     assert _run(agent, good["run_id"])["status"] == "succeeded"
     # Its SQL ran with the operator's rights (current_user), on the agent's connection (session_user).
-    assert query(agent, "SELECT who, login FROM owned_work") == [(name, "root")]
+    assert query(agent, "SELECT who, login FROM owned_work") == [(name, _login(agent))]
     for run in (superuser, role, read):
         failed = _run(agent, run["run_id"])
         assert failed["status"] == "failed", failed
@@ -121,7 +137,7 @@ def test_a_job_defined_with_add_scheduled_job_runs_as_its_owner_and_fails_naming
     as_operator.close()
     admin = pg_admin_connection()
     try:
-        execute(agent, f'DROP OWNED BY "{name}"')
+        admin_execute(agent.target.location, f'DROP OWNED BY "{name}"')
         admin.cursor().execute(f'DROP ROLE "{name}"')
     finally:
         admin.close()
@@ -138,7 +154,11 @@ def test_agent_job_principal_cannot_be_escaped_either(pg_url):
     return them to the agent's login."""
     role = f"jp_{uuid.uuid4().hex[:8]}"
     setup = make_agent(pg_url)
-    execute(setup, f"CREATE ROLE {role} NOLOGIN; CREATE TABLE jp_work (who text); GRANT INSERT ON jp_work TO {role}")
+    least = agent_login_of(pg_url)
+    # The deployer makes the role and lets the agent's login act as it (grant-sql --agent-login
+    # ... --job-principal; root is a superuser already).
+    admin_execute(pg_url, f"CREATE ROLE {role} NOLOGIN" + (f'; GRANT {role} TO "{least[0]}"' if least else ""))
+    execute(setup, f"CREATE TABLE jp_work (who text); GRANT INSERT ON jp_work TO {role}")
     setup.close()
     agent = make_agent(pg_url, {"plain": {"SCHEDULE": "0 0 4 * * *",
                                            "COMMAND": "INSERT INTO jp_work SELECT current_user"},
@@ -157,9 +177,7 @@ def test_agent_job_principal_cannot_be_escaped_either(pg_url):
         assert query(agent, "SELECT COUNT(*) FROM agent.runs WHERE note = 'forged'") == [(0,)]
     finally:
         agent.close()
-        cleanup = make_agent(pg_url)
-        execute(cleanup, f"DROP OWNED BY {role}; DROP ROLE {role}")
-        cleanup.close()
+        admin_execute(pg_url, f"DROP OWNED BY {role}; DROP ROLE {role}")
 
 
 def test_settings_jobs_and_cli_tasks_still_run_as_the_agent(pg_url):
@@ -170,7 +188,7 @@ def test_settings_jobs_and_cli_tasks_still_run_as_the_agent(pg_url):
         run_id = agent.request_run_now("mine")["run_id"]
         work(agent, concurrency=1)
         assert _run(agent, run_id)["status"] == "succeeded"
-        assert query(agent, "SELECT who FROM mine") == [("root",)]
+        assert query(agent, "SELECT who FROM mine") == [(_login(agent),)]
         assert query(agent, f"SELECT owner FROM agent.runs WHERE run_id = {int(run_id)}") == [(None,)]
     finally:
         agent.close()
@@ -186,7 +204,7 @@ def test_each_fleet_execution_of_an_operators_job_runs_as_the_operator(operator)
     try:
         for database in databases:
             admin.cursor().execute(f"CREATE DATABASE {database}")
-        check = (f"DO $$BEGIN IF current_user <> '{name}' OR session_user <> 'root' THEN "
+        check = (f"DO $$BEGIN IF current_user <> '{name}' OR session_user <> '{_login(agent)}' THEN "
                  "RAISE EXCEPTION 'ran as %', current_user; END IF; RAISE NOTICE 'ran as %', current_user; END$$")
         call(as_operator, "add_scheduled_job", name="fleet_ok", sql=check, schedule="0 0 4 * * *",
              targets=f"db:{prefix}_*", max_attempts=1)

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from tests.integration.test_job_owner import operator  # noqa: F401 - the fixture
-from tests.support.harness import PG_BASE, execute, pg_admin_connection, query, work
+from tests.support.harness import PG_BASE, admin_execute, execute, pg_admin_connection, query, work
 from tests.support.tsql_caller import call
 
 
@@ -210,7 +210,8 @@ def test_a_search_path_the_job_set_never_resolves_the_agents_names(operator):  #
     the transaction ends."""
     name, as_operator, agent = operator
     schema = f"evil_{uuid.uuid4().hex[:8]}"
-    execute(agent, f'DO $g$BEGIN EXECUTE format(\'GRANT CREATE ON DATABASE %I TO "{name}"\', current_database()); END$g$')
+    admin_execute(agent.target.location,
+                  f'DO $g$BEGIN EXECUTE format(\'GRANT CREATE ON DATABASE %I TO "{name}"\', current_database()); END$g$')
     escalate = _escalate(name).replace("'trigger'", "'hijack'")
     trap = (
         f"CREATE SCHEMA {schema}; "

@@ -23,7 +23,18 @@ from shared.engine.scheduler import NOTE_CATCH_UP, NOTE_MISFIRE_GRACE, NOTE_MISF
 from shared.engine.views import history_view, jobs_view
 from shared.errors import NotFoundError, UsageError
 from shared.web.app import Monitor, MonitorSettings
-from tests.support.harness import MSSQL_BASE, Clock, at, make_agent, pg_admin_connection, query, runs_table, work
+from tests.support.harness import (
+    MSSQL_BASE,
+    Clock,
+    at,
+    grant_operator_args,
+    make_agent,
+    pg_admin_connection,
+    query,
+    runs_table,
+    url_as,
+    work,
+)
 from tests.support.tsql_caller import CallError, call, select
 
 UTC = timezone.utc
@@ -288,10 +299,10 @@ def test_the_operator_role_pauses_and_resumes_through_the_functions_and_another_
         admin.cursor().execute(f'CREATE ROLE "{outsider}" LOGIN')
     finally:
         admin.close()
-    assert cli(["--db", pg_url, "grant-sql", "--operator", operator, "--apply"]) == 0
+    assert cli(grant_operator_args(pg_url, operator)) == 0
     capsys.readouterr()
-    as_operator = pyodbc.connect(pg_url.replace("Uid=root;", f"Uid={operator};"), autocommit=True, timeout=10)
-    as_outsider = pyodbc.connect(pg_url.replace("Uid=root;", f"Uid={outsider};"), autocommit=True, timeout=10)
+    as_operator = pyodbc.connect(url_as(pg_url, operator), autocommit=True, timeout=10)
+    as_outsider = pyodbc.connect(url_as(pg_url, outsider), autocommit=True, timeout=10)
     try:
         claimed = select(as_operator, "SELECT next_run_at FROM agent.job_activity WHERE job_name = 'often'")
         assert claimed[0]["next_run_at"] is not None

@@ -80,25 +80,38 @@ class Budget:
 # not received yet (the start needs the message's run and token, so it cannot ride on the
 # completion): the start; the job's SQL; the completion. T-SQL: 4 round trips and 1.5 KB (stored
 # procedures, issue 35 item 3).
-_PG = {"direct": Budget(2, 1.4), "queue": Budget(3, 1.8)}
+# +0.35 KB for the job's search_path (issue 34, the attack on the owner boundary): the agent's
+# sessions are pinned to pg_catalog, pg_temp; the job's SQL gets the database's and role's default
+# back for its transaction, looked up in the batch that runs it (store.JOB_SEARCH_PATH: a fleet
+# target has no agent schema to keep a function in). Not a round trip more.
+_PATH = "; the job's own search_path, the agent's sessions being pinned (issue 34 attack): +0.35 KB"
+_PG = {"direct": Budget(2, 1.75, _PATH), "queue": Budget(3, 2.15, _PATH)}
 TSQL_TARGET = Budget(4, 1.5)
-# T-SQL since migration 0022 (issue 35 item 3), measured at 3 round trips and 0.97 KB (direct),
+# T-SQL since migration 0023 (issue 35 item 3), measured at 3 round trips and 0.97 KB (direct),
 # 1.25 KB (queue) per task: the claim or start (a procedure in a transaction of its own, on an
 # autocommit connection: no COMMIT round trip); the job (EXEC agent.run_job ?, BEGIN TRANSACTION
 # riding on it); the completion in one batch (the session settings, check_work_transaction,
 # finish_run raising when fenced, start_follow_up_runs, in queue mode lock_starts and dispatch_runs,
-# then COMMIT). Before 0022: 9 and 11 round trips, 26.5 and 39 KB.
-_TSQL_NOW = "T-SQL hot path as procedures (migration 0022)"
+# then COMMIT). Before 0023: 9 and 11 round trips, 26.5 and 39 KB.
+_TSQL_NOW = "T-SQL hot path as procedures (migration 0023)"
 # SQLite runs a batch one statement at a time, in-process (no network): 17 direct and 19 queue
 # statements until three more came with issue 34 (the claim reads the database's own now when the
 # agent runs on the database clock, item 12; a follow-up's chain of jobs is checked, item 4).
 _SQLITE = "SQLite runs a batch one statement at a time, in-process; +3 for issue 34 items 4 and 12"
+# Issue 33 item 5 (overlap buffer-one and cancel-previous, catch-up, backfill): decided in the claims
+# under the start lock (exact, whatever the timing: a rule in the tick would let a slot slip through
+# between ticks). The buffer-one skip joins the claim's skip statement (no statement more; its
+# condition +0.6 KB); cancel-previous is one statement more on SQLite (the runs it stops and their
+# fleet executions, in one UPDATE) and +1.3 KB in each claim and start; the catch-up exemption of
+# the misfire rules +0.1 KB. T-SQL: inside the procedures of migration 0023 (claim_runs, start_run,
+# dispatch_runs), nothing more on the wire.
+_OVERLAP = "; overlap buffer-one/cancel-previous and the catch-up exemption in the claims (issue 33 item 5)"
 BUDGETS: dict[tuple[str, str, str], Budget] = {}
 for _path in ("task", "scheduled", "hand-on"):
     BUDGETS[("postgres", "direct", _path)] = _PG["direct"]
     BUDGETS[("postgres", "queue", _path)] = _PG["queue"]
-    BUDGETS[("sqlite", "direct", _path)] = Budget(20, 10.5, _SQLITE)
-    BUDGETS[("sqlite", "queue", _path)] = Budget(20, 14.5, _SQLITE)
+    BUDGETS[("sqlite", "direct", _path)] = Budget(21, 13.5, _SQLITE + _OVERLAP + ": +1 statement, +3 KB")
+    BUDGETS[("sqlite", "queue", _path)] = Budget(21, 18, _SQLITE + _OVERLAP + ": +1 statement, +3.5 KB")
     BUDGETS[("mssql", "direct", _path)] = TSQL_TARGET
     BUDGETS[("mssql", "queue", _path)] = TSQL_TARGET
 # Owned runs need 4 round trips on PostgreSQL, one above the 3 of the budget, on both paths: the
@@ -121,12 +134,12 @@ _OWNED = ("a run that runs as its owner (agent.exec_async) runs its SQL through 
 # Not a round trip more for the new connection the next run takes: the login it would ask for is
 # the store's, asked once.
 _BOUNDARY = "; the owner boundary's trigger loop and session mark (issue 34 item 1): +1.8 KB"
-BUDGETS[("postgres", "direct", "owned")] = Budget(4, 3.5, _OWNED + "; the notices' end marker (issue 34 item 10)"
-                                                  + _BOUNDARY)
-BUDGETS[("postgres", "queue", "owned")] = Budget(4, 3.9, _OWNED + "; the notices' end marker (issue 34 item 10)"
-                                                 + _BOUNDARY)
+BUDGETS[("postgres", "direct", "owned")] = Budget(4, 3.9, _OWNED + "; the notices' end marker (issue 34 item 10)"
+                                                  + _BOUNDARY + _PATH)
+BUDGETS[("postgres", "queue", "owned")] = Budget(4, 4.3, _OWNED + "; the notices' end marker (issue 34 item 10)"
+                                                 + _BOUNDARY + _PATH)
 # T-SQL: the connection of an owned run is closed after it (the owner boundary), so each owned run
-# opens a session: its settings and its identity, 2 round trips (5 and 6 measured since 0022).
+# opens a session: its settings and its identity, 2 round trips (5 and 6 measured since 0023).
 _TSQL_OWNED = "; an owned run's connection is closed after it: each opens a session (settings, identity: +2)"
 BUDGETS[("mssql", "direct", "owned")] = Budget(5, 2.3, _OWNED + "; " + _TSQL_NOW + _TSQL_OWNED)
 BUDGETS[("mssql", "queue", "owned")] = Budget(6, 2.8, _OWNED + "; " + _TSQL_NOW + _TSQL_OWNED)

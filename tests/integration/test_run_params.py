@@ -269,3 +269,21 @@ def test_every_step_of_a_run_reads_its_params(agent_factory, db_url):
     run_now(agent, "s", params=["who=it's"])
     work(agent)
     assert seen(agent) == [("1", "it's"), ("2", "it's")]
+
+
+def test_jobs_shows_the_declared_parameters_and_defaults(agent_factory, db_url, capsys):
+    from shared.cli.commands import cmd_jobs
+    agent = build(agent_factory, {"p": params_job(db_dialect(db_url)),
+                                  "n": {"COMMAND": "SELECT 1"}})
+
+    class Args:
+        json = True
+
+    assert cmd_jobs(agent, Args()) == 0
+    rows = {row["job_name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["p"]["params"] == {"label": "default label", "who": None}
+    assert rows["n"]["params"] is None
+    Args.json = False
+    assert cmd_jobs(agent, Args()) == 0
+    out = capsys.readouterr().out
+    assert "PARAMS" in out and "label=default label, who (required)" in out

@@ -246,7 +246,7 @@ def test_a_commit_past_the_reader_still_fails_the_attempt_at_its_completion(pg_u
 
 def test_the_tsql_run_job_procedure_is_the_batch_of_a_job_without_principal():
     """Most runs (no owner, no AGENT_JOB_PRINCIPAL, no parameters) send EXEC agent.run_job ?
-    (migration 0022, issue 35): its body is mssql_job_batch(None), statement for statement, but
+    (migration 0023, issue 35): its body is mssql_job_batch(None), statement for statement, but
     for the lock timeout the batch set back at its end (a procedure's SET ends with it)."""
     from shared.control.queries import load_migrations
     from shared.control.store import TSQL_RUN_JOB

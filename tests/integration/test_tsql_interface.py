@@ -187,7 +187,7 @@ BAD_CALLS = [
     ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "enabled": 2}, BAD_ARGUMENT,
      "@enabled = 2: expected 1 (enabled) or 0 (disabled)"),
     ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "overlap": "never"},
-     BAD_ARGUMENT, "@overlap = 'never': expected skip, queue or allow"),
+     BAD_ARGUMENT, "@overlap = 'never': expected skip, queue, allow, buffer-one or cancel-previous"),
     ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "misfire": "later"},
      BAD_ARGUMENT, "@misfire = 'later': expected run-once or skip"),
     ("add_scheduled_job", {"name": "j", "sql": "SELECT 1", "schedule": "0 * * * * *", "lease_seconds": 5},
@@ -430,6 +430,51 @@ def test_a_database_job_is_stored_as_the_same_settings_job_would_be(system):
     agent.tick()
     assert job_row(agent, "once")["next_due_at"] == moment
     assert job_row(agent, "once")["schedule"].startswith("@once 2031-03-04T05:06:07")
+
+
+@pytest.mark.parametrize("overlap", ["buffer-one", "Cancel-Previous"])
+def test_the_new_overlap_policies_are_taken_from_the_procedure_as_from_the_settings(system, overlap):
+    build, connection, url = system
+    agent = build({"twin": {"SCHEDULE": "*/30 * * * * *", "COMMAND": "SELECT 42", "OVERLAP": overlap}})
+    call(connection, "add_scheduled_job", name="dbtwin", sql="SELECT 42", schedule="*/30 * * * * *", overlap=overlap)
+    agent.tick()
+    rows = {r["job_name"]: r for r in select(connection, "SELECT * FROM agent.jobs")}
+    assert rows["dbtwin"]["overlap"] == rows["twin"]["overlap"] == overlap.lower()
+    assert rows["twin"]["valid"] == 1
+
+
+def test_removing_a_database_job_mid_backfill_skips_its_backfill_runs(system):
+    from datetime import timedelta as _td
+
+    from shared.engine.operations import backfill
+    build, connection, url = system
+    agent = build()
+    call(connection, "add_scheduled_job", name="dbjob", sql="SELECT 1", schedule="0 0 * * * *")
+    agent.tick()
+    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    done = backfill(agent, "dbjob", now - _td(hours=5), now - _td(hours=1))
+    assert len(done.made) == 5
+    call(connection, "remove_scheduled_job", name="dbjob")
+    rows = select(connection, "SELECT status, note FROM agent.runs WHERE job_name = 'dbjob' AND kind = 'backfill'")
+    assert len(rows) == 5 and {r["status"] for r in rows} == {"skipped"}, rows
+
+
+def test_a_fleet_job_defined_from_the_procedure_staggers_as_the_settings_one(system):
+    build, connection, url = system
+    agent = build({"twin": {"SCHEDULE": "0 0 2 * * *", "COMMAND": "SELECT 1", "TARGETS": "db:tenant_*",
+                            "TARGET_PARALLELISM": "4", "TARGET_STAGGER_SECONDS": "30"}})
+    call(connection, "add_scheduled_job", name="dbtwin", sql="SELECT 1", schedule="0 0 2 * * *",
+         targets="db:tenant_*", target_parallelism=4, target_stagger_seconds=30)
+    agent.tick()
+    rows = {r["job_name"]: r for r in select(connection, "SELECT job_name, steps, valid FROM agent.jobs")}
+    assert rows["dbtwin"]["valid"] == 1
+    assert json.loads(rows["dbtwin"]["steps"]) == json.loads(rows["twin"]["steps"])
+    assert json.loads(rows["dbtwin"]["steps"])[0]["target_stagger_seconds"] == 30
+    for bad in (-1, 3601, None):
+        with pytest.raises(CallError) as caught:
+            call(connection, "add_scheduled_job", name="bad", sql="SELECT 1", schedule="0 0 2 * * *",
+                 targets="db:tenant_*", target_stagger_seconds=bad)
+        assert "@target_stagger_seconds = " in caught.value.message and "0 to 3600" in caught.value.message
 
 
 def test_planning_costs_the_same_statements_for_1_or_40_jobs(system):

@@ -315,6 +315,7 @@ def query(agent, sql: str) -> list[tuple]:
     store = agent.new_store()
     try:
         cursor = store.connection.cursor()
+        _test_search_path(store, cursor)
         cursor.execute(sql)
         rows = [tuple(r) for r in cursor.fetchall()]
         if store.dialect != "sqlite":
@@ -322,6 +323,14 @@ def query(agent, sql: str) -> list[tuple]:
         return rows
     finally:
         store.close()
+
+
+def _test_search_path(store, cursor) -> None:
+    """The agent's PostgreSQL sessions resolve names in pg_catalog only (the owner boundary pins
+    search_path); the tests' own tables are in public: this store's session (closed after the
+    test's statement) finds them, as a job's SQL does."""
+    if store.dialect == "postgres":
+        cursor.execute('SET search_path = "$user", public')
 
 
 def runs_table(agent) -> str:
@@ -337,6 +346,7 @@ def execute(agent, sql: str) -> None:
     store = agent.new_store()
     try:
         cursor = store.connection.cursor()
+        _test_search_path(store, cursor)
         cursor.execute(sql)
         if store.dialect != "sqlite":
             store.connection.commit()
@@ -379,11 +389,52 @@ def least_privilege_database(login: str | None = None, *, test_tables: bool = Fa
                 database.close()
         # psqlODBC takes Uid as written up to the next ';' (no braces): a test of a hostile name
         # checks the script, not a connection.
-        yield admin_url.replace("Uid=root;", f"Uid={login};"), login, admin_url
+        url = admin_url.replace("Uid=root;", f"Uid={login};")
+        LEAST_PRIVILEGE_LOGINS[url] = (login, admin_url)
+        yield url, login, admin_url
     finally:
+        LEAST_PRIVILEGE_LOGINS.pop(admin_url.replace("Uid=root;", f"Uid={login};"), None)
         drop_pg_database(name)
         admin.cursor().execute(f"DROP ROLE IF EXISTS {quoted}")
         admin.close()
+
+
+# The databases least_privilege_database made: URL as the login -> (the login, the admin's URL).
+LEAST_PRIVILEGE_LOGINS: dict[str, tuple[str, str]] = {}
+
+
+def agent_login_of(url: str) -> tuple[str, str] | None:
+    """(the least-privilege login, the admin's URL) when ``url`` is a least_privilege_database's,
+    else None (the agent connects as the admin, root)."""
+    return LEAST_PRIVILEGE_LOGINS.get(url)
+
+
+def admin_execute(url: str, sql: str) -> None:
+    """Run ``sql`` in ``url``'s database as the admin (root): what a deployer, not the agent, does
+    (CREATE on the database, a role's memberships). With the agent connected as root it is the
+    same connection rights the agent has."""
+    found = agent_login_of(url)
+    connection = pyodbc_connect(found[1] if found else url)
+    try:
+        connection.cursor().execute(sql)
+    finally:
+        connection.close()
+
+
+def grant_operator_args(url: str, name: str) -> list[str]:
+    """The CLI arguments that make ``name`` an operator of ``url``'s agent, as docs/tsql.md says:
+    with the agent connected as root, ``grant-sql --operator NAME --apply`` on its own URL; with a
+    least-privilege login, the admin's ``grant-sql --operator NAME --app-name LOGIN --apply``."""
+    found = agent_login_of(url)
+    if found:
+        return ["--db", found[1], "grant-sql", "--operator", name, "--app-name", found[0], "--apply"]
+    return ["--db", url, "grant-sql", "--operator", name, "--apply"]
+
+
+def url_as(url: str, role: str) -> str:
+    """``url`` (the agent's) logging in as ``role`` instead."""
+    found = agent_login_of(url)
+    return url.replace(f"Uid={found[0] if found else 'root'};", f"Uid={role};")
 
 
 def pyodbc_connect(url: str):

@@ -8,7 +8,7 @@ rollback the engine asks of the driver) and bytes (the SQL text and the paramete
 * :class:`RecordingTsqlConnection` stands in for a SQL Server connection where there is none
   (CI, this machine): it answers each named T-SQL query with the rows a real database gave for the
   same query in the same scenario (recorded on PostgreSQL by :func:`record_answers`); a batch of
-  several named queries (a completion since migration 0022, with the Store's BEGIN or COMMIT
+  several named queries (a completion since migration 0023, with the Store's BEGIN or COMMIT
   around it) is answered query by query, each with its count of result sets (TSQL_RESULT_SETS).
   It exists to
   count what the engine SENDS on the T-SQL path, round trips and bytes, and nothing else: its

@@ -18,7 +18,7 @@ PG_TYPES = {
     "max_attempts": "int", "timeout_seconds": "int", "name": "varchar", "schedule": "varchar",
     "timezone": "varchar", "enabled": "int", "overlap": "varchar", "misfire": "varchar",
     "grace_seconds": "int", "lease_seconds": "int", "job_name": "varchar", "run_id": "bigint",
-    "poison_id": "bigint", "targets": "varchar", "target_parallelism": "int", "until": "timestamptz",
+    "poison_id": "bigint", "targets": "varchar", "target_parallelism": "int", "target_stagger_seconds": "int", "until": "timestamptz",
     "reason": "varchar", "after": "varchar", "after_outcome": "varchar",
     "dates": "text", "weekly": "text", "exclude_calendars": "varchar", "only_calendars": "varchar",
     "on_excluded": "varchar", "jitter_seconds": "int", "params": "text",

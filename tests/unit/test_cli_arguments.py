@@ -63,7 +63,8 @@ def _required_arguments(parser: argparse.ArgumentParser, leave_out: argparse.Act
             else:
                 line.append(str(action.type.low) if isinstance(action.type, Number) else "x")
         elif action.required:
-            line += [action.option_strings[-1], "x"]
+            # A time where a time is required (backfill --from/--to), else any text.
+            line += [action.option_strings[-1], "2000-01-01T00:00:00Z" if action.type is _iso_datetime else "x"]
     return line
 
 

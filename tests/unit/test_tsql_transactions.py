@@ -1,4 +1,4 @@
-"""The Store's T-SQL transactions on an autocommit connection (issue 35 item 3, migration 0022),
+"""The Store's T-SQL transactions on an autocommit connection (issue 35 item 3, migration 0023),
 checked against a scripted driver connection: what is sent, in how many round trips, and what
 a fence or an error leaves behind. (SQL Server cannot run here: tests/integration's conformance
 runs on one, AGENT_TEST_MSSQL; this pins the Store's side of the protocol.)"""

@@ -152,7 +152,7 @@ FROM agent.runs AS r,
       WHERE c.configured = 1 AND c.defined_in_database = 0
         AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule
              OR j.timezone <> c.timezone)) AS d
-WHERE d.job_name = r.job_name AND r.kind = N'scheduled'
+WHERE d.job_name = r.job_name AND r.kind IN (N'scheduled', N'backfill')
   AND (r.status IN (N'pending', N'queued')
        OR (r.status = N'skipped' AND r.note = N'paused' AND r.attempt = 0 AND r.scheduled_for >= CAST(:now AS DATETIME2(6))));
 SELECT run_id, job_name, scheduled_for, status, note, operation_id FROM @skipped;
@@ -165,18 +165,18 @@ DECLARE @s TABLE (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCH
                   max_attempts INT, timeout_seconds INT, lease_seconds INT, misfire NVARCHAR(16), grace_seconds INT,
                   overlap NVARCHAR(16), next_due_at DATETIME2(6), steps NVARCHAR(MAX), notify NVARCHAR(16),
                   notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64), after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT,
-                  max_duration_seconds INT, stop_after_seconds INT, slower_than FLOAT, deadline_seconds INT,
+                  max_duration_seconds INT, stop_after_seconds INT, slower_than FLOAT, deadline_seconds INT, catchup_seconds INT,
                   definition_hash NVARCHAR(64), params NVARCHAR(MAX));
 INSERT INTO @s (job_name, schedule, timezone, command, target_database, enabled, valid, config_error, max_attempts,
                 timeout_seconds, lease_seconds, misfire, grace_seconds, overlap, next_due_at, steps, notify,
                 notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds, max_duration_seconds, stop_after_seconds, slower_than,
-                deadline_seconds, definition_hash, params)
+                deadline_seconds, catchup_seconds, definition_hash, params)
 SELECT j.job_name, agent.json_text(j.schedule), j.timezone, agent.json_text(j.command), j.target_database,
        j.enabled, j.valid, agent.json_text(j.config_error),
        j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire, j.grace_seconds, j.overlap,
        CONVERT(DATETIME2(6), j.next_due_at, 121), agent.json_text(j.steps), j.notify,
        agent.json_text(j.notify_webhook_url), j.after_job, j.after_outcome, agent.json_text(j.calendars),
-       COALESCE(j.jitter_seconds, 0), j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
+       COALESCE(j.jitter_seconds, 0), j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds, COALESCE(j.catchup_seconds, 0),
        j.definition_hash, agent.json_text(j.params)
 FROM OPENJSON(:jobs) WITH (
     job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64), command NVARCHAR(MAX),
@@ -185,7 +185,7 @@ FROM OPENJSON(:jobs) WITH (
     grace_seconds INT, overlap NVARCHAR(16), next_due_at NVARCHAR(40), steps NVARCHAR(MAX),
     notify NVARCHAR(16), notify_webhook_url NVARCHAR(2000), after_job NVARCHAR(64),
     after_outcome NVARCHAR(16), calendars NVARCHAR(MAX), jitter_seconds INT, max_duration_seconds INT, stop_after_seconds INT,
-    slower_than FLOAT, deadline_seconds INT, definition_hash NVARCHAR(64),
+    slower_than FLOAT, deadline_seconds INT, catchup_seconds INT, definition_hash NVARCHAR(64),
     params NVARCHAR(MAX)) AS j;
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
 -- The names compare case-insensitively (the default collation): a settings job may take back, in
@@ -237,6 +237,7 @@ UPDATE t SET
     stop_after_seconds = s.stop_after_seconds,
     slower_than = s.slower_than,
     deadline_seconds = s.deadline_seconds,
+    catchup_seconds = s.catchup_seconds,
     definition_hash = s.definition_hash,
     params = s.params
 FROM agent.jobs AS t WITH (UPDLOCK, HOLDLOCK), @s AS s
@@ -248,12 +249,12 @@ INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, 
                         max_attempts, timeout_seconds, lease_seconds, misfire, grace_seconds, overlap,
                         next_due_at, advanced_at, configured, updated_at, steps, notify, notify_webhook_url,
                         after_job, after_outcome, calendars, jitter_seconds, max_duration_seconds, stop_after_seconds,
-                        slower_than, deadline_seconds, definition_hash, params)
+                        slower_than, deadline_seconds, catchup_seconds, definition_hash, params)
 SELECT s.job_name, s.schedule, s.timezone, s.command, s.target_database, s.enabled, s.valid,
        s.config_error, s.max_attempts, s.timeout_seconds, s.lease_seconds, s.misfire,
        s.grace_seconds, s.overlap, s.next_due_at, CAST(:now AS DATETIME2(6)), 1, CAST(:now AS DATETIME2(6)),
        s.steps, s.notify, s.notify_webhook_url, s.after_job, s.after_outcome, s.calendars, s.jitter_seconds,
-       s.max_duration_seconds, s.stop_after_seconds, s.slower_than, s.deadline_seconds, s.definition_hash, s.params
+       s.max_duration_seconds, s.stop_after_seconds, s.slower_than, s.deadline_seconds, s.catchup_seconds, s.definition_hash, s.params
 FROM @s AS s
 WHERE NOT EXISTS (SELECT 1 FROM agent.jobs AS e WITH (UPDLOCK, HOLDLOCK) WHERE e.job_name = s.job_name);
 
@@ -365,7 +366,7 @@ EXEC @lock_result = sp_getapplock @Resource = N'agent.job_definitions', @LockMod
 IF @lock_result < 0 THROW 50001, N'the job-definitions lock (sp_getapplock agent.job_definitions) was not granted within 30 s', 1;
 EXEC @lock_result = sp_getapplock @Resource = N'agent.job_pauses', @LockMode = N'Shared', @LockOwner = N'Transaction', @LockTimeout = 30000;
 IF @lock_result < 0 THROW 50001, N'the pauses lock (sp_getapplock agent.job_pauses) was not granted within 30 s', 1;
-SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds,
+SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds, j.catchup_seconds,
        CASE WHEN p.job_name IS NULL THEN 0
             WHEN p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6)) THEN 1 ELSE 0 END AS paused,
        p.paused_at, p.paused_until
@@ -465,7 +466,7 @@ WHERE j.next_due_at = a.from_due AND j.schedule = a.schedule AND j.timezone = a.
 SELECT job_name FROM @advanced;
 
 -- dispatch_runs --
--- Queue mode: under the start lock, skip the slots that may not run, then hand the queue every due run that may start (task order, overlap 'queue', the cap counting runs executing or due on the queue) and every run due within the lookahead (a delayed message; it holds no place). Each gets a new token and a dispatch lease. (agent.dispatch_runs, a procedure of migration 0022.)
+-- Queue mode: under the start lock, skip the slots that may not run, then hand the queue every due run that may start (task order, overlap 'queue', the cap counting runs executing or due on the queue) and every run due within the lookahead (a delayed message; it holds no place). Each gets a new token and a dispatch lease. (agent.dispatch_runs, a procedure of migration 0023.)
 EXEC agent.dispatch_runs :now, :late_cutoff, :max_concurrency, :lookahead_until, :ahead_limit, :dispatch_lease_seconds;
 
 -- release_dispatch --
@@ -479,11 +480,11 @@ WHERE r.status = N'queued';
 SELECT run_id FROM @released;
 
 -- start_run --
--- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened. owner as claim_runs gives it. (agent.start_run, a procedure of migration 0022, in a transaction of its own.)
+-- Queue mode, fenced start of the run a message names: only for the current token of a queued run, decided under the start lock: early (the slot has not come), skipped (overlap skip, misfire), held back to pending (task order, overlap queue, the cap) or started with its attempt opened. owner as claim_runs gives it. (agent.start_run, a procedure of migration 0023, in a transaction of its own.)
 EXEC agent.start_run :now, :late_cutoff, :max_concurrency, :run_id, :token, :worker, :dequeue_count;
 
 -- claim_runs --
--- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock). owner: whom the run's SQL runs as ('' the agent's user). (agent.claim_runs, a procedure of migration 0022, in a transaction of its own: one round trip, no COMMIT after it.)
+-- Local runner: under the start lock, skip the slots that may not run, then start up to :batch runnable runs straight from agent.runs (task order, overlap, the cap), each with a new token and its attempt opened. :now NULL: decided on the database's own clock (the agent's one clock; an explicit :now is a test's clock). owner: whom the run's SQL runs as ('' the agent's user). (agent.claim_runs, a procedure of migration 0023, in a transaction of its own: one round trip, no COMMIT after it.)
 EXEC agent.claim_runs :now, :late_cutoff, :batch, :max_concurrency, :worker;
 
 -- next_runnable_at --
@@ -519,7 +520,7 @@ SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 SELECT 1 AS unlocked WHERE 1 = 0;
 
 -- finish_run --
--- Fenced completion (in the job's transaction, after check_work_transaction, or alone after work in another database): the run and its open attempt succeed together, only for the current token; when the token moved on (the lease was taken over, or the run cancelled) it raises (50003), so that a batch ending with COMMIT stops before it. (agent.finish_run, a procedure of migration 0022.)
+-- Fenced completion (in the job's transaction, after check_work_transaction, or alone after work in another database): the run and its open attempt succeed together, only for the current token; when the token moved on (the lease was taken over, or the run cancelled) it raises (50003), so that a batch ending with COMMIT stops before it. (agent.finish_run, a procedure of migration 0023.)
 EXEC agent.finish_run :run_id, :token, :now;
 
 -- fail_run --
@@ -672,6 +673,38 @@ CROSS APPLY (
 WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1;
 SELECT run_id, job_name, status, note, operation_id FROM @manual;
 
+-- backfill_runs --
+-- sql-agent backfill JOB --from --to: each slot of the past window (a JSON array of {scheduled_for, runnable_at}, oldest first, computed as the planner computes them: calendars and jitter applied) becomes a recorded run of its slot, kind 'backfill', runnable at once in slot order: a slot without a run gets one (the unique (job, slot) key: two backfills at once insert it once); a slot recorded skipped that never started is run now (its row, with the job's definition of now); a slot that ran, runs or waits is left alone. Backfill runs are outside the misfire rules (kind is not 'scheduled') and wait for each other (overlap queue; allow when the job allows). Rows back: the runs made, with how (inserted or rerun).
+DECLARE @made TABLE (run_id BIGINT, scheduled_for DATETIME2(6), action NVARCHAR(16));
+DECLARE @slots TABLE (scheduled_for DATETIME2(6) PRIMARY KEY, runnable_at DATETIME2(6));
+INSERT INTO @slots (scheduled_for, runnable_at)
+SELECT x.scheduled_for, x.runnable_at
+FROM OPENJSON(:slots) WITH (scheduled_for DATETIME2(6), runnable_at DATETIME2(6)) AS x;
+UPDATE r SET status = N'pending', kind = N'backfill', runnable_at = s.runnable_at, finished_at = NULL,
+    lease_expires_at = NULL, command = j.command, target_database = j.target_database,
+    overlap = CASE WHEN j.overlap = N'allow' THEN N'allow' ELSE N'queue' END, max_attempts = j.max_attempts,
+    timeout_seconds = j.timeout_seconds, lease_seconds = j.lease_seconds, steps = j.steps,
+    operation_id = :operation_id,
+    note = CAST(:note AS NVARCHAR(MAX)) + N' (the slot had been skipped: ' + COALESCE(r.note, N'') + N')'
+OUTPUT inserted.run_id, inserted.scheduled_for, N'rerun' INTO @made
+FROM agent.runs AS r WITH (UPDLOCK, HOLDLOCK), @slots AS s, agent.jobs AS j
+WHERE r.scheduled_for = s.scheduled_for AND j.job_name = r.job_name
+  AND j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
+  AND r.status = N'skipped' AND r.attempt = 0;
+INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
+                        max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
+                        operation_id, note, steps)
+OUTPUT inserted.run_id, inserted.scheduled_for, N'inserted' INTO @made
+SELECT j.job_name, N'backfill', s.scheduled_for, N'pending', j.command, j.target_database,
+       CASE WHEN j.overlap = N'allow' THEN N'allow' ELSE N'queue' END, j.max_attempts, j.timeout_seconds,
+       j.lease_seconds, s.runnable_at, CAST(:now AS DATETIME2(6)), :operation_id, CAST(:note AS NVARCHAR(MAX)), j.steps
+FROM @slots AS s
+CROSS JOIN agent.jobs AS j
+WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
+  AND NOT EXISTS (SELECT 1 FROM agent.runs AS r WITH (UPDLOCK, HOLDLOCK)
+                  WHERE r.job_name = j.job_name AND r.scheduled_for = s.scheduled_for);
+SELECT run_id, scheduled_for, action FROM @made;
+
 -- insert_task --
 -- submit: an ad-hoc task; it starts once every task of a lower order submitted before it has finished.
 DECLARE @task TABLE (run_id BIGINT, status NVARCHAR(16), operation_id NVARCHAR(32));
@@ -694,9 +727,9 @@ WHERE run_id = :run_id AND status IN (N'pending', N'queued', N'running', N'waiti
 SELECT run_id FROM @cancelled;
 
 -- list_jobs --
--- Every known job with its configuration state, next slot and latest run.
+-- Every known job with its configuration state, the parameters it declares, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds, j.params,
        j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
        CASE WHEN j.defined_in_database = 1 THEN N'database' ELSE N'settings' END AS source, j.needs_planning,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
@@ -912,7 +945,7 @@ ORDER BY job_name;
 -- select_unplanned_jobs --
 -- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
 SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
-       requested_targets, requested_target_parallelism, requested_exclude, requested_only, requested_on_excluded
+       requested_targets, requested_target_parallelism, requested_target_stagger_seconds, requested_exclude, requested_only, requested_on_excluded
 FROM agent.jobs WHERE needs_planning = 1 ORDER BY job_name;
 
 -- list_calendars --
@@ -1017,7 +1050,7 @@ WHERE r.finished_at = CAST(:now AS DATETIME2(6)) AND r.status IN (N'succeeded', 
   AND NOT EXISTS (SELECT 1 FROM agent.notifications AS n WITH (UPDLOCK, HOLDLOCK) WHERE n.run_id = r.run_id AND n.kind = N'outcome');
 
 -- start_follow_up_runs --
--- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME; a follow-up of a job already in the ended run's chain of jobs, or past :max_chain_jobs jobs, is recorded skipped with the reason (note 'chain: ...') and a job event 'follow_up_refused'. (agent.start_follow_up_runs, a procedure of migration 0022: the statements of 0020's named query.)
+-- In the transaction that ends runs (each finished at :now): a run of every job that follows the job of a run it ended, when the end is the follower's AFTER_OUTCOME; a follow-up of a job already in the ended run's chain of jobs, or past :max_chain_jobs jobs, is recorded skipped with the reason (note 'chain: ...') and a job event 'follow_up_refused'. (agent.start_follow_up_runs, a procedure of migration 0023: the statements of 0020's named query.)
 EXEC agent.start_follow_up_runs :now, :max_chain_jobs;
 
 -- claim_notifications --
@@ -1063,7 +1096,7 @@ WHERE notification_id = :notification_id AND claim_token = :claim_token;
 SELECT notification_id FROM @recorded;
 
 -- check_work_transaction --
--- Before the success of a job or step that worked in the agent's own transaction is recorded there: a transaction the SQL committed, rolled back or doomed is never recorded as a success (XACT_STATE decides; :work_transaction is PostgreSQL's). (agent.check_work_transaction, a procedure of migration 0022.)
+-- Before the success of a job or step that worked in the agent's own transaction is recorded there: a transaction the SQL committed, rolled back or doomed is never recorded as a success (XACT_STATE decides; :work_transaction is PostgreSQL's). (agent.check_work_transaction, a procedure of migration 0023.)
 EXEC agent.check_work_transaction :work_transaction;
 
 -- purge_notifications --
@@ -1247,7 +1280,7 @@ WHERE e.parent_run_id IN (SELECT CAST(x.value AS BIGINT) FROM OPENJSON(:run_ids)
 ORDER BY e.parent_run_id, e.run_id;
 
 -- lock_starts --
--- Queue mode, first in a chain that ends with the hand-on dispatch: the start lock before any row (a completion that locked its rows, then waited for the start lock, deadlocked with a start holding the start lock and waiting for one of those rows: a run's last executions lock the run itself). (agent.lock_starts, a procedure of migration 0022: the lock is held to the end of the caller's transaction.)
+-- Queue mode, first in a chain that ends with the hand-on dispatch: the start lock before any row (a completion that locked its rows, then waited for the start lock, deadlocked with a start holding the start lock and waiting for one of those rows: a run's last executions lock the run itself). (agent.lock_starts, a procedure of migration 0023: the lock is held to the end of the caller's transaction.)
 EXEC agent.lock_starts;
 
 -- run_owner --

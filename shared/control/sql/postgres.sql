@@ -82,7 +82,7 @@ FROM agent.jobs AS c
 LEFT JOIN json_to_recordset(CAST(:jobs AS json)) AS j(job_name VARCHAR, schedule VARCHAR, timezone VARCHAR,
                                                       enabled INT, valid INT)
        ON j.job_name = c.job_name
-WHERE r.job_name = c.job_name AND r.kind = 'scheduled'
+WHERE r.job_name = c.job_name AND r.kind IN ('scheduled', 'backfill')
   AND (r.status IN ('pending', 'queued')
        OR (r.status = 'skipped' AND r.note = 'paused' AND r.attempt = 0 AND r.scheduled_for >= CAST(:now AS timestamp)))
   AND c.configured = 1 AND c.defined_in_database = 0
@@ -95,18 +95,18 @@ INSERT INTO agent.jobs (job_name, schedule, timezone, command, target_database, 
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
                         steps, notify, notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds,
-                        max_duration_seconds, stop_after_seconds, slower_than, deadline_seconds, definition_hash, params)
+                        max_duration_seconds, stop_after_seconds, slower_than, deadline_seconds, catchup_seconds, definition_hash, params)
 SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.valid,
        j.config_error, j.max_attempts, j.timeout_seconds, j.lease_seconds, j.misfire,
        j.grace_seconds, j.overlap, CAST(j.next_due_at AS timestamp), CAST(:now AS timestamp), 1,
        CAST(:now AS timestamp), j.steps, j.notify, j.notify_webhook_url, j.after_job, j.after_outcome, j.calendars, COALESCE(j.jitter_seconds, 0),
-       j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds, j.definition_hash, j.params
+       j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds, COALESCE(j.catchup_seconds, 0), j.definition_hash, j.params
 FROM json_to_recordset(CAST(:jobs AS json)) AS j(
     job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, command TEXT, target_database VARCHAR,
     enabled INT, valid INT, config_error TEXT, max_attempts INT, timeout_seconds INT,
     lease_seconds INT, misfire VARCHAR, grace_seconds INT, overlap VARCHAR, next_due_at VARCHAR,
     steps TEXT, notify VARCHAR, notify_webhook_url VARCHAR, after_job VARCHAR, after_outcome VARCHAR, calendars TEXT, jitter_seconds INT,
-    max_duration_seconds INT, stop_after_seconds INT, slower_than DOUBLE PRECISION, deadline_seconds INT, definition_hash VARCHAR, params TEXT)
+    max_duration_seconds INT, stop_after_seconds INT, slower_than DOUBLE PRECISION, deadline_seconds INT, catchup_seconds INT, definition_hash VARCHAR, params TEXT)
 ORDER BY j.job_name
 ON CONFLICT (job_name) DO UPDATE SET
     next_due_at = CASE
@@ -151,6 +151,7 @@ ON CONFLICT (job_name) DO UPDATE SET
     stop_after_seconds = EXCLUDED.stop_after_seconds,
     slower_than = EXCLUDED.slower_than,
     deadline_seconds = EXCLUDED.deadline_seconds,
+    catchup_seconds = EXCLUDED.catchup_seconds,
     definition_hash = EXCLUDED.definition_hash,
     params = EXCLUDED.params
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
@@ -245,7 +246,7 @@ RETURNING 'lease shortened' AS action, run_id, job_name, scheduled_for;
 -- select_due_jobs --
 -- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now and its window (one that ended names the slots missed inside it); their slots are computed in Python, for these jobs only.
 -- The job-definitions lock (advisory 7428014), then the pauses lock (advisory 7428015), are taken shared, to the claim's commit, before the scan (a scalar subquery: a one-time filter, evaluated even when no job is due; not EXISTS, whose select list the planner drops; the concatenation takes them in that order, the order agent.enable_job takes them): a pause_job either committed before it (claim_slots, a later statement, sees the pause) or waits for this claim to commit (and skips what it claimed inside the pause); a definition (a settings sync, agent.add_scheduled_job, enable_job, remove_scheduled_job) either committed before it (the slots are computed from it) or waits for this claim to commit (and skips the slots it claimed under the old one), so no claim computed from a definition that is gone is written after it.
-SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds,
+SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds, j.catchup_seconds,
        CASE WHEN p.job_name IS NULL THEN 0
             WHEN p.paused_until IS NULL OR p.paused_until > CAST(:now AS timestamp) THEN 1 ELSE 0 END AS paused,
        p.paused_at, p.paused_until
@@ -522,6 +523,37 @@ CROSS JOIN LATERAL (
 WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
 RETURNING run_id, job_name, status, note, operation_id;
 
+-- backfill_runs --
+-- sql-agent backfill JOB --from --to: each slot of the past window (a JSON array of {scheduled_for, runnable_at}, oldest first, computed as the planner computes them: calendars and jitter applied) becomes a recorded run of its slot, kind 'backfill', runnable at once in slot order: a slot without a run gets one (the unique (job, slot) key: two backfills at once insert it once); a slot recorded skipped that never started is run now (its row, with the job's definition of now); a slot that ran, runs or waits is left alone. Backfill runs are outside the misfire rules (kind is not 'scheduled') and wait for each other (overlap queue; allow when the job allows). Rows back: the runs made, with how (inserted or rerun).
+WITH s AS (
+    SELECT CAST(x.scheduled_for AS timestamp) AS scheduled_for, CAST(x.runnable_at AS timestamp) AS runnable_at
+    FROM json_to_recordset(CAST(:slots AS json)) AS x(scheduled_for VARCHAR, runnable_at VARCHAR)),
+j AS (SELECT * FROM agent.jobs WHERE job_name = :job_name AND valid = 1 AND configured = 1),
+rerun AS (
+    UPDATE agent.runs AS r SET status = 'pending', kind = 'backfill', runnable_at = s.runnable_at, finished_at = NULL,
+        lease_expires_at = NULL, command = j.command, target_database = j.target_database,
+        overlap = CASE WHEN j.overlap = 'allow' THEN 'allow' ELSE 'queue' END, max_attempts = j.max_attempts,
+        timeout_seconds = j.timeout_seconds, lease_seconds = j.lease_seconds, steps = j.steps,
+        operation_id = :operation_id,
+        note = CAST(:note AS TEXT) || ' (the slot had been skipped: ' || COALESCE(r.note, '') || ')'
+    FROM s, j
+    WHERE r.job_name = j.job_name AND r.scheduled_for = s.scheduled_for AND r.status = 'skipped' AND r.attempt = 0
+    RETURNING r.run_id, r.scheduled_for, 'rerun'::text AS action),
+inserted AS (
+    INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
+                            max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
+                            operation_id, note, steps)
+    SELECT j.job_name, 'backfill', s.scheduled_for, 'pending', j.command, j.target_database,
+           CASE WHEN j.overlap = 'allow' THEN 'allow' ELSE 'queue' END, j.max_attempts, j.timeout_seconds,
+           j.lease_seconds, s.runnable_at, CAST(:now AS timestamp), :operation_id, CAST(:note AS TEXT), j.steps
+    FROM s CROSS JOIN j
+    ORDER BY s.scheduled_for
+    ON CONFLICT (job_name, scheduled_for) DO NOTHING
+    RETURNING run_id, scheduled_for, 'inserted'::text AS action)
+SELECT run_id, scheduled_for, action FROM rerun
+UNION ALL
+SELECT run_id, scheduled_for, action FROM inserted;
+
 -- insert_task --
 -- submit: an ad-hoc task; it starts once every task of a lower order submitted before it has finished.
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, task_order,
@@ -540,9 +572,9 @@ WHERE run_id = :run_id AND status IN ('pending', 'queued', 'running', 'waiting')
 RETURNING run_id;
 
 -- list_jobs --
--- Every known job with its configuration state, next slot and latest run.
+-- Every known job with its configuration state, the parameters it declares, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds, j.params,
        j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
        CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source, j.needs_planning,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
@@ -747,7 +779,7 @@ ORDER BY job_name;
 -- select_unplanned_jobs --
 -- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
 SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
-       requested_targets, requested_target_parallelism, requested_exclude, requested_only, requested_on_excluded
+       requested_targets, requested_target_parallelism, requested_target_stagger_seconds, requested_exclude, requested_only, requested_on_excluded
 FROM agent.jobs WHERE needs_planning = 1 ORDER BY job_name;
 
 -- list_calendars --

@@ -94,7 +94,7 @@ x AS MATERIALIZED (
     WHERE c.configured = 1 AND c.defined_in_database = 0 AND c.job_name NOT IN (SELECT g.job_name FROM given AS g))
 UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL, note = x.note
 FROM x
-WHERE agent_runs.job_name = x.job_name AND agent_runs.kind = 'scheduled'
+WHERE agent_runs.job_name = x.job_name AND agent_runs.kind IN ('scheduled', 'backfill')
   AND (agent_runs.status IN ('pending', 'queued')
        OR (agent_runs.status = 'skipped' AND agent_runs.note = 'paused' AND agent_runs.attempt = 0
            AND agent_runs.scheduled_for >= :now))
@@ -106,7 +106,7 @@ INSERT INTO agent_jobs (job_name, schedule, timezone, command, target_database, 
                         config_error, max_attempts, timeout_seconds, lease_seconds, misfire,
                         grace_seconds, overlap, next_due_at, advanced_at, configured, updated_at,
                         steps, notify, notify_webhook_url, after_job, after_outcome, calendars, jitter_seconds,
-                        max_duration_seconds, stop_after_seconds, slower_than, deadline_seconds, definition_hash, params)
+                        max_duration_seconds, stop_after_seconds, slower_than, deadline_seconds, catchup_seconds, definition_hash, params)
 SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        json_extract(j.value, '$.timezone'), json_extract(j.value, '$.command'),
        json_extract(j.value, '$.target_database'), json_extract(j.value, '$.enabled'),
@@ -121,6 +121,7 @@ SELECT json_extract(j.value, '$.job_name'), json_extract(j.value, '$.schedule'),
        COALESCE(json_extract(j.value, '$.jitter_seconds'), 0),
        json_extract(j.value, '$.max_duration_seconds'), json_extract(j.value, '$.stop_after_seconds'),
        json_extract(j.value, '$.slower_than'), json_extract(j.value, '$.deadline_seconds'),
+       COALESCE(json_extract(j.value, '$.catchup_seconds'), 0),
        json_extract(j.value, '$.definition_hash'),
        json_extract(j.value, '$.params')
 FROM json_each(:jobs) AS j
@@ -168,6 +169,7 @@ ON CONFLICT (job_name) DO UPDATE SET
     stop_after_seconds = excluded.stop_after_seconds,
     slower_than = excluded.slower_than,
     deadline_seconds = excluded.deadline_seconds,
+    catchup_seconds = excluded.catchup_seconds,
     definition_hash = excluded.definition_hash,
     params = excluded.params
 -- Never over a job defined in the database (the sync renamed such rows; this guards the rule).
@@ -254,7 +256,7 @@ RETURNING 'lease shortened' AS action, run_id, job_name, scheduled_for;
 
 -- select_due_jobs --
 -- Jobs with a slot at or before the claim horizon (the next tick plus a margin), each with whether a pause is in force at :now and its window (one that ended names the slots missed inside it); their slots are computed in Python, for these jobs only. (SQLite's write lock, BEGIN IMMEDIATE, already keeps `pause` out of a claim.)
-SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds,
+SELECT j.job_name, j.schedule, j.timezone, j.next_due_at, j.misfire, j.grace_seconds, j.calendars, j.jitter_seconds, j.catchup_seconds,
        CASE WHEN p.job_name IS NULL THEN 0
             WHEN p.paused_until IS NULL OR p.paused_until > :now THEN 1 ELSE 0 END AS paused,
        p.paused_at, p.paused_until
@@ -339,6 +341,9 @@ UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at =
              SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
                AND o.status = 'running')
         THEN 'overlap: the previous run of this job was still running; policy skip'
+        WHEN agent_runs.overlap = 'buffer-one' AND NOT (agent_runs.kind = 'scheduled' AND agent_runs.scheduled_for < :late_cutoff
+                                                AND COALESCE(agent_runs.note, '') NOT LIKE 'catch-up:%')
+        THEN 'overlap: a run of this job was running and another was already waiting; policy buffer-one'
         WHEN EXISTS (
              SELECT 1 FROM agent_runs n WHERE n.job_name = agent_runs.job_name AND n.kind = 'scheduled'
                AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= :now
@@ -348,10 +353,16 @@ UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at =
         THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
         ELSE 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
 WHERE status = 'pending' AND runnable_at <= :now AND job_name IS NOT NULL
-  AND ((job_name IS NOT NULL AND overlap = 'skip' AND EXISTS (
+  AND ((agent_runs.overlap = 'buffer-one' AND EXISTS (SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name
+                AND o.run_id <> agent_runs.run_id AND o.status = 'running')
+             AND EXISTS (SELECT 1 FROM agent_runs w WHERE w.job_name = agent_runs.job_name AND w.run_id <> agent_runs.run_id
+                AND w.status IN ('pending', 'queued') AND w.runnable_at <= :now
+                AND NOT (w.kind = 'scheduled' AND w.scheduled_for < :late_cutoff AND COALESCE(w.note, '') NOT LIKE 'catch-up:%')
+                AND (w.scheduled_for < agent_runs.scheduled_for OR (w.scheduled_for = agent_runs.scheduled_for AND w.run_id < agent_runs.run_id))))
+       OR (job_name IS NOT NULL AND overlap = 'skip' AND EXISTS (
             SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
               AND o.status = 'running'))
-       OR (kind = 'scheduled' AND scheduled_for < :late_cutoff AND (
+       OR (kind = 'scheduled' AND scheduled_for < :late_cutoff AND COALESCE(note, '') NOT LIKE 'catch-up:%' AND (
             EXISTS (SELECT 1 FROM agent_runs n WHERE n.job_name = agent_runs.job_name AND n.kind = 'scheduled'
                       AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= :now
                       AND n.status NOT IN ('skipped', 'cancelled'))
@@ -374,9 +385,9 @@ WHERE run_id IN (
           AND NOT (c.job_name IS NOT NULL AND c.overlap <> 'allow' AND EXISTS (
                 SELECT 1 FROM agent_runs o
                 WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-                  AND ((c.overlap = 'queue' AND o.status = 'running')
+                  AND ((c.overlap IN ('queue', 'buffer-one') AND o.status = 'running')
                        OR (o.status IN ('pending', 'queued')
-                           AND (c.overlap = 'queue' OR o.runnable_at <= :now)
+                           AND (c.overlap IN ('queue', 'buffer-one') OR o.runnable_at <= :now)
                            AND (o.scheduled_for < c.scheduled_for
                                 OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
         ORDER BY c.runnable_at, c.run_id
@@ -409,19 +420,26 @@ SELECT r.run_id,
             WHEN r.job_name IS NOT NULL AND r.overlap = 'skip' AND EXISTS (
                  SELECT 1 FROM agent_runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
                    AND o.status = 'running') THEN 'skip-overlap'
-            WHEN r.kind = 'scheduled' AND r.scheduled_for < :late_cutoff AND EXISTS (
+            WHEN r.kind = 'scheduled' AND r.scheduled_for < :late_cutoff AND COALESCE(r.note, '') NOT LIKE 'catch-up:%' AND EXISTS (
                  SELECT 1 FROM agent_runs n WHERE n.job_name = r.job_name AND n.kind = 'scheduled'
                    AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= :now
                    AND n.status NOT IN ('skipped', 'cancelled')) THEN 'skip-superseded'
-            WHEN r.kind = 'scheduled' AND r.scheduled_for < :late_cutoff AND EXISTS (
+            WHEN r.kind = 'scheduled' AND r.scheduled_for < :late_cutoff AND COALESCE(r.note, '') NOT LIKE 'catch-up:%' AND EXISTS (
                  SELECT 1 FROM agent_jobs j WHERE j.job_name = r.job_name AND j.misfire = 'skip') THEN 'skip-misfire'
-            WHEN r.kind = 'scheduled' AND r.scheduled_for < :late_cutoff AND EXISTS (
+            WHEN r.kind = 'scheduled' AND r.scheduled_for < :late_cutoff AND COALESCE(r.note, '') NOT LIKE 'catch-up:%' AND EXISTS (
                  SELECT 1 FROM agent_jobs j WHERE j.job_name = r.job_name
                    AND julianday(r.scheduled_for) + j.grace_seconds / 86400.0 < julianday(:now)) THEN 'skip-grace'
             WHEN r.task_order IS NOT NULL AND EXISTS (
                  SELECT 1 FROM agent_runs t WHERE t.kind = 'task' AND t.task_order < r.task_order
                    AND t.status IN ('pending', 'queued', 'running')) THEN 'held-order'
-            WHEN r.job_name IS NOT NULL AND r.overlap = 'queue' AND EXISTS (
+            WHEN r.job_name IS NOT NULL AND r.overlap = 'buffer-one' AND EXISTS (
+                 SELECT 1 FROM agent_runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
+                   AND o.status = 'running') AND EXISTS (
+                 SELECT 1 FROM agent_runs w WHERE w.job_name = r.job_name AND w.run_id <> r.run_id
+                   AND w.status IN ('pending', 'queued') AND w.runnable_at <= :now
+                   AND (w.scheduled_for < r.scheduled_for
+                        OR (w.scheduled_for = r.scheduled_for AND w.run_id < r.run_id))) THEN 'skip-buffer'
+            WHEN r.job_name IS NOT NULL AND r.overlap IN ('queue', 'buffer-one') AND EXISTS (
                  SELECT 1 FROM agent_runs o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
                    AND (o.status = 'running'
                         OR (o.status IN ('pending', 'queued')
@@ -431,6 +449,16 @@ SELECT r.run_id,
             ELSE 'start' END
 FROM agent_runs AS r
 WHERE r.run_id = :run_id AND r.token = :token AND r.status = 'queued';
+-- Overlap cancel-previous: the runs of its job in flight before it are stopped, as `stop` stops them.
+UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = :now, lease_expires_at = NULL, awaiting_targets = 0,
+    note = CASE WHEN agent_runs.job_name IS NULL THEN 'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
+                ELSE 'stopped: a newer run of this job is due; policy cancel-previous' END
+WHERE agent_runs.status IN ('waiting', 'pending', 'queued', 'running') AND EXISTS (
+    SELECT 1 FROM agent_runs p, agent_runs c WHERE p.run_id IN (agent_runs.run_id, agent_runs.parent_run_id) AND p.job_name IS NOT NULL
+      AND p.kind <> 'backfill' AND p.status IN ('pending', 'queued', 'running')
+      AND (p.status = 'running' OR p.runnable_at <= :now OR p.attempt > 0)
+      AND c.job_name = p.job_name AND c.run_id <> p.run_id AND c.overlap = 'cancel-previous' AND c.run_id IN (SELECT d.run_id FROM temp.agent_decisions d WHERE d.decision IN ('start', 'held-cap'))
+      AND (p.scheduled_for < c.scheduled_for OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id)));
 UPDATE agent_runs SET
     status = CASE WHEN d.decision = 'start' THEN 'running' WHEN d.decision LIKE 'skip-%' THEN 'skipped'
                   WHEN d.decision LIKE 'held-%' THEN 'pending' ELSE agent_runs.status END,
@@ -445,11 +473,14 @@ UPDATE agent_runs SET
     finished_at = CASE WHEN d.decision LIKE 'skip-%' THEN :now ELSE agent_runs.finished_at END,
     note = CASE d.decision
         WHEN 'skip-overlap' THEN 'overlap: the previous run of this job was still running; policy skip'
+        WHEN 'skip-buffer' THEN 'overlap: a run of this job was running and another was already waiting; policy buffer-one'
         WHEN 'skip-superseded' THEN 'misfire: a later slot of this job is due too; caught up once, with the latest'
         WHEN 'skip-misfire' THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
         WHEN 'skip-grace' THEN 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped'
         WHEN 'held-order' THEN 'held: waits for the tasks of a lower order to finish'
-        WHEN 'held-overlap' THEN 'held: waits for the previous run of this job (overlap queue)'
+        WHEN 'held-overlap' THEN CASE WHEN agent_runs.overlap = 'buffer-one'
+                                      THEN 'held: waits for the previous run of this job (overlap buffer-one)'
+                                      ELSE 'held: waits for the previous run of this job (overlap queue)' END
         WHEN 'held-cap' THEN 'held: AGENT_MAX_CONCURRENCY runs are executing'
         ELSE agent_runs.note END
 FROM temp.agent_decisions AS d
@@ -478,6 +509,9 @@ UPDATE agent_runs SET status = 'skipped', finished_at = (SELECT now FROM temp.ag
              SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
                AND o.status = 'running')
         THEN 'overlap: the previous run of this job was still running; policy skip'
+        WHEN agent_runs.overlap = 'buffer-one' AND NOT (agent_runs.kind = 'scheduled' AND agent_runs.scheduled_for < :late_cutoff
+                                                AND COALESCE(agent_runs.note, '') NOT LIKE 'catch-up:%')
+        THEN 'overlap: a run of this job was running and another was already waiting; policy buffer-one'
         WHEN EXISTS (
              SELECT 1 FROM agent_runs n WHERE n.job_name = agent_runs.job_name AND n.kind = 'scheduled'
                AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= (SELECT now FROM temp.agent_claim_time)
@@ -487,10 +521,16 @@ UPDATE agent_runs SET status = 'skipped', finished_at = (SELECT now FROM temp.ag
         THEN 'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
         ELSE 'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped' END
 WHERE status = 'pending' AND runnable_at <= (SELECT now FROM temp.agent_claim_time) AND job_name IS NOT NULL
-  AND ((job_name IS NOT NULL AND overlap = 'skip' AND EXISTS (
+  AND ((agent_runs.overlap = 'buffer-one' AND EXISTS (SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name
+                AND o.run_id <> agent_runs.run_id AND o.status = 'running')
+             AND EXISTS (SELECT 1 FROM agent_runs w WHERE w.job_name = agent_runs.job_name AND w.run_id <> agent_runs.run_id
+                AND w.status IN ('pending', 'queued') AND w.runnable_at <= (SELECT now FROM temp.agent_claim_time)
+                AND NOT (w.kind = 'scheduled' AND w.scheduled_for < :late_cutoff AND COALESCE(w.note, '') NOT LIKE 'catch-up:%')
+                AND (w.scheduled_for < agent_runs.scheduled_for OR (w.scheduled_for = agent_runs.scheduled_for AND w.run_id < agent_runs.run_id))))
+       OR (job_name IS NOT NULL AND overlap = 'skip' AND EXISTS (
             SELECT 1 FROM agent_runs o WHERE o.job_name = agent_runs.job_name AND o.run_id <> agent_runs.run_id
               AND o.status = 'running'))
-       OR (kind = 'scheduled' AND scheduled_for < :late_cutoff AND (
+       OR (kind = 'scheduled' AND scheduled_for < :late_cutoff AND COALESCE(note, '') NOT LIKE 'catch-up:%' AND (
             EXISTS (SELECT 1 FROM agent_runs n WHERE n.job_name = agent_runs.job_name AND n.kind = 'scheduled'
                       AND n.scheduled_for > agent_runs.scheduled_for AND n.scheduled_for <= (SELECT now FROM temp.agent_claim_time)
                       AND n.status NOT IN ('skipped', 'cancelled'))
@@ -498,6 +538,19 @@ WHERE status = 'pending' AND runnable_at <= (SELECT now FROM temp.agent_claim_ti
                          AND (j.misfire = 'skip'
                               OR julianday(agent_runs.scheduled_for) + j.grace_seconds / 86400.0 < julianday((SELECT now FROM temp.agent_claim_time)))))))
 RETURNING 'skipped' AS decision, run_id, job_name, kind, command, target_database, attempt, failures,
+          max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds,
+          operation_id, scheduled_for, runnable_at, started_at, note, step, steps, parent_run_id, parent_token,
+          target_server, retry_interval_seconds, owner, params, NULL AS job_params;
+UPDATE agent_runs SET status = 'cancelled', token = token + 1, finished_at = (SELECT now FROM temp.agent_claim_time), lease_expires_at = NULL, awaiting_targets = 0,
+    note = CASE WHEN agent_runs.job_name IS NULL THEN 'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
+                ELSE 'stopped: a newer run of this job is due; policy cancel-previous' END
+WHERE agent_runs.status IN ('waiting', 'pending', 'queued', 'running') AND EXISTS (
+    SELECT 1 FROM agent_runs p, agent_runs c WHERE p.run_id IN (agent_runs.run_id, agent_runs.parent_run_id) AND p.job_name IS NOT NULL
+      AND p.kind <> 'backfill' AND p.status IN ('pending', 'queued', 'running')
+      AND (p.status = 'running' OR p.runnable_at <= (SELECT now FROM temp.agent_claim_time) OR p.attempt > 0)
+      AND c.job_name = p.job_name AND c.run_id <> p.run_id AND c.overlap = 'cancel-previous' AND c.status = 'pending' AND c.runnable_at <= (SELECT now FROM temp.agent_claim_time)
+      AND (p.scheduled_for < c.scheduled_for OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id)))
+RETURNING 'cancelled' AS decision, run_id, job_name, kind, command, target_database, attempt, failures,
           max_attempts, lapses, transient_errors, token, timeout_seconds, lease_seconds,
           operation_id, scheduled_for, runnable_at, started_at, note, step, steps, parent_run_id, parent_token,
           target_server, retry_interval_seconds, owner, params, NULL AS job_params;
@@ -511,9 +564,9 @@ SELECT run_id, 'start' FROM (
       AND NOT (c.job_name IS NOT NULL AND c.overlap <> 'allow' AND EXISTS (
             SELECT 1 FROM agent_runs o
             WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-              AND ((c.overlap = 'queue' AND o.status = 'running')
+              AND ((c.overlap IN ('queue', 'buffer-one') AND o.status = 'running')
                    OR (o.status IN ('pending', 'queued')
-                       AND (c.overlap = 'queue' OR o.runnable_at <= (SELECT now FROM temp.agent_claim_time))
+                       AND (c.overlap IN ('queue', 'buffer-one') OR o.runnable_at <= (SELECT now FROM temp.agent_claim_time))
                        AND (o.scheduled_for < c.scheduled_for
                             OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
     ORDER BY c.runnable_at, c.run_id
@@ -693,6 +746,33 @@ FROM (
 ) AS d
 RETURNING run_id, job_name, status, note, operation_id;
 
+-- backfill_runs --
+-- sql-agent backfill JOB --from --to: each slot of the past window (a JSON array of {scheduled_for, runnable_at}, oldest first, computed as the planner computes them: calendars and jitter applied) becomes a recorded run of its slot, kind 'backfill', runnable at once in slot order: a slot without a run gets one (the unique (job, slot) key: two backfills at once insert it once); a slot recorded skipped that never started is run now (its row, with the job's definition of now); a slot that ran, runs or waits is left alone. Backfill runs are outside the misfire rules (kind is not 'scheduled') and wait for each other (overlap queue; allow when the job allows). Rows back: the runs made, with how (inserted or rerun).
+UPDATE agent_runs SET status = 'pending', kind = 'backfill', runnable_at = s.runnable_at, finished_at = NULL,
+    lease_expires_at = NULL, command = j.command, target_database = j.target_database,
+    overlap = CASE WHEN j.overlap = 'allow' THEN 'allow' ELSE 'queue' END, max_attempts = j.max_attempts,
+    timeout_seconds = j.timeout_seconds, lease_seconds = j.lease_seconds, steps = j.steps, operation_id = :operation_id,
+    note = :note || ' (the slot had been skipped: ' || COALESCE(agent_runs.note, '') || ')'
+FROM (SELECT json_extract(x.value, '$.scheduled_for') AS scheduled_for, json_extract(x.value, '$.runnable_at') AS runnable_at
+      FROM json_each(:slots) AS x) AS s,
+     agent_jobs AS j
+WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
+  AND agent_runs.job_name = j.job_name AND agent_runs.scheduled_for = s.scheduled_for
+  AND agent_runs.status = 'skipped' AND agent_runs.attempt = 0
+RETURNING agent_runs.run_id, agent_runs.scheduled_for, 'rerun' AS action;
+INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
+                        max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
+                        operation_id, note, steps)
+SELECT j.job_name, 'backfill', s.scheduled_for, 'pending', j.command, j.target_database,
+       CASE WHEN j.overlap = 'allow' THEN 'allow' ELSE 'queue' END, j.max_attempts, j.timeout_seconds,
+       j.lease_seconds, s.runnable_at, :now, :operation_id, :note, j.steps
+FROM (SELECT json_extract(x.value, '$.scheduled_for') AS scheduled_for, json_extract(x.value, '$.runnable_at') AS runnable_at
+      FROM json_each(:slots) AS x) AS s
+CROSS JOIN agent_jobs AS j
+WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
+ON CONFLICT (job_name, scheduled_for) DO NOTHING
+RETURNING run_id, scheduled_for, 'inserted' AS action;
+
 -- insert_task --
 -- submit: an ad-hoc task; it starts once every task of a lower order submitted before it has finished.
 INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, task_order,
@@ -711,9 +791,9 @@ WHERE run_id = :run_id AND status IN ('pending', 'queued', 'running', 'waiting')
 RETURNING run_id;
 
 -- list_jobs --
--- Every known job with its configuration state, next slot and latest run.
+-- Every known job with its configuration state, the parameters it declares, next slot and latest run.
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
-       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds,
+       j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds, j.params,
        j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds,
        CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source, j.needs_planning,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
@@ -883,7 +963,7 @@ ORDER BY job_name;
 -- select_unplanned_jobs --
 -- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
 SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
-       requested_targets, requested_target_parallelism, requested_exclude, requested_only, requested_on_excluded
+       requested_targets, requested_target_parallelism, requested_target_stagger_seconds, requested_exclude, requested_only, requested_on_excluded
 FROM agent_jobs WHERE needs_planning = 1 ORDER BY job_name;
 
 -- list_calendars --

@@ -1,4 +1,4 @@
--- 0022 the T-SQL hot path as stored procedures (issue 35 item 3). The claim, the start and the
+-- 0023 the T-SQL hot path as stored procedures (issue 35 item 3). The claim, the start and the
 -- completion of a run were ad-hoc batches: about 8 round trips and 21 KB sent per task on the
 -- local path, 10 and 32 KB on the queue path (the claim alone was 6,800 characters, parsed and
 -- looked up in the plan cache on every call). Here they become procedures of the agent schema,
@@ -9,13 +9,13 @@
 --   check_work_transaction, lock_starts (queue mode), finish_run, start_follow_up_runs and
 --   dispatch_runs (queue mode), then COMMIT; finish_run raises (50003) when fenced, so the
 --   COMMIT is never reached and XACT_ABORT rolls the job's work back.
--- The bodies are the named queries of 0021, their :name parameters the procedures' @name (the
+-- The bodies are the named queries of 0022 (claim_runs, start_run and dispatch_runs with 0022's overlap buffer-one and cancel-previous and the catch-up exemption), their :name parameters the procedures' @name (the
 -- same statements, the same locks, the same OUTPUT ... INTO discipline). No CREATE OR ALTER, no
 -- MERGE (Babelfish). Each procedure returns exactly one result set (its last SELECT), except
 -- lock_starts (none): the Store reads a completion's results by that count.
 -- Not granted to anyone: the agent's own user runs them (it owns the schema); a job's owner, run
 -- through EXECUTE AS USER ... WITH COOKIE, has no EXECUTE on schema agent (docs/tsql.md).
--- claim_runs (the local runner's claim): the named query claim_runs of 0021, its :now the parameter @at
+-- claim_runs (the local runner's claim): the named query claim_runs of 0022, its :now the parameter @at
 -- (the body declares the claim's @now, read once the start lock is held).
 CREATE PROCEDURE agent.claim_runs
     @at DATETIME2(6),
@@ -44,6 +44,9 @@ BEGIN
             WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
                  SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running')
             THEN N'overlap: the previous run of this job was still running; policy skip'
+            WHEN r.overlap = N'buffer-one' AND NOT (r.kind = N'scheduled' AND r.scheduled_for < CAST(@late_cutoff AS DATETIME2(6))
+                                                    AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%')
+            THEN N'overlap: a run of this job was running and another was already waiting; policy buffer-one'
             WHEN EXISTS (
                  SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
                    AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= @now
@@ -59,15 +62,37 @@ BEGIN
            inserted.steps INTO @claimed
     FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
     WHERE r.status = N'pending' AND r.runnable_at <= @now AND r.job_name IS NOT NULL
-      AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
+      AND ((r.overlap = N'buffer-one' AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name
+                    AND o.run_id <> r.run_id AND o.status = N'running')
+                 AND EXISTS (SELECT 1 FROM agent.runs AS w WHERE w.job_name = r.job_name AND w.run_id <> r.run_id
+                    AND w.status IN (N'pending', N'queued') AND w.runnable_at <= @now
+                    AND NOT (w.kind = N'scheduled' AND w.scheduled_for < CAST(@late_cutoff AS DATETIME2(6)) AND COALESCE(w.note, N'') NOT LIKE N'catch-up:%')
+                    AND (w.scheduled_for < r.scheduled_for OR (w.scheduled_for = r.scheduled_for AND w.run_id < r.run_id))))
+           OR (r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
                 SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running'))
-           OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(@late_cutoff AS DATETIME2(6)) AND (
+           OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(@late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND (
                 EXISTS (SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
                           AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= @now
                           AND n.status NOT IN (N'skipped', N'cancelled'))
                 OR EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
                              AND (j.misfire = N'skip'
                                   OR DATEADD(second, j.grace_seconds, r.scheduled_for) < @now)))));
+    -- Overlap cancel-previous: the runs of its job in flight before a due run are stopped, as `stop` stops them.
+    UPDATE o SET status = N'cancelled', token = o.token + 1, finished_at = @now, lease_expires_at = NULL, awaiting_targets = 0,
+        note = CASE WHEN o.job_name IS NULL THEN N'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
+                    ELSE N'stopped: a newer run of this job is due; policy cancel-previous' END
+    OUTPUT N'cancelled', inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
+           inserted.attempt, inserted.failures, inserted.max_attempts, inserted.lapses, inserted.transient_errors,
+           inserted.token, inserted.timeout_seconds, inserted.lease_seconds, inserted.operation_id,
+           inserted.scheduled_for, inserted.runnable_at, inserted.started_at, inserted.note, inserted.step,
+           inserted.steps INTO @claimed
+    FROM agent.runs AS o
+    WHERE o.status IN (N'waiting', N'pending', N'queued', N'running') AND EXISTS (
+        SELECT 1 FROM agent.runs AS p, agent.runs AS c WHERE p.run_id IN (o.run_id, o.parent_run_id) AND p.job_name IS NOT NULL
+          AND p.kind <> N'backfill' AND p.status IN (N'pending', N'queued', N'running')
+          AND (p.status = N'running' OR p.runnable_at <= @now OR p.attempt > 0)
+          AND c.job_name = p.job_name AND c.run_id <> p.run_id AND c.overlap = N'cancel-previous' AND c.status = N'pending' AND c.runnable_at <= @now
+          AND (p.scheduled_for < c.scheduled_for OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id)));
     -- Picked with TOP and ORDER BY in a subselect, the UPDATE keyed on it, as in dispatch_runs (the
     -- same locks, the same reference; Babelfish refuses an UPDATE through a CTE).
     UPDATE agent.runs SET
@@ -101,9 +126,9 @@ BEGIN
           AND NOT (c.job_name IS NOT NULL AND c.overlap <> N'allow' AND EXISTS (
                 SELECT 1 FROM agent.runs AS o
                 WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-                  AND ((c.overlap = N'queue' AND o.status = N'running')
+                  AND ((c.overlap IN (N'queue', N'buffer-one') AND o.status = N'running')
                        OR (o.status IN (N'pending', N'queued')
-                           AND (c.overlap = N'queue' OR o.runnable_at <= @now)
+                           AND (c.overlap IN (N'queue', N'buffer-one') OR o.runnable_at <= @now)
                            AND (o.scheduled_for < c.scheduled_for
                                 OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
         ORDER BY c.runnable_at, c.run_id);
@@ -123,7 +148,7 @@ BEGIN
     COMMIT TRANSACTION;
 END
 GO
--- start_run (the queue trigger's fenced start of the run a message names): the named query of 0021.
+-- start_run (the queue trigger's fenced start of the run a message names): the named query of 0022.
 CREATE PROCEDURE agent.start_run
     @now DATETIME2(6),
     @late_cutoff DATETIME2(6),
@@ -146,19 +171,26 @@ BEGIN
             WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
                  SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
                    AND o.status = N'running') THEN N'skip-overlap'
-            WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(@late_cutoff AS DATETIME2(6)) AND EXISTS (
+            WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(@late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND EXISTS (
                  SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
                    AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(@now AS DATETIME2(6))
                    AND n.status NOT IN (N'skipped', N'cancelled')) THEN N'skip-superseded'
-            WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(@late_cutoff AS DATETIME2(6)) AND EXISTS (
+            WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(@late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND EXISTS (
                  SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name AND j.misfire = N'skip') THEN N'skip-misfire'
-            WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(@late_cutoff AS DATETIME2(6)) AND EXISTS (
+            WHEN r.kind = N'scheduled' AND r.scheduled_for < CAST(@late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND EXISTS (
                  SELECT 1 FROM agent.jobs AS j WHERE j.job_name = r.job_name
                    AND DATEADD(second, j.grace_seconds, r.scheduled_for) < CAST(@now AS DATETIME2(6))) THEN N'skip-grace'
             WHEN r.task_order IS NOT NULL AND EXISTS (
                  SELECT 1 FROM agent.runs AS t WHERE t.kind = N'task' AND t.task_order < r.task_order
                    AND t.status IN (N'pending', N'queued', N'running')) THEN N'held-order'
-            WHEN r.job_name IS NOT NULL AND r.overlap = N'queue' AND EXISTS (
+            WHEN r.job_name IS NOT NULL AND r.overlap = N'buffer-one' AND EXISTS (
+                 SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
+                   AND o.status = N'running') AND EXISTS (
+                 SELECT 1 FROM agent.runs AS w WHERE w.job_name = r.job_name AND w.run_id <> r.run_id
+                   AND w.status IN (N'pending', N'queued') AND w.runnable_at <= CAST(@now AS DATETIME2(6))
+                   AND (w.scheduled_for < r.scheduled_for
+                        OR (w.scheduled_for = r.scheduled_for AND w.run_id < r.run_id))) THEN N'skip-buffer'
+            WHEN r.job_name IS NOT NULL AND r.overlap IN (N'queue', N'buffer-one') AND EXISTS (
                  SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id
                    AND (o.status = N'running'
                         OR (o.status IN (N'pending', N'queued')
@@ -169,6 +201,17 @@ BEGIN
             ELSE N'start' END
     FROM agent.runs AS r WITH (UPDLOCK)
     WHERE r.run_id = @run_id AND r.token = @token AND r.status = N'queued';
+    -- Overlap cancel-previous: the runs of its job in flight before it are stopped, as `stop` stops them.
+    UPDATE o SET status = N'cancelled', token = o.token + 1, finished_at = CAST(@now AS DATETIME2(6)), lease_expires_at = NULL, awaiting_targets = 0,
+        note = CASE WHEN o.job_name IS NULL THEN N'cancelled: its run was stopped for a newer run of its job (overlap cancel-previous)'
+                    ELSE N'stopped: a newer run of this job is due; policy cancel-previous' END
+    FROM agent.runs AS o
+    WHERE o.status IN (N'waiting', N'pending', N'queued', N'running') AND EXISTS (
+        SELECT 1 FROM agent.runs AS p, agent.runs AS c WHERE p.run_id IN (o.run_id, o.parent_run_id) AND p.job_name IS NOT NULL
+          AND p.kind <> N'backfill' AND p.status IN (N'pending', N'queued', N'running')
+          AND (p.status = N'running' OR p.runnable_at <= CAST(@now AS DATETIME2(6)) OR p.attempt > 0)
+          AND c.job_name = p.job_name AND c.run_id <> p.run_id AND c.overlap = N'cancel-previous' AND @decision IN (N'start', N'held-cap') AND c.run_id = @run_id
+          AND (p.scheduled_for < c.scheduled_for OR (p.scheduled_for = c.scheduled_for AND p.run_id < c.run_id)));
     DECLARE @started TABLE (decision NVARCHAR(20), run_id BIGINT, job_name NVARCHAR(64), kind NVARCHAR(16),
                             command NVARCHAR(MAX), target_database NVARCHAR(128), attempt INT, failures INT,
                             max_attempts INT, lapses INT, transient_errors INT, token BIGINT, timeout_seconds INT,
@@ -188,11 +231,14 @@ BEGIN
         finished_at = CASE WHEN @decision LIKE N'skip-%' THEN CAST(@now AS DATETIME2(6)) ELSE finished_at END,
         note = CASE @decision
             WHEN N'skip-overlap' THEN N'overlap: the previous run of this job was still running; policy skip'
+            WHEN N'skip-buffer' THEN N'overlap: a run of this job was running and another was already waiting; policy buffer-one'
             WHEN N'skip-superseded' THEN N'misfire: a later slot of this job is due too; caught up once, with the latest'
             WHEN N'skip-misfire' THEN N'misfire: not started within AGENT_MISFIRE_THRESHOLD_SECONDS of its slot; policy skip'
             WHEN N'skip-grace' THEN N'misfire: not started within the job''s GRACE_SECONDS of its slot; skipped'
             WHEN N'held-order' THEN N'held: waits for the tasks of a lower order to finish'
-            WHEN N'held-overlap' THEN N'held: waits for the previous run of this job (overlap queue)'
+            WHEN N'held-overlap' THEN CASE WHEN overlap = N'buffer-one'
+                                           THEN N'held: waits for the previous run of this job (overlap buffer-one)'
+                                           ELSE N'held: waits for the previous run of this job (overlap queue)' END
             WHEN N'held-cap' THEN N'held: AGENT_MAX_CONCURRENCY runs are executing'
             ELSE note END
     OUTPUT @decision, inserted.run_id, inserted.job_name, inserted.kind, inserted.command, inserted.target_database,
@@ -218,7 +264,7 @@ BEGIN
 END
 GO
 -- dispatch_runs (queue mode: the tick's dispatch, and the hand-on dispatch in a run's completion): the
--- named query of 0021.
+-- named query of 0022.
 CREATE PROCEDURE agent.dispatch_runs
     @now DATETIME2(6),
     @late_cutoff DATETIME2(6),
@@ -242,6 +288,9 @@ BEGIN
             WHEN r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
                  SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running')
             THEN N'overlap: the previous run of this job was still running; policy skip'
+            WHEN r.overlap = N'buffer-one' AND NOT (r.kind = N'scheduled' AND r.scheduled_for < CAST(@late_cutoff AS DATETIME2(6))
+                                                    AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%')
+            THEN N'overlap: a run of this job was running and another was already waiting; policy buffer-one'
             WHEN EXISTS (
                  SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
                    AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(@now AS DATETIME2(6))
@@ -254,9 +303,15 @@ BEGIN
            inserted.scheduled_for, inserted.attempt, inserted.runnable_at, inserted.note INTO @out
     FROM agent.runs AS r WITH (UPDLOCK, READPAST, ROWLOCK)
     WHERE r.status = N'pending' AND r.runnable_at <= CAST(@now AS DATETIME2(6)) AND r.job_name IS NOT NULL
-      AND ((r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
+      AND ((r.overlap = N'buffer-one' AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name
+                    AND o.run_id <> r.run_id AND o.status = N'running')
+                 AND EXISTS (SELECT 1 FROM agent.runs AS w WHERE w.job_name = r.job_name AND w.run_id <> r.run_id
+                    AND w.status IN (N'pending', N'queued') AND w.runnable_at <= CAST(@now AS DATETIME2(6))
+                    AND NOT (w.kind = N'scheduled' AND w.scheduled_for < CAST(@late_cutoff AS DATETIME2(6)) AND COALESCE(w.note, N'') NOT LIKE N'catch-up:%')
+                    AND (w.scheduled_for < r.scheduled_for OR (w.scheduled_for = r.scheduled_for AND w.run_id < r.run_id))))
+           OR (r.job_name IS NOT NULL AND r.overlap = N'skip' AND EXISTS (
                 SELECT 1 FROM agent.runs AS o WHERE o.job_name = r.job_name AND o.run_id <> r.run_id AND o.status = N'running'))
-           OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(@late_cutoff AS DATETIME2(6)) AND (
+           OR (r.kind = N'scheduled' AND r.scheduled_for < CAST(@late_cutoff AS DATETIME2(6)) AND COALESCE(r.note, N'') NOT LIKE N'catch-up:%' AND (
                 EXISTS (SELECT 1 FROM agent.runs AS n WHERE n.job_name = r.job_name AND n.kind = N'scheduled'
                           AND n.scheduled_for > r.scheduled_for AND n.scheduled_for <= CAST(@now AS DATETIME2(6))
                           AND n.status NOT IN (N'skipped', N'cancelled'))
@@ -290,9 +345,9 @@ BEGIN
           AND NOT (c.job_name IS NOT NULL AND c.overlap <> N'allow' AND EXISTS (
                 SELECT 1 FROM agent.runs AS o
                 WHERE o.job_name = c.job_name AND o.run_id <> c.run_id
-                  AND ((c.overlap = N'queue' AND o.status = N'running')
+                  AND ((c.overlap IN (N'queue', N'buffer-one') AND o.status = N'running')
                        OR (o.status IN (N'pending', N'queued')
-                           AND (c.overlap = N'queue' OR o.runnable_at <= CAST(@now AS DATETIME2(6)))
+                           AND (c.overlap IN (N'queue', N'buffer-one') OR o.runnable_at <= CAST(@now AS DATETIME2(6)))
                            AND (o.scheduled_for < c.scheduled_for
                                 OR (o.scheduled_for = c.scheduled_for AND o.run_id < c.run_id))))))
         ORDER BY c.runnable_at, c.run_id);
@@ -314,7 +369,7 @@ BEGIN
     COMMIT TRANSACTION;
 END
 GO
--- start_follow_up_runs (in every transaction that ends runs): the named query of 0021, its :max_chain_jobs
+-- start_follow_up_runs (in every transaction that ends runs): the named query of 0022, its :max_chain_jobs
 -- the parameter @chain_limit (the body declares @max_chain_jobs).
 CREATE PROCEDURE agent.start_follow_up_runs
     @now DATETIME2(6),
@@ -382,7 +437,7 @@ BEGIN
     COMMIT TRANSACTION;
 END
 GO
--- finish_run (the fenced completion, in the job's transaction): the named query of 0021, raising (50003)
+-- finish_run (the fenced completion, in the job's transaction): the named query of 0022, raising (50003)
 -- when the token moved on, as PostgreSQL's agent.finish_run raises AG001: the completion's batch ends
 -- with its COMMIT, which a raise stops (XACT_ABORT ON rolls the job's work back).
 CREATE PROCEDURE agent.finish_run
@@ -407,7 +462,7 @@ BEGIN
 END
 GO
 -- check_work_transaction (first in a completion after a job ran in the agent's transaction): the named
--- query of 0021 (XACT_STATE decides; @work_transaction is PostgreSQL's).
+-- query of 0022 (XACT_STATE decides; @work_transaction is PostgreSQL's).
 CREATE PROCEDURE agent.check_work_transaction
     @work_transaction BIGINT
 AS
