@@ -57,7 +57,9 @@ GO
 -- and then recorded 'refused' with its message, before the error goes to the caller; inside the
 -- caller's transaction (doomed under XACT_ABORT) nothing can be recorded. A later migration that
 -- changes what one of them does alters the <name>_unaudited one.
-EXEC sp_rename N'agent.exec_async', N'exec_async_unaudited';
+-- sp_rename names its @objtype, N'OBJECT' (SQL Server's meaning when it is left out; Babelfish
+-- refuses the call without it: "Please provide @objtype that is supported in Babelfish").
+EXEC sp_rename N'agent.exec_async', N'exec_async_unaudited', N'OBJECT';
 GO
 CREATE PROCEDURE agent.exec_async
     @sql NVARCHAR(MAX),
@@ -98,7 +100,7 @@ REVOKE EXECUTE ON agent.exec_async_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.exec_async TO agent_operator;
 GO
 
-EXEC sp_rename N'agent.add_scheduled_job', N'add_scheduled_job_unaudited';
+EXEC sp_rename N'agent.add_scheduled_job', N'add_scheduled_job_unaudited', N'OBJECT';
 GO
 CREATE PROCEDURE agent.add_scheduled_job
     @name NVARCHAR(4000),
@@ -149,7 +151,7 @@ REVOKE EXECUTE ON agent.add_scheduled_job_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.add_scheduled_job TO agent_operator;
 GO
 
-EXEC sp_rename N'agent.remove_scheduled_job', N'remove_scheduled_job_unaudited';
+EXEC sp_rename N'agent.remove_scheduled_job', N'remove_scheduled_job_unaudited', N'OBJECT';
 GO
 CREATE PROCEDURE agent.remove_scheduled_job
     @name NVARCHAR(4000)
@@ -184,7 +186,7 @@ REVOKE EXECUTE ON agent.remove_scheduled_job_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.remove_scheduled_job TO agent_operator;
 GO
 
-EXEC sp_rename N'agent.enable_job', N'enable_job_unaudited';
+EXEC sp_rename N'agent.enable_job', N'enable_job_unaudited', N'OBJECT';
 GO
 CREATE PROCEDURE agent.enable_job
     @name NVARCHAR(4000),
@@ -220,7 +222,7 @@ REVOKE EXECUTE ON agent.enable_job_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.enable_job TO agent_operator;
 GO
 
-EXEC sp_rename N'agent.start_job', N'start_job_unaudited';
+EXEC sp_rename N'agent.start_job', N'start_job_unaudited', N'OBJECT';
 GO
 CREATE PROCEDURE agent.start_job
     @job_name NVARCHAR(4000)
@@ -255,7 +257,7 @@ REVOKE EXECUTE ON agent.start_job_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.start_job TO agent_operator;
 GO
 
-EXEC sp_rename N'agent.stop_job', N'stop_job_unaudited';
+EXEC sp_rename N'agent.stop_job', N'stop_job_unaudited', N'OBJECT';
 GO
 CREATE PROCEDURE agent.stop_job
     @job_name NVARCHAR(4000)
@@ -290,7 +292,7 @@ REVOKE EXECUTE ON agent.stop_job_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.stop_job TO agent_operator;
 GO
 
-EXEC sp_rename N'agent.cancel_run', N'cancel_run_unaudited';
+EXEC sp_rename N'agent.cancel_run', N'cancel_run_unaudited', N'OBJECT';
 GO
 CREATE PROCEDURE agent.cancel_run
     @run_id BIGINT
@@ -325,7 +327,7 @@ REVOKE EXECUTE ON agent.cancel_run_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.cancel_run TO agent_operator;
 GO
 
-EXEC sp_rename N'agent.requeue_poison', N'requeue_poison_unaudited';
+EXEC sp_rename N'agent.requeue_poison', N'requeue_poison_unaudited', N'OBJECT';
 GO
 CREATE PROCEDURE agent.requeue_poison
     @poison_id BIGINT
@@ -360,7 +362,7 @@ REVOKE EXECUTE ON agent.requeue_poison_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.requeue_poison TO agent_operator;
 GO
 
-EXEC sp_rename N'agent.pause_job', N'pause_job_unaudited';
+EXEC sp_rename N'agent.pause_job', N'pause_job_unaudited', N'OBJECT';
 GO
 CREATE PROCEDURE agent.pause_job
     @job_name NVARCHAR(4000),
@@ -397,7 +399,7 @@ REVOKE EXECUTE ON agent.pause_job_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.pause_job TO agent_operator;
 GO
 
-EXEC sp_rename N'agent.resume_job', N'resume_job_unaudited';
+EXEC sp_rename N'agent.resume_job', N'resume_job_unaudited', N'OBJECT';
 GO
 CREATE PROCEDURE agent.resume_job
     @job_name NVARCHAR(4000)
@@ -432,7 +434,7 @@ REVOKE EXECUTE ON agent.resume_job_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.resume_job TO agent_operator;
 GO
 
-EXEC sp_rename N'agent.add_calendar', N'add_calendar_unaudited';
+EXEC sp_rename N'agent.add_calendar', N'add_calendar_unaudited', N'OBJECT';
 GO
 CREATE PROCEDURE agent.add_calendar
     @name NVARCHAR(4000),
@@ -469,7 +471,7 @@ REVOKE EXECUTE ON agent.add_calendar_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.add_calendar TO agent_operator;
 GO
 
-EXEC sp_rename N'agent.remove_calendar', N'remove_calendar_unaudited';
+EXEC sp_rename N'agent.remove_calendar', N'remove_calendar_unaudited', N'OBJECT';
 GO
 CREATE PROCEDURE agent.remove_calendar
     @name NVARCHAR(4000)
@@ -504,7 +506,7 @@ REVOKE EXECUTE ON agent.remove_calendar_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.remove_calendar TO agent_operator;
 GO
 
-EXEC sp_rename N'agent.set_job_calendars', N'set_job_calendars_unaudited';
+EXEC sp_rename N'agent.set_job_calendars', N'set_job_calendars_unaudited', N'OBJECT';
 GO
 CREATE PROCEDURE agent.set_job_calendars
     @job_name NVARCHAR(4000),
