@@ -433,6 +433,9 @@ def test_result_columns_match_the_real_database(db_url, tmp_path):
             # variable or DECLAREd value lives for one batch only, on every T-SQL server), so its
             # result sets are read in turn; elsewhere statement by statement.
             sent = [query.batch] if store.dialect == "mssql" else query.statements
+            if store.dialect == "mssql" and name == "probe_rows":
+                # reads the temporary table prepare_probe makes in the probe's transaction
+                sent = [store.queries["prepare_probe"].batch, query.batch]
             with pytest.raises(Rollback):
                 with store.transaction():
                     for statement in sent:
