@@ -263,8 +263,8 @@ def transaction_open(dialect: str) -> Callable[[Any], bool]:
     """Whether a connection of ``dialect`` that is not in a Store.transaction() has a transaction
     open anyway (the pool refuses it), asked of the driver without a round trip. SQLite knows;
     a PostgreSQL connection outside Store.transaction() is in autocommit mode (_postgres_session),
-    so one that is not may have begun one; SQL Server connections are never in autocommit mode
-    (the Store commits every statement, and discards a connection released inside its
+    so one that is not may have begun one; SQL Server connections are in autocommit mode and the
+    Store sends BEGIN TRANSACTION itself (and discards a connection released inside its
     transaction), so the driver cannot tell, and the Store's own bookkeeping stands alone."""
     if dialect == "sqlite":
         return lambda connection: bool(connection.in_transaction)
@@ -279,10 +279,43 @@ def _sql_server_session(opener: Callable[[], Any]) -> Callable[[], Any]:
     ON (the agent counts rows through OUTPUT, never through row counts) and a lock timeout."""
 
     def open_session() -> Any:
+        from shared.control.queries import load_queries
+
         connection = opener()
         cursor = connection.cursor()
         cursor.execute(f"SET XACT_ABORT ON; SET NOCOUNT ON; SET LOCK_TIMEOUT {LOCK_TIMEOUT_SECONDS * 1000};")
+        # Outside Store.transaction() each batch is a transaction of its own the server commits
+        # (a claim is one round trip, not two); the Store sends BEGIN TRANSACTION on the first
+        # batch of a transaction of its own, and COMMIT on its last when it can (issue 35).
+        connection.autocommit = True
+        # The session's id, whether the server is Babelfish, the database user: asked once here,
+        # not before every job (the Store's session_identity, which it asks when this is absent).
+        cursor.execute(load_queries("mssql")["session_identity"].batch.sql)
+        row = cursor.fetchone()
         cursor.close()
-        return connection
+        session = (int(row[0]), str(row[1] or "") == "1", str(row[2] or "")) if row is not None else None
+        return TsqlConnection(connection, session)
 
     return open_session
+
+
+class TsqlConnection:
+    """A SQL Server driver connection and what the agent learnt of its session when it opened it
+    (``agent_session``: session id, Babelfish or not, database user); every other attribute, read
+    or written, is the driver connection's own."""
+
+    def __init__(self, connection: Any, session: tuple[int, bool, str] | None) -> None:
+        object.__setattr__(self, "_connection", connection)
+        object.__setattr__(self, "agent_session", session)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connection, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._connection, name, value)
+
+    def __enter__(self) -> Any:
+        return self._connection.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._connection.__exit__(*exc)

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from shared.control.db import DatabaseTarget, connector
-from shared.control.queries import Query, load_migrations, load_queries
+from shared.control.queries import _TSQL_ANY_MODULE, Query, load_migrations, load_queries
 from shared.control.sqlerrors import classify, describe
 from shared.control.transaction_control import postgres_transaction_statement, refused_message
 from shared.errors import AgentError, LeaseLost, OwnerError, SchemaError, TransactionControlRefused
@@ -79,6 +79,11 @@ class Store:
         # commit_with() ran the open transaction's last calls: nothing more runs in it, and on
         # PostgreSQL (whose batch committed it) transaction() does not commit it again.
         self._transaction_ended = False
+        # SQL Server: the connection is in autocommit mode outside transaction(); a transaction's
+        # BEGIN TRANSACTION rides on its first batch (pending until then), and its COMMIT on the
+        # batch of commit_with() when that batch could carry it (_tsql_committed).
+        self._tsql_begin = False
+        self._tsql_committed = False
         # PostgreSQL: the id of the transaction a job's SQL ran in (taken in the job's own batch,
         # before the job), for check_work_transaction; None when there is nothing to compare (no
         # job ran in this transaction, or it ran where it cannot end one).
@@ -297,7 +302,9 @@ class Store:
                 results = self._run(queries, commit=not self._in_transaction, end=end, after=after)
             else:
                 with self.transaction():
-                    results = self._run(queries, commit=False)
+                    # SQL Server: BEGIN and COMMIT ride on the batch when it can carry them (one
+                    # round trip; XACT_ABORT ON rolls all of it back on an error).
+                    results = self._run(queries, commit=False, end=self.dialect == "mssql")
             success = True
             return results
         finally:
@@ -340,10 +347,7 @@ class Store:
                     results.append(_merge(parts[position:position + count]))
                     position += count
             elif self.dialect == "mssql":
-                results = []
-                for query, params in queries:
-                    values = [self._convert_param(params[p]) for p in query.batch.params]
-                    results.append(_merge(self._execute_statement(query.batch.sql, values)))
+                results = self._run_tsql(queries, end=end)
             else:
                 results = []
                 for query, params in queries:
@@ -358,15 +362,66 @@ class Store:
                 self._end_transaction()
         except BaseException as exc:
             self._after_failure(exc)
-            refusal = _refusal(exc) if self.dialect == "postgres" else None
+            refusal = _refusal(exc) if self.dialect in ("postgres", "mssql") else None
             if refusal is not None:
                 raise refusal from exc
             raise
         return results
 
+    def _run_tsql(self, queries: Sequence[tuple[Query, Mapping[str, Any]]], *, end: bool) -> list[Result]:
+        """SQL Server: the queries as one batch when their results can be told apart (one query, or
+        every query's count of result sets known: TSQL_RESULT_SETS), with the transaction's COMMIT
+        riding on it when ``end``; else one batch per query (and transaction() commits)."""
+        counts = [TSQL_RESULT_SETS.get(query.name) for query, _ in queries]
+        if len(queries) == 1 or all(count is not None for count in counts):
+            sql = "\n".join(query.batch.sql for query, _ in queries)
+            if end:
+                sql += "\nCOMMIT TRANSACTION;"
+            values = [self._convert_param(params[p]) for query, params in queries for p in query.batch.params]
+            parts = self._execute_statement(sql, values)
+            self._tsql_committed = end
+            if len(queries) == 1:
+                return [_merge(parts)]
+            parts = [part for part in parts if part.returns_rows]
+            if len(parts) != sum(counts):   # type: ignore[arg-type]
+                raise AgentError(f"SQL Server answered {len(parts)} result sets to the batch of "
+                                 f"{[query.name for query, _ in queries]}, expected {sum(counts)}")  # type: ignore[arg-type]
+            results, position = [], 0
+            for count in counts:
+                results.append(_merge(parts[position:position + count]))   # type: ignore[operator]
+                position += count   # type: ignore[operator]
+            return results
+        results = []
+        for query, params in queries:
+            values = [self._convert_param(params[p]) for p in query.batch.params]
+            results.append(_merge(self._execute_statement(query.batch.sql, values)))
+        self._tsql_committed = False
+        return results
+
+    def _tsql_begun(self, sql: str) -> str:
+        """SQL Server: ``sql`` with the pending BEGIN TRANSACTION of transaction() in front."""
+        if not self._tsql_begin:
+            return sql
+        self._tsql_begin = False
+        if _TSQL_ANY_MODULE.match(_code_start(sql)):
+            # A CREATE PROCEDURE (a migration) must be the first statement of its batch.
+            self._send("BEGIN TRANSACTION;")
+            return sql
+        return "BEGIN TRANSACTION;\n" + sql
+
+    def _send(self, sql: str) -> None:
+        cursor = self.connection.cursor()
+        try:
+            cursor.execute(sql)
+            self.statements_executed += 1
+        finally:
+            with contextlib.suppress(Exception):
+                cursor.close()
+
     def _end_transaction(self) -> None:
-        """commit_with ran: on PostgreSQL the batch's COMMIT committed the transaction."""
-        if self.dialect == "postgres":
+        """commit_with ran: on PostgreSQL (and on SQL Server when the batch could carry it) the
+        batch's COMMIT committed the transaction."""
+        if self.dialect == "postgres" or self._tsql_committed:
             self.commits += 1
         self._transaction_ended = True
 
@@ -374,6 +429,8 @@ class Store:
         """One round trip; one Result per result the server sent (every result set is read,
         so an error in a later statement of a batch is raised here, not lost)."""
         connection = self.connection
+        if self.dialect == "mssql":
+            sql = self._tsql_begun(sql)
         cursor = connection.cursor()
         self._set_active(cursor)
         try:
@@ -396,11 +453,10 @@ class Store:
         return Result(rowcount=max(cursor.rowcount, 0))
 
     def _commit(self) -> None:
-        # PostgreSQL outside transaction(): the connection is in autocommit mode, and the server
-        # ran the batch as one implicit transaction, committed as it ended (no COMMIT round trip).
-        if self.dialect == "mssql":
-            self.connection.commit()
-            self.commits += 1
+        # PostgreSQL and SQL Server outside transaction(): the connection is in autocommit mode,
+        # and the server ran the statement (or the batch its BEGIN and COMMIT rode on) as one
+        # transaction, committed as it ended (no COMMIT round trip).
+        return
 
     def _after_failure(self, exc: BaseException | None = None) -> None:
         if exc is not None and _connection_lost(exc):
@@ -414,7 +470,7 @@ class Store:
                     if self._connection.in_transaction:
                         self._connection.execute("ROLLBACK")
                 elif self.dialect == "mssql":
-                    self._connection.rollback()
+                    self._send(TSQL_ROLLBACK)
                 # PostgreSQL in autocommit: the failed batch's implicit transaction is gone already
         except Exception:
             self._discard_connection()
@@ -434,6 +490,8 @@ class Store:
             connection.execute("BEGIN IMMEDIATE" if immediate else "BEGIN DEFERRED")
         elif self.dialect == "postgres":
             connection.autocommit = False   # client side: BEGIN rides on the first statement
+        else:
+            self._tsql_begin, self._tsql_committed = True, False   # BEGIN rides on the first batch
         self._in_transaction = True
         try:
             yield self
@@ -443,10 +501,14 @@ class Store:
             if _connection_lost(exc):
                 self._discard_connection()
                 raise
+            begun, self._tsql_begin = not self._tsql_begin, False
             try:
                 if self.dialect == "sqlite":
                     if connection.in_transaction:
                         connection.execute("ROLLBACK")
+                elif self.dialect == "mssql":
+                    if begun:   # (XACT_ABORT ON has rolled back after an error already, mostly)
+                        self._send(TSQL_ROLLBACK)
                 else:
                     connection.rollback()
                     if self.dialect == "postgres":
@@ -457,13 +519,19 @@ class Store:
                 self._discard_connection()
             raise
         self._in_transaction = False
-        committed, self._transaction_ended = self._transaction_ended and self.dialect == "postgres", False
+        committed = self._transaction_ended and (self.dialect == "postgres" or self._tsql_committed)
+        begun = not self._tsql_begin
+        self._transaction_ended, self._tsql_begin, self._tsql_committed = False, False, False
         try:
             if committed:
                 if self.dialect == "postgres":
                     connection.autocommit = True
             elif self.dialect == "sqlite":
                 connection.execute("COMMIT")
+            elif self.dialect == "mssql":
+                if begun:   # nothing was sent: nothing to commit
+                    self._send("COMMIT TRANSACTION;")
+                    self.commits += 1
             else:
                 connection.commit()
                 self.commits += 1
@@ -550,6 +618,9 @@ class Store:
         if principal and self.dialect == "postgres" and principal != self._session_user(connection):
             return self._run_as(connection, principal, who, sql, output)
         if self.dialect == "mssql" and self._session is None:
+            # Asked once per connection, as it opened (shared/control/db.py); else here.
+            self._session = getattr(connection, "agent_session", None)
+        if self.dialect == "mssql" and self._session is None:
             row = self.execute("session_identity").one()
             assert row is not None
             self._session = (int(row["spid"]), str(row["babelfish"] or "") == "1", str(row["user_name"] or ""))
@@ -578,7 +649,7 @@ class Store:
                     # IMPERSONATE, which the job's principal does not hold (SQL Server Agent's own
                     # rule for a non-sysadmin owner's job step).
                     try:
-                        _execute_tsql_job(cursor, mssql_job_batch(principal, params), sql, params)
+                        _execute_tsql_job(cursor, self._tsql_begun(mssql_job_batch(principal, params)), sql, params)
                     except Exception as exc:
                         if "15517" in str(exc) or "Cannot execute as the database principal" in str(exc):
                             raise OwnerError(f"{who} cannot run this job: {_one_line(exc)} (the user must exist in "
@@ -586,7 +657,10 @@ class Store:
                         raise
                     drain_results(cursor, output)
                     return output
-                _execute_tsql_job(cursor, mssql_job_batch(None, params), sql, params)
+                # The path of most runs (no principal, no parameters): agent.run_job (migration
+                # 0023), the same batch as a procedure; else the batch itself.
+                batch = TSQL_RUN_JOB if not params else mssql_job_batch(None, params)
+                _execute_tsql_job(cursor, self._tsql_begun(batch), sql, params)
             else:
                 # Agent statements wait 30 s for a lock at most; the job's own SQL waits as long
                 # as its timeout allows; both SET LOCALs end with the transaction (and
@@ -912,6 +986,8 @@ def _execute_tsql_job(cursor: Any, batch: str, sql: str, params: Mapping[str, st
         text = str(exc)
         if "(266)" in text or "Transaction count after EXECUTE" in text or "Transaction count after execution" in text:
             raise TransactionControlRefused(f"{MSSQL_REFUSED} ({_one_line(exc)})") from exc
+        if "agent: transaction control" in text:   # the nesting's THROW 50002 (a job's own 50002 is its error)
+            raise TransactionControlRefused(MSSQL_REFUSED) from exc
         raise
 
 
@@ -946,14 +1022,19 @@ def mssql_job_batch(job_principal: str | None, params: Mapping[str, str] | None 
     nest = "DECLARE @agent_trancount INT;\nBEGIN TRANSACTION;\nSET @agent_trancount = @@TRANCOUNT;\n"
     run = (f"EXEC sp_executesql N'SET NOCOUNT OFF; EXEC sp_executesql @agent_job{inner};', "
            f"N'@agent_job NVARCHAR(MAX){declare}', @agent_job = ?{bound};\n")
-    unnest = ("IF @@TRANCOUNT <> @agent_trancount THROW 50002, N'" + MSSQL_REFUSED.replace("'", "''")
-              + "', 1;\nCOMMIT TRANSACTION;\n")
+    # The refusal's words are the engine's (_execute_tsql_job maps 50002 to MSSQL_REFUSED): they
+    # need not travel with every run (issue 35: the job's batch is most of what a task sends).
+    unnest = "IF @@TRANCOUNT <> @agent_trancount THROW 50002, N'agent: transaction control', 1;\nCOMMIT TRANSACTION;\n"
     if job_principal:
         name = "N'" + job_principal.replace("'", "''") + "'"
         return ("SET LOCK_TIMEOUT -1;\nDECLARE @agent_cookie VARBINARY(8000);\n" + nest
                 + f"EXECUTE AS USER = {name} WITH COOKIE INTO @agent_cookie;\n"
                 + run + "REVERT WITH COOKIE = @agent_cookie;\n" + unnest + "SET LOCK_TIMEOUT 30000;")
     return "SET LOCK_TIMEOUT -1;\n" + nest + run + unnest + "SET LOCK_TIMEOUT 30000;"
+
+
+# mssql_job_batch(None) as a procedure of migration 0023 (test_step_transactions compares them).
+TSQL_RUN_JOB = "EXEC agent.run_job ?;"
 
 
 MSSQL_REFUSED = ("the job's SQL may not end the agent's transaction (a COMMIT or ROLLBACK in it changed "
@@ -1118,6 +1199,25 @@ PSQLODBC_CUT_NOTE = ("[output cut by the PostgreSQL ODBC driver: it drops the no
 # it may end with) before it takes effect (migration 0013).
 PG_FENCED_SQLSTATE = "AG001"            # agent.finish_run: the run's token moved on
 PG_WORK_TRANSACTION_ENDED_SQLSTATE = "AG002"   # agent.check_work_transaction
+TSQL_FENCED_NUMBER = 50003               # agent.finish_run (T-SQL, migration 0023): the token moved on
+TSQL_ROLLBACK = "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;"
+# SQL Server answers only the statements that return rows (sessions run with NOCOUNT ON), so a
+# batch of several queries is read by each one's count of result sets: the procedures of
+# migration 0023 return exactly one (lock_starts none), and these ad-hoc queries as many as their
+# SELECTs. A query not named here runs in a batch of its own.
+TSQL_RESULT_SETS = {
+    "reset_session": 1, "check_work_transaction": 1, "lock_starts": 0, "finish_run": 1,
+    "record_attempt_output": 0, "start_follow_up_runs": 1, "dispatch_runs": 1,
+}
+
+
+def _code_start(sql: str) -> str:
+    """``sql`` from its first line that is not a comment."""
+    lines = sql.splitlines()
+    for index, line in enumerate(lines):
+        if line.strip() and not line.strip().startswith("--"):
+            return "\n".join(lines[index:])
+    return ""
 WORK_TRANSACTION_ENDED = ("the job's SQL ended the agent's transaction (a COMMIT or ROLLBACK got past the agent's "
                           "check): the attempt fails; what the SQL committed before that stays committed")
 
@@ -1132,7 +1232,10 @@ class AfterCommitFailed(AgentError):
 
 def _refusal(exc: BaseException) -> BaseException | None:
     """The engine's own error for a refusal one of the agent's statements raised, or None."""
-    sqlstate = classify(exc).sqlstate
+    info = classify(exc)
+    if info.number == TSQL_FENCED_NUMBER:
+        return LeaseLost()
+    sqlstate = info.sqlstate
     if sqlstate == PG_FENCED_SQLSTATE:
         return LeaseLost()
     if sqlstate == PG_WORK_TRANSACTION_ENDED_SQLSTATE:

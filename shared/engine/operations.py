@@ -715,6 +715,7 @@ def apply_operator_grant(target: DatabaseTarget, sql: str, *, operator: str | No
                               arguments=arguments) as audit:
         connection = connector(target)()
         try:
+            connection.autocommit = False   # the script commits as a whole, or not at all
             cursor = connection.cursor()
             for statement in split_statements(sql):
                 cursor.execute(statement)

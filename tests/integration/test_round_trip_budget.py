@@ -35,6 +35,7 @@ from typing import Any
 
 import pytest
 
+from shared.control.db import _sql_server_session
 from shared.engine.agent import Agent
 from shared.engine.dispatch import dispatch
 from shared.engine.runner import LocalRunner
@@ -77,9 +78,8 @@ class Budget:
 # claims the worker's next run: Executor._claim_ahead argues why that claim is the one the worker
 # would have sent next). Queue mode: 3, because the next run is named by a message the worker has
 # not received yet (the start needs the message's run and token, so it cannot ride on the
-# completion): the start; the job's SQL; the completion. T-SQL: the target is 4 round trips and
-# 1.5 KB (stored procedures, issue 35 item 3); until they land its budget is what the ad-hoc
-# batches cost now, so it cannot grow.
+# completion): the start; the job's SQL; the completion. T-SQL: 4 round trips and 1.5 KB (stored
+# procedures, issue 35 item 3).
 # +0.35 KB for the job's search_path (issue 34, the attack on the owner boundary): the agent's
 # sessions are pinned to pg_catalog, pg_temp; the job's SQL gets the database's and role's default
 # back for its transaction, looked up in the batch that runs it (store.JOB_SEARCH_PATH: a fleet
@@ -87,9 +87,13 @@ class Budget:
 _PATH = "; the job's own search_path, the agent's sessions being pinned (issue 34 attack): +0.35 KB"
 _PG = {"direct": Budget(2, 1.75, _PATH), "queue": Budget(3, 2.15, _PATH)}
 TSQL_TARGET = Budget(4, 1.5)
-_TSQL_NOW = ("the claim, the start and the completion are ad-hoc batches until issue 35 item 3 "
-             "(stored procedures: at most 4 round trips and 1.5 KB); 22.5 and 34.5 KB before issue 34's "
-             "follow-up chain check and the claim on the database's own now")
+# T-SQL since migration 0023 (issue 35 item 3), measured at 3 round trips and 0.97 KB (direct),
+# 1.25 KB (queue) per task: the claim or start (a procedure in a transaction of its own, on an
+# autocommit connection: no COMMIT round trip); the job (EXEC agent.run_job ?, BEGIN TRANSACTION
+# riding on it); the completion in one batch (the session settings, check_work_transaction,
+# finish_run raising when fenced, start_follow_up_runs, in queue mode lock_starts and dispatch_runs,
+# then COMMIT). Before 0023: 9 and 11 round trips, 26.5 and 39 KB.
+_TSQL_NOW = "T-SQL hot path as procedures (migration 0023)"
 # SQLite runs a batch one statement at a time, in-process (no network): 17 direct and 19 queue
 # statements until three more came with issue 34 (the claim reads the database's own now when the
 # agent runs on the database clock, item 12; a follow-up's chain of jobs is checked, item 4).
@@ -99,8 +103,8 @@ _SQLITE = "SQLite runs a batch one statement at a time, in-process; +3 for issue
 # between ticks). The buffer-one skip joins the claim's skip statement (no statement more; its
 # condition +0.6 KB); cancel-previous is one statement more on SQLite (the runs it stops and their
 # fleet executions, in one UPDATE) and +1.3 KB in each claim and start; the catch-up exemption of
-# the misfire rules +0.1 KB. T-SQL sends the claim twice per task (the claim, then the claim that
-# finds nothing): +5.1 KB direct, +6.7 KB queue (dispatch and start), no round trip more.
+# the misfire rules +0.1 KB. T-SQL: inside the procedures of migration 0023 (claim_runs, start_run,
+# dispatch_runs), nothing more on the wire.
 _OVERLAP = "; overlap buffer-one/cancel-previous and the catch-up exemption in the claims (issue 33 item 5)"
 BUDGETS: dict[tuple[str, str, str], Budget] = {}
 for _path in ("task", "scheduled", "hand-on"):
@@ -108,8 +112,8 @@ for _path in ("task", "scheduled", "hand-on"):
     BUDGETS[("postgres", "queue", _path)] = _PG["queue"]
     BUDGETS[("sqlite", "direct", _path)] = Budget(21, 13.5, _SQLITE + _OVERLAP + ": +1 statement, +3 KB")
     BUDGETS[("sqlite", "queue", _path)] = Budget(21, 18, _SQLITE + _OVERLAP + ": +1 statement, +3.5 KB")
-    BUDGETS[("mssql", "direct", _path)] = Budget(9, 32, _TSQL_NOW + _OVERLAP + ": +5.1 KB")
-    BUDGETS[("mssql", "queue", _path)] = Budget(11, 46, _TSQL_NOW + _OVERLAP + ": +6.7 KB")
+    BUDGETS[("mssql", "direct", _path)] = TSQL_TARGET
+    BUDGETS[("mssql", "queue", _path)] = TSQL_TARGET
 # Owned runs need 4 round trips on PostgreSQL, one above the 3 of the budget, on both paths: the
 # claim or start; the statement that makes the owner's function (pg_temp, SECURITY DEFINER, given to
 # the owner, the session marked); the job's SQL through it; the completion. Why not fewer:
@@ -134,8 +138,11 @@ BUDGETS[("postgres", "direct", "owned")] = Budget(4, 3.9, _OWNED + "; the notice
                                                   + _BOUNDARY + _PATH)
 BUDGETS[("postgres", "queue", "owned")] = Budget(4, 4.3, _OWNED + "; the notices' end marker (issue 34 item 10)"
                                                  + _BOUNDARY + _PATH)
-BUDGETS[("mssql", "direct", "owned")] = Budget(9, 32.5, _OWNED + "; " + _TSQL_NOW + _OVERLAP + ": +5.1 KB")
-BUDGETS[("mssql", "queue", "owned")] = Budget(11, 46.5, _OWNED + "; " + _TSQL_NOW + _OVERLAP + ": +6.7 KB")
+# T-SQL: the connection of an owned run is closed after it (the owner boundary), so each owned run
+# opens a session: its settings and its identity, 2 round trips (5 and 6 measured since 0023).
+_TSQL_OWNED = "; an owned run's connection is closed after it: each opens a session (settings, identity: +2)"
+BUDGETS[("mssql", "direct", "owned")] = Budget(5, 2.3, _OWNED + "; " + _TSQL_NOW + _TSQL_OWNED)
+BUDGETS[("mssql", "queue", "owned")] = Budget(6, 2.8, _OWNED + "; " + _TSQL_NOW + _TSQL_OWNED)
 
 
 @dataclass(frozen=True)
@@ -245,9 +252,13 @@ def measure_tsql(mode: str, path: str, answers: Answers, messages: list[list[tup
                   clock=lambda: START, simulated_time=True)
     tally = Tally(encoding="utf-16-le")
     fixed = {"session_identity": (["spid", "babelfish", "user_name"], [(55, "0", "dbo")])}
-    agent.pool._connect = lambda: RecordingTsqlConnection(answers, tally, fixed)
+    # Opened as the agent opens a SQL Server session (its settings, autocommit, its identity asked
+    # once): what a connection costs is counted, and cancels out per task (the pool keeps it).
+    agent.pool._connect = _sql_server_session(lambda: RecordingTsqlConnection(answers, tally, fixed))
     counts = []
     try:
+        agent.store().connection   # opened (and kept by the pool) before the rounds: per connection, not per task
+        agent.release()
         for index, runs in enumerate(ROUNDS):
             if queue is not None:
                 queue.send_many([body for body, _ in messages[index]],

@@ -242,3 +242,20 @@ def test_a_commit_past_the_reader_still_fails_the_attempt_at_its_completion(pg_u
         assert attempts == [("failed",)], attempts
     finally:
         agent.close()
+
+
+def test_the_tsql_run_job_procedure_is_the_batch_of_a_job_without_principal():
+    """Most runs (no owner, no AGENT_JOB_PRINCIPAL, no parameters) send EXEC agent.run_job ?
+    (migration 0023, issue 35): its body is mssql_job_batch(None), statement for statement, but
+    for the lock timeout the batch set back at its end (a procedure's SET ends with it)."""
+    from shared.control.queries import load_migrations
+    from shared.control.store import TSQL_RUN_JOB
+
+    assert TSQL_RUN_JOB == "EXEC agent.run_job ?;"
+    created = [s for m in load_migrations("mssql") for s in m.statements() if "CREATE PROCEDURE agent.run_job" in s]
+    assert len(created) == 1
+    body = created[0].split("\nBEGIN\n", 1)[1].rsplit("\nEND", 1)[0]
+    procedure = [line.strip() for line in body.splitlines() if line.strip()]
+    batch = [line.strip() for line in mssql_job_batch(None).replace("@agent_job = ?", "@agent_job = @agent_job")
+             .splitlines() if line.strip() and line.strip() != "SET LOCK_TIMEOUT 30000;"]
+    assert procedure == batch

@@ -7,7 +7,10 @@ rollback the engine asks of the driver) and bytes (the SQL text and the paramete
   benchmark's idle claims blocked each other for 30 s: issue 35).
 * :class:`RecordingTsqlConnection` stands in for a SQL Server connection where there is none
   (CI, this machine): it answers each named T-SQL query with the rows a real database gave for the
-  same query in the same scenario (recorded on PostgreSQL by :func:`record_answers`). It exists to
+  same query in the same scenario (recorded on PostgreSQL by :func:`record_answers`); a batch of
+  several named queries (a completion since migration 0023, with the Store's BEGIN or COMMIT
+  around it) is answered query by query, each with its count of result sets (TSQL_RESULT_SETS).
+  It exists to
   count what the engine SENDS on the T-SQL path, round trips and bytes, and nothing else: its
   answers prove nothing about T-SQL's semantics (test_dialects.py parses the T-SQL, Babelfish and
   SQL Server run it).
@@ -204,10 +207,21 @@ class RecordingTsqlCursor:
         self._rows: list[tuple] = []
 
     def execute(self, sql: str, *params: Any) -> "RecordingTsqlCursor":
+        from shared.control.store import TSQL_RESULT_SETS
+
         self._connection.tally.sent(sql, _params(params))
-        name = self._connection.names.get(sql)
-        answer = self._connection.answer(name) if name is not None else None
-        self._show(answer)
+        names = self._connection.split(sql)
+        if len(names) == 1:
+            self._results = [self._connection.answer(names[0])]
+        else:
+            # A batch of several named queries (Store._run_tsql): each answers its count of result
+            # sets, an empty one with a column still (as SQL Server describes it).
+            self._results = []
+            for name in names:
+                columns, rows = self._connection.answer(name) or ([], [])
+                if TSQL_RESULT_SETS.get(name, 1):
+                    self._results.append((columns or ["_"], rows))
+        self._show(self._results.pop(0) if self._results else None)
         return self
 
     def _show(self, answer: tuple[list[str], list[tuple]] | None) -> None:
@@ -227,7 +241,10 @@ class RecordingTsqlCursor:
         return self._rows.pop(0) if self._rows else None
 
     def nextset(self) -> bool:
-        return False
+        if not self._results:
+            return False
+        self._show(self._results.pop(0))
+        return True
 
     def cancel(self) -> None:
         pass
@@ -248,6 +265,23 @@ class RecordingTsqlConnection:
         self.fixed = fixed
         self.autocommit = False
         self.names = {query.batch.sql: name for name, query in load_queries("mssql").items()}
+
+    def split(self, sql: str) -> list[str]:
+        """The named queries a batch holds, in order (the Store's BEGIN and COMMIT around them
+        aside): none for SQL that is no named query (a job's batch, a COMMIT)."""
+        if sql in self.names:
+            return [self.names[sql]]
+        text = sql.removeprefix("BEGIN TRANSACTION;\n").removesuffix("\nCOMMIT TRANSACTION;")
+        if text in self.names:
+            return [self.names[text]]
+        found: list[str] = []
+        while text:
+            match = next((known for known in self.names if text == known or text.startswith(known + "\n")), None)
+            if match is None:
+                return []
+            found.append(self.names[match])
+            text = text[len(match) + 1:]
+        return found
 
     def answer(self, name: str) -> tuple[list[str], list[tuple]] | None:
         if name in self.fixed:

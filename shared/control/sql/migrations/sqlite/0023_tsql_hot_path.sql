@@ -1,0 +1,3 @@
+-- 0023 the T-SQL hot path as stored procedures (issue 35 item 3): changes only the T-SQL dialect
+-- (see its file of the same number; PostgreSQL's claim, start and completion have been functions
+-- since 0002/0013/0018). Nothing to do here; the file keeps the versions of every dialect in step.
