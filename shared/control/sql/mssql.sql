@@ -1549,7 +1549,10 @@ ORDER BY a.finished_at, a.attempt_id;
 -- record_alert_results --
 -- What this tick's checks found (a JSON array of {alert_name, triggered, error, checked_until, next_response_at}), in one statement: counts and times of occurrences; the probe's error (error_since: when it started failing); the failures looked at; and a response where one occurred and the delay since the last response has passed (next_response_at <= :now). Returns each alert with fired 1 when this check responds, and failing 1 when its probe has just started failing.
 DECLARE @now DATETIME2(6) = CAST(:now AS DATETIME2(6));
-DECLARE @recorded TABLE (alert_name NVARCHAR(64), fired INT, failing INT);
+-- OUTPUT copies plain columns: Babelfish refuses an expression of inserted.* in an UPDATE's OUTPUT
+-- ("missing FROM-clause entry for table inserted"); the CASEs are in the SELECT after it.
+DECLARE @recorded TABLE (alert_name NVARCHAR(64), last_response_at DATETIME2(6), last_error NVARCHAR(MAX),
+                         error_since DATETIME2(6));
 UPDATE a SET
     last_checked_at = @now,
     last_error = r.error,
@@ -1563,8 +1566,7 @@ UPDATE a SET
                                    THEN 1 ELSE 0 END,
     next_response_at = CASE WHEN r.triggered = 1 AND (a.next_response_at IS NULL OR a.next_response_at <= @now)
                             THEN r.next_response_at ELSE a.next_response_at END
-OUTPUT inserted.alert_name, CASE WHEN inserted.last_response_at = @now THEN 1 ELSE 0 END,
-       CASE WHEN inserted.last_error IS NOT NULL AND inserted.error_since = @now THEN 1 ELSE 0 END INTO @recorded
+OUTPUT inserted.alert_name, inserted.last_response_at, inserted.last_error, inserted.error_since INTO @recorded
 FROM agent.alerts AS a,
      (SELECT agent.json_text(x.alert_name) AS alert_name, x.triggered, agent.json_text(x.error) AS error,
              CONVERT(DATETIME2(6), x.checked_until, 121) AS checked_until,
@@ -1572,7 +1574,9 @@ FROM agent.alerts AS a,
       FROM OPENJSON(:results) WITH (alert_name NVARCHAR(200), triggered INT, error NVARCHAR(MAX), checked_until NVARCHAR(40),
                                     next_response_at NVARCHAR(40)) AS x) AS r
 WHERE a.alert_name = r.alert_name;
-SELECT alert_name, fired, failing FROM @recorded;
+SELECT alert_name, CASE WHEN last_response_at = @now THEN 1 ELSE 0 END AS fired,
+       CASE WHEN last_error IS NOT NULL AND error_since = @now THEN 1 ELSE 0 END AS failing
+FROM @recorded;
 
 -- insert_alert_firings --
 -- The responses of this tick (a JSON array of {alert_name, kind, detail, url, notify}): one row of agent.alert_firings each and, when it notifies, its notification in the outbox (run_id: the firing's id, kind 'condition', 'errors' or 'alert_error'; with no webhook, recorded 'unsent'). Returns each firing.

@@ -1,2 +1,0 @@
--- 0023 reserved for another branch (a comment-only placeholder, so that the numbers stay
--- consecutive; dropped at merge, when that branch's 0023 takes its place).
