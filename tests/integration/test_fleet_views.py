@@ -309,17 +309,18 @@ def test_monitor_pages_show_the_fleet_with_fixed_query_counts(fleet):
     try:
         history = views.history_view(store, "fleet", 50)
         newest, older = history["runs"]
-        # jobs page: two queries whatever the fleet, the last run's fleet in its row
+        # jobs page: three queries whatever the fleet (the agent's liveness, issue 32 item 7, and
+        # two), the last run's fleet in its row
         recorder.clear()
         jobs = page(monitor, "/")
-        assert len(recorder.statements) == 2
+        assert len(recorder.statements) == 3
         assert "6 targets, 2 failed" in text_of(job_row(jobs, "fleet"))
         assert "targets" not in text_of(job_row(jobs, "plain"))
         # job page: one more query than a job without targets (list_run_targets, for both runs)
         recorder.clear()
         plain_page = page(monitor, "/jobs/plain")
         plain_count = len(recorder.statements)
-        assert recorder.count("list_run_targets") == 0 and plain_count == 7
+        assert recorder.count("list_run_targets") == 0 and plain_count == 8   # 7 and the liveness
         recorder.clear()
         job_page = page(monitor, "/jobs/fleet")
         assert len(recorder.statements) == plain_count + 1 and recorder.count("list_run_targets") == 1
@@ -334,12 +335,12 @@ def test_monitor_pages_show_the_fleet_with_fixed_query_counts(fleet):
         # the job page's JSON twin carries the same executions as history --json
         twin = json.loads(page(monitor, "/jobs/fleet", "format=json"))
         assert [r["targets"] for r in twin["runs"]] == json.loads(views.to_json([newest["targets"], older["targets"]]))
-        # an ordinary run's page: get_run, attempts, their output, poison; no fleet
+        # an ordinary run's page: the liveness (get_state), get_run, attempts, their output, poison; no fleet
         (plain_run,) = views.history_view(store, "plain", 5)["runs"]
         recorder.clear()
         ordinary = page(monitor, f"/runs/{plain_run['run_id']}")
         ordinary_count = len(recorder.statements)
-        assert recorder.names == ["get_run", "list_attempts", "list_attempt_output", "list_run_poison"]
+        assert recorder.names == ["get_state", "get_run", "list_attempts", "list_attempt_output", "list_run_poison"]
         assert "<h2>Targets</h2>" not in ordinary and "<dt>Fleet</dt><dd>-</dd>" in ordinary
         # a fleet run's page: its executions by target, each linked, in one more query
         recorder.clear()
