@@ -94,6 +94,19 @@ def text_of(driver) -> str:
     return driver.find_element(By.TAG_NAME, "body").text
 
 
+def click_through(driver, selector: str) -> None:
+    """Click the button and wait until the page it posts to has replaced this one (reading the
+    next page's heading at once could read this page's, or a node the navigation removed)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    page = driver.find_element(By.TAG_NAME, "html")
+    driver.find_element(By.CSS_SELECTOR, selector).click()
+    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.TAG_NAME, "h1"))
+
+
 def test_the_jobs_page_as_a_person_sees_it(browser, site):
     from selenium.webdriver.common.by import By
 
@@ -249,13 +262,13 @@ def test_an_operator_clicks_start_and_stop_and_a_reader_sees_no_button(browser, 
     try:
         base = f"http://127.0.0.1:{operator.server_address[1]}"
         browser.get(base + "/jobs/nightly_ok")
-        browser.find_element(By.CSS_SELECTOR, "button.act-start").click()
+        click_through(browser, "button.act-start")
         assert browser.find_element(By.TAG_NAME, "h1").text == "Done"
         assert "job 'nightly_ok' started: run" in text_of(browser)
         browser.get(base + "/jobs/running_long")
-        browser.find_element(By.CSS_SELECTOR, "button.act-stop").click()
+        click_through(browser, "button.act-stop")
         assert browser.find_element(By.TAG_NAME, "h1").text == "Confirm"
-        browser.find_element(By.CSS_SELECTOR, "button.act-stop").click()
+        click_through(browser, "button.act-stop")
         assert "job 'running_long' stopped: run(s)" in text_of(browser)
         shot(browser, "action-done")
     finally:
@@ -468,18 +481,18 @@ def test_azure_an_operator_clicks_start_and_stop_and_both_are_audited(browser, a
     browser.get(base + "/jobs/nightly_ok")
     shot(browser, "azure-job")
     runs_before = {run["run_id"] for run in cli_json(scenario.db, "history", "--job", "nightly_ok")["runs"]}
-    browser.find_element(By.CSS_SELECTOR, "button.act-start").click()
+    click_through(browser, "button.act-start")
     assert browser.find_element(By.TAG_NAME, "h1").text == "Done"
     assert "job 'nightly_ok' started: run" in text_of(browser)
     (new_run,) = [run for run in cli_json(scenario.db, "history", "--job", "nightly_ok")["runs"]
                   if run["run_id"] not in runs_before]
     assert f"run {new_run['run_id']}" in text_of(browser)
     browser.get(base + "/jobs/running_long")
-    browser.find_element(By.CSS_SELECTOR, "button.act-stop").click()
+    click_through(browser, "button.act-stop")
     assert browser.find_element(By.TAG_NAME, "h1").text == "Confirm"
     assert not [r for r in monitor_audit(scenario) if r["action"] == "stop"]   # asked, not done
     shot(browser, "azure-confirm")
-    browser.find_element(By.CSS_SELECTOR, "button.act-stop").click()
+    click_through(browser, "button.act-stop")
     assert browser.find_element(By.TAG_NAME, "h1").text == "Done"
     assert "job 'running_long' stopped: run(s)" in text_of(browser)
     shot(browser, "azure-action-done")
