@@ -794,3 +794,128 @@ def _add_scheduled_jobs(target: DatabaseTarget, calls: Sequence[dict[str, Any]])
         done.append(ScheduledJobAdded(job=values["name"],
                                       action=row[1] if row is not None and len(row) > 1 else "defined"))
     return done
+
+
+# --- jobs defined from the monitor's form (issue 32 item 6) -----------------------------------
+# The monitor defines, redefines and removes the jobs the database holds with the procedures'
+# own bodies (agent.add_scheduled_job_unaudited, agent.remove_scheduled_job_unaudited: their
+# checks, refusals and effects, nothing rewritten), called in the action's transaction on the
+# agent's connection, with the audit row (source monitor, the signed-in principal) and the job's
+# owner written in the same transaction. The audited procedures would record the agent's own
+# login as the caller, the owner and the audit's principal: the job would run with the agent's
+# rights, and its audit row would not say who acted.
+
+# Where a procedure's refusal starts in the driver's message.
+_PROCEDURE_PREFIXES = ("agent.add_scheduled_job: ", "agent.remove_scheduled_job: ")
+# agent.jobs.owner: its column size.
+MAX_OWNER_LENGTH = 256
+# The form's "new job" target (no job name: the one typed is checked by the procedure).
+NEW_JOB = "(new)"
+
+
+@dataclass(frozen=True)
+class JobDefined:
+    """A job defined (or redefined) from the monitor: what the procedure did, and whom it runs as."""
+    job_name: str
+    action: str         # "defined" or "redefined", as the procedure says
+    owner: str
+
+
+@dataclass(frozen=True)
+class JobRemoved:
+    job_name: str
+    skipped_runs: int
+
+
+def settings_job_words(name: str) -> str:
+    return f"defined in app settings (JOB__{name}__*)"
+
+
+def _procedure_error(exc: BaseException) -> UsageError | None:
+    """A procedure's refusal (its own words: the argument, the value, what is expected) as a
+    UsageError; None for any other error (a lost connection stays what it is)."""
+    from shared.control.sqlerrors import classify
+
+    text = " ".join(str(classify(exc).message or exc).split())
+    for prefix in _PROCEDURE_PREFIXES:
+        at = text.find(prefix)
+        if at >= 0:
+            words = text[at:]
+            for noise in ("; Error while executing the query", " (SQLExecDirectW)", ";Error while executing"):
+                words = words.split(noise)[0]
+            return UsageError(words.rstrip(" ;"), setting=prefix.rstrip(": "), value=None,
+                              expected="what the procedure expects (its message says)")
+    return None
+
+
+def _database_definitions(store: Store, what: str) -> None:
+    if store.dialect == "sqlite":
+        raise UsageError(f"{what} needs a PostgreSQL or SQL Server control database (agent.add_scheduled_job and "
+                         "agent.remove_scheduled_job are procedures; the embedded SQLite database has none): define "
+                         "jobs in the app settings (JOB__<name>__*) there", setting="--db", value="sqlite",
+                         expected="a PostgreSQL or SQL Server control database")
+
+
+def define_job(store: Store, definition: Any, *, owner: str, now: datetime, actor: Actor,
+               edit: str | None = None) -> JobDefined:
+    """Define (``edit`` None: a new job, refused when one of the name is defined) or redefine
+    (``edit``: the job's name, which must be a job defined in the database) a job with
+    agent.add_scheduled_job's body, ``definition`` being a shared.jobs.definition.JobDefinition;
+    the job runs as ``owner``. One audit row 'define' (done, or refused with the reason)."""
+    name = definition.name
+    arguments = {key: value for key, value in definition.arguments().items()}
+    arguments["owner"] = owner
+    if edit is not None:
+        arguments["edit"] = edit
+    with audited(store, actor, AuditAction.DEFINE, now=now, arguments=arguments, job_name=name) as audit:
+        if edit is not None and edit != name:
+            raise UsageError(f"the form edits job {edit!r} but names {name!r}: a job is renamed by defining the new "
+                             "name and removing the old one", setting="name", value=name, expected=repr(edit))
+        with audit.transaction():
+            existing = store.execute("get_job_definition", job_name=name).one()
+            if existing is not None and existing["configured"] and not existing["defined_in_database"]:
+                raise UsageError(f"job {name!r} is {settings_job_words(name)}: change it there; the monitor edits only "
+                                 "jobs defined in the database", setting="name", value=name,
+                                 expected="a job defined in the database")
+            _database_definitions(store, "defining a job from the monitor")
+            if edit is None and existing is not None and existing["configured"]:
+                raise UsageError(f"a job named {name!r} is defined already: edit it (its Edit link), or choose "
+                                 "another name", setting="name", value=name, expected="a name no job holds")
+            if edit is not None and (existing is None or not existing["configured"]):
+                raise NotFoundError(f"job {name!r} is not defined (it was removed meanwhile?): nothing to edit",
+                                    setting="name", value=name, expected="a job defined in the database")
+            try:
+                row = store.execute("define_job", **definition.arguments()).one()
+                store.execute("set_job_owner", job_name=name, owner=owner[:MAX_OWNER_LENGTH])
+            except Exception as exc:
+                refusal = _procedure_error(exc)
+                if refusal is None:
+                    raise
+                raise refusal from None
+            action = str(row["action"]) if row is not None else "defined"
+            audit.detail = f"{action}; runs as {owner[:MAX_OWNER_LENGTH]!r}"
+    return JobDefined(job_name=name, action=action, owner=owner[:MAX_OWNER_LENGTH])
+
+
+def remove_job(store: Store, name: str, *, now: datetime, actor: Actor) -> JobRemoved:
+    """Remove a job defined in the database (agent.remove_scheduled_job's body: its claimed slots
+    skipped, its history kept). A settings job is refused with where it is defined. One audit
+    row 'remove'."""
+    with audited(store, actor, AuditAction.REMOVE, now=now, arguments={"name": name}, job_name=name) as audit:
+        with audit.transaction():
+            existing = store.execute("get_job_definition", job_name=name).one()
+            if existing is not None and existing["configured"] and not existing["defined_in_database"]:
+                raise UsageError(f"job {name!r} is {settings_job_words(name)}: remove it there; the monitor removes "
+                                 "only jobs defined in the database", setting="name", value=name,
+                                 expected="a job defined in the database")
+            _database_definitions(store, "removing a job from the monitor")
+            try:
+                row = store.execute("remove_job", job_name=name).one()
+            except Exception as exc:
+                refusal = _procedure_error(exc)
+                if refusal is None:
+                    raise
+                raise refusal from None
+            skipped = int(row["skipped_runs"]) if row is not None else 0
+            audit.detail = f"removed; {skipped} claimed slot(s) skipped"
+    return JobRemoved(job_name=name, skipped_runs=skipped)

@@ -41,7 +41,8 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from shared.engine.audit import Actor, AuditAction, AuditSource, record_refusal
-from shared.engine.operations import cancel, dispatch_now, pause_job, requeue, resume_job, run_now, stop
+from shared.engine.operations import (cancel, dispatch_now, pause_job, remove_job, requeue, resume_job, run_now,
+                                     stop)
 from shared.errors import AgentError, NotFoundError, PageError, UsageError
 from shared.web.html import escape
 
@@ -79,7 +80,15 @@ ACTIONS: dict[str, ActionKind] = {kind.name: kind for kind in (
     ActionKind("requeue", AuditAction.REQUEUE, "poison",
                "Requeue poison message {target}? Its run gets one more attempt and will run its command again; "
                "this cannot be undone.", "Requeue"),
+    # The job form (shared/web/jobform.py): define or edit (its target: the job edited, or
+    # "(new)"), previewed or saved; remove a job defined in the database.
+    ActionKind("define", AuditAction.DEFINE, "job", None, "Save"),
+    ActionKind("remove", AuditAction.REMOVE, "job",
+               "Remove job {target}? Its definition is deleted from the database and its claimed slots are "
+               "recorded skipped (its history stays); this cannot be undone.", "Remove"),
 )}
+# Form fields that may be longer than MAX_FIELD_LENGTH (a job's command).
+LONG_FIELDS = {"sql": 60000}
 
 
 @dataclass(frozen=True)
@@ -188,7 +197,7 @@ def own_origin(url_or_scheme: str, host: str | None) -> str:
     return f"{scheme or 'http'}://{(host or '').strip().lower()}"
 
 
-def parse_form(body: bytes, content_type: str | None) -> dict[str, str]:
+def parse_form(body: bytes, content_type: str | None, long_fields: dict[str, int] | None = None) -> dict[str, str]:
     kind = (content_type or "").split(";")[0].strip().lower()
     if kind != "application/x-www-form-urlencoded":
         raise PageError(415, f"Content-Type {kind or 'none'!r}: expected application/x-www-form-urlencoded (a form)")
@@ -203,8 +212,9 @@ def parse_form(body: bytes, content_type: str | None) -> dict[str, str]:
     for key, values in fields.items():
         if len(values) != 1:
             raise PageError(400, f"form field {key!r} given {len(values)} times; expected once")
-        if "\x00" in values[0] or len(values[0]) > MAX_FIELD_LENGTH:
-            raise PageError(400, f"form field {key!r}: expected at most {MAX_FIELD_LENGTH} characters and no NUL")
+        limit = (long_fields or {}).get(key, MAX_FIELD_LENGTH)
+        if "\x00" in values[0] or len(values[0]) > limit:
+            raise PageError(400, f"form field {key!r}: expected at most {limit} characters and no NUL")
         form[key] = values[0]
     return form
 
@@ -216,6 +226,7 @@ class Outcome:
     message: str
     back: str            # the page to go back to (below the base path)
     confirm: dict[str, str] | None = None    # the confirmation form's fields (then message is the question)
+    form: Any = None     # the job form's page (shared/web/jobform.py, FormState): rendered instead of a message
 
 
 def _target(kind: ActionKind, form: dict[str, str]) -> str:
@@ -238,6 +249,10 @@ def _back(kind: ActionKind, target: str) -> str:
     if kind.target == "run":
         return f"/runs/{target}"
     return "/poison"
+
+
+def _back_for(kind: ActionKind, target: str) -> str:
+    return "/define" if kind.name in ("define", "remove") else _back(kind, target)
 
 
 def _until(raw: str, now: datetime) -> datetime | None:
@@ -277,10 +292,12 @@ class Actions:
                                  "--operator` locally)")
         if self.agent is None:
             raise PageError(403, "this monitor takes no actions")
-        form = parse_form(body, content_type)
+        form = parse_form(body, content_type, LONG_FIELDS if kind.name == "define" else None)
         target = _target(kind, form)
         self.tokens.redeem(form.get("token", ""), session, caller.principal, kind.name, target)
-        back = _back(kind, target)
+        back = _back_for(kind, target)
+        if kind.name == "define":
+            return self._define(caller, form, target)
         if kind.confirm and form.get("confirm") != "yes":
             fields = {key: value for key, value in form.items() if key not in ("token", "confirm")}
             fields["confirm"] = "yes"
@@ -301,6 +318,21 @@ class Actions:
             if release is not None:
                 release()
         return Outcome(200, "Done", message, back)
+
+    def _define(self, caller: Caller, form: dict[str, str], target: str) -> Outcome:
+        """The job form, previewed or saved (shared/web/jobform.py): its page again, with the
+        errors, the preview, the result or the refusal."""
+        from shared.web.jobform import handle_define   # the form's code loads when it is used
+
+        agent = self.agent()
+        try:
+            status, state = handle_define(agent, form, target, caller.principal, self._actor(caller))
+        finally:
+            release = getattr(agent, "release", None)
+            if release is not None:
+                release()
+        title = "Done" if state.done else "Refused" if (state.refused or state.errors) else "Preview"
+        return Outcome(status, title, state.done or state.refused or "", "/define", form=state)
 
     def _actor(self, caller: Caller) -> Actor:
         return Actor(source=AuditSource.MONITOR, client=caller.client[:256], os_user=caller.principal,
@@ -354,6 +386,10 @@ class Actions:
         if kind.name == "cancel":
             cancelled = cancel(agent, int(target), actor=actor)
             return f"run {cancelled.run_id} cancelled"
+        if kind.name == "remove":
+            removed = remove_job(agent.store(), target, now=agent.clock(), actor=actor)
+            return (f"job {target!r} removed; {removed.skipped_runs} claimed slot(s) recorded skipped; its history "
+                    "stays")
         requeued = requeue(agent, int(target), actor=actor)
         return f"poison message {requeued.poison_id}: run {requeued.run_id} requeued for one more attempt"
 

@@ -242,6 +242,13 @@ class Monitor:
             extra = {k: v for k, v in fields.items() if k != kind.target}
             return forms.form(name, fields[kind.target], hidden=extra)
 
+        if outcome.form is not None:     # the job form again: its errors, preview or result (jobform.py)
+            from shared.web.jobform import render
+
+            forms = ActForms(self.base_path, lambda action, target: self.actions.form_token(caller, session, action, target))
+            body_html = render(outcome.form, Pages(self.base_path, act=forms))
+            return Response(outcome.status, self.pages.document(outcome.form.title, body_html, "/define", {}, caller.name,
+                                                                0, None).encode(), "text/html; charset=utf-8")
         body_html = result_page(outcome, lambda p: self.pages.link(p), hidden_form)
         title = {"Done": "Done", "Confirm": "Confirm"}.get(outcome.title, "Refused")
         return Response(outcome.status, self.pages.document(title, body_html, "/", {}, caller.name, 0, None).encode(),
@@ -267,8 +274,17 @@ class Monitor:
             page = "audit"
         elif parts == ["alerts"]:
             page = "alerts"
+        elif parts == ["define"]:
+            page = "define"
+            if act is None:
+                raise PageError(403, "the job form is for the operators (AGENT_MONITOR_OPERATOR_GROUP in Azure; "
+                                     "`sql-agent monitor --operator` locally); the jobs page shows every job")
+            if wants_json:
+                raise PageError(400, "the job form has no JSON twin: `jobs --json` (or /?format=json) lists the jobs, "
+                                     "with where each is defined")
         else:
-            raise PageError(404, f"no page at {path!r} (pages: jobs, jobs/<name>, runs/<id>, poison, stuck, audit, alerts)")
+            raise PageError(404, f"no page at {path!r} (pages: jobs, jobs/<name>, runs/<id>, poison, stuck, audit, alerts, "
+                                f"define)")
         with self.store() as store:
             alive = liveness(store, now)
             pages = Pages(self.base_path, act=act, alive=alive)
@@ -302,6 +318,11 @@ class Monitor:
             elif page == "alerts":
                 data = views.alerts_view(store)
                 title, body = "Condition alerts", pages.alerts_page(data)
+            elif page == "define":
+                from shared.web.jobform import page_state, render
+
+                state = page_state(store, params.get("job") or None)
+                title, body, data = state.title, render(state, pages), None
             else:
                 older = _int_param("older_than", params.get("older_than", str(views.DEFAULT_STUCK_AGE_SECONDS)), 1,
                                    MAX_STUCK_AGE_SECONDS)
@@ -314,7 +335,9 @@ class Monitor:
         if wants_json:
             return Response(200, (views.to_json(data, compact=True) + "\n").encode(), "application/json; charset=utf-8",
                             late)
-        return Response(200, pages.document(title, body, path, params, user, refresh, now).encode(),
+        # The job form never reloads itself: what an operator types there would be lost.
+        return Response(200, pages.document(title, body, path, params, user, 0 if page == "define" else refresh,
+                                            now).encode(),
                         "text/html; charset=utf-8", late)
 
     def error_response(self, status: int, message: str, wants_json: bool, user: str | None, refresh: int) -> Response:

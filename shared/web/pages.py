@@ -46,13 +46,14 @@ class Pages:
         twin = {**params, "format": "json"}
         asof = f'<span class="asof">as of {when(now)} UTC</span>' if now else ""
         refreshing = f" · refreshes every {int(refresh)} s" if refresh > 0 else ""
+        define = f' <a href="{self.link("/define")}">Define jobs</a>' if self.act is not None else ""
         return (
             "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{escape(title)} · SQL Agent monitor</title>\n{meta}"
             f'<link rel="stylesheet" href="{self.link("/monitor.css")}">\n</head>\n<body>\n'
             f'<header><nav><a href="{self.link("/")}">Jobs</a> <a href="{self.link("/poison")}">Poison</a> '
             f'<a href="{self.link("/stuck")}">Stuck</a> <a href="{self.link("/audit")}">Audit</a> '
-            f'<a href="{self.link("/alerts")}">Alerts</a></nav> {who} {asof}</header>\n'
+            f'<a href="{self.link("/alerts")}">Alerts</a>{define}</nav> {who} {asof}</header>\n'
             f"{self.liveness_banner()}<main>\n{body}</main>\n"
             f'<footer><a href="{self.link(path if path.startswith("/") else "/" + path, **twin)}">JSON</a>{refreshing}'
             "</footer>\n</body>\n</html>\n")
@@ -90,6 +91,8 @@ class Pages:
                                 "</label> "))
         elif not row.get("paused"):
             out.append(act.form("pause", name))
+        if row.get("source") == "database":     # its definition, on the job form (shared/web/jobform.py)
+            out.append(f'<a class="edit-job" href="{self.link("/define", job=name)}">Edit</a>')
         return f'<div class="actions">{"".join(out)}</div>'
 
     def jobs_page(self, rows: list[dict[str, Any]]) -> str:

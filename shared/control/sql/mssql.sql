@@ -1630,3 +1630,28 @@ SELECT TOP (1) rows_json FROM #agent_probe;
 -- probe_read_only --
 -- A condition alert's probe run as the agent itself: its transaction is read-only from the first statement (PostgreSQL); SQLite sets query_only on the probe's connection instead, SQL Server relies on the rollback.
 UPDATE agent.state SET state_value = state_value WHERE 1 = 0;
+
+-- get_job_definition --
+-- One job as agent.add_scheduled_job's arguments hold it (the monitor's job form, issue 32 item 6: an edit starts from what is defined), with where it is defined and its owner.
+SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.max_attempts, j.timeout_seconds,
+       j.lease_seconds, j.misfire, j.grace_seconds, j.overlap, j.requested_targets, j.requested_target_parallelism,
+       COALESCE(j.requested_target_stagger_seconds, 0) AS requested_target_stagger_seconds, j.after_job, j.after_outcome,
+       COALESCE(j.catchup_seconds, 0) AS catchup_seconds, j.owner, j.defined_in_database, j.configured, j.valid,
+       j.config_error, j.calendars, j.jitter_seconds
+FROM agent.jobs AS j
+WHERE j.job_name = CAST(:job_name AS NVARCHAR(64));
+
+-- define_job --
+-- The monitor's job form (issue 32 item 6): agent.add_scheduled_job's body (agent.add_scheduled_job_unaudited, migration 0024: its checks, its refusals, its redefinition of a job of the same name) with every argument, in the caller's transaction (its own BEGIN/COMMIT nest in it). The monitor writes the audit row itself (source monitor, the signed-in principal) and the owner (set_job_owner) in the same transaction; the audited procedure would record the app's own user for both.
+DECLARE @run_at DATETIMEOFFSET = CAST(:run_at AS DATETIMEOFFSET);
+EXEC agent.add_scheduled_job_unaudited :job_name, :sql, :schedule, @run_at, :timezone, :enabled, :max_attempts,
+    :timeout_seconds, :overlap, :database, :misfire, :grace_seconds, :lease_seconds, :targets, :target_parallelism,
+    :after, :after_outcome, :target_stagger_seconds, :catchup_seconds;
+
+-- remove_job --
+-- The monitor's job form: agent.remove_scheduled_job's body (agent.remove_scheduled_job_unaudited: a job defined in the database only; its claimed slots skipped) in the caller's transaction, audited by the monitor.
+EXEC agent.remove_scheduled_job_unaudited :job_name;
+
+-- set_job_owner --
+-- Whom a job defined from the monitor runs as: the signed-in principal, as the monitor names it (the procedure recorded the app's own user, the caller of its connection), in the transaction that defined it.
+UPDATE agent.jobs SET owner = CAST(:owner AS NVARCHAR(256)) WHERE job_name = CAST(:job_name AS NVARCHAR(64)) AND defined_in_database = 1;

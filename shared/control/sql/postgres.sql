@@ -1267,3 +1267,31 @@ SELECT pg_catalog.current_setting('agent.probe_rows', true) AS rows_json;
 -- probe_read_only --
 -- A condition alert's probe run as the agent itself: its transaction is read-only from the first statement (PostgreSQL); SQLite sets query_only on the probe's connection instead, SQL Server relies on the rollback.
 SET TRANSACTION READ ONLY;
+
+-- get_job_definition --
+-- One job as agent.add_scheduled_job's arguments hold it (the monitor's job form, issue 32 item 6: an edit starts from what is defined), with where it is defined and its owner.
+SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.max_attempts, j.timeout_seconds,
+       j.lease_seconds, j.misfire, j.grace_seconds, j.overlap, j.requested_targets, j.requested_target_parallelism,
+       COALESCE(j.requested_target_stagger_seconds, 0) AS requested_target_stagger_seconds, j.after_job, j.after_outcome,
+       COALESCE(j.catchup_seconds, 0) AS catchup_seconds, j.owner, j.defined_in_database, j.configured, j.valid,
+       j.config_error, j.calendars, j.jitter_seconds
+FROM agent.jobs j
+WHERE j.job_name = CAST(:job_name AS VARCHAR);
+
+-- define_job --
+-- The monitor's job form (issue 32 item 6): agent.add_scheduled_job's body (agent.add_scheduled_job_unaudited, migration 0024: its checks, its refusals, its redefinition of a job of the same name) with every argument, in the caller's transaction. The monitor writes the audit row itself (source monitor, the signed-in principal) and the owner (set_job_owner) in the same transaction; the audited function would record the agent's own login for both.
+SELECT d.job_name, d.action
+FROM agent.add_scheduled_job_unaudited(CAST(:job_name AS varchar), CAST(:sql AS text), CAST(:schedule AS varchar),
+    CAST(:run_at AS timestamptz), CAST(:timezone AS varchar), CAST(:enabled AS int), CAST(:max_attempts AS int),
+    CAST(:timeout_seconds AS int), CAST(:overlap AS varchar), CAST(:database AS varchar), CAST(:misfire AS varchar),
+    CAST(:grace_seconds AS int), CAST(:lease_seconds AS int), CAST(:targets AS varchar), CAST(:target_parallelism AS int),
+    CAST(:after AS varchar), CAST(:after_outcome AS varchar), CAST(:target_stagger_seconds AS int),
+    CAST(:catchup_seconds AS int)) AS d;
+
+-- remove_job --
+-- The monitor's job form: agent.remove_scheduled_job's body (agent.remove_scheduled_job_unaudited: a job defined in the database only; its claimed slots skipped) in the caller's transaction, audited by the monitor.
+SELECT d.job_name, d.skipped_runs FROM agent.remove_scheduled_job_unaudited(CAST(:job_name AS varchar)) AS d;
+
+-- set_job_owner --
+-- Whom a job defined from the monitor runs as: the signed-in principal, as the monitor names it (the procedure recorded the agent's own login, the caller of its connection), in the transaction that defined it.
+UPDATE agent.jobs SET owner = CAST(:owner AS VARCHAR) WHERE job_name = CAST(:job_name AS VARCHAR) AND defined_in_database = 1;

@@ -1632,3 +1632,29 @@ SELECT NULL AS rows_json WHERE 1 = 0;
 -- probe_read_only --
 -- A condition alert's probe run as the agent itself: its transaction is read-only from the first statement (PostgreSQL); SQLite sets query_only on the probe's connection instead, SQL Server relies on the rollback.
 UPDATE agent_state SET state_value = state_value WHERE 1 = 0;
+
+-- get_job_definition --
+-- One job as agent.add_scheduled_job's arguments hold it (the monitor's job form, issue 32 item 6), with where it is defined and its owner. The embedded database has no procedures: every job here is a settings job, shown read-only.
+SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabled, j.max_attempts, j.timeout_seconds,
+       j.lease_seconds, j.misfire, j.grace_seconds, j.overlap, j.requested_targets, j.requested_target_parallelism,
+       COALESCE(j.requested_target_stagger_seconds, 0) AS requested_target_stagger_seconds, j.after_job, j.after_outcome,
+       COALESCE(j.catchup_seconds, 0) AS catchup_seconds, j.owner, j.defined_in_database, j.configured, j.valid,
+       j.config_error, j.calendars, j.jitter_seconds
+FROM agent_jobs j
+WHERE j.job_name = :job_name;
+
+-- define_job --
+-- The monitor's job form calls agent.add_scheduled_job's body on PostgreSQL and SQL Server; the embedded database has no procedures and the monitor refuses a definition before it (shared/engine/operations.py, define_job). The same parameters, answered with no row.
+SELECT :job_name AS job_name, 'refused' AS action WHERE :sql IS NULL AND :schedule IS NULL AND :run_at IS NULL AND :timezone IS NULL
+  AND :enabled IS NULL AND :max_attempts IS NULL AND :timeout_seconds IS NULL AND :overlap IS NULL AND :database IS NULL
+  AND :misfire IS NULL AND :grace_seconds IS NULL AND :lease_seconds IS NULL AND :targets IS NULL
+  AND :target_parallelism IS NULL AND :after IS NULL AND :after_outcome IS NULL AND :target_stagger_seconds IS NULL
+  AND :catchup_seconds IS NULL AND 1 = 0;
+
+-- remove_job --
+-- No procedures here (see define_job): the monitor refuses a removal before it. No row.
+SELECT :job_name AS job_name, 0 AS skipped_runs WHERE 1 = 0;
+
+-- set_job_owner --
+-- Whom a job defined from the monitor runs as (PostgreSQL and SQL Server; here no job is defined in the database).
+UPDATE agent_jobs SET owner = :owner WHERE job_name = :job_name AND defined_in_database = 1;
