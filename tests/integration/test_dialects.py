@@ -144,9 +144,32 @@ def tsql_procedure_statements(name: str) -> list[str]:
     return found
 
 
+# The T-SQL interface's bodies (agent.<name>_unaudited) the monitor's job form calls (issue 32 item
+# 6): created in 0005 and renamed in 0017, their latest body is an ALTER with nested blocks that the
+# strict parse does not take; each ends with this one SELECT, which the latest body must still hold.
+TSQL_INTERFACE_RESULTS = {
+    "add_scheduled_job_unaudited": ("SELECT @name AS job_name, @action AS action;", ["job_name", "action"]),
+    "remove_scheduled_job_unaudited": ("SELECT @name AS job_name, @skipped AS skipped_runs;", ["job_name", "skipped_runs"]),
+}
+
+
+def tsql_interface_columns(name: str) -> list[str]:
+    last = None
+    for migration in load_migrations("mssql"):
+        for statement in migration.statements():
+            if re.search(r"^(?:CREATE|ALTER) PROCEDURE agent\." + name + r"\b", _code(statement), re.MULTILINE):
+                last = statement
+    select, columns = TSQL_INTERFACE_RESULTS[name]
+    assert last is not None and select in last, f"the latest body of agent.{name} no longer ends with {select!r}"
+    return columns
+
+
 def query_columns(query: Query, dialect: str) -> list[str] | None:
     """Like the Store: the rows of every statement that returns rows, so they must all return
     the same columns. A T-SQL query that calls a procedure of the agent returns its body's."""
+    if dialect == "mssql" and len(query.statements) == 1 and (call := _TSQL_EXEC.match(_code(query.statements[0].sql))) \
+            and call.group(1) in TSQL_INTERFACE_RESULTS:
+        return tsql_interface_columns(call.group(1))
     if dialect == "mssql" and len(query.statements) == 1 and (call := _TSQL_EXEC.match(_code(query.statements[0].sql))):
         body = tsql_procedure_statements(call.group(1))
         assert body, f"{query.name}: no migration creates procedure agent.{call.group(1)}"
@@ -364,7 +387,7 @@ DUMMY_VALUES = {
     "jobs": [], "advances": [], "runs": [], "run_ids": [], "bodies": [], "slots": [], "events": [], "held": [],
     "max_concurrency": 5, "batch": 1, "history_before": _T, "poison_before": _T, "ahead_limit": 5, "dispatch_lease_seconds": 60, "max_lapses": 3,
     "max_chain_jobs": 100, "run_id": 1, "token": 1, "limit": 5, "max_in_flight": 5, "dequeue_count": 1, "attempt": 1,
-    "version": 999999, "poison_id": 1, "max_attempts": 1, "timeout_seconds": 1, "lease_seconds": 1,
+    "version": 999999, "poison_id": 1, "max_attempts": 1, "timeout_seconds": 1, "lease_seconds": 60,
     "error_number": None, "task_order": None, "target_database": None,
     "command": "SELECT 1", "worker": "w", "body": "b", "reason": "r", "errors": "[]",
     "operation_id": "op", "description": "d", "state_key": "k", "state_value": "v",
@@ -404,6 +427,12 @@ DUMMY_VALUES.update({"note": "backfill: test"})
 # Issue 32 item 4 (the audit trail).
 DUMMY_VALUES.update({"principal": None, "fallback_principal": "u", "client": "c", "source": "cli",
                      "action": "stop", "arguments": "{}", "detail": None, "audit_outcome": "done"})
+# Issue 32 item 6 (the monitor's job form): agent.add_scheduled_job's arguments, valid ones (the
+# procedure's body runs, in the rolled-back transaction).
+DUMMY_VALUES.update({"sql": "SELECT 1", "schedule": "0 0 1 * * *", "run_at": None, "timezone": "UTC", "enabled": 1,
+                     "overlap": "skip", "database": None, "misfire": "run-once", "grace_seconds": 86400,
+                     "target_parallelism": 8, "after": None, "after_outcome": "succeeded",
+                     "target_stagger_seconds": 0, "catchup_seconds": 0, "owner": "o"})
 # Issue 32 item 3 (condition alerts).
 DUMMY_VALUES.update({"alerts": [], "checks": [], "results": [], "firings": [], "limit": 10, "alert_name": None,
                      "firing_id": 1, "response_error": None, "timeout_ms": "1000"})
@@ -489,8 +518,12 @@ def test_result_columns_match_the_real_database(db_url, tmp_path):
 # Babelfish is not Azure SQL Database: a pool: target's lookup raises 51400 there by design (no
 # sys.database_service_objectives, no elastic pools); its columns are checked on SQL Server.
 NOT_ON_BABELFISH: dict[str, int] = {"list_pool_databases": 51400}
+# remove_job (the monitor's job form): agent.remove_scheduled_job's body refuses a job that is not
+# defined ('j'), P0002 on PostgreSQL, 51404 on T-SQL.
 REFUSED_WITH_DUMMY_VALUES: dict[tuple[str, str], str | int] = {("postgres", "finish_run"): "AG001",
-                                                               ("mssql", "finish_run"): 50003}
+                                                               ("mssql", "finish_run"): 50003,
+                                                               ("postgres", "remove_job"): "P0002",
+                                                               ("mssql", "remove_job"): 51404}
 
 
 def _bind(store, value):
@@ -655,7 +688,7 @@ def test_tsql_hot_path_procedures_keep_to_what_babelfish_accepts_too():
     statement of their bodies sqlglot reads is free of what Babelfish refuses, and each named
     query that calls one returns its body's columns (test_same_result_columns_as_postgres)."""
     calls = {m.group(1) for q in load_queries("mssql").values() if len(q.statements) == 1
-             and (m := _TSQL_EXEC.match(_code(q.statements[0].sql)))}
+             and (m := _TSQL_EXEC.match(_code(q.statements[0].sql)))} - set(TSQL_INTERFACE_RESULTS)
     assert {"claim_runs", "start_run", "finish_run", "start_follow_up_runs", "dispatch_runs"} <= calls
     refused = {}
     for name in sorted(calls):
