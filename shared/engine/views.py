@@ -485,3 +485,19 @@ def alerts_view(store, firings: int = 20) -> dict[str, Any]:
         row["state"] = ("invalid" if row["valid"] == 0 else "unchecked" if row["valid"] is None
                         else "disabled" if not row["enabled"] else "failing" if row["last_error"] else "ok")
     return {"alerts": alerts, "firings": latest}
+
+
+# ---------------------------------------------------------------- the job form (issue 32 item 6)
+
+
+def job_definition(store, name: str) -> dict[str, Any] | None:
+    """One job as agent.add_scheduled_job's arguments hold it, with where it is defined
+    (defined_in_database), whether the settings or the database still hold it (configured) and
+    its owner: what an edit starts from (get_job_definition: one indexed read)."""
+    return store.execute("get_job_definition", job_name=name).one()
+
+
+def configured_jobs(store) -> list[dict[str, Any]]:
+    """The jobs the settings or the database hold now (list_jobs, removed ones left out), each
+    with its ``source`` (settings or database)."""
+    return [row for row in store.execute("list_jobs").rows if row["configured"]]

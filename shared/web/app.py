@@ -283,8 +283,8 @@ class Monitor:
                 raise PageError(400, "the job form has no JSON twin: `jobs --json` (or /?format=json) lists the jobs, "
                                      "with where each is defined")
         else:
-            raise PageError(404, f"no page at {path!r} (pages: jobs, jobs/<name>, runs/<id>, poison, stuck, audit, alerts, "
-                                f"define)")
+            raise PageError(404, f"no page at {path!r} (pages: jobs, jobs/<name>, runs/<id>, poison, stuck, audit, alerts); "
+                                "operators also have define, the job form")
         with self.store() as store:
             alive = liveness(store, now)
             pages = Pages(self.base_path, act=act, alive=alive)

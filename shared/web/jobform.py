@@ -53,17 +53,13 @@ class FormState:
         return "Define a job" if self.target == NEW_JOB else f"Edit job {self.target}"
 
 
-def _jobs(store: Any) -> list[dict[str, Any]]:
-    return [row for row in store.execute("list_jobs").rows if row["configured"]]
-
-
 def page_state(store: Any, job: str | None) -> FormState:
     """GET define (``job`` None) or define?job=NAME: the form of a new job, of a database job to
     edit, or a settings job shown read-only."""
-    jobs = _jobs(store)
+    jobs = views.configured_jobs(store)
     if not job:
         return FormState(NEW_JOB, blank_form(), jobs, store.dialect)
-    row = store.execute("get_job_definition", job_name=job).one()
+    row = views.job_definition(store, job)
     if row is None or not row["configured"]:
         raise PageError(404, f"no job named {job!r} is defined (jobs: {', '.join(r['job_name'] for r in jobs) or 'none'})")
     if not row["defined_in_database"]:
@@ -83,9 +79,9 @@ def handle_define(agent: Any, form: Mapping[str, str], target: str, owner: str, 
     store = agent.store()
     now = agent.clock()
     definition, errors = parse_definition(values)
-    jobs = _jobs(store)
+    jobs = views.configured_jobs(store)
     state = FormState(target, values, jobs, store.dialect, errors=errors)
-    existing = store.execute("get_job_definition", job_name=definition.name).one() if definition else None
+    existing = views.job_definition(store, definition.name) if definition else None
     if intent == "preview":
         if definition is not None:
             state.preview = views.upcoming_slots(definition.preview_row(existing), now, PREVIEW_COUNT)
@@ -102,8 +98,8 @@ def handle_define(agent: Any, form: Mapping[str, str], target: str, owner: str, 
     except AgentError as exc:
         state.refused = str(exc)
         return (404 if isinstance(exc, NotFoundError) else 409), state
-    row = store.execute("get_job_definition", job_name=defined.job_name).one()
-    saved = FormState(defined.job_name, form_of(row) if row else values, _jobs(store), store.dialect)
+    row = views.job_definition(store, defined.job_name)
+    saved = FormState(defined.job_name, form_of(row) if row else values, views.configured_jobs(store), store.dialect)
     saved.done = (f"job {defined.job_name!r} {defined.action}; it runs as {defined.owner!r}; the agent plans its "
                   "first slot at its next tick (or doorbell)")
     saved.preview = views.upcoming_slots(definition.preview_row(row), now, PREVIEW_COUNT)

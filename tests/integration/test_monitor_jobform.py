@@ -152,13 +152,15 @@ def test_bad_fields_name_the_field_the_value_and_what_is_expected_and_lose_nothi
     (row,) = audit_rows(scenario, "define")[: len(audit_rows(scenario, "define")) - before]
     assert row["outcome"] == "refused" and "@timezone" in row["detail"] and row["source"] == "monitor"
     # a schedule that is not NCRONTAB, one that never fires, a one-time job in the past is fine, both at once is not
-    for fields, says in (({"schedule": "61 * * * * *"}, "Schedule (NCRONTAB, seconds first) (@schedule) = &#x27;61 * * * * *&#x27;"),
-                         ({"schedule": "0 0 0 30 2 *"}, "a schedule with a slot within"),
-                         ({"schedule": "0 0 2 * * *", "run_at": "2030-01-01 00:00"}, "(@run_at) = &#x27;2030-01-01 00:00&#x27;: expected nothing when a schedule is given"),
-                         ({"schedule": "", "run_at": "tomorrow"}, "(@run_at) = &#x27;tomorrow&#x27;"),
-                         ({"name": "loop", "after": "LOOP"}, "a cycle of jobs that follow each other (loop -&gt; loop"),
-                         ({"catchup_seconds": "60"}, "(@catchup_seconds) = &#x27;60&#x27;: expected 0 with overlap skip"),
-                         ({"sql": "   "}, "Command (SQL) (@sql)")):
+    cases = (({"schedule": "61 * * * * *"}, "Schedule (NCRONTAB, seconds first) (@schedule) = &#x27;61 * * * * *&#x27;"),
+             ({"schedule": "0 0 0 30 2 *"}, "a schedule with a slot within"),
+             ({"schedule": "0 0 2 * * *", "run_at": "2030-01-01 00:00"},
+              "(@run_at) = &#x27;2030-01-01 00:00&#x27;: expected nothing when a schedule is given"),
+             ({"schedule": "", "run_at": "tomorrow"}, "(@run_at) = &#x27;tomorrow&#x27;"),
+             ({"name": "loop", "after": "LOOP"}, "a cycle of jobs that follow each other (loop -&gt; loop"),
+             ({"catchup_seconds": "60"}, "(@catchup_seconds) = &#x27;60&#x27;: expected 0 with overlap skip"),
+             ({"sql": "   "}, "Command (SQL) (@sql)"))
+    for fields, says in cases:
         status, _, page = client.post("define", {**define_fields(page), **NIGHTLY, "name": "x", **fields,
                                                  "intent": "preview"})
         assert status == 400 and says in page, (fields, page[:3000])
