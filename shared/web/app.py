@@ -246,9 +246,9 @@ class Monitor:
             from shared.web.jobform import render
 
             forms = ActForms(self.base_path, lambda action, target: self.actions.form_token(caller, session, action, target))
-            body_html = render(outcome.form, Pages(self.base_path, act=forms))
-            return Response(outcome.status, self.pages.document(outcome.form.title, body_html, "/define", {}, caller.name,
-                                                                0, None).encode(), "text/html; charset=utf-8")
+            pages = Pages(self.base_path, act=forms)
+            return Response(outcome.status, pages.document(outcome.form.title, render(outcome.form, pages), "/define", {},
+                                                           caller.name, 0, None).encode(), "text/html; charset=utf-8")
         body_html = result_page(outcome, lambda p: self.pages.link(p), hidden_form)
         title = {"Done": "Done", "Confirm": "Confirm"}.get(outcome.title, "Refused")
         return Response(outcome.status, self.pages.document(title, body_html, "/", {}, caller.name, 0, None).encode(),

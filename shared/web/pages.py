@@ -172,7 +172,7 @@ class Pages:
             out.append(f'<p>Slots the calendars remove:</p><table class="removed"><thead><tr><th>UTC</th>'
                        f'<th>{escape(upcoming["timezone"])}</th><th>By</th><th>Moved to (UTC)</th></tr></thead>'
                        f"<tbody>{rows}</tbody></table>")
-        elif not upcoming["note"]:
+        elif not upcoming["note"] and not upcoming["slots"]:
             out.append("<p>No slot to come.</p>")
         if upcoming["note"]:
             out.append(f'<p class="note">{escape(upcoming["note"])}</p>')

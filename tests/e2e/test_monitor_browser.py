@@ -290,6 +290,60 @@ def test_an_operator_clicks_start_and_stop_and_a_reader_sees_no_button(browser, 
     assert not browser.find_elements(By.TAG_NAME, "form")
 
 
+def test_an_operator_defines_previews_saves_edits_and_removes_a_job(browser, site):
+    """Issue 32 item 6, in the local server (--operator): the job form typed into and clicked in
+    Chromium — define, preview (five slots in the job's time zone and UTC), save, edit, remove (it
+    asks first); each result shown in words; a settings job listed read-only."""
+    from selenium.webdriver.common.by import By
+
+    scenario, url = site
+    operator = make_server(scenario.agent, 0, environ={}, operator=True)
+    thread = threading.Thread(target=operator.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+
+    def type_into(field: str, value: str) -> None:
+        element = browser.find_element(By.ID, f"field-{field}")
+        element.clear()
+        element.send_keys(value)
+
+    try:
+        base = f"http://127.0.0.1:{operator.server_address[1]}"
+        browser.get(base + "/")
+        browser.find_element(By.LINK_TEXT, "Define jobs").click()
+        assert browser.find_element(By.TAG_NAME, "h1").text == "Define a job"
+        assert "defined in app settings (JOB__nightly_ok__*)" in text_of(browser)
+        type_into("name", "browser_job")
+        type_into("sql", "SELECT 'from the browser' AS said -- <b>not markup</b>")
+        type_into("schedule", "0 30 2 * * *")
+        type_into("timezone", "Europe/Paris")
+        click_through(browser, "button.act-preview")
+        assert browser.find_element(By.TAG_NAME, "h1").text == "Define a job"
+        rows = browser.find_elements(By.CSS_SELECTOR, "section.preview table.next tbody tr")
+        assert len(rows) == 5 and all(" 02:30:00+01:00" in row.text or " 02:30:00+02:00" in row.text for row in rows)
+        headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "section.preview table.next th")]
+        assert headers[1:3] == ["UTC", "Europe/Paris"]
+        assert browser.find_element(By.ID, "field-name").get_attribute("value") == "browser_job"   # kept
+        shot(browser, "job-form-preview")
+        click_through(browser, "button.act-define")
+        assert browser.find_element(By.TAG_NAME, "h1").text == "Edit job browser_job"
+        assert "job 'browser_job' defined; it runs as" in text_of(browser)
+        type_into("schedule", "0 0 4 * * *")
+        click_through(browser, "button.act-define")
+        assert "job 'browser_job' redefined" in text_of(browser)
+        shot(browser, "job-form-saved")
+        click_through(browser, "button.act-remove")
+        assert browser.find_element(By.TAG_NAME, "h1").text == "Confirm"
+        assert "Remove job 'browser_job'?" in text_of(browser)
+        click_through(browser, "button.act-remove")
+        assert browser.find_element(By.TAG_NAME, "h1").text == "Done"
+        assert "job 'browser_job' removed" in text_of(browser)
+    finally:
+        operator.shutdown()
+        operator.server_close()
+    actions = [(r["action"], r["outcome"]) for r in monitor_audit(scenario) if r["job_name"] == "browser_job"]
+    assert sorted(actions) == [("define", "done"), ("define", "done"), ("remove", "done")]
+
+
 # ---------------------------------------------------------------- through the Azure adapter
 
 READERS = "6f1c3a52-0d7e-4a8e-9b61-3c2f0e9a7d41"
