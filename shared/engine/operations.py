@@ -21,6 +21,7 @@ This module imports no front end (the import contract in pyproject.toml says so)
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -843,7 +844,8 @@ def _procedure_error(exc: BaseException) -> UsageError | None:
             words = text[at:]
             for noise in ("; Error while executing the query", " (SQLExecDirectW)", ";Error while executing"):
                 words = words.split(noise)[0]
-            return UsageError(words.rstrip(" ;"), setting=prefix.rstrip(": "), value=None,
+            words = re.sub(r"\s*\(\d+\)$", "", words.rstrip(" ;"))     # SQL Server's "(51401)"
+            return UsageError(words, setting=prefix.rstrip(": "), value=None,
                               expected="what the procedure expects (its message says)")
     return None
 

@@ -102,6 +102,8 @@ def test_define_preview_save_edit_and_remove_each_audited_once(scenario, servers
     assert job["defined_in_database"] == 1 and job["configured"] == 1 and job["timezone"] == "Europe/Paris"
     assert job["owner"] == row["principal"]                 # the signed-in principal, as the audit names it
     assert "<h1>Edit job web_job</h1>" in page               # the form now edits the job it saved
+    job_page = client.get("/jobs/web_job")[2]               # its page says where it is defined, and links the form
+    assert "<dt>Defined in</dt><dd>database</dd>" in job_page and 'href="/define?job=web_job"' in job_page
 
     # edit: the same procedure call for the same name (redefined), one row more
     page = client.get("/define?job=web_job")[2]
@@ -307,3 +309,35 @@ def test_hostile_values_are_escaped_everywhere(scenario, servers):  # noqa: F811
         text = client.get(path)[2]
         assert "<script>alert(1)" not in text, path
     assert typed(client.get("/define?job=hostile_cmd")[2], "sql") == f"SELECT '{HOSTILE}'"
+
+
+def test_a_job_defined_from_the_monitor_runs_as_the_signed_in_name_or_fails_never_as_the_agent(pg_url):
+    """The owner is the signed-in principal's name as the monitor records it (no mapping to a
+    database principal is made): a run of the job runs as the database role of that name, and when
+    there is none it fails saying so, never with the agent's rights."""
+    from datetime import timedelta
+
+    from shared.engine.operations import define_job, run_now
+    from shared.jobs.definition import parse_definition
+    from tests.support.harness import make_agent, work
+
+    agent = make_agent(pg_url)
+    definition, errors = parse_definition({**NIGHTLY, "name": "entra_owned", "sql": "SELECT 1", "max_attempts": "1"})
+    assert not errors
+    actor = Actor(source=AuditSource.MONITOR, client="monitor at test", os_user="grace@example.com",
+                  principal="grace@example.com")
+    defined = define_job(agent.store(), definition, owner="grace@example.com", now=agent.clock(), actor=actor)
+    assert (defined.action, defined.owner) == ("defined", "grace@example.com")
+    agent.tick(agent.clock() + timedelta(seconds=1))      # plans it (the procedure left needs_planning)
+    started = run_now(agent, "entra_owned", actor=actor)
+    work(agent, concurrency=1)
+    store = agent.new_store()
+    try:
+        run = store.execute("get_run", run_id=started.run_id).one()
+        audit = [r for r in store.execute("list_audit", job_name="entra_owned", since=None, limit=10).rows]
+    finally:
+        store.close()
+    assert run["status"] == "failed", run
+    assert "the job's owner 'grace@example.com' cannot run this job" in run["last_error"], run
+    assert [(r["action"], r["principal"], r["source"]) for r in audit if r["action"] == "define"] == \
+        [("define", "grace@example.com", "monitor")]

@@ -934,6 +934,7 @@ ORDER BY run_id LIMIT :limit;
 SELECT j.job_name, j.schedule, j.timezone, j.enabled, j.valid, j.config_error, j.configured,
        j.misfire, j.overlap, j.max_attempts, j.next_due_at, j.after_job, j.after_outcome, j.calendars, j.jitter_seconds, j.params,
        j.max_duration_seconds, j.stop_after_seconds, j.slower_than, j.deadline_seconds, COALESCE(j.catchup_seconds, 0) AS catchup_seconds,
+       CASE WHEN j.defined_in_database = 1 THEN 'database' ELSE 'settings' END AS source,
        p.paused_at, p.paused_until, p.paused_by, p.reason AS pause_reason,
        l.run_id AS last_run_id, l.status AS last_status, l.scheduled_for AS last_scheduled_for,
        l.finished_at AS last_finished_at, l.targets_total AS last_targets_total,
