@@ -326,7 +326,7 @@ class Actions:
 
         agent = self.agent()
         try:
-            status, state = handle_define(agent, form, target, caller.principal, self._actor(caller))
+            status, state = handle_define(agent, form, target, caller.name or "", self._actor(caller))
         finally:
             release = getattr(agent, "release", None)
             if release is not None:

@@ -341,3 +341,74 @@ def test_a_job_defined_from_the_monitor_runs_as_the_signed_in_name_or_fails_neve
     assert "the job's owner 'grace@example.com' cannot run this job" in run["last_error"], run
     assert [(r["action"], r["principal"], r["source"]) for r in audit if r["action"] == "define"] == \
         [("define", "grace@example.com", "monitor")]
+
+
+# One bad value per argument, and good ones near the bounds: whatever agent.add_scheduled_job's body
+# refuses, the form refuses too, naming the same field (it may refuse more: what the engine would
+# find invalid when it plans the job, such as a time zone that is no IANA zone). An @after naming no
+# job is the database's to decide (test_the_procedures_own_refusals_come_back_in_words).
+PARITY = [
+    ("name", ""), ("name", "a" * 65), ("name", "x y"), ("name", "x'y"), ("name", "a" * 64),
+    ("sql", ""), ("sql", "   "),
+    ("schedule", "x" * 401), ("timezone", ""), ("timezone", "Europe/Paris;"), ("timezone", "Mars/Olympus"),
+    ("max_attempts", "0"), ("max_attempts", "101"), ("max_attempts", "100"),
+    ("timeout_seconds", "0"), ("timeout_seconds", "604801"), ("timeout_seconds", "604800"),
+    ("overlap", "never"), ("overlap", "buffer-one"), ("misfire", "later"),
+    ("grace_seconds", "31622401"), ("grace_seconds", "0"), ("lease_seconds", "5"), ("lease_seconds", "3601"),
+    ("lease_seconds", "6"), ("database", "a b"), ("database", "d" * 129), ("database", "tenant_1"),
+    ("targets", "x" * 4001), ("target_parallelism", "0"), ("target_parallelism", "1001"),
+    ("target_stagger_seconds", "3601"), ("after", "x y"), ("after", ""), ("after_outcome", "maybe"),
+    ("catchup_seconds", "-1"), ("catchup_seconds", "31622401"),
+]
+
+
+def test_the_form_refuses_whatever_the_procedure_refuses(pg_url):
+    from shared.jobs.definition import FieldError, parse_definition
+    from tests.support.harness import make_agent
+
+    agent = make_agent(pg_url)
+    store = agent.new_store()
+
+    class Rollback(Exception):
+        pass
+
+    base = {**NIGHTLY, "name": "parity", "sql": "SELECT 1"}
+    try:
+        for field, value in PARITY:
+            form = {**base, field: value}
+            definition, errors = parse_definition(form)
+            refused_here = {error.field for error in errors}
+            arguments = definition.arguments() if definition else {
+                "job_name": form["name"], "sql": form["sql"], "schedule": form["schedule"] or None, "run_at": None,
+                "timezone": form["timezone"], "enabled": 1, "max_attempts": _int(form["max_attempts"]),
+                "timeout_seconds": _int(form["timeout_seconds"]), "overlap": form["overlap"],
+                "database": form.get("database") or None, "misfire": form["misfire"],
+                "grace_seconds": _int(form["grace_seconds"]), "lease_seconds": _int(form["lease_seconds"]),
+                "targets": form.get("targets") or None, "target_parallelism": _int(form["target_parallelism"]),
+                "after": form.get("after") or None, "after_outcome": form["after_outcome"],
+                "target_stagger_seconds": _int(form["target_stagger_seconds"]),
+                "catchup_seconds": _int(form["catchup_seconds"])}
+            refused_there = None
+            try:
+                with store.transaction():
+                    store.execute("define_job", **arguments)
+                    raise Rollback()
+            except Rollback:
+                pass
+            except Exception as exc:
+                refused_there = str(exc)
+            if refused_there is not None:
+                assert field in refused_here, (field, value, refused_there, errors)
+                assert "agent.add_scheduled_job: @" in refused_there
+            if not errors:
+                assert refused_there is None, (field, value, refused_there)
+            assert all(isinstance(error, FieldError) for error in errors)
+    finally:
+        store.close()
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
