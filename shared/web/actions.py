@@ -87,8 +87,9 @@ ACTIONS: dict[str, ActionKind] = {kind.name: kind for kind in (
                "Remove job {target}? Its definition is deleted from the database and its claimed slots are "
                "recorded skipped (its history stays); this cannot be undone.", "Remove"),
 )}
-# Form fields that may be longer than MAX_FIELD_LENGTH (a job's command).
-LONG_FIELDS = {"sql": 60000}
+# The job form's fields are bounded by the body alone (MAX_BODY_BYTES): a value too long for its
+# field comes back on the form, named, with everything else typed (shared/jobs/definition.py).
+JOB_FORM_FIELD_LENGTH = MAX_BODY_BYTES
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ def own_origin(url_or_scheme: str, host: str | None) -> str:
     return f"{scheme or 'http'}://{(host or '').strip().lower()}"
 
 
-def parse_form(body: bytes, content_type: str | None, long_fields: dict[str, int] | None = None) -> dict[str, str]:
+def parse_form(body: bytes, content_type: str | None, field_length: int = MAX_FIELD_LENGTH) -> dict[str, str]:
     kind = (content_type or "").split(";")[0].strip().lower()
     if kind != "application/x-www-form-urlencoded":
         raise PageError(415, f"Content-Type {kind or 'none'!r}: expected application/x-www-form-urlencoded (a form)")
@@ -212,9 +213,8 @@ def parse_form(body: bytes, content_type: str | None, long_fields: dict[str, int
     for key, values in fields.items():
         if len(values) != 1:
             raise PageError(400, f"form field {key!r} given {len(values)} times; expected once")
-        limit = (long_fields or {}).get(key, MAX_FIELD_LENGTH)
-        if "\x00" in values[0] or len(values[0]) > limit:
-            raise PageError(400, f"form field {key!r}: expected at most {limit} characters and no NUL")
+        if "\x00" in values[0] or len(values[0]) > field_length:
+            raise PageError(400, f"form field {key!r}: expected at most {field_length} characters and no NUL")
         form[key] = values[0]
     return form
 
@@ -292,7 +292,7 @@ class Actions:
                                  "--operator` locally)")
         if self.agent is None:
             raise PageError(403, "this monitor takes no actions")
-        form = parse_form(body, content_type, LONG_FIELDS if kind.name == "define" else None)
+        form = parse_form(body, content_type, JOB_FORM_FIELD_LENGTH if kind.name == "define" else MAX_FIELD_LENGTH)
         target = _target(kind, form)
         self.tokens.redeem(form.get("token", ""), session, caller.principal, kind.name, target)
         back = _back_for(kind, target)

@@ -161,7 +161,10 @@ def test_bad_fields_name_the_field_the_value_and_what_is_expected_and_lose_nothi
              ({"schedule": "", "run_at": "tomorrow"}, "(@run_at) = &#x27;tomorrow&#x27;"),
              ({"name": "loop", "after": "LOOP"}, "a cycle of jobs that follow each other (loop -&gt; loop"),
              ({"catchup_seconds": "60"}, "(@catchup_seconds) = &#x27;60&#x27;: expected 0 with overlap skip"),
-             ({"sql": "   "}, "Command (SQL) (@sql)"))
+             ({"sql": "   "}, "Command (SQL) (@sql)"),
+             # longer than a field of the other forms: back on this one, named, with the rest
+             ({"targets": "db:" + "t" * 4998}, "Fleet targets (@targets) = &#x27;db:ttt"),
+             ({"schedule": "0 " * 300}, "of at most 400 characters"))
     for fields, says in cases:
         status, _, page = client.post("define", {**define_fields(page), **NIGHTLY, "name": "x", **fields,
                                                  "intent": "preview"})
