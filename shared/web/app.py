@@ -247,7 +247,7 @@ class Monitor:
 
             forms = ActForms(self.base_path, lambda action, target: self.actions.form_token(caller, session, action, target))
             pages = Pages(self.base_path, act=forms)
-            return Response(outcome.status, pages.document(outcome.form.title, render(outcome.form, pages), "/define", {},
+            return Response(outcome.status, pages.document(outcome.form.title, render(outcome.form, pages), "/", {},
                                                            caller.name, 0, None).encode(), "text/html; charset=utf-8")
         body_html = result_page(outcome, lambda p: self.pages.link(p), hidden_form)
         title = {"Done": "Done", "Confirm": "Confirm"}.get(outcome.title, "Refused")
@@ -336,7 +336,9 @@ class Monitor:
             return Response(200, (views.to_json(data, compact=True) + "\n").encode(), "application/json; charset=utf-8",
                             late)
         # The job form never reloads itself: what an operator types there would be lost.
-        return Response(200, pages.document(title, body, path, params, user, 0 if page == "define" else refresh,
+        # (Its JSON link is the jobs page's: the form has no twin.)
+        shown = ("/", {}) if page == "define" else (path, params)
+        return Response(200, pages.document(title, body, *shown, user, 0 if page == "define" else refresh,
                                             now).encode(),
                         "text/html; charset=utf-8", late)
 

@@ -5,7 +5,8 @@ text, the number of bars, the colour of a failed run, a hostile error message sh
 no script run; and they compare each JSON twin, as the browser receives it, with the CLI's
 `--json`. Screenshots go to .scratch/monitor-screenshots/; docs/images/ holds copies: monitor-jobs,
 -job, -confirm and -stuck (with the late-agent banner) are an operator's pages through the Azure
-adapter (azure-*.png), monitor-run, -poison and -audit a reader's in the local server.
+adapter (azure-*.png), monitor-run, -poison and -audit a reader's in the local server, monitor-job-form an
+operator's preview on the job form in the local server (job-form-preview.png).
 
 With CI=true a missing Chromium fails these tests; elsewhere they are skipped."""
 
