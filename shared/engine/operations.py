@@ -871,9 +871,9 @@ def define_job(store: Store, definition: Any, *, owner: str, now: datetime, acto
         arguments["edit"] = edit
     with audited(store, actor, AuditAction.DEFINE, now=now, arguments=arguments, job_name=name) as audit:
         if not owner or not owner.strip():
-            raise UsageError("the signed-in principal has no name, and a job defined from the monitor runs as the "
-                             "principal of its signer's name: sign in with an account that has one", setting="owner",
-                             value=owner, expected="the signed-in principal's name")
+            raise UsageError("the platform passed no name for the signed-in principal (X-MS-CLIENT-PRINCIPAL-NAME), "
+                             "and a job defined from the monitor runs as the principal of that name: nothing saved",
+                             setting="owner", value=owner, expected="the signed-in principal's name")
         if edit is not None and edit != name:
             raise UsageError(f"the form edits job {edit!r} but names {name!r}: a job is renamed by defining the new "
                              "name and removing the old one", setting="name", value=name, expected=repr(edit))

@@ -100,7 +100,9 @@ class Caller:
     ``client``: the audit's "from where"; ``session``: the session cookie's value as received
     (None: none or malformed); ``origin``: the request's Origin header; ``own_origin``: the
     monitor's origin as this request reached it; ``secure``: served over HTTPS (the cookie is then
-    ``__Host-`` and Secure)."""
+    ``__Host-`` and Secure); ``owner``: whom a job this caller defines runs as (the job form): the
+    principal name the platform vouches for (X-MS-CLIENT-PRINCIPAL-NAME in Azure, never a claim's
+    fallback), locally the user who started the server; None: a save is refused."""
     name: str | None
     operator: bool = False
     client: str = "monitor"
@@ -108,6 +110,7 @@ class Caller:
     origin: str | None = None
     own_origin: str | None = None
     secure: bool = False
+    owner: str | None = None
 
     @property
     def principal(self) -> str:
@@ -326,7 +329,7 @@ class Actions:
 
         agent = self.agent()
         try:
-            status, state = handle_define(agent, form, target, caller.name or "", self._actor(caller))
+            status, state = handle_define(agent, form, target, caller.owner or "", self._actor(caller))
         finally:
             release = getattr(agent, "release", None)
             if release is not None:

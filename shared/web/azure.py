@@ -115,7 +115,9 @@ def handle_azure_request(method: str, url: str, headers: Mapping[str, str], body
     caller = Caller(name=principal.name or "signed-in user", operator=operator,
                     client=f"monitor at {host}" + (f" from {forwarded_for}" if forwarded_for else ""),
                     session=session_from_cookies(lowered.get("cookie"), secure), origin=lowered.get("origin"),
-                    own_origin=own_origin(scheme, host), secure=secure)
+                    own_origin=own_origin(scheme, host), secure=secure,
+                    # A job defined from the form runs as this name: the platform's own header only.
+                    owner=(lowered.get(PRINCIPAL_NAME_HEADER) or "").strip() or None)
     return monitor.handle(method, path, split.query, accept, caller=caller, body=body,
                           content_type=lowered.get("content-type"))
 

@@ -132,7 +132,8 @@ def make_server(agent, port: int, environ: Mapping[str, str] | None = None, *, o
                 caller = Caller(name=user if operator else None, operator=operator,
                                 client=f"monitor on 127.0.0.1:{port_now} ({socket.gethostname()})",
                                 session=session_from_cookies(self.headers.get("Cookie"), False),
-                                origin=self.headers.get("Origin"), own_origin=own_origin("http", host))
+                                origin=self.headers.get("Origin"), own_origin=own_origin("http", host),
+                                owner=user if operator else None)
                 response = monitor.handle(self.command, split.path, split.query, self.headers.get("Accept", ""),
                                           caller=caller, body=body, content_type=self.headers.get("Content-Type"))
             self._send(response)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import re
+from urllib.parse import urlencode
 
 import pytest
 
@@ -263,6 +264,16 @@ def test_readers_see_no_form_and_every_post_is_403_audited(scenario, azure):  # 
         assert job_row(scenario, "entra_job")["owner"] == "grace@example.com"
         (row,) = [r for r in audit_rows(scenario, "define") if r["job_name"] == "entra_job"]
         assert row["principal"] == "grace@example.com" and row["client"].startswith("monitor at ")
+    # no name from the platform (only a claim): the job would run as a name nobody vouched for, refused
+    anonymous = azure(OPERATORS, "claim-only@example.com")
+    page = anonymous.call("GET", "/define").get_body().decode()
+    response = anonymous.call("POST", "/actions/define",
+                              urlencode({**define_fields(page), **NIGHTLY, "name": "nameless_job", "intent": "save"}).encode(),
+                              {"Origin": "https://sqlagent-app.azurewebsites.net",
+                               "Content-Type": "application/x-www-form-urlencoded", "X-MS-CLIENT-PRINCIPAL-NAME": ""})
+    body = response.get_body().decode()
+    assert response.status_code == 409 and "passed no name for the signed-in principal" in body, body[:3000]
+    assert job_row(scenario, "nameless_job") is None
 
 
 def test_forged_tokens_replays_and_missing_origins_are_refused(scenario, servers):  # noqa: F811
