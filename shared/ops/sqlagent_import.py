@@ -1,6 +1,7 @@
 """Import SQL Server Agent jobs: a T-SQL script that creates them (SSMS's "Script Job as ->
 CREATE To", dbatools' exports, an installer such as Ola Hallengren's, or one written by hand)
-turned into this agent's JOB__<name>__* app settings (or agent.add_scheduled_job calls).
+turned into this agent's JOB__<name>__* and ALERT__<name>__* app settings (or agent.add_scheduled_job
+and agent.add_alert calls: import-sqlagent --apply).
 
 The script is run, not pattern-matched: shared/ops/sqlagent/ interprets it statement by
 statement over a model of msdb (interpreter.py, msdb.py), so what comes out is what SQL Server
