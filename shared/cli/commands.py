@@ -53,7 +53,7 @@ from shared.engine.agent import Agent
 from shared.engine.audit import AuditAction, command_line_actor, record_refusal
 from shared.engine.liveness import liveness
 from shared.engine.operations import (
-    add_scheduled_jobs,
+    apply_import,
     backfill,
     cancel,
     dispatch_now,
@@ -81,7 +81,7 @@ from shared.errors import AgentError, ConfigError, NotFoundError, UsageError
 from shared.jobs.run_model import RunStatus
 from shared.ops.doctor import run_doctor
 from shared.ops.sqlagent.source import check_encoding, decode_script
-from shared.ops.sqlagent_import import ScriptError, apply_calls, convert_script, report
+from shared.ops.sqlagent_import import ScriptError, alert_apply_calls, apply_calls, convert_script, report
 from shared.settings import load_settings, merged_environment
 from shared.web.app import monitor_settings
 from shared.web.local_server import make_server
@@ -627,8 +627,9 @@ def cmd_doctor(agent, args) -> int:
 def cmd_import_sqlagent(agent, args) -> int:
     """SQL Server Agent job scripts -> JOB__<name>__* settings (JSON on stdout); what could not be
     carried over is listed per job (and for the script) and makes the exit code 1. --apply:
-    agent.add_scheduled_job for the one-step jobs; the others stay in the printed settings and are
-    listed. --apply is an audited action: refused before it ran (an unreadable script, a bad time
+    agent.add_scheduled_job for the one-step jobs, then agent.add_alert for the alerts (those whose
+    response job is among them, or that have none); the others stay in the printed settings and are
+    listed under not_applied. --apply is an audited action: refused before it ran (an unreadable script, a bad time
     zone) it is recorded refused too."""
     try:
         return _import_sqlagent(agent, args)
@@ -686,10 +687,12 @@ def _import_sqlagent(agent, args) -> int:
     incomplete = not result["complete"]
     if args.apply:
         calls, refused = apply_calls(converted)
-        result["applied"] = [asdict(added) for added in add_scheduled_jobs(
-            agent.target, calls, store=agent.store(), now=agent.clock(), actor=command_line_actor())]
-        refused += [{"alert": alert.alert, "reason": "agent.add_alert is not called by --apply: the alert goes in the "
-                     "app settings printed here (ALERT__<name>__*)"} for alert in converted.alerts if alert.emitted]
+        alerts, refused_alerts = alert_apply_calls(converted.alerts, [call["name"] for call in calls])
+        applied = apply_import(agent.target, calls, alerts, store=agent.store(), now=agent.clock(),
+                               actor=command_line_actor())
+        # The jobs, then the alerts (each entry names one: "job" or "alert"), as not_applied does.
+        result["applied"] = [asdict(added) for added in applied.jobs] + [asdict(added) for added in applied.alerts]
+        refused += refused_alerts + [asdict(alert) for alert in applied.alerts_not_added]
         result["not_applied"] = refused
         incomplete = incomplete or bool(refused)
     if args.json:       # the same document, the warnings in it; not_carried lists what was left
@@ -709,6 +712,9 @@ def _import_sqlagent(agent, args) -> int:
             for missing in item["not_carried"]:
                 print(_one_line(f"not carried: alert {item['sql_agent_name']}: {missing['what']}: {missing['reason']}"),
                       file=sys.stderr)
+        for item in result.get("not_applied", ()):
+            what = f"job {item['job']}" if "job" in item else f"alert {item['alert']}"
+            print(_one_line(f"not applied: {what}: {item['reason']}"), file=sys.stderr)
     return EXIT_FAILURE if incomplete else EXIT_OK
 
 

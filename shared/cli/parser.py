@@ -294,15 +294,17 @@ def build_parser() -> argparse.ArgumentParser:
                             "(with --targets: on each target and master)")
     importer = commands.add_parser("import-sqlagent", help="SQL Server Agent jobs from the T-SQL that creates them (SSMS's "
                                                            "Script Job as -> CREATE To, or any script) as "
-                                                           "JOB__<name>__* app settings (JSON), or --apply: "
-                                                           "agent.add_scheduled_job on the control database")
+                                                           "JOB__<name>__* and ALERT__<name>__* app settings (JSON), "
+                                                           "or --apply: agent.add_scheduled_job and agent.add_alert "
+                                                           "on the control database")
     importer.add_argument("files", nargs="+", metavar="FILE.sql", help="T-SQL scripts (one or many jobs each)")
     importer.add_argument("--timezone", metavar="TZ",
                           help="IANA time zone of the SQL Server the jobs ran on (SQL Agent runs in server local "
                                "time); default UTC, with a warning")
     importer.add_argument("--apply", action="store_true",
-                          help="define the one-step jobs with agent.add_scheduled_job on the control database "
-                               "(--db); jobs with steps are printed as settings and listed")
+                          help="define the one-step jobs with agent.add_scheduled_job, then the alerts with "
+                               "agent.add_alert, on the control database (--db); jobs with steps, and alerts that "
+                               "start them, are printed as settings and listed under not_applied")
     importer.add_argument("--encoding", metavar="NAME",
                           help="the scripts' encoding (utf-8, utf-16, cp1252, ...); default: a byte order mark, else "
                                "UTF-16/UTF-32 told by its NUL bytes, else UTF-8, else Windows-1252 with a warning")

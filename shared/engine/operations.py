@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from shared.control.db import DatabaseTarget, connector
 from shared.control.queries import split_statements
-from shared.control.sqlerrors import is_unique_violation
+from shared.control.sqlerrors import classify, describe, is_unique_violation
 from shared.engine.audit import (Actor, Audit, AuditAction, AuditSource, audit_trail_exists, audited,
                                  audited_if_installed)
 from shared.engine.dispatch import dispatch
@@ -38,6 +38,7 @@ from shared.engine.notify import notifications_enabled
 from shared.engine.slots import apply_calendars, calendar_rules, with_jitter
 from shared.engine.views import unknown_job
 from shared.errors import ConfigError, NotFoundError, UsageError
+from shared.jobs.alert_definitions import AlertDefinition
 from shared.jobs.params import ParamError, parse_assignment, read_json, resolve
 from shared.jobs.run_model import RunStatus
 from shared.jobs.schedules import parse_schedule
@@ -728,7 +729,7 @@ def apply_operator_grant(target: DatabaseTarget, sql: str, *, operator: str | No
             audit.done()
 
 
-# --- jobs defined through the T-SQL interface (import-sqlagent --apply) ------------------------
+# --- jobs and alerts defined through the T-SQL interface (import-sqlagent --apply) -------------
 
 @dataclass(frozen=True)
 class ScheduledJobAdded:
@@ -738,63 +739,159 @@ class ScheduledJobAdded:
     action: str
 
 
-# agent.add_scheduled_job's parameters on PostgreSQL: named arguments need their types.
+@dataclass(frozen=True)
+class AlertAdded:
+    """One agent.add_alert call: the alert, and what the procedure did (defined, or redefined: an
+    alert of that name was there, and is replaced whole, its state with it)."""
+    alert: str
+    action: str
+
+
+@dataclass(frozen=True)
+class AlertNotAdded:
+    """An alert agent.add_alert did not define, with why (the procedure's own error, or the
+    connection lost before it answered)."""
+    alert: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ImportApplied:
+    """What import-sqlagent --apply defined: the jobs (all of them, in order: a refused job ends
+    the import), then the alerts, each on its own (one refused is listed, the others are defined)."""
+    jobs: tuple[ScheduledJobAdded, ...]
+    alerts: tuple[AlertAdded, ...]
+    alerts_not_added: tuple[AlertNotAdded, ...]
+
+
+# The procedures' parameters on PostgreSQL: named arguments need their types.
 ADD_SCHEDULED_JOB_PG_TYPES = {"name": "varchar", "sql": "text", "schedule": "varchar", "run_at": "timestamptz",
                               "timezone": "varchar", "enabled": "int", "max_attempts": "int",
                               "database": "varchar", "misfire": "varchar"}
+ADD_ALERT_PG_TYPES = {"name": "varchar", "query": "text", "schedule": "varchar", "errors": "varchar",
+                      "delay_between_responses_seconds": "int", "notify": "int", "response_job": "varchar",
+                      "timezone": "varchar", "timeout_seconds": "int", "enabled": "int"}
 
 
-def add_scheduled_jobs(target: DatabaseTarget, calls: Sequence[dict[str, Any]], *, store: Store | None = None,
-                       now: datetime | None = None, actor: Actor | None = None) -> list[ScheduledJobAdded]:
-    """Call agent.add_scheduled_job for each (its arguments by name), as an operator would, one
-    transaction each, in order: the T-SQL interface decides and records, as for any caller (each
-    call is a 'define' row of the audit trail, written by the procedure). The import itself is
-    one 'import' row (``store``) once the calls are done, or refused with the error."""
-    arguments = {"jobs": [call.get("name") for call in calls]}
+def add_alert_refusal(alert: AlertDefinition) -> str | None:
+    """Why agent.add_alert cannot define this alert as its ALERT__<name>__* settings would (None:
+    it can). The procedure takes every setting of an alert but its own webhook."""
+    if alert.notify_webhook_url:
+        return ("agent.add_alert has no @notify_webhook_url: an alert with a webhook of its own "
+                f"(ALERT__{alert.name}__NOTIFY_WEBHOOK_URL) goes in the app settings printed here")
+    return None
+
+
+def add_alert_arguments(alert: AlertDefinition) -> dict[str, Any]:
+    """agent.add_alert's arguments for an alert (what the settings' form gives the tick:
+    shared/engine/condition_alerts.settings_rows), the parameters it leaves out at their defaults."""
+    refusal = add_alert_refusal(alert)
+    if refusal is not None:
+        raise UsageError(f"alert {alert.name!r}: {refusal}", setting=f"ALERT__{alert.name}__NOTIFY_WEBHOOK_URL",
+                         expected="an alert without a webhook of its own")
+    values = {"name": alert.name, "query": alert.query, "schedule": alert.schedule, "errors": alert.errors,
+              "delay_between_responses_seconds": alert.delay_seconds, "notify": int(alert.notify),
+              "response_job": alert.response_job, "timezone": alert.timezone,
+              "timeout_seconds": alert.timeout_seconds, "enabled": int(alert.enabled)}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def apply_import(target: DatabaseTarget, jobs: Sequence[dict[str, Any]], alerts: Sequence[AlertDefinition] = (), *,
+                 store: Store | None = None, now: datetime | None = None,
+                 actor: Actor | None = None) -> ImportApplied:
+    """Call agent.add_scheduled_job for each job (its arguments by name), then agent.add_alert for
+    each alert, as an operator would, each call a transaction of its own, in order: the T-SQL
+    interface decides and records, as for any caller (each call is a 'define' or 'define-alert'
+    row of the audit trail, written by the procedure). The jobs come first, so that an alert
+    whose response starts one of them finds it defined. A job the procedure refuses ends the
+    import (raised); an alert it refuses is listed in ``alerts_not_added`` with its error and the
+    others are still defined. The import itself is one 'import' row (``store``) once the calls
+    are done, saying what was defined and what was not, or refused with the error."""
+    arguments: dict[str, Any] = {"jobs": [call.get("name") for call in jobs]}
+    if alerts:
+        arguments["alerts"] = [alert.name for alert in alerts]
     with audited_if_installed(store, actor, AuditAction.IMPORT, now=now or datetime.now(timezone.utc),
                               arguments=arguments) as audit:
-        done = _add_scheduled_jobs(target, calls)
-        if audit is not None:
-            audit.detail = f"{len(done)} job(s) defined" + (
-                ": " + ", ".join(f"{added.job} ({added.action})" for added in done) if done else "")
-            audit.done()
-    return done
-
-
-def _add_scheduled_jobs(target: DatabaseTarget, calls: Sequence[dict[str, Any]]) -> list[ScheduledJobAdded]:
-    if calls and target.dialect not in ("postgres", "mssql"):
-        raise UsageError("import-sqlagent --apply needs a PostgreSQL or SQL Server control database "
-                         f"(agent.add_scheduled_job); the control database is {target.display}", setting="--db",
-                         value=target.display, expected="a PostgreSQL or SQL Server control database")
-    done = []
-    for arguments in calls:
-        values = dict(arguments)
-        if "run_at" in values:
-            # '@once' is in the job's time zone: the procedure takes a point in time.
+        if (jobs or alerts) and target.dialect not in ("postgres", "mssql"):
+            raise UsageError("import-sqlagent --apply needs a PostgreSQL or SQL Server control database "
+                             f"(agent.add_scheduled_job, agent.add_alert); the control database is {target.display}",
+                             setting="--db", value=target.display,
+                             expected="a PostgreSQL or SQL Server control database")
+        alert_calls = [add_alert_arguments(alert) for alert in alerts]   # refused before any call
+        done: list[ScheduledJobAdded] = []
+        added: list[AlertAdded] = []
+        not_added: list[AlertNotAdded] = []
+        if jobs or alerts:
+            connection = connector(target)()
             try:
-                moment = parse_schedule("@once " + values["run_at"], values["timezone"]).at
-            except ValueError as exc:
-                raise UsageError(f"job {values['name']!r}: run_at {values['run_at']!r}: {exc}", setting="run_at",
-                                 value=values["run_at"], expected="a date and time in the job's time zone") from None
-            values["run_at"] = moment.isoformat()
-        names = list(values)
-        if target.dialect == "postgres":
-            sql = "SELECT * FROM agent.add_scheduled_job(" + ", ".join(
-                f'"{n}" => CAST(? AS {ADD_SCHEDULED_JOB_PG_TYPES[n]})' for n in names) + ")"
-        else:
-            sql = "SET NOCOUNT ON; EXEC agent.add_scheduled_job " + ", ".join(
-                f"@{n} = ?" if n != "run_at" else "@run_at = CAST(? AS DATETIMEOFFSET)" for n in names)
-        connection = connector(target)()
+                for call in jobs:
+                    done.append(_add_scheduled_job(connection, target.dialect, call))
+                for index, call in enumerate(alert_calls):
+                    try:
+                        row = _call_procedure(connection, target.dialect, "add_alert", call, ADD_ALERT_PG_TYPES)
+                    except Exception as exc:      # the procedure's refusal, or the connection's end
+                        info = classify(exc)
+                        if info.kind != "transient" and not info.connection_lost:
+                            not_added.append(AlertNotAdded(call["name"], f"agent.add_alert refused it: {describe(exc)}"))
+                            continue
+                        not_added.append(AlertNotAdded(call["name"], (
+                            f"the connection failed during agent.add_alert ({describe(exc)}): whether it was defined "
+                            "is unknown; `sql-agent alerts` says, and --apply again defines it")))
+                        not_added += [AlertNotAdded(rest["name"], "not attempted: the connection to the control "
+                                                                  "database failed before it")
+                                      for rest in alert_calls[index + 1:]]
+                        break
+                    added.append(AlertAdded(alert=call["name"],
+                                            action=str(row[1]) if row is not None and len(row) > 1 else "defined"))
+            finally:
+                connection.close()
+        if audit is not None:
+            audit.detail = "; ".join(filter(None, [
+                f"{len(done)} job(s) defined" + (": " + ", ".join(f"{job.job} ({job.action})" for job in done)
+                                                 if done else ""),
+                (f"{len(added)} alert(s) defined" + (": " + ", ".join(f"{a.alert} ({a.action})" for a in added)
+                                                     if added else "")) if alerts else "",
+                (f"{len(not_added)} alert(s) not defined: " + ", ".join(f"{a.alert} ({a.reason})" for a in not_added))
+                if not_added else ""]))
+            audit.done()
+    return ImportApplied(jobs=tuple(done), alerts=tuple(added), alerts_not_added=tuple(not_added))
+
+
+def _add_scheduled_job(connection: Any, dialect: str, arguments: dict[str, Any]) -> ScheduledJobAdded:
+    values = dict(arguments)
+    if "run_at" in values:
+        # '@once' is in the job's time zone: the procedure takes a point in time.
         try:
-            cursor = connection.cursor()
-            cursor.execute(sql, [values[n] for n in names])
-            row = cursor.fetchone()
-            connection.commit()
-        finally:
-            connection.close()
-        done.append(ScheduledJobAdded(job=values["name"],
-                                      action=row[1] if row is not None and len(row) > 1 else "defined"))
-    return done
+            moment = parse_schedule("@once " + values["run_at"], values["timezone"]).at
+        except ValueError as exc:
+            raise UsageError(f"job {values['name']!r}: run_at {values['run_at']!r}: {exc}", setting="run_at",
+                             value=values["run_at"], expected="a date and time in the job's time zone") from None
+        values["run_at"] = moment.isoformat()
+    row = _call_procedure(connection, dialect, "add_scheduled_job", values, ADD_SCHEDULED_JOB_PG_TYPES,
+                          moments=("run_at",))
+    return ScheduledJobAdded(job=values["name"], action=row[1] if row is not None and len(row) > 1 else "defined")
+
+
+def _call_procedure(connection: Any, dialect: str, procedure: str, values: dict[str, Any], pg_types: Mapping[str, str],
+                    *, moments: Sequence[str] = ()) -> Any:
+    """One call of agent.<procedure> with named arguments, on a connection in autocommit (each
+    call a transaction of its own, as from SSMS or psql): its first row (or None). ``moments``:
+    the parameters that take a point in time (ISO-8601 text with its offset)."""
+    names = list(values)
+    if dialect == "postgres":
+        sql = f"SELECT * FROM agent.{procedure}(" + ", ".join(
+            f'"{n}" => CAST(? AS {pg_types[n]})' for n in names) + ")"
+    else:
+        sql = f"SET NOCOUNT ON; EXEC agent.{procedure} " + ", ".join(
+            f"@{n} = CAST(? AS DATETIMEOFFSET)" if n in moments else f"@{n} = ?" for n in names)
+    cursor = connection.cursor()
+    try:
+        cursor.execute(sql, [values[n] for n in names])
+        row = cursor.fetchone() if cursor.description else None
+        connection.commit()
+    finally:
+        cursor.close()
+    return row
 
 
 # --- jobs defined from the monitor's form (issue 32 item 6) -----------------------------------
@@ -835,8 +932,6 @@ def settings_job_words(name: str) -> str:
 def _procedure_error(exc: BaseException) -> UsageError | None:
     """A procedure's refusal (its own words: the argument, the value, what is expected) as a
     UsageError; None for any other error (a lost connection stays what it is)."""
-    from shared.control.sqlerrors import classify
-
     text = " ".join(str(classify(exc).message or exc).split())
     for prefix in _PROCEDURE_PREFIXES:
         at = text.find(prefix)

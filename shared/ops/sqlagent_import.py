@@ -1,6 +1,7 @@
 """Import SQL Server Agent jobs: a T-SQL script that creates them (SSMS's "Script Job as ->
 CREATE To", dbatools' exports, an installer such as Ola Hallengren's, or one written by hand)
-turned into this agent's JOB__<name>__* app settings (or agent.add_scheduled_job calls).
+turned into this agent's JOB__<name>__* and ALERT__<name>__* app settings (or agent.add_scheduled_job
+and agent.add_alert calls: import-sqlagent --apply).
 
 The script is run, not pattern-matched: shared/ops/sqlagent/ interprets it statement by
 statement over a model of msdb (interpreter.py, msdb.py), so what comes out is what SQL Server
@@ -17,7 +18,8 @@ from datetime import date, datetime, time, timedelta
 from typing import Any, Iterable
 
 from shared.errors import ScriptError
-from shared.jobs.alert_definitions import KNOWN_SEVERITY
+from shared.engine.operations import add_alert_refusal
+from shared.jobs.alert_definitions import KNOWN_SEVERITY, AlertDefinition, parse_alerts
 from shared.jobs.from_settings import parse_jobs
 from shared.jobs.schedules import schedule_from_sqlagent, validate_timezone
 from shared.ops.sqlagent import msdb as model
@@ -26,7 +28,8 @@ from shared.jobs.tokens import OLD_SYNTAX, RUN_TIME, replace_tokens, token_uses
 from shared.ops.sqlagent.steps import split_batches
 from shared.values import DATABASE_NAME_PATTERN
 
-__all__ = ["ScriptError", "Converted", "Imported", "convert_script", "report", "apply_calls", "setting_name"]
+__all__ = ["ScriptError", "Converted", "ConvertedAlert", "Imported", "convert_script", "report", "apply_calls",
+           "alert_apply_calls", "setting_name"]
 
 SYSTEM_DATABASES = {"master", "msdb", "model", "tempdb"}
 ACTIONS = {1: "quit_success", 2: "quit_failure", 3: "next"}
@@ -728,4 +731,35 @@ def apply_calls(converted: list[Converted]) -> tuple[list[dict[str, Any]], list[
                             "steps (or a step's retry interval) goes in the app settings printed here"})
         else:
             calls.append({k: v for k, v in item.apply.items() if v is not None})
+    return calls, refused
+
+
+def alert_apply_calls(alerts: Iterable[ConvertedAlert], jobs_defined: Iterable[str]) -> tuple[
+        list[AlertDefinition], list[dict[str, str]]]:
+    """The alerts agent.add_alert defines as their ALERT__<name>__* settings say (read by the
+    engine's own parser, so that the procedure gets what the settings would give the tick), and
+    those it cannot, with the reason: a webhook of the alert's own (the procedure has no such
+    parameter), or a response job that this --apply does not define (its job goes in the app
+    settings: the alert would start a job that is not there, so it goes there with it). An
+    alert is applied whole or not at all: never without its response."""
+    defined = {name.casefold() for name in jobs_defined}
+    calls: list[AlertDefinition] = []
+    refused: list[dict[str, str]] = []
+    for item in alerts:
+        if not item.emitted:
+            continue            # listed in its not_carried: neither in the settings nor applied
+        valid, invalid = parse_alerts(item.settings)
+        if invalid or len(valid) != 1:
+            refused.append({"alert": item.alert, "reason": "the agent refuses the converted settings: "
+                            + "; ".join(bad.message for bad in invalid)})
+            continue
+        (definition,) = valid
+        reason = add_alert_refusal(definition)
+        if reason is None and definition.response_job and definition.response_job.casefold() not in defined:
+            reason = (f"its response starts job {definition.response_job!r}, which --apply does not define (it is "
+                      "listed here with why): the alert goes in the app settings printed here, with its job")
+        if reason is not None:
+            refused.append({"alert": item.alert, "reason": reason})
+        else:
+            calls.append(definition)
     return calls, refused
