@@ -225,10 +225,15 @@ def test_a_commit_past_the_reader_still_fails_the_attempt_at_its_completion(pg_u
 
     monkeypatch.setattr("shared.control.store.postgres_transaction_statement", lambda sql: None)
     statement, kept = PAST_THE_READER[ending]
-    command = f"INSERT INTO items VALUES (1); {statement}; INSERT INTO items VALUES (2)"
+    # public.items, qualified: the job's search_path is its transaction's (store.JOB_SEARCH_PATH),
+    # so after the job's own ROLLBACK an unqualified name resolves through the agent's pinned
+    # path, or not, depending on whether the server replans the statement (a cache invalidation
+    # from any other session forces it): a race of no interest here, where what is checked is
+    # the transaction check, not name resolution.
+    command = f"INSERT INTO public.items VALUES (1); {statement}; INSERT INTO public.items VALUES (2)"
     job = {"SCHEDULE": "@once " + datetime.now(UTC).isoformat(), "MAX_ATTEMPTS": "1"}
     job.update({"COMMAND": command} if shape == "command" else
-               {"STEPS__1__COMMAND": command, "STEPS__2__COMMAND": "INSERT INTO items VALUES (3)"})
+               {"STEPS__1__COMMAND": command, "STEPS__2__COMMAND": "INSERT INTO public.items VALUES (3)"})
     agent = make_agent(pg_url, {"past": job}, queue=MemoryQueue() if queue_mode else None)
     try:
         _table(agent)
