@@ -1,0 +1,3 @@
+-- 0025 the T-SQL hot-path procedures without UPDATE ... OUTPUT (issue 35; Babelfish re-analyses a
+-- cached UPDATE ... OUTPUT through another statement's alias): changes only the T-SQL dialect (see
+-- its file of the same number). Nothing to do here; the file keeps the versions of every dialect in step.
