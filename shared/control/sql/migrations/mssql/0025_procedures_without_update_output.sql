@@ -7,7 +7,9 @@
 -- from the first invalidation on, until the session ended. Reproduced: call agent.dispatch_runs,
 -- ANALYZE agent.runs, run any batch with an UPDATE ... OUTPUT, call it again. INSERT ... OUTPUT
 -- is not affected, nor an UPDATE without OUTPUT.
--- Each UPDATE ... OUTPUT ... INTO @t of claim_runs, start_run, dispatch_runs and finish_run
+-- Each UPDATE ... OUTPUT ... INTO @t of claim_runs, start_run, dispatch_runs and finish_run (and
+-- of the operators' stop_job, cancel_run and requeue_poison, whose bodies are the *_unaudited
+-- procedures since 0017)
 -- becomes: the rows it would change picked into @pick (with the same WHERE, the same lock hints:
 -- update locks held to the end of the transaction on SQL Server), the UPDATE of exactly those
 -- rows (the same SET), then @t filled from the updated rows. The same statements run under the
@@ -23,8 +25,8 @@ ALTER PROCEDURE agent.claim_runs
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     DECLARE @pick TABLE (run_id BIGINT PRIMARY KEY);
+    SET XACT_ABORT ON;
     BEGIN TRANSACTION;
     -- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
     -- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
@@ -172,8 +174,8 @@ ALTER PROCEDURE agent.start_run
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     DECLARE @pick TABLE (run_id BIGINT PRIMARY KEY);
+    SET XACT_ABORT ON;
     BEGIN TRANSACTION;
     -- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
     -- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
@@ -291,8 +293,8 @@ ALTER PROCEDURE agent.dispatch_runs
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     DECLARE @pick TABLE (run_id BIGINT PRIMARY KEY);
+    SET XACT_ABORT ON;
     BEGIN TRANSACTION;
     -- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
     -- a row lock on Babelfish, which ignores the hint (an UPDATE, not a locking SELECT, for that).
@@ -408,8 +410,8 @@ ALTER PROCEDURE agent.finish_run
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     DECLARE @pick TABLE (run_id BIGINT PRIMARY KEY);
+    SET XACT_ABORT ON;
     DECLARE @done TABLE (run_id BIGINT, token BIGINT);
     INSERT INTO @pick (run_id) SELECT run_id FROM agent.runs
     WHERE run_id = @run_id AND token = @token AND status = N'running';
@@ -426,5 +428,146 @@ BEGIN
     WHERE a.outcome = N'running';
     IF NOT EXISTS (SELECT 1 FROM @done) THROW 50003, N'fenced: the run is no longer running with this token (its lease was taken over, or it was cancelled)', 1;
     SELECT run_id FROM @done;
+END
+GO
+ALTER PROCEDURE agent.stop_job_unaudited
+    @job_name NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @pick TABLE (run_id BIGINT PRIMARY KEY);
+    SET XACT_ABORT ON;
+    DECLARE @now DATETIME2(6) = SYSUTCDATETIME();
+    DECLARE @message NVARCHAR(2048);
+    IF @job_name IS NULL
+        THROW 51401, N'agent.stop_job: @job_name = NULL: expected the name of a job', 1;
+    IF NOT EXISTS (SELECT 1 FROM agent.jobs AS j WHERE j.job_name = @job_name)
+    BEGIN
+        SET @message = N'agent.stop_job: @job_name = ''' + REPLACE(@job_name, N'''', N'''''')
+            + N''': expected the name of a job the agent knows; there is no such job';
+        THROW 51404, @message, 1;
+    END;
+    DECLARE @cancelled TABLE (cancelled_run_id BIGINT);
+    BEGIN TRANSACTION;
+    INSERT INTO @pick (run_id) SELECT run_id FROM agent.runs
+    WHERE job_name = @job_name
+      AND (status = N'running' OR (status IN (N'pending', N'queued') AND runnable_at <= @now));
+    UPDATE agent.runs SET status = N'cancelled', token = token + 1, finished_at = @now,
+        lease_expires_at = NULL, note = N'cancelled by operator'
+    WHERE run_id IN (SELECT k.run_id FROM @pick AS k);
+    INSERT INTO @cancelled
+    SELECT u.run_id
+    FROM agent.runs AS u, @pick AS k WHERE u.run_id = k.run_id;
+    DELETE FROM @pick;
+    UPDATE c SET status = N'cancelled', token = c.token + 1, finished_at = @now, lease_expires_at = NULL,
+        note = N'cancelled: its run no longer waits for its targets'
+    FROM agent.runs AS c JOIN @cancelled AS d ON c.parent_run_id = d.cancelled_run_id
+    WHERE c.status IN (N'waiting', N'pending', N'queued', N'running');
+    UPDATE p SET awaiting_targets = 0
+    FROM agent.runs AS p JOIN @cancelled AS d ON p.run_id = d.cancelled_run_id
+    WHERE p.awaiting_targets = 1;
+    COMMIT TRANSACTION;
+    SELECT c.cancelled_run_id FROM @cancelled AS c;
+END
+GO
+ALTER PROCEDURE agent.cancel_run_unaudited
+    @run_id BIGINT
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @pick TABLE (run_id BIGINT PRIMARY KEY);
+    SET XACT_ABORT ON;
+    DECLARE @now DATETIME2(6) = SYSUTCDATETIME();
+    DECLARE @message NVARCHAR(2048);
+    IF @run_id IS NULL
+        THROW 51401, N'agent.cancel_run: @run_id = NULL: expected the id of a run', 1;
+    DECLARE @cancelled TABLE (cancelled_run_id BIGINT);
+    BEGIN TRANSACTION;
+    INSERT INTO @pick (run_id) SELECT run_id FROM agent.runs
+    WHERE run_id = @run_id AND status IN (N'pending', N'queued', N'running', N'waiting');
+    UPDATE agent.runs SET status = N'cancelled', token = token + 1, finished_at = @now,
+        lease_expires_at = NULL, note = N'cancelled by operator'
+    WHERE run_id IN (SELECT k.run_id FROM @pick AS k);
+    INSERT INTO @cancelled
+    SELECT u.run_id
+    FROM agent.runs AS u, @pick AS k WHERE u.run_id = k.run_id;
+    DELETE FROM @pick;
+    IF NOT EXISTS (SELECT 1 FROM @cancelled)
+    BEGIN
+        -- THROW under XACT_ABORT rolls the transaction back.
+        DECLARE @status NVARCHAR(16);
+        SELECT @status = r.status FROM agent.runs AS r WHERE r.run_id = @run_id;
+        IF @status IS NULL
+        BEGIN
+            SET @message = N'agent.cancel_run: @run_id = ' + CONVERT(NVARCHAR(20), @run_id)
+                + N': expected the id of a run; there is no such run';
+            THROW 51404, @message, 1;
+        END;
+        SET @message = N'agent.cancel_run: @run_id = ' + CONVERT(NVARCHAR(20), @run_id)
+            + N': expected a run not yet finished; it is already ' + @status;
+        THROW 51409, @message, 1;
+    END;
+    UPDATE c SET status = N'cancelled', token = c.token + 1, finished_at = @now, lease_expires_at = NULL,
+        note = N'cancelled: its run no longer waits for its targets'
+    FROM agent.runs AS c JOIN @cancelled AS d ON c.parent_run_id = d.cancelled_run_id
+    WHERE c.status IN (N'waiting', N'pending', N'queued', N'running');
+    UPDATE p SET awaiting_targets = 0
+    FROM agent.runs AS p JOIN @cancelled AS d ON p.run_id = d.cancelled_run_id
+    WHERE p.awaiting_targets = 1;
+    COMMIT TRANSACTION;
+    SELECT c.cancelled_run_id FROM @cancelled AS c;
+END
+GO
+ALTER PROCEDURE agent.requeue_poison_unaudited
+    @poison_id BIGINT
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @pick TABLE (run_id BIGINT PRIMARY KEY);
+    SET XACT_ABORT ON;
+    DECLARE @now DATETIME2(6) = SYSUTCDATETIME();
+    DECLARE @message NVARCHAR(2048);
+    DECLARE @p NVARCHAR(40) = N'agent.requeue_poison: ';
+    IF @poison_id IS NULL
+        THROW 51401, N'agent.requeue_poison: @poison_id = NULL: expected the id of a poison message (agent.poison_list)', 1;
+    DECLARE @found INT = 0;
+    DECLARE @run BIGINT;
+    DECLARE @reason NVARCHAR(MAX);
+    SELECT @found = 1, @run = m.run_id, @reason = m.reason FROM agent.poison_messages AS m WHERE m.poison_id = @poison_id;
+    IF @found = 0
+    BEGIN
+        SET @message = @p + N'@poison_id = ' + CONVERT(NVARCHAR(20), @poison_id)
+            + N': expected the id of a poison message (agent.poison_list); there is no such message';
+        THROW 51404, @message, 1;
+    END;
+    IF @run IS NULL
+    BEGIN
+        SET @message = @p + N'@poison_id = ' + CONVERT(NVARCHAR(20), @poison_id)
+            + N': expected a message of a run; it belongs to no run (it was malformed: ' + @reason + N'), nothing to requeue';
+        THROW 51409, @message, 1;
+    END;
+    BEGIN TRANSACTION;
+    DECLARE @requeued TABLE (requeued_run_id BIGINT);
+    INSERT INTO @pick (run_id) SELECT run_id FROM agent.runs
+    WHERE run_id = @run AND status IN (N'poisoned', N'failed');
+    UPDATE agent.runs SET status = N'pending', runnable_at = @now, finished_at = NULL,
+        lease_expires_at = NULL, max_attempts = failures + 1, lapses = 0, transient_errors = 0,
+        note = N'requeued by operator'
+    WHERE run_id IN (SELECT k.run_id FROM @pick AS k);
+    INSERT INTO @requeued
+    SELECT u.run_id
+    FROM agent.runs AS u, @pick AS k WHERE u.run_id = k.run_id;
+    DELETE FROM @pick;
+    IF NOT EXISTS (SELECT 1 FROM @requeued)
+    BEGIN
+        DECLARE @status NVARCHAR(16);
+        SELECT @status = r.status FROM agent.runs AS r WHERE r.run_id = @run;
+        SET @message = @p + N'@poison_id = ' + CONVERT(NVARCHAR(20), @poison_id)
+            + N': expected a poisoned or failed run; run ' + CONVERT(NVARCHAR(20), @run) + N' is ' + COALESCE(@status, N'gone');
+        THROW 51409, @message, 1;
+    END;
+    UPDATE agent.poison_messages SET requeued_at = @now WHERE poison_id = @poison_id;
+    COMMIT TRANSACTION;
+    SELECT q.requeued_run_id FROM @requeued AS q;
 END
 GO
