@@ -1,4 +1,4 @@
--- 0025 less work under the start lock (issue 35, concurrency 4): agent.dispatch_runs,
+-- 0026 less work under the start lock (issue 35, concurrency 4): agent.dispatch_runs,
 -- agent.claim_runs and agent.start_run take agent.start_lock (SHARE ROW EXCLUSIVE) and hold it
 -- to their commit, so the starts run one at a time; every one of them ran the statements of the
 -- rare policies (misfire and overlap skip, buffer-one, cancel-previous) whatever the queue held,
