@@ -125,19 +125,19 @@ def peer_run(python: Path, tasks: int, concurrency: int) -> float:
 # ---------------------------------------------------------------- the ceilings
 
 CEILING_SCHEMA = """
-CREATE TABLE ceiling_tasks (id BIGSERIAL PRIMARY KEY, status TEXT NOT NULL DEFAULT 'todo', done_at TIMESTAMP);
-CREATE INDEX ceiling_todo ON ceiling_tasks (id) WHERE status = 'todo';
-CREATE FUNCTION ceiling_claim() RETURNS bigint LANGUAGE sql AS $$
-    UPDATE ceiling_tasks SET status = 'doing'
-    WHERE id = (SELECT id FROM ceiling_tasks WHERE status = 'todo' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+CREATE TABLE public.ceiling_tasks (id BIGSERIAL PRIMARY KEY, status TEXT NOT NULL DEFAULT 'todo', done_at TIMESTAMP);
+CREATE INDEX ceiling_todo ON public.ceiling_tasks (id) WHERE status = 'todo';
+CREATE FUNCTION public.ceiling_claim() RETURNS bigint LANGUAGE sql AS $$
+    UPDATE public.ceiling_tasks SET status = 'doing'
+    WHERE id = (SELECT id FROM public.ceiling_tasks WHERE status = 'todo' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
     RETURNING id $$;
-CREATE FUNCTION ceiling_finish(p_id bigint) RETURNS bigint LANGUAGE sql AS $$
-    UPDATE ceiling_tasks SET status = 'done', done_at = now() WHERE id = p_id AND status = 'doing' RETURNING id $$;
-CREATE FUNCTION ceiling_claim_and_finish() RETURNS bigint LANGUAGE plpgsql AS $$
+CREATE FUNCTION public.ceiling_finish(p_id bigint) RETURNS bigint LANGUAGE sql AS $$
+    UPDATE public.ceiling_tasks SET status = 'done', done_at = now() WHERE id = p_id AND status = 'doing' RETURNING id $$;
+CREATE FUNCTION public.ceiling_claim_and_finish() RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE v_id bigint;
 BEGIN
-    v_id := ceiling_claim();
-    IF v_id IS NOT NULL THEN PERFORM ceiling_finish(v_id); END IF;
+    v_id := public.ceiling_claim();
+    IF v_id IS NOT NULL THEN PERFORM public.ceiling_finish(v_id); END IF;
     RETURN v_id;
 END $$;
 """
@@ -155,7 +155,7 @@ def ceiling_run(tasks: int, concurrency: int, round_trips: int) -> float:
         setup = pyodbc.connect(odbc, autocommit=True)
         cursor = setup.cursor()
         cursor.execute(CEILING_SCHEMA)
-        cursor.execute("INSERT INTO ceiling_tasks (status) SELECT 'todo' FROM generate_series(1, ?)", tasks)
+        cursor.execute("INSERT INTO public.ceiling_tasks (status) SELECT 'todo' FROM generate_series(1, ?)", tasks)
         setup.close()
         connections = [pyodbc.connect(odbc, autocommit=True) for _ in range(concurrency)]
         done = [0] * concurrency
@@ -164,11 +164,11 @@ def ceiling_run(tasks: int, concurrency: int, round_trips: int) -> float:
             cursor = connections[index].cursor()
             while True:
                 if round_trips == 1:
-                    claimed = cursor.execute("SELECT ceiling_claim_and_finish()").fetchone()[0]
+                    claimed = cursor.execute("SELECT public.ceiling_claim_and_finish()").fetchone()[0]
                 else:
-                    claimed = cursor.execute("SELECT ceiling_claim()").fetchone()[0]
+                    claimed = cursor.execute("SELECT public.ceiling_claim()").fetchone()[0]
                     if claimed is not None:
-                        cursor.execute("SELECT ceiling_finish(?)", claimed).fetchone()
+                        cursor.execute("SELECT public.ceiling_finish(?)", claimed).fetchone()
                 if claimed is None:
                     return
                 done[index] += 1

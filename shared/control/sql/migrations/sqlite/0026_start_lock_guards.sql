@@ -1,0 +1,4 @@
+-- 0026 less work under the start lock (issue 35): changes only the PostgreSQL dialect (see its
+-- file of the same number: agent.dispatch_runs, agent.claim_runs and agent.start_run run their
+-- rare-policy statements only when a run they could act on exists). Nothing to do here; the file
+-- keeps the versions of every dialect in step.
