@@ -39,6 +39,9 @@ def build(agent_factory, jobs):
     agent = agent_factory(jobs)
     if agent.target.dialect == "sqlite":
         execute(agent, "CREATE TABLE seen (id INTEGER PRIMARY KEY AUTOINCREMENT, label TEXT, v TEXT)")
+    elif agent.target.dialect == "mssql":
+        # NVARCHAR: T-SQL's TEXT is in the database's code page and would lose what it cannot spell.
+        execute(agent, "CREATE TABLE seen (id INT IDENTITY(1,1) PRIMARY KEY, label NVARCHAR(MAX), v NVARCHAR(MAX))")
     else:
         execute(agent, "CREATE TABLE seen (id SERIAL PRIMARY KEY, label TEXT, v TEXT)")
     agent.tick(datetime.now(UTC))
