@@ -692,7 +692,8 @@ def _import_sqlagent(agent, args) -> int:
                                actor=command_line_actor())
         # The jobs, then the alerts (each entry names one: "job" or "alert"), as not_applied does.
         result["applied"] = [asdict(added) for added in applied.jobs] + [asdict(added) for added in applied.alerts]
-        refused += refused_alerts + [asdict(alert) for alert in applied.alerts_not_added]
+        refused += ([asdict(job) for job in applied.jobs_not_added] + refused_alerts
+                    + [asdict(alert) for alert in applied.alerts_not_added])
         result["not_applied"] = refused
         incomplete = incomplete or bool(refused)
     if args.json:       # the same document, the warnings in it; not_carried lists what was left

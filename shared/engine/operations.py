@@ -756,12 +756,21 @@ class AlertNotAdded:
 
 
 @dataclass(frozen=True)
+class JobNotAdded:
+    """A job agent.add_scheduled_job did not define, with why (the procedure's own error, or the
+    connection lost before it answered)."""
+    job: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class ImportApplied:
-    """What import-sqlagent --apply defined: the jobs (all of them, in order: a refused job ends
-    the import), then the alerts, each on its own (one refused is listed, the others are defined)."""
+    """What import-sqlagent --apply defined: the jobs, then the alerts, each on its own (one the
+    procedure refuses is listed with its error, the others are still defined)."""
     jobs: tuple[ScheduledJobAdded, ...]
     alerts: tuple[AlertAdded, ...]
     alerts_not_added: tuple[AlertNotAdded, ...]
+    jobs_not_added: tuple[JobNotAdded, ...] = ()
 
 
 # The procedures' parameters on PostgreSQL: named arguments need their types.
@@ -803,9 +812,10 @@ def apply_import(target: DatabaseTarget, jobs: Sequence[dict[str, Any]], alerts:
     each alert, as an operator would, each call a transaction of its own, in order: the T-SQL
     interface decides and records, as for any caller (each call is a 'define' or 'define-alert'
     row of the audit trail, written by the procedure). The jobs come first, so that an alert
-    whose response starts one of them finds it defined. A job the procedure refuses ends the
-    import (raised); an alert it refuses is listed in ``alerts_not_added`` with its error and the
-    others are still defined. The import itself is one 'import' row (``store``) once the calls
+    whose response starts one of them finds it defined. A job or an alert the procedure refuses
+    is listed (``jobs_not_added``, ``alerts_not_added``) with its error, and the others are still
+    defined (one bad definition never stops the rest); a lost connection lists the call in doubt
+    and every call after it as not attempted. The import itself is one 'import' row (``store``) once the calls
     are done, saying what was defined and what was not, or refused with the error."""
     arguments: dict[str, Any] = {"jobs": [call.get("name") for call in jobs]}
     if alerts:
@@ -819,14 +829,38 @@ def apply_import(target: DatabaseTarget, jobs: Sequence[dict[str, Any]], alerts:
                              expected="a PostgreSQL or SQL Server control database")
         alert_calls = [add_alert_arguments(alert) for alert in alerts]   # refused before any call
         done: list[ScheduledJobAdded] = []
+        jobs_not_added: list[JobNotAdded] = []
         added: list[AlertAdded] = []
         not_added: list[AlertNotAdded] = []
         if jobs or alerts:
             connection = connector(target)()
             try:
-                for call in jobs:
-                    done.append(_add_scheduled_job(connection, target.dialect, call))
-                for index, call in enumerate(alert_calls):
+                lost = False
+                for index, call in enumerate(jobs):
+                    try:
+                        done.append(_add_scheduled_job(connection, target.dialect, call))
+                        continue
+                    except UsageError as exc:       # its run_at, read before any call
+                        jobs_not_added.append(JobNotAdded(call["name"], str(exc)))
+                        continue
+                    except Exception as exc:      # the procedure's refusal, or the connection's end
+                        info = classify(exc)
+                        if info.kind != "transient" and not info.connection_lost:
+                            jobs_not_added.append(JobNotAdded(
+                                call["name"], f"agent.add_scheduled_job refused it: {describe(exc)}"))
+                            continue
+                        jobs_not_added.append(JobNotAdded(call["name"], (
+                            f"the connection failed during agent.add_scheduled_job ({describe(exc)}): whether it "
+                            "was defined is unknown; `sql-agent jobs` says, and --apply again defines it")))
+                        jobs_not_added += [JobNotAdded(rest["name"], "not attempted: the connection to the control "
+                                                                     "database failed before it")
+                                           for rest in jobs[index + 1:]]
+                        not_added += [AlertNotAdded(rest["name"], "not attempted: the connection to the control "
+                                                                  "database failed before it")
+                                      for rest in alert_calls]
+                        lost = True
+                        break
+                for index, call in enumerate([] if lost else alert_calls):
                     try:
                         row = _call_procedure(connection, target.dialect, "add_alert", call, ADD_ALERT_PG_TYPES)
                     except Exception as exc:      # the procedure's refusal, or the connection's end
@@ -849,12 +883,15 @@ def apply_import(target: DatabaseTarget, jobs: Sequence[dict[str, Any]], alerts:
             audit.detail = "; ".join(filter(None, [
                 f"{len(done)} job(s) defined" + (": " + ", ".join(f"{job.job} ({job.action})" for job in done)
                                                  if done else ""),
+                (f"{len(jobs_not_added)} job(s) not defined: " + ", ".join(f"{j.job} ({j.reason})" for j in jobs_not_added))
+                if jobs_not_added else "",
                 (f"{len(added)} alert(s) defined" + (": " + ", ".join(f"{a.alert} ({a.action})" for a in added)
                                                      if added else "")) if alerts else "",
                 (f"{len(not_added)} alert(s) not defined: " + ", ".join(f"{a.alert} ({a.reason})" for a in not_added))
                 if not_added else ""]))
             audit.done()
-    return ImportApplied(jobs=tuple(done), alerts=tuple(added), alerts_not_added=tuple(not_added))
+    return ImportApplied(jobs=tuple(done), alerts=tuple(added), alerts_not_added=tuple(not_added),
+                         jobs_not_added=tuple(jobs_not_added))
 
 
 def _add_scheduled_job(connection: Any, dialect: str, arguments: dict[str, Any]) -> ScheduledJobAdded:

@@ -226,3 +226,26 @@ def test_a_connection_lost_during_add_alert_is_said_and_the_alerts_after_it_are_
     assert "whether it was defined is unknown" in reasons["Sev_10"]
     assert reasons["Quiet_one"].startswith("not attempted: the connection to the control database failed")
     assert sorted(alerts_listed(capsys, pg_url)) == ["Deadlocks"]
+
+
+def test_a_job_the_procedure_refuses_is_listed_and_the_other_jobs_and_alerts_are_defined(pg_url, tmp_path, capsys):
+    """One bad definition never stops the others: agent.add_scheduled_job refusing one job (a
+    constraint of the database's refuses its row) lists that job with the procedure's error, and
+    the jobs after it and the alerts are still defined; the import row names the refused job."""
+    agent = make_agent(pg_url)
+    execute(agent, "ALTER TABLE agent.jobs ADD CONSTRAINT test_no_first CHECK (job_name <> 'First_job')")
+    script = ssms("First job", step(1, "SELECT 1"), schedule(start_time=10000)) + SCRIPT
+    path = tmp_path / "agent.sql"
+    path.write_text(script, encoding="utf-8")
+    before = last_audit_id(agent)
+    code, document = run(capsys, "--db", pg_url, "import-sqlagent", str(path), "--timezone", "UTC", "--apply")
+    assert code == 1
+    (refused,) = [item for item in document["not_applied"] if item.get("job") == "First_job"]
+    assert refused["reason"].startswith("agent.add_scheduled_job refused it: ") and "test_no_first" in refused["reason"]
+    assert {"job": "Nightly_ETL", "action": "defined"} in document["applied"]
+    assert {a["alert"] for a in document["applied"] if "alert" in a} == {"Deadlocks", "Sev_10", "Quiet_one"}
+    assert [j["job_name"] for j in agent.store().execute("list_jobs").rows] == ["Nightly_ETL"]
+    assert sorted(alerts_listed(capsys, pg_url)) == APPLIED_ALERTS
+    rows = audit_rows(agent, before)
+    assert rows[-1][0] == "import" and rows[-1][2] == "done"
+    assert "1 job(s) not defined: First_job (agent.add_scheduled_job refused it: " in rows[-1][4]
