@@ -919,8 +919,14 @@ def _call_procedure(connection: Any, dialect: str, procedure: str, values: dict[
         sql = f"SELECT * FROM agent.{procedure}(" + ", ".join(
             f'"{n}" => CAST(? AS {pg_types[n]})' for n in names) + ")"
     else:
-        sql = f"SET NOCOUNT ON; EXEC agent.{procedure} " + ", ".join(
-            f"@{n} = CAST(? AS DATETIMEOFFSET)" if n in moments else f"@{n} = ?" for n in names)
+        # An EXEC argument is a constant or a variable, not an expression: a moment is converted
+        # into a variable of the parameter's type first (its ? comes first).
+        timed = [n for n in names if n in moments]
+        sql = ("SET NOCOUNT ON; " + "".join(f"DECLARE @moment_{n} DATETIMEOFFSET = CAST(? AS DATETIMEOFFSET); "
+                                            for n in timed)
+               + f"EXEC agent.{procedure} " + ", ".join(f"@{n} = @moment_{n}" if n in moments else f"@{n} = ?"
+                                                       for n in names))
+        names = timed + [n for n in names if n not in moments]
     cursor = connection.cursor()
     try:
         cursor.execute(sql, [values[n] for n in names])

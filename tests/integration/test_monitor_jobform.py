@@ -426,3 +426,52 @@ def _int(text: str) -> int | None:
         return int(text)
     except ValueError:
         return None
+
+
+def test_define_edit_and_remove_through_the_procedures_body_on_every_dialect_with_procedures(db_url):
+    """What the form's save and remove call (operations.define_job / remove_job: the body of
+    agent.add_scheduled_job and of agent.remove_scheduled_job, in the action's own transaction with
+    its one audit row) on PostgreSQL, and on SQL Server or Babelfish when AGENT_TEST_MSSQL is set;
+    SQLite has no procedures and refuses in words (as the page does)."""
+    from shared.engine.operations import define_job
+    from shared.jobs.definition import parse_definition
+    from tests.support.harness import make_agent
+
+    agent = make_agent(db_url)
+    actor = Actor(source=AuditSource.MONITOR, client="monitor at test", os_user="grace", principal="grace")
+    definition, errors = parse_definition({**NIGHTLY, "name": "formed", "sql": "SELECT N'it''s'"})
+    assert not errors
+    if agent.target.dialect == "sqlite":
+        with pytest.raises(UsageError):
+            define_job(agent.store(), definition, owner="grace", now=agent.clock(), actor=actor)
+        return
+    defined = define_job(agent.store(), definition, owner="grace", now=agent.clock(), actor=actor)
+    assert (defined.action, defined.owner) == ("defined", "grace")
+    row = job_row_of(agent, "formed")
+    assert (row["schedule"], row["timezone"], row["owner"], row["defined_in_database"]) == \
+        ("0 30 2 * * *", "Europe/Paris", "grace", 1)
+    edited, errors = parse_definition({**NIGHTLY, "name": "formed", "sql": "SELECT 2", "schedule": "0 0 3 * * *"})
+    assert not errors
+    again = define_job(agent.store(), edited, owner="grace", now=agent.clock(), actor=actor, edit="formed")
+    assert again.action == "redefined"
+    assert (job_row_of(agent, "formed")["schedule"], job_row_of(agent, "formed")["command"]) == ("0 0 3 * * *", "SELECT 2")
+    with pytest.raises(UsageError):       # a new job of a name already defined: refused, nothing changed
+        define_job(agent.store(), definition, owner="grace", now=agent.clock(), actor=actor)
+    removed = remove_job(agent.store(), "formed", now=agent.clock(), actor=actor)
+    assert removed.job_name == "formed"
+    assert job_row_of(agent, "formed") is None or not job_row_of(agent, "formed")["configured"]
+    store = agent.new_store()
+    try:
+        audit = [(r["action"], r["outcome"]) for r in store.execute("list_audit", job_name="formed", since=None,
+                                                                    limit=10).rows]
+    finally:
+        store.close()
+    assert sorted(audit) == sorted([("define", "done"), ("define", "done"), ("define", "refused"), ("remove", "done")])
+
+
+def job_row_of(agent, name: str):
+    store = agent.new_store()
+    try:
+        return store.execute("get_job_definition", job_name=name).one()
+    finally:
+        store.close()

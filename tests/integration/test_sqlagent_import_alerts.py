@@ -249,3 +249,21 @@ def test_a_job_the_procedure_refuses_is_listed_and_the_other_jobs_and_alerts_are
     rows = audit_rows(agent, before)
     assert rows[-1][0] == "import" and rows[-1][2] == "done"
     assert "1 job(s) not defined: First_job (agent.add_scheduled_job refused it: " in rows[-1][4]
+
+
+def test_apply_defines_a_one_time_job_with_its_moment(db_url, tmp_path, capsys):
+    """A one-time schedule (@freq_type 1) is applied with agent.add_scheduled_job's @run_at, a
+    point in time: on T-SQL it is converted into a DATETIMEOFFSET variable before the EXEC (an
+    EXEC argument cannot be an expression). SQLite refuses --apply whole."""
+    agent = make_agent(db_url)
+    path = tmp_path / "once.sql"
+    path.write_text(ssms("Once only", step(1, "SELECT 1"), schedule(freq_type=1, start_date=20301231,
+                                                                       start_time=233000)), encoding="utf-8")
+    code, document = run(capsys, "--db", db_url, "import-sqlagent", str(path), "--timezone", "Europe/Paris", "--apply")
+    if agent.target.dialect == "sqlite":
+        assert code == 2 and "needs a PostgreSQL or SQL Server control database" in json.dumps(document)
+        return
+    assert code == 0, document
+    assert document["applied"] == [{"job": "Once_only", "action": "defined"}]
+    (job,) = [j for j in agent.store().execute("list_jobs").rows if j["job_name"] == "Once_only"]
+    assert job["schedule"].startswith("@once 2030-12-31"), job["schedule"]

@@ -1643,8 +1643,9 @@ FROM agent.jobs AS j
 WHERE j.job_name = CAST(:job_name AS NVARCHAR(64));
 
 -- define_job --
--- The monitor's job form (issue 32 item 6): agent.add_scheduled_job's body (agent.add_scheduled_job_unaudited, migration 0024: its checks, its refusals, its redefinition of a job of the same name) with every argument (:run_at an ISO 8601 text with its offset, which SQL Server converts to the DATETIMEOFFSET parameter), in the caller's transaction (its own BEGIN/COMMIT nest in it). The monitor writes the audit row itself (source monitor, the signed-in principal) and the owner (set_job_owner) in the same transaction; the audited procedure would record the app's own user for both.
-EXEC agent.add_scheduled_job_unaudited :job_name, :sql, :schedule, :run_at, :timezone, :enabled, :max_attempts,
+-- The monitor's job form (issue 32 item 6): agent.add_scheduled_job's body (agent.add_scheduled_job_unaudited, migration 0024: its checks, its refusals, its redefinition of a job of the same name) with every argument (:run_at an ISO 8601 text with its offset, converted into a DATETIMEOFFSET variable first: an EXEC argument is a constant or a variable, and an untyped NULL bound for a DATETIMEOFFSET parameter is refused by Babelfish), in the caller's transaction (its own BEGIN/COMMIT nest in it). The monitor writes the audit row itself (source monitor, the signed-in principal) and the owner (set_job_owner) in the same transaction; the audited procedure would record the app's own user for both.
+DECLARE @run_at DATETIMEOFFSET = CAST(:run_at AS DATETIMEOFFSET);
+EXEC agent.add_scheduled_job_unaudited :job_name, :sql, :schedule, @run_at, :timezone, :enabled, :max_attempts,
     :timeout_seconds, :overlap, :database, :misfire, :grace_seconds, :lease_seconds, :targets, :target_parallelism,
     :after, :after_outcome, :target_stagger_seconds, :catchup_seconds;
 
