@@ -167,10 +167,13 @@ def tsql_interface_columns(name: str) -> list[str]:
 def query_columns(query: Query, dialect: str) -> list[str] | None:
     """Like the Store: the rows of every statement that returns rows, so they must all return
     the same columns. A T-SQL query that calls a procedure of the agent returns its body's."""
-    if dialect == "mssql" and len(query.statements) == 1 and (call := _TSQL_EXEC.match(_code(query.statements[0].sql))) \
+    # A DECLARE before the EXEC returns nothing (a variable for an argument that cannot be an
+    # expression, as define_job's @run_at): the call's result is the query's.
+    calls = [s for s in query.statements if not _code(s.sql).upper().startswith("DECLARE ")]
+    if dialect == "mssql" and len(calls) == 1 and (call := _TSQL_EXEC.match(_code(calls[0].sql))) \
             and call.group(1) in TSQL_INTERFACE_RESULTS:
         return tsql_interface_columns(call.group(1))
-    if dialect == "mssql" and len(query.statements) == 1 and (call := _TSQL_EXEC.match(_code(query.statements[0].sql))):
+    if dialect == "mssql" and len(calls) == 1 and (call := _TSQL_EXEC.match(_code(calls[0].sql))):
         body = tsql_procedure_statements(call.group(1))
         assert body, f"{query.name}: no migration creates procedure agent.{call.group(1)}"
         columns = None
