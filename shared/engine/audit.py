@@ -196,7 +196,7 @@ AUDITED_MARK = "_sql_agent_audited"
 
 
 def record_refusal(store: Store | None, actor: Actor | None, action: AuditAction, *, clock: Callable[[], datetime],
-                   arguments: dict[str, Any], error: BaseException) -> None:
+                   arguments: dict[str, Any], error: BaseException, job_name: str | None = None) -> None:
     """A front end refused an action before it reached its operation (grant-sql --apply on a
     database that cannot take it, an unreadable import-sqlagent --apply script): its one row
     'refused', unless the operation recorded it already, or there is no audit table (then
@@ -206,7 +206,7 @@ def record_refusal(store: Store | None, actor: Actor | None, action: AuditAction
     with contextlib.suppress(Exception):
         if not audit_trail_exists(store):
             return
-        with audited(store, actor, action, now=clock(), arguments=arguments):
+        with audited(store, actor, action, now=clock(), arguments=arguments, job_name=job_name):
             raise error
     with contextlib.suppress(Exception):
         setattr(error, AUDITED_MARK, True)

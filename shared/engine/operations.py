@@ -1037,6 +1037,17 @@ def define_job(store: Store, definition: Any, *, owner: str, now: datetime, acto
                     raise
                 raise refusal from None
             action = str(row["action"]) if row is not None else "defined"
+            # The look above ran before the procedure took the job-definitions lock: another
+            # action may have defined or removed the job in between. What the procedure did must
+            # be what the operator asked for, else nothing is kept (a new job's save must not
+            # replace someone's job, an edit must not bring back a job just removed).
+            if edit is None and action != "defined":
+                raise UsageError(f"a job named {name!r} was defined by someone else meanwhile: nothing saved; edit "
+                                 "it (its Edit link), or choose another name", setting="name", value=name,
+                                 expected="a name no job holds")
+            if edit is not None and action != "redefined":
+                raise NotFoundError(f"job {name!r} was removed meanwhile: nothing saved, nothing brought back",
+                                    setting="name", value=name, expected="a job defined in the database")
             audit.detail = f"{action}; runs as {owner[:MAX_OWNER_LENGTH]!r}"
     return JobDefined(job_name=name, action=action, owner=owner[:MAX_OWNER_LENGTH])
 

@@ -88,8 +88,11 @@ def handle_define(agent: Any, form: Mapping[str, str], target: str, owner: str, 
         return (400 if errors else 200), state
     if errors:
         arguments = {key: value for key, value in values.items()}
+        # The job's name: the one edited, else the one typed (audit --job finds the refusal).
+        named = target if target != NEW_JOB else (values.get("name") or "").strip()
         record_refusal(store, actor, AuditAction.DEFINE, clock=agent.clock, arguments=arguments,
-                       error=UsageError("; ".join(error.message for error in errors)))
+                       error=UsageError("; ".join(error.message for error in errors)),
+                       job_name=named[:64] or None)
         return 400, state
     assert definition is not None
     try:
@@ -149,7 +152,9 @@ def _form(state: FormState, pages: Any) -> str:
         if errors.get(spec.name):
             attrs += f' aria-invalid="true" aria-describedby="error-{escape(spec.name)}"'
         if spec.name == "sql":
-            control = f"<textarea {attrs} rows=\"6\" cols=\"80\" spellcheck=\"false\">{escape(value)}</textarea>"
+            # The newline after the opening tag: HTML drops the first one, which would eat a
+            # command's own leading newline on every round trip.
+            control = f"<textarea {attrs} rows=\"6\" cols=\"80\" spellcheck=\"false\">\n{escape(value)}</textarea>"
         elif spec.choices:
             options = "".join(f'<option value="{escape(c)}"{" selected" if c == value.strip().lower() else ""}>'
                               f"{escape({'1': 'yes', '0': 'no'}.get(c, c) if spec.name == 'enabled' else c)}</option>"

@@ -40,7 +40,9 @@ def define_fields(page: str) -> dict[str, str]:
 def typed(page: str, field: str) -> str:
     """What the form shows in a text field (or the command's textarea)."""
     if field == "sql":
-        match = re.search(r'<textarea name="sql"[^>]*>(.*?)</textarea>', page, re.S)
+        # A browser drops the one newline right after <textarea>, which the page writes so that a
+        # command's own leading newline survives.
+        match = re.search(r'<textarea name="sql"[^>]*>\n?(.*?)</textarea>', page, re.S)
     else:
         match = re.search(r'<input type="text" name="' + field + r'" [^>]*value="([^"]*)"', page)
     assert match, (field, page[:500])
@@ -475,3 +477,55 @@ def job_row_of(agent, name: str):
         return store.execute("get_job_definition", job_name=name).one()
     finally:
         store.close()
+
+
+def test_a_save_that_raced_another_action_keeps_nothing(pg_url):
+    """The form's look at the job runs before the procedure takes the job-definitions lock: a
+    new job's save that finds the name taken by the time the procedure runs (it answers
+    'redefined'), or an edit of a job removed meanwhile ('defined'), keeps nothing and says so;
+    the job another operator saved, or the removal, stands. The race is made by hiding the job
+    from that first look, as a concurrent action committing between the two would."""
+    from shared.engine.operations import define_job
+    from shared.errors import NotFoundError
+    from shared.jobs.definition import parse_definition
+    from tests.support.harness import make_agent
+
+    agent = make_agent(pg_url)
+    actor = Actor(source=AuditSource.MONITOR, client="monitor at test", os_user="alice", principal="alice")
+    theirs, _ = parse_definition({**NIGHTLY, "name": "raced", "sql": "SELECT 'alice'"})
+    define_job(agent.store(), theirs, owner="alice", now=agent.clock(), actor=actor)
+    store = agent.new_store()
+    original = store.execute
+
+    def hidden(name, **params):
+        result = original(name, **params)
+        if name == "get_job_definition":
+            result.rows.clear()
+        return result
+
+    store.execute = hidden
+    mine, _ = parse_definition({**NIGHTLY, "name": "raced", "sql": "SELECT 'bob'"})
+    try:
+        with pytest.raises(UsageError, match="defined by someone else meanwhile"):
+            define_job(store, mine, owner="bob", now=agent.clock(), actor=actor)
+    finally:
+        store.close()
+    assert (job_row_of(agent, "raced")["command"], job_row_of(agent, "raced")["owner"]) == ("SELECT 'alice'", "alice")
+    remove_job(agent.store(), "raced", now=agent.clock(), actor=actor)
+    store = agent.new_store()
+    original_after = store.execute
+
+    def shown(name, **params):       # the edit's look still sees the job the removal took away
+        result = original_after(name, **params)
+        if name == "get_job_definition" and params.get("job_name") == "raced" and result.rows:
+            result.rows[0] = {**result.rows[0], "configured": 1, "defined_in_database": 1}
+        return result
+
+    store.execute = shown
+    try:
+        with pytest.raises(NotFoundError, match="removed meanwhile"):
+            define_job(store, mine, owner="bob", now=agent.clock(), actor=actor, edit="raced")
+    finally:
+        store.close()
+    row = job_row_of(agent, "raced")
+    assert row is None or not row["configured"]
