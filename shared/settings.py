@@ -19,7 +19,7 @@ import json
 import os
 import re
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -27,6 +27,7 @@ from shared.errors import ConfigError
 from shared.jobs.from_settings import config_hash, parse_jobs, webhook_secret, webhook_setting
 from shared.jobs.model import InvalidJob, JobDefinition
 from shared.jobs.schedules import parse_ncrontab
+from shared.jobs.targets import FLEET_SERVERS_SETTING, member_servers, parse_server_list, parse_targets
 from shared.telemetry.exporters import parse_exporter
 from shared.values import PRINCIPAL_PATTERN, parse_int
 
@@ -105,6 +106,14 @@ ENGINE_SETTINGS: tuple[SettingSpec, ...] = (
                 "EXECUTE AS USER; PostgreSQL: a role it SETs): one without rights on schema agent, "
                 "so a job cannot rewrite the agent's bookkeeping. grant-sql creates it. Unset: jobs "
                 "run as the agent itself.", "optional"),
+    SettingSpec("AGENT_FLEET_SERVERS", None,
+                "Servers (besides the control database's own) that fleet targets may name: a comma "
+                "list, spelled as targets spell them (myserver.database.windows.net, 10.0.0.5:5432, "
+                "tcp:host,1433). The agent reaches them with its own credentials (its identity's "
+                "token, its login's password), so a target naming any other server is refused "
+                "before a connection is opened. Servers the settings' own jobs name are allowed "
+                "too; this setting is for jobs operators define (agent.add_scheduled_job "
+                "@targets, the monitor's job form).", "optional"),
     SettingSpec("AGENT_CONNECT_RETRY_SECONDS", "90",
                 "How long connecting to a database keeps retrying transient errors (a paused "
                 "serverless database takes up to a minute to resume), each wait at least as long "
@@ -219,6 +228,9 @@ class AgentSettings:
     telemetry_exporter: str = "opentelemetry"
     max_connections: int = 10
     quiet_max_minutes: int = 0
+    # The servers fleet targets may name (as written): AGENT_FLEET_SERVERS, and what the settings'
+    # own jobs name (load_settings adds those).
+    fleet_servers: tuple[str, ...] = ()
 
     @property
     def uses_azure_queue(self) -> bool:
@@ -286,6 +298,7 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
     finally:
         if collecting:
             gc.enable()
+    agent = replace(agent, fleet_servers=_fleet_servers(agent.fleet_servers, jobs))
     from shared.jobs.alert_definitions import alerts_hash, parse_alerts
 
     alerts, invalid_alerts = parse_alerts(env)
@@ -294,6 +307,17 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
         hashed = hashlib.sha256(f"{hashed}|{alerts_digest}".encode()).hexdigest()
     return Settings(agent=agent, jobs=jobs, invalid_jobs=invalid, config_hash=hashed, alerts=alerts,
                     invalid_alerts=invalid_alerts)
+
+
+def _fleet_servers(listed: tuple[str, ...], jobs: tuple[JobDefinition, ...]) -> tuple[str, ...]:
+    """AGENT_FLEET_SERVERS, then the servers the settings' valid jobs name in their targets: the
+    deployer wrote both, so the agent's credentials may go there (and nowhere else)."""
+    named: set[str] = set()
+    for job in jobs:
+        for step in job.steps:
+            if step.targets:
+                named |= member_servers(parse_targets("TARGETS", step.targets))
+    return listed + tuple(sorted(named - set(listed)))
 
 
 def _get(env: Mapping[str, str], name: str) -> str | None:
@@ -307,6 +331,10 @@ def _get(env: Mapping[str, str], name: str) -> str | None:
 def _int_setting(env: Mapping[str, str], name: str, low: int, high: int) -> int:
     raw = _get(env, name)
     return parse_int(name, raw, low, high)
+
+
+def _fleet_server_setting(env: Mapping[str, str]) -> tuple[str, ...]:
+    return parse_server_list(FLEET_SERVERS_SETTING, _get(env, FLEET_SERVERS_SETTING))
 
 
 def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
@@ -344,6 +372,7 @@ def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
         max_concurrency=_int_setting(env, "AGENT_MAX_CONCURRENCY", 1, 10000),
         poll_seconds=_int_setting(env, "AGENT_POLL_SECONDS", 1, 300),
         max_connections=_int_setting(env, "AGENT_MAX_CONNECTIONS", 3, 10000),
+        fleet_servers=_fleet_server_setting(env),
         lookahead_margin_seconds=_int_setting(env, "AGENT_LOOKAHEAD_MARGIN_SECONDS", 0, 3600),
         max_lapses=_int_setting(env, "AGENT_MAX_LAPSES", 1, 100),
         max_clock_skew_seconds=_int_setting(env, "AGENT_MAX_CLOCK_SKEW_SECONDS", 5, 86400),

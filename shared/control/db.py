@@ -33,6 +33,7 @@ from shared.control.connection_strings import (
 from shared.control.pool import is_refusal
 from shared.control.sqlerrors import PERMANENT, SqlErrorInfo, classify, describe, retry_connect
 from shared.errors import AgentError, ConfigError, ConnectError
+from shared.jobs.targets import FLEET_SERVERS_SETTING, server_address
 from shared.settings import AgentSettings
 
 SQLITE_PREFIX = "sqlite:///"
@@ -47,10 +48,39 @@ class DatabaseTarget:
     sql_database: str | None = None
     sql_client_id: str | None = None
     connect_retry_seconds: float = 90.0   # AGENT_CONNECT_RETRY_SECONDS
+    # The servers a fleet target may name (targets.server_address spellings): AGENT_FLEET_SERVERS,
+    # the settings' jobs' servers and the control database's own. Connections go nowhere else.
+    fleet_servers: frozenset[str] = frozenset()
 
     @property
     def uses_token(self) -> bool:
         return self.sql_server is not None
+
+    def own_server(self) -> str | None:
+        """The control database's server as a target would name it (None: SQLite)."""
+        if self.uses_token:
+            return self.sql_server
+        if self.dialect == "sqlite":
+            return None
+        pairs = odbc_pairs(self.location)
+        host = next((pairs[k] for k in ("servername", "server", "addr", "address", "data source") if pairs.get(k)), "")
+        if self.dialect == "postgres" and pairs.get("port"):
+            host = f"{host}:{pairs['port']}"
+        return host or None
+
+    def check_fleet_server(self, server: str) -> None:
+        """ConfigError unless ``server`` is one the deployer allowed (AGENT_FLEET_SERVERS)."""
+        if server_address(server, self.dialect) in self.fleet_servers:
+            return
+        allowed = ", ".join(sorted(self.fleet_servers)) or "none"
+        raise ConfigError(FLEET_SERVERS_SETTING, server,
+                          f"a server listed in {FLEET_SERVERS_SETTING} or named by a job in the settings "
+                          f"(the agent takes its own credentials only there; allowed now: {allowed})")
+
+    def with_fleet_servers(self, servers: tuple[str, ...]) -> "DatabaseTarget":
+        own = self.own_server()
+        named = tuple(servers) + ((own,) if own else ())
+        return replace(self, fleet_servers=frozenset(server_address(s, self.dialect) for s in named))
 
 
 def resolve_database(agent: AgentSettings, override: str | None = None) -> DatabaseTarget:
@@ -60,10 +90,11 @@ def resolve_database(agent: AgentSettings, override: str | None = None) -> Datab
         return DatabaseTarget(
             dialect="mssql", location="", display=f"Azure SQL {agent.sql_server}/{agent.sql_database} (Entra ID token)",
             sql_server=agent.sql_server, sql_database=agent.sql_database,
-            sql_client_id=agent.sql_client_id, connect_retry_seconds=agent.connect_retry_seconds)
+            sql_client_id=agent.sql_client_id, connect_retry_seconds=agent.connect_retry_seconds,
+        ).with_fleet_servers(agent.fleet_servers)
     setting = "--db" if override is not None else "AGENT_DB"
     target = parse_database_url(override if override is not None else agent.db, setting=setting)
-    return replace(target, connect_retry_seconds=agent.connect_retry_seconds)
+    return replace(target, connect_retry_seconds=agent.connect_retry_seconds).with_fleet_servers(agent.fleet_servers)
 
 
 def parse_database_url(value: str, *, setting: str = "AGENT_DB") -> DatabaseTarget:
@@ -208,6 +239,10 @@ def connector(target: DatabaseTarget, database: str | None = None, server: str |
             raise AgentError("JOB__<name>__DATABASE is not supported on the embedded SQLite database")
         return lambda: sqlite_connect(target.location)
     control = database is None and server is None
+    if server is not None:
+        # Before anything is opened: a fleet server the deployer did not allow gets none of the
+        # agent's credentials (its password, its identity's token), whoever named it.
+        target.check_fleet_server(server)
     if target.uses_token:
         # One cached token for every server: Azure SQL's audience is the same for all of them.
         provider = azure_sql.shared_token_provider(target.sql_client_id)

@@ -43,6 +43,7 @@ from shared.jobs.run_model import RUN_ENDING_OUTCOMES, AttemptError, Outcome
 from shared.jobs.params import ParamError, values_for_run
 from shared.jobs.tokens import TokenError, has_tokens, run_time_values, substitute_at_run
 from shared.jobs.steps import QUIT_SUCCESS, cap_output, run_steps, target_step
+from shared.jobs.targets import member_servers, parse_targets
 from shared.messaging.messages import DoorbellMessage, RunMessage, decode_body, parse_message
 from shared.settings import Settings
 
@@ -418,6 +419,10 @@ class Executor:
                                     timeout_seconds=step.timeout_seconds, cancel=lambda: None)
         try:
             try:
+                # A server the deployer did not allow fails the step before any listing or
+                # execution (the connector refuses it too, whoever asks).
+                for server in sorted(member_servers(parse_targets("TARGETS", step.targets or ""))):
+                    store.target.check_fleet_server(server)
                 targets = resolve_step_targets(step.targets or "", dialect=store.dialect, control_store=self._store,
                                                target_store=self._target_store,
                                                setting=f"STEPS__{step.step}__TARGETS")

@@ -23,8 +23,9 @@ from urllib.parse import quote
 from shared.engine import views
 from shared.engine.audit import Actor, AuditAction, record_refusal
 from shared.engine.operations import NEW_JOB, define_job, settings_job_words
-from shared.errors import AgentError, NotFoundError, PageError, UsageError
+from shared.errors import AgentError, ConfigError, NotFoundError, PageError, UsageError
 from shared.jobs.definition import FIELDS, FieldError, blank_form, form_of, parse_definition
+from shared.jobs.targets import member_servers, parse_targets
 from shared.web.html import escape, visible
 
 PREVIEW_COUNT = 5
@@ -79,6 +80,9 @@ def handle_define(agent: Any, form: Mapping[str, str], target: str, owner: str, 
     store = agent.store()
     now = agent.clock()
     definition, errors = parse_definition(values)
+    errors += _server_errors(agent, values.get("targets") or "")
+    if errors:
+        definition = None
     jobs = views.configured_jobs(store)
     state = FormState(target, values, jobs, store.dialect, errors=errors)
     existing = views.job_definition(store, definition.name) if definition else None
@@ -107,6 +111,23 @@ def handle_define(agent: Any, form: Mapping[str, str], target: str, owner: str, 
                   "first slot at its next tick (or doorbell)")
     saved.preview = views.upcoming_slots(definition.preview_row(row), now, PREVIEW_COUNT)
     return 200, saved
+
+
+def _server_errors(agent: Any, targets: str) -> list[FieldError]:
+    """The servers @targets names that the deployer did not allow (AGENT_FLEET_SERVERS): refused
+    here as a field, as the agent's planning and its connections refuse them."""
+    try:
+        servers = member_servers(parse_targets("targets", targets)) if targets.strip() else set()
+    except ConfigError:
+        return []    # parse_definition said what is wrong with it
+    errors = []
+    for server in sorted(servers):
+        try:
+            agent.target.check_fleet_server(server)
+        except ConfigError as exc:
+            errors.append(FieldError("targets", targets, f"servers the deployer allowed: {server!r} is not one "
+                                                         f"({exc.expected})"))
+    return errors
 
 
 # ---------------------------------------------------------------- rendering
