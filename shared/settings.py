@@ -228,9 +228,10 @@ class AgentSettings:
     telemetry_exporter: str = "opentelemetry"
     max_connections: int = 10
     quiet_max_minutes: int = 0
-    # The servers fleet targets may name (as written): AGENT_FLEET_SERVERS, and what the settings'
-    # own jobs name (load_settings adds those).
+    # The servers fleet targets may name (as written): AGENT_FLEET_SERVERS, and those the settings'
+    # own valid jobs name (load_settings adds them).
     fleet_servers: tuple[str, ...] = ()
+    job_servers: tuple[str, ...] = ()
 
     @property
     def uses_azure_queue(self) -> bool:
@@ -298,7 +299,7 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
     finally:
         if collecting:
             gc.enable()
-    agent = replace(agent, fleet_servers=_fleet_servers(agent.fleet_servers, jobs))
+    agent = replace(agent, job_servers=_job_servers(jobs))
     from shared.jobs.alert_definitions import alerts_hash, parse_alerts
 
     alerts, invalid_alerts = parse_alerts(env)
@@ -309,15 +310,15 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
                     invalid_alerts=invalid_alerts)
 
 
-def _fleet_servers(listed: tuple[str, ...], jobs: tuple[JobDefinition, ...]) -> tuple[str, ...]:
-    """AGENT_FLEET_SERVERS, then the servers the settings' valid jobs name in their targets: the
-    deployer wrote both, so the agent's credentials may go there (and nowhere else)."""
+def _job_servers(jobs: tuple[JobDefinition, ...]) -> tuple[str, ...]:
+    """The servers the settings' valid jobs name in their targets: the deployer wrote them, so
+    the agent's credentials may go there, as to AGENT_FLEET_SERVERS (and nowhere else)."""
     named: set[str] = set()
     for job in jobs:
         for step in job.steps:
             if step.targets:
                 named |= member_servers(parse_targets("TARGETS", step.targets))
-    return listed + tuple(sorted(named - set(listed)))
+    return tuple(sorted(named))
 
 
 def _get(env: Mapping[str, str], name: str) -> str | None:

@@ -87,6 +87,13 @@ def build_connection_string(base: str | None, dialect: str, parts: Iterable[tupl
     ``drop`` are left out too. A value
     that cannot be carried exactly raises ConfigError before anything is opened."""
     parts = list(parts)
+    if dialect == "mssql" and is_freetds(odbc_pairs(base or "").get("driver", "")):
+        # FreeTDS ends a braced value at its first '}' (doubling or not: traced with TDSDUMP,
+        # FreeTDS 1.3) and reads the rest as keys: a database named 'x};Server=elsewhere;' would
+        # move the connection. Such a value is refused instead (that execution fails alone).
+        for key, val in parts:
+            if key.lower() != "driver" and "}" in (val or ""):
+                raise ConfigError(key, val, "a value without '}' (FreeTDS cannot carry one in a connection string)")
     dropped = {key.lower() for key in drop}
     for key, _ in parts:
         dropped.update(_ALIASES.get(key.lower(), (key.lower(),)))
@@ -106,14 +113,54 @@ def with_database(connection_string: str, database: str, dialect: str = "mssql")
     return build_connection_string(connection_string, dialect, [("Database", database)])
 
 
+# A server as a fleet target or AGENT_FLEET_SERVERS names it: the host (a DNS name or an IPv4
+# address: letters, digits, '.', '-', '_') and its port. PostgreSQL writes ``host[:port]``; SQL
+# Server ``host[,port]``, ``tcp:`` before it allowed. Nothing else: a ',' in a PostgreSQL host
+# would be a libpq host list, a ':' in a SQL Server one a driver-specific form.
+_HOST = re.compile(r"[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+)*\.?")
+DEFAULT_PORTS = {"postgres": 5432, "mssql": 1433}
+SERVER_EXPECTED = {"postgres": "host or host:port (PostgreSQL), e.g. 10.0.0.5:5432 or pg.example.com",
+                   "mssql": "host, host,port or tcp:host,port (SQL Server), e.g. myserver.database.windows.net "
+                            "or tcp:sql01,1433"}
+
+
+def split_server(server: str, dialect: str, *, setting: str = "server") -> tuple[str, int]:
+    """(host, port) of a server as a target names it: THE parser both the allow-list check
+    (``server_address``) and the connection (``with_server``) use, so what is checked is what is
+    reached. The host lowercased without a trailing dot; the dialect's default port when none is
+    written. ConfigError for any other spelling."""
+    expected = SERVER_EXPECTED.get(dialect, SERVER_EXPECTED["mssql"])
+    text = server.strip()
+    if dialect == "postgres":
+        host, sep, port_text = text.partition(":")
+    else:
+        if text[:4].lower() == "tcp:":
+            text = text[4:]
+        host, sep, port_text = text.partition(",")
+    host, port_text = host.strip(), port_text.strip()
+    if not _HOST.fullmatch(host) or (sep and not port_text.isdigit()) or len(host) > 253:
+        raise ConfigError(setting, server, expected)
+    port = int(port_text) if sep else DEFAULT_PORTS.get(dialect, 1433)
+    if not 0 < port < 65536:
+        raise ConfigError(setting, server, f"{expected}; a port from 1 to 65535")
+    return host.rstrip(".").lower(), port
+
+
+def server_address(server: str, dialect: str) -> str:
+    """One spelling of a server's address, ``host:port`` (see ``split_server``)."""
+    host, port = split_server(server, dialect)
+    return f"{host}:{port}"
+
+
 def with_server(connection_string: str, server: str, dialect: str) -> str:
     """The same ODBC connection string (driver, credentials, options) pointing at another
-    server: ``host[:port]`` for PostgreSQL, ``host[,port]`` (or ``tcp:host,port``) for SQL Server."""
+    server, written as ``split_server`` reads it: exactly the host and port the allow-list
+    checked (PostgreSQL: Servername and Port; SQL Server: Server=host,port, any Port= dropped)."""
+    host, port = split_server(server, dialect)
     if dialect == "postgres":
-        host, _, port = server.partition(":")
-        parts = [("Servername", host)] + ([("Port", port)] if port else [])
-        return build_connection_string(connection_string, dialect, parts, drop=("port",))
-    return build_connection_string(connection_string, dialect, [("Server", server)])
+        return build_connection_string(connection_string, dialect, [("Servername", host), ("Port", str(port))],
+                                       drop=("port",))
+    return build_connection_string(connection_string, dialect, [("Server", f"{host},{port}")], drop=("port",))
 
 
 def redact(connection_string: str) -> str:

@@ -23,6 +23,8 @@ from shared.control import azure_sql
 from shared.control.connection_strings import (
     is_freetds,
     odbc_pairs,
+    server_address,
+    split_server,
     redact,
     with_database,
     with_freetds_defaults,
@@ -33,7 +35,7 @@ from shared.control.connection_strings import (
 from shared.control.pool import is_refusal
 from shared.control.sqlerrors import PERMANENT, SqlErrorInfo, classify, describe, retry_connect
 from shared.errors import AgentError, ConfigError, ConnectError
-from shared.jobs.targets import FLEET_SERVERS_SETTING, server_address
+from shared.jobs.targets import FLEET_SERVERS_SETTING
 from shared.settings import AgentSettings
 
 SQLITE_PREFIX = "sqlite:///"
@@ -64,12 +66,18 @@ class DatabaseTarget:
             return None
         pairs = odbc_pairs(self.location)
         host = next((pairs[k] for k in ("servername", "server", "addr", "address", "data source") if pairs.get(k)), "")
-        if self.dialect == "postgres" and pairs.get("port"):
-            host = f"{host}:{pairs['port']}"
+        port = (pairs.get("port") or "").strip()
+        if port and self.dialect == "postgres":
+            host = f"{host}:{port}"
+        elif port and "," not in host:
+            host = f"{host},{port}"     # FreeTDS's Port= (a port in Server= wins over it)
         return host or None
 
     def check_fleet_server(self, server: str) -> None:
         """ConfigError unless ``server`` is one the deployer allowed (AGENT_FLEET_SERVERS)."""
+        if self.dialect == "sqlite":
+            raise ConfigError(FLEET_SERVERS_SETTING, server, "no other server: the embedded SQLite control database "
+                                                             "has no fleet targets (they need PostgreSQL or SQL Server)")
         if server_address(server, self.dialect) in self.fleet_servers:
             return
         allowed = ", ".join(sorted(self.fleet_servers)) or "none"
@@ -77,10 +85,25 @@ class DatabaseTarget:
                           f"a server listed in {FLEET_SERVERS_SETTING} or named by a job in the settings "
                           f"(the agent takes its own credentials only there; allowed now: {allowed})")
 
-    def with_fleet_servers(self, servers: tuple[str, ...]) -> "DatabaseTarget":
-        own = self.own_server()
-        named = tuple(servers) + ((own,) if own else ())
-        return replace(self, fleet_servers=frozenset(server_address(s, self.dialect) for s in named))
+    def with_fleet_servers(self, listed: tuple[str, ...], named: tuple[str, ...] = ()) -> "DatabaseTarget":
+        """Allowed: ``listed`` (AGENT_FLEET_SERVERS: a spelling this dialect cannot reach is a
+        ConfigError naming the setting), ``named`` (the settings' jobs' servers: one this dialect
+        cannot reach is left out, and that job's run fails naming it) and the control database's
+        own server."""
+        if self.dialect == "sqlite":
+            return self
+        allowed = set()
+        for server in listed:
+            try:
+                allowed.add(server_address(server, self.dialect))
+            except ConfigError as exc:
+                raise ConfigError(FLEET_SERVERS_SETTING, server, exc.expected) from None
+        for server in named + ((self.own_server() or "",) if self.own_server() else ()):
+            try:
+                allowed.add(server_address(server, self.dialect))
+            except ConfigError:
+                continue
+        return replace(self, fleet_servers=frozenset(allowed))
 
 
 def resolve_database(agent: AgentSettings, override: str | None = None) -> DatabaseTarget:
@@ -91,10 +114,11 @@ def resolve_database(agent: AgentSettings, override: str | None = None) -> Datab
             dialect="mssql", location="", display=f"Azure SQL {agent.sql_server}/{agent.sql_database} (Entra ID token)",
             sql_server=agent.sql_server, sql_database=agent.sql_database,
             sql_client_id=agent.sql_client_id, connect_retry_seconds=agent.connect_retry_seconds,
-        ).with_fleet_servers(agent.fleet_servers)
+        ).with_fleet_servers(agent.fleet_servers, agent.job_servers)
     setting = "--db" if override is not None else "AGENT_DB"
     target = parse_database_url(override if override is not None else agent.db, setting=setting)
-    return replace(target, connect_retry_seconds=agent.connect_retry_seconds).with_fleet_servers(agent.fleet_servers)
+    return replace(target, connect_retry_seconds=agent.connect_retry_seconds).with_fleet_servers(
+        agent.fleet_servers, agent.job_servers)
 
 
 def parse_database_url(value: str, *, setting: str = "AGENT_DB") -> DatabaseTarget:
@@ -244,6 +268,9 @@ def connector(target: DatabaseTarget, database: str | None = None, server: str |
         # agent's credentials (its password, its identity's token), whoever named it.
         target.check_fleet_server(server)
     if target.uses_token:
+        if server is not None:
+            host, port = split_server(server, "mssql")      # what was checked is what is reached
+            server = f"{host},{port}"
         # One cached token for every server: Azure SQL's audience is the same for all of them.
         provider = azure_sql.shared_token_provider(target.sql_client_id)
         name = database or target.sql_database or ""

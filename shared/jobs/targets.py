@@ -209,25 +209,11 @@ def user_databases(names: Iterable[str], dialect: str) -> list[str]:
     return list(names)
 
 
-# Fleet servers (AGENT_FLEET_SERVERS): the servers the agent may take its own credentials to. A
-# member's server travels as written (``host``, ``host:port``, ``host,port``, ``tcp:host,port``);
-# these compare them as one address, whatever the spelling.
-DEFAULT_PORTS = {"postgres": "5432", "mssql": "1433"}
+# Fleet servers (AGENT_FLEET_SERVERS): the servers the agent may take its own credentials to
+# (compared as connection_strings.server_address spells them).
 FLEET_SERVERS_SETTING = "AGENT_FLEET_SERVERS"
 FLEET_SERVERS_EXPECTED = ("a comma list of servers fleet targets may name, as a target names them "
                           "(myserver.database.windows.net, 10.0.0.5:5432, tcp:host,1433)")
-
-
-def server_address(server: str, dialect: str) -> str:
-    """One spelling of a server's address: host lowercased without a trailing dot, and the port
-    (the dialect's default when none is given), ``host:port``."""
-    text = server.strip().lower()
-    if text.startswith("tcp:"):
-        text = text[4:]
-    host, sep, port = text.replace(",", ":").rpartition(":")
-    if not sep:
-        host, port = port, ""
-    return f"{host.strip().rstrip('.')}:{port.strip() or DEFAULT_PORTS.get(dialect, '')}"
 
 
 def parse_server_list(setting: str, raw: str | None) -> tuple[str, ...]:

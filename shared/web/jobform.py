@@ -125,8 +125,8 @@ def _server_errors(agent: Any, targets: str) -> list[FieldError]:
         try:
             agent.target.check_fleet_server(server)
         except ConfigError as exc:
-            errors.append(FieldError("targets", targets, f"servers the deployer allowed: {server!r} is not one "
-                                                         f"({exc.expected})"))
+            errors.append(FieldError("targets", targets, f"servers the deployer allowed (AGENT_FLEET_SERVERS): "
+                                                         f"{server!r} is not one ({exc.expected})"))
     return errors
 
 

@@ -6,6 +6,7 @@ loopback listener that counts every connection it is offered, on real PostgreSQL
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -15,7 +16,7 @@ import pytest
 
 from shared.control.db import connector, resolve_database
 from shared.errors import ConfigError
-from shared.jobs.targets import server_address
+from shared.control.connection_strings import server_address
 from shared.settings import load_settings
 from tests.integration.test_monitor import scenario  # noqa: F401  (module-scoped: SQLite and PostgreSQL)
 from tests.integration.test_monitor_actions import Client, servers  # noqa: F401
@@ -79,6 +80,70 @@ def test_one_address_whatever_its_spelling():
     assert server_address("10.0.0.5:6432", "postgres") != server_address("10.0.0.5", "postgres")
 
 
+SPELLINGS = {
+    "postgres": ["10.0.0.5", "10.0.0.5:5432", "10.0.0.5:06543", "PG.Example.com.", " pg.example.com : 7000 "],
+    "mssql": ["sql01", "sql01,1433", "tcp:SQL01,14330", "TCP:sql01", "myserver.database.windows.net.,01433"],
+}
+REFUSED = {
+    # a ',' in a PostgreSQL host is a libpq host list (127.0.0.2 and 6543, both on 5432); 'tcp:'
+    # would be a host named tcp; a ':' in a SQL Server host is no form every driver reads alike
+    "postgres": ["127.0.0.2,6543", "tcp:127.0.0.1:5432", "a:b:c", "host:", "host:0", "host:70000", "[::1]:5432",
+                 "a b", "host/x"],
+    "mssql": ["host:1433", "tcp:host:1433", "host,", "host,x", "host,0", "a,b,c", "host\\inst"],
+}
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "mssql"])
+def test_what_the_allow_list_checks_is_what_the_connection_string_reaches(dialect):
+    """One parser (split_server) for the check and for with_server: for every spelling accepted,
+    the host and port the connection string names are the address the check compared, whatever
+    the base string held (its own Port=, another server); every other spelling is refused."""
+    from shared.control.connection_strings import odbc_pairs, split_server, with_server
+
+    base = {"postgres": "Driver={PostgreSQL Unicode};Servername=control.example.com;Port=34195;Database=agent;"
+                        "UID=agent;PWD=secret;",
+            "mssql": "Driver={FreeTDS};Server=control.example.com;Port=34195;Database=agent;UID=agent;PWD=secret;"}[dialect]
+    for spelling in SPELLINGS[dialect]:
+        pairs = odbc_pairs(with_server(base, spelling, dialect))
+        if dialect == "postgres":
+            reached = f"{pairs['servername']}:{int(pairs['port'])}"
+        else:
+            assert "port" not in pairs, pairs             # FreeTDS would take Port= over the default
+            host, _, port = pairs["server"].partition(",")
+            reached = f"{host}:{int(port)}"
+        assert reached == server_address(spelling, dialect), (spelling, pairs)
+        assert split_server(spelling, dialect)[1] == int(reached.rpartition(":")[2])
+    for spelling in REFUSED[dialect]:
+        with pytest.raises(ConfigError):
+            server_address(spelling, dialect)
+        with pytest.raises(ConfigError):
+            with_server(base, spelling, dialect)
+
+
+def test_freetds_is_never_handed_a_value_with_a_closing_brace_and_its_port_setting_counts():
+    """FreeTDS ends a braced value at its first '}' and reads the rest as keys: a database name a
+    listing returns ('t};Server=elsewhere,1;') is refused, not quoted. The control database's own
+    server is what FreeTDS reaches: Server plus its Port=."""
+    from shared.control.connection_strings import odbc_pairs, with_database
+    from shared.control.db import parse_database_url
+
+    base = "Driver={FreeTDS};Server=127.0.0.3;Port=34195;Database=agent;UID=sa;PWD=secret;"
+    for name in ("tenant_x};Port=1;", "tenant_x};Server=127.0.0.9,1;a={", "}"):
+        with pytest.raises(ConfigError) as caught:
+            with_database(base, name, "mssql")
+        assert caught.value.setting == "Database" and "FreeTDS" in caught.value.expected
+    # another SQL Server driver reads the doubled brace as ODBC says: carried exactly
+    ms = "Driver={ODBC Driver 18 for SQL Server};Server=h;Database=agent;UID=sa;PWD=secret;"
+    assert odbc_pairs(with_database(ms, "t};Port=1;", "mssql"))["database"] == "t};Port=1;"
+    target = parse_database_url(base).with_fleet_servers(())
+    assert target.own_server() == "127.0.0.3,34195" and target.fleet_servers == {"127.0.0.3:34195"}
+    with pytest.raises(ConfigError):
+        target.check_fleet_server("127.0.0.3")               # :1433, which nobody named
+    with pytest.raises(ConfigError) as caught:
+        parse_database_url(base).with_fleet_servers(("ok.example.com", "bad:1433"))
+    assert caught.value.setting == "AGENT_FLEET_SERVERS" and caught.value.value == "bad:1433"
+
+
 def test_the_setting_names_itself_when_it_is_bad_and_the_settings_jobs_servers_are_allowed():
     with pytest.raises(ConfigError) as caught:
         load_settings({"AGENT_FLEET_SERVERS": "good.example.com, bad/server"})
@@ -90,7 +155,8 @@ def test_the_setting_names_itself_when_it_is_bad_and_the_settings_jobs_servers_a
         "JOB__fleet__TARGETS": "db:Named.Example.com/app, server:other.example.com:6432",
         "JOB__bad__SCHEDULE": "never", "JOB__bad__COMMAND": "SELECT 1",
         "JOB__bad__TARGETS": "server:invalid-job.example.com"})
-    assert settings.agent.fleet_servers == ("listed.example.com:5433", "Named.Example.com", "other.example.com:6432")
+    assert settings.agent.fleet_servers == ("listed.example.com:5433",)
+    assert settings.agent.job_servers == ("Named.Example.com", "other.example.com:6432")
     target = resolve_database(settings.agent)
     assert target.fleet_servers == {"listed.example.com:5433", "named.example.com:5432", "other.example.com:6432",
                                     "127.0.0.1:5432"}
@@ -133,6 +199,33 @@ def _start(control: str, name: str) -> int:
     return started["run_id"]
 
 
+def test_a_comma_port_on_postgresql_is_refused_not_sent_to_the_allowed_hosts_default_port(pg_control, listener):
+    """The attack: AGENT_FLEET_SERVERS allows 127.0.0.2:<port>; an operator's target spells it
+    '127.0.0.2,<port>', which libpq would read as two hosts on 5432. Refused in words; a listener
+    on 127.0.0.2:5432 is offered no connection."""
+    other = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    other.bind(("127.0.0.2", 5432))
+    other.listen(4)
+    other.settimeout(0.5)
+    try:
+        agent = make_agent(pg_control, AGENT_CONNECT_RETRY_SECONDS="0",
+                           AGENT_FLEET_SERVERS=f"127.0.0.2:{listener.port}")
+        for name, targets in {"comma_db": f"db:127.0.0.2,{listener.port}/app",
+                              "comma_server": f"server:127.0.0.2,{listener.port}"}.items():
+            _define(pg_control, name=name, sql="SELECT 1", schedule="0 0 3 * * *", targets=targets, max_attempts=1)
+        agent.tick(datetime.now(UTC))
+        runs = [_start(pg_control, name) for name in ("comma_db", "comma_server")]
+        work(agent, concurrency=2, max_seconds=60)
+        for run_id in runs:
+            run = agent.store().execute("get_run", run_id=run_id).one()
+            assert run["status"] == "failed" and "host or host:port (PostgreSQL)" in run["last_error"], run
+        with pytest.raises(socket.timeout):
+            other.accept()[0].close()
+    finally:
+        other.close()
+
+
 def test_an_operators_job_naming_another_server_fails_its_step_without_connecting_until_the_deployer_lists_it(
         pg_control, listener):
     """agent.add_scheduled_job @targets naming the listener: every member kind (db:, a glob,
@@ -151,7 +244,8 @@ def test_an_operators_job_naming_another_server_fails_its_step_without_connectin
     for name, run_id in runs.items():
         run = agent.store().execute("get_run", run_id=run_id).one()
         assert run["status"] == "failed", (name, run)
-        assert "AGENT_FLEET_SERVERS" in run["last_error"] and str(listener.port) in run["last_error"], run
+        refusal = "expected host or host:port" if name == "respelled" else "AGENT_FLEET_SERVERS"
+        assert refusal in run["last_error"] and str(listener.port) in run["last_error"], run
     assert listener.accepted == 0
     jobs = {row["job_name"]: row for row in agent.store().execute("list_jobs").rows}
     assert all(jobs[name]["valid"] == 1 for name in members)
@@ -171,5 +265,5 @@ def test_the_job_form_refuses_a_server_the_deployer_did_not_allow(scenario, serv
               "targets": f"db:app, server:127.0.0.1:{listener.port}"}
     status, _, page = client.post("define", fields)
     assert status == 400, page
-    assert f"server:127.0.0.1:{listener.port}" in page and "AGENT_FLEET_SERVERS" in page
+    assert f"server:127.0.0.1:{listener.port}" in page and "AGENT_FLEET_SERVERS" in page, re.findall(r"expected[^<]*", page)
     assert listener.accepted == 0

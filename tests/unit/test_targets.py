@@ -79,8 +79,9 @@ def test_postgresql_names_compare_exactly_and_a_plain_name_is_always_tried():
 def test_another_server_keeps_the_driver_and_credentials_and_changes_only_the_address():
     sql = "Driver={ODBC Driver 18 for SQL Server};Server=tcp:a.database.windows.net,1433;Database=ctl;Uid=u;Pwd={p;w};"
     assert with_server(sql, "tcp:b,1433", "mssql") == (
-        "Driver={ODBC Driver 18 for SQL Server};Database=ctl;Uid=u;Pwd={p;w};Server=tcp:b,1433;")
+        "Driver={ODBC Driver 18 for SQL Server};Database=ctl;Uid=u;Pwd={p;w};Server=b,1433;")
     pg = "Driver={PostgreSQL Unicode};Server=127.0.0.1;Port=5432;Uid=root;Database=ctl;"
     assert with_server(pg, "10.0.0.5:5433", "postgres") == (
         "Driver={PostgreSQL Unicode};Uid=root;Database=ctl;Servername=10.0.0.5;Port=5433;")
-    assert with_server(pg, "db.internal", "postgres") == "Driver={PostgreSQL Unicode};Uid=root;Database=ctl;Servername=db.internal;"
+    assert with_server(pg, "db.internal", "postgres") == (
+        "Driver={PostgreSQL Unicode};Uid=root;Database=ctl;Servername=db.internal;Port=5432;")
