@@ -34,7 +34,7 @@ from shared.errors import ConfigError
 from shared.jobs.calendars import Calendar, CalendarRules, parse_dates, parse_weekly
 from shared.jobs.from_settings import schedule_problem
 from shared.jobs.model import JOB_SETTING_PREFIX
-from shared.jobs.schedules import parse_schedule, validate_timezone
+from shared.jobs.schedules import TIMEZONE_EXPECTED, parse_schedule, validate_timezone
 from shared.jobs.steps import one_fleet_step
 from shared.jobs.targets import DEFAULT_PARALLELISM, describe_members, dialect_problem, parse_targets
 from shared.values import printable
@@ -85,7 +85,7 @@ def verdict(job: dict[str, Any]) -> tuple[str | None, datetime | None]:
     try:
         validate_timezone(zone)
     except ValueError:
-        return str(ConfigError(f"{PROCEDURE} @timezone", zone, "an IANA time zone name such as UTC or Europe/Paris")), None
+        return str(ConfigError(f"{PROCEDURE} @timezone", zone, TIMEZONE_EXPECTED)), None
     text = job["schedule"]
     parameter = "@run_at" if text.lower().startswith("@once") else "@schedule"
     try:
