@@ -135,3 +135,15 @@ def test_the_form_refuses_an_offset_its_zone_does_not_have_then_but_takes_utc_wi
     assert errors == [] and definition.run_at == datetime(2027, 7, 1, 9, 0, tzinfo=UTC)
     definition, errors = parse_definition({**form, "run_at": "2027-07-01 09:00+02:00"})
     assert errors == [] and definition.run_at == datetime(2027, 7, 1, 7, 0, tzinfo=UTC)
+
+
+def test_import_sqlagent_refuses_a_host_time_zone_naming_the_option(capsys):
+    from shared.cli.commands import main
+    from shared.cli.output import EXIT_USAGE
+    from tests.support.harness import ROOT
+
+    script = ROOT / "tests" / "integration" / "sqlagent" / "several_jobs.sql"
+    assert main(["import-sqlagent", str(script), "--timezone", "localtime"]) == EXIT_USAGE
+    printed = capsys.readouterr()
+    said = printed.out + printed.err
+    assert "--timezone 'localtime'" in said and "such as UTC or Europe/Paris" in said, said
