@@ -5,10 +5,20 @@ an operator's action whose connection is lost at its COMMIT leaves one honest au
 
 from __future__ import annotations
 
+import contextlib
+import select
+import threading
 from datetime import datetime, timezone
 from urllib.parse import urlencode
 
+import pyodbc
 import pytest
+
+from shared.engine import views
+from shared.engine.audit import Audit, AuditAction, audited
+from shared.engine.operations import pause_job
+from tests.support.faults import OutageProxy
+from tests.support.harness import admin_execute, make_agent
 
 from tests.integration.test_monitor import scenario  # noqa: F401  (module-scoped: SQLite and PostgreSQL)
 from tests.integration.test_monitor_actions import (AZURE_HOST, OPERATORS, READERS, Client,  # noqa: F401
@@ -137,3 +147,147 @@ def test_the_form_refuses_a_host_time_zone_file_naming_field_value_and_an_exampl
     assert status == 400, page[:3000]
     assert f"Time zone (@timezone) = &#x27;{zone}&#x27;: expected an IANA time zone name such as UTC or " \
            "Europe/Paris" in page, page[:3000]
+
+
+# ------------------------------------------------------------------ F5: the connection lost at an action's COMMIT
+
+class CommitCutProxy(OutageProxy):
+    """The outage proxy in front of PostgreSQL that, once armed, lets the next COMMIT through to
+    the server, waits for the server's answer (the transaction has committed by then) and cuts
+    the connection instead of passing the answer on: the client sees its connection lost at the
+    COMMIT of a transaction that committed. ``then_outage``: and refuses connections from then on."""
+
+    def __init__(self) -> None:
+        self.armed = threading.Event()
+        self.cut = threading.Event()
+        self.then_outage = False
+        super().__init__()
+
+    def _pump(self, client, upstream) -> None:  # type: ignore[override]
+        sockets, committing = [client, upstream], False
+        try:
+            for _ in range(100000):                 # bounded: a test's connection says far less
+                readable, _, _ = select.select(sockets, [], [], 1.0)
+                for sock in readable:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    if sock is upstream and committing:
+                        self.cut.set()              # the server answered the COMMIT: never passed on
+                        if self.then_outage:
+                            self.outage()
+                        return
+                    if sock is client and self.armed.is_set() and b"COMMIT" in data:
+                        self.armed.clear()
+                        committing = True
+                    (upstream if sock is client else client).sendall(data)
+        except (OSError, ValueError):
+            return
+        finally:
+            for sock in sockets:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+
+def pause_rows(agent, job: str) -> list[dict]:
+    rows = agent.new_store().execute("list_audit", job_name=job, since=None, limit=100).rows
+    return [row for row in rows if row["action"] == "pause"]
+
+
+def paused(agent, job: str) -> bool:
+    (row,) = [r for r in views.jobs_view(agent.new_store(), agent.clock()) if r["job_name"] == job]
+    return bool(row["paused"])
+
+
+JOB = {"SCHEDULE": "0 0 3 * * *", "COMMAND": "SELECT 1"}
+
+
+def test_a_commit_that_happened_but_whose_answer_was_lost_is_one_row_done(pg_url, caplog):
+    make_agent(pg_url, {"cut": JOB}).close()
+    proxy = CommitCutProxy()
+    database = pg_url.split("Database=")[1].rstrip(";")
+    try:
+        agent = make_agent(proxy.connection_string(database), {"cut": JOB}, AGENT_CONNECT_RETRY_SECONDS="2")
+        agent.tick(agent.clock())
+        proxy.armed.set()
+        pause = pause_job(agent.store(), "cut", now=agent.clock(), reason="at the commit")
+        assert proxy.cut.is_set(), "the COMMIT's answer was not cut"
+        assert pause.job_name == "cut"                       # it committed: the operator is told it is done
+        rows = pause_rows(agent, "cut")
+        assert [(r["outcome"], r["detail"]) for r in rows] == [("done", "0 claimed slot(s) skipped")], rows
+        assert paused(agent, "cut")
+        assert "checked afterwards: it committed" in caplog.text
+        agent.close()
+    finally:
+        proxy.close()
+
+
+def test_a_commit_that_did_not_happen_when_the_connection_died_is_one_row_refused_saying_so(pg_url):
+    """The server process is terminated at the COMMIT (a deferred trigger calls
+    pg_terminate_backend on its own backend while the COMMIT runs it): the transaction never
+    committed; the client sees the connection lost at the COMMIT."""
+    agent = make_agent(pg_url, {"doomed": JOB, "fine": JOB})
+    agent.tick(agent.clock())
+    admin_execute(pg_url, """
+        CREATE FUNCTION public.die_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.job_name = 'doomed' AND NEW.outcome = 'done' THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF;
+            RETURN NULL;
+        END $$;
+        CREATE CONSTRAINT TRIGGER die_at_commit AFTER INSERT ON agent.audit DEFERRABLE INITIALLY DEFERRED
+            FOR EACH ROW EXECUTE FUNCTION public.die_at_commit();""")
+    with pytest.raises(pyodbc.Error) as raised:
+        pause_job(agent.store(), "doomed", now=agent.clock(), reason="dies at the commit")
+    assert "terminat" in str(raised.value).lower() or "connection" in str(raised.value).lower(), raised.value
+    (row,) = pause_rows(agent, "doomed")
+    assert row["outcome"] == "refused", row
+    assert "the connection was lost at its commit" in row["detail"] and "it did not commit" in row["detail"]
+    assert not paused(agent, "doomed")
+    # the next action on the same agent is as usual
+    pause_job(agent.store(), "fine", now=agent.clock())
+    assert [r["outcome"] for r in pause_rows(agent, "fine")] == ["done"] and paused(agent, "fine")
+
+
+def test_when_nobody_can_tell_whether_it_committed_no_contradicting_row_is_written(pg_url, caplog):
+    make_agent(pg_url, {"dark": JOB}).close()
+    proxy = CommitCutProxy()
+    proxy.then_outage = True
+    database = pg_url.split("Database=")[1].rstrip(";")
+    try:
+        agent = make_agent(proxy.connection_string(database), {"dark": JOB}, AGENT_CONNECT_RETRY_SECONDS="1")
+        agent.tick(agent.clock())
+        proxy.armed.set()
+        with pytest.raises(pyodbc.Error):
+            pause_job(agent.store(), "dark", now=agent.clock())
+        assert proxy.cut.is_set()
+        assert "whether it committed could not be checked" in caplog.text and "outcome unknown" in caplog.text
+        proxy.restore()
+        # the action did commit (the proxy passed the COMMIT on): its one row is 'done', no 'refused'
+        rows = pause_rows(make_agent(pg_url), "dark")
+        assert [r["outcome"] for r in rows] == ["done"], rows
+        agent.close()
+    finally:
+        proxy.close()
+
+
+def test_an_action_done_on_another_connection_is_never_recorded_refused_when_its_row_fails(db_url, monkeypatch):
+    """Audit.done: the action committed on its own (a procedure call on another connection); its
+    row 'done' cannot be written (the connection lost): no row 'refused' contradicts what was done."""
+    agent = make_agent(db_url)
+    store = agent.store()
+
+    def lost(self) -> None:
+        raise ConnectionError("the connection was lost writing the row")
+
+    monkeypatch.setattr(Audit, "write", lost)
+    with pytest.raises(ConnectionError):
+        with audited(store, None, AuditAction.GRANT, now=agent.clock(), arguments={"login": "x"}) as audit:
+            audit.done()
+    monkeypatch.undo()
+    rows = store.execute("list_audit", job_name=None, since=None, limit=100).rows
+    assert [r for r in rows if r["action"] == "grant"] == []
+    # without the failure: its one row 'done'
+    with audited(store, None, AuditAction.GRANT, now=agent.clock(), arguments={"login": "x"}) as audit:
+        audit.done()
+    rows = store.execute("list_audit", job_name=None, since=None, limit=100).rows
+    assert [r["outcome"] for r in rows if r["action"] == "grant"] == ["done"]
