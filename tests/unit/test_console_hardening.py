@@ -6,6 +6,7 @@ tests/integration/test_console_hardening.py."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
@@ -140,9 +141,7 @@ def test_the_form_refuses_an_offset_its_zone_does_not_have_then_but_takes_utc_wi
 def test_import_sqlagent_refuses_a_host_time_zone_naming_the_option(capsys):
     from shared.cli.commands import main
     from shared.cli.output import EXIT_USAGE
-    from tests.support.harness import ROOT
-
-    script = ROOT / "tests" / "integration" / "sqlagent" / "several_jobs.sql"
+    script = Path(__file__).resolve().parents[1] / "integration" / "sqlagent" / "several_jobs.sql"
     assert main(["import-sqlagent", str(script), "--timezone", "localtime"]) == EXIT_USAGE
     printed = capsys.readouterr()
     said = printed.out + printed.err
