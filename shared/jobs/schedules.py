@@ -299,6 +299,22 @@ def _ambiguous(wall: datetime, timezone_name: str, one: datetime, other: datetim
                      f"give the offset of the one meant, e.g. {_shown(one)}")
 
 
+def pinned_once(text: str, timezone_name: str) -> str:
+    """'@once <local time>' as a program writes it for a person's clock (import-sqlagent): itself
+    when the time names one instant; else with the offset of the first time it happens (a time
+    the clocks jump over: the offset before the jump, i.e. as far after it, the scheduler's rule),
+    so the job it becomes is valid and runs when SQL Agent's would."""
+    moment = datetime.fromisoformat(text[len(ONCE_PREFIX):].strip())
+    if moment.tzinfo is not None:
+        return text
+    try:
+        local_instant(moment, timezone_name)
+        return text
+    except ValueError:
+        pass
+    return f"{ONCE_PREFIX} {moment.replace(tzinfo=_zone(timezone_name), fold=0).isoformat()}"
+
+
 def needs_offset(moment: datetime, timezone_name: str) -> bool:
     """Whether the wall-clock time of ``moment`` (aware) in the zone happens twice: shown without
     its offset it would name two instants."""

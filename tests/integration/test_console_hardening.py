@@ -17,12 +17,14 @@ import pytest
 from shared.engine import views
 from shared.engine.audit import Audit, AuditAction, audited
 from shared.engine.operations import pause_job
+from shared.jobs.schedules import parse_schedule
 from tests.support.faults import OutageProxy
 from tests.support.harness import admin_execute, make_agent
 
 from tests.integration.test_monitor import scenario  # noqa: F401  (module-scoped: SQLite and PostgreSQL)
 from tests.integration.test_monitor_actions import (AZURE_HOST, OPERATORS, READERS, Client,  # noqa: F401
                                                     audit_rows, azure, form_fields, servers)
+from tests.integration.test_sqlagent_import import assert_engine_accepts, one, schedule, ssms, step
 from tests.integration.test_monitor_jobform import NIGHTLY, define_fields, is_sqlite, job_row, typed
 
 
@@ -291,3 +293,21 @@ def test_an_action_done_on_another_connection_is_never_recorded_refused_when_its
         audit.done()
     rows = store.execute("list_audit", job_name=None, since=None, limit=100).rows
     assert [r["outcome"] for r in rows if r["action"] == "grant"] == ["done"]
+
+
+# ------------------------------------------------------------------ F3: a one-time SQL Agent schedule at a change
+
+@pytest.mark.parametrize("start_time, carried, instant", [
+    # 01:30 on 2027-10-31 happens twice in London: the first, as SQL Agent on a London server runs it
+    (13000, "@once 2027-10-31T01:30:00+01:00", datetime(2027, 10, 31, 0, 30, tzinfo=timezone.utc)),
+    (23000, "@once 2027-10-31T02:30:00", datetime(2027, 10, 31, 2, 30, tzinfo=timezone.utc)),
+])
+def test_import_sqlagent_pins_a_one_time_schedule_at_a_clock_change_to_one_instant(start_time, carried, instant):
+    converted = one(ssms("j", step(1, "SELECT 1"), schedule("once", freq_type=1, start_date=20271031,
+                                                            start_time=start_time)), "Europe/London")
+    settings = converted[0].settings
+    assert settings["JOB__j__SCHEDULE"] == carried
+    assert_engine_accepts(settings)
+    assert parse_schedule(carried, "Europe/London").at == instant
+    pinned = [note for note in converted[0].notes if "happens twice or never in Europe/London" in note]
+    assert len(pinned) == (1 if "+" in carried else 0), converted[0].notes
