@@ -146,3 +146,19 @@ def test_import_sqlagent_refuses_a_host_time_zone_naming_the_option(capsys):
     printed = capsys.readouterr()
     said = printed.out + printed.err
     assert "--timezone 'localtime'" in said and "such as UTC or Europe/Paris" in said, said
+
+
+@pytest.mark.parametrize("zone", ["localtime", "right/UTC"])
+def test_a_condition_alert_with_a_host_time_zone_is_invalid_naming_its_timezone(zone):
+    from shared.jobs.alert_definitions import check_definition, parse_alerts
+
+    alerts, invalid = parse_alerts({"ALERT__slow__QUERY": "SELECT 1", "ALERT__slow__SCHEDULE": "0 */5 * * * *",
+                                    "ALERT__slow__TIMEZONE": zone,
+                                    "ALERT__fine__QUERY": "SELECT 1", "ALERT__fine__SCHEDULE": "0 */5 * * * *"})
+    assert [a.name for a in alerts] == ["fine"]
+    (bad,) = invalid
+    said = " ".join(bad.errors)
+    assert "ALERT__slow__TIMEZONE" in said and zone in said and "Europe/Paris" in said, said
+    error, first = check_definition({"alert_name": "p", "source": "procedure", "probe_query": "SELECT 1",
+                                     "schedule": "0 */5 * * * *", "timezone": zone}, datetime(2027, 1, 1, tzinfo=UTC))
+    assert first is None and "agent.add_alert @timezone" in error and zone in error
