@@ -176,7 +176,7 @@ class Audit:
                 self.write()
                 at_commit = True
         except BaseException as exc:
-            if not at_commit or not self._committed_after_all(exc):
+            if not at_commit or not _connection_lost(exc) or not self._committed_after_all(exc):
                 raise
         self.recorded = True
 
@@ -297,6 +297,16 @@ def audited_if_installed(store: Store | None, actor: Actor | None, action: Audit
         return
     with audited(store, actor, action, now=now, arguments=arguments) as audit:
         yield audit
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """A failure after which the connection is gone (the store reconnects): at a COMMIT, the
+    transaction may have committed or not. Any other failure of a COMMIT (a serialization
+    failure, a deferred constraint) rolled it back."""
+    from shared.control.sqlerrors import classify
+
+    info = classify(exc)
+    return bool(info.sqlstate and info.sqlstate.startswith(("08", "57P"))) or info.connection_lost
 
 
 def _error_text(exc: BaseException) -> str:

@@ -250,6 +250,28 @@ def test_a_commit_that_did_not_happen_when_the_connection_died_is_one_row_refuse
     assert [r["outcome"] for r in pause_rows(agent, "fine")] == ["done"] and paused(agent, "fine")
 
 
+def test_a_commit_refused_by_the_server_is_one_row_refused_with_its_error(pg_url):
+    """A COMMIT the server refuses (a deferred check fails while it commits) rolled back for
+    certain: one row 'refused' with the server's error, nothing asked afterwards."""
+    agent = make_agent(pg_url, {"checked": JOB})
+    agent.tick(agent.clock())
+    admin_execute(pg_url, """
+        CREATE FUNCTION public.refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.job_name = 'checked' AND NEW.outcome = 'done' THEN
+                RAISE EXCEPTION 'deferred check: no pause today';
+            END IF;
+            RETURN NULL;
+        END $$;
+        CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON agent.audit DEFERRABLE INITIALLY DEFERRED
+            FOR EACH ROW EXECUTE FUNCTION public.refuse_at_commit();""")
+    with pytest.raises(pyodbc.Error, match="no pause today"):
+        pause_job(agent.store(), "checked", now=agent.clock())
+    (row,) = pause_rows(agent, "checked")
+    assert row["outcome"] == "refused" and "no pause today" in row["detail"]
+    assert "connection was lost" not in row["detail"] and not paused(agent, "checked")
+
+
 def test_when_nobody_can_tell_whether_it_committed_no_contradicting_row_is_written(pg_url, caplog):
     make_agent(pg_url, {"dark": JOB}).close()
     proxy = CommitCutProxy()
