@@ -91,8 +91,10 @@ def verdict(job: dict[str, Any]) -> tuple[str | None, datetime | None]:
     try:
         schedule = parse_schedule(text, zone)
     except (ValueError, OverflowError) as exc:
-        return str(ConfigError(f"{PROCEDURE} {parameter}", text,
-                               f"a six-field NCRONTAB expression (seconds first), e.g. '0 0 2 * * *' ({exc})")), None
+        expected = ("one date and time (with its UTC offset where the job's time zone has two), e.g. "
+                    "'2026-12-31T23:00:00+01:00'" if parameter == "@run_at" else
+                    "a six-field NCRONTAB expression (seconds first), e.g. '0 0 2 * * *'")
+        return str(ConfigError(f"{PROCEDURE} {parameter}", text, f"{expected} ({exc})")), None
     problem = schedule_problem(schedule)
     if problem:
         return str(ConfigError(f"{PROCEDURE} {parameter}", text, problem)), None

@@ -162,3 +162,10 @@ def test_a_condition_alert_with_a_host_time_zone_is_invalid_naming_its_timezone(
     error, first = check_definition({"alert_name": "p", "source": "procedure", "probe_query": "SELECT 1",
                                      "schedule": "0 */5 * * * *", "timezone": zone}, datetime(2027, 1, 1, tzinfo=UTC))
     assert first is None and "agent.add_alert @timezone" in error and zone in error
+
+
+def test_a_procedures_one_time_job_at_an_ambiguous_local_time_is_refused_at_planning_naming_run_at():
+    error, first = verdict({"timezone": "Europe/London", "schedule": "@once 2027-10-31T01:30:00", "enabled": 1,
+                            "job_name": "p", "command": "SELECT 1"})
+    assert first is None and error.startswith("agent.add_scheduled_job @run_at='@once 2027-10-31T01:30:00'")
+    assert "NCRONTAB" not in error and "happens twice in Europe/London" in error
