@@ -679,8 +679,10 @@ def _import_sqlagent(agent, args) -> int:
     except ScriptError as exc:
         raise UsageError(f"import-sqlagent: {exc}") from None
     except ValueError as exc:       # the time zone
-        raise UsageError(f"import-sqlagent --timezone {timezone!r}: {exc}; expected an IANA time zone name",
-                         setting="--timezone", value=timezone, expected="an IANA time zone name") from None
+        from shared.jobs.schedules import TIMEZONE_EXPECTED
+
+        raise UsageError(f"import-sqlagent --timezone {timezone!r}: {exc}",
+                         setting="--timezone", value=timezone, expected=TIMEZONE_EXPECTED) from None
     for source in converted.sources:
         source["encoding"] = encodings.get(source["file"])
     result = report(converted, timezone)

@@ -539,6 +539,10 @@ class Store:
                     connection.autocommit = True
         except BaseException as exc:
             self._after_failure(exc)
+            if self.dialect == "postgres":
+                # A COMMIT the server refused (a deferred check) leaves the connection out of
+                # autocommit: what ran next would never commit (an operator's row 'refused').
+                self._discard_connection()
             raise
         finally:
             if self._owned_session:

@@ -6,7 +6,10 @@ by :meth:`Audit.transaction` as the last statement of the action's own transacti
 and the change commit together or not at all. When the action is refused (a bad argument, an
 unknown job, a run in the wrong state, a permission or driver error) its transaction rolled back,
 and :func:`audited` writes one row 'refused' with the error, in a small transaction of its own:
-never a second row for one action. The agent's T-SQL/PL/pgSQL procedures write their own rows
+never a second row for one action. A connection lost at the COMMIT itself (the action may or may
+not have committed) is settled by asking afterwards whether the row 'done' committed: one row
+either way, 'done', or 'refused' saying the commit was lost and did not happen (see
+:meth:`Audit.transaction`). The agent's T-SQL/PL/pgSQL procedures write their own rows
 (source 'tsql', migration 0017). The monitor's actions (issue 32 item 5) will come through here
 with source 'monitor' and the signed-in principal.
 
@@ -130,6 +133,11 @@ class Audit:
     detail: str | None = None
     recorded: bool = field(default=False, init=False)
     _written: bool = field(default=False, init=False)
+    audit_id: int | None = field(default=None, init=False)     # the row 'done' as written (not yet committed)
+    # The commit was lost with the connection: what was found afterwards (the refused row says it),
+    # or None while nothing is known.
+    lost_commit: str | None = field(default=None, init=False)
+    commit_unknown: bool = field(default=False, init=False)
 
     def params(self, outcome: AuditOutcome, detail: str | None) -> dict[str, Any]:
         return {"now": self.now, "principal": self.actor.principal, "fallback_principal": self.actor.os_user,
@@ -141,7 +149,9 @@ class Audit:
         """Inside the action's transaction, as its last statement: the row 'done'."""
         if self._written:
             raise AssertionError(f"audit row of {self.action.value} written twice")
-        self.store.execute("insert_audit", **self.params(AuditOutcome.DONE, self.detail))
+        result = self.store.execute("insert_audit", **self.params(AuditOutcome.DONE, self.detail))
+        row = result.one() if getattr(result, "returns_rows", False) else None
+        self.audit_id = int(row["audit_id"]) if row and row.get("audit_id") is not None else None
         self._written = True
 
     def rewind(self) -> None:
@@ -151,16 +161,61 @@ class Audit:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Store]:
         """The action's transaction, its audit row written at its end (when the body did not
-        raise); ``recorded`` once it committed."""
-        with self.store.transaction():
-            yield self.store
-            self.write()
+        raise); ``recorded`` once it committed.
+
+        When the COMMIT itself fails (the connection lost while the server commits: it may have
+        committed or not), the database is asked afterwards, on a new connection, whether the
+        row 'done' is there: then the action committed and goes on as done (one row, 'done');
+        else it did not, and :func:`audited` writes its one row 'refused' saying so. When that
+        cannot be asked either, nothing more is written (a row 'refused' could contradict a row
+        'done' that committed): the error is raised, and logged as of unknown outcome."""
+        at_commit = False
+        try:
+            with self.store.transaction():
+                yield self.store
+                self.write()
+                at_commit = True
+        except BaseException as exc:
+            if not at_commit or not _connection_lost(exc) or not self._committed_after_all(exc):
+                raise
         self.recorded = True
+
+    def _committed_after_all(self, exc: BaseException) -> bool:
+        """The COMMIT raised ``exc``: whether the transaction committed all the same (its row is there)."""
+        lost = _error_text(exc)
+        if self.audit_id is None:
+            found = None
+        else:
+            try:
+                found = self.store.execute("audit_row_committed", audit_id=self.audit_id, action=self.action.value,
+                                           now=self.now).one()
+            except Exception as failure:     # the database is still out of reach: nobody can tell
+                self.commit_unknown = True
+                log.error("audit: %s: the connection was lost at its commit (%s) and whether it committed could not "
+                          "be checked (%s): outcome unknown, no row written; see agent.audit for a row 'done' of "
+                          "%s at %s", self.action.value, lost, _error_text(failure), self.action.value,
+                          self.now.isoformat())
+                return False
+        if found is not None:
+            log.warning("audit: %s: the connection was lost at its commit (%s); checked afterwards: it committed "
+                        "(audit row %s 'done')", self.action.value, lost, self.audit_id)
+            return True
+        self.lost_commit = (f"unknown at first: the connection was lost at its commit ({lost}); checked afterwards "
+                            "on a new connection: it did not commit (its row 'done' is not there)")
+        return False
 
     def done(self) -> None:
         """The action committed without a transaction of its own (a procedure call on another
-        connection, grants on other databases): its row alone, now."""
-        self.write()
+        connection, grants on other databases): its row alone, now. When writing it fails, the
+        action stays done all the same: no row 'refused' contradicts it (the failure is raised,
+        and logged as a row 'done' that may be missing)."""
+        try:
+            self.write()
+        except BaseException as exc:
+            self.commit_unknown = True
+            log.error("audit: %s was done, but its row 'done' could not be written (%s): it may be missing from "
+                      "agent.audit", self.action.value, _error_text(exc))
+            raise
         self.recorded = True
 
 
@@ -179,8 +234,12 @@ def audited(store: Store, actor: Actor | None, action: AuditAction, *, now: date
     except (Exception, KeyboardInterrupt) as exc:     # Ctrl-C before the commit: refused, "interrupted"
         if audit.recorded or getattr(exc, AUDITED_MARK, False):
             raise
+        if audit.commit_unknown:        # logged: a row 'refused' could contradict a 'done' that committed
+            with contextlib.suppress(Exception):
+                setattr(exc, AUDITED_MARK, True)
+            raise
         try:
-            store.execute("insert_audit", **audit.params(AuditOutcome.REFUSED, _error_text(exc)))
+            store.execute("insert_audit", **audit.params(AuditOutcome.REFUSED, audit.lost_commit or _error_text(exc)))
             with contextlib.suppress(Exception):    # a front end's own check (record_refusal) knows
                 setattr(exc, AUDITED_MARK, True)
         except Exception as failure:   # never hide the action's own error
@@ -238,6 +297,16 @@ def audited_if_installed(store: Store | None, actor: Actor | None, action: Audit
         return
     with audited(store, actor, action, now=now, arguments=arguments) as audit:
         yield audit
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """A failure after which the connection is gone (the store reconnects): at a COMMIT, the
+    transaction may have committed or not. Any other failure of a COMMIT (a serialization
+    failure, a deferred constraint) rolled it back."""
+    from shared.control.sqlerrors import classify
+
+    info = classify(exc)
+    return bool(info.sqlstate and info.sqlstate.startswith(("08", "57P"))) or info.connection_lost
 
 
 def _error_text(exc: BaseException) -> str:

@@ -34,7 +34,7 @@ from shared.errors import ConfigError
 from shared.jobs.calendars import Calendar, CalendarRules, parse_dates, parse_weekly
 from shared.jobs.from_settings import schedule_problem
 from shared.jobs.model import JOB_SETTING_PREFIX
-from shared.jobs.schedules import parse_schedule, validate_timezone
+from shared.jobs.schedules import TIMEZONE_EXPECTED, parse_schedule, validate_timezone
 from shared.jobs.steps import one_fleet_step
 from shared.jobs.targets import DEFAULT_PARALLELISM, describe_members, dialect_problem, parse_targets
 from shared.values import printable
@@ -85,14 +85,16 @@ def verdict(job: dict[str, Any]) -> tuple[str | None, datetime | None]:
     try:
         validate_timezone(zone)
     except ValueError:
-        return str(ConfigError(f"{PROCEDURE} @timezone", zone, "an IANA time zone name such as UTC or Europe/Paris")), None
+        return str(ConfigError(f"{PROCEDURE} @timezone", zone, TIMEZONE_EXPECTED)), None
     text = job["schedule"]
     parameter = "@run_at" if text.lower().startswith("@once") else "@schedule"
     try:
         schedule = parse_schedule(text, zone)
     except (ValueError, OverflowError) as exc:
-        return str(ConfigError(f"{PROCEDURE} {parameter}", text,
-                               f"a six-field NCRONTAB expression (seconds first), e.g. '0 0 2 * * *' ({exc})")), None
+        expected = ("one date and time (with its UTC offset where the job's time zone has two), e.g. "
+                    "'2026-12-31T23:00:00+01:00'" if parameter == "@run_at" else
+                    "a six-field NCRONTAB expression (seconds first), e.g. '0 0 2 * * *'")
+        return str(ConfigError(f"{PROCEDURE} {parameter}", text, f"{expected} ({exc})")), None
     problem = schedule_problem(schedule)
     if problem:
         return str(ConfigError(f"{PROCEDURE} {parameter}", text, problem)), None

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, Callable, Mapping
 
 from shared.errors import ConfigError
-from shared.jobs.schedules import parse_schedule
+from shared.jobs.schedules import TIMEZONE_EXPECTED, parse_schedule, validate_timezone
 from shared.values import parse_int, printable
 
 ALERT_SETTING_PREFIX = "ALERT__"
@@ -137,6 +137,10 @@ def check_definition(row: Mapping[str, Any], now: datetime) -> tuple[str | None,
     if not query:
         return f"{suffix('QUERY')}: expected a probe query or {suffix('ERRORS')}", None
     try:
+        validate_timezone(row.get("timezone") or "UTC")
+    except ValueError:
+        return str(ConfigError(suffix("TIMEZONE"), row.get("timezone"), TIMEZONE_EXPECTED)), None
+    try:
         schedule = parse_schedule(row.get("schedule") or "", row.get("timezone") or "UTC")
         first = schedule.initial_due(now)
     except (ValueError, OverflowError) as exc:
@@ -212,6 +216,12 @@ def _parse_alert(name: str, values: dict[str, tuple[str, str]], errors: list[str
         errors.append(str(ConfigError(setting("TIMEZONE"), printable(zone), "an IANA time zone name of at most 64 "
                                       "characters")))
         zone = "UTC"
+    else:
+        try:
+            validate_timezone(zone)
+        except ValueError:
+            errors.append(str(ConfigError(setting("TIMEZONE"), printable(zone), TIMEZONE_EXPECTED)))
+            zone = "UTC"
     if query and not schedule:
         errors.append(str(ConfigError(setting("SCHEDULE"), None, "a schedule, as a job's (e.g. '0 */5 * * * *'): "
                                       "when the probe runs")))

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from shared.errors import ConfigError
 from shared.jobs.from_settings import schedule_problem
-from shared.jobs.schedules import parse_schedule, validate_timezone
+from shared.jobs.schedules import TIMEZONE_EXPECTED, needs_offset, parse_schedule, validate_timezone
 from shared.jobs.targets import parse_targets
 
 UTC = timezone.utc
@@ -60,8 +60,10 @@ FIELDS: tuple[Field, ...] = (
           f"a six-field NCRONTAB expression (seconds first) of at most {MAX_SCHEDULE_LENGTH} characters, e.g. "
           "'0 0 2 * * *', or nothing (a one-time job: run at; neither: on demand)"),
     Field("run_at", "Run at (one-time job, in its time zone)", "",
-          "a date and time in the job's time zone, e.g. 2026-12-31 23:00, or nothing"),
-    Field("timezone", "Time zone", "UTC", "an IANA time zone name such as UTC or Europe/Paris"),
+          "a date and time in the job's time zone, e.g. 2026-12-31 23:00 (with the zone's UTC offset, e.g. "
+          "2026-10-25 01:30+01:00, for a time that happens twice when the clocks go back; or in UTC, ending in Z), "
+          "or nothing"),
+    Field("timezone", "Time zone", "UTC", TIMEZONE_EXPECTED),
     Field("enabled", "Enabled", "1", "1 (enabled) or 0 (disabled)", choices=("1", "0")),
     Field("after", "After (the job whose runs start this one)", "",
           "nothing (a job that follows no job) or the name of the job whose runs start this one"),
@@ -161,9 +163,13 @@ def form_of(row: Mapping[str, Any]) -> dict[str, str]:
     run_at = ""
     if schedule.lower().startswith("@once"):
         try:
-            moment = parse_schedule(schedule, row.get("timezone") or "UTC").at   # type: ignore[union-attr]
-            run_at = moment.astimezone(validate_timezone(row.get("timezone") or "UTC")).replace(tzinfo=None) \
-                .isoformat(" ", "seconds")
+            zone = row.get("timezone") or "UTC"
+            moment = parse_schedule(schedule, zone).at   # type: ignore[union-attr]
+            local = moment.astimezone(validate_timezone(zone))
+            # A time the clocks go back over happens twice: shown with its offset, or the form
+            # saved unchanged would name two instants (and be refused).
+            run_at = local.isoformat(" ", "seconds") if needs_offset(moment, zone) \
+                else local.replace(tzinfo=None).isoformat(" ", "seconds")
         except (ValueError, OverflowError):
             run_at = schedule[len("@once"):].strip()
         schedule = ""
@@ -181,6 +187,24 @@ def form_of(row: Mapping[str, Any]) -> dict[str, str]:
             "database": text(row.get("target_database")), "targets": text(row.get("requested_targets")),
             "target_parallelism": text(row.get("requested_target_parallelism"), "8"),
             "target_stagger_seconds": text(row.get("requested_target_stagger_seconds"), "0")}
+
+
+def offset_problem(text: str, moment: datetime, zone: str) -> str | None:
+    """The form's run at is in the job's time zone: an offset typed with it must be the zone's at
+    that time (else the date was changed and the offset kept, or the zone changed: the job would
+    run at another hour than the one shown). 'Z' says UTC, whatever the zone."""
+    if text.upper().endswith("Z"):
+        return None
+    typed = datetime.fromisoformat(text)
+    if typed.tzinfo is None:
+        return None
+    local = moment.astimezone(validate_timezone(zone))
+    if local.replace(tzinfo=None) == typed.replace(tzinfo=None):
+        return None
+    shown = typed.isoformat(" ", "seconds")
+    return (f"{shown[len(shown) - 6:]} is not the offset of {zone} at {typed.replace(tzinfo=None).isoformat(' ', 'seconds')} "
+            f"(that instant is {local.isoformat(' ', 'seconds')} there): give the time without an offset, with "
+            "the zone's offset, or in UTC ending in Z")
 
 
 def parse_definition(form: Mapping[str, str]) -> tuple[JobDefinition | None, list[FieldError]]:
@@ -248,6 +272,10 @@ def parse_definition(form: Mapping[str, str]) -> tuple[JobDefinition | None, lis
             text = raw["run_at"].strip()
             try:
                 run_at = parse_schedule("@once " + text, zone).at        # type: ignore[union-attr]
+                problem = offset_problem(text, run_at, zone)
+                if problem:
+                    run_at = None
+                    bad("run_at", f"{BY_NAME['run_at'].expected} ({problem})")
             except (ValueError, OverflowError) as exc:
                 bad("run_at", f"{BY_NAME['run_at'].expected} ({exc})")
     enabled = 1 if raw["enabled"].strip() == "1" else 0

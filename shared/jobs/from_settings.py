@@ -32,7 +32,7 @@ from shared.jobs.model import (
 )
 from shared.jobs.calendars import ON_EXCLUDED_POLICIES, Calendar, CalendarRules, CalendarSettings, parse_calendars
 from shared.jobs.params import MAX_PARAMS, NAME_EXPECTED, declarations_json, name_problem
-from shared.jobs.schedules import MAX_JITTER_SECONDS, parse_schedule, validate_timezone
+from shared.jobs.schedules import MAX_JITTER_SECONDS, TIMEZONE_EXPECTED, parse_schedule, validate_timezone
 from shared.jobs.steps import one_fleet_step, parse_steps
 from shared.jobs.targets import (DEFAULT_PARALLELISM, MAX_PARALLELISM, MAX_STAGGER_SECONDS, describe_members,
                                  parse_targets)
@@ -309,7 +309,7 @@ def _parse_job(name: str, values: dict[str, tuple[str, str]], errors: list[str],
         try:
             validate_timezone(timezone)
         except ValueError:
-            fail("TIMEZONE", timezone, "an IANA time zone name such as UTC or Europe/Paris")
+            fail("TIMEZONE", timezone, TIMEZONE_EXPECTED)
             timezone = "UTC"
 
     schedule = value("SCHEDULE")

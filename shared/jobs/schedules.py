@@ -31,18 +31,50 @@ ONCE_PREFIX = "@once"
 _DST_WINDOW = timedelta(hours=3)
 
 
+# What a time zone setting or argument must be (every front end says so in its refusal).
+TIMEZONE_EXPECTED = ("an IANA time zone name such as UTC or Europe/Paris (a canonical name of the IANA database; "
+                     "not a host's own file such as localtime, posixrules, Factory, posix/... or right/...)")
+# Names a host's time zone directory holds that are no zone of the IANA database, or mean
+# something else on each host: 'localtime' (the host's own zone), 'posixrules' (the rules a
+# POSIX TZ string borrows), 'Factory' (the '-00' placeholder), the 'posix/' copies and the
+# 'right/' zones (leap seconds counted: every instant off by 27 s and more), SystemV/ of old hosts.
+_HOST_NAMES = frozenset({"localtime", "posixrules", "Factory"})
+_HOST_PREFIXES = ("posix/", "right/", "SystemV/")
+
+
 def validate_timezone(name: str) -> ZoneInfo:
+    """The zone of a canonical IANA name (ValueError for anything else): one of the names the
+    pinned tzdata package lists (requirements.txt), the same on every host, less the host
+    entries above; a name only this host's /usr/share/zoneinfo holds is refused."""
     return _zone(name)
+
+
+@lru_cache(maxsize=1)
+def iana_timezones() -> frozenset[str]:
+    """The canonical IANA names: the pinned tzdata package's list (its 'zones' file), or, without
+    that package, the host's (zoneinfo.available_timezones()); the host entries left out."""
+    try:
+        from importlib import resources
+
+        names = frozenset(resources.files("tzdata").joinpath("zones").read_text(encoding="utf-8").split())
+    except (ImportError, OSError, ValueError):
+        from zoneinfo import available_timezones
+
+        names = frozenset(available_timezones())
+    return frozenset(name for name in names if name not in _HOST_NAMES and not name.startswith(_HOST_PREFIXES))
 
 
 @lru_cache(maxsize=256)
 def _zone(name: str) -> ZoneInfo:
-    if not name or name != name.strip() or ".." in name or name.startswith("/"):
-        raise ValueError(f"unknown time zone {name!r}")
+    if name in _HOST_NAMES or (isinstance(name, str) and name.startswith(_HOST_PREFIXES)):
+        raise ValueError(f"time zone {name!r} is a file of the host's time zone directory, which means something "
+                         f"else on each host (or counts leap seconds): expected {TIMEZONE_EXPECTED}")
+    if not name or name not in iana_timezones():
+        raise ValueError(f"unknown time zone {name!r}: expected {TIMEZONE_EXPECTED}")
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise ValueError(f"unknown time zone {name!r}") from None
+        raise ValueError(f"unknown time zone {name!r}: expected {TIMEZONE_EXPECTED}") from None
 
 
 def _croniter():
@@ -216,7 +248,7 @@ Schedule = CronSchedule | OnceSchedule | OnDemandSchedule
 def parse_schedule(text: str, timezone_name: str = "UTC") -> Schedule:
     """``@once <ISO-8601>`` (in the job's time zone unless it carries an offset), NCRONTAB, or
     nothing (empty: an on-demand job)."""
-    zone = _zone(timezone_name)
+    _zone(timezone_name)        # an unknown zone is refused whatever the schedule
     stripped = (text or "").strip()
     if not stripped:
         return OnDemandSchedule(timezone=timezone_name)
@@ -228,12 +260,67 @@ def parse_schedule(text: str, timezone_name: str = "UTC") -> Schedule:
             parsed = datetime.fromisoformat(moment.replace("Z", "+00:00"))
         except ValueError:
             raise ValueError(f"{moment!r} is not an ISO-8601 date and time") from None
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=zone)
-        return OnceSchedule(at=parsed.astimezone(UTC), timezone=timezone_name)
+        at = local_instant(parsed, timezone_name) if parsed.tzinfo is None else parsed.astimezone(UTC)
+        return OnceSchedule(at=at, timezone=timezone_name)
     if is_extended(stripped):
         return CronSchedule(expression=compile_rules(stripped).text, timezone=timezone_name)
     return CronSchedule(expression=parse_ncrontab(stripped), timezone=timezone_name)
+
+
+def _shown(moment: datetime) -> str:
+    return moment.isoformat(" ", "seconds")
+
+
+def local_instant(wall: datetime, timezone_name: str) -> datetime:
+    """The one UTC instant of a date and time on the clocks of ``timezone_name`` (a one-time job's
+    moment typed without an offset). ValueError, naming the value and the zone, when there is not
+    exactly one: a time of the hour the clocks go back over happens twice (both instants are
+    named: give the offset of the one meant), a time the clocks jump over never happens."""
+    zone = _zone(timezone_name)
+    wall = wall.replace(tzinfo=None)
+    first = wall.replace(tzinfo=zone, fold=0)
+    second = wall.replace(tzinfo=zone, fold=1)
+    if first.utcoffset() == second.utcoffset():
+        return first.astimezone(UTC)
+    first_utc, second_utc = first.astimezone(UTC), second.astimezone(UTC)
+    if first_utc.astimezone(zone).replace(tzinfo=None) == wall:     # reads back: it happens twice
+        one, other = sorted((first_utc, second_utc))
+        raise _ambiguous(wall, timezone_name, one.astimezone(zone), other.astimezone(zone))
+    # the clocks jump over it: the scheduler's rule would take it as far after the jump
+    after = first_utc.astimezone(zone).replace(tzinfo=None)
+    raise ValueError(f"{_shown(wall)} does not exist in {timezone_name}: the clocks jump forward over it that day; "
+                     f"give a time that exists, e.g. {_shown(after)} (as far after the jump), or an offset")
+
+
+def _ambiguous(wall: datetime, timezone_name: str, one: datetime, other: datetime) -> ValueError:
+    return ValueError(f"{_shown(wall)} happens twice in {timezone_name} (the clocks go back over it): "
+                     f"{_shown(one)} ({_shown(one.astimezone(UTC).replace(tzinfo=None))} UTC, the first time) or "
+                     f"{_shown(other)} ({_shown(other.astimezone(UTC).replace(tzinfo=None))} UTC, the second); "
+                     f"give the offset of the one meant, e.g. {_shown(one)}")
+
+
+def pinned_once(text: str, timezone_name: str) -> str:
+    """'@once <local time>' as a program writes it for a person's clock (import-sqlagent): itself
+    when the time names one instant; else with the offset of the first time it happens (a time
+    the clocks jump over: the offset before the jump, i.e. as far after it, the scheduler's rule),
+    so the job it becomes is valid and runs when SQL Agent's would."""
+    moment = datetime.fromisoformat(text[len(ONCE_PREFIX):].strip())
+    if moment.tzinfo is not None:
+        return text
+    try:
+        local_instant(moment, timezone_name)
+        return text
+    except ValueError:
+        pass
+    return f"{ONCE_PREFIX} {moment.replace(tzinfo=_zone(timezone_name), fold=0).isoformat()}"
+
+
+def needs_offset(moment: datetime, timezone_name: str) -> bool:
+    """Whether the wall-clock time of ``moment`` (aware) in the zone happens twice: shown without
+    its offset it would name two instants."""
+    zone = _zone(timezone_name)
+    wall = moment.astimezone(zone).replace(tzinfo=None)
+    return wall.replace(tzinfo=zone, fold=0).utcoffset() != wall.replace(tzinfo=zone, fold=1).utcoffset()
 
 
 def _instants(wall: datetime, zone: ZoneInfo, both_folds: bool) -> list[datetime]:

@@ -21,7 +21,7 @@ from shared.errors import ScriptError
 from shared.engine.operations import add_alert_refusal
 from shared.jobs.alert_definitions import KNOWN_SEVERITY, AlertDefinition, parse_alerts
 from shared.jobs.from_settings import parse_jobs
-from shared.jobs.schedules import schedule_from_sqlagent, validate_timezone
+from shared.jobs.schedules import pinned_once, schedule_from_sqlagent, validate_timezone
 from shared.ops.sqlagent import msdb as model
 from shared.ops.sqlagent.interpreter import Finding, Interpreter
 from shared.jobs.tokens import OLD_SYNTAX, RUN_TIME, replace_tokens, token_uses
@@ -504,7 +504,12 @@ def _convert_job(job: model.Job, msdb: model.Msdb, findings: list[Finding], time
             continue
         days, times, once = result
         if once is not None:
-            groups.append((("once",), set(), [schedule.name], once))
+            pinned = pinned_once(once, timezone)
+            if pinned != once:
+                notes.append(f"schedule {schedule.name!r}: {once[len('@once '):]} happens twice or never in "
+                             f"{timezone} (a daylight-saving change): carried as {pinned[len('@once '):]}, the "
+                             "first time (a time the clocks jump over: as far after the jump)")
+            groups.append((("once",), set(), [schedule.name], pinned))
             continue
         for k, (g_days, g_times, g_names, g_once) in enumerate(groups):
             if g_once is None and g_days == days and _time_fields(g_times | times) is not None:

@@ -7,6 +7,7 @@ import base64
 import binascii
 import contextlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 from urllib.parse import urlsplit
@@ -108,10 +109,10 @@ def handle_azure_request(method: str, url: str, headers: Mapping[str, str], body
         return _refused(monitor, method, 403, f"{principal.name or 'this user'} is not a member of the Entra groups "
                                               f"the monitor admits ({GROUP_SETTING}, {OPERATOR_GROUP_SETTING})")
     # The origin the browser addresses: App Service ends TLS in front of the app and says so.
-    scheme = (lowered.get("x-forwarded-proto") or split.scheme or "https").split(",")[0].strip().lower()
+    scheme = (last_hop(lowered.get("x-forwarded-proto")) or split.scheme or "https").lower()
     host = (lowered.get("host") or split.netloc).strip()
     secure = scheme == "https"
-    forwarded_for = (lowered.get("x-forwarded-for") or "").split(",")[0].strip()
+    forwarded_for = client_address(lowered.get("x-forwarded-for"))
     caller = Caller(name=principal.name or "signed-in user", operator=operator,
                     client=f"monitor at {host}" + (f" from {forwarded_for}" if forwarded_for else ""),
                     session=session_from_cookies(lowered.get("cookie"), secure), origin=lowered.get("origin"),
@@ -120,6 +121,30 @@ def handle_azure_request(method: str, url: str, headers: Mapping[str, str], body
                     owner=(lowered.get(PRINCIPAL_NAME_HEADER) or "").strip() or None)
     return monitor.handle(method, path, split.query, accept, caller=caller, body=body,
                           content_type=lowered.get("content-type"))
+
+
+# An address as the audit shows it: IPv4 or IPv6 (with a port, brackets), nothing else.
+_ADDRESS = re.compile(r"[0-9A-Fa-f.:\[\]]{1,64}")
+
+
+def last_hop(value: str | None) -> str:
+    """The right-most entry of a comma list header (X-Forwarded-For, X-Forwarded-Proto): the one
+    the last proxy, the platform's own front end, wrote. A client may send the header itself,
+    with any entries it likes; every proxy on the way APPENDS to it (Azure App Service's front
+    ends, Azure Front Door, Application Gateway: the address they see the request come from), so
+    only the last entry is not the client's word."""
+    entries = [entry.strip() for entry in (value or "").split(",")]
+    return entries[-1] if entries else ""
+
+
+def client_address(forwarded_for: str | None) -> str:
+    """The client address the audit records (the monitor's "from"): the right-most entry of
+    X-Forwarded-For (see :func:`last_hop`), never the first one, which the client writes. Behind
+    a proxy of its own in front of App Service (Front Door, Application Gateway) this is that
+    proxy's address, not the browser's: an address no client can forge, rather than one it can.
+    An entry that is not an address (a header forged to carry text into the audit) is left out."""
+    address = last_hop(forwarded_for)
+    return address if _ADDRESS.fullmatch(address) else ""
 
 
 def _refused(monitor: Monitor, method: str, status: int, message: str) -> Response:

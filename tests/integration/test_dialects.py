@@ -430,6 +430,8 @@ DUMMY_VALUES.update({"note": "backfill: test"})
 # Issue 32 item 4 (the audit trail).
 DUMMY_VALUES.update({"principal": None, "fallback_principal": "u", "client": "c", "source": "cli",
                      "action": "stop", "arguments": "{}", "detail": None, "audit_outcome": "done"})
+# Issue 32, from the attack (F5): the row 'done' asked for after a commit whose connection was lost.
+DUMMY_VALUES.update({"audit_id": 1})
 # Issue 32 item 6 (the monitor's job form): agent.add_scheduled_job's arguments, valid ones (the
 # procedure's body runs, in the rolled-back transaction).
 DUMMY_VALUES.update({"sql": "SELECT 1", "schedule": "0 0 1 * * *", "run_at": None, "timezone": "UTC", "enabled": 1,

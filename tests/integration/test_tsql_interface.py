@@ -307,7 +307,9 @@ def test_database_jobs_are_planned_by_the_engine_and_an_invalid_one_hurts_only_i
     assert (paris.hour, paris.minute) == (2, 30)
     assert jobs["from_settings"]["valid"] == 1 and jobs["from_settings"]["source"] == "settings"
     assert jobs["mars"]["config_error"] == ("agent.add_scheduled_job @timezone='Mars/Olympus': expected an IANA time "
-                                           "zone name such as UTC or Europe/Paris")
+                                           "zone name such as UTC or Europe/Paris (a canonical name of the IANA "
+                                           "database; not a host's own file such as localtime, posixrules, Factory, "
+                                           "posix/... or right/...)")
     assert jobs["nocron"]["config_error"].startswith("agent.add_scheduled_job @schedule='0 0 25 * * *': expected a "
                                                      "six-field NCRONTAB")
     assert "agent.add_scheduled_job @schedule='0 0 0 30 2 *': expected a schedule with a slot within 50 years" in \

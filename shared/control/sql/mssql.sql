@@ -783,6 +783,12 @@ VALUES (CAST(:now AS DATETIME2(6)),
         CAST(:audit_outcome AS NVARCHAR(8)), LEFT(CAST(:detail AS NVARCHAR(4000)), 2000));
 SELECT audit_id FROM @audited;
 
+-- audit_row_committed --
+-- An operator action whose connection was lost at its COMMIT (shared/engine/audit.py): whether its row 'done', written as the transaction's last statement, is there (the transaction committed) or not.
+SELECT audit_id FROM agent.audit
+WHERE audit_id = CAST(:audit_id AS BIGINT) AND action = CAST(:action AS NVARCHAR(32)) AND outcome = N'done'
+  AND acted_at = CAST(:now AS DATETIME2(6));
+
 -- list_audit --
 -- sql-agent audit and the monitor's audit page: the audit trail, newest first, optionally of one job and from a time on.
 SELECT TOP (CAST(:limit AS INT)) audit_id, acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail

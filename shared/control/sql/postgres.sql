@@ -623,6 +623,12 @@ VALUES (CAST(:now AS timestamp),
         CAST(:audit_outcome AS varchar), left(CAST(:detail AS varchar), 2000))
 RETURNING audit_id;
 
+-- audit_row_committed --
+-- An operator action whose connection was lost at its COMMIT (shared/engine/audit.py): whether its row 'done', written as the transaction's last statement, is there (the transaction committed) or not.
+SELECT audit_id FROM agent.audit
+WHERE audit_id = CAST(:audit_id AS bigint) AND action = CAST(:action AS varchar) AND outcome = 'done'
+  AND acted_at = CAST(:now AS timestamp);
+
 -- list_audit --
 -- sql-agent audit and the monitor's audit page: the audit trail, newest first, optionally of one job and from a time on.
 SELECT audit_id, acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail FROM agent.audit

@@ -839,6 +839,10 @@ VALUES (:now, substr(COALESCE(:principal, :fallback_principal), 1, 256), substr(
         substr(:job_name, 1, 200), :run_id, :arguments, :audit_outcome, substr(:detail, 1, 2000))
 RETURNING audit_id;
 
+-- audit_row_committed --
+-- An operator action whose connection was lost at its COMMIT (shared/engine/audit.py): whether its row 'done', written as the transaction's last statement, is there (the transaction committed) or not.
+SELECT audit_id FROM agent_audit WHERE audit_id = :audit_id AND action = :action AND outcome = 'done' AND acted_at = :now;
+
 -- list_audit --
 -- sql-agent audit and the monitor's audit page: the audit trail, newest first, optionally of one job and from a time on.
 SELECT audit_id, acted_at, principal, client, source, action, job_name, run_id, arguments, outcome, detail FROM agent_audit
