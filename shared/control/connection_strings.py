@@ -54,6 +54,13 @@ PSQLODBC_EXPECTED = (
     "nothing is opened for it, never another database or server")
 
 
+# Characters that end a value or start a key, for unixODBC's 8-bit copy of a connection string
+# (it picks the driver and the DSN from it): a character above U+00FF whose low byte is one of
+# these reads as that byte there (U+013B 'Ļ' as ';', U+013D 'Ľ' as '=', U+017B 'Ż' as '{', U+0100
+# as NUL), so a database name a listing returned could name a driver library, or keys.
+_ODBC_SYNTAX = frozenset(";={}\x00")
+
+
 def odbc_value(value: str, *, dialect: str, key: str) -> str:
     """``value`` as it must be written after ``key=`` in a connection string for ``dialect``'s
     driver, or ConfigError when that driver cannot carry it exactly.
@@ -69,6 +76,11 @@ def odbc_value(value: str, *, dialect: str, key: str) -> str:
     instead of reaching another database or server."""
     if not isinstance(value, str) or "\x00" in value:
         raise ConfigError(key, value, "a value without NUL characters (no connection string can carry one)")
+    disguised = next((ch for ch in value if ord(ch) > 0xFF and chr(ord(ch) & 0xFF) in _ODBC_SYNTAX), None)
+    if disguised is not None:
+        raise ConfigError(key, value, f"a value without {disguised!r} (U+{ord(disguised):04X}): unixODBC reads the "
+                                      "connection string through a copy keeping each character's low byte, where it "
+                                      f"is {chr(ord(disguised) & 0xFF)!r}: it would end the value or start a key")
     if dialect == "postgres":
         if ";" in value or value.lstrip().startswith("{"):
             raise ConfigError(key, value, PSQLODBC_EXPECTED)

@@ -69,8 +69,9 @@ class DatabaseTarget:
         port = (pairs.get("port") or "").strip()
         if port and self.dialect == "postgres":
             host = f"{host}:{port}"
-        elif port and "," not in host:
-            host = f"{host},{port}"     # FreeTDS's Port= (a port in Server= wins over it)
+        elif port:
+            # FreeTDS's Port= (it overrides a port written in Server=, seen with FreeTDS 1.3)
+            host = f"{host.partition(',')[0]},{port}"
         return host or None
 
     def check_fleet_server(self, server: str) -> None:

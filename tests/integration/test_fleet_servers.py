@@ -21,7 +21,7 @@ from shared.settings import load_settings
 from tests.integration.test_monitor import scenario  # noqa: F401  (module-scoped: SQLite and PostgreSQL)
 from tests.integration.test_monitor_actions import Client, servers  # noqa: F401
 from tests.integration.test_monitor_jobform import NIGHTLY, define_fields
-from tests.support.harness import fresh_database, make_agent, work
+from tests.support.harness import fresh_database, make_agent, query, work
 
 UTC = timezone.utc
 
@@ -267,3 +267,56 @@ def test_the_job_form_refuses_a_server_the_deployer_did_not_allow(scenario, serv
     assert status == 400, page
     assert f"server:127.0.0.1:{listener.port}" in page and "AGENT_FLEET_SERVERS" in page, re.findall(r"expected[^<]*", page)
     assert listener.accepted == 0
+
+
+def test_a_listed_database_name_cannot_smuggle_keys_through_unixodbcs_8_bit_copy(pg_control):
+    """The second attack: unixODBC reads the driver (and hands an ANSI driver the string) through a
+    copy keeping each character's low byte, so U+013B reads as ';' and U+013D as '='. A tenant who
+    can CREATE DATABASE names one 't' U+013B 'DRIVER' U+013D 'psqlodbca.so' U+013B 'Server' U+013D
+    '127.0.0.9' ...: a glob lists it, and its execution connected to 127.0.0.9 with the agent's
+    password. Now that execution fails alone, naming the character; the listener on 127.0.0.9 is
+    offered nothing; the ordinary database of the same glob runs."""
+    from shared.control.connection_strings import with_database
+    from tests.support import tsql_caller
+    from tests.support.harness import pg_admin_connection
+
+    evil = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    evil.bind(("127.0.0.9", 0))
+    evil.listen(4)
+    evil.settimeout(0.5)
+    prefix = f"f{int(time.time() * 1000) % 10**5:05d}"   # the name must fit 63 bytes
+    hostile = f"{prefix}\u013bDRIVER\u013dpsqlodbca.so\u013bServer\u013d127.0.0.9\u013bPort\u013d{evil.getsockname()[1]}"
+    plain = f"{prefix}_plain"
+    admin = pg_admin_connection()
+    admin.autocommit = True
+    try:
+        for name in (hostile, plain):
+            admin.cursor().execute(f'CREATE DATABASE "{name}"')
+        for bad in ("x\u013bPort\u013d1", "x\u017b", "x\u017d", "x\u0100"):
+            with pytest.raises(ConfigError) as caught:
+                with_database("Driver={PostgreSQL Unicode};Servername=h;", bad, "postgres")
+            assert "low byte" in caught.value.expected
+        with_database("Driver={PostgreSQL Unicode};Servername=h;", "数据库_é", "postgres")   # other Unicode: carried
+        agent = make_agent(pg_control, AGENT_CONNECT_RETRY_SECONDS="0")
+        connection = tsql_caller.connect(pg_control)
+        try:
+            tsql_caller.call(connection, "add_scheduled_job", name="tenants", sql="SELECT 1", schedule="0 0 3 * * *",
+                             targets=f"db:{prefix}*", max_attempts=1)
+            agent.tick(datetime.now(UTC))
+            (started,) = tsql_caller.call(connection, "start_job", job_name="tenants")
+        finally:
+            connection.close()
+        work(agent, concurrency=2, max_seconds=60)
+        done = dict(query(agent, f"SELECT target_database, status FROM agent.runs WHERE parent_run_id = {started['run_id']}"))
+        errors = dict(query(agent, f"SELECT target_database, last_error FROM agent.runs "
+                                   f"WHERE parent_run_id = {started['run_id']}"))
+        assert done == {hostile: "failed", plain: "succeeded"}, done
+        assert "U+013B" in errors[hostile] and "low byte" in errors[hostile]
+        with pytest.raises(socket.timeout):
+            evil.accept()[0].close()
+    finally:
+        for name in (hostile, plain):
+            admin.cursor().execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+        evil.close()
+
