@@ -12,6 +12,7 @@ pushes a run into an excluded period."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 
@@ -93,6 +94,37 @@ def test_a_slot_two_ticks_decide_differently_is_still_one_run(db_url):
     rows = [r for r in history(agent, "racer")
             if at("2026-12-04T10:00:00") <= _aware(r["scheduled_for"]) < at("2026-12-04T11:00:00")]
     assert [_aware(r["scheduled_for"]) for r in rows] == [at("2026-12-04T10:06:24")], rows
+
+
+def test_two_instances_ticking_at_once_at_different_times_claim_each_slot_once(db_url):
+    """Two instances tick at the same moment, one a little before each slot, the other after it
+    (its clock, or its slow tick, past AGENT_MISFIRE_THRESHOLD_SECONDS: the slot is missed for it
+    and caught up once), through an excluded stretch moved with ON_EXCLUDED=next: whichever wins,
+    each slot has one run."""
+    jobs = {"racer": {**HOURLY, "EXCLUDE": "freeze", "ON_EXCLUDED": "next", "JITTER_SECONDS": "600"}}
+    agents = [make_agent(db_url, jobs, **FREEZE), make_agent(db_url, jobs, **FREEZE)]
+    errors: list[BaseException] = []
+    for hour in range(7, 13):
+        barrier = threading.Barrier(2)
+        moments = [at(f"2026-12-04T{hour - 1:02d}:59:30"), at(f"2026-12-04T{hour:02d}:03:00")]
+
+        def tick(agent, moment):
+            try:
+                barrier.wait(timeout=30)
+                agent.tick(moment)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=tick, args=pair) for pair in zip(agents, moments)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert not errors, errors
+    rows = live(history(agents[0], "racer"))
+    per_slot = Counter(_aware(r["scheduled_for"]).replace(minute=0, second=0) for r in rows)
+    assert per_slot and max(per_slot.values()) == 1, [(r["scheduled_for"], r["note"]) for r in rows]
+    assert at("2026-12-04T09:00:00") not in per_slot         # excluded: its run is the 10:00 slot's
 
 
 # ---------------------------------------------------------------- 2. backfill
