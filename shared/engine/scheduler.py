@@ -85,8 +85,11 @@ NOTE_CATCH_UP = "misfire: caught up late, once"
 # note's prefix "catch-up:" says so to dispatch_runs, claim_runs and start_run); one before it is skipped.
 NOTE_CATCHUP_WINDOW = "catch-up: missed slot within CATCHUP_SECONDS={seconds}; run late, oldest first"
 NOTE_CATCHUP_OLDER = "misfire: slot missed before the job's CATCHUP_SECONDS window; skipped"
-# At most this many missed slots of one catch-up window run (the latest of them).
+# At most this many missed slots of one catch-up window run (the latest of them, found from the
+# window's end however large it is); the older ones are counted up to MAX_DROPPED_COUNTED (past
+# it, the note and the warning say "at least").
 MAX_CATCHUP_SLOTS = 1000
+MAX_DROPPED_COUNTED = 10_000
 # A slot that came while its job was paused (sql-agent pause, agent.pause_job).
 NOTE_PAUSED = "paused"
 # One slot's decision: (slot, status, note, runnable_at); runnable_at None: at the slot itself.
@@ -819,7 +822,7 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
     if window_start is not None and slot is not None and slot < late_cutoff:
         # The missed slots of the window, oldest first; past MAX_CATCHUP_SLOTS only the newest
         # that many (a huge window of a frequent schedule is not a flood of runs), found from the
-        # window's right end when it holds more than MAX_MISSED_SCAN slots (bounded work).
+        # window's right end when it holds more (bounded work, whatever its size).
         window, dropped, dropped_at_least, slot = _catch_up_window(slot, late_cutoff, following)
         if dropped:
             log.warning("job %s: %s%d missed slot(s) of its CATCHUP_SECONDS=%d window before %s are not run: at most "
@@ -887,30 +890,34 @@ def _catch_up_window(first: datetime, end: datetime, following: Callable[[dateti
     """The missed slots of a CATCHUP_SECONDS window, from its first slot ``first`` to ``end``
     (the misfire cut-off, excluded): (the newest MAX_CATCHUP_SLOTS of them, oldest first; how
     many older ones are not run; whether that count is a lower bound; the job's next slot after
-    the window). At most MAX_MISSED_SCAN slots are walked from the left; a window holding more is
-    walked from its right end instead (spans doubling back from ``end``, each scan bounded), so
-    the slots that run are always the window's newest, whatever its size."""
-    tail: deque[datetime] = deque(maxlen=MAX_CATCHUP_SLOTS)
-    scanned = 0
+    the window). A window of at most MAX_CATCHUP_SLOTS slots is walked once; a larger one is
+    found from its right end (_newest_slots: spans doubling back from ``end``), whatever its
+    size, and the older slots are counted up to MAX_DROPPED_COUNTED (past it, "at least"):
+    bounded work, and the slots that run are always the window's newest."""
+    window: list[datetime] = []
     slot: datetime | None = first
-    while slot is not None and slot < end and scanned < MAX_MISSED_SCAN:
-        scanned += 1
-        tail.append(slot)
+    while slot is not None and slot < end and len(window) <= MAX_CATCHUP_SLOTS:
+        window.append(slot)
         slot = following(slot)
-    if slot is None or slot >= end:
-        return list(tail), scanned - len(tail), False, slot
-    after = following(end - timedelta(microseconds=1))
+    if len(window) <= MAX_CATCHUP_SLOTS:
+        return window, 0, False, slot
     newest = _newest_slots(first, end, following)
-    if not newest:          # a schedule this walk cannot read back: the left walk's slots
-        return list(tail), scanned - len(tail), True, after
-    overlap = sum(1 for moment in tail if moment >= newest[0])
-    return newest, scanned - overlap, True, after
+    after = following(newest[-1]) if newest else following(end - timedelta(microseconds=1))
+    if not newest:          # a schedule walked back to nothing: the left walk's slots
+        return window[:MAX_CATCHUP_SLOTS], 1, True, after
+    dropped = 0
+    slot = first
+    while slot is not None and slot < newest[0] and dropped < MAX_DROPPED_COUNTED:
+        dropped += 1
+        slot = following(slot)
+    return newest, dropped, slot is not None and slot < newest[0], after
 
 
 def _newest_slots(floor: datetime, end: datetime, following: Callable[[datetime], datetime | None]) -> list[datetime]:
     """The newest MAX_CATCHUP_SLOTS slots from ``floor`` to before ``end``, oldest first: a span
     back from ``end`` doubles until it holds more than that many (each count stops past it),
-    then that span is walked once (at most MAX_MISSED_SCAN slots; past it, the previous span's)."""
+    then that span is walked once (at most 4 x MAX_CATCHUP_SLOTS slots; past it, the previous
+    span's, fewer but the newest)."""
     span = timedelta(seconds=1)
     previous: list[datetime] = []
     for _ in range(64):
@@ -928,7 +935,7 @@ def _newest_slots(floor: datetime, end: datetime, following: Callable[[datetime]
         window: deque[datetime] = deque(maxlen=MAX_CATCHUP_SLOTS)
         walked = 0
         slot = following(start - timedelta(microseconds=1))
-        while slot is not None and slot < end and walked < MAX_MISSED_SCAN:
+        while slot is not None and slot < end and walked < 4 * MAX_CATCHUP_SLOTS:
             walked += 1
             window.append(slot)
             slot = following(slot)

@@ -194,6 +194,24 @@ def test_a_settings_jitter_change_replans_the_runs_claimed_ahead_once(db_url):
             if _aware(r["scheduled_for"]) >= at("2026-12-04T11:00:00")] == [(eleven["run_id"], "pending")]
 
 
+def test_a_jitter_change_after_downtime_still_decides_the_missed_slots(db_url):
+    """The change is synced by a tick after downtime: the job's next slot stays the first one not
+    claimed (the missed slots are decided by the misfire policy, never passed over), and the run
+    claimed before the downtime, keyed before the new next slot, is left as it is."""
+    agent = make_agent(db_url, {"jit": {**HOURLY, "JITTER_SECONDS": "600"}})
+    agent.tick(at("2026-12-04T09:59:30"))
+    (ten,) = live(history(agent, "jit"))
+    changed = make_agent(db_url, {"jit": {**HOURLY, "JITTER_SECONDS": "60"}})
+    changed.tick(at("2026-12-04T13:30:00"))
+    rows = history(changed, "jit")
+    slots = {_aware(r["scheduled_for"]).replace(minute=0, second=0): r for r in rows}
+    assert sorted(slots) == [at(f"2026-12-04T{hour}:00:00") for hour in (10, 11, 12, 13)]
+    assert slots[at("2026-12-04T10:00:00")]["run_id"] == ten["run_id"]
+    assert slots[at("2026-12-04T10:00:00")]["note"] != REPLANNED_SETTINGS
+    assert slots[at("2026-12-04T13:00:00")]["note"].startswith("misfire: caught up late, once")
+    assert [slots[at(f"2026-12-04T{hour}:00:00")]["status"] for hour in (11, 12)] == ["skipped", "skipped"]
+
+
 def test_a_run_moved_to_a_time_a_new_calendar_excludes_does_not_run(db_url):
     """ON_EXCLUDED=next moved the 24 December slot to 27 December 00:00; the freeze is then
     extended over the 27th: the moved run claimed ahead is recorded skipped, and the stretch's
@@ -291,7 +309,9 @@ def test_a_catch_up_slot_moved_by_a_calendar_runs_as_a_catch_up(db_url):
 # ---------------------------------------------------------------- 6. a huge catch-up window
 
 
-def test_a_catch_up_window_beyond_the_scan_runs_its_newest_slots_and_says_what_it_dropped(caplog):
+def test_a_huge_catch_up_window_runs_its_newest_slots_and_says_what_it_dropped(caplog):
+    """250,000 missed slots of a per-second job (more than MAX_MISSED_SCAN, where the walk used to
+    stop and drop the rest): the newest 1,000 run, the older ones are counted up to a bound."""
     now = at("2026-12-04T12:00:00")
     late_cutoff = now - timedelta(seconds=120)
     job = {"job_name": "busy", "schedule": "* * * * * *", "timezone": "UTC", "misfire": "run-once",
@@ -304,13 +324,13 @@ def test_a_catch_up_window_beyond_the_scan_runs_its_newest_slots_and_says_what_i
     # The newest ones: up to the misfire cut-off, every second.
     assert window[-1][0] == late_cutoff - timedelta(seconds=1)
     assert window[0][0] == late_cutoff - timedelta(seconds=scheduler.MAX_CATCHUP_SLOTS)
-    assert "at least " in window[0][2] and "older slot(s) of the window not run" in window[0][2]
+    assert f"(at least {scheduler.MAX_DROPPED_COUNTED} older slot(s) of the window not run" in window[0][2], window[0][2]
     assert any("busy" in record.getMessage() and "at least" in record.getMessage() for record in caplog.records)
     ahead = [entry for entry in planned if entry[0] >= late_cutoff]
     assert ahead and ahead[0][0] == late_cutoff and following is not None
 
 
-def test_a_catch_up_window_within_the_scan_counts_what_it_dropped_exactly():
+def test_a_catch_up_window_of_a_few_thousand_slots_counts_what_it_dropped_exactly():
     now = at("2026-12-04T12:00:00")
     late_cutoff = now - timedelta(seconds=120)
     job = {"job_name": "busy", "schedule": "* * * * * *", "timezone": "UTC", "misfire": "run-once",
