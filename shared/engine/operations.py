@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -35,7 +36,7 @@ from shared.engine.dispatch import dispatch
 from shared.engine.fleet import report_moved_runs
 from shared.engine.follow import ending_calls, follow_up_rows, report_follow_ups
 from shared.engine.notify import notifications_enabled
-from shared.engine.slots import apply_calendars, calendar_rules, with_jitter
+from shared.engine.slots import apply_calendars, calendar_rules, run_offset
 from shared.engine.views import unknown_job
 from shared.errors import ConfigError, NotFoundError, UsageError
 from shared.jobs.alert_definitions import AlertDefinition
@@ -332,6 +333,16 @@ def backfill_slots(job: dict[str, Any], start: datetime, end: datetime,
     the planner keys them (its calendars applied, excluded slots left out and counted, a slot
     moved by ON_EXCLUDED=next kept at its new time when inside the window; its jitter applied), oldest first.
     Raises UsageError past MAX_BACKFILL_SLOTS slots."""
+    planned, excluded = backfill_plan(job, start, end, now)
+    return [key for key, _, _ in planned], excluded
+
+
+def backfill_plan(job: dict[str, Any], start: datetime, end: datetime,
+                  now: datetime) -> tuple[list[tuple[datetime, datetime, datetime | None]], int]:
+    """backfill_slots with each slot's span: (key, its time, the schedule's next slot after that
+    time; None: none). A run of the slot, whatever jitter keyed it (the job's JITTER_SECONDS of
+    the day it was claimed, 0 for one recorded before jitter applied to it, or a moved run), lies
+    in that span: a jittered run always stays before the job's next slot (schedules.jitter_offset)."""
     from shared.jobs.schedules import validate_timezone
     name = job["job_name"]
     try:
@@ -357,21 +368,59 @@ def backfill_slots(job: dict[str, Any], start: datetime, end: datetime,
                 f"{MAX_BACKFILL_SLOTS} slots", setting="--to", value=end.isoformat(),
                 expected=f"a window of at most {MAX_BACKFILL_SLOTS} slots of the job")
     planned = [(slot, RunStatus.PENDING, None, None) for slot in raw]
+    jitter = int(job.get("jitter_seconds") or 0)
     try:
         rules = calendar_rules(job.get("calendars"))
+        zone = validate_timezone(job["timezone"])
         if rules:
-            planned = apply_calendars(planned, rules, validate_timezone(job["timezone"]))
-        if job.get("jitter_seconds"):
-            planned = with_jitter(planned, job)
+            planned = apply_calendars(planned, rules, zone)
+        out: list[tuple[datetime, datetime, datetime | None]] = []
+        excluded = 0
+        for moment, status, _, _ in planned:
+            if status != RunStatus.PENDING:
+                excluded += 1
+                continue
+            key = moment + timedelta(seconds=run_offset(name, moment, schedule, jitter, rules, zone))
+            # A slot its jitter or a calendar moved later stays the run of its slot (keyed by the
+            # moved time, as the planner keys it), when that time has come by ``now``.
+            if start <= key <= now:
+                try:
+                    following = schedule.next_after(moment)
+                except (ValueError, OverflowError):
+                    following = None
+                out.append((key, moment, following))
     except (ValueError, OverflowError) as exc:
         raise UsageError(f"job {name!r}: the slots of the window {start.isoformat()} to {end.isoformat()} cannot be "
                          f"computed ({exc})", setting="--from", value=start.isoformat(),
                          expected="a window of times the job's schedule and calendars reach") from None
-    # A slot its jitter or a calendar moved later stays the run of its slot (keyed by the moved
-    # time, as the planner keys it), when that time has come by ``now``.
-    keep = [slot for slot, status, _, _ in planned if status == RunStatus.PENDING and start <= slot <= now]
-    excluded = sum(1 for _, status, _, _ in planned if status != RunStatus.PENDING)
-    return sorted(keep), excluded
+    return sorted(out), excluded
+
+
+def _backfill_payload(store: Store, job_name: str, planned: list[tuple[datetime, datetime, datetime | None]],
+                      now: datetime) -> list[dict[str, Any]]:
+    """The slots backfill_runs is given: a slot that has a scheduled or backfill run in its span
+    (any key: another jitter, a moved run) that ran, runs or waits is left out; one whose run in
+    its span was recorded skipped and never started is given by that run's key (rerun in place);
+    any other by its key (a run inserted). One query for the whole window."""
+    if not planned:
+        return []
+    last = max((following or key) for key, _, following in planned)
+    rows = store.execute("list_slot_runs", job_name=job_name, since=store.json_time(planned[0][1]),
+                         horizon=store.json_time(last + timedelta(microseconds=1))).rows
+    runs = sorted(((_aware(row["scheduled_for"]), row) for row in rows), key=lambda item: item[0])
+    times = [at for at, _ in runs]
+    payload: list[dict[str, Any]] = []
+    for key, moment, following in planned:
+        low = bisect_left(times, moment)
+        high = bisect_left(times, following) if following is not None else bisect_right(times, key)
+        inside = [(at, row) for at, row in runs[low:high] if following is not None or at == key]
+        if any(not (row["status"] == RunStatus.SKIPPED and int(row["attempt"]) == 0) for _, row in inside):
+            continue        # a run of this slot ran, runs or waits
+        if inside:
+            key = next((at for at, _ in inside if at == key), inside[0][0])
+        payload.append({"scheduled_for": store.json_time(key),
+                        "runnable_at": store.json_time(now + timedelta(microseconds=len(payload)))})
+    return payload
 
 
 def backfill(agent: Agent, job_name: str, start: datetime, end: datetime, *,
@@ -402,14 +451,20 @@ def backfill(agent: Agent, job_name: str, start: datetime, end: datetime, *,
         if not job["schedule"]:
             raise UsageError(f"job {job_name!r} runs on demand (no schedule): it has no slots to backfill; use run-now",
                              setting="JOB", value=job_name, expected="a job with a schedule")
-        slots, excluded = backfill_slots(job, start, end, now)
+        if not job["enabled"]:
+            raise UsageError(f"job {job_name!r} is disabled: backfill runs the slots of an enabled job (a disabled job "
+                             "runs nothing, and its runs not yet started are recorded skipped); enable it first "
+                             "(agent.enable_job, or JOB__<name>__ENABLED=true)", setting="JOB", value=job_name,
+                             expected="an enabled job")
+        planned, excluded = backfill_plan(job, start, end, now)
+        slots = [key for key, _, _ in planned]
         operation_id = new_operation_id()
         note = f"backfill: slot of {start.isoformat()} to {end.isoformat()} run by sql-agent backfill"
-        # Runnable at once, a microsecond apart in slot order: the claims take them oldest first.
-        payload = [{"scheduled_for": store.json_time(slot), "runnable_at": store.json_time(now + timedelta(microseconds=i))}
-                   for i, slot in enumerate(slots)]
         made: list[dict[str, Any]] = []
         with audit.transaction():
+            # Runnable at once, a microsecond apart in slot order: the claims take them oldest
+            # first. A slot with a run of it under any key (another jitter) is not run again.
+            payload = _backfill_payload(store, job_name, planned, now)
             if payload:
                 made = [dict(row) for row in store.execute("backfill_runs", job_name=job_name, now=now,
                                                            slots=payload, note=note, operation_id=operation_id).rows]

@@ -164,6 +164,7 @@ def plan_database_jobs(store: Store, now: datetime, telemetry: Any) -> PlanRepor
         if not jobs:
             return report
         plans = []
+        replan: set[str] = set()
         # One query more, only when a planned job names calendars (agent.set_job_calendars).
         named = any(job.get("requested_exclude") or job.get("requested_only") for job in jobs)
         calendars = database_calendars(store.execute("list_calendars").rows) if named else {}
@@ -175,12 +176,26 @@ def plan_database_jobs(store: Store, now: datetime, telemetry: Any) -> PlanRepor
                 error, first = verdict(job)
             if error is None:
                 error, rules = calendar_verdict(job, calendars)
+            resolved = None if error else rules
             plans.append({"job_name": job["job_name"], "schedule": job["schedule"], "timezone": job["timezone"],
                           "enabled": int(job["enabled"]), "updated_at": store.json_time(job["updated_at"]),
                           "valid": 0 if error else 1, "config_error": error,
                           "next_due_at": store.json_time(first), "steps": None if error else steps,
-                          "calendars": None if error else rules})
+                          "calendars": resolved})
+            # Its calendars or jitter changed (agent.set_job_calendars set replan_runs; a calendar
+            # redefined or removed changes what the names resolve to): its runs claimed ahead
+            # were keyed and decided under the old rules.
+            if job.get("replan_runs") or (job.get("calendars") or None) != resolved:
+                replan.add(job["job_name"])
         report.planned = store.execute("plan_jobs", plans=plans, now=now).rows
+        # The never-started runs of those planned (plan_jobs' fence held) keyed from the new first
+        # slot on: recorded skipped, planned again by the claim (a run keyed as before is taken
+        # back in place). A run keyed before that slot stands for an earlier slot and stays.
+        again = [{"job_name": job["job_name"],
+                  "since": store.json_time(_aware(job["next_due_at"]) if job["next_due_at"] is not None else now)}
+                 for job in report.planned if job["job_name"] in replan]
+        if again:
+            store.execute("skip_replanned_runs", jobs=again, now=now)
         events = [{"job_name": job["job_name"], "kind": "config_invalid", "detail": job["config_error"]}
                   for job in report.invalid]
         if events:
@@ -191,6 +206,12 @@ def plan_database_jobs(store: Store, now: datetime, telemetry: Any) -> PlanRepor
         telemetry.event("JobConfigInvalid", {"job": job["job_name"], "outcome": "invalid",
                                              "error_message": job["config_error"]})
     return report
+
+
+def _aware(value: Any) -> datetime:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def stand_in_name(name: str) -> str:

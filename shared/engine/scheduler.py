@@ -34,6 +34,7 @@ import hashlib
 import logging
 import random
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
@@ -84,8 +85,11 @@ NOTE_CATCH_UP = "misfire: caught up late, once"
 # note's prefix "catch-up:" says so to dispatch_runs, claim_runs and start_run); one before it is skipped.
 NOTE_CATCHUP_WINDOW = "catch-up: missed slot within CATCHUP_SECONDS={seconds}; run late, oldest first"
 NOTE_CATCHUP_OLDER = "misfire: slot missed before the job's CATCHUP_SECONDS window; skipped"
-# At most this many missed slots of one catch-up window run (the latest of them).
+# At most this many missed slots of one catch-up window run (the latest of them, found from the
+# window's end however large it is); the older ones are counted up to MAX_DROPPED_COUNTED (past
+# it, the note and the warning say "at least").
 MAX_CATCHUP_SLOTS = 1000
+MAX_DROPPED_COUNTED = 10_000
 # A slot that came while its job was paused (sql-agent pause, agent.pause_job).
 NOTE_PAUSED = "paused"
 # One slot's decision: (slot, status, note, runnable_at); runnable_at None: at the slot itself.
@@ -809,23 +813,21 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
         if len(missed) < MAX_MISSED_RECORDED - 1:
             missed.append(slot)
         slot = following(slot)
-    if slot is not None and slot < missed_end:  # more missed than worth scanning
+    scan_cut = slot is not None and slot < missed_end
+    if scan_cut:  # more missed than worth scanning: the count below is a lower bound
         slot = following(missed_end - timedelta(microseconds=1))
     window: list[datetime] = []
     dropped = 0
-    if window_start is not None:
-        # Every missed slot of the window, oldest first; past MAX_CATCHUP_SLOTS only the latest
-        # that many (a huge window of a frequent schedule is not a flood of runs).
-        window_scanned = 0
-        while slot is not None and slot < late_cutoff and window_scanned < MAX_MISSED_SCAN:
-            window_scanned += 1
-            window.append(slot)
-            if len(window) > MAX_CATCHUP_SLOTS:
-                window.pop(0)
-                dropped += 1
-            slot = following(slot)
-        if slot is not None and slot < late_cutoff:
-            slot = following(late_cutoff - timedelta(microseconds=1))
+    dropped_at_least = False
+    if window_start is not None and slot is not None and slot < late_cutoff:
+        # The missed slots of the window, oldest first; past MAX_CATCHUP_SLOTS only the newest
+        # that many (a huge window of a frequent schedule is not a flood of runs), found from the
+        # window's right end when it holds more (bounded work, whatever its size).
+        window, dropped, dropped_at_least, slot = _catch_up_window(slot, late_cutoff, following)
+        if dropped:
+            log.warning("job %s: %s%d missed slot(s) of its CATCHUP_SECONDS=%d window before %s are not run: at most "
+                        "%d are caught up, the newest", job["job_name"], "at least " if dropped_at_least else "",
+                        dropped, catchup, window[0].isoformat(), MAX_CATCHUP_SLOTS)
     caught_up_missed = False
     if latest_missed is not None:
         if latest_missed not in missed:
@@ -850,8 +852,9 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
                 caught_up_missed = True
             if status == RunStatus.SKIPPED and _inside_pause(job, moment):
                 note = NOTE_PAUSED     # missed while its pause held (it ended by itself since)
-            if last and unrecorded > 0:
-                note += f" ({unrecorded} earlier missed slot(s) since {_iso(job['next_due_at'])} not recorded one by one)"
+            if last and (unrecorded > 0 or scan_cut):
+                note += (f" ({'at least ' if scan_cut else ''}{unrecorded} earlier missed slot(s) since "
+                         f"{_iso(job['next_due_at'])} not recorded one by one)")
             planned.append((moment, status, note, None))
     for index, moment in enumerate(window):
         if held(moment):
@@ -859,7 +862,8 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
             continue
         note = NOTE_CATCHUP_WINDOW.format(seconds=catchup)
         if index == 0 and dropped:
-            note += f" ({dropped} older slot(s) of the window not run: at most {MAX_CATCHUP_SLOTS} are caught up)"
+            note += (f" ({'at least ' if dropped_at_least else ''}{dropped} older slot(s) of the window not run: at most "
+                     f"{MAX_CATCHUP_SLOTS} are caught up, the newest)")
         planned.append((moment, RunStatus.PENDING, note, None))
         caught_up_missed = True
     ahead = 0
@@ -879,6 +883,64 @@ def _plan_slots(job: dict[str, Any], now: datetime, horizon: datetime,
             log.error("job %s: its calendars cannot be applied (%s); its slots run as the schedule has them",
                       job["job_name"], describe(exc))
     return planned, beyond
+
+
+def _catch_up_window(first: datetime, end: datetime, following: Callable[[datetime], datetime | None]
+                     ) -> tuple[list[datetime], int, bool, datetime | None]:
+    """The missed slots of a CATCHUP_SECONDS window, from its first slot ``first`` to ``end``
+    (the misfire cut-off, excluded): (the newest MAX_CATCHUP_SLOTS of them, oldest first; how
+    many older ones are not run; whether that count is a lower bound; the job's next slot after
+    the window). A window of at most MAX_CATCHUP_SLOTS slots is walked once; a larger one is
+    found from its right end (_newest_slots: spans doubling back from ``end``), whatever its
+    size, and the older slots are counted up to MAX_DROPPED_COUNTED (past it, "at least"):
+    bounded work, and the slots that run are always the window's newest."""
+    window: list[datetime] = []
+    slot: datetime | None = first
+    while slot is not None and slot < end and len(window) <= MAX_CATCHUP_SLOTS:
+        window.append(slot)
+        slot = following(slot)
+    if len(window) <= MAX_CATCHUP_SLOTS:
+        return window, 0, False, slot
+    newest = _newest_slots(first, end, following)
+    after = following(newest[-1]) if newest else following(end - timedelta(microseconds=1))
+    if not newest:          # a schedule walked back to nothing: the left walk's slots
+        return window[:MAX_CATCHUP_SLOTS], 1, True, after
+    dropped = 0
+    slot = first
+    while slot is not None and slot < newest[0] and dropped < MAX_DROPPED_COUNTED:
+        dropped += 1
+        slot = following(slot)
+    return newest, dropped, slot is not None and slot < newest[0], after
+
+
+def _newest_slots(floor: datetime, end: datetime, following: Callable[[datetime], datetime | None]) -> list[datetime]:
+    """The newest MAX_CATCHUP_SLOTS slots from ``floor`` to before ``end``, oldest first: a span
+    back from ``end`` doubles until it holds more than that many (each count stops past it),
+    then that span is walked once (at most 4 x MAX_CATCHUP_SLOTS slots; past it, the previous
+    span's, fewer but the newest)."""
+    span = timedelta(seconds=1)
+    previous: list[datetime] = []
+    for _ in range(64):
+        start = max(end - span, floor)
+        found: list[datetime] = []
+        slot = following(start - timedelta(microseconds=1))
+        while slot is not None and slot < end and len(found) <= MAX_CATCHUP_SLOTS:
+            found.append(slot)
+            slot = following(slot)
+        if len(found) <= MAX_CATCHUP_SLOTS and start > floor:
+            previous, span = found, span * 2
+            continue
+        if len(found) <= MAX_CATCHUP_SLOTS:
+            return found
+        window: deque[datetime] = deque(maxlen=MAX_CATCHUP_SLOTS)
+        walked = 0
+        slot = following(start - timedelta(microseconds=1))
+        while slot is not None and slot < end and walked < 4 * MAX_CATCHUP_SLOTS:
+            walked += 1
+            window.append(slot)
+            slot = following(slot)
+        return list(window) if slot is None or slot >= end else previous
+    return previous
 
 
 def _catch_up_the_pause(job: dict[str, Any], planned: list[SlotPlan], beyond: datetime | None,

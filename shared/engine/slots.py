@@ -1,7 +1,13 @@
 """The rules that turn a schedule's slots into the runs the planner claims, shared by the tick's
-planner (shared/engine/scheduler.py) and backfill (shared/engine/operations.py): the job's
-calendars (excluded slots skipped or moved) and its jitter. A module of its own so that neither
-of the two imports the other."""
+planner (shared/engine/scheduler.py), backfill (shared/engine/operations.py) and ``next``
+(shared/engine/views.py): the job's calendars (excluded slots skipped or moved) and its jitter.
+A module of its own so that none of them imports another.
+
+The key of a run (its ``scheduled_for``, the unique (job, slot) key) is a function of the job's
+definition and the time the run stands for alone (``run_key``), never of what one tick decided
+about it: a slot one tick claims ahead, another (racing, later) records missed or catches up,
+and a run a calendar moved to a time that is also a slot of the schedule, are each keyed at the
+same instant, so a slot is claimed once whichever instance and tick plans it."""
 from __future__ import annotations
 
 import logging
@@ -12,32 +18,68 @@ from typing import Any
 from shared.control.sqlerrors import describe
 from shared.jobs.calendars import CalendarRules
 from shared.jobs.run_model import RunStatus
-from shared.jobs.schedules import jitter_offset, parse_schedule
+from shared.jobs.schedules import jitter_offset, parse_schedule, validate_timezone
 
 log = logging.getLogger(__name__)
 
 # A slot the planner decided: (slot, status, note, runnable_at).
 SlotPlan = tuple[datetime, RunStatus, "str | None", "datetime | None"]
 
+# The note prefix of a missed slot run within CATCHUP_SECONDS (scheduler.NOTE_CATCHUP_WINDOW):
+# dispatch_runs, claim_runs and start_run never skip such a run as a misfire.
+CATCH_UP_PREFIX = "catch-up:"
+
+
+def run_offset(job_name: str, moment: datetime, schedule: Any, jitter_seconds: int,
+               rules: CalendarRules | None = None, zone: Any = None) -> int:
+    """How many seconds after ``moment`` (a slot of the schedule, or the time a calendar moved
+    excluded slots to) the run standing for it is keyed and runs: its jitter
+    (schedules.jitter_offset: fixed by the job's name and ``moment``, before the schedule's next
+    slot after ``moment``), except
+
+    * 0 when a calendar excludes ``moment`` itself (the skipped slot is recorded at its time);
+    * 0 when a calendar excludes the jittered time (JITTER_SECONDS never pushes a run into an
+      excluded period: the run keeps its allowed time, unjittered).
+
+    A pure function of the job's definition and ``moment``: every instance and tick agrees."""
+    if jitter_seconds <= 0:
+        return 0
+    if rules and rules.why_excluded(moment, zone) is not None:
+        return 0
+    try:
+        following = schedule.next_after(moment)
+    except (ValueError, OverflowError):
+        following = None
+    offset = jitter_offset(job_name, moment, following, jitter_seconds)
+    if offset and rules and rules.why_excluded(moment + timedelta(seconds=offset), zone) is not None:
+        return 0
+    return offset
+
 
 def with_jitter(planned: list[SlotPlan], job: dict[str, Any]) -> list[SlotPlan]:
-    """Each slot the schedule gave that runs (pending, no note: not a catch-up, not moved by a
-    calendar) moved later by the job's jitter (schedules.jitter_offset): the run is keyed by the
-    jittered time, the same on every instance, and stays before the job's next slot."""
+    """Every planned entry keyed by ``run_offset``: a slot that runs (pending: on time, caught up,
+    or moved by a calendar) and a slot recorded skipped (missed, paused) alike, so that ticks
+    deciding the same slot differently still meet on the unique (job, slot) key. A pending run
+    says its jitter in its note (after the note it had: a catch-up keeps its ``catch-up:``
+    prefix); a skipped one keeps its note as it is. The run stays before the job's next slot."""
+    jitter = int(job.get("jitter_seconds") or 0)
+    if jitter <= 0:
+        return planned
     try:
         schedule = parse_schedule(job["schedule"], job["timezone"])
+        rules = calendar_rules(job.get("calendars"))
+        zone = validate_timezone(job["timezone"]) if rules else None
     except (ValueError, OverflowError):
         return planned
-    out: list[SlotPlan] = []
+    out: dict[datetime, SlotPlan] = {}
     for slot, status, note, runnable in planned:
-        if status == RunStatus.PENDING and note is None and runnable is None:
-            offset = jitter_offset(job["job_name"], slot, schedule.next_after(slot), int(job["jitter_seconds"]))
-            if offset:
-                out.append((slot + timedelta(seconds=offset), status, f"jitter: +{offset} s from {slot.isoformat()}",
-                            None))
-                continue
-        out.append((slot, status, note, runnable))
-    return out
+        offset = run_offset(job["job_name"], slot, schedule, jitter, rules, zone)
+        key = slot + timedelta(seconds=offset)
+        if offset and status == RunStatus.PENDING:
+            shown = f"jitter: +{offset} s from {slot.isoformat()}"
+            note = shown if note is None else f"{note} ({shown})"
+        out.setdefault(key, (key, status, note, runnable))
+    return sorted(out.values(), key=lambda entry: entry[0])
 
 
 @lru_cache(maxsize=256)
@@ -54,7 +96,10 @@ def apply_calendars(planned: list[SlotPlan], rules: CalendarRules, zone) -> list
     skipped with the calendar's name (``calendar: uk_holidays``) or, with ON_EXCLUDED=next,
     skipped with the time it moved to and a run claimed at that time (the first instant the
     calendars allow; every slot of one excluded stretch moves to the same time, which runs once:
-    the unique (job, slot) key). A moved run lands on a slot of the schedule as that slot's run."""
+    the unique (job, slot) key, with_jitter keying it as the schedule's own slot at that time
+    would be). A moved run lands on a slot of the schedule as that slot's run. A missed slot
+    run within CATCHUP_SECONDS keeps its ``catch-up:`` note prefix when moved, so the misfire
+    rule of the claims leaves it to run."""
     decided: dict[datetime, SlotPlan] = {}
     moved: list[SlotPlan] = []
     for slot, status, note, runnable in planned:
@@ -62,17 +107,20 @@ def apply_calendars(planned: list[SlotPlan], rules: CalendarRules, zone) -> list
         if why is None:
             decided[slot] = (slot, status, note, runnable)
             continue
-        if note:
-            why = f"{why} ({note})"
+        shown = f"{why} ({note})" if note else why
         if rules.on_excluded == "next":
             allowed = rules.next_allowed(slot, zone)
             if allowed is None:
-                decided[slot] = (slot, RunStatus.SKIPPED, f"{why}; no allowed time within a year", None)
+                decided[slot] = (slot, RunStatus.SKIPPED, f"{shown}; no allowed time within a year", None)
                 continue
-            decided[slot] = (slot, RunStatus.SKIPPED, f"{why}; moved to {allowed.isoformat()}", None)
-            moved.append((allowed, RunStatus.PENDING, f"{why}; moved from {slot.isoformat()}", None))
+            decided[slot] = (slot, RunStatus.SKIPPED, f"{shown}; moved to {allowed.isoformat()}", None)
+            if note and note.startswith(CATCH_UP_PREFIX):
+                moved_note = f"{note}; {why}; moved from {slot.isoformat()}"
+            else:
+                moved_note = f"{shown}; moved from {slot.isoformat()}"
+            moved.append((allowed, RunStatus.PENDING, moved_note, None))
         else:
-            decided[slot] = (slot, RunStatus.SKIPPED, why, None)
+            decided[slot] = (slot, RunStatus.SKIPPED, shown, None)
     for entry in moved:
         decided.setdefault(entry[0], entry)
     return sorted(decided.values(), key=lambda entry: entry[0])

@@ -15,12 +15,13 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from shared.engine.slots import run_offset
 from shared.errors import NotFoundError
 from shared.jobs.calendars import CalendarRules
 from shared.jobs.describe import describe_schedule
 from shared.jobs.params import read_json
 from shared.jobs.run_model import RunStatus
-from shared.jobs.schedules import jitter_offset, parse_schedule
+from shared.jobs.schedules import parse_schedule
 
 UTC = timezone.utc
 
@@ -381,7 +382,9 @@ def upcoming_slots(job: dict[str, Any], start: datetime, count: int) -> dict[str
     jitter = int(job.get("jitter_seconds") or 0)
     slots = []
     for at in sorted(runs)[:count]:
-        offset = 0 if runs[at] is not None else jitter_offset(job["job_name"], at, schedule.next_after(at), jitter)
+        # Keyed as the planner keys it (slots.run_offset): a moved run is jittered as the
+        # schedule's own slot at that time would be; never into an excluded period.
+        offset = run_offset(job["job_name"], at, schedule, jitter, rules, tz)
         moment = at + timedelta(seconds=offset)
         slots.append({"at": moment, "local": local_time(moment, zone), "moved": runs[at], "jitter_seconds": offset})
     view["slots"] = slots

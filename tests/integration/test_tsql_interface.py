@@ -383,7 +383,10 @@ def test_calendars_and_jitter_are_defined_from_tsql_and_checked_by_name(system):
     view = upcoming_slots(jobs["nightly"], datetime(2026, 12, 23, 12, tzinfo=UTC), 2)
     assert [(s["at"], s["calendar"]) for s in view["removed"]] == [
         (datetime(2026, 12, 24, 2, tzinfo=UTC), "calendar: Freeze"), (datetime(2026, 12, 25, 2, tzinfo=UTC), "calendar: Freeze")]
-    assert view["slots"][0]["at"] == datetime(2026, 12, 28, 0, tzinfo=UTC)      # moved past the weekend, no jitter
+    # Moved past the weekend, and jittered as a slot of the schedule at that time would be (issue 33
+    # hardening: every tick keys the moved run as the planner keys that slot).
+    assert view["slots"][0]["at"] == datetime(2026, 12, 28, 0, 1, 7, tzinfo=UTC)
+    assert view["slots"][0]["jitter_seconds"] == 67 and view["slots"][0]["moved"]
     # A bad calendar, redefined: its jobs are planned again and say so.
     (row,) = call(connection, "add_calendar", name="FREEZE", dates="2026-12-26..2026-12-24")
     assert (row["action"], row["jobs_replanned"]) == ("redefined", 1)

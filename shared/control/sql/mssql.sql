@@ -132,7 +132,7 @@ WHERE j.valid = 0
                     AND c.config_error = j.config_error);
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings).
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is.
 -- UPDATE ... FROM a derived table of the changed jobs (one row per job: the jobs key), joined in the WHERE clause: Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with JOIN ... ON. The locking on SQL Server is that of the UPDATE itself: update locks on the qualifying runs rows, current committed version (https://learn.microsoft.com/sql/t-sql/queries/update-transact-sql); the caller holds the job-definitions applock.
 DECLARE @skipped TABLE (run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6), status NVARCHAR(16),
                         note NVARCHAR(MAX), operation_id NVARCHAR(32));
@@ -144,17 +144,30 @@ FROM agent.runs AS r,
              CASE WHEN j.job_name IS NULL THEN N'skipped: the job was removed from the settings after this slot was claimed'
                   WHEN j.valid = 0 THEN N'skipped: the job''s settings became invalid after this slot was claimed'
                   WHEN j.enabled = 0 THEN N'skipped: the job was disabled after this slot was claimed'
-                  ELSE N'skipped: the job''s schedule or time zone changed after this slot was claimed' END AS note
+                  WHEN j.schedule <> c.schedule OR j.timezone <> c.timezone
+                  THEN N'skipped: the job''s schedule or time zone changed after this slot was claimed'
+                  ELSE N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed' END AS note,
+             CASE WHEN j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule
+                       OR j.timezone <> c.timezone THEN NULL
+                  ELSE j.next_due_at END AS since
       FROM agent.jobs AS c
-      LEFT JOIN (SELECT x.job_name, agent.json_text(x.schedule) AS schedule, x.timezone, x.enabled, x.valid
+      LEFT JOIN (SELECT x.job_name, agent.json_text(x.schedule) AS schedule, x.timezone, x.enabled, x.valid,
+                        agent.json_text(x.calendars) AS calendars, COALESCE(x.jitter_seconds, 0) AS jitter_seconds,
+                        CONVERT(DATETIME2(6), x.next_due_at, 121) AS next_due_at
                  FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64), schedule NVARCHAR(400), timezone NVARCHAR(64),
-                                            enabled INT, valid INT) AS x) AS j ON j.job_name = c.job_name
+                                            enabled INT, valid INT, calendars NVARCHAR(MAX), jitter_seconds INT,
+                                            next_due_at NVARCHAR(40)) AS x) AS j ON j.job_name = c.job_name
       WHERE c.configured = 1 AND c.defined_in_database = 0
         AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule
-             OR j.timezone <> c.timezone)) AS d
+             OR j.timezone <> c.timezone
+             OR (j.next_due_at IS NOT NULL AND c.next_due_at IS NOT NULL AND j.jitter_seconds <> c.jitter_seconds)
+             OR (j.next_due_at IS NOT NULL AND c.next_due_at IS NOT NULL
+                 AND (j.calendars <> c.calendars OR (j.calendars IS NULL AND c.calendars IS NOT NULL)
+                      OR (j.calendars IS NOT NULL AND c.calendars IS NULL))))) AS d
 WHERE d.job_name = r.job_name AND r.kind IN (N'scheduled', N'backfill')
   AND (r.status IN (N'pending', N'queued')
-       OR (r.status = N'skipped' AND r.note = N'paused' AND r.attempt = 0 AND r.scheduled_for >= CAST(:now AS DATETIME2(6))));
+       OR (r.status = N'skipped' AND r.note = N'paused' AND r.attempt = 0 AND r.scheduled_for >= CAST(:now AS DATETIME2(6))))
+  AND (d.since IS NULL OR (r.kind = N'scheduled' AND r.attempt = 0 AND r.scheduled_for >= d.since));
 SELECT run_id, job_name, scheduled_for, status, note, operation_id FROM @skipped;
 
 -- upsert_jobs --
@@ -201,6 +214,12 @@ UPDATE t SET
           OR t.enabled <> s.enabled
           OR t.valid <> s.valid
           OR t.configured = 0
+        THEN s.next_due_at
+        -- Calendars or jitter changed: back to the new next slot (the runs claimed ahead from it
+        -- on were recorded skipped by skip_runs_of_changed_jobs), never past a slot not yet claimed.
+        WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
+               OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
+          AND s.next_due_at IS NOT NULL AND t.next_due_at IS NOT NULL AND s.next_due_at < t.next_due_at
         THEN s.next_due_at ELSE t.next_due_at END,
     advanced_at = CASE
         WHEN t.schedule <> s.schedule
@@ -208,6 +227,10 @@ UPDATE t SET
           OR t.enabled <> s.enabled
           OR t.valid <> s.valid
           OR t.configured = 0
+        THEN CAST(:now AS DATETIME2(6))
+        WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
+               OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
+          AND s.next_due_at IS NOT NULL AND t.next_due_at IS NOT NULL AND s.next_due_at < t.next_due_at
         THEN CAST(:now AS DATETIME2(6)) ELSE t.advanced_at END,
     schedule = s.schedule,
     timezone = s.timezone,
@@ -705,6 +728,13 @@ WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
                   WHERE r.job_name = j.job_name AND r.scheduled_for = s.scheduled_for);
 SELECT run_id, scheduled_for, action FROM @made;
 
+-- list_slot_runs --
+-- backfill: the scheduled and backfill runs of one job keyed from :since to before :horizon (the spans of the window's slots, each from its time to the schedule's next slot): a slot's run is found whatever jitter keyed it.
+SELECT scheduled_for, status, attempt, kind FROM agent.runs
+WHERE job_name = :job_name AND kind IN (N'scheduled', N'backfill')
+  AND scheduled_for >= CAST(:since AS DATETIME2(6)) AND scheduled_for < CAST(:horizon AS DATETIME2(6))
+ORDER BY scheduled_for;
+
 -- insert_task --
 -- submit: an ad-hoc task; it starts once every task of a lower order submitted before it has finished.
 DECLARE @task TABLE (run_id BIGINT, status NVARCHAR(16), operation_id NVARCHAR(32));
@@ -952,7 +982,8 @@ ORDER BY job_name;
 -- select_unplanned_jobs --
 -- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
 SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
-       requested_targets, requested_target_parallelism, requested_target_stagger_seconds, requested_exclude, requested_only, requested_on_excluded
+       requested_targets, requested_target_parallelism, requested_target_stagger_seconds, requested_exclude, requested_only, requested_on_excluded,
+       replan_runs, calendars
 FROM agent.jobs WHERE needs_planning = 1 ORDER BY job_name;
 
 -- list_calendars --
@@ -963,7 +994,7 @@ SELECT name, dates, weekly FROM agent.calendars ORDER BY name;
 -- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at, steps}; steps: a fleet job's one step, as the settings sync writes it) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
 -- UPDATE ... FROM a derived table joined in the WHERE clause (Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with JOIN ... ON); the fence is the condition on needs_planning and the definition, checked on the current committed version of each row (update locks on SQL Server, a re-check on PostgreSQL).
 DECLARE @planned TABLE (job_name NVARCHAR(64), valid SMALLINT, config_error NVARCHAR(MAX), next_due_at DATETIME2(6));
-UPDATE j SET needs_planning = 0, valid = p.valid, config_error = p.config_error,
+UPDATE j SET needs_planning = 0, replan_runs = 0, valid = p.valid, config_error = p.config_error,
     next_due_at = p.next_due_at, advanced_at = CAST(:now AS DATETIME2(6)), steps = p.steps,
     calendars = p.calendars
 OUTPUT inserted.job_name, inserted.valid, inserted.config_error, inserted.next_due_at INTO @planned
@@ -979,6 +1010,20 @@ FROM agent.jobs AS j,
 WHERE j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = p.updated_at
   AND j.schedule = p.schedule AND j.timezone = p.timezone AND j.enabled = p.enabled;
 SELECT job_name, valid, config_error, next_due_at FROM @planned;
+
+-- skip_replanned_runs --
+-- A database job planned again after its calendars or jitter changed (agent.set_job_calendars set replan_runs, or the calendars the planning resolved differ from those in force: a calendar redefined or removed): its never-started scheduled runs keyed from its new first slot on (:jobs, a JSON array of {job_name, since}), and the slots ahead a pause recorded skipped, are recorded skipped; the claim that follows plans them again under the new rules (a run keyed as before is taken back in place, claim_slots). A run keyed before that slot stands for an earlier slot and is left as it is.
+DECLARE @replanned TABLE (run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6));
+UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
+    note = N'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed'
+OUTPUT inserted.run_id, inserted.job_name, inserted.scheduled_for INTO @replanned
+FROM agent.runs AS r,
+     (SELECT x.job_name, CONVERT(DATETIME2(6), x.since, 121) AS since
+      FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64), since NVARCHAR(40)) AS x) AS d
+WHERE r.job_name = d.job_name AND r.kind = N'scheduled' AND r.attempt = 0
+  AND (r.status IN (N'pending', N'queued') OR (r.status = N'skipped' AND r.note = N'paused'))
+  AND r.scheduled_for >= d.since;
+SELECT run_id, job_name, scheduled_for FROM @replanned;
 
 -- stop_job --
 -- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).

@@ -72,21 +72,27 @@ WHERE j.valid = 0
                     AND c.config_error = j.config_error);
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings).
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is.
 UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
     note = CASE WHEN j.job_name IS NULL THEN 'skipped: the job was removed from the settings after this slot was claimed'
                 WHEN j.valid = 0 THEN 'skipped: the job''s settings became invalid after this slot was claimed'
                 WHEN j.enabled = 0 THEN 'skipped: the job was disabled after this slot was claimed'
-                ELSE 'skipped: the job''s schedule or time zone changed after this slot was claimed' END
+                WHEN j.schedule <> c.schedule OR j.timezone <> c.timezone
+                THEN 'skipped: the job''s schedule or time zone changed after this slot was claimed'
+                ELSE 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed' END
 FROM agent.jobs AS c
 LEFT JOIN json_to_recordset(CAST(:jobs AS json)) AS j(job_name VARCHAR, schedule VARCHAR, timezone VARCHAR,
-                                                      enabled INT, valid INT)
+                                                      enabled INT, valid INT, calendars TEXT, jitter_seconds INT,
+                                                      next_due_at VARCHAR)
        ON j.job_name = c.job_name
 WHERE r.job_name = c.job_name AND r.kind IN ('scheduled', 'backfill')
   AND (r.status IN ('pending', 'queued')
        OR (r.status = 'skipped' AND r.note = 'paused' AND r.attempt = 0 AND r.scheduled_for >= CAST(:now AS timestamp)))
   AND c.configured = 1 AND c.defined_in_database = 0
-  AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule OR j.timezone <> c.timezone)
+  AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule OR j.timezone <> c.timezone
+       OR ((j.calendars IS DISTINCT FROM c.calendars OR COALESCE(j.jitter_seconds, 0) <> c.jitter_seconds)
+           AND c.next_due_at IS NOT NULL
+           AND r.kind = 'scheduled' AND r.attempt = 0 AND r.scheduled_for >= CAST(j.next_due_at AS timestamp)))
 RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id;
 
 -- upsert_jobs --
@@ -115,6 +121,12 @@ ON CONFLICT (job_name) DO UPDATE SET
           OR agent.jobs.enabled <> EXCLUDED.enabled
           OR agent.jobs.valid <> EXCLUDED.valid
           OR agent.jobs.configured = 0
+        THEN EXCLUDED.next_due_at
+        -- Calendars or jitter changed: back to the new next slot (the runs claimed ahead from it
+        -- on were recorded skipped by skip_runs_of_changed_jobs), never past a slot not yet claimed.
+        WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
+          AND EXCLUDED.next_due_at IS NOT NULL
+          AND agent.jobs.next_due_at IS NOT NULL AND EXCLUDED.next_due_at < agent.jobs.next_due_at
         THEN EXCLUDED.next_due_at ELSE agent.jobs.next_due_at END,
     advanced_at = CASE
         WHEN agent.jobs.schedule <> EXCLUDED.schedule
@@ -122,6 +134,10 @@ ON CONFLICT (job_name) DO UPDATE SET
           OR agent.jobs.enabled <> EXCLUDED.enabled
           OR agent.jobs.valid <> EXCLUDED.valid
           OR agent.jobs.configured = 0
+        THEN EXCLUDED.advanced_at
+        WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
+          AND EXCLUDED.next_due_at IS NOT NULL
+          AND agent.jobs.next_due_at IS NOT NULL AND EXCLUDED.next_due_at < agent.jobs.next_due_at
         THEN EXCLUDED.advanced_at ELSE agent.jobs.advanced_at END,
     schedule = EXCLUDED.schedule,
     timezone = EXCLUDED.timezone,
@@ -554,6 +570,13 @@ SELECT run_id, scheduled_for, action FROM rerun
 UNION ALL
 SELECT run_id, scheduled_for, action FROM inserted;
 
+-- list_slot_runs --
+-- backfill: the scheduled and backfill runs of one job keyed from :since to before :horizon (the spans of the window's slots, each from its time to the schedule's next slot): a slot's run is found whatever jitter keyed it.
+SELECT scheduled_for, status, attempt, kind FROM agent.runs
+WHERE job_name = :job_name AND kind IN ('scheduled', 'backfill')
+  AND scheduled_for >= CAST(:since AS timestamp) AND scheduled_for < CAST(:horizon AS timestamp)
+ORDER BY scheduled_for;
+
 -- insert_task --
 -- submit: an ad-hoc task; it starts once every task of a lower order submitted before it has finished.
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, task_order,
@@ -786,7 +809,8 @@ ORDER BY job_name;
 -- select_unplanned_jobs --
 -- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
 SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
-       requested_targets, requested_target_parallelism, requested_target_stagger_seconds, requested_exclude, requested_only, requested_on_excluded
+       requested_targets, requested_target_parallelism, requested_target_stagger_seconds, requested_exclude, requested_only, requested_on_excluded,
+       replan_runs, calendars
 FROM agent.jobs WHERE needs_planning = 1 ORDER BY job_name;
 
 -- list_calendars --
@@ -795,7 +819,7 @@ SELECT name, dates, weekly FROM agent.calendars ORDER BY name;
 
 -- plan_jobs --
 -- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at, steps}; steps: a fleet job's one step, as the settings sync writes it) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
-UPDATE agent.jobs AS j SET needs_planning = 0, valid = p.valid, config_error = p.config_error,
+UPDATE agent.jobs AS j SET needs_planning = 0, replan_runs = 0, valid = p.valid, config_error = p.config_error,
     next_due_at = CAST(p.next_due_at AS timestamp), advanced_at = CAST(:now AS timestamp), steps = p.steps,
     calendars = p.calendars
 FROM json_to_recordset(CAST(:plans AS json)) AS p(job_name VARCHAR, schedule VARCHAR, timezone VARCHAR, enabled INT,
@@ -804,6 +828,16 @@ FROM json_to_recordset(CAST(:plans AS json)) AS p(job_name VARCHAR, schedule VAR
 WHERE j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = CAST(p.updated_at AS timestamp)
   AND j.schedule = p.schedule AND j.timezone = p.timezone AND j.enabled = p.enabled
 RETURNING j.job_name, j.valid, j.config_error, j.next_due_at;
+
+-- skip_replanned_runs --
+-- A database job planned again after its calendars or jitter changed (agent.set_job_calendars set replan_runs, or the calendars the planning resolved differ from those in force: a calendar redefined or removed): its never-started scheduled runs keyed from its new first slot on (:jobs, a JSON array of {job_name, since}), and the slots ahead a pause recorded skipped, are recorded skipped; the claim that follows plans them again under the new rules (a run keyed as before is taken back in place, claim_slots). A run keyed before that slot stands for an earlier slot and is left as it is.
+UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
+    note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed'
+FROM json_to_recordset(CAST(:jobs AS json)) AS x(job_name VARCHAR, since VARCHAR)
+WHERE r.job_name = x.job_name AND r.kind = 'scheduled' AND r.attempt = 0
+  AND (r.status IN ('pending', 'queued') OR (r.status = 'skipped' AND r.note = 'paused'))
+  AND r.scheduled_for >= CAST(x.since AS timestamp)
+RETURNING r.run_id, r.job_name, r.scheduled_for;
 
 -- stop_job --
 -- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).

@@ -72,24 +72,35 @@ WHERE json_extract(j.value, '$.valid') = 0
                     AND c.configured = 1 AND c.config_error = json_extract(j.value, '$.config_error'));
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings).
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is.
 -- The changed jobs first (MATERIALIZED: the settings read once, not once per run), then their runs by the (job_name, scheduled_for) index.
 WITH given AS MATERIALIZED (
     SELECT json_extract(j.value, '$.job_name') AS job_name, json_extract(j.value, '$.valid') AS valid,
            json_extract(j.value, '$.enabled') AS enabled, json_extract(j.value, '$.schedule') AS schedule,
-           json_extract(j.value, '$.timezone') AS timezone
+           json_extract(j.value, '$.timezone') AS timezone, json_extract(j.value, '$.calendars') AS calendars,
+           COALESCE(json_extract(j.value, '$.jitter_seconds'), 0) AS jitter_seconds,
+           json_extract(j.value, '$.next_due_at') AS next_due_at
     FROM json_each(:jobs) AS j),
 x AS MATERIALIZED (
     SELECT c.job_name,
            CASE WHEN n.valid = 0 THEN 'skipped: the job''s settings became invalid after this slot was claimed'
                 WHEN n.enabled = 0 THEN 'skipped: the job was disabled after this slot was claimed'
-                ELSE 'skipped: the job''s schedule or time zone changed after this slot was claimed' END AS note
+                ELSE 'skipped: the job''s schedule or time zone changed after this slot was claimed' END AS note,
+           NULL AS since
     FROM given AS n
     CROSS JOIN agent_jobs AS c
     WHERE c.job_name = n.job_name AND c.configured = 1 AND c.defined_in_database = 0
       AND (n.valid = 0 OR n.enabled = 0 OR n.schedule <> c.schedule OR n.timezone <> c.timezone)
     UNION ALL
-    SELECT c.job_name, 'skipped: the job was removed from the settings after this slot was claimed'
+    SELECT c.job_name, 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed', n.next_due_at
+    FROM given AS n
+    CROSS JOIN agent_jobs AS c
+    WHERE c.job_name = n.job_name AND c.configured = 1 AND c.defined_in_database = 0
+      AND n.valid = 1 AND n.enabled = 1 AND n.schedule = c.schedule AND n.timezone = c.timezone
+      AND n.next_due_at IS NOT NULL AND c.next_due_at IS NOT NULL
+      AND (n.calendars IS NOT c.calendars OR n.jitter_seconds <> c.jitter_seconds)
+    UNION ALL
+    SELECT c.job_name, 'skipped: the job was removed from the settings after this slot was claimed', NULL
     FROM agent_jobs AS c
     WHERE c.configured = 1 AND c.defined_in_database = 0 AND c.job_name NOT IN (SELECT g.job_name FROM given AS g))
 UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL, note = x.note
@@ -98,6 +109,8 @@ WHERE agent_runs.job_name = x.job_name AND agent_runs.kind IN ('scheduled', 'bac
   AND (agent_runs.status IN ('pending', 'queued')
        OR (agent_runs.status = 'skipped' AND agent_runs.note = 'paused' AND agent_runs.attempt = 0
            AND agent_runs.scheduled_for >= :now))
+  AND (x.since IS NULL
+       OR (agent_runs.kind = 'scheduled' AND agent_runs.attempt = 0 AND agent_runs.scheduled_for >= x.since))
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id;
 
 -- upsert_jobs --
@@ -133,6 +146,12 @@ ON CONFLICT (job_name) DO UPDATE SET
           OR agent_jobs.enabled <> excluded.enabled
           OR agent_jobs.valid <> excluded.valid
           OR agent_jobs.configured = 0
+        THEN excluded.next_due_at
+        -- Calendars or jitter changed: back to the new next slot (the runs claimed ahead from it
+        -- on were recorded skipped by skip_runs_of_changed_jobs), never past a slot not yet claimed.
+        WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
+          AND excluded.next_due_at IS NOT NULL
+          AND agent_jobs.next_due_at IS NOT NULL AND excluded.next_due_at < agent_jobs.next_due_at
         THEN excluded.next_due_at ELSE agent_jobs.next_due_at END,
     advanced_at = CASE
         WHEN agent_jobs.schedule <> excluded.schedule
@@ -140,6 +159,10 @@ ON CONFLICT (job_name) DO UPDATE SET
           OR agent_jobs.enabled <> excluded.enabled
           OR agent_jobs.valid <> excluded.valid
           OR agent_jobs.configured = 0
+        THEN excluded.advanced_at
+        WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
+          AND excluded.next_due_at IS NOT NULL
+          AND agent_jobs.next_due_at IS NOT NULL AND excluded.next_due_at < agent_jobs.next_due_at
         THEN excluded.advanced_at ELSE agent_jobs.advanced_at END,
     schedule = excluded.schedule,
     timezone = excluded.timezone,
@@ -773,6 +796,13 @@ WHERE j.job_name = :job_name AND j.valid = 1 AND j.configured = 1
 ON CONFLICT (job_name, scheduled_for) DO NOTHING
 RETURNING run_id, scheduled_for, 'inserted' AS action;
 
+-- list_slot_runs --
+-- backfill: the scheduled and backfill runs of one job keyed from :since to before :horizon (the spans of the window's slots, each from its time to the schedule's next slot): a slot's run is found whatever jitter keyed it.
+SELECT scheduled_for, status, attempt, kind FROM agent_runs
+WHERE job_name = :job_name AND kind IN ('scheduled', 'backfill')
+  AND scheduled_for >= :since AND scheduled_for < :horizon
+ORDER BY scheduled_for;
+
 -- insert_task --
 -- submit: an ad-hoc task; it starts once every task of a lower order submitted before it has finished.
 INSERT INTO agent_runs (job_name, kind, scheduled_for, status, command, target_database, task_order,
@@ -968,7 +998,8 @@ ORDER BY job_name;
 -- select_unplanned_jobs --
 -- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
 SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
-       requested_targets, requested_target_parallelism, requested_target_stagger_seconds, requested_exclude, requested_only, requested_on_excluded
+       requested_targets, requested_target_parallelism, requested_target_stagger_seconds, requested_exclude, requested_only, requested_on_excluded,
+       replan_runs, calendars
 FROM agent_jobs WHERE needs_planning = 1 ORDER BY job_name;
 
 -- list_calendars --
@@ -977,7 +1008,7 @@ SELECT name, dates, weekly FROM agent_calendars ORDER BY name;
 
 -- plan_jobs --
 -- Record every verdict and first slot of the planned jobs (a JSON array of {job_name, schedule, timezone, enabled, updated_at, valid, config_error, next_due_at, steps}; steps: a fleet job's one step, as the settings sync writes it) in one statement, fenced on the definition that was planned: a job redefined meanwhile waits for the next planning.
-UPDATE agent_jobs SET needs_planning = 0, valid = json_extract(p.value, '$.valid'),
+UPDATE agent_jobs SET needs_planning = 0, replan_runs = 0, valid = json_extract(p.value, '$.valid'),
     config_error = json_extract(p.value, '$.config_error'),
     next_due_at = json_extract(p.value, '$.next_due_at'), advanced_at = :now,
     steps = json_extract(p.value, '$.steps'), calendars = json_extract(p.value, '$.calendars')
@@ -988,6 +1019,17 @@ WHERE agent_jobs.job_name = json_extract(p.value, '$.job_name') AND agent_jobs.n
   AND agent_jobs.timezone = json_extract(p.value, '$.timezone')
   AND agent_jobs.enabled = json_extract(p.value, '$.enabled')
 RETURNING job_name, valid, config_error, next_due_at;
+
+-- skip_replanned_runs --
+-- A database job planned again after its calendars or jitter changed (agent.set_job_calendars set replan_runs, or the calendars the planning resolved differ from those in force: a calendar redefined or removed): its never-started scheduled runs keyed from its new first slot on (:jobs, a JSON array of {job_name, since}), and the slots ahead a pause recorded skipped, are recorded skipped; the claim that follows plans them again under the new rules (a run keyed as before is taken back in place, claim_slots). A run keyed before that slot stands for an earlier slot and is left as it is.
+UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL,
+    note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed'
+FROM (SELECT json_extract(j.value, '$.job_name') AS job_name, json_extract(j.value, '$.since') AS since
+      FROM json_each(:jobs) AS j) AS x
+WHERE agent_runs.job_name = x.job_name AND agent_runs.kind = 'scheduled' AND agent_runs.attempt = 0
+  AND (agent_runs.status IN ('pending', 'queued') OR (agent_runs.status = 'skipped' AND agent_runs.note = 'paused'))
+  AND agent_runs.scheduled_for >= x.since
+RETURNING run_id, job_name, scheduled_for;
 
 -- stop_job --
 -- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).
