@@ -39,10 +39,13 @@ def run_offset(job_name: str, moment: datetime, schedule: Any, jitter_seconds: i
 
     * 0 when a calendar excludes ``moment`` itself (the skipped slot is recorded at its time);
     * 0 when a calendar excludes the jittered time (JITTER_SECONDS never pushes a run into an
-      excluded period: the run keeps its allowed time, unjittered).
+      excluded period: the run keeps its allowed time, unjittered);
+    * 0 for a one-time schedule (its run is at the time given).
 
     A pure function of the job's definition and ``moment``: every instance and tick agrees."""
-    if jitter_seconds <= 0:
+    if jitter_seconds <= 0 or getattr(schedule, "is_once", False):
+        # A one-time job runs at the time given: a jitter there would make a later change of
+        # JITTER_SECONDS a new key, a second run of a job that already ran.
         return 0
     if rules and rules.why_excluded(moment, zone) is not None:
         return 0

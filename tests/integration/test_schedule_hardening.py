@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 
@@ -23,7 +24,7 @@ from shared.engine.operations import backfill, backfill_slots
 from shared.engine.views import upcoming_slots
 from shared.errors import UsageError
 from shared.messaging.memory import MemoryQueue
-from tests.support.harness import at, execute, fresh_database, make_agent
+from tests.support.harness import at, execute, fresh_database, make_agent, work
 from tests.support.tsql_caller import call, connect
 
 UTC = timezone.utc
@@ -363,3 +364,24 @@ def test_jitter_never_pushes_a_run_into_an_excluded_period(db_url):
     execute(agent, f"UPDATE {table(agent, 'runs')} SET status = 'succeeded', attempt = 1 WHERE job_name = 'edge'")
     done = backfill(agent, "edge", at("2026-12-04T09:00:00"), at("2026-12-04T12:00:00"))
     assert done.made == () and done.already == 3
+
+
+def test_a_one_time_job_that_ran_does_not_run_again_when_its_jitter_or_calendars_change(pg_procedures):
+    """A one-time job runs once. Its run is keyed at the time given (JITTER_SECONDS does not apply
+    to a one-time slot: a new jitter would be a new key, a second run of a job that already ran)."""
+    agent, connection = pg_procedures
+    when = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=3)
+    call(connection, "add_scheduled_job", name="once", sql="SELECT 1", run_at=when)
+    call(connection, "set_job_calendars", job_name="once", jitter_seconds=30)
+    agent.tick()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(r["status"] == "succeeded" for r in history(agent, "once")):
+        time.sleep(0.5)
+        work(agent, concurrency=1, max_seconds=10)
+    (ran,) = history(agent, "once")
+    assert ran["status"] == "succeeded" and _aware(ran["scheduled_for"]) == when
+    for jitter in (5, 50, 0):
+        call(connection, "set_job_calendars", job_name="once", jitter_seconds=jitter)
+        agent.tick()
+        work(agent, concurrency=1, max_seconds=10)
+    assert [(r["run_id"], r["status"]) for r in history(agent, "once")] == [(ran["run_id"], "succeeded")]
