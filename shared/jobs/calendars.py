@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, timezone
+from functools import lru_cache
 from zoneinfo import ZoneInfo
 
 UTC = timezone.utc
@@ -29,9 +31,9 @@ ON_EXCLUDED_POLICIES = ("skip", "next")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _DAYS = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
 _DAY_NAMES = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
-# How far ON_EXCLUDED=next looks for an allowed time, and how many calendar pieces it steps over.
+# How far ON_EXCLUDED=next looks for an allowed time: beyond it, there is none (the slot is
+# recorded skipped, `no allowed time within a year`).
 MOVE_HORIZON = timedelta(days=366)
-_MAX_STEPS = 2000
 # At most this many dates or ranges, and weekly windows, in one calendar (a job row carries it).
 MAX_DATE_ITEMS = 2000
 MAX_WEEKLY_ITEMS = 100
@@ -65,55 +67,51 @@ class Calendar:
     # -- what it holds
 
     def contains(self, instant: datetime, zone: ZoneInfo) -> bool:
-        return self._piece_end(instant, zone) is not None
+        """Whether ``instant`` is in one of this calendar's pieces: its local date in one of the
+        dates, its local time in one of the weekly windows, or it in one of the timed events."""
+        moment = _naive_utc(instant)
+        starts, ends = self._pieces(zone, moment.year)
+        index = bisect_right(starts, moment) - 1
+        return index >= 0 and moment < ends[index]
 
-    def _piece_end(self, instant: datetime, zone: ZoneInfo) -> datetime | None:
-        """When the piece of this calendar that holds ``instant`` ends (the first instant after
-        it), or None when no piece holds it."""
-        wall = instant.astimezone(zone).replace(tzinfo=None)
-        day, second = wall.date(), wall.hour * 3600 + wall.minute * 60 + wall.second
-        ends = []
+    def _pieces(self, zone: ZoneInfo, year: int) -> tuple[list[datetime], list[datetime]]:
+        """The instants this calendar holds from a few days before ``year`` to a few days after
+        the next one, as sorted, merged [start, end) ranges (naive UTC): the starts and the ends.
+        Computed once per calendar, zone and year (the planner asks for every slot)."""
+        memo = self.__dict__.get("_memo")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_memo", memo)
+        key = (zone, _span_year(year))
+        found = memo.get(key)
+        if found is None:
+            if len(memo) >= 8:
+                memo.clear()
+            found = memo[key] = _merged(self._ranges(zone, key[1]))
+        return found
+
+    def _ranges(self, zone: ZoneInfo, year: int) -> list[tuple[datetime, datetime]]:
+        low, high = _span(year)
+        segments = _segments(zone, year)
+        ranges: list[tuple[datetime, datetime]] = []
+        first_day, last_day = low.date() - timedelta(days=2), high.date() + timedelta(days=2)
         for first, last in self.dates:
-            if first <= day <= last:
-                ends.append(_instant(datetime.combine(last, time()) + timedelta(days=1), zone))
-        weekday = day.isoweekday() % 7
-        for window in self.weekly:
-            if window.end > window.start:
-                if weekday in window.days and window.start <= second < window.end:
-                    ends.append(_instant(datetime.combine(day, time()) + timedelta(seconds=window.end), zone))
-            else:       # into the next day
-                if weekday in window.days and second >= window.start:
-                    ends.append(_instant(datetime.combine(day, time()) + timedelta(days=1, seconds=window.end), zone))
-                elif (weekday - 1) % 7 in window.days and second < window.end:
-                    ends.append(_instant(datetime.combine(day, time()) + timedelta(seconds=window.end), zone))
+            if last < first_day or first > last_day:
+                continue
+            ranges += _local_range(datetime.combine(max(first, first_day), time()),
+                                   datetime.combine(min(last, last_day) + timedelta(days=1), time()), segments)
+        by_day = _weekly_by_day(self.weekly)
+        day = first_day
+        while day <= last_day:
+            midnight = datetime.combine(day, time())
+            for start, end in by_day[day.isoweekday() % 7]:
+                ranges += _local_range(midnight + timedelta(seconds=start), midnight + timedelta(seconds=end), segments)
+            day += timedelta(days=1)
         for start, end in self.events:
-            if start > instant:
-                break
-            if instant < end:
-                ends.append(end)
-        later = [end for end in ends if end > instant]
-        return max(later) if later else None
-
-    def _next_start(self, instant: datetime, zone: ZoneInfo) -> datetime | None:
-        """The first instant at or after ``instant`` that this calendar holds (None: none within
-        MOVE_HORIZON)."""
-        if self.contains(instant, zone):
-            return instant
-        wall = instant.astimezone(zone).replace(tzinfo=None)
-        starts = []
-        for first, _last in self.dates:
-            if first > wall.date():
-                starts.append(_instant(datetime.combine(first, time()), zone))
-        for offset in range(8):
-            day = wall.date() + timedelta(days=offset)
-            for window in self.weekly:
-                if day.isoweekday() % 7 in window.days:
-                    moment = _instant(datetime.combine(day, time()) + timedelta(seconds=window.start), zone)
-                    if moment >= instant:
-                        starts.append(moment)
-        starts += [start for start, _end in self.events if start >= instant][:1]
-        found = min(starts, default=None)
-        return found if found is not None and found - instant <= MOVE_HORIZON else None
+            start, end = _naive_utc(start), _naive_utc(end)
+            if end > low and start < high:
+                ranges.append((start, end))
+        return ranges
 
     # -- JSON (a job row's `calendars` column)
 
@@ -167,24 +165,48 @@ class CalendarRules:
 
     def next_allowed(self, instant: datetime, zone: ZoneInfo) -> datetime | None:
         """The first instant at or after ``instant`` that no EXCLUDE calendar holds and some ONLY
-        calendar does (None: none within MOVE_HORIZON)."""
-        moment = instant
-        for _ in range(_MAX_STEPS):
-            moved = False
-            for calendar in self.exclude:
-                end = calendar._piece_end(moment, zone)
-                if end is not None:
-                    moment, moved = end, True
-            if self.only and not any(calendar.contains(moment, zone) for calendar in self.only):
-                starts = [start for start in (c._next_start(moment, zone) for c in self.only) if start is not None]
-                if not starts:
-                    return None
-                moment, moved = min(starts), True
-            if moment - instant > MOVE_HORIZON:
+        calendar does (None: none within MOVE_HORIZON). Bounded: the calendars' pieces are
+        merged once per zone and year (sorted ranges), and the walk jumps from piece to piece
+        with a binary search, at most once per piece."""
+        moment = _naive_utc(instant)
+        limit = moment + MOVE_HORIZON
+        excluded, only = self._merged_pieces(zone, moment.year)
+        ex_starts, ex_ends = excluded
+        for _ in range(len(ex_starts) + 2):
+            if only is not None:
+                only_starts, only_ends = only
+                index = bisect_right(only_starts, moment) - 1
+                if index < 0 or moment >= only_ends[index]:
+                    if index + 1 >= len(only_starts):
+                        return None
+                    moment = only_starts[index + 1]
+            if moment > limit:
                 return None
-            if not moved:
-                return moment
+            index = bisect_right(ex_starts, moment) - 1
+            if index >= 0 and moment < ex_ends[index]:
+                moment = ex_ends[index]          # past this excluded piece (an ONLY piece is checked again)
+                continue
+            return moment.replace(tzinfo=UTC)
         return None
+
+    def _merged_pieces(self, zone: ZoneInfo, year: int):
+        """(the EXCLUDE calendars' pieces merged, the ONLY calendars' merged or None), once per
+        zone and year."""
+        memo = self.__dict__.get("_memo")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_memo", memo)
+        key = (zone, _span_year(year))
+        found = memo.get(key)
+        if found is None:
+            if len(memo) >= 8:
+                memo.clear()
+            excluded = _merged([piece for calendar in self.exclude
+                                for piece in zip(*calendar._pieces(zone, key[1]))])
+            only = _merged([piece for calendar in self.only
+                            for piece in zip(*calendar._pieces(zone, key[1]))]) if self.only else None
+            found = memo[key] = (excluded, only)
+        return found
 
     def as_json(self) -> str:
         return json.dumps({"exclude": [c.as_json() for c in self.exclude], "only": [c.as_json() for c in self.only],
@@ -214,10 +236,106 @@ def _clock(seconds: int) -> str:
     return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}"
 
 
-def _instant(wall: datetime, zone: ZoneInfo) -> datetime:
-    """A wall time in ``zone`` as an instant (a time a daylight-saving jump skips: the same offset
-    after it, as slots do)."""
-    return wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+def _naive_utc(instant: datetime) -> datetime:
+    return instant.astimezone(UTC).replace(tzinfo=None) if instant.tzinfo else instant
+
+
+def _span_year(year: int) -> int:
+    # the first and last years have no room for the span (an instant there is in no piece)
+    return min(max(year, 2), 9996)
+
+
+def _span(year: int) -> tuple[datetime, datetime]:
+    """The instants (naive UTC) whose pieces a calendar computes for ``year``: from a few days
+    before it to a few days after the next year, so [instant, instant + MOVE_HORIZON] of any
+    instant of ``year`` lies within."""
+    return datetime(year, 1, 1) - timedelta(days=3), datetime(year + 2, 1, 1) + timedelta(days=3)
+
+
+@lru_cache(maxsize=64)
+def _segments(zone: ZoneInfo, year: int) -> tuple[list[datetime], list[timedelta]]:
+    """The zone's UTC offsets over the span of ``year`` (and 3 days either side): the instants
+    (naive UTC) each offset starts at, and the offsets. Sampled every 6 hours, each change found
+    to the second by bisection."""
+    low, high = _span(year)
+    low, high = low - timedelta(days=3), high + timedelta(days=3)
+
+    def offset(moment: datetime) -> timedelta:
+        return moment.replace(tzinfo=UTC).astimezone(zone).utcoffset() or timedelta(0)
+
+    starts, offsets = [datetime.min], [offset(low)]
+    step = timedelta(hours=6)
+    moment = low
+    while moment < high:
+        after = moment + step
+        if offset(after) != offsets[-1]:
+            a, b = moment, after                 # offset(a) is the current one, offset(b) not
+            while b - a > timedelta(seconds=1):
+                middle = a + (b - a) / 2
+                middle = middle.replace(microsecond=0)
+                if middle <= a:
+                    break
+                if offset(middle) == offsets[-1]:
+                    a = middle
+                else:
+                    b = middle
+            starts.append(b)
+            offsets.append(offset(b))
+        moment = after
+    return starts, offsets
+
+
+def _local_range(first: datetime, end: datetime, segments) -> list[tuple[datetime, datetime]]:
+    """The instants (naive UTC) whose local time is in [first, end) (naive local times): for each
+    stretch of one UTC offset, the range [first, end) at that offset, within the stretch. A local
+    time a daylight-saving jump skips exists in no stretch: a range starting in the gap starts at
+    the first instant after it; a local time repeated when the clocks go back is held twice
+    (both passes)."""
+    starts, offsets = segments
+    out = []
+    index = max(bisect_right(starts, first - timedelta(hours=30)) - 1, 0)
+    while index < len(starts) and starts[index] < end + timedelta(hours=30):
+        stretch_end = starts[index + 1] if index + 1 < len(starts) else datetime.max
+        low = max(first - offsets[index], starts[index])
+        high = min(end - offsets[index], stretch_end)
+        if low < high:
+            out.append((low, high))
+        index += 1
+    return out
+
+
+def _weekly_by_day(weekly: tuple[WeeklyWindow, ...]) -> list[list[tuple[int, int]]]:
+    """Each weekday's windows (0 = Sunday) as merged (start, end) seconds from its midnight (an
+    end past 86400: into the next day)."""
+    by_day: list[list[tuple[int, int]]] = [[] for _ in range(7)]
+    for window in weekly:
+        end = window.end if window.end > window.start else 86400 + window.end
+        for day in window.days:
+            by_day[day].append((window.start, end))
+    merged = []
+    for pieces in by_day:
+        out: list[tuple[int, int]] = []
+        for start, end in sorted(pieces):
+            if out and start <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], end))
+            else:
+                out.append((start, end))
+        merged.append(out)
+    return merged
+
+
+def _merged(ranges) -> tuple[list[datetime], list[datetime]]:
+    """Ranges sorted and merged (touching ones too): (starts, ends)."""
+    starts: list[datetime] = []
+    ends: list[datetime] = []
+    for start, end in sorted(ranges):
+        if ends and start <= ends[-1]:
+            if end > ends[-1]:
+                ends[-1] = end
+        else:
+            starts.append(start)
+            ends.append(end)
+    return starts, ends
 
 
 # ---------------------------------------------------------------- settings
