@@ -17,7 +17,9 @@ claim and the views read them with the job.
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, timezone
@@ -39,6 +41,15 @@ MAX_DATE_ITEMS = 2000
 MAX_WEEKLY_ITEMS = 100
 MAX_EVENTS = 5000
 MAX_ICS_BYTES = 5 * 1024 * 1024
+# An iCalendar file's expansion: at most this many rules (RRULE, EXRULE) an event, and steps of
+# work (_WorkBudget: about half a microsecond each) for the whole file: to walk its rules first,
+# from their DTSTART to past the window (a DTSTART long before it, or a rule that rarely or
+# never matches, walks long), then to expand them with their occurrences (that walk again, and
+# a few hundred steps an occurrence). A bomb is stopped within a few seconds, once: the answer
+# is kept while the file is unchanged.
+MAX_RULES_PER_EVENT = 10
+ICS_RULE_BUDGET = 3_000_000
+ICS_WORK_BUDGET = 2_500_000
 # The recurring events of an iCalendar file are expanded from the start of last year to the end
 # of the year after next (read again whenever the settings are).
 ICS_YEARS_BACK, ICS_YEARS_AHEAD = 1, 2
@@ -289,8 +300,8 @@ def _local_range(first: datetime, end: datetime, segments) -> list[tuple[datetim
     """The instants (naive UTC) whose local time is in [first, end) (naive local times): for each
     stretch of one UTC offset, the range [first, end) at that offset, within the stretch. A local
     time a daylight-saving jump skips exists in no stretch: a range starting in the gap starts at
-    the first instant after it; a local time repeated when the clocks go back is held twice
-    (both passes)."""
+    the first instant after it (one wholly in the gap is moved forward by the gap); a local time
+    repeated when the clocks go back is held twice (both passes)."""
     starts, offsets = segments
     out = []
     index = max(bisect_right(starts, first - timedelta(hours=30)) - 1, 0)
@@ -301,6 +312,14 @@ def _local_range(first: datetime, end: datetime, segments) -> list[tuple[datetim
         if low < high:
             out.append((low, high))
         index += 1
+    if not out and first < end:
+        # A range wholly inside a gap (SUN 01:15-01:45 in London the day the clocks go forward):
+        # moved forward by the gap, as cron moves a time that does not exist, so it is not lost.
+        for index in range(1, len(starts)):
+            before, after, jump = offsets[index - 1], offsets[index], starts[index]
+            if after > before and first - before >= jump and end - after <= jump:
+                out.append((first - before, end - before))
+                break
     return out
 
 
@@ -462,9 +481,40 @@ def read_ics(path: str, today: date) -> tuple[tuple[tuple[date, date], ...], tup
     their end excluded) and [start, end) instants (timed events; a time without a zone is UTC),
     recurring ones (RRULE, RDATE, EXDATE) expanded from the start of last year to the end of the
     year after next; cancelled events are left out. ``path``: a file, absolute or relative to the
-    current directory (the function app's root). ValueError says what is wrong."""
+    current directory (the function app's root). ValueError says what is wrong.
+
+    Bounded whatever the file holds: at most MAX_ICS_BYTES read, MAX_EVENTS events, RDATE and
+    EXDATE values, MAX_RULES_PER_EVENT rules an event, and ICS_WORK_BUDGET steps of work to
+    expand them (a rule expands from its DTSTART, however long before the window, and one that
+    rarely or never matches walks on past it). The answer (or the refusal) is kept while the file
+    is unchanged: the settings are read at every tick."""
     if not path:
         raise ValueError("expected the path of an iCalendar (.ics) file")
+    try:
+        status = os.stat(path)
+    except OSError as exc:
+        raise ValueError(f"the file cannot be read ({exc.strerror or exc}); expected the path of an iCalendar "
+                         "file, absolute or relative to the app's root") from None
+    key = (os.path.abspath(path), status.st_mtime_ns, status.st_size, status.st_ino, today.year)
+    found = _ICS_READ.get(key)
+    if found is None:
+        try:
+            found = _read_ics(path, today)
+        except ValueError as exc:
+            found = exc
+        if len(_ICS_READ) >= 32:
+            _ICS_READ.clear()
+        _ICS_READ[key] = found
+    if isinstance(found, ValueError):
+        raise ValueError(str(found))
+    return found
+
+
+# read_ics's answers (or refusals), by file (path, modification time, size) and year.
+_ICS_READ: dict[tuple, object] = {}
+
+
+def _read_ics(path: str, today: date):
     try:
         with open(path, "rb") as handle:
             data = handle.read(MAX_ICS_BYTES + 1)
@@ -482,20 +532,29 @@ def read_ics(path: str, today: date) -> tuple[tuple[tuple[date, date], ...], tup
     import icalendar
     import recurring_ical_events
 
+    start = date(today.year - ICS_YEARS_BACK, 1, 1)
+    end = date(today.year + ICS_YEARS_AHEAD + 1, 1, 1)
+    expected = (f"expected at most {MAX_EVENTS} events from {start} to {end} (recurring events starting near that "
+                "window: a rule is expanded from its DTSTART)")
     try:
         calendar = icalendar.Calendar.from_ical(text)
-        start = date(today.year - ICS_YEARS_BACK, 1, 1)
-        end = date(today.year + ICS_YEARS_AHEAD + 1, 1, 1)
-        # Counted before they are expanded: an RRULE every second for four years would be
-        # expanded whole (recurring-ical-events expands a window at once).
-        estimate = sum(_most_occurrences(event.get("RRULE"), end - start) for event in calendar.walk("VEVENT"))
-        if estimate > MAX_EVENTS:
-            raise _TooMany()
-        occurrences = list(recurring_ical_events.of(calendar).between(start, end))
+        events = calendar.walk("VEVENT")
+        _check_sizes(events, expected)
+        with _WorkBudget(ICS_RULE_BUDGET) as walked:
+            _check_rules(events, start, end)
+        # The expansion walks the same rules again, and does more for each occurrence.
+        with _WorkBudget(2 * walked.steps + ICS_WORK_BUDGET):
+            occurrences = list(recurring_ical_events.of(calendar).between(start, end))
         if len(occurrences) > MAX_EVENTS:
-            raise _TooMany()
-    except _TooMany:
-        raise ValueError(f"more than {MAX_EVENTS} events from {start} to {end}: expected at most {MAX_EVENTS}") from None
+            raise _Refused(f"more than {MAX_EVENTS} events from {start} to {end}: expected at most {MAX_EVENTS}")
+    except _TooMuchWork as exc:
+        raise ValueError(f"expanding its recurring events takes more than {exc.args[0]} steps (a rule with a "
+                         f"DTSTART long before {start}, more occurrences than that, or one that rarely or never "
+                         f"matches): {expected}") from None
+    except ValueError as exc:
+        if isinstance(exc, _Refused):
+            raise ValueError(str(exc)) from None
+        raise ValueError(f"not an iCalendar file that can be read ({type(exc).__name__})") from None
     except Exception as exc:   # the libraries' many parse errors: one message
         # Not the library's text: it quotes the file's lines, and this message reaches the job's
         # config_error (jobs, the monitor): a path pointing at another file must not show it.
@@ -523,29 +582,125 @@ def read_ics(path: str, today: date) -> tuple[tuple[tuple[date, date], ...], tup
     return tuple(sorted(set(dates))), tuple(sorted(set(events)))
 
 
-class _TooMany(Exception):
-    """An iCalendar file with more events than MAX_EVENTS in its window."""
+class _Refused(ValueError):
+    """A file refused for its size (its message says which limit and what is expected)."""
 
 
-_FREQ_SECONDS = {"SECONDLY": 1, "MINUTELY": 60, "HOURLY": 3600, "DAILY": 86400, "WEEKLY": 7 * 86400,
-                 "MONTHLY": 28 * 86400, "YEARLY": 365 * 86400}
-_BY_PARTS = ("BYSECOND", "BYMINUTE", "BYHOUR", "BYDAY", "BYMONTHDAY", "BYYEARDAY", "BYWEEKNO", "BYMONTH")
+def _check_sizes(events, expected: str) -> None:
+    """The counts a file's expansion grows with, checked before it is expanded: events, RDATE and
+    EXDATE values, rules an event."""
+    count = rdates = exdates = 0
+    for event in events:
+        count += 1
+        if count > MAX_EVENTS:
+            raise _Refused(f"more than {MAX_EVENTS} events (VEVENT): {expected}")
+        for name in ("RRULE", "EXRULE"):
+            rules = event.get(name)
+            if isinstance(rules, list) and len(rules) > MAX_RULES_PER_EVENT:
+                raise _Refused(f"an event with {len(rules)} {name} lines: expected at most {MAX_RULES_PER_EVENT}")
+        for name in ("RDATE", "EXDATE"):
+            value = event.get(name)
+            values = sum(len(getattr(one, "dts", ()) or ()) for one in (value if isinstance(value, list) else [value])
+                         if one is not None)
+            if name == "RDATE":
+                rdates += values
+            else:
+                exdates += values
+        if rdates > MAX_EVENTS:
+            raise _Refused(f"more than {MAX_EVENTS} RDATE values: {expected}")
+        if exdates > MAX_EVENTS:
+            raise _Refused(f"more than {MAX_EVENTS} EXDATE values: expected at most {MAX_EVENTS}")
 
 
-def _most_occurrences(rule, window: timedelta) -> int:
-    """At most how many occurrences an event's RRULE has in ``window`` (1 without one): its
-    frequency and interval over the window (or its COUNT), times every BY list's length."""
-    if rule is None:
-        return 1
-    rules = rule if isinstance(rule, list) else [rule]
+def _check_rules(events, start: date, end: date) -> None:
+    """Each event's RRULE walked as the expansion will walk it (from its DTSTART to past the
+    window), counting the occurrences in the window: more than MAX_EVENTS in all refused (run
+    within a _WorkBudget: a walk too long is stopped). Only dateutil's walk, without the
+    libraries' work for each occurrence, so a bomb is found for a fraction of the cost of
+    expanding it."""
+    from dateutil.rrule import rrulestr
+    from icalendar import vRecur
+
+    low, high = datetime.combine(start, time()) - timedelta(days=1), datetime.combine(end, time()) + timedelta(days=1)
     total = 0
-    for one in rules:
-        freq = str((one.get("FREQ") or ["YEARLY"])[0]).upper()
-        interval = max(int((one.get("INTERVAL") or [1])[0]), 1)
-        count = window.total_seconds() // (_FREQ_SECONDS.get(freq, 1) * interval) + 1
-        if one.get("COUNT"):
-            count = min(count, int(one["COUNT"][0]))
-        for part in _BY_PARTS:
-            count *= max(len(one.get(part) or []), 1)
-        total += int(count)
-    return total
+    for event in events:
+        first = event.get("DTSTART")
+        rules = event.get("RRULE")
+        if first is None or rules is None:
+            continue
+        first = first.dt
+        if not isinstance(first, datetime):
+            first = datetime.combine(first, time())
+        first = first.replace(tzinfo=None)          # its wall time: the walk is the same
+        for rule in rules if isinstance(rules, list) else [rules]:
+            text = vRecur({k: v for k, v in rule.items() if k.upper() != "UNTIL"}).to_ical().decode()
+            walk = rrulestr(text, dtstart=first)
+            until = (rule.get("UNTIL") or [None])[0]
+            if until is not None:
+                if not isinstance(until, datetime):
+                    until = datetime.combine(until, time()) + timedelta(days=1)
+                elif until.tzinfo is not None:
+                    until = until.astimezone(UTC).replace(tzinfo=None) + timedelta(days=1)
+                walk = walk.replace(until=until)
+            for moment in walk:
+                if moment > high:
+                    break
+                if moment >= low:
+                    total += 1
+                    if total > MAX_EVENTS:
+                        raise _Refused(f"more than {MAX_EVENTS} events from {start} to {end}: expected at most "
+                                       f"{MAX_EVENTS}")
+
+
+class _TooMuchWork(BaseException):
+    """An iCalendar file whose expansion takes more than ICS_WORK_BUDGET steps. Not an Exception:
+    no ``except Exception`` of the libraries holds it back."""
+
+
+class _WorkBudget:
+    """Counts the steps of the work it wraps and stops it past ``limit`` (_TooMuchWork): a step
+    is a Python function call or a generator resumed, in this thread (sys.settrace, which sees
+    every one of them; the expansion runs in Python, and each of its loops calls a function or
+    resumes a generator every time round). A tracer already set (a debugger, coverage) is kept:
+    it sees every call as before. The bound is on work, not on time, so it holds on any
+    machine."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.steps = 0
+        self.previous = None
+
+    def __call__(self, frame, event, arg):
+        self.steps += _STEP_WEIGHTS.get(frame.f_code, 1)
+        if self.steps > self.limit:
+            raise _TooMuchWork(self.limit)
+        return self.previous(frame, event, arg) if self.previous is not None else None
+
+    def __enter__(self):
+        if not _STEP_WEIGHTS:
+            _STEP_WEIGHTS.update(_step_weights())
+        self.previous = sys.gettrace()
+        sys.settrace(self)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(self.previous)
+        return False
+
+
+# Steps weighted by their work (measured: about 0.2 to 0.5 microseconds a step, traced): a call
+# that walks a whole period of a rule counts the days dateutil looks at (a year, a month, a week
+# of a YEARLY, MONTHLY, WEEKLY rule; a day, and its times, of the others), an occurrence of a
+# rule (its walk resumed) a few.
+_STEP_WEIGHTS: dict = {}
+
+
+def _step_weights() -> dict:
+    from dateutil import rrule
+
+    info = getattr(rrule, "_iterinfo", None)
+    weights = {getattr(info, name, None): weight
+               for name, weight in (("ydayset", 366), ("mdayset", 31), ("wdayset", 21), ("ddayset", 10))}
+    weights[getattr(rrule.rrule, "_iter", None)] = 4
+    return {function.__code__: weight for function, weight in weights.items() if hasattr(function, "__code__")} \
+        or {None: 1}
