@@ -81,29 +81,30 @@ class Calendar:
         """Whether ``instant`` is in one of this calendar's pieces: its local date in one of the
         dates, its local time in one of the weekly windows, or it in one of the timed events."""
         moment = _naive_utc(instant)
-        starts, ends = self._pieces(zone, moment.year)
+        starts, ends = self._pieces(zone, _month(moment))
         index = bisect_right(starts, moment) - 1
         return index >= 0 and moment < ends[index]
 
-    def _pieces(self, zone: ZoneInfo, year: int) -> tuple[list[datetime], list[datetime]]:
-        """The instants this calendar holds from a few days before ``year`` to a few days after
-        the next one, as sorted, merged [start, end) ranges (naive UTC): the starts and the ends.
-        Computed once per calendar, zone and year (the planner asks for every slot)."""
+    def _pieces(self, zone: ZoneInfo, month: int) -> tuple[list[datetime], list[datetime]]:
+        """The instants this calendar holds from a few days before ``month`` (_month) to a few
+        days after it, as sorted, merged [start, end) ranges (naive UTC): the starts and the
+        ends (a piece that runs on past the span may end early, after the span's end). Computed
+        once per calendar, zone and month (the planner asks for every slot)."""
         memo = self.__dict__.get("_memo")
         if memo is None:
             memo = {}
             object.__setattr__(self, "_memo", memo)
-        key = (zone, _span_year(year))
+        key = (zone, month)
         found = memo.get(key)
         if found is None:
-            if len(memo) >= 8:
+            if len(memo) >= _MEMO_SIZE:
                 memo.clear()
-            found = memo[key] = _merged(self._ranges(zone, key[1]))
+            found = memo[key] = _merged(self._ranges(zone, month))
         return found
 
-    def _ranges(self, zone: ZoneInfo, year: int) -> list[tuple[datetime, datetime]]:
-        low, high = _span(year)
-        segments = _segments(zone, year)
+    def _ranges(self, zone: ZoneInfo, month: int) -> list[tuple[datetime, datetime]]:
+        low, high = _span(month)
+        segments = _segments(zone, month)
         ranges: list[tuple[datetime, datetime]] = []
         first_day, last_day = low.date() - timedelta(days=2), high.date() + timedelta(days=2)
         for first, last in self.dates:
@@ -177,45 +178,50 @@ class CalendarRules:
     def next_allowed(self, instant: datetime, zone: ZoneInfo) -> datetime | None:
         """The first instant at or after ``instant`` that no EXCLUDE calendar holds and some ONLY
         calendar does (None: none within MOVE_HORIZON). Bounded: the calendars' pieces are
-        merged once per zone and year (sorted ranges), and the walk jumps from piece to piece
-        with a binary search, at most once per piece."""
+        merged once per zone and month (sorted ranges), and the walk jumps from piece to piece
+        with a binary search, at most once per piece, through at most the 14 months of the
+        horizon."""
         moment = _naive_utc(instant)
         limit = moment + MOVE_HORIZON
-        excluded, only = self._merged_pieces(zone, moment.year)
-        ex_starts, ex_ends = excluded
-        for _ in range(len(ex_starts) + 2):
-            if only is not None:
-                only_starts, only_ends = only
-                index = bisect_right(only_starts, moment) - 1
-                if index < 0 or moment >= only_ends[index]:
-                    if index + 1 >= len(only_starts):
-                        return None
-                    moment = only_starts[index + 1]
-            if moment > limit:
+        month = _month(moment)
+        for _ in range(15):
+            (ex_starts, ex_ends), only = self._merged_pieces(zone, month)
+            month_end = _month_start(month + 1)
+            for _ in range(len(ex_starts) + (len(only[0]) if only else 0) + 2):
+                if only is not None:
+                    only_starts, only_ends = only
+                    index = bisect_right(only_starts, moment) - 1
+                    if index < 0 or moment >= only_ends[index]:
+                        moment = only_starts[index + 1] if index + 1 < len(only_starts) else month_end
+                if moment > limit:
+                    return None
+                if moment >= month_end:
+                    break                       # on in the next month's pieces
+                index = bisect_right(ex_starts, moment) - 1
+                if index >= 0 and moment < ex_ends[index]:
+                    moment = ex_ends[index]      # past this excluded piece (an ONLY piece is checked again)
+                    continue
+                return moment.replace(tzinfo=UTC)
+            month = max(month + 1, _month(moment))
+            if month > _MAX_MONTH:
                 return None
-            index = bisect_right(ex_starts, moment) - 1
-            if index >= 0 and moment < ex_ends[index]:
-                moment = ex_ends[index]          # past this excluded piece (an ONLY piece is checked again)
-                continue
-            return moment.replace(tzinfo=UTC)
         return None
 
-    def _merged_pieces(self, zone: ZoneInfo, year: int):
+    def _merged_pieces(self, zone: ZoneInfo, month: int):
         """(the EXCLUDE calendars' pieces merged, the ONLY calendars' merged or None), once per
-        zone and year."""
+        zone and month."""
         memo = self.__dict__.get("_memo")
         if memo is None:
             memo = {}
             object.__setattr__(self, "_memo", memo)
-        key = (zone, _span_year(year))
+        key = (zone, month)
         found = memo.get(key)
         if found is None:
-            if len(memo) >= 8:
+            if len(memo) >= _MEMO_SIZE:
                 memo.clear()
-            excluded = _merged([piece for calendar in self.exclude
-                                for piece in zip(*calendar._pieces(zone, key[1]))])
+            excluded = _merged([piece for calendar in self.exclude for piece in zip(*calendar._pieces(zone, month))])
             only = _merged([piece for calendar in self.only
-                            for piece in zip(*calendar._pieces(zone, key[1]))]) if self.only else None
+                            for piece in zip(*calendar._pieces(zone, month))]) if self.only else None
             found = memo[key] = (excluded, only)
         return found
 
@@ -251,24 +257,32 @@ def _naive_utc(instant: datetime) -> datetime:
     return instant.astimezone(UTC).replace(tzinfo=None) if instant.tzinfo else instant
 
 
-def _span_year(year: int) -> int:
-    # the first and last years have no room for the span (an instant there is in no piece)
-    return min(max(year, 2), 9996)
+# Months as a number (year * 12 + month - 1); the first and last two years have no room for the
+# span of a month (an instant there is in no piece).
+_MIN_MONTH, _MAX_MONTH = 2 * 12, 9997 * 12 + 11
+_MEMO_SIZE = 48
 
 
-def _span(year: int) -> tuple[datetime, datetime]:
-    """The instants (naive UTC) whose pieces a calendar computes for ``year``: from a few days
-    before it to a few days after the next year, so [instant, instant + MOVE_HORIZON] of any
-    instant of ``year`` lies within."""
-    return datetime(year, 1, 1) - timedelta(days=3), datetime(year + 2, 1, 1) + timedelta(days=3)
+def _month(moment: datetime) -> int:
+    return min(max(moment.year * 12 + moment.month - 1, _MIN_MONTH), _MAX_MONTH)
 
 
-@lru_cache(maxsize=64)
-def _segments(zone: ZoneInfo, year: int) -> tuple[list[datetime], list[timedelta]]:
-    """The zone's UTC offsets over the span of ``year`` (and 3 days either side): the instants
+def _month_start(month: int) -> datetime:
+    return datetime(month // 12, month % 12 + 1, 1)
+
+
+def _span(month: int) -> tuple[datetime, datetime]:
+    """The instants (naive UTC) whose pieces a calendar computes for ``month``: the month and a
+    few days either side (local dates and times are up to a day off UTC)."""
+    return _month_start(month) - timedelta(days=3), _month_start(month + 1) + timedelta(days=3)
+
+
+@lru_cache(maxsize=256)
+def _segments(zone: ZoneInfo, month: int) -> tuple[list[datetime], list[timedelta]]:
+    """The zone's UTC offsets over the span of ``month`` (and 3 days either side): the instants
     (naive UTC) each offset starts at, and the offsets. Sampled every 6 hours, each change found
     to the second by bisection."""
-    low, high = _span(year)
+    low, high = _span(month)
     low, high = low - timedelta(days=3), high + timedelta(days=3)
 
     def offset(moment: datetime) -> timedelta:
