@@ -40,6 +40,9 @@ MOVE_HORIZON = timedelta(days=366)
 MAX_DATE_ITEMS = 2000
 MAX_WEEKLY_ITEMS = 100
 MAX_EVENTS = 5000
+# At most this many calendars a job's EXCLUDE, and its ONLY, names (each is merged with the others
+# for every month a slot is decided in).
+MAX_CALENDARS_PER_JOB = 20
 MAX_ICS_BYTES = 5 * 1024 * 1024
 # An iCalendar file's expansion: at most this many rules (RRULE, EXRULE) an event, and steps of
 # work (_WorkBudget: about half a microsecond each) for the whole file: to walk its rules first,
@@ -48,7 +51,7 @@ MAX_ICS_BYTES = 5 * 1024 * 1024
 # a few hundred steps an occurrence). A bomb is stopped within a few seconds, once: the answer
 # is kept while the file is unchanged.
 MAX_RULES_PER_EVENT = 10
-ICS_RULE_BUDGET = 3_000_000
+ICS_RULE_BUDGET = 2_000_000
 ICS_WORK_BUDGET = 2_500_000
 # The recurring events of an iCalendar file are expanded from the start of last year to the end
 # of the year after next (read again whenever the settings are).
