@@ -10,8 +10,16 @@ A calendar is defined in settings::
 Dates and windows are read in the time zone of the job that uses the calendar (a holiday is a
 local date). A weekly window's start is included and its end is not; an end at or before the
 start runs into the next day (FRI 22:00-06:00 is Friday 22:00 to Saturday 06:00); a day without
-times is the whole day. Pure: no database; a job row carries its calendars whole (JSON), so the
-claim and the views read them with the job.
+times is the whole day. An instant is in a window when its local time is: around a daylight-saving
+change, a window starting in the gap starts at the first instant after it (SUN 01:30-03:00 in
+London on the last Sunday of March: 02:00 BST), one wholly in the gap is moved forward by the gap
+(as cron moves a time that does not exist), and a local time the clocks repeat is held in both
+passes; a date likewise holds the instants whose local date it is. Pure: no database; a job row
+carries its calendars whole (JSON), so the claim and the views read them with the job.
+
+Bounded work: a calendar's pieces are computed once per zone and month as sorted, merged ranges
+(a slot's check is a binary search; the next allowed time jumps piece to piece and looks at most
+MOVE_HORIZON ahead), and an iCalendar file is read within budgets (read_ics).
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ MAX_RULES_PER_EVENT = 10
 ICS_RULE_BUDGET = 2_000_000
 ICS_WORK_BUDGET = 2_500_000
 # The recurring events of an iCalendar file are expanded from the start of last year to the end
-# of the year after next (read again whenever the settings are).
+# of the year after next (read again when the file or the year changes).
 ICS_YEARS_BACK, ICS_YEARS_AHEAD = 1, 2
 
 
@@ -500,11 +508,13 @@ def read_ics(path: str, today: date) -> tuple[tuple[tuple[date, date], ...], tup
     year after next; cancelled events are left out. ``path``: a file, absolute or relative to the
     current directory (the function app's root). ValueError says what is wrong.
 
-    Bounded whatever the file holds: at most MAX_ICS_BYTES read, MAX_EVENTS events, RDATE and
-    EXDATE values, MAX_RULES_PER_EVENT rules an event, and ICS_WORK_BUDGET steps of work to
-    expand them (a rule expands from its DTSTART, however long before the window, and one that
-    rarely or never matches walks on past it). The answer (or the refusal) is kept while the file
-    is unchanged: the settings are read at every tick."""
+    Bounded whatever the file holds: at most MAX_ICS_BYTES read; MAX_EVENTS events, RDATE and
+    EXDATE values, MAX_RULES_PER_EVENT rules an event, counted before anything is expanded; its
+    rules walked first (dateutil alone, within ICS_RULE_BUDGET steps of work, counting the
+    occurrences in the window), then expanded (within twice that walk and ICS_WORK_BUDGET): a
+    rule is walked from its DTSTART, however long before the window, and one that rarely or never
+    matches walks on past it. The answer (or the refusal) is kept while the file is unchanged:
+    the settings are read at every tick."""
     if not path:
         raise ValueError("expected the path of an iCalendar (.ics) file")
     try:
@@ -527,7 +537,7 @@ def read_ics(path: str, today: date) -> tuple[tuple[tuple[date, date], ...], tup
     return found
 
 
-# read_ics's answers (or refusals), by file (path, modification time, size) and year.
+# read_ics's answers (or refusals), by file (path, modification time, size, inode) and year.
 _ICS_READ: dict[tuple, object] = {}
 
 
@@ -565,9 +575,9 @@ def _read_ics(path: str, today: date):
         if len(occurrences) > MAX_EVENTS:
             raise _Refused(f"more than {MAX_EVENTS} events from {start} to {end}: expected at most {MAX_EVENTS}")
     except _TooMuchWork as exc:
-        raise ValueError(f"expanding its recurring events takes more than {exc.args[0]} steps (a rule with a "
-                         f"DTSTART long before {start}, more occurrences than that, or one that rarely or never "
-                         f"matches): {expected}") from None
+        raise ValueError(f"expanding its recurring events takes more than {exc.args[0]} steps of work (a rule is "
+                         f"walked from its DTSTART, however long before {start}, and one that rarely or never "
+                         f"matches walks on past the window): {expected}") from None
     except ValueError as exc:
         if isinstance(exc, _Refused):
             raise ValueError(str(exc)) from None
@@ -670,8 +680,8 @@ def _check_rules(events, start: date, end: date) -> None:
 
 
 class _TooMuchWork(BaseException):
-    """An iCalendar file whose expansion takes more than ICS_WORK_BUDGET steps. Not an Exception:
-    no ``except Exception`` of the libraries holds it back."""
+    """An iCalendar file whose expansion takes more steps than its budget (the first argument).
+    Not an Exception: no ``except Exception`` of the libraries holds it back."""
 
 
 class _WorkBudget:

@@ -267,6 +267,19 @@ def test_a_job_naming_too_many_calendars_is_refused_naming_the_setting():
     assert "(this names 21)" in text
 
 
+def test_a_database_job_naming_too_many_calendars_is_refused_naming_the_parameter():
+    from shared.engine.planning import calendar_verdict
+
+    defined = {f"c{k}": cal.Calendar(name=f"c{k}", dates=((date(2026, 12, 25), date(2026, 12, 25)),))
+               for k in range(cal.MAX_CALENDARS_PER_JOB + 1)}
+    names = ",".join(defined)
+    error, rules = calendar_verdict({"requested_exclude": names}, defined)
+    assert rules is None and error.startswith("agent.set_job_calendars @exclude_calendars='c0,c1,") and \
+        f"expected at most {cal.MAX_CALENDARS_PER_JOB} calendar names" in error, error
+    error, rules = calendar_verdict({"requested_only": names.rpartition(",")[0]}, defined)
+    assert error is None and len(CalendarRules.from_json(rules).only) == cal.MAX_CALENDARS_PER_JOB
+
+
 # ---------------------------------------------------------------- 3. daylight saving: gaps and repeated hours
 
 def held(zone: ZoneInfo, windows: list[tuple[int, int, int]], dates: set[date], moment: datetime) -> bool:
