@@ -125,7 +125,7 @@ def test_an_ics_bomb_is_refused_within_bounded_work_naming_the_setting_and_file(
     (error,) = parsed.invalid["bomb"]
     assert error.startswith(f"CALENDAR__bomb__ICS={str(path)!r}: ") and expected in error, error
     assert "expected at most" in error, error
-    assert elapsed < 10, elapsed                       # a backstop only: the bound is the count below
+    assert elapsed < 30, elapsed     # a backstop only (about 2 s on an idle machine): the bound is the count below
     # read again unchanged: the refusal is kept, no work
     with Calls() as again:
         assert parse_calendars(env, today=TODAY).invalid["bomb"] == (error,)
