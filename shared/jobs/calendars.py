@@ -564,6 +564,7 @@ def _read_ics(path: str, today: date):
     expected = (f"expected at most {MAX_EVENTS} events from {start} to {end} (recurring events starting near that "
                 "window: a rule is expanded from its DTSTART)")
     try:
+        _count_lines(text, expected)        # before the parse, which costs a few seconds a few MiB
         calendar = icalendar.Calendar.from_ical(text)
         events = calendar.walk("VEVENT")
         _check_sizes(events, expected)
@@ -611,6 +612,31 @@ def _read_ics(path: str, today: date):
 
 class _Refused(ValueError):
     """A file refused for its size (its message says which limit and what is expected)."""
+
+
+_LINE = re.compile(r"^(?:(BEGIN:VEVENT)|(RDATE|EXDATE)[;:]([^\r\n]*))", re.IGNORECASE | re.MULTILINE)
+
+
+def _count_lines(text: str, expected: str) -> None:
+    """The counts _check_sizes checks, from the file's lines (unfolded), before it is parsed: a
+    file far over them is refused without paying for the parse. _check_sizes, on the parsed
+    file, stays the exact check."""
+    events = rdates = exdates = 0
+    for match in _LINE.finditer(re.sub(r"\r?\n[ \t]", "", text)):
+        if match[1]:
+            events += 1
+            continue
+        values = match[3].rpartition(":")[2].count(",") + 1      # after the parameters, comma-separated
+        if match[2].upper() == "RDATE":
+            rdates += values
+        else:
+            exdates += values
+    if events > MAX_EVENTS:
+        raise _Refused(f"more than {MAX_EVENTS} events (VEVENT): {expected}")
+    if rdates > MAX_EVENTS:
+        raise _Refused(f"more than {MAX_EVENTS} RDATE values: {expected}")
+    if exdates > MAX_EVENTS:
+        raise _Refused(f"more than {MAX_EVENTS} EXDATE values: expected at most {MAX_EVENTS}")
 
 
 def _check_sizes(events, expected: str) -> None:

@@ -137,6 +137,23 @@ def test_an_ics_bomb_is_refused_within_bounded_work_naming_the_setting_and_file(
         assert calls.count <= MOST_CALLS, (calls.count, MOST_CALLS)
 
 
+def test_the_counts_are_checked_on_the_parsed_file_too():
+    """The lines are counted before the parse (cheap); the parsed events are counted again, exactly:
+    a folded RDATE line over the limit is refused by both, one under it by neither."""
+    import icalendar
+
+    folded = ics(timed("20260101T000000Z", None, "RDATE:" + utc_list(datetime(2026, 1, 1, tzinfo=UTC), 5001,
+                                                                     timedelta(hours=1)).replace(",", ",\r\n ", 50) + "\r\n"))
+    with pytest.raises(ValueError, match="more than 5000 RDATE values"):
+        cal._count_lines(folded, "expected ...")
+    with pytest.raises(ValueError, match="more than 5000 RDATE values"):
+        cal._check_sizes(icalendar.Calendar.from_ical(folded).walk("VEVENT"), "expected ...")
+    fine = ics(timed("20260101T000000Z", None, "RDATE:" + utc_list(datetime(2026, 1, 1, tzinfo=UTC), 4999,
+                                                                   timedelta(hours=1)) + "\r\n"))
+    cal._count_lines(fine, "expected ...")
+    cal._check_sizes(icalendar.Calendar.from_ical(fine).walk("VEVENT"), "expected ...")
+
+
 def test_the_work_budget_stops_a_walk_that_never_yields_and_keeps_the_tracer_before_it():
     from dateutil.rrule import rrulestr
 
