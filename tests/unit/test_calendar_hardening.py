@@ -403,11 +403,12 @@ def test_an_only_window_starting_in_the_spring_gap_starts_when_the_gap_ends():
     assert rules.next_allowed(datetime(2026, 3, 28, 12, tzinfo=UTC), LONDON) == datetime(2026, 3, 29, 1, 15, tzinfo=UTC)
     assert rules.why_excluded(datetime(2026, 3, 29, 1, 44, tzinfo=UTC), LONDON) is None
     assert rules.why_excluded(datetime(2026, 3, 29, 1, 45, tzinfo=UTC), LONDON) is not None
-    # (the old walk stepped 2,000 times on the same instant and answered None: the week's run lost)
-    rules = rules_of({"CALENDAR__w__WEEKLY": "SUN 02:10-02:50"}, (), ("w",))
-    assert rules.next_allowed(datetime(2026, 3, 7, 12, tzinfo=UTC), ny) == datetime(2026, 3, 8, 7, 10, tzinfo=UTC)
     # the week after: the window as usual (01:15 BST)
     assert rules.next_allowed(datetime(2026, 3, 30, tzinfo=UTC), LONDON) == datetime(2026, 4, 5, 0, 15, tzinfo=UTC)
+    # New York, wholly in its gap: 03:10 EDT (the old walk stepped 2,000 times on the same instant
+    # and answered None: the week's run lost)
+    in_gap = rules_of({"CALENDAR__w__WEEKLY": "SUN 02:10-02:50"}, (), ("w",))
+    assert in_gap.next_allowed(datetime(2026, 3, 7, 12, tzinfo=UTC), ny) == datetime(2026, 3, 8, 7, 10, tzinfo=UTC)
 
 
 def test_a_window_in_the_repeated_hour_is_held_in_both_passes():
