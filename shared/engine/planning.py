@@ -31,7 +31,7 @@ from typing import Any
 
 from shared.control.store import Store
 from shared.errors import ConfigError
-from shared.jobs.calendars import Calendar, CalendarRules, parse_dates, parse_weekly
+from shared.jobs.calendars import MAX_CALENDARS_PER_JOB, Calendar, CalendarRules, parse_dates, parse_weekly
 from shared.jobs.from_settings import schedule_problem
 from shared.jobs.model import JOB_SETTING_PREFIX
 from shared.jobs.schedules import TIMEZONE_EXPECTED, parse_schedule, validate_timezone
@@ -149,6 +149,9 @@ def calendar_verdict(job: dict[str, Any], calendars: dict[str, Calendar | str]) 
                                        f"valid calendars: {name!r} is not ({entry})")), None
             if entry not in found:
                 found.append(entry)
+        if len(found) > MAX_CALENDARS_PER_JOB:
+            return str(ConfigError(f"{CALENDAR_PROCEDURE} {parameter}", raw[:200], f"at most {MAX_CALENDARS_PER_JOB} "
+                                   f"calendar names, comma-separated (this names {len(found)})")), None
         chosen[parameter] = tuple(found)
     rules = CalendarRules(exclude=chosen.get("@exclude_calendars", ()), only=chosen.get("@only_calendars", ()),
                           on_excluded=job.get("requested_on_excluded") or "skip")

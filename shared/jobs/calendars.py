@@ -10,16 +10,28 @@ A calendar is defined in settings::
 Dates and windows are read in the time zone of the job that uses the calendar (a holiday is a
 local date). A weekly window's start is included and its end is not; an end at or before the
 start runs into the next day (FRI 22:00-06:00 is Friday 22:00 to Saturday 06:00); a day without
-times is the whole day. Pure: no database; a job row carries its calendars whole (JSON), so the
-claim and the views read them with the job.
+times is the whole day. An instant is in a window when its local time is: around a daylight-saving
+change, a window starting in the gap starts at the first instant after it (SUN 01:30-03:00 in
+London on the last Sunday of March: 02:00 BST), one wholly in the gap is moved forward by the gap
+(as cron moves a time that does not exist), and a local time the clocks repeat is held in both
+passes; a date likewise holds the instants whose local date it is. Pure: no database; a job row
+carries its calendars whole (JSON), so the claim and the views read them with the job.
+
+Bounded work: a calendar's pieces are computed once per zone and month as sorted, merged ranges
+(a slot's check is a binary search; the next allowed time jumps piece to piece and looks at most
+MOVE_HORIZON ahead), and an iCalendar file is read within budgets (read_ics).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, timezone
+from functools import lru_cache
 from zoneinfo import ZoneInfo
 
 UTC = timezone.utc
@@ -29,16 +41,28 @@ ON_EXCLUDED_POLICIES = ("skip", "next")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _DAYS = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
 _DAY_NAMES = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
-# How far ON_EXCLUDED=next looks for an allowed time, and how many calendar pieces it steps over.
+# How far ON_EXCLUDED=next looks for an allowed time: beyond it, there is none (the slot is
+# recorded skipped, `no allowed time within a year`).
 MOVE_HORIZON = timedelta(days=366)
-_MAX_STEPS = 2000
 # At most this many dates or ranges, and weekly windows, in one calendar (a job row carries it).
 MAX_DATE_ITEMS = 2000
 MAX_WEEKLY_ITEMS = 100
 MAX_EVENTS = 5000
+# At most this many calendars a job's EXCLUDE, and its ONLY, names (each is merged with the others
+# for every month a slot is decided in).
+MAX_CALENDARS_PER_JOB = 20
 MAX_ICS_BYTES = 5 * 1024 * 1024
+# An iCalendar file's expansion: at most this many rules (RRULE, EXRULE) an event, and steps of
+# work (_WorkBudget: about half a microsecond each) for the whole file: to walk its rules first,
+# from their DTSTART to past the window (a DTSTART long before it, or a rule that rarely or
+# never matches, walks long), then to expand them with their occurrences (that walk again, and
+# a few hundred steps an occurrence). A bomb is stopped within a few seconds, once: the answer
+# is kept while the file is unchanged.
+MAX_RULES_PER_EVENT = 10
+ICS_RULE_BUDGET = 2_000_000
+ICS_WORK_BUDGET = 2_500_000
 # The recurring events of an iCalendar file are expanded from the start of last year to the end
-# of the year after next (read again whenever the settings are).
+# of the year after next (read again when the file or the year changes).
 ICS_YEARS_BACK, ICS_YEARS_AHEAD = 1, 2
 
 
@@ -65,55 +89,52 @@ class Calendar:
     # -- what it holds
 
     def contains(self, instant: datetime, zone: ZoneInfo) -> bool:
-        return self._piece_end(instant, zone) is not None
+        """Whether ``instant`` is in one of this calendar's pieces: its local date in one of the
+        dates, its local time in one of the weekly windows, or it in one of the timed events."""
+        moment = _naive_utc(instant)
+        starts, ends = self._pieces(zone, _month(moment))
+        index = bisect_right(starts, moment) - 1
+        return index >= 0 and moment < ends[index]
 
-    def _piece_end(self, instant: datetime, zone: ZoneInfo) -> datetime | None:
-        """When the piece of this calendar that holds ``instant`` ends (the first instant after
-        it), or None when no piece holds it."""
-        wall = instant.astimezone(zone).replace(tzinfo=None)
-        day, second = wall.date(), wall.hour * 3600 + wall.minute * 60 + wall.second
-        ends = []
+    def _pieces(self, zone: ZoneInfo, month: int) -> tuple[list[datetime], list[datetime]]:
+        """The instants this calendar holds from a few days before ``month`` (_month) to a few
+        days after it, as sorted, merged [start, end) ranges (naive UTC): the starts and the
+        ends (a piece that runs on past the span may end early, after the span's end). Computed
+        once per calendar, zone and month (the planner asks for every slot)."""
+        memo = self.__dict__.get("_memo")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_memo", memo)
+        key = (zone, month)
+        found = memo.get(key)
+        if found is None:
+            if len(memo) >= _MEMO_SIZE:
+                memo.clear()
+            found = memo[key] = _merged(self._ranges(zone, month))
+        return found
+
+    def _ranges(self, zone: ZoneInfo, month: int) -> list[tuple[datetime, datetime]]:
+        low, high = _span(month)
+        segments = _segments(zone, month)
+        ranges: list[tuple[datetime, datetime]] = []
+        first_day, last_day = low.date() - timedelta(days=2), high.date() + timedelta(days=2)
         for first, last in self.dates:
-            if first <= day <= last:
-                ends.append(_instant(datetime.combine(last, time()) + timedelta(days=1), zone))
-        weekday = day.isoweekday() % 7
-        for window in self.weekly:
-            if window.end > window.start:
-                if weekday in window.days and window.start <= second < window.end:
-                    ends.append(_instant(datetime.combine(day, time()) + timedelta(seconds=window.end), zone))
-            else:       # into the next day
-                if weekday in window.days and second >= window.start:
-                    ends.append(_instant(datetime.combine(day, time()) + timedelta(days=1, seconds=window.end), zone))
-                elif (weekday - 1) % 7 in window.days and second < window.end:
-                    ends.append(_instant(datetime.combine(day, time()) + timedelta(seconds=window.end), zone))
+            if last < first_day or first > last_day:
+                continue
+            ranges += _local_range(datetime.combine(max(first, first_day), time()),
+                                   datetime.combine(min(last, last_day) + timedelta(days=1), time()), segments)
+        by_day = _weekly_by_day(self.weekly)
+        day = first_day
+        while day <= last_day:
+            midnight = datetime.combine(day, time())
+            for start, end in by_day[day.isoweekday() % 7]:
+                ranges += _local_range(midnight + timedelta(seconds=start), midnight + timedelta(seconds=end), segments)
+            day += timedelta(days=1)
         for start, end in self.events:
-            if start > instant:
-                break
-            if instant < end:
-                ends.append(end)
-        later = [end for end in ends if end > instant]
-        return max(later) if later else None
-
-    def _next_start(self, instant: datetime, zone: ZoneInfo) -> datetime | None:
-        """The first instant at or after ``instant`` that this calendar holds (None: none within
-        MOVE_HORIZON)."""
-        if self.contains(instant, zone):
-            return instant
-        wall = instant.astimezone(zone).replace(tzinfo=None)
-        starts = []
-        for first, _last in self.dates:
-            if first > wall.date():
-                starts.append(_instant(datetime.combine(first, time()), zone))
-        for offset in range(8):
-            day = wall.date() + timedelta(days=offset)
-            for window in self.weekly:
-                if day.isoweekday() % 7 in window.days:
-                    moment = _instant(datetime.combine(day, time()) + timedelta(seconds=window.start), zone)
-                    if moment >= instant:
-                        starts.append(moment)
-        starts += [start for start, _end in self.events if start >= instant][:1]
-        found = min(starts, default=None)
-        return found if found is not None and found - instant <= MOVE_HORIZON else None
+            start, end = _naive_utc(start), _naive_utc(end)
+            if end > low and start < high:
+                ranges.append((start, end))
+        return ranges
 
     # -- JSON (a job row's `calendars` column)
 
@@ -167,24 +188,53 @@ class CalendarRules:
 
     def next_allowed(self, instant: datetime, zone: ZoneInfo) -> datetime | None:
         """The first instant at or after ``instant`` that no EXCLUDE calendar holds and some ONLY
-        calendar does (None: none within MOVE_HORIZON)."""
-        moment = instant
-        for _ in range(_MAX_STEPS):
-            moved = False
-            for calendar in self.exclude:
-                end = calendar._piece_end(moment, zone)
-                if end is not None:
-                    moment, moved = end, True
-            if self.only and not any(calendar.contains(moment, zone) for calendar in self.only):
-                starts = [start for start in (c._next_start(moment, zone) for c in self.only) if start is not None]
-                if not starts:
+        calendar does (None: none within MOVE_HORIZON). Bounded: the calendars' pieces are
+        merged once per zone and month (sorted ranges), and the walk jumps from piece to piece
+        with a binary search, at most once per piece, through at most the 14 months of the
+        horizon."""
+        moment = _naive_utc(instant)
+        limit = moment + MOVE_HORIZON
+        month = _month(moment)
+        for _ in range(15):
+            (ex_starts, ex_ends), only = self._merged_pieces(zone, month)
+            month_end = _month_start(month + 1)
+            for _ in range(len(ex_starts) + (len(only[0]) if only else 0) + 2):
+                if only is not None:
+                    only_starts, only_ends = only
+                    index = bisect_right(only_starts, moment) - 1
+                    if index < 0 or moment >= only_ends[index]:
+                        moment = only_starts[index + 1] if index + 1 < len(only_starts) else month_end
+                if moment > limit:
                     return None
-                moment, moved = min(starts), True
-            if moment - instant > MOVE_HORIZON:
+                if moment >= month_end:
+                    break                       # on in the next month's pieces
+                index = bisect_right(ex_starts, moment) - 1
+                if index >= 0 and moment < ex_ends[index]:
+                    moment = ex_ends[index]      # past this excluded piece (an ONLY piece is checked again)
+                    continue
+                return moment.replace(tzinfo=UTC)
+            month = max(month + 1, _month(moment))
+            if month > _MAX_MONTH:
                 return None
-            if not moved:
-                return moment
         return None
+
+    def _merged_pieces(self, zone: ZoneInfo, month: int):
+        """(the EXCLUDE calendars' pieces merged, the ONLY calendars' merged or None), once per
+        zone and month."""
+        memo = self.__dict__.get("_memo")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_memo", memo)
+        key = (zone, month)
+        found = memo.get(key)
+        if found is None:
+            if len(memo) >= _MEMO_SIZE:
+                memo.clear()
+            excluded = _merged([piece for calendar in self.exclude for piece in zip(*calendar._pieces(zone, month))])
+            only = _merged([piece for calendar in self.only
+                            for piece in zip(*calendar._pieces(zone, month))]) if self.only else None
+            found = memo[key] = (excluded, only)
+        return found
 
     def as_json(self) -> str:
         return json.dumps({"exclude": [c.as_json() for c in self.exclude], "only": [c.as_json() for c in self.only],
@@ -214,10 +264,122 @@ def _clock(seconds: int) -> str:
     return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}"
 
 
-def _instant(wall: datetime, zone: ZoneInfo) -> datetime:
-    """A wall time in ``zone`` as an instant (a time a daylight-saving jump skips: the same offset
-    after it, as slots do)."""
-    return wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+def _naive_utc(instant: datetime) -> datetime:
+    return instant.astimezone(UTC).replace(tzinfo=None) if instant.tzinfo else instant
+
+
+# Months as a number (year * 12 + month - 1); the first and last two years have no room for the
+# span of a month (an instant there is in no piece).
+_MIN_MONTH, _MAX_MONTH = 2 * 12, 9997 * 12 + 11
+_MEMO_SIZE = 48
+
+
+def _month(moment: datetime) -> int:
+    return min(max(moment.year * 12 + moment.month - 1, _MIN_MONTH), _MAX_MONTH)
+
+
+def _month_start(month: int) -> datetime:
+    return datetime(month // 12, month % 12 + 1, 1)
+
+
+def _span(month: int) -> tuple[datetime, datetime]:
+    """The instants (naive UTC) whose pieces a calendar computes for ``month``: the month and a
+    few days either side (local dates and times are up to a day off UTC)."""
+    return _month_start(month) - timedelta(days=3), _month_start(month + 1) + timedelta(days=3)
+
+
+@lru_cache(maxsize=256)
+def _segments(zone: ZoneInfo, month: int) -> tuple[list[datetime], list[timedelta]]:
+    """The zone's UTC offsets over the span of ``month`` (and 3 days either side): the instants
+    (naive UTC) each offset starts at, and the offsets. Sampled every 6 hours, each change found
+    to the second by bisection."""
+    low, high = _span(month)
+    low, high = low - timedelta(days=3), high + timedelta(days=3)
+
+    def offset(moment: datetime) -> timedelta:
+        return moment.replace(tzinfo=UTC).astimezone(zone).utcoffset() or timedelta(0)
+
+    starts, offsets = [datetime.min], [offset(low)]
+    step = timedelta(hours=6)
+    moment = low
+    while moment < high:
+        after = moment + step
+        if offset(after) != offsets[-1]:
+            a, b = moment, after                 # offset(a) is the current one, offset(b) not
+            while b - a > timedelta(seconds=1):
+                middle = a + (b - a) / 2
+                middle = middle.replace(microsecond=0)
+                if middle <= a:
+                    break
+                if offset(middle) == offsets[-1]:
+                    a = middle
+                else:
+                    b = middle
+            starts.append(b)
+            offsets.append(offset(b))
+        moment = after
+    return starts, offsets
+
+
+def _local_range(first: datetime, end: datetime, segments) -> list[tuple[datetime, datetime]]:
+    """The instants (naive UTC) whose local time is in [first, end) (naive local times): for each
+    stretch of one UTC offset, the range [first, end) at that offset, within the stretch. A local
+    time a daylight-saving jump skips exists in no stretch: a range starting in the gap starts at
+    the first instant after it (one wholly in the gap is moved forward by the gap); a local time
+    repeated when the clocks go back is held twice (both passes)."""
+    starts, offsets = segments
+    out = []
+    index = max(bisect_right(starts, first - timedelta(hours=30)) - 1, 0)
+    while index < len(starts) and starts[index] < end + timedelta(hours=30):
+        stretch_end = starts[index + 1] if index + 1 < len(starts) else datetime.max
+        low = max(first - offsets[index], starts[index])
+        high = min(end - offsets[index], stretch_end)
+        if low < high:
+            out.append((low, high))
+        index += 1
+    if not out and first < end:
+        # A range wholly inside a gap (SUN 01:15-01:45 in London the day the clocks go forward):
+        # moved forward by the gap, as cron moves a time that does not exist, so it is not lost.
+        for index in range(1, len(starts)):
+            before, after, jump = offsets[index - 1], offsets[index], starts[index]
+            if after > before and first - before >= jump and end - after <= jump:
+                out.append((first - before, end - before))
+                break
+    return out
+
+
+def _weekly_by_day(weekly: tuple[WeeklyWindow, ...]) -> list[list[tuple[int, int]]]:
+    """Each weekday's windows (0 = Sunday) as merged (start, end) seconds from its midnight (an
+    end past 86400: into the next day)."""
+    by_day: list[list[tuple[int, int]]] = [[] for _ in range(7)]
+    for window in weekly:
+        end = window.end if window.end > window.start else 86400 + window.end
+        for day in window.days:
+            by_day[day].append((window.start, end))
+    merged = []
+    for pieces in by_day:
+        out: list[tuple[int, int]] = []
+        for start, end in sorted(pieces):
+            if out and start <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], end))
+            else:
+                out.append((start, end))
+        merged.append(out)
+    return merged
+
+
+def _merged(ranges) -> tuple[list[datetime], list[datetime]]:
+    """Ranges sorted and merged (touching ones too): (starts, ends)."""
+    starts: list[datetime] = []
+    ends: list[datetime] = []
+    for start, end in sorted(ranges):
+        if ends and start <= ends[-1]:
+            if end > ends[-1]:
+                ends[-1] = end
+        else:
+            starts.append(start)
+            ends.append(end)
+    return starts, ends
 
 
 # ---------------------------------------------------------------- settings
@@ -344,9 +506,42 @@ def read_ics(path: str, today: date) -> tuple[tuple[tuple[date, date], ...], tup
     their end excluded) and [start, end) instants (timed events; a time without a zone is UTC),
     recurring ones (RRULE, RDATE, EXDATE) expanded from the start of last year to the end of the
     year after next; cancelled events are left out. ``path``: a file, absolute or relative to the
-    current directory (the function app's root). ValueError says what is wrong."""
+    current directory (the function app's root). ValueError says what is wrong.
+
+    Bounded whatever the file holds: at most MAX_ICS_BYTES read; MAX_EVENTS events, RDATE and
+    EXDATE values, MAX_RULES_PER_EVENT rules an event, counted before anything is expanded; its
+    rules walked first (dateutil alone, within ICS_RULE_BUDGET steps of work, counting the
+    occurrences in the window), then expanded (within twice that walk and ICS_WORK_BUDGET): a
+    rule is walked from its DTSTART, however long before the window, and one that rarely or never
+    matches walks on past it. The answer (or the refusal) is kept while the file is unchanged:
+    the settings are read at every tick."""
     if not path:
         raise ValueError("expected the path of an iCalendar (.ics) file")
+    try:
+        status = os.stat(path)
+    except OSError as exc:
+        raise ValueError(f"the file cannot be read ({exc.strerror or exc}); expected the path of an iCalendar "
+                         "file, absolute or relative to the app's root") from None
+    key = (os.path.abspath(path), status.st_mtime_ns, status.st_size, status.st_ino, today.year)
+    found = _ICS_READ.get(key)
+    if found is None:
+        try:
+            found = _read_ics(path, today)
+        except ValueError as exc:
+            found = exc
+        if len(_ICS_READ) >= 32:
+            _ICS_READ.clear()
+        _ICS_READ[key] = found
+    if isinstance(found, ValueError):
+        raise ValueError(str(found))
+    return found
+
+
+# read_ics's answers (or refusals), by file (path, modification time, size, inode) and year.
+_ICS_READ: dict[tuple, object] = {}
+
+
+def _read_ics(path: str, today: date):
     try:
         with open(path, "rb") as handle:
             data = handle.read(MAX_ICS_BYTES + 1)
@@ -364,20 +559,30 @@ def read_ics(path: str, today: date) -> tuple[tuple[tuple[date, date], ...], tup
     import icalendar
     import recurring_ical_events
 
+    start = date(today.year - ICS_YEARS_BACK, 1, 1)
+    end = date(today.year + ICS_YEARS_AHEAD + 1, 1, 1)
+    expected = (f"expected at most {MAX_EVENTS} events from {start} to {end} (recurring events starting near that "
+                "window: a rule is expanded from its DTSTART)")
     try:
+        _count_lines(text, expected)        # before the parse, which costs a few seconds a few MiB
         calendar = icalendar.Calendar.from_ical(text)
-        start = date(today.year - ICS_YEARS_BACK, 1, 1)
-        end = date(today.year + ICS_YEARS_AHEAD + 1, 1, 1)
-        # Counted before they are expanded: an RRULE every second for four years would be
-        # expanded whole (recurring-ical-events expands a window at once).
-        estimate = sum(_most_occurrences(event.get("RRULE"), end - start) for event in calendar.walk("VEVENT"))
-        if estimate > MAX_EVENTS:
-            raise _TooMany()
-        occurrences = list(recurring_ical_events.of(calendar).between(start, end))
+        events = calendar.walk("VEVENT")
+        _check_sizes(events, expected)
+        with _WorkBudget(ICS_RULE_BUDGET) as walked:
+            _check_rules(events, start, end)
+        # The expansion walks the same rules again, and does more for each occurrence.
+        with _WorkBudget(2 * walked.steps + ICS_WORK_BUDGET):
+            occurrences = list(recurring_ical_events.of(calendar).between(start, end))
         if len(occurrences) > MAX_EVENTS:
-            raise _TooMany()
-    except _TooMany:
-        raise ValueError(f"more than {MAX_EVENTS} events from {start} to {end}: expected at most {MAX_EVENTS}") from None
+            raise _Refused(f"more than {MAX_EVENTS} events from {start} to {end}: expected at most {MAX_EVENTS}")
+    except _TooMuchWork as exc:
+        raise ValueError(f"expanding its recurring events takes more than {exc.args[0]} steps of work (a rule is "
+                         f"walked from its DTSTART, however long before {start}, and one that rarely or never "
+                         f"matches walks on past the window): {expected}") from None
+    except ValueError as exc:
+        if isinstance(exc, _Refused):
+            raise ValueError(str(exc)) from None
+        raise ValueError(f"not an iCalendar file that can be read ({type(exc).__name__})") from None
     except Exception as exc:   # the libraries' many parse errors: one message
         # Not the library's text: it quotes the file's lines, and this message reaches the job's
         # config_error (jobs, the monitor): a path pointing at another file must not show it.
@@ -405,29 +610,150 @@ def read_ics(path: str, today: date) -> tuple[tuple[tuple[date, date], ...], tup
     return tuple(sorted(set(dates))), tuple(sorted(set(events)))
 
 
-class _TooMany(Exception):
-    """An iCalendar file with more events than MAX_EVENTS in its window."""
+class _Refused(ValueError):
+    """A file refused for its size (its message says which limit and what is expected)."""
 
 
-_FREQ_SECONDS = {"SECONDLY": 1, "MINUTELY": 60, "HOURLY": 3600, "DAILY": 86400, "WEEKLY": 7 * 86400,
-                 "MONTHLY": 28 * 86400, "YEARLY": 365 * 86400}
-_BY_PARTS = ("BYSECOND", "BYMINUTE", "BYHOUR", "BYDAY", "BYMONTHDAY", "BYYEARDAY", "BYWEEKNO", "BYMONTH")
+_LINE = re.compile(r"^(?:(BEGIN:VEVENT)|(RDATE|EXDATE)[;:]([^\r\n]*))", re.IGNORECASE | re.MULTILINE)
 
 
-def _most_occurrences(rule, window: timedelta) -> int:
-    """At most how many occurrences an event's RRULE has in ``window`` (1 without one): its
-    frequency and interval over the window (or its COUNT), times every BY list's length."""
-    if rule is None:
-        return 1
-    rules = rule if isinstance(rule, list) else [rule]
+def _count_lines(text: str, expected: str) -> None:
+    """The counts _check_sizes checks, from the file's lines (unfolded), before it is parsed: a
+    file far over them is refused without paying for the parse. _check_sizes, on the parsed
+    file, stays the exact check."""
+    events = rdates = exdates = 0
+    for match in _LINE.finditer(re.sub(r"\r?\n[ \t]", "", text)):
+        if match[1]:
+            events += 1
+            continue
+        values = match[3].rpartition(":")[2].count(",") + 1      # after the parameters, comma-separated
+        if match[2].upper() == "RDATE":
+            rdates += values
+        else:
+            exdates += values
+    if events > MAX_EVENTS:
+        raise _Refused(f"more than {MAX_EVENTS} events (VEVENT): {expected}")
+    if rdates > MAX_EVENTS:
+        raise _Refused(f"more than {MAX_EVENTS} RDATE values: {expected}")
+    if exdates > MAX_EVENTS:
+        raise _Refused(f"more than {MAX_EVENTS} EXDATE values: expected at most {MAX_EVENTS}")
+
+
+def _check_sizes(events, expected: str) -> None:
+    """The counts a file's expansion grows with, checked before it is expanded: events, RDATE and
+    EXDATE values, rules an event."""
+    count = rdates = exdates = 0
+    for event in events:
+        count += 1
+        if count > MAX_EVENTS:
+            raise _Refused(f"more than {MAX_EVENTS} events (VEVENT): {expected}")
+        for name in ("RRULE", "EXRULE"):
+            rules = event.get(name)
+            if isinstance(rules, list) and len(rules) > MAX_RULES_PER_EVENT:
+                raise _Refused(f"an event with {len(rules)} {name} lines: expected at most {MAX_RULES_PER_EVENT}")
+        for name in ("RDATE", "EXDATE"):
+            value = event.get(name)
+            values = sum(len(getattr(one, "dts", ()) or ()) for one in (value if isinstance(value, list) else [value])
+                         if one is not None)
+            if name == "RDATE":
+                rdates += values
+            else:
+                exdates += values
+        if rdates > MAX_EVENTS:
+            raise _Refused(f"more than {MAX_EVENTS} RDATE values: {expected}")
+        if exdates > MAX_EVENTS:
+            raise _Refused(f"more than {MAX_EVENTS} EXDATE values: expected at most {MAX_EVENTS}")
+
+
+def _check_rules(events, start: date, end: date) -> None:
+    """Each event's RRULE walked as the expansion will walk it (from its DTSTART to past the
+    window), counting the occurrences in the window: more than MAX_EVENTS in all refused (run
+    within a _WorkBudget: a walk too long is stopped). Only dateutil's walk, without the
+    libraries' work for each occurrence, so a bomb is found for a fraction of the cost of
+    expanding it."""
+    from dateutil.rrule import rrulestr
+    from icalendar import vRecur
+
+    low, high = datetime.combine(start, time()) - timedelta(days=1), datetime.combine(end, time()) + timedelta(days=1)
     total = 0
-    for one in rules:
-        freq = str((one.get("FREQ") or ["YEARLY"])[0]).upper()
-        interval = max(int((one.get("INTERVAL") or [1])[0]), 1)
-        count = window.total_seconds() // (_FREQ_SECONDS.get(freq, 1) * interval) + 1
-        if one.get("COUNT"):
-            count = min(count, int(one["COUNT"][0]))
-        for part in _BY_PARTS:
-            count *= max(len(one.get(part) or []), 1)
-        total += int(count)
-    return total
+    for event in events:
+        first = event.get("DTSTART")
+        rules = event.get("RRULE")
+        if first is None or rules is None:
+            continue
+        first = first.dt
+        if not isinstance(first, datetime):
+            first = datetime.combine(first, time())
+        first = first.replace(tzinfo=None)          # its wall time: the walk is the same
+        for rule in rules if isinstance(rules, list) else [rules]:
+            text = vRecur({k: v for k, v in rule.items() if k.upper() != "UNTIL"}).to_ical().decode()
+            walk = rrulestr(text, dtstart=first)
+            until = (rule.get("UNTIL") or [None])[0]
+            if until is not None:
+                if not isinstance(until, datetime):
+                    until = datetime.combine(until, time()) + timedelta(days=1)
+                elif until.tzinfo is not None:
+                    until = until.astimezone(UTC).replace(tzinfo=None) + timedelta(days=1)
+                walk = walk.replace(until=until)
+            for moment in walk:
+                if moment > high:
+                    break
+                if moment >= low:
+                    total += 1
+                    if total > MAX_EVENTS:
+                        raise _Refused(f"more than {MAX_EVENTS} events from {start} to {end}: expected at most "
+                                       f"{MAX_EVENTS}")
+
+
+class _TooMuchWork(BaseException):
+    """An iCalendar file whose expansion takes more steps than its budget (the first argument).
+    Not an Exception: no ``except Exception`` of the libraries holds it back."""
+
+
+class _WorkBudget:
+    """Counts the steps of the work it wraps and stops it past ``limit`` (_TooMuchWork): a step
+    is a Python function call or a generator resumed, in this thread (sys.settrace, which sees
+    every one of them; the expansion runs in Python, and each of its loops calls a function or
+    resumes a generator every time round). A tracer already set (a debugger, coverage) is kept:
+    it sees every call as before. The bound is on work, not on time, so it holds on any
+    machine."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.steps = 0
+        self.previous = None
+
+    def __call__(self, frame, event, arg):
+        self.steps += _STEP_WEIGHTS.get(frame.f_code, 1)
+        if self.steps > self.limit:
+            raise _TooMuchWork(self.limit)
+        return self.previous(frame, event, arg) if self.previous is not None else None
+
+    def __enter__(self):
+        if not _STEP_WEIGHTS:
+            _STEP_WEIGHTS.update(_step_weights())
+        self.previous = sys.gettrace()
+        sys.settrace(self)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(self.previous)
+        return False
+
+
+# Steps weighted by their work (measured: about 0.2 to 0.5 microseconds a step, traced): a call
+# that walks a whole period of a rule counts the days dateutil looks at (a year, a month, a week
+# of a YEARLY, MONTHLY, WEEKLY rule; a day, and its times, of the others), an occurrence of a
+# rule (its walk resumed) a few.
+_STEP_WEIGHTS: dict = {}
+
+
+def _step_weights() -> dict:
+    from dateutil import rrule
+
+    info = getattr(rrule, "_iterinfo", None)
+    weights = {getattr(info, name, None): weight
+               for name, weight in (("ydayset", 366), ("mdayset", 31), ("wdayset", 21), ("ddayset", 10))}
+    weights[getattr(rrule.rrule, "_iter", None)] = 4
+    return {function.__code__: weight for function, weight in weights.items() if hasattr(function, "__code__")} \
+        or {None: 1}

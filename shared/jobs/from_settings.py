@@ -30,7 +30,8 @@ from shared.jobs.model import (
     JobDefinition,
     StepDefinition,
 )
-from shared.jobs.calendars import ON_EXCLUDED_POLICIES, Calendar, CalendarRules, CalendarSettings, parse_calendars
+from shared.jobs.calendars import (MAX_CALENDARS_PER_JOB, ON_EXCLUDED_POLICIES, Calendar, CalendarRules,
+                                   CalendarSettings, parse_calendars)
 from shared.jobs.params import MAX_PARAMS, NAME_EXPECTED, declarations_json, name_problem
 from shared.jobs.schedules import MAX_JITTER_SECONDS, TIMEZONE_EXPECTED, parse_schedule, validate_timezone
 from shared.jobs.steps import one_fleet_step, parse_steps
@@ -558,6 +559,12 @@ def _calendar_settings(given: dict[str, str], setting: Callable[[str], str], err
         if raw is None:
             continue
         names = [part.strip() for part in raw.split(",")]
+        distinct = {name.lower() for name in names}
+        if len(distinct) > MAX_CALENDARS_PER_JOB:
+            errors.append(str(ConfigError(setting(suffix), raw[:200], f"at most {MAX_CALENDARS_PER_JOB} calendar names, "
+                                          f"comma-separated (this names {len(distinct)})")))
+            chosen[suffix] = ()
+            continue
         found: list[Calendar] = []
         for part in names:
             folded = part.lower()
