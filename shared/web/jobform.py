@@ -172,7 +172,7 @@ def _form(state: FormState, pages: Any) -> str:
         attrs = f'name="{escape(spec.name)}" id="field-{escape(spec.name)}"'
         if errors.get(spec.name):
             attrs += f' aria-invalid="true" aria-describedby="error-{escape(spec.name)}"'
-        if spec.name == "sql":
+        if spec.name in ("sql", "steps"):
             # The newline after the opening tag: HTML drops the first one, which would eat a
             # command's own leading newline on every round trip.
             control = f"<textarea {attrs} rows=\"6\" cols=\"80\" spellcheck=\"false\">\n{escape(value)}</textarea>"
