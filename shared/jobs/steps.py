@@ -181,7 +181,8 @@ def step_settings_from_json(text: str, parameter: str) -> tuple[str | None, dict
         return str(ConfigError(parameter, shown, f"a JSON array of steps, e.g. [{{\"sql\": \"EXEC dbo.load\"}}, "
                                                  f"{{\"sql\": \"EXEC dbo.report\"}}] (not JSON: {exc})")), {}, names
     if not isinstance(document, list):
-        return str(ConfigError(parameter, shown, f"a JSON array of steps (found a JSON {_JSON_KINDS.get(type(document).__name__, 'value')})")), {}, names
+        kind = _JSON_KINDS.get(type(document).__name__, "value")
+        return str(ConfigError(parameter, shown, f"a JSON array of steps (found a JSON {kind})")), {}, names
     if len(document) > MAX_STEPS:
         return str(ConfigError(parameter, shown, f"at most {MAX_STEPS} steps (found {len(document)})")), {}, names
     values: dict[str, tuple[str, str]] = {}

@@ -312,3 +312,73 @@ def test_the_tsql_procedures_parse_check_the_owner_first_and_audit_both_outcomes
     assert "N'set-steps'" in wrapper and wrapper.rstrip().endswith("THROW;\n    END CATCH;\nEND")
     postgres = [m for m in load_migrations("postgres") if m.version == 28][0].path.read_text(encoding="utf-8")
     assert postgres.count("SECURITY DEFINER SET search_path = pg_catalog, pg_temp") == 2
+
+
+# ---------------------------------------------------------------- the monitor's job form
+
+from tests.integration.test_monitor import scenario  # noqa: E402,F401  (module-scoped: SQLite and PostgreSQL)
+from tests.integration.test_monitor_actions import Client, audit_rows, servers  # noqa: E402,F401
+from tests.integration.test_monitor_jobform import NIGHTLY, define_fields, is_sqlite, job_row  # noqa: E402
+
+
+def steps_typed(page: str) -> str:
+    match = re.search(r'<textarea name="steps"[^>]*>\n?(.*?)</textarea>', page, re.S)
+    assert match, page[:500]
+    import html
+
+    return html.unescape(match.group(1))
+
+
+def test_the_job_form_defines_a_job_with_steps_in_one_audited_define(scenario, servers):  # noqa: F811
+    client = Client(servers["operator"])
+    page = client.get("/define")[2]
+    assert steps_typed(page) == ""
+    before = len(audit_rows(scenario))
+    bad = '[{"sql": "SELECT 1", "on_success": "goto:5"}]'
+    status, _, page = client.post("define", {**define_fields(page), **NIGHTLY, "name": "web_steps", "steps": bad,
+                                             "intent": "save"})
+    assert status == 400, page
+    assert ("Steps (JSON) (@steps) = &#x27;[{&quot;sql&quot;: &quot;SELECT 1&quot;, &quot;on_success&quot;: "
+            "&quot;goto:5&quot;}]&#x27;: expected steps agent.set_job_steps accepts: @steps step 1 "
+            "on_success=&#x27;goto:5&#x27;: expected a goto to an existing step") in page, page
+    assert steps_typed(page) == bad                                   # what was typed is kept
+    rows = audit_rows(scenario)
+    assert len(rows) == before + 1 and (rows[0]["action"], rows[0]["outcome"]) == ("define", "refused")
+    # Steps and fleet targets: the targets field is refused, as JOB__<name>__TARGETS with steps is.
+    status, _, page = client.post("define", {**define_fields(page), **NIGHTLY, "name": "web_steps",
+                                             "steps": '[{"sql": "SELECT 1"}]', "targets": "db:tenant_*",
+                                             "intent": "save"})
+    assert status == 400 and "nothing for a job with steps: each step gives its own targets" in page, page
+
+    steps = json.dumps([{"sql": "SELECT 1", "on_failure": "goto:2"}, {"sql": "SELECT 2", "max_attempts": 1}])
+    before = len(audit_rows(scenario))
+    status, _, page = client.post("define", {**define_fields(page), **NIGHTLY, "name": "web_steps", "steps": steps,
+                                             "intent": "save"})
+    rows = audit_rows(scenario)
+    assert len(rows) == before + 1                                    # one row for the save, whatever it did
+    if is_sqlite(scenario):
+        assert status == 409 and "needs a PostgreSQL or SQL Server control database" in page, page
+        assert steps_typed(page) == steps and job_row(scenario, "web_steps") is None
+        return
+    assert status == 200, page
+    (row,) = rows[:1]
+    arguments = json.loads(row["arguments"]) if isinstance(row["arguments"], str) else row["arguments"]
+    assert (row["action"], row["outcome"], row["source"], row["job_name"]) == ("define", "done", "monitor", "web_steps")
+    assert arguments["steps"] == steps
+    assert job_row(scenario, "web_steps")["requested_steps"] == steps
+    assert steps_typed(page) == steps                                 # the edit form shows them
+    scenario.agent.tick(datetime.now(UTC))
+    defined = job_row(scenario, "web_steps")
+    assert defined["valid"] == 1, defined["config_error"]
+    stored = query(scenario.agent, "SELECT steps FROM agent.jobs WHERE job_name = 'web_steps'")[0][0]
+    assert [(s["step"], s["on_failure"], s["max_attempts"]) for s in json.loads(stored)] == [
+        (1, "goto:2", 3), (2, "quit_failure", 1)]
+    # An edit that empties the field clears the steps (what the form shows is what the job has).
+    page = client.get("/define?job=web_steps")[2]
+    assert steps_typed(page) == steps
+    status, _, page = client.post("define", {**define_fields(page), **NIGHTLY, "name": "web_steps", "steps": "",
+                                             "intent": "save"})
+    assert status == 200 and "redefined" in page, page
+    assert job_row(scenario, "web_steps")["requested_steps"] is None
+    scenario.agent.tick(datetime.now(UTC))
+    assert query(scenario.agent, "SELECT steps FROM agent.jobs WHERE job_name = 'web_steps'")[0][0] is None
