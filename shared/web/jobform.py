@@ -81,6 +81,7 @@ def handle_define(agent: Any, form: Mapping[str, str], target: str, owner: str, 
     now = agent.clock()
     definition, errors = parse_definition(values)
     errors += _server_errors(agent, values.get("targets") or "")
+    errors += _step_server_errors(agent, values.get("steps") or "")
     if errors:
         definition = None
     jobs = views.configured_jobs(store)
@@ -127,6 +128,23 @@ def _server_errors(agent: Any, targets: str) -> list[FieldError]:
         except ConfigError as exc:
             errors.append(FieldError("targets", targets, f"servers the deployer allowed (AGENT_FLEET_SERVERS): "
                                                          f"{server!r} is not one ({exc.expected})"))
+    return errors
+
+
+def _step_server_errors(agent: Any, steps: str) -> list[FieldError]:
+    """The servers the steps' targets name that the deployer did not allow: refused as the
+    steps field (parse_definition says what else is wrong with it)."""
+    import json
+
+    try:
+        document = json.loads(steps) if steps.strip() else []
+    except ValueError:
+        return []
+    errors = []
+    for step in document if isinstance(document, list) else []:
+        targets = step.get("targets") if isinstance(step, dict) else None
+        if isinstance(targets, str) and targets.strip():
+            errors += [FieldError("steps", steps, error.expected) for error in _server_errors(agent, targets)]
     return errors
 
 

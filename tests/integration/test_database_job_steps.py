@@ -382,3 +382,14 @@ def test_the_job_form_defines_a_job_with_steps_in_one_audited_define(scenario, s
     assert job_row(scenario, "web_steps")["requested_steps"] is None
     scenario.agent.tick(datetime.now(UTC))
     assert query(scenario.agent, "SELECT steps FROM agent.jobs WHERE job_name = 'web_steps'")[0][0] is None
+
+
+def test_the_job_form_refuses_a_steps_server_the_deployer_did_not_allow(scenario, servers):  # noqa: F811
+    client = Client(servers["operator"])
+    page = client.get("/define")[2]
+    steps = json.dumps([{"sql": "SELECT 1"}, {"sql": "SELECT 2", "targets": "db:app, server:127.0.0.1:1"}])
+    status, _, page = client.post("define", {**define_fields(page), **NIGHTLY, "name": "elsewhere_steps",
+                                             "steps": steps, "intent": "preview"})
+    assert status == 400, page
+    assert "Steps (JSON) (@steps)" in page and "servers the deployer allowed: &#x27;127.0.0.1:1&#x27; is not one" in page
+    assert "AGENT_FLEET_SERVERS" in page
