@@ -393,3 +393,29 @@ def test_the_job_form_refuses_a_steps_server_the_deployer_did_not_allow(scenario
     assert status == 400, page
     assert "Steps (JSON) (@steps)" in page and "servers the deployer allowed: &#x27;127.0.0.1:1&#x27; is not one" in page
     assert "AGENT_FLEET_SERVERS" in page
+
+
+def test_slots_claimed_ahead_with_the_old_steps_are_claimed_again_in_place_with_the_new(system):
+    """As a redefinition does: set_job_steps records the job's runs claimed ahead skipped (their
+    note says why); once planned, the claim takes each slot still to come back in place, the same
+    run with the new steps."""
+    agent, connection, _ = system
+    call(connection, "add_scheduled_job", name="often", sql="SELECT 1", schedule="*/5 * * * * *")
+    agent.tick(datetime.now(UTC))
+    ahead = query(agent, "SELECT run_id, scheduled_for FROM agent.runs WHERE job_name = 'often' AND status = 'pending' "
+                         "ORDER BY scheduled_for")
+    assert len(ahead) >= 2, ahead
+    steps = '[{"sql": "SELECT 1", "on_failure": "goto:2"}, {"sql": "SELECT 2"}]'
+    call(connection, "set_job_steps", job_name="often", steps=steps)
+    (changed_at,) = query(agent, "SELECT updated_at FROM agent.jobs WHERE job_name = 'often'")[0]
+    skipped = query(agent, "SELECT run_id, note FROM agent.runs WHERE job_name = 'often' AND status = 'skipped'")
+    assert {run_id for run_id, _ in skipped} == {run_id for run_id, _ in ahead}
+    assert {note for _, note in skipped} == {
+        "skipped: the job's steps were changed by agent.set_job_steps after this slot was claimed"}
+    agent.tick(datetime.now(UTC))
+    planned = job_steps(agent, "often")
+    assert planned is not None and [s["step"] for s in json.loads(planned)] == [1, 2]
+    again = query(agent, "SELECT run_id, steps FROM agent.runs WHERE job_name = 'often' AND status = 'pending'")
+    kept = {run_id for run_id, slot in ahead if slot > changed_at}
+    assert kept and kept <= {run_id for run_id, _ in again}
+    assert all(run_steps == planned for run_id, run_steps in again)

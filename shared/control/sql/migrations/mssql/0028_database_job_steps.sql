@@ -35,7 +35,7 @@ BEGIN
     IF REPLACE(REPLACE(REPLACE(REPLACE(REPLACE(@steps, N' ', N''), NCHAR(9), N''), NCHAR(10), N''), NCHAR(13), N''),
                NCHAR(160), N'') IN (N'', N'[]')
         SET @stored = NULL;
-    UPDATE agent.jobs SET requested_steps = @stored, needs_planning = 1, updated_at = @now
+    UPDATE agent.jobs SET requested_steps = @stored, needs_planning = 1, next_due_at = NULL, updated_at = @now
     WHERE job_name = @job_name AND configured = 1 AND defined_in_database = 1;
     IF @@ROWCOUNT = 0
     BEGIN
@@ -44,6 +44,13 @@ BEGIN
             + N'JOB__<name>__STEPS__<n>__*)';
         THROW 51404, @message, 1;
     END;
+    -- The slots claimed with the old steps (those a pause recorded skipped ahead included), as a
+    -- redefinition records them: claimed again in place with the new steps once planned.
+    UPDATE agent.runs SET status = N'skipped', finished_at = @now, lease_expires_at = NULL,
+        note = N'skipped: the job''s steps were changed by agent.set_job_steps after this slot was claimed'
+    WHERE job_name = @job_name AND kind = N'scheduled'
+      AND (status IN (N'pending', N'queued')
+           OR (status = N'skipped' AND note = N'paused' AND attempt = 0 AND scheduled_for >= @now));
     SELECT CAST(@job_name AS NVARCHAR(64)) AS job, @stored AS requested_steps;
 END
 GO

@@ -6,7 +6,8 @@
 -- (shared/jobs/steps.py) and writes agent.jobs.steps exactly as the settings sync writes the same
 -- steps, or makes that job alone invalid in words naming `agent.set_job_steps @steps`. A
 -- redefinition by agent.add_scheduled_job keeps them (as it keeps calendars and parameters); NULL
--- or '[]' clears them.
+-- or '[]' clears them. The slots claimed ahead with the old steps are recorded skipped, as a
+-- redefinition records them, and claimed again in place with the new ones.
 --
 -- Steps are SQL that runs as the job's owner: only its owner, a role that is a member of the
 -- owner's role, or a superuser may set them (anyone else may redefine the job with
@@ -38,7 +39,15 @@ BEGIN
             || ': expected the name of a job defined by agent.add_scheduled_job (a job of the settings takes '
             || 'JOB__<name>__STEPS__<n>__*)';
     END IF;
-    UPDATE agent.jobs AS j SET requested_steps = v_steps, needs_planning = 1, updated_at = v_now
+    -- The slots claimed with the old steps (those a pause recorded skipped ahead included), as a
+    -- redefinition by agent.add_scheduled_job records them: a claim under the steps now in force
+    -- takes each back in place (the same run, the new steps) once the engine has planned them.
+    UPDATE agent.runs AS r SET status = 'skipped', finished_at = v_now, lease_expires_at = NULL,
+        note = 'skipped: the job''s steps were changed by agent.set_job_steps after this slot was claimed'
+    WHERE r.job_name = set_job_steps_unaudited.job_name AND r.kind = 'scheduled'
+      AND (r.status IN ('pending', 'queued')
+           OR (r.status = 'skipped' AND r.note = 'paused' AND r.attempt = 0 AND r.scheduled_for >= v_now));
+    UPDATE agent.jobs AS j SET requested_steps = v_steps, needs_planning = 1, next_due_at = NULL, updated_at = v_now
     WHERE j.job_name = set_job_steps_unaudited.job_name;
     RETURN QUERY SELECT set_job_steps_unaudited.job_name, v_steps;
 END
