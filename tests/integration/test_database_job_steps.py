@@ -391,7 +391,7 @@ def test_the_job_form_refuses_a_steps_server_the_deployer_did_not_allow(scenario
     status, _, page = client.post("define", {**define_fields(page), **NIGHTLY, "name": "elsewhere_steps",
                                              "steps": steps, "intent": "preview"})
     assert status == 400, page
-    assert "Steps (JSON) (@steps)" in page and "servers the deployer allowed: &#x27;127.0.0.1:1&#x27; is not one" in page
+    assert "Steps (JSON) (@steps)" in page and "&#x27;127.0.0.1:1&#x27; is not one" in page, re.findall(r"<li>(.*?)</li>", page)
     assert "AGENT_FLEET_SERVERS" in page
 
 
