@@ -1002,7 +1002,7 @@ def _call_procedure(connection: Any, dialect: str, procedure: str, values: dict[
 # rights, and its audit row would not say who acted.
 
 # Where a procedure's refusal starts in the driver's message.
-_PROCEDURE_PREFIXES = ("agent.add_scheduled_job: ", "agent.remove_scheduled_job: ")
+_PROCEDURE_PREFIXES = ("agent.add_scheduled_job: ", "agent.remove_scheduled_job: ", "agent.set_job_steps: ")
 # agent.jobs.owner: its column size.
 MAX_OWNER_LENGTH = 256
 # The form's "new job" target (no job name: the one typed is checked by the procedure).
@@ -1056,10 +1056,15 @@ def define_job(store: Store, definition: Any, *, owner: str, now: datetime, acto
     """Define (``edit`` None: a new job, refused when one of the name is defined) or redefine
     (``edit``: the job's name, which must be a job defined in the database) a job with
     agent.add_scheduled_job's body, ``definition`` being a shared.jobs.definition.JobDefinition;
-    the job runs as ``owner``. One audit row 'define' (done, or refused with the reason)."""
+    the job runs as ``owner``; its steps (``definition.steps``, None: none) are set with
+    agent.set_job_steps's body in the same transaction. One audit row 'define' (done, or refused
+    with the reason)."""
     name = definition.name
     arguments = {key: value for key, value in definition.arguments().items()}
     arguments["owner"] = owner
+    steps = getattr(definition, "steps", None)
+    if steps is not None:
+        arguments["steps"] = steps
     if edit is not None:
         arguments["edit"] = edit
     with audited(store, actor, AuditAction.DEFINE, now=now, arguments=arguments, job_name=name) as audit:
@@ -1086,6 +1091,9 @@ def define_job(store: Store, definition: Any, *, owner: str, now: datetime, acto
             try:
                 row = store.execute("define_job", **definition.arguments()).one()
                 store.execute("set_job_owner", job_name=name, owner=owner[:MAX_OWNER_LENGTH])
+                # agent.set_job_steps's body (0028), for the job just made the principal's: the
+                # form's steps, or none (what the form shows is what the job has).
+                store.execute("set_job_steps", job_name=name, steps=steps)
             except Exception as exc:
                 refusal = _procedure_error(exc)
                 if refusal is None:

@@ -3,8 +3,9 @@
 A procedure cannot read NCRONTAB or an IANA time zone, so it stores the job with no next slot
 and ``needs_planning = 1``. The engine plans them: each tick, and between ticks each doorbell
 (Azure) or local-runner poll, finds them with one indexed query; Python validates each as it
-validates a job setting (the schedule parser and ``config.schedule_problem``, and a fleet job's
-``@targets`` with ``targets.parse_targets``, written as its one fleet step); ONE statement
+validates a job setting (the schedule parser and ``config.schedule_problem``, a fleet job's
+``@targets`` with ``targets.parse_targets``, written as its one fleet step, and the steps
+agent.set_job_steps requested with ``steps.parse_steps``, as JOB__<name>__STEPS__<n>__* are); ONE statement
 records every verdict and first slot, fenced on the definition it planned (updated_at,
 schedule, time zone, enabled), and at most one more records an event for each invalid job. The
 statement count is the same for 1 or 40 jobs. The first slot is the first after the moment the
@@ -35,7 +36,7 @@ from shared.jobs.calendars import MAX_CALENDARS_PER_JOB, Calendar, CalendarRules
 from shared.jobs.from_settings import schedule_problem
 from shared.jobs.model import JOB_SETTING_PREFIX
 from shared.jobs.schedules import TIMEZONE_EXPECTED, parse_schedule, validate_timezone
-from shared.jobs.steps import one_fleet_step
+from shared.jobs.steps import one_fleet_step, parse_steps_json
 from shared.jobs.targets import DEFAULT_PARALLELISM, describe_members, dialect_problem, parse_targets
 from shared.values import printable
 
@@ -77,6 +78,41 @@ def fleet_step(job: dict[str, Any], dialect: str) -> tuple[str | None, str | Non
                           parallelism=job.get("requested_target_parallelism") or DEFAULT_PARALLELISM,
                           stagger_seconds=int(job.get("requested_target_stagger_seconds") or 0))
     return None, json.dumps([step.to_json()])
+
+
+STEPS_PROCEDURE = "agent.set_job_steps"
+
+
+def database_steps(job: dict[str, Any], dialect: str) -> tuple[str | None, str | None]:
+    """(error, steps JSON) of a database job's agent.set_job_steps @steps: checked by the rules of
+    JOB__<name>__STEPS__<n>__* (shared/jobs/steps.py, parse_steps, the job's own @max_attempts,
+    @timeout_seconds, @database, @target_parallelism and @target_stagger_seconds the steps'
+    defaults, as the job's settings are), written as the settings sync writes the same steps; a
+    fleet step's targets also as @targets is checked. (None, None): the job has no steps."""
+    raw = job.get("requested_steps")
+    if raw is None or not raw.strip():
+        return None, None
+    parameter = f"{STEPS_PROCEDURE} @steps"
+    errors, steps, names = parse_steps_json(
+        job["job_name"], raw, parameter, default_max_attempts=job["max_attempts"],
+        default_timeout_seconds=job["timeout_seconds"], default_database=job.get("target_database"),
+        default_parallelism=job.get("requested_target_parallelism") or DEFAULT_PARALLELISM,
+        default_stagger_seconds=int(job.get("requested_target_stagger_seconds") or 0))
+    if errors:
+        return "; ".join(errors), None
+    if not steps:
+        return fleet_step(job, dialect)
+    if job.get("requested_targets") is not None:
+        return (f"{PROCEDURE} @targets={printable(job['requested_targets'])!r}: expected NULL for a job with steps "
+                f"({parameter}): each step gives its own targets (a step without them runs in one database)"), None
+    for step in steps:
+        if step.targets:
+            problem = dialect_problem(parse_targets(names(step.step, "TARGETS"), step.targets), dialect)
+            if problem:
+                errors.append(str(ConfigError(names(step.step, "TARGETS"), step.targets, problem)))
+    if errors:
+        return "; ".join(errors), None
+    return None, (json.dumps([step.to_json() for step in steps]) if steps else None)
 
 
 def verdict(job: dict[str, Any]) -> tuple[str | None, datetime | None]:
@@ -172,7 +208,8 @@ def plan_database_jobs(store: Store, now: datetime, telemetry: Any) -> PlanRepor
         named = any(job.get("requested_exclude") or job.get("requested_only") for job in jobs)
         calendars = database_calendars(store.execute("list_calendars").rows) if named else {}
         for job in jobs:
-            error, steps = fleet_step(job, store.dialect)
+            error, steps = (database_steps(job, store.dialect) if job.get("requested_steps")
+                            else fleet_step(job, store.dialect))
             first = None
             rules = None
             if error is None:

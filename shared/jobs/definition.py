@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from shared.errors import ConfigError
 from shared.jobs.from_settings import schedule_problem
 from shared.jobs.schedules import TIMEZONE_EXPECTED, needs_offset, parse_schedule, validate_timezone
+from shared.jobs.steps import parse_steps_json
 from shared.jobs.targets import parse_targets
 
 UTC = timezone.utc
@@ -85,6 +86,13 @@ FIELDS: tuple[Field, ...] = (
     Field("target_parallelism", "Target parallelism", "8",
           "a whole number from 1 to 1000 (how many target databases of one run at once)", 1, 1000),
     Field("target_stagger_seconds", "Target stagger (s)", "0", "a whole number from 0 to 3600", 0, 3600),
+    # agent.set_job_steps @steps (migration 0028), saved in the transaction of the define.
+    Field("steps", "Steps (JSON)", "",
+          'nothing (the job runs its command) or a JSON array of steps, e.g. [{"sql": "EXEC dbo.load", '
+          '"on_failure": "goto:3"}, {"sql": "EXEC dbo.report"}, {"sql": "EXEC dbo.alert"}]: fields sql, database, '
+          "on_success, on_failure, max_attempts, retry_interval_seconds, timeout_seconds, targets, "
+          "target_parallelism, target_stagger_seconds, as JOB__<name>__STEPS__<n>__* (docs/steps.md); with steps, "
+          "they run and the command does not"),
 )
 BY_NAME = {field.name: field for field in FIELDS}
 
@@ -125,6 +133,8 @@ class JobDefinition:
     after_outcome: str
     target_stagger_seconds: int
     catchup_seconds: int
+    # agent.set_job_steps @steps (the JSON array as typed, checked), None: no steps.
+    steps: str | None = None
 
     def arguments(self) -> dict[str, Any]:
         """The define_job query's parameters (the procedure's, by name)."""
@@ -186,7 +196,8 @@ def form_of(row: Mapping[str, Any]) -> dict[str, str]:
             "catchup_seconds": text(row.get("catchup_seconds"), "0"), "lease_seconds": text(row.get("lease_seconds"), "60"),
             "database": text(row.get("target_database")), "targets": text(row.get("requested_targets")),
             "target_parallelism": text(row.get("requested_target_parallelism"), "8"),
-            "target_stagger_seconds": text(row.get("requested_target_stagger_seconds"), "0")}
+            "target_stagger_seconds": text(row.get("requested_target_stagger_seconds"), "0"),
+            "steps": text(row.get("requested_steps"))}
 
 
 def offset_problem(text: str, moment: datetime, zone: str) -> str | None:
@@ -320,6 +331,8 @@ def parse_definition(form: Mapping[str, str]) -> tuple[JobDefinition | None, lis
         elif overlap in ("skip", "cancel-previous"):
             bad("catchup_seconds", f"0 with overlap {overlap} (the missed slots are due together and {overlap} would "
                                    "run only one of them), or overlap queue, allow or buffer-one")
+    steps = _steps_field(raw, name, max_attempts, timeout_seconds, database, target_parallelism,
+                         target_stagger_seconds, targets, errors)
     if errors:
         return None, errors
     return JobDefinition(name=name, sql=sql, schedule=schedule, run_at=run_at, timezone=zone, enabled=enabled,
@@ -327,4 +340,30 @@ def parse_definition(form: Mapping[str, str]) -> tuple[JobDefinition | None, lis
                          database=database, misfire=misfire, grace_seconds=grace_seconds, lease_seconds=lease_seconds,
                          targets=targets, target_parallelism=target_parallelism, after=after,
                          after_outcome=after_outcome, target_stagger_seconds=target_stagger_seconds,
-                         catchup_seconds=catchup_seconds), []
+                         catchup_seconds=catchup_seconds, steps=steps), []
+
+
+# The form's steps: at most this many characters (agent.set_job_steps takes 1000000; the body 64 KiB).
+MAX_STEPS_LENGTH = 60000
+
+
+def _steps_field(raw: Mapping[str, str], name: str, max_attempts: int, timeout_seconds: int, database: str | None,
+                 parallelism: int, stagger_seconds: int, targets: str | None, errors: list[FieldError]) -> str | None:
+    """The steps field checked as the engine's planning checks agent.set_job_steps @steps (the
+    rules of JOB__<name>__STEPS__<n>__*, the job's fields the steps' defaults): the text, or None."""
+    text = (raw.get("steps") or "").strip()
+    if not text or text.replace(" ", "") == "[]":
+        return None
+    if len(text) > MAX_STEPS_LENGTH:
+        errors.append(FieldError("steps", text, f"at most {MAX_STEPS_LENGTH} characters of JSON"))
+        return None
+    problems, steps, _ = parse_steps_json(name, text, "@steps", default_max_attempts=max_attempts,
+                                          default_timeout_seconds=timeout_seconds, default_database=database,
+                                          default_parallelism=parallelism, default_stagger_seconds=stagger_seconds)
+    if problems:
+        errors.append(FieldError("steps", text, "steps agent.set_job_steps accepts: " + "; ".join(problems)))
+        return None
+    if steps and targets is not None:
+        errors.append(FieldError("targets", targets, "nothing for a job with steps: each step gives its own targets "
+                                                     "(a step without them runs in one database)"))
+    return text if steps else None

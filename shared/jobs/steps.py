@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Callable
 
 from shared.errors import ConfigError
 from shared.jobs.model import JOB_SETTING_PREFIX, MAX_STEPS, StepDefinition
 from shared.jobs.targets import MAX_PARALLELISM, MAX_STAGGER_SECONDS, describe_members, parse_targets
-from shared.values import DATABASE_NAME_PATTERN, parse_int
+from shared.values import DATABASE_NAME_PATTERN, parse_int, printable, storable_problem
 
 FLOW_ACTIONS = ("next", "quit_success", "quit_failure", "goto:<n>")
 _GOTO = re.compile(r"^goto:(\d+)$")
@@ -43,9 +43,11 @@ def one_fleet_step(command: str, *, max_attempts: int, timeout_seconds: int, tar
 
 def parse_steps(name: str, values: dict[str, tuple[str, str]], errors: list[str], *, default_max_attempts: int,
                 default_timeout_seconds: int, default_database: str | None, default_parallelism: int = 8,
-                default_stagger_seconds: int = 0):
+                default_stagger_seconds: int = 0, names: Callable[[int | None, str], str] | None = None):
     """The job's steps from its ``STEPS__<n>__<SUFFIX>`` entries of ``values`` (key, raw value),
-    appending one line per problem to ``errors``."""
+    appending one line per problem to ``errors``. ``names(n, SUFFIX)``: what a problem calls step
+    n's SUFFIX (n None: every step's) when ``values`` holds no key for it; by default the setting
+    JOB__<name>__STEPS__<n>__<SUFFIX> (agent.set_job_steps names its @steps' fields)."""
 
     by_number: dict[int, dict[str, tuple[str, str]]] = {}
     for suffix, entry in values.items():
@@ -65,6 +67,9 @@ def parse_steps(name: str, values: dict[str, tuple[str, str]], errors: list[str]
         return ()
     numbers = sorted(by_number)
     prefix = f"{JOB_SETTING_PREFIX}{name}__STEPS__"
+    if names is None:
+        def names(step: int | None, suffix: str) -> str:
+            return f"{prefix}{'<n>' if step is None else step}__{suffix}"
     if numbers != list(range(1, len(numbers) + 1)):
         missing = sorted(set(range(1, numbers[-1] + 1)) - set(numbers))
         errors.append(f"{prefix}<n>__*: steps must be numbered 1, 2, 3, ... without gaps; found steps "
@@ -76,7 +81,7 @@ def parse_steps(name: str, values: dict[str, tuple[str, str]], errors: list[str]
         entries = by_number[number]
 
         def key(suffix: str) -> str:
-            return entries.get(suffix, (f"{prefix}{number}__{suffix}", ""))[0]
+            return entries.get(suffix, (names(number, suffix), ""))[0]
 
         def value(suffix: str) -> str | None:
             entry = entries.get(suffix)
@@ -142,11 +147,94 @@ def parse_steps(name: str, values: dict[str, tuple[str, str]], errors: list[str]
         return ()
     trapped = steps_without_exit(steps)
     if trapped:
-        errors.append(f"{prefix}<n>__ON_SUCCESS/ON_FAILURE: a loop that can never end: from step(s) "
+        errors.append(f"{names(None, 'ON_SUCCESS/ON_FAILURE')}: a loop that can never end: from step(s) "
                       f"{', '.join(map(str, trapped))} no quit_success or quit_failure can be reached; "
                       "give one of them a way out")
         return ()
     return tuple(steps)
+
+
+# agent.set_job_steps @steps: each step a JSON object of these fields, meaning what the settings
+# JOB__<name>__STEPS__<n>__<SUFFIX> mean (sql: COMMAND).
+STEP_JSON_FIELDS = {"sql": "COMMAND", "database": "DATABASE", "on_success": "ON_SUCCESS", "on_failure": "ON_FAILURE",
+                    "max_attempts": "MAX_ATTEMPTS", "retry_interval_seconds": "RETRY_INTERVAL_SECONDS",
+                    "timeout_seconds": "TIMEOUT_SECONDS", "targets": "TARGETS", "target_parallelism": "TARGET_PARALLELISM",
+                    "target_stagger_seconds": "TARGET_STAGGER_SECONDS"}
+_JSON_FIELD_OF = {suffix: field for field, suffix in STEP_JSON_FIELDS.items()}
+_JSON_KINDS = {"dict": "object", "str": "string", "int": "number", "float": "number", "bool": "true or false",
+               "NoneType": "null"}
+
+
+def step_settings_from_json(text: str, parameter: str) -> tuple[str | None, dict[str, tuple[str, str]], Callable[[int | None, str], str]]:
+    """A JSON array of step objects (agent.set_job_steps @steps) as the settings' key/values
+    parse_steps reads (``STEPS__<n>__<SUFFIX>``: (the name a problem gives, the raw value)): (the
+    problem with the document itself, or None; the values; the namer for parse_steps). Each
+    problem names ``parameter``, the step and the field."""
+    def names(step: int | None, suffix: str) -> str:
+        field = _JSON_FIELD_OF.get(suffix, suffix.lower())
+        return f"{parameter} step {'<n>' if step is None else step} {field}"
+
+    shown = printable(text, 200)
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        return str(ConfigError(parameter, shown, f"a JSON array of steps, e.g. [{{\"sql\": \"EXEC dbo.load\"}}, "
+                                                 f"{{\"sql\": \"EXEC dbo.report\"}}] (not JSON: {exc})")), {}, names
+    if not isinstance(document, list):
+        kind = _JSON_KINDS.get(type(document).__name__, "value")
+        return str(ConfigError(parameter, shown, f"a JSON array of steps (found a JSON {kind})")), {}, names
+    if len(document) > MAX_STEPS:
+        return str(ConfigError(parameter, shown, f"at most {MAX_STEPS} steps (found {len(document)})")), {}, names
+    values: dict[str, tuple[str, str]] = {}
+    problems = []
+    for number, step in enumerate(document, start=1):
+        if not isinstance(step, dict):
+            problems.append(str(ConfigError(f"{parameter} step {number}", printable(json.dumps(step)),
+                                            "a JSON object such as {\"sql\": \"...\", \"on_failure\": \"goto:3\"}")))
+            continue
+        for field, value in step.items():
+            suffix = STEP_JSON_FIELDS.get(field)
+            if suffix is None:
+                problems.append(f"{parameter} step {number}: unknown field {printable(field)!r}; expected one of "
+                                f"{', '.join(STEP_JSON_FIELDS)}")
+                continue
+            if value is None:
+                continue            # null: the default, as a setting left out
+            if isinstance(value, bool) or not isinstance(value, (str, int)):
+                problems.append(str(ConfigError(names(number, suffix), printable(json.dumps(value)),
+                                                "a JSON string or whole number (or null: the default)")))
+                continue
+            raw = str(value)
+            problem = storable_problem(raw)
+            if problem:
+                problems.append(str(ConfigError(names(number, suffix), printable(raw),
+                                                f"text the database can store (found {problem})")))
+                continue
+            values[f"STEPS__{number}__{suffix}"] = (names(number, suffix), raw)
+        if "sql" not in step or step.get("sql") is None:
+            # parse_steps reports a missing COMMAND only for a step it was given a key of.
+            values.setdefault(f"STEPS__{number}__COMMAND", (names(number, "COMMAND"), ""))
+    return ("; ".join(problems) or None), values, names
+
+
+def parse_steps_json(name: str, text: str | None, parameter: str, *, default_max_attempts: int,
+                     default_timeout_seconds: int, default_database: str | None, default_parallelism: int = 8,
+                     default_stagger_seconds: int = 0) -> tuple[list[str], tuple[StepDefinition, ...], Callable]:
+    """(problems, steps, namer) of agent.set_job_steps @steps (the monitor's form's steps too): the
+    JSON array read as the settings' STEPS__<n>__* and checked by parse_steps with the job's own
+    defaults, as JOB__<name>__STEPS__<n>__* are; NULL, blank or [] is no step. Each problem names
+    ``parameter``, the step and the field."""
+    if text is None or not text.strip():
+        return [], (), lambda step, suffix: parameter
+    problem, values, names = step_settings_from_json(text, parameter)
+    if problem:
+        return [problem], (), names
+    errors: list[str] = []
+    steps = parse_steps(name, values, errors, default_max_attempts=default_max_attempts,
+                        default_timeout_seconds=default_timeout_seconds, default_database=default_database,
+                        default_parallelism=default_parallelism, default_stagger_seconds=default_stagger_seconds,
+                        names=names)
+    return errors, steps, names
 
 
 def steps_without_exit(steps) -> list[int]:

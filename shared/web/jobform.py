@@ -81,6 +81,7 @@ def handle_define(agent: Any, form: Mapping[str, str], target: str, owner: str, 
     now = agent.clock()
     definition, errors = parse_definition(values)
     errors += _server_errors(agent, values.get("targets") or "")
+    errors += _step_server_errors(agent, values.get("steps") or "")
     if errors:
         definition = None
     jobs = views.configured_jobs(store)
@@ -130,6 +131,23 @@ def _server_errors(agent: Any, targets: str) -> list[FieldError]:
     return errors
 
 
+def _step_server_errors(agent: Any, steps: str) -> list[FieldError]:
+    """The servers the steps' targets name that the deployer did not allow: refused as the
+    steps field (parse_definition says what else is wrong with it)."""
+    import json
+
+    try:
+        document = json.loads(steps) if steps.strip() else []
+    except ValueError:
+        return []
+    errors = []
+    for step in document if isinstance(document, list) else []:
+        targets = step.get("targets") if isinstance(step, dict) else None
+        if isinstance(targets, str) and targets.strip():
+            errors += [FieldError("steps", steps, error.expected) for error in _server_errors(agent, targets)]
+    return errors
+
+
 # ---------------------------------------------------------------- rendering
 
 
@@ -172,7 +190,7 @@ def _form(state: FormState, pages: Any) -> str:
         attrs = f'name="{escape(spec.name)}" id="field-{escape(spec.name)}"'
         if errors.get(spec.name):
             attrs += f' aria-invalid="true" aria-describedby="error-{escape(spec.name)}"'
-        if spec.name == "sql":
+        if spec.name in ("sql", "steps"):
             # The newline after the opening tag: HTML drops the first one, which would eat a
             # command's own leading newline on every round trip.
             control = f"<textarea {attrs} rows=\"6\" cols=\"80\" spellcheck=\"false\">\n{escape(value)}</textarea>"

@@ -150,6 +150,8 @@ def tsql_procedure_statements(name: str) -> list[str]:
 TSQL_INTERFACE_RESULTS = {
     "add_scheduled_job_unaudited": ("SELECT @name AS job_name, @action AS action;", ["job_name", "action"]),
     "remove_scheduled_job_unaudited": ("SELECT @name AS job_name, @skipped AS skipped_runs;", ["job_name", "skipped_runs"]),
+    "set_job_steps_unaudited": ("SELECT CAST(@job_name AS NVARCHAR(64)) AS job, @stored AS requested_steps;",
+                                ["job", "requested_steps"]),
 }
 
 
@@ -424,6 +426,8 @@ DUMMY_VALUES.update({
 })
 # Issue 33 item 4 (run with parameters): a run's values, as JSON (NULL: none given).
 DUMMY_VALUES.update({"params": None})
+# set_job_steps (migration 0028)
+DUMMY_VALUES.update({"steps": None})
 # Issue 33 item 5 (backfill): the note its runs carry, the slots as JSON.
 DUMMY_VALUES.update({"note": "backfill: test"})
 
@@ -528,7 +532,10 @@ NOT_ON_BABELFISH: dict[str, int] = {"list_pool_databases": 51400}
 REFUSED_WITH_DUMMY_VALUES: dict[tuple[str, str], str | int] = {("postgres", "finish_run"): "AG001",
                                                                ("mssql", "finish_run"): 50003,
                                                                ("postgres", "remove_job"): "P0002",
-                                                               ("mssql", "remove_job"): 51404}
+                                                               ("mssql", "remove_job"): 51404,
+                                                               # set_job_steps: likewise (0028)
+                                                               ("postgres", "set_job_steps"): "P0002",
+                                                               ("mssql", "set_job_steps"): 51404}
 
 
 def _bind(store, value):

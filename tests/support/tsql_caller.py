@@ -22,7 +22,7 @@ PG_TYPES = {
     "catchup_seconds": "int", "until": "timestamptz",
     "reason": "varchar", "after": "varchar", "after_outcome": "varchar",
     "dates": "text", "weekly": "text", "exclude_calendars": "varchar", "only_calendars": "varchar",
-    "on_excluded": "varchar", "jitter_seconds": "int", "params": "text",
+    "on_excluded": "varchar", "jitter_seconds": "int", "params": "text", "steps": "text",
     # agent.add_alert (issue 32 item 3)
     "query": "text", "errors": "varchar", "delay_between_responses_seconds": "int", "notify": "int",
     "response_job": "varchar",

@@ -810,7 +810,8 @@ ORDER BY job_name;
 -- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
 SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
        requested_targets, requested_target_parallelism, requested_target_stagger_seconds, requested_exclude, requested_only, requested_on_excluded,
-       replan_runs, calendars
+       replan_runs, calendars,
+       target_database, requested_steps
 FROM agent.jobs WHERE needs_planning = 1 ORDER BY job_name;
 
 -- list_calendars --
@@ -1315,7 +1316,8 @@ SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabl
        j.lease_seconds, j.misfire, j.grace_seconds, j.overlap, j.requested_targets, j.requested_target_parallelism,
        COALESCE(j.requested_target_stagger_seconds, 0) AS requested_target_stagger_seconds, j.after_job, j.after_outcome,
        COALESCE(j.catchup_seconds, 0) AS catchup_seconds, j.owner, j.defined_in_database, j.configured, j.valid,
-       j.config_error, j.calendars, j.jitter_seconds
+       j.config_error, j.calendars, j.jitter_seconds,
+       j.requested_steps
 FROM agent.jobs j
 WHERE j.job_name = CAST(:job_name AS VARCHAR);
 
@@ -1336,3 +1338,7 @@ SELECT d.job_name, d.skipped_runs FROM agent.remove_scheduled_job_unaudited(CAST
 -- set_job_owner --
 -- Whom a job defined from the monitor runs as: the signed-in principal, as the monitor names it (the procedure recorded the agent's own login, the caller of its connection), in the transaction that defined it.
 UPDATE agent.jobs SET owner = CAST(:owner AS VARCHAR) WHERE job_name = CAST(:job_name AS VARCHAR) AND defined_in_database = 1;
+
+-- set_job_steps --
+-- The monitor's job form: agent.set_job_steps's body (agent.set_job_steps_unaudited, migration 0028: a database job's steps as requested, NULL or '[]' clears them; the engine's planning checks them) in the transaction that defined the job and made the signed-in principal its owner, audited by the monitor as part of that 'define'.
+SELECT s.job, s.requested_steps FROM agent.set_job_steps_unaudited(CAST(:job_name AS varchar), CAST(:steps AS text)) AS s;

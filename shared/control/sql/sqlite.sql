@@ -999,7 +999,8 @@ ORDER BY job_name;
 -- Jobs defined or changed in the database that wait for the engine to check their schedule (and fleet targets) and plan their first slot (the jobs_needs_planning index).
 SELECT job_name, schedule, timezone, enabled, updated_at, command, max_attempts, timeout_seconds,
        requested_targets, requested_target_parallelism, requested_target_stagger_seconds, requested_exclude, requested_only, requested_on_excluded,
-       replan_runs, calendars
+       replan_runs, calendars,
+       target_database, requested_steps
 FROM agent_jobs WHERE needs_planning = 1 ORDER BY job_name;
 
 -- list_calendars --
@@ -1686,7 +1687,8 @@ SELECT j.job_name, j.schedule, j.timezone, j.command, j.target_database, j.enabl
        j.lease_seconds, j.misfire, j.grace_seconds, j.overlap, j.requested_targets, j.requested_target_parallelism,
        COALESCE(j.requested_target_stagger_seconds, 0) AS requested_target_stagger_seconds, j.after_job, j.after_outcome,
        COALESCE(j.catchup_seconds, 0) AS catchup_seconds, j.owner, j.defined_in_database, j.configured, j.valid,
-       j.config_error, j.calendars, j.jitter_seconds
+       j.config_error, j.calendars, j.jitter_seconds,
+       j.requested_steps
 FROM agent_jobs j
 WHERE j.job_name = :job_name;
 
@@ -1705,3 +1707,7 @@ SELECT :job_name AS job_name, 0 AS skipped_runs WHERE 1 = 0;
 -- set_job_owner --
 -- Whom a job defined from the monitor runs as (PostgreSQL and SQL Server; here no job is defined in the database).
 UPDATE agent_jobs SET owner = :owner WHERE job_name = :job_name AND defined_in_database = 1;
+
+-- set_job_steps --
+-- No procedures here (see define_job): the monitor refuses a definition before it. No row.
+SELECT :job_name AS job, :steps AS requested_steps WHERE 1 = 0;
