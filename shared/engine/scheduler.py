@@ -31,6 +31,7 @@ well, with one run per (job, slot).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import random
 import time
@@ -384,14 +385,23 @@ class Scheduler:
                 refused += _refuse_cycles_through_database_jobs(rows, database_jobs)
             rows = _spell_followed_jobs_as_defined(rows, held)
             rows = [_with_definition_hash(row) for row in rows]
-            store.execute("record_config_events", jobs=rows, now=now)
+            # Each statement takes the jobs in batches of at most SYNC_BATCH_BYTES of JSON (one
+            # batch for all but huge settings: the same statements as ever): a job's calendars
+            # travel whole with it, and a thousand jobs naming big calendars would be one
+            # statement over what the server takes (PostgreSQL's 1 GB message, SQLite's string).
+            batches = sync_batches(rows)
+            for batch in batches:
+                store.execute("record_config_events", jobs=batch, now=now)
             # Slots claimed ahead: skipped when the job stops running them (disabled, invalid,
             # removed, another schedule), given the new settings when it still runs them; the
             # claim that follows takes back those the new definition runs (claim_slots).
-            store.chain(("skip_runs_of_changed_jobs", {"jobs": rows, "now": now}),
-                        ("refresh_runs_of_changed_jobs", {"jobs": rows}))
-            store.execute("upsert_jobs", jobs=rows, now=now)
-            store.execute("unconfigure_missing_jobs", jobs=rows, now=now)
+            for batch in batches:
+                store.chain(("skip_runs_of_changed_jobs", {"jobs": batch, "now": now}),
+                            ("refresh_runs_of_changed_jobs", {"jobs": batch}))
+            for batch in batches:
+                store.execute("upsert_jobs", jobs=batch, now=now)
+            store.execute("unconfigure_missing_jobs", jobs=rows if len(batches) == 1 else
+                          [{"job_name": row["job_name"]} for row in rows], now=now)
             # The settings' condition alerts, with the jobs (an ALERT__ change changes the hash).
             held_alerts = store.execute("sync_settings_alerts", alerts=settings_rows(self.settings), now=now).rows
             store.execute("set_state", state_key=CONFIG_HASH_KEY, state_value=self.settings.config_hash, now=now)
@@ -667,6 +677,26 @@ def _with_definition_hash(row: dict[str, Any]) -> dict[str, Any]:
 
 
 _NOT_DEFINITION = frozenset({"next_due_at", "definition_hash"})
+
+
+# The most JSON one statement of the settings sync carries (see Scheduler._write_jobs).
+SYNC_BATCH_BYTES = 8 * 1024 * 1024
+
+
+def sync_batches(rows: list[dict[str, Any]], limit: int | None = None) -> list[list[dict[str, Any]]]:
+    """The rows in order, cut into batches whose JSON stays under ``limit`` bytes (default
+    SYNC_BATCH_BYTES; a row larger than that alone in its batch); one batch when they all fit."""
+    limit = SYNC_BATCH_BYTES if limit is None else limit
+    batches: list[list[dict[str, Any]]] = [[]]
+    size = 0
+    for row in rows:
+        length = len(json.dumps(row, default=str))
+        if batches[-1] and size + length > limit:
+            batches.append([])
+            size = 0
+        batches[-1].append(row)
+        size += length + 1
+    return batches
 
 
 def _invalid_row(key: str, message: str) -> dict[str, Any]:
