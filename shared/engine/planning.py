@@ -208,14 +208,19 @@ def plan_database_jobs(store: Store, now: datetime, telemetry: Any) -> PlanRepor
         named = any(job.get("requested_exclude") or job.get("requested_only") for job in jobs)
         calendars = database_calendars(store.execute("list_calendars").rows) if named else {}
         for job in jobs:
-            error, steps = (database_steps(job, store.dialect) if job.get("requested_steps")
-                            else fleet_step(job, store.dialect))
             first = None
             rules = None
-            if error is None:
-                error, first = verdict(job)
-            if error is None:
-                error, rules = calendar_verdict(job, calendars)
+            try:
+                error, steps = (database_steps(job, store.dialect) if job.get("requested_steps")
+                                else fleet_step(job, store.dialect))
+                if error is None:
+                    error, first = verdict(job)
+                if error is None:
+                    error, rules = calendar_verdict(job, calendars)
+            except Exception as exc:  # noqa: BLE001 - one job's definition never stops the planning of the others
+                log.exception("planning job %s", printable(job["job_name"]))
+                error, steps, first, rules = (f"{PROCEDURE}: the engine could not check this job's definition "
+                                              f"({type(exc).__name__}: {printable(str(exc), 200)})"), None, None, None
             resolved = None if error else rules
             plans.append({"job_name": job["job_name"], "schedule": job["schedule"], "timezone": job["timezone"],
                           "enabled": int(job["enabled"]), "updated_at": store.json_time(job["updated_at"]),

@@ -177,6 +177,9 @@ def step_settings_from_json(text: str, parameter: str) -> tuple[str | None, dict
     shown = printable(text, 200)
     try:
         document = json.loads(text)
+    except RecursionError:
+        return str(ConfigError(parameter, shown, "a JSON array of step objects (found arrays or objects nested "
+                                                 "too deeply to read)")), {}, names
     except ValueError as exc:
         return str(ConfigError(parameter, shown, f"a JSON array of steps, e.g. [{{\"sql\": \"EXEC dbo.load\"}}, "
                                                  f"{{\"sql\": \"EXEC dbo.report\"}}] (not JSON: {exc})")), {}, names

@@ -138,7 +138,7 @@ def _step_server_errors(agent: Any, steps: str) -> list[FieldError]:
 
     try:
         document = json.loads(steps) if steps.strip() else []
-    except ValueError:
+    except (ValueError, RecursionError):
         return []
     errors = []
     for step in document if isinstance(document, list) else []:

@@ -419,3 +419,63 @@ def test_slots_claimed_ahead_with_the_old_steps_are_claimed_again_in_place_with_
     kept = {run_id for run_id, slot in ahead if slot > changed_at}
     assert kept and kept <= {run_id for run_id, _ in again}
     assert all(run_steps == planned for run_id, run_steps in again)
+
+
+def test_steps_never_pass_to_another_owner_redefining_or_reusing_the_name(pg_url):
+    """The attack: operator A set steps on its job; B redefined it (B's @sql), or A removed it and B
+    defined a job of that name: A's steps stayed and ran as B, reading B's table for A. The steps
+    are the owner's: a change of owner or a removal drops them (a trigger on agent.jobs: every path
+    that writes the owner), the job is planned again and runs B's own @sql; the same owner
+    redefining keeps them, as documented."""
+    import pyodbc
+
+    agent = make_agent(pg_url)
+    admin = pg_admin_connection()
+    names = {key: f"op_{key}_{uuid.uuid4().hex[:8]}" for key in "ab"}
+    connections = {}
+    try:
+        for name in names.values():
+            admin.cursor().execute(f'CREATE ROLE "{name}" LOGIN')
+            execute(agent, f'GRANT agent_operator TO "{name}"')
+        connections = {key: pyodbc.connect(pg_url.replace("Uid=root;", f"Uid={name};"), autocommit=True, timeout=10)
+                       for key, name in names.items()}
+        a, b = connections["a"], connections["b"]
+        planted = '[{"sql": "SELECT \'planted by a\'"}]'
+        for path in ("redefined", "removed"):
+            name = f"nightly_{path}"
+            call(a, "add_scheduled_job", name=name, sql="SELECT 'a'")
+            call(a, "set_job_steps", job_name=name, steps=planted)
+            call(a, "add_scheduled_job", name=name, sql="SELECT 'a again'")        # the same owner: kept
+            agent.tick()
+            assert job(agent, name)["requested_steps"] == planted and job_steps(agent, name) is not None
+            if path == "removed":
+                call(a, "remove_scheduled_job", name=name)
+                assert job(agent, name)["requested_steps"] is None
+            (row,) = call(b, "add_scheduled_job", name=name, sql="SELECT 'b'")
+            assert row["action"] == ("defined" if path == "removed" else "redefined")
+            row = job(agent, name)
+            assert (row["owner"], row["requested_steps"]) == (names["b"], None), row
+            agent.tick()
+            row = job(agent, name)
+            assert row["valid"] == 1 and job_steps(agent, name) is None, row
+            assert row["command"] == "SELECT 'b'"
+    finally:
+        for connection in connections.values():
+            connection.close()
+        agent.close()
+        for name in names.values():
+            admin.cursor().execute(f'DROP ROLE IF EXISTS "{name}"')
+        admin.close()
+
+
+def test_steps_nested_too_deeply_make_that_job_alone_invalid(system):
+    """6,000 characters of nested brackets made json.loads raise RecursionError, which stopped the
+    planning of every database job at every tick. Now that job alone is invalid, in words."""
+    agent, connection, _ = system
+    call(connection, "add_scheduled_job", name="deep", sql="SELECT 1", schedule="0 0 3 * * *")
+    call(connection, "set_job_steps", job_name="deep", steps="[" * 3000 + "]" * 3000)
+    call(connection, "add_scheduled_job", name="later", sql="SELECT 1", schedule="0 0 3 * * *")
+    agent.tick()
+    deep, later = job(agent, "deep"), job(agent, "later")
+    assert deep["valid"] == 0 and "nested too deeply" in deep["config_error"], deep
+    assert later["valid"] == 1 and later["config_error"] is None

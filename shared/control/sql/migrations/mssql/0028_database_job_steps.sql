@@ -106,3 +106,25 @@ GO
 REVOKE EXECUTE ON agent.set_job_steps_unaudited FROM agent_operator;
 GRANT EXECUTE ON OBJECT::agent.set_job_steps TO agent_operator;
 GO
+
+-- A job's steps are its owner's: when the job changes hands (agent.add_scheduled_job by another
+-- principal makes the caller its owner; the monitor's form records the signed-in principal) or is
+-- removed, the steps set before are dropped, by construction for every path that writes the
+-- owner: another principal's steps never run as the new owner, and a job defined again under a
+-- removed job's name starts without them. The job is planned again (its planned steps cleared
+-- with them); a redefinition by the same owner keeps them, as documented. (The trigger's own
+-- UPDATE sets neither owner nor configured: it does not fire itself again.)
+CREATE TRIGGER agent.jobs_steps_stay_with_their_owner ON agent.jobs AFTER UPDATE AS
+BEGIN
+    SET NOCOUNT ON;
+    IF NOT (UPDATE(owner) OR UPDATE(configured)) RETURN;
+    UPDATE j SET requested_steps = NULL,
+                 steps = CASE WHEN i.configured = 1 THEN NULL ELSE j.steps END,
+                 needs_planning = CASE WHEN i.configured = 1 THEN 1 ELSE j.needs_planning END
+    FROM agent.jobs AS j
+    JOIN inserted AS i ON i.job_name = j.job_name
+    JOIN deleted AS d ON d.job_name = i.job_name
+    WHERE d.requested_steps IS NOT NULL
+      AND (COALESCE(i.owner, N'') <> COALESCE(d.owner, N'') OR (d.configured = 1 AND i.configured = 0));
+END
+GO

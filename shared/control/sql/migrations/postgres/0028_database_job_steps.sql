@@ -83,3 +83,26 @@ $$;
 REVOKE ALL ON FUNCTION agent.set_job_steps_unaudited(varchar, text) FROM PUBLIC, agent_operator;
 REVOKE ALL ON FUNCTION agent.set_job_steps(varchar, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agent.set_job_steps(varchar, text) TO agent_operator;
+
+-- A job's steps are its owner's: when the job changes hands (agent.add_scheduled_job by another
+-- principal makes the caller its owner; the monitor's form records the signed-in principal) or is
+-- removed, the steps set before are dropped, by construction for every path that writes the
+-- owner: another principal's steps never run as the new owner, and a job defined again under a
+-- removed job's name starts without them. The job is planned again (its planned steps cleared
+-- with them); a redefinition by the same owner keeps them, as documented.
+CREATE FUNCTION agent.drop_steps_of_previous_owner() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    NEW.requested_steps := NULL;
+    IF NEW.configured = 1 THEN
+        NEW.steps := NULL;
+        NEW.needs_planning := 1;
+    END IF;
+    RETURN NEW;
+END
+$$;
+REVOKE ALL ON FUNCTION agent.drop_steps_of_previous_owner() FROM PUBLIC;
+CREATE TRIGGER jobs_steps_stay_with_their_owner BEFORE UPDATE OF owner, configured ON agent.jobs
+FOR EACH ROW WHEN (OLD.requested_steps IS NOT NULL
+                   AND (OLD.owner IS DISTINCT FROM NEW.owner OR (OLD.configured = 1 AND NEW.configured = 0)))
+EXECUTE FUNCTION agent.drop_steps_of_previous_owner();
