@@ -79,7 +79,7 @@ POSTGRES_SESSION_COMMANDS = ("LOCK ", "CLOSE ALL", "RESET ", "UNLISTEN ", "DISCA
 # statement as well, see test_tsql_statements_parse_with_sqlfluff).
 TSQL_SQLFLUFF_ONLY = ("THROW ", "IF XACT_STATE() <> 1 THROW ", "IF @LOCK_RESULT < 0 THROW ",
                       # The T-SQL interface's modules (procedures, views) and the operator role's grants.
-                      "CREATE PROCEDURE ", "ALTER PROCEDURE ", "CREATE FUNCTION ",
+                      "CREATE PROCEDURE ", "ALTER PROCEDURE ", "CREATE FUNCTION ", "CREATE TRIGGER ",
                       "IF DATABASE_PRINCIPAL_ID(N'AGENT_OPERATOR') IS NULL CREATE ROLE ", "GRANT EXECUTE ON OBJECT::",
                       # Fleet targets: pool: members on a server without elastic pools.
                       "IF @POOLS_VIEW IS NULL THROW ")
