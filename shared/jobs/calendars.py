@@ -32,6 +32,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, timezone
 from functools import lru_cache
+from typing import Any, Callable
 from zoneinfo import ZoneInfo
 
 UTC = timezone.utc
@@ -101,17 +102,7 @@ class Calendar:
         days after it, as sorted, merged [start, end) ranges (naive UTC): the starts and the
         ends (a piece that runs on past the span may end early, after the span's end). Computed
         once per calendar, zone and month (the planner asks for every slot)."""
-        memo = self.__dict__.get("_memo")
-        if memo is None:
-            memo = {}
-            object.__setattr__(self, "_memo", memo)
-        key = (zone, month)
-        found = memo.get(key)
-        if found is None:
-            if len(memo) >= _MEMO_SIZE:
-                memo.clear()
-            found = memo[key] = _merged(self._ranges(zone, month))
-        return found
+        return _memoized(self, (zone, month), lambda: _merged(self._ranges(zone, month)))
 
     def _ranges(self, zone: ZoneInfo, month: int) -> list[tuple[datetime, datetime]]:
         low, high = _span(month)
@@ -221,20 +212,13 @@ class CalendarRules:
     def _merged_pieces(self, zone: ZoneInfo, month: int):
         """(the EXCLUDE calendars' pieces merged, the ONLY calendars' merged or None), once per
         zone and month."""
-        memo = self.__dict__.get("_memo")
-        if memo is None:
-            memo = {}
-            object.__setattr__(self, "_memo", memo)
-        key = (zone, month)
-        found = memo.get(key)
-        if found is None:
-            if len(memo) >= _MEMO_SIZE:
-                memo.clear()
+        def merge():
             excluded = _merged([piece for calendar in self.exclude for piece in zip(*calendar._pieces(zone, month))])
             only = _merged([piece for calendar in self.only
                             for piece in zip(*calendar._pieces(zone, month))]) if self.only else None
-            found = memo[key] = (excluded, only)
-        return found
+            return excluded, only
+
+        return _memoized(self, (zone, month), merge)
 
     def as_json(self) -> str:
         return json.dumps({"exclude": [c.as_json() for c in self.exclude], "only": [c.as_json() for c in self.only],
@@ -366,6 +350,21 @@ def _weekly_by_day(weekly: tuple[WeeklyWindow, ...]) -> list[list[tuple[int, int
                 out.append((start, end))
         merged.append(out)
     return merged
+
+
+def _memoized(owner: Any, key: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()`` kept on ``owner`` (a frozen dataclass: its own _memo dict, cleared when it
+    holds _MEMO_SIZE answers) under ``key``."""
+    memo = owner.__dict__.get("_memo")
+    if memo is None:
+        memo = {}
+        object.__setattr__(owner, "_memo", memo)
+    found = memo.get(key)
+    if found is None:
+        if len(memo) >= _MEMO_SIZE:
+            memo.clear()
+        found = memo[key] = compute()
+    return found
 
 
 def _merged(ranges) -> tuple[list[datetime], list[datetime]]:

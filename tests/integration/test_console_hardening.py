@@ -74,7 +74,13 @@ def test_a_one_time_job_in_the_repeated_hour_survives_an_unchanged_save_of_the_f
     shows the offset of the one the job holds, and saving it unchanged keeps that instant."""
     client = Client(servers["operator"])
     if is_sqlite(scenario):
-        pytest.skip("the form defines jobs through the procedure: PostgreSQL or SQL Server")
+        # No procedures on SQLite: the save is refused in words and the time typed is kept.
+        page = client.get("/define")[2]
+        status, _, page = client.post("define", {**define_fields(page), **ONCE, "name": "once_sqlite",
+                                                 "run_at": "2027-10-31 01:30+00:00", "intent": "save"})
+        assert status == 409 and "needs a PostgreSQL or SQL Server control database" in page, page[:3000]
+        assert typed(page, "run_at") == "2027-10-31 01:30+00:00" and job_row(scenario, "once_sqlite") is None
+        return
     for name, typed_at, instant in (("once_second", "2027-10-31 01:30+00:00", "2027-10-31T01:30:00+00:00"),
                                     ("once_first", "2027-10-31 01:30:00+01:00", "2027-10-31T00:30:00+00:00"),
                                     ("once_utc", "2027-10-31T01:30Z", "2027-10-31T01:30:00+00:00")):

@@ -18,10 +18,11 @@ from shared.control.db import connector, resolve_database
 from shared.errors import ConfigError
 from shared.control.connection_strings import server_address
 from shared.settings import load_settings
+from tests.integration.test_fleet import pg_control  # noqa: F401  (a fresh PostgreSQL control database)
 from tests.integration.test_monitor import scenario  # noqa: F401  (module-scoped: SQLite and PostgreSQL)
 from tests.integration.test_monitor_actions import Client, servers  # noqa: F401
 from tests.integration.test_monitor_jobform import NIGHTLY, define_fields
-from tests.support.harness import fresh_database, make_agent, query, work
+from tests.support.harness import make_agent, query, work
 
 UTC = timezone.utc
 
@@ -64,12 +65,6 @@ def listener():
         yield listening
     finally:
         listening.close()
-
-
-@pytest.fixture
-def pg_control(tmp_path):
-    with fresh_database("postgres", tmp_path) as url:
-        yield url
 
 
 def test_one_address_whatever_its_spelling():
