@@ -35,7 +35,7 @@ from shared.errors import ConfigError
 from shared.jobs.calendars import MAX_CALENDARS_PER_JOB, Calendar, CalendarRules, parse_dates, parse_weekly
 from shared.jobs.from_settings import schedule_problem
 from shared.jobs.model import JOB_SETTING_PREFIX
-from shared.jobs.schedules import TIMEZONE_EXPECTED, parse_schedule, validate_timezone
+from shared.jobs.schedules import TIMEZONE_EXPECTED, is_one_time, parse_schedule, validate_timezone
 from shared.jobs.steps import one_fleet_step, parse_steps_json
 from shared.jobs.targets import DEFAULT_PARALLELISM, describe_members, dialect_problem, parse_targets
 from shared.values import printable
@@ -123,7 +123,7 @@ def verdict(job: dict[str, Any]) -> tuple[str | None, datetime | None]:
     except ValueError:
         return str(ConfigError(f"{PROCEDURE} @timezone", zone, TIMEZONE_EXPECTED)), None
     text = job["schedule"]
-    parameter = "@run_at" if text.lower().startswith("@once") else "@schedule"
+    parameter = "@run_at" if is_one_time(text) else "@schedule"
     try:
         schedule = parse_schedule(text, zone)
     except (ValueError, OverflowError) as exc:
@@ -241,6 +241,13 @@ def plan_database_jobs(store: Store, now: datetime, telemetry: Any) -> PlanRepor
                  for job in report.planned if job["job_name"] in replan]
         if again:
             store.execute("skip_replanned_runs", jobs=again, now=now)
+            # A one-time job is decided again only when nothing of it ran, runs or waits to retry
+            # (its run a calendar moved, just recorded skipped): from its slot, or from now when
+            # that has passed; one that ran keeps no slot and never runs a second time.
+            schedules = {job["job_name"]: job["schedule"] for job in jobs}
+            one_time = [{"job_name": job["job_name"]} for job in again if is_one_time(schedules.get(job["job_name"]))]
+            if one_time:
+                store.execute("replan_one_time_jobs", jobs=one_time, now=now)
         events = [{"job_name": job["job_name"], "kind": "config_invalid", "detail": job["config_error"]}
                   for job in report.invalid]
         if events:

@@ -244,6 +244,11 @@ class OnDemandSchedule:
 Schedule = CronSchedule | OnceSchedule | OnDemandSchedule
 
 
+def is_one_time(text: str | None) -> bool:
+    """Whether a schedule's text is a one-time schedule (``@once ...``), without parsing it."""
+    return (text or "").strip().lower().startswith(ONCE_PREFIX)
+
+
 @lru_cache(maxsize=4096)
 def parse_schedule(text: str, timezone_name: str = "UTC") -> Schedule:
     """``@once <ISO-8601>`` (in the job's time zone unless it carries an offset), NCRONTAB, or
@@ -252,7 +257,7 @@ def parse_schedule(text: str, timezone_name: str = "UTC") -> Schedule:
     stripped = (text or "").strip()
     if not stripped:
         return OnDemandSchedule(timezone=timezone_name)
-    if stripped.lower().startswith(ONCE_PREFIX):
+    if is_one_time(stripped):
         moment = stripped[len(ONCE_PREFIX):].strip()
         if not moment:
             raise ValueError("'@once' needs an ISO-8601 date and time, e.g. '@once 2026-12-31T23:00:00'")

@@ -1,5 +1,5 @@
-"""Schedules hardened after an attack (issue 33), on SQLite and PostgreSQL (the T-SQL procedures
-on PostgreSQL): a run is keyed by a function of the job's definition and the time it stands for,
+"""Schedules hardened after an attack (issue 33), on SQLite, PostgreSQL and SQL Server when
+AGENT_TEST_MSSQL is set (the T-SQL procedures on both servers): a run is keyed by a function of the job's definition and the time it stands for,
 never of what one tick decided about it, so a slot is claimed once whichever instance and tick
 plans it (jitter with ON_EXCLUDED=next, a slot one tick claims ahead and another catches up);
 backfill knows a slot's run whatever jitter keyed it and refuses a disabled job; a change of a
@@ -7,7 +7,8 @@ job's calendars or jitter re-plans its runs claimed ahead (settings jobs, and da
 through agent.set_job_calendars and the calendars it names) instead of duplicating them or
 leaving them at a time a new calendar excludes; a moved catch-up run keeps its catch-up note; a
 catch-up window larger than the scan runs its newest slots and says what it dropped; jitter never
-pushes a run into an excluded period."""
+pushes a run into an excluded period; a one-time run a calendar moved is decided again when its
+calendars change, and never runs twice."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from shared.engine.operations import backfill, backfill_slots
 from shared.engine.views import upcoming_slots
 from shared.errors import UsageError
 from shared.messaging.memory import MemoryQueue
-from tests.support.harness import at, execute, fresh_database, make_agent, work
+from tests.support.harness import MSSQL_BASE, at, execute, fresh_database, make_agent, work
 from tests.support.tsql_caller import call, connect
 
 UTC = timezone.utc
@@ -232,10 +233,11 @@ def test_a_run_moved_to_a_time_a_new_calendar_excludes_does_not_run(db_url):
     assert [_aware(r["scheduled_for"]) for r in live(rows)] == [at("2026-12-28T00:00:00"), at("2026-12-28T02:00:00")]
 
 
-@pytest.fixture
-def pg_procedures():
-    """An agent on the real clock (the procedures read the server's) and a user's connection."""
-    with fresh_database("postgres") as url:
+@pytest.fixture(params=["postgres"] + (["mssql"] if MSSQL_BASE else []))
+def procedures(request):
+    """An agent on the real clock (the procedures read the server's) and a user's connection, on
+    PostgreSQL and, when AGENT_TEST_MSSQL names one, on SQL Server (Babelfish)."""
+    with fresh_database(request.param) as url:
         agent = make_agent(url)
         connection = connect(url)
         try:
@@ -245,8 +247,8 @@ def pg_procedures():
             agent.close()
 
 
-def test_set_job_calendars_replaces_the_runs_claimed_ahead_instead_of_duplicating_them(pg_procedures):
-    agent, connection = pg_procedures
+def test_set_job_calendars_replaces_the_runs_claimed_ahead_instead_of_duplicating_them(procedures):
+    agent, connection = procedures
     call(connection, "add_scheduled_job", name="minutely", sql="SELECT 1", schedule="0 * * * * *")
     call(connection, "set_job_calendars", job_name="minutely", jitter_seconds=50)
     agent.tick()
@@ -270,8 +272,8 @@ def test_set_job_calendars_replaces_the_runs_claimed_ahead_instead_of_duplicatin
     assert len(audit) == 3
 
 
-def test_a_calendar_a_database_job_now_names_skips_its_runs_claimed_ahead(pg_procedures):
-    agent, connection = pg_procedures
+def test_a_calendar_a_database_job_now_names_skips_its_runs_claimed_ahead(procedures):
+    agent, connection = procedures
     call(connection, "add_scheduled_job", name="minutely", sql="SELECT 1", schedule="0 * * * * *")
     agent.tick()
     assert live(history(agent, "minutely"))
@@ -366,10 +368,10 @@ def test_jitter_never_pushes_a_run_into_an_excluded_period(db_url):
     assert done.made == () and done.already == 3
 
 
-def test_a_one_time_job_that_ran_does_not_run_again_when_its_jitter_or_calendars_change(pg_procedures):
+def test_a_one_time_job_that_ran_does_not_run_again_when_its_jitter_or_calendars_change(procedures):
     """A one-time job runs once. Its run is keyed at the time given (JITTER_SECONDS does not apply
     to a one-time slot: a new jitter would be a new key, a second run of a job that already ran)."""
-    agent, connection = pg_procedures
+    agent, connection = procedures
     when = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=3)
     call(connection, "add_scheduled_job", name="once", sql="SELECT 1", run_at=when)
     call(connection, "set_job_calendars", job_name="once", jitter_seconds=30)
@@ -385,3 +387,94 @@ def test_a_one_time_job_that_ran_does_not_run_again_when_its_jitter_or_calendars
         agent.tick()
         work(agent, concurrency=1, max_seconds=10)
     assert [(r["run_id"], r["status"]) for r in history(agent, "once")] == [(ran["run_id"], "succeeded")]
+
+
+# ---------------------------------------------------------------- 8. a one-time run a calendar moved is decided again
+
+ONCE_MOVED = {"once": {"SCHEDULE": "@once 2026-12-24T02:00:00", "COMMAND": "SELECT 1", "EXCLUDE": "freeze",
+                       "ON_EXCLUDED": "next"}}
+
+
+def slots_of(rows):
+    return [_aware(r["scheduled_for"]) for r in rows]
+
+
+def test_a_one_time_run_a_calendar_moved_is_decided_again_when_the_calendars_change(db_url):
+    """A one-time job has no next slot once claimed: its run a calendar moved used to keep its
+    moved time whatever the calendars became. Now each change of its calendars before it runs
+    records that run skipped and decides the job again from now (its slot has passed: not a
+    missed slot, the misfire rules do not drop it), one live run at a time; once it ran, a
+    change of calendars runs nothing more."""
+    agent = make_agent(db_url, ONCE_MOVED, CALENDAR__freeze__DATES="2026-12-24..2026-12-26")
+    agent.tick(at("2026-12-24T01:59:30"))
+    first = live(history(agent, "once"))
+    assert slots_of(first) == [at("2026-12-27T00:00:00")]
+    # The freeze is extended over the moved time, three days after the slot (past GRACE_SECONDS).
+    extended = make_agent(db_url, ONCE_MOVED, CALENDAR__freeze__DATES="2026-12-24..2026-12-27")
+    for moment in ("2026-12-26T10:00:00", "2026-12-26T23:59:30", "2026-12-27T00:00:30"):
+        extended.tick(at(moment))
+    rows = history(extended, "once")
+    assert [r["note"] for r in rows if r["run_id"] == first[0]["run_id"]] == [REPLANNED_SETTINGS]
+    assert slots_of(live(rows)) == [at("2026-12-28T00:00:00")]
+    # The freeze is cut short: the job runs now, at the tick that sees the change.
+    shortened = make_agent(db_url, ONCE_MOVED, CALENDAR__freeze__DATES="2026-12-24..2026-12-25")
+    shortened.tick(at("2026-12-27T12:00:00"))
+    shortened.tick(at("2026-12-27T12:01:00"))
+    rows = history(shortened, "once")
+    assert slots_of(live(rows)) == [at("2026-12-27T12:00:00")]
+    assert live(rows)[0]["status"] == "pending"
+    # It ran; a later change of its calendars runs nothing more.
+    execute(shortened, f"UPDATE {table(shortened, 'runs')} SET status = 'succeeded' "
+                       f"WHERE run_id = {live(rows)[0]['run_id']}")
+    for dates, moment in (("2026-12-24..2026-12-31", "2026-12-27T13:00:00"), ("2027-01-01", "2027-01-02T13:00:00")):
+        make_agent(db_url, ONCE_MOVED, CALENDAR__freeze__DATES=dates).tick(at(moment))
+    rows = history(shortened, "once")
+    assert [(slots_of([r])[0], r["status"]) for r in live(rows)] == [(at("2026-12-27T12:00:00"), "succeeded")]
+
+
+def test_a_one_time_run_claimed_ahead_moves_when_a_new_calendar_excludes_its_slot(db_url):
+    """Claimed ahead at its slot, then a calendar now excluding the slot: the run is not left at a
+    time the calendars exclude; the slot's run is moved as a claim would have moved it."""
+    job = {"once": {**ONCE_MOVED["once"], "EXCLUDE": "none_yet"}}
+    agent = make_agent(db_url, job, CALENDAR__none_yet__DATES="2026-01-01")
+    agent.tick(at("2026-12-24T01:59:30"))
+    assert slots_of(live(history(agent, "once"))) == [at("2026-12-24T02:00:00")]
+    make_agent(db_url, ONCE_MOVED, CALENDAR__freeze__DATES="2026-12-24").tick(at("2026-12-24T01:59:40"))
+    rows = history(agent, "once")
+    assert slots_of(live(rows)) == [at("2026-12-25T00:00:00")]
+    (slot,) = [r for r in rows if _aware(r["scheduled_for"]) == at("2026-12-24T02:00:00")]
+    assert (slot["status"], slot["note"]) == ("skipped", "calendar: freeze; moved to 2026-12-25T00:00:00+00:00")
+    # A calendar that allows the slot again: the run is back at its slot, the same run.
+    make_agent(db_url, job, CALENDAR__none_yet__DATES="2026-01-01").tick(at("2026-12-24T01:59:50"))
+    rows = history(agent, "once")
+    assert [(r["run_id"], r["status"]) for r in live(rows)] == [(slot["run_id"], "pending")]
+
+
+def test_a_one_time_database_job_a_calendar_moved_runs_once_after_its_calendars_change(procedures):
+    agent, connection = procedures
+    now = datetime.now(UTC)
+    if now.hour == 23 and now.minute >= 59:
+        time.sleep(61)
+        now = datetime.now(UTC)
+    today = now.date()
+    call(connection, "add_calendar", name="today", dates=str(today))
+    when = now.replace(microsecond=0) + timedelta(seconds=2)
+    call(connection, "add_scheduled_job", name="once", sql="SELECT 1", run_at=when)
+    call(connection, "set_job_calendars", job_name="once", exclude_calendars="today", on_excluded="next")
+    agent.tick()
+    midnight = datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
+    assert slots_of(live(history(agent, "once"))) == [midnight]
+    time.sleep(max(0.0, (when - datetime.now(UTC)).total_seconds()) + 0.5)
+    # The exclusion is lifted after the slot passed: the job runs now, once.
+    call(connection, "set_job_calendars", job_name="once")
+    agent.tick()
+    work(agent, concurrency=1, max_seconds=20)
+    rows = history(agent, "once")
+    assert [r["note"] for r in rows if _aware(r["scheduled_for"]) == midnight] == [REPLANNED_DATABASE]
+    (ran,) = live(rows)
+    assert ran["status"] == "succeeded" and when < _aware(ran["scheduled_for"]) < midnight
+    # Calendars changed after it ran: nothing runs again.
+    for exclude in ("today", None):
+        call(connection, "set_job_calendars", job_name="once", exclude_calendars=exclude, on_excluded="next")
+        agent.tick()
+    assert [(r["run_id"], r["status"]) for r in live(history(agent, "once"))] == [(ran["run_id"], "succeeded")]

@@ -132,7 +132,7 @@ WHERE j.valid = 0
                     AND c.config_error = j.config_error);
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is.
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is. A job with no next slot left (a one-time job once claimed) has its runs claimed ahead recorded skipped only when nothing of it ran, runs or waits to retry; upsert_jobs then has it decided again from its slot, or from now when that has passed.
 -- UPDATE ... FROM a derived table of the changed jobs (one row per job: the jobs key), joined in the WHERE clause: Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with JOIN ... ON. The locking on SQL Server is that of the UPDATE itself: update locks on the qualifying runs rows, current committed version (https://learn.microsoft.com/sql/t-sql/queries/update-transact-sql); the caller holds the job-definitions applock.
 DECLARE @skipped TABLE (run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6), status NVARCHAR(16),
                         note NVARCHAR(MAX), operation_id NVARCHAR(32));
@@ -160,10 +160,17 @@ FROM agent.runs AS r,
       WHERE c.configured = 1 AND c.defined_in_database = 0
         AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule
              OR j.timezone <> c.timezone
-             OR (j.next_due_at IS NOT NULL AND c.next_due_at IS NOT NULL AND j.jitter_seconds <> c.jitter_seconds)
-             OR (j.next_due_at IS NOT NULL AND c.next_due_at IS NOT NULL
-                 AND (j.calendars <> c.calendars OR (j.calendars IS NULL AND c.calendars IS NOT NULL)
-                      OR (j.calendars IS NOT NULL AND c.calendars IS NULL))))) AS d
+             OR (j.next_due_at IS NOT NULL
+                 AND (j.jitter_seconds <> c.jitter_seconds
+                      OR j.calendars <> c.calendars OR (j.calendars IS NULL AND c.calendars IS NOT NULL)
+                      OR (j.calendars IS NOT NULL AND c.calendars IS NULL))
+                 -- A job with no next slot left (a one-time job once claimed): only when nothing of
+                 -- it ran, runs or waits to retry, so that upsert_jobs has it decided again.
+                 AND (c.next_due_at IS NOT NULL
+                      OR NOT EXISTS (SELECT 1 FROM agent.runs AS o
+                                     WHERE o.job_name = c.job_name AND o.kind = N'scheduled' AND o.status <> N'skipped'
+                                       AND NOT (o.status IN (N'pending', N'queued') AND o.attempt = 0
+                                                AND o.scheduled_for >= j.next_due_at)))))) AS d
 WHERE d.job_name = r.job_name AND r.kind IN (N'scheduled', N'backfill')
   AND (r.status IN (N'pending', N'queued')
        OR (r.status = N'skipped' AND r.note = N'paused' AND r.attempt = 0 AND r.scheduled_for >= CAST(:now AS DATETIME2(6))))
@@ -216,11 +223,20 @@ UPDATE t SET
           OR t.configured = 0
         THEN s.next_due_at
         -- Calendars or jitter changed: back to the new next slot (the runs claimed ahead from it
-        -- on were recorded skipped by skip_runs_of_changed_jobs), never past a slot not yet claimed.
+        -- on were recorded skipped by skip_runs_of_changed_jobs), never past a slot not yet claimed;
+        -- a job with no next slot left (a one-time job once claimed) whose calendars changed when
+        -- nothing of it ran, runs or waits to retry (its moved run was just recorded skipped) is
+        -- decided again from its slot, or from now when that has passed (not a missed slot).
         WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
                OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
           AND s.next_due_at IS NOT NULL AND t.next_due_at IS NOT NULL AND s.next_due_at < t.next_due_at
-        THEN s.next_due_at ELSE t.next_due_at END,
+        THEN s.next_due_at
+        WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
+               OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
+          AND s.next_due_at IS NOT NULL AND t.next_due_at IS NULL
+          AND NOT EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = t.job_name
+                            AND o.kind = N'scheduled' AND o.status <> N'skipped')
+        THEN CASE WHEN s.next_due_at < CAST(:now AS DATETIME2(6)) THEN CAST(:now AS DATETIME2(6)) ELSE s.next_due_at END ELSE t.next_due_at END,
     advanced_at = CASE
         WHEN t.schedule <> s.schedule
           OR t.timezone <> s.timezone
@@ -231,6 +247,12 @@ UPDATE t SET
         WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
                OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
           AND s.next_due_at IS NOT NULL AND t.next_due_at IS NOT NULL AND s.next_due_at < t.next_due_at
+        THEN CAST(:now AS DATETIME2(6))
+        WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
+               OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
+          AND s.next_due_at IS NOT NULL AND t.next_due_at IS NULL
+          AND NOT EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = t.job_name
+                            AND o.kind = N'scheduled' AND o.status <> N'skipped')
         THEN CAST(:now AS DATETIME2(6)) ELSE t.advanced_at END,
     schedule = s.schedule,
     timezone = s.timezone,
@@ -399,7 +421,7 @@ WHERE j.next_due_at <= CAST(:horizon AS DATETIME2(6)) AND j.enabled = 1 AND j.va
 ORDER BY j.job_name;
 
 -- claim_slots --
--- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}) in one round trip; the duplicate probe holds key-range locks on the unique (job_name, scheduled_for) index it is forced to seek, so concurrent ticks insert nothing twice. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before. A slot whose run a change of the job's definition recorded skipped (note 'skipped: the job ...': disabled, removed, redefined, schedule changed) and that never started is the job's again when a claim under the definition now in force plans it (enabled again, added back, a new schedule with a slot at the same instant): its run takes the planned decision and the definition's values in place (the same run id; a new token fences a message sent before; the operation id chosen for the slot, by which it is read back with the runs inserted).
+-- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}) in one round trip; the duplicate probe holds key-range locks on the unique (job_name, scheduled_for) index it is forced to seek, so concurrent ticks insert nothing twice. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before. A slot whose run a change of the job's definition recorded skipped (note 'skipped: the job ...': disabled, removed, redefined, schedule changed) and that never started is the job's again when a claim under the definition now in force plans it (enabled again, added back, a new schedule with a slot at the same instant); so is a slot a calendar recorded skipped (note 'calendar: ...') that the calendars now in force decide otherwise (allowed, or moved elsewhere): its run takes the planned decision and the definition's values in place (the same run id; a new token fences a message sent before; the operation id chosen for the slot, by which it is read back with the runs inserted).
 -- The revival is an UPDATE before the INSERT, under the claim lock, joined in the WHERE clause with no OUTPUT (Babelfish); the INSERT's probe then finds the run and inserts nothing for it.
 -- The rows inserted are read back by their operation ids (chosen first, into @slots) instead of through OUTPUT: Babelfish refuses INSERT ... OUTPUT INTO ... SELECT ... ORDER BY, and the ORDER BY stays, since it is what makes SQL Server compute the identity values (run ids) in that order ("INSERT (Transact-SQL)", https://learn.microsoft.com/sql/t-sql/statements/insert-transact-sql). On SQL Server the (UPDLOCK, HOLDLOCK) of the probe holds a key-range lock on each (job_name, scheduled_for) to the end of the transaction (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table): a concurrent tick waits, then finds the row. Babelfish ignores the hints, so the claims of concurrent ticks also take the claim lock first: an exclusive applock to the end of the transaction, under which a second tick waits for the first one's commit and its INSERT (a new statement, a new snapshot on Babelfish) then finds the slots claimed and inserts nothing, instead of meeting the unique index runs_job_slot (2627) and rolling back its whole claim. On SQL Server it orders what the key-range locks already decided. Only claims take it (after select_due_jobs' shared pauses applock, which takes no row lock), so a transaction waiting for it holds nothing its holder will wait for: no deadlock.
 -- A table is read first: an owner 'Transaction' applock needs an open transaction, and EXEC opens none.
@@ -434,7 +456,10 @@ FROM agent.runs AS r WITH (FORCESEEK(runs_job_slot(job_name, scheduled_for))),
             AND (p.paused_until IS NULL OR p.paused_until > CAST(:now AS DATETIME2(6)))
             AND (p.paused_until IS NULL OR s.runnable_at < p.paused_until)) AS d
 WHERE r.job_name IS NOT NULL AND r.job_name = d.job_name AND r.scheduled_for = d.scheduled_for
-  AND r.kind = N'scheduled' AND r.status = N'skipped' AND r.attempt = 0 AND r.note LIKE N'skipped: the job%';
+  AND r.kind = N'scheduled' AND r.status = N'skipped' AND r.attempt = 0
+  AND (r.note LIKE N'skipped: the job%'
+       -- A slot a calendar excluded that the calendars now in force decide otherwise.
+       OR (r.note LIKE N'calendar:%' AND (d.status <> N'skipped' OR (d.note LIKE N'calendar:%' AND d.note <> r.note))));
 INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
                         max_attempts, timeout_seconds, lease_seconds, runnable_at, created_at,
                         finished_at, operation_id, note, steps)
@@ -1025,6 +1050,17 @@ WHERE r.job_name = d.job_name AND r.kind = N'scheduled' AND r.attempt = 0
   AND (r.status IN (N'pending', N'queued') OR (r.status = N'skipped' AND r.note = N'paused'))
   AND r.scheduled_for >= d.since;
 SELECT run_id, job_name, scheduled_for FROM @replanned;
+
+-- replan_one_time_jobs --
+-- One-time database jobs planned again after their calendars changed (:jobs, a JSON array of {job_name}), after skip_replanned_runs recorded skipped their runs claimed ahead (the run a calendar moved): one of which a scheduled run ran, runs, waits to retry or was cancelled keeps no slot (next_due_at NULL, as its claim left it), so it never runs a second time; the others are decided again from their slot, or from now when it has passed (the misfire rules do not apply: the run was not missed, it was waiting for the time its calendars allowed).
+UPDATE j SET next_due_at = CASE
+        WHEN EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.kind = N'scheduled'
+                       AND o.status <> N'skipped') THEN NULL
+        WHEN j.next_due_at < CAST(:now AS DATETIME2(6)) THEN CAST(:now AS DATETIME2(6))
+        ELSE j.next_due_at END
+FROM agent.jobs AS j,
+     (SELECT x.job_name FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64)) AS x) AS d
+WHERE j.job_name = d.job_name AND j.next_due_at IS NOT NULL;
 
 -- stop_job --
 -- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).

@@ -72,7 +72,7 @@ WHERE j.valid = 0
                     AND c.config_error = j.config_error);
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is.
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is. A job with no next slot left (a one-time job once claimed) has its runs claimed ahead recorded skipped only when nothing of it ran, runs or waits to retry; upsert_jobs then has it decided again from its slot, or from now when that has passed.
 UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
     note = CASE WHEN j.job_name IS NULL THEN 'skipped: the job was removed from the settings after this slot was claimed'
                 WHEN j.valid = 0 THEN 'skipped: the job''s settings became invalid after this slot was claimed'
@@ -91,8 +91,14 @@ WHERE r.job_name = c.job_name AND r.kind IN ('scheduled', 'backfill')
   AND c.configured = 1 AND c.defined_in_database = 0
   AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule OR j.timezone <> c.timezone
        OR ((j.calendars IS DISTINCT FROM c.calendars OR COALESCE(j.jitter_seconds, 0) <> c.jitter_seconds)
-           AND c.next_due_at IS NOT NULL
-           AND r.kind = 'scheduled' AND r.attempt = 0 AND r.scheduled_for >= CAST(j.next_due_at AS timestamp)))
+           AND r.kind = 'scheduled' AND r.attempt = 0 AND r.scheduled_for >= CAST(j.next_due_at AS timestamp)
+           -- A job with no next slot left (a one-time job once claimed): only when nothing of it
+           -- ran, runs or waits to retry, so that upsert_jobs has it decided again.
+           AND (c.next_due_at IS NOT NULL
+                OR NOT EXISTS (SELECT 1 FROM agent.runs AS o
+                               WHERE o.job_name = c.job_name AND o.kind = 'scheduled' AND o.status <> 'skipped'
+                                 AND NOT (o.status IN ('pending', 'queued') AND o.attempt = 0
+                                          AND o.scheduled_for >= CAST(j.next_due_at AS timestamp))))))
 RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id;
 
 -- upsert_jobs --
@@ -123,11 +129,18 @@ ON CONFLICT (job_name) DO UPDATE SET
           OR agent.jobs.configured = 0
         THEN EXCLUDED.next_due_at
         -- Calendars or jitter changed: back to the new next slot (the runs claimed ahead from it
-        -- on were recorded skipped by skip_runs_of_changed_jobs), never past a slot not yet claimed.
+        -- on were recorded skipped by skip_runs_of_changed_jobs), never past a slot not yet claimed;
+        -- a job with no next slot left (a one-time job once claimed) whose calendars changed when
+        -- nothing of it ran, runs or waits to retry (its moved run was just recorded skipped) is
+        -- decided again from its slot, or from now when that has passed (not a missed slot).
         WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
-          AND EXCLUDED.next_due_at IS NOT NULL
-          AND agent.jobs.next_due_at IS NOT NULL AND EXCLUDED.next_due_at < agent.jobs.next_due_at
-        THEN EXCLUDED.next_due_at ELSE agent.jobs.next_due_at END,
+          AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NOT NULL AND EXCLUDED.next_due_at < agent.jobs.next_due_at
+        THEN EXCLUDED.next_due_at
+        WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
+          AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NULL
+          AND NOT EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = agent.jobs.job_name
+                            AND o.kind = 'scheduled' AND o.status <> 'skipped')
+        THEN GREATEST(EXCLUDED.next_due_at, CAST(:now AS timestamp)) ELSE agent.jobs.next_due_at END,
     advanced_at = CASE
         WHEN agent.jobs.schedule <> EXCLUDED.schedule
           OR agent.jobs.timezone <> EXCLUDED.timezone
@@ -136,8 +149,12 @@ ON CONFLICT (job_name) DO UPDATE SET
           OR agent.jobs.configured = 0
         THEN EXCLUDED.advanced_at
         WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
-          AND EXCLUDED.next_due_at IS NOT NULL
-          AND agent.jobs.next_due_at IS NOT NULL AND EXCLUDED.next_due_at < agent.jobs.next_due_at
+          AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NOT NULL AND EXCLUDED.next_due_at < agent.jobs.next_due_at
+        THEN EXCLUDED.advanced_at
+        WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
+          AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NULL
+          AND NOT EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = agent.jobs.job_name
+                            AND o.kind = 'scheduled' AND o.status <> 'skipped')
         THEN EXCLUDED.advanced_at ELSE agent.jobs.advanced_at END,
     schedule = EXCLUDED.schedule,
     timezone = EXCLUDED.timezone,
@@ -274,7 +291,7 @@ WHERE j.next_due_at <= CAST(:horizon AS timestamp) AND j.enabled = 1 AND j.valid
 ORDER BY j.job_name;
 
 -- claim_slots --
--- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before. A slot whose run a change of the job's definition recorded skipped (note 'skipped: the job ...': disabled, removed, redefined, schedule changed) and that never started is the job's again when a claim under the definition now in force plans it (enabled again, added back, a new schedule with a slot at the same instant): its run takes the planned decision and the definition's values in place (the same run id; a new token fences a message sent before, a new operation id), and is returned with the runs inserted.
+-- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}) in one statement; the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before. A slot whose run a change of the job's definition recorded skipped (note 'skipped: the job ...': disabled, removed, redefined, schedule changed) and that never started is the job's again when a claim under the definition now in force plans it (enabled again, added back, a new schedule with a slot at the same instant); so is a slot a calendar recorded skipped (note 'calendar: ...') that the calendars now in force decide otherwise (allowed, or moved elsewhere): its run takes the planned decision and the definition's values in place (the same run id; a new token fences a message sent before, a new operation id), and is returned with the runs inserted.
 -- The run of each slot is found by the unique (job_name, scheduled_for) index (a LATERAL with OFFSET 0: one index probe per slot, never a scan of the skipped runs, whatever the statistics say), then updated by its primary key (= ANY of their run ids: the UPDATE reads no other run; racing ticks lock them in the same order), checked again once locked (a racing tick that claimed one first leaves it pending); the INSERT finds them (its conflict check sees the row whatever this statement did to it) and inserts nothing for them.
 WITH planned AS MATERIALIZED (
     SELECT j.job_name, CAST(s.scheduled_for AS timestamp) AS scheduled_for,
@@ -305,7 +322,10 @@ found AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT o.run_id, o.kind, o.status, o.attempt, o.note FROM agent.runs AS o
         WHERE o.job_name = y.job_name AND o.scheduled_for = y.scheduled_for OFFSET 0) AS o
-    WHERE o.kind = 'scheduled' AND o.status = 'skipped' AND o.attempt = 0 AND o.note LIKE 'skipped: the job%'),
+    WHERE o.kind = 'scheduled' AND o.status = 'skipped' AND o.attempt = 0
+      AND (o.note LIKE 'skipped: the job%'
+           -- A slot a calendar excluded that the calendars now in force decide otherwise.
+           OR (o.note LIKE 'calendar:%' AND (y.status <> 'skipped' OR (y.note LIKE 'calendar:%' AND y.note <> o.note))))),
 revived AS (
     UPDATE agent.runs AS r SET status = x.status, note = x.note, runnable_at = x.runnable_at,
         finished_at = CASE WHEN x.status = 'skipped' THEN CAST(:now AS timestamp) END, lease_expires_at = NULL,
@@ -315,7 +335,8 @@ revived AS (
         timeout_seconds = x.timeout_seconds, lease_seconds = x.lease_seconds, steps = x.steps
     FROM found AS x
     WHERE r.run_id = x.run_id AND r.run_id = ANY (ARRAY(SELECT f.run_id FROM found AS f))
-      AND r.kind = 'scheduled' AND r.status = 'skipped' AND r.attempt = 0 AND r.note LIKE 'skipped: the job%'
+      AND r.kind = 'scheduled' AND r.status = 'skipped' AND r.attempt = 0
+      AND (r.note LIKE 'skipped: the job%' OR r.note LIKE 'calendar:%')
     RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id, r.token),
 inserted AS (
     INSERT INTO agent.runs (job_name, kind, scheduled_for, status, command, target_database, overlap,
@@ -839,6 +860,15 @@ WHERE r.job_name = x.job_name AND r.kind = 'scheduled' AND r.attempt = 0
   AND (r.status IN ('pending', 'queued') OR (r.status = 'skipped' AND r.note = 'paused'))
   AND r.scheduled_for >= CAST(x.since AS timestamp)
 RETURNING r.run_id, r.job_name, r.scheduled_for;
+
+-- replan_one_time_jobs --
+-- One-time database jobs planned again after their calendars changed (:jobs, a JSON array of {job_name}), after skip_replanned_runs recorded skipped their runs claimed ahead (the run a calendar moved): one of which a scheduled run ran, runs, waits to retry or was cancelled keeps no slot (next_due_at NULL, as its claim left it), so it never runs a second time; the others are decided again from their slot, or from now when it has passed (the misfire rules do not apply: the run was not missed, it was waiting for the time its calendars allowed).
+UPDATE agent.jobs AS j SET next_due_at = CASE
+        WHEN EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.kind = 'scheduled'
+                       AND o.status <> 'skipped') THEN NULL
+        ELSE GREATEST(j.next_due_at, CAST(:now AS timestamp)) END
+FROM json_to_recordset(CAST(:jobs AS json)) AS x(job_name VARCHAR)
+WHERE j.job_name = x.job_name AND j.next_due_at IS NOT NULL;
 
 -- stop_job --
 -- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).

@@ -72,7 +72,7 @@ WHERE json_extract(j.value, '$.valid') = 0
                     AND c.configured = 1 AND c.config_error = json_extract(j.value, '$.config_error'));
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is.
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is. A job with no next slot left (a one-time job once claimed) has its runs claimed ahead recorded skipped only when nothing of it ran, runs or waits to retry; upsert_jobs then has it decided again from its slot, or from now when that has passed.
 -- The changed jobs first (MATERIALIZED: the settings read once, not once per run), then their runs by the (job_name, scheduled_for) index.
 WITH given AS MATERIALIZED (
     SELECT json_extract(j.value, '$.job_name') AS job_name, json_extract(j.value, '$.valid') AS valid,
@@ -97,8 +97,15 @@ x AS MATERIALIZED (
     CROSS JOIN agent_jobs AS c
     WHERE c.job_name = n.job_name AND c.configured = 1 AND c.defined_in_database = 0
       AND n.valid = 1 AND n.enabled = 1 AND n.schedule = c.schedule AND n.timezone = c.timezone
-      AND n.next_due_at IS NOT NULL AND c.next_due_at IS NOT NULL
+      AND n.next_due_at IS NOT NULL
       AND (n.calendars IS NOT c.calendars OR n.jitter_seconds <> c.jitter_seconds)
+      -- A job with no next slot left (a one-time job once claimed): only when nothing of it ran,
+      -- runs or waits to retry, so that upsert_jobs has it decided again.
+      AND (c.next_due_at IS NOT NULL
+           OR NOT EXISTS (SELECT 1 FROM agent_runs AS o
+                          WHERE o.job_name = c.job_name AND o.kind = 'scheduled' AND o.status <> 'skipped'
+                            AND NOT (o.status IN ('pending', 'queued') AND o.attempt = 0
+                                     AND o.scheduled_for >= n.next_due_at)))
     UNION ALL
     SELECT c.job_name, 'skipped: the job was removed from the settings after this slot was claimed', NULL
     FROM agent_jobs AS c
@@ -148,11 +155,18 @@ ON CONFLICT (job_name) DO UPDATE SET
           OR agent_jobs.configured = 0
         THEN excluded.next_due_at
         -- Calendars or jitter changed: back to the new next slot (the runs claimed ahead from it
-        -- on were recorded skipped by skip_runs_of_changed_jobs), never past a slot not yet claimed.
+        -- on were recorded skipped by skip_runs_of_changed_jobs), never past a slot not yet claimed;
+        -- a job with no next slot left (a one-time job once claimed) whose calendars changed when
+        -- nothing of it ran, runs or waits to retry (its moved run was just recorded skipped) is
+        -- decided again from its slot, or from now when that has passed (not a missed slot).
         WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
-          AND excluded.next_due_at IS NOT NULL
-          AND agent_jobs.next_due_at IS NOT NULL AND excluded.next_due_at < agent_jobs.next_due_at
-        THEN excluded.next_due_at ELSE agent_jobs.next_due_at END,
+          AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NOT NULL AND excluded.next_due_at < agent_jobs.next_due_at
+        THEN excluded.next_due_at
+        WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
+          AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NULL
+          AND NOT EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name
+                            AND o.kind = 'scheduled' AND o.status <> 'skipped')
+        THEN MAX(excluded.next_due_at, :now) ELSE agent_jobs.next_due_at END,
     advanced_at = CASE
         WHEN agent_jobs.schedule <> excluded.schedule
           OR agent_jobs.timezone <> excluded.timezone
@@ -161,8 +175,12 @@ ON CONFLICT (job_name) DO UPDATE SET
           OR agent_jobs.configured = 0
         THEN excluded.advanced_at
         WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
-          AND excluded.next_due_at IS NOT NULL
-          AND agent_jobs.next_due_at IS NOT NULL AND excluded.next_due_at < agent_jobs.next_due_at
+          AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NOT NULL AND excluded.next_due_at < agent_jobs.next_due_at
+        THEN excluded.advanced_at
+        WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
+          AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NULL
+          AND NOT EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name
+                            AND o.kind = 'scheduled' AND o.status <> 'skipped')
         THEN excluded.advanced_at ELSE agent_jobs.advanced_at END,
     schedule = excluded.schedule,
     timezone = excluded.timezone,
@@ -289,7 +307,7 @@ WHERE j.next_due_at <= :horizon AND j.enabled = 1 AND j.valid = 1 AND j.configur
 ORDER BY j.job_name;
 
 -- claim_slots --
--- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}); the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before. A slot whose run a change of the job's definition recorded skipped (note 'skipped: the job ...': disabled, removed, redefined, schedule changed) and that never started is the job's again when a claim under the definition now in force plans it (enabled again, added back, a new schedule with a slot at the same instant): its run takes the planned decision and the definition's values in place (the same run id; a new token fences a message sent before, a new operation id), and is returned with the runs inserted.
+-- Claim the given slots (a JSON array of {job_name, scheduled_for, status, note, runnable_at}); the unique (job_name, scheduled_for) key arbitrates between concurrent ticks. A run becomes runnable at its slot (runnable_at, when given: later, the end of the pause that held it), never before. A slot whose run a change of the job's definition recorded skipped (note 'skipped: the job ...': disabled, removed, redefined, schedule changed) and that never started is the job's again when a claim under the definition now in force plans it (enabled again, added back, a new schedule with a slot at the same instant); so is a slot a calendar recorded skipped (note 'calendar: ...') that the calendars now in force decide otherwise (allowed, or moved elsewhere): its run takes the planned decision and the definition's values in place (the same run id; a new token fences a message sent before, a new operation id), and is returned with the runs inserted.
 -- The runs to take back, first (MATERIALIZED: the slots drive, each run found by the unique (job_name, scheduled_for) index through the CROSS JOIN, never a scan of the skipped runs); then each by its key.
 WITH x AS MATERIALIZED (
     SELECT o.run_id, y.status, y.note, y.runnable_at, y.command, y.target_database, y.overlap, y.max_attempts,
@@ -308,7 +326,10 @@ WITH x AS MATERIALIZED (
           WHERE j.enabled = 1 AND j.valid = 1 AND j.configured = 1) AS y
     CROSS JOIN agent_runs AS o
     WHERE o.job_name = y.job_name AND o.scheduled_for = y.scheduled_for AND o.kind = 'scheduled'
-      AND o.status = 'skipped' AND o.attempt = 0 AND o.note LIKE 'skipped: the job%')
+      AND o.status = 'skipped' AND o.attempt = 0
+      AND (o.note LIKE 'skipped: the job%'
+           -- A slot a calendar excluded that the calendars now in force decide otherwise.
+           OR (o.note LIKE 'calendar:%' AND (y.status <> 'skipped' OR (y.note LIKE 'calendar:%' AND y.note <> o.note)))))
 UPDATE agent_runs SET status = x.status, note = x.note, runnable_at = x.runnable_at,
     finished_at = CASE WHEN x.status = 'skipped' THEN :now END, lease_expires_at = NULL, dispatched_at = NULL,
     last_error = NULL, last_error_number = NULL, token = agent_runs.token + 1, created_at = :now,
@@ -1031,6 +1052,14 @@ WHERE agent_runs.job_name = x.job_name AND agent_runs.kind = 'scheduled' AND age
   AND (agent_runs.status IN ('pending', 'queued') OR (agent_runs.status = 'skipped' AND agent_runs.note = 'paused'))
   AND agent_runs.scheduled_for >= x.since
 RETURNING run_id, job_name, scheduled_for;
+
+-- replan_one_time_jobs --
+-- One-time database jobs planned again after their calendars changed (:jobs, a JSON array of {job_name}), after skip_replanned_runs recorded skipped their runs claimed ahead (the run a calendar moved): one of which a scheduled run ran, runs, waits to retry or was cancelled keeps no slot (next_due_at NULL, as its claim left it), so it never runs a second time; the others are decided again from their slot, or from now when it has passed (the misfire rules do not apply: the run was not missed, it was waiting for the time its calendars allowed).
+UPDATE agent_jobs SET next_due_at = CASE
+        WHEN EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.kind = 'scheduled'
+                       AND o.status <> 'skipped') THEN NULL
+        ELSE MAX(next_due_at, :now) END
+WHERE job_name IN (SELECT json_extract(j.value, '$.job_name') FROM json_each(:jobs) AS j) AND next_due_at IS NOT NULL;
 
 -- stop_job --
 -- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).
