@@ -24,11 +24,17 @@ JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 DATABASE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_\-]{1,128}$")
 
 
+# A whole number as a person writes one: ASCII digits, an optional sign. Python's int() also takes
+# "1_000", full-width and other scripts' digits ("５", "٣"), which no database or person reads as
+# the same number.
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]{1,30}")
+
+
 def parse_int(setting: str, raw: str | None, low: int, high: int) -> int:
-    try:
-        value = int(str(raw).strip())
-    except (TypeError, ValueError):
-        raise ConfigError(setting, raw, f"a whole number from {low} to {high}") from None
+    text = str(raw).strip()
+    if isinstance(raw, bool) or not _WHOLE_NUMBER.fullmatch(text):
+        raise ConfigError(setting, raw, f"a whole number from {low} to {high}")
+    value = int(text)
     if not low <= value <= high:
         raise ConfigError(setting, raw, f"a whole number from {low} to {high}")
     return value
