@@ -53,6 +53,10 @@ MAX_EVENTS = 5000
 # for every month a slot is decided in).
 MAX_CALENDARS_PER_JOB = 20
 MAX_ICS_BYTES = 5 * 1024 * 1024
+# At most this many CALENDAR__<name>__ICS files in the settings, and this many bytes in all: a
+# cold start parses each (a few seconds a MiB), and read_ics keeps the answers of twice as many.
+MAX_ICS_CALENDARS = 16
+MAX_ICS_TOTAL_BYTES = 20 * 1024 * 1024
 # An iCalendar file's expansion: at most this many rules (RRULE, EXRULE) an event, and steps of
 # work (_WorkBudget: about half a microsecond each) for the whole file: to walk its rules first,
 # from their DTSTART to past the window (a DTSTART long before it, or a rule that rarely or
@@ -476,6 +480,7 @@ def parse_calendars(env: dict[str, str], today: date | None = None) -> CalendarS
             continue
         given[name.lower()][part.upper()] = (key, value, name)
     calendars: dict[str, Calendar] = {}
+    too_many_files = _ics_over_limits(given)
     for folded, parts in given.items():
         errors = invalid.setdefault(folded, [])
         display = next(iter(parts.values()))[2]
@@ -489,6 +494,8 @@ def parse_calendars(env: dict[str, str], today: date | None = None) -> CalendarS
                     dates = parse_dates(value)
                 elif part == "WEEKLY":
                     weekly = parse_weekly(value)
+                elif folded in too_many_files:
+                    raise ValueError(too_many_files[folded])
                 else:
                     ics_dates, events = read_ics(value.strip(), today or datetime.now(UTC).date())
             except ValueError as exc:
@@ -498,6 +505,32 @@ def parse_calendars(env: dict[str, str], today: date | None = None) -> CalendarS
             calendars[folded] = Calendar(name=display, dates=tuple(sorted(dates + ics_dates)), weekly=weekly,
                                          events=events)
     return CalendarSettings(calendars, {name: tuple(errors) for name, errors in invalid.items() if errors})
+
+
+def _ics_over_limits(given: dict[str, dict[str, tuple[str, str, str]]]) -> dict[str, str]:
+    """The ICS calendars past MAX_ICS_CALENDARS or MAX_ICS_TOTAL_BYTES (taken in name order, so
+    that every instance refuses the same ones), each with why."""
+    refused: dict[str, str] = {}
+    total = 0
+    for index, folded in enumerate(sorted(name for name, parts in given.items() if "ICS" in parts)):
+        if index >= MAX_ICS_CALENDARS:
+            refused[folded] = (f"more than {MAX_ICS_CALENDARS} calendars are read from iCalendar files "
+                               f"(CALENDAR__<name>__ICS): expected at most {MAX_ICS_CALENDARS} (the first "
+                               f"{MAX_ICS_CALENDARS} by name are read)")
+            continue
+        try:
+            size = os.stat(given[folded]["ICS"][1].strip()).st_size
+        except (OSError, ValueError):
+            continue                        # read_ics says what is wrong with the path
+        if size > MAX_ICS_BYTES:
+            continue                        # read_ics refuses it alone
+        if total + size > MAX_ICS_TOTAL_BYTES:
+            refused[folded] = (f"the iCalendar files of the calendars before it by name and this one hold more than "
+                               f"{MAX_ICS_TOTAL_BYTES // (1024 * 1024)} MiB: expected at most "
+                               f"{MAX_ICS_TOTAL_BYTES // (1024 * 1024)} MiB of .ics files in all")
+            continue
+        total += size
+    return refused
 
 
 def read_ics(path: str, today: date) -> tuple[tuple[tuple[date, date], ...], tuple[tuple[datetime, datetime], ...]]:
@@ -528,7 +561,7 @@ def read_ics(path: str, today: date) -> tuple[tuple[tuple[date, date], ...], tup
             found = _read_ics(path, today)
         except ValueError as exc:
             found = exc
-        if len(_ICS_READ) >= 32:
+        if len(_ICS_READ) >= 2 * MAX_ICS_CALENDARS:
             _ICS_READ.clear()
         _ICS_READ[key] = found
     if isinstance(found, ValueError):

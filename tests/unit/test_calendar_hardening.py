@@ -437,3 +437,26 @@ def test_excluded_dates_whose_midnight_is_skipped_or_repeated():
     assert rules.why_excluded(datetime(2026, 4, 5, 3, 30, tzinfo=UTC), santiago) == "calendar: x"    # 23:30, second pass
     assert rules.next_allowed(datetime(2026, 4, 4, 12, tzinfo=UTC), santiago) == datetime(2026, 4, 5, 4, tzinfo=UTC)
     assert rules.next_allowed(datetime(2026, 9, 5, 12, tzinfo=UTC), santiago) == datetime(2026, 9, 6, 4, tzinfo=UTC)
+
+
+def test_the_number_of_ics_calendars_and_their_bytes_in_all_are_bounded(tmp_path, monkeypatch):
+    """Each iCalendar file is parsed at a cold start (a few seconds a MiB): at most
+    MAX_ICS_CALENDARS of them, and MAX_ICS_TOTAL_BYTES in all, taken in name order so that every
+    instance refuses the same ones; the others are each invalid in words, the rest are read."""
+    settings = {}
+    for index in range(cal.MAX_ICS_CALENDARS + 2):
+        path = tmp_path / f"c{index:02d}.ics"
+        path.write_text(ics(timed("20260101T000000Z")))
+        settings[f"CALENDAR__c{index:02d}__ICS"] = str(path)
+    parsed = parse_calendars(settings, today=TODAY)
+    assert sorted(parsed.invalid) == [f"c{cal.MAX_ICS_CALENDARS:02d}", f"c{cal.MAX_ICS_CALENDARS + 1:02d}"]
+    (error,) = parsed.invalid[f"c{cal.MAX_ICS_CALENDARS:02d}"]
+    assert error.startswith(f"CALENDAR__c{cal.MAX_ICS_CALENDARS:02d}__ICS=") and \
+        f"expected at most {cal.MAX_ICS_CALENDARS}" in error
+    assert len(parsed.calendars) == cal.MAX_ICS_CALENDARS
+    # Bytes in all: with a total limit of two files' size, the third by name is refused.
+    size = (tmp_path / "c00.ics").stat().st_size
+    monkeypatch.setattr(cal, "MAX_ICS_TOTAL_BYTES", 2 * size)
+    parsed = parse_calendars({key: settings[key] for key in list(settings)[:3]}, today=TODAY)
+    assert list(parsed.invalid) == ["c02"] and sorted(parsed.calendars) == ["c00", "c01"]
+    assert "MiB of .ics files in all" in parsed.invalid["c02"][0]
