@@ -244,9 +244,9 @@ def plan_database_jobs(store: Store, now: datetime, telemetry: Any) -> PlanRepor
                  for job in report.planned if job["job_name"] in replan]
         if again:
             store.execute("skip_replanned_runs", jobs=again, now=now)
-            # A one-time job is decided again only when nothing of it ran, runs or waits to retry
-            # (its run a calendar moved, just recorded skipped): from its slot, or from now when
-            # that has passed; one that ran keeps no slot and never runs a second time.
+            # A one-time job is decided again only when its run not yet run was just recorded
+            # skipped (one a calendar moved): from its time, or from now when that has passed. One
+            # whose time has a run that stands for it keeps no slot: it never runs twice.
             schedules = {job["job_name"]: job["schedule"] for job in jobs}
             one_time = [{"job_name": job["job_name"]} for job in again if is_one_time(schedules.get(job["job_name"]))]
             if one_time:

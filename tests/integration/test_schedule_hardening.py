@@ -478,3 +478,100 @@ def test_a_one_time_database_job_a_calendar_moved_runs_once_after_its_calendars_
         call(connection, "set_job_calendars", job_name="once", exclude_calendars=exclude, on_excluded="next")
         agent.tick()
     assert [(r["run_id"], r["status"]) for r in live(history(agent, "once"))] == [(ran["run_id"], "succeeded")]
+
+
+def succeed(agent, run_id):
+    execute(agent, f"UPDATE {table(agent, 'runs')} SET status = 'succeeded', finished_at = scheduled_for "
+                   f"WHERE run_id = {run_id}")
+
+
+ONCE = {"SCHEDULE": "@once 2026-12-24T02:00:00", "COMMAND": "SELECT 1"}
+
+
+def test_a_one_time_slot_that_ran_or_was_skipped_for_good_is_not_brought_back_by_a_calendar_change(db_url):
+    """From the attack on the re-plan: only a run not yet due is decided again. A one-time job
+    backfilled after a missed slot, then given a jitter; one skipped by its misfire rule, then
+    given a calendar; one a calendar skipped (ON_EXCLUDED=skip), then the calendar's dates
+    changed: none runs (again)."""
+    backfilled = {"once": {**ONCE, "MISFIRE": "skip"}}
+    agent = make_agent(db_url, backfilled, clock=lambda: at("2026-12-24T05:00:00"))
+    agent.tick(at("2026-12-24T04:00:00"))
+    backfill(agent, "once", at("2026-12-24T01:00:00"), at("2026-12-24T03:00:00"))
+    (ran,) = live(history(agent, "once"))
+    succeed(agent, ran["run_id"])
+    make_agent(db_url, {"once": {**backfilled["once"], "JITTER_SECONDS": "30"}}).tick(at("2026-12-24T06:00:00"))
+    assert [r["run_id"] for r in live(history(agent, "once"))] == [ran["run_id"]]
+
+    other = make_agent(db_url, {"missed": {**ONCE, "MISFIRE": "skip"}})
+    other.tick(at("2026-12-24T04:00:00"))
+    make_agent(db_url, {"missed": {**ONCE, "MISFIRE": "skip", "EXCLUDE": "x"}},
+               CALENDAR__x__DATES="2027-05-05").tick(at("2026-12-30T06:00:00"))
+    assert not live(history(other, "missed"))
+
+    held = {"held": {**ONCE, "EXCLUDE": "x"}}
+    make_agent(db_url, held, CALENDAR__x__DATES="2026-12-24").tick(at("2026-12-24T01:59:30"))
+    make_agent(db_url, held, CALENDAR__x__DATES="2026-12-25").tick(at("2026-12-30T06:00:00"))
+    assert not live(history(other, "held")) and history(other, "held")
+
+
+def test_two_settings_syncs_before_a_claim_keep_the_one_time_job_decided_from_now(db_url):
+    """Two instances with different calendars sync, one after the other, before either claims: the
+    second sync must not take the job back to its passed time (a missed slot past GRACE_SECONDS
+    then, dropped)."""
+    moved = ONCE_MOVED["once"]
+    make_agent(db_url, {"once": moved}, CALENDAR__freeze__DATES="2026-12-24..2026-12-26").tick(at("2026-12-24T01:59:30"))
+    first = make_agent(db_url, {"once": moved}, CALENDAR__freeze__DATES="2026-12-24..2026-12-25")
+    second = make_agent(db_url, {"once": moved}, CALENDAR__freeze__DATES="2026-12-24")
+    now = at("2026-12-25T12:00:00")
+    first.scheduler().sync_jobs(now, scheduler.TickReport(now=now))
+    second.tick(now + timedelta(seconds=1))
+    later = now + timedelta(seconds=2)
+    first.scheduler().claim_slots(later, scheduler.TickReport(now=later))
+    for moment in ("2026-12-25T12:01:00", "2026-12-26T00:00:10"):
+        second.tick(at(moment))
+    assert slots_of(live(history(second, "once"))) == [now + timedelta(seconds=1)]
+
+
+def test_a_one_time_job_given_a_new_date_is_decided_again_under_its_calendars(db_url):
+    """A job reused for a new date (its SCHEDULE edited after its first run ran): the first run
+    does not keep the new date's moved run at a time the calendars now exclude."""
+    job = {"m": {**ONCE_MOVED["once"], "SCHEDULE": "@once 2026-11-24T02:00:00"}}
+    make_agent(db_url, job, CALENDAR__freeze__DATES="2026-12-24..2026-12-26").tick(at("2026-11-24T01:59:30"))
+    agent = make_agent(db_url, job, CALENDAR__freeze__DATES="2026-12-24..2026-12-26")
+    (ran,) = live(history(agent, "m"))
+    succeed(agent, ran["run_id"])
+    job = {"m": {**job["m"], "SCHEDULE": "@once 2026-12-24T02:00:00"}}
+    make_agent(db_url, job, CALENDAR__freeze__DATES="2026-12-24..2026-12-26").tick(at("2026-12-24T01:59:30"))
+    make_agent(db_url, job, CALENDAR__freeze__DATES="2026-12-24..2026-12-27").tick(at("2026-12-26T10:00:00"))
+    pending = [r for r in live(history(agent, "m")) if r["status"] == "pending"]
+    assert slots_of(pending) == [at("2026-12-28T00:00:00")]
+
+
+@pytest.fixture(params=["postgres"] + (["mssql"] if MSSQL_BASE else []))
+def hurried_procedures(request):
+    """As procedures, with an agent that records a slot missed one second after it."""
+    with fresh_database(request.param) as url:
+        agent = make_agent(url, AGENT_MISFIRE_THRESHOLD_SECONDS="1")
+        connection = connect(url)
+        try:
+            yield agent, connection
+        finally:
+            connection.close()
+            agent.close()
+
+
+def test_a_one_time_database_job_backfilled_does_not_run_again_when_its_jitter_changes(hurried_procedures):
+    agent, connection = hurried_procedures
+    when = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    call(connection, "add_scheduled_job", name="once", sql="SELECT 1", run_at=when, misfire="skip")
+    time.sleep(max(0.0, (when - datetime.now(UTC)).total_seconds()) + 2)
+    agent.tick()                                   # not ticking at its time: missed, skipped
+    assert not live(history(agent, "once"))
+    backfill(agent, "once", when - timedelta(seconds=1), datetime.now(UTC) - timedelta(seconds=1))
+    work(agent, concurrency=1, max_seconds=20)
+    (ran,) = live(history(agent, "once"))
+    assert ran["status"] == "succeeded"
+    call(connection, "set_job_calendars", job_name="once", jitter_seconds=5)
+    agent.tick()
+    work(agent, concurrency=1, max_seconds=20)
+    assert [(r["run_id"], r["status"]) for r in live(history(agent, "once"))] == [(ran["run_id"], "succeeded")]

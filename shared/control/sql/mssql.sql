@@ -132,7 +132,7 @@ WHERE j.valid = 0
                     AND c.config_error = j.config_error);
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is. A job with no next slot left (a one-time job once claimed) has its runs claimed ahead recorded skipped only when nothing of it ran, runs or waits to retry; upsert_jobs then has it decided again from its slot, or from now when that has passed.
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is. A job with no next slot left (a one-time job once claimed) has its run not yet due (one a calendar moved) recorded skipped; upsert_jobs then has it decided again from its slot, or from now when that has passed; a run that came, ran or was skipped for good stands.
 -- UPDATE ... FROM a derived table of the changed jobs (one row per job: the jobs key), joined in the WHERE clause: Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with JOIN ... ON. The locking on SQL Server is that of the UPDATE itself: update locks on the qualifying runs rows, current committed version (https://learn.microsoft.com/sql/t-sql/queries/update-transact-sql); the caller holds the job-definitions applock.
 DECLARE @skipped TABLE (run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6), status NVARCHAR(16),
                         note NVARCHAR(MAX), operation_id NVARCHAR(32));
@@ -149,6 +149,9 @@ FROM agent.runs AS r,
                   ELSE N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed' END AS note,
              CASE WHEN j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule
                        OR j.timezone <> c.timezone THEN NULL
+                  -- A job with no next slot left (a one-time job once claimed): its run not yet due
+                  -- (one a calendar moved); one that came, ran or was skipped stands.
+                  WHEN c.next_due_at IS NULL AND j.next_due_at < CAST(:now AS DATETIME2(6)) THEN CAST(:now AS DATETIME2(6))
                   ELSE j.next_due_at END AS since
       FROM agent.jobs AS c
       LEFT JOIN (SELECT x.job_name, agent.json_text(x.schedule) AS schedule, x.timezone, x.enabled, x.valid,
@@ -163,14 +166,7 @@ FROM agent.runs AS r,
              OR (j.next_due_at IS NOT NULL
                  AND (j.jitter_seconds <> c.jitter_seconds
                       OR j.calendars <> c.calendars OR (j.calendars IS NULL AND c.calendars IS NOT NULL)
-                      OR (j.calendars IS NOT NULL AND c.calendars IS NULL))
-                 -- A job with no next slot left (a one-time job once claimed): only when nothing of
-                 -- it ran, runs or waits to retry, so that upsert_jobs has it decided again.
-                 AND (c.next_due_at IS NOT NULL
-                      OR NOT EXISTS (SELECT 1 FROM agent.runs AS o
-                                     WHERE o.job_name = c.job_name AND o.kind = N'scheduled' AND o.status <> N'skipped'
-                                       AND NOT (o.status IN (N'pending', N'queued') AND o.attempt = 0
-                                                AND o.scheduled_for >= j.next_due_at)))))) AS d
+                      OR (j.calendars IS NOT NULL AND c.calendars IS NULL))))) AS d
 WHERE d.job_name = r.job_name AND r.kind IN (N'scheduled', N'backfill')
   AND (r.status IN (N'pending', N'queued')
        OR (r.status = N'skipped' AND r.note = N'paused' AND r.attempt = 0 AND r.scheduled_for >= CAST(:now AS DATETIME2(6))))
@@ -224,18 +220,19 @@ UPDATE t SET
         THEN s.next_due_at
         -- Calendars or jitter changed: back to the new next slot (the runs claimed ahead from it
         -- on were recorded skipped by skip_runs_of_changed_jobs), never past a slot not yet claimed;
-        -- a job with no next slot left (a one-time job once claimed) whose calendars changed when
-        -- nothing of it ran, runs or waits to retry (its moved run was just recorded skipped) is
-        -- decided again from its slot, or from now when that has passed (not a missed slot).
+        -- a job with no next slot left (a one-time job once claimed) whose run not yet due (one a
+        -- calendar moved) skip_runs_of_changed_jobs just recorded skipped is decided again. Never
+        -- before now: a one-time job's slot that has passed is not a missed slot then.
         WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
                OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
           AND s.next_due_at IS NOT NULL AND t.next_due_at IS NOT NULL AND s.next_due_at < t.next_due_at
-        THEN s.next_due_at
+        THEN CASE WHEN s.next_due_at < CAST(:now AS DATETIME2(6)) THEN CAST(:now AS DATETIME2(6)) ELSE s.next_due_at END
         WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
                OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
           AND s.next_due_at IS NOT NULL AND t.next_due_at IS NULL
-          AND NOT EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = t.job_name
-                            AND o.kind = N'scheduled' AND o.status <> N'skipped')
+          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = t.job_name AND o.status = N'skipped'
+                        AND o.finished_at = CAST(:now AS DATETIME2(6))
+                        AND o.note = N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
         THEN CASE WHEN s.next_due_at < CAST(:now AS DATETIME2(6)) THEN CAST(:now AS DATETIME2(6)) ELSE s.next_due_at END ELSE t.next_due_at END,
     advanced_at = CASE
         WHEN t.schedule <> s.schedule
@@ -251,8 +248,9 @@ UPDATE t SET
         WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
                OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
           AND s.next_due_at IS NOT NULL AND t.next_due_at IS NULL
-          AND NOT EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = t.job_name
-                            AND o.kind = N'scheduled' AND o.status <> N'skipped')
+          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = t.job_name AND o.status = N'skipped'
+                        AND o.finished_at = CAST(:now AS DATETIME2(6))
+                        AND o.note = N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
         THEN CAST(:now AS DATETIME2(6)) ELSE t.advanced_at END,
     schedule = s.schedule,
     timezone = s.timezone,
@@ -1052,12 +1050,14 @@ WHERE r.job_name = d.job_name AND r.kind = N'scheduled' AND r.attempt = 0
 SELECT run_id, job_name, scheduled_for FROM @replanned;
 
 -- replan_one_time_jobs --
--- One-time database jobs planned again after their calendars changed (:jobs, a JSON array of {job_name}), after skip_replanned_runs recorded skipped their runs claimed ahead (the run a calendar moved): one of which a scheduled run ran, runs, waits to retry or was cancelled keeps no slot (next_due_at NULL, as its claim left it), so it never runs a second time; the others are decided again from their slot, or from now when it has passed (the misfire rules do not apply: the run was not missed, it was waiting for the time its calendars allowed).
+-- One-time database jobs planned again after their calendars changed (:jobs, a JSON array of {job_name}; plan_jobs set next_due_at to the job's time), after skip_replanned_runs: one whose run not yet run it just recorded skipped (one a calendar moved) is decided again from its time, or from now when that has passed (the run was waiting for the time its calendars allowed, not missed); one whose time already has a run that stands for it (ran, runs, waits, backfilled, skipped for good) keeps no slot (next_due_at NULL, as its claim left it): it never runs a second time, and a slot skipped for good is not brought back by a calendar's change; one never claimed keeps its time.
 UPDATE j SET next_due_at = CASE
-        WHEN EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.kind = N'scheduled'
-                       AND o.status <> N'skipped') THEN NULL
-        WHEN j.next_due_at < CAST(:now AS DATETIME2(6)) THEN CAST(:now AS DATETIME2(6))
-        ELSE j.next_due_at END
+        WHEN EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.status = N'skipped'
+                       AND o.finished_at = CAST(:now AS DATETIME2(6)) AND o.note = N'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
+        THEN CASE WHEN j.next_due_at < CAST(:now AS DATETIME2(6)) THEN CAST(:now AS DATETIME2(6)) ELSE j.next_due_at END
+        WHEN EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.scheduled_for >= j.next_due_at
+                       AND NOT (o.status = N'skipped' AND o.note LIKE N'skipped: the job%'))
+        THEN NULL ELSE j.next_due_at END
 FROM agent.jobs AS j,
      (SELECT x.job_name FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64)) AS x) AS d
 WHERE j.job_name = d.job_name AND j.next_due_at IS NOT NULL;

@@ -72,7 +72,7 @@ WHERE j.valid = 0
                     AND c.config_error = j.config_error);
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is. A job with no next slot left (a one-time job once claimed) has its runs claimed ahead recorded skipped only when nothing of it ran, runs or waits to retry; upsert_jobs then has it decided again from its slot, or from now when that has passed.
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is. A job with no next slot left (a one-time job once claimed) has its run not yet due (one a calendar moved) recorded skipped; upsert_jobs then has it decided again from its slot, or from now when that has passed; a run that came, ran or was skipped for good stands.
 UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
     note = CASE WHEN j.job_name IS NULL THEN 'skipped: the job was removed from the settings after this slot was claimed'
                 WHEN j.valid = 0 THEN 'skipped: the job''s settings became invalid after this slot was claimed'
@@ -92,13 +92,9 @@ WHERE r.job_name = c.job_name AND r.kind IN ('scheduled', 'backfill')
   AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule OR j.timezone <> c.timezone
        OR ((j.calendars IS DISTINCT FROM c.calendars OR COALESCE(j.jitter_seconds, 0) <> c.jitter_seconds)
            AND r.kind = 'scheduled' AND r.attempt = 0 AND r.scheduled_for >= CAST(j.next_due_at AS timestamp)
-           -- A job with no next slot left (a one-time job once claimed): only when nothing of it
-           -- ran, runs or waits to retry, so that upsert_jobs has it decided again.
-           AND (c.next_due_at IS NOT NULL
-                OR NOT EXISTS (SELECT 1 FROM agent.runs AS o
-                               WHERE o.job_name = c.job_name AND o.kind = 'scheduled' AND o.status <> 'skipped'
-                                 AND NOT (o.status IN ('pending', 'queued') AND o.attempt = 0
-                                          AND o.scheduled_for >= CAST(j.next_due_at AS timestamp))))))
+           -- A job with no next slot left (a one-time job once claimed): its run not yet due
+           -- (one a calendar moved); one that came, ran or was skipped stands.
+           AND (c.next_due_at IS NOT NULL OR r.scheduled_for >= CAST(:now AS timestamp))))
 RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id;
 
 -- upsert_jobs --
@@ -130,16 +126,17 @@ ON CONFLICT (job_name) DO UPDATE SET
         THEN EXCLUDED.next_due_at
         -- Calendars or jitter changed: back to the new next slot (the runs claimed ahead from it
         -- on were recorded skipped by skip_runs_of_changed_jobs), never past a slot not yet claimed;
-        -- a job with no next slot left (a one-time job once claimed) whose calendars changed when
-        -- nothing of it ran, runs or waits to retry (its moved run was just recorded skipped) is
-        -- decided again from its slot, or from now when that has passed (not a missed slot).
+        -- a job with no next slot left (a one-time job once claimed) whose run not yet due (one a
+        -- calendar moved) skip_runs_of_changed_jobs just recorded skipped is decided again. Never
+        -- before now: a one-time job's slot that has passed is not a missed slot then.
         WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
           AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NOT NULL AND EXCLUDED.next_due_at < agent.jobs.next_due_at
-        THEN EXCLUDED.next_due_at
+        THEN GREATEST(EXCLUDED.next_due_at, CAST(:now AS timestamp))
         WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
           AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NULL
-          AND NOT EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = agent.jobs.job_name
-                            AND o.kind = 'scheduled' AND o.status <> 'skipped')
+          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = agent.jobs.job_name AND o.status = 'skipped'
+                        AND o.finished_at = CAST(:now AS timestamp)
+                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
         THEN GREATEST(EXCLUDED.next_due_at, CAST(:now AS timestamp)) ELSE agent.jobs.next_due_at END,
     advanced_at = CASE
         WHEN agent.jobs.schedule <> EXCLUDED.schedule
@@ -153,8 +150,9 @@ ON CONFLICT (job_name) DO UPDATE SET
         THEN EXCLUDED.advanced_at
         WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
           AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NULL
-          AND NOT EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = agent.jobs.job_name
-                            AND o.kind = 'scheduled' AND o.status <> 'skipped')
+          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = agent.jobs.job_name AND o.status = 'skipped'
+                        AND o.finished_at = CAST(:now AS timestamp)
+                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
         THEN EXCLUDED.advanced_at ELSE agent.jobs.advanced_at END,
     schedule = EXCLUDED.schedule,
     timezone = EXCLUDED.timezone,
@@ -862,11 +860,14 @@ WHERE r.job_name = x.job_name AND r.kind = 'scheduled' AND r.attempt = 0
 RETURNING r.run_id, r.job_name, r.scheduled_for;
 
 -- replan_one_time_jobs --
--- One-time database jobs planned again after their calendars changed (:jobs, a JSON array of {job_name}), after skip_replanned_runs recorded skipped their runs claimed ahead (the run a calendar moved): one of which a scheduled run ran, runs, waits to retry or was cancelled keeps no slot (next_due_at NULL, as its claim left it), so it never runs a second time; the others are decided again from their slot, or from now when it has passed (the misfire rules do not apply: the run was not missed, it was waiting for the time its calendars allowed).
+-- One-time database jobs planned again after their calendars changed (:jobs, a JSON array of {job_name}; plan_jobs set next_due_at to the job's time), after skip_replanned_runs: one whose run not yet run it just recorded skipped (one a calendar moved) is decided again from its time, or from now when that has passed (the run was waiting for the time its calendars allowed, not missed); one whose time already has a run that stands for it (ran, runs, waits, backfilled, skipped for good) keeps no slot (next_due_at NULL, as its claim left it): it never runs a second time, and a slot skipped for good is not brought back by a calendar's change; one never claimed keeps its time.
 UPDATE agent.jobs AS j SET next_due_at = CASE
-        WHEN EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.kind = 'scheduled'
-                       AND o.status <> 'skipped') THEN NULL
-        ELSE GREATEST(j.next_due_at, CAST(:now AS timestamp)) END
+        WHEN EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.status = 'skipped'
+                       AND o.finished_at = CAST(:now AS timestamp) AND o.note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
+        THEN GREATEST(j.next_due_at, CAST(:now AS timestamp))
+        WHEN EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.scheduled_for >= j.next_due_at
+                       AND NOT (o.status = 'skipped' AND o.note LIKE 'skipped: the job%'))
+        THEN NULL ELSE j.next_due_at END
 FROM json_to_recordset(CAST(:jobs AS json)) AS x(job_name VARCHAR)
 WHERE j.job_name = x.job_name AND j.next_due_at IS NOT NULL;
 

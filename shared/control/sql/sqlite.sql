@@ -72,7 +72,7 @@ WHERE json_extract(j.value, '$.valid') = 0
                     AND c.configured = 1 AND c.config_error = json_extract(j.value, '$.config_error'));
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is. A job with no next slot left (a one-time job once claimed) has its runs claimed ahead recorded skipped only when nothing of it ran, runs or waits to retry; upsert_jobs then has it decided again from its slot, or from now when that has passed.
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is. A job with no next slot left (a one-time job once claimed) has its run not yet due (one a calendar moved) recorded skipped; upsert_jobs then has it decided again from its slot, or from now when that has passed; a run that came, ran or was skipped for good stands.
 -- The changed jobs first (MATERIALIZED: the settings read once, not once per run), then their runs by the (job_name, scheduled_for) index.
 WITH given AS MATERIALIZED (
     SELECT json_extract(j.value, '$.job_name') AS job_name, json_extract(j.value, '$.valid') AS valid,
@@ -92,20 +92,16 @@ x AS MATERIALIZED (
     WHERE c.job_name = n.job_name AND c.configured = 1 AND c.defined_in_database = 0
       AND (n.valid = 0 OR n.enabled = 0 OR n.schedule <> c.schedule OR n.timezone <> c.timezone)
     UNION ALL
-    SELECT c.job_name, 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed', n.next_due_at
+    SELECT c.job_name, 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed',
+           -- A job with no next slot left (a one-time job once claimed): its run not yet due (one
+           -- a calendar moved); one that came, ran or was skipped stands.
+           CASE WHEN c.next_due_at IS NULL THEN MAX(n.next_due_at, :now) ELSE n.next_due_at END
     FROM given AS n
     CROSS JOIN agent_jobs AS c
     WHERE c.job_name = n.job_name AND c.configured = 1 AND c.defined_in_database = 0
       AND n.valid = 1 AND n.enabled = 1 AND n.schedule = c.schedule AND n.timezone = c.timezone
       AND n.next_due_at IS NOT NULL
       AND (n.calendars IS NOT c.calendars OR n.jitter_seconds <> c.jitter_seconds)
-      -- A job with no next slot left (a one-time job once claimed): only when nothing of it ran,
-      -- runs or waits to retry, so that upsert_jobs has it decided again.
-      AND (c.next_due_at IS NOT NULL
-           OR NOT EXISTS (SELECT 1 FROM agent_runs AS o
-                          WHERE o.job_name = c.job_name AND o.kind = 'scheduled' AND o.status <> 'skipped'
-                            AND NOT (o.status IN ('pending', 'queued') AND o.attempt = 0
-                                     AND o.scheduled_for >= n.next_due_at)))
     UNION ALL
     SELECT c.job_name, 'skipped: the job was removed from the settings after this slot was claimed', NULL
     FROM agent_jobs AS c
@@ -156,16 +152,17 @@ ON CONFLICT (job_name) DO UPDATE SET
         THEN excluded.next_due_at
         -- Calendars or jitter changed: back to the new next slot (the runs claimed ahead from it
         -- on were recorded skipped by skip_runs_of_changed_jobs), never past a slot not yet claimed;
-        -- a job with no next slot left (a one-time job once claimed) whose calendars changed when
-        -- nothing of it ran, runs or waits to retry (its moved run was just recorded skipped) is
-        -- decided again from its slot, or from now when that has passed (not a missed slot).
+        -- a job with no next slot left (a one-time job once claimed) whose run not yet due (one a
+        -- calendar moved) skip_runs_of_changed_jobs just recorded skipped is decided again. Never
+        -- before now: a one-time job's slot that has passed is not a missed slot then.
         WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
           AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NOT NULL AND excluded.next_due_at < agent_jobs.next_due_at
-        THEN excluded.next_due_at
+        THEN MAX(excluded.next_due_at, :now)
         WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
           AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NULL
-          AND NOT EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name
-                            AND o.kind = 'scheduled' AND o.status <> 'skipped')
+          AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
+                        AND o.finished_at = :now
+                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
         THEN MAX(excluded.next_due_at, :now) ELSE agent_jobs.next_due_at END,
     advanced_at = CASE
         WHEN agent_jobs.schedule <> excluded.schedule
@@ -179,8 +176,9 @@ ON CONFLICT (job_name) DO UPDATE SET
         THEN excluded.advanced_at
         WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
           AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NULL
-          AND NOT EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name
-                            AND o.kind = 'scheduled' AND o.status <> 'skipped')
+          AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
+                        AND o.finished_at = :now
+                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
         THEN excluded.advanced_at ELSE agent_jobs.advanced_at END,
     schedule = excluded.schedule,
     timezone = excluded.timezone,
@@ -1054,11 +1052,15 @@ WHERE agent_runs.job_name = x.job_name AND agent_runs.kind = 'scheduled' AND age
 RETURNING run_id, job_name, scheduled_for;
 
 -- replan_one_time_jobs --
--- One-time database jobs planned again after their calendars changed (:jobs, a JSON array of {job_name}), after skip_replanned_runs recorded skipped their runs claimed ahead (the run a calendar moved): one of which a scheduled run ran, runs, waits to retry or was cancelled keeps no slot (next_due_at NULL, as its claim left it), so it never runs a second time; the others are decided again from their slot, or from now when it has passed (the misfire rules do not apply: the run was not missed, it was waiting for the time its calendars allowed).
+-- One-time database jobs planned again after their calendars changed (:jobs, a JSON array of {job_name}; plan_jobs set next_due_at to the job's time), after skip_replanned_runs: one whose run not yet run it just recorded skipped (one a calendar moved) is decided again from its time, or from now when that has passed (the run was waiting for the time its calendars allowed, not missed); one whose time already has a run that stands for it (ran, runs, waits, backfilled, skipped for good) keeps no slot (next_due_at NULL, as its claim left it): it never runs a second time, and a slot skipped for good is not brought back by a calendar's change; one never claimed keeps its time.
 UPDATE agent_jobs SET next_due_at = CASE
-        WHEN EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.kind = 'scheduled'
-                       AND o.status <> 'skipped') THEN NULL
-        ELSE MAX(next_due_at, :now) END
+        WHEN EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
+                       AND o.finished_at = :now AND o.note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
+        THEN MAX(next_due_at, :now)
+        WHEN EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name
+                       AND o.scheduled_for >= agent_jobs.next_due_at
+                       AND NOT (o.status = 'skipped' AND o.note LIKE 'skipped: the job%'))
+        THEN NULL ELSE next_due_at END
 WHERE job_name IN (SELECT json_extract(j.value, '$.job_name') FROM json_each(:jobs) AS j) AND next_due_at IS NOT NULL;
 
 -- stop_job --
