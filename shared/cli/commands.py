@@ -627,9 +627,11 @@ def cmd_doctor(agent, args) -> int:
 def cmd_import_sqlagent(agent, args) -> int:
     """SQL Server Agent job scripts -> JOB__<name>__* settings (JSON on stdout); what could not be
     carried over is listed per job (and for the script) and makes the exit code 1. --apply:
-    agent.add_scheduled_job for the one-step jobs, then agent.add_alert for the alerts (those whose
-    response job is among them, or that have none); the others stay in the printed settings and are
-    listed under not_applied. --apply is an audited action: refused before it ran (an unreadable script, a bad time
+    agent.add_scheduled_job for the scheduled jobs (with agent.set_job_steps in the same
+    transaction for a job with steps: the steps its JOB__<name>__STEPS__<n>__* settings say), then
+    agent.add_alert for the alerts (those whose response job is among them, or that have none); the
+    others (an on-demand job, an alert with a webhook of its own) stay in the printed settings and
+    are listed under not_applied. --apply is an audited action: refused before it ran (an unreadable script, a bad time
     zone) it is recorded refused too."""
     try:
         return _import_sqlagent(agent, args)

@@ -302,9 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="IANA time zone of the SQL Server the jobs ran on (SQL Agent runs in server local "
                                "time); default UTC, with a warning")
     importer.add_argument("--apply", action="store_true",
-                          help="define the one-step jobs with agent.add_scheduled_job, then the alerts with "
-                               "agent.add_alert, on the control database (--db); jobs with steps, and alerts that "
-                               "start them, are printed as settings and listed under not_applied")
+                          help="define the scheduled jobs with agent.add_scheduled_job (and their steps with "
+                               "agent.set_job_steps, in the same transaction), then the alerts with agent.add_alert, "
+                               "on the control database (--db); on-demand jobs, and alerts that start them, are "
+                               "printed as settings and listed under not_applied")
     importer.add_argument("--encoding", metavar="NAME",
                           help="the scripts' encoding (utf-8, utf-16, cp1252, ...); default: a byte order mark, else "
                                "UTF-16/UTF-32 told by its NUL bytes, else UTF-8, else Windows-1252 with a warning")

@@ -23,9 +23,10 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_left, bisect_right
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from shared.control.db import DatabaseTarget, connector
 from shared.control.queries import split_statements
@@ -832,6 +833,7 @@ class ImportApplied:
 ADD_SCHEDULED_JOB_PG_TYPES = {"name": "varchar", "sql": "text", "schedule": "varchar", "run_at": "timestamptz",
                               "timezone": "varchar", "enabled": "int", "max_attempts": "int",
                               "database": "varchar", "misfire": "varchar"}
+SET_JOB_STEPS_PG_TYPES = {"job_name": "varchar", "steps": "text"}
 ADD_ALERT_PG_TYPES = {"name": "varchar", "query": "text", "schedule": "varchar", "errors": "varchar",
                       "delay_between_responses_seconds": "int", "notify": "int", "response_job": "varchar",
                       "timezone": "varchar", "timeout_seconds": "int", "enabled": "int"}
@@ -866,7 +868,11 @@ def apply_import(target: DatabaseTarget, jobs: Sequence[dict[str, Any]], alerts:
     """Call agent.add_scheduled_job for each job (its arguments by name), then agent.add_alert for
     each alert, as an operator would, each call a transaction of its own, in order: the T-SQL
     interface decides and records, as for any caller (each call is a 'define' or 'define-alert'
-    row of the audit trail, written by the procedure). The jobs come first, so that an alert
+    row of the audit trail, written by the procedure). A job with ``steps`` (agent.set_job_steps
+    @steps, a JSON array) is defined and given them by agent.set_job_steps in one transaction (a
+    'define' and a 'set-steps' row): both or neither. A job without steps that the procedure says
+    it redefined is then given none (agent.set_job_steps @steps = NULL, a call of its own): a
+    redefinition keeps the steps set before, and the job is what the script says. The jobs come first, so that an alert
     whose response starts one of them finds it defined. A job or an alert the procedure refuses
     is listed (``jobs_not_added``, ``alerts_not_added``) with its error, and the others are still
     defined (one bad definition never stops the rest); a lost connection lists the call in doubt
@@ -898,14 +904,15 @@ def apply_import(target: DatabaseTarget, jobs: Sequence[dict[str, Any]], alerts:
                     except UsageError as exc:       # its run_at, read before any call
                         jobs_not_added.append(JobNotAdded(call["name"], str(exc)))
                         continue
-                    except Exception as exc:      # the procedure's refusal, or the connection's end
+                    except _CallFailed as failed:   # the procedure's refusal, or the connection's end
+                        exc, procedure = failed.error, failed.procedure
                         info = classify(exc)
                         if info.kind != "transient" and not info.connection_lost:
                             jobs_not_added.append(JobNotAdded(
-                                call["name"], f"agent.add_scheduled_job refused it: {describe(exc)}"))
+                                call["name"], f"{procedure} refused it: {describe(exc)}" + failed.outcome))
                             continue
                         jobs_not_added.append(JobNotAdded(call["name"], (
-                            f"the connection failed during agent.add_scheduled_job ({describe(exc)}): whether it "
+                            f"the connection failed during {procedure} ({describe(exc)}): whether it "
                             "was defined is unknown; `sql-agent jobs` says, and --apply again defines it")))
                         jobs_not_added += [JobNotAdded(rest["name"], "not attempted: the connection to the control "
                                                                      "database failed before it")
@@ -949,8 +956,21 @@ def apply_import(target: DatabaseTarget, jobs: Sequence[dict[str, Any]], alerts:
                          jobs_not_added=tuple(jobs_not_added))
 
 
+class _CallFailed(Exception):
+    """A call of apply_import's that failed: the procedure, the driver's error, and what became of
+    the job (words appended to the refusal)."""
+
+    def __init__(self, procedure: str, error: BaseException, outcome: str = "") -> None:
+        super().__init__(str(error))
+        self.procedure, self.error, self.outcome = procedure, error, outcome
+
+
 def _add_scheduled_job(connection: Any, dialect: str, arguments: dict[str, Any]) -> ScheduledJobAdded:
+    """agent.add_scheduled_job with ``arguments``; with ``steps``, then agent.set_job_steps, both
+    in one transaction; without, agent.set_job_steps @steps = NULL after a redefinition. A failed
+    call raises _CallFailed."""
     values = dict(arguments)
+    steps = values.pop("steps", None)
     if "run_at" in values:
         # '@once' is in the job's time zone: the procedure takes a point in time.
         try:
@@ -959,16 +979,92 @@ def _add_scheduled_job(connection: Any, dialect: str, arguments: dict[str, Any])
             raise UsageError(f"job {values['name']!r}: run_at {values['run_at']!r}: {exc}", setting="run_at",
                              value=values["run_at"], expected="a date and time in the job's time zone") from None
         values["run_at"] = moment.isoformat()
-    row = _call_procedure(connection, dialect, "add_scheduled_job", values, ADD_SCHEDULED_JOB_PG_TYPES,
-                          moments=("run_at",))
-    return ScheduledJobAdded(job=values["name"], action=row[1] if row is not None and len(row) > 1 else "defined")
+    name = values["name"]
+    if steps is None:
+        try:
+            row = _call_procedure(connection, dialect, "add_scheduled_job", values, ADD_SCHEDULED_JOB_PG_TYPES,
+                                  moments=("run_at",))
+        except Exception as exc:
+            raise _CallFailed("agent.add_scheduled_job", exc) from exc
+        action = row[1] if row is not None and len(row) > 1 else "defined"
+        if action == "redefined":
+            # A redefinition keeps the steps set before (0028): the script gives this job one
+            # command, and the job runs it.
+            try:
+                _call_procedure(connection, dialect, "set_job_steps", {"job_name": name, "steps": None},
+                                SET_JOB_STEPS_PG_TYPES)
+            except Exception as exc:
+                raise _CallFailed("agent.set_job_steps @steps = NULL", exc, (
+                    " (the job was redefined with the script's command, and keeps the steps set before it: "
+                    "--apply again, or agent.set_job_steps @steps = NULL)")) from exc
+        return ScheduledJobAdded(job=name, action=action)
+    procedure = "agent.add_scheduled_job"
+    try:
+        with _one_transaction(connection, dialect):
+            row = _call_procedure(connection, dialect, "add_scheduled_job", values, ADD_SCHEDULED_JOB_PG_TYPES,
+                                  moments=("run_at",), commit=False)
+            procedure = "agent.set_job_steps"
+            _call_procedure(connection, dialect, "set_job_steps", {"job_name": name, "steps": steps},
+                            SET_JOB_STEPS_PG_TYPES, commit=False)
+    except Exception as exc:
+        raise _CallFailed(procedure, exc, " (rolled back with its agent.add_scheduled_job: the job is as it was "
+                                          "before, never without its steps)"
+                          if procedure == "agent.set_job_steps" else "") from exc
+    return ScheduledJobAdded(job=name, action=row[1] if row is not None and len(row) > 1 else "defined")
+
+
+@contextmanager
+def _one_transaction(connection: Any, dialect: str) -> Iterator[None]:
+    """The calls inside in one transaction on a connection in autocommit (as the Store's own:
+    PostgreSQL's driver out of autocommit, BEGIN TRANSACTION on SQL Server), committed at the end
+    or rolled back on any error."""
+    if dialect == "postgres":
+        connection.autocommit = False
+        try:
+            yield
+            connection.commit()
+        except BaseException:
+            try:
+                connection.rollback()
+            except Exception:  # noqa: BLE001 - the connection is gone: its transaction with it
+                pass
+            raise
+        finally:
+            try:
+                connection.autocommit = True
+            except Exception:  # noqa: BLE001 - a connection lost: closed by the caller
+                pass
+        return
+    cursor = connection.cursor()
+    try:
+        cursor.execute("BEGIN TRANSACTION")
+    finally:
+        cursor.close()
+    try:
+        yield
+        cursor = connection.cursor()
+        try:
+            cursor.execute("COMMIT TRANSACTION")
+        finally:
+            cursor.close()
+    except BaseException:
+        try:
+            cursor = connection.cursor()
+            try:
+                cursor.execute("IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION")
+            finally:
+                cursor.close()
+        except Exception:  # noqa: BLE001 - XACT_ABORT ON rolled it back, or the connection is gone
+            pass
+        raise
 
 
 def _call_procedure(connection: Any, dialect: str, procedure: str, values: dict[str, Any], pg_types: Mapping[str, str],
-                    *, moments: Sequence[str] = ()) -> Any:
+                    *, moments: Sequence[str] = (), commit: bool = True) -> Any:
     """One call of agent.<procedure> with named arguments, on a connection in autocommit (each
-    call a transaction of its own, as from SSMS or psql): its first row (or None). ``moments``:
-    the parameters that take a point in time (ISO-8601 text with its offset)."""
+    call a transaction of its own, as from SSMS or psql; ``commit`` False: a call inside
+    _one_transaction): its first row (or None). ``moments``: the parameters that take a point in
+    time (ISO-8601 text with its offset)."""
     names = list(values)
     if dialect == "postgres":
         sql = f"SELECT * FROM agent.{procedure}(" + ", ".join(
@@ -986,7 +1082,8 @@ def _call_procedure(connection: Any, dialect: str, procedure: str, values: dict[
     try:
         cursor.execute(sql, [values[n] for n in names])
         row = cursor.fetchone() if cursor.description else None
-        connection.commit()
+        if commit:
+            connection.commit()
     finally:
         cursor.close()
     return row

@@ -1,7 +1,7 @@
 """Import SQL Server Agent jobs: a T-SQL script that creates them (SSMS's "Script Job as ->
 CREATE To", dbatools' exports, an installer such as Ola Hallengren's, or one written by hand)
-turned into this agent's JOB__<name>__* and ALERT__<name>__* app settings (or agent.add_scheduled_job
-and agent.add_alert calls: import-sqlagent --apply).
+turned into this agent's JOB__<name>__* and ALERT__<name>__* app settings (or agent.add_scheduled_job,
+agent.set_job_steps and agent.add_alert calls: import-sqlagent --apply).
 
 The script is run, not pattern-matched: shared/ops/sqlagent/ interprets it statement by
 statement over a model of msdb (interpreter.py, msdb.py), so what comes out is what SQL Server
@@ -11,6 +11,7 @@ carried over exactly is listed, per job and property or for the script, never dr
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from shared.engine.operations import add_alert_refusal
 from shared.jobs.alert_definitions import KNOWN_SEVERITY, AlertDefinition, parse_alerts
 from shared.jobs.from_settings import parse_jobs
 from shared.jobs.schedules import pinned_once, schedule_from_sqlagent, validate_timezone
+from shared.jobs.steps import STEP_JSON_FIELDS
 from shared.ops.sqlagent import msdb as model
 from shared.ops.sqlagent.interpreter import Finding, Interpreter
 from shared.jobs.tokens import OLD_SYNTAX, RUN_TIME, replace_tokens, token_uses
@@ -61,7 +63,9 @@ class Converted:
     not_carried: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     steps: int = 0
-    apply: dict[str, Any] | None = None        # agent.add_scheduled_job arguments, when one call expresses it
+    # agent.add_scheduled_job arguments (and "steps": agent.set_job_steps @steps, the JSON array
+    # of the job's STEPS__<n>__* settings), None when the procedures cannot define the job
+    apply: dict[str, Any] | None = None
     on_demand: bool = False                    # no SCHEDULE: run only when started
 
     def as_json(self) -> dict[str, Any]:
@@ -453,6 +457,10 @@ def _convert_job(job: model.Job, msdb: model.Msdb, findings: list[Finding], time
                 settings[sp + "ON_SUCCESS"] = success
             if failure:
                 settings[sp + "ON_FAILURE"] = failure
+    # Steps (several, or one with a flow or a retry interval one command cannot say): defined by
+    # agent.add_scheduled_job, then given their steps by agent.set_job_steps (apply_calls), read
+    # from the JOB__<name>__STEPS__<n>__* settings of the same job.
+    with_steps = bool(pieces) and apply is None
     if not pieces:
         apply = None
     settings[prefix + "TIMEZONE"] = timezone
@@ -535,8 +543,17 @@ def _convert_job(job: model.Job, msdb: model.Msdb, findings: list[Finding], time
         expression = once if once is not None else render_cron(days, times)
         job_settings[f"JOB__{job_name}__SCHEDULE"] = expression
         job_apply = None
-        if apply is not None:
-            job_apply = dict(apply, name=job_name, timezone=timezone, enabled=1 if enabled else 0)
+        if apply is not None or with_steps:
+            if with_steps:
+                steps = settings_steps(job_settings, job_name)
+                # The job's command is its first step's, as a settings job's is (what `jobs`
+                # shows); job-level @max_attempts and @database stay at their defaults, the steps'
+                # defaults as those of the settings job, which sets neither.
+                job_apply = {"sql": steps[0]["sql"], "misfire": "skip",
+                             "steps": json.dumps(steps, ensure_ascii=False)}
+            else:
+                job_apply = dict(apply)
+            job_apply.update(name=job_name, timezone=timezone, enabled=1 if enabled else 0)
             if days == ("once",):
                 job_apply["run_at"] = once[len("@once "):]
             else:
@@ -720,9 +737,32 @@ def report(converted: list[Converted], timezone: str) -> dict[str, Any]:
             and all(alert.emitted and not alert.not_carried for alert in alerts)}
 
 
+# The JSON fields of agent.set_job_steps @steps by the settings' suffix (sql: COMMAND), and those
+# that are whole numbers (written as JSON numbers; a string of digits means the same).
+_STEP_FIELDS = {suffix: field for field, suffix in STEP_JSON_FIELDS.items()}
+_STEP_NUMBERS = {"MAX_ATTEMPTS", "RETRY_INTERVAL_SECONDS", "TIMEOUT_SECONDS", "TARGET_PARALLELISM",
+                 "TARGET_STAGGER_SECONDS"}
+MAX_STEPS_JSON = 1000000       # agent.set_job_steps @steps: at most this many characters
+
+
+def settings_steps(settings: dict[str, str], job: str) -> list[dict[str, Any]]:
+    """A job's JOB__<job>__STEPS__<n>__* settings as agent.set_job_steps @steps' objects, in step
+    order: each setting its field (docs/tsql.md, Steps from T-SQL), its value as the setting says."""
+    prefix = f"JOB__{job}__STEPS__"
+    by_number: dict[int, dict[str, Any]] = {}
+    for key, value in settings.items():
+        if not key.startswith(prefix):
+            continue
+        number, suffix = key[len(prefix):].split("__", 1)
+        by_number.setdefault(int(number), {})[_STEP_FIELDS[suffix]] = (
+            int(value) if suffix in _STEP_NUMBERS and value.isascii() and value.isdigit() else value)
+    return [by_number[number] for number in sorted(by_number)]
+
+
 def apply_calls(converted: list[Converted]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """The agent.add_scheduled_job arguments of the jobs one call expresses (a one-step job), and
-    the jobs it cannot (steps, a retry interval), with the reason."""
+    """The agent.add_scheduled_job arguments of the jobs the procedures express: a one-step job,
+    or a job with steps (or a step's retry interval), whose "steps" are agent.set_job_steps @steps,
+    the JSON array of its STEPS__<n>__* settings; and the jobs they cannot, with the reason."""
     calls: list[dict[str, Any]] = []
     refused: list[dict[str, str]] = []
     for item in converted:
@@ -732,8 +772,12 @@ def apply_calls(converted: list[Converted]) -> tuple[list[dict[str, Any]], list[
             refused.append({"job": item.job, "reason": "agent.add_scheduled_job needs @schedule or @run_at: an "
                             "on-demand job goes in the app settings printed here"})
         elif item.apply is None:
-            refused.append({"job": item.job, "reason": "agent.add_scheduled_job takes one command: a job with "
-                            "steps (or a step's retry interval) goes in the app settings printed here"})
+            refused.append({"job": item.job, "reason": "agent.add_scheduled_job and agent.set_job_steps cannot "
+                            "define this job: it goes in the app settings printed here"})
+        elif len(item.apply.get("steps") or "") > MAX_STEPS_JSON:
+            refused.append({"job": item.job, "reason": f"its steps are {len(item.apply['steps'])} characters of "
+                            f"JSON, and agent.set_job_steps takes at most {MAX_STEPS_JSON}: the job goes in the app "
+                            "settings printed here"})
         else:
             calls.append({k: v for k, v in item.apply.items() if v is not None})
     return calls, refused

@@ -13,10 +13,11 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from shared.cli.commands import main as cli
+from shared.engine.operations import apply_import
 from shared.jobs.from_settings import parse_jobs
 from shared.jobs.schedules import parse_schedule
 from shared.ops.sqlagent_import import ScriptError, convert_script, report, setting_name
-from tests.support.harness import make_agent, query
+from tests.support.harness import create_pg_database, drop_pg_database, make_agent, query
 
 HERE = Path(__file__).parent / "sqlagent"
 TODAY = date(2026, 11, 25)
@@ -436,7 +437,7 @@ def test_a_job_with_no_t_sql_step_is_listed_not_emitted_and_one_with_no_schedule
 # ---------------------------------------------------------------- --apply
 
 
-def test_apply_defines_one_step_jobs_with_add_scheduled_job_on_postgres(pg_url, tmp_path, capsys):
+def test_apply_defines_the_scheduled_jobs_with_add_scheduled_job_on_postgres(pg_url, tmp_path, capsys):
     agent = make_agent(pg_url)
     text = (HERE / "several_jobs.sql").read_text(encoding="utf-8") + ssms(
         "one time", step(1, "SELECT 42", database="reports"), schedule(freq_type=1, start_date=20310304,
@@ -448,9 +449,10 @@ def test_apply_defines_one_step_jobs_with_add_scheduled_job_on_postgres(pg_url, 
     code = cli(["--db", pg_url, "import-sqlagent", str(path), "--timezone", "Europe/Paris", "--apply"])
     out = json.loads(capsys.readouterr().out)
     assert code == 1                                      # things were left out, and one job was not applied
-    assert sorted(a["job"] for a in out["applied"]) == ["Month_end_close", "one_time", "purge_audit", "purge_audit_2"]
+    assert sorted(a["job"] for a in out["applied"]) == ["Month_end_close", "one_time", "purge_audit", "purge_audit_2",
+                                                        "two_steps"]
     assert {r["job"]: r["reason"][:40] for r in out["not_applied"]} == {
-        "two_steps": "agent.add_scheduled_job takes one comman", "by_hand": "agent.add_scheduled_job needs @schedule "}
+        "by_hand": "agent.add_scheduled_job needs @schedule "}
     assert "JOB__by_hand__SCHEDULE" not in out["settings"] and "JOB__by_hand__COMMAND" in out["settings"]
     assert "JOB__two_steps__STEPS__2__COMMAND" in out["settings"]
     agent.tick()
@@ -465,7 +467,115 @@ def test_apply_defines_one_step_jobs_with_add_scheduled_job_on_postgres(pg_url, 
     once = jobs["one_time"]
     assert once["valid"] == 1 and databases["one_time"] == "reports"
     assert once["next_due_at"] == datetime(2031, 3, 4, 5, 6, 7, tzinfo=ZoneInfo("Europe/Paris")).astimezone(UTC)
-    assert "two_steps" not in jobs and "by_hand" not in jobs
+    assert jobs["two_steps"]["valid"] == 1 and "by_hand" not in jobs
+
+
+def steps_script() -> str:
+    """Jobs with steps of every kind the importer writes: several steps with a flow, retries and a
+    retry interval, cut into two jobs by their schedules (nightly_maintenance.sql); batches cut at
+    GO; one step with a retry interval; a one-time job with steps; and a one-step job (no steps)."""
+    return (HERE / "nightly_maintenance.sql").read_text(encoding="utf-8") + ssms(
+        "batches", step(1, "SELECT 1;\nGO\nUSE reports;\nGO\nSELECT 2;", database="sales") + "\n"
+        + step(2, "SELECT 3", database="master"), schedule(start_time=30000)) + ssms(
+        "retry later", step(1, "EXEC dbo.flaky", retries=2, interval=7), schedule(start_time=40000)) + ssms(
+        "once with steps", step(1, "SELECT 'a'", success=3, fail=3) + "\n" + step(2, "SELECT 'b'", database="x y"),
+        schedule(freq_type=1, start_date=20310304, start_time=50607)) + ssms(
+        "plain", step(1, "SELECT 42"), schedule(start_time=60000))
+
+
+def planned_steps(agent) -> dict[str, object]:
+    """agent.jobs.steps (as the engine planned or synced them) by job, read back as JSON."""
+    return {name: None if steps is None else json.loads(steps)
+            for name, steps in query(agent, "SELECT job_name, steps FROM agent.jobs WHERE configured = 1")}
+
+
+def test_apply_gives_a_job_with_steps_the_steps_its_printed_settings_give_it(pg_url, tmp_path, capsys):
+    """--apply defines each job with steps by agent.add_scheduled_job and agent.set_job_steps:
+    once the engine planned them, agent.jobs.steps are, job by job, what the settings sync writes
+    for the printed JOB__<name>__STEPS__<n>__* of the same script on another control database."""
+    path = tmp_path / "jobs.sql"
+    path.write_text(steps_script(), encoding="utf-8")
+    applied = make_agent(pg_url)
+    code = cli(["--db", pg_url, "import-sqlagent", str(path), "--timezone", "Europe/Paris", "--apply"])
+    out = json.loads(capsys.readouterr().out)
+    names = ["Nightly_maintenance_O_Brien_s_DB", "Nightly_maintenance_O_Brien_s_DB_2", "batches", "once_with_steps",
+             "plain", "retry_later"]
+    assert sorted(a["job"] for a in out["applied"]) == names and out["not_applied"] == [], out["not_applied"]
+    assert code == 1                          # the system database and the bad name are listed
+    settings = out["settings"]
+    assert "JOB__retry_later__STEPS__1__RETRY_INTERVAL_SECONDS" in settings and "JOB__batches__STEPS__3__COMMAND" in \
+        settings and "JOB__plain__COMMAND" in settings
+    applied.tick()
+    from_procedures = planned_steps(applied)
+    name, url = create_pg_database()
+    try:
+        synced = make_agent(url, **settings)
+        synced.tick()
+        from_settings = planned_steps(synced)
+        synced.close()
+    finally:
+        drop_pg_database(name)
+    assert sorted(from_procedures) == sorted(from_settings) == names
+    assert from_procedures == from_settings
+    assert from_procedures["plain"] is None and len(from_procedures["Nightly_maintenance_O_Brien_s_DB"]) == 3
+    assert [(s["command"], s["database"]) for s in from_procedures["batches"]] == [
+        ("SELECT 1;", "sales"), ("SELECT 2;", "reports"), ("SELECT 3", None)]      # USE: the next batch's database
+    (retried,) = from_procedures["retry_later"]
+    assert (retried["max_attempts"], retried["retry_interval_seconds"]) == (3, 420)
+    jobs = {r["job_name"]: r for r in applied.store().execute("list_jobs").rows}
+    assert all(jobs[n]["valid"] == 1 and jobs[n]["source"] == "database" for n in names), \
+        {n: jobs[n]["config_error"] for n in names}
+    assert jobs["once_with_steps"]["next_due_at"] == datetime(2031, 3, 4, 5, 6, 7,
+                                                              tzinfo=ZoneInfo("Europe/Paris")).astimezone(UTC)
+    # Each job with steps: its define and its set-steps rows (the procedures'), then the import's.
+    trail = query(applied, "SELECT action, job_name FROM agent.audit ORDER BY audit_id")
+    assert sorted(job for action, job in trail if action == "set-steps") == [n for n in names if n != "plain"]
+    assert sorted(job for action, job in trail if action == "define") == names
+
+
+def test_apply_again_redefines_a_job_and_its_steps_follow_the_script(pg_url, tmp_path, capsys):
+    """A second --apply of a changed script: a job with steps gets its new steps; a job that has
+    one command now has none (a redefinition keeps the steps set before: --apply clears them)."""
+    agent = make_agent(pg_url)
+    path = tmp_path / "jobs.sql"
+
+    def apply(text: str) -> dict:
+        path.write_text(text, encoding="utf-8")
+        code = cli(["--db", pg_url, "import-sqlagent", str(path), "--timezone", "UTC", "--apply"])
+        out = json.loads(capsys.readouterr().out)
+        assert code == 0 and out["not_applied"] == [], out
+        agent.tick()
+        return {a["job"]: a["action"] for a in out["applied"]}
+
+    two = step(1, "SELECT 1", success=3) + "\n" + step(2, "SELECT 2")
+    assert apply(ssms("a", two, schedule()) + ssms("b", two, schedule())) == {"a": "defined", "b": "defined"}
+    assert [len(planned_steps(agent)[n]) for n in "ab"] == [2, 2]
+    three = step(1, "SELECT 1", success=3) + "\n" + step(2, "SELECT 2", success=3) + "\n" + step(3, "SELECT 3")
+    assert apply(ssms("a", three, schedule()) + ssms("b", step(1, "SELECT 9"), schedule())) == {
+        "a": "redefined", "b": "redefined"}
+    steps = planned_steps(agent)
+    assert [s["command"] for s in steps["a"]] == ["SELECT 1", "SELECT 2", "SELECT 3"] and steps["b"] is None
+    (command,) = query(agent, "SELECT command FROM agent.jobs WHERE job_name = 'b'")[0]
+    assert command == "SELECT 9"
+
+
+def test_apply_of_a_job_whose_steps_the_procedure_refuses_keeps_nothing_of_it(pg_url):
+    """The job and its steps are one transaction: agent.set_job_steps refusing the steps (more
+    than it takes) leaves no job behind (not a one-command job running its first step), and the
+    job after it is defined."""
+    agent = make_agent(pg_url)
+    steps = json.dumps([{"sql": "SELECT 1"}, {"sql": "SELECT 2"}])
+    calls = [{"name": name, "sql": "SELECT 1", "schedule": "0 0 1 * * *", "timezone": "UTC", "misfire": "skip",
+              "steps": steps + (" " * 1000000 if name == "bad" else "")} for name in ("bad", "good")]
+    applied = apply_import(agent.target, calls)
+    assert [job.job for job in applied.jobs] == ["good"]
+    (refused,) = applied.jobs_not_added
+    assert refused.job == "bad" and refused.reason.startswith("agent.set_job_steps refused it: agent.set_job_steps: "
+                                                              "@steps = ")
+    assert "rolled back with its agent.add_scheduled_job: the job is as it was before" in refused.reason
+    agent.tick()
+    steps = planned_steps(agent)
+    assert set(steps) == {"good"} and [s["command"] for s in steps["good"]] == ["SELECT 1", "SELECT 2"]
 
 
 def test_settings_the_agent_refuses_are_not_emitted_but_listed_with_the_agents_own_error():

@@ -18,10 +18,11 @@ from shared.ops.sqlagent_import import ConvertedAlert, alert_apply_calls
 from tests.integration.test_sqlagent_import import schedule, ssms, step
 from tests.support.harness import execute, make_agent, query
 
-# Two jobs (one step, scheduled: applied; two steps: printed as settings, not applied) and the
-# alerts SQL Server Agent had on them.
+# Two jobs (one step, scheduled: applied; two steps and no schedule, on demand: printed as
+# settings, not applied, agent.add_scheduled_job needing a schedule) and the alerts SQL Server
+# Agent had on them.
 SCRIPT = ssms("Nightly ETL", step(1, "EXEC dbo.etl"), schedule(start_time=20000)) + ssms(
-    "Two steps", step(1, "SELECT 1", success=3) + "\n" + step(2, "SELECT 2"), schedule(start_time=30000)) + """
+    "Two steps", step(1, "SELECT 1", success=3) + "\n" + step(2, "SELECT 2"), "") + """
 EXEC msdb.dbo.sp_add_alert @name = N'Deadlocks', @message_id = 1205, @delay_between_responses = 600,
      @job_name = N'Nightly ETL';
 EXEC msdb.dbo.sp_add_notification @alert_name = N'Deadlocks', @operator_name = N'DBA Team', @notification_method = 1;
@@ -156,7 +157,7 @@ def test_an_alert_the_procedure_refuses_is_listed_and_the_others_are_defined(pg_
     assert cli(["--db", pg_url, "import-sqlagent", str(path), "--timezone", "UTC", "--apply"]) == 1
     err = capsys.readouterr().err
     assert "not applied: alert Quiet_one: agent.add_alert refused it: " in err
-    assert "not applied: job Two_steps: agent.add_scheduled_job takes one command" in err
+    assert "not applied: job Two_steps: agent.add_scheduled_job needs @schedule or @run_at" in err
 
 
 def test_apply_twice_redefines_the_jobs_and_the_alerts(pg_url, tmp_path, capsys):
@@ -182,7 +183,10 @@ def test_apply_twice_redefines_the_jobs_and_the_alerts(pg_url, tmp_path, capsys)
         assert {k: twice[name][k] for k in DEFINITION_FIELDS} == {k: once[name][k] for k in DEFINITION_FIELDS}
     assert [j["job_name"] for j in agent.store().execute("list_jobs").rows] == ["Nightly_ETL"]
     rows = audit_rows(agent, before)
-    assert [action for action, *_ in rows] == ["define", "define-alert", "define-alert", "define-alert", "import"]
+    # The job redefined is then given no steps (a redefinition keeps those set before): 'set-steps'.
+    assert [action for action, *_ in rows] == ["define", "set-steps", "define-alert", "define-alert", "define-alert",
+                                               "import"]
+    assert rows[1][3] == {"job_name": "Nightly_ETL"}              # @steps NULL: no steps in the row
     assert "Deadlocks (redefined)" in rows[-1][4]
 
 
