@@ -780,6 +780,14 @@ def apply_calls(converted: list[Converted]) -> tuple[list[dict[str, Any]], list[
                             "settings printed here"})
         else:
             calls.append({k: v for k, v in item.apply.items() if v is not None})
+            # What the procedures have no parameter for is said, not dropped: the job is defined
+            # without it, and the exit code says the import is not complete.
+            notify = item.settings.get(f"JOB__{item.job}__NOTIFY")
+            if notify:
+                refused.append({"job": item.job, "reason": f"defined without JOB__{item.job}__NOTIFY={notify} (its "
+                                "SQL Agent notification): agent.add_scheduled_job has no @notify, so no outcome of "
+                                "this job is sent to the webhook; to have them sent, define it in the app settings "
+                                "printed here instead"})
     return calls, refused
 
 

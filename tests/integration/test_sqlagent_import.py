@@ -452,7 +452,11 @@ def test_apply_defines_the_scheduled_jobs_with_add_scheduled_job_on_postgres(pg_
     assert sorted(a["job"] for a in out["applied"]) == ["Month_end_close", "one_time", "purge_audit", "purge_audit_2",
                                                         "two_steps"]
     assert {r["job"]: r["reason"][:40] for r in out["not_applied"]} == {
-        "by_hand": "agent.add_scheduled_job needs @schedule "}
+        "by_hand": "agent.add_scheduled_job needs @schedule ",
+        # Defined, and what the procedure has no parameter for is said (@notify_level_email=2).
+        "purge_audit": "defined without JOB__purge_audit__NOTIFY",
+        "purge_audit_2": "defined without JOB__purge_audit_2__NOTI"}
+    assert all("agent.add_scheduled_job has no @notify" in r["reason"] for r in out["not_applied"] if r["job"] != "by_hand")
     assert "JOB__by_hand__SCHEDULE" not in out["settings"] and "JOB__by_hand__COMMAND" in out["settings"]
     assert "JOB__two_steps__STEPS__2__COMMAND" in out["settings"]
     agent.tick()
