@@ -48,6 +48,15 @@ _ALIASES = {
 }
 
 
+def repeated_server_keys(connection_string: str) -> list[str]:
+    """The keys by which ``connection_string`` names its server (or port) more than once, as
+    written (empty: once or not at all)."""
+    keys = [key for key, _ in _segments(connection_string)]
+    servers = [key for key in keys if key.lower() in _ALIASES["server"]]
+    ports = [key for key in keys if key.lower() == "port"]
+    return (servers if len(servers) > 1 else []) + (ports if len(ports) > 1 else [])
+
+
 PSQLODBC_EXPECTED = (
     "a name the PostgreSQL ODBC driver can carry in a connection string: no ';' and no NUL, not "
     "starting with '{' (after any spaces; psqlODBC keeps the braces of a quoted value, so such a value cannot be quoted); "

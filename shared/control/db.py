@@ -26,6 +26,7 @@ from shared.control.connection_strings import (
     server_address,
     split_server,
     redact,
+    repeated_server_keys,
     with_database,
     with_freetds_defaults,
     PINNED_SEARCH_PATH,
@@ -143,6 +144,13 @@ def parse_database_url(value: str, *, setting: str = "AGENT_DB") -> DatabaseTarg
         raise ConfigError(setting, redact(value),
                           "an ODBC driver for PostgreSQL ('PostgreSQL Unicode'), SQL Server "
                           "('ODBC Driver 18 for SQL Server') or FreeTDS ('FreeTDS': SQL Server, Babelfish)")
+    # The server named once: drivers differ on which of two spellings wins (Server, Servername,
+    # Address, ...), and the agent's own server (the fleet allow-list) must be the one it reaches.
+    repeated = repeated_server_keys(value)
+    if repeated:
+        raise ConfigError(setting, redact(value),
+                          f"an ODBC connection string naming its server once (it has {', '.join(repeated)}: keep one "
+                          "of Server, Servername, Address, Addr, Data Source, and at most one Port)")
     return DatabaseTarget(dialect=dialect, location=value, display=redact(value))
 
 

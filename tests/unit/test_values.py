@@ -29,3 +29,19 @@ def test_a_plain_whole_number_in_range_is_read(raw, expected):
 def test_a_number_out_of_range_is_refused(raw):
     with pytest.raises(ConfigError, match="a whole number from 1 to 86400"):
         parse_int("JOB__x__TIMEOUT_SECONDS", raw, 1, 86400)
+
+
+@pytest.mark.parametrize("value", [
+    "Driver={PostgreSQL Unicode};Servername=a;Server=b;Database=x;",
+    "Driver={PostgreSQL Unicode};Server=a;server=b;Database=x;",
+    "Driver={FreeTDS};Server=a;Address=b;",
+    "Driver={FreeTDS};Server=a;Port=1;Port=2;",
+    "Driver={ODBC Driver 18 for SQL Server};Data Source=a;Server=tcp:b,1433;",
+])
+def test_a_control_connection_string_naming_its_server_twice_is_refused(value):
+    """Drivers differ on which spelling wins; the agent's own server (the fleet allow-list) must be
+    the one it reaches."""
+    from shared.control.db import parse_database_url
+
+    with pytest.raises(ConfigError, match="naming its server once"):
+        parse_database_url(value)
