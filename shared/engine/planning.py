@@ -239,18 +239,27 @@ def plan_database_jobs(store: Store, now: datetime, telemetry: Any) -> PlanRepor
         # The never-started runs of those planned (plan_jobs' fence held) keyed from the new first
         # slot on: recorded skipped, planned again by the claim (a run keyed as before is taken
         # back in place). A run keyed before that slot stands for an earlier slot and stays.
-        again = [{"job_name": job["job_name"],
-                  "since": store.json_time(_aware(job["next_due_at"]) if job["next_due_at"] is not None else now)}
-                 for job in report.planned if job["job_name"] in replan]
+        # A job with no next slot left (a one-time job, a schedule past its `until`): only its runs
+        # not yet due, and not held by a pause, are decided again (replan_one_time_jobs), from
+        # their slot or from now; one whose slot has a run standing for it keeps no slot, so it
+        # never runs twice and a slot skipped for good stays skipped.
+        defined = {job["job_name"]: job for job in jobs}
+        again, open_only = [], []
+        for job in report.planned:
+            if job["job_name"] not in replan:
+                continue
+            source = defined.get(job["job_name"]) or {}
+            if not (job["valid"] and source.get("enabled")):
+                again.append({"job_name": job["job_name"], "since": store.json_time(now)})
+            elif is_one_time(source.get("schedule")) or job["next_due_at"] is None:
+                again.append({"job_name": job["job_name"], "since": store.json_time(now), "open_only": 1})
+                open_only.append({"job_name": job["job_name"]})
+            else:
+                again.append({"job_name": job["job_name"], "since": store.json_time(_aware(job["next_due_at"]))})
         if again:
             store.execute("skip_replanned_runs", jobs=again, now=now)
-            # A one-time job is decided again only when its run not yet run was just recorded
-            # skipped (one a calendar moved): from its time, or from now when that has passed. One
-            # whose time has a run that stands for it keeps no slot: it never runs twice.
-            schedules = {job["job_name"]: job["schedule"] for job in jobs}
-            one_time = [{"job_name": job["job_name"]} for job in again if is_one_time(schedules.get(job["job_name"]))]
-            if one_time:
-                store.execute("replan_one_time_jobs", jobs=one_time, now=now)
+        if open_only:
+            store.execute("replan_one_time_jobs", jobs=open_only, now=now)
         events = [{"job_name": job["job_name"], "kind": "config_invalid", "detail": job["config_error"]}
                   for job in report.invalid]
         if events:

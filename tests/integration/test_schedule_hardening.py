@@ -21,7 +21,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from shared.engine import scheduler
-from shared.engine.operations import backfill, backfill_slots
+from shared.engine.operations import backfill, backfill_slots, pause_job, resume_job
 from shared.engine.views import upcoming_slots
 from shared.errors import UsageError
 from shared.messaging.memory import MemoryQueue
@@ -575,3 +575,93 @@ def test_a_one_time_database_job_backfilled_does_not_run_again_when_its_jitter_c
     agent.tick()
     work(agent, concurrency=1, max_seconds=20)
     assert [(r["run_id"], r["status"]) for r in live(history(agent, "once"))] == [(ran["run_id"], "succeeded")]
+
+
+# ---------------------------------------------------------------- 9. the second attack on the re-plan
+
+
+def test_a_paused_one_time_job_whose_calendars_change_keeps_its_one_run(db_url):
+    """A pause holds the moved run (recorded skipped 'paused'); the calendars change meanwhile. The
+    held run is not decided again (a pause's slot stays the pause's): resume brings it back, one
+    run, never caught up at once inside the new freeze nor lost."""
+    for misfire in ("run-once", "skip"):
+        job = {f"o_{misfire}": {**ONCE_MOVED["once"], "MISFIRE": misfire}}
+        name = f"o_{misfire}"
+        agent = make_agent(db_url, job, CALENDAR__freeze__DATES="2026-12-24..2026-12-26")
+        agent.tick(at("2026-12-24T01:59:30"))
+        pause_job(agent.store(), name, now=at("2026-12-24T10:00:00"))
+        changed = make_agent(db_url, job, CALENDAR__freeze__DATES="2026-12-24..2026-12-25")
+        changed.tick(at("2026-12-24T12:00:00"))
+        resume_job(changed.store(), name, now=at("2026-12-24T14:00:00"))
+        for moment in ("2026-12-24T14:00:10", "2026-12-25T12:00:00", "2026-12-26T00:00:10"):
+            changed.tick(at(moment))
+        assert slots_of(live(history(changed, name))) == [at("2026-12-27T00:00:00")], (misfire, history(changed, name))
+
+
+def _not_at_midnight():
+    now = datetime.now(UTC)
+    if now.hour == 23 and now.minute >= 58:
+        time.sleep(150)
+
+
+def test_a_one_time_database_job_redefined_and_given_a_jitter_in_one_planning_keeps_its_run(procedures):
+    """The same definition again (a deployment script run twice) and a jitter, before one planning:
+    the redefinition recorded the moved run skipped; the job is planned again, not dropped."""
+    agent, connection = procedures
+    _not_at_midnight()
+    now = datetime.now(UTC)
+    call(connection, "add_calendar", name="today", dates=str(now.date()))
+    when = now.replace(microsecond=0) + timedelta(seconds=2)
+    call(connection, "add_scheduled_job", name="once", sql="SELECT 1", run_at=when)
+    call(connection, "set_job_calendars", job_name="once", exclude_calendars="today", on_excluded="next")
+    agent.tick()
+    time.sleep(max(0.0, (when - datetime.now(UTC)).total_seconds()) + 1)
+    call(connection, "add_scheduled_job", name="once", sql="SELECT 1", run_at=when)
+    call(connection, "set_job_calendars", job_name="once", exclude_calendars="today", on_excluded="next",
+         jitter_seconds=5)
+    agent.tick()
+    agent.tick()
+    midnight = datetime.combine(now.date() + timedelta(days=1), datetime.min.time(), UTC)
+    assert slots_of(live(history(agent, "once"))) == [midnight]
+
+
+def test_a_one_time_database_slot_a_pause_skipped_for_good_is_not_brought_back_by_a_jitter(procedures):
+    agent, connection = procedures
+    when = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=3)
+    call(connection, "add_scheduled_job", name="once", sql="SELECT 1", run_at=when, misfire="skip")
+    agent.tick()
+    pause_job(agent.store(), "once", now=datetime.now(UTC))
+    agent.tick()
+    time.sleep(max(0.0, (when - datetime.now(UTC)).total_seconds()) + 1)
+    agent.tick()
+    resume_job(agent.store(), "once", now=datetime.now(UTC))
+    agent.tick()
+    assert not live(history(agent, "once"))
+    call(connection, "set_job_calendars", job_name="once", jitter_seconds=5)
+    agent.tick()
+    work(agent, concurrency=1, max_seconds=10)
+    assert not live(history(agent, "once"))
+
+
+def test_a_database_schedule_past_its_until_keeps_its_moved_last_run_when_its_jitter_changes(procedures):
+    """A schedule with `; until` whose last slot a calendar moved has no next slot: a jitter change
+    decides that run again (from now: still excluded today, tomorrow's midnight) instead of
+    dropping it."""
+    agent, connection = procedures
+    _not_at_midnight()
+    now = datetime.now(UTC)
+    when = now.replace(microsecond=0) + timedelta(seconds=3)
+    call(connection, "add_calendar", name="today", dates=str(now.date()))
+    call(connection, "add_scheduled_job", name="u", sql="SELECT 1",
+         schedule=f"{when.second} {when.minute} {when.hour} * * * ; until {when.date()}")
+    call(connection, "set_job_calendars", job_name="u", exclude_calendars="today", on_excluded="next")
+    agent.tick()
+    time.sleep(max(0.0, (when - datetime.now(UTC)).total_seconds()) + 1)
+    agent.tick()
+    midnight = datetime.combine(now.date() + timedelta(days=1), datetime.min.time(), UTC)
+    assert slots_of(live(history(agent, "u"))) == [midnight]
+    call(connection, "set_job_calendars", job_name="u", exclude_calendars="today", on_excluded="next",
+         jitter_seconds=5)
+    agent.tick()
+    agent.tick()
+    assert len(live(history(agent, "u"))) == 1, history(agent, "u")

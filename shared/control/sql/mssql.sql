@@ -149,10 +149,13 @@ FROM agent.runs AS r,
                   ELSE N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed' END AS note,
              CASE WHEN j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule
                        OR j.timezone <> c.timezone THEN NULL
-                  -- A job with no next slot left (a one-time job once claimed): its run not yet due
-                  -- (one a calendar moved); one that came, ran or was skipped stands.
-                  WHEN c.next_due_at IS NULL AND j.next_due_at < CAST(:now AS DATETIME2(6)) THEN CAST(:now AS DATETIME2(6))
-                  ELSE j.next_due_at END AS since
+                  -- A job with no next slot left (a one-time job once claimed, a schedule past its
+                  -- `until`): its run not yet due and not held by a pause (one a calendar moved);
+                  -- one that came, ran, or was skipped or paused stands.
+                  WHEN c.next_due_at IS NULL THEN CAST(:now AS DATETIME2(6))
+                  ELSE j.next_due_at END AS since,
+             CASE WHEN j.job_name IS NOT NULL AND j.valid = 1 AND j.enabled = 1 AND j.schedule = c.schedule
+                       AND j.timezone = c.timezone AND c.next_due_at IS NULL THEN 1 ELSE 0 END AS open_only
       FROM agent.jobs AS c
       LEFT JOIN (SELECT x.job_name, agent.json_text(x.schedule) AS schedule, x.timezone, x.enabled, x.valid,
                         agent.json_text(x.calendars) AS calendars, COALESCE(x.jitter_seconds, 0) AS jitter_seconds,
@@ -163,14 +166,15 @@ FROM agent.runs AS r,
       WHERE c.configured = 1 AND c.defined_in_database = 0
         AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule
              OR j.timezone <> c.timezone
-             OR (j.next_due_at IS NOT NULL
+             OR ((j.next_due_at IS NOT NULL OR c.next_due_at IS NULL)
                  AND (j.jitter_seconds <> c.jitter_seconds
                       OR j.calendars <> c.calendars OR (j.calendars IS NULL AND c.calendars IS NOT NULL)
                       OR (j.calendars IS NOT NULL AND c.calendars IS NULL))))) AS d
 WHERE d.job_name = r.job_name AND r.kind IN (N'scheduled', N'backfill')
   AND (r.status IN (N'pending', N'queued')
        OR (r.status = N'skipped' AND r.note = N'paused' AND r.attempt = 0 AND r.scheduled_for >= CAST(:now AS DATETIME2(6))))
-  AND (d.since IS NULL OR (r.kind = N'scheduled' AND r.attempt = 0 AND r.scheduled_for >= d.since));
+  AND (d.since IS NULL OR (r.kind = N'scheduled' AND r.attempt = 0 AND r.scheduled_for >= d.since
+                           AND (d.open_only = 0 OR r.status IN (N'pending', N'queued'))));
 SELECT run_id, job_name, scheduled_for, status, note, operation_id FROM @skipped;
 
 -- upsert_jobs --
@@ -229,11 +233,11 @@ UPDATE t SET
         THEN CASE WHEN s.next_due_at < CAST(:now AS DATETIME2(6)) THEN CAST(:now AS DATETIME2(6)) ELSE s.next_due_at END
         WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
                OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
-          AND s.next_due_at IS NOT NULL AND t.next_due_at IS NULL
+          AND t.next_due_at IS NULL
           AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = t.job_name AND o.status = N'skipped'
                         AND o.finished_at = CAST(:now AS DATETIME2(6))
                         AND o.note = N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
-        THEN CASE WHEN s.next_due_at < CAST(:now AS DATETIME2(6)) THEN CAST(:now AS DATETIME2(6)) ELSE s.next_due_at END ELSE t.next_due_at END,
+        THEN CASE WHEN s.next_due_at > CAST(:now AS DATETIME2(6)) THEN s.next_due_at ELSE CAST(:now AS DATETIME2(6)) END ELSE t.next_due_at END,
     advanced_at = CASE
         WHEN t.schedule <> s.schedule
           OR t.timezone <> s.timezone
@@ -247,7 +251,7 @@ UPDATE t SET
         THEN CAST(:now AS DATETIME2(6))
         WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
                OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
-          AND s.next_due_at IS NOT NULL AND t.next_due_at IS NULL
+          AND t.next_due_at IS NULL
           AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = t.job_name AND o.status = N'skipped'
                         AND o.finished_at = CAST(:now AS DATETIME2(6))
                         AND o.note = N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
@@ -1036,31 +1040,32 @@ WHERE j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = p.upda
 SELECT job_name, valid, config_error, next_due_at FROM @planned;
 
 -- skip_replanned_runs --
--- A database job planned again after its calendars or jitter changed (agent.set_job_calendars set replan_runs, or the calendars the planning resolved differ from those in force: a calendar redefined or removed): its never-started scheduled runs keyed from its new first slot on (:jobs, a JSON array of {job_name, since}), and the slots ahead a pause recorded skipped, are recorded skipped; the claim that follows plans them again under the new rules (a run keyed as before is taken back in place, claim_slots). A run keyed before that slot stands for an earlier slot and is left as it is.
+-- A database job planned again after its calendars or jitter changed (agent.set_job_calendars set replan_runs, or the calendars the planning resolved differ from those in force: a calendar redefined or removed): its never-started scheduled runs keyed from its new first slot on (:jobs, a JSON array of {job_name, since, open_only}), and the slots ahead a pause recorded skipped, are recorded skipped (open_only: a job with no next slot left, a one-time job or a schedule past its `until`, whose runs not yet due alone are decided again: a slot a pause holds stays held); the claim that follows plans them again under the new rules (a run keyed as before is taken back in place, claim_slots). A run keyed before that slot stands for an earlier slot and is left as it is.
 DECLARE @replanned TABLE (run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6));
 UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
     note = N'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed'
 OUTPUT inserted.run_id, inserted.job_name, inserted.scheduled_for INTO @replanned
 FROM agent.runs AS r,
-     (SELECT x.job_name, CONVERT(DATETIME2(6), x.since, 121) AS since
-      FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64), since NVARCHAR(40)) AS x) AS d
+     (SELECT x.job_name, CONVERT(DATETIME2(6), x.since, 121) AS since, x.open_only
+      FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64), since NVARCHAR(40), open_only INT) AS x) AS d
 WHERE r.job_name = d.job_name AND r.kind = N'scheduled' AND r.attempt = 0
-  AND (r.status IN (N'pending', N'queued') OR (r.status = N'skipped' AND r.note = N'paused'))
+  AND (r.status IN (N'pending', N'queued') OR (r.status = N'skipped' AND r.note = N'paused' AND d.open_only IS NULL))
   AND r.scheduled_for >= d.since;
 SELECT run_id, job_name, scheduled_for FROM @replanned;
 
 -- replan_one_time_jobs --
--- One-time database jobs planned again after their calendars changed (:jobs, a JSON array of {job_name}; plan_jobs set next_due_at to the job's time), after skip_replanned_runs: one whose run not yet run it just recorded skipped (one a calendar moved) is decided again from its time, or from now when that has passed (the run was waiting for the time its calendars allowed, not missed); one whose time already has a run that stands for it (ran, runs, waits, backfilled, skipped for good) keeps no slot (next_due_at NULL, as its claim left it): it never runs a second time, and a slot skipped for good is not brought back by a calendar's change; one never claimed keeps its time.
+-- Database jobs with no next slot left (one-time jobs, schedules past their `until`) planned again after their calendars or jitter changed (:jobs, a JSON array of {job_name}; plan_jobs set next_due_at to the job's first slot, NULL when none), after skip_replanned_runs: one whose run not yet due it just recorded skipped (one a calendar moved) is decided again from its slot, or from now when that has passed or there is none (the run was waiting for the time its calendars allowed, not missed); one whose slot has a run standing for it (ran, runs, waits, backfilled, held by a pause, skipped for good; not one a redefinition recorded skipped, nor the slot a calendar moved) keeps no slot (next_due_at NULL, as its claim left it): it never runs twice, and a slot skipped for good is not brought back; one never claimed keeps its slot.
 UPDATE j SET next_due_at = CASE
         WHEN EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.status = N'skipped'
                        AND o.finished_at = CAST(:now AS DATETIME2(6)) AND o.note = N'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
-        THEN CASE WHEN j.next_due_at < CAST(:now AS DATETIME2(6)) THEN CAST(:now AS DATETIME2(6)) ELSE j.next_due_at END
-        WHEN EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.scheduled_for >= j.next_due_at
-                       AND NOT (o.status = N'skipped' AND o.note LIKE N'skipped: the job%'))
+        THEN CASE WHEN j.next_due_at > CAST(:now AS DATETIME2(6)) THEN j.next_due_at ELSE CAST(:now AS DATETIME2(6)) END
+        WHEN j.next_due_at IS NOT NULL
+         AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.scheduled_for >= j.next_due_at
+                       AND NOT (o.status = N'skipped' AND (o.note LIKE N'skipped: the job%' OR o.note LIKE N'calendar:%; moved to %')))
         THEN NULL ELSE j.next_due_at END
 FROM agent.jobs AS j,
      (SELECT x.job_name FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64)) AS x) AS d
-WHERE j.job_name = d.job_name AND j.next_due_at IS NOT NULL;
+WHERE j.job_name = d.job_name;
 
 -- stop_job --
 -- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).

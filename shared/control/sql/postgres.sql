@@ -91,10 +91,13 @@ WHERE r.job_name = c.job_name AND r.kind IN ('scheduled', 'backfill')
   AND c.configured = 1 AND c.defined_in_database = 0
   AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule OR j.timezone <> c.timezone
        OR ((j.calendars IS DISTINCT FROM c.calendars OR COALESCE(j.jitter_seconds, 0) <> c.jitter_seconds)
-           AND r.kind = 'scheduled' AND r.attempt = 0 AND r.scheduled_for >= CAST(j.next_due_at AS timestamp)
-           -- A job with no next slot left (a one-time job once claimed): its run not yet due
-           -- (one a calendar moved); one that came, ran or was skipped stands.
-           AND (c.next_due_at IS NOT NULL OR r.scheduled_for >= CAST(:now AS timestamp))))
+           AND r.kind = 'scheduled' AND r.attempt = 0
+           AND ((c.next_due_at IS NOT NULL AND r.scheduled_for >= CAST(j.next_due_at AS timestamp))
+                -- A job with no next slot left (a one-time job once claimed, a schedule past its
+                -- `until`): its run not yet due and not held by a pause (one a calendar moved);
+                -- one that came, ran, or was skipped or paused stands.
+                OR (c.next_due_at IS NULL AND r.status IN ('pending', 'queued')
+                    AND r.scheduled_for >= CAST(:now AS timestamp)))))
 RETURNING r.run_id, r.job_name, r.scheduled_for, r.status, r.note, r.operation_id;
 
 -- upsert_jobs --
@@ -133,11 +136,11 @@ ON CONFLICT (job_name) DO UPDATE SET
           AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NOT NULL AND EXCLUDED.next_due_at < agent.jobs.next_due_at
         THEN GREATEST(EXCLUDED.next_due_at, CAST(:now AS timestamp))
         WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
-          AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NULL
+          AND agent.jobs.next_due_at IS NULL
           AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = agent.jobs.job_name AND o.status = 'skipped'
                         AND o.finished_at = CAST(:now AS timestamp)
                         AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
-        THEN GREATEST(EXCLUDED.next_due_at, CAST(:now AS timestamp)) ELSE agent.jobs.next_due_at END,
+        THEN GREATEST(COALESCE(EXCLUDED.next_due_at, CAST(:now AS timestamp)), CAST(:now AS timestamp)) ELSE agent.jobs.next_due_at END,
     advanced_at = CASE
         WHEN agent.jobs.schedule <> EXCLUDED.schedule
           OR agent.jobs.timezone <> EXCLUDED.timezone
@@ -149,7 +152,7 @@ ON CONFLICT (job_name) DO UPDATE SET
           AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NOT NULL AND EXCLUDED.next_due_at < agent.jobs.next_due_at
         THEN EXCLUDED.advanced_at
         WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
-          AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NULL
+          AND agent.jobs.next_due_at IS NULL
           AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = agent.jobs.job_name AND o.status = 'skipped'
                         AND o.finished_at = CAST(:now AS timestamp)
                         AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
@@ -850,26 +853,27 @@ WHERE j.job_name = p.job_name AND j.needs_planning = 1 AND j.updated_at = CAST(p
 RETURNING j.job_name, j.valid, j.config_error, j.next_due_at;
 
 -- skip_replanned_runs --
--- A database job planned again after its calendars or jitter changed (agent.set_job_calendars set replan_runs, or the calendars the planning resolved differ from those in force: a calendar redefined or removed): its never-started scheduled runs keyed from its new first slot on (:jobs, a JSON array of {job_name, since}), and the slots ahead a pause recorded skipped, are recorded skipped; the claim that follows plans them again under the new rules (a run keyed as before is taken back in place, claim_slots). A run keyed before that slot stands for an earlier slot and is left as it is.
+-- A database job planned again after its calendars or jitter changed (agent.set_job_calendars set replan_runs, or the calendars the planning resolved differ from those in force: a calendar redefined or removed): its never-started scheduled runs keyed from its new first slot on (:jobs, a JSON array of {job_name, since, open_only}), and the slots ahead a pause recorded skipped, are recorded skipped (open_only: a job with no next slot left, a one-time job or a schedule past its `until`, whose runs not yet due alone are decided again: a slot a pause holds stays held); the claim that follows plans them again under the new rules (a run keyed as before is taken back in place, claim_slots). A run keyed before that slot stands for an earlier slot and is left as it is.
 UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
     note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed'
-FROM json_to_recordset(CAST(:jobs AS json)) AS x(job_name VARCHAR, since VARCHAR)
+FROM json_to_recordset(CAST(:jobs AS json)) AS x(job_name VARCHAR, since VARCHAR, open_only INT)
 WHERE r.job_name = x.job_name AND r.kind = 'scheduled' AND r.attempt = 0
-  AND (r.status IN ('pending', 'queued') OR (r.status = 'skipped' AND r.note = 'paused'))
+  AND (r.status IN ('pending', 'queued') OR (r.status = 'skipped' AND r.note = 'paused' AND x.open_only IS NULL))
   AND r.scheduled_for >= CAST(x.since AS timestamp)
 RETURNING r.run_id, r.job_name, r.scheduled_for;
 
 -- replan_one_time_jobs --
--- One-time database jobs planned again after their calendars changed (:jobs, a JSON array of {job_name}; plan_jobs set next_due_at to the job's time), after skip_replanned_runs: one whose run not yet run it just recorded skipped (one a calendar moved) is decided again from its time, or from now when that has passed (the run was waiting for the time its calendars allowed, not missed); one whose time already has a run that stands for it (ran, runs, waits, backfilled, skipped for good) keeps no slot (next_due_at NULL, as its claim left it): it never runs a second time, and a slot skipped for good is not brought back by a calendar's change; one never claimed keeps its time.
+-- Database jobs with no next slot left (one-time jobs, schedules past their `until`) planned again after their calendars or jitter changed (:jobs, a JSON array of {job_name}; plan_jobs set next_due_at to the job's first slot, NULL when none), after skip_replanned_runs: one whose run not yet due it just recorded skipped (one a calendar moved) is decided again from its slot, or from now when that has passed or there is none (the run was waiting for the time its calendars allowed, not missed); one whose slot has a run standing for it (ran, runs, waits, backfilled, held by a pause, skipped for good; not one a redefinition recorded skipped, nor the slot a calendar moved) keeps no slot (next_due_at NULL, as its claim left it): it never runs twice, and a slot skipped for good is not brought back; one never claimed keeps its slot.
 UPDATE agent.jobs AS j SET next_due_at = CASE
         WHEN EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.status = 'skipped'
                        AND o.finished_at = CAST(:now AS timestamp) AND o.note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
-        THEN GREATEST(j.next_due_at, CAST(:now AS timestamp))
-        WHEN EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.scheduled_for >= j.next_due_at
-                       AND NOT (o.status = 'skipped' AND o.note LIKE 'skipped: the job%'))
+        THEN GREATEST(COALESCE(j.next_due_at, CAST(:now AS timestamp)), CAST(:now AS timestamp))
+        WHEN j.next_due_at IS NOT NULL
+         AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.scheduled_for >= j.next_due_at
+                       AND NOT (o.status = 'skipped' AND (o.note LIKE 'skipped: the job%' OR o.note LIKE 'calendar:%; moved to %')))
         THEN NULL ELSE j.next_due_at END
 FROM json_to_recordset(CAST(:jobs AS json)) AS x(job_name VARCHAR)
-WHERE j.job_name = x.job_name AND j.next_due_at IS NOT NULL;
+WHERE j.job_name = x.job_name;
 
 -- stop_job --
 -- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).

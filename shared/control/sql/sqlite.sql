@@ -86,24 +86,26 @@ x AS MATERIALIZED (
            CASE WHEN n.valid = 0 THEN 'skipped: the job''s settings became invalid after this slot was claimed'
                 WHEN n.enabled = 0 THEN 'skipped: the job was disabled after this slot was claimed'
                 ELSE 'skipped: the job''s schedule or time zone changed after this slot was claimed' END AS note,
-           NULL AS since
+           NULL AS since, 0 AS open_only
     FROM given AS n
     CROSS JOIN agent_jobs AS c
     WHERE c.job_name = n.job_name AND c.configured = 1 AND c.defined_in_database = 0
       AND (n.valid = 0 OR n.enabled = 0 OR n.schedule <> c.schedule OR n.timezone <> c.timezone)
     UNION ALL
     SELECT c.job_name, 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed',
-           -- A job with no next slot left (a one-time job once claimed): its run not yet due (one
-           -- a calendar moved); one that came, ran or was skipped stands.
-           CASE WHEN c.next_due_at IS NULL THEN MAX(n.next_due_at, :now) ELSE n.next_due_at END
+           -- A job with no next slot left (a one-time job once claimed, a schedule past its
+           -- `until`): its run not yet due and not held by a pause (one a calendar moved); one that
+           -- came, ran, or was skipped or paused stands.
+           CASE WHEN c.next_due_at IS NULL THEN :now ELSE n.next_due_at END,
+           CASE WHEN c.next_due_at IS NULL THEN 1 ELSE 0 END
     FROM given AS n
     CROSS JOIN agent_jobs AS c
     WHERE c.job_name = n.job_name AND c.configured = 1 AND c.defined_in_database = 0
       AND n.valid = 1 AND n.enabled = 1 AND n.schedule = c.schedule AND n.timezone = c.timezone
-      AND n.next_due_at IS NOT NULL
+      AND (n.next_due_at IS NOT NULL OR c.next_due_at IS NULL)
       AND (n.calendars IS NOT c.calendars OR n.jitter_seconds <> c.jitter_seconds)
     UNION ALL
-    SELECT c.job_name, 'skipped: the job was removed from the settings after this slot was claimed', NULL
+    SELECT c.job_name, 'skipped: the job was removed from the settings after this slot was claimed', NULL, 0
     FROM agent_jobs AS c
     WHERE c.configured = 1 AND c.defined_in_database = 0 AND c.job_name NOT IN (SELECT g.job_name FROM given AS g))
 UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL, note = x.note
@@ -113,7 +115,8 @@ WHERE agent_runs.job_name = x.job_name AND agent_runs.kind IN ('scheduled', 'bac
        OR (agent_runs.status = 'skipped' AND agent_runs.note = 'paused' AND agent_runs.attempt = 0
            AND agent_runs.scheduled_for >= :now))
   AND (x.since IS NULL
-       OR (agent_runs.kind = 'scheduled' AND agent_runs.attempt = 0 AND agent_runs.scheduled_for >= x.since))
+       OR (agent_runs.kind = 'scheduled' AND agent_runs.attempt = 0 AND agent_runs.scheduled_for >= x.since
+           AND (x.open_only = 0 OR agent_runs.status IN ('pending', 'queued'))))
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id;
 
 -- upsert_jobs --
@@ -159,11 +162,11 @@ ON CONFLICT (job_name) DO UPDATE SET
           AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NOT NULL AND excluded.next_due_at < agent_jobs.next_due_at
         THEN MAX(excluded.next_due_at, :now)
         WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
-          AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NULL
+          AND agent_jobs.next_due_at IS NULL
           AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
                         AND o.finished_at = :now
                         AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
-        THEN MAX(excluded.next_due_at, :now) ELSE agent_jobs.next_due_at END,
+        THEN MAX(COALESCE(excluded.next_due_at, :now), :now) ELSE agent_jobs.next_due_at END,
     advanced_at = CASE
         WHEN agent_jobs.schedule <> excluded.schedule
           OR agent_jobs.timezone <> excluded.timezone
@@ -175,7 +178,7 @@ ON CONFLICT (job_name) DO UPDATE SET
           AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NOT NULL AND excluded.next_due_at < agent_jobs.next_due_at
         THEN excluded.advanced_at
         WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
-          AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NULL
+          AND agent_jobs.next_due_at IS NULL
           AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
                         AND o.finished_at = :now
                         AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
@@ -1041,27 +1044,30 @@ WHERE agent_jobs.job_name = json_extract(p.value, '$.job_name') AND agent_jobs.n
 RETURNING job_name, valid, config_error, next_due_at;
 
 -- skip_replanned_runs --
--- A database job planned again after its calendars or jitter changed (agent.set_job_calendars set replan_runs, or the calendars the planning resolved differ from those in force: a calendar redefined or removed): its never-started scheduled runs keyed from its new first slot on (:jobs, a JSON array of {job_name, since}), and the slots ahead a pause recorded skipped, are recorded skipped; the claim that follows plans them again under the new rules (a run keyed as before is taken back in place, claim_slots). A run keyed before that slot stands for an earlier slot and is left as it is.
+-- A database job planned again after its calendars or jitter changed (agent.set_job_calendars set replan_runs, or the calendars the planning resolved differ from those in force: a calendar redefined or removed): its never-started scheduled runs keyed from its new first slot on (:jobs, a JSON array of {job_name, since, open_only}), and the slots ahead a pause recorded skipped, are recorded skipped (open_only: a job with no next slot left, a one-time job or a schedule past its `until`, whose runs not yet due alone are decided again: a slot a pause holds stays held); the claim that follows plans them again under the new rules (a run keyed as before is taken back in place, claim_slots). A run keyed before that slot stands for an earlier slot and is left as it is.
 UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL,
     note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed'
-FROM (SELECT json_extract(j.value, '$.job_name') AS job_name, json_extract(j.value, '$.since') AS since
+FROM (SELECT json_extract(j.value, '$.job_name') AS job_name, json_extract(j.value, '$.since') AS since,
+             json_extract(j.value, '$.open_only') AS open_only
       FROM json_each(:jobs) AS j) AS x
 WHERE agent_runs.job_name = x.job_name AND agent_runs.kind = 'scheduled' AND agent_runs.attempt = 0
-  AND (agent_runs.status IN ('pending', 'queued') OR (agent_runs.status = 'skipped' AND agent_runs.note = 'paused'))
+  AND (agent_runs.status IN ('pending', 'queued')
+       OR (agent_runs.status = 'skipped' AND agent_runs.note = 'paused' AND x.open_only IS NULL))
   AND agent_runs.scheduled_for >= x.since
 RETURNING run_id, job_name, scheduled_for;
 
 -- replan_one_time_jobs --
--- One-time database jobs planned again after their calendars changed (:jobs, a JSON array of {job_name}; plan_jobs set next_due_at to the job's time), after skip_replanned_runs: one whose run not yet run it just recorded skipped (one a calendar moved) is decided again from its time, or from now when that has passed (the run was waiting for the time its calendars allowed, not missed); one whose time already has a run that stands for it (ran, runs, waits, backfilled, skipped for good) keeps no slot (next_due_at NULL, as its claim left it): it never runs a second time, and a slot skipped for good is not brought back by a calendar's change; one never claimed keeps its time.
+-- Database jobs with no next slot left (one-time jobs, schedules past their `until`) planned again after their calendars or jitter changed (:jobs, a JSON array of {job_name}; plan_jobs set next_due_at to the job's first slot, NULL when none), after skip_replanned_runs: one whose run not yet due it just recorded skipped (one a calendar moved) is decided again from its slot, or from now when that has passed or there is none (the run was waiting for the time its calendars allowed, not missed); one whose slot has a run standing for it (ran, runs, waits, backfilled, held by a pause, skipped for good; not one a redefinition recorded skipped, nor the slot a calendar moved) keeps no slot (next_due_at NULL, as its claim left it): it never runs twice, and a slot skipped for good is not brought back; one never claimed keeps its slot.
 UPDATE agent_jobs SET next_due_at = CASE
         WHEN EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
                        AND o.finished_at = :now AND o.note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
-        THEN MAX(next_due_at, :now)
-        WHEN EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name
+        THEN MAX(COALESCE(next_due_at, :now), :now)
+        WHEN next_due_at IS NOT NULL
+         AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name
                        AND o.scheduled_for >= agent_jobs.next_due_at
-                       AND NOT (o.status = 'skipped' AND o.note LIKE 'skipped: the job%'))
+                       AND NOT (o.status = 'skipped' AND (o.note LIKE 'skipped: the job%' OR o.note LIKE 'calendar:%; moved to %')))
         THEN NULL ELSE next_due_at END
-WHERE job_name IN (SELECT json_extract(j.value, '$.job_name') FROM json_each(:jobs) AS j) AND next_due_at IS NOT NULL;
+WHERE job_name IN (SELECT json_extract(j.value, '$.job_name') FROM json_each(:jobs) AS j);
 
 -- stop_job --
 -- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).
