@@ -240,11 +240,12 @@ def plan_database_jobs(store: Store, now: datetime, telemetry: Any) -> PlanRepor
         # slot on: recorded skipped, planned again by the claim (a run keyed as before is taken
         # back in place). A run keyed before that slot stands for an earlier slot and stays.
         # A job with no next slot left (a one-time job, a schedule past its `until`): only its runs
-        # not yet due, and not held by a pause, are decided again (replan_one_time_jobs), from
+        # not yet due, and not held by a pause, are decided again (settle_replanned_jobs), from
         # their slot or from now; one whose slot has a run standing for it keeps no slot, so it
-        # never runs twice and a slot skipped for good stays skipped.
+        # never runs twice and a slot skipped for good stays skipped. A run a calendar moved,
+        # keyed before the new first slot, is decided again from now.
         defined = {job["job_name"]: job for job in jobs}
-        again, open_only = [], []
+        again, settle = [], []
         for job in report.planned:
             if job["job_name"] not in replan:
                 continue
@@ -253,13 +254,16 @@ def plan_database_jobs(store: Store, now: datetime, telemetry: Any) -> PlanRepor
                 again.append({"job_name": job["job_name"], "since": store.json_time(now)})
             elif is_one_time(source.get("schedule")) or job["next_due_at"] is None:
                 again.append({"job_name": job["job_name"], "since": store.json_time(now), "open_only": 1})
-                open_only.append({"job_name": job["job_name"]})
+                settle.append({"job_name": job["job_name"], "open_only": 1})
             else:
                 again.append({"job_name": job["job_name"], "since": store.json_time(_aware(job["next_due_at"]))})
+                settle.append({"job_name": job["job_name"]})
         if again:
             store.execute("skip_replanned_runs", jobs=again, now=now)
-        if open_only:
-            store.execute("replan_one_time_jobs", jobs=open_only, now=now)
+        if settle:
+            # The slot each is decided again from (settle_replanned_jobs): one statement more,
+            # only in a planning after a change of calendars or jitter.
+            store.execute("settle_replanned_jobs", jobs=settle, now=now)
         events = [{"job_name": job["job_name"], "kind": "config_invalid", "detail": job["config_error"]}
                   for job in report.invalid]
         if events:

@@ -665,3 +665,45 @@ def test_a_database_schedule_past_its_until_keeps_its_moved_last_run_when_its_ji
     agent.tick()
     agent.tick()
     assert len(live(history(agent, "u"))) == 1, history(agent, "u")
+
+
+@pytest.mark.parametrize("schedule", ["0 0 2 * * *", "0 0 2 * * * ; until 2026-12-24"])
+def test_a_freeze_extended_over_the_time_an_earlier_slot_moved_to_moves_that_run_again(db_url, schedule):
+    """Daily at 02:00; a freeze on the 24th moves that slot to the 25th 00:00, before the 25th's own
+    slot. The freeze is extended over the 25th: that run is decided again (from now: the end of
+    the new freeze), with the 25th's slot, one run; a schedule past its `until` alike."""
+    job = {"d": {"SCHEDULE": schedule, "COMMAND": "SELECT 1", "EXCLUDE": "freeze", "ON_EXCLUDED": "next"}}
+    agent = make_agent(db_url, job, CALENDAR__freeze__DATES="2026-12-24")
+    agent.tick(at("2026-12-24T01:59:30"))
+    assert slots_of(live(history(agent, "d"))) == [at("2026-12-25T00:00:00")]
+    extended = make_agent(db_url, job, CALENDAR__freeze__DATES="2026-12-24..2026-12-25")
+    for moment in ("2026-12-24T10:00:00", "2026-12-25T01:59:30", "2026-12-25T23:59:30"):
+        extended.tick(at(moment))
+    rows = history(extended, "d")
+    assert slots_of(live(rows))[:1] == [at("2026-12-26T00:00:00")], rows
+    assert not [r for r in live(rows) if _aware(r["scheduled_for"]).date().isoformat() == "2026-12-25"], rows
+
+
+def test_a_database_job_whose_calendar_grows_over_an_earlier_slots_moved_run_moves_it_again(procedures):
+    """The same from T-SQL: add_calendar redefines the calendar a job names, now excluding tomorrow
+    too; the run moved to tomorrow's midnight moves to the day after."""
+    agent, connection = procedures
+    _not_at_midnight()
+    now = datetime.now(UTC)
+    when = now.replace(microsecond=0) + timedelta(seconds=2)
+    today, tomorrow = now.date(), now.date() + timedelta(days=1)
+    call(connection, "add_calendar", name="freeze", dates=str(today))
+    call(connection, "add_scheduled_job", name="d", sql="SELECT 1",
+         schedule=f"{when.second} {when.minute} {when.hour} * * *")
+    call(connection, "set_job_calendars", job_name="d", exclude_calendars="freeze", on_excluded="next")
+    agent.tick()
+    time.sleep(max(0.0, (when - datetime.now(UTC)).total_seconds()) + 1)
+    agent.tick()
+    midnight = datetime.combine(tomorrow, datetime.min.time(), UTC)
+    assert midnight in slots_of(live(history(agent, "d")))
+    call(connection, "add_calendar", name="freeze", dates=f"{today}..{tomorrow}")
+    agent.tick()
+    agent.tick()
+    rows = history(agent, "d")
+    assert midnight not in slots_of(live(rows)), rows
+    assert datetime.combine(tomorrow + timedelta(days=1), datetime.min.time(), UTC) in slots_of(live(rows)), rows

@@ -173,8 +173,13 @@ FROM agent.runs AS r,
 WHERE d.job_name = r.job_name AND r.kind IN (N'scheduled', N'backfill')
   AND (r.status IN (N'pending', N'queued')
        OR (r.status = N'skipped' AND r.note = N'paused' AND r.attempt = 0 AND r.scheduled_for >= CAST(:now AS DATETIME2(6))))
-  AND (d.since IS NULL OR (r.kind = N'scheduled' AND r.attempt = 0 AND r.scheduled_for >= d.since
-                           AND (d.open_only = 0 OR r.status IN (N'pending', N'queued'))));
+  AND (d.since IS NULL
+       OR (r.kind = N'scheduled' AND r.attempt = 0
+           AND ((r.scheduled_for >= d.since AND (d.open_only = 0 OR r.status IN (N'pending', N'queued')))
+                -- A run a calendar moved, not yet due, keyed before that slot (a freeze extended
+                -- over the time an earlier slot moved to): decided again from now.
+                OR (d.open_only = 0 AND r.status IN (N'pending', N'queued') AND r.scheduled_for >= CAST(:now AS DATETIME2(6))
+                    AND r.note LIKE N'%; moved from %'))));
 SELECT run_id, job_name, scheduled_for, status, note, operation_id FROM @skipped;
 
 -- upsert_jobs --
@@ -229,6 +234,13 @@ UPDATE t SET
         -- before now: a one-time job's slot that has passed is not a missed slot then.
         WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
                OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
+          AND s.next_due_at IS NOT NULL AND t.next_due_at IS NOT NULL
+          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = t.job_name AND o.status = N'skipped'
+                        AND o.finished_at = CAST(:now AS DATETIME2(6)) AND o.scheduled_for < s.next_due_at
+                        AND o.note = N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
+        THEN CAST(:now AS DATETIME2(6))
+        WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
+               OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
           AND s.next_due_at IS NOT NULL AND t.next_due_at IS NOT NULL AND s.next_due_at < t.next_due_at
         THEN CASE WHEN s.next_due_at < CAST(:now AS DATETIME2(6)) THEN CAST(:now AS DATETIME2(6)) ELSE s.next_due_at END
         WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
@@ -244,6 +256,13 @@ UPDATE t SET
           OR t.enabled <> s.enabled
           OR t.valid <> s.valid
           OR t.configured = 0
+        THEN CAST(:now AS DATETIME2(6))
+        WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
+               OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
+          AND s.next_due_at IS NOT NULL AND t.next_due_at IS NOT NULL
+          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = t.job_name AND o.status = N'skipped'
+                        AND o.finished_at = CAST(:now AS DATETIME2(6)) AND o.scheduled_for < s.next_due_at
+                        AND o.note = N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
         THEN CAST(:now AS DATETIME2(6))
         WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
                OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
@@ -1050,21 +1069,31 @@ FROM agent.runs AS r,
       FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64), since NVARCHAR(40), open_only INT) AS x) AS d
 WHERE r.job_name = d.job_name AND r.kind = N'scheduled' AND r.attempt = 0
   AND (r.status IN (N'pending', N'queued') OR (r.status = N'skipped' AND r.note = N'paused' AND d.open_only IS NULL))
-  AND r.scheduled_for >= d.since;
+  AND (r.scheduled_for >= d.since
+       -- A run a calendar moved, not yet due, keyed before that slot: decided again from now.
+       OR (r.status IN (N'pending', N'queued') AND r.scheduled_for >= CAST(:now AS DATETIME2(6))
+           AND r.note LIKE N'%; moved from %'));
 SELECT run_id, job_name, scheduled_for FROM @replanned;
 
--- replan_one_time_jobs --
--- Database jobs with no next slot left (one-time jobs, schedules past their `until`) planned again after their calendars or jitter changed (:jobs, a JSON array of {job_name}; plan_jobs set next_due_at to the job's first slot, NULL when none), after skip_replanned_runs: one whose run not yet due it just recorded skipped (one a calendar moved) is decided again from its slot, or from now when that has passed or there is none (the run was waiting for the time its calendars allowed, not missed); one whose slot has a run standing for it (ran, runs, waits, backfilled, held by a pause, skipped for good; not one a redefinition recorded skipped, nor the slot a calendar moved) keeps no slot (next_due_at NULL, as its claim left it): it never runs twice, and a slot skipped for good is not brought back; one never claimed keeps its slot.
+-- settle_replanned_jobs --
+-- The database jobs planned again after their calendars or jitter changed (:jobs, a JSON array of {job_name, open_only}; plan_jobs set next_due_at to the job's first slot, NULL when none), after skip_replanned_runs. open_only (a job with no next slot left: a one-time job, a schedule past its `until`): one whose run not yet due it just recorded skipped (one a calendar moved) is decided again from its slot, or from now when that has passed or there is none (the run was waiting for the time its calendars allowed, not missed); one whose slot has a run standing for it (ran, runs, waits, backfilled, held by a pause, skipped for good; not one a redefinition recorded skipped, nor the slot a calendar moved) keeps no slot (next_due_at NULL, as its claim left it): it never runs twice, and a slot skipped for good is not brought back; one never claimed keeps its slot. The others: one whose run a calendar moved, keyed before its first slot, was just recorded skipped is decided again from now (the earlier slot's moved run, under the new calendars).
 UPDATE j SET next_due_at = CASE
-        WHEN EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.status = N'skipped'
+        WHEN d.open_only = 1
+         AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.status = N'skipped'
                        AND o.finished_at = CAST(:now AS DATETIME2(6)) AND o.note = N'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
         THEN CASE WHEN j.next_due_at > CAST(:now AS DATETIME2(6)) THEN j.next_due_at ELSE CAST(:now AS DATETIME2(6)) END
-        WHEN j.next_due_at IS NOT NULL
+        WHEN d.open_only = 1 AND j.next_due_at IS NOT NULL
          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.scheduled_for >= j.next_due_at
                        AND NOT (o.status = N'skipped' AND (o.note LIKE N'skipped: the job%' OR o.note LIKE N'calendar:%; moved to %')))
-        THEN NULL ELSE j.next_due_at END
+        THEN NULL
+        WHEN d.open_only IS NULL AND j.next_due_at IS NOT NULL
+         AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.status = N'skipped'
+                       AND o.finished_at = CAST(:now AS DATETIME2(6)) AND o.scheduled_for < j.next_due_at
+                       AND o.note = N'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
+        THEN CASE WHEN j.next_due_at < CAST(:now AS DATETIME2(6)) THEN j.next_due_at ELSE CAST(:now AS DATETIME2(6)) END
+        ELSE j.next_due_at END
 FROM agent.jobs AS j,
-     (SELECT x.job_name FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64)) AS x) AS d
+     (SELECT x.job_name, x.open_only FROM OPENJSON(:jobs) WITH (job_name NVARCHAR(64), open_only INT) AS x) AS d
 WHERE j.job_name = d.job_name;
 
 -- stop_job --

@@ -92,7 +92,12 @@ WHERE r.job_name = c.job_name AND r.kind IN ('scheduled', 'backfill')
   AND (j.job_name IS NULL OR j.valid = 0 OR j.enabled = 0 OR j.schedule <> c.schedule OR j.timezone <> c.timezone
        OR ((j.calendars IS DISTINCT FROM c.calendars OR COALESCE(j.jitter_seconds, 0) <> c.jitter_seconds)
            AND r.kind = 'scheduled' AND r.attempt = 0
-           AND ((c.next_due_at IS NOT NULL AND r.scheduled_for >= CAST(j.next_due_at AS timestamp))
+           AND ((c.next_due_at IS NOT NULL
+                 AND (r.scheduled_for >= CAST(j.next_due_at AS timestamp)
+                      -- A run a calendar moved, not yet due, keyed before that slot (a freeze
+                      -- extended over the time an earlier slot moved to): decided again from now.
+                      OR (r.status IN ('pending', 'queued') AND r.scheduled_for >= CAST(:now AS timestamp)
+                          AND r.note LIKE '%; moved from %')))
                 -- A job with no next slot left (a one-time job once claimed, a schedule past its
                 -- `until`): its run not yet due and not held by a pause (one a calendar moved);
                 -- one that came, ran, or was skipped or paused stands.
@@ -133,6 +138,12 @@ ON CONFLICT (job_name) DO UPDATE SET
         -- calendar moved) skip_runs_of_changed_jobs just recorded skipped is decided again. Never
         -- before now: a one-time job's slot that has passed is not a missed slot then.
         WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
+          AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NOT NULL
+          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = agent.jobs.job_name AND o.status = 'skipped'
+                        AND o.finished_at = CAST(:now AS timestamp) AND o.scheduled_for < EXCLUDED.next_due_at
+                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
+        THEN CAST(:now AS timestamp)
+        WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
           AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NOT NULL AND EXCLUDED.next_due_at < agent.jobs.next_due_at
         THEN GREATEST(EXCLUDED.next_due_at, CAST(:now AS timestamp))
         WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
@@ -147,6 +158,12 @@ ON CONFLICT (job_name) DO UPDATE SET
           OR agent.jobs.enabled <> EXCLUDED.enabled
           OR agent.jobs.valid <> EXCLUDED.valid
           OR agent.jobs.configured = 0
+        THEN EXCLUDED.advanced_at
+        WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
+          AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NOT NULL
+          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = agent.jobs.job_name AND o.status = 'skipped'
+                        AND o.finished_at = CAST(:now AS timestamp) AND o.scheduled_for < EXCLUDED.next_due_at
+                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
         THEN EXCLUDED.advanced_at
         WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
           AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NOT NULL AND EXCLUDED.next_due_at < agent.jobs.next_due_at
@@ -859,20 +876,30 @@ UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timest
 FROM json_to_recordset(CAST(:jobs AS json)) AS x(job_name VARCHAR, since VARCHAR, open_only INT)
 WHERE r.job_name = x.job_name AND r.kind = 'scheduled' AND r.attempt = 0
   AND (r.status IN ('pending', 'queued') OR (r.status = 'skipped' AND r.note = 'paused' AND x.open_only IS NULL))
-  AND r.scheduled_for >= CAST(x.since AS timestamp)
+  AND (r.scheduled_for >= CAST(x.since AS timestamp)
+       -- A run a calendar moved, not yet due, keyed before that slot: decided again from now.
+       OR (r.status IN ('pending', 'queued') AND r.scheduled_for >= CAST(:now AS timestamp)
+           AND r.note LIKE '%; moved from %'))
 RETURNING r.run_id, r.job_name, r.scheduled_for;
 
--- replan_one_time_jobs --
--- Database jobs with no next slot left (one-time jobs, schedules past their `until`) planned again after their calendars or jitter changed (:jobs, a JSON array of {job_name}; plan_jobs set next_due_at to the job's first slot, NULL when none), after skip_replanned_runs: one whose run not yet due it just recorded skipped (one a calendar moved) is decided again from its slot, or from now when that has passed or there is none (the run was waiting for the time its calendars allowed, not missed); one whose slot has a run standing for it (ran, runs, waits, backfilled, held by a pause, skipped for good; not one a redefinition recorded skipped, nor the slot a calendar moved) keeps no slot (next_due_at NULL, as its claim left it): it never runs twice, and a slot skipped for good is not brought back; one never claimed keeps its slot.
+-- settle_replanned_jobs --
+-- The database jobs planned again after their calendars or jitter changed (:jobs, a JSON array of {job_name, open_only}; plan_jobs set next_due_at to the job's first slot, NULL when none), after skip_replanned_runs. open_only (a job with no next slot left: a one-time job, a schedule past its `until`): one whose run not yet due it just recorded skipped (one a calendar moved) is decided again from its slot, or from now when that has passed or there is none (the run was waiting for the time its calendars allowed, not missed); one whose slot has a run standing for it (ran, runs, waits, backfilled, held by a pause, skipped for good; not one a redefinition recorded skipped, nor the slot a calendar moved) keeps no slot (next_due_at NULL, as its claim left it): it never runs twice, and a slot skipped for good is not brought back; one never claimed keeps its slot. The others: one whose run a calendar moved, keyed before its first slot, was just recorded skipped is decided again from now (the earlier slot's moved run, under the new calendars).
 UPDATE agent.jobs AS j SET next_due_at = CASE
-        WHEN EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.status = 'skipped'
+        WHEN x.open_only = 1
+         AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.status = 'skipped'
                        AND o.finished_at = CAST(:now AS timestamp) AND o.note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
         THEN GREATEST(COALESCE(j.next_due_at, CAST(:now AS timestamp)), CAST(:now AS timestamp))
-        WHEN j.next_due_at IS NOT NULL
+        WHEN x.open_only = 1 AND j.next_due_at IS NOT NULL
          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.scheduled_for >= j.next_due_at
                        AND NOT (o.status = 'skipped' AND (o.note LIKE 'skipped: the job%' OR o.note LIKE 'calendar:%; moved to %')))
-        THEN NULL ELSE j.next_due_at END
-FROM json_to_recordset(CAST(:jobs AS json)) AS x(job_name VARCHAR)
+        THEN NULL
+        WHEN x.open_only IS NULL AND j.next_due_at IS NOT NULL
+         AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.status = 'skipped'
+                       AND o.finished_at = CAST(:now AS timestamp) AND o.scheduled_for < j.next_due_at
+                       AND o.note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
+        THEN LEAST(j.next_due_at, CAST(:now AS timestamp))
+        ELSE j.next_due_at END
+FROM json_to_recordset(CAST(:jobs AS json)) AS x(job_name VARCHAR, open_only INT)
 WHERE j.job_name = x.job_name;
 
 -- stop_job --

@@ -115,8 +115,12 @@ WHERE agent_runs.job_name = x.job_name AND agent_runs.kind IN ('scheduled', 'bac
        OR (agent_runs.status = 'skipped' AND agent_runs.note = 'paused' AND agent_runs.attempt = 0
            AND agent_runs.scheduled_for >= :now))
   AND (x.since IS NULL
-       OR (agent_runs.kind = 'scheduled' AND agent_runs.attempt = 0 AND agent_runs.scheduled_for >= x.since
-           AND (x.open_only = 0 OR agent_runs.status IN ('pending', 'queued'))))
+       OR (agent_runs.kind = 'scheduled' AND agent_runs.attempt = 0
+           AND ((agent_runs.scheduled_for >= x.since AND (x.open_only = 0 OR agent_runs.status IN ('pending', 'queued')))
+                -- A run a calendar moved, not yet due, keyed before that slot (a freeze extended
+                -- over the time an earlier slot moved to): decided again from now.
+                OR (x.open_only = 0 AND agent_runs.status IN ('pending', 'queued') AND agent_runs.scheduled_for >= :now
+                    AND agent_runs.note LIKE '%; moved from %'))))
 RETURNING run_id, job_name, scheduled_for, status, note, operation_id;
 
 -- upsert_jobs --
@@ -159,6 +163,12 @@ ON CONFLICT (job_name) DO UPDATE SET
         -- calendar moved) skip_runs_of_changed_jobs just recorded skipped is decided again. Never
         -- before now: a one-time job's slot that has passed is not a missed slot then.
         WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
+          AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NOT NULL
+          AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
+                        AND o.finished_at = :now AND o.scheduled_for < excluded.next_due_at
+                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
+        THEN :now
+        WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
           AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NOT NULL AND excluded.next_due_at < agent_jobs.next_due_at
         THEN MAX(excluded.next_due_at, :now)
         WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
@@ -173,6 +183,12 @@ ON CONFLICT (job_name) DO UPDATE SET
           OR agent_jobs.enabled <> excluded.enabled
           OR agent_jobs.valid <> excluded.valid
           OR agent_jobs.configured = 0
+        THEN excluded.advanced_at
+        WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
+          AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NOT NULL
+          AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
+                        AND o.finished_at = :now AND o.scheduled_for < excluded.next_due_at
+                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
         THEN excluded.advanced_at
         WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
           AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NOT NULL AND excluded.next_due_at < agent_jobs.next_due_at
@@ -1053,21 +1069,33 @@ FROM (SELECT json_extract(j.value, '$.job_name') AS job_name, json_extract(j.val
 WHERE agent_runs.job_name = x.job_name AND agent_runs.kind = 'scheduled' AND agent_runs.attempt = 0
   AND (agent_runs.status IN ('pending', 'queued')
        OR (agent_runs.status = 'skipped' AND agent_runs.note = 'paused' AND x.open_only IS NULL))
-  AND agent_runs.scheduled_for >= x.since
+  AND (agent_runs.scheduled_for >= x.since
+       -- A run a calendar moved, not yet due, keyed before that slot: decided again from now.
+       OR (agent_runs.status IN ('pending', 'queued') AND agent_runs.scheduled_for >= :now
+           AND agent_runs.note LIKE '%; moved from %'))
 RETURNING run_id, job_name, scheduled_for;
 
--- replan_one_time_jobs --
--- Database jobs with no next slot left (one-time jobs, schedules past their `until`) planned again after their calendars or jitter changed (:jobs, a JSON array of {job_name}; plan_jobs set next_due_at to the job's first slot, NULL when none), after skip_replanned_runs: one whose run not yet due it just recorded skipped (one a calendar moved) is decided again from its slot, or from now when that has passed or there is none (the run was waiting for the time its calendars allowed, not missed); one whose slot has a run standing for it (ran, runs, waits, backfilled, held by a pause, skipped for good; not one a redefinition recorded skipped, nor the slot a calendar moved) keeps no slot (next_due_at NULL, as its claim left it): it never runs twice, and a slot skipped for good is not brought back; one never claimed keeps its slot.
+-- settle_replanned_jobs --
+-- The database jobs planned again after their calendars or jitter changed (:jobs, a JSON array of {job_name, open_only}; plan_jobs set next_due_at to the job's first slot, NULL when none), after skip_replanned_runs. open_only (a job with no next slot left: a one-time job, a schedule past its `until`): one whose run not yet due it just recorded skipped (one a calendar moved) is decided again from its slot, or from now when that has passed or there is none (the run was waiting for the time its calendars allowed, not missed); one whose slot has a run standing for it (ran, runs, waits, backfilled, held by a pause, skipped for good; not one a redefinition recorded skipped, nor the slot a calendar moved) keeps no slot (next_due_at NULL, as its claim left it): it never runs twice, and a slot skipped for good is not brought back; one never claimed keeps its slot. The others: one whose run a calendar moved, keyed before its first slot, was just recorded skipped is decided again from now (the earlier slot's moved run, under the new calendars).
 UPDATE agent_jobs SET next_due_at = CASE
-        WHEN EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
+        WHEN x.open_only = 1
+         AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
                        AND o.finished_at = :now AND o.note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
-        THEN MAX(COALESCE(next_due_at, :now), :now)
-        WHEN next_due_at IS NOT NULL
+        THEN MAX(COALESCE(agent_jobs.next_due_at, :now), :now)
+        WHEN x.open_only = 1 AND agent_jobs.next_due_at IS NOT NULL
          AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name
                        AND o.scheduled_for >= agent_jobs.next_due_at
                        AND NOT (o.status = 'skipped' AND (o.note LIKE 'skipped: the job%' OR o.note LIKE 'calendar:%; moved to %')))
-        THEN NULL ELSE next_due_at END
-WHERE job_name IN (SELECT json_extract(j.value, '$.job_name') FROM json_each(:jobs) AS j);
+        THEN NULL
+        WHEN x.open_only IS NULL AND agent_jobs.next_due_at IS NOT NULL
+         AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
+                       AND o.finished_at = :now AND o.scheduled_for < agent_jobs.next_due_at
+                       AND o.note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
+        THEN MIN(agent_jobs.next_due_at, :now)
+        ELSE agent_jobs.next_due_at END
+FROM (SELECT json_extract(j.value, '$.job_name') AS job_name, json_extract(j.value, '$.open_only') AS open_only
+      FROM json_each(:jobs) AS j) AS x
+WHERE agent_jobs.job_name = x.job_name;
 
 -- stop_job --
 -- stop JOB (SQL Agent's sp_stop_job): cancel the job's runs in flight (running, due, queued due, or waiting for a retry), never its future slots; the token bump fences a worker still running one (its lease renewal finds it gone and stops the work).
