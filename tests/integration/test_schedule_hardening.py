@@ -35,6 +35,10 @@ FREEZE = {"CALENDAR__freeze__WEEKLY": "FRI 08:30-10:00"}
 REPLANNED_SETTINGS = "skipped: the job's calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed"
 REPLANNED_DATABASE = ("skipped: the job's calendars or jitter changed (agent.set_job_calendars, add_calendar or "
                       "remove_calendar) after this slot was claimed")
+# A run a calendar had moved, recorded skipped by such a change (the job is then decided again from now).
+MOVED_SETTINGS = "skipped: the job's calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here"
+MOVED_DATABASE = ("skipped: the job's calendars or jitter changed (agent.set_job_calendars, add_calendar or "
+                  "remove_calendar) after a calendar moved this run here")
 
 
 def history(agent, job):
@@ -229,7 +233,7 @@ def test_a_run_moved_to_a_time_a_new_calendar_excludes_does_not_run(db_url):
         extended.tick(at(moment))
     rows = history(extended, "nightly")
     assert [(_aware(r["scheduled_for"]), r["note"]) for r in rows if r["run_id"] == moved[0]["run_id"]] == [
-        (at("2026-12-27T00:00:00"), REPLANNED_SETTINGS)]
+        (at("2026-12-27T00:00:00"), MOVED_SETTINGS)]
     assert [_aware(r["scheduled_for"]) for r in live(rows)] == [at("2026-12-28T00:00:00"), at("2026-12-28T02:00:00")]
 
 
@@ -414,7 +418,7 @@ def test_a_one_time_run_a_calendar_moved_is_decided_again_when_the_calendars_cha
     for moment in ("2026-12-26T10:00:00", "2026-12-26T23:59:30", "2026-12-27T00:00:30"):
         extended.tick(at(moment))
     rows = history(extended, "once")
-    assert [r["note"] for r in rows if r["run_id"] == first[0]["run_id"]] == [REPLANNED_SETTINGS]
+    assert [r["note"] for r in rows if r["run_id"] == first[0]["run_id"]] == [MOVED_SETTINGS]
     assert slots_of(live(rows)) == [at("2026-12-28T00:00:00")]
     # The freeze is cut short: the job runs now, at the tick that sees the change.
     shortened = make_agent(db_url, ONCE_MOVED, CALENDAR__freeze__DATES="2026-12-24..2026-12-25")
@@ -470,7 +474,7 @@ def test_a_one_time_database_job_a_calendar_moved_runs_once_after_its_calendars_
     agent.tick()
     work(agent, concurrency=1, max_seconds=20)
     rows = history(agent, "once")
-    assert [r["note"] for r in rows if _aware(r["scheduled_for"]) == midnight] == [REPLANNED_DATABASE]
+    assert [r["note"] for r in rows if _aware(r["scheduled_for"]) == midnight] == [MOVED_DATABASE]
     (ran,) = live(rows)
     assert ran["status"] == "succeeded" and when < _aware(ran["scheduled_for"]) < midnight
     # Calendars changed after it ran: nothing runs again.
@@ -707,3 +711,15 @@ def test_a_database_job_whose_calendar_grows_over_an_earlier_slots_moved_run_mov
     rows = history(agent, "d")
     assert midnight not in slots_of(live(rows)), rows
     assert datetime.combine(tomorrow + timedelta(days=1), datetime.min.time(), UTC) in slots_of(live(rows)), rows
+
+
+def test_a_freeze_cut_short_runs_the_slot_it_had_moved_past_the_next_slot(db_url):
+    """From the third attack: a freeze on the 24th and 25th moves the 24th's slot to the 26th
+    00:00, past the 25th's own slot. The freeze is cut to the 25th alone: the 24th's slot, now
+    allowed, runs (from the moment of the change), and the 25th's still moves to the 26th."""
+    job = {"d": {"SCHEDULE": "0 0 2 * * *", "COMMAND": "SELECT 1", "EXCLUDE": "freeze", "ON_EXCLUDED": "next"}}
+    make_agent(db_url, job, CALENDAR__freeze__DATES="2026-12-24..2026-12-25").tick(at("2026-12-24T01:59:30"))
+    agent = make_agent(db_url, job, CALENDAR__freeze__DATES="2026-12-25")
+    for moment in ("2026-12-24T10:00:00", "2026-12-24T10:00:30", "2026-12-25T01:59:30", "2026-12-25T23:59:30"):
+        agent.tick(at(moment))
+    assert slots_of(live(history(agent, "d"))) == [at("2026-12-24T10:00:00"), at("2026-12-26T00:00:00")]

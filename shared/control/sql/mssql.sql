@@ -132,11 +132,12 @@ WHERE j.valid = 0
                     AND c.config_error = j.config_error);
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is. A job with no next slot left (a one-time job once claimed) has its run not yet due (one a calendar moved) recorded skipped; upsert_jobs then has it decided again from its slot, or from now when that has passed; a run that came, ran or was skipped for good stands.
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is. A job with no next slot left (a one-time job once claimed, a schedule past its `until`) has its run not yet due and not held by a pause recorded skipped; upsert_jobs then has it decided again from its slot, or from now when that has passed; a run that came, ran or was skipped for good stands. A run a calendar moved (note '...; moved from ...'), not yet due, is recorded skipped whatever its key, with a note of its own ('... after a calendar moved this run here'), by which upsert_jobs has the job decided again from now: the slot it stood for is decided under the new calendars.
 -- UPDATE ... FROM a derived table of the changed jobs (one row per job: the jobs key), joined in the WHERE clause: Babelfish refuses an UPDATE ... OUTPUT whose SET reads a table joined with JOIN ... ON. The locking on SQL Server is that of the UPDATE itself: update locks on the qualifying runs rows, current committed version (https://learn.microsoft.com/sql/t-sql/queries/update-transact-sql); the caller holds the job-definitions applock.
 DECLARE @skipped TABLE (run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6), status NVARCHAR(16),
                         note NVARCHAR(MAX), operation_id NVARCHAR(32));
-UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL, note = d.note
+UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
+    note = CASE WHEN d.since IS NOT NULL AND r.note LIKE N'%; moved from %' THEN N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here' ELSE d.note END
 OUTPUT inserted.run_id, inserted.job_name, inserted.scheduled_for, inserted.status, inserted.note,
        inserted.operation_id INTO @skipped
 FROM agent.runs AS r,
@@ -236,8 +237,8 @@ UPDATE t SET
                OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
           AND s.next_due_at IS NOT NULL AND t.next_due_at IS NOT NULL
           AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = t.job_name AND o.status = N'skipped'
-                        AND o.finished_at = CAST(:now AS DATETIME2(6)) AND o.scheduled_for < s.next_due_at
-                        AND o.note = N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
+                        AND o.finished_at = CAST(:now AS DATETIME2(6))
+                        AND o.note = N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here')
         THEN CAST(:now AS DATETIME2(6))
         WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
                OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
@@ -248,7 +249,7 @@ UPDATE t SET
           AND t.next_due_at IS NULL
           AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = t.job_name AND o.status = N'skipped'
                         AND o.finished_at = CAST(:now AS DATETIME2(6))
-                        AND o.note = N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
+                        AND o.note IN (N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed', N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here'))
         THEN CASE WHEN s.next_due_at > CAST(:now AS DATETIME2(6)) THEN s.next_due_at ELSE CAST(:now AS DATETIME2(6)) END ELSE t.next_due_at END,
     advanced_at = CASE
         WHEN t.schedule <> s.schedule
@@ -261,8 +262,8 @@ UPDATE t SET
                OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
           AND s.next_due_at IS NOT NULL AND t.next_due_at IS NOT NULL
           AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = t.job_name AND o.status = N'skipped'
-                        AND o.finished_at = CAST(:now AS DATETIME2(6)) AND o.scheduled_for < s.next_due_at
-                        AND o.note = N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
+                        AND o.finished_at = CAST(:now AS DATETIME2(6))
+                        AND o.note = N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here')
         THEN CAST(:now AS DATETIME2(6))
         WHEN (t.jitter_seconds <> s.jitter_seconds OR t.calendars <> s.calendars
                OR (t.calendars IS NULL AND s.calendars IS NOT NULL) OR (t.calendars IS NOT NULL AND s.calendars IS NULL))
@@ -273,7 +274,7 @@ UPDATE t SET
           AND t.next_due_at IS NULL
           AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = t.job_name AND o.status = N'skipped'
                         AND o.finished_at = CAST(:now AS DATETIME2(6))
-                        AND o.note = N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
+                        AND o.note IN (N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed', N'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here'))
         THEN CAST(:now AS DATETIME2(6)) ELSE t.advanced_at END,
     schedule = s.schedule,
     timezone = s.timezone,
@@ -1062,7 +1063,7 @@ SELECT job_name, valid, config_error, next_due_at FROM @planned;
 -- A database job planned again after its calendars or jitter changed (agent.set_job_calendars set replan_runs, or the calendars the planning resolved differ from those in force: a calendar redefined or removed): its never-started scheduled runs keyed from its new first slot on (:jobs, a JSON array of {job_name, since, open_only}), and the slots ahead a pause recorded skipped, are recorded skipped (open_only: a job with no next slot left, a one-time job or a schedule past its `until`, whose runs not yet due alone are decided again: a slot a pause holds stays held); the claim that follows plans them again under the new rules (a run keyed as before is taken back in place, claim_slots). A run keyed before that slot stands for an earlier slot and is left as it is.
 DECLARE @replanned TABLE (run_id BIGINT, job_name NVARCHAR(64), scheduled_for DATETIME2(6));
 UPDATE r SET status = N'skipped', finished_at = CAST(:now AS DATETIME2(6)), lease_expires_at = NULL,
-    note = N'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed'
+    note = CASE WHEN r.note LIKE N'%; moved from %' THEN N'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after a calendar moved this run here' ELSE N'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed' END
 OUTPUT inserted.run_id, inserted.job_name, inserted.scheduled_for INTO @replanned
 FROM agent.runs AS r,
      (SELECT x.job_name, CONVERT(DATETIME2(6), x.since, 121) AS since, x.open_only
@@ -1080,7 +1081,7 @@ SELECT run_id, job_name, scheduled_for FROM @replanned;
 UPDATE j SET next_due_at = CASE
         WHEN d.open_only = 1
          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.status = N'skipped'
-                       AND o.finished_at = CAST(:now AS DATETIME2(6)) AND o.note = N'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
+                       AND o.finished_at = CAST(:now AS DATETIME2(6)) AND o.note IN (N'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed', N'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after a calendar moved this run here'))
         THEN CASE WHEN j.next_due_at > CAST(:now AS DATETIME2(6)) THEN j.next_due_at ELSE CAST(:now AS DATETIME2(6)) END
         WHEN d.open_only = 1 AND j.next_due_at IS NOT NULL
          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.scheduled_for >= j.next_due_at
@@ -1088,8 +1089,8 @@ UPDATE j SET next_due_at = CASE
         THEN NULL
         WHEN d.open_only IS NULL AND j.next_due_at IS NOT NULL
          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.status = N'skipped'
-                       AND o.finished_at = CAST(:now AS DATETIME2(6)) AND o.scheduled_for < j.next_due_at
-                       AND o.note = N'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
+                       AND o.finished_at = CAST(:now AS DATETIME2(6))
+                       AND o.note = N'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after a calendar moved this run here')
         THEN CASE WHEN j.next_due_at < CAST(:now AS DATETIME2(6)) THEN j.next_due_at ELSE CAST(:now AS DATETIME2(6)) END
         ELSE j.next_due_at END
 FROM agent.jobs AS j,

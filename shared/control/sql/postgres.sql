@@ -72,13 +72,14 @@ WHERE j.valid = 0
                     AND c.config_error = j.config_error);
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is. A job with no next slot left (a one-time job once claimed) has its run not yet due (one a calendar moved) recorded skipped; upsert_jobs then has it decided again from its slot, or from now when that has passed; a run that came, ran or was skipped for good stands.
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is. A job with no next slot left (a one-time job once claimed, a schedule past its `until`) has its run not yet due and not held by a pause recorded skipped; upsert_jobs then has it decided again from its slot, or from now when that has passed; a run that came, ran or was skipped for good stands. A run a calendar moved (note '...; moved from ...'), not yet due, is recorded skipped whatever its key, with a note of its own ('... after a calendar moved this run here'), by which upsert_jobs has the job decided again from now: the slot it stood for is decided under the new calendars.
 UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
     note = CASE WHEN j.job_name IS NULL THEN 'skipped: the job was removed from the settings after this slot was claimed'
                 WHEN j.valid = 0 THEN 'skipped: the job''s settings became invalid after this slot was claimed'
                 WHEN j.enabled = 0 THEN 'skipped: the job was disabled after this slot was claimed'
                 WHEN j.schedule <> c.schedule OR j.timezone <> c.timezone
                 THEN 'skipped: the job''s schedule or time zone changed after this slot was claimed'
+                WHEN r.note LIKE '%; moved from %' THEN 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here'
                 ELSE 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed' END
 FROM agent.jobs AS c
 LEFT JOIN json_to_recordset(CAST(:jobs AS json)) AS j(job_name VARCHAR, schedule VARCHAR, timezone VARCHAR,
@@ -140,8 +141,8 @@ ON CONFLICT (job_name) DO UPDATE SET
         WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
           AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NOT NULL
           AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = agent.jobs.job_name AND o.status = 'skipped'
-                        AND o.finished_at = CAST(:now AS timestamp) AND o.scheduled_for < EXCLUDED.next_due_at
-                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
+                        AND o.finished_at = CAST(:now AS timestamp)
+                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here')
         THEN CAST(:now AS timestamp)
         WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
           AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NOT NULL AND EXCLUDED.next_due_at < agent.jobs.next_due_at
@@ -150,7 +151,7 @@ ON CONFLICT (job_name) DO UPDATE SET
           AND agent.jobs.next_due_at IS NULL
           AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = agent.jobs.job_name AND o.status = 'skipped'
                         AND o.finished_at = CAST(:now AS timestamp)
-                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
+                        AND o.note IN ('skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed', 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here'))
         THEN GREATEST(COALESCE(EXCLUDED.next_due_at, CAST(:now AS timestamp)), CAST(:now AS timestamp)) ELSE agent.jobs.next_due_at END,
     advanced_at = CASE
         WHEN agent.jobs.schedule <> EXCLUDED.schedule
@@ -162,8 +163,8 @@ ON CONFLICT (job_name) DO UPDATE SET
         WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
           AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NOT NULL
           AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = agent.jobs.job_name AND o.status = 'skipped'
-                        AND o.finished_at = CAST(:now AS timestamp) AND o.scheduled_for < EXCLUDED.next_due_at
-                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
+                        AND o.finished_at = CAST(:now AS timestamp)
+                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here')
         THEN EXCLUDED.advanced_at
         WHEN (agent.jobs.calendars IS DISTINCT FROM EXCLUDED.calendars OR agent.jobs.jitter_seconds <> EXCLUDED.jitter_seconds)
           AND EXCLUDED.next_due_at IS NOT NULL AND agent.jobs.next_due_at IS NOT NULL AND EXCLUDED.next_due_at < agent.jobs.next_due_at
@@ -172,7 +173,7 @@ ON CONFLICT (job_name) DO UPDATE SET
           AND agent.jobs.next_due_at IS NULL
           AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = agent.jobs.job_name AND o.status = 'skipped'
                         AND o.finished_at = CAST(:now AS timestamp)
-                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
+                        AND o.note IN ('skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed', 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here'))
         THEN EXCLUDED.advanced_at ELSE agent.jobs.advanced_at END,
     schedule = EXCLUDED.schedule,
     timezone = EXCLUDED.timezone,
@@ -872,7 +873,7 @@ RETURNING j.job_name, j.valid, j.config_error, j.next_due_at;
 -- skip_replanned_runs --
 -- A database job planned again after its calendars or jitter changed (agent.set_job_calendars set replan_runs, or the calendars the planning resolved differ from those in force: a calendar redefined or removed): its never-started scheduled runs keyed from its new first slot on (:jobs, a JSON array of {job_name, since, open_only}), and the slots ahead a pause recorded skipped, are recorded skipped (open_only: a job with no next slot left, a one-time job or a schedule past its `until`, whose runs not yet due alone are decided again: a slot a pause holds stays held); the claim that follows plans them again under the new rules (a run keyed as before is taken back in place, claim_slots). A run keyed before that slot stands for an earlier slot and is left as it is.
 UPDATE agent.runs AS r SET status = 'skipped', finished_at = CAST(:now AS timestamp), lease_expires_at = NULL,
-    note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed'
+    note = CASE WHEN r.note LIKE '%; moved from %' THEN 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after a calendar moved this run here' ELSE 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed' END
 FROM json_to_recordset(CAST(:jobs AS json)) AS x(job_name VARCHAR, since VARCHAR, open_only INT)
 WHERE r.job_name = x.job_name AND r.kind = 'scheduled' AND r.attempt = 0
   AND (r.status IN ('pending', 'queued') OR (r.status = 'skipped' AND r.note = 'paused' AND x.open_only IS NULL))
@@ -887,7 +888,7 @@ RETURNING r.run_id, r.job_name, r.scheduled_for;
 UPDATE agent.jobs AS j SET next_due_at = CASE
         WHEN x.open_only = 1
          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.status = 'skipped'
-                       AND o.finished_at = CAST(:now AS timestamp) AND o.note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
+                       AND o.finished_at = CAST(:now AS timestamp) AND o.note IN ('skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed', 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after a calendar moved this run here'))
         THEN GREATEST(COALESCE(j.next_due_at, CAST(:now AS timestamp)), CAST(:now AS timestamp))
         WHEN x.open_only = 1 AND j.next_due_at IS NOT NULL
          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.scheduled_for >= j.next_due_at
@@ -895,8 +896,8 @@ UPDATE agent.jobs AS j SET next_due_at = CASE
         THEN NULL
         WHEN x.open_only IS NULL AND j.next_due_at IS NOT NULL
          AND EXISTS (SELECT 1 FROM agent.runs AS o WHERE o.job_name = j.job_name AND o.status = 'skipped'
-                       AND o.finished_at = CAST(:now AS timestamp) AND o.scheduled_for < j.next_due_at
-                       AND o.note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
+                       AND o.finished_at = CAST(:now AS timestamp)
+                       AND o.note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after a calendar moved this run here')
         THEN LEAST(j.next_due_at, CAST(:now AS timestamp))
         ELSE j.next_due_at END
 FROM json_to_recordset(CAST(:jobs AS json)) AS x(job_name VARCHAR, open_only INT)

@@ -72,7 +72,7 @@ WHERE json_extract(j.value, '$.valid') = 0
                     AND c.configured = 1 AND c.config_error = json_extract(j.value, '$.config_error'));
 
 -- skip_runs_of_changed_jobs --
--- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is. A job with no next slot left (a one-time job once claimed) has its run not yet due (one a calendar moved) recorded skipped; upsert_jobs then has it decided again from its slot, or from now when that has passed; a run that came, ran or was skipped for good stands.
+-- Slots claimed ahead for a job whose schedule or time zone changed, or that was disabled, became invalid or was removed, are recorded skipped instead of run (and so are the slots ahead a pause had recorded skipped: a resume must not bring back a slot of the old settings). A job whose calendars (EXCLUDE, ONLY, ON_EXCLUDED: the calendars JSON) or JITTER_SECONDS changed has its never-started scheduled runs keyed from its new next slot on (next_due_at, which upsert_jobs moves back to it) recorded skipped the same way: the claim plans them again under the new rules (a run keyed as before is taken back in place), so a run is neither duplicated under a new jitter nor left at a time a new calendar excludes. A run keyed before that slot stands for an earlier slot (a jittered run stays before the schedule's next slot) and is left as it is. A job with no next slot left (a one-time job once claimed, a schedule past its `until`) has its run not yet due and not held by a pause recorded skipped; upsert_jobs then has it decided again from its slot, or from now when that has passed; a run that came, ran or was skipped for good stands. A run a calendar moved (note '...; moved from ...'), not yet due, is recorded skipped whatever its key, with a note of its own ('... after a calendar moved this run here'), by which upsert_jobs has the job decided again from now: the slot it stood for is decided under the new calendars.
 -- The changed jobs first (MATERIALIZED: the settings read once, not once per run), then their runs by the (job_name, scheduled_for) index.
 WITH given AS MATERIALIZED (
     SELECT json_extract(j.value, '$.job_name') AS job_name, json_extract(j.value, '$.valid') AS valid,
@@ -108,7 +108,8 @@ x AS MATERIALIZED (
     SELECT c.job_name, 'skipped: the job was removed from the settings after this slot was claimed', NULL, 0
     FROM agent_jobs AS c
     WHERE c.configured = 1 AND c.defined_in_database = 0 AND c.job_name NOT IN (SELECT g.job_name FROM given AS g))
-UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL, note = x.note
+UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL,
+    note = CASE WHEN x.since IS NOT NULL AND agent_runs.note LIKE '%; moved from %' THEN 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here' ELSE x.note END
 FROM x
 WHERE agent_runs.job_name = x.job_name AND agent_runs.kind IN ('scheduled', 'backfill')
   AND (agent_runs.status IN ('pending', 'queued')
@@ -165,8 +166,8 @@ ON CONFLICT (job_name) DO UPDATE SET
         WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
           AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NOT NULL
           AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
-                        AND o.finished_at = :now AND o.scheduled_for < excluded.next_due_at
-                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
+                        AND o.finished_at = :now
+                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here')
         THEN :now
         WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
           AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NOT NULL AND excluded.next_due_at < agent_jobs.next_due_at
@@ -175,7 +176,7 @@ ON CONFLICT (job_name) DO UPDATE SET
           AND agent_jobs.next_due_at IS NULL
           AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
                         AND o.finished_at = :now
-                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
+                        AND o.note IN ('skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed', 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here'))
         THEN MAX(COALESCE(excluded.next_due_at, :now), :now) ELSE agent_jobs.next_due_at END,
     advanced_at = CASE
         WHEN agent_jobs.schedule <> excluded.schedule
@@ -187,8 +188,8 @@ ON CONFLICT (job_name) DO UPDATE SET
         WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
           AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NOT NULL
           AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
-                        AND o.finished_at = :now AND o.scheduled_for < excluded.next_due_at
-                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
+                        AND o.finished_at = :now
+                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here')
         THEN excluded.advanced_at
         WHEN (agent_jobs.calendars IS NOT excluded.calendars OR agent_jobs.jitter_seconds <> excluded.jitter_seconds)
           AND excluded.next_due_at IS NOT NULL AND agent_jobs.next_due_at IS NOT NULL AND excluded.next_due_at < agent_jobs.next_due_at
@@ -197,7 +198,7 @@ ON CONFLICT (job_name) DO UPDATE SET
           AND agent_jobs.next_due_at IS NULL
           AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
                         AND o.finished_at = :now
-                        AND o.note = 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed')
+                        AND o.note IN ('skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after this slot was claimed', 'skipped: the job''s calendars, ON_EXCLUDED or JITTER_SECONDS changed after a calendar moved this run here'))
         THEN excluded.advanced_at ELSE agent_jobs.advanced_at END,
     schedule = excluded.schedule,
     timezone = excluded.timezone,
@@ -1062,7 +1063,7 @@ RETURNING job_name, valid, config_error, next_due_at;
 -- skip_replanned_runs --
 -- A database job planned again after its calendars or jitter changed (agent.set_job_calendars set replan_runs, or the calendars the planning resolved differ from those in force: a calendar redefined or removed): its never-started scheduled runs keyed from its new first slot on (:jobs, a JSON array of {job_name, since, open_only}), and the slots ahead a pause recorded skipped, are recorded skipped (open_only: a job with no next slot left, a one-time job or a schedule past its `until`, whose runs not yet due alone are decided again: a slot a pause holds stays held); the claim that follows plans them again under the new rules (a run keyed as before is taken back in place, claim_slots). A run keyed before that slot stands for an earlier slot and is left as it is.
 UPDATE agent_runs SET status = 'skipped', finished_at = :now, lease_expires_at = NULL,
-    note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed'
+    note = CASE WHEN agent_runs.note LIKE '%; moved from %' THEN 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after a calendar moved this run here' ELSE 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed' END
 FROM (SELECT json_extract(j.value, '$.job_name') AS job_name, json_extract(j.value, '$.since') AS since,
              json_extract(j.value, '$.open_only') AS open_only
       FROM json_each(:jobs) AS j) AS x
@@ -1080,7 +1081,7 @@ RETURNING run_id, job_name, scheduled_for;
 UPDATE agent_jobs SET next_due_at = CASE
         WHEN x.open_only = 1
          AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
-                       AND o.finished_at = :now AND o.note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
+                       AND o.finished_at = :now AND o.note IN ('skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed', 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after a calendar moved this run here'))
         THEN MAX(COALESCE(agent_jobs.next_due_at, :now), :now)
         WHEN x.open_only = 1 AND agent_jobs.next_due_at IS NOT NULL
          AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name
@@ -1089,8 +1090,8 @@ UPDATE agent_jobs SET next_due_at = CASE
         THEN NULL
         WHEN x.open_only IS NULL AND agent_jobs.next_due_at IS NOT NULL
          AND EXISTS (SELECT 1 FROM agent_runs AS o WHERE o.job_name = agent_jobs.job_name AND o.status = 'skipped'
-                       AND o.finished_at = :now AND o.scheduled_for < agent_jobs.next_due_at
-                       AND o.note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after this slot was claimed')
+                       AND o.finished_at = :now
+                       AND o.note = 'skipped: the job''s calendars or jitter changed (agent.set_job_calendars, add_calendar or remove_calendar) after a calendar moved this run here')
         THEN MIN(agent_jobs.next_due_at, :now)
         ELSE agent_jobs.next_due_at END
 FROM (SELECT json_extract(j.value, '$.job_name') AS job_name, json_extract(j.value, '$.open_only') AS open_only
