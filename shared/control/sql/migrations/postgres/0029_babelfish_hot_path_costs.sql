@@ -1,0 +1,5 @@
+-- 0029 the T-SQL hot path's cost on Babelfish (issue 35 item 3): changes only the T-SQL dialect
+-- (see its file of the same number: agent.start_follow_up_runs calls its body only when a job
+-- follows a run it ended, agent.claim_runs runs its rare-policy statements only when a run they
+-- could act on exists, as 0026 did here, agent.finish_run without table variables). Nothing to do
+-- here; the file keeps the versions of every dialect in step.
