@@ -253,6 +253,12 @@ def procedures(request):
 
 def test_set_job_calendars_replaces_the_runs_claimed_ahead_instead_of_duplicating_them(procedures):
     agent, connection = procedures
+    if agent.target.dialect != "postgres":
+        # Babelfish takes seconds a call under load: start early in a minute, so that the slot
+        # claimed ahead is still ahead when the planning after the change runs.
+        deadline = time.monotonic() + 65
+        while datetime.now(UTC).second > 3 and time.monotonic() < deadline:
+            time.sleep(0.5)
     call(connection, "add_scheduled_job", name="minutely", sql="SELECT 1", schedule="0 * * * * *")
     call(connection, "set_job_calendars", job_name="minutely", jitter_seconds=50)
     agent.tick()
