@@ -12,6 +12,7 @@ calendars change, and never runs twice."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -237,18 +238,27 @@ def test_a_run_moved_to_a_time_a_new_calendar_excludes_does_not_run(db_url):
     assert [_aware(r["scheduled_for"]) for r in live(rows)] == [at("2026-12-28T00:00:00"), at("2026-12-28T02:00:00")]
 
 
-@pytest.fixture(params=["postgres"] + (["mssql"] if MSSQL_BASE else []))
-def procedures(request):
-    """An agent on the real clock (the procedures read the server's) and a user's connection, on
-    PostgreSQL and, when AGENT_TEST_MSSQL names one, on SQL Server (Babelfish)."""
-    with fresh_database(request.param) as url:
-        agent = make_agent(url)
+SERVERS = ["postgres"] + (["mssql"] if MSSQL_BASE else [])
+
+
+@contextlib.contextmanager
+def agent_and_connection(dialect: str, **settings: str):
+    """An agent on the real clock (the procedures read the server's) and a user's connection."""
+    with fresh_database(dialect) as url:
+        agent = make_agent(url, **settings)
         connection = connect(url)
         try:
             yield agent, connection
         finally:
             connection.close()
             agent.close()
+
+
+@pytest.fixture(params=SERVERS)
+def procedures(request):
+    """On PostgreSQL and, when AGENT_TEST_MSSQL names one, on SQL Server (Babelfish)."""
+    with agent_and_connection(request.param) as pair:
+        yield pair
 
 
 def test_set_job_calendars_replaces_the_runs_claimed_ahead_instead_of_duplicating_them(procedures):
@@ -557,17 +567,11 @@ def test_a_one_time_job_given_a_new_date_is_decided_again_under_its_calendars(db
     assert slots_of(pending) == [at("2026-12-28T00:00:00")]
 
 
-@pytest.fixture(params=["postgres"] + (["mssql"] if MSSQL_BASE else []))
+@pytest.fixture(params=SERVERS)
 def hurried_procedures(request):
     """As procedures, with an agent that records a slot missed one second after it."""
-    with fresh_database(request.param) as url:
-        agent = make_agent(url, AGENT_MISFIRE_THRESHOLD_SECONDS="1")
-        connection = connect(url)
-        try:
-            yield agent, connection
-        finally:
-            connection.close()
-            agent.close()
+    with agent_and_connection(request.param, AGENT_MISFIRE_THRESHOLD_SECONDS="1") as pair:
+        yield pair
 
 
 def test_a_one_time_database_job_backfilled_does_not_run_again_when_its_jitter_changes(hurried_procedures):
