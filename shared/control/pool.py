@@ -122,6 +122,9 @@ class ConnectionPool:
         self.opened = 0
         self.refusals = 0
         self.refused_back = 0    # connections given back inside a transaction (closed instead)
+        # What its connections' Stores keep for every connection of the pool (one login, one
+        # database): the job's search_path and when it was read (Store._job_search_path).
+        self.job_search_path: tuple[str, float] | None = None
 
     # ------------------------------------------------------------ lending
 

@@ -671,11 +671,18 @@ class Store:
                 # reset_session resets the role before the agent's own statements). First, the
                 # id of the job's transaction: check_work_transaction, in the completion's batch,
                 # compares it with the transaction the completion runs in (its SQL ended it, or not).
-                prefix = [f"SELECT pg_catalog.txid_current() AS agent_transaction, {JOB_SEARCH_PATH} AS job_path;\n",
-                          "SET LOCAL lock_timeout = 0;\n"]
+                # One statement: the transaction's id, the job's search_path (read from the
+                # catalogs, or the value read at most JOB_SEARCH_PATH_MAX_AGE seconds ago: the
+                # lookup's planning was a tenth of the server's time a run) and its lock timeout.
+                path, looked_up = self._job_search_path()
+                prefix = [f"SELECT pg_catalog.txid_current() AS agent_transaction, {path} AS job_path, "
+                          "pg_catalog.set_config('lock_timeout','0',true) AS job_lock_timeout;\n"]
                 heard = PostgresNotices()
                 cursor.execute("".join(prefix) + sql + heard.end_statement())
-                transaction = int(cursor.fetchone()[0])
+                first = cursor.fetchone()
+                transaction = int(first[0])
+                if looked_up:
+                    self._keep_job_search_path((str(first[1]), time.monotonic()))
                 drained = False
                 for _ in prefix:   # past the agent's own statements
                     # psqlODBC hands notices to whichever result it was reading: keep them all.
@@ -694,6 +701,26 @@ class Store:
             with contextlib.suppress(Exception):
                 cursor.close()
         return output
+
+    def _job_search_path(self) -> tuple[str, bool]:
+        """The expression that sets the job's search_path (PostgreSQL) and whether it is the
+        catalog lookup (JOB_SEARCH_PATH; its answer is kept) or the value it gave this store at most
+        JOB_SEARCH_PATH_MAX_AGE seconds ago, as a literal. Every connection of a store (and of its
+        pool) logs in with the same login to the same database: the lookup gives all the same path;
+        ``ALTER ROLE/DATABASE ... SET search_path`` reaches jobs within that age (a new session
+        of PostgreSQL's own sees it at once, one opened before never)."""
+        kept = self.pool.job_search_path if self.pool is not None else getattr(self, "_job_path", None)
+        if kept is None or time.monotonic() - kept[1] > JOB_SEARCH_PATH_MAX_AGE:
+            return JOB_SEARCH_PATH, True
+        return f"pg_catalog.set_config('search_path',{dollar_quoted(kept[0])},true)", False
+
+    def _keep_job_search_path(self, kept: tuple[str, float]) -> None:
+        # On the pool, for all of its connections' stores (a worker's store lives as long as its
+        # thread, an invocation's as long as the invocation); a store of its own keeps it itself.
+        if self.pool is not None:
+            self.pool.job_search_path = kept
+        else:
+            self._job_path = kept
 
     def _session_user(self, connection: Any) -> str:
         """The login role of the store's connections (asked once per store: every connection of a
@@ -919,6 +946,20 @@ JOB_SEARCH_PATH = (
     "WHERE setdatabase IN(0,(SELECT oid FROM pg_database WHERE datname=current_database()))AND setrole IN(0,"
     "(SELECT oid FROM pg_roles WHERE rolname=session_user))AND c LIKE'search_path=%'ORDER BY setrole<>0 DESC,"
     "setdatabase<>0 DESC LIMIT 1),'\"$user\", public'),true)")
+
+# How long a store keeps the search_path JOB_SEARCH_PATH read for its jobs (Store._job_search_path).
+JOB_SEARCH_PATH_MAX_AGE = 60.0
+
+
+def dollar_quoted(text: str) -> str:
+    """``text`` as a PostgreSQL dollar-quoted literal, with a tag it does not contain (dollar quotes
+    mean the same whatever standard_conforming_strings says)."""
+    tag, n = "$p$", 0
+    while (text + tag).find(tag) != len(text):   # the tag closes where the text ends, not before
+        n += 1
+        tag = f"$p{n}$"
+    return f"{tag}{text}{tag}"
+
 
 # How many rounds of SET CONSTRAINTS ALL IMMEDIATE an owned job's deferred triggers get to settle
 # in (see _OWNED_JOB_BODY); one that still writes rows after that many fails.

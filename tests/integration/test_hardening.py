@@ -128,6 +128,51 @@ def test_a_jobs_session_changes_end_with_the_job(pg_url):
     execute(make_agent(pg_url), "DROP OWNED BY agent_test_other; DROP ROLE agent_test_other")
 
 
+def test_a_jobs_search_path_is_the_databases_read_at_most_a_minute_before(pg_url, monkeypatch):
+    """The job's SQL gets the search_path the database's and role's settings give (the agent's own
+    sessions are pinned): looked up in the catalogs on a store's first run, then sent as the value
+    it gave for JOB_SEARCH_PATH_MAX_AGE seconds (the lookup's planning was a tenth of the server's
+    time a run, issue 35), then looked up again. A path with quotes and dollar signs in its names
+    arrives as it was set."""
+    from shared.control import store as store_module
+    from tests.support.harness import admin_execute
+    from tests.support.round_trips import Tally, count_connections
+
+    agent = make_agent(pg_url)
+    database = query(agent, "SELECT current_database()")[0][0]
+    execute(agent, "CREATE TABLE public.paths (label VARCHAR(20), path VARCHAR(200))")
+    record = "INSERT INTO public.paths VALUES ('{label}', current_setting('search_path'))"
+
+    def set_path(path: str) -> None:
+        admin_execute(pg_url, f"ALTER DATABASE {database} SET search_path = {path}")
+
+    def run(label: str) -> None:
+        run_id = submit(agent, record.format(label=label))
+        work(agent, concurrency=1)
+        assert run_of(agent, run_id)["status"] == "succeeded", run_of(agent, run_id)["last_error"]
+
+    def seen(label: str) -> str:
+        return dict(query(agent, "SELECT label, path FROM public.paths"))[label]
+
+    hostile = '"a$p$b", "it\'s $p1$", public'
+    set_path(hostile)
+    tally = Tally()
+    count_connections(agent, tally)
+    for index in range(3):
+        run(f"first{index}")
+    assert {seen(f"first{index}") for index in range(3)} == {hostile}
+    lookups = sum("pg_db_role_setting" in statement for statement in tally.statements)
+    assert lookups == 1, f"the catalogs were read {lookups} times for 3 runs in a minute"
+
+    set_path("public")
+    run("kept")
+    assert seen("kept") == hostile           # read less than JOB_SEARCH_PATH_MAX_AGE ago
+    monkeypatch.setattr(store_module, "JOB_SEARCH_PATH_MAX_AGE", 0.0)
+    run("again")
+    assert seen("again") == "public"         # older than that: read again
+    agent.close()
+
+
 def test_an_error_raised_while_a_result_set_is_fetched_fails_the_job(pg_url):
     """With the driver fetching incrementally, a division by zero in the middle of a result set
     is raised by the fetch, not by the execute: the job failed (never recorded as succeeded)."""
