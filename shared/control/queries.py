@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 SQL_DIR = Path(__file__).parent / "sql"
@@ -55,11 +55,12 @@ class Query:
     text: str                   # as written, with :name parameters
     statements: tuple[Statement, ...]
 
-    @property
+    # Computed once per query (a run's path asks each of its queries for both).
+    @cached_property
     def parameters(self) -> frozenset[str]:
         return frozenset(p for statement in self.statements for p in statement.params)
 
-    @property
+    @cached_property
     def batch(self) -> Statement:
         """Every statement as one batch (one round trip on PostgreSQL and SQL Server)."""
         return Statement(sql="\n".join(s.sql for s in self.statements),
