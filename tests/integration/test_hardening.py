@@ -132,8 +132,8 @@ def test_a_jobs_search_path_is_the_databases_read_at_most_a_minute_before(pg_url
     """The job's SQL gets the search_path the database's and role's settings give (the agent's own
     sessions are pinned): looked up in the catalogs on a store's first run, then sent as the value
     it gave for JOB_SEARCH_PATH_MAX_AGE seconds (the lookup's planning was a tenth of the server's
-    time a run, issue 35), then looked up again. A path with quotes and dollar signs in its names
-    arrives as it was set."""
+    time a run, issue 35), then looked up again. A path whose names hold quotes, dollar signs, a
+    parameter marker, an ODBC escape and a comment arrives as it was set."""
     from shared.control import store as store_module
     from tests.support.harness import admin_execute
     from tests.support.round_trips import Tally, count_connections
@@ -154,7 +154,7 @@ def test_a_jobs_search_path_is_the_databases_read_at_most_a_minute_before(pg_url
     def seen(label: str) -> str:
         return dict(query(agent, "SELECT label, path FROM public.paths"))[label]
 
-    hostile = '"a$p$b", "it\'s $p1$", public'
+    hostile = '"a$p$b", "it\'s $p1$", "q?{fn now()};--", public'
     set_path(hostile)
     tally = Tally()
     count_connections(agent, tally)
