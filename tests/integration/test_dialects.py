@@ -129,15 +129,27 @@ def result_columns(tree: exp.Expression) -> list[str] | None:
 
 
 _TSQL_EXEC = re.compile(r"^\s*EXEC\s+agent\.(\w+)\b", re.IGNORECASE)
+# A procedure body's statements that sqlglot does not read: session settings, the transaction's
+# own statements, control flow (an IF chunk runs to the first ';' of its block: the block's EXEC).
+TSQL_CONTROL = ("SET ", "BEGIN TRANSACTION", "COMMIT TRANSACTION", "IF ", "THROW ", "RETURN", "END")
+
+
+def tsql_body_statement(statement: str) -> str | None:
+    """A body statement as sqlglot should read it: None for control flow (TSQL_CONTROL), the
+    statement after an ``ELSE`` (0029's start_follow_up_runs: ``ELSE SELECT ...``)."""
+    code = _code(statement)
+    if code.upper().startswith("ELSE"):
+        code = re.sub(r"(?is)^ELSE\s+(BEGIN\s+)?", "", code)
+    return None if code.upper().startswith(TSQL_CONTROL) else code
 
 
 def tsql_procedure_statements(name: str) -> list[str]:
-    """The statements of the body of procedure agent.<name>, as the latest migration creating it
-    has them (the hot path's procedures, migration 0023)."""
+    """The statements of the body of procedure agent.<name>, as the latest migration creating or
+    altering it has them (the hot path's procedures: migration 0023, altered by 0025, 0029, 0030)."""
     found: list[str] = []
     for migration in load_migrations("mssql"):
         for statement in migration.statements():
-            match = re.search(r"^CREATE PROCEDURE agent\." + name + r"\b.*?^AS\s*\nBEGIN\s*\n(.*)^END\s*$",
+            match = re.search(r"^(?:CREATE|ALTER) PROCEDURE agent\." + name + r"\b.*?^AS\s*\nBEGIN\s*\n(.*)^END\s*$",
                               _code(statement), re.MULTILINE | re.DOTALL)
             if match:
                 found = [s.strip() for s in split_statements(match.group(1), tsql=True)]
@@ -166,6 +178,24 @@ def tsql_interface_columns(name: str) -> list[str]:
     return columns
 
 
+def tsql_body_columns(name: str) -> list[str] | None:
+    """The columns of the rows procedure agent.<name> returns (every statement of its body that
+    returns rows must return the same)."""
+    body = tsql_procedure_statements(name)
+    assert body, f"no migration creates procedure agent.{name}"
+    columns = None
+    for statement in body:
+        statement = tsql_body_statement(statement)
+        if statement is None:
+            continue
+        for tree in parse_strict(statement, "mssql"):
+            found = result_columns(tree)
+            if found is not None:
+                assert columns is None or found == columns, (name, columns, found)
+                columns = found
+    return columns
+
+
 def query_columns(query: Query, dialect: str) -> list[str] | None:
     """Like the Store: the rows of every statement that returns rows, so they must all return
     the same columns. A T-SQL query that calls a procedure of the agent returns its body's."""
@@ -176,18 +206,7 @@ def query_columns(query: Query, dialect: str) -> list[str] | None:
             and call.group(1) in TSQL_INTERFACE_RESULTS:
         return tsql_interface_columns(call.group(1))
     if dialect == "mssql" and len(calls) == 1 and (call := _TSQL_EXEC.match(_code(calls[0].sql))):
-        body = tsql_procedure_statements(call.group(1))
-        assert body, f"{query.name}: no migration creates procedure agent.{call.group(1)}"
-        columns = None
-        for statement in body:
-            if _code(statement).upper().startswith(("SET ", "BEGIN TRANSACTION", "COMMIT TRANSACTION", "IF ", "THROW ")):
-                continue
-            for tree in parse_strict(statement, dialect):
-                found = result_columns(tree)
-                if found is not None:
-                    assert columns is None or found == columns, (query.name, columns, found)
-                    columns = found
-        return columns
+        return tsql_body_columns(call.group(1))
     columns = None
     for statement in query.statements:
         for tree in parse_strict(statement.sql, dialect):
@@ -702,12 +721,20 @@ def test_tsql_hot_path_procedures_keep_to_what_babelfish_accepts_too():
     calls = {m.group(1) for q in load_queries("mssql").values() if len(q.statements) == 1
              and (m := _TSQL_EXEC.match(_code(q.statements[0].sql)))} - set(TSQL_INTERFACE_RESULTS)
     assert {"claim_runs", "start_run", "finish_run", "start_follow_up_runs", "dispatch_runs"} <= calls
+    # And the procedures their bodies call (0029's start_follow_up_runs_found).
+    nested = {m.group(1) for name in calls for statement in tsql_procedure_statements(name)
+              for m in re.finditer(r"\bEXEC\s+agent\.(\w+)", _code(statement), re.IGNORECASE)}
+    assert "start_follow_up_runs_found" in nested, nested
+    # A procedure that hands its call on returns what the one it calls returns, in both branches.
+    assert tsql_body_columns("start_follow_up_runs_found") == tsql_body_columns("start_follow_up_runs")
+    calls |= nested
     refused = {}
     for name in sorted(calls):
         body = tsql_procedure_statements(name)
         assert body, name
         for statement in body:
-            if _code(statement).upper().startswith(("SET ", "BEGIN TRANSACTION", "COMMIT TRANSACTION", "IF ", "THROW ")):
+            statement = tsql_body_statement(statement)
+            if statement is None:
                 continue
             if found := _babelfish_refusals(statement):
                 refused[name] = found

@@ -1,0 +1,4 @@
+-- 0030 the T-SQL claim of one run, lean (issue 35 item 3): changes only the T-SQL dialect (see its
+-- file of the same number: agent.claim_runs claims one run without a table variable when no rare
+-- policy is due, and goes on with 0029's body otherwise). Nothing to do here; the file keeps the
+-- versions of every dialect in step.
