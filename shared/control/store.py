@@ -671,12 +671,15 @@ class Store:
                 # reset_session resets the role before the agent's own statements). First, the
                 # id of the job's transaction: check_work_transaction, in the completion's batch,
                 # compares it with the transaction the completion runs in (its SQL ended it, or not).
-                # One statement: the transaction's id, the job's search_path (read from the
-                # catalogs, or the value read at most JOB_SEARCH_PATH_MAX_AGE seconds ago: the
-                # lookup's planning was a tenth of the server's time a run) and its lock timeout.
+                # The job's search_path: read from the catalogs, or the value read at most
+                # JOB_SEARCH_PATH_MAX_AGE seconds ago (the lookup's planning was a tenth of the
+                # server's time a run). The lock timeout stays a statement of its own: with it in
+                # the first statement instead, psqlODBC crashed (a segmentation fault) on a job
+                # whose notices passed 32 KB (test_step_output), the layout of results it is
+                # handed being another.
                 path, looked_up = self._job_search_path()
-                prefix = [f"SELECT pg_catalog.txid_current() AS agent_transaction, {path} AS job_path, "
-                          "pg_catalog.set_config('lock_timeout','0',true) AS job_lock_timeout;\n"]
+                prefix = [f"SELECT pg_catalog.txid_current() AS agent_transaction, {path} AS job_path;\n",
+                          "SET LOCAL lock_timeout = 0;\n"]
                 heard = PostgresNotices()
                 cursor.execute("".join(prefix) + sql + heard.end_statement())
                 first = cursor.fetchone()

@@ -85,7 +85,7 @@ class Budget:
 # back for its transaction, looked up in the batch that runs it (store.JOB_SEARCH_PATH: a fleet
 # target has no agent schema to keep a function in), then sent as the value it gave for a minute
 # (Store._job_search_path; the lookup was 0.35 KB a run and a tenth of the server's time). Not a
-# round trip more. Measured at 1.46 KB (direct) and 1.87 KB (queue).
+# round trip more. Measured at 1.42 KB (direct) and 1.83 KB (queue).
 _PATH = "; the job's own search_path, the agent's sessions being pinned (issue 34 attack): +0.1 KB"
 _PG = {"direct": Budget(2, 1.5, _PATH), "queue": Budget(3, 1.9, _PATH)}
 TSQL_TARGET = Budget(4, 1.5)
