@@ -10,10 +10,11 @@
 -- necessary conditions of their WHERE). Then it picks that run into a variable (the same SELECT as
 -- the pick of 0029: the same filters, order, cap and locks, TOP 1), starts it and opens its attempt
 -- as before, and returns it with the same columns, and ends. Otherwise it goes on with 0029's body,
--- unchanged from its probes on; its table variable is declared there, after the one-run path, so
--- that Babelfish (which makes one when its DECLARE runs) makes none for a claim of one run. Not a
--- procedure of its own called from here: Babelfish resolved agent.runs in a procedure another one
--- called as "<db>_<db>_agent.runs" after a few calls (test_prompt_dispatch on Babelfish 4.3).
+-- unchanged from its probes on. Babelfish's name bug ("<db>_<db>_agent.runs": agent.runs resolved
+-- in the wrong schema) shaped it: the 0029 path as a procedure of its own called from here met it
+-- (test_prompt_dispatch), and so did 0029's table variable declared after the one-run path, once
+-- that path had run in the session (an attack's claims of 1 then 3 runs): it is declared first, as
+-- in 0029, and made on every call, though the one-run path does not use it.
 -- agent.start_run (queue mode) keeps its two table variables: without them (the run in a variable),
 -- Babelfish resolved agent.runs in it as "<db>_<db>_agent.runs" once a follow-up's nested EXEC had
 -- run in the session (test_after, queue mode, on Babelfish 4.3).
@@ -28,6 +29,12 @@ ALTER PROCEDURE agent.claim_runs
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- The runs the 0029 path decides on, each with its decision (a run is decided once: each phase
+    -- takes runs in statuses the phases before it left none in), read back from agent.runs at the end.
+    -- Declared first, as 0029 did, though the one-run path does not use it: declared after that path,
+    -- Babelfish 4.3 resolved agent.runs as "<db>_<db>_agent.runs" in the 0029 path once the one-run
+    -- path had run in the session (an attack's sequence of claims of 1 and 3 runs).
+    DECLARE @pick TABLE (run_id BIGINT PRIMARY KEY, decision NVARCHAR(20));
     SET XACT_ABORT ON;
     BEGIN TRANSACTION;
     -- The start lock: an exclusive table lock to the end of the transaction on SQL Server (TABLOCKX),
@@ -96,11 +103,7 @@ BEGIN
         COMMIT TRANSACTION;
         RETURN;
     END;
-    -- Otherwise the claim as 0029 made it, unchanged (its table variable made only here: Babelfish makes
-    -- one when its DECLARE runs).
-    -- The runs the claim decided on, each with its decision (a run is decided once: each phase takes
-    -- runs in statuses the phases before it left none in), read back from agent.runs at the end.
-    DECLARE @pick TABLE (run_id BIGINT PRIMARY KEY, decision NVARCHAR(20));
+    -- Otherwise the claim as 0029 made it, unchanged.
     -- Only when a pending run one of the skip rules below could skip exists (a necessary condition of
     -- their WHERE: overlap skip or buffer-one, or a late scheduled slot not caught up): a claim of
     -- tasks and of runs in time runs none of them (0029).
