@@ -75,6 +75,9 @@ class Store:
         # SQL Server dialect: (session id, whether the server is Babelfish, the database user)
         # of the current connection, asked before its first job (session_identity); None until then.
         self._session: tuple[int, bool, str] | None = None
+        # PostgreSQL, a store without a pool: the job's search_path and when it was read
+        # (_job_search_path; a pooled store keeps it on its pool).
+        self._job_path: tuple[str, float] | None = None
         self._in_transaction = False
         # commit_with() ran the open transaction's last calls: nothing more runs in it, and on
         # PostgreSQL (whose batch committed it) transaction() does not commit it again.
@@ -712,7 +715,7 @@ class Store:
         pool) logs in with the same login to the same database: the lookup gives all the same path;
         ``ALTER ROLE/DATABASE ... SET search_path`` reaches jobs within that age (a new session
         of PostgreSQL's own sees it at once, one opened before never)."""
-        kept = self.pool.job_search_path if self.pool is not None else getattr(self, "_job_path", None)
+        kept = self.pool.job_search_path if self.pool is not None else self._job_path
         if kept is None or time.monotonic() - kept[1] > JOB_SEARCH_PATH_MAX_AGE:
             return JOB_SEARCH_PATH, True
         return f"pg_catalog.set_config('search_path',{dollar_quoted(kept[0])},true)", False
