@@ -102,14 +102,21 @@ class ConnectionPool:
         self._close_raw = close or _close
         self._in_transaction = in_transaction or (lambda connection: False)
         self.limit = limit
-        self.idle_seconds = idle_seconds
+        self._idle_seconds = idle_seconds
         self.retry_seconds = retry_seconds
         self._monotonic = monotonic
         self._rng = rng or random.Random()
         self._caps = {WORK: limit - len(RESERVED_KINDS), **{kind: 1 for kind in RESERVED_KINDS}}
         self._open = {kind: 0 for kind in self._caps}
         self._idle: dict[str, list[tuple[Any, float]]] = {kind: [] for kind in self._caps}
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        # The reaper sleeps on a condition of its own (the same lock) until the oldest idle
+        # connection ages out: woken when the pool closes, or when a connection given back would
+        # age out before that (idle_seconds lowered), never on every give. Sharing _cond, it was
+        # woken on every connection given back, a second thread and a GIL handoff per run.
+        self._reaper_wake = threading.Condition(lock)
+        self._reaper_until: float | None = None    # when the reaper looks next (monotonic)
         self._paused_until = 0.0        # after a refusal: no new connection before this
         self._refusals_in_row = 0
         # A reserved share (lease, clock) refused by the server while the workers hold every
@@ -125,6 +132,17 @@ class ConnectionPool:
         # What its connections' Stores keep for every connection of the pool (one login, one
         # database): the job's search_path and when it was read (Store._job_search_path).
         self.job_search_path: tuple[str, float] | None = None
+
+    @property
+    def idle_seconds(self) -> float:
+        """How long an idle connection is kept before the reaper closes it."""
+        return self._idle_seconds
+
+    @idle_seconds.setter
+    def idle_seconds(self, seconds: float) -> None:
+        with self._cond:
+            self._idle_seconds = seconds
+            self._reaper_wake.notify_all()     # its next look may be due sooner now
 
     # ------------------------------------------------------------ lending
 
@@ -227,8 +245,11 @@ class ConnectionPool:
             return
         with self._cond:
             if not self._closed:
-                self._idle[kind].append((connection, self._monotonic()))
+                now = self._monotonic()
+                self._idle[kind].append((connection, now))
                 self._cond.notify_all()
+                if self._reaper_until is not None and now + self.idle_seconds < self._reaper_until:
+                    self._reaper_wake.notify()
                 self._start_reaper()
                 return
             self._open[kind] -= 1
@@ -314,7 +335,9 @@ class ConnectionPool:
                 if self._closed or not since:
                     self._reaper = None
                 else:
-                    self._cond.wait(max(0.05, min(since) + self.idle_seconds - now))
+                    self._reaper_until = min(since) + self.idle_seconds
+                    self._reaper_wake.wait(max(0.05, self._reaper_until - now))
+                    self._reaper_until = None
             self._close_all(stale)
             if not since or self._closed:
                 return
@@ -343,6 +366,7 @@ class ConnectionPool:
                 self._open[kind] -= len(self._idle[kind])
                 self._idle[kind] = []
             self._cond.notify_all()
+            self._reaper_wake.notify_all()
         self._close_all(idle)
 
 

@@ -318,6 +318,36 @@ def test_idle_connections_close_after_the_idle_time(tmp_path):
     assert server.open == 0 and pool.stats().open == 0
 
 
+def test_the_reaper_sleeps_through_connections_given_back(tmp_path):
+    """Issue 35: the reaper slept on the takers' condition, so every connection given back (two
+    a run) woke it, a second thread and a GIL handoff per run. It wakes when the oldest idle
+    connection ages out, when idle_seconds is lowered, or when the pool closes."""
+    from shared.control.pool import ConnectionPool
+
+    server = _Server(tmp_path / "x.db", allowed=100)
+    pool = ConnectionPool(server.connect, 5, idle_seconds=60)
+    waits = []
+    sleep = pool._reaper_wake.wait
+
+    def counted(timeout=None):
+        waits.append(timeout)
+        return sleep(timeout)
+
+    pool._reaper_wake.wait = counted
+    for _ in range(300):
+        pool.give("work", pool.take("work"))
+        time.sleep(0.0005)                            # a run's work: other threads get to run
+    time.sleep(0.2)
+    assert 1 <= len(waits) <= 2, len(waits)          # the first look, at most one more
+    assert server.open == 1
+    pool.idle_seconds = 0.1                           # lowered: it looks again, and closes it
+    deadline = time.monotonic() + 3
+    while server.open and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.open == 0
+    pool.close()
+
+
 def test_a_connection_given_back_inside_a_transaction_is_closed_not_lent_again(db_url):
     """Issue 35: a connection handed back with a transaction open (a bug: here, PostgreSQL's
     autocommit left off, or SQLite's BEGIN left open) holding the start lock would be lent to the
