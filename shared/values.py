@@ -18,10 +18,10 @@ INT_MAX = 2**31 - 1
 MAX_STUCK_AGE_SECONDS = 100 * 366 * 86400
 
 
-JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}\Z")
 
 
-DATABASE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_\-]{1,128}$")
+DATABASE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_\-]{1,128}\Z")
 
 
 # A whole number as a person writes one: ASCII digits, an optional sign. Python's int() also takes
@@ -49,7 +49,7 @@ def parse_bool(setting: str, raw: str) -> bool:
     raise ConfigError(setting, raw, "true or false")
 
 
-PRINCIPAL_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
+PRINCIPAL_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}\Z")
 
 
 def printable(text: str, limit: int = 80) -> str:

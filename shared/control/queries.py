@@ -25,7 +25,7 @@ from pathlib import Path
 SQL_DIR = Path(__file__).parent / "sql"
 DIALECTS = ("sqlite", "postgres", "mssql")
 
-_HEADER = re.compile(r"^-- ([a-z][a-z0-9_]*) --\s*$")
+_HEADER = re.compile(r"^-- ([a-z][a-z0-9_]*) --\s*\Z")
 # :name, but not ::type casts (PostgreSQL) and not inside time literals like '12:30'.
 _PARAM = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 # Where a ':name' is text, not a parameter: comments, string literals, quoted identifiers and

@@ -114,7 +114,7 @@ _BABELFISH_TRANSIENT_TEXT = re.compile(
 _FREETDS_LOST_TEXT = re.compile(
     r"unexpected eof from the server|read from the server failed|write to the server failed", re.IGNORECASE)
 
-_SQLSTATE_RE = re.compile(r"^[0-9A-Z]{5}$")
+_SQLSTATE_RE = re.compile(r"^[0-9A-Z]{5}\Z")
 # pyodbc joins diagnostic records with "; [SQLSTATE] ".
 _RECORD_SPLIT_RE = re.compile(r";\s(?=\[[0-9A-Z]{5}\]\s)")
 _RECORD_STATE_RE = re.compile(r"^\[([0-9A-Z]{5})\]\s*")

@@ -305,8 +305,12 @@ class Executor:
             # through their escape macros. Both only for a run that has them: the others take
             # the path they always took (no statement more, one substring search).
             params = values_for_run(run.get("params"), run.get("job_params"))
-            if "$(" in command and has_tokens(command):
-                command = substitute_at_run(command, self._token_values(store, run, step))
+            # SQL Agent replaces tokens in a job step's command, never in ad-hoc SQL: a task's
+            # (submit, agent.exec_async, and its fleet executions) runs as written, $( and all.
+            if "$(" in command and run["kind"] != "task" and has_tokens(command):
+                values = self._token_values(store, run, step)
+                if values is not None:
+                    command = substitute_at_run(command, values)
         except (ParamError, TokenError) as exc:
             return self.endings.failed(attempt, AttemptError("permanent", None, None, str(exc)), False, output=[])
         database = step.database if step is not None else run["target_database"]
@@ -372,13 +376,17 @@ class Executor:
         self.endings.step_event("StepSucceeded", properties, "succeeded", output, operation_id)
         return self.endings.after_transition(attempt, moved, error_message=None)
 
-    def _token_values(self, store: Store, run: dict[str, Any], step: StepDefinition | None) -> dict[str, str]:
+    def _token_values(self, store: Store, run: dict[str, Any], step: StepDefinition | None) -> dict[str, str] | None:
         """The run-time SQL Agent tokens' values (shared/jobs/tokens.py): the run's start and the
         current time in the job's time zone, its job's name (a fleet execution's: its run's job),
         the step's number. The job's name and time zone are one indexed read (token_context), made
-        only for a command that has a token: every other run's path is what it was."""
+        only for a command that has a token: every other run's path is what it was. None: the run
+        is no job's (a task's fleet execution): its SQL has no tokens."""
         context = store.execute("token_context", run_id=run["run_id"]).one() or {}
-        return run_time_values(job_name=context.get("job_name") or run.get("job_name") or "",
+        job_name = context.get("job_name") or run.get("job_name")
+        if not job_name:
+            return None
+        return run_time_values(job_name=job_name,
                                step=step.step if step is not None else int(run.get("step") or 1),
                                started_at=run.get("started_at") or self.clock(), now=self.clock(),
                                time_zone=context.get("timezone"))

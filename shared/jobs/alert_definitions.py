@@ -17,7 +17,7 @@ from shared.values import parse_int, printable
 ALERT_SETTING_PREFIX = "ALERT__"
 ALERT_SETTING_SUFFIXES = ("QUERY", "SCHEDULE", "TIMEZONE", "ERRORS", "DELAY_BETWEEN_RESPONSES_SECONDS", "NOTIFY",
                           "NOTIFY_WEBHOOK_URL", "RESPONSE_JOB", "TIMEOUT_SECONDS", "ENABLED")
-ALERT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+ALERT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 CONDITION_KINDS = ("condition", "errors", "alert_error")
 
 DEFAULT_DELAY_SECONDS = 300

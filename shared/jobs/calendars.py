@@ -259,6 +259,9 @@ def _naive_utc(instant: datetime) -> datetime:
 # Months as a number (year * 12 + month - 1); the first and last two years have no room for the
 # span of a month (an instant there is in no piece).
 _MIN_MONTH, _MAX_MONTH = 2 * 12, 9997 * 12 + 11
+# The dates a calendar's DATES may name: those of the months it computes (a date outside them was
+# accepted once and never applied: a slot on 9998-06-01 ran).
+FIRST_DATE, LAST_DATE = date(_MIN_MONTH // 12, 1, 1), date(_MAX_MONTH // 12, 12, 31)
 _MEMO_SIZE = 48
 
 
@@ -401,8 +404,9 @@ def parse_dates(text: str) -> tuple[tuple[date, date], ...]:
         first_text, dots, last_text = item.partition("..")
         first = _date(first_text.strip(), item)
         last = _date(last_text.strip(), item) if dots else first
-        if last >= date.max:
-            raise ValueError(f"{item!r}: expected dates before {date.max.isoformat()}")
+        if first < FIRST_DATE or last > LAST_DATE:
+            raise ValueError(f"{item!r}: expected dates from {FIRST_DATE.isoformat()} to {LAST_DATE.isoformat()} "
+                             "(a calendar holds no time outside them)")
         if last < first:
             raise ValueError(f"{item!r}: the range ends before it starts (expected YYYY-MM-DD..a later YYYY-MM-DD)")
         ranges.append((first, last))

@@ -15,8 +15,8 @@ _DAYS = ("Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Satu
 _DAY_NAMES = {name[:3].lower(): index for index, name in enumerate(_DAYS)}
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
            "October", "November", "December")
-_NUMBER = re.compile(r"^\d{1,2}$")
-_STEP = re.compile(r"^(?:\*|0)/(\d{1,2})$")
+_NUMBER = re.compile(r"^\d{1,2}\Z")
+_STEP = re.compile(r"^(?:\*|0)/(\d{1,2})\Z")
 
 
 ON_DEMAND = "on demand"

@@ -32,7 +32,7 @@ from shared.jobs.model import (
 )
 from shared.jobs.calendars import (MAX_CALENDARS_PER_JOB, ON_EXCLUDED_POLICIES, Calendar, CalendarRules,
                                    CalendarSettings, parse_calendars)
-from shared.jobs.params import MAX_PARAMS, NAME_EXPECTED, declarations_json, name_problem
+from shared.jobs.params import MAX_PARAMS, NAME_EXPECTED, declarations_json, name_problem, value_problem
 from shared.jobs.schedules import MAX_JITTER_SECONDS, TIMEZONE_EXPECTED, parse_schedule, validate_timezone
 from shared.jobs.steps import one_fleet_step, parse_steps
 from shared.jobs.targets import (DEFAULT_PARALLELISM, MAX_PARALLELISM, MAX_STAGGER_SECONDS, describe_members,
@@ -91,9 +91,9 @@ STEP_SETTING_SUFFIXES = (
 
 
 # JOB__<name>__PARAMS__<k>__DEFAULT / __REQUIRED: a parameter the job declares (shared/jobs/params.py).
-PARAM_SETTING_PATTERN = re.compile(r"^(?P<name>.+?)__PARAMS__(?P<param>.*)__(?P<suffix>[A-Za-z]+)$", re.IGNORECASE)
+PARAM_SETTING_PATTERN = re.compile(r"^(?P<name>.+?)__PARAMS__(?P<param>.*)__(?P<suffix>[A-Za-z]+)\Z", re.IGNORECASE)
 PARAM_SETTING_SUFFIXES = ("DEFAULT", "REQUIRED")
-STEP_SETTING_PATTERN = re.compile(r"^(?P<name>.+?)__STEPS__(?P<number>[^_]*)__(?P<suffix>[A-Za-z_]+)$", re.IGNORECASE)
+STEP_SETTING_PATTERN = re.compile(r"^(?P<name>.+?)__STEPS__(?P<number>[^_]*)__(?P<suffix>[A-Za-z_]+)\Z", re.IGNORECASE)
 
 
 # Per-job defaults, used by the README table and by parsing.
@@ -504,6 +504,11 @@ def _param_settings(values: dict[str, tuple[str, str]], errors: list[str]) -> st
             default = None
         else:
             default = raw
+            problem = value_problem(raw)
+            if problem:
+                # As agent.set_job_params refuses it; shown cut (a value may be a megabyte).
+                errors.append(str(ConfigError(key, printable(raw), f"a default that is {problem}")))
+                continue
         other = keys.get(name.casefold())
         if other is not None:
             errors.append(f"{key} and {other}: one parameter declared twice (a default and REQUIRED, or two "

@@ -25,7 +25,7 @@ from shared.jobs.targets import MAX_PARALLELISM, MAX_STAGGER_SECONDS, describe_m
 from shared.values import DATABASE_NAME_PATTERN, parse_int, printable, storable_problem
 
 FLOW_ACTIONS = ("next", "quit_success", "quit_failure", "goto:<n>")
-_GOTO = re.compile(r"^goto:(\d+)$")
+_GOTO = re.compile(r"^goto:(\d+)\Z")
 QUIT_SUCCESS = "quit_success"
 QUIT_FAILURE = "quit_failure"
 

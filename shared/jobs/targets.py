@@ -34,9 +34,9 @@ MAX_PARALLELISM = 1000
 # TARGET_STAGGER_SECONDS: at most an hour between two executions' starts.
 MAX_STAGGER_SECONDS = 3600
 # A database name (or pattern) and a server name as a member may spell them.
-_DB_PATTERN = re.compile(r"^[A-Za-z0-9_\-*?\[\]!]{1,128}$")
-_SERVER_PATTERN = re.compile(r"^[A-Za-z0-9_.\-:,]{1,253}$")
-_POOL_PATTERN = re.compile(r"^[A-Za-z0-9_.\- ]{1,128}$")
+_DB_PATTERN = re.compile(r"^[A-Za-z0-9_\-*?\[\]!]{1,128}\Z")
+_SERVER_PATTERN = re.compile(r"^[A-Za-z0-9_.\-:,]{1,253}\Z")
+_POOL_PATTERN = re.compile(r"^[A-Za-z0-9_.\- ]{1,128}\Z")
 # Members are separated by commas, but a SQL Server address has one too (host,port or
 # tcp:host,port): a comma followed by a port number (then '/', another comma or the end) belongs
 # to the server, since no member starts with a digit.

@@ -22,7 +22,7 @@ from shared.errors import MessageError
 MESSAGE_VERSION = 1
 MAX_MESSAGE_BYTES = 1024
 BIGINT_MAX = 2 ** 63 - 1
-_OPERATION_ID = re.compile(r"^[0-9a-f]{32}$")
+_OPERATION_ID = re.compile(r"^[0-9a-f]{32}\Z")
 _RUN_FIELDS = {"v", "run_id", "token", "op"}
 _DOORBELL_FIELDS = {"v", "doorbell"}
 

@@ -343,6 +343,16 @@ def _convert_job(job: model.Job, msdb: model.Msdb, findings: list[Finding], time
         left_to_run = sorted({use.base for use in token_uses(command) if use.macro and use.base in RUN_TIME})
         for written, reason in problems:
             left_out(f"{label} token {written}", f"{reason}: the job is not emitted", block=True)
+        used = {use.base for use in token_uses(step.command) if use.macro}
+        for token, value in fixed.items():
+            again = [use.text for use in token_uses(value) if use.macro]
+            if token in used and again:
+                # SQL Agent replaces once; pasted here, the value's own token would be replaced
+                # again when the step runs (a name 'nightly $(ESCAPE_NONE(DATE))' became the date).
+                left_out(f"{label} token $(…({token}))",
+                         f"its value {value!r} holds {', '.join(again)}, which the agent would replace again "
+                         "when the step runs (SQL Agent replaces tokens once): rename it, or write the name "
+                         "into the step: the job is not emitted", block=True)
         for old in sorted(set(OLD_SYNTAX.findall(command))):
             notes.append(f"{label}: [{old}] is SQL Server 2000's token syntax; SQL Server Agent 2005 SP1 and later "
                          "run it as written, and so does this agent")

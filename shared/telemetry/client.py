@@ -111,10 +111,10 @@ DEFAULT_INGESTION_ENDPOINT = "https://dc.services.visualstudio.com"
 DEFAULT_STORAGE_DIR_NAME = "sql-agent-telemetry"
 
 
-_OPERATION_ID = re.compile(r"^[0-9a-f]{32}$")
+_OPERATION_ID = re.compile(r"^[0-9a-f]{32}\Z")
 
 
-_GUID = re.compile(r"^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$")
+_GUID = re.compile(r"^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}\Z")
 
 
 def new_operation_id() -> str:

@@ -149,6 +149,21 @@ def test_run_time_tokens_are_replaced_through_their_macros_in_the_job_time_zone(
         assert failed["status"] == "failed" and expected in failed["last_error"], failed
 
 
+def test_a_tasks_sql_is_run_as_written_tokens_and_all(agent_factory, db_url):
+    """SQL Agent replaces tokens in a job step's command only: a task (submit, agent.exec_async)
+    is ad-hoc SQL, and text in it that looks like a token is the SQL's own (an attack: a quoted
+    'user wrote: $(ESCAPE_SQUOTE(JOBNAME))' was stored as 'user wrote: ', and a task holding
+    $(ESCAPE_SQUOTE(SRVR)) failed)."""
+    from shared.engine.operations import submit
+
+    agent = build(agent_factory, {})
+    text = "user wrote: $(ESCAPE_SQUOTE(JOBNAME)) / $(ESCAPE_NONE(DATE)) / $(ESCAPE_SQUOTE(SRVR)) / $(JOBNAME)"
+    submit(agent, f"INSERT INTO seen (label, v) VALUES ('task', '{text}')", order=None, max_attempts=1,
+           timeout_seconds=60)
+    work(agent)
+    assert seen(agent) == [("task", text)]
+
+
 # ---------------------------------------------------------------- from T-SQL / PL/pgSQL (PostgreSQL)
 
 from tests.integration.test_job_owner import operator  # noqa: E402,F401  (the fixture)
@@ -187,6 +202,10 @@ def test_start_job_with_params_runs_as_the_owner_reading_them_bound(operator):
     ("[1]", "expected a JSON object"),
     ("not json", "expected a JSON object"),
     ('{"who": "a", "WHO": "b"}', "each parameter given once"),
+    # A lone surrogate escape is JSON, but no Unicode: PostgreSQL's raw 22P02 came out (0031).
+    ('{"who": "\\ud800"}', "agent.start_job: @params = "),
+    ('{"who": "\\udc00x"}', "a \\uD800-\\uDFFF escape is half of a surrogate pair"),
+    ('{"\\ud83d": "a"}', "expected JSON text whose \\u escapes are Unicode characters"),
 ])
 def test_start_job_refuses_bad_params_naming_them(operator, params, expected):
     name, as_operator, agent = operator
@@ -204,6 +223,8 @@ def test_start_job_refuses_bad_params_naming_them(operator, params, expected):
     ('{"a": null, "A": "x"}', "differ by more than letter case"),
     ('{"STMT": null}', "not stmt or params"),
     ("[]", "expected a JSON object"),
+    ('{"a": "\\ud800"}', "agent.set_job_params: @params = "),
+    ('{"a": null, "b": "x\\udfff"}', "half of a surrogate pair"),
 ])
 def test_set_job_params_refuses_bad_declarations(operator, params, expected):
     name, as_operator, agent = operator

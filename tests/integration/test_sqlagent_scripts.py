@@ -192,6 +192,22 @@ def test_tokens_are_translated_where_known_and_listed_where_not(tmp_path, capsys
     assert not any("$(" in value for value in document["settings"].values())
 
 
+
+def test_a_name_holding_a_token_is_not_pasted_to_be_replaced_again(tmp_path, capsys):
+    """SQL Agent replaces tokens once: a job named 'nightly $(ESCAPE_NONE(DATE))' prints that
+    name. Pasted into the command at import, the name's own token would be replaced again when the
+    step runs (an attack: the date was printed). The job is listed, not emitted; a name with a
+    token the command does not use is imported."""
+    text = plain_job(name="nightly $(ESCAPE_NONE(DATE))", command="PRINT N'$(ESCAPE_SQUOTE(JOBNAME))'")
+    code, document, err = run(tmp_path, capsys, text)
+    assert code == EXIT_FAILURE, err
+    listed = job(document, "nightly $(ESCAPE_NONE(DATE))")
+    assert not listed["emitted"] and "would replace again when the step runs" in reasons(listed)
+    assert not document["settings"]
+    code, document, err = run(tmp_path, capsys, plain_job(name="nightly $(ESCAPE_NONE(DATE))", command="SELECT 1"))
+    assert code == EXIT_OK, err
+    assert [v for k, v in document["settings"].items() if k.endswith("__COMMAND")] == ["SELECT 1"]
+
 def test_go_inside_a_step_becomes_one_step_per_batch(tmp_path, capsys):
     text = plain_job(name="g", command="EXEC dbo.a\nGO\nEXEC dbo.b\n")
     code, document, err = run(tmp_path, capsys, text)

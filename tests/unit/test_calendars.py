@@ -276,10 +276,17 @@ def test_attacks_on_calendar_settings():
     # DATES and WEEKLY of one calendar in two letter cases: one calendar
     parsed = parse_calendars({"CALENDAR__uk__DATES": "2026-12-25", "CALENDAR__UK__WEEKLY": "SAT"})
     assert parsed.calendars["uk"].dates and parsed.calendars["uk"].weekly
-    # the end of the calendar: refused at validation (a piece ending after 9999-12-31 has no end)
-    with pytest.raises(ValueError, match="expected dates before 9999-12-31"):
-        parse_dates("9999-12-30..9999-12-31")
-    assert parse_dates("9999-12-30") == ((date(9999, 12, 30), date(9999, 12, 30)),)
+    # the ends of the calendar: a date outside the months a calendar computes is refused (dates
+    # in 9998 and 9999 were accepted, and a slot on them ran: an attack)
+    for text in ("9999-12-30..9999-12-31", "9999-12-30", "9998-06-01", "2026-12-25, 9998-06-01", "0001-05-01",
+                 "0001-12-31..0002-01-02"):
+        with pytest.raises(ValueError, match="expected dates from 0002-01-01 to 9997-12-31"):
+            parse_dates(text)
+    assert parse_dates("9997-12-31") == ((date(9997, 12, 31), date(9997, 12, 31)),)
+    last = CalendarRules(exclude=(parse_calendars({"CALENDAR__end__DATES": "0002-01-01, 9997-12-31"}).calendars["end"],))
+    assert last.why_excluded(datetime(9997, 12, 31, 12, 0, tzinfo=UTC), UTC) == "calendar: end"
+    assert last.why_excluded(datetime(2, 1, 1, 12, 0, tzinfo=UTC), UTC) == "calendar: end"
+    assert last.why_excluded(datetime(9997, 12, 30, 12, 0, tzinfo=UTC), UTC) is None
 
 
 def test_an_unreadable_ics_file_does_not_quote_its_lines(tmp_path):

@@ -83,7 +83,9 @@ def test_params_are_declared_in_settings_with_clear_errors():
         "JOB__b__COMMAND": "x", "JOB__b__PARAMS__1x__DEFAULT": "a",
         "JOB__c__COMMAND": "x", "JOB__c__PARAMS__k__DEFAULT": "a", "JOB__c__PARAMS__K__REQUIRED": "true",
         "JOB__d__COMMAND": "x", "JOB__d__PARAMS__k__REQUIRED": "maybe",
-        "JOB__e__COMMAND": "x", "JOB__e__PARAMS__k__DEFAUL": "a"})
+        "JOB__e__COMMAND": "x", "JOB__e__PARAMS__k__DEFAUL": "a",
+        # A default is a value: at most 1,000,000 characters, as agent.set_job_params refuses it.
+        "JOB__f__COMMAND": "x", "JOB__f__PARAMS__k__DEFAULT": "é" * 1_000_001})
     (a,) = jobs
     assert read_json(a.params) == {"Who": None, "day": ""}
     errors = {bad.name: bad.message for bad in invalid}
@@ -91,6 +93,8 @@ def test_params_are_declared_in_settings_with_clear_errors():
     assert "one parameter declared twice" in errors["c"]
     assert "JOB__d__PARAMS__k__REQUIRED='maybe': expected true" in errors["d"]
     assert "JOB__e__PARAMS__k__DEFAUL='a': expected JOB__<name>__PARAMS__<parameter>__DEFAULT or __REQUIRED" in errors["e"]
+    assert "JOB__f__PARAMS__k__DEFAULT='ééé" in errors["f"] and len(errors["f"]) < 300
+    assert "expected a default that is at most 1000000 characters (found 1000001)" in errors["f"]
 
 
 def test_a_job_without_params_keeps_its_definition_and_hash_inputs():

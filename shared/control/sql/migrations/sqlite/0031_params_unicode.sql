@@ -1,0 +1,4 @@
+-- 0031 @params whose \u escapes are not valid Unicode (a lone surrogate escape) get the procedures'
+-- own error on PostgreSQL (see its file of the same number: agent.start_job and agent.set_job_params
+-- check that the document decodes before 0018's checks). Nothing to do here; the file keeps the
+-- versions of every dialect in step.
