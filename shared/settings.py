@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from shared.errors import ConfigError
-from shared.jobs.from_settings import config_hash, parse_jobs, webhook_secret, webhook_setting
+from shared.jobs.from_settings import config_hash, parse_jobs, schedule_problem, webhook_secret, webhook_setting
 from shared.jobs.model import InvalidJob, JobDefinition
-from shared.jobs.schedules import parse_ncrontab
+from shared.jobs.schedules import CronSchedule, parse_ncrontab
 from shared.jobs.targets import FLEET_SERVERS_SETTING, member_servers, parse_server_list, parse_targets
 from shared.telemetry.exporters import parse_exporter
 from shared.values import PRINCIPAL_PATTERN, parse_int
@@ -252,13 +252,27 @@ class Settings:
         return next((job for job in self.jobs if job.name == name), None)
 
 
+def _settings_text(data: bytes) -> str:
+    """The file's text as the Functions host reads it (.NET: a byte order mark says UTF-8 or UTF-16,
+    none means UTF-8). Notepad's "Unicode" is UTF-16 with one."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        return data[3:].decode("utf-8")
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return data.decode("utf-16")
+    return data.decode("utf-8")
+
+
 def read_local_settings(path: str | os.PathLike[str]) -> dict[str, str]:
     """The ``Values`` object of a local.settings.json file, as strings."""
     file = Path(path)
     try:
-        document = json.loads(file.read_text(encoding="utf-8"))
+        document = json.loads(_settings_text(file.read_bytes()))
     except FileNotFoundError:
         raise ConfigError("--settings", str(path), "an existing local.settings.json file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("--settings", str(path), "a JSON file in UTF-8, or in UTF-8 or UTF-16 with a byte order "
+                                                   f"mark, as the Functions host reads it (byte {exc.start}: {exc.reason})"
+                          ) from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError("--settings", str(path), f"a readable JSON file ({exc})") from None
     values = document.get("Values") if isinstance(document, dict) else None
@@ -341,9 +355,14 @@ def _fleet_server_setting(env: Mapping[str, str]) -> tuple[str, ...]:
 def _parse_agent(env: Mapping[str, str]) -> AgentSettings:
     tick = _get(env, "AGENT_TICK_SCHEDULE") or DEFAULT_TICK_SCHEDULE
     try:
-        parse_ncrontab(tick)
+        expression = parse_ncrontab(tick)
     except ValueError as exc:
         raise ConfigError("AGENT_TICK_SCHEDULE", tick, f"a six-field NCRONTAB expression ({exc})") from None
+    # Croniter takes day 30 of February; the tick would then never come, and no job with it.
+    never = schedule_problem(CronSchedule(expression=expression, timezone="UTC"))
+    if never is not None:
+        raise ConfigError("AGENT_TICK_SCHEDULE", tick,
+                          f"a six-field NCRONTAB expression {never.removeprefix('a schedule ')}")
     encoding = (_get(env, "AGENT_QUEUE_ENCODING") or "base64").lower()
     if encoding not in QUEUE_ENCODINGS:
         raise ConfigError("AGENT_QUEUE_ENCODING", encoding, "base64 or none (as host.json messageEncoding)")

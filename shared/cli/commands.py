@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import logging
 import os
 import signal
 import sys
@@ -161,7 +162,7 @@ def _run(args: argparse.Namespace) -> int:
         print_error(str(exc), "usage", **known_fields(exc))
         return EXIT_USAGE
     except AgentError as exc:
-        print_error(str(exc), "failure", **known_fields(exc))
+        print_error(str(exc), "failure", **known_fields(exc), **driver_codes(exc.__cause__ or exc.__context__))
         return EXIT_FAILURE
     except KeyboardInterrupt:
         print_error("interrupted", "interrupted")
@@ -176,7 +177,7 @@ def _run(args: argparse.Namespace) -> int:
 
         info = classify(exc)
         code = f" [{info.number or info.sqlstate}]" if (info.number or info.sqlstate) else ""
-        extra = {key: value for key, value in (("number", info.number), ("sqlstate", info.sqlstate)) if value}
+        extra = driver_codes(exc)
         name = type(exc).__name__
         said = info.message[len(name) + 2:] if info.message.startswith(f"{name}: ") else info.message
         print_error(f"{name}{code}: {said}", "failure", **extra)
@@ -184,6 +185,19 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         if agent is not None:
             agent.close()
+
+
+def driver_codes(exc: BaseException | None) -> dict[str, object]:
+    """number and sqlstate of the driver's error behind a failure (a connection refused, raised as
+    the agent's ConnectError from it), when the driver gave them: the --json error's fields."""
+    for _ in range(10):                 # through the agent's own errors to the driver's
+        if not isinstance(exc, AgentError):
+            break
+        exc = exc.__cause__ or exc.__context__
+    if exc is None or isinstance(exc, AgentError):
+        return {}
+    info = classify(exc)
+    return {key: value for key, value in (("number", info.number), ("sqlstate", info.sqlstate)) if value}
 
 
 def cmd_init_db(agent, args) -> int:
@@ -272,8 +286,11 @@ def cmd_jobs(agent, args) -> int:
     rows = jobs_view(store, now)
     alive = liveness(store, now)
     if alive["late"]:
-        # At the top, before the table; with --json on stderr, stdout staying the one document.
-        print(f"WARNING: {alive['message']}", file=sys.stderr if args.json else sys.stdout, flush=True)
+        if args.json:
+            # stdout stays the one document (a list of jobs); on stderr, a log record (JSON).
+            logging.getLogger("sql-agent").warning("%s", alive["message"])
+        else:
+            print(f"WARNING: {alive['message']}", flush=True)   # at the top, before the table
     if args.json:
         print_json(rows)
         return EXIT_OK

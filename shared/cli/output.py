@@ -176,7 +176,7 @@ def dispatched_text(dispatched: int | None) -> str:
 
 def time_text(value: Any) -> str:
     if isinstance(value, datetime):
-        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return value.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="seconds")
     return "-" if value is None else str(value)
 
 

@@ -7,7 +7,7 @@ import argparse
 import re
 import sys
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,15 @@ class _ArgumentValueError(argparse.ArgumentTypeError):
         self.expected = expected
 
 
+def _text(value: object) -> str:
+    """A parsed option value as a person reads it (a date as ISO 8601, not Python's repr)."""
+    return value.isoformat() if isinstance(value, (datetime, date)) else str(value)
+
+
+def _as_given(value: object) -> str:
+    return _text(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(_text(value))
+
+
 class _StoreOnce(argparse._StoreAction):
     """An option that takes one value refuses a second (`--limit 5 --limit 10`): which one was
     meant is the caller's to say, not ours to guess (options that may repeat say append)."""
@@ -62,8 +71,9 @@ class _StoreOnce(argparse._StoreAction):
         _refuse_undecodable(self, values)
         given = namespace.__dict__.setdefault(_GIVEN, {})
         if self.dest in given and option_string is not None:
-            cause = _ArgumentValueError(str(values), "the option given once",
-                                        f"given more than once ({given[self.dest]!r}, then {values!r}): give it once")
+            cause = _ArgumentValueError(_text(values), "the option given once",
+                                        f"given more than once ({_as_given(given[self.dest])}, then "
+                                        f"{_as_given(values)}): give it once")
             raise argparse.ArgumentError(self, str(cause)) from cause
         given[self.dest] = values
         super().__call__(parser, namespace, values, option_string)

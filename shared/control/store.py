@@ -183,7 +183,8 @@ class Store:
         value = value.astimezone(UTC) if value.tzinfo else value
         naive = value.replace(tzinfo=None)
         if self.dialect == "sqlite":
-            return naive.strftime("%Y-%m-%d %H:%M:%S.") + f"{naive.microsecond // 1000:03d}"
+            # isoformat, not strftime: %Y writes year 999 as "999" (glibc), which no reader takes back.
+            return naive.isoformat(sep=" ", timespec="milliseconds")
         return naive
 
     def json_time(self, value: datetime | None) -> str | None:

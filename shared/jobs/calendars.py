@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -558,6 +559,8 @@ def read_ics(path: str, today: date) -> tuple[tuple[tuple[date, date], ...], tup
     except OSError as exc:
         raise ValueError(f"the file cannot be read ({exc.strerror or exc}); expected the path of an iCalendar "
                          "file, absolute or relative to the app's root") from None
+    if not stat.S_ISREG(status.st_mode):
+        raise ValueError(NOT_A_FILE)
     key = (os.path.abspath(path), status.st_mtime_ns, status.st_size, status.st_ino, today.year)
     found = _ICS_READ.get(key)
     if found is None:
@@ -573,13 +576,20 @@ def read_ics(path: str, today: date) -> tuple[tuple[tuple[date, date], ...], tup
     return found
 
 
+NOT_A_FILE = ("not a regular file (a named pipe, a device or a directory); expected the path of an iCalendar "
+              "file, absolute or relative to the app's root")
 # read_ics's answers (or refusals), by file (path, modification time, size, inode) and year.
 _ICS_READ: dict[tuple, object] = {}
 
 
 def _read_ics(path: str, today: date):
     try:
-        with open(path, "rb") as handle:
+        # Opened without waiting (a named pipe put there since the stat would wait for a writer:
+        # the tick hung), and read only when it is a regular file.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open(descriptor, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                raise ValueError(NOT_A_FILE)
             data = handle.read(MAX_ICS_BYTES + 1)
     except OSError as exc:
         raise ValueError(f"the file cannot be read ({exc.strerror or exc}); expected the path of an iCalendar "

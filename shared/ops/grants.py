@@ -27,7 +27,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from shared.errors import ConfigError
+from shared.errors import ConfigError, UsageError
 
 __all__ = ["GrantScript", "grant_scripts", "grant_sql", "render", "quote_name", "quote_string",
            "agent_login_postgres", "agent_login_tsql",
@@ -58,11 +58,18 @@ class GrantScript:
 def _check_name(value: object, setting: str, what: str) -> str:
     expected = (f"{what}: 1 to {SYSNAME_MAX} characters, no control characters "
                 "and no leading or trailing spaces")
-    if not isinstance(value, str) or not value or len(value) > SYSNAME_MAX:
-        raise ConfigError(setting, value, expected)
-    if value != value.strip() or any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-        raise ConfigError(setting, value, expected)
+    if not isinstance(value, str) or not value or len(value) > SYSNAME_MAX \
+            or value != value.strip() or any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        _refuse(setting, value, expected)
     return value
+
+
+def _refuse(setting: str, value: object, expected: str) -> None:
+    """A bad name: a command-line argument's is a usage error (exit 2, kind usage), a setting's
+    (AGENT_JOB_PRINCIPAL, a job's TARGETS) a configuration error."""
+    if setting.startswith("--"):
+        raise UsageError(str(ConfigError(setting, value, expected)), setting=setting, value=value, expected=expected)
+    raise ConfigError(setting, value, expected)
 
 
 def name_problem(value: str) -> str | None:
@@ -365,10 +372,9 @@ PG_NAME_MAX_BYTES = 63
 def _check_pg_name(value: object, setting: str, what: str) -> str:
     expected = (f"{what}: 1 to {PG_NAME_MAX_BYTES} bytes (UTF-8), no control characters and no leading "
                 "or trailing spaces (PostgreSQL would cut a longer name to another role's)")
-    if not isinstance(value, str) or not value or len(value.encode("utf-8")) > PG_NAME_MAX_BYTES:
-        raise ConfigError(setting, value, expected)
-    if value != value.strip() or any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-        raise ConfigError(setting, value, expected)
+    if not isinstance(value, str) or not value or len(value.encode("utf-8")) > PG_NAME_MAX_BYTES \
+            or value != value.strip() or any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        _refuse(setting, value, expected)
     return value
 
 

@@ -68,6 +68,10 @@ def test_runtime_failures_exit_1_with_one_line(tmp_path):
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert result.stderr.startswith("error: ")
+    # --json: the driver's SQLSTATE as a field too, not only in the text (an attack found it missing).
+    as_json = cli("--db", unreachable, "--json", "jobs", cwd=tmp_path, env_extra={"AGENT_CONNECT_RETRY_SECONDS": "0"})
+    (document,) = [json.loads(line) for line in as_json.stderr.splitlines()]
+    assert as_json.returncode == 1 and document["kind"] == "failure" and document["sqlstate"] == "08001", document
     no_schema = cli("--db", f"sqlite:///{tmp_path / 'empty.db'}", "history", cwd=tmp_path)
     assert no_schema.returncode == 1 and "init-db" in no_schema.stderr
 

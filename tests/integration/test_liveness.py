@@ -128,4 +128,6 @@ def test_jobs_says_so_first_and_jobs_json_stays_one_document(tmp_path):
     as_json = subprocess.run([PYTHON, "-m", "shared.cli", "--db", db, "jobs", "--json"], cwd=ROOT, capture_output=True,
                              text=True, timeout=120, env=env)
     assert as_json.returncode == 0 and [row["job_name"] for row in json.loads(as_json.stdout)] == ["j"]
-    assert as_json.stderr.startswith("WARNING: the agent has not ticked since ")
+    # On stderr, a log record as every other under --json (docs/operations.md): one JSON object a line.
+    (record,) = [json.loads(line) for line in as_json.stderr.splitlines()]
+    assert record["level"] == "WARNING" and record["message"].startswith("the agent has not ticked since ")

@@ -740,3 +740,24 @@ def test_a_freeze_cut_short_runs_the_slot_it_had_moved_past_the_next_slot(db_url
     for moment in ("2026-12-24T10:00:00", "2026-12-24T10:00:30", "2026-12-25T01:59:30", "2026-12-25T23:59:30"):
         agent.tick(at(moment))
     assert slots_of(live(history(agent, "d"))) == [at("2026-12-24T10:00:00"), at("2026-12-26T00:00:00")]
+
+
+@pytest.mark.parametrize("moment", ["0001-01-01T00:00:00", "0999-06-01T00:00:00"])
+def test_a_one_time_job_before_year_1000_stops_no_other_job(db_url, moment):
+    """An attack on SQLite: the store wrote year 999 as '999-06-01 ...' (strftime's %Y), which no
+    reader takes back: every tick's claim failed, and `jobs` with it, for every job."""
+    from shared.engine.views import jobs_view
+
+    agent = make_agent(db_url, {"good": {"SCHEDULE": "0 */5 * * * *", "COMMAND": "SELECT 1"},
+                                "old": {"SCHEDULE": f"@once {moment}", "COMMAND": "SELECT 1"}})
+    try:
+        claimed = 0
+        for moment_now in ("2026-12-04T10:00:00", "2026-12-04T10:04:30", "2026-12-04T10:09:30"):
+            report = agent.tick(at(moment_now))
+            assert not report.errors, report.errors
+            claimed += report.summary()["runs_claimed"]
+        assert claimed >= 2
+        rows = {row["job_name"]: row for row in jobs_view(agent.store(), at("2026-12-04T10:09:30"))}
+        assert set(rows) >= {"good", "old"}
+    finally:
+        agent.close()

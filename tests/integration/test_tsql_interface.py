@@ -1236,11 +1236,11 @@ def _check_postgres_operator_grants(principal: str) -> None:
 def test_grant_sql_operator_quotes_every_name(principal):
     from sqlglot.dialects.tsql import TSQL
 
-    from shared.errors import ConfigError
+    from shared.errors import UsageError
     from shared.ops.grants import operator_sql
 
     if len(principal.encode("utf-8")) > 63:      # PostgreSQL would cut it to another role's name
-        with pytest.raises(ConfigError, match="63 bytes"):
+        with pytest.raises(UsageError, match="63 bytes"):
             operator_sql(principal, dialect="postgres")
     else:
         _check_postgres_operator_grants(principal)

@@ -199,6 +199,18 @@ def test_a_changed_file_is_read_again(tmp_path):
     assert len(first.events) == 1 and len(second.events) == 2
 
 
+@pytest.mark.parametrize("kind", ["named_pipe", "device", "directory"])
+def test_an_ics_path_that_is_no_regular_file_is_refused_at_once(tmp_path, kind):
+    """An attack: a named pipe as the calendar file hung every tick (open waits for a writer)."""
+    path = {"named_pipe": tmp_path / "pipe.ics", "device": "/dev/zero", "directory": tmp_path}[kind]
+    if kind == "named_pipe":
+        os.mkfifo(path)
+    started = time.monotonic()
+    parsed = parse_calendars({"CALENDAR__c__ICS": str(path)}, today=TODAY)
+    assert "not a regular file" in parsed.invalid["c"][0] and "CALENDAR__c__ICS" in parsed.invalid["c"][0]
+    assert time.monotonic() - started < 5
+
+
 # ---------------------------------------------------------------- 2. calendars excluding (almost) everything
 
 LONDON = ZoneInfo("Europe/London")

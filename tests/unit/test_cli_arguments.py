@@ -171,6 +171,9 @@ def test_a_single_value_option_given_twice_is_refused(capsys):
         error = json.loads(err)
         assert (code, out, error["kind"], error["setting"]) == (EXIT_USAGE, "", "usage", name), (argv, error)
         assert "more than once" in error["error"], error
+        # Each value as it was written, not Python's repr of what it was parsed to (an attack saw
+        # "datetime.datetime(2999, 1, 1, 0, 0, tzinfo=datetime.timezone.utc)").
+        assert "datetime" not in error["error"] and "datetime" not in str(error["value"]), error
     # The top level's own options too.
     code, _, err = _refused(capsys, ["--json", "--db", "sqlite:///a.db", "--db", "sqlite:///b.db", "jobs"])
     assert code == EXIT_USAGE and json.loads(err)["setting"] == "--db"

@@ -92,6 +92,9 @@ def test_bad_job_name():
     ("AGENT_MAX_DEQUEUE_COUNT", "0", "from 1 to 100"),
     ("AGENT_MAX_CONCURRENCY", "lots", "whole number"),
     ("AGENT_TICK_SCHEDULE", "* * * * *", "six-field NCRONTAB"),
+    # Croniter takes day 30 of February: the agent would never tick (an attack).
+    ("AGENT_TICK_SCHEDULE", "0 0 0 30 2 *", "six-field NCRONTAB expression with a slot within 50 years"),
+    ("AGENT_TICK_SCHEDULE", "0 0 0 31 4,6,9,11 *", "with a slot within 50 years"),
     ("AGENT_QUEUE_NAME", "Agent_Tasks", "Azure Storage queue name"),
     ("AGENT_QUEUE_ENCODING", "utf8", "base64 or none"),
     ("AGENT_SQL_SERVER", "myserver", "AGENT_SQL_DATABASE"),
@@ -123,6 +126,23 @@ def test_bad_local_settings_file(tmp_path, content, expected):
     file = tmp_path / "s.json"
     file.write_text(content)
     with pytest.raises(ConfigError, match=expected):
+        load_settings(environ={}, settings_file=str(file))
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "utf-16"])
+def test_a_settings_file_is_read_as_the_functions_host_reads_it(tmp_path, encoding):
+    """A byte order mark says UTF-8 or UTF-16 (Notepad's "Unicode"), none means UTF-8."""
+    file = tmp_path / "s.json"
+    file.write_text(json.dumps({"Values": {"JOB__a__COMMAND": "SELECT 'żółć'"}}, ensure_ascii=False),
+                    encoding=encoding)
+    assert load_settings(environ={}, settings_file=str(file)).jobs[0].command == "SELECT 'żółć'"
+
+
+def test_a_settings_file_that_is_no_text_is_a_setting_error_not_a_failure(tmp_path):
+    file = tmp_path / "s.json"
+    file.write_bytes(b'{"Values": {"AGENT_QUEUE_NAME": "\xff"}}')          # Windows-1252, or no text
+    with pytest.raises(ConfigError, match="--settings.*expected a JSON file in UTF-8, or in UTF-8 or UTF-16 "
+                                          "with a byte order mark"):
         load_settings(environ={}, settings_file=str(file))
 
 

@@ -18,7 +18,7 @@ from sqlglot.dialects.tsql import TSQL
 
 from shared.cli.commands import main as cli
 from shared.control.queries import split_statements
-from shared.errors import ConfigError
+from shared.errors import UsageError
 from shared.ops.grants import grant_scripts, grant_sql, quote_name, quote_string, render
 
 TRICKY_NAMES = [
@@ -156,15 +156,15 @@ def test_job_databases_get_a_user_of_their_own_and_execute_grants_go_everywhere(
     ("a" * 129, "--app-name"), (None, "--app-name"),
 ])
 def test_bad_app_names_are_refused_naming_the_setting(bad, setting):
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(UsageError) as caught:        # an argument: exit 2, kind usage
         grant_sql(bad)
     assert caught.value.setting == setting and "128 characters" in str(caught.value)
 
 
 def test_bad_job_database_and_schema_names_are_refused():
-    with pytest.raises(ConfigError, match="--job-database"):
+    with pytest.raises(UsageError, match="--job-database"):
         grant_sql("app", job_databases=["bad\tname"])
-    with pytest.raises(ConfigError, match="--execute-schema"):
+    with pytest.raises(UsageError, match="--execute-schema"):
         grant_sql("app", execute_schemas=[""])
 
 
@@ -260,7 +260,7 @@ def test_the_postgres_script_quotes_the_login_wherever_it_appears(login):
 def test_a_bad_postgres_login_name_is_refused_naming_the_option(bad):
     from shared.ops.grants import agent_login_postgres
 
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(UsageError) as caught:
         agent_login_postgres(bad)
     assert caught.value.setting == "--agent-login" and "63 bytes" in str(caught.value)
     agent_login_postgres("é" * 31)          # 62 bytes: PostgreSQL keeps it whole
