@@ -1,5 +1,6 @@
 """Values every layer parses the same way: integers and booleans in range, names the agent accepts,
-text made printable for an error message. Imports only shared.errors and the standard library."""
+servers as the addresses they are, text made printable for an error message. Imports only
+shared.errors and the standard library."""
 
 from __future__ import annotations
 
@@ -69,3 +70,42 @@ def storable_problem(value: str) -> str | None:
     except UnicodeEncodeError as exc:
         return f"a byte that is not UTF-8 text at position {exc.start}"
     return None
+
+
+# A server as a fleet target or AGENT_FLEET_SERVERS names it: the host (a DNS name or an IPv4
+# address: letters, digits, '.', '-', '_') and its port. PostgreSQL writes ``host[:port]``; SQL
+# Server ``host[,port]``, ``tcp:`` before it allowed. Nothing else: a ',' in a PostgreSQL host
+# would be a libpq host list, a ':' in a SQL Server one a driver-specific form.
+_HOST = re.compile(r"[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+)*\.?")
+DEFAULT_PORTS = {"postgres": 5432, "mssql": 1433}
+SERVER_EXPECTED = {"postgres": "host or host:port (PostgreSQL), e.g. 10.0.0.5:5432 or pg.example.com",
+                   "mssql": "host, host,port or tcp:host,port (SQL Server), e.g. myserver.database.windows.net "
+                            "or tcp:sql01,1433"}
+
+
+def split_server(server: str, dialect: str, *, setting: str = "server") -> tuple[str, int]:
+    """(host, port) of a server as a target names it: THE parser both the allow-list check
+    (``server_address``) and the connection (``with_server``) use, so what is checked is what is
+    reached. The host lowercased without a trailing dot; the dialect's default port when none is
+    written. ConfigError for any other spelling."""
+    expected = SERVER_EXPECTED.get(dialect, SERVER_EXPECTED["mssql"])
+    text = server.strip()
+    if dialect == "postgres":
+        host, sep, port_text = text.partition(":")
+    else:
+        if text[:4].lower() == "tcp:":
+            text = text[4:]
+        host, sep, port_text = text.partition(",")
+    host, port_text = host.strip(), port_text.strip()
+    if not _HOST.fullmatch(host) or (sep and not port_text.isdigit()) or len(host) > 253:
+        raise ConfigError(setting, server, expected)
+    port = int(port_text) if sep else DEFAULT_PORTS.get(dialect, 1433)
+    if not 0 < port < 65536:
+        raise ConfigError(setting, server, f"{expected}; a port from 1 to 65535")
+    return host.rstrip(".").lower(), port
+
+
+def server_address(server: str, dialect: str) -> str:
+    """One spelling of a server's address, ``host:port`` (see ``split_server``)."""
+    host, port = split_server(server, dialect)
+    return f"{host}:{port}"

@@ -39,7 +39,7 @@ from shared.engine.notify import notifications_enabled
 from shared.engine.scheduler import Scheduler
 from shared.errors import ConnectError, LeaseLost, MessageError
 from shared.jobs.model import StepDefinition
-from shared.jobs.run_model import RUN_ENDING_OUTCOMES, AttemptError, Outcome
+from shared.jobs.run_model import RUN_ENDING_OUTCOMES, AttemptError, Outcome, RunStatus
 from shared.jobs.params import ParamError, values_for_run
 from shared.jobs.tokens import TokenError, has_tokens, run_time_values, substitute_at_run
 from shared.jobs.steps import QUIT_SUCCESS, cap_output, run_steps, target_step
@@ -106,7 +106,12 @@ class Executor:
         if isinstance(message, DoorbellMessage):
             return self._doorbell()
         if dequeue_count > max_dequeue:
-            # Deliveries that never reached a verdict (e.g. a worker crash loop) still end here.
+            # Deliveries that never reached a verdict (e.g. a worker crash loop) end here; not a
+            # delivery of a run a live worker holds (its lease renewed): that worker's verdict is
+            # to come, and a worker that stops renewing loses the run to the tick, not to this.
+            held = self._held_by_a_live_worker(message)
+            if held is not None:
+                return held
             return self.endings.poison(run_id=message.run_id, token=message.token, body=text, dequeue_count=dequeue_count,
                                 message_id=message_id, operation_id=message.operation_id,
                                 reason=f"dequeue count {dequeue_count} is above AGENT_MAX_DEQUEUE_COUNT={max_dequeue}")
@@ -155,17 +160,35 @@ class Executor:
         log.info(detail)
         return ExecutionResult(Outcome.EARLY, run["run_id"], detail)
 
+    def _held_by_a_live_worker(self, message: RunMessage) -> ExecutionResult | None:
+        """A delivery of the token a worker is running now, its lease not lapsed: acknowledged as
+        a duplicate (the run stays that worker's), else None."""
+        run = self._store().execute("get_run", run_id=message.run_id).one()
+        if run is None or run["status"] != RunStatus.RUNNING or run["token"] != message.token \
+                or run["lease_expires_at"] is None:
+            return None
+        lease = run["lease_expires_at"]
+        lease = lease.replace(tzinfo=UTC) if lease.tzinfo is None else lease
+        if lease <= self.clock():
+            return None
+        return self._acknowledged(message, run)
+
     def _not_started(self, message: RunMessage, text: str, dequeue_count: int,
                      message_id: str | None) -> ExecutionResult:
         run = self._store().execute("get_run", run_id=message.run_id).one()
+        # A message naming no run, or a token never issued, is malformed: its poison record names
+        # no run (requeue would start the run that id names, or one created under it later).
         if run is None:
-            return self.endings.poison(run_id=message.run_id, token=None, body=text, dequeue_count=dequeue_count,
+            return self.endings.poison(run_id=None, token=None, body=text, dequeue_count=dequeue_count,
                                 message_id=message_id, operation_id=message.operation_id,
                                 reason=f"unknown run {message.run_id}")
         if message.token > run["token"]:
-            return self.endings.poison(run_id=message.run_id, token=None, body=text, dequeue_count=dequeue_count,
+            return self.endings.poison(run_id=None, token=None, body=text, dequeue_count=dequeue_count,
                                 message_id=message_id, operation_id=message.operation_id, job=run["job_name"],
                                 reason=f"token {message.token} was never issued (run {message.run_id} is at token {run['token']})")
+        return self._acknowledged(message, run)
+
+    def _acknowledged(self, message: RunMessage, run: dict[str, Any]) -> ExecutionResult:
         kind = Outcome.STALE if message.token < run["token"] else Outcome.DUPLICATE
         detail = (f"run {message.run_id}: message token {message.token}, run token {run['token']}, "
                   f"status {run['status']}: acknowledged without running ({kind})")

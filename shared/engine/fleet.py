@@ -57,7 +57,7 @@ def resolve_members(members: tuple[TargetMember, ...], *, dialect: str, control_
     for kind, server, pool in needs_listing(members):
         listings[(kind, server, pool)] = list_databases(kind, server, pool, dialect=dialect,
                                                         control_store=control_store, target_store=target_store)
-    return resolve(members, listings, dialect=dialect)
+    return resolve(members, listings, dialect=dialect, own_server=control_store().target.own_server())
 
 
 def resolve_step_targets(targets: str, *, dialect: str, control_store: Callable[[], Store],
@@ -162,8 +162,10 @@ def resolve_fleet(steps: Iterable[FleetStep], *, dialect: str, control_store: Ca
                 if not keep_going:
                     raise
                 resolution.listing_errors[key] = describe(unwrap_cause(exc))
+    own_server = control_store().target.own_server()
     for step in steps:
-        resolution.steps.append(replace(step, targets=tuple(resolve(step.members, listings, dialect=dialect))))
+        resolution.steps.append(replace(step, targets=tuple(resolve(step.members, listings, dialect=dialect,
+                                                                     own_server=own_server))))
     return resolution
 
 

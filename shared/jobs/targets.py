@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from shared.errors import ConfigError
+from shared.values import server_address
 
 MEMBER_KINDS = ("db", "server", "pool")
 MAX_MEMBERS = 200
@@ -140,11 +141,20 @@ def dialect_problem(members: Iterable[TargetMember], dialect: str) -> str | None
     if dialect == "sqlite":
         return ("fleet targets need a database server (Azure SQL, SQL Server or PostgreSQL); the embedded "
                 "SQLite database has no other databases to run in")
+    members = tuple(members)
     if dialect == "postgres":
         pools = [m.text() for m in members if m.kind == "pool"]
         if pools:
             return (f"{pools[0]}: elastic pools exist only on Azure SQL Database; on PostgreSQL list the "
                     "databases with db: (globs allowed) or take a whole server with server:")
+    for member in members:
+        # The spelling the connection will read (split_server): refused now, for this job alone,
+        # not at every run (127.0.0.1,5432 on PostgreSQL, a port 0 or 99999).
+        if member.server is not None and _address(member.server, dialect) is None:
+            try:
+                server_address(member.server, dialect)
+            except ConfigError as exc:
+                return f"{member.text()}: its server must be {exc.expected}"
     return None
 
 
@@ -164,17 +174,27 @@ def needs_listing(members: Iterable[TargetMember]) -> list[tuple[str, str | None
 
 
 def resolve(members: Iterable[TargetMember], listings: dict[tuple[str, str | None, str | None], list[str]], *,
-            dialect: str) -> list[Target]:
+            dialect: str, own_server: str | None = None) -> list[Target]:
     """The databases the members name now, given the listings ``needs_listing`` asked for:
     includes minus exclusions, each database once, sorted. Names compare case-insensitively on
-    SQL Server (its default collation) and exactly on PostgreSQL."""
+    SQL Server (its default collation) and exactly on PostgreSQL; servers as the addresses they
+    are (``server_address``: letter case, a trailing dot, the default port, and ``own_server``, the
+    control database's, the same as no server written), so one database is one execution however
+    its server is spelled."""
     members = tuple(members)
     fold = (lambda text: text.casefold()) if dialect == "mssql" else (lambda text: text)
+    own = _address(own_server, dialect) if own_server else None
+
+    def server_key(server: str | None) -> str:
+        if not server:
+            return ""
+        address = _address(server, dialect)
+        return "" if address is not None and address == own else (address or server.casefold())
 
     pools = {key: {fold(name) for name in names} for key, names in listings.items() if key[0] == "pool"}
 
     def matches(member: TargetMember, target: Target) -> bool:
-        if fold(member.server or "") != fold(target.server or ""):
+        if server_key(member.server) != server_key(target.server):
             return False
         if member.kind == "server":
             return True
@@ -196,10 +216,21 @@ def resolve(members: Iterable[TargetMember], listings: dict[tuple[str, str | Non
                           if member.kind == "server" or fnmatch.fnmatchcase(fold(name), fold(member.name or ""))]
         for name in candidates:
             target = Target(member.server, name)
-            chosen.setdefault((fold(member.server or ""), fold(name)), target)
+            chosen.setdefault((server_key(member.server), fold(name)), target)
     excluded = [m for m in members if m.exclude]
     result = [t for t in chosen.values() if not any(matches(m, t) for m in excluded)]
     return sorted(result, key=lambda t: (t.server or "", t.database))
+
+
+def _address(server: str, dialect: str) -> str | None:
+    """``host:port`` of a server as the connection reads it, or None for a spelling it refuses
+    (that member fails alone when its execution connects)."""
+    if dialect not in ("postgres", "mssql"):
+        return server.casefold()
+    try:
+        return server_address(server, dialect)
+    except ConfigError:
+        return None
 
 
 def user_databases(names: Iterable[str], dialect: str) -> list[str]:

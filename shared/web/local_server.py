@@ -106,7 +106,17 @@ def make_server(agent, port: int, environ: Mapping[str, str] | None = None, *, o
             allowed = {f"127.0.0.1:{port_now}", f"localhost:{port_now}"}
             host = (self.headers.get("Host") or "").strip().lower()
             split = urlsplit(self.path)
-            if host not in allowed:
+            # A body this handler does not read would be read as the next request on the
+            # connection (an attack: a POST hidden in the body of a request answered 421 or 405
+            # ran, with the Host and Origin it wrote itself). Such a connection is closed after
+            # the answer; a body in chunks is never read.
+            chunked = self.headers.get("Transfer-Encoding") is not None
+            sent = (self.headers.get("Content-Length") or "").strip()
+            unread = chunked or sent not in ("", "0")
+            if chunked:
+                response = monitor.error_response(411, "Transfer-Encoding is not taken: send Content-Length",
+                                                  False, None, 0)
+            elif host not in allowed:
                 # DNS rebinding: a page of another site whose name now points here would reach
                 # the monitor with its own name as Host. Only the loopback names are served.
                 response = monitor.error_response(421, f"Host {host!r} is not served: open http://127.0.0.1:{port_now}/",
@@ -129,6 +139,7 @@ def make_server(agent, port: int, environ: Mapping[str, str] | None = None, *, o
                         self._send(response)
                         return
                     body = self.rfile.read(int(length))
+                    unread = False
                 caller = Caller(name=user if operator else None, operator=operator,
                                 client=f"monitor on 127.0.0.1:{port_now} ({socket.gethostname()})",
                                 session=session_from_cookies(self.headers.get("Cookie"), False),
@@ -136,6 +147,9 @@ def make_server(agent, port: int, environ: Mapping[str, str] | None = None, *, o
                                 owner=user if operator else None)
                 response = monitor.handle(self.command, split.path, split.query, self.headers.get("Accept", ""),
                                           caller=caller, body=body, content_type=self.headers.get("Content-Type"))
+            if unread or host not in allowed:
+                self.close_connection = True
+                response.headers["Connection"] = "close"
             self._send(response)
 
         def _send(self, response: Response) -> None:

@@ -211,6 +211,44 @@ def test_unknown_run_and_forged_token_are_poisoned_stale_token_is_acknowledged(a
     assert runs_of(agent, "ok")[0]["status"] == "succeeded"
 
 
+def test_a_delivery_above_the_dequeue_limit_of_a_run_a_live_worker_holds_is_a_duplicate(agent_factory):
+    """An attack: the same message delivered again, past AGENT_MAX_DEQUEUE_COUNT, while a worker
+    ran the run and renewed its lease, poisoned it; the worker's completion was refused (and with
+    DATABASE its committed work was recorded poisoned). Only a worker that stops renewing loses a
+    run: the duplicate is acknowledged; once the lease has lapsed, the same delivery poisons."""
+    clock = Clock(datetime.now(UTC))
+    agent = agent_factory({"ok": every_second("SELECT 1")}, clock=clock)
+    agent.tick()
+    clock.advance(2)                        # past the one-time slot
+    (run,) = runs_of(agent, "ok")
+    body = RunMessage(run_id=run["run_id"], token=run["token"]).to_json()
+    started = agent.store().execute("start_run", run_id=run["run_id"], token=run["token"], now=clock(),
+                                    worker="the-live-worker", dequeue_count=1, max_concurrency=8,
+                                    late_cutoff=clock() - timedelta(hours=1)).rows
+    assert started and started[0]["decision"] == "start", started
+    above = agent.settings.agent.max_dequeue_count + 1
+    assert agent.handle_message(body, above, "m-1").outcome == "duplicate"
+    (held,) = runs_of(agent, "ok")
+    assert held["status"] == "running" and held["token"] == run["token"] and not poison_rows(agent)
+    clock.advance(3600)                     # the worker stopped renewing: its lease lapsed
+    assert agent.handle_message(body, above + 1, "m-1").outcome == "poisoned"
+    assert runs_of(agent, "ok")[0]["status"] == "poisoned"
+
+
+def test_a_malformed_messages_poison_record_names_no_run_to_requeue(agent_factory):
+    """A message for an unknown run, or with a token never issued, is malformed: its record named
+    the run id it claimed, so `poison requeue` started that run, or a run created later under that
+    id (an attack). It names none, and says which in its reason."""
+    agent = agent_factory({"ok": every_second("SELECT 1")})
+    agent.tick()
+    (run,) = runs_of(agent, "ok")
+    agent.handle_message(RunMessage(run_id=run["run_id"] + 1000, token=1).to_json(), 1)
+    agent.handle_message(RunMessage(run_id=run["run_id"], token=run["token"] + 7).to_json(), 1)
+    rows = poison_rows(agent)
+    assert sorted(p["run_id"] is None for p in rows) == [True, True], rows
+    assert {("unknown run" in p["reason"]) or ("never issued" in p["reason"]) for p in rows} == {True}
+
+
 def test_poison_does_not_stop_other_work(agent_factory):
     agent = agent_factory({"good": every_second("SELECT 1")})
     agent.queue.send_many(["garbage", "{}"])

@@ -210,11 +210,11 @@ def test_a_comma_port_on_postgresql_is_refused_not_sent_to_the_allowed_hosts_def
                               "comma_server": f"server:127.0.0.2,{listener.port}"}.items():
             _define(pg_control, name=name, sql="SELECT 1", schedule="0 0 3 * * *", targets=targets, max_attempts=1)
         agent.tick(datetime.now(UTC))
-        runs = [_start(pg_control, name) for name in ("comma_db", "comma_server")]
-        work(agent, concurrency=2, max_seconds=60)
-        for run_id in runs:
-            run = agent.store().execute("get_run", run_id=run_id).one()
-            assert run["status"] == "failed" and "host or host:port (PostgreSQL)" in run["last_error"], run
+        # Refused when the job is planned, for that job alone (it was refused at every run before).
+        jobs = {row["job_name"]: row for row in agent.store().execute("list_jobs").rows}
+        for name in ("comma_db", "comma_server"):
+            assert jobs[name]["valid"] == 0, jobs[name]
+            assert "its server must be host or host:port (PostgreSQL)" in jobs[name]["config_error"], jobs[name]
         with pytest.raises(socket.timeout):
             other.accept()[0].close()
     finally:
@@ -229,9 +229,8 @@ def test_an_operators_job_naming_another_server_fails_its_step_without_connectin
     server, the same job's next run connects there (the listener is offered connections)."""
     elsewhere = f"127.0.0.1:{listener.port}"
     agent = make_agent(pg_control, AGENT_CONNECT_RETRY_SECONDS="1")
-    members = {"plain": f"db:{elsewhere}/app", "glob": f"db:{elsewhere}/tenant_*", "whole": f"server:{elsewhere}",
-               "respelled": f"db:tcp:127.0.0.1,{listener.port}/app"}
-    for name, targets in members.items():
+    members = {"plain": f"db:{elsewhere}/app", "glob": f"db:{elsewhere}/tenant_*", "whole": f"server:{elsewhere}"}
+    for name, targets in {**members, "respelled": f"db:tcp:127.0.0.1,{listener.port}/app"}.items():
         _define(pg_control, name=name, sql="SELECT 1", schedule="0 0 3 * * *", targets=targets, max_attempts=1)
     agent.tick(datetime.now(UTC))
     runs = {name: _start(pg_control, name) for name in members}
@@ -239,11 +238,12 @@ def test_an_operators_job_naming_another_server_fails_its_step_without_connectin
     for name, run_id in runs.items():
         run = agent.store().execute("get_run", run_id=run_id).one()
         assert run["status"] == "failed", (name, run)
-        refusal = "expected host or host:port" if name == "respelled" else "AGENT_FLEET_SERVERS"
-        assert refusal in run["last_error"] and str(listener.port) in run["last_error"], run
+        assert "AGENT_FLEET_SERVERS" in run["last_error"] and str(listener.port) in run["last_error"], run
     assert listener.accepted == 0
     jobs = {row["job_name"]: row for row in agent.store().execute("list_jobs").rows}
     assert all(jobs[name]["valid"] == 1 for name in members)
+    # SQL Server's spelling on PostgreSQL: refused when the job is planned, for that job alone.
+    assert jobs["respelled"]["valid"] == 0 and "its server must be host or host:port" in jobs["respelled"]["config_error"]
 
     allowed = make_agent(pg_control, AGENT_CONNECT_RETRY_SECONDS="0", AGENT_FLEET_SERVERS=f"localhost:1, {elsewhere}")
     run_id = _start(pg_control, "plain")

@@ -12,6 +12,7 @@ import json
 import re
 import signal
 import socket
+import time
 import subprocess
 import urllib.error
 import urllib.request
@@ -422,6 +423,46 @@ def test_monitor_command_serves_on_the_loopback_and_stops_on_ctrl_c(scenario):
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=20) == 0
         assert "monitor stopped" in process.stderr.read()
+
+
+def _raw_exchange(port: int, data: bytes) -> list[bytes]:
+    """What the monitor answers on one connection to ``data``, until it closes it (at most 5 s)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as connection:
+        connection.sendall(data)
+        received = b""
+        try:
+            while chunk := connection.recv(65536):
+                received += chunk
+        except socket.timeout:
+            pass
+    return re.findall(rb"HTTP/1\.[01] (\d{3})", received)
+
+
+def test_a_body_the_monitor_does_not_read_never_becomes_the_next_request(scenario):
+    """An attack (request desync): the body of a request answered 421 (another Host, DNS
+    rebinding), 405 (a method the monitor has not) or a GET with a body was read as the next
+    request on the connection, with the Host, Origin and Cookie it wrote itself; a POST hidden so
+    paused a job. The connection is closed after such an answer: one request, one answer."""
+    with monitor_process(scenario.db, 0) as (_, url):
+        port = int(url.rsplit(":", 1)[1])
+        hidden = (f"GET /nosuchpage-SMUGGLED HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n").encode()
+        for head in (f"GET / HTTP/1.1\r\nHost: evil.example:{port}",      # 421
+                     f"PUT / HTTP/1.1\r\nHost: 127.0.0.1:{port}",            # 405
+                     f"DELETE /jobs HTTP/1.1\r\nHost: 127.0.0.1:{port}",
+                     f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}"):           # 200, its body unread
+            statuses = _raw_exchange(port, f"{head}\r\nContent-Length: {len(hidden)}\r\n\r\n".encode() + hidden)
+            assert len(statuses) == 1 and statuses[0] != b"404", (head, statuses)
+        chunked = (f"POST /actions/pause HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   f"{len(hidden):x}\r\n").encode() + hidden + b"\r\n0\r\n\r\n"
+        assert _raw_exchange(port, chunked) == [b"411"]
+        # Without a body, a connection stays open for the next request (keep-alive).
+        two = f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode() * 2
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as connection:
+            connection.sendall(two)
+            received, deadline = b"", time.monotonic() + 5
+            while received.count(b"HTTP/1.1 200") < 2 and time.monotonic() < deadline:
+                received += connection.recv(65536)
+        assert received.count(b"HTTP/1.1 200") == 2
 
 
 def test_port_in_use_is_one_line_and_exit_2(scenario):

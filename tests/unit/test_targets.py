@@ -76,6 +76,35 @@ def test_postgresql_names_compare_exactly_and_a_plain_name_is_always_tried():
     assert resolve(members, {}, dialect="postgres") == [Target(None, "x")]
 
 
+@pytest.mark.parametrize("dialect, own, spellings", [
+    ("postgres", "127.0.0.1:5432", ["db:c", "db:127.0.0.1/c", "db:127.0.0.1:5432/c", "db:127.0.0.1:05432/c",
+                                    "db:c*"]),
+    ("mssql", "tcp:sql01.example.com,1433", ["db:C", "db:sql01.example.com/c", "db:SQL01.EXAMPLE.COM./c",
+                                              "db:tcp:sql01.example.com,1433/c", "db:sql01.example.com,01433/c"]),
+])
+def test_one_database_is_one_target_however_its_server_is_spelled(dialect, own, spellings):
+    """An attack: db:c, db:127.0.0.1/c and db:127.0.0.1:5432/c ran three executions in one database
+    (fleet.md: one execution per database; spellings of one address compare equal, the control
+    database's own server the same as none written)."""
+    members = parse_targets("T", ", ".join(spellings))
+    listings = {key: ["c", "d"] for key in needs_listing(members)}
+    (target,) = resolve(members, listings, dialect=dialect, own_server=own)
+    assert target.database.casefold() == "c"
+    # Another server's database of the same name is another target; an exclusion spelled otherwise still excludes.
+    assert len(resolve(parse_targets("T", "db:c, db:other/c"), {}, dialect=dialect, own_server=own)) == 2
+    excluded = spellings[2].replace("db:", "-db:")
+    assert resolve(parse_targets("T", f"db:c, {excluded}"), {}, dialect=dialect, own_server=own) == []
+
+
+@pytest.mark.parametrize("raw", ["db:127.0.0.1,5432/a", "db:127.0.0.1:0/a", "db:127.0.0.1:99999/a", "server:h:0"])
+def test_a_server_the_connection_would_refuse_makes_the_job_invalid_at_sync(raw):
+    from shared.jobs.targets import dialect_problem
+
+    problem = dialect_problem(parse_targets("T", raw), "postgres")
+    assert problem is not None and "its server must be host or host:port (PostgreSQL)" in problem, problem
+    assert dialect_problem(parse_targets("T", "db:127.0.0.1:5432/a, server:h"), "postgres") is None
+
+
 def test_another_server_keeps_the_driver_and_credentials_and_changes_only_the_address():
     sql = "Driver={ODBC Driver 18 for SQL Server};Server=tcp:a.database.windows.net,1433;Database=ctl;Uid=u;Pwd={p;w};"
     assert with_server(sql, "tcp:b,1433", "mssql") == (
