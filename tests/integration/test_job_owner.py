@@ -65,6 +65,59 @@ def operator(pg_url):
         admin.close()
 
 
+@contextlib.contextmanager
+def _another_operator(pg_url, agent):
+    """One more operator login (as the fixture makes one), without rights on owned_work."""
+    import pyodbc
+
+    name = f"op_{uuid.uuid4().hex[:10]}"
+    admin = pg_admin_connection()
+    admin.cursor().execute(f'CREATE ROLE "{name}" LOGIN')
+    least = agent_login_of(pg_url)
+    try:
+        if least:
+            login, admin_url = least
+            assert cli(["--db", admin_url, "grant-sql", "--operator", name, "--app-name", login, "--apply"]) == 0
+        else:
+            execute(agent, f'GRANT agent_operator TO "{name}"')
+        user = least[0] if least else "root"
+        connection = pyodbc.connect(pg_url.replace(f"Uid={user};", f"Uid={name};"), autocommit=True, timeout=10)
+        try:
+            yield name, connection
+        finally:
+            connection.close()
+    finally:
+        if _exists(admin, name):
+            admin_execute(pg_url, f'DROP OWNED BY "{name}"')
+        admin.cursor().execute(f'DROP ROLE IF EXISTS "{name}"')
+        admin.close()
+
+
+def test_a_run_keeps_the_owner_of_the_sql_it_carries_whoever_owns_the_job_when_it_runs(operator, pg_url):
+    """An attack (migration 0032): operator B's job, started (agent.start_job) and waiting to run or
+    to retry, redefined by operator A (which makes A its owner), or removed by B and defined again
+    by A, ran B's SQL as A: a run took its owner from the job when it executed. It keeps the owner
+    of the SQL it copied: B's SQL runs as B, and fails for want of A's rights."""
+    a_name, as_a, agent = operator
+    with _another_operator(pg_url, agent) as (b_name, as_b):
+        sql = "INSERT INTO owned_work SELECT current_user, session_user"     # only A may write owned_work
+        started = []
+        for name, redefine in (("redefined", False), ("removed_and_defined", True)):
+            call(as_b, "add_scheduled_job", name=name, sql=sql, max_attempts=1)
+            agent.tick(agent.clock())
+            (run,) = call(as_b, "start_job", job_name=name)
+            started.append(run["run_id"])
+            if redefine:
+                call(as_b, "remove_scheduled_job", name=name)
+            call(as_a, "add_scheduled_job", name=name, sql="SELECT 1")       # A owns the name now
+        agent.tick(agent.clock())
+        work(agent, concurrency=1)
+        for run_id in started:
+            run = _run(agent, run_id)
+            assert run["status"] == "failed" and f"its owner '{b_name}'" in (run["last_error"] or ""), run
+        assert query(agent, "SELECT COUNT(*) FROM owned_work") == [(0,)]
+
+
 def _login(agent) -> str:
     """The agent's login: root, or grant-sql --agent-login's (AGENT_TEST_PG_LEAST_PRIVILEGE=1)."""
     return query(agent, "SELECT CAST(session_user AS text)")[0][0]

@@ -1,0 +1,4 @@
+-- 0032 a run keeps the owner of the SQL it carries (see the PostgreSQL file of the same number: a
+-- run records, as it is inserted, the owner of the job whose SQL it copied). Nothing here: SQLite
+-- has no owners. T-SQL: not yet (docs/tsql.md, "Jobs run as their owner"); the file keeps the
+-- versions of every dialect in step.
