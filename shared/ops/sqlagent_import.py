@@ -700,17 +700,20 @@ def _time_fields(times: set[int]) -> tuple[str, str, str] | None:
     hours = {t // 3600 for t in times}
     if len(seconds) * len(minutes) * len(hours) != len(times):
         return None
-    return _field(seconds, 60), _field(minutes, 60), _field(hours, 24)
+    # Hours never as */n: the engine runs an hour field of * or */n in both passes of the hour the
+    # fall-back repeats (the every-hour rule), and SQL Agent runs "every 2 hours" once there (an
+    # attack: 0 0 */2 * * * ran twice at 02:00 in Europe/Paris); 0-22/2 runs once.
+    return _field(seconds, 60), _field(minutes, 60), _field(hours, 24, every=False)
 
 
-def _field(values: set[int], size: int) -> str:
+def _field(values: set[int], size: int, *, every: bool = True) -> str:
     ordered = sorted(values)
     if len(ordered) == size:
         return "*"
     if len(ordered) > 2:
         step = ordered[1] - ordered[0]
         if all(b - a == step for a, b in zip(ordered, ordered[1:])):
-            if ordered[0] == 0 and ordered[-1] + step >= size and size % step == 0:
+            if every and ordered[0] == 0 and ordered[-1] + step >= size and size % step == 0:
                 return f"*/{step}"
             if step == 1:
                 return f"{ordered[0]}-{ordered[-1]}"

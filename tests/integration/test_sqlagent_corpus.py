@@ -90,7 +90,7 @@ def test_ssms_2016_two_jobs_share_a_schedule_and_tokens_are_replaced():
 def test_ssms_2022_schedules_one_time_disabled_and_last_friday():
     document = imported("ssms_2022_schedules.sql")
     recurring, last_friday, once = jobs(document)["Reports: month-end"]
-    assert short(recurring)["SCHEDULE"] == "0 0 */4 * * *"
+    assert short(recurring)["SCHEDULE"] == "0 0 0-20/4 * * *"
     assert short(last_friday)["SCHEDULE"] == "0 0 18 * * FRI#L"     # a job of its own: its own NCRONTAB
     assert short(once)["SCHEDULE"] == "@once 2031-12-31T22:00:00"
     reasons = listed(recurring)
@@ -274,7 +274,7 @@ def test_hostile_schedules():
     assert short(found["every 15 minutes in business hours"])["SCHEDULE"] == "0 */15 8-17 * * 1,2,3,4,5"
     # @active_start_date NULL: SQL Agent's is the day the schedule is made, the import's day here.
     assert short(found["every 3 days"])["SCHEDULE"] == "0 0 0 * * * ; every 3 days ; from 2026-11-25"
-    assert short(found["end time 0 is 23:59:59"])["SCHEDULE"] == "0 0 */6 * * *"
+    assert short(found["end time 0 is 23:59:59"])["SCHEDULE"] == "0 0 0-18/6 * * *"
 
 
 # ---------------------------------------------------------------- encodings

@@ -223,7 +223,7 @@ def test_a_script_saved_as_utf16_by_ssms_is_read(tmp_path, capsys):
 
 @pytest.mark.parametrize("arguments, expected", [
     (dict(freq_type=4, start_time=23000), "0 30 2 * * *"),
-    (dict(freq_type=4, subday_type=8, subday_interval=6), "0 0 */6 * * *"),
+    (dict(freq_type=4, subday_type=8, subday_interval=6), "0 0 0-18/6 * * *"),     # never */n: once in the repeated hour
     (dict(freq_type=4, subday_type=8, subday_interval=2, start_time=10000, end_time=170000), "0 0 1-17/2 * * *"),
     (dict(freq_type=4, subday_type=2, subday_interval=10), "*/10 * * * * *"),
     # SQL Agent starts again at @active_start_time each day: every 7 hours is 00, 07, 14 and 21 h.
@@ -253,6 +253,25 @@ def test_schedules_ncrontab_expresses_exactly(arguments, expected):
     assert converted[0].settings["JOB__j__SCHEDULE"] == expected
     assert converted[0].not_carried == [] and converted[0].emitted
     assert_engine_accepts(converted[0].settings)
+
+
+def test_every_two_hours_runs_once_in_the_hour_the_fall_back_repeats():
+    """SQL Agent runs "every 2 hours" once at 02:00 on the night Paris's clocks go back; the
+    importer wrote */2, which the engine runs in both passes of that hour (an attack)."""
+    from datetime import datetime, timezone
+
+    from shared.jobs.schedules import CronSchedule
+
+    converted = one(ssms("j", step(1, "SELECT 1"), schedule(freq_type=4, subday_type=8, subday_interval=2)),
+                    "Europe/Paris")
+    expression = converted[0].settings["JOB__j__SCHEDULE"]
+    cron = CronSchedule(expression=expression, timezone="Europe/Paris")
+    at, slots = datetime(2027, 10, 30, 22, 30, tzinfo=timezone.utc), []
+    for _ in range(4):
+        at = cron.next_after(at)
+        slots.append(at)
+    local = [slot.astimezone(ZoneInfo("Europe/Paris")).strftime("%H:%M%z") for slot in slots]
+    assert local == ["02:00+0200", "04:00+0100", "06:00+0100", "08:00+0100"], (expression, local)   # not 02:00+0100 too
 
 
 @pytest.mark.parametrize("arguments, reason", [

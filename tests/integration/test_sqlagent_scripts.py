@@ -208,8 +208,11 @@ def test_a_name_holding_a_token_is_not_pasted_to_be_replaced_again(tmp_path, cap
     assert code == EXIT_OK, err
     assert [v for k, v in document["settings"].items() if k.endswith("__COMMAND")] == ["SELECT 1"]
 
-def test_go_inside_a_step_becomes_one_step_per_batch(tmp_path, capsys):
-    text = plain_job(name="g", command="EXEC dbo.a\nGO\nEXEC dbo.b\n")
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_go_inside_a_step_becomes_one_step_per_batch(tmp_path, capsys, newline):
+    """Whatever ends the lines: SSMS writes CRLF, and a CRLF command was taken for one batch, its GO
+    sent to the server on every run (an attack)."""
+    text = plain_job(name="g", command=newline.join(["EXEC dbo.a", "GO", "EXEC dbo.b", ""]))
     code, document, err = run(tmp_path, capsys, text)
     assert code == EXIT_OK, err
     s = settings_of(document, "g")
@@ -295,6 +298,10 @@ def test_what_sql_server_refuses_to_compile_is_one_finding_never_a_crash(tmp_pat
         ("IF 1 = 1", "IF without a statement after it"),
         ("EXEC", "EXEC without a procedure"),
         ("DECLARE @x int = " + "(" * 300 + "1" + ")" * 300, "nested too deeply"),
+        # A file cut after a comma, or an argument left out: the job was imported (an attack).
+        ("EXEC msdb.dbo.sp_add_job @job_name = N'a',", "an argument list that ends with ','"),
+        ("EXEC msdb.dbo.sp_add_job @job_name = N'a',\nEXEC msdb.dbo.sp_add_jobserver @job_name = N'a'",
+         "incorrect syntax near ','"),
     ]:
         code, document, err = run(tmp_path, capsys, text)
         assert code == EXIT_FAILURE and document is not None, (text, err)

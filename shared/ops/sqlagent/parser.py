@@ -762,6 +762,10 @@ class Parser:
             if self.op() != ",":
                 break
             self.i += 1
+            if not self.starts_argument():
+                # SQL Server's "Incorrect syntax near ','": the batch does not compile (a file cut
+                # after a comma, an argument left out), so nothing of it ran.
+                raise self.refuse("an argument list that ends with ',' (SQL Server: incorrect syntax near ',')")
         if self.word() == "WITH":
             self.i += 1
             if self.word() == "RESULT" and self.word(1) == "SETS":

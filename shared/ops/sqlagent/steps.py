@@ -20,7 +20,10 @@ from shared.errors import ScriptError
 from shared.ops.sqlagent.lexer import Lines, Token, batches
 from shared.ops.sqlagent.parser import BatchRefused, Parser, SetOption, Skipped, Transaction, Use
 
-_GO_LINE = re.compile(r"^[ \t]*GO(?:[ \t]+\d+)?[ \t]*(?:--.*)?$", re.IGNORECASE | re.MULTILINE)
+# A line that is only GO (and a count, a comment), whatever ends the lines: SSMS writes CRLF, and
+# with re.MULTILINE "$" matches only before "\n", so a CRLF command looked like one batch (an
+# attack: its GO went to the server, and every run failed). The lexer (Lines) knows all three.
+_GO_LINE = re.compile(r"(?:\A|(?<=[\r\n]))[ \t]*GO(?:[ \t]+\d+)?[ \t]*(?:--[^\r\n]*)?(?=[\r\n]|\Z)", re.IGNORECASE)
 
 
 @dataclass
