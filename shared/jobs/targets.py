@@ -150,7 +150,7 @@ def dialect_problem(members: Iterable[TargetMember], dialect: str) -> str | None
     for member in members:
         # The spelling the connection will read (split_server): refused now, for this job alone,
         # not at every run (127.0.0.1,5432 on PostgreSQL, a port 0 or 99999).
-        if member.server is not None and _address(member.server, dialect) is None:
+        if member.server is not None:
             try:
                 server_address(member.server, dialect)
             except ConfigError as exc:
